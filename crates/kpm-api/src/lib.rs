@@ -1,0 +1,90 @@
+//! Generated gRPC code and constants of the kubelet plugin APIs.
+//!
+//! One module per API and version, generated from `proto/` by `cargo xtask
+//! codegen` and checked in (so building kpm needs no `protoc`):
+//!
+//! | module | proto package | served by |
+//! |---|---|---|
+//! | [`registration::v1`] | `pluginregistration` | every plugin, on its registration socket |
+//! | [`csi::v1`] (feature `csi`) | `csi.v1` | CSI drivers |
+//! | [`deviceplugin::v1beta1`] (feature `device`) | `v1beta1` | the node agent (`Registration`) and device plugins (`DevicePlugin`) |
+//! | [`dra::v1`], [`dra::v1beta1`] (feature `dra`) | `k8s.io.kubelet.pkg.apis.dra.v1`, `…v1beta1` | DRA drivers |
+//! | [`dra_health::v1`], [`dra_health::v1alpha1`] (feature `dra`) | `v1`, `v1alpha1` | DRA drivers (optional) |
+//!
+//! The generated code is transport-agnostic: clients take any tonic channel,
+//! servers plug into any tonic router. This crate holds no logic.
+
+pub mod constants;
+
+pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
+
+/// The plugin registration API (`pluginregistration.Registration`).
+pub mod registration {
+    /// Version v1. The proto package is `pluginregistration` in every version,
+    /// so v1alpha1, v1beta1 and v1 plugins are all served by this code.
+    pub mod v1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/pluginregistration.rs");
+    }
+}
+
+/// The subset of the Container Storage Interface that kpm calls.
+#[cfg(feature = "csi")]
+pub mod csi {
+    /// CSI v1 (`csi.v1`): `Identity` and the `Node` calls made at registration.
+    pub mod v1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/csi.v1.rs");
+    }
+}
+
+/// The device plugin API.
+#[cfg(feature = "device")]
+pub mod deviceplugin {
+    /// Version v1beta1 (proto package `v1beta1`).
+    pub mod v1beta1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/v1beta1.rs");
+    }
+}
+
+/// The Dynamic Resource Allocation kubelet plugin API.
+#[cfg(feature = "dra")]
+pub mod dra {
+    /// Version v1 (`k8s.io.kubelet.pkg.apis.dra.v1`), advertised as `v1.DRAPlugin`.
+    pub mod v1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/k8s.io.kubelet.pkg.apis.dra.v1.rs");
+    }
+    /// Version v1beta1 (`k8s.io.kubelet.pkg.apis.dra.v1beta1`), advertised as
+    /// `v1beta1.DRAPlugin`. Identical to v1 except that `Device` has no `share_id`.
+    pub mod v1beta1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs");
+    }
+}
+
+/// The optional DRA resource health API.
+#[cfg(feature = "dra")]
+pub mod dra_health {
+    /// Version v1 (proto package `v1`), advertised as `v1.DRAResourceHealth`.
+    pub mod v1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/v1.rs");
+    }
+    /// Version v1alpha1 (proto package `v1alpha1`), advertised as `v1alpha1.DRAResourceHealth`.
+    pub mod v1alpha1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/v1alpha1.rs");
+    }
+}
+
+#[cfg(feature = "transport")]
+pub mod uds;

@@ -1,0 +1,95 @@
+//! `cargo xtask`: the project's automation, in Rust so that a fresh machine
+//! needs nothing but cargo.
+//!
+//! - `codegen [--check]`: compile `proto/` with protox and tonic-prost-build into
+//!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
+//! - `ci`: everything CI runs, in order, printing each command.
+//! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
+
+mod codegen;
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | tidy>";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let result = match args.as_slice() {
+        ["codegen"] => codegen::run(&project_root(), codegen::Mode::Write),
+        ["codegen", "--check"] => codegen::run(&project_root(), codegen::Mode::Check),
+        ["ci"] => ci(),
+        ["tidy"] => tidy::check(&project_root()),
+        _ => {
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn project_root() -> PathBuf {
+    let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask_dir.parent().unwrap_or(xtask_dir).to_path_buf()
+}
+
+/// Property tests run this many cases in CI unless `PROPTEST_CASES` says otherwise.
+const CI_PROPTEST_CASES: &str = "2048";
+
+fn ci() -> Result {
+    let root = project_root();
+    let proptest_cases =
+        std::env::var("PROPTEST_CASES").unwrap_or_else(|_| CI_PROPTEST_CASES.to_owned());
+    cargo(&root, &["fmt", "--all", "--", "--check"], &[])?;
+    cargo(
+        &root,
+        &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
+        &[],
+    )?;
+    println!("$ cargo xtask codegen --check");
+    codegen::run(&root, codegen::Mode::Check)?;
+    println!("$ cargo xtask tidy");
+    tidy::check(&root)?;
+    cargo(&root, &["build", "--workspace", "--all-targets", "--all-features"], &[])?;
+    cargo(
+        &root,
+        &["test", "--workspace", "--all-features"],
+        &[("PROPTEST_CASES", proptest_cases.as_str())],
+    )?;
+    cargo(
+        &root,
+        &["doc", "--workspace", "--no-deps", "--all-features"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    println!("xtask ci: all steps passed");
+    Ok(())
+}
+
+/// Runs `cargo <args>` in `dir`, echoing the command line first.
+fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result {
+    let shown_env: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("$ {shown_env}cargo {}", args.join(" "));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(cargo)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .status()
+        .map_err(|err| format!("cannot start cargo {}: {err}", args.join(" ")))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")).into())
+    }
+}

@@ -1,0 +1,169 @@
+//! Source-tree rules that rustc and clippy do not check. Runs as `cargo xtask
+//! tidy`, inside `cargo xtask ci`, and as a unit test.
+//!
+//! - every Rust source file starts with a `//!` module doc;
+//! - no trailing whitespace;
+//! - no `#[ignore]`d or `#[should_panic]` tests;
+//! - internal dependencies follow the layering in `docs/ARCHITECTURE.md`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::Result;
+
+/// Which internal crates each crate may depend on (normal and dev dependencies
+/// alike). A crate missing from this table may not depend on any `kpm-*`
+/// crate; tidy fails so that the table and ARCHITECTURE.md are updated together.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("kpm-api", &[]),
+    ("kpm-cache", &["kpm-api"]),
+    ("kpm-executor", &["kpm-api", "kpm-cache"]),
+    ("kpm-tests", &["kpm-api", "kpm-cache", "kpm-executor"]),
+];
+
+pub(crate) fn check(root: &Path) -> Result {
+    let mut problems = Vec::new();
+    for file in rust_sources(root)? {
+        check_source(root, &file, &fs::read_to_string(&file)?, &mut problems);
+    }
+    for manifest in manifests(root)? {
+        check_layers(&fs::read_to_string(&manifest)?, &mut problems);
+    }
+    if problems.is_empty() {
+        println!("tidy: ok");
+        Ok(())
+    } else {
+        Err(format!("tidy found {} problem(s):\n  {}", problems.len(), problems.join("\n  "))
+            .into())
+    }
+}
+
+fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>) {
+    let shown = file.strip_prefix(root).unwrap_or(file).display();
+    if !text.starts_with("//!") {
+        problems.push(format!("{shown}: does not start with a `//!` module doc"));
+    }
+    for (number, line) in text.lines().enumerate() {
+        let number = number + 1;
+        if line.ends_with(' ') || line.ends_with('\t') {
+            problems.push(format!("{shown}:{number}: trailing whitespace"));
+        }
+        // Split so that this file does not trip its own rule.
+        for banned in [concat!("#[", "ignore"), concat!("#[", "should_panic")] {
+            if line.trim_start().starts_with(banned) {
+                problems.push(format!("{shown}:{number}: `{banned}]` is not allowed"));
+            }
+        }
+    }
+}
+
+fn check_layers(manifest: &str, problems: &mut Vec<String>) {
+    let Some(name) = package_name(manifest) else { return };
+    let allowed = LAYERS.iter().find(|(crate_name, _)| *crate_name == name).map(|(_, deps)| *deps);
+    for dep in internal_dependencies(manifest) {
+        if !allowed.is_some_and(|deps| deps.contains(&dep.as_str())) {
+            problems.push(format!(
+                "{name} depends on {dep}, which its layer does not allow (xtask/src/tidy.rs LAYERS)"
+            ));
+        }
+    }
+}
+
+fn package_name(manifest: &str) -> Option<&str> {
+    manifest
+        .lines()
+        .skip_while(|line| line.trim() != "[package]")
+        .find_map(|line| line.trim().strip_prefix("name = "))
+        .map(|value| value.trim_matches('"'))
+}
+
+/// `kpm-*` names used as dependency keys in any dependency table.
+fn internal_dependencies(manifest: &str) -> Vec<String> {
+    let mut in_deps = false;
+    let mut deps = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_deps = line.ends_with("dependencies]");
+            continue;
+        }
+        if in_deps {
+            let key = line.split(['=', '.']).next().unwrap_or("").trim();
+            if key.starts_with("kpm") {
+                deps.push(key.to_owned());
+            }
+        }
+    }
+    deps
+}
+
+fn rust_sources(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for top in ["crates", "xtask", "tests"] {
+        walk(&root.join(top), &mut |path| {
+            let generated = path.components().any(|c| c.as_os_str() == "gen");
+            if path.extension().is_some_and(|ext| ext == "rs") && !generated {
+                files.push(path.to_path_buf());
+            }
+        })?;
+    }
+    Ok(files)
+}
+
+fn manifests(root: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for top in ["crates", "xtask", "tests"] {
+        walk(&root.join(top), &mut |path| {
+            if path.file_name().is_some_and(|name| name == "Cargo.toml") {
+                files.push(path.to_path_buf());
+            }
+        })?;
+    }
+    Ok(files)
+}
+
+fn walk(dir: &Path, visit: &mut dyn FnMut(&Path)) -> Result {
+    if !dir.is_dir() {
+        return Ok(());
+    }
+    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<std::io::Result<_>>()?;
+    entries.sort_by_key(fs::DirEntry::file_name);
+    for entry in entries {
+        let path = entry.path();
+        if entry.file_type()?.is_dir() {
+            if entry.file_name() != "target" {
+                walk(&path, visit)?;
+            }
+        } else {
+            visit(&path);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_tree_is_tidy() {
+        check(&crate::project_root()).unwrap();
+    }
+
+    #[test]
+    fn layering_violation_is_reported() {
+        let manifest =
+            "[package]\nname = \"kpm-cache\"\n\n[dependencies]\nkpm-executor.workspace = true\n";
+        let mut problems = Vec::new();
+        check_layers(manifest, &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("kpm-cache depends on kpm-executor"));
+    }
+
+    #[test]
+    fn missing_module_doc_and_banned_attributes_are_reported() {
+        let mut problems = Vec::new();
+        let text = format!("fn main() {{}} \n{}]\n", concat!("#[", "ignore"));
+        check_source(Path::new("/r"), Path::new("/r/a.rs"), &text, &mut problems);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+    }
+}
