@@ -78,8 +78,8 @@ fn ci() -> Result {
 
 /// Runs `cargo <args>` in `dir`, echoing the command line first.
 fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result {
-    let shown_env: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
-    println!("$ {shown_env}cargo {}", args.join(" "));
+    let shown_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let status = Command::new(cargo)
         .args(args)

@@ -2,7 +2,9 @@
 //! package rename, a service rename or a renumbered field fails here.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use kpm_api::registration::v1 as reg;
@@ -82,14 +84,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for PathRecorder {
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        self.0.lock().unwrap().push(req.uri().path().to_owned());
+        self.0.lock().push(req.uri().path().to_owned());
         std::future::ready(Ok(Status::unimplemented("recorded").into_http()))
     }
 }
 
 impl PathRecorder {
     fn last(&self) -> String {
-        self.0.lock().unwrap().last().cloned().unwrap_or_default()
+        self.0.lock().last().cloned().unwrap_or_default()
     }
 }
 

@@ -1,1 +1,30 @@
-//! placeholder
+//! The two caches of the plugin manager and the contract with plugin handlers.
+//!
+//! - [`DesiredState`]: the registration sockets that exist, each with the
+//!   [`Generation`] of its current incarnation. Written by the watcher.
+//! - [`ActualState`]: the plugins that are registered, with what their
+//!   handler was told. Written by the operation executor.
+//! - [`PluginHandler`]: what a plugin type (CSI, device plugin, DRA) does on
+//!   validation, registration and deregistration.
+//! - [`ChangeSignal`]: lets a reconciler sleep until a cache changes.
+//!
+//! Both caches are keyed by socket path with O(1) lookups, return sorted
+//! snapshots so that every consumer sees a deterministic order, and do no IO.
+
+mod actual_state;
+mod change;
+mod desired_state;
+mod handler;
+
+pub use actual_state::{ActualState, PluginInfo};
+pub use change::{ChangeSignal, Changes};
+pub use desired_state::{DesiredPlugin, DesiredState, Generation};
+pub use handler::{HandlerError, PluginHandler};
+
+/// Errors of the cache crate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    /// A cache entry was added with an empty socket path (the kubelet's text).
+    #[error("socket path is empty")]
+    EmptySocketPath,
+}

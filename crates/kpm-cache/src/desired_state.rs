@@ -1,0 +1,192 @@
+//! DesiredState: the registration sockets that exist right now.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use parking_lot::RwLock;
+
+use crate::{CacheError, ChangeSignal, Changes};
+
+/// Identifies one incarnation of a socket path. Every
+/// [`DesiredState::add_or_update`] yields a new, larger generation, so a socket
+/// removed and re-created within the same clock tick is still a new plugin
+/// (the kubelet's timestamp comparison missed that on Windows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Generation(u64);
+
+impl Generation {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Generation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A socket that should be registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredPlugin {
+    pub socket_path: PathBuf,
+    pub generation: Generation,
+}
+
+/// The set of registration sockets present on disk, keyed by socket path.
+#[derive(Debug, Default)]
+pub struct DesiredState {
+    inner: RwLock<Inner>,
+    changes: ChangeSignal,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    plugins: HashMap<PathBuf, Generation>,
+    last_generation: u64,
+}
+
+impl DesiredState {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that a socket exists at `socket_path`, replacing any previous
+    /// incarnation: the returned generation is always new.
+    pub fn add_or_update(&self, socket_path: &Path) -> Result<Generation, CacheError> {
+        if socket_path.as_os_str().is_empty() {
+            return Err(CacheError::EmptySocketPath);
+        }
+        let generation = {
+            let mut inner = self.inner.write();
+            inner.last_generation += 1;
+            let generation = Generation(inner.last_generation);
+            if let Some(old) = inner.plugins.insert(socket_path.to_path_buf(), generation) {
+                tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "socket re-created");
+            }
+            generation
+        };
+        self.changes.bump();
+        Ok(generation)
+    }
+
+    /// Forgets the socket; returns the generation it had, `None` if absent.
+    pub fn remove(&self, socket_path: &Path) -> Option<Generation> {
+        let removed = self.inner.write().plugins.remove(socket_path);
+        if removed.is_some() {
+            self.changes.bump();
+        }
+        removed
+    }
+
+    pub fn contains(&self, socket_path: &Path) -> bool {
+        self.inner.read().plugins.contains_key(socket_path)
+    }
+
+    /// The current generation of the socket, if present.
+    pub fn generation(&self, socket_path: &Path) -> Option<Generation> {
+        self.inner.read().plugins.get(socket_path).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().plugins.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every socket, sorted by path.
+    pub fn snapshot(&self) -> Vec<DesiredPlugin> {
+        let mut plugins: Vec<DesiredPlugin> = self
+            .inner
+            .read()
+            .plugins
+            .iter()
+            .map(|(path, generation)| DesiredPlugin {
+                socket_path: path.clone(),
+                generation: *generation,
+            })
+            .collect();
+        plugins.sort_unstable_by(|a, b| a.socket_path.cmp(&b.socket_path));
+        plugins
+    }
+
+    /// A subscription that wakes on every add, update and removal.
+    pub fn subscribe(&self) -> Changes {
+        self.changes.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOCKET: &str = "/var/lib/kubelet/device-plugins/test-plugin.sock";
+
+    #[test]
+    fn add_new_plugin() {
+        let dsw = DesiredState::new();
+        let generation = dsw.add_or_update(Path::new(SOCKET)).unwrap();
+        let snapshot = dsw.snapshot();
+        assert_eq!(snapshot, [DesiredPlugin { socket_path: SOCKET.into(), generation }]);
+        assert!(dsw.contains(Path::new(SOCKET)));
+    }
+
+    #[test]
+    fn add_existing_plugin_keeps_one_entry_with_a_new_generation() {
+        let dsw = DesiredState::new();
+        let first = dsw.add_or_update(Path::new(SOCKET)).unwrap();
+        let second = dsw.add_or_update(Path::new(SOCKET)).unwrap();
+        assert_eq!(dsw.len(), 1);
+        assert!(second > first);
+        assert_eq!(dsw.generation(Path::new(SOCKET)), Some(second));
+    }
+
+    #[test]
+    fn empty_socket_path_is_rejected_with_the_kubelet_text() {
+        let dsw = DesiredState::new();
+        let err = dsw.add_or_update(Path::new("")).unwrap_err();
+        assert_eq!(err.to_string(), "socket path is empty");
+        assert!(dsw.is_empty());
+        assert!(!dsw.contains(Path::new("")));
+    }
+
+    #[test]
+    fn remove_plugin() {
+        let dsw = DesiredState::new();
+        let generation = dsw.add_or_update(Path::new(SOCKET)).unwrap();
+        assert_eq!(dsw.remove(Path::new(SOCKET)), Some(generation));
+        assert!(dsw.is_empty());
+        assert!(!dsw.contains(Path::new(SOCKET)));
+        assert_eq!(dsw.remove(Path::new(SOCKET)), None, "removing twice is a no-op");
+    }
+
+    #[test]
+    fn snapshot_is_sorted_by_path_components() {
+        let dsw = DesiredState::new();
+        for name in ["c.sock", "a.sock", "b/z.sock", "b.sock"] {
+            dsw.add_or_update(&Path::new("/r").join(name)).unwrap();
+        }
+        let paths: Vec<_> = dsw.snapshot().into_iter().map(|p| p.socket_path).collect();
+        let expected: Vec<PathBuf> = ["/r/a.sock", "/r/b/z.sock", "/r/b.sock", "/r/c.sock"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(paths, expected);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn subscribers_wake_on_add_and_remove_but_not_on_noops() {
+        let dsw = DesiredState::new();
+        let mut changes = dsw.subscribe();
+        dsw.add_or_update(Path::new(SOCKET)).unwrap();
+        changes.changed().await;
+        dsw.remove(Path::new(SOCKET)).unwrap();
+        changes.changed().await;
+        dsw.remove(Path::new(SOCKET));
+        let idle = tokio::time::timeout(std::time::Duration::from_secs(60), changes.changed());
+        assert!(idle.await.is_err(), "a no-op removal is not a change");
+    }
+}
