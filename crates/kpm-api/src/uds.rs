@@ -35,16 +35,44 @@ pub enum TransportError {
     },
 }
 
+/// Pause between connection attempts refused during the `refused_retry` window.
+const REFUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
+
 /// Connects to the gRPC server on the Unix socket `path`, waiting at most
 /// `timeout` for the connection (including the HTTP/2 handshake).
 pub async fn dial(path: &Path, timeout: Duration) -> Result<Channel, TransportError> {
+    dial_patiently(path, timeout, Duration::ZERO).await
+}
+
+/// Like [`dial`], but a refused connection is retried every few milliseconds
+/// for up to `refused_retry`. A socket file appears at `bind()`, before the
+/// server calls `listen()`; plugins built on gRPC's C core leave a visible gap
+/// there, and a refusal in it says nothing about the plugin's health.
+pub async fn dial_patiently(
+    path: &Path,
+    timeout: Duration,
+    refused_retry: Duration,
+) -> Result<Channel, TransportError> {
     let socket = path.to_path_buf();
     // The URI is never resolved, the connector below ignores it; `localhost`
     // becomes the `:authority`, as with the kubelet's dialer.
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
-        async move { UnixStream::connect(socket).await.map(TokioIo::new) }
+        async move {
+            let give_up = tokio::time::Instant::now() + refused_retry;
+            loop {
+                match UnixStream::connect(&socket).await {
+                    Err(err)
+                        if err.kind() == io::ErrorKind::ConnectionRefused
+                            && tokio::time::Instant::now() < give_up =>
+                    {
+                        tokio::time::sleep(REFUSED_RETRY_INTERVAL).await;
+                    }
+                    connected => return connected.map(TokioIo::new),
+                }
+            }
+        }
     }));
     match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(channel)) => Ok(channel),

@@ -1,1 +1,20 @@
-//! placeholder
+//! The operation executor of the plugin manager.
+//!
+//! - [`OperationMap`]: one operation per socket path at a time, exponential
+//!   backoff after failures (the kubelet's goroutinemap, without its leaks).
+//! - [`OperationExecutor`]: the register and unregister operations: dial the
+//!   registration socket, `GetInfo`, hand the plugin to the handler of its
+//!   type, `NotifyRegistrationStatus`, update [`kpm_cache::ActualState`].
+//!
+//! Operations run as tokio tasks; every wait is a tokio timer, so tests run on
+//! paused time.
+
+mod backoff;
+mod error;
+mod operation_executor;
+mod operation_map;
+
+pub use backoff::ExponentialBackoff;
+pub use error::ExecutorError;
+pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
+pub use operation_map::OperationMap;

@@ -1,0 +1,269 @@
+//! The register and unregister operations, run through an [`OperationMap`]
+//! keyed by socket path.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kpm_api::registration::v1::registration_client::RegistrationClient;
+use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
+use kpm_api::uds;
+use kpm_cache::{ActualState, Generation, PluginHandler, PluginInfo};
+use tonic::transport::Channel;
+use tonic::{Code, Request};
+
+use crate::{ExecutorError, ExponentialBackoff, OperationMap};
+
+/// Handlers by plugin type, as the reconciler hands them to one operation.
+pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
+
+/// Timeouts and backoff of the executor. The defaults are the kubelet's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutorConfig {
+    /// Connecting to a registration socket (kubelet: 10 s).
+    pub dial_timeout: Duration,
+    /// Window in which a refused connection is retried every few milliseconds
+    /// before it counts as a failure (covers the bind-before-listen gap).
+    pub refused_retry: Duration,
+    /// The `GetInfo` call (kubelet: 1 s).
+    pub get_info_timeout: Duration,
+    /// Each `NotifyRegistrationStatus` call (kubelet: 5 s).
+    pub notify_timeout: Duration,
+    /// Waits between failed operations on one socket.
+    pub backoff: ExponentialBackoff,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            dial_timeout: Duration::from_secs(10),
+            refused_retry: Duration::from_millis(250),
+            get_info_timeout: Duration::from_secs(1),
+            notify_timeout: Duration::from_secs(5),
+            backoff: ExponentialBackoff::default(),
+        }
+    }
+}
+
+/// Starts register and unregister operations, one at a time per socket.
+///
+/// The methods return whether the operation *started*; its outcome shows in
+/// [`ActualState`] and in the backoff of the socket's key.
+#[derive(Debug, Clone, Default)]
+pub struct OperationExecutor {
+    operations: OperationMap,
+    config: ExecutorConfig,
+}
+
+impl OperationExecutor {
+    pub fn new(config: ExecutorConfig) -> Self {
+        Self { operations: OperationMap::new(config.backoff), config }
+    }
+
+    /// The operation map, to query pending operations and backoffs, reset a
+    /// key's backoff, forget a key, or wait for completions.
+    pub fn operations(&self) -> &OperationMap {
+        &self.operations
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.config
+    }
+
+    /// Starts registering the plugin behind `socket` (incarnation `generation`):
+    /// dial, `GetInfo`, pick the handler by type, validate, register, notify
+    /// the plugin, record it in `actual_state`. A failure after the handler
+    /// accepted the plugin undoes the registration, so nothing is left
+    /// half-registered and the operation is retried with backoff.
+    pub fn register(
+        &self,
+        socket: &Path,
+        generation: Generation,
+        handlers: Arc<Handlers>,
+        actual_state: Arc<ActualState>,
+    ) -> Result<(), ExecutorError> {
+        let op = Register {
+            socket: socket.to_path_buf(),
+            generation,
+            handlers,
+            actual_state,
+            config: self.config,
+        };
+        self.operations.start(socket, op.run())
+    }
+
+    /// Starts unregistering `info`: it leaves `actual_state` first (so that a
+    /// socket re-created meanwhile is seen as a new registration), then its
+    /// handler is told. The plugin itself is not contacted: its socket is gone.
+    pub fn unregister(
+        &self,
+        info: PluginInfo,
+        actual_state: Arc<ActualState>,
+    ) -> Result<(), ExecutorError> {
+        let socket = info.socket_path.clone();
+        self.operations.start(&socket, async move {
+            // Only the call that removes the entry deregisters: exactly once.
+            let removed = actual_state.remove(&info.socket_path);
+            if removed.is_some_and(|current| current.generation == info.generation) {
+                info.handler.deregister(&info.name, &info.endpoint).await;
+                tracing::info!(
+                    socket = %info.socket_path.display(), plugin = %info.name,
+                    plugin_type = %info.plugin_type, "plugin deregistered"
+                );
+            }
+            Ok(())
+        })
+    }
+}
+
+/// One register operation and what it needs.
+struct Register {
+    socket: PathBuf,
+    generation: Generation,
+    handlers: Arc<Handlers>,
+    actual_state: Arc<ActualState>,
+    config: ExecutorConfig,
+}
+
+impl Register {
+    async fn run(self) -> Result<(), ExecutorError> {
+        let info = self.get_info().await?;
+        let Some(handler) = self.handlers.get(&info.r#type).cloned() else {
+            let message = format!(
+                "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
+                info.r#type,
+                self.socket.display()
+            );
+            self.notify_failure(&info.name, message).await;
+            return Err(ExecutorError::UnknownPluginType {
+                socket: self.socket.clone(),
+                plugin_type: info.r#type,
+            });
+        };
+        let endpoint = if info.endpoint.is_empty() {
+            self.socket.to_string_lossy().into_owned()
+        } else {
+            info.endpoint
+        };
+        let (name, versions) = (info.name, info.supported_versions);
+
+        if let Err(source) = handler.validate(&name, &endpoint, &versions).await {
+            let message =
+                format!("RegisterPlugin error -- plugin validation failed with err: {source}");
+            self.notify_failure(&name, message).await;
+            return Err(ExecutorError::Validate { socket: self.socket.clone(), name, source });
+        }
+        if let Err(source) = handler.register(&name, &endpoint, &versions).await {
+            let message =
+                format!("RegisterPlugin error -- plugin registration failed with err: {source}");
+            self.notify_failure(&name, message).await;
+            return Err(ExecutorError::Register { socket: self.socket.clone(), name, source });
+        }
+
+        let registered = PluginInfo {
+            socket_path: self.socket.clone(),
+            generation: self.generation,
+            plugin_type: info.r#type,
+            name,
+            endpoint,
+            versions,
+            registered_at: SystemTime::now(),
+            handler,
+        };
+        let recorded = match self.notify(true, String::new()).await {
+            Ok(()) => self.actual_state.add(registered.clone()).map_err(|source| {
+                ExecutorError::ActualState { socket: self.socket.clone(), source }
+            }),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = recorded {
+            // The plugin does not know it is registered: undo, retry later.
+            registered.handler.deregister(&registered.name, &registered.endpoint).await;
+            return Err(err);
+        }
+        tracing::info!(
+            socket = %self.socket.display(), plugin = %registered.name,
+            plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
+            generation = %self.generation, "plugin registered"
+        );
+        Ok(())
+    }
+
+    async fn dial(&self) -> Result<RegistrationClient<Channel>, ExecutorError> {
+        let channel =
+            uds::dial_patiently(&self.socket, self.config.dial_timeout, self.config.refused_retry)
+                .await
+                .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
+        Ok(RegistrationClient::new(channel))
+    }
+
+    async fn get_info(&self) -> Result<WirePluginInfo, ExecutorError> {
+        let mut client = self.dial().await?;
+        let timeout = self.config.get_info_timeout;
+        let socket = || self.socket.clone();
+        match with_deadline(timeout, InfoRequest {}, |req| client.get_info(req)).await {
+            Ok(info) => Ok(info),
+            Err(Some(status)) if status.code() == Code::Unimplemented => {
+                Err(ExecutorError::NotARegistrationSocket {
+                    socket: socket(),
+                    message: status.message().to_owned(),
+                })
+            }
+            Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }),
+            Err(None) => Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }),
+        }
+    }
+
+    /// Sends the outcome on a fresh connection: the handler may have taken
+    /// minutes (CSI waits on NodeGetInfo) and the first connection may be gone.
+    async fn notify(&self, registered: bool, error: String) -> Result<(), ExecutorError> {
+        let mut client = self.dial().await?;
+        let timeout = self.config.notify_timeout;
+        let status = RegistrationStatus { plugin_registered: registered, error };
+        match with_deadline(timeout, status, |req| client.notify_registration_status(req)).await {
+            Ok(_) => Ok(()),
+            Err(Some(source)) => Err(ExecutorError::Notify { socket: self.socket.clone(), source }),
+            Err(None) => Err(ExecutorError::NotifyTimeout { socket: self.socket.clone(), timeout }),
+        }
+    }
+
+    /// Tells the plugin why it was rejected. The rejection is the operation's
+    /// error; a failure to deliver it is only logged.
+    async fn notify_failure(&self, name: &str, message: String) {
+        if let Err(err) = self.notify(false, message).await {
+            tracing::warn!(
+                socket = %self.socket.display(), plugin = %name, error = %err,
+                "could not tell the plugin why its registration failed"
+            );
+        }
+    }
+}
+
+/// Makes a unary call that must finish within `timeout`. The deadline is sent
+/// to the plugin (`grpc-timeout`) and enforced here as well, in case the plugin
+/// ignores it. `Err(None)` means the call ran out of time.
+async fn with_deadline<M, R, F>(
+    timeout: Duration,
+    message: M,
+    call: impl FnOnce(Request<M>) -> F,
+) -> Result<R, Option<tonic::Status>>
+where
+    F: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+{
+    let mut request = Request::new(message);
+    request.set_timeout(timeout);
+    let started = tokio::time::Instant::now();
+    match tokio::time::timeout(timeout, call(request)).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        // tonic reports its own expiry of `grpc-timeout` as Cancelled.
+        Ok(Err(status))
+            if status.code() == Code::DeadlineExceeded || started.elapsed() >= timeout =>
+        {
+            Err(None)
+        }
+        Ok(Err(status)) => Err(Some(status)),
+        Err(_) => Err(None),
+    }
+}

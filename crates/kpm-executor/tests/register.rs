@@ -1,0 +1,495 @@
+//! The register and unregister operations against real plugins: tonic servers
+//! on Unix sockets in temp dirs, driven through the `OperationExecutor`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_api::registration::v1::{
+    InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
+    registration_server::{Registration, RegistrationServer},
+};
+use kpm_cache::{ActualState, DesiredState, Generation, HandlerError, PluginHandler};
+use kpm_executor::{
+    ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor,
+};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tonic::{Request, Response, Status};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+// === A test plugin ===
+
+/// How the test plugin answers GetInfo.
+#[derive(Clone)]
+enum GetInfo {
+    Answer(WirePluginInfo),
+    Hang,
+}
+
+/// A plugin serving the registration service and recording every status it is sent.
+struct TestPlugin {
+    get_info: GetInfo,
+    refuse_notify: bool,
+    statuses: Mutex<Vec<RegistrationStatus>>,
+    notified: Notify,
+}
+
+#[tonic::async_trait]
+impl Registration for TestPlugin {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<WirePluginInfo>, Status> {
+        match &self.get_info {
+            GetInfo::Answer(info) => Ok(Response::new(info.clone())),
+            GetInfo::Hang => std::future::pending().await,
+        }
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        self.statuses.lock().push(req.into_inner());
+        self.notified.notify_waiters();
+        if self.refuse_notify {
+            return Err(Status::unavailable("plugin is shutting down"));
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+struct Served {
+    plugin: Arc<TestPlugin>,
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl Served {
+    fn statuses(&self) -> Vec<RegistrationStatus> {
+        self.plugin.statuses.lock().clone()
+    }
+}
+
+async fn serve(dir: &Path, file: &str, get_info: GetInfo, refuse_notify: bool) -> Served {
+    let socket = dir.join(file);
+    let plugin = Arc::new(TestPlugin {
+        get_info,
+        refuse_notify,
+        statuses: Mutex::new(Vec::new()),
+        notified: Notify::new(),
+    });
+    let incoming = kpm_api::uds::bind(&socket).await.unwrap();
+    let service = RegistrationServer::from_arc(Arc::clone(&plugin));
+    let server = tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    Served { plugin, socket, server }
+}
+
+fn device_plugin(name: &str, endpoint: &str) -> GetInfo {
+    GetInfo::Answer(WirePluginInfo {
+        r#type: "DevicePlugin".into(),
+        name: name.into(),
+        endpoint: endpoint.into(),
+        supported_versions: vec!["v1beta1".into()],
+    })
+}
+
+// === A recording handler ===
+
+#[derive(Default)]
+struct RecordingHandler {
+    events: Mutex<Vec<String>>,
+    reject_validation: Option<&'static str>,
+    /// Number of `register` calls that fail before one succeeds.
+    failing_registers: Mutex<usize>,
+}
+
+#[async_trait::async_trait]
+impl PluginHandler for RecordingHandler {
+    async fn validate(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+        self.events.lock().push(format!("validate {name} {endpoint}"));
+        match self.reject_validation {
+            Some(reason) => Err(reason.into()),
+            None => Ok(()),
+        }
+    }
+
+    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+        self.events.lock().push(format!("register {name} {endpoint}"));
+        let mut failing = self.failing_registers.lock();
+        if *failing > 0 {
+            *failing -= 1;
+            return Err("device manager is not ready".into());
+        }
+        Ok(())
+    }
+
+    async fn deregister(&self, name: &str, endpoint: &str) {
+        self.events.lock().push(format!("deregister {name} {endpoint}"));
+    }
+}
+
+impl RecordingHandler {
+    fn events(&self) -> Vec<String> {
+        self.events.lock().clone()
+    }
+}
+
+// === Harness ===
+
+struct Harness {
+    executor: OperationExecutor,
+    actual: Arc<ActualState>,
+    desired: DesiredState,
+    handler: Arc<RecordingHandler>,
+    handlers: Arc<Handlers>,
+}
+
+fn harness(handler: RecordingHandler, config: ExecutorConfig) -> Harness {
+    let handler = Arc::new(handler);
+    let dyn_handler: Arc<dyn PluginHandler> = handler.clone();
+    Harness {
+        executor: OperationExecutor::new(config),
+        actual: Arc::new(ActualState::new()),
+        desired: DesiredState::new(),
+        handler,
+        handlers: Arc::new(Handlers::from([("DevicePlugin".to_owned(), dyn_handler)])),
+    }
+}
+
+/// A config whose backoff is short enough to retry within a test.
+fn fast_config() -> ExecutorConfig {
+    ExecutorConfig {
+        backoff: ExponentialBackoff::try_new(Duration::from_millis(20), Duration::from_millis(100))
+            .unwrap(),
+        ..ExecutorConfig::default()
+    }
+}
+
+impl Harness {
+    fn generation(&self, socket: &Path) -> Generation {
+        self.desired.add_or_update(socket).unwrap()
+    }
+
+    fn start_register(&self, socket: &Path, generation: Generation) -> Result<(), ExecutorError> {
+        self.executor.register(socket, generation, self.handlers.clone(), self.actual.clone())
+    }
+
+    /// Starts a register operation and waits until it has finished.
+    async fn register(&self, socket: &Path, generation: Generation) {
+        self.start_register(socket, generation).unwrap();
+        self.settle().await;
+    }
+
+    async fn settle(&self) {
+        tokio::time::timeout(DEADLINE, self.executor.operations().wait_for_completion())
+            .await
+            .expect("operations finish before the deadline");
+    }
+
+    /// The error a new start on `socket` is refused with.
+    fn refusal(&self, socket: &Path, generation: Generation) -> ExecutorError {
+        self.start_register(socket, generation).expect_err("start is refused")
+    }
+}
+
+fn status_error(served: &Served) -> String {
+    let statuses = served.statuses();
+    assert_eq!(statuses.len(), 1, "exactly one status: {statuses:?}");
+    assert!(!statuses[0].plugin_registered);
+    statuses[0].error.clone()
+}
+
+// === Tests ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_succeeds_and_the_plugin_is_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let h = harness(RecordingHandler::default(), ExecutorConfig::default());
+    let generation = h.generation(&served.socket);
+
+    h.register(&served.socket, generation).await;
+
+    let endpoint = served.socket.display().to_string(); // empty endpoint → socket path
+    assert_eq!(
+        h.handler.events(),
+        [
+            format!("validate vendor.com/gpu {endpoint}"),
+            format!("register vendor.com/gpu {endpoint}")
+        ]
+    );
+    assert_eq!(
+        served.statuses(),
+        [RegistrationStatus { plugin_registered: true, error: String::new() }]
+    );
+    let info = h.actual.get(&served.socket).expect("registered");
+    assert_eq!((info.name.as_str(), info.plugin_type.as_str()), ("vendor.com/gpu", "DevicePlugin"));
+    assert_eq!(info.endpoint, endpoint);
+    assert_eq!(info.versions, ["v1beta1"]);
+    assert!(h.actual.contains_generation(&served.socket, generation));
+    assert!(h.executor.operations().is_empty(), "a success leaves no entry behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_endpoint_is_passed_to_the_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = device_plugin("vendor.com/nic", "/run/nic/service.sock");
+    let served = serve(dir.path(), "nic-reg.sock", info, false).await;
+    let h = harness(RecordingHandler::default(), ExecutorConfig::default());
+    h.register(&served.socket, h.generation(&served.socket)).await;
+    assert_eq!(h.handler.events()[1], "register vendor.com/nic /run/nic/service.sock");
+    assert_eq!(h.actual.get(&served.socket).unwrap().endpoint, "/run/nic/service.sock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_plugin_type_is_rejected_with_a_reason_naming_the_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = WirePluginInfo {
+        r#type: "FancyPlugin".into(),
+        name: "fancy".into(),
+        endpoint: String::new(),
+        supported_versions: vec!["v1".into()],
+    };
+    let served = serve(dir.path(), "fancy.sock", GetInfo::Answer(info), false).await;
+    let h = harness(RecordingHandler::default(), fast_config());
+    let generation = h.generation(&served.socket);
+
+    h.register(&served.socket, generation).await;
+
+    assert_eq!(
+        status_error(&served),
+        format!(
+            "RegisterPlugin error -- no handler registered for plugin type: FancyPlugin at socket {}",
+            served.socket.display()
+        )
+    );
+    assert!(h.actual.is_empty());
+    assert!(h.handler.events().is_empty());
+    // No retry storm: the socket is not retried until something changes.
+    tokio::time::sleep(Duration::from_millis(150)).await; // well past the whole backoff range
+    let refusal = h.refusal(&served.socket, generation);
+    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    assert!(refusal.to_string().contains("FancyPlugin"), "{refusal}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validation_failure_sends_the_handlers_reason_to_the_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), "bad.sock", device_plugin("not-a-resource", ""), false).await;
+    let handler = RecordingHandler {
+        reject_validation: Some("the ResourceName \"not-a-resource\" is invalid"),
+        ..RecordingHandler::default()
+    };
+    let h = harness(handler, ExecutorConfig::default());
+    let generation = h.generation(&served.socket);
+
+    h.register(&served.socket, generation).await;
+
+    assert_eq!(
+        status_error(&served),
+        "RegisterPlugin error -- plugin validation failed with err: the ResourceName \"not-a-resource\" is invalid"
+    );
+    assert!(h.actual.is_empty());
+    assert_eq!(h.handler.events().len(), 1, "register is not called: {:?}", h.handler.events());
+    let refusal = h.refusal(&served.socket, generation);
+    assert!(matches!(refusal, ExecutorError::Backoff { .. }), "{refusal}");
+    assert!(refusal.to_string().contains("is invalid"), "the reason is kept: {refusal}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let handler =
+        RecordingHandler { failing_registers: Mutex::new(1), ..RecordingHandler::default() };
+    let h = harness(handler, fast_config());
+    let generation = h.generation(&served.socket);
+
+    h.register(&served.socket, generation).await;
+    assert!(h.actual.is_empty(), "a failed register is not in the actual state");
+    assert_eq!(
+        status_error(&served),
+        "RegisterPlugin error -- plugin registration failed with err: device manager is not ready"
+    );
+    assert!(matches!(h.refusal(&served.socket, generation), ExecutorError::Backoff { .. }));
+
+    // Retry once the backoff allows it.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while h.start_register(&served.socket, generation).is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "backoff never expired");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    h.settle().await;
+    assert!(h.actual.contains_generation(&served.socket, generation));
+    let last = served.statuses().last().cloned().unwrap();
+    assert!(last.plugin_registered, "{last:?}");
+    assert_eq!(h.handler.events().iter().filter(|e| e.starts_with("register")).count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_final_notify_undoes_the_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), true).await;
+    let h = harness(RecordingHandler::default(), fast_config());
+    let generation = h.generation(&served.socket);
+
+    h.register(&served.socket, generation).await;
+
+    let endpoint = served.socket.display().to_string();
+    assert_eq!(
+        h.handler.events(),
+        [
+            format!("validate vendor.com/gpu {endpoint}"),
+            format!("register vendor.com/gpu {endpoint}"),
+            format!("deregister vendor.com/gpu {endpoint}"),
+        ]
+    );
+    assert!(h.actual.is_empty());
+    let refusal = h.refusal(&served.socket, generation);
+    assert!(refusal.to_string().contains("NotifyRegistrationStatus"), "{refusal}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_get_info_times_out_without_blocking_other_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
+    let healthy = serve(dir.path(), "ok.sock", device_plugin("vendor.com/ok", ""), false).await;
+    let config = ExecutorConfig {
+        get_info_timeout: Duration::from_millis(300),
+        ..ExecutorConfig::default()
+    };
+    let h = harness(RecordingHandler::default(), config);
+    let hang_generation = h.generation(&hanging.socket);
+
+    h.start_register(&hanging.socket, hang_generation).unwrap();
+    h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
+    // The healthy plugin registers while the other one still hangs.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while h.actual.get(&healthy.socket).is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "healthy plugin never registered");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(h.executor.operations().is_pending(&hanging.socket));
+
+    h.settle().await;
+    let refusal = h.refusal(&hanging.socket, hang_generation);
+    assert!(refusal.to_string().contains("GetInfo timed out after 300ms"), "{refusal}");
+    assert!(refusal.to_string().contains("hang.sock"), "{refusal}");
+    assert!(hanging.statuses().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socket_file_with_nobody_listening_fails_at_dial() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap()); // file stays
+    let config =
+        ExecutorConfig { refused_retry: Duration::from_millis(30), ..ExecutorConfig::default() };
+    let h = harness(RecordingHandler::default(), config);
+    let generation = h.generation(&socket);
+
+    h.register(&socket, generation).await;
+
+    let refusal = h.refusal(&socket, generation);
+    let text = refusal.to_string();
+    assert!(text.contains("dial") && text.contains("stale.sock"), "{text}");
+    assert!(matches!(refusal, ExecutorError::Backoff { .. }), "{refusal}");
+    assert!(h.actual.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
+    use kpm_api::csi::v1::{
+        GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+        GetPluginInfoResponse, ProbeRequest, ProbeResponse,
+        identity_server::{Identity, IdentityServer},
+    };
+    struct Driver;
+    #[tonic::async_trait]
+    impl Identity for Driver {
+        async fn get_plugin_info(
+            &self,
+            _: Request<GetPluginInfoRequest>,
+        ) -> Result<Response<GetPluginInfoResponse>, Status> {
+            Ok(Response::new(GetPluginInfoResponse::default()))
+        }
+        async fn get_plugin_capabilities(
+            &self,
+            _: Request<GetPluginCapabilitiesRequest>,
+        ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+            Ok(Response::new(GetPluginCapabilitiesResponse::default()))
+        }
+        async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+            Ok(Response::new(ProbeResponse::default()))
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("csi.sock");
+    let incoming = kpm_api::uds::bind(&socket).await.unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::new(Driver))
+            .serve_with_incoming(incoming),
+    );
+    let h = harness(RecordingHandler::default(), fast_config());
+    let generation = h.generation(&socket);
+
+    h.register(&socket, generation).await;
+
+    tokio::time::sleep(Duration::from_millis(150)).await; // past any backoff
+    let refusal = h.refusal(&socket, generation);
+    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    assert!(refusal.to_string().contains("not a registration socket"), "{refusal}");
+    // A new incarnation of the socket is tried again.
+    h.executor.operations().reset_backoff(&socket);
+    h.start_register(&socket, h.generation(&socket)).unwrap();
+    h.settle().await;
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unregister_calls_the_handler_once_with_the_recorded_name_and_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = device_plugin("vendor.com/gpu", "/run/gpu/service.sock");
+    let served = serve(dir.path(), "gpu.sock", info, false).await;
+    let h = harness(RecordingHandler::default(), ExecutorConfig::default());
+    h.register(&served.socket, h.generation(&served.socket)).await;
+    let registered = h.actual.get(&served.socket).unwrap();
+    drop(served); // the plugin is gone: unregistering must not need it
+
+    h.executor.unregister(registered.clone(), h.actual.clone()).unwrap();
+    h.settle().await;
+    assert!(h.actual.is_empty());
+    // A second unregister of the same plugin finds nothing to do.
+    h.executor.unregister(registered, h.actual.clone()).unwrap();
+    h.settle().await;
+
+    let deregisters: Vec<_> =
+        h.handler.events().into_iter().filter(|e| e.starts_with("deregister")).collect();
+    assert_eq!(deregisters, ["deregister vendor.com/gpu /run/gpu/service.sock"]);
+    assert!(h.executor.operations().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_operation_on_a_socket_waits_for_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
+    let h = harness(RecordingHandler::default(), ExecutorConfig::default());
+    let generation = h.generation(&hanging.socket);
+    h.start_register(&hanging.socket, generation).unwrap();
+    let refusal = h.refusal(&hanging.socket, generation);
+    assert!(matches!(refusal, ExecutorError::AlreadyRunning { .. }), "{refusal}");
+    assert!(refusal.to_string().contains("hang.sock"), "{refusal}");
+}
