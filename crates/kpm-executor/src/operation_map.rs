@@ -186,7 +186,7 @@ impl OperationMap {
     /// Waits until no key has an entry: every operation finished and none
     /// is backing off.
     pub async fn wait(&self) {
-        self.wait_until(|entries| entries.is_empty()).await;
+        self.wait_until(HashMap::is_empty).await;
     }
 
     /// Waits until no operation is running; failed entries may remain.
@@ -218,15 +218,16 @@ impl Shared {
                 Err(error) => {
                     let wait = self.backoff.next(entry.failure.as_ref().map(|f| f.wait));
                     let retry_at = (!error.is_permanent()).then(|| Instant::now() + wait);
-                    match retry_at {
-                        Some(_) => tracing::warn!(
+                    if retry_at.is_some() {
+                        tracing::warn!(
                             socket = %key.display(), ?wait, %error,
                             "operation failed; no retries permitted until the backoff expires"
-                        ),
-                        None => tracing::warn!(
+                        );
+                    } else {
+                        tracing::warn!(
                             socket = %key.display(), %error,
                             "operation failed permanently for this socket incarnation"
-                        ),
+                        );
                     }
                     *entry = Entry {
                         pending: false,

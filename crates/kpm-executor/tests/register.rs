@@ -1,6 +1,9 @@
 //! The register and unregister operations against real plugins: tonic servers
 //! on Unix sockets in temp dirs, driven through the `OperationExecutor`.
 
+// Test helpers may unwrap: a failed setup fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
