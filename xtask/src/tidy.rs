@@ -18,7 +18,23 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-api", &[]),
     ("kpm-cache", &["kpm-api"]),
     ("kpm-executor", &["kpm-api", "kpm-cache"]),
-    ("kpm-tests", &["kpm-api", "kpm-cache", "kpm-executor"]),
+    ("kpm-watcher", &["kpm-api", "kpm-cache"]),
+    ("kpm-reconciler", &["kpm-api", "kpm-cache", "kpm-executor"]),
+    ("kpm-registrar", &["kpm-api"]),
+    ("kpm", &["kpm-api", "kpm-cache", "kpm-executor", "kpm-watcher", "kpm-reconciler"]),
+    ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
+    (
+        "kpm-tests",
+        &[
+            "kpm",
+            "kpm-api",
+            "kpm-cache",
+            "kpm-executor",
+            "kpm-watcher",
+            "kpm-reconciler",
+            "kpm-registrar",
+        ],
+    ),
 ];
 
 pub(crate) fn check(root: &Path) -> Result {
