@@ -72,6 +72,26 @@ impl ActualState {
         removed
     }
 
+    /// Forgets the plugin at `socket_path` only if it is that incarnation, so
+    /// that a stale removal cannot take out a newer registration.
+    pub fn remove_generation(
+        &self,
+        socket_path: &Path,
+        generation: Generation,
+    ) -> Option<PluginInfo> {
+        let removed = {
+            let mut plugins = self.plugins.write();
+            match plugins.get(socket_path) {
+                Some(info) if info.generation == generation => plugins.remove(socket_path),
+                _ => None,
+            }
+        };
+        if removed.is_some() {
+            self.changes.bump();
+        }
+        removed
+    }
+
     /// Whether the plugin at `socket_path` is registered in that incarnation.
     pub fn contains_generation(&self, socket_path: &Path, generation: Generation) -> bool {
         self.plugins.read().get(socket_path).is_some_and(|info| info.generation == generation)
@@ -167,6 +187,19 @@ mod tests {
         assert!(asw.is_empty());
         assert!(!asw.contains_generation(&plugin.socket_path, plugin.generation));
         assert!(asw.remove(&plugin.socket_path).is_none());
+    }
+
+    #[test]
+    fn remove_generation_leaves_a_newer_incarnation_alone() {
+        let asw = ActualState::new();
+        let dsw = DesiredState::new();
+        let old = dsw.add_or_update(Path::new("/p.sock")).unwrap();
+        let new = dsw.add_or_update(Path::new("/p.sock")).unwrap();
+        asw.add(PluginInfo { generation: new, ..info("/p.sock") }).unwrap();
+        assert!(asw.remove_generation(Path::new("/p.sock"), old).is_none());
+        assert!(asw.contains_generation(Path::new("/p.sock"), new));
+        assert!(asw.remove_generation(Path::new("/p.sock"), new).is_some());
+        assert!(asw.is_empty());
     }
 
     #[test]

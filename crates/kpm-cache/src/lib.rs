@@ -7,6 +7,7 @@
 //! - [`PluginHandler`]: what a plugin type (CSI, device plugin, DRA) does on
 //!   validation, registration and deregistration.
 //! - [`ChangeSignal`]: lets a reconciler sleep until a cache changes.
+//! - [`EventBus`]: a broadcast of [`PluginEvent`]s for status APIs.
 //!
 //! Both caches are keyed by socket path with O(1) lookups, return sorted
 //! snapshots so that every consumer sees a deterministic order, and do no IO.
@@ -14,11 +15,13 @@
 mod actual_state;
 mod change;
 mod desired_state;
+mod events;
 mod handler;
 
 pub use actual_state::{ActualState, PluginInfo};
 pub use change::{ChangeSignal, Changes};
 pub use desired_state::{DesiredPlugin, DesiredState, Generation};
+pub use events::{EventBus, PluginEvent};
 pub use handler::{HandlerError, PluginHandler};
 
 /// Errors of the cache crate.

@@ -17,4 +17,4 @@ mod operation_map;
 pub use backoff::ExponentialBackoff;
 pub use error::ExecutorError;
 pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
-pub use operation_map::OperationMap;
+pub use operation_map::{OperationMap, OperationStatus};

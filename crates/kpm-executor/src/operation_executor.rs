@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_api::uds;
-use kpm_cache::{ActualState, Generation, PluginHandler, PluginInfo};
+use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
@@ -50,16 +50,27 @@ impl Default for ExecutorConfig {
 /// Starts register and unregister operations, one at a time per socket.
 ///
 /// The methods return whether the operation *started*; its outcome shows in
-/// [`ActualState`] and in the backoff of the socket's key.
+/// [`ActualState`], in the socket's [`OperationMap`] entry and on the event bus.
 #[derive(Debug, Clone, Default)]
 pub struct OperationExecutor {
     operations: OperationMap,
     config: ExecutorConfig,
+    events: EventBus,
 }
 
 impl OperationExecutor {
     pub fn new(config: ExecutorConfig) -> Self {
-        Self { operations: OperationMap::new(config.backoff), config }
+        Self::with_events(config, EventBus::default())
+    }
+
+    /// An executor that publishes registrations, rejections, deregistrations
+    /// and scheduled retries on `events`.
+    pub fn with_events(config: ExecutorConfig, events: EventBus) -> Self {
+        Self {
+            operations: OperationMap::with_events(config.backoff, events.clone()),
+            config,
+            events,
+        }
     }
 
     /// The operation map, to query pending operations and backoffs, reset a
@@ -84,13 +95,7 @@ impl OperationExecutor {
         handlers: Arc<Handlers>,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
-        let op = Register {
-            socket: socket.to_path_buf(),
-            generation,
-            handlers,
-            actual_state,
-            config: self.config,
-        };
+        let op = self.register_op(socket, generation, handlers, actual_state);
         self.operations.start(socket, op.run())
     }
 
@@ -102,20 +107,68 @@ impl OperationExecutor {
         info: PluginInfo,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
-        let socket = info.socket_path.clone();
-        self.operations.start(&socket, async move {
-            // Only the call that removes the entry deregisters: exactly once.
-            let removed = actual_state.remove(&info.socket_path);
-            if removed.is_some_and(|current| current.generation == info.generation) {
-                info.handler.deregister(&info.name, &info.endpoint).await;
-                tracing::info!(
-                    socket = %info.socket_path.display(), plugin = %info.name,
-                    plugin_type = %info.plugin_type, "plugin deregistered"
-                );
-            }
+        let events = self.events.clone();
+        self.operations.start(&info.socket_path.clone(), async move {
+            deregister(&info, &actual_state, &events).await;
             Ok(())
         })
     }
+
+    /// Starts re-registering a socket whose incarnation changed: unregisters
+    /// `old` and registers incarnation `generation`, in that order, as one
+    /// operation (the kubelet needed two reconcile passes for this).
+    pub fn reregister(
+        &self,
+        old: PluginInfo,
+        generation: Generation,
+        handlers: Arc<Handlers>,
+        actual_state: Arc<ActualState>,
+    ) -> Result<(), ExecutorError> {
+        let socket = old.socket_path.clone();
+        let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state));
+        let events = self.events.clone();
+        self.operations.start(&socket, async move {
+            deregister(&old, &actual_state, &events).await;
+            op.run().await
+        })
+    }
+
+    fn register_op(
+        &self,
+        socket: &Path,
+        generation: Generation,
+        handlers: Arc<Handlers>,
+        actual_state: Arc<ActualState>,
+    ) -> Register {
+        Register {
+            socket: socket.to_path_buf(),
+            generation,
+            handlers,
+            actual_state,
+            config: self.config,
+            events: self.events.clone(),
+        }
+    }
+}
+
+/// Removes `info` from `actual_state` and tells its handler. Only the call
+/// that removes that incarnation deregisters, so each registration is
+/// deregistered exactly once.
+async fn deregister(info: &PluginInfo, actual_state: &ActualState, events: &EventBus) {
+    if actual_state.remove_generation(&info.socket_path, info.generation).is_none() {
+        return;
+    }
+    info.handler.deregister(&info.name, &info.endpoint).await;
+    tracing::info!(
+        socket = %info.socket_path.display(), plugin = %info.name,
+        plugin_type = %info.plugin_type, "plugin deregistered"
+    );
+    events.publish(PluginEvent::Deregistered {
+        socket: info.socket_path.clone(),
+        generation: info.generation,
+        plugin_type: info.plugin_type.clone(),
+        name: info.name.clone(),
+    });
 }
 
 /// One register operation and what it needs.
@@ -125,10 +178,31 @@ struct Register {
     handlers: Arc<Handlers>,
     actual_state: Arc<ActualState>,
     config: ExecutorConfig,
+    events: EventBus,
 }
 
 impl Register {
     async fn run(self) -> Result<(), ExecutorError> {
+        let outcome = self.register().await;
+        let event = match &outcome {
+            Ok(info) => PluginEvent::Registered {
+                socket: self.socket.clone(),
+                generation: self.generation,
+                plugin_type: info.plugin_type.clone(),
+                name: info.name.clone(),
+                endpoint: info.endpoint.clone(),
+            },
+            Err(err) => PluginEvent::Rejected {
+                socket: self.socket.clone(),
+                generation: self.generation,
+                reason: err.to_string(),
+            },
+        };
+        self.events.publish(event);
+        outcome.map(drop)
+    }
+
+    async fn register(&self) -> Result<PluginInfo, ExecutorError> {
         let info = self.get_info().await?;
         let Some(handler) = self.handlers.get(&info.r#type).cloned() else {
             let message = format!(
@@ -188,7 +262,7 @@ impl Register {
             plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
             generation = %self.generation, "plugin registered"
         );
-        Ok(())
+        Ok(registered)
     }
 
     async fn dial(&self) -> Result<RegistrationClient<Channel>, ExecutorError> {

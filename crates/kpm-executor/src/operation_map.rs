@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_cache::{ChangeSignal, Changes};
+use kpm_cache::{ChangeSignal, Changes, EventBus, PluginEvent};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -34,6 +34,7 @@ struct Shared {
     entries: Mutex<HashMap<PathBuf, Entry>>,
     backoff: ExponentialBackoff,
     completions: ChangeSignal,
+    events: EventBus,
 }
 
 #[derive(Debug, Default)]
@@ -44,6 +45,19 @@ struct Entry {
     /// outcome belongs to a socket incarnation that is gone, so it must not
     /// start a backoff for the next one.
     discard_outcome: bool,
+}
+
+/// What is known about a key's operations, for status reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationStatus {
+    /// An operation is running.
+    pub pending: bool,
+    /// The error of the last failed operation, if the key is backing off or
+    /// failed permanently.
+    pub last_error: Option<String>,
+    /// When the next attempt is permitted; `None` with an error: never (until
+    /// the socket is re-created).
+    pub retry_at: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -62,11 +76,18 @@ impl Default for OperationMap {
 
 impl OperationMap {
     pub fn new(backoff: ExponentialBackoff) -> Self {
+        Self::with_events(backoff, EventBus::default())
+    }
+
+    /// Like [`new`](Self::new), publishing a [`PluginEvent::RetryScheduled`]
+    /// on `events` after each failure that will be retried.
+    pub fn with_events(backoff: ExponentialBackoff, events: EventBus) -> Self {
         Self {
             shared: Arc::new(Shared {
                 entries: Mutex::new(HashMap::new()),
                 backoff,
                 completions: ChangeSignal::default(),
+                events,
             }),
         }
     }
@@ -120,6 +141,17 @@ impl OperationMap {
             shared.complete(&key, outcome);
         });
         Ok(())
+    }
+
+    /// The key's state; `None` if nothing runs and nothing failed.
+    pub fn status(&self, key: &Path) -> Option<OperationStatus> {
+        let entries = self.shared.entries.lock();
+        let entry = entries.get(key)?;
+        Some(OperationStatus {
+            pending: entry.pending,
+            last_error: entry.failure.as_ref().map(|failure| failure.error.clone()),
+            retry_at: entry.failure.as_ref().and_then(|failure| failure.retry_at),
+        })
     }
 
     /// Whether an operation on `key` is running.
@@ -223,6 +255,10 @@ impl Shared {
                             socket = %key.display(), ?wait, %error,
                             "operation failed; no retries permitted until the backoff expires"
                         );
+                        self.events.publish(PluginEvent::RetryScheduled {
+                            socket: key.to_path_buf(),
+                            after: wait,
+                        });
                     } else {
                         tracing::warn!(
                             socket = %key.display(), %error,
@@ -252,3 +288,6 @@ fn panic_message(join: tokio::task::JoinError) -> String {
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "operation panicked".to_owned())
 }
+
+#[cfg(test)]
+mod tests;

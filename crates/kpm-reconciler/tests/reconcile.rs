@@ -1,0 +1,204 @@
+//! The reconciler with the real executor and real plugins on Unix sockets:
+//! the upstream reconciler tests, and what kpm does beyond them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_cache::{Generation, PluginEvent};
+use kpm_executor::ExecutorConfig;
+use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+fn registered_with(m: &Manager, socket: &Path, generation: Generation) -> bool {
+    m.actual.contains_generation(socket, generation) && m.actual.len() == 1
+}
+
+async fn running_manager(handler: &Arc<Handler>) -> Manager {
+    let mut m = Manager::new(ExecutorConfig::default());
+    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.start();
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_to_do_leaves_both_states_empty() {
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    m.reconciler.reconcile();
+    assert!(m.desired.is_empty() && m.actual.is_empty());
+    assert!(m.reconciler.executor().operations().is_empty());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desired_socket_is_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    let plugin =
+        Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
+            .await;
+
+    let generation = m.desired.add_or_update(&plugin.socket).unwrap();
+
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, generation)).await);
+    assert!(plugin.statuses()[0].plugin_registered);
+    let socket = plugin.socket.display();
+    assert_eq!(
+        handler.log(),
+        [format!("validate example-plugin {socket}"), format!("register example-plugin {socket}")]
+    );
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_socket_is_deregistered() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    let plugin =
+        Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
+            .await;
+    let socket = plugin.socket.clone();
+    let generation = m.desired.add_or_update(&socket).unwrap();
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await);
+
+    m.desired.remove(&socket);
+    plugin.stop();
+
+    assert!(m.eventually(DEADLINE, |m| m.actual.is_empty()).await);
+    assert!(m.eventually(DEADLINE, |m| m.reconciler.executor().operations().is_empty()).await);
+    assert_eq!(
+        handler.log().last().unwrap(),
+        &format!("deregister example-plugin {}", socket.display())
+    );
+    assert_eq!(handler.balance(&socket), (1, 1));
+    assert!(handler.violations().is_empty(), "{:?}", handler.violations());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_is_unregistered_then_registered_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    let plugin =
+        Plugin::serve(&dir.path().join("plugin2.sock"), PluginScript::device("example-plugin2"))
+            .await;
+    let first = m.desired.add_or_update(&plugin.socket).unwrap();
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, first)).await);
+
+    let second = m.desired.add_or_update(&plugin.socket).unwrap();
+
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, second)).await);
+    let socket = plugin.socket.display();
+    assert_eq!(
+        handler.log(),
+        [
+            format!("validate example-plugin2 {socket}"),
+            format!("register example-plugin2 {socket}"),
+            format!("deregister example-plugin2 {socket}"),
+            format!("validate example-plugin2 {socket}"),
+            format!("register example-plugin2 {socket}"),
+        ]
+    );
+    assert!(handler.violations().is_empty(), "{:?}", handler.violations());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_arrived_before_its_handler_registers_when_the_handler_is_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Manager::new(ExecutorConfig::default());
+    m.start();
+    let plugin = Plugin::serve(&dir.path().join("early.sock"), PluginScript::device("early")).await;
+    let generation = m.desired.add_or_update(&plugin.socket).unwrap();
+    // Rejected: no handler for its type yet.
+    assert!(m.eventually(DEADLINE, |_| !plugin.statuses().is_empty()).await);
+    assert!(
+        plugin.statuses()[0].error.contains("no handler registered for plugin type: DevicePlugin")
+    );
+
+    let handler = Handler::new(HandlerScript::default());
+    m.reconciler.add_handler("DevicePlugin", handler.clone());
+
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, generation)).await);
+    assert!(plugin.statuses().last().unwrap().plugin_registered);
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    let socket = dir.path().join("flaky.sock");
+    let broken = PluginScript { get_info_failures: usize::MAX, ..PluginScript::device("flaky") };
+    let plugin = Plugin::serve(&socket, broken).await;
+    m.desired.add_or_update(&socket).unwrap();
+    let ops = m.reconciler.executor().operations();
+    assert!(
+        m.eventually(DEADLINE, |_| ops.retry_at(&socket).is_some()).await,
+        "first attempt failed"
+    );
+
+    // The plugin restarts: a new socket file, a new incarnation.
+    plugin.stop();
+    let plugin = Plugin::serve(&socket, PluginScript::device("flaky")).await;
+    let generation = m.desired.add_or_update(&socket).unwrap();
+
+    // Registered well before the old 500 ms backoff would have allowed a retry.
+    let registered =
+        m.eventually(Duration::from_millis(400), |m| registered_with(m, &socket, generation)).await;
+    assert!(registered, "status: {:?}", ops.status(&socket));
+    drop(plugin);
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_tell_the_story_of_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let handler = Handler::new(HandlerScript::default());
+    let m = running_manager(&handler).await;
+    let mut events = m.events.subscribe();
+    let plugin = Plugin::serve(&dir.path().join("e.sock"), PluginScript::device("evented")).await;
+    let socket = plugin.socket.clone();
+
+    let generation = m.desired.add_or_update(&socket).unwrap();
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await);
+    m.desired.remove(&socket);
+    plugin.stop();
+    assert!(m.eventually(DEADLINE, |m| m.actual.is_empty()).await);
+
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(event);
+    }
+    let endpoint = socket.display().to_string();
+    assert_eq!(
+        seen,
+        [
+            PluginEvent::SocketSeen { socket: socket.clone(), generation },
+            PluginEvent::Registered {
+                socket: socket.clone(),
+                generation,
+                plugin_type: "DevicePlugin".into(),
+                name: "evented".into(),
+                endpoint,
+            },
+            PluginEvent::Deregistered {
+                socket: socket.clone(),
+                generation,
+                plugin_type: "DevicePlugin".into(),
+                name: "evented".into(),
+            },
+        ]
+    );
+    m.shutdown().await;
+}
