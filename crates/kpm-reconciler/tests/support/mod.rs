@@ -321,13 +321,17 @@ impl Manager {
         }
     }
 
-    /// Polls `condition` until it holds or `within` (tokio time) passes.
+    /// Checks `condition` whenever ActualState changes or an operation
+    /// completes, and at least every 50 ms, until it holds or `within` (tokio
+    /// time) passes.
     pub async fn eventually(
         &self,
         within: Duration,
         mut condition: impl FnMut(&Self) -> bool,
     ) -> bool {
         let deadline = tokio::time::Instant::now() + within;
+        let mut changes = self.actual.subscribe();
+        let mut completions = self.reconciler.executor().operations().completions();
         loop {
             if condition(self) {
                 return true;
@@ -335,7 +339,11 @@ impl Manager {
             if tokio::time::Instant::now() >= deadline {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::select! {
+                () = changes.changed() => {}
+                () = completions.changed() => {}
+                () = tokio::time::sleep(Duration::from_millis(1000)) => {}
+            }
         }
     }
 }
