@@ -19,7 +19,7 @@ fn registered_with(m: &Manager, socket: &Path, generation: Generation) -> bool {
     m.actual.contains_generation(socket, generation) && m.actual.len() == 1
 }
 
-async fn running_manager(handler: &Arc<Handler>) -> Manager {
+fn running_manager(handler: &Arc<Handler>) -> Manager {
     let mut m = Manager::new(ExecutorConfig::default());
     m.reconciler.add_handler("DevicePlugin", handler.clone());
     m.start();
@@ -29,7 +29,7 @@ async fn running_manager(handler: &Arc<Handler>) -> Manager {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_to_do_leaves_both_states_empty() {
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     m.reconciler.reconcile();
     assert!(m.desired.is_empty() && m.actual.is_empty());
     assert!(m.reconciler.executor().operations().is_empty());
@@ -40,7 +40,7 @@ async fn nothing_to_do_leaves_both_states_empty() {
 async fn a_desired_socket_is_registered() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     let plugin =
         Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
             .await;
@@ -61,7 +61,7 @@ async fn a_desired_socket_is_registered() {
 async fn a_removed_socket_is_deregistered() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     let plugin =
         Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
             .await;
@@ -87,7 +87,7 @@ async fn a_removed_socket_is_deregistered() {
 async fn a_new_generation_is_unregistered_then_registered_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     let plugin =
         Plugin::serve(&dir.path().join("plugin2.sock"), PluginScript::device("example-plugin2"))
             .await;
@@ -137,7 +137,7 @@ async fn a_plugin_that_arrived_before_its_handler_registers_when_the_handler_is_
 async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     let socket = dir.path().join("flaky.sock");
     let broken = PluginScript { get_info_failures: usize::MAX, ..PluginScript::device("flaky") };
     let plugin = Plugin::serve(&socket, broken).await;
@@ -165,7 +165,7 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
 async fn events_tell_the_story_of_a_socket() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler).await;
+    let m = running_manager(&handler);
     let mut events = m.events.subscribe();
     let plugin = Plugin::serve(&dir.path().join("e.sock"), PluginScript::device("evented")).await;
     let socket = plugin.socket.clone();

@@ -322,7 +322,7 @@ impl Manager {
     }
 
     /// Checks `condition` whenever ActualState changes or an operation
-    /// completes, and at least every 50 ms, until it holds or `within` (tokio
+    /// completes, and at least every second, until it holds or `within` (tokio
     /// time) passes.
     pub async fn eventually(
         &self,
@@ -342,7 +342,7 @@ impl Manager {
             tokio::select! {
                 () = changes.changed() => {}
                 () = completions.changed() => {}
-                () = tokio::time::sleep(Duration::from_millis(1000)) => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
     }
