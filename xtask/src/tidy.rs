@@ -21,7 +21,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-watcher", &["kpm-api", "kpm-cache"]),
     ("kpm-reconciler", &["kpm-api", "kpm-cache", "kpm-executor"]),
     ("kpm-registrar", &["kpm-api"]),
-    ("kpm", &["kpm-api", "kpm-cache", "kpm-executor", "kpm-watcher", "kpm-reconciler"]),
+    // kpm-registrar only as a dev-dependency: tests run real plugins.
+    (
+        "kpm",
+        &["kpm-api", "kpm-cache", "kpm-executor", "kpm-watcher", "kpm-reconciler", "kpm-registrar"],
+    ),
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
     (
         "kpm-tests",

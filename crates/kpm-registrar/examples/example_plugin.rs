@@ -1,0 +1,306 @@
+//! An example plugin: serves a registration socket for one plugin, prints one
+//! line per registration status the node agent sends, and removes its socket
+//! on SIGINT or SIGTERM (which deregisters it).
+//!
+//! ```sh
+//! cargo run -p kpm-registrar --example example_plugin -- --dir /tmp/x --name vendor.com/gpu
+//! ```
+//!
+//! Without `--endpoint`, the plugin's own service is served on the
+//! registration socket too, as a stub that lets a node agent complete the
+//! registration: `DevicePlugin` (two healthy devices) for `DevicePlugin`,
+//! CSI `Identity` and `Node` for `CSIPlugin`, DRA v1 `DRAPlugin` for
+//! `DRAPlugin`. `--registration-only` leaves it out.
+//!
+//! Output: `serving <socket>`, then `registered: true` or
+//! `registered: false: <reason>` per status. Logs go to stderr (`RUST_LOG`).
+//! Exit codes: 0 after a signal, 1 on failure (the message names the path),
+//! 2 on usage errors.
+
+use std::error::Error;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kpm_api::constants::{DEFAULT_ROOT_DIR, DEVICE_HEALTHY, PLUGINS_REGISTRY_DIR_NAME};
+use kpm_api::csi::v1 as csi;
+use kpm_api::deviceplugin::v1beta1 as dp;
+use kpm_api::dra::v1 as dra;
+use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, Registrar, RegistrationStatus};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_stream::{Stream, StreamExt};
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+
+/// Serve a kubelet plugin registration socket and print the registration
+/// statuses received.
+// Field docs are `--help` text, where backticks would show.
+#[allow(clippy::doc_markdown)]
+#[derive(Debug, Parser)]
+#[command(name = "example_plugin")]
+struct Args {
+    /// Directory to create the registration socket in (the node agent's
+    /// registry directory).
+    #[arg(long, value_name = "DIR", default_value_t = default_dir())]
+    dir: String,
+
+    /// Plugin type: DevicePlugin, CSIPlugin, DRAPlugin, or anything else to
+    /// see it rejected.
+    #[arg(long = "type", value_name = "TYPE", default_value = DEVICE_PLUGIN)]
+    plugin_type: String,
+
+    /// Plugin name [default: example.com/demo for device plugins,
+    /// demo.example.com otherwise].
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+
+    /// A supported version to advertise; repeat for several [default:
+    /// v1beta1 for DevicePlugin, 1.0.0 for CSIPlugin, v1.DRAPlugin for
+    /// DRAPlugin].
+    #[arg(long = "version", value_name = "V")]
+    versions: Vec<String>,
+
+    /// Socket of the plugin's own service, sent as the endpoint. Without it
+    /// the endpoint is empty and a stub service runs on the registration
+    /// socket.
+    #[arg(long, value_name = "PATH")]
+    endpoint: Option<PathBuf>,
+
+    /// Rolling-update uid: names the socket <name>-<uid>-reg.sock.
+    #[arg(long, value_name = "UID")]
+    uid: Option<String>,
+
+    /// Serve the registration service only, no stub of the plugin's service.
+    #[arg(long)]
+    registration_only: bool,
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("example_plugin: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn Error>> {
+    let name = args.name.unwrap_or_else(|| {
+        if args.plugin_type == DEVICE_PLUGIN { "example.com/demo" } else { "demo.example.com" }
+            .to_owned()
+    });
+    let mut builder = Registrar::builder(&args.plugin_type, &name).socket_dir(&args.dir);
+    if !args.versions.is_empty() {
+        builder = builder.versions(args.versions);
+    }
+    if let Some(uid) = args.uid {
+        builder = builder.rolling_update_uid(uid);
+    }
+    if let Some(endpoint) = args.endpoint {
+        builder = builder.endpoint(endpoint);
+    } else if !args.registration_only {
+        builder = builder.routes(stub_service(&args.plugin_type, &name));
+    }
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
+
+    let registrar = builder.serve().await?;
+    println!("serving {}", registrar.socket_path().display());
+    let mut status = registrar.status();
+    let mut printed = 0;
+    loop {
+        tokio::select! {
+            changed = status.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                // `status` keeps only the latest; the history has every one.
+                let statuses = registrar.statuses();
+                for received in &statuses[printed..] {
+                    println!("{}", describe(received));
+                }
+                printed = statuses.len();
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = terminate.recv() => break,
+        }
+    }
+    registrar.shutdown().await?;
+    Ok(())
+}
+
+fn default_dir() -> String {
+    format!("{DEFAULT_ROOT_DIR}/{PLUGINS_REGISTRY_DIR_NAME}")
+}
+
+fn describe(status: &RegistrationStatus) -> String {
+    if status.error.is_empty() {
+        format!("registered: {}", status.plugin_registered)
+    } else {
+        format!("registered: {}: {}", status.plugin_registered, status.error)
+    }
+}
+
+/// Just enough of the plugin type's own service for a node agent to accept it.
+fn stub_service(plugin_type: &str, name: &str) -> Routes {
+    match plugin_type {
+        DEVICE_PLUGIN => Routes::new(dp::device_plugin_server::DevicePluginServer::new(Stub)),
+        CSI_PLUGIN => Routes::new(csi::identity_server::IdentityServer::new(CsiStub {
+            name: name.to_owned(),
+        }))
+        .add_service(csi::node_server::NodeServer::new(Stub)),
+        DRA_PLUGIN => Routes::new(dra::dra_plugin_server::DraPluginServer::new(Stub)),
+        _ => Routes::default(),
+    }
+}
+
+#[derive(Debug)]
+struct Stub;
+
+#[derive(Debug)]
+struct CsiStub {
+    name: String,
+}
+
+// === Device plugin: two healthy devices, empty allocations ===
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl dp::device_plugin_server::DevicePlugin for Stub {
+    type ListAndWatchStream = DeviceStream;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions::default()))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<DeviceStream>, Status> {
+        let device =
+            |id: &str| dp::Device { id: id.into(), health: DEVICE_HEALTHY.into(), topology: None };
+        let devices = dp::ListAndWatchResponse { devices: vec![device("dev-0"), device("dev-1")] };
+        // The device list never changes; the stream stays open until the
+        // node agent hangs up.
+        let stream = tokio_stream::once(Ok(devices)).chain(tokio_stream::pending());
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("no preferred allocation"))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let containers = request.into_inner().container_requests.len();
+        let container_responses = vec![dp::ContainerAllocateResponse::default(); containers];
+        Ok(Response::new(dp::AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+// === CSI: identity and node info ===
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for CsiStub {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for Stub {
+    async fn node_get_capabilities(
+        &self,
+        _: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse::default()))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: "example-node".into(),
+            ..Default::default()
+        }))
+    }
+}
+
+// === DRA: every claim prepared with no devices ===
+
+#[tonic::async_trait]
+impl dra::dra_plugin_server::DraPlugin for Stub {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|claim| (claim.uid, dra::NodePrepareResourceResponse::default()))
+            .collect();
+        Ok(Response::new(dra::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|claim| (claim.uid, dra::NodeUnprepareResourceResponse::default()))
+            .collect();
+        Ok(Response::new(dra::NodeUnprepareResourcesResponse { claims }))
+    }
+}
