@@ -35,3 +35,10 @@ pub trait PluginHandler: Send + Sync + 'static {
     /// once per successful `register`; cannot fail.
     async fn deregister(&self, name: &str, endpoint: &str);
 }
+
+/// Handlers are opaque; this lets structs holding them derive `Debug`.
+impl std::fmt::Debug for dyn PluginHandler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("dyn PluginHandler")
+    }
+}

@@ -94,6 +94,17 @@ fn expect_failed_permanently(result: OpResult) -> String {
     }
 }
 
+/// `map.wait()`, failing the test instead of hanging when it does not return.
+async fn wait_until_empty(map: &OperationMap) {
+    timeout(LONG, map.wait()).await.expect("wait() did not return");
+}
+
+/// `map.wait_for_completion()`, failing the test instead of hanging when it
+/// does not return.
+async fn wait_until_idle(map: &OperationMap) {
+    timeout(LONG, map.wait_for_completion()).await.expect("wait_for_completion() did not return");
+}
+
 /// Waits until the operation on `key` (if any) has completed.
 async fn settled(map: &OperationMap, key: &Path) {
     let mut completions = map.completions();
@@ -114,7 +125,7 @@ async fn single_start_runs_the_operation() {
     });
     assert!(result.is_ok(), "{result:?}");
     has_run.await.expect("the operation ran");
-    map.wait().await;
+    wait_until_empty(&map).await;
     assert!(map.is_empty());
 }
 
@@ -130,7 +141,7 @@ async fn two_starts_on_different_keys_both_run() {
 
     release_a.send(()).unwrap();
     release_b.send(()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
     assert!(map.is_empty());
 }
 
@@ -139,12 +150,12 @@ async fn second_start_after_first_completes_runs() {
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, succeeds()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert!(map.is_empty(), "a success leaves no entry");
 
     let before = Instant::now();
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
     assert_eq!(Instant::now(), before, "no backoff after a success");
 }
 
@@ -155,7 +166,7 @@ async fn second_start_after_first_panics_waits_out_the_backoff() {
     let (release, op) = gated_panic("first operation panics".to_owned());
     map.start(&a, op).unwrap();
     release.send(()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
 
     let failed_at = Instant::now();
     let (until, wait, _) = expect_backoff(map.start(&a, succeeds()));
@@ -167,7 +178,7 @@ async fn second_start_after_first_panics_waits_out_the_backoff() {
     // A retry is permitted at exactly `until`.
     advance(MILLI).await;
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
     assert!(map.is_empty());
 }
 
@@ -187,7 +198,7 @@ async fn second_start_while_first_runs_is_already_running() {
     assert!(map.is_pending(&a));
 
     release.send(()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -199,9 +210,9 @@ async fn third_start_after_first_completes_runs() {
     assert!(matches!(map.start(&a, succeeds()), Err(ExecutorError::AlreadyRunning { .. })));
 
     release.send(()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
     assert!(map.is_empty());
 }
 
@@ -209,8 +220,8 @@ async fn third_start_after_first_completes_runs() {
 async fn wait_on_an_empty_map_returns_at_once() {
     let map = OperationMap::default();
     let before = Instant::now();
-    map.wait().await;
-    map.wait_for_completion().await;
+    wait_until_empty(&map).await;
+    wait_until_idle(&map).await;
     assert_eq!(Instant::now(), before);
 }
 
@@ -262,7 +273,7 @@ async fn retry_of_a_failing_operation_gets_backoff_with_its_last_error() {
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
 
     let err = map.start(&a, succeeds()).unwrap_err();
     let text = err.to_string();
@@ -280,10 +291,10 @@ async fn reset_backoff_on_a_failed_key_lets_the_next_start_run_at_once() {
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     advance(INITIAL).await;
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(expect_backoff(map.start(&a, succeeds())).1, 2 * INITIAL);
 
     map.reset_backoff(&a);
@@ -292,7 +303,7 @@ async fn reset_backoff_on_a_failed_key_lets_the_next_start_run_at_once() {
 
     // The next start runs at once, and its failure backs off from scratch.
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.retry_at(&a), Some(Instant::now() + INITIAL));
 }
 
@@ -301,7 +312,7 @@ async fn reset_backoff_while_running_keeps_the_failure_from_starting_a_backoff()
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     advance(INITIAL).await;
 
     let (release, op) = gated(Err(transient(&a)));
@@ -314,11 +325,11 @@ async fn reset_backoff_while_running_keeps_the_failure_from_starting_a_backoff()
     );
 
     release.send(()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.len(), 0, "the discarded failure left an entry");
     assert_eq!(map.next_retry_at(), None);
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -328,7 +339,7 @@ async fn forget_drops_a_failed_entry() {
     for k in &keys {
         map.start(k, fails(k)).unwrap();
     }
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.len(), 3);
 
     for (i, k) in keys.iter().enumerate() {
@@ -352,7 +363,7 @@ async fn forget_while_running_drops_the_entry_once_the_operation_fails() {
     release.send(()).unwrap();
     timeout(LONG, map.wait()).await.expect("the failed entry was dropped");
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -364,7 +375,7 @@ async fn permanent_error_blocks_the_key_until_reset_backoff() {
         let k = key(&format!("permanent-{i}"));
         assert!(error(&k).is_permanent());
         map.start(&k, std::future::ready(Err(error(&k)))).unwrap();
-        map.wait_for_completion().await;
+        wait_until_idle(&map).await;
         assert_eq!(map.retry_at(&k), None, "a permanent failure has no retry time");
         assert_eq!(map.next_retry_at(), None);
 
@@ -375,7 +386,7 @@ async fn permanent_error_blocks_the_key_until_reset_backoff() {
 
         map.reset_backoff(&k);
         map.start(&k, succeeds()).unwrap();
-        map.wait().await;
+        wait_until_empty(&map).await;
     }
 }
 
@@ -384,12 +395,12 @@ async fn forget_also_unblocks_a_permanently_failed_key() {
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, std::future::ready(Err(not_a_registration_socket(&a)))).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     expect_failed_permanently(map.start(&a, succeeds()));
     map.forget(&a);
     assert!(map.is_empty());
     map.start(&a, succeeds()).unwrap();
-    map.wait().await;
+    wait_until_empty(&map).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -397,24 +408,24 @@ async fn backoff_doubles_on_consecutive_failures_and_a_success_resets_it() {
     let map = OperationMap::default();
     let a = key("a");
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.retry_at(&a), Some(Instant::now() + INITIAL));
 
     advance(INITIAL).await;
     map.start(&a, fails(&a)).unwrap();
     assert_eq!(map.retry_at(&a), None, "a running key is not backing off");
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.retry_at(&a), Some(Instant::now() + 2 * INITIAL));
     assert_eq!(expect_backoff(map.start(&a, succeeds())).1, 2 * INITIAL);
 
     advance(2 * INITIAL).await;
     map.start(&a, succeeds()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert!(map.is_empty(), "a success removes the entry");
     assert_eq!(map.retry_at(&a), None);
 
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.retry_at(&a), Some(Instant::now() + INITIAL), "the backoff starts afresh");
 }
 
@@ -427,7 +438,7 @@ async fn backoff_follows_a_custom_policy_up_to_its_cap() {
     let a = key("a");
     for expected in [100, 200, 250, 250] {
         map.start(&a, fails(&a)).unwrap();
-        map.wait_for_completion().await;
+        wait_until_idle(&map).await;
         let wait = map.retry_at(&a).unwrap() - Instant::now();
         assert_eq!(wait, Duration::from_millis(expected));
         advance(wait).await;
@@ -442,11 +453,11 @@ async fn next_retry_at_returns_the_earliest_expiry() {
     let t0 = Instant::now();
 
     map.start(&a, fails(&a)).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     advance(Duration::from_millis(100)).await;
     map.start(&b, fails(&b)).unwrap();
     map.start(&c, std::future::ready(Err(not_a_registration_socket(&c)))).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.next_retry_at(), Some(t0 + INITIAL));
 
     // A running key does not count, whatever its previous failure.
@@ -456,7 +467,7 @@ async fn next_retry_at_returns_the_earliest_expiry() {
     assert_eq!(map.next_retry_at(), Some(t0 + INITIAL + Duration::from_millis(100)));
 
     release.send(()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.next_retry_at(), Some(t0 + INITIAL + Duration::from_millis(100)));
     map.forget(&b);
     assert_eq!(map.next_retry_at(), None, "a permanent failure has no retry time");
@@ -491,7 +502,7 @@ async fn panic_message_appears_in_the_stored_error() {
     let (release, op) = gated_panic(format!("code {}", 42));
     map.start(&b, op).unwrap();
     release.send(()).unwrap();
-    map.wait_for_completion().await;
+    wait_until_idle(&map).await;
     assert_eq!(map.len(), 2, "a panic counts as a failure");
 
     for (k, message) in [(&a, "disk on fire"), (&b, "code 42")] {

@@ -1,0 +1,42 @@
+//! Errors a user of the `kpm` command can meet, each one line naming the
+//! path and the step.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    #[error("start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+
+    #[error("create root directory {}: {source}", path.display())]
+    CreateRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("serve status API: {0}")]
+    StatusSocket(#[source] kpm_api::uds::TransportError),
+
+    #[error("{0}")]
+    Manager(#[from] kpm::Error),
+
+    #[error("install signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+
+    #[error("set up logging: {0}")]
+    Logging(String),
+
+    #[error("connect to status API at {} (is `kpm run` running?): {source}", path.display())]
+    ConnectStatus {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("query status API at {}: {message}", path.display())]
+    QueryStatus { path: PathBuf, message: String },
+
+    #[error("write output: {0}")]
+    Output(#[source] std::io::Error),
+}

@@ -1,0 +1,93 @@
+//! `kpm`: the kubelet plugin manager as a command.
+//!
+//! - `kpm run`: watch `<root>/plugins_registry`, register plugins, serve the
+//!   status API on `<root>/kpm.sock`.
+//! - `kpm list`: print the plugins a running `kpm run` knows.
+//!
+//! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
+//! step), 2 usage error.
+
+// Doc comments on the clap types are the command's help text, read in a terminal.
+#![allow(clippy::doc_markdown)]
+
+mod error;
+mod list;
+mod run;
+mod status_api;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+pub(crate) use error::CliError;
+
+#[derive(Debug, Parser)]
+#[command(name = "kpm", version, about = "The kubelet plugin manager, in Rust")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the node's kubelet-style directories are.
+#[derive(Debug, Clone, clap::Args)]
+struct RootArgs {
+    /// The kubelet root directory.
+    #[arg(long, value_name = "DIR", default_value = kpm::api::DEFAULT_ROOT_DIR, env = "KPM_ROOT_DIR")]
+    root_dir: PathBuf,
+    /// The status API socket [default: <ROOT_DIR>/kpm.sock].
+    #[arg(long, value_name = "PATH")]
+    status_socket: Option<PathBuf>,
+}
+
+impl RootArgs {
+    fn status_socket(&self) -> PathBuf {
+        self.status_socket.clone().unwrap_or_else(|| self.root_dir.join(STATUS_SOCKET_NAME))
+    }
+}
+
+/// Name of the status API socket in the root directory.
+const STATUS_SOCKET_NAME: &str = "kpm.sock";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Watch the registry directory and register plugins until SIGINT or SIGTERM.
+    Run(run::RunArgs),
+    /// List the plugins of a running `kpm run`.
+    List {
+        #[command(flatten)]
+        root: RootArgs,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => return fail(&CliError::Runtime(err)),
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::List { root, output } => list::list(&root.status_socket(), output).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail(&err),
+    }
+}
+
+fn fail(err: &CliError) -> ExitCode {
+    eprintln!("kpm: error: {err}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,116 @@
+//! `kpm run`: the plugin manager on a node.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use kpm::{BasicHandler, PluginManager};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::{CliError, RootArgs, status_api};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    root: RootArgs,
+    /// The directory plugins create registration sockets in
+    /// [default: <ROOT_DIR>/plugins_registry].
+    #[arg(long, value_name = "DIR")]
+    registry_dir: Option<PathBuf>,
+    /// Log format; the level comes from RUST_LOG (default info).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Period of the full re-listing of the registry directory, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    resync_period: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
+    init_logging(args.log_format)?;
+    let root = &args.root.root_dir;
+    std::fs::create_dir_all(root)
+        .map_err(|source| CliError::CreateRoot { path: root.clone(), source })?;
+    let registry_dir =
+        args.registry_dir.clone().unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
+
+    let mut builder = PluginManager::builder()
+        .registry_dir(registry_dir)
+        .resync_period(Duration::from_secs(args.resync_period));
+    // Each type gets its own handler crate as it lands; until then the basic
+    // handler accepts plugins with a name and versions.
+    for plugin_type in kpm::api::PLUGIN_TYPES {
+        builder = builder.handler(plugin_type, Arc::new(BasicHandler::new(plugin_type)));
+    }
+    let manager = Arc::new(builder.build());
+
+    let status_socket = args.root.status_socket();
+    let status = StatusServer::start(&status_socket, Arc::clone(&manager)).await?;
+    let shutdown = shutdown_signal()?;
+    let result = manager.run(shutdown).await.map_err(CliError::from);
+    status.stop();
+    result
+}
+
+/// The status API server and the socket file it owns.
+struct StatusServer {
+    socket: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusServer {
+    async fn start(socket: &Path, manager: Arc<PluginManager>) -> Result<Self, CliError> {
+        let listener =
+            kpm_api::uds::bind(socket).await.map_err(CliError::StatusSocket)?.into_inner();
+        let router = status_api::router(manager);
+        let path = socket.to_path_buf();
+        let task = tokio::spawn(async move {
+            if let Err(source) = axum::serve(listener, router).await {
+                tracing::error!(socket = %path.display(), error = %source, "status API stopped");
+            }
+        });
+        tracing::info!(socket = %socket.display(), "status API listening");
+        Ok(Self { socket: socket.to_path_buf(), task })
+    }
+
+    /// Stops serving and removes the socket file.
+    fn stop(self) {
+        self.task.abort();
+        if let Err(err) = std::fs::remove_file(&self.socket) {
+            tracing::warn!(socket = %self.socket.display(), error = %err, "cannot remove status socket");
+        }
+    }
+}
+
+/// Completes on the first SIGINT or SIGTERM.
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> {
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(CliError::Signal)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(CliError::Signal)?;
+    Ok(async move {
+        let name = tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        };
+        tracing::info!(signal = name, "shutting down");
+    })
+}
+
+fn init_logging(format: LogFormat) -> Result<(), CliError> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let installed = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed.map_err(|err| CliError::Logging(err.to_string()))
+}

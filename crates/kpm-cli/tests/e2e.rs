@@ -1,0 +1,205 @@
+//! End to end: the `kpm` binary as a real process on a temp root dir, real
+//! plugins (kpm-registrar) registering through the real watcher, and `kpm list`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use kpm_registrar::Registrar;
+use serde_json::Value;
+
+const KPM: &str = env!("CARGO_BIN_EXE_kpm");
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A running `kpm run`, stopped with SIGTERM on drop.
+struct Kpm {
+    child: Child,
+    root: PathBuf,
+}
+
+impl Kpm {
+    fn start(root: &Path) -> Self {
+        let child = Command::new(KPM)
+            .args(["run", "--root-dir"])
+            .arg(root)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let kpm = Self { child, root: root.to_path_buf() };
+        wait_until("status API answers", || kpm.list_json().is_some());
+        kpm
+    }
+
+    fn registry(&self) -> PathBuf {
+        self.root.join("plugins_registry")
+    }
+
+    /// `kpm list -o json`, parsed; `None` while the API does not answer.
+    fn list_json(&self) -> Option<Value> {
+        let out = kpm(&["list", "-o", "json", "--root-dir", self.root.to_str().unwrap()]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap())
+    }
+
+    fn plugins(&self) -> Vec<Value> {
+        self.list_json().unwrap()["plugins"].as_array().unwrap().clone()
+    }
+
+    fn terminate(mut self) -> Output {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let child = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap());
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Kpm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kpm(args: &[&str]) -> Output {
+    Command::new(KPM).args(args).output().unwrap()
+}
+
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+#[test]
+fn a_plugin_registers_re_registers_and_deregisters_through_the_binary() {
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let rt = runtime();
+
+    let plugin = rt.block_on(async {
+        Registrar::builder(kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu")
+            .socket_dir(kpm.registry())
+            .serve()
+            .await
+            .unwrap()
+    });
+    let status = rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap();
+    assert!(status.plugin_registered, "{status:?}");
+    let socket = plugin.socket_path().display().to_string();
+
+    // The plugin is told before it is recorded as registered.
+    wait_until("the plugin is listed as registered", || {
+        kpm.plugins().first().is_some_and(|p| p["state"] == "registered")
+    });
+    let plugins = kpm.plugins();
+    assert_eq!(plugins.len(), 1, "{plugins:?}");
+    let listed = &plugins[0];
+    assert_eq!(listed["socket_path"], socket.as_str());
+    assert_eq!(listed["state"], "registered");
+    assert_eq!(listed["type"], "DevicePlugin");
+    assert_eq!(listed["name"], "vendor.com/gpu");
+    assert_eq!(listed["endpoint"], socket.as_str());
+    assert_eq!(listed["versions"], serde_json::json!(["v1beta1"]));
+    assert!(listed["last_error"].is_null());
+    assert!(listed["registered_at"].as_str().unwrap().ends_with('Z'));
+    let first_generation = listed["generation"].as_u64().unwrap();
+
+    // The plugin restarts: its socket is re-created, so it registers again.
+    rt.block_on(plugin.shutdown()).unwrap();
+    let plugin = rt.block_on(async {
+        Registrar::builder(kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu")
+            .socket_dir(kpm.registry())
+            .serve()
+            .await
+            .unwrap()
+    });
+    assert!(rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap().plugin_registered);
+    wait_until("the new incarnation is listed as registered", || {
+        let plugins = kpm.plugins();
+        plugins.len() == 1
+            && plugins[0]["state"] == "registered"
+            && plugins[0]["generation"].as_u64().unwrap() > first_generation
+    });
+
+    // The socket goes: the plugin leaves the list.
+    rt.block_on(plugin.shutdown()).unwrap();
+    wait_until("the plugin is gone from the list", || kpm.plugins().is_empty());
+
+    let output = kpm.terminate();
+    assert!(output.status.success(), "{output:?}");
+    assert!(!root.path().join("kpm.sock").exists(), "kpm removes its status socket");
+    let logs = String::from_utf8_lossy(&output.stderr);
+    assert!(logs.contains("plugin registered") && logs.contains("plugin deregistered"), "{logs}");
+}
+
+#[test]
+fn a_plugin_of_an_unknown_type_is_told_why_it_was_rejected() {
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let rt = runtime();
+    let plugin = rt.block_on(async {
+        Registrar::builder("FancyPlugin", "fancy.example.com")
+            .versions(["v1"])
+            .socket_dir(kpm.registry())
+            .serve()
+            .await
+            .unwrap()
+    });
+    let status = rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap();
+    assert!(!status.plugin_registered);
+    assert!(
+        status.error.contains("no handler registered for plugin type: FancyPlugin"),
+        "{}",
+        status.error
+    );
+    wait_until("the socket is listed as failed", || {
+        let plugins = kpm.plugins();
+        plugins.len() == 1
+            && plugins[0]["state"] == "failed"
+            && plugins[0]["last_error"].as_str().unwrap().contains("FancyPlugin")
+    });
+}
+
+#[test]
+fn a_second_kpm_on_the_same_root_fails_naming_the_status_socket() {
+    let root = tempfile::tempdir().unwrap();
+    let _first = Kpm::start(root.path());
+    let second = kpm(&["run", "--root-dir", root.path().to_str().unwrap()]);
+    assert_eq!(second.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    let error_lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("kpm: error:")).collect();
+    assert_eq!(error_lines.len(), 1, "{stderr}");
+    assert!(error_lines[0].contains("kpm.sock") && error_lines[0].contains("in use"), "{stderr}");
+}
+
+#[test]
+fn an_unusable_root_dir_fails_with_one_line_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "").unwrap();
+    let root = file.join("root");
+    let out = kpm(&["run", "--root-dir", root.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("kpm: error:") && stderr.contains(root.to_str().unwrap()), "{stderr}");
+}
+
+#[test]
+fn usage_errors_exit_with_2_and_list_without_a_server_exits_with_1() {
+    assert_eq!(kpm(&["run", "--no-such-flag"]).status.code(), Some(2));
+    assert_eq!(kpm(&["list", "-o", "yaml"]).status.code(), Some(2));
+    let dir = tempfile::tempdir().unwrap();
+    let out = kpm(&["list", "--root-dir", dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("kpm.sock") && stderr.contains("is `kpm run` running?"), "{stderr}");
+}

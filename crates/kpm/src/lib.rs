@@ -1,0 +1,65 @@
+//! kpm: the kubelet plugin manager, in Rust.
+//!
+//! A [`PluginManager`] watches a registry directory (by default
+//! `/var/lib/kubelet/plugins_registry`) for the registration sockets of CSI
+//! drivers, device plugins and DRA drivers, registers each plugin with the
+//! [`PluginHandler`] of its type and tells the plugin the outcome, and
+//! deregisters it when its socket goes. It reacts to filesystem events within
+//! milliseconds, re-lists the directory to repair missed events, and retries
+//! failures with per-socket exponential backoff.
+//!
+//! This crate composes the layers: [`kpm_watcher`] (filesystem →
+//! DesiredState), [`kpm_reconciler`] (DesiredState → operations),
+//! [`kpm_executor`] (operations over gRPC), [`kpm_cache`] (the states and the
+//! handler trait) and [`kpm_api`] (the wire types).
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kpm::{BasicHandler, PluginManager};
+//!
+//! # async fn example() -> Result<(), kpm::Error> {
+//! let manager = PluginManager::builder()
+//!     .registry_dir("/var/lib/kubelet/plugins_registry")
+//!     .handler(kpm::api::DEVICE_PLUGIN, Arc::new(BasicHandler::new(kpm::api::DEVICE_PLUGIN)))
+//!     .build();
+//! let mut events = manager.subscribe();
+//! tokio::spawn(async move {
+//!     while let Ok(event) = events.recv().await {
+//!         println!("{event:?}");
+//!     }
+//! });
+//! manager.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod basic_handler;
+mod manager;
+mod status;
+
+pub use basic_handler::{BasicHandler, BasicRegistration};
+pub use kpm_cache::{
+    ActualState, DesiredState, Generation, HandlerError, PluginEvent, PluginHandler,
+};
+pub use kpm_executor::{ExecutorConfig, ExponentialBackoff};
+pub use kpm_reconciler::ReconcilerConfig;
+pub use kpm_watcher::WatcherConfig;
+pub use manager::{PluginManager, PluginManagerBuilder};
+pub use status::{PluginState, PluginStatus};
+
+/// Wire types and constants of the plugin APIs.
+pub mod api {
+    pub use kpm_api::constants::*;
+    pub use kpm_api::*;
+}
+
+/// Errors of the plugin manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The registry directory could not be watched.
+    #[error("start watching the registry directory: {0}")]
+    StartWatcher(#[from] kpm_watcher::WatcherError),
+}
+
+/// `Result` with kpm's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

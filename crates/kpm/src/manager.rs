@@ -1,0 +1,188 @@
+//! `PluginManager`: the watcher, the reconciler and the executor, wired together.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
+use kpm_executor::{ExecutorConfig, OperationExecutor};
+use kpm_reconciler::{Reconciler, ReconcilerConfig};
+use kpm_watcher::{Watcher, WatcherConfig};
+use tokio::sync::broadcast;
+
+use crate::status::{self, PluginStatus};
+use crate::{Error, Result};
+
+/// Configures a [`PluginManager`]. Every setting has the kubelet's default.
+#[derive(Debug)]
+#[must_use]
+pub struct PluginManagerBuilder {
+    registry_dir: PathBuf,
+    handlers: Vec<(String, Arc<dyn PluginHandler>)>,
+    executor: ExecutorConfig,
+    reconciler: ReconcilerConfig,
+    watcher: WatcherConfig,
+    shutdown_grace: Duration,
+    event_capacity: usize,
+}
+
+impl Default for PluginManagerBuilder {
+    fn default() -> Self {
+        Self {
+            registry_dir: PathBuf::from(kpm_api::constants::DEFAULT_ROOT_DIR)
+                .join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME),
+            handlers: Vec::new(),
+            executor: ExecutorConfig::default(),
+            reconciler: ReconcilerConfig::default(),
+            watcher: WatcherConfig::default(),
+            shutdown_grace: Duration::from_secs(10),
+            event_capacity: EventBus::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+impl PluginManagerBuilder {
+    /// The directory plugins create registration sockets in
+    /// (default `/var/lib/kubelet/plugins_registry`); created if missing.
+    pub fn registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.registry_dir = dir.into();
+        self
+    }
+
+    /// The handler for plugins of `plugin_type`. More can be added with
+    /// [`PluginManager::add_handler`], also while running.
+    pub fn handler(
+        mut self,
+        plugin_type: impl Into<String>,
+        handler: Arc<dyn PluginHandler>,
+    ) -> Self {
+        self.handlers.push((plugin_type.into(), handler));
+        self
+    }
+
+    /// Dial, `GetInfo` and notify timeouts, and the backoff.
+    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
+        self.executor = config;
+        self
+    }
+
+    /// Period of the reconciler's safety-net pass (default 10 s).
+    pub fn reconcile_period(mut self, period: Duration) -> Self {
+        self.reconciler.resync_period = period;
+        self
+    }
+
+    /// Period of the full re-listing of the registry directory (default 60 s).
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.watcher.resync_period = period;
+        self
+    }
+
+    /// How long [`PluginManager::run`] waits for running operations after
+    /// shutdown is requested (default 10 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
+    }
+
+    pub fn build(self) -> PluginManager {
+        let desired = Arc::new(DesiredState::new());
+        let actual = Arc::new(ActualState::new());
+        let events = EventBus::new(self.event_capacity);
+        let executor = OperationExecutor::with_events(self.executor, events.clone());
+        let reconciler = Reconciler::new(
+            Arc::clone(&desired),
+            Arc::clone(&actual),
+            executor,
+            events.clone(),
+            self.reconciler,
+        );
+        for (plugin_type, handler) in self.handlers {
+            reconciler.add_handler(plugin_type, handler);
+        }
+        PluginManager {
+            registry_dir: self.registry_dir,
+            desired,
+            actual,
+            reconciler,
+            events,
+            watcher: self.watcher,
+            shutdown_grace: self.shutdown_grace,
+        }
+    }
+}
+
+/// The plugin manager: keeps the plugins registered whose sockets exist.
+#[derive(Debug)]
+pub struct PluginManager {
+    registry_dir: PathBuf,
+    desired: Arc<DesiredState>,
+    actual: Arc<ActualState>,
+    reconciler: Reconciler,
+    events: EventBus,
+    watcher: WatcherConfig,
+    shutdown_grace: Duration,
+}
+
+impl PluginManager {
+    pub fn builder() -> PluginManagerBuilder {
+        PluginManagerBuilder::default()
+    }
+
+    pub fn registry_dir(&self) -> &std::path::Path {
+        &self.registry_dir
+    }
+
+    /// Sets the handler for `plugin_type`, before or while running. Plugins of
+    /// that type that were waiting are registered at once.
+    pub fn add_handler(&self, plugin_type: impl Into<String>, handler: Arc<dyn PluginHandler>) {
+        self.reconciler.add_handler(plugin_type, handler);
+    }
+
+    /// Every socket that is desired or registered, sorted by path.
+    pub fn status(&self) -> Vec<PluginStatus> {
+        status::snapshot(&self.desired, &self.actual, self.reconciler.executor().operations())
+    }
+
+    /// What happens from now on: sockets seen, plugins registered, rejected
+    /// (with the reason) and deregistered, retries scheduled.
+    pub fn subscribe(&self) -> broadcast::Receiver<PluginEvent> {
+        self.events.subscribe()
+    }
+
+    /// The registered plugins (the actual state of the world).
+    pub fn actual_state(&self) -> &ActualState {
+        &self.actual
+    }
+
+    /// The sockets present (the desired state of the world).
+    pub fn desired_state(&self) -> &DesiredState {
+        &self.desired
+    }
+
+    /// Watches the registry directory and keeps plugins registered until
+    /// `shutdown` completes; then stops watching and lets running operations
+    /// finish within the shutdown grace period. Fails at once, without
+    /// starting anything, if the directory cannot be watched.
+    ///
+    /// Plugins stay registered with their handlers after `run` returns, as
+    /// they do when the kubelet stops: they are not told to go away.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let watcher =
+            Watcher::start(&self.registry_dir, Arc::clone(&self.desired), self.watcher.clone())
+                .map_err(Error::StartWatcher)?;
+        tracing::info!(registry = %watcher.root().display(), "plugin manager started");
+        self.reconciler.run(shutdown).await;
+        watcher.stop().await;
+        let operations = self.reconciler.executor().operations();
+        if tokio::time::timeout(self.shutdown_grace, operations.wait_for_completion())
+            .await
+            .is_err()
+        {
+            tracing::warn!(grace = ?self.shutdown_grace, "operations still running at shutdown");
+        }
+        tracing::info!("plugin manager stopped");
+        Ok(())
+    }
+}

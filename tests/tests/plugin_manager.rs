@@ -1,0 +1,168 @@
+//! The plugin manager from the outside, as the kubelet's plugin manager test
+//! drives it: plugins appear in nested directories of the registry, are
+//! validated and registered, and are deregistered when they stop.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm::{HandlerError, PluginEvent, PluginHandler, PluginManager, PluginState};
+use kpm_registrar::Registrar;
+use parking_lot::Mutex;
+
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// Records `validate|register|deregister <name> <endpoint>`.
+#[derive(Default)]
+struct RecordingHandler(Mutex<Vec<String>>);
+
+impl RecordingHandler {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock())
+    }
+}
+
+#[async_trait::async_trait]
+impl PluginHandler for RecordingHandler {
+    async fn validate(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+        self.0.lock().push(format!("validate {name} {endpoint}"));
+        Ok(())
+    }
+    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+        self.0.lock().push(format!("register {name} {endpoint}"));
+        Ok(())
+    }
+    async fn deregister(&self, name: &str, endpoint: &str) {
+        self.0.lock().push(format!("deregister {name} {endpoint}"));
+    }
+}
+
+async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_in_nested_directories_register_and_deregister() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    let handler = Arc::new(RecordingHandler::default());
+    let manager = Arc::new(
+        PluginManager::builder()
+            .registry_dir(&registry)
+            .handler(kpm::api::DEVICE_PLUGIN, handler.clone())
+            .build(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let manager = Arc::clone(&manager);
+        tokio::spawn(async move { manager.run(async { drop(stopped.await) }).await })
+    };
+    assert!(eventually(|| registry.is_dir()).await, "the registry directory is created");
+
+    // Plugins in the root, in 0/ and in 0/1/, one after the other.
+    let mut dir = registry.clone();
+    for i in 0..3 {
+        if i > 0 {
+            dir = dir.join((i - 1).to_string());
+            std::fs::create_dir(&dir).unwrap();
+        }
+        let name = format!("example-plugin-{i}");
+        let plugin = Registrar::builder(kpm::api::DEVICE_PLUGIN, &name)
+            .versions(["v1beta1", "v1beta2"])
+            .socket_dir(&dir)
+            .serve()
+            .await
+            .unwrap();
+        let socket = plugin.socket_path().display().to_string();
+
+        let status = plugin.wait_for_status(DEADLINE).await.unwrap();
+        assert!(status.plugin_registered, "{status:?}");
+        assert_eq!(
+            handler.take(),
+            [format!("validate {name} {socket}"), format!("register {name} {socket}")]
+        );
+        // The plugin is told before it is recorded as registered.
+        let registered =
+            |s: &kpm::PluginStatus| s.state == PluginState::Registered && s.name == name;
+        assert!(eventually(|| matches!(manager.status().as_slice(), [s] if registered(s))).await);
+
+        plugin.shutdown().await.unwrap();
+        let mut log = Vec::new();
+        assert!(
+            eventually(|| {
+                log.extend(handler.take());
+                !log.is_empty()
+            })
+            .await
+        );
+        assert_eq!(log, [format!("deregister {name} {socket}")]);
+        assert!(eventually(|| manager.status().is_empty()).await);
+    }
+
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_so() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    let manager = Arc::new(PluginManager::builder().registry_dir(&registry).build());
+    let mut events = manager.subscribe();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = {
+        let manager = Arc::clone(&manager);
+        tokio::spawn(async move { manager.run(async { drop(stopped.await) }).await })
+    };
+    assert!(eventually(|| registry.is_dir()).await);
+
+    let plugin = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+        .socket_dir(&registry)
+        .serve()
+        .await
+        .unwrap();
+    let rejected = plugin.wait_for_status(DEADLINE).await.unwrap();
+    assert!(!rejected.plugin_registered);
+    assert!(
+        rejected.error.contains("no handler registered for plugin type: CSIPlugin"),
+        "{rejected:?}"
+    );
+    assert!(
+        eventually(|| manager.status().first().is_some_and(|s| s.state == PluginState::Failed))
+            .await
+    );
+
+    manager
+        .add_handler(kpm::api::CSI_PLUGIN, Arc::new(kpm::BasicHandler::new(kpm::api::CSI_PLUGIN)));
+    let mut status = plugin.status();
+    let registered = tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.as_ref().is_some_and(|s| s.plugin_registered)),
+    )
+    .await;
+    assert!(registered.is_ok(), "registered once the handler is there");
+
+    let mut kinds = Vec::new();
+    while kinds.last() != Some(&"registered") {
+        let event = tokio::time::timeout(DEADLINE, events.recv()).await.unwrap().unwrap();
+        kinds.push(match event {
+            PluginEvent::SocketSeen { .. } => "seen",
+            PluginEvent::Rejected { .. } => "rejected",
+            PluginEvent::Registered { .. } => "registered",
+            PluginEvent::Deregistered { .. } => "deregistered",
+            PluginEvent::RetryScheduled { .. } => "retry",
+        });
+    }
+    assert_eq!(kinds, ["seen", "rejected", "registered"]);
+    plugin.shutdown().await.unwrap();
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
