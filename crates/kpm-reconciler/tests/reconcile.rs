@@ -176,9 +176,10 @@ async fn events_tell_the_story_of_a_socket() {
     plugin.stop();
     assert!(m.eventually(DEADLINE, |m| m.actual.is_empty()).await);
 
+    // Events follow the state changes they describe: collect until the last one.
     let mut seen = Vec::new();
-    while let Ok(event) = events.try_recv() {
-        seen.push(event);
+    while !matches!(seen.last(), Some(PluginEvent::Deregistered { .. })) {
+        seen.push(tokio::time::timeout(DEADLINE, events.recv()).await.unwrap().unwrap());
     }
     let endpoint = socket.display().to_string();
     assert_eq!(

@@ -74,6 +74,10 @@ impl Watcher {
     /// Every failure is returned, naming the path and the step; an exhausted
     /// inotify limit is [`WatcherError::WatchLimit`]. Nothing keeps running
     /// after an error.
+    ///
+    /// Must be called within a tokio runtime ([`WatcherError::NoRuntime`]
+    /// otherwise). The creation and the listing run on the calling thread:
+    /// short, blocking file-system calls, as a registry directory is small.
     pub fn start(
         root: impl Into<PathBuf>,
         desired: Arc<DesiredState>,
