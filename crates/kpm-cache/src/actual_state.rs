@@ -92,6 +92,11 @@ impl ActualState {
         removed
     }
 
+    /// Whether a plugin is registered at `socket_path`, in any incarnation.
+    pub fn contains(&self, socket_path: &Path) -> bool {
+        self.plugins.read().contains_key(socket_path)
+    }
+
     /// Whether the plugin at `socket_path` is registered in that incarnation.
     pub fn contains_generation(&self, socket_path: &Path, generation: Generation) -> bool {
         self.plugins.read().get(socket_path).is_some_and(|info| info.generation == generation)
@@ -166,6 +171,7 @@ mod tests {
         assert_eq!(snapshot[0].socket_path, plugin.socket_path);
         assert_eq!(snapshot[0].name, "test");
         assert!(asw.contains_generation(&plugin.socket_path, plugin.generation));
+        assert!(asw.contains(&plugin.socket_path));
     }
 
     #[test]
@@ -186,6 +192,7 @@ mod tests {
         assert_eq!(asw.remove(&plugin.socket_path).map(|p| p.name), Some("test".into()));
         assert!(asw.is_empty());
         assert!(!asw.contains_generation(&plugin.socket_path, plugin.generation));
+        assert!(!asw.contains(&plugin.socket_path));
         assert!(asw.remove(&plugin.socket_path).is_none());
     }
 

@@ -79,19 +79,24 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
 }
 
+/// Serves a plugin's registration socket in `kpm`'s registry, with the
+/// default versions of its type.
+fn serve_plugin(
+    rt: &tokio::runtime::Runtime,
+    kpm: &Kpm,
+    plugin_type: &str,
+    name: &str,
+) -> Registrar {
+    rt.block_on(Registrar::builder(plugin_type, name).socket_dir(kpm.registry()).serve()).unwrap()
+}
+
 #[test]
 fn a_plugin_registers_re_registers_and_deregisters_through_the_binary() {
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start(root.path());
     let rt = runtime();
 
-    let plugin = rt.block_on(async {
-        Registrar::builder(kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu")
-            .socket_dir(kpm.registry())
-            .serve()
-            .await
-            .unwrap()
-    });
+    let plugin = serve_plugin(&rt, &kpm, kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu");
     let status = rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap();
     assert!(status.plugin_registered, "{status:?}");
     let socket = plugin.socket_path().display().to_string();
@@ -115,13 +120,7 @@ fn a_plugin_registers_re_registers_and_deregisters_through_the_binary() {
 
     // The plugin restarts: its socket is re-created, so it registers again.
     rt.block_on(plugin.shutdown()).unwrap();
-    let plugin = rt.block_on(async {
-        Registrar::builder(kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu")
-            .socket_dir(kpm.registry())
-            .serve()
-            .await
-            .unwrap()
-    });
+    let plugin = serve_plugin(&rt, &kpm, kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu");
     assert!(rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap().plugin_registered);
     wait_until("the new incarnation is listed as registered", || {
         let plugins = kpm.plugins();
@@ -146,14 +145,7 @@ fn a_plugin_of_an_unknown_type_is_told_why_it_was_rejected() {
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start(root.path());
     let rt = runtime();
-    let plugin = rt.block_on(async {
-        Registrar::builder("FancyPlugin", "fancy.example.com")
-            .versions(["v1"])
-            .socket_dir(kpm.registry())
-            .serve()
-            .await
-            .unwrap()
-    });
+    let plugin = serve_plugin(&rt, &kpm, "FancyPlugin", "fancy.example.com");
     let status = rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap();
     assert!(!status.plugin_registered);
     assert!(

@@ -177,7 +177,7 @@ impl Reconciler {
         // 2. Register desired sockets that are not registered at all.
         for plugin in self.desired.snapshot() {
             let socket = &plugin.socket_path;
-            if self.actual.get(socket).is_some() {
+            if self.actual.contains(socket) {
                 continue; // registered, or handled in step 1
             }
             if self.note_attempt(&mut attempted, socket, plugin.generation) {
@@ -194,7 +194,7 @@ impl Reconciler {
 
         // 3. Forget sockets that are neither desired nor registered.
         attempted.retain(|socket, _| {
-            let gone = !self.desired.contains(socket) && self.actual.get(socket).is_none();
+            let gone = !self.desired.contains(socket) && !self.actual.contains(socket);
             if gone {
                 self.executor.operations().forget(socket);
             }
