@@ -20,11 +20,20 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-executor", &["kpm-api", "kpm-cache"]),
     ("kpm-watcher", &["kpm-api", "kpm-cache"]),
     ("kpm-reconciler", &["kpm-api", "kpm-cache", "kpm-executor"]),
+    ("kpm-csi", &["kpm-api", "kpm-cache"]),
     ("kpm-registrar", &["kpm-api"]),
     // kpm-registrar only as a dev-dependency: tests run real plugins.
     (
         "kpm",
-        &["kpm-api", "kpm-cache", "kpm-executor", "kpm-watcher", "kpm-reconciler", "kpm-registrar"],
+        &[
+            "kpm-api",
+            "kpm-cache",
+            "kpm-executor",
+            "kpm-watcher",
+            "kpm-reconciler",
+            "kpm-registrar",
+            "kpm-csi",
+        ],
     ),
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
     (

@@ -25,33 +25,47 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
 }
 
-/// Columns: STATE, TYPE, NAME, SOCKET, and the last error if any.
+/// The plugins (state, type, name, socket, last error), then the CSI drivers
+/// (name, version, node id, endpoint) if there are any.
 fn table(list: &PluginList) -> String {
-    let rows: Vec<[String; 5]> = list
-        .plugins
-        .iter()
-        .map(|p| {
-            [
-                p.state.clone(),
-                p.plugin_type.clone(),
-                p.name.clone(),
-                p.socket_path.clone(),
-                p.last_error.clone().unwrap_or_default(),
+    let plugins = list.plugins.iter().map(|p| {
+        [&p.state, &p.plugin_type, &p.name, &p.socket_path]
+            .map(String::clone)
+            .into_iter()
+            .chain([p.last_error.clone().unwrap_or_default()])
+            .collect()
+    });
+    let mut out = columns(&["STATE", "TYPE", "NAME", "SOCKET", "LAST ERROR"], plugins);
+    if !list.csi_drivers.is_empty() {
+        let drivers = list.csi_drivers.iter().map(|d| {
+            vec![
+                d.name.clone(),
+                d.version.clone(),
+                d.node_id.clone().unwrap_or_default(),
+                d.endpoint.clone(),
             ]
-        })
-        .collect();
-    let header = ["STATE", "TYPE", "NAME", "SOCKET", "LAST ERROR"].map(str::to_owned);
-    let mut widths = [0usize; 5];
-    for row in std::iter::once(&header).chain(&rows) {
+        });
+        out.push('\n');
+        out.push_str(&columns(&["CSI DRIVER", "VERSION", "NODE ID", "ENDPOINT"], drivers));
+    }
+    out
+}
+
+/// Left-aligned columns two spaces apart, without trailing blanks.
+fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
+    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
+    let rows: Vec<Vec<String>> = std::iter::once(header).chain(rows).collect();
+    let mut widths = vec![0usize; rows[0].len()];
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in std::iter::once(&header).chain(&rows) {
-        let line: Vec<String> =
-            row.iter().zip(widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
-        out.push_str(line.join("  ").trim_end());
+    for row in &rows {
+        let cells: Vec<String> =
+            row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
     out
@@ -60,7 +74,7 @@ fn table(list: &PluginList) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status_api::PluginJson;
+    use crate::status_api::{CsiDriverJson, NodeJson, PluginJson};
 
     #[test]
     fn table_aligns_columns_and_shows_errors() {
@@ -75,14 +89,32 @@ mod tests {
             last_error: error.map(str::to_owned),
             registered_at: None,
         };
-        let list = PluginList {
+        let mut list = PluginList {
             plugins: vec![plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))],
+            csi_drivers: Vec::new(),
+            node: NodeJson::default(),
         };
         assert_eq!(
             table(&list),
             "STATE       TYPE          NAME  SOCKET       LAST ERROR\n\
              registered  DevicePlugin  gpu   /r/gpu.sock\n\
              failed      DevicePlugin  n     /r/n.sock    boom\n"
+        );
+        list.plugins.clear();
+        list.csi_drivers.push(CsiDriverJson {
+            name: "csi.example.com".into(),
+            endpoint: "/csi/csi.sock".into(),
+            version: "1.0.0".into(),
+            node_id: Some("node-1".into()),
+            topology: std::collections::BTreeMap::new(),
+            max_volumes: Some(16),
+        });
+        assert_eq!(
+            table(&list),
+            "STATE  TYPE  NAME  SOCKET  LAST ERROR\n\
+             \n\
+             CSI DRIVER       VERSION  NODE ID  ENDPOINT\n\
+             csi.example.com  1.0.0    node-1   /csi/csi.sock\n"
         );
     }
 }

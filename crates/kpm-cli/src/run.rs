@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
 use kpm::{BasicHandler, PluginManager};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -40,18 +41,25 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     let registry_dir =
         args.registry_dir.clone().unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
 
+    // CSI node info is kept in memory and served by the status API; a node
+    // agent with an API server would plug a Kubernetes sink in instead.
+    let node = Arc::new(InMemoryNodeInfo::default());
+    let csi = CsiHandler::new(node.clone(), CsiConfig::default());
+    let csi_drivers = csi.drivers();
     let mut builder = PluginManager::builder()
         .registry_dir(registry_dir)
-        .resync_period(Duration::from_secs(args.resync_period));
-    // Each type gets its own handler crate as it lands; until then the basic
-    // handler accepts plugins with a name and versions.
-    for plugin_type in kpm::api::PLUGIN_TYPES {
+        .resync_period(Duration::from_secs(args.resync_period))
+        .handler(kpm::api::CSI_PLUGIN, Arc::new(csi));
+    // Device plugins and DRA drivers get their own handlers as those crates
+    // land; until then the basic handler accepts a name and versions.
+    for plugin_type in [kpm::api::DEVICE_PLUGIN, kpm::api::DRA_PLUGIN] {
         builder = builder.handler(plugin_type, Arc::new(BasicHandler::new(plugin_type)));
     }
     let manager = Arc::new(builder.build());
 
     let status_socket = args.root.status_socket();
-    let status = StatusServer::start(&status_socket, Arc::clone(&manager)).await?;
+    let sources = status_api::Sources { manager: Arc::clone(&manager), csi_drivers, node };
+    let status = StatusServer::start(&status_socket, sources).await?;
     let shutdown = shutdown_signal()?;
     let result = manager.run(shutdown).await.map_err(CliError::from);
     status.stop();
@@ -65,10 +73,10 @@ struct StatusServer {
 }
 
 impl StatusServer {
-    async fn start(socket: &Path, manager: Arc<PluginManager>) -> Result<Self, CliError> {
+    async fn start(socket: &Path, sources: status_api::Sources) -> Result<Self, CliError> {
         let listener =
             kpm_api::uds::bind(socket).await.map_err(CliError::StatusSocket)?.into_inner();
-        let router = status_api::router(manager);
+        let router = status_api::router(sources);
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {
             if let Err(source) = axum::serve(listener, router).await {

@@ -3,8 +3,13 @@
 //!
 //! `GET /v1/plugins` returns
 //! `{"plugins": [{"socket_path", "type", "name", "endpoint", "versions",
-//! "state", "generation", "last_error", "registered_at"}]}` with `state` one of
+//! "state", "generation", "last_error", "registered_at"}], "csi_drivers":
+//! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
+//! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
+//! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
 //! `registered`, `pending`, `failed` and `registered_at` in RFC 3339 (UTC).
+//! The node part is what the kubelet would publish on its Node and CSINode
+//! objects, with Kubernetes' field names.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -15,6 +20,9 @@ use axum::routing::get;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
+use std::collections::BTreeMap;
+
+use kpm::csi::{CsiDriver, CsiDrivers, CsiNodeDriver, InMemoryNodeInfo, NodeInfo};
 use kpm::{PluginManager, PluginStatus};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +35,96 @@ pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PluginList {
     pub(crate) plugins: Vec<PluginJson>,
+    #[serde(default)]
+    pub(crate) csi_drivers: Vec<CsiDriverJson>,
+    #[serde(default)]
+    pub(crate) node: NodeJson,
+}
+
+/// A registered CSI driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CsiDriverJson {
+    pub(crate) name: String,
+    pub(crate) endpoint: String,
+    pub(crate) version: String,
+    pub(crate) node_id: Option<String>,
+    pub(crate) topology: BTreeMap<String, String>,
+    pub(crate) max_volumes: Option<i64>,
+}
+
+/// What the node publishes about its CSI drivers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NodeJson {
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) csinode: CsiNodeJson,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CsiNodeJson {
+    pub(crate) drivers: Vec<CsiNodeDriverJson>,
+}
+
+/// A CSINode driver entry, with the Kubernetes API's field names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct CsiNodeDriverJson {
+    pub(crate) name: String,
+    #[serde(rename = "nodeID")]
+    pub(crate) node_id: String,
+    #[serde(rename = "topologyKeys")]
+    pub(crate) topology_keys: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) allocatable: Option<AllocatableJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct AllocatableJson {
+    pub(crate) count: i32,
+}
+
+impl From<CsiDriver> for CsiDriverJson {
+    fn from(driver: CsiDriver) -> Self {
+        let node = driver.node;
+        Self {
+            name: driver.name,
+            endpoint: driver.endpoint,
+            version: driver.version.to_string(),
+            node_id: node.as_ref().map(|n| n.node_id.clone()),
+            max_volumes: node.as_ref().map(|n| n.max_volumes_per_node),
+            topology: node.map(|n| n.topology).unwrap_or_default(),
+        }
+    }
+}
+
+impl From<NodeInfo> for NodeJson {
+    fn from(node: NodeInfo) -> Self {
+        Self {
+            annotations: node.annotations,
+            labels: node.labels,
+            csinode: CsiNodeJson {
+                drivers: node.csinode.drivers.into_iter().map(CsiNodeDriverJson::from).collect(),
+            },
+        }
+    }
+}
+
+impl From<CsiNodeDriver> for CsiNodeDriverJson {
+    fn from(driver: CsiNodeDriver) -> Self {
+        Self {
+            name: driver.name,
+            node_id: driver.node_id,
+            topology_keys: driver.topology_keys,
+            allocatable: driver.allocatable_count.map(|count| AllocatableJson { count }),
+        }
+    }
+}
+
+/// What the status API reports on.
+#[derive(Debug, Clone)]
+pub(crate) struct Sources {
+    pub(crate) manager: Arc<PluginManager>,
+    pub(crate) csi_drivers: Arc<CsiDrivers>,
+    pub(crate) node: Arc<InMemoryNodeInfo>,
 }
 
 /// One plugin, as the status API shows it.
@@ -63,15 +161,19 @@ impl From<PluginStatus> for PluginJson {
 }
 
 /// The router of the status API.
-pub(crate) fn router(manager: Arc<PluginManager>) -> axum::Router {
+pub(crate) fn router(sources: Sources) -> axum::Router {
     axum::Router::new()
         .route(PLUGINS_PATH, get(plugins))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(manager)
+        .with_state(sources)
 }
 
-async fn plugins(State(manager): State<Arc<PluginManager>>) -> Json<PluginList> {
-    Json(PluginList { plugins: manager.status().into_iter().map(PluginJson::from).collect() })
+async fn plugins(State(sources): State<Sources>) -> Json<PluginList> {
+    Json(PluginList {
+        plugins: sources.manager.status().into_iter().map(PluginJson::from).collect(),
+        csi_drivers: sources.csi_drivers.list().into_iter().map(CsiDriverJson::from).collect(),
+        node: sources.node.snapshot().into(),
+    })
 }
 
 /// `GET path` on the status API at `socket`; returns the body.

@@ -3,77 +3,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
 use kpm_registrar::Registrar;
-use serde_json::Value;
-
-const KPM: &str = env!("CARGO_BIN_EXE_kpm");
-const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A running `kpm run`, stopped with SIGTERM on drop.
-struct Kpm {
-    child: Child,
-    root: PathBuf,
-}
-
-impl Kpm {
-    fn start(root: &Path) -> Self {
-        let child = Command::new(KPM)
-            .args(["run", "--root-dir"])
-            .arg(root)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let kpm = Self { child, root: root.to_path_buf() };
-        wait_until("status API answers", || kpm.list_json().is_some());
-        kpm
-    }
-
-    fn registry(&self) -> PathBuf {
-        self.root.join("plugins_registry")
-    }
-
-    /// `kpm list -o json`, parsed; `None` while the API does not answer.
-    fn list_json(&self) -> Option<Value> {
-        let out = kpm(&["list", "-o", "json", "--root-dir", self.root.to_str().unwrap()]);
-        out.status.success().then(|| serde_json::from_slice(&out.stdout).unwrap())
-    }
-
-    fn plugins(&self) -> Vec<Value> {
-        self.list_json().unwrap()["plugins"].as_array().unwrap().clone()
-    }
-
-    fn terminate(mut self) -> Output {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let child = std::mem::replace(&mut self.child, Command::new("true").spawn().unwrap());
-        child.wait_with_output().unwrap()
-    }
-}
-
-impl Drop for Kpm {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn kpm(args: &[&str]) -> Output {
-    Command::new(KPM).args(args).output().unwrap()
-}
-
-fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+use support::{DEADLINE, Kpm, kpm, wait_until};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -133,10 +66,9 @@ fn a_plugin_registers_re_registers_and_deregisters_through_the_binary() {
     rt.block_on(plugin.shutdown()).unwrap();
     wait_until("the plugin is gone from the list", || kpm.plugins().is_empty());
 
-    let output = kpm.terminate();
-    assert!(output.status.success(), "{output:?}");
+    let (status, logs) = kpm.terminate();
+    assert!(status.success(), "{status:?}\n{logs}");
     assert!(!root.path().join("kpm.sock").exists(), "kpm removes its status socket");
-    let logs = String::from_utf8_lossy(&output.stderr);
     assert!(logs.contains("plugin registered") && logs.contains("plugin deregistered"), "{logs}");
 }
 

@@ -47,6 +47,11 @@ pub use kpm_watcher::WatcherConfig;
 pub use manager::{PluginManager, PluginManagerBuilder};
 pub use status::{PluginState, PluginStatus};
 
+/// The CSI handler: version rules, the drivers store, NodeGetInfo and the
+/// node information the kubelet publishes.
+#[cfg(feature = "csi")]
+pub use kpm_csi as csi;
+
 /// Wire types and constants of the plugin APIs.
 pub mod api {
     pub use kpm_api::constants::*;

@@ -1,0 +1,192 @@
+//! CSI end to end, the way node-driver-registrar does it: a CSI driver serves
+//! `csi.v1` Identity and Node on its own socket, a registration socket
+//! (kpm-registrar) points at it, and `kpm run` registers the driver and
+//! publishes its node information on the status API.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use kpm_api::csi::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, ProbeRequest, ProbeResponse, Topology,
+    identity_server::{Identity, IdentityServer},
+    node_server::{Node, NodeServer},
+};
+use kpm_registrar::Registrar;
+use serde_json::json;
+use support::{DEADLINE, Kpm};
+use tonic::{Request, Response, Status};
+
+const DRIVER: &str = "csi.example.com";
+const ZONE_KEY: &str = "topology.csi.example.com/zone";
+
+/// A CSI driver whose NodeGetInfo fails its first `failures` calls.
+struct FakeDriver {
+    failures: usize,
+    calls: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Identity for FakeDriver {
+    async fn get_plugin_info(
+        &self,
+        _: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: DRIVER.into(),
+            vendor_version: "0.1.0".into(),
+            manifest: std::collections::HashMap::new(),
+        }))
+    }
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetPluginCapabilitiesResponse::default()))
+    }
+    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
+        Ok(Response::new(ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[tonic::async_trait]
+impl Node for FakeDriver {
+    async fn node_get_capabilities(
+        &self,
+        _: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(NodeGetCapabilitiesResponse::default()))
+    }
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
+            return Err(Status::unavailable("topology not ready yet"));
+        }
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: "node-1".into(),
+            max_volumes_per_node: 16,
+            accessible_topology: Some(Topology {
+                segments: [(ZONE_KEY.to_owned(), "zone-a".to_owned())].into(),
+            }),
+        }))
+    }
+}
+
+async fn serve_driver(socket: &Path, failures: usize) -> tokio::task::JoinHandle<()> {
+    let driver = Arc::new(FakeDriver { failures, calls: AtomicUsize::new(0) });
+    let incoming = kpm_api::uds::bind(socket).await.unwrap();
+    let server = tonic::transport::Server::builder()
+        .add_service(IdentityServer::from_arc(driver.clone()))
+        .add_service(NodeServer::from_arc(driver))
+        .serve_with_incoming(incoming);
+    tokio::spawn(async move { server.await.unwrap() })
+}
+
+/// Registers the driver the way node-driver-registrar does.
+async fn register(registry: &Path, driver_socket: &Path, uid: &str) -> Registrar {
+    Registrar::builder(kpm_registrar::CSI_PLUGIN, DRIVER)
+        .versions(["1.0.0"])
+        .endpoint(driver_socket)
+        .rolling_update_uid(uid)
+        .socket_dir(registry)
+        .serve()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csi_driver_registers_publishes_node_info_and_cleans_up() {
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let driver_dir = root.path().join("plugins").join(DRIVER);
+    std::fs::create_dir_all(&driver_dir).unwrap();
+    let driver_socket = driver_dir.join("csi.sock");
+    let driver = serve_driver(&driver_socket, 0).await;
+    let registry = root.path().join("plugins_registry");
+
+    let plugin = register(&registry, &driver_socket, "a").await;
+    let status = plugin.wait_for_status(DEADLINE).await.unwrap();
+    assert!(status.plugin_registered, "{status:?}");
+
+    let list = kpm.wait_for("the driver is listed", |l| l["csi_drivers"][0]["name"] == DRIVER);
+    assert_eq!(
+        list["csi_drivers"],
+        json!([{
+            "name": DRIVER,
+            "endpoint": driver_socket.display().to_string(),
+            "version": "1.0.0",
+            "node_id": "node-1",
+            "topology": { ZONE_KEY: "zone-a" },
+            "max_volumes": 16,
+        }])
+    );
+    assert_eq!(
+        list["node"],
+        json!({
+            "annotations": { "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"node-1\"}" },
+            "labels": { ZONE_KEY: "zone-a" },
+            "csinode": { "drivers": [{
+                "name": DRIVER,
+                "nodeID": "node-1",
+                "topologyKeys": [ZONE_KEY],
+                "allocatable": { "count": 16 },
+            }]},
+        })
+    );
+
+    // A second instance with the same version is rejected with the kubelet's reason.
+    let same = register(&registry, &driver_socket, "b").await;
+    let rejected = same.wait_for_status(DEADLINE).await.unwrap();
+    assert!(!rejected.plugin_registered);
+    assert!(
+        rejected.error.contains("Another driver with the same name is already registered"),
+        "{}",
+        rejected.error
+    );
+    same.shutdown().await.unwrap();
+
+    // The registration socket goes: the driver and its node entries go, labels stay.
+    plugin.shutdown().await.unwrap();
+    let list = kpm.wait_for("the driver is gone", |l| {
+        l["csi_drivers"].as_array().is_some_and(Vec::is_empty)
+            && l["node"]["csinode"]["drivers"].as_array().is_some_and(Vec::is_empty)
+    });
+    assert_eq!(list["node"]["annotations"], json!({}));
+    assert_eq!(list["node"]["labels"], json!({ ZONE_KEY: "zone-a" }));
+    driver.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_node_get_info_is_reported_then_retried() {
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let driver_socket = root.path().join("csi.sock");
+    let driver = serve_driver(&driver_socket, 1).await;
+
+    let plugin = register(&root.path().join("plugins_registry"), &driver_socket, "a").await;
+    let first = plugin.wait_for_status(DEADLINE).await.unwrap();
+    assert!(!first.plugin_registered);
+    assert!(first.error.contains("topology not ready yet"), "{}", first.error);
+
+    // The executor retries after its backoff, and NodeGetInfo now answers.
+    let mut statuses = plugin.status();
+    let registered = tokio::time::timeout(
+        DEADLINE,
+        statuses.wait_for(|s| s.as_ref().is_some_and(|s| s.plugin_registered)),
+    )
+    .await;
+    assert!(registered.is_ok(), "statuses: {:?}", plugin.statuses());
+    kpm.wait_for("the driver is listed with its node id", |l| {
+        l["csi_drivers"][0]["node_id"] == "node-1"
+    });
+    plugin.shutdown().await.unwrap();
+    driver.abort();
+}

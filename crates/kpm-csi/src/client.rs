@@ -1,0 +1,76 @@
+//! The CSI client the handler needs: `csi.v1.Node/NodeGetInfo` over a fresh
+//! connection to the driver's Unix socket (spec A.7).
+
+use std::path::Path;
+use std::time::Duration;
+
+use kpm_api::csi::v1::NodeGetInfoRequest;
+use kpm_api::csi::v1::node_client::NodeClient;
+use tokio::time::Instant;
+use tracing::debug;
+
+use crate::error::CsiError;
+use crate::store::DriverNodeInfo;
+
+/// The socket path of a CSI endpoint.
+///
+/// The kubelet dials the endpoint as a raw path. Some drivers report it as a
+/// gRPC target instead (`unix:///csi/csi.sock` or `unix:/csi/csi.sock`); a
+/// `unix://` or `unix:` prefix is stripped so that both forms work.
+pub fn socket_path(endpoint: &str) -> &Path {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    Path::new(path)
+}
+
+/// Calls `csi.v1.Node/NodeGetInfo` on the driver at `endpoint` over a new
+/// connection, closed afterwards. Dialing and the call together get at most
+/// `timeout`; the remaining time is also sent as the call's gRPC deadline.
+/// No retries: the caller's backoff decides when to try again.
+pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNodeInfo, CsiError> {
+    debug!(endpoint, "calling NodeGetInfo");
+    let deadline = Instant::now() + timeout;
+    let call = async {
+        let channel = kpm_api::uds::dial(socket_path(endpoint), timeout)
+            .await
+            .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
+        let mut request = tonic::Request::new(NodeGetInfoRequest {});
+        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        NodeClient::new(channel)
+            .node_get_info(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| CsiError::NodeGetInfo { endpoint: endpoint.to_owned(), status })
+    };
+    let timed_out = || CsiError::NodeGetInfoTimeout { endpoint: endpoint.to_owned(), timeout };
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(response)) => Ok(DriverNodeInfo {
+            node_id: response.node_id,
+            max_volumes_per_node: response.max_volumes_per_node,
+            topology: response
+                .accessible_topology
+                .map(|topology| topology.segments.into_iter().collect())
+                .unwrap_or_default(),
+        }),
+        // The call's own deadline (sent along with it) can fire a moment
+        // before ours: any failure once the deadline has passed is the timeout.
+        Ok(Err(_)) | Err(_) if Instant::now() >= deadline => Err(timed_out()),
+        Ok(Err(err)) => Err(err),
+        Err(_) => Err(timed_out()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_target_prefixes_are_stripped_from_endpoints() {
+        assert_eq!(socket_path("/csi/csi.sock"), Path::new("/csi/csi.sock"));
+        assert_eq!(socket_path("unix:///csi/csi.sock"), Path::new("/csi/csi.sock"));
+        assert_eq!(socket_path("unix:/csi/csi.sock"), Path::new("/csi/csi.sock"));
+        assert_eq!(socket_path("relative.sock"), Path::new("relative.sock"));
+    }
+}

@@ -1,0 +1,334 @@
+//! The one error type of the CSI handler crate, and the Go formatting helpers
+//! that make its texts read exactly like the kubelet's.
+//!
+//! Every text the kubelet produces for the same failure is reproduced here
+//! (spec A.3, A.4, A.5, A.8); the NodeGetInfo texts name the step and the
+//! endpoint and end with the kubelet's gRPC error text.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use kpm_api::uds::TransportError;
+
+use crate::version::Version;
+
+/// An error of a [`NodeInfoSink`](crate::NodeInfoSink). The same enum as the
+/// rest of the crate: a sink backed by the Kubernetes API reports its failures
+/// with the `UpdateNode`, `UpdateCsiNode`, `UninstallFromCsiNode` and
+/// `UninstallFromNode` variants.
+pub type NodeInfoError = CsiError;
+
+/// Any error, as a Kubernetes-API-backed sink would wrap its client errors.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a CSI driver could not be validated, registered or published. Variants
+/// are named after the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CsiError {
+    // === Parsing one version (apimachinery `ParseGeneric`) ===
+    /// The text does not look like a version at all.
+    #[error("could not parse {} as version", go_quote(version))]
+    UnparsableVersion { version: String },
+
+    /// Fewer than two dot-separated components.
+    #[error("illegal version string {}", go_quote(version))]
+    IllegalVersion { version: String },
+
+    /// The major component has a leading zero (`01.2`).
+    #[error(
+        "illegal zero-prefixed version component {} in {}",
+        go_quote(component),
+        go_quote(version)
+    )]
+    ZeroPrefixedVersionComponent { version: String, component: String },
+
+    /// A component does not fit in 64 bits.
+    #[error(
+        "illegal non-numeric version component {} in {}: strconv.ParseUint: parsing {}: value out of range",
+        go_quote(component),
+        go_quote(version),
+        go_quote(component)
+    )]
+    VersionComponentOutOfRange { version: String, component: String },
+
+    // === `HighestSupportedVersion` ===
+    /// The list of versions is empty.
+    #[error("empty array for supported versions")]
+    EmptySupportedVersions,
+
+    /// No entry parsed as a version with major 0 or 1. `last_error` is the
+    /// parse error of the first unparsable entry (the list is scanned from
+    /// the end), if any.
+    #[error(
+        "could not find a highest supported version from versions ({}) reported: {}",
+        go_list(versions),
+        last_error.as_ref().map_or_else(|| "<nil>".to_owned(), ToString::to_string)
+    )]
+    NoSupportedVersion {
+        versions: Vec<String>,
+        #[source]
+        last_error: Option<Box<CsiError>>,
+    },
+
+    /// Only 0.x versions remained.
+    #[error("highest supported version reported is {version}, must be v1.x")]
+    NotV1 { version: Version },
+
+    // === `validateVersions` (caller is "ValidatePlugin" or "RegisterPlugin") ===
+    /// The plugin reported no versions.
+    #[error(
+        "kubernetes.io/csi: {caller} for CSI driver {} failed. Plugin returned an empty list for supported versions",
+        go_quote(name)
+    )]
+    EmptyVersions { caller: &'static str, name: String },
+
+    /// None of the versions is a supported 1.x version.
+    #[error(
+        "kubernetes.io/csi: {caller} for CSI driver {} failed. None of the versions specified {} are supported. err={source}",
+        go_quote(name),
+        go_quote_list(versions)
+    )]
+    UnsupportedVersions {
+        caller: &'static str,
+        name: String,
+        versions: Vec<String>,
+        #[source]
+        source: Box<CsiError>,
+    },
+
+    /// A driver with this name is registered with an equal or higher version.
+    #[error(
+        "kubernetes.io/csi: {caller} for CSI driver {} failed. Another driver with the same name is already registered with a higher supported version: {}",
+        go_quote(name), go_quote(&existing.to_string())
+    )]
+    HigherVersionRegistered { caller: &'static str, name: String, existing: Version },
+
+    /// `ValidatePlugin`'s wrapper around a `validateVersions` error.
+    #[error("validation failed for CSI Driver {name} at endpoint {endpoint}: {source}")]
+    Validation {
+        name: String,
+        endpoint: String,
+        #[source]
+        source: Box<CsiError>,
+    },
+
+    // === Store lookups (`newCsiDriverClient`) ===
+    /// A driver was looked up by an empty name.
+    #[error("driver name is empty")]
+    EmptyDriverName,
+
+    /// No driver with this name is registered.
+    #[error("driver name {name} not found in the list of registered CSI drivers")]
+    DriverNotFound { name: String },
+
+    // === NodeGetInfo ===
+    /// Connecting to the driver's endpoint failed.
+    #[error("NodeGetInfo on {endpoint}: {}", error_chain(source))]
+    Dial {
+        endpoint: String,
+        #[source]
+        source: TransportError,
+    },
+
+    /// The driver answered NodeGetInfo with an error. The text ends with the
+    /// kubelet's (`rpc error: code = .. desc = ..`).
+    #[error(
+        "NodeGetInfo on {endpoint}: rpc error: code = {} desc = {}",
+        go_code_name(status.code()), status.message()
+    )]
+    NodeGetInfo {
+        endpoint: String,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// Dialing and calling NodeGetInfo did not finish within the timeout.
+    #[error("NodeGetInfo on {endpoint}: no answer within {timeout:?} (context deadline exceeded)")]
+    NodeGetInfoTimeout { endpoint: String, timeout: Duration },
+
+    // === Node info (nodeinfomanager) ===
+    /// The driver reported an empty node id.
+    #[error("error adding CSI driver node info: driverNodeID must not be empty")]
+    EmptyNodeId,
+
+    /// A topology segment of the driver contradicts an existing node label.
+    #[error(
+        "detected topology value collision: driver reported {}:{} but existing label is {}:{}",
+        go_quote(key),
+        go_quote(reported),
+        go_quote(key),
+        go_quote(existing)
+    )]
+    TopologyCollision { key: String, reported: String, existing: String },
+
+    /// The node id annotation is not a JSON object of strings.
+    #[error(
+        "failed to parse node's \"csi.volume.kubernetes.io/nodeid\" annotation value ({}) err={source}",
+        go_quote(value)
+    )]
+    ParseAnnotation {
+        value: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The node id annotation could not be encoded (does not happen with
+    /// string maps; kept so that encoding needs no `unwrap`).
+    #[error(
+        "error while marshalling node annotation map for CSI driver {} with ID {}: err={source}",
+        go_quote(driver),
+        go_quote(node_id)
+    )]
+    EncodeAnnotation {
+        driver: String,
+        node_id: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A Kubernetes-API-backed sink could not update the Node object.
+    #[error("error updating Node object with CSI driver node info: {source}")]
+    UpdateNode {
+        #[source]
+        source: BoxError,
+    },
+
+    /// A Kubernetes-API-backed sink could not create or update the CSINode object.
+    #[error("error updating CSINode object with CSI driver node info: {source}")]
+    UpdateCsiNode {
+        #[source]
+        source: BoxError,
+    },
+
+    /// A Kubernetes-API-backed sink could not remove the driver from the CSINode object.
+    #[error("error uninstalling CSI driver from CSINode object {source}")]
+    UninstallFromCsiNode {
+        #[source]
+        source: BoxError,
+    },
+
+    /// A Kubernetes-API-backed sink could not remove the driver from the Node object.
+    #[error("error removing CSI driver node info from Node object {source}")]
+    UninstallFromNode {
+        #[source]
+        source: BoxError,
+    },
+}
+
+/// Go's `%q` of a string (`strconv.Quote`): double quotes, backslash escapes
+/// for quotes, backslashes and control characters.
+pub(crate) fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if u32::from(c) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `%q` of a `[]string`: `["a" "b"]`.
+pub(crate) fn go_quote_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|item| go_quote(item)).collect();
+    format!("[{}]", quoted.join(" "))
+}
+
+/// Go's `%v` of a `[]string`: `[a b]`.
+pub(crate) fn go_list(items: &[String]) -> String {
+    format!("[{}]", items.join(" "))
+}
+
+/// The name grpc-go gives a status code (`codes.Code.String()`).
+pub(crate) fn go_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// An error and its sources, joined with `: `, skipping a source whose text
+/// the previous one already contains (tonic's transport error says only
+/// "transport error"; the reason is in its sources).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_escapes_like_strconv_quote() {
+        assert_eq!(go_quote("test.plugin"), "\"test.plugin\"");
+        assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(go_quote("tab\there\nnl\x01\x7f"), "\"tab\\there\\nnl\\x01\\x7f\"");
+        assert_eq!(go_quote("zone-ä"), "\"zone-ä\"");
+        assert_eq!(go_quote("\u{85}"), "\"\\u0085\"");
+    }
+
+    #[test]
+    fn go_lists_print_like_fmt() {
+        let versions = vec!["v0.3.0".to_owned(), "2.0.1".to_owned()];
+        assert_eq!(go_list(&versions), "[v0.3.0 2.0.1]");
+        assert_eq!(go_quote_list(&versions), "[\"v0.3.0\" \"2.0.1\"]");
+        assert_eq!(go_list(&[]), "[]");
+    }
+
+    #[test]
+    fn status_codes_are_named_as_grpc_go_names_them() {
+        assert_eq!(go_code_name(tonic::Code::Cancelled), "Canceled");
+        assert_eq!(go_code_name(tonic::Code::Ok), "OK");
+        assert_eq!(go_code_name(tonic::Code::Unavailable), "Unavailable");
+        let err = CsiError::NodeGetInfo {
+            endpoint: "/csi.sock".into(),
+            status: tonic::Status::unavailable("driver is starting"),
+        };
+        assert_eq!(
+            err.to_string(),
+            "NodeGetInfo on /csi.sock: rpc error: code = Unavailable desc = driver is starting"
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! The registered CSI drivers (spec A.2, the kubelet's `DriversStore`): one
+//! entry per driver name, where other CSI code finds a driver's socket.
+
+use std::collections::BTreeMap;
+
+use parking_lot::RwLock;
+
+use crate::error::CsiError;
+use crate::version::Version;
+
+/// What a driver's NodeGetInfo returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverNodeInfo {
+    /// `node_id`: how the driver names this node. Never empty once installed.
+    pub node_id: String,
+    /// `max_volumes_per_node`: 0 means no limit reported.
+    pub max_volumes_per_node: i64,
+    /// `accessible_topology.segments`; empty when the driver reports none.
+    pub topology: BTreeMap<String, String>,
+}
+
+/// A registered CSI driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CsiDriver {
+    /// The driver name, as the plugin reported it.
+    pub name: String,
+    /// The driver's CSI endpoint as the plugin reported it (a Unix socket
+    /// path, possibly with a `unix://` prefix; see [`socket_path`](crate::socket_path)).
+    pub endpoint: String,
+    /// The highest supported version among those the plugin reported.
+    pub version: Version,
+    /// What NodeGetInfo returned, once registration got that far.
+    pub node: Option<DriverNodeInfo>,
+}
+
+/// The registered CSI drivers by name. Thread-safe; shared between the
+/// [`CsiHandler`](crate::CsiHandler) that writes it and the consumers that
+/// look drivers up.
+#[derive(Debug, Default)]
+pub struct CsiDrivers {
+    drivers: RwLock<BTreeMap<String, CsiDriver>>,
+}
+
+impl CsiDrivers {
+    /// The driver registered under `name`.
+    pub fn get(&self, name: &str) -> Option<CsiDriver> {
+        self.drivers.read().get(name).cloned()
+    }
+
+    /// Every registered driver, sorted by name.
+    pub fn list(&self) -> Vec<CsiDriver> {
+        self.drivers.read().values().cloned().collect()
+    }
+
+    /// The number of registered drivers.
+    pub fn len(&self) -> usize {
+        self.drivers.read().len()
+    }
+
+    /// Whether no driver is registered.
+    pub fn is_empty(&self) -> bool {
+        self.drivers.read().is_empty()
+    }
+
+    /// Stores `driver` under its name, replacing any entry of that name.
+    pub fn set(&self, driver: CsiDriver) {
+        self.drivers.write().insert(driver.name.clone(), driver);
+    }
+
+    /// Removes the driver registered under `name`, if any, and returns it.
+    pub fn delete(&self, name: &str) -> Option<CsiDriver> {
+        self.drivers.write().remove(name)
+    }
+
+    /// Removes every driver.
+    pub fn clear(&self) {
+        self.drivers.write().clear();
+    }
+
+    /// The endpoint of the driver registered under `name`, with the kubelet's
+    /// errors for an empty or unknown name (`newCsiDriverClient`).
+    pub fn endpoint(&self, name: &str) -> Result<String, CsiError> {
+        if name.is_empty() {
+            return Err(CsiError::EmptyDriverName);
+        }
+        self.drivers
+            .read()
+            .get(name)
+            .map(|driver| driver.endpoint.clone())
+            .ok_or_else(|| CsiError::DriverNotFound { name: name.to_owned() })
+    }
+
+    /// Removes the driver registered under `name` only if it is registered at
+    /// `endpoint`; returns it if it was removed.
+    pub(crate) fn delete_if_endpoint(&self, name: &str, endpoint: &str) -> Option<CsiDriver> {
+        let mut drivers = self.drivers.write();
+        if drivers.get(name).is_some_and(|driver| driver.endpoint == endpoint) {
+            drivers.remove(name)
+        } else {
+            None
+        }
+    }
+
+    /// Records what NodeGetInfo returned for the driver registered under
+    /// `name` at `endpoint`; false if no such entry exists (any more).
+    pub(crate) fn set_node_info(&self, name: &str, endpoint: &str, info: DriverNodeInfo) -> bool {
+        match self.drivers.write().get_mut(name) {
+            Some(driver) if driver.endpoint == endpoint => {
+                driver.node = Some(info);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn driver(name: &str, endpoint: &str, version: &str) -> CsiDriver {
+        CsiDriver {
+            name: name.into(),
+            endpoint: endpoint.into(),
+            version: version.parse().unwrap(),
+            node: None,
+        }
+    }
+
+    /// Upstream `TestDriversStore`.
+    #[test]
+    fn drivers_store_gets_sets_deletes_and_clears() {
+        let store = CsiDrivers::default();
+        assert_eq!(store.get("a"), None, "absent key");
+
+        let a = driver("a", "/a.sock", "1.0.0");
+        store.set(a.clone());
+        assert_eq!(store.get("a"), Some(a.clone()), "set then get");
+
+        assert_eq!(store.delete("a"), Some(a.clone()));
+        assert_eq!(store.get("a"), None, "deleted");
+        assert_eq!(store.delete("a"), None, "deleting an absent key is a no-op");
+
+        store.set(a);
+        store.clear();
+        assert_eq!(store.get("a"), None, "cleared");
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn set_overwrites_and_list_is_sorted_by_name() {
+        let store = CsiDrivers::default();
+        store.set(driver("b", "/b.sock", "1.0.0"));
+        store.set(driver("a", "/a.sock", "1.0.0"));
+        store.set(driver("b", "/b2.sock", "1.1.0"));
+        let listed = store.list();
+        assert_eq!(listed.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(listed[1].endpoint, "/b2.sock");
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn endpoint_lookup_reports_the_kubelets_errors() {
+        let store = CsiDrivers::default();
+        store.set(driver("a", "/a.sock", "1.0.0"));
+        assert_eq!(store.endpoint("a").unwrap(), "/a.sock");
+        assert_eq!(store.endpoint("").unwrap_err().to_string(), "driver name is empty");
+        assert_eq!(
+            store.endpoint("b").unwrap_err().to_string(),
+            "driver name b not found in the list of registered CSI drivers"
+        );
+    }
+
+    #[test]
+    fn conditional_updates_only_touch_the_entry_at_that_endpoint() {
+        let store = CsiDrivers::default();
+        store.set(driver("a", "/new.sock", "1.1.0"));
+        let info = DriverNodeInfo {
+            node_id: "n".into(),
+            max_volumes_per_node: 0,
+            topology: BTreeMap::new(),
+        };
+        assert!(!store.set_node_info("a", "/old.sock", info.clone()));
+        assert_eq!(store.delete_if_endpoint("a", "/old.sock"), None);
+        assert!(store.set_node_info("a", "/new.sock", info.clone()));
+        assert_eq!(store.get("a").unwrap().node, Some(info));
+        assert!(store.delete_if_endpoint("a", "/new.sock").is_some());
+        assert!(store.is_empty());
+    }
+}
