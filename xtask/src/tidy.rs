@@ -21,6 +21,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-watcher", &["kpm-api", "kpm-cache"]),
     ("kpm-reconciler", &["kpm-api", "kpm-cache", "kpm-executor"]),
     ("kpm-csi", &["kpm-api", "kpm-cache"]),
+    ("kpm-device", &["kpm-api", "kpm-cache"]),
+    ("kpm-dra", &["kpm-api", "kpm-cache"]),
     ("kpm-registrar", &["kpm-api"]),
     // kpm-registrar only as a dev-dependency: tests run real plugins.
     (
@@ -33,6 +35,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-reconciler",
             "kpm-registrar",
             "kpm-csi",
+            "kpm-device",
+            "kpm-dra",
         ],
     ),
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
