@@ -105,12 +105,23 @@ impl CsiHandler {
         };
         let result = match self.install(name, endpoint).await {
             Ok(node) => {
-                info!(plugin = name, endpoint, %version, node_id = node.node_id, "registered CSI driver");
+                info!(
+                    plugin = name,
+                    endpoint,
+                    %version,
+                    node_id = node.node_id,
+                    "registered CSI driver"
+                );
                 self.drivers.set_node_info(name, endpoint, node);
                 Ok(())
             }
             Err(err) => {
-                warn!(plugin = name, endpoint, error = %err, "registering CSI driver failed; removing it");
+                warn!(
+                    plugin = name,
+                    endpoint,
+                    error = %err,
+                    "registering CSI driver failed; removing it"
+                );
                 self.unregister_driver(name).await;
                 Err(err)
             }

@@ -453,7 +453,7 @@ mod tests {
                 )),
             },
             InstallCase {
-                name: "5 pre-existing node info from the same driver, with a topology value collision",
+                name: "5 same driver, topology value collision",
                 existing: node(
                     Some(IDS1),
                     &[(ZONE, "zoneA")],
@@ -466,7 +466,7 @@ mod tests {
                 )),
             },
             InstallCase {
-                name: "6 pre-existing node info from the same driver, with a new node id and topology key",
+                name: "6 same driver, new node id and topology key",
                 existing: node(
                     Some(IDS1),
                     &[(ZONE, "zoneA")],

@@ -222,7 +222,8 @@ mod tests {
         );
         assert_eq!(
             text("4.9.12,2.0.1"),
-            "could not find a highest supported version from versions ([4.9.12 2.0.1]) reported: <nil>"
+            "could not find a highest supported version from versions ([4.9.12 2.0.1]) \
+             reported: <nil>"
         );
         // Scanned from the end, so the remembered error is the first entry's.
         assert_eq!(
@@ -308,7 +309,9 @@ mod tests {
 
         /// Display prints what parsing reads back as an equal version.
         #[test]
-        fn displayed_versions_parse_back(components in proptest::collection::vec(0u64..1000, 2..5)) {
+        fn displayed_versions_parse_back(
+            components in proptest::collection::vec(0u64..1000, 2..5)
+        ) {
             let text = components.iter().map(u64::to_string).collect::<Vec<_>>().join(".");
             let version = Version::parse_generic(&format!("v{text}-extra")).unwrap();
             prop_assert_eq!(version.to_string(), text.clone());

@@ -35,8 +35,7 @@ fn setup() -> Setup {
 
 fn setup_with_timeout(timeout: Duration) -> Setup {
     let sink = Arc::new(InMemoryNodeInfo::default());
-    let handler =
-        CsiHandler::new(sink.clone(), CsiConfig { node_get_info_timeout: timeout });
+    let handler = CsiHandler::new(sink.clone(), CsiConfig { node_get_info_timeout: timeout });
     Setup { dir: tempfile::tempdir().unwrap(), sink, handler: Arc::new(handler) }
 }
 
@@ -50,7 +49,12 @@ impl Setup {
         self.register_at(name, &served.endpoint(), versions).await
     }
 
-    async fn register_at(&self, name: &str, endpoint: &str, versions: &[&str]) -> Result<(), String> {
+    async fn register_at(
+        &self,
+        name: &str,
+        endpoint: &str,
+        versions: &[&str],
+    ) -> Result<(), String> {
         let handler: &dyn PluginHandler = &*self.handler;
         let versions: Vec<String> = versions.iter().map(|v| (*v).to_owned()).collect();
         handler.validate(name, endpoint, &versions).await.map_err(|err| err.to_string())?;
@@ -87,8 +91,9 @@ fn csinode_entry(name: &str, node_id: &str, keys: &[&str], count: Option<i32>) -
 #[tokio::test]
 async fn registering_a_driver_publishes_its_node_info_and_closes_the_connection() {
     let setup = setup();
-    let served =
-        setup.serve("csi.sock", FakeDriver::always(DRIVER, info("node-1", 16, &[(ZONE, "z1")]))).await;
+    let served = setup
+        .serve("csi.sock", FakeDriver::always(DRIVER, info("node-1", 16, &[(ZONE, "z1")])))
+        .await;
 
     setup.register(DRIVER, &served, &["0.3.0", "v1.2.0", "2.0.0"]).await.unwrap();
 
@@ -135,10 +140,15 @@ async fn node_get_info_returns_what_the_driver_reports_or_its_error() {
         }
     );
     let err = kpm_csi::node_get_info(&failing.endpoint(), DEADLINE).await.unwrap_err();
-    assert!(matches!(&err, CsiError::NodeGetInfo { status, .. } if status.message() == "grpc error"));
+    assert!(
+        matches!(&err, CsiError::NodeGetInfo { status, .. } if status.message() == "grpc error")
+    );
     assert_eq!(
         err.to_string(),
-        format!("NodeGetInfo on {}: rpc error: code = Internal desc = grpc error", failing.endpoint())
+        format!(
+            "NodeGetInfo on {}: rpc error: code = Internal desc = grpc error",
+            failing.endpoint()
+        )
     );
 
     // The connection is closed after the call, either way.
@@ -193,7 +203,8 @@ async fn re_registering_a_name_needs_a_strictly_higher_version() {
 #[tokio::test]
 async fn a_failing_node_get_info_removes_the_driver_and_a_retry_succeeds() {
     let setup = setup();
-    let old = setup.serve("old.sock", FakeDriver::always(DRIVER, info("node-1", 0, &[(ZONE, "z1")])))
+    let old = setup
+        .serve("old.sock", FakeDriver::always(DRIVER, info("node-1", 0, &[(ZONE, "z1")])))
         .await;
     let new = setup
         .serve(
@@ -222,10 +233,7 @@ async fn a_failing_node_get_info_removes_the_driver_and_a_retry_succeeds() {
     // The executor retries with backoff; the driver is ready by then.
     setup.register(DRIVER, &new, &["1.1.0"]).await.unwrap();
     assert_eq!(setup.registered(), [DRIVER]);
-    assert_eq!(
-        setup.node().csinode.drivers,
-        [csinode_entry(DRIVER, "node-1", &[ZONE], Some(8))]
-    );
+    assert_eq!(setup.node().csinode.drivers, [csinode_entry(DRIVER, "node-1", &[ZONE], Some(8))]);
     assert_eq!(new.driver.calls(), 2);
 }
 
@@ -260,8 +268,8 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
 #[tokio::test]
 async fn an_empty_node_id_is_rejected() {
     let setup = setup();
-    let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, info("", 0, &[(ZONE, "z1")])))
-        .await;
+    let served =
+        setup.serve("csi.sock", FakeDriver::always(DRIVER, info("", 0, &[(ZONE, "z1")]))).await;
 
     let err = setup.register(DRIVER, &served, &["1.0.0"]).await.unwrap_err();
 
@@ -273,7 +281,8 @@ async fn an_empty_node_id_is_rejected() {
 #[tokio::test]
 async fn a_driver_whose_topology_collides_with_another_drivers_labels_is_rejected() {
     let setup = setup();
-    let first = setup.serve("a.sock", FakeDriver::always("a.example.com", info("a", 0, &[(ZONE, "z1")])))
+    let first = setup
+        .serve("a.sock", FakeDriver::always("a.example.com", info("a", 0, &[(ZONE, "z1")])))
         .await;
     let second = setup
         .serve(
@@ -300,9 +309,11 @@ async fn a_driver_whose_topology_collides_with_another_drivers_labels_is_rejecte
 #[tokio::test]
 async fn deregistering_removes_the_driver_and_its_entries_but_keeps_its_labels() {
     let setup = setup();
-    let a = setup.serve("a.sock", FakeDriver::always("a.example.com", info("na", 0, &[(ZONE, "z1")])))
+    let a = setup
+        .serve("a.sock", FakeDriver::always("a.example.com", info("na", 0, &[(ZONE, "z1")])))
         .await;
-    let b = setup.serve("b.sock", FakeDriver::always("b.example.com", info("nb", 3, &[("rack", "r1")])))
+    let b = setup
+        .serve("b.sock", FakeDriver::always("b.example.com", info("nb", 3, &[("rack", "r1")])))
         .await;
     setup.register("a.example.com", &a, &["1.0.0"]).await.unwrap();
     setup.register("b.example.com", &b, &["1.0.0"]).await.unwrap();
@@ -315,7 +326,9 @@ async fn deregistering_removes_the_driver_and_its_entries_but_keeps_its_labels()
         NodeInfo {
             annotations: strings(&[(NODE_ID_ANNOTATION, r#"{"b.example.com":"nb"}"#)]),
             labels: strings(&[(ZONE, "z1"), ("rack", "r1")]),
-            csinode: CsiNode { drivers: vec![csinode_entry("b.example.com", "nb", &["rack"], Some(3))] },
+            csinode: CsiNode {
+                drivers: vec![csinode_entry("b.example.com", "nb", &["rack"], Some(3))]
+            },
         }
     );
 
@@ -407,7 +420,8 @@ async fn a_cancelled_registration_leaves_nothing_registered() {
     let hanging = setup.serve("new.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
     setup.register(DRIVER, &old, &["1.0.0"]).await.unwrap();
 
-    let register = setup.handler.register_driver(DRIVER, &hanging.endpoint(), &["1.1.0".into()]);
+    let (endpoint, versions) = (hanging.endpoint(), ["1.1.0".to_owned()]);
+    let register = setup.handler.register_driver(DRIVER, &endpoint, &versions);
     let cancelled = async {
         hanging.driver.wait_for_calls(1).await;
     };
@@ -434,11 +448,16 @@ impl NodeIdsText for NodeInfo {
     }
 }
 
+/// Checks the fake driver's connection count, which the tests above rely on.
 #[tokio::test]
-async fn served_drivers_count_their_connections() {
+async fn a_call_holds_one_connection_until_it_ends() {
     let setup = setup();
-    let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, info("n", 0, &[]))).await;
-    assert_eq!(served.open_connections(), 0);
-    kpm_csi::node_get_info(&served.endpoint(), DEADLINE).await.unwrap();
+    let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
+    let endpoint = served.endpoint();
+    let call = tokio::spawn(async move { kpm_csi::node_get_info(&endpoint, DEADLINE).await });
+    served.driver.wait_for_calls(1).await;
+    assert_eq!(served.open_connections(), 1);
+
+    call.abort();
     served.wait_until_no_connection_is_open().await;
 }

@@ -2,6 +2,9 @@
 //! socket in a temp dir, with NodeGetInfo answers scripted call by call, and
 //! a count of the connections it has open.
 
+// A failed setup fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,11 +28,11 @@ use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
 
 /// How long a test waits for something that should happen promptly.
-pub const DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
 
 /// How the fake driver answers one NodeGetInfo call.
 #[derive(Clone)]
-pub enum Reply {
+pub(crate) enum Reply {
     /// Answers with this node id, volume limit and topology.
     Info { node_id: String, max_volumes: i64, topology: BTreeMap<String, String> },
     /// Fails with this status.
@@ -41,7 +44,7 @@ pub enum Reply {
 }
 
 /// An `Info` reply.
-pub fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -> Reply {
+pub(crate) fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -> Reply {
     Reply::Info {
         node_id: node_id.into(),
         max_volumes,
@@ -50,7 +53,7 @@ pub fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -> Reply
 }
 
 /// The driver: answers scripted replies in order, then `fallback` forever.
-pub struct FakeDriver {
+pub(crate) struct FakeDriver {
     name: String,
     script: Mutex<VecDeque<Reply>>,
     fallback: Reply,
@@ -58,7 +61,7 @@ pub struct FakeDriver {
 }
 
 impl FakeDriver {
-    pub fn new(name: &str, script: Vec<Reply>, fallback: Reply) -> Self {
+    pub(crate) fn new(name: &str, script: Vec<Reply>, fallback: Reply) -> Self {
         Self {
             name: name.into(),
             script: Mutex::new(script.into()),
@@ -68,17 +71,17 @@ impl FakeDriver {
     }
 
     /// A driver that always answers with `reply`.
-    pub fn always(name: &str, reply: Reply) -> Self {
+    pub(crate) fn always(name: &str, reply: Reply) -> Self {
         Self::new(name, Vec::new(), reply)
     }
 
     /// The number of NodeGetInfo calls so far.
-    pub fn calls(&self) -> usize {
+    pub(crate) fn calls(&self) -> usize {
         *self.calls.borrow()
     }
 
     /// Waits until at least `n` NodeGetInfo calls have arrived.
-    pub async fn wait_for_calls(&self, n: usize) {
+    pub(crate) async fn wait_for_calls(&self, n: usize) {
         let mut calls = self.calls.subscribe();
         tokio::time::timeout(DEADLINE, calls.wait_for(|calls| *calls >= n))
             .await
@@ -118,7 +121,7 @@ impl Identity for FakeDriver {
         Ok(Response::new(GetPluginInfoResponse {
             name: self.name.clone(),
             vendor_version: "0.1.0".into(),
-            manifest: Default::default(),
+            manifest: std::collections::HashMap::new(),
         }))
     }
 
@@ -154,9 +157,9 @@ impl Node for FakeDriver {
 }
 
 /// A served fake driver; the server stops when this is dropped.
-pub struct Served {
-    pub driver: Arc<FakeDriver>,
-    pub socket: PathBuf,
+pub(crate) struct Served {
+    pub(crate) driver: Arc<FakeDriver>,
+    pub(crate) socket: PathBuf,
     open: Arc<watch::Sender<usize>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -169,12 +172,12 @@ impl Drop for Served {
 
 impl Served {
     /// The socket path as a string, the way a plugin reports its endpoint.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         self.socket.display().to_string()
     }
 
     /// Waits until every connection to the driver has been closed.
-    pub async fn wait_until_no_connection_is_open(&self) {
+    pub(crate) async fn wait_until_no_connection_is_open(&self) {
         let mut open = self.open.subscribe();
         tokio::time::timeout(DEADLINE, open.wait_for(|open| *open == 0))
             .await
@@ -183,13 +186,13 @@ impl Served {
     }
 
     /// The number of connections accepted and not yet closed.
-    pub fn open_connections(&self) -> usize {
+    pub(crate) fn open_connections(&self) -> usize {
         *self.open.borrow()
     }
 }
 
 /// Serves `driver` on `dir/file`.
-pub async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served {
+pub(crate) async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served {
     let socket = dir.join(file);
     let driver = Arc::new(driver);
     let open = Arc::new(watch::Sender::new(0_usize));
