@@ -246,12 +246,12 @@ impl Register {
             registered_at: SystemTime::now(),
             handler,
         };
-        let recorded = match self.notify(true, String::new()).await {
-            Ok(()) => self.actual_state.add(registered.clone()).map_err(|source| {
-                ExecutorError::ActualState { socket: self.socket.clone(), source }
-            }),
-            Err(err) => Err(err),
-        };
+        let recorded = self.notify(true, String::new()).await.and_then(|()| {
+            self.actual_state.add(registered.clone()).map_err(|source| ExecutorError::ActualState {
+                socket: self.socket.clone(),
+                source,
+            })
+        });
         if let Err(err) = recorded {
             // The plugin does not know it is registered: undo, retry later.
             registered.handler.deregister(&registered.name, &registered.endpoint).await;
