@@ -3,6 +3,7 @@
 //! - `kpm run`: watch `<root>/plugins_registry`, register plugins, serve the
 //!   status API on `<root>/kpm.sock`.
 //! - `kpm list`: print the plugins a running `kpm run` knows.
+//! - `kpm watch`: print what happens to plugins, as it happens.
 //!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
 //! step), 2 usage error.
@@ -14,6 +15,7 @@ mod error;
 mod list;
 mod run;
 mod status_api;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -61,6 +63,15 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
     },
+    /// Print what happens to plugins (seen, registered, rejected,
+    /// deregistered, retry scheduled), one line each, until interrupted.
+    Watch {
+        #[command(flatten)]
+        root: RootArgs,
+        /// Output format: text lines, or one JSON object per line.
+        #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -79,6 +90,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::List { root, output } => list::list(&root.status_socket(), output).await,
+            Command::Watch { root, output } => watch::watch(&root.status_socket(), output).await,
         }
     });
     match result {

@@ -23,13 +23,96 @@ use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 
 use kpm::csi::{CsiDriver, CsiDrivers, CsiNodeDriver, InMemoryNodeInfo, NodeInfo};
-use kpm::{PluginManager, PluginStatus};
+use kpm::{PluginEvent, PluginManager, PluginStatus};
 use serde::{Deserialize, Serialize};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
 
 use crate::CliError;
 
 /// Path of the plugin list.
 pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
+/// Path of the event stream: one JSON object per line, as events happen.
+pub(crate) const EVENTS_PATH: &str = "/v1/events";
+
+/// One event of `GET /v1/events`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EventJson {
+    /// RFC 3339, UTC.
+    pub(crate) time: String,
+    /// `subscribed` (first, once the stream is live), then `seen`,
+    /// `registered`, `rejected`, `deregistered` or `retry_scheduled`.
+    pub(crate) event: String,
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub(crate) socket: String,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) generation: Option<u64>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none", default)]
+    pub(crate) plugin_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) retry_in_ms: Option<u64>,
+}
+
+impl EventJson {
+    fn now(event: &str) -> Self {
+        Self {
+            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            event: event.to_owned(),
+            socket: String::new(),
+            generation: None,
+            plugin_type: None,
+            name: None,
+            endpoint: None,
+            reason: None,
+            retry_in_ms: None,
+        }
+    }
+
+    fn new(event: PluginEvent) -> Self {
+        let mut json = Self::now("");
+        let socket = match event {
+            PluginEvent::SocketSeen { socket, generation } => {
+                json.event = "seen".into();
+                json.generation = Some(generation.get());
+                socket
+            }
+            PluginEvent::Registered { socket, generation, plugin_type, name, endpoint } => {
+                json.event = "registered".into();
+                json.generation = Some(generation.get());
+                json.plugin_type = Some(plugin_type);
+                json.name = Some(name);
+                json.endpoint = Some(endpoint);
+                socket
+            }
+            PluginEvent::Rejected { socket, generation, reason } => {
+                json.event = "rejected".into();
+                json.generation = Some(generation.get());
+                json.reason = Some(reason);
+                socket
+            }
+            PluginEvent::Deregistered { socket, generation, plugin_type, name } => {
+                json.event = "deregistered".into();
+                json.generation = Some(generation.get());
+                json.plugin_type = Some(plugin_type);
+                json.name = Some(name);
+                socket
+            }
+            PluginEvent::RetryScheduled { socket, after } => {
+                json.event = "retry_scheduled".into();
+                json.retry_in_ms = Some(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+                socket
+            }
+        };
+        json.socket = socket.display().to_string();
+        json
+    }
+}
 
 /// The body of `GET /v1/plugins`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -164,6 +247,7 @@ impl From<PluginStatus> for PluginJson {
 pub(crate) fn router(sources: Sources) -> axum::Router {
     axum::Router::new()
         .route(PLUGINS_PATH, get(plugins))
+        .route(EVENTS_PATH, get(events))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(sources)
 }
@@ -176,8 +260,38 @@ async fn plugins(State(sources): State<Sources>) -> Json<PluginList> {
     })
 }
 
-/// `GET path` on the status API at `socket`; returns the body.
-pub(crate) async fn get_json(socket: &Path, path: &str) -> Result<Bytes, CliError> {
+/// Streams events as NDJSON until the client goes away: first a
+/// `subscribed` line (from then on nothing is missed), then every event. A
+/// client that falls too far behind gets a `lagged` line instead of the
+/// events it missed.
+async fn events(State(sources): State<Sources>) -> axum::response::Response {
+    let subscribed = serde_json::to_string(&EventJson::now("subscribed"))
+        .map(|line| line + "\n")
+        .map_err(std::io::Error::other);
+    let events = BroadcastStream::new(sources.manager.subscribe()).map(|event| {
+        let mut line = match event {
+            Ok(event) => serde_json::to_string(&EventJson::new(event)),
+            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
+                Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
+            }
+        }
+        .map_err(std::io::Error::other)?;
+        line.push('\n');
+        Ok::<_, std::io::Error>(line)
+    });
+    let stream = tokio_stream::once(subscribed).chain(events);
+    axum::response::Response::builder()
+        .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap_or_default()
+}
+
+/// Sends `GET path` to the status API at `socket`; returns the response once
+/// its status is a success, with the body still to be read.
+pub(crate) async fn request(
+    socket: &Path,
+    path: &str,
+) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
     let query_err = |message: String| CliError::QueryStatus { path: socket.to_path_buf(), message };
     let stream = tokio::net::UnixStream::connect(socket)
         .await
@@ -191,10 +305,16 @@ pub(crate) async fn get_json(socket: &Path, path: &str) -> Result<Bytes, CliErro
         .body(Empty::<Bytes>::new())
         .map_err(|err| query_err(err.to_string()))?;
     let response = sender.send_request(request).await.map_err(|err| query_err(err.to_string()))?;
-    let status = response.status();
-    let body = response.into_body().collect().await.map_err(|err| query_err(err.to_string()))?;
-    if !status.is_success() {
-        return Err(query_err(format!("GET {path}: HTTP {status}")));
+    if !response.status().is_success() {
+        return Err(query_err(format!("GET {path}: HTTP {}", response.status())));
     }
+    Ok(response)
+}
+
+/// `GET path` on the status API at `socket`; returns the body.
+pub(crate) async fn get_json(socket: &Path, path: &str) -> Result<Bytes, CliError> {
+    let body = request(socket, path).await?.into_body().collect().await.map_err(|err| {
+        CliError::QueryStatus { path: socket.to_path_buf(), message: err.to_string() }
+    })?;
     Ok(body.to_bytes())
 }

@@ -127,3 +127,49 @@ fn usage_errors_exit_with_2_and_list_without_a_server_exits_with_1() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("kpm.sock") && stderr.contains("is `kpm run` running?"), "{stderr}");
 }
+
+#[test]
+fn watch_streams_events_as_json_lines() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let mut watch = Command::new(support::KPM)
+        .args(["watch", "-o", "json", "--root-dir", root.path().to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<serde_json::Value>();
+    let stdout = BufReader::new(watch.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            if lines_tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    let next_event = |kind: &str| loop {
+        let event = lines.recv_timeout(DEADLINE).expect("an event before the deadline");
+        if event["event"] == kind {
+            return event;
+        }
+    };
+
+    // Nothing is missed once the stream says it is subscribed.
+    next_event("subscribed");
+    let rt = runtime();
+    let plugin = serve_plugin(&rt, &kpm, kpm_registrar::DEVICE_PLUGIN, "vendor.com/watched");
+    let registered = next_event("registered");
+    assert_eq!(registered["name"], "vendor.com/watched");
+    assert_eq!(registered["type"], "DevicePlugin");
+    assert_eq!(registered["socket"], plugin.socket_path().display().to_string());
+    assert!(registered["time"].as_str().unwrap().ends_with('Z'));
+
+    rt.block_on(plugin.shutdown()).unwrap();
+    let deregistered = next_event("deregistered");
+    assert_eq!(deregistered["name"], "vendor.com/watched");
+    assert_eq!(deregistered["generation"], registered["generation"]);
+    watch.kill().unwrap();
+    watch.wait().unwrap();
+}

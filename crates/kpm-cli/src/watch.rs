@@ -1,0 +1,75 @@
+//! `kpm watch`: the events of a running `kpm run`, as they happen.
+
+use std::io::Write;
+use std::path::Path;
+
+use http_body_util::BodyExt;
+
+use crate::status_api::{self, EventJson};
+use crate::{CliError, OutputFormat};
+
+pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
+    let mut body = status_api::request(status_socket, status_api::EVENTS_PATH).await?.into_body();
+    let mut pending = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|err| CliError::QueryStatus {
+            path: status_socket.to_path_buf(),
+            message: err.to_string(),
+        })?;
+        let Ok(data) = frame.into_data() else { continue };
+        pending.extend_from_slice(&data);
+        while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]).into_owned();
+            let shown = match output {
+                OutputFormat::Json => line,
+                OutputFormat::Table => text_line(&line),
+            };
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{shown}").and_then(|()| stdout.flush()).map_err(CliError::Output)?;
+        }
+    }
+    Ok(())
+}
+
+/// `TIME EVENT TYPE NAME SOCKET [reason | retry in]`, skipping what the event lacks.
+fn text_line(line: &str) -> String {
+    let Ok(event) = serde_json::from_str::<EventJson>(line) else {
+        return line.to_owned();
+    };
+    let retry = event.retry_in_ms.map(|ms| format!("retry in {ms} ms"));
+    [
+        Some(event.time),
+        Some(event.event),
+        event.plugin_type,
+        event.name,
+        Some(event.socket),
+        event.reason.or(retry),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|field| !field.is_empty())
+    .collect::<Vec<_>>()
+    .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_lines_show_what_each_event_has() {
+        let registered = r#"{"time":"T","event":"registered","socket":"/r/a.sock","generation":1,"type":"DevicePlugin","name":"gpu","endpoint":"/r/a.sock"}"#;
+        assert_eq!(text_line(registered), "T registered DevicePlugin gpu /r/a.sock");
+        let rejected = r#"{"time":"T","event":"rejected","socket":"/r/b.sock","generation":2,"reason":"no handler"}"#;
+        assert_eq!(text_line(rejected), "T rejected /r/b.sock no handler");
+        let retry =
+            r#"{"time":"T","event":"retry_scheduled","socket":"/r/b.sock","retry_in_ms":500}"#;
+        assert_eq!(text_line(retry), "T retry_scheduled /r/b.sock retry in 500 ms");
+        assert_eq!(text_line(r#"{"time":"T","event":"subscribed"}"#), "T subscribed");
+        assert_eq!(
+            text_line(r#"{"event":"lagged","missed":3}"#),
+            r#"{"event":"lagged","missed":3}"#
+        );
+    }
+}
