@@ -4,6 +4,7 @@
 //!   status API on `<root>/kpm.sock`.
 //! - `kpm list`: print the plugins a running `kpm run` knows.
 //! - `kpm watch`: print what happens to plugins, as it happens.
+//! - `kpm probe SOCKET`: diagnose a registration socket without registering it.
 //!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
 //! step), 2 usage error.
@@ -13,6 +14,7 @@
 
 mod error;
 mod list;
+mod probe;
 mod run;
 mod status_api;
 mod watch;
@@ -63,6 +65,10 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
     },
+    /// Diagnose a registration socket without registering it: dial, GetInfo,
+    /// the validation of its type's handler, then read-only calls on the
+    /// plugin's service. Exits 0 when it would register, 1 otherwise.
+    Probe(probe::ProbeArgs),
     /// Print what happens to plugins (seen, registered, rejected,
     /// deregistered, retry scheduled), one line each, until interrupted.
     Watch {
@@ -86,15 +92,22 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return fail(&CliError::Runtime(err)),
     };
+    // Ok(false): the command ran and its answer is "no" (a probe verdict).
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::List { root, output } => list::list(&root.status_socket(), output).await,
-            Command::Watch { root, output } => watch::watch(&root.status_socket(), output).await,
+            Command::Run(args) => run::run(args).await.map(|()| true),
+            Command::List { root, output } => {
+                list::list(&root.status_socket(), output).await.map(|()| true)
+            }
+            Command::Watch { root, output } => {
+                watch::watch(&root.status_socket(), output).await.map(|()| true)
+            }
+            Command::Probe(args) => probe::probe(args).await,
         }
     });
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
         Err(err) => fail(&err),
     }
 }

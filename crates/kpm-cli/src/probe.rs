@@ -1,0 +1,179 @@
+//! `kpm probe SOCKET`: what would happen if this socket appeared in the
+//! registry, without registering it. Dials, asks `GetInfo`, runs the
+//! validation of the handler for the plugin's type, then checks the plugin's
+//! own service read-only. Exit 0 when it would register, 1 otherwise.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kpm::PluginHandler;
+use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
+use kpm_api::csi::v1::GetPluginInfoRequest;
+use kpm_api::csi::v1::identity_client::IdentityClient;
+use kpm_api::registration::v1::registration_client::RegistrationClient;
+use kpm_api::registration::v1::{InfoRequest, PluginInfo};
+
+use crate::CliError;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct ProbeArgs {
+    /// The registration socket to diagnose.
+    socket: PathBuf,
+    /// How long each step may take, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    timeout: u64,
+}
+
+/// One line of the report.
+struct Step {
+    name: &'static str,
+    took: Duration,
+    outcome: Result<String, String>,
+}
+
+pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
+    let timeout = Duration::from_secs(args.timeout);
+    let mut steps = Vec::new();
+    let verdict = run_steps(&args.socket, timeout, &mut steps).await;
+    let mut report = format!("probe {}\n", args.socket.display());
+    for step in &steps {
+        let (mark, detail) = match &step.outcome {
+            Ok(detail) => ("ok  ", detail),
+            Err(reason) => ("FAIL", reason),
+        };
+        let ms = step.took.as_secs_f64() * 1000.0;
+        let _ = writeln!(report, "  {:<22} {mark} {ms:>8.1} ms  {detail}", step.name);
+    }
+    match &verdict {
+        Ok(()) => report.push_str("verdict: would register\n"),
+        Err(reason) => {
+            let _ = writeln!(report, "verdict: would not register: {reason}");
+        }
+    }
+    std::io::stdout().lock().write_all(report.as_bytes()).map_err(CliError::Output)?;
+    Ok(verdict.is_ok())
+}
+
+/// Runs the steps in order, recording each; stops at the first failure.
+async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> Result<(), String> {
+    let channel = step(steps, "dial", async {
+        let channel = kpm_api::uds::dial(socket, timeout).await.map_err(|e| e.to_string())?;
+        Ok((channel, String::new()))
+    })
+    .await?;
+
+    let info = step(steps, "GetInfo", async {
+        let mut client = RegistrationClient::new(channel);
+        let call = tokio::time::timeout(timeout, client.get_info(InfoRequest {})).await;
+        let info = match call {
+            Err(_) => return Err(format!("no answer within {timeout:?}")),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                return Err(format!(
+                    "not a registration socket (pluginregistration.Registration is not served): {}",
+                    status.message()
+                ));
+            }
+            Ok(Err(status)) => return Err(status.to_string()),
+            Ok(Ok(response)) => response.into_inner(),
+        };
+        let detail = format!(
+            "type={} name={} endpoint={:?} versions={:?}",
+            info.r#type, info.name, info.endpoint, info.supported_versions
+        );
+        Ok((info, detail))
+    })
+    .await?;
+
+    let endpoint =
+        if info.endpoint.is_empty() { socket.display().to_string() } else { info.endpoint.clone() };
+    let handler = handler_for(&info.r#type).ok_or_else(|| {
+        let reason = format!("no handler registered for plugin type: {}", info.r#type);
+        steps.push(Step { name: "handler", took: Duration::ZERO, outcome: Err(reason.clone()) });
+        reason
+    })?;
+    step(steps, "validate", async {
+        handler
+            .validate(&info.name, &endpoint, &info.supported_versions)
+            .await
+            .map(|()| ((), format!("{} handler", info.r#type)))
+            .map_err(|e| e.to_string())
+    })
+    .await?;
+    check_service(&info, &endpoint, timeout, steps).await
+}
+
+/// The handler `kpm run` would use for `plugin_type`, with nothing registered.
+fn handler_for(plugin_type: &str) -> Option<Arc<dyn PluginHandler>> {
+    match plugin_type {
+        kpm::api::CSI_PLUGIN => Some(Arc::new(CsiHandler::new(
+            Arc::new(InMemoryNodeInfo::default()),
+            CsiConfig::default(),
+        ))),
+        kpm::api::DEVICE_PLUGIN | kpm::api::DRA_PLUGIN => {
+            Some(Arc::new(kpm::BasicHandler::new(plugin_type)))
+        }
+        _ => None,
+    }
+}
+
+/// Read-only calls on the plugin's own service.
+async fn check_service(
+    info: &PluginInfo,
+    endpoint: &str,
+    timeout: Duration,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
+    if info.r#type != kpm::api::CSI_PLUGIN {
+        return Ok(());
+    }
+    step(steps, "csi GetPluginInfo", async {
+        let channel = kpm_api::uds::dial(kpm::csi::socket_path(endpoint), timeout)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut client = IdentityClient::new(channel);
+        let call = client.get_plugin_info(GetPluginInfoRequest {});
+        let response = tokio::time::timeout(timeout, call)
+            .await
+            .map_err(|_| format!("no answer within {timeout:?}"))?
+            .map_err(|status| status.to_string())?
+            .into_inner();
+        Ok(((), format!("name={} vendor_version={}", response.name, response.vendor_version)))
+    })
+    .await?;
+    step(steps, "csi NodeGetInfo", async {
+        let node = kpm::csi::node_get_info(endpoint, timeout).await.map_err(|e| e.to_string())?;
+        if node.node_id.is_empty() {
+            return Err("the driver reports an empty node id".to_owned());
+        }
+        let detail = format!(
+            "node_id={} max_volumes={} topology={:?}",
+            node.node_id, node.max_volumes_per_node, node.topology
+        );
+        Ok(((), detail))
+    })
+    .await
+}
+
+/// Times `work`, records it as a step, and passes its value on.
+async fn step<T>(
+    steps: &mut Vec<Step>,
+    name: &'static str,
+    work: impl Future<Output = Result<(T, String), String>>,
+) -> Result<T, String> {
+    let started = Instant::now();
+    let result = work.await;
+    let took = started.elapsed();
+    match result {
+        Ok((value, detail)) => {
+            steps.push(Step { name, took, outcome: Ok(detail) });
+            Ok(value)
+        }
+        Err(reason) => {
+            steps.push(Step { name, took, outcome: Err(reason.clone()) });
+            Err(format!("{name}: {reason}"))
+        }
+    }
+}

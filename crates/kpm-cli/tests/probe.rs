@@ -1,0 +1,110 @@
+//! `kpm probe`: verdicts for a good plugin and for each kind of bad one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::Path;
+
+use kpm_registrar::Registrar;
+use support::kpm;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+/// Runs `kpm probe socket`; returns (exit code, stdout).
+fn probe(socket: &Path) -> (i32, String) {
+    let out = kpm(&["probe", "--timeout", "2", socket.to_str().unwrap()]);
+    (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+}
+
+#[test]
+fn a_good_plugin_would_register() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("GetInfo") && report.contains("name=vendor.com/gpu"), "{report}");
+    assert!(report.ends_with("verdict: would register\n"), "{report}");
+    assert!(plugin.statuses().is_empty(), "probing does not notify the plugin");
+}
+
+#[test]
+fn an_unknown_type_would_not_register() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let plugin = rt
+        .block_on(
+            Registrar::builder("FancyPlugin", "fancy")
+                .versions(["v1"])
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains(
+            "verdict: would not register: no handler registered for plugin type: FancyPlugin"
+        ),
+        "{report}"
+    );
+}
+
+#[test]
+fn bad_csi_versions_would_not_register_with_the_kubelets_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["0.3.0"])
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("validate") && report.contains("FAIL"), "{report}");
+    assert!(report.contains("None of the versions specified"), "{report}");
+}
+
+#[test]
+fn a_csi_driver_whose_service_does_not_answer_would_not_register() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let missing = dir.path().join("missing-driver.sock");
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["1.0.0"])
+                .endpoint(&missing)
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 1, "{report}");
+    assert!(
+        report.contains("csi GetPluginInfo") && report.contains("missing-driver.sock"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_socket_nobody_listens_on_fails_at_dial() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let (code, report) = probe(&socket);
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("verdict: would not register: dial:"), "{report}");
+}
