@@ -14,7 +14,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
     /// Connecting to the socket failed (missing file, nobody listening, ...).
-    #[error("dial {}: {source}", path.display())]
+    #[error("dial {}: {}", path.display(), root_cause(source))]
     Dial {
         path: PathBuf,
         #[source]
@@ -99,4 +99,14 @@ pub async fn bind(path: &Path) -> Result<UnixListenerStream, TransportError> {
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
     Ok(UnixListenerStream::new(listener))
+}
+
+/// The innermost cause: tonic's own text is only "transport error", the OS
+/// error underneath says what went wrong.
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }

@@ -173,7 +173,7 @@ async fn step<T>(
         }
         Err(reason) => {
             steps.push(Step { name, took, outcome: Err(reason.clone()) });
-            Err(format!("{name}: {reason}"))
+            if reason.starts_with(name) { Err(reason) } else { Err(format!("{name}: {reason}")) }
         }
     }
 }
