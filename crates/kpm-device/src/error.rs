@@ -1,0 +1,330 @@
+//! The one error type of the device-plugin crate, and the Go formatting
+//! helpers that make its texts read exactly like the kubelet's.
+//!
+//! The validation texts are the kubelet's (spec B.3, B.5); every other text
+//! names the step, the resource and the socket, and a gRPC failure ends with
+//! the kubelet's `rpc error: code = .. desc = ..`.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kpm_api::uds::TransportError;
+
+/// Why a device plugin could not be validated, connected or called, or why
+/// `kubelet.sock` could not be served. Variants are named after the step that
+/// failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    // === Validation on the plugin-watcher path (`ValidatePlugin`) ===
+    /// None of the plugin's versions is `v1beta1`.
+    #[error(
+        "manager version, v1beta1, is not among plugin supported versions {}",
+        go_list(versions)
+    )]
+    UnsupportedVersions { versions: Vec<String> },
+
+    /// The plugin name is not an extended resource name.
+    #[error("invalid name of device plugin socket: the ResourceName {} is invalid", go_quote(name))]
+    InvalidPluginName { name: String },
+
+    // === Validation of a `v1beta1.Registration/Register` request ===
+    /// The request's version is not `v1beta1`.
+    #[error(
+        "requested API version {} is not supported by kubelet. Supported version is [\"v1beta1\"]",
+        go_quote(version)
+    )]
+    UnsupportedVersion { version: String },
+
+    /// The request's resource name is not an extended resource name.
+    #[error("the ResourceName {} is invalid", go_quote(resource))]
+    InvalidResourceName { resource: String },
+
+    /// The request's endpoint is not a plain file name (absolute, `..`, a
+    /// `/`, empty): it would point outside the device-plugins directory.
+    #[error(
+        "invalid endpoint {}: must be a socket file name inside {}",
+        go_quote(endpoint),
+        dir.display()
+    )]
+    InvalidEndpoint { endpoint: String, dir: PathBuf },
+
+    // === Connecting to a device plugin ===
+    /// Connecting to the plugin's socket failed or timed out. The source
+    /// names the socket.
+    #[error("failed to dial device plugin {resource}: {}", error_chain(source))]
+    Dial {
+        resource: String,
+        socket: PathBuf,
+        #[source]
+        source: TransportError,
+    },
+
+    /// The plugin answered `GetDevicePluginOptions` with an error.
+    #[error(
+        "failed to get device plugin options from {resource} at {}: rpc error: code = {} desc = {}",
+        socket.display(), go_code_name(status.code()), status.message()
+    )]
+    GetDevicePluginOptions {
+        resource: String,
+        socket: PathBuf,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// The manager was shut down: no new endpoints are connected.
+    #[error("device manager is shut down: not connecting {resource} at {}", socket.display())]
+    ShutDown { resource: String, socket: PathBuf },
+
+    // === Calls of node agents ===
+    /// No device plugin has registered this resource (or it was removed
+    /// after its grace period).
+    #[error("no device plugin is registered for resource {resource}")]
+    UnknownResource { resource: String },
+
+    /// The resource is known, but its endpoint went away (its devices are
+    /// unhealthy until the resource is removed or a plugin registers again).
+    #[error("the device plugin of resource {resource} is not connected")]
+    NoEndpoint { resource: String },
+
+    /// The plugin said in its options that it does not implement
+    /// `GetPreferredAllocation`.
+    #[error(
+        "device plugin {resource} at {} does not offer GetPreferredAllocation \
+         (get_preferred_allocation_available is false)",
+        socket.display()
+    )]
+    PreferredAllocationUnavailable { resource: String, socket: PathBuf },
+
+    /// The plugin answered `Allocate` with an error.
+    #[error(
+        "Allocate on device plugin {resource} at {}: rpc error: code = {} desc = {}",
+        socket.display(), go_code_name(status.code()), status.message()
+    )]
+    Allocate {
+        resource: String,
+        socket: PathBuf,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// The plugin answered `GetPreferredAllocation` with an error.
+    #[error(
+        "GetPreferredAllocation on device plugin {resource} at {}: rpc error: code = {} desc = {}",
+        socket.display(), go_code_name(status.code()), status.message()
+    )]
+    GetPreferredAllocation {
+        resource: String,
+        socket: PathBuf,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// The plugin answered `PreStartContainer` with an error.
+    #[error(
+        "PreStartContainer on device plugin {resource} at {}: rpc error: code = {} desc = {}",
+        socket.display(), go_code_name(status.code()), status.message()
+    )]
+    PreStartContainer {
+        resource: String,
+        socket: PathBuf,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// A call (`call` is its gRPC method name) got no answer in time.
+    #[error(
+        "{call} on device plugin {resource} at {}: no answer within {timeout:?} (context deadline exceeded)",
+        socket.display()
+    )]
+    Timeout { call: &'static str, resource: String, socket: PathBuf, timeout: Duration },
+
+    // === Serving kubelet.sock ===
+    /// The device-plugins directory could not be created.
+    #[error("create device plugin directory {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A live process (another kubelet or kpm) answers on `kubelet.sock`; it
+    /// is not ours to remove.
+    #[error(
+        "serve device plugin registration on {}: a live process already answers on this socket \
+         (another kubelet or kpm?); not replacing it",
+        path.display()
+    )]
+    KubeletSocketInUse { path: PathBuf },
+
+    /// Removing a stale `kubelet.sock` or binding the new one failed.
+    #[error("serve device plugin registration on {}: {}", path.display(), error_chain(source))]
+    BindKubeletSocket {
+        path: PathBuf,
+        #[source]
+        source: TransportError,
+    },
+}
+
+impl DeviceError {
+    /// The gRPC status a `Register` request that failed with this error is
+    /// answered with: `InvalidArgument` for a rejected request,
+    /// `Unavailable` after shutdown, otherwise `Unknown` (what the kubelet's
+    /// Go errors become). The message is the error's text.
+    pub fn to_status(&self) -> tonic::Status {
+        let code = match self {
+            Self::UnsupportedVersions { .. }
+            | Self::InvalidPluginName { .. }
+            | Self::UnsupportedVersion { .. }
+            | Self::InvalidResourceName { .. }
+            | Self::InvalidEndpoint { .. } => tonic::Code::InvalidArgument,
+            Self::ShutDown { .. } => tonic::Code::Unavailable,
+            _ => tonic::Code::Unknown,
+        };
+        tonic::Status::new(code, self.to_string())
+    }
+}
+
+/// Go's `%q` of a string (`strconv.Quote`): double quotes, backslash escapes
+/// for quotes, backslashes and control characters.
+pub(crate) fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if u32::from(c) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `%v` of a `[]string`: `[a b]`.
+pub(crate) fn go_list(items: &[String]) -> String {
+    format!("[{}]", items.join(" "))
+}
+
+/// The name grpc-go gives a status code (`codes.Code.String()`).
+pub(crate) fn go_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// An error and its sources, joined with `: `, skipping a source whose text
+/// the previous one already contains (tonic's transport error says only
+/// "transport error"; the reason is in its sources).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_escapes_like_strconv_quote() {
+        assert_eq!(go_quote("vendor.com/gpu"), "\"vendor.com/gpu\"");
+        assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(go_quote("tab\there\nnl\x01\x7f"), "\"tab\\there\\nnl\\x01\\x7f\"");
+        assert_eq!(go_quote("\u{85}"), "\"\\u0085\"");
+    }
+
+    #[test]
+    fn validation_errors_carry_the_kubelets_texts() {
+        let versions = vec!["v1alpha1".to_owned(), "v1".to_owned()];
+        assert_eq!(
+            DeviceError::UnsupportedVersions { versions }.to_string(),
+            "manager version, v1beta1, is not among plugin supported versions [v1alpha1 v1]"
+        );
+        assert_eq!(
+            DeviceError::UnsupportedVersions { versions: Vec::new() }.to_string(),
+            "manager version, v1beta1, is not among plugin supported versions []"
+        );
+        assert_eq!(
+            DeviceError::InvalidPluginName { name: "gpu".into() }.to_string(),
+            "invalid name of device plugin socket: the ResourceName \"gpu\" is invalid"
+        );
+        assert_eq!(
+            DeviceError::UnsupportedVersion { version: "v1alpha".into() }.to_string(),
+            "requested API version \"v1alpha\" is not supported by kubelet. \
+             Supported version is [\"v1beta1\"]"
+        );
+        assert_eq!(
+            DeviceError::InvalidResourceName { resource: "kubernetes.io/gpu".into() }.to_string(),
+            "the ResourceName \"kubernetes.io/gpu\" is invalid"
+        );
+        assert_eq!(
+            DeviceError::InvalidEndpoint {
+                endpoint: "../x.sock".into(),
+                dir: "/var/lib/kubelet/device-plugins".into()
+            }
+            .to_string(),
+            "invalid endpoint \"../x.sock\": must be a socket file name inside \
+             /var/lib/kubelet/device-plugins"
+        );
+    }
+
+    #[test]
+    fn rejected_register_requests_are_invalid_arguments_and_other_failures_unknown() {
+        let invalid = DeviceError::InvalidResourceName { resource: "gpu".into() }.to_status();
+        assert_eq!(invalid.code(), tonic::Code::InvalidArgument);
+        assert_eq!(invalid.message(), "the ResourceName \"gpu\" is invalid");
+        let failed = DeviceError::GetDevicePluginOptions {
+            resource: "vendor.com/gpu".into(),
+            socket: "/dp/gpu.sock".into(),
+            status: tonic::Status::unavailable("starting"),
+        };
+        assert_eq!(
+            failed.to_string(),
+            "failed to get device plugin options from vendor.com/gpu at /dp/gpu.sock: \
+             rpc error: code = Unavailable desc = starting"
+        );
+        assert_eq!(failed.to_status().code(), tonic::Code::Unknown);
+        let shut = DeviceError::ShutDown { resource: "a.com/b".into(), socket: "/s".into() };
+        assert_eq!(shut.to_status().code(), tonic::Code::Unavailable);
+    }
+}

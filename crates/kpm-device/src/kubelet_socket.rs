@@ -1,0 +1,162 @@
+//! `kubelet.sock`: the `v1beta1.Registration` service most device plugins
+//! register through (spec B.5).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_api::constants::KUBELET_SOCKET_NAME;
+use kpm_api::deviceplugin::v1beta1::registration_server::{Registration, RegistrationServer};
+use kpm_api::deviceplugin::v1beta1::{Empty, RegisterRequest};
+use kpm_api::uds::TransportError;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::{Request, Response, Status};
+use tracing::{debug, info, warn};
+
+use crate::error::DeviceError;
+use crate::file_id::FileId;
+use crate::manager::DeviceManager;
+
+/// How long [`KubeletSocket::shutdown`] lets in-flight `Register` calls finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// The served `kubelet.sock`, returned by
+/// [`DeviceManager::serve_registration`]. Dropping it stops the server (in
+/// the background) and removes the socket, like
+/// [`shutdown`](Self::shutdown) without waiting.
+#[derive(Debug)]
+pub struct KubeletSocket {
+    path: PathBuf,
+    /// The file we bound, so that we never remove one someone else created.
+    file: Option<FileId>,
+    /// Sending (or dropping) it stops the server. `None` once stopped.
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<()>>,
+}
+
+/// The `v1beta1.Registration` service.
+struct RegistrationService {
+    manager: Arc<DeviceManager>,
+    dir: PathBuf,
+}
+
+// === DeviceManager::serve_registration ===
+
+impl DeviceManager {
+    /// Serves `v1beta1.Registration` on `<dir>/kubelet.sock`: creates `dir`
+    /// (`mkdir -p`, mode 0750), removes a stale socket file, and refuses a
+    /// socket a live process answers on
+    /// ([`DeviceError::KubeletSocketInUse`]). Endpoints in `Register`
+    /// requests are file names in `dir`.
+    ///
+    /// Real device plugins watch `kubelet.sock` and register again when it is
+    /// re-created, so creating it fresh at start is what makes them register.
+    pub async fn serve_registration(
+        self: &Arc<Self>,
+        dir: &Path,
+    ) -> Result<KubeletSocket, DeviceError> {
+        let create_err = |source| DeviceError::CreateDir { path: dir.to_path_buf(), source };
+        let dir = std::path::absolute(dir).map_err(create_err)?;
+        create_dir(&dir).map_err(create_err)?;
+        let path = dir.join(KUBELET_SOCKET_NAME);
+        let incoming = kpm_api::uds::bind(&path).await.map_err(|source| match source {
+            TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
+            source => DeviceError::BindKubeletSocket { path: path.clone(), source },
+        })?;
+        let file = FileId::at(&path);
+        let service = RegistrationService { manager: Arc::clone(self), dir };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let socket = path.clone();
+        let server = tokio::spawn(async move {
+            let served = tonic::transport::Server::builder()
+                .add_service(RegistrationServer::new(service))
+                .serve_with_incoming_shutdown(incoming, async {
+                    // A send and a dropped sender both mean stop.
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(err) = served {
+                warn!(socket = %socket.display(), error = %err, "device plugin registration server failed");
+            }
+        });
+        info!(socket = %path.display(), "serving device plugin registration");
+        Ok(KubeletSocket { path, file, stop: Some(stop), server: Some(server) })
+    }
+}
+
+// === KubeletSocket ===
+
+impl KubeletSocket {
+    /// The socket served on: `<dir>/kubelet.sock`, with `dir` made absolute.
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes `kubelet.sock` if it is still the file we bound, then stops
+    /// serving, letting in-flight `Register` calls finish for up to a second.
+    pub async fn shutdown(mut self) {
+        self.remove_socket();
+        self.stop.take();
+        if let Some(mut server) = self.server.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await.is_err()
+        {
+            debug!(socket = %self.path.display(), "Register calls still in flight; dropping them");
+            server.abort();
+        }
+        info!(socket = %self.path.display(), "stopped serving device plugin registration");
+    }
+
+    /// Removes the socket file if it is still the one we bound. Runs before
+    /// the server stops: the bound listener keeps the file's inode alive, so
+    /// no new file at the path can have it yet.
+    fn remove_socket(&self) {
+        let path = &self.path;
+        match FileId::at(path) {
+            Some(now) if self.file.is_some_and(|ours| ours.is_same_file(&now)) => {
+                if let Err(err) = std::fs::remove_file(path)
+                    && err.kind() != std::io::ErrorKind::NotFound
+                {
+                    warn!(socket = %path.display(), error = %err, "removing kubelet.sock failed");
+                }
+            }
+            Some(_) => {
+                debug!(socket = %path.display(), "kubelet.sock was re-created since; leaving it");
+            }
+            None => {}
+        }
+    }
+}
+
+impl Drop for KubeletSocket {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.remove_socket();
+            self.stop.take();
+        }
+    }
+}
+
+// === RegistrationService ===
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        let request = request.into_inner();
+        let (resource, endpoint) = (&request.resource_name, &request.endpoint);
+        info!(resource, endpoint, version = request.version, "device plugin Register request");
+        match self.manager.handle_register(&self.dir, &request).await {
+            Ok(()) => Ok(Response::new(Empty {})),
+            Err(err) => {
+                warn!(resource, endpoint, error = %err, "device plugin Register request failed");
+                Err(err.to_status())
+            }
+        }
+    }
+}
+
+/// `mkdir -p` with mode 0750 for the directories it creates.
+fn create_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
+}
