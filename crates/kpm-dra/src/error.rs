@@ -1,0 +1,250 @@
+//! The one error type of the DRA crate, and the Go formatting helpers that
+//! make its texts read like the kubelet's.
+//!
+//! Where the kubelet has a text for the same failure (spec C.2-C.4), it is
+//! reproduced; the texts of the call errors name the driver, the endpoint and
+//! the gRPC method, and end with the gRPC status as grpc-go prints it.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use crate::validate::MAX_ENDPOINT_LEN;
+
+/// Why a DRA driver could not be validated, registered or called. Variants
+/// are named after the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DraError {
+    // === ValidatePlugin: the driver name ===
+    /// The driver name is empty, longer than 63 bytes, or not a DNS
+    /// subdomain once lowercased. `reasons` are the field errors
+    /// (`Required value`, `Too long: ..`, `Invalid value: ..`).
+    #[error("invalid DRA driver name {}: {}", go_quote(driver), go_join(reasons))]
+    InvalidDriverName { driver: String, reasons: Vec<String> },
+
+    // === ValidatePlugin: the endpoint ===
+    /// The plugin reported no endpoint.
+    #[error("empty DRA plugin endpoint")]
+    EmptyEndpoint,
+
+    /// The endpoint is not an absolute path.
+    #[error("DRA plugin endpoint {} must be an absolute path", go_quote(endpoint))]
+    RelativeEndpoint { endpoint: String },
+
+    /// The endpoint does not fit in a Unix socket address.
+    #[error(
+        "DRA plugin endpoint {} must not be longer than {MAX_ENDPOINT_LEN} bytes (the limit of a Unix socket path), it has {len}",
+        go_quote(endpoint)
+    )]
+    EndpointTooLong { endpoint: String, len: usize },
+
+    /// The endpoint, cleaned, is not a path inside the node agent's root
+    /// directory.
+    #[error(
+        "DRA plugin endpoint {} is not inside the kubelet root directory {}",
+        go_quote(endpoint),
+        go_quote(root)
+    )]
+    EndpointOutsideRoot { endpoint: String, root: String },
+
+    // === ValidatePlugin: the supported services ===
+    /// `ValidatePlugin`'s and `RegisterPlugin`'s wrapper around a service
+    /// selection error.
+    #[error(
+        "invalid supported gRPC versions of DRA driver plugin {driver} at endpoint {endpoint}: {source}"
+    )]
+    InvalidServices {
+        driver: String,
+        endpoint: String,
+        #[source]
+        source: Box<DraError>,
+    },
+
+    /// The plugin advertised no services.
+    #[error("empty list of supported gRPC services (aka supported versions)")]
+    NoServices,
+
+    /// None of the advertised services is a DRA service kpm speaks.
+    #[error(
+        "none of services supported by the plugin ({}) are supported by the kubelet ({})",
+        go_quote_list(services),
+        go_quote_list(supported)
+    )]
+    UnsupportedServices { services: Vec<String>, supported: Vec<String> },
+
+    // === RegisterPlugin ===
+    /// This (driver, endpoint) pair is already registered.
+    #[error("endpoint {endpoint} already registered for DRA driver plugin {driver}")]
+    AlreadyRegistered { driver: String, endpoint: String },
+
+    /// The manager was shut down; it takes no more registrations or calls.
+    #[error("the DRA driver manager is shut down")]
+    ShutDown,
+
+    // === GetPlugin ===
+    /// A driver was looked up by an empty name.
+    #[error("DRA driver name is empty")]
+    EmptyDriverName,
+
+    /// No instance of the driver is registered.
+    #[error("DRA driver {driver} is not registered")]
+    NotRegistered { driver: String },
+
+    // === Calls on the serving instance ===
+    /// `NodePrepareResources` failed or timed out (then the status is
+    /// `DeadlineExceeded`). `method` is the full gRPC method called, which
+    /// names the negotiated service.
+    #[error(
+        "calling {method} on DRA driver {driver} at endpoint {endpoint}: rpc error: code = {} desc = {}",
+        go_code_name(status.code()),
+        status.message()
+    )]
+    NodePrepareResources {
+        driver: String,
+        endpoint: String,
+        method: &'static str,
+        #[source]
+        status: tonic::Status,
+    },
+
+    /// `NodeUnprepareResources` failed or timed out (then the status is
+    /// `DeadlineExceeded`).
+    #[error(
+        "calling {method} on DRA driver {driver} at endpoint {endpoint}: rpc error: code = {} desc = {}",
+        go_code_name(status.code()),
+        status.message()
+    )]
+    NodeUnprepareResources {
+        driver: String,
+        endpoint: String,
+        method: &'static str,
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+impl DraError {
+    /// The gRPC status code of a failed call, `None` for other errors.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Self::NodePrepareResources { status, .. }
+            | Self::NodeUnprepareResources { status, .. } => Some(status.code()),
+            _ => None,
+        }
+    }
+}
+
+/// The status of a call that did not finish within `timeout`, as grpc-go
+/// reports an expired context deadline.
+pub(crate) fn deadline_exceeded(timeout: Duration) -> tonic::Status {
+    tonic::Status::deadline_exceeded(format!(
+        "context deadline exceeded (no answer within {timeout:?})"
+    ))
+}
+
+/// Go's `%q` of a string (`strconv.Quote`): double quotes, backslash escapes
+/// for quotes, backslashes and control characters.
+pub(crate) fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            c if u32::from(c) < 0x20 || c == '\x7f' => {
+                let _ = write!(out, "\\x{:02x}", u32::from(c));
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `%q` of a `[]string`: `["a" "b"]`.
+pub(crate) fn go_quote_list(items: &[String]) -> String {
+    let quoted: Vec<String> = items.iter().map(|item| go_quote(item)).collect();
+    format!("[{}]", quoted.join(" "))
+}
+
+/// An apimachinery aggregate of field errors: the one error, or `[a, b]`.
+fn go_join(reasons: &[String]) -> String {
+    match reasons {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    }
+}
+
+/// The name grpc-go gives a status code (`codes.Code.String()`).
+pub(crate) fn go_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_quote_escapes_like_strconv_quote() {
+        assert_eq!(go_quote("dra.example.com"), "\"dra.example.com\"");
+        assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+        assert_eq!(go_quote("tab\there\nnl\x01\x7f"), "\"tab\\there\\nnl\\x01\\x7f\"");
+        assert_eq!(go_quote_list(&["1.0.0".into(), "x".into()]), "[\"1.0.0\" \"x\"]");
+        assert_eq!(go_quote_list(&[]), "[]");
+    }
+
+    #[test]
+    fn call_errors_end_with_the_grpc_status_as_grpc_go_prints_it() {
+        let err = DraError::NodePrepareResources {
+            driver: "dra.example.com".into(),
+            endpoint: "/dra.sock".into(),
+            method: "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",
+            status: tonic::Status::unavailable("driver is starting"),
+        };
+        assert_eq!(
+            err.to_string(),
+            "calling /k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources on DRA \
+             driver dra.example.com at endpoint /dra.sock: rpc error: code = Unavailable desc = \
+             driver is starting"
+        );
+        assert_eq!(err.code(), Some(tonic::Code::Unavailable));
+        assert_eq!(DraError::EmptyDriverName.code(), None);
+    }
+
+    #[test]
+    fn several_driver_name_problems_are_listed_like_an_aggregate() {
+        let err = DraError::InvalidDriverName {
+            driver: "A B".into(),
+            reasons: vec!["Too long".into(), "Invalid value".into()],
+        };
+        assert_eq!(err.to_string(), "invalid DRA driver name \"A B\": [Too long, Invalid value]");
+    }
+}

@@ -1,0 +1,656 @@
+//! [`DraManager`]: the kubelet's `DRAPluginManager` (spec C.3-C.6). The
+//! registered instances of each driver, one monitored connection per
+//! instance, the cleanup timers, the health streams, and the consumer API
+//! (`prepare` / `unprepare`) on the serving instance.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use kpm_api::dra::{v1, v1beta1};
+use kpm_cache::{HandlerError, PluginHandler};
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, trace};
+
+use crate::cleanup::{CleanupTimers, SliceCleanup};
+use crate::connection::{Connection, RECONNECT_INTERVAL};
+use crate::convert;
+use crate::error::{DraError, deadline_exceeded};
+use crate::health::{self, DeviceHealthStatus};
+use crate::validate::{DraService, HealthService, validate_plugin};
+
+/// The kubelet's `defaultClientCallTimeout`: how long `NodePrepareResources`
+/// and `NodeUnprepareResources` may take.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// The kubelet's `defaultWipingDelay`: how long a driver may have no
+/// connected instance before its resources are cleaned up.
+pub const DEFAULT_CLEANUP_GRACE: Duration = Duration::from_secs(30);
+
+/// Settings of the [`DraManager`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraConfig {
+    /// The deadline of each `prepare` / `unprepare` call. Default
+    /// [`DEFAULT_CALL_TIMEOUT`] (45 s), as in the kubelet.
+    pub call_timeout: Duration,
+    /// How long a driver may have no connected instance before
+    /// [`SliceCleanup::wipe_driver`] runs. Default [`DEFAULT_CLEANUP_GRACE`]
+    /// (30 s), as in the kubelet.
+    pub cleanup_grace: Duration,
+    /// When set, endpoints must clean (lexically) to a path inside this
+    /// directory, the node agent's root (`kpm run` passes its `--root-dir`).
+    /// `None` accepts any absolute endpoint.
+    pub root_dir: Option<PathBuf>,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        Self {
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+            cleanup_grace: DEFAULT_CLEANUP_GRACE,
+            root_dir: None,
+        }
+    }
+}
+
+/// One registered DRA driver, for the status API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraDriverStatus {
+    /// The driver name.
+    pub name: String,
+    /// Its registered instances, in registration order (the last one is the
+    /// newest). Empty while a cleanup is pending after the last instance
+    /// was deregistered.
+    pub instances: Vec<DraInstanceStatus>,
+    /// When the driver's resources are cleaned up if no instance connects
+    /// before; `None` while an instance is connected.
+    pub cleanup_pending_until: Option<SystemTime>,
+    /// The device health last streamed by the newest instance, sorted by
+    /// pool and device; empty if it has no health service.
+    pub devices: Vec<DeviceHealthStatus>,
+}
+
+/// One registered instance of a DRA driver, for the status API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DraInstanceStatus {
+    /// The instance's service socket.
+    pub endpoint: String,
+    /// The DRA service it is called on: `v1.DRAPlugin` or `v1beta1.DRAPlugin`.
+    pub version: String,
+    /// Whether its connection is up.
+    pub connected: bool,
+    /// When it was registered.
+    pub registered_at: SystemTime,
+    /// The health service it advertised, if any: `v1.DRAResourceHealth` or
+    /// `v1alpha1.DRAResourceHealth`.
+    pub health_service: Option<String>,
+}
+
+/// The handler for `DRAPlugin` plugins and the access to DRA drivers for a
+/// node agent. See the [crate docs](crate).
+///
+/// Create it with [`DraManager::new`] and share the `Arc`; its methods run
+/// inside a tokio runtime, where its background tasks (one monitor per
+/// instance, one health stream per driver, one timer per pending cleanup)
+/// are spawned. Call [`DraManager::shutdown`] when done; dropping the last
+/// `Arc` also stops the background tasks.
+#[derive(Debug)]
+pub struct DraManager {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: DraConfig,
+    timers: CleanupTimers,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    shut_down: bool,
+    next_id: u64,
+    /// Driver name → instances in registration order; no empty lists.
+    drivers: BTreeMap<String, Vec<Arc<Instance>>>,
+    /// Driver name → the health stream of its newest instance.
+    health: HashMap<String, HealthStream>,
+}
+
+/// One registered instance: a (driver, endpoint) pair and its connection.
+#[derive(Debug)]
+struct Instance {
+    id: u64,
+    driver: String,
+    endpoint: String,
+    service: DraService,
+    health_service: Option<HealthService>,
+    registered_at: SystemTime,
+    connection: Arc<Connection>,
+    monitor: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// The health stream of a driver, owned by its newest instance. A new owner
+/// gets a new generation; updates of an older generation are dropped.
+#[derive(Debug)]
+struct HealthStream {
+    owner: u64,
+    generation: u64,
+    task: Option<JoinHandle<()>>,
+    devices: Vec<DeviceHealthStatus>,
+}
+
+impl DraManager {
+    /// A manager with no drivers. `cleanup` is called when a driver has had
+    /// no connected instance for `config.cleanup_grace`.
+    pub fn new(config: DraConfig, cleanup: Arc<dyn SliceCleanup>) -> Arc<Self> {
+        let timers = CleanupTimers::new(config.cleanup_grace, cleanup);
+        Arc::new(Self {
+            shared: Arc::new(Shared { config, timers, state: Mutex::new(State::default()) }),
+        })
+    }
+
+    /// The manager's settings.
+    pub fn config(&self) -> &DraConfig {
+        &self.shared.config
+    }
+
+    /// `ValidatePlugin`: the driver name, the endpoint and the advertised
+    /// services. No side effects.
+    pub fn validate_plugin(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        services: &[String],
+    ) -> Result<(), DraError> {
+        debug!(driver, endpoint, services = services.join(","), "validating DRA driver plugin");
+        validate_plugin(driver, endpoint, services, self.root_dir())?;
+        Ok(())
+    }
+
+    /// `RegisterPlugin`: validates again, dials the endpoint (a failure is
+    /// not an error: the instance starts disconnected and its monitor keeps
+    /// trying), adds the instance after the driver's others, starts its
+    /// monitor and updates the driver's cleanup and health stream.
+    pub async fn register_plugin(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        services: &[String],
+    ) -> Result<(), DraError> {
+        let (service, health_service) =
+            validate_plugin(driver, endpoint, services, self.root_dir())?;
+        self.shared.state.lock().check_can_add(driver, endpoint)?;
+
+        let connection = Arc::new(Connection::new(Path::new(endpoint)));
+        match connection.reconnect().await {
+            Ok(true) => {}
+            Ok(false) => {
+                info!(
+                    driver,
+                    endpoint, "the DRA driver plugin accepted the connection but sent nothing yet"
+                );
+            }
+            Err(err) => {
+                info!(
+                    driver,
+                    endpoint,
+                    error = err,
+                    "cannot connect to the DRA driver plugin yet; will keep trying"
+                );
+            }
+        }
+
+        let shared = &self.shared;
+        let mut state = shared.state.lock();
+        state.check_can_add(driver, endpoint)?;
+        state.next_id += 1;
+        let connected = connection.is_connected();
+        let instance = Arc::new(Instance {
+            id: state.next_id,
+            driver: driver.to_owned(),
+            endpoint: endpoint.to_owned(),
+            service,
+            health_service,
+            registered_at: SystemTime::now(),
+            connection,
+            monitor: Mutex::new(None),
+        });
+        let instances = state.drivers.entry(driver.to_owned()).or_default();
+        instances.push(Arc::clone(&instance));
+        let count = instances.len();
+        *instance.monitor.lock() =
+            crate::spawn(monitor(Arc::downgrade(shared), Arc::clone(&instance), connected));
+        info!(
+            driver,
+            endpoint,
+            %service,
+            health_service = health_service.map(HealthService::as_str),
+            connected,
+            instances = count,
+            "registered DRA driver plugin"
+        );
+        shared.sync(&mut state, driver);
+        Ok(())
+    }
+
+    /// `DeRegisterPlugin`: removes the instance at `endpoint` only (a no-op
+    /// if there is none), stops its monitor and updates the driver's
+    /// cleanup and health stream; its connection is closed.
+    pub fn deregister_plugin(&self, driver: &str, endpoint: &str) {
+        let removed = {
+            let mut state = self.shared.state.lock();
+            let Some(instances) = state.drivers.get_mut(driver) else {
+                debug!(driver, endpoint, "DRA driver is not registered; nothing to deregister");
+                return;
+            };
+            let Some(index) = instances.iter().position(|i| i.endpoint == endpoint) else {
+                debug!(
+                    driver,
+                    endpoint,
+                    "DRA driver is not registered at this endpoint; nothing to deregister"
+                );
+                return;
+            };
+            let removed = instances.remove(index);
+            let remaining = instances.len();
+            if remaining == 0 {
+                state.drivers.remove(driver);
+            }
+            if let Some(monitor) = removed.monitor.lock().take() {
+                monitor.abort();
+            }
+            info!(driver, endpoint, remaining, "deregistered DRA driver plugin");
+            if !state.shut_down {
+                self.shared.sync(&mut state, driver);
+            }
+            removed
+        };
+        // Closes the connection (once no call in flight uses it), outside the lock.
+        drop(removed);
+    }
+
+    /// The registered drivers, sorted by name, including drivers without
+    /// instances whose cleanup is still pending.
+    pub fn drivers(&self) -> Vec<DraDriverStatus> {
+        let state = self.shared.state.lock();
+        let pending = self.shared.timers.pending_drivers();
+        let names: BTreeSet<&str> = state
+            .drivers
+            .keys()
+            .map(String::as_str)
+            .chain(pending.iter().map(String::as_str))
+            .collect();
+        names
+            .into_iter()
+            .map(|name| DraDriverStatus {
+                name: name.to_owned(),
+                instances: state
+                    .drivers
+                    .get(name)
+                    .map(|instances| instances.iter().map(|i| i.status()).collect())
+                    .unwrap_or_default(),
+                cleanup_pending_until: self.shared.timers.pending_until(name),
+                devices: state.health.get(name).map(|h| h.devices.clone()).unwrap_or_default(),
+            })
+            .collect()
+    }
+
+    /// Calls `NodePrepareResources` on the serving instance of `driver` (the
+    /// newest connected one, else the newest) with its negotiated service,
+    /// within [`DraConfig::call_timeout`].
+    pub async fn prepare(
+        &self,
+        driver: &str,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
+        let instance = self.serving(driver)?;
+        let timeout = self.shared.config.call_timeout;
+        let channel = instance.connection.channel();
+        let (endpoint, service) = (instance.endpoint.clone(), instance.service);
+        debug!(driver, endpoint, claims = claims.len(), "NodePrepareResources");
+        let call = async move {
+            match service {
+                DraService::V1 => {
+                    let request = request(v1::NodePrepareResourcesRequest { claims }, timeout);
+                    v1::dra_plugin_client::DraPluginClient::new(channel)
+                        .node_prepare_resources(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+                DraService::V1beta1 => {
+                    let request = request(convert::prepare_request(claims), timeout);
+                    v1beta1::dra_plugin_client::DraPluginClient::new(channel)
+                        .node_prepare_resources(request)
+                        .await
+                        .map(|response| convert::prepare_response(response.into_inner()))
+                }
+            }
+        };
+        call_with_deadline(call, timeout).await.map_err(|status| DraError::NodePrepareResources {
+            driver: driver.to_owned(),
+            endpoint,
+            method: service.prepare_method(),
+            status,
+        })
+    }
+
+    /// Calls `NodeUnprepareResources` on the serving instance of `driver`,
+    /// as [`DraManager::prepare`] does.
+    pub async fn unprepare(
+        &self,
+        driver: &str,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodeUnprepareResourcesResponse, DraError> {
+        let instance = self.serving(driver)?;
+        let timeout = self.shared.config.call_timeout;
+        let channel = instance.connection.channel();
+        let (endpoint, service) = (instance.endpoint.clone(), instance.service);
+        debug!(driver, endpoint, claims = claims.len(), "NodeUnprepareResources");
+        let call = async move {
+            match service {
+                DraService::V1 => {
+                    let request = request(v1::NodeUnprepareResourcesRequest { claims }, timeout);
+                    v1::dra_plugin_client::DraPluginClient::new(channel)
+                        .node_unprepare_resources(request)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+                DraService::V1beta1 => {
+                    let request = request(convert::unprepare_request(claims), timeout);
+                    v1beta1::dra_plugin_client::DraPluginClient::new(channel)
+                        .node_unprepare_resources(request)
+                        .await
+                        .map(|response| convert::unprepare_response(response.into_inner()))
+                }
+            }
+        };
+        call_with_deadline(call, timeout).await.map_err(|status| DraError::NodeUnprepareResources {
+            driver: driver.to_owned(),
+            endpoint,
+            method: service.unprepare_method(),
+            status,
+        })
+    }
+
+    /// Stops the monitors and health streams, cancels the pending cleanups
+    /// (one already running finishes) and closes the connections. Later
+    /// registrations and calls fail with [`DraError::ShutDown`].
+    pub async fn shutdown(&self) {
+        let (tasks, instances) = self.shared.stop();
+        for task in tasks {
+            // Aborted: the result is a cancellation error.
+            let _ = task.await;
+        }
+        drop(instances);
+        info!("DRA driver manager shut down");
+    }
+
+    /// `GetPlugin`: the instance calls go to.
+    fn serving(&self, driver: &str) -> Result<Arc<Instance>, DraError> {
+        if driver.is_empty() {
+            return Err(DraError::EmptyDriverName);
+        }
+        let state = self.shared.state.lock();
+        if state.shut_down {
+            return Err(DraError::ShutDown);
+        }
+        let instances = state
+            .drivers
+            .get(driver)
+            .ok_or_else(|| DraError::NotRegistered { driver: driver.to_owned() })?;
+        // The newest connected instance, else the newest. After a restart of
+        // the node agent the registration order is random; usually the
+        // newest is the most recently started.
+        let serving = instances
+            .iter()
+            .rev()
+            .find(|instance| instance.connection.is_connected())
+            .or_else(|| instances.last())
+            .cloned()
+            .ok_or_else(|| DraError::NotRegistered { driver: driver.to_owned() })?;
+        trace!(driver, endpoint = serving.endpoint, "serving DRA driver instance");
+        Ok(serving)
+    }
+
+    fn root_dir(&self) -> Option<&Path> {
+        self.shared.config.root_dir.as_deref()
+    }
+}
+
+impl Drop for DraManager {
+    fn drop(&mut self) {
+        // Aborted tasks stop at their next await; nothing to wait for here.
+        let _ = self.shared.stop();
+    }
+}
+
+impl State {
+    /// The manager takes registrations and this (driver, endpoint) is new.
+    fn check_can_add(&self, driver: &str, endpoint: &str) -> Result<(), DraError> {
+        let state = self;
+        if state.shut_down {
+            return Err(DraError::ShutDown);
+        }
+        let taken = state
+            .drivers
+            .get(driver)
+            .is_some_and(|instances| instances.iter().any(|i| i.endpoint == endpoint));
+        if taken {
+            return Err(DraError::AlreadyRegistered {
+                driver: driver.to_owned(),
+                endpoint: endpoint.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The kubelet's `sync(driver)`, plus the health stream's owner: with an
+    /// instance connected any pending cleanup is cancelled, with none one is
+    /// queued (a queued one keeps its time); the newest instance owns the
+    /// health stream.
+    fn sync(self: &Arc<Self>, state: &mut State, driver: &str) {
+        let any_connected = state
+            .drivers
+            .get(driver)
+            .is_some_and(|instances| instances.iter().any(|i| i.connection.is_connected()));
+        self.timers.update(driver, any_connected);
+        self.update_health(state, driver);
+    }
+
+    /// Hands the driver's health stream to its newest instance: a new
+    /// generation streams from it if it has a health service (the devices
+    /// seen so far stay until it reports); without one, or without
+    /// instances, the devices are dropped. There is no fallback to an older
+    /// instance's health service.
+    fn update_health(self: &Arc<Self>, state: &mut State, driver: &str) {
+        let newest = state.drivers.get(driver).and_then(|instances| instances.last()).cloned();
+        let Some(newest) = newest else {
+            if let Some(stream) = state.health.remove(driver)
+                && let Some(task) = stream.task
+            {
+                task.abort();
+            }
+            return;
+        };
+        if state.health.get(driver).is_some_and(|stream| stream.owner == newest.id) {
+            return;
+        }
+        let (generation, devices) = match state.health.remove(driver) {
+            Some(old) => {
+                if let Some(task) = old.task {
+                    task.abort();
+                }
+                (old.generation + 1, old.devices)
+            }
+            None => (1, Vec::new()),
+        };
+        let stream = match newest.health_service {
+            Some(service) => {
+                debug!(driver, endpoint = newest.endpoint, %service, generation, "streaming device health");
+                let weak = Arc::downgrade(self);
+                let owner = driver.to_owned();
+                let update = move |devices: Vec<DeviceHealthStatus>| {
+                    if let Some(shared) = weak.upgrade()
+                        && let Some(stream) = shared.state.lock().health.get_mut(&owner)
+                        && stream.generation == generation
+                    {
+                        stream.devices = devices;
+                    }
+                };
+                let task = crate::spawn(health::watch(
+                    newest.driver.clone(),
+                    newest.endpoint.clone(),
+                    service,
+                    Arc::clone(&newest.connection),
+                    update,
+                ));
+                HealthStream { owner: newest.id, generation, task, devices }
+            }
+            None => HealthStream { owner: newest.id, generation, task: None, devices: Vec::new() },
+        };
+        state.health.insert(driver.to_owned(), stream);
+    }
+
+    /// A monitor saw the instance's connection come or go.
+    fn connection_changed(self: &Arc<Self>, instance: &Instance, connected: bool) {
+        let mut state = self.state.lock();
+        let registered = state
+            .drivers
+            .get(&instance.driver)
+            .is_some_and(|instances| instances.iter().any(|i| i.id == instance.id));
+        if state.shut_down || !registered {
+            return;
+        }
+        let (driver, endpoint) = (instance.driver.as_str(), instance.endpoint.as_str());
+        if connected {
+            info!(driver, endpoint, "connected to DRA driver plugin");
+        } else {
+            info!(driver, endpoint, "lost the connection to DRA driver plugin");
+        }
+        self.sync(&mut state, driver);
+    }
+
+    /// Marks the manager shut down and takes everything out: the tasks to
+    /// wait for (already aborted) and the instances to drop.
+    fn stop(&self) -> (Vec<JoinHandle<()>>, Vec<Arc<Instance>>) {
+        let mut state = self.state.lock();
+        state.shut_down = true;
+        self.timers.cancel_all();
+        let mut tasks = Vec::new();
+        let instances: Vec<Arc<Instance>> =
+            std::mem::take(&mut state.drivers).into_values().flatten().collect();
+        for instance in &instances {
+            tasks.extend(instance.monitor.lock().take());
+        }
+        for stream in std::mem::take(&mut state.health).into_values() {
+            tasks.extend(stream.task);
+        }
+        for task in &tasks {
+            task.abort();
+        }
+        (tasks, instances)
+    }
+}
+
+impl Instance {
+    fn status(&self) -> DraInstanceStatus {
+        DraInstanceStatus {
+            endpoint: self.endpoint.clone(),
+            version: self.service.as_str().to_owned(),
+            connected: self.connection.is_connected(),
+            registered_at: self.registered_at,
+            health_service: self.health_service.map(|service| service.as_str().to_owned()),
+        }
+    }
+}
+
+/// Watches one instance's connection: reports every change to the manager
+/// (which re-syncs the driver) and, while it is down, dials again every
+/// [`RECONNECT_INTERVAL`]. `reported` is the state the registration synced.
+async fn monitor(shared: Weak<Shared>, instance: Arc<Instance>, reported: bool) {
+    let mut live = instance.connection.subscribe();
+    let mut reported = reported;
+    let mut failures: u64 = 0;
+    loop {
+        let connected = *live.borrow_and_update() > 0;
+        if connected != reported {
+            reported = connected;
+            let Some(shared) = shared.upgrade() else { return };
+            shared.connection_changed(&instance, connected);
+        }
+        if connected {
+            failures = 0;
+            if live.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let (driver, endpoint) = (instance.driver.as_str(), instance.endpoint.as_str());
+        match instance.connection.reconnect().await {
+            Ok(true) => continue,
+            Ok(false) => {
+                debug!(driver, endpoint, "reconnected, but the DRA driver plugin sent nothing");
+            }
+            Err(error) if failures == 0 => {
+                debug!(driver, endpoint, error, "reconnecting failed; retrying");
+            }
+            Err(error) => trace!(driver, endpoint, error, "reconnecting failed; retrying"),
+        }
+        failures += 1;
+        tokio::time::sleep(RECONNECT_INTERVAL).await;
+    }
+}
+
+/// A request with its gRPC deadline (`grpc-timeout`) set.
+fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Runs `call`, failing with `DeadlineExceeded` when it does not finish
+/// within `timeout`; any failure once the deadline has passed (the server
+/// may give up a moment earlier, with its own code) is the deadline too.
+async fn call_with_deadline<T>(
+    call: impl Future<Output = Result<T, tonic::Status>>,
+    timeout: Duration,
+) -> Result<T, tonic::Status> {
+    let deadline = Instant::now() + timeout;
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(_)) | Err(_) if Instant::now() >= deadline => Err(deadline_exceeded(timeout)),
+        Ok(Err(status)) => Err(status),
+        Err(_) => Err(deadline_exceeded(timeout)),
+    }
+}
+
+#[async_trait]
+impl PluginHandler for DraManager {
+    async fn validate(
+        &self,
+        name: &str,
+        endpoint: &str,
+        versions: &[String],
+    ) -> Result<(), HandlerError> {
+        Ok(self.validate_plugin(name, endpoint, versions)?)
+    }
+
+    async fn register(
+        &self,
+        name: &str,
+        endpoint: &str,
+        versions: &[String],
+    ) -> Result<(), HandlerError> {
+        Ok(self.register_plugin(name, endpoint, versions).await?)
+    }
+
+    async fn deregister(&self, name: &str, endpoint: &str) {
+        self.deregister_plugin(name, endpoint);
+    }
+}
