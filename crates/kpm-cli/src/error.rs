@@ -21,6 +21,9 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Manager(#[from] kpm::Error),
 
+    #[error("serve device-plugin registration: {0}")]
+    DevicePlugins(#[from] kpm::device::DeviceError),
+
     #[error("install signal handler: {0}")]
     Signal(#[source] std::io::Error),
 

@@ -25,8 +25,8 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
 }
 
-/// The plugins (state, type, name, socket, last error), then the CSI drivers
-/// (name, version, node id, endpoint) if there are any.
+/// The plugins (state, type, name, socket, last error), then whichever of
+/// CSI drivers, device resources and DRA drivers there are.
 fn table(list: &PluginList) -> String {
     let plugins = list.plugins.iter().map(|p| {
         [&p.state, &p.plugin_type, &p.name, &p.socket_path]
@@ -47,6 +47,28 @@ fn table(list: &PluginList) -> String {
         });
         out.push('\n');
         out.push_str(&columns(&["CSI DRIVER", "VERSION", "NODE ID", "ENDPOINT"], drivers));
+    }
+    if !list.device_resources.is_empty() {
+        let resources = list.device_resources.iter().map(|r| {
+            let total = r.healthy + r.unhealthy;
+            vec![r.resource.clone(), format!("{}/{total}", r.healthy), r.endpoint.clone()]
+        });
+        out.push('\n');
+        out.push_str(&columns(&["DEVICE RESOURCE", "HEALTHY", "ENDPOINT"], resources));
+    }
+    if !list.dra_drivers.is_empty() {
+        let drivers = list.dra_drivers.iter().map(|d| {
+            let connected = d.instances.iter().filter(|i| i.connected).count();
+            let newest = d.instances.last();
+            vec![
+                d.name.clone(),
+                format!("{connected}/{}", d.instances.len()),
+                newest.map(|i| i.version.clone()).unwrap_or_default(),
+                d.cleanup_pending_until.clone().unwrap_or_default(),
+            ]
+        });
+        out.push('\n');
+        out.push_str(&columns(&["DRA DRIVER", "CONNECTED", "VERSION", "CLEANUP AT"], drivers));
     }
     out
 }
@@ -74,7 +96,9 @@ fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status_api::{CsiDriverJson, NodeJson, PluginJson};
+    use crate::status_api::{
+        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, NodeJson, PluginJson,
+    };
 
     #[test]
     fn table_aligns_columns_and_shows_errors() {
@@ -93,6 +117,8 @@ mod tests {
             plugins: vec![plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))],
             csi_drivers: Vec::new(),
             node: NodeJson::default(),
+            device_resources: Vec::new(),
+            dra_drivers: Vec::new(),
         };
         assert_eq!(
             table(&list),
@@ -115,6 +141,36 @@ mod tests {
              \n\
              CSI DRIVER       VERSION  NODE ID  ENDPOINT\n\
              csi.example.com  1.0.0    node-1   /csi/csi.sock\n"
+        );
+        list.csi_drivers.clear();
+        list.device_resources.push(DeviceResourceJson {
+            resource: "vendor.com/gpu".into(),
+            endpoint: "/dp/gpu.sock".into(),
+            healthy: 1,
+            unhealthy: 1,
+            devices: Vec::new(),
+            removal_at: None,
+        });
+        list.dra_drivers.push(DraDriverJson {
+            name: "gpu.example.com".into(),
+            instances: vec![DraInstanceJson {
+                endpoint: "/p/dra.sock".into(),
+                version: "v1.DRAPlugin".into(),
+                connected: true,
+                registered_at: "T".into(),
+            }],
+            cleanup_pending_until: None,
+            devices: Vec::new(),
+        });
+        assert_eq!(
+            table(&list),
+            "STATE  TYPE  NAME  SOCKET  LAST ERROR\n\
+             \n\
+             DEVICE RESOURCE  HEALTHY  ENDPOINT\n\
+             vendor.com/gpu   1/2      /dp/gpu.sock\n\
+             \n\
+             DRA DRIVER       CONNECTED  VERSION       CLEANUP AT\n\
+             gpu.example.com  1/1        v1.DRAPlugin\n"
         );
     }
 }

@@ -40,7 +40,7 @@ struct RootArgs {
     #[arg(long, value_name = "DIR", default_value = kpm::api::DEFAULT_ROOT_DIR, env = "KPM_ROOT_DIR")]
     root_dir: PathBuf,
     /// The status API socket [default: <ROOT_DIR>/kpm.sock].
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", env = "KPM_STATUS_SOCKET")]
     status_socket: Option<PathBuf>,
 }
 

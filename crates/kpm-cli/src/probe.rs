@@ -1,7 +1,9 @@
 //! `kpm probe SOCKET`: what would happen if this socket appeared in the
 //! registry, without registering it. Dials, asks `GetInfo`, runs the
 //! validation of the handler for the plugin's type, then checks the plugin's
-//! own service read-only. Exit 0 when it would register, 1 otherwise.
+//! own service read-only (CSI: `GetPluginInfo`, `NodeGetInfo`; device plugin:
+//! `GetDevicePluginOptions` and the first `ListAndWatch` list; DRA: the
+//! negotiated service answers). Exit 0 when it would register, 1 otherwise.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -11,8 +13,14 @@ use std::time::{Duration, Instant};
 
 use kpm::PluginHandler;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
+use kpm::device::{DeviceConfig, DeviceManager};
+use kpm::dra::{DraConfig, DraManager};
 use kpm_api::csi::v1::GetPluginInfoRequest;
 use kpm_api::csi::v1::identity_client::IdentityClient;
+use kpm_api::deviceplugin::v1beta1::Empty;
+use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
+use kpm_api::dra::v1::dra_plugin_client::DraPluginClient as DraV1Client;
+use kpm_api::dra::v1beta1::dra_plugin_client::DraPluginClient as DraV1beta1Client;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo};
 
@@ -59,11 +67,8 @@ pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
 
 /// Runs the steps in order, recording each; stops at the first failure.
 async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> Result<(), String> {
-    let channel = step(steps, "dial", async {
-        let channel = kpm_api::uds::dial(socket, timeout).await.map_err(|e| e.to_string())?;
-        Ok((channel, String::new()))
-    })
-    .await?;
+    let channel =
+        step(steps, "dial", async { Ok((dial(socket, timeout).await?, String::new())) }).await?;
 
     let info = step(steps, "GetInfo", async {
         let mut client = RegistrationClient::new(channel);
@@ -112,9 +117,11 @@ fn handler_for(plugin_type: &str) -> Option<Arc<dyn PluginHandler>> {
             Arc::new(InMemoryNodeInfo::default()),
             CsiConfig::default(),
         ))),
-        kpm::api::DEVICE_PLUGIN | kpm::api::DRA_PLUGIN => {
-            Some(Arc::new(kpm::BasicHandler::new(plugin_type)))
-        }
+        kpm::api::DEVICE_PLUGIN => Some(DeviceManager::new(DeviceConfig::default())),
+        kpm::api::DRA_PLUGIN => Some(DraManager::new(
+            DraConfig::default(),
+            Arc::new(kpm::dra::InMemoryCleanup::default()),
+        )),
         _ => None,
     }
 }
@@ -126,20 +133,19 @@ async fn check_service(
     timeout: Duration,
     steps: &mut Vec<Step>,
 ) -> Result<(), String> {
-    if info.r#type != kpm::api::CSI_PLUGIN {
-        return Ok(());
+    match info.r#type.as_str() {
+        kpm::api::CSI_PLUGIN => check_csi(endpoint, timeout, steps).await,
+        kpm::api::DEVICE_PLUGIN => check_device_plugin(endpoint, timeout, steps).await,
+        kpm::api::DRA_PLUGIN => check_dra(info, endpoint, timeout, steps).await,
+        _ => Ok(()),
     }
+}
+
+async fn check_csi(endpoint: &str, timeout: Duration, steps: &mut Vec<Step>) -> Result<(), String> {
     step(steps, "csi GetPluginInfo", async {
-        let channel = kpm_api::uds::dial(kpm::csi::socket_path(endpoint), timeout)
-            .await
-            .map_err(|e| e.to_string())?;
+        let channel = dial(kpm::csi::socket_path(endpoint), timeout).await?;
         let mut client = IdentityClient::new(channel);
-        let call = client.get_plugin_info(GetPluginInfoRequest {});
-        let response = tokio::time::timeout(timeout, call)
-            .await
-            .map_err(|_| format!("no answer within {timeout:?}"))?
-            .map_err(|status| status.to_string())?
-            .into_inner();
+        let response = answer(timeout, client.get_plugin_info(GetPluginInfoRequest {})).await?;
         Ok(((), format!("name={} vendor_version={}", response.name, response.vendor_version)))
     })
     .await?;
@@ -155,6 +161,82 @@ async fn check_service(
         Ok(((), detail))
     })
     .await
+}
+
+async fn check_device_plugin(
+    endpoint: &str,
+    timeout: Duration,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
+    let channel = step(steps, "device dial", async {
+        Ok((dial(Path::new(endpoint), timeout).await?, String::new()))
+    })
+    .await?;
+    let mut client = DevicePluginClient::new(channel);
+    step(steps, "GetDevicePluginOptions", async {
+        let options = answer(timeout, client.get_device_plugin_options(Empty {})).await?;
+        let detail = format!(
+            "pre_start_required={} get_preferred_allocation_available={}",
+            options.pre_start_required, options.get_preferred_allocation_available
+        );
+        Ok(((), detail))
+    })
+    .await?;
+    step(steps, "ListAndWatch (first)", async {
+        let mut stream = answer(timeout, client.list_and_watch(Empty {})).await?;
+        let first = tokio::time::timeout(timeout, stream.message())
+            .await
+            .map_err(|_| format!("no device list within {timeout:?}"))?
+            .map_err(|status| status.to_string())?
+            .ok_or("the stream ended before the first device list")?;
+        let healthy = first.devices.iter().filter(|d| d.health == kpm::api::DEVICE_HEALTHY).count();
+        Ok(((), format!("{} devices, {healthy} healthy", first.devices.len())))
+    })
+    .await
+}
+
+async fn check_dra(
+    info: &PluginInfo,
+    endpoint: &str,
+    timeout: Duration,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
+    let service = kpm::dra::choose_service(&info.supported_versions).map_err(|e| e.to_string())?;
+    step(steps, "DRA service answers", async {
+        let channel = dial(Path::new(endpoint), timeout).await?;
+        // Preparing no claims changes nothing and proves the service is served.
+        match service {
+            kpm::dra::DraService::V1 => {
+                let mut client = DraV1Client::new(channel);
+                let request = kpm_api::dra::v1::NodePrepareResourcesRequest { claims: Vec::new() };
+                answer(timeout, client.node_prepare_resources(request)).await?;
+            }
+            kpm::dra::DraService::V1beta1 => {
+                let mut client = DraV1beta1Client::new(channel);
+                let request =
+                    kpm_api::dra::v1beta1::NodePrepareResourcesRequest { claims: Vec::new() };
+                answer(timeout, client.node_prepare_resources(request)).await?;
+            }
+        }
+        Ok(((), format!("{service} NodePrepareResources with no claims")))
+    })
+    .await
+}
+
+async fn dial(socket: &Path, timeout: Duration) -> Result<tonic::transport::Channel, String> {
+    kpm_api::uds::dial(socket, timeout).await.map_err(|e| e.to_string())
+}
+
+/// Awaits a unary or streaming call within `timeout`.
+async fn answer<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, String> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| format!("no answer within {timeout:?}"))?
+        .map(tonic::Response::into_inner)
+        .map_err(|status| status.to_string())
 }
 
 /// Times `work`, records it as a step, and passes its value on.

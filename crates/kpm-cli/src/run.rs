@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use kpm::PluginManager;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
-use kpm::{BasicHandler, PluginManager};
+use kpm::device::{DeviceConfig, DeviceManager};
+use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{CliError, RootArgs, status_api};
@@ -17,13 +19,22 @@ pub(crate) struct RunArgs {
     root: RootArgs,
     /// The directory plugins create registration sockets in
     /// [default: <ROOT_DIR>/plugins_registry].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "KPM_REGISTRY_DIR")]
     registry_dir: Option<PathBuf>,
+    /// The directory of device-plugin sockets, where kpm serves kubelet.sock
+    /// for device plugins that register directly [default: <ROOT_DIR>/device-plugins].
+    #[arg(long, value_name = "DIR", env = "KPM_DEVICE_PLUGIN_DIR")]
+    device_plugin_dir: Option<PathBuf>,
+    /// Plugin types to run without a handler, comma-separated; their plugins
+    /// are told that no handler is registered for their type.
+    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
+    disable: Vec<PluginKind>,
     /// Log format; the level comes from RUST_LOG (default info).
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "KPM_LOG_FORMAT")]
     log_format: LogFormat,
-    /// Period of the full re-listing of the registry directory, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    /// Period of the full re-listing of the registry directory, in seconds,
+    /// which repairs anything filesystem events missed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "KPM_RESYNC_PERIOD")]
     resync_period: u64,
 }
 
@@ -33,6 +44,14 @@ enum LogFormat {
     Json,
 }
 
+/// The plugin types kpm has handlers for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PluginKind {
+    Csi,
+    Device,
+    Dra,
+}
+
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
     let root = &args.root.root_dir;
@@ -40,29 +59,59 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
         .map_err(|source| CliError::CreateRoot { path: root.clone(), source })?;
     let registry_dir =
         args.registry_dir.clone().unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
+    let enabled = |kind| !args.disable.contains(&kind);
+
+    let mut builder = PluginManager::builder()
+        .registry_dir(registry_dir)
+        .resync_period(Duration::from_secs(args.resync_period));
 
     // CSI node info is kept in memory and served by the status API; a node
     // agent with an API server would plug a Kubernetes sink in instead.
     let node = Arc::new(InMemoryNodeInfo::default());
     let csi = CsiHandler::new(node.clone(), CsiConfig::default());
     let csi_drivers = csi.drivers();
-    let mut builder = PluginManager::builder()
-        .registry_dir(registry_dir)
-        .resync_period(Duration::from_secs(args.resync_period))
-        .handler(kpm::api::CSI_PLUGIN, Arc::new(csi));
-    // Device plugins and DRA drivers get their own handlers as those crates
-    // land; until then the basic handler accepts a name and versions.
-    for plugin_type in [kpm::api::DEVICE_PLUGIN, kpm::api::DRA_PLUGIN] {
-        builder = builder.handler(plugin_type, Arc::new(BasicHandler::new(plugin_type)));
+    if enabled(PluginKind::Csi) {
+        builder = builder.handler(kpm::api::CSI_PLUGIN, Arc::new(csi));
+    }
+
+    let devices = DeviceManager::new(DeviceConfig::default());
+    let kubelet_socket = if enabled(PluginKind::Device) {
+        let dir = args
+            .device_plugin_dir
+            .clone()
+            .unwrap_or_else(|| root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME));
+        builder = builder.handler(kpm::api::DEVICE_PLUGIN, devices.clone());
+        Some(devices.serve_registration(&dir).await?)
+    } else {
+        None
+    };
+
+    // Without an API server there are no ResourceSlices to wipe: the cleanup
+    // is recorded (and logged) instead.
+    let dra_config = DraConfig { root_dir: Some(root.clone()), ..DraConfig::default() };
+    let dra = DraManager::new(dra_config, Arc::new(InMemoryCleanup::default()));
+    if enabled(PluginKind::Dra) {
+        builder = builder.handler(kpm::api::DRA_PLUGIN, dra.clone());
     }
     let manager = Arc::new(builder.build());
 
     let status_socket = args.root.status_socket();
-    let sources = status_api::Sources { manager: Arc::clone(&manager), csi_drivers, node };
+    let sources = status_api::Sources {
+        manager: Arc::clone(&manager),
+        csi_drivers,
+        node,
+        devices: Arc::clone(&devices),
+        dra: Arc::clone(&dra),
+    };
     let status = StatusServer::start(&status_socket, sources).await?;
     let shutdown = shutdown_signal()?;
     let result = manager.run(shutdown).await.map_err(CliError::from);
     status.stop();
+    if let Some(kubelet_socket) = kubelet_socket {
+        kubelet_socket.shutdown().await;
+    }
+    devices.shutdown().await;
+    dra.shutdown().await;
     result
 }
 

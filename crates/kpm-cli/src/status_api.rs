@@ -7,7 +7,11 @@
 //! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
 //! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
 //! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
-//! `registered`, `pending`, `failed` and `registered_at` in RFC 3339 (UTC).
+//! `registered`, `pending`, `failed` and `registered_at` in RFC 3339 (UTC),
+//! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
+//! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
+//! [{"name", "instances": [{"endpoint", "version", "connected",
+//! "registered_at"}], "cleanup_pending_until", "devices"}]`.
 //! The node part is what the kubelet would publish on its Node and CSINode
 //! objects, with Kubernetes' field names.
 
@@ -23,6 +27,8 @@ use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 
 use kpm::csi::{CsiDriver, CsiDrivers, CsiNodeDriver, InMemoryNodeInfo, NodeInfo};
+use kpm::device::{DeviceManager, ResourceStatus};
+use kpm::dra::{DraDriverStatus, DraManager};
 use kpm::{PluginEvent, PluginManager, PluginStatus};
 use serde::{Deserialize, Serialize};
 use tokio_stream::StreamExt;
@@ -62,7 +68,7 @@ pub(crate) struct EventJson {
 impl EventJson {
     fn now(event: &str) -> Self {
         Self {
-            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            time: rfc3339(std::time::SystemTime::now()),
             event: event.to_owned(),
             socket: String::new(),
             generation: None,
@@ -122,6 +128,107 @@ pub(crate) struct PluginList {
     pub(crate) csi_drivers: Vec<CsiDriverJson>,
     #[serde(default)]
     pub(crate) node: NodeJson,
+    #[serde(default)]
+    pub(crate) device_resources: Vec<DeviceResourceJson>,
+    #[serde(default)]
+    pub(crate) dra_drivers: Vec<DraDriverJson>,
+}
+
+/// A DRA driver and its instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DraDriverJson {
+    pub(crate) name: String,
+    pub(crate) instances: Vec<DraInstanceJson>,
+    /// When the driver's resources are cleaned up unless an instance connects.
+    pub(crate) cleanup_pending_until: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub(crate) devices: Vec<DraDeviceJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DraInstanceJson {
+    pub(crate) endpoint: String,
+    pub(crate) version: String,
+    pub(crate) connected: bool,
+    pub(crate) registered_at: String,
+}
+
+/// Device health reported by a driver's resource-health service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DraDeviceJson {
+    pub(crate) pool: String,
+    pub(crate) device: String,
+    pub(crate) health: String,
+    pub(crate) message: String,
+}
+
+impl From<DraDriverStatus> for DraDriverJson {
+    fn from(driver: DraDriverStatus) -> Self {
+        Self {
+            name: driver.name,
+            instances: driver
+                .instances
+                .into_iter()
+                .map(|i| DraInstanceJson {
+                    endpoint: i.endpoint,
+                    version: i.version,
+                    connected: i.connected,
+                    registered_at: rfc3339(i.registered_at),
+                })
+                .collect(),
+            cleanup_pending_until: driver.cleanup_pending_until.map(rfc3339),
+            devices: driver
+                .devices
+                .into_iter()
+                .map(|d| DraDeviceJson {
+                    pool: d.pool,
+                    device: d.device,
+                    health: d.health,
+                    message: d.message,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An extended resource served by a device plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeviceResourceJson {
+    pub(crate) resource: String,
+    pub(crate) endpoint: String,
+    pub(crate) healthy: usize,
+    pub(crate) unhealthy: usize,
+    pub(crate) devices: Vec<DeviceJson>,
+    /// Set while the resource waits out the grace period after its plugin went.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) removal_at: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeviceJson {
+    pub(crate) id: String,
+    pub(crate) health: String,
+}
+
+impl From<ResourceStatus> for DeviceResourceJson {
+    fn from(resource: ResourceStatus) -> Self {
+        Self {
+            resource: resource.resource,
+            endpoint: resource.endpoint,
+            healthy: resource.healthy,
+            unhealthy: resource.unhealthy,
+            devices: resource
+                .devices
+                .into_iter()
+                .map(|d| DeviceJson { id: d.id, health: d.health })
+                .collect(),
+            removal_at: resource.removal_at.map(rfc3339),
+        }
+    }
+}
+
+fn rfc3339(at: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// A registered CSI driver.
@@ -208,6 +315,8 @@ pub(crate) struct Sources {
     pub(crate) manager: Arc<PluginManager>,
     pub(crate) csi_drivers: Arc<CsiDrivers>,
     pub(crate) node: Arc<InMemoryNodeInfo>,
+    pub(crate) devices: Arc<DeviceManager>,
+    pub(crate) dra: Arc<DraManager>,
 }
 
 /// One plugin, as the status API shows it.
@@ -236,9 +345,7 @@ impl From<PluginStatus> for PluginJson {
             state: status.state.as_str().to_owned(),
             generation: status.generation,
             last_error: status.last_error,
-            registered_at: status
-                .registered_at
-                .map(|at| humantime::format_rfc3339_millis(at).to_string()),
+            registered_at: status.registered_at.map(rfc3339),
         }
     }
 }
@@ -257,6 +364,13 @@ async fn plugins(State(sources): State<Sources>) -> Json<PluginList> {
         plugins: sources.manager.status().into_iter().map(PluginJson::from).collect(),
         csi_drivers: sources.csi_drivers.list().into_iter().map(CsiDriverJson::from).collect(),
         node: sources.node.snapshot().into(),
+        device_resources: sources
+            .devices
+            .resources()
+            .into_iter()
+            .map(DeviceResourceJson::from)
+            .collect(),
+        dra_drivers: sources.dra.drivers().into_iter().map(DraDriverJson::from).collect(),
     })
 }
 

@@ -5,6 +5,7 @@
 
 mod support;
 
+use kpm_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use kpm_registrar::Registrar;
 use support::{DEADLINE, Kpm, kpm, wait_until};
 
@@ -20,7 +21,15 @@ fn serve_plugin(
     plugin_type: &str,
     name: &str,
 ) -> Registrar {
-    rt.block_on(Registrar::builder(plugin_type, name).socket_dir(kpm.registry()).serve()).unwrap()
+    let builder = Registrar::builder(plugin_type, name).socket_dir(kpm.registry());
+    // A device plugin is connected to at registration: serve its service too.
+    let builder = if plugin_type == kpm_registrar::DEVICE_PLUGIN {
+        let devices = support::FakeDevicePlugin(vec![("dev-0", "Healthy")]);
+        builder.routes(tonic::service::Routes::new(DevicePluginServer::new(devices)))
+    } else {
+        builder
+    };
+    rt.block_on(builder.serve()).unwrap()
 }
 
 #[test]
@@ -94,7 +103,7 @@ fn a_plugin_of_an_unknown_type_is_told_why_it_was_rejected() {
 }
 
 #[test]
-fn a_second_kpm_on_the_same_root_fails_naming_the_status_socket() {
+fn a_second_kpm_on_the_same_root_fails_naming_the_socket_in_use() {
     let root = tempfile::tempdir().unwrap();
     let _first = Kpm::start(root.path());
     let second = kpm(&["run", "--root-dir", root.path().to_str().unwrap()]);
@@ -102,7 +111,10 @@ fn a_second_kpm_on_the_same_root_fails_naming_the_status_socket() {
     let stderr = String::from_utf8_lossy(&second.stderr);
     let error_lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with("kpm: error:")).collect();
     assert_eq!(error_lines.len(), 1, "{stderr}");
-    assert!(error_lines[0].contains("kpm.sock") && error_lines[0].contains("in use"), "{stderr}");
+    // The first of its sockets it finds taken (kubelet.sock or kpm.sock) is named.
+    let line = error_lines[0];
+    assert!(line.contains(root.path().to_str().unwrap()) && line.contains(".sock"), "{stderr}");
+    assert!(line.contains("in use") || line.contains("live process"), "{stderr}");
 }
 
 #[test]

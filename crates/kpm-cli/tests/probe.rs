@@ -20,7 +20,29 @@ fn probe(socket: &Path) -> (i32, String) {
 }
 
 #[test]
-fn a_good_plugin_would_register() {
+fn a_good_device_plugin_would_register() {
+    use kpm_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let devices = support::FakeDevicePlugin(vec![("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]);
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .routes(tonic::service::Routes::new(DevicePluginServer::new(devices)))
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("GetInfo") && report.contains("name=vendor.com/gpu"), "{report}");
+    assert!(report.contains("2 devices, 1 healthy"), "{report}");
+    assert!(report.ends_with("verdict: would register\n"), "{report}");
+    assert!(plugin.statuses().is_empty(), "probing does not notify the plugin");
+}
+
+#[test]
+fn a_device_plugin_without_its_service_would_not_register() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let plugin = rt
@@ -31,12 +53,33 @@ fn a_good_plugin_would_register() {
         )
         .unwrap();
     let (code, report) = probe(plugin.socket_path());
-    assert_eq!(code, 0, "{report}");
-    assert!(report.contains("GetInfo") && report.contains("name=vendor.com/gpu"), "{report}");
-    assert!(report.ends_with("verdict: would register\n"), "{report}");
-    assert!(plugin.statuses().is_empty(), "probing does not notify the plugin");
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("GetDevicePluginOptions") && report.contains("FAIL"), "{report}");
 }
 
+#[test]
+fn a_good_dra_driver_would_register() {
+    use kpm_api::dra::v1::dra_plugin_server::DraPluginServer;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime();
+    let service = dir.path().join("dra.sock");
+    let _driver = support::serve(
+        &service,
+        tonic::service::Routes::new(DraPluginServer::new(support::FakeDraDriver)),
+    );
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions(["v1.DRAPlugin"])
+                .endpoint(&service)
+                .socket_dir(dir.path())
+                .serve(),
+        )
+        .unwrap();
+    let (code, report) = probe(plugin.socket_path());
+    assert_eq!(code, 0, "{report}");
+    assert!(report.contains("DRA service answers") && report.contains("v1.DRAPlugin"), "{report}");
+}
 #[test]
 fn an_unknown_type_would_not_register() {
     let dir = tempfile::tempdir().unwrap();
@@ -106,5 +149,8 @@ fn a_socket_nobody_listens_on_fails_at_dial() {
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     let (code, report) = probe(&socket);
     assert_eq!(code, 1, "{report}");
-    assert!(report.contains("verdict: would not register: dial ") && report.contains("refused"), "{report}");
+    assert!(
+        report.contains("verdict: would not register: dial ") && report.contains("refused"),
+        "{report}"
+    );
 }

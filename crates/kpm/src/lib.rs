@@ -52,6 +52,16 @@ pub use status::{PluginState, PluginStatus};
 #[cfg(feature = "csi")]
 pub use kpm_csi as csi;
 
+/// The device-plugin manager: both registration paths (plugin watcher and
+/// `kubelet.sock`), `ListAndWatch` device tracking and allocation access.
+#[cfg(feature = "device")]
+pub use kpm_device as device;
+
+/// The DRA driver manager: instances per driver, service versions,
+/// connection monitoring with a cleanup grace period, prepare / unprepare.
+#[cfg(feature = "dra")]
+pub use kpm_dra as dra;
+
 /// Wire types and constants of the plugin APIs.
 pub mod api {
     pub use kpm_api::constants::*;
