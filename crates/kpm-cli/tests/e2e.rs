@@ -5,7 +5,6 @@
 
 mod support;
 
-use kpm_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use kpm_registrar::Registrar;
 use support::{DEADLINE, Kpm, kpm, wait_until};
 
@@ -24,8 +23,7 @@ fn serve_plugin(
     let builder = Registrar::builder(plugin_type, name).socket_dir(kpm.registry());
     // A device plugin is connected to at registration: serve its service too.
     let builder = if plugin_type == kpm_registrar::DEVICE_PLUGIN {
-        let devices = support::FakeDevicePlugin(vec![("dev-0", "Healthy")]);
-        builder.routes(tonic::service::Routes::new(DevicePluginServer::new(devices)))
+        builder.routes(support::device_plugin(&[("dev-0", "Healthy")]))
     } else {
         builder
     };

@@ -7,13 +7,11 @@
 mod support;
 
 use kpm_api::deviceplugin::v1beta1::RegisterRequest;
-use kpm_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
-use kpm_api::dra::v1::dra_plugin_server::DraPluginServer;
 use kpm_registrar::Registrar;
+use kpm_registrar::stub::StubDraDriver;
 use serde_json::{Value, json};
-use support::{DEADLINE, FakeDevicePlugin, FakeDraDriver, Kpm};
-use tonic::service::Routes;
+use support::{DEADLINE, Kpm};
 
 fn resource<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
     list["device_resources"].as_array()?.iter().find(|r| r["resource"] == name)
@@ -29,10 +27,7 @@ async fn device_plugins_register_through_the_watcher_and_through_kubelet_sock() 
     // The plugin-watcher way: a registration socket of type DevicePlugin that
     // also serves the DevicePlugin service.
     let gpu = Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
-        .routes(Routes::new(DevicePluginServer::new(FakeDevicePlugin(vec![
-            ("gpu-0", "Healthy"),
-            ("gpu-1", "Unhealthy"),
-        ]))))
+        .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]))
         .socket_dir(kpm.registry())
         .serve()
         .await
@@ -41,10 +36,7 @@ async fn device_plugins_register_through_the_watcher_and_through_kubelet_sock() 
 
     // The kubelet.sock way: serve in the device-plugins directory, then Register.
     let nic_socket = root.path().join("device-plugins").join("nic.sock");
-    let nic = support::serve(
-        &nic_socket,
-        Routes::new(DevicePluginServer::new(FakeDevicePlugin(vec![("nic-0", "Healthy")]))),
-    );
+    let nic = support::serve(&nic_socket, support::device_plugin(&[("nic-0", "Healthy")]));
     let channel = kpm_api::uds::dial(&kubelet_sock, DEADLINE).await.unwrap();
     RegistrationClient::new(channel)
         .register(RegisterRequest {
@@ -104,7 +96,7 @@ async fn a_dra_driver_registers_and_its_connection_is_watched() {
     let data_dir = root.path().join("plugins").join("gpu.example.com");
     std::fs::create_dir_all(&data_dir).unwrap();
     let service = data_dir.join("dra.sock");
-    let driver = support::serve(&service, Routes::new(DraPluginServer::new(FakeDraDriver)));
+    let driver = support::serve(&service, StubDraDriver.routes());
 
     // As the Go kubelet plugin helper does: <driver>-<uid>-reg.sock, service names as versions.
     let plugin = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")

@@ -21,14 +21,12 @@ fn probe(socket: &Path) -> (i32, String) {
 
 #[test]
 fn a_good_device_plugin_would_register() {
-    use kpm_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
-    let devices = support::FakeDevicePlugin(vec![("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]);
     let plugin = rt
         .block_on(
             Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
-                .routes(tonic::service::Routes::new(DevicePluginServer::new(devices)))
+                .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]))
                 .socket_dir(dir.path())
                 .serve(),
         )
@@ -59,14 +57,10 @@ fn a_device_plugin_without_its_service_would_not_register() {
 
 #[test]
 fn a_good_dra_driver_would_register() {
-    use kpm_api::dra::v1::dra_plugin_server::DraPluginServer;
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let service = dir.path().join("dra.sock");
-    let _driver = support::serve(
-        &service,
-        tonic::service::Routes::new(DraPluginServer::new(support::FakeDraDriver)),
-    );
+    let _driver = support::serve(&service, kpm_registrar::stub::StubDraDriver.routes());
     let plugin = rt
         .block_on(
             Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")

@@ -20,19 +20,12 @@
 use std::error::Error;
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kpm_api::constants::{DEFAULT_ROOT_DIR, DEVICE_HEALTHY, PLUGINS_REGISTRY_DIR_NAME};
-use kpm_api::csi::v1 as csi;
-use kpm_api::deviceplugin::v1beta1 as dp;
-use kpm_api::dra::v1 as dra;
-use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, Registrar, RegistrationStatus};
+use kpm_api::constants::{DEFAULT_ROOT_DIR, PLUGINS_REGISTRY_DIR_NAME};
+use kpm_registrar::{DEVICE_PLUGIN, Registrar, RegistrationStatus};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio_stream::{Stream, StreamExt};
-use tonic::service::Routes;
-use tonic::{Request, Response, Status};
 
 /// Serve a kubelet plugin registration socket and print the registration
 /// statuses received.
@@ -109,7 +102,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     if let Some(endpoint) = args.endpoint {
         builder = builder.endpoint(endpoint);
     } else if !args.registration_only {
-        builder = builder.routes(stub_service(&args.plugin_type, &name));
+        builder = builder.routes(kpm_registrar::stub::routes(&args.plugin_type, &name));
     }
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
@@ -148,159 +141,5 @@ fn describe(status: &RegistrationStatus) -> String {
         format!("registered: {}", status.plugin_registered)
     } else {
         format!("registered: {}: {}", status.plugin_registered, status.error)
-    }
-}
-
-/// Just enough of the plugin type's own service for a node agent to accept it.
-fn stub_service(plugin_type: &str, name: &str) -> Routes {
-    match plugin_type {
-        DEVICE_PLUGIN => Routes::new(dp::device_plugin_server::DevicePluginServer::new(Stub)),
-        CSI_PLUGIN => Routes::new(csi::identity_server::IdentityServer::new(CsiStub {
-            name: name.to_owned(),
-        }))
-        .add_service(csi::node_server::NodeServer::new(Stub)),
-        DRA_PLUGIN => Routes::new(dra::dra_plugin_server::DraPluginServer::new(Stub)),
-        _ => Routes::default(),
-    }
-}
-
-#[derive(Debug)]
-struct Stub;
-
-#[derive(Debug)]
-struct CsiStub {
-    name: String,
-}
-
-// === Device plugin: two healthy devices, empty allocations ===
-
-type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl dp::device_plugin_server::DevicePlugin for Stub {
-    type ListAndWatchStream = DeviceStream;
-
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<dp::Empty>,
-    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
-        Ok(Response::new(dp::DevicePluginOptions::default()))
-    }
-
-    async fn list_and_watch(
-        &self,
-        _: Request<dp::Empty>,
-    ) -> Result<Response<DeviceStream>, Status> {
-        let device =
-            |id: &str| dp::Device { id: id.into(), health: DEVICE_HEALTHY.into(), topology: None };
-        let devices = dp::ListAndWatchResponse { devices: vec![device("dev-0"), device("dev-1")] };
-        // The device list never changes; the stream stays open until the
-        // node agent hangs up.
-        let stream = tokio_stream::once(Ok(devices)).chain(tokio_stream::pending());
-        Ok(Response::new(Box::pin(stream)))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        _: Request<dp::PreferredAllocationRequest>,
-    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("no preferred allocation"))
-    }
-
-    async fn allocate(
-        &self,
-        request: Request<dp::AllocateRequest>,
-    ) -> Result<Response<dp::AllocateResponse>, Status> {
-        let containers = request.into_inner().container_requests.len();
-        let container_responses = vec![dp::ContainerAllocateResponse::default(); containers];
-        Ok(Response::new(dp::AllocateResponse { container_responses }))
-    }
-
-    async fn pre_start_container(
-        &self,
-        _: Request<dp::PreStartContainerRequest>,
-    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
-        Ok(Response::new(dp::PreStartContainerResponse {}))
-    }
-}
-
-// === CSI: identity and node info ===
-
-#[tonic::async_trait]
-impl csi::identity_server::Identity for CsiStub {
-    async fn get_plugin_info(
-        &self,
-        _: Request<csi::GetPluginInfoRequest>,
-    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
-        Ok(Response::new(csi::GetPluginInfoResponse {
-            name: self.name.clone(),
-            vendor_version: env!("CARGO_PKG_VERSION").into(),
-            ..Default::default()
-        }))
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<csi::GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
-    }
-
-    async fn probe(
-        &self,
-        _: Request<csi::ProbeRequest>,
-    ) -> Result<Response<csi::ProbeResponse>, Status> {
-        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
-    }
-}
-
-#[tonic::async_trait]
-impl csi::node_server::Node for Stub {
-    async fn node_get_capabilities(
-        &self,
-        _: Request<csi::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(csi::NodeGetCapabilitiesResponse::default()))
-    }
-
-    async fn node_get_info(
-        &self,
-        _: Request<csi::NodeGetInfoRequest>,
-    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
-        Ok(Response::new(csi::NodeGetInfoResponse {
-            node_id: "example-node".into(),
-            ..Default::default()
-        }))
-    }
-}
-
-// === DRA: every claim prepared with no devices ===
-
-#[tonic::async_trait]
-impl dra::dra_plugin_server::DraPlugin for Stub {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<dra::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|claim| (claim.uid, dra::NodePrepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(dra::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<dra::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|claim| (claim.uid, dra::NodeUnprepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(dra::NodeUnprepareResourcesResponse { claims }))
     }
 }

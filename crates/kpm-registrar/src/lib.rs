@@ -55,6 +55,7 @@
 mod error;
 mod naming;
 mod registrar;
+pub mod stub;
 
 pub use error::RegistrarError;
 pub use kpm_api::constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};

@@ -88,86 +88,11 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-// === Fake plugin services ===
+// === Plugin services ===
 
-use kpm_api::deviceplugin::v1beta1 as dp;
-use kpm_api::dra::v1 as dra;
-use tonic::{Request, Response, Status};
-
-/// A device plugin with a fixed list of devices: `(id, health)`.
-pub struct FakeDevicePlugin(pub Vec<(&'static str, &'static str)>);
-
-#[tonic::async_trait]
-impl dp::device_plugin_server::DevicePlugin for FakeDevicePlugin {
-    type ListAndWatchStream = std::pin::Pin<
-        Box<dyn tokio_stream::Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>,
-    >;
-
-    async fn get_device_plugin_options(
-        &self,
-        _: Request<dp::Empty>,
-    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
-        Ok(Response::new(dp::DevicePluginOptions::default()))
-    }
-
-    async fn list_and_watch(
-        &self,
-        _: Request<dp::Empty>,
-    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let devices = self
-            .0
-            .iter()
-            .map(|(id, health)| dp::Device {
-                id: (*id).to_owned(),
-                health: (*health).to_owned(),
-                topology: None,
-            })
-            .collect();
-        // One list, then the stream stays open like a real plugin's.
-        let first = tokio_stream::once(Ok(dp::ListAndWatchResponse { devices }));
-        Ok(Response::new(Box::pin(tokio_stream::StreamExt::chain(first, tokio_stream::pending()))))
-    }
-
-    async fn get_preferred_allocation(
-        &self,
-        _: Request<dp::PreferredAllocationRequest>,
-    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented("not offered"))
-    }
-
-    async fn allocate(
-        &self,
-        _: Request<dp::AllocateRequest>,
-    ) -> Result<Response<dp::AllocateResponse>, Status> {
-        Ok(Response::new(dp::AllocateResponse::default()))
-    }
-
-    async fn pre_start_container(
-        &self,
-        _: Request<dp::PreStartContainerRequest>,
-    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
-        Ok(Response::new(dp::PreStartContainerResponse {}))
-    }
-}
-
-/// A DRA driver (v1) that prepares every claim with no devices.
-pub struct FakeDraDriver;
-
-#[tonic::async_trait]
-impl dra::dra_plugin_server::DraPlugin for FakeDraDriver {
-    async fn node_prepare_resources(
-        &self,
-        _: Request<dra::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
-        Ok(Response::new(dra::NodePrepareResourcesResponse::default()))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        _: Request<dra::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
-        Ok(Response::new(dra::NodeUnprepareResourcesResponse::default()))
-    }
+/// The routes of a stub device plugin reporting `(id, health)` devices.
+pub fn device_plugin(devices: &[(&str, &str)]) -> tonic::service::Routes {
+    kpm_registrar::stub::StubDevicePlugin::new(devices.iter().copied()).0.routes()
 }
 
 /// A service running on its own thread and tokio runtime, so that stopping it

@@ -1,0 +1,232 @@
+//! Stub plugin services: just enough of each plugin type's own gRPC service
+//! for a node agent to accept the plugin. Used by the example plugin,
+//! `kpm demo` and tests; serve them next to the registration service with
+//! [`RegistrarBuilder::routes`](crate::RegistrarBuilder::routes) or on their
+//! own socket.
+
+use std::pin::Pin;
+
+use kpm_api::constants::{CSI_PLUGIN, DEVICE_HEALTHY, DEVICE_PLUGIN, DRA_PLUGIN};
+use kpm_api::csi::v1 as csi;
+use kpm_api::deviceplugin::v1beta1 as dp;
+use kpm_api::dra::v1 as dra;
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+
+/// The stub service of `plugin_type` for a plugin called `name`: a device
+/// plugin with two healthy devices, a CSI driver (Identity and Node, node id
+/// `example-node`), or a DRA v1 driver. Empty routes for other types.
+pub fn routes(plugin_type: &str, name: &str) -> Routes {
+    match plugin_type {
+        DEVICE_PLUGIN => {
+            let (plugin, _devices) =
+                StubDevicePlugin::new([("dev-0", DEVICE_HEALTHY), ("dev-1", DEVICE_HEALTHY)]);
+            plugin.routes()
+        }
+        CSI_PLUGIN => StubCsiDriver::new(name, "example-node").routes(),
+        DRA_PLUGIN => StubDraDriver.routes(),
+        _ => Routes::default(),
+    }
+}
+
+// === Device plugin ===
+
+/// A device plugin whose device list the caller controls through the
+/// [`DeviceList`] returned with it; every change is streamed to the node
+/// agent through `ListAndWatch`.
+#[derive(Debug, Clone)]
+pub struct StubDevicePlugin {
+    devices: watch::Receiver<Vec<dp::Device>>,
+}
+
+/// Changes the devices a [`StubDevicePlugin`] reports.
+#[derive(Debug, Clone)]
+pub struct DeviceList {
+    tx: watch::Sender<Vec<dp::Device>>,
+}
+
+impl StubDevicePlugin {
+    /// A plugin reporting `(id, health)` devices.
+    pub fn new<'a>(devices: impl IntoIterator<Item = (&'a str, &'a str)>) -> (Self, DeviceList) {
+        let (tx, rx) = watch::channel(Vec::new());
+        let list = DeviceList { tx };
+        list.set(devices);
+        (Self { devices: rx }, list)
+    }
+
+    pub fn routes(self) -> Routes {
+        Routes::new(dp::device_plugin_server::DevicePluginServer::new(self))
+    }
+}
+
+impl DeviceList {
+    /// Replaces the reported devices with `(id, health)` pairs.
+    pub fn set<'a>(&self, devices: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let devices = devices
+            .into_iter()
+            .map(|(id, health)| dp::Device { id: id.into(), health: health.into(), topology: None })
+            .collect();
+        self.tx.send_replace(devices);
+    }
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl dp::device_plugin_server::DevicePlugin for StubDevicePlugin {
+    type ListAndWatchStream = DeviceStream;
+
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions::default()))
+    }
+
+    async fn list_and_watch(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<DeviceStream>, Status> {
+        // The current list first, then every change; once nobody controls
+        // the list any more, the last one stands until the agent hangs up.
+        let updates = WatchStream::new(self.devices.clone())
+            .map(|devices| Ok(dp::ListAndWatchResponse { devices }));
+        let stream = updates.chain(tokio_stream::pending());
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("no preferred allocation"))
+    }
+
+    async fn allocate(
+        &self,
+        request: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let containers = request.into_inner().container_requests.len();
+        let container_responses = vec![dp::ContainerAllocateResponse::default(); containers];
+        Ok(Response::new(dp::AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+// === CSI driver ===
+
+/// A CSI driver answering `Identity` and `Node.NodeGetInfo`.
+#[derive(Debug, Clone)]
+pub struct StubCsiDriver {
+    name: String,
+    node_id: String,
+}
+
+impl StubCsiDriver {
+    pub fn new(name: impl Into<String>, node_id: impl Into<String>) -> Self {
+        Self { name: name.into(), node_id: node_id.into() }
+    }
+
+    pub fn routes(self) -> Routes {
+        Routes::new(csi::identity_server::IdentityServer::new(self.clone()))
+            .add_service(csi::node_server::NodeServer::new(self))
+    }
+}
+
+#[tonic::async_trait]
+impl csi::identity_server::Identity for StubCsiDriver {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Ok(Response::new(csi::GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::GetPluginCapabilitiesResponse::default()))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        Ok(Response::new(csi::ProbeResponse { ready: Some(true) }))
+    }
+}
+
+#[tonic::async_trait]
+impl csi::node_server::Node for StubCsiDriver {
+    async fn node_get_capabilities(
+        &self,
+        _: Request<csi::NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<csi::NodeGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(csi::NodeGetCapabilitiesResponse::default()))
+    }
+
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        Ok(Response::new(csi::NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            ..Default::default()
+        }))
+    }
+}
+
+// === DRA driver ===
+
+/// A DRA v1 driver that prepares every claim with no devices.
+#[derive(Debug, Clone, Copy)]
+pub struct StubDraDriver;
+
+impl StubDraDriver {
+    pub fn routes(self) -> Routes {
+        Routes::new(dra::dra_plugin_server::DraPluginServer::new(self))
+    }
+}
+
+#[tonic::async_trait]
+impl dra::dra_plugin_server::DraPlugin for StubDraDriver {
+    async fn node_prepare_resources(
+        &self,
+        request: Request<dra::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|claim| (claim.uid, dra::NodePrepareResourceResponse::default()))
+            .collect();
+        Ok(Response::new(dra::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        request: Request<dra::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
+        let claims = request
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|claim| (claim.uid, dra::NodeUnprepareResourceResponse::default()))
+            .collect();
+        Ok(Response::new(dra::NodeUnprepareResourcesResponse { claims }))
+    }
+}
