@@ -40,6 +40,9 @@ pub(crate) enum CliError {
     #[error("query status API at {}: {message}", path.display())]
     QueryStatus { path: PathBuf, message: String },
 
+    #[error("demo: {0}")]
+    Demo(String),
+
     #[error("write output: {0}")]
     Output(#[source] std::io::Error),
 }

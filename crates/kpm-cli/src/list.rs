@@ -27,7 +27,7 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
 
 /// The plugins (state, type, name, socket, last error), then whichever of
 /// CSI drivers, device resources and DRA drivers there are.
-fn table(list: &PluginList) -> String {
+pub(crate) fn table(list: &PluginList) -> String {
     let plugins = list.plugins.iter().map(|p| {
         [&p.state, &p.plugin_type, &p.name, &p.socket_path]
             .map(String::clone)

@@ -5,6 +5,7 @@
 //! - `kpm list`: print the plugins a running `kpm run` knows.
 //! - `kpm watch`: print what happens to plugins, as it happens.
 //! - `kpm probe SOCKET`: diagnose a registration socket without registering it.
+//! - `kpm demo`: a manager and example plugins of every type on a temp dir.
 //!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
 //! step), 2 usage error.
@@ -12,6 +13,7 @@
 // Doc comments on the clap types are the command's help text, read in a terminal.
 #![allow(clippy::doc_markdown)]
 
+mod demo;
 mod error;
 mod list;
 mod probe;
@@ -65,6 +67,10 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
     },
+    /// Start a plugin manager on a temporary directory with example plugins
+    /// of all three types and show, live, registrations, a re-registration,
+    /// a device going unhealthy and a removal; then exit. No set-up needed.
+    Demo,
     /// Diagnose a registration socket without registering it: dial, GetInfo,
     /// the validation of its type's handler, then read-only calls on the
     /// plugin's service. Exits 0 when it would register, 1 otherwise.
@@ -103,6 +109,7 @@ fn main() -> ExitCode {
                 watch::watch(&root.status_socket(), output).await.map(|()| true)
             }
             Command::Probe(args) => probe::probe(args).await,
+            Command::Demo => demo::demo().await.map(|()| true),
         }
     });
     match result {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use kpm::PluginManager;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
-use kpm::device::{DeviceConfig, DeviceManager};
+use kpm::device::{DeviceConfig, DeviceManager, KubeletSocket};
 use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -33,7 +33,7 @@ pub(crate) struct RunArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "KPM_LOG_FORMAT")]
     log_format: LogFormat,
     /// Period of the full re-listing of the registry directory, in seconds,
-    /// which repairs anything filesystem events missed.
+    /// which repairs anything filesystem events missed (0: only on overflow).
     #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "KPM_RESYNC_PERIOD")]
     resync_period: u64,
 }
@@ -46,7 +46,7 @@ enum LogFormat {
 
 /// The plugin types kpm has handlers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum PluginKind {
+pub(crate) enum PluginKind {
     Csi,
     Device,
     Dra,
@@ -55,64 +55,91 @@ enum PluginKind {
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
     let root = &args.root.root_dir;
-    std::fs::create_dir_all(root)
-        .map_err(|source| CliError::CreateRoot { path: root.clone(), source })?;
-    let registry_dir =
-        args.registry_dir.clone().unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
-    let enabled = |kind| !args.disable.contains(&kind);
-
-    let mut builder = PluginManager::builder()
-        .registry_dir(registry_dir)
-        .resync_period(Duration::from_secs(args.resync_period));
-
-    // CSI node info is kept in memory and served by the status API; a node
-    // agent with an API server would plug a Kubernetes sink in instead.
-    let node = Arc::new(InMemoryNodeInfo::default());
-    let csi = CsiHandler::new(node.clone(), CsiConfig::default());
-    let csi_drivers = csi.drivers();
-    if enabled(PluginKind::Csi) {
-        builder = builder.handler(kpm::api::CSI_PLUGIN, Arc::new(csi));
-    }
-
-    let devices = DeviceManager::new(DeviceConfig::default());
-    let kubelet_socket = if enabled(PluginKind::Device) {
-        let dir = args
-            .device_plugin_dir
-            .clone()
-            .unwrap_or_else(|| root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME));
-        builder = builder.handler(kpm::api::DEVICE_PLUGIN, devices.clone());
-        Some(devices.serve_registration(&dir).await?)
-    } else {
-        None
+    let options = NodeOptions {
+        registry_dir: args.registry_dir.clone(),
+        device_plugin_dir: args.device_plugin_dir.clone(),
+        disable: args.disable.clone(),
+        resync_period: Duration::from_secs(args.resync_period),
     };
-
-    // Without an API server there are no ResourceSlices to wipe: the cleanup
-    // is recorded (and logged) instead.
-    let dra_config = DraConfig { root_dir: Some(root.clone()), ..DraConfig::default() };
-    let dra = DraManager::new(dra_config, Arc::new(InMemoryCleanup::default()));
-    if enabled(PluginKind::Dra) {
-        builder = builder.handler(kpm::api::DRA_PLUGIN, dra.clone());
-    }
-    let manager = Arc::new(builder.build());
-
-    let status_socket = args.root.status_socket();
-    let sources = status_api::Sources {
-        manager: Arc::clone(&manager),
-        csi_drivers,
-        node,
-        devices: Arc::clone(&devices),
-        dra: Arc::clone(&dra),
-    };
-    let status = StatusServer::start(&status_socket, sources).await?;
-    let shutdown = shutdown_signal()?;
-    let result = manager.run(shutdown).await.map_err(CliError::from);
+    let node = Node::start(root, &options).await?;
+    let status = StatusServer::start(&args.root.status_socket(), node.sources.clone()).await?;
+    let result = node.sources.manager.run(shutdown_signal()?).await.map_err(CliError::from);
     status.stop();
-    if let Some(kubelet_socket) = kubelet_socket {
-        kubelet_socket.shutdown().await;
-    }
-    devices.shutdown().await;
-    dra.shutdown().await;
+    node.stop().await;
     result
+}
+
+/// What `kpm run` sets up besides the defaults.
+#[derive(Debug)]
+pub(crate) struct NodeOptions {
+    pub(crate) registry_dir: Option<PathBuf>,
+    pub(crate) device_plugin_dir: Option<PathBuf>,
+    pub(crate) disable: Vec<PluginKind>,
+    pub(crate) resync_period: Duration,
+}
+
+/// A plugin manager with the handlers of every enabled type, as `kpm run`
+/// and `kpm demo` use it. Not running yet: see `sources.manager.run`.
+pub(crate) struct Node {
+    pub(crate) sources: status_api::Sources,
+    kubelet_socket: Option<KubeletSocket>,
+}
+
+impl Node {
+    /// Creates the root directory and the handlers, and serves `kubelet.sock`.
+    pub(crate) async fn start(root: &Path, options: &NodeOptions) -> Result<Self, CliError> {
+        std::fs::create_dir_all(root)
+            .map_err(|source| CliError::CreateRoot { path: root.to_path_buf(), source })?;
+        let enabled = |kind| !options.disable.contains(&kind);
+        let registry_dir = options
+            .registry_dir
+            .clone()
+            .unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
+        let mut builder = PluginManager::builder()
+            .registry_dir(registry_dir)
+            .resync_period(options.resync_period);
+
+        // CSI node info is kept in memory and served by the status API; a node
+        // agent with an API server would plug a Kubernetes sink in instead.
+        let node = Arc::new(InMemoryNodeInfo::default());
+        let csi = CsiHandler::new(node.clone(), CsiConfig::default());
+        let csi_drivers = csi.drivers();
+        if enabled(PluginKind::Csi) {
+            builder = builder.handler(kpm::api::CSI_PLUGIN, Arc::new(csi));
+        }
+
+        let devices = DeviceManager::new(DeviceConfig::default());
+        let kubelet_socket = if enabled(PluginKind::Device) {
+            let dir = options
+                .device_plugin_dir
+                .clone()
+                .unwrap_or_else(|| root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME));
+            builder = builder.handler(kpm::api::DEVICE_PLUGIN, devices.clone());
+            Some(devices.serve_registration(&dir).await?)
+        } else {
+            None
+        };
+
+        // Without an API server there are no ResourceSlices to wipe: the
+        // cleanup is recorded (and logged) instead.
+        let dra_config = DraConfig { root_dir: Some(root.to_path_buf()), ..DraConfig::default() };
+        let dra = DraManager::new(dra_config, Arc::new(InMemoryCleanup::default()));
+        if enabled(PluginKind::Dra) {
+            builder = builder.handler(kpm::api::DRA_PLUGIN, dra.clone());
+        }
+        let manager = Arc::new(builder.build());
+        let sources = status_api::Sources { manager, csi_drivers, node, devices, dra };
+        Ok(Self { sources, kubelet_socket })
+    }
+
+    /// Stops serving `kubelet.sock` and closes the plugins' connections.
+    pub(crate) async fn stop(self) {
+        if let Some(kubelet_socket) = self.kubelet_socket {
+            kubelet_socket.shutdown().await;
+        }
+        self.sources.devices.shutdown().await;
+        self.sources.dra.shutdown().await;
+    }
 }
 
 /// The status API server and the socket file it owns.

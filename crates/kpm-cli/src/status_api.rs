@@ -79,8 +79,10 @@ impl EventJson {
             retry_in_ms: None,
         }
     }
+}
 
-    fn new(event: PluginEvent) -> Self {
+impl From<PluginEvent> for EventJson {
+    fn from(event: PluginEvent) -> Self {
         let mut json = Self::now("");
         let socket = match event {
             PluginEvent::SocketSeen { socket, generation } => {
@@ -360,18 +362,24 @@ pub(crate) fn router(sources: Sources) -> axum::Router {
 }
 
 async fn plugins(State(sources): State<Sources>) -> Json<PluginList> {
-    Json(PluginList {
-        plugins: sources.manager.status().into_iter().map(PluginJson::from).collect(),
-        csi_drivers: sources.csi_drivers.list().into_iter().map(CsiDriverJson::from).collect(),
-        node: sources.node.snapshot().into(),
-        device_resources: sources
-            .devices
-            .resources()
-            .into_iter()
-            .map(DeviceResourceJson::from)
-            .collect(),
-        dra_drivers: sources.dra.drivers().into_iter().map(DraDriverJson::from).collect(),
-    })
+    Json(PluginList::from(&sources))
+}
+
+impl From<&Sources> for PluginList {
+    fn from(sources: &Sources) -> Self {
+        Self {
+            plugins: sources.manager.status().into_iter().map(PluginJson::from).collect(),
+            csi_drivers: sources.csi_drivers.list().into_iter().map(CsiDriverJson::from).collect(),
+            node: sources.node.snapshot().into(),
+            device_resources: sources
+                .devices
+                .resources()
+                .into_iter()
+                .map(DeviceResourceJson::from)
+                .collect(),
+            dra_drivers: sources.dra.drivers().into_iter().map(DraDriverJson::from).collect(),
+        }
+    }
 }
 
 /// Streams events as NDJSON until the client goes away: first a
@@ -384,7 +392,7 @@ async fn events(State(sources): State<Sources>) -> axum::response::Response {
         .map_err(std::io::Error::other);
     let events = BroadcastStream::new(sources.manager.subscribe()).map(|event| {
         let mut line = match event {
-            Ok(event) => serde_json::to_string(&EventJson::new(event)),
+            Ok(event) => serde_json::to_string(&EventJson::from(event)),
             Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
                 Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
             }

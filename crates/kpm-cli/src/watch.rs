@@ -33,7 +33,7 @@ pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<
 }
 
 /// `TIME EVENT TYPE NAME SOCKET [reason | retry in]`, skipping what the event lacks.
-fn text_line(line: &str) -> String {
+pub(crate) fn text_line(line: &str) -> String {
     let Ok(event) = serde_json::from_str::<EventJson>(line) else {
         return line.to_owned();
     };

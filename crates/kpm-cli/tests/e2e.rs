@@ -183,3 +183,20 @@ fn watch_streams_events_as_json_lines() {
     watch.kill().unwrap();
     watch.wait().unwrap();
 }
+
+#[test]
+fn demo_runs_every_scene_and_exits_cleanly() {
+    let out = kpm(&["demo"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    for expected in [
+        "plugin example.com/gpu was told: registered",
+        "plugin csi.example.com was told: registered",
+        "plugin gpu.example.com was told: registered",
+        "example.com/gpu: 1/2 devices healthy",
+        "deregistered CSIPlugin csi.example.com",
+        "==> done",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}
