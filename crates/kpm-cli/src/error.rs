@@ -40,6 +40,13 @@ pub(crate) enum CliError {
     #[error("query status API at {}: {message}", path.display())]
     QueryStatus { path: PathBuf, message: String },
 
+    #[error("serve metrics on {addr}: {source}")]
+    MetricsAddr {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error("demo: {0}")]
     Demo(String),
 

@@ -16,6 +16,7 @@
 mod demo;
 mod error;
 mod list;
+mod metrics;
 mod probe;
 mod run;
 mod status_api;

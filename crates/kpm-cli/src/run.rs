@@ -11,6 +11,7 @@ use kpm::device::{DeviceConfig, DeviceManager, KubeletSocket};
 use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::metrics::{self, Metrics};
 use crate::{CliError, RootArgs, status_api};
 
 #[derive(Debug, clap::Args)]
@@ -29,6 +30,10 @@ pub(crate) struct RunArgs {
     /// are told that no handler is registered for their type.
     #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
     disable: Vec<PluginKind>,
+    /// Serve Prometheus metrics (and /healthz) over HTTP on this address,
+    /// for example 127.0.0.1:9464. Off by default.
+    #[arg(long, value_name = "HOST:PORT", env = "KPM_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "KPM_LOG_FORMAT")]
     log_format: LogFormat,
@@ -62,9 +67,21 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
         resync_period: Duration::from_secs(args.resync_period),
     };
     let node = Node::start(root, &options).await?;
+    let metrics = match args.metrics_addr {
+        Some(addr) => {
+            let metrics = Metrics::new(node.sources.clone());
+            let serving = metrics::serve(addr, Arc::clone(&metrics)).await?;
+            Some((tokio::spawn(metrics.count_events()), serving))
+        }
+        None => None,
+    };
     let status = StatusServer::start(&args.root.status_socket(), node.sources.clone()).await?;
     let result = node.sources.manager.run(shutdown_signal()?).await.map_err(CliError::from);
     status.stop();
+    if let Some((counting, serving)) = metrics {
+        counting.abort();
+        serving.abort();
+    }
     node.stop().await;
     result
 }

@@ -200,3 +200,70 @@ fn demo_runs_every_scene_and_exits_cleanly() {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
 }
+
+/// `GET path` over plain HTTP/1.0; returns the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// Checks the Prometheus text format line by line; returns `series -> value`.
+fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
+    let mut samples = std::collections::HashMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let kind = comment.split_whitespace().next().unwrap();
+            assert!(["HELP", "TYPE", "UNIT", "EOF"].contains(&kind), "bad comment: {line}");
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name: {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "unterminated labels: {line}");
+        }
+        samples.insert(series.to_owned(), value.parse::<f64>().unwrap());
+    }
+    samples
+}
+
+#[test]
+fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start_with(root.path(), &["--metrics-addr", &addr]);
+    let rt = runtime();
+    let plugin = serve_plugin(&rt, &kpm, kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu");
+    assert!(rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap().plugin_registered);
+    let socket = plugin.socket_path().display().to_string();
+
+    let mut samples = std::collections::HashMap::new();
+    wait_until("the registration is counted", || {
+        samples = parse_prometheus(&http_get(&addr, "/metrics"));
+        samples.get("kpm_registrations_total{type=\"DevicePlugin\"}") == Some(&1.0)
+    });
+    for state in ["desired_state_of_world", "actual_state_of_world"] {
+        let series =
+            format!("plugin_manager_total_plugins{{socket_path=\"{socket}\",state=\"{state}\"}}");
+        assert_eq!(samples.get(&series), Some(&1.0), "{series} in {samples:?}");
+    }
+    assert_eq!(samples.get("kpm_registration_latency_seconds_count"), Some(&1.0));
+    wait_until("the device is counted", || {
+        let samples = parse_prometheus(&http_get(&addr, "/metrics"));
+        samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")
+            == Some(&1.0)
+    });
+    assert_eq!(http_get(&addr, "/healthz"), "ok");
+}

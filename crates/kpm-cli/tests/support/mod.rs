@@ -20,10 +20,16 @@ pub struct Kpm {
 
 impl Kpm {
     pub fn start(root: &Path) -> Self {
+        Self::start_with(root, &[])
+    }
+
+    /// `kpm run --root-dir <root> <args>`.
+    pub fn start_with(root: &Path, args: &[&str]) -> Self {
         let log = std::fs::File::create(root.join("kpm.log")).unwrap();
         let child = Command::new(KPM)
             .args(["run", "--root-dir"])
             .arg(root)
+            .args(args)
             .env("RUST_LOG", "debug")
             .stdout(Stdio::null())
             .stderr(log)
