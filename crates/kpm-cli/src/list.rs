@@ -25,17 +25,21 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
 }
 
-/// The plugins (state, type, name, socket, last error), then whichever of
-/// CSI drivers, device resources and DRA drivers there are.
+/// The plugins (type, name, state, age, socket, last error), then whichever
+/// of CSI drivers, device resources and DRA drivers there are.
 pub(crate) fn table(list: &PluginList) -> String {
+    let now = std::time::SystemTime::now();
     let plugins = list.plugins.iter().map(|p| {
-        [&p.state, &p.plugin_type, &p.name, &p.socket_path]
-            .map(String::clone)
-            .into_iter()
-            .chain([p.last_error.clone().unwrap_or_default()])
-            .collect()
+        vec![
+            p.plugin_type.clone(),
+            p.name.clone(),
+            p.state.clone(),
+            p.registered_at.as_deref().map_or_else(|| "-".to_owned(), |at| age(at, now)),
+            p.socket_path.clone(),
+            p.last_error.clone().unwrap_or_default(),
+        ]
     });
-    let mut out = columns(&["STATE", "TYPE", "NAME", "SOCKET", "LAST ERROR"], plugins);
+    let mut out = columns(&["TYPE", "NAME", "STATE", "AGE", "SOCKET", "LAST ERROR"], plugins);
     if !list.csi_drivers.is_empty() {
         let drivers = list.csi_drivers.iter().map(|d| {
             vec![
@@ -73,6 +77,19 @@ pub(crate) fn table(list: &PluginList) -> String {
     out
 }
 
+/// How long ago an RFC 3339 time was, in the largest whole unit: `42s`,
+/// `5m`, `3h`, `2d`.
+fn age(rfc3339: &str, now: std::time::SystemTime) -> String {
+    let Ok(at) = humantime::parse_rfc3339(rfc3339) else { return "?".to_owned() };
+    let secs = now.duration_since(at).unwrap_or_default().as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 => format!("{}m", secs / 60),
+        3600..86_400 => format!("{}h", secs / 3600),
+        _ => format!("{}d", secs / 86_400),
+    }
+}
+
 /// Left-aligned columns two spaces apart, without trailing blanks.
 fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
     let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
@@ -101,6 +118,16 @@ mod tests {
     };
 
     #[test]
+    fn ages_use_the_largest_whole_unit() {
+        let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
+        assert_eq!(age("2026-11-21T11:59:18Z", now), "42s");
+        assert_eq!(age("2026-11-21T11:55:00.5Z", now), "4m");
+        assert_eq!(age("2026-11-21T09:00:00Z", now), "3h");
+        assert_eq!(age("2026-11-19T12:00:00Z", now), "2d");
+        assert_eq!(age("yesterday", now), "?");
+    }
+
+    #[test]
     fn table_aligns_columns_and_shows_errors() {
         let plugin = |state: &str, name: &str, error: Option<&str>| PluginJson {
             socket_path: format!("/r/{name}.sock"),
@@ -122,9 +149,9 @@ mod tests {
         };
         assert_eq!(
             table(&list),
-            "STATE       TYPE          NAME  SOCKET       LAST ERROR\n\
-             registered  DevicePlugin  gpu   /r/gpu.sock\n\
-             failed      DevicePlugin  n     /r/n.sock    boom\n"
+            "TYPE          NAME  STATE       AGE  SOCKET       LAST ERROR\n\
+             DevicePlugin  gpu   registered  -    /r/gpu.sock\n\
+             DevicePlugin  n     failed      -    /r/n.sock    boom\n"
         );
         list.plugins.clear();
         list.csi_drivers.push(CsiDriverJson {
@@ -137,7 +164,7 @@ mod tests {
         });
         assert_eq!(
             table(&list),
-            "STATE  TYPE  NAME  SOCKET  LAST ERROR\n\
+            "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
              CSI DRIVER       VERSION  NODE ID  ENDPOINT\n\
              csi.example.com  1.0.0    node-1   /csi/csi.sock\n"
@@ -164,7 +191,7 @@ mod tests {
         });
         assert_eq!(
             table(&list),
-            "STATE  TYPE  NAME  SOCKET  LAST ERROR\n\
+            "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
              DEVICE RESOURCE  HEALTHY  ENDPOINT\n\
              vendor.com/gpu   1/2      /dp/gpu.sock\n\
