@@ -6,6 +6,7 @@
 //!   `kpm_rejections_total`, `kpm_retries_scheduled_total`: from the event stream;
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
 //!   to its plugin being registered;
+//! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
 //! - `kpm_device_plugin_devices{resource, health}` and
 //!   `kpm_dra_driver_instances{driver, connected}`.
 //!
@@ -64,6 +65,8 @@ pub(crate) struct Metrics {
     deregistrations: Family<TypeLabels, Counter>,
     rejections: Counter,
     retries: Counter,
+    backoff_skips: Counter,
+    rescans: Counter,
     latency: Histogram,
     sources: Sources,
 }
@@ -85,6 +88,8 @@ impl Metrics {
             deregistrations: Family::default(),
             rejections: Counter::default(),
             retries: Counter::default(),
+            backoff_skips: Counter::default(),
+            rescans: Counter::default(),
             // 100 µs to ~3.3 min.
             latency: Histogram::new(exponential_buckets(0.000_1, 4.0, 12)),
             sources,
@@ -115,6 +120,16 @@ impl Metrics {
                 "kpm_retries_scheduled",
                 "Failed operations whose retry waits for a backoff",
                 metrics.retries.clone(),
+            );
+            registry.register(
+                "kpm_backoff_skips",
+                "Operations not started because their socket was backing off",
+                metrics.backoff_skips.clone(),
+            );
+            registry.register(
+                "kpm_watcher_rescans",
+                "Full re-listings of the registry directory (overflow, periodic, requested)",
+                metrics.rescans.clone(),
             );
             registry.register(
                 "kpm_registration_latency_seconds",
@@ -189,6 +204,13 @@ impl Metrics {
 
     fn refresh_gauges(&self) {
         let manager = &self.sources.manager;
+        // The manager keeps these counts; mirror them into the counters.
+        let counts = manager.stats();
+        for (counter, total) in
+            [(&self.backoff_skips, counts.backoff_skips), (&self.rescans, counts.rescans)]
+        {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         self.plugins.clear();
         let states = [
             (

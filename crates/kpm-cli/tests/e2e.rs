@@ -260,6 +260,10 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
         assert_eq!(samples.get(&series), Some(&1.0), "{series} in {samples:?}");
     }
     assert_eq!(samples.get("kpm_registration_latency_seconds_count"), Some(&1.0));
+    assert!(
+        samples.contains_key("kpm_backoff_skips_total")
+            && samples.contains_key("kpm_watcher_rescans_total")
+    );
     wait_until("the device is counted", || {
         let samples = parse_prometheus(&http_get(&addr, "/metrics"));
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")

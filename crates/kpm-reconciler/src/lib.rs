@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kpm_cache::{
@@ -53,6 +54,8 @@ pub struct Reconciler {
     /// The incarnation last handed to the executor per socket path, to tell a
     /// new incarnation (clean backoff) from a retry of the same one.
     attempted: Mutex<HashMap<PathBuf, Generation>>,
+    /// Starts refused because the socket was backing off, for metrics.
+    backoff_skips: AtomicU64,
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -81,6 +84,7 @@ impl Reconciler {
             handlers: Mutex::new(Arc::new(Handlers::new())),
             handlers_changed: ChangeSignal::default(),
             attempted: Mutex::new(HashMap::new()),
+            backoff_skips: AtomicU64::new(0),
         }
     }
 
@@ -113,6 +117,12 @@ impl Reconciler {
 
     pub fn executor(&self) -> &OperationExecutor {
         &self.executor
+    }
+
+    /// How many operations were not started because their socket was
+    /// backing off after a failure (the kubelet logs these at V(4)).
+    pub fn backoff_skips(&self) -> u64 {
+        self.backoff_skips.load(Ordering::Relaxed)
     }
 
     /// Runs passes until `shutdown` completes. Returns without waiting for
@@ -156,7 +166,7 @@ impl Reconciler {
             let socket = registered.socket_path.clone();
             match self.desired.generation(&socket) {
                 None => {
-                    Self::start(&socket, self.executor.unregister(registered, self.actual.clone()));
+                    self.start(&socket, self.executor.unregister(registered, self.actual.clone()));
                 }
                 Some(generation) if generation != registered.generation => {
                     if self.note_attempt(&mut attempted, &socket, generation) {
@@ -168,7 +178,7 @@ impl Reconciler {
                         Arc::clone(&handlers),
                         self.actual.clone(),
                     );
-                    Self::start(&socket, started);
+                    self.start(&socket, started);
                 }
                 Some(_) => {}
             }
@@ -189,7 +199,7 @@ impl Reconciler {
                 Arc::clone(&handlers),
                 self.actual.clone(),
             );
-            Self::start(socket, started);
+            self.start(socket, started);
         }
 
         // 3. Forget sockets that are neither desired nor registered.
@@ -217,16 +227,16 @@ impl Reconciler {
         true
     }
 
-    fn start(socket: &Path, started: Result<(), ExecutorError>) {
+    fn start(&self, socket: &Path, started: Result<(), ExecutorError>) {
         match started {
             Ok(()) => tracing::debug!(socket = %socket.display(), "operation started"),
             // Expected while an operation runs or backs off: the completion or
             // the backoff expiry wakes the loop again.
-            Err(
-                ExecutorError::AlreadyRunning { .. }
-                | ExecutorError::Backoff { .. }
-                | ExecutorError::FailedPermanently { .. },
-            ) => {}
+            Err(ExecutorError::Backoff { .. }) => {
+                self.backoff_skips.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(ExecutorError::AlreadyRunning { .. } | ExecutorError::FailedPermanently { .. }) => {
+            }
             Err(err) => {
                 tracing::error!(socket = %socket.display(), error = %err, "cannot start operation");
             }

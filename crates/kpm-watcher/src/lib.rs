@@ -66,4 +66,4 @@ mod tree;
 mod watcher;
 
 pub use error::{MAX_USER_INSTANCES, MAX_USER_WATCHES, WatcherError};
-pub use watcher::{DEFAULT_RESYNC_PERIOD, Watcher, WatcherConfig};
+pub use watcher::{DEFAULT_RESYNC_PERIOD, Watcher, WatcherConfig, WatcherStats};

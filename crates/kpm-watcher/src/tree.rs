@@ -13,6 +13,7 @@ use kpm_cache::DesiredState;
 use notify::event::{ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 
+use crate::WatcherStats;
 use crate::error::exhausted_limit;
 use crate::scan::{self, FileId, Listing};
 
@@ -62,6 +63,8 @@ pub(crate) struct Tree {
     /// The identity of the root directory whose watch is live; `None` after
     /// the root was removed or moved and could not be watched again yet.
     root_id: Option<FileId>,
+    /// Counters for metrics.
+    stats: WatcherStats,
 }
 
 impl std::fmt::Debug for Tree {
@@ -82,7 +85,20 @@ impl Tree {
         notify: RecommendedWatcher,
     ) -> Self {
         let root_id = fs::metadata(&root).ok().map(|metadata| FileId::of(&metadata));
-        Self { root, desired, notify, known: BTreeMap::new(), root_id }
+        Self {
+            root,
+            desired,
+            notify,
+            known: BTreeMap::new(),
+            root_id,
+            stats: WatcherStats::default(),
+        }
+    }
+
+    /// Counts rescans into `stats` (shared with whoever reads them).
+    pub(crate) fn with_stats(mut self, stats: WatcherStats) -> Self {
+        self.stats = stats;
+        self
     }
 
     /// Lists the whole tree into DesiredState; fails if the root cannot be read.
@@ -145,6 +161,7 @@ impl Tree {
     /// Lists the whole tree again and diffs it against DesiredState. If the
     /// root is gone or was replaced, re-creates and re-watches it first.
     pub(crate) fn resync(&mut self, reason: Resync) {
+        self.stats.count_rescan();
         if matches!(reason, Resync::Overflow) {
             tracing::warn!(root = %self.root.display(), "file events were lost; rescanning");
         } else {

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kpm_cache::DesiredState;
@@ -30,13 +31,42 @@ pub struct WatcherConfig {
     /// [`Duration::ZERO`] turns the periodic resync off (overflow rescans
     /// and [`Watcher::rescan`] still work).
     pub resync_period: Duration,
+    /// Counters the watcher updates; clone it before starting to read them.
+    pub stats: WatcherStats,
 }
 
 impl Default for WatcherConfig {
     fn default() -> Self {
-        Self { resync_period: DEFAULT_RESYNC_PERIOD }
+        Self { resync_period: DEFAULT_RESYNC_PERIOD, stats: WatcherStats::default() }
     }
 }
+
+/// What the watcher has done, for metrics. Clones share the counters.
+#[derive(Debug, Clone, Default)]
+pub struct WatcherStats {
+    rescans: Arc<AtomicU64>,
+}
+
+impl WatcherStats {
+    /// Full re-listings of the tree so far (start-up excluded): overflows,
+    /// periodic resyncs and requested rescans.
+    pub fn rescans(&self) -> u64 {
+        self.rescans.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_rescan(&self) {
+        self.rescans.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Two configs are equal when they would watch alike; counters do not matter.
+impl PartialEq for WatcherStats {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for WatcherStats {}
 
 enum Command {
     /// Resync now and answer when done.
@@ -102,7 +132,7 @@ impl Watcher {
             .watch(&root, RecursiveMode::Recursive)
             .map_err(|source| watch_error(&root, source))?;
 
-        let mut tree = Tree::new(root.clone(), desired, notify);
+        let mut tree = Tree::new(root.clone(), desired, notify).with_stats(config.stats.clone());
         tree.initial_scan().map_err(|source| WatcherError::List { path: root.clone(), source })?;
         tracing::info!(root = %root.display(), "watching registry directory");
 

@@ -47,7 +47,9 @@ async fn rescan_repairs_tampered_desired_state() {
 
 #[tokio::test]
 async fn periodic_resync_repairs_tampered_desired_state() {
-    let config = WatcherConfig { resync_period: Duration::from_millis(100) };
+    let config =
+        WatcherConfig { resync_period: Duration::from_millis(100), ..WatcherConfig::default() };
+    let stats = config.stats.clone();
     let f = Fixture::start_with(three_sockets, config);
     let b = f.generation(&f.path("b.sock")).unwrap();
     tamper(&f);
@@ -59,6 +61,7 @@ async fn periodic_resync_repairs_tampered_desired_state() {
     .await;
     assert_eq!(f.generation(&f.path("b.sock")), Some(b));
     assert!(f.desired.contains(Path::new(ELSEWHERE)));
+    assert!(stats.rescans() >= 1, "the resync is counted");
 }
 
 #[tokio::test]
@@ -101,7 +104,8 @@ async fn root_moved_away_is_recreated_and_the_moved_tree_is_forgotten() {
 /// root before that.
 #[tokio::test]
 async fn root_removed_under_a_live_listener_is_recovered_by_the_resync() {
-    let config = WatcherConfig { resync_period: Duration::from_millis(100) };
+    let config =
+        WatcherConfig { resync_period: Duration::from_millis(100), ..WatcherConfig::default() };
     let f = Fixture::start_with(three_sockets, config);
     let plugin = serve(&f.path("live.sock"));
     f.wait_present(&f.path("live.sock")).await;

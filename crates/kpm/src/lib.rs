@@ -44,7 +44,7 @@ pub use kpm_cache::{
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 pub use kpm_reconciler::ReconcilerConfig;
 pub use kpm_watcher::WatcherConfig;
-pub use manager::{PluginManager, PluginManagerBuilder};
+pub use manager::{ManagerStats, PluginManager, PluginManagerBuilder};
 pub use status::{PluginState, PluginStatus};
 
 /// The CSI handler: version rules, the drivers store, NodeGetInfo and the

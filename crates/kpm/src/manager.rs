@@ -113,6 +113,15 @@ impl PluginManagerBuilder {
     }
 }
 
+/// Counters of a [`PluginManager`], see [`PluginManager::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ManagerStats {
+    /// Full re-listings of the registry directory (overflow, periodic, requested).
+    pub rescans: u64,
+    /// Operations not started because their socket was backing off.
+    pub backoff_skips: u64,
+}
+
 /// The plugin manager: keeps the plugins registered whose sockets exist.
 #[derive(Debug)]
 pub struct PluginManager {
@@ -149,6 +158,15 @@ impl PluginManager {
     /// (with the reason) and deregistered, retries scheduled.
     pub fn subscribe(&self) -> broadcast::Receiver<PluginEvent> {
         self.events.subscribe()
+    }
+
+    /// Counters for metrics: rescans of the registry directory and
+    /// operations skipped while their socket was backing off.
+    pub fn stats(&self) -> ManagerStats {
+        ManagerStats {
+            rescans: self.watcher.stats.rescans(),
+            backoff_skips: self.reconciler.backoff_skips(),
+        }
     }
 
     /// The registered plugins (the actual state of the world).
