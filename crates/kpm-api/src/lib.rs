@@ -15,6 +15,7 @@
 //! servers plug into any tonic router. This crate holds no logic.
 
 pub mod constants;
+pub mod gotext;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 

@@ -5,12 +5,12 @@
 //! (spec A.3, A.4, A.5, A.8); the NodeGetInfo texts name the step and the
 //! endpoint and end with the kubelet's gRPC error text.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use kpm_api::uds::TransportError;
 
 use crate::version::Version;
+pub(crate) use kpm_api::gotext::{error_chain, go_code_name, go_list, go_quote, go_quote_list};
 
 /// An error of a [`NodeInfoSink`](crate::NodeInfoSink). The same enum as the
 /// rest of the crate: a sink backed by the Kubernetes API reports its failures
@@ -215,107 +215,9 @@ pub enum CsiError {
     },
 }
 
-/// Go's `%q` of a string (`strconv.Quote`): double quotes, backslash escapes
-/// for quotes, backslashes and control characters.
-pub(crate) fn go_quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\x07' => out.push_str("\\a"),
-            '\x08' => out.push_str("\\b"),
-            '\x0c' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\x0b' => out.push_str("\\v"),
-            c if u32::from(c) < 0x20 || c == '\x7f' => {
-                let _ = write!(out, "\\x{:02x}", u32::from(c));
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Go's `%q` of a `[]string`: `["a" "b"]`.
-pub(crate) fn go_quote_list(items: &[String]) -> String {
-    let quoted: Vec<String> = items.iter().map(|item| go_quote(item)).collect();
-    format!("[{}]", quoted.join(" "))
-}
-
-/// Go's `%v` of a `[]string`: `[a b]`.
-pub(crate) fn go_list(items: &[String]) -> String {
-    format!("[{}]", items.join(" "))
-}
-
-/// The name grpc-go gives a status code (`codes.Code.String()`).
-pub(crate) fn go_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
-/// An error and its sources, joined with `: `, skipping a source whose text
-/// the previous one already contains (tonic's transport error says only
-/// "transport error"; the reason is in its sources).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_quote_escapes_like_strconv_quote() {
-        assert_eq!(go_quote("test.plugin"), "\"test.plugin\"");
-        assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
-        assert_eq!(go_quote("tab\there\nnl\x01\x7f"), "\"tab\\there\\nnl\\x01\\x7f\"");
-        assert_eq!(go_quote("zone-ä"), "\"zone-ä\"");
-        assert_eq!(go_quote("\u{85}"), "\"\\u0085\"");
-    }
-
-    #[test]
-    fn go_lists_print_like_fmt() {
-        let versions = vec!["v0.3.0".to_owned(), "2.0.1".to_owned()];
-        assert_eq!(go_list(&versions), "[v0.3.0 2.0.1]");
-        assert_eq!(go_quote_list(&versions), "[\"v0.3.0\" \"2.0.1\"]");
-        assert_eq!(go_list(&[]), "[]");
-    }
 
     #[test]
     fn status_codes_are_named_as_grpc_go_names_them() {

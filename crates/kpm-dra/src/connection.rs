@@ -32,6 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+pub(crate) use kpm_api::gotext::error_chain;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
@@ -245,23 +246,6 @@ impl AsyncWrite for MonitoredIo {
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
     }
-}
-
-/// An error and its sources, joined with `: `, skipping a source whose text
-/// the previous one already contains (tonic's transport error says only
-/// "transport error"; the reason is in its sources).
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -5,10 +5,10 @@
 //! reproduced; the texts of the call errors name the driver, the endpoint and
 //! the gRPC method, and end with the gRPC status as grpc-go prints it.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::validate::MAX_ENDPOINT_LEN;
+pub(crate) use kpm_api::gotext::{go_code_name, go_quote, go_quote_list};
 
 /// Why a DRA driver could not be validated, registered or called. Variants
 /// are named after the step that failed.
@@ -141,41 +141,6 @@ pub(crate) fn deadline_exceeded(timeout: Duration) -> tonic::Status {
     ))
 }
 
-/// Go's `%q` of a string (`strconv.Quote`): double quotes, backslash escapes
-/// for quotes, backslashes and control characters.
-pub(crate) fn go_quote(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\x07' => out.push_str("\\a"),
-            '\x08' => out.push_str("\\b"),
-            '\x0c' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\x0b' => out.push_str("\\v"),
-            c if u32::from(c) < 0x20 || c == '\x7f' => {
-                let _ = write!(out, "\\x{:02x}", u32::from(c));
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// Go's `%q` of a `[]string`: `["a" "b"]`.
-pub(crate) fn go_quote_list(items: &[String]) -> String {
-    let quoted: Vec<String> = items.iter().map(|item| go_quote(item)).collect();
-    format!("[{}]", quoted.join(" "))
-}
-
 /// An apimachinery aggregate of field errors: the one error, or `[a, b]`.
 fn go_join(reasons: &[String]) -> String {
     match reasons {
@@ -184,42 +149,9 @@ fn go_join(reasons: &[String]) -> String {
     }
 }
 
-/// The name grpc-go gives a status code (`codes.Code.String()`).
-pub(crate) fn go_code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code;
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "Canceled",
-        Code::Unknown => "Unknown",
-        Code::InvalidArgument => "InvalidArgument",
-        Code::DeadlineExceeded => "DeadlineExceeded",
-        Code::NotFound => "NotFound",
-        Code::AlreadyExists => "AlreadyExists",
-        Code::PermissionDenied => "PermissionDenied",
-        Code::ResourceExhausted => "ResourceExhausted",
-        Code::FailedPrecondition => "FailedPrecondition",
-        Code::Aborted => "Aborted",
-        Code::OutOfRange => "OutOfRange",
-        Code::Unimplemented => "Unimplemented",
-        Code::Internal => "Internal",
-        Code::Unavailable => "Unavailable",
-        Code::DataLoss => "DataLoss",
-        Code::Unauthenticated => "Unauthenticated",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_quote_escapes_like_strconv_quote() {
-        assert_eq!(go_quote("dra.example.com"), "\"dra.example.com\"");
-        assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
-        assert_eq!(go_quote("tab\there\nnl\x01\x7f"), "\"tab\\there\\nnl\\x01\\x7f\"");
-        assert_eq!(go_quote_list(&["1.0.0".into(), "x".into()]), "[\"1.0.0\" \"x\"]");
-        assert_eq!(go_quote_list(&[]), "[]");
-    }
 
     #[test]
     fn call_errors_end_with_the_grpc_status_as_grpc_go_prints_it() {
