@@ -4,8 +4,11 @@
 //! - `codegen [--check]`: compile `proto/` with protox and tonic-prost-build into
 //!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
 //! - `ci`: everything CI runs, in order, printing each command.
+//! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
+//!   `docs/performance.md` (see `bench.rs`).
 //! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
 
+mod bench;
 mod codegen;
 mod tidy;
 
@@ -14,7 +17,8 @@ use std::process::{Command, ExitCode};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | tidy>";
+const USAGE: &str =
+    "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] | tidy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -23,6 +27,7 @@ fn main() -> ExitCode {
         ["codegen"] => codegen::run(&project_root(), codegen::Mode::Write),
         ["codegen", "--check"] => codegen::run(&project_root(), codegen::Mode::Check),
         ["ci"] => ci(),
+        ["bench", options @ ..] => bench::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         _ => {
             eprintln!("{USAGE}");

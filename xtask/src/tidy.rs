@@ -40,6 +40,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
+    // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
+    ("kpm-bench", &["kpm-api", "kpm-registrar"]),
     (
         "kpm-tests",
         &[
