@@ -1,0 +1,314 @@
+//! The machine description and the results table: each figure against the
+//! target of issue 8 and the kubelet's plugin manager (Go, v1.32) measured
+//! on the same machine.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::Result;
+
+/// This machine, as the results file records it.
+pub(crate) fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map(usize::from).ok();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_owned());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|text| text.trim().to_owned());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_total_mb = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(crate::procfs::mb);
+    json!({ "cpus": cpus, "cpu_model": model, "kernel": kernel, "mem_total_mb": mem_total_mb })
+}
+
+/// The scenarios, in the order they run.
+const SCENARIOS: [&str; 6] =
+    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister"];
+
+/// One line of the table.
+struct Row {
+    scenario: &'static str,
+    measure: &'static str,
+    value: String,
+    target: &'static str,
+    kubelet: &'static str,
+    verdict: &'static str,
+}
+
+/// The table of the combined results in `file`.
+pub(crate) fn table(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|err| format!("cannot read {}: {err}", file.display()))?;
+    let results: Value = serde_json::from_str(&text)?;
+    let rows = rows(&results);
+    let headers = ["SCENARIO", "MEASURE", "KPM", "TARGET", "KUBELET v1.32", "VERDICT"];
+    let cells: Vec<[&str; 6]> = rows
+        .iter()
+        .map(|row| [row.scenario, row.measure, &row.value, row.target, row.kubelet, row.verdict])
+        .collect();
+    let mut widths = headers.map(str::len);
+    for line in &cells {
+        for (width, cell) in widths.iter_mut().zip(line) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for line in std::iter::once(headers).chain(cells) {
+        let mut text = String::new();
+        for (cell, width) in line.iter().zip(widths) {
+            let pad = width.saturating_sub(cell.chars().count());
+            let _ = write!(text, "{cell}{}  ", " ".repeat(pad));
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    }
+    Ok(out.trim_end().to_owned())
+}
+
+fn rows(results: &Value) -> Vec<Row> {
+    let number = |pointer: &str| results.pointer(pointer).and_then(Value::as_f64);
+    let mut rows = failure_rows(results);
+    rows.extend(latency_rows(&number));
+    rows.extend(resource_rows(&number));
+    // Only the scenarios that ran, in the order they run.
+    rows.retain(|row| results.pointer(&format!("/scenarios/{}", row.scenario)).is_some());
+    rows.sort_by_key(|row| SCENARIOS.iter().position(|s| *s == row.scenario));
+    rows
+}
+
+/// A row for each scenario that failed or has plugins that never registered.
+fn failure_rows(results: &Value) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for scenario in SCENARIOS {
+        let field = |name: &str| results.pointer(&format!("/scenarios/{scenario}/{name}"));
+        if let Some(error) = field("error") {
+            rows.push(Row {
+                scenario,
+                measure: "error",
+                value: error.as_str().unwrap_or_default().to_owned(),
+                target: "",
+                kubelet: "",
+                verdict: "FAILED",
+            });
+        }
+        let failures = field("failure_count").or_else(|| field("missing_count"));
+        if let Some(failures) = failures.and_then(Value::as_u64).filter(|&n| n > 0) {
+            rows.push(Row {
+                scenario,
+                measure: "plugins not registered / events missing",
+                value: failures.to_string(),
+                target: "0",
+                kubelet: "",
+                verdict: "FAILED",
+            });
+        }
+    }
+    rows
+}
+
+/// A latency row: scenario, measure, JSON pointer, limit in ms, target, kubelet.
+type Latency = (&'static str, &'static str, &'static str, Option<f64>, &'static str, &'static str);
+
+const LATENCIES: &[Latency] = &[
+    (
+        "staggered",
+        "registration p50",
+        "/scenarios/staggered/latency_ms/p50",
+        Some(1.0),
+        "≤ 1 ms",
+        "553 ms",
+    ),
+    (
+        "staggered",
+        "registration p99",
+        "/scenarios/staggered/latency_ms/p99",
+        Some(5.0),
+        "≤ 5 ms",
+        "1003 ms",
+    ),
+    ("staggered", "registration max", "/scenarios/staggered/latency_ms/max", None, "", ""),
+    (
+        "burst",
+        "1000 plugins: all notified",
+        "/scenarios/burst/all_notified_ms",
+        Some(200.0),
+        "≤ 200 ms",
+        "1239 ms",
+    ),
+    ("burst", "renaming the 1000 sockets in", "/scenarios/burst/rename_all_ms", None, "", ""),
+    (
+        "burst-in-place",
+        "1000 plugins: all notified",
+        "/scenarios/burst-in-place/all_notified_ms",
+        None,
+        "",
+        "",
+    ),
+    (
+        "burst-in-place",
+        "binding the 1000 sockets",
+        "/scenarios/burst-in-place/bind_all_ms",
+        None,
+        "",
+        "",
+    ),
+    ("churn", "registration p50", "/scenarios/churn/latency_ms/p50", None, "", ""),
+    ("churn", "registration p99", "/scenarios/churn/latency_ms/p99", Some(10.0), "≤ 10 ms", ""),
+    (
+        "deregister",
+        "socket removed → deregistered, p50",
+        "/scenarios/deregister/latency_ms/p50",
+        None,
+        "",
+        "",
+    ),
+    (
+        "deregister",
+        "socket removed → deregistered, p99",
+        "/scenarios/deregister/latency_ms/p99",
+        None,
+        "",
+        "",
+    ),
+    (
+        "deregister",
+        "socket removed → deregistered, max",
+        "/scenarios/deregister/latency_ms/max",
+        None,
+        "",
+        "",
+    ),
+];
+
+fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
+    LATENCIES
+        .iter()
+        .map(|&(scenario, measure, pointer, limit, target, kubelet)| Row {
+            scenario,
+            measure,
+            value: number(pointer).map_or_else(|| "-".to_owned(), |v| format!("{v:.3} ms")),
+            target,
+            kubelet,
+            verdict: verdict(number(pointer), limit),
+        })
+        .collect()
+}
+
+/// kpm's CPU, memory and file descriptors in `steady` and `churn`.
+fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
+    let shown = |value: Option<f64>, format: fn(f64) -> String| {
+        value.map_or_else(|| "-".to_owned(), format)
+    };
+    let cpu = number("/scenarios/steady/kpm/cpu/cpu_percent");
+    let sched = number("/scenarios/steady/kpm/cpu/cpu_percent_schedstat");
+    let rss = number("/scenarios/steady/kpm/end/rss_mb");
+    let fds = (number("/scenarios/churn/kpm/start/fds"), number("/scenarios/churn/kpm/end/fds"));
+    let churn_rss = (
+        number("/scenarios/churn/kpm/start/rss_mb"),
+        number("/scenarios/churn/kpm/end/rss_mb"),
+        number("/scenarios/churn/kpm/rss_growth_percent"),
+    );
+    vec![
+        Row {
+            scenario: "steady",
+            measure: "kpm CPU, 1000 plugins (ticks)",
+            value: shown(cpu, |v| format!("{v:.3} %")),
+            target: "≤ 0.1 %",
+            kubelet: "18 %",
+            verdict: verdict(cpu, Some(0.1)),
+        },
+        Row {
+            scenario: "steady",
+            measure: "kpm CPU, 1000 plugins (schedstat)",
+            value: shown(sched, |v| format!("{v:.4} %")),
+            target: "≤ 0.1 %",
+            kubelet: "18 %",
+            verdict: verdict(sched, Some(0.1)),
+        },
+        Row {
+            scenario: "steady",
+            measure: "kpm RSS, 1000 plugins",
+            value: shown(rss, |v| format!("{v:.1} MB")),
+            target: "≤ 20 MB",
+            kubelet: "70 MB",
+            verdict: verdict(rss, Some(20.0)),
+        },
+        Row {
+            scenario: "churn",
+            measure: "kpm open fds, start → end",
+            value: match fds {
+                (Some(start), Some(end)) => format!("{start} → {end}"),
+                _ => "-".to_owned(),
+            },
+            target: "no growth",
+            kubelet: "",
+            verdict: verdict(number("/scenarios/churn/kpm/fd_growth"), Some(0.0)),
+        },
+        Row {
+            scenario: "churn",
+            measure: "kpm RSS, start → end",
+            value: match churn_rss {
+                (Some(start), Some(end), Some(growth)) => {
+                    format!("{start:.1} → {end:.1} MB ({growth:+.1} %)")
+                }
+                _ => "-".to_owned(),
+            },
+            target: "≤ +5 %",
+            kubelet: "",
+            verdict: verdict(churn_rss.2, Some(5.0)),
+        },
+    ]
+}
+
+fn verdict(value: Option<f64>, limit: Option<f64>) -> &'static str {
+    match (value, limit) {
+        (None, _) => "no data",
+        (Some(_), None) => "",
+        (Some(value), Some(limit)) if value <= limit => "met",
+        (Some(_), Some(_)) => "MISSED",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_compare_with_the_target() {
+        assert_eq!(verdict(Some(0.5), Some(1.0)), "met");
+        assert_eq!(verdict(Some(1.0), Some(1.0)), "met");
+        assert_eq!(verdict(Some(1.5), Some(1.0)), "MISSED");
+        assert_eq!(verdict(None, Some(1.0)), "no data");
+        assert_eq!(verdict(Some(1.5), None), "");
+    }
+
+    #[test]
+    fn rows_read_the_results() {
+        let results = json!({"scenarios": {
+            "staggered": {"latency_ms": {"p50": 0.8, "p99": 7.0, "max": 9.0}, "failure_count": 0},
+            "churn": {"kpm": {"start": {"fds": 2010, "rss_mb": 10.0},
+                              "end": {"fds": 2010, "rss_mb": 10.2},
+                              "rss_growth_percent": 2.0, "fd_growth": 0}},
+            "burst": {"error": "kpm did not start"},
+        }});
+        let rows = rows(&results);
+        let find = |scenario, measure| {
+            rows.iter().find(|row| row.scenario == scenario && row.measure == measure).unwrap()
+        };
+        assert_eq!(find("staggered", "registration p50").verdict, "met");
+        assert_eq!(find("staggered", "registration p99").verdict, "MISSED");
+        assert_eq!(find("churn", "kpm open fds, start → end").value, "2010 → 2010");
+        assert_eq!(find("churn", "kpm RSS, start → end").verdict, "met");
+        assert_eq!(find("burst", "error").verdict, "FAILED");
+        assert_eq!(find("burst", "1000 plugins: all notified").verdict, "no data");
+        assert!(rows.iter().all(|row| row.scenario != "steady"));
+    }
+}

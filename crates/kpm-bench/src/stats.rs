@@ -1,0 +1,82 @@
+//! Latency summaries (nearest-rank percentiles) and lossless-enough number
+//! conversions for the JSON output.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// Milliseconds, as a float with microsecond resolution.
+pub(crate) fn ms(duration: Duration) -> f64 {
+    (duration.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// `x` as a float; the counters and kilobyte figures this is used for stay
+/// far below 2^32.
+pub(crate) fn float(x: u64) -> f64 {
+    f64::from(u32::try_from(x).unwrap_or(u32::MAX))
+}
+
+/// Rounds to `digits` decimals, for readable JSON.
+pub(crate) fn round(x: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (x * scale).round() / scale
+}
+
+/// The `percent`-th percentile of sorted `samples`, nearest rank: the
+/// smallest sample with at least `percent` % of the samples at or below it.
+pub(crate) fn percentile(sorted: &[Duration], percent: usize) -> Option<Duration> {
+    let rank = (sorted.len() * percent).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// `{"count", "p50", "p99", "max", "mean"}`, times in milliseconds; the
+/// times are `null` without samples.
+pub(crate) fn summary(mut samples: Vec<Duration>) -> Value {
+    samples.sort_unstable();
+    let count = samples.len();
+    let mean = u32::try_from(count)
+        .ok()
+        .filter(|&n| n > 0)
+        .map(|n| ms(samples.iter().sum::<Duration>() / n));
+    json!({
+        "count": count,
+        "p50": percentile(&samples, 50).map(ms),
+        "p99": percentile(&samples, 99).map(ms),
+        "max": samples.last().copied().map(ms),
+        "mean": mean,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn millis(values: &[u64]) -> Vec<Duration> {
+        values.iter().copied().map(Duration::from_millis).collect()
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples = millis(&(1..=100).collect::<Vec<_>>());
+        assert_eq!(percentile(&samples, 50), Some(Duration::from_millis(50)));
+        assert_eq!(percentile(&samples, 99), Some(Duration::from_millis(99)));
+        let few = millis(&[1, 2, 3]);
+        assert_eq!(percentile(&few, 50), Some(Duration::from_millis(2)));
+        assert_eq!(percentile(&few, 99), Some(Duration::from_millis(3)));
+        assert_eq!(percentile(&[], 50), None);
+    }
+
+    #[test]
+    fn summaries_sort_and_report_milliseconds() {
+        let value = summary(vec![
+            Duration::from_micros(2500),
+            Duration::from_micros(500),
+            Duration::from_micros(1500),
+        ]);
+        assert_eq!(value["count"], 3);
+        assert_eq!(value["p50"], 1.5);
+        assert_eq!(value["max"], 2.5);
+        assert_eq!(value["mean"], 1.5);
+        assert_eq!(summary(Vec::new())["p99"], Value::Null);
+    }
+}
