@@ -121,6 +121,19 @@ impl ActualState {
         plugins
     }
 
+    /// The registered socket paths and their incarnations, sorted by path:
+    /// a snapshot that does not copy the plugins' details.
+    pub fn generations(&self) -> Vec<(PathBuf, Generation)> {
+        let mut plugins: Vec<(PathBuf, Generation)> = self
+            .plugins
+            .read()
+            .iter()
+            .map(|(path, info)| (path.clone(), info.generation))
+            .collect();
+        plugins.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        plugins
+    }
+
     /// A subscription that wakes on every add and removal.
     pub fn subscribe(&self) -> Changes {
         self.changes.subscribe()
@@ -228,6 +241,8 @@ mod tests {
         }
         let paths: Vec<_> = asw.snapshot().into_iter().map(|p| p.socket_path).collect();
         assert_eq!(paths, [PathBuf::from("/a.sock"), "/m.sock".into(), "/z.sock".into()]);
+        let light: Vec<_> = asw.generations().into_iter().map(|(path, _)| path).collect();
+        assert_eq!(light, paths);
         let debug = format!("{:?}", info("/a.sock"));
         assert!(debug.contains("/a.sock") && !debug.contains("handler"), "{debug}");
     }

@@ -162,13 +162,17 @@ impl Reconciler {
         let mut attempted = self.attempted.lock();
 
         // 1. Unregister plugins whose socket is gone; re-register new incarnations.
-        for registered in self.actual.snapshot() {
-            let socket = registered.socket_path.clone();
-            match self.desired.generation(&socket) {
+        for (socket, registered_generation) in self.actual.generations() {
+            let desired = self.desired.generation(&socket);
+            if desired == Some(registered_generation) {
+                continue;
+            }
+            let Some(registered) = self.actual.get(&socket) else { continue };
+            match desired {
                 None => {
                     self.start(&socket, self.executor.unregister(registered, self.actual.clone()));
                 }
-                Some(generation) if generation != registered.generation => {
+                Some(generation) => {
                     if self.note_attempt(&mut attempted, &socket, generation) {
                         self.executor.operations().reset_backoff(&socket);
                     }
@@ -180,7 +184,6 @@ impl Reconciler {
                     );
                     self.start(&socket, started);
                 }
-                Some(_) => {}
             }
         }
 
@@ -192,6 +195,10 @@ impl Reconciler {
             }
             if self.note_attempt(&mut attempted, socket, plugin.generation) {
                 self.executor.operations().reset_backoff(socket);
+            }
+            // Cheaper than building an operation only to have it refused.
+            if self.executor.operations().is_pending(socket) {
+                continue;
             }
             let started = self.executor.register(
                 socket,
