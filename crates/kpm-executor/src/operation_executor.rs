@@ -11,6 +11,7 @@ use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_api::uds;
 use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
+use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
@@ -171,6 +172,15 @@ async fn deregister(info: &PluginInfo, actual_state: &ActualState, events: &Even
     });
 }
 
+/// How long after `GetInfo` its connection is trusted for the notification.
+const REUSE_CONNECTION_FOR: Duration = Duration::from_secs(1);
+
+/// The connection `GetInfo` was asked on, and when it was opened.
+struct Connection {
+    client: RegistrationClient<Channel>,
+    opened: Instant,
+}
+
 /// One register operation and what it needs.
 struct Register {
     socket: PathBuf,
@@ -203,14 +213,14 @@ impl Register {
     }
 
     async fn register(&self) -> Result<PluginInfo, ExecutorError> {
-        let info = self.get_info().await?;
+        let (info, connection) = self.get_info().await?;
         let Some(handler) = self.handlers.get(&info.r#type).cloned() else {
             let message = format!(
                 "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
                 info.r#type,
                 self.socket.display()
             );
-            self.notify_failure(&info.name, message).await;
+            self.notify_failure(&connection, &info.name, message).await;
             return Err(ExecutorError::UnknownPluginType {
                 socket: self.socket.clone(),
                 plugin_type: info.r#type,
@@ -226,13 +236,13 @@ impl Register {
         if let Err(source) = handler.validate(&name, &endpoint, &versions).await {
             let message =
                 format!("RegisterPlugin error -- plugin validation failed with err: {source}");
-            self.notify_failure(&name, message).await;
+            self.notify_failure(&connection, &name, message).await;
             return Err(ExecutorError::Validate { socket: self.socket.clone(), name, source });
         }
         if let Err(source) = handler.register(&name, &endpoint, &versions).await {
             let message =
                 format!("RegisterPlugin error -- plugin registration failed with err: {source}");
-            self.notify_failure(&name, message).await;
+            self.notify_failure(&connection, &name, message).await;
             return Err(ExecutorError::Register { socket: self.socket.clone(), name, source });
         }
 
@@ -246,7 +256,7 @@ impl Register {
             registered_at: SystemTime::now(),
             handler,
         };
-        let recorded = self.notify(true, String::new()).await.and_then(|()| {
+        let recorded = self.notify(&connection, true, String::new()).await.and_then(|()| {
             self.actual_state.add(registered.clone()).map_err(|source| ExecutorError::ActualState {
                 socket: self.socket.clone(),
                 source,
@@ -273,12 +283,13 @@ impl Register {
         Ok(RegistrationClient::new(channel))
     }
 
-    async fn get_info(&self) -> Result<WirePluginInfo, ExecutorError> {
+    async fn get_info(&self) -> Result<(WirePluginInfo, Connection), ExecutorError> {
         let mut client = self.dial().await?;
+        let opened = Instant::now();
         let timeout = self.config.get_info_timeout;
         let socket = || self.socket.clone();
         match with_deadline(timeout, InfoRequest {}, |req| client.get_info(req)).await {
-            Ok(info) => Ok(info),
+            Ok(info) => Ok((info, Connection { client, opened })),
             Err(Some(status)) if status.code() == Code::Unimplemented => {
                 Err(ExecutorError::NotARegistrationSocket {
                     socket: socket(),
@@ -290,10 +301,20 @@ impl Register {
         }
     }
 
-    /// Sends the outcome on a fresh connection: the handler may have taken
-    /// minutes (CSI waits on NodeGetInfo) and the first connection may be gone.
-    async fn notify(&self, registered: bool, error: String) -> Result<(), ExecutorError> {
-        let mut client = self.dial().await?;
+    /// Sends the outcome, on the `GetInfo` connection if it is recent, else on
+    /// a fresh one: the handler may have taken minutes (CSI waits on
+    /// NodeGetInfo) and the first connection may be gone by then.
+    async fn notify(
+        &self,
+        connection: &Connection,
+        registered: bool,
+        error: String,
+    ) -> Result<(), ExecutorError> {
+        let mut client = if connection.opened.elapsed() < REUSE_CONNECTION_FOR {
+            connection.client.clone()
+        } else {
+            self.dial().await?
+        };
         let timeout = self.config.notify_timeout;
         let status = RegistrationStatus { plugin_registered: registered, error };
         match with_deadline(timeout, status, |req| client.notify_registration_status(req)).await {
@@ -305,8 +326,8 @@ impl Register {
 
     /// Tells the plugin why it was rejected. The rejection is the operation's
     /// error; a failure to deliver it is only logged.
-    async fn notify_failure(&self, name: &str, message: String) {
-        if let Err(err) = self.notify(false, message).await {
+    async fn notify_failure(&self, connection: &Connection, name: &str, message: String) {
+        if let Err(err) = self.notify(connection, false, message).await {
             tracing::warn!(
                 socket = %self.socket.display(), plugin = %name, error = %err,
                 "could not tell the plugin why its registration failed"
