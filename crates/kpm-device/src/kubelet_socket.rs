@@ -15,8 +15,8 @@ use tonic::{Request, Response, Status};
 use tracing::{debug, info, warn};
 
 use crate::error::DeviceError;
-use crate::file_id::FileId;
 use crate::manager::DeviceManager;
+use kpm_api::uds::FileId;
 
 /// How long [`KubeletSocket::shutdown`] lets in-flight `Register` calls finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);

@@ -91,7 +91,6 @@
 //!   used: those from `GetDevicePluginOptions` are, on both paths.
 
 mod error;
-mod file_id;
 mod kubelet_socket;
 mod manager;
 mod validation;

@@ -34,8 +34,8 @@ use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
-use crate::file_id::FileId;
 use crate::validation::{validate_plugin, validate_register_request};
+use kpm_api::uds::FileId;
 
 /// The kubelet's dial timeout for device plugins.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,12 +1,10 @@
 //! The registration server: [`RegistrarBuilder`] (configuration), [`Registrar`]
 //! (the running handle) and the `pluginregistration.Registration` service.
 
-use std::fs::Metadata;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kpm_api::constants::{
     CSI_PLUGIN, DEFAULT_ROOT_DIR, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION, DRA_PLUGIN, DRA_V1_SERVICE,
@@ -16,6 +14,7 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use kpm_api::uds::FileId;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -81,20 +80,6 @@ struct Plugin {
     socket: PathBuf,
     latest: watch::Sender<Option<RegistrationStatus>>,
     history: Mutex<Vec<RegistrationStatus>>,
-}
-
-/// What identifies one incarnation of a file at a path. The inode number alone
-/// is not enough once the file is gone: ext4 hands a new file the inode of the
-/// one just deleted.
-#[derive(Debug, Clone, Copy)]
-struct FileId {
-    dev: u64,
-    ino: u64,
-    /// Birth time, where the file system records it.
-    created: Option<SystemTime>,
-    /// Inode change time (seconds, nanoseconds), for file systems without a
-    /// birth time.
-    changed: (i64, i64),
 }
 
 // === RegistrarBuilder ===
@@ -362,30 +347,5 @@ impl Registration for Plugin {
         self.history.lock().push(status.clone());
         self.latest.send_replace(Some(status));
         Ok(Response::new(RegistrationStatusResponse {}))
-    }
-}
-
-// === FileId ===
-
-impl FileId {
-    fn of(meta: &Metadata) -> Self {
-        Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            created: meta.created().ok(),
-            changed: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-
-    /// Same device and inode, and the same birth time; or, where the file
-    /// system records no birth time, the same inode change time (a `chmod`
-    /// then makes the file look new, which errs on the side of leaving it).
-    fn is_same_file(&self, other: &Self) -> bool {
-        self.dev == other.dev
-            && self.ino == other.ino
-            && match (self.created, other.created) {
-                (Some(mine), Some(theirs)) => mine == theirs,
-                _ => self.changed == other.changed,
-            }
     }
 }
