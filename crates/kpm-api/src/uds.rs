@@ -113,6 +113,31 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     cause.to_string()
 }
 
+/// A request that carries `timeout` as its gRPC deadline (`grpc-timeout`), so
+/// the plugin knows how long it has.
+pub fn timed_request<M>(message: M, timeout: Duration) -> tonic::Request<M> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Awaits `call` for at most `timeout`; `Err(None)` means it ran out of time.
+/// The deadline sent along with the call can fire a moment before ours, with
+/// whatever code the client or server picks: any failure once the time is up
+/// counts as running out of time.
+pub async fn within<T, E>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, Option<E>> {
+    let started = tokio::time::Instant::now();
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(_)) if started.elapsed() >= timeout => Err(None),
+        Ok(Err(err)) => Err(Some(err)),
+        Err(_) => Err(None),
+    }
+}
+
 /// Identifies one incarnation of a socket file at a path, so that a socket
 /// re-created at the same path (a restarted plugin, another server) is not
 /// taken for the one bound or connected to before. Device, inode and birth
@@ -187,5 +212,21 @@ mod tests {
         assert!(!first.is_same_file(&FileId::at(&path).unwrap()));
         assert!(FileId::same(None, None));
         assert!(!FileId::same(Some(&first), None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_tells_running_out_of_time_from_failing() {
+        let second = Duration::from_secs(1);
+        assert_eq!(within(second, async { Ok::<_, &str>(7) }).await, Ok(7));
+        assert_eq!(within(second, async { Err::<(), _>("refused") }).await, Err(Some("refused")));
+        let hang = within(second, std::future::pending::<Result<(), &str>>());
+        assert_eq!(hang.await, Err(None));
+        // A failure that arrives only when the time is up is the timeout.
+        let late = within(second, async {
+            tokio::time::sleep(second).await;
+            Err::<(), _>("cancelled by the client's own deadline")
+        });
+        assert_eq!(late.await, Err(None));
+        assert!(timed_request((), second).metadata().get("grpc-timeout").is_some());
     }
 }

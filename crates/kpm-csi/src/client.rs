@@ -45,21 +45,17 @@ pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNo
             .map_err(|status| CsiError::NodeGetInfo { endpoint: endpoint.to_owned(), status })
     };
     let timed_out = || CsiError::NodeGetInfoTimeout { endpoint: endpoint.to_owned(), timeout };
-    match tokio::time::timeout_at(deadline, call).await {
-        Ok(Ok(response)) => Ok(DriverNodeInfo {
-            node_id: response.node_id,
-            max_volumes_per_node: response.max_volumes_per_node,
-            topology: response
-                .accessible_topology
-                .map(|topology| topology.segments.into_iter().collect())
-                .unwrap_or_default(),
-        }),
-        // The call's own deadline (sent along with it) can fire a moment
-        // before ours: any failure once the deadline has passed is the timeout.
-        Ok(Err(_)) | Err(_) if Instant::now() >= deadline => Err(timed_out()),
-        Ok(Err(err)) => Err(err),
-        Err(_) => Err(timed_out()),
-    }
+    let response = kpm_api::uds::within(timeout, call)
+        .await
+        .map_err(|failed| failed.unwrap_or_else(timed_out))?;
+    Ok(DriverNodeInfo {
+        node_id: response.node_id,
+        max_volumes_per_node: response.max_volumes_per_node,
+        topology: response
+            .accessible_topology
+            .map(|topology| topology.segments.into_iter().collect())
+            .unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]

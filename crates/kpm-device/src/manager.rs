@@ -29,13 +29,12 @@ use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
-use kpm_api::uds::FileId;
+use kpm_api::uds::{self, FileId};
 
 /// The kubelet's dial timeout for device plugins.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -287,7 +286,7 @@ impl DeviceManager {
         let mut client = DevicePluginClient::new(channel);
         let timeout = self.config.call_timeout;
         let options = bounded(
-            client.get_device_plugin_options(timed(Empty {}, timeout)),
+            client.get_device_plugin_options(uds::timed_request(Empty {}, timeout)),
             timeout,
             || timed_out("GetDevicePluginOptions", resource, socket, timeout),
             |status| DeviceError::GetDevicePluginOptions {
@@ -366,7 +365,7 @@ impl DeviceManager {
         let timeout = self.config.call_timeout;
         debug!(resource, socket = %socket.display(), "Allocate");
         bounded(
-            client.allocate(timed(request, timeout)),
+            client.allocate(uds::timed_request(request, timeout)),
             timeout,
             || timed_out("Allocate", resource, &socket, timeout),
             |status| DeviceError::Allocate {
@@ -396,7 +395,7 @@ impl DeviceManager {
         let timeout = self.config.call_timeout;
         debug!(resource, socket = %socket.display(), "GetPreferredAllocation");
         bounded(
-            client.get_preferred_allocation(timed(request, timeout)),
+            client.get_preferred_allocation(uds::timed_request(request, timeout)),
             timeout,
             || timed_out("GetPreferredAllocation", resource, &socket, timeout),
             |status| DeviceError::GetPreferredAllocation {
@@ -424,7 +423,7 @@ impl DeviceManager {
         let timeout = self.config.pre_start_timeout;
         debug!(resource, socket = %socket.display(), "PreStartContainer");
         bounded(
-            client.pre_start_container(timed(
+            client.pre_start_container(uds::timed_request(
                 PreStartContainerRequest { devices_ids: device_ids },
                 timeout,
             )),
@@ -783,13 +782,6 @@ fn rpc_error(status: &tonic::Status) -> String {
     format!("rpc error: code = {} desc = {}", go_code_name(status.code()), status.message())
 }
 
-/// A request that carries `timeout` as its gRPC deadline.
-fn timed<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
-}
-
 fn shut_down(resource: &str, socket: &Path) -> DeviceError {
     DeviceError::ShutDown { resource: resource.to_owned(), socket: socket.to_path_buf() }
 }
@@ -803,24 +795,17 @@ fn timed_out(call: &'static str, resource: &str, socket: &Path, timeout: Duratio
     }
 }
 
-/// Awaits a call for at most `timeout`. The call's own deadline (sent along
-/// with it) can fire a moment before ours: any failure once the deadline has
-/// passed is the timeout.
+/// Awaits a call for at most `timeout`; see [`uds::within`].
 async fn bounded<T>(
     call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     timeout: Duration,
     on_timeout: impl FnOnce() -> DeviceError,
     on_status: impl FnOnce(tonic::Status) -> DeviceError,
 ) -> Result<T, DeviceError> {
-    let Some(deadline) = Instant::now().checked_add(timeout) else {
-        return call.await.map(tonic::Response::into_inner).map_err(on_status);
-    };
-    match tokio::time::timeout_at(deadline, call).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        Ok(Err(_)) | Err(_) if Instant::now() >= deadline => Err(on_timeout()),
-        Ok(Err(status)) => Err(on_status(status)),
-        Err(_) => Err(on_timeout()),
-    }
+    uds::within(timeout, call)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|failed| failed.map_or_else(on_timeout, on_status))
 }
 
 #[cfg(test)]

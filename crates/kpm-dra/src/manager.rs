@@ -13,7 +13,6 @@ use kpm_api::dra::{v1, v1beta1};
 use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 use tracing::{debug, info, trace};
 
 use crate::cleanup::{CleanupTimers, SliceCleanup};
@@ -315,14 +314,18 @@ impl DraManager {
         let call = async move {
             match service {
                 DraService::V1 => {
-                    let request = request(v1::NodePrepareResourcesRequest { claims }, timeout);
+                    let request = kpm_api::uds::timed_request(
+                        v1::NodePrepareResourcesRequest { claims },
+                        timeout,
+                    );
                     v1::dra_plugin_client::DraPluginClient::new(channel)
                         .node_prepare_resources(request)
                         .await
                         .map(tonic::Response::into_inner)
                 }
                 DraService::V1beta1 => {
-                    let request = request(convert::prepare_request(claims), timeout);
+                    let request =
+                        kpm_api::uds::timed_request(convert::prepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
                         .node_prepare_resources(request)
                         .await
@@ -353,14 +356,18 @@ impl DraManager {
         let call = async move {
             match service {
                 DraService::V1 => {
-                    let request = request(v1::NodeUnprepareResourcesRequest { claims }, timeout);
+                    let request = kpm_api::uds::timed_request(
+                        v1::NodeUnprepareResourcesRequest { claims },
+                        timeout,
+                    );
                     v1::dra_plugin_client::DraPluginClient::new(channel)
                         .node_unprepare_resources(request)
                         .await
                         .map(tonic::Response::into_inner)
                 }
                 DraService::V1beta1 => {
-                    let request = request(convert::unprepare_request(claims), timeout);
+                    let request =
+                        kpm_api::uds::timed_request(convert::unprepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
                         .node_unprepare_resources(request)
                         .await
@@ -607,27 +614,15 @@ async fn monitor(shared: Weak<Shared>, instance: Arc<Instance>, reported: bool) 
     }
 }
 
-/// A request with its gRPC deadline (`grpc-timeout`) set.
-fn request<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
-}
-
 /// Runs `call`, failing with `DeadlineExceeded` when it does not finish
-/// within `timeout`; any failure once the deadline has passed (the server
-/// may give up a moment earlier, with its own code) is the deadline too.
+/// within `timeout` (see [`kpm_api::uds::within`]).
 async fn call_with_deadline<T>(
     call: impl Future<Output = Result<T, tonic::Status>>,
     timeout: Duration,
 ) -> Result<T, tonic::Status> {
-    let deadline = Instant::now() + timeout;
-    match tokio::time::timeout_at(deadline, call).await {
-        Ok(Ok(response)) => Ok(response),
-        Ok(Err(_)) | Err(_) if Instant::now() >= deadline => Err(deadline_exceeded(timeout)),
-        Ok(Err(status)) => Err(status),
-        Err(_) => Err(deadline_exceeded(timeout)),
-    }
+    kpm_api::uds::within(timeout, call)
+        .await
+        .map_err(|failed| failed.unwrap_or_else(|| deadline_exceeded(timeout)))
 }
 
 #[async_trait]

@@ -336,9 +336,8 @@ impl Register {
     }
 }
 
-/// Makes a unary call that must finish within `timeout`. The deadline is sent
-/// to the plugin (`grpc-timeout`) and enforced here as well, in case the plugin
-/// ignores it. `Err(None)` means the call ran out of time.
+/// Makes a unary call that must finish within `timeout` (sent to the plugin
+/// too, in case it ignores ours). `Err(None)` means the call ran out of time.
 async fn with_deadline<M, R, F>(
     timeout: Duration,
     message: M,
@@ -347,18 +346,9 @@ async fn with_deadline<M, R, F>(
 where
     F: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
 {
-    let mut request = Request::new(message);
-    request.set_timeout(timeout);
-    let started = tokio::time::Instant::now();
-    match tokio::time::timeout(timeout, call(request)).await {
-        Ok(Ok(response)) => Ok(response.into_inner()),
-        // tonic reports its own expiry of `grpc-timeout` as Cancelled.
-        Ok(Err(status))
-            if status.code() == Code::DeadlineExceeded || started.elapsed() >= timeout =>
-        {
-            Err(None)
-        }
-        Ok(Err(status)) => Err(Some(status)),
-        Err(_) => Err(None),
+    match uds::within(timeout, call(uds::timed_request(message, timeout))).await {
+        Ok(response) => Ok(response.into_inner()),
+        Err(Some(status)) if status.code() == Code::DeadlineExceeded => Err(None),
+        Err(failed) => Err(failed),
     }
 }
