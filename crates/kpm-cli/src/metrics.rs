@@ -7,6 +7,8 @@
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
 //!   to its plugin being registered;
 //! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
+//! - `kpm_operations` (the executor's entries) and `kpm_tokio_tasks` (tasks
+//!   alive in the runtime), which must stay flat under churn;
 //! - `kpm_device_plugin_devices{resource, health}` and
 //!   `kpm_dra_driver_instances{driver, connected}`.
 //!
@@ -67,6 +69,8 @@ pub(crate) struct Metrics {
     retries: Counter,
     backoff_skips: Counter,
     rescans: Counter,
+    operations: Gauge,
+    tasks: Gauge,
     latency: Histogram,
     sources: Sources,
 }
@@ -90,6 +94,8 @@ impl Metrics {
             retries: Counter::default(),
             backoff_skips: Counter::default(),
             rescans: Counter::default(),
+            operations: Gauge::default(),
+            tasks: Gauge::default(),
             // 100 µs to ~3.3 min.
             latency: Histogram::new(exponential_buckets(0.000_1, 4.0, 12)),
             sources,
@@ -130,6 +136,16 @@ impl Metrics {
                 "kpm_watcher_rescans",
                 "Full re-listings of the registry directory (overflow, periodic, requested)",
                 metrics.rescans.clone(),
+            );
+            registry.register(
+                "kpm_operations",
+                "Sockets the operation executor keeps an entry for (running, backing off, failed)",
+                metrics.operations.clone(),
+            );
+            registry.register(
+                "kpm_tokio_tasks",
+                "Tasks alive in kpm's async runtime",
+                metrics.tasks.clone(),
             );
             registry.register(
                 "kpm_registration_latency_seconds",
@@ -210,6 +226,11 @@ impl Metrics {
             [(&self.backoff_skips, counts.backoff_skips), (&self.rescans, counts.rescans)]
         {
             counter.inc_by(total.saturating_sub(counter.get()));
+        }
+        self.operations.set(i64::try_from(counts.operations).unwrap_or(i64::MAX));
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let tasks = runtime.metrics().num_alive_tasks();
+            self.tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
         }
         self.plugins.clear();
         let states = [

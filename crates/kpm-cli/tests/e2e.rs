@@ -264,6 +264,9 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
         samples.contains_key("kpm_backoff_skips_total")
             && samples.contains_key("kpm_watcher_rescans_total")
     );
+    // One socket: at most one executor entry; the runtime has tasks alive.
+    assert!(samples.get("kpm_operations").is_some_and(|n| *n <= 1.0), "{samples:?}");
+    assert!(samples.get("kpm_tokio_tasks").is_some_and(|n| *n >= 1.0), "{samples:?}");
     wait_until("the device is counted", || {
         let samples = parse_prometheus(&http_get(&addr, "/metrics"));
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")

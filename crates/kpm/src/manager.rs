@@ -120,6 +120,10 @@ pub struct ManagerStats {
     pub rescans: u64,
     /// Operations not started because their socket was backing off.
     pub backoff_skips: u64,
+    /// Sockets the operation executor keeps an entry for (running, backing
+    /// off, or failed permanently). Falls back to the number of desired or
+    /// registered sockets once things settle: anything above is a leak.
+    pub operations: usize,
 }
 
 /// The plugin manager: keeps the plugins registered whose sockets exist.
@@ -160,12 +164,13 @@ impl PluginManager {
         self.events.subscribe()
     }
 
-    /// Counters for metrics: rescans of the registry directory and
-    /// operations skipped while their socket was backing off.
+    /// Counters for metrics: rescans of the registry directory, operations
+    /// skipped while their socket was backing off, executor entries.
     pub fn stats(&self) -> ManagerStats {
         ManagerStats {
             rescans: self.watcher.stats.rescans(),
             backoff_skips: self.reconciler.backoff_skips(),
+            operations: self.reconciler.executor().operations().len(),
         }
     }
 
