@@ -46,3 +46,22 @@ pub const DRA_HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
 /// CSI drivers must support a version with this major number.
 pub const CSI_SUPPORTED_MAJOR_VERSION: u64 = 1;
+
+/// Largest `GetInfo` answer (and device-plugin `RegisterRequest`) kpm decodes.
+/// A valid one is a few hundred bytes; anything near this is garbage.
+pub const MAX_REGISTRATION_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest message kpm decodes from a plugin's own service (device lists, CSI
+/// node info, DRA results): gRPC's usual default, set explicitly on every client.
+pub const MAX_PLUGIN_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Longest plugin type accepted from `GetInfo`.
+pub const MAX_PLUGIN_TYPE_BYTES: usize = 63;
+/// Longest plugin name: a qualified name, 253-byte DNS prefix, `/`, 63-byte name
+/// (device plugins are named after their extended resource, `vendor.com/gpu`).
+pub const MAX_PLUGIN_NAME_BYTES: usize = 253 + 1 + 63;
+/// Longest endpoint: a socket path must fit `sun_path` (108 bytes with its NUL).
+pub const MAX_ENDPOINT_BYTES: usize = 107;
+/// Most supported versions accepted from one plugin.
+pub const MAX_SUPPORTED_VERSIONS: usize = 32;
+/// Longest supported version string (`v1beta1.DRAPlugin`, `1.0.0`, ...).
+pub const MAX_VERSION_BYTES: usize = 63;

@@ -15,6 +15,7 @@ use kpm::PluginHandler;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
 use kpm::device::{DeviceConfig, DeviceManager};
 use kpm::dra::{DraConfig, DraManager};
+use kpm_api::constants::{MAX_PLUGIN_MESSAGE_BYTES, MAX_REGISTRATION_MESSAGE_BYTES};
 use kpm_api::csi::v1::GetPluginInfoRequest;
 use kpm_api::csi::v1::identity_client::IdentityClient;
 use kpm_api::deviceplugin::v1beta1::Empty;
@@ -71,7 +72,8 @@ async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> R
         step(steps, "dial", async { Ok((dial(socket, timeout).await?, String::new())) }).await?;
 
     let info = step(steps, "GetInfo", async {
-        let mut client = RegistrationClient::new(channel);
+        let mut client = RegistrationClient::new(channel)
+            .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
         let call = tokio::time::timeout(timeout, client.get_info(InfoRequest {})).await;
         let info = match call {
             Err(_) => return Err(format!("no answer within {timeout:?}")),
@@ -84,6 +86,7 @@ async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> R
             Ok(Err(status)) => return Err(status.to_string()),
             Ok(Ok(response)) => response.into_inner(),
         };
+        kpm::check_info(&info).map_err(|reason| format!("invalid plugin info: {reason}"))?;
         let detail = format!(
             "type={} name={} endpoint={:?} versions={:?}",
             info.r#type, info.name, info.endpoint, info.supported_versions
@@ -144,7 +147,8 @@ async fn check_service(
 async fn check_csi(endpoint: &str, timeout: Duration, steps: &mut Vec<Step>) -> Result<(), String> {
     step(steps, "csi GetPluginInfo", async {
         let channel = dial(kpm::csi::socket_path(endpoint), timeout).await?;
-        let mut client = IdentityClient::new(channel);
+        let mut client =
+            IdentityClient::new(channel).max_decoding_message_size(MAX_PLUGIN_MESSAGE_BYTES);
         let response = answer(timeout, client.get_plugin_info(GetPluginInfoRequest {})).await?;
         Ok(((), format!("name={} vendor_version={}", response.name, response.vendor_version)))
     })
@@ -172,7 +176,8 @@ async fn check_device_plugin(
         Ok((dial(Path::new(endpoint), timeout).await?, String::new()))
     })
     .await?;
-    let mut client = DevicePluginClient::new(channel);
+    let mut client =
+        DevicePluginClient::new(channel).max_decoding_message_size(MAX_PLUGIN_MESSAGE_BYTES);
     step(steps, "GetDevicePluginOptions", async {
         let options = answer(timeout, client.get_device_plugin_options(Empty {})).await?;
         let detail = format!(
@@ -207,12 +212,14 @@ async fn check_dra(
         // Preparing no claims changes nothing and proves the service is served.
         match service {
             kpm::dra::DraService::V1 => {
-                let mut client = DraV1Client::new(channel);
+                let mut client =
+                    DraV1Client::new(channel).max_decoding_message_size(MAX_PLUGIN_MESSAGE_BYTES);
                 let request = kpm_api::dra::v1::NodePrepareResourcesRequest { claims: Vec::new() };
                 answer(timeout, client.node_prepare_resources(request)).await?;
             }
             kpm::dra::DraService::V1beta1 => {
-                let mut client = DraV1beta1Client::new(channel);
+                let mut client = DraV1beta1Client::new(channel)
+                    .max_decoding_message_size(MAX_PLUGIN_MESSAGE_BYTES);
                 let request =
                     kpm_api::dra::v1beta1::NodePrepareResourcesRequest { claims: Vec::new() };
                 answer(timeout, client.node_prepare_resources(request)).await?;

@@ -39,6 +39,7 @@ pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNo
         let mut request = tonic::Request::new(NodeGetInfoRequest {});
         request.set_timeout(deadline.saturating_duration_since(Instant::now()));
         NodeClient::new(channel)
+            .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
             .node_get_info(request)
             .await
             .map(tonic::Response::into_inner)

@@ -74,6 +74,14 @@ pub enum CsiError {
     #[error("highest supported version reported is {version}, must be v1.x")]
     NotV1 { version: Version },
 
+    /// The name breaks the CSI spec's rule for `GetPluginInfo.name`, which the
+    /// kubelet does not check but uses in directory names.
+    #[error(
+        "kubernetes.io/csi: {caller} for CSI driver {} failed. The name must be at most 63 characters of [a-zA-Z0-9.-], beginning and ending with an alphanumeric character (CSI spec, GetPluginInfo)",
+        go_quote(name)
+    )]
+    InvalidDriverName { caller: &'static str, name: String },
+
     // === `validateVersions` (caller is "ValidatePlugin" or "RegisterPlugin") ===
     /// The plugin reported no versions.
     #[error(

@@ -157,6 +157,9 @@ impl CsiHandler {
         name: &str,
         versions: &[String],
     ) -> Result<Version, CsiError> {
+        if !is_csi_driver_name(name) {
+            return Err(CsiError::InvalidDriverName { caller, name: name.to_owned() });
+        }
         if versions.is_empty() {
             return Err(CsiError::EmptyVersions { caller, name: name.to_owned() });
         }
@@ -280,6 +283,17 @@ impl Drop for PendingRegistration<'_> {
     }
 }
 
+/// The CSI spec's rule for a driver name: domain-name notation, at most 63
+/// characters, alphanumerics with `-` and `.` between.
+fn is_csi_driver_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-' || *b == b'.')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 #[cfg(test)]
 mod tests {
     //! Ports of the kubelet's `TestValidatePlugin` and
@@ -337,6 +351,20 @@ mod tests {
             );
         }
         assert!(handler.drivers().is_empty(), "validation has no side effects");
+    }
+
+    #[test]
+    fn driver_names_follow_the_csi_spec() {
+        let handler = handler();
+        for name in ["hostpath.csi.k8s.io", "ebs.csi.aws.com", "A", "x-1.Y", &"a".repeat(63)] {
+            handler
+                .validate_driver(name, ENDPOINT, &list("1.0.0"))
+                .unwrap_or_else(|err| panic!("{name}: {err}"));
+        }
+        for name in ["", "a/b", "../etc", "a\nb", "-a", "a.", "a b", &"a".repeat(64)] {
+            let err = handler.validate_driver(name, ENDPOINT, &list("1.0.0")).unwrap_err();
+            assert!(err.to_string().contains("The name must be at most 63 characters"), "{err}");
+        }
     }
 
     #[test]

@@ -69,13 +69,16 @@ impl DeviceManager {
         let (stop, stopped) = oneshot::channel::<()>();
         let socket = path.clone();
         let server = tokio::spawn(async move {
-            let served = tonic::transport::Server::builder()
-                .add_service(RegistrationServer::new(service))
-                .serve_with_incoming_shutdown(incoming, async {
-                    // A send and a dropped sender both mean stop.
-                    let _ = stopped.await;
-                })
-                .await;
+            let served =
+                tonic::transport::Server::builder()
+                    .add_service(RegistrationServer::new(service).max_decoding_message_size(
+                        kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES,
+                    ))
+                    .serve_with_incoming_shutdown(incoming, async {
+                        // A send and a dropped sender both mean stop.
+                        let _ = stopped.await;
+                    })
+                    .await;
             if let Err(err) = served {
                 warn!(socket = %socket.display(), error = %err, "device plugin registration server failed");
             }

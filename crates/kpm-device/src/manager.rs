@@ -283,7 +283,8 @@ impl DeviceManager {
                     source,
                 }
             })?;
-        let mut client = DevicePluginClient::new(channel);
+        let mut client = DevicePluginClient::new(channel)
+            .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
         let timeout = self.config.call_timeout;
         let options = bounded(
             client.get_device_plugin_options(uds::timed_request(Empty {}, timeout)),

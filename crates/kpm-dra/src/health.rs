@@ -136,7 +136,8 @@ async fn stream_v1(
     channel: tonic::transport::Channel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
-    let mut client = v1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+    let mut client = v1::dra_resource_health_client::DraResourceHealthClient::new(channel)
+        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
     let mut stream =
         client.node_watch_resources(v1::NodeWatchResourcesRequest {}).await?.into_inner();
     while let Some(message) = stream.message().await? {
@@ -149,7 +150,8 @@ async fn stream_v1alpha1(
     channel: tonic::transport::Channel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
-    let mut client = v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel);
+    let mut client = v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel)
+        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
     let mut stream =
         client.node_watch_resources(v1alpha1::NodeWatchResourcesRequest {}).await?.into_inner();
     while let Some(message) = stream.message().await? {

@@ -319,6 +319,7 @@ impl DraManager {
                         timeout,
                     );
                     v1::dra_plugin_client::DraPluginClient::new(channel)
+                        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_prepare_resources(request)
                         .await
                         .map(tonic::Response::into_inner)
@@ -327,6 +328,7 @@ impl DraManager {
                     let request =
                         kpm_api::uds::timed_request(convert::prepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
+                        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_prepare_resources(request)
                         .await
                         .map(|response| convert::prepare_response(response.into_inner()))
@@ -361,6 +363,7 @@ impl DraManager {
                         timeout,
                     );
                     v1::dra_plugin_client::DraPluginClient::new(channel)
+                        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_unprepare_resources(request)
                         .await
                         .map(tonic::Response::into_inner)
@@ -369,6 +372,7 @@ impl DraManager {
                     let request =
                         kpm_api::uds::timed_request(convert::unprepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
+                        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_unprepare_resources(request)
                         .await
                         .map(|response| convert::unprepare_response(response.into_inner()))

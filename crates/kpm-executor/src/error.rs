@@ -55,6 +55,11 @@ pub enum ExecutorError {
     )]
     NotARegistrationSocket { socket: PathBuf, message: String },
 
+    /// The `GetInfo` answer is malformed or out of bounds; see
+    /// [`check_info`](crate::check_info).
+    #[error("register {}: check GetInfo answer: {reason}", socket.display())]
+    InvalidInfo { socket: PathBuf, reason: String },
+
     #[error("register {}: no handler registered for plugin type: {plugin_type}", socket.display())]
     UnknownPluginType { socket: PathBuf, plugin_type: String },
 
@@ -104,6 +109,11 @@ impl ExecutorError {
     /// is not retried with backoff (no endless log spam for a driver socket
     /// in the registry directory); a new incarnation starts afresh.
     pub fn is_permanent(&self) -> bool {
-        matches!(self, Self::NotARegistrationSocket { .. } | Self::UnknownPluginType { .. })
+        matches!(
+            self,
+            Self::NotARegistrationSocket { .. }
+                | Self::InvalidInfo { .. }
+                | Self::UnknownPluginType { .. }
+        )
     }
 }

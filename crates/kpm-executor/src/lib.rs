@@ -5,6 +5,7 @@
 //! - [`OperationExecutor`]: the register and unregister operations: dial the
 //!   registration socket, `GetInfo`, hand the plugin to the handler of its
 //!   type, `NotifyRegistrationStatus`, update [`kpm_cache::ActualState`].
+//! - [`check_info`]: the bounds every `GetInfo` answer must keep.
 //!
 //! Operations run as tokio tasks; every wait is a tokio timer, so tests run on
 //! paused time.
@@ -13,8 +14,10 @@ mod backoff;
 mod error;
 mod operation_executor;
 mod operation_map;
+mod plugin_info;
 
 pub use backoff::ExponentialBackoff;
 pub use error::ExecutorError;
 pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
 pub use operation_map::{OperationMap, OperationStatus};
+pub use plugin_info::check_info;

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_api::uds;
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
-use crate::{ExecutorError, ExponentialBackoff, OperationMap};
+use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info};
 
 /// Handlers by plugin type, as the reconciler hands them to one operation.
 pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
@@ -214,6 +215,11 @@ impl Register {
 
     async fn register(&self) -> Result<PluginInfo, ExecutorError> {
         let (info, connection) = self.get_info().await?;
+        if let Err(reason) = check_info(&info) {
+            let message = format!("RegisterPlugin error -- invalid plugin info: {reason}");
+            self.notify_failure(&connection, "", message).await;
+            return Err(ExecutorError::InvalidInfo { socket: self.socket.clone(), reason });
+        }
         let Some(handler) = self.handlers.get(&info.r#type).cloned() else {
             let message = format!(
                 "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
@@ -280,7 +286,8 @@ impl Register {
             uds::dial_patiently(&self.socket, self.config.dial_timeout, self.config.refused_retry)
                 .await
                 .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
-        Ok(RegistrationClient::new(channel))
+        Ok(RegistrationClient::new(channel)
+            .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES))
     }
 
     async fn get_info(&self) -> Result<(WirePluginInfo, Connection), ExecutorError> {
@@ -295,6 +302,15 @@ impl Register {
                     socket: socket(),
                     message: status.message().to_owned(),
                 })
+            }
+            // An answer over the size limit: the plugin is there, tell it why.
+            Err(Some(source)) if source.code() == Code::OutOfRange => {
+                let message = format!(
+                    "RegisterPlugin error -- GetInfo answer rejected: {}",
+                    source.message()
+                );
+                self.notify_failure(&Connection { client, opened }, "", message).await;
+                Err(ExecutorError::GetInfo { socket: socket(), source })
             }
             Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }),
             Err(None) => Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }),

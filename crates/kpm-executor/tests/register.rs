@@ -287,6 +287,44 @@ async fn unknown_plugin_type_is_rejected_with_a_reason_naming_the_type() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_plugin_info_is_rejected_before_any_handler_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let versions = |n: usize| (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>();
+    let garbage = [
+        ("empty-name", "DevicePlugin", String::new(), versions(1), "plugin name is empty"),
+        ("empty-type", "", "a".into(), versions(1), "plugin type is empty"),
+        ("control", "DevicePlugin", "a\u{7}b".into(), versions(1), "contains a control character"),
+        ("versions", "DevicePlugin", "a".into(), versions(1000), "1000 supported versions"),
+        // Over the decoder's limit: refused while decoding, still told why.
+        ("10k-versions", "DevicePlugin", "a".into(), versions(10_000), "length too large"),
+        (
+            "huge",
+            "DevicePlugin",
+            "x".repeat(1 << 20),
+            versions(1),
+            "decoded message length too large",
+        ),
+    ];
+    let h = harness(RecordingHandler::default(), fast_config());
+    for (file, plugin_type, name, supported_versions, reason) in garbage {
+        let info = WirePluginInfo {
+            r#type: plugin_type.into(),
+            name,
+            endpoint: String::new(),
+            supported_versions,
+        };
+        let served = serve(dir.path(), file, GetInfo::Answer(info), false).await;
+        h.register(&served.socket, h.generation(&served.socket)).await;
+        let error = status_error(&served);
+        assert!(error.starts_with("RegisterPlugin error -- "), "{file}: {error}");
+        assert!(error.contains(reason), "{file}: {error}");
+        assert!(error.len() < 1024, "{file}: the reason is bounded: {} bytes", error.len());
+    }
+    assert!(h.actual.is_empty());
+    assert!(h.handler.events().is_empty(), "no handler saw garbage: {:?}", h.handler.events());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validation_failure_sends_the_handlers_reason_to_the_plugin() {
     let dir = tempfile::tempdir().unwrap();
     let served = serve(dir.path(), "bad.sock", device_plugin("not-a-resource", ""), false).await;

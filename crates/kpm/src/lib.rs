@@ -41,7 +41,7 @@ pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
     ActualState, DesiredState, Generation, HandlerError, PluginEvent, PluginHandler,
 };
-pub use kpm_executor::{ExecutorConfig, ExponentialBackoff};
+pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
 pub use kpm_reconciler::ReconcilerConfig;
 pub use kpm_watcher::WatcherConfig;
 pub use manager::{ManagerStats, PluginManager, PluginManagerBuilder};
