@@ -159,6 +159,7 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
             PluginEvent::Registered { .. } => "registered",
             PluginEvent::Deregistered { .. } => "deregistered",
             PluginEvent::RetryScheduled { .. } => "retry",
+            PluginEvent::Unresponsive { .. } => "unresponsive",
         });
     }
     assert_eq!(kinds, ["seen", "rejected", "registered"]);

@@ -37,6 +37,26 @@ pub enum TransportError {
     },
 }
 
+impl TransportError {
+    /// Whether dialing found nobody there: the socket file is missing, or
+    /// nothing listens on it (connection refused). A plugin that is merely
+    /// slow or stuck times out instead.
+    pub fn is_gone(&self) -> bool {
+        let Self::Dial { source, .. } = self else { return false };
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        while let Some(err) = cause {
+            if let Some(io) = err.downcast_ref::<io::Error>() {
+                return matches!(
+                    io.kind(),
+                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
+                );
+            }
+            cause = err.source();
+        }
+        false
+    }
+}
+
 /// Pause between connection attempts refused during the `refused_retry` window.
 const REFUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
 

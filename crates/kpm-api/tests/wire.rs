@@ -271,6 +271,12 @@ async fn dial_names_the_socket_when_nobody_listens() {
     let err = kpm_api::uds::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
     assert!(matches!(err, kpm_api::uds::TransportError::Dial { .. }), "{err}");
     assert!(err.to_string().contains("missing.sock"), "{err}");
+    assert!(err.is_gone(), "a missing socket file is gone: {err:?}");
+
+    // A file nobody listens on refuses connections: gone too.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let err = kpm_api::uds::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.is_gone(), "a refused connection is gone: {err:?}");
 }
 
 #[test]

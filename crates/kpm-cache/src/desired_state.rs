@@ -71,6 +71,24 @@ impl DesiredState {
         Ok(generation)
     }
 
+    /// Gives the socket a new generation if it still has `generation`: the
+    /// same file, but a plugin to be registered anew (it stopped answering).
+    /// `None` if the socket is gone or was re-created meanwhile.
+    pub fn renew(&self, socket_path: &Path, generation: Generation) -> Option<Generation> {
+        let renewed = {
+            let mut inner = self.inner.write();
+            if inner.plugins.get(socket_path) != Some(&generation) {
+                return None;
+            }
+            inner.last_generation += 1;
+            let renewed = Generation(inner.last_generation);
+            inner.plugins.insert(socket_path.to_path_buf(), renewed);
+            renewed
+        };
+        self.changes.bump();
+        Some(renewed)
+    }
+
     /// Forgets the socket; returns the generation it had, `None` if absent.
     pub fn remove(&self, socket_path: &Path) -> Option<Generation> {
         let removed = self.inner.write().plugins.remove(socket_path);
@@ -124,6 +142,22 @@ mod tests {
     use super::*;
 
     const SOCKET: &str = "/var/lib/kubelet/device-plugins/test-plugin.sock";
+
+    #[tokio::test(start_paused = true)]
+    async fn renew_replaces_only_the_expected_generation() {
+        let dsw = DesiredState::new();
+        let socket = Path::new(SOCKET);
+        let first = dsw.add_or_update(socket).unwrap();
+        let mut changes = dsw.subscribe();
+        let renewed = dsw.renew(socket, first).unwrap();
+        assert!(renewed > first);
+        assert_eq!(dsw.generation(socket), Some(renewed));
+        let woken = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed());
+        assert!(woken.await.is_ok(), "a renewal wakes subscribers");
+        assert_eq!(dsw.renew(socket, first), None, "stale generation");
+        dsw.remove(socket);
+        assert_eq!(dsw.renew(socket, renewed), None, "gone");
+    }
 
     #[test]
     fn add_new_plugin() {

@@ -24,6 +24,16 @@ pub enum PluginEvent {
     Rejected { socket: PathBuf, generation: Generation, reason: String },
     /// The plugin's socket is gone (or was re-created) and its handler was told.
     Deregistered { socket: PathBuf, generation: Generation, plugin_type: String, name: String },
+    /// The registered plugin stopped answering liveness probes (or nobody
+    /// listens on its socket any more); it is deregistered and registered anew.
+    Unresponsive {
+        socket: PathBuf,
+        generation: Generation,
+        plugin_type: String,
+        name: String,
+        failures: u32,
+        reason: String,
+    },
     /// The next attempt on the socket waits for its backoff.
     RetryScheduled { socket: PathBuf, after: Duration },
 }

@@ -27,6 +27,7 @@ pub(crate) async fn demo() -> Result<(), CliError> {
         device_plugin_dir: None,
         disable: Vec::new(),
         resync_period: Duration::from_secs(60),
+        liveness: Some(kpm::LivenessConfig::default()),
     };
     let node = Node::start(root.path(), &options).await?;
     let sources = node.sources.clone();

@@ -3,7 +3,8 @@
 //! - `plugin_manager_total_plugins{socket_path, state}`: the kubelet's gauge,
 //!   1 per socket in `desired_state_of_world` and in `actual_state_of_world`;
 //! - `kpm_registrations_total{type}`, `kpm_deregistrations_total{type}`,
-//!   `kpm_rejections_total`, `kpm_retries_scheduled_total`: from the event stream;
+//!   `kpm_rejections_total`, `kpm_retries_scheduled_total`,
+//!   `kpm_unresponsive_total`: from the event stream;
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
 //!   to its plugin being registered;
 //! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
@@ -67,6 +68,7 @@ pub(crate) struct Metrics {
     deregistrations: Family<TypeLabels, Counter>,
     rejections: Counter,
     retries: Counter,
+    unresponsive: Counter,
     backoff_skips: Counter,
     rescans: Counter,
     operations: Gauge,
@@ -92,6 +94,7 @@ impl Metrics {
             deregistrations: Family::default(),
             rejections: Counter::default(),
             retries: Counter::default(),
+            unresponsive: Counter::default(),
             backoff_skips: Counter::default(),
             rescans: Counter::default(),
             operations: Gauge::default(),
@@ -126,6 +129,11 @@ impl Metrics {
                 "kpm_retries_scheduled",
                 "Failed operations whose retry waits for a backoff",
                 metrics.retries.clone(),
+            );
+            registry.register(
+                "kpm_unresponsive",
+                "Registered plugins that stopped answering liveness probes and were registered anew",
+                metrics.unresponsive.clone(),
             );
             registry.register(
                 "kpm_backoff_skips",
@@ -198,6 +206,9 @@ impl Metrics {
                 }
                 PluginEvent::RetryScheduled { .. } => {
                     self.retries.inc();
+                }
+                PluginEvent::Unresponsive { .. } => {
+                    self.unresponsive.inc();
                 }
             }
             // Incarnations that never registered are dropped with their socket.

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
-use kpm::PluginManager;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
 use kpm::device::{DeviceConfig, DeviceManager, KubeletSocket};
 use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
+use kpm::{LivenessConfig, PluginManager};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::metrics::{self, Metrics};
@@ -41,6 +41,21 @@ pub(crate) struct RunArgs {
     /// which repairs anything filesystem events missed (0: only on overflow).
     #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "KPM_RESYNC_PERIOD")]
     resync_period: u64,
+    /// Period of the liveness probe: every registered plugin is asked for
+    /// GetInfo; one that fails --liveness-failures probes in a row, or whose
+    /// socket refuses connections, is deregistered and registered anew when
+    /// it answers again (0: off, as in the kubelet).
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, env = "KPM_LIVENESS_PERIOD")]
+    liveness_period: u64,
+    /// Failed liveness probes in a row before a plugin is deregistered.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 3,
+        value_parser = clap::value_parser!(u32).range(1..),
+        env = "KPM_LIVENESS_FAILURES"
+    )]
+    liveness_failures: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -65,6 +80,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
         device_plugin_dir: args.device_plugin_dir.clone(),
         disable: args.disable.clone(),
         resync_period: Duration::from_secs(args.resync_period),
+        liveness: (args.liveness_period > 0).then(|| LivenessConfig {
+            period: Duration::from_secs(args.liveness_period),
+            failure_threshold: args.liveness_failures,
+            ..LivenessConfig::default()
+        }),
     };
     let node = Node::start(root, &options).await?;
     let metrics = match args.metrics_addr {
@@ -93,6 +113,8 @@ pub(crate) struct NodeOptions {
     pub(crate) device_plugin_dir: Option<PathBuf>,
     pub(crate) disable: Vec<PluginKind>,
     pub(crate) resync_period: Duration,
+    /// `None`: no liveness probing.
+    pub(crate) liveness: Option<LivenessConfig>,
 }
 
 /// A plugin manager with the handlers of every enabled type, as `kpm run`
@@ -114,7 +136,8 @@ impl Node {
             .unwrap_or_else(|| root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME));
         let mut builder = PluginManager::builder()
             .registry_dir(registry_dir)
-            .resync_period(options.resync_period);
+            .resync_period(options.resync_period)
+            .liveness(options.liveness);
 
         // CSI node info is kept in memory and served by the status API; a node
         // agent with an API server would plug a Kubernetes sink in instead.

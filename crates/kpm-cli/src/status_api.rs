@@ -63,6 +63,9 @@ pub(crate) struct EventJson {
     pub(crate) reason: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub(crate) retry_in_ms: Option<u64>,
+    /// Failed liveness probes in a row (`unresponsive`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub(crate) failures: Option<u32>,
 }
 
 impl EventJson {
@@ -77,6 +80,7 @@ impl EventJson {
             endpoint: None,
             reason: None,
             retry_in_ms: None,
+            failures: None,
         }
     }
 }
@@ -109,6 +113,22 @@ impl From<PluginEvent> for EventJson {
                 json.generation = Some(generation.get());
                 json.plugin_type = Some(plugin_type);
                 json.name = Some(name);
+                socket
+            }
+            PluginEvent::Unresponsive {
+                socket,
+                generation,
+                plugin_type,
+                name,
+                failures,
+                reason,
+            } => {
+                json.event = "unresponsive".into();
+                json.generation = Some(generation.get());
+                json.plugin_type = Some(plugin_type);
+                json.name = Some(name);
+                json.failures = Some(failures);
+                json.reason = Some(reason);
                 socket
             }
             PluginEvent::RetryScheduled { socket, after } => {

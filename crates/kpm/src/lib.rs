@@ -42,6 +42,7 @@ pub use kpm_cache::{
     ActualState, DesiredState, Generation, HandlerError, PluginEvent, PluginHandler,
 };
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
+pub use kpm_liveness::LivenessConfig;
 pub use kpm_reconciler::ReconcilerConfig;
 pub use kpm_watcher::WatcherConfig;
 pub use manager::{ManagerStats, PluginManager, PluginManagerBuilder};
@@ -74,6 +75,9 @@ pub enum Error {
     /// The registry directory could not be watched.
     #[error("start watching the registry directory: {0}")]
     StartWatcher(#[from] kpm_watcher::WatcherError),
+    /// The liveness settings are invalid.
+    #[error("start liveness probing: {0}")]
+    StartLiveness(#[from] kpm_liveness::LivenessError),
 }
 
 /// `Result` with kpm's [`Error`].

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
+use kpm_liveness::{LivenessConfig, LivenessProber};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_watcher::{Watcher, WatcherConfig};
 use tokio::sync::broadcast;
@@ -23,6 +24,7 @@ pub struct PluginManagerBuilder {
     executor: ExecutorConfig,
     reconciler: ReconcilerConfig,
     watcher: WatcherConfig,
+    liveness: Option<LivenessConfig>,
     shutdown_grace: Duration,
     event_capacity: usize,
 }
@@ -36,6 +38,7 @@ impl Default for PluginManagerBuilder {
             executor: ExecutorConfig::default(),
             reconciler: ReconcilerConfig::default(),
             watcher: WatcherConfig::default(),
+            liveness: Some(LivenessConfig::default()),
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
         }
@@ -79,6 +82,15 @@ impl PluginManagerBuilder {
         self
     }
 
+    /// Liveness probing of registered plugins (`GetInfo` every 10 s; after 3
+    /// failures in a row, or at once when nobody listens on the socket, the
+    /// plugin is deregistered and registered anew). `None` turns it off, as
+    /// the kubelet has it.
+    pub fn liveness(mut self, config: Option<LivenessConfig>) -> Self {
+        self.liveness = config;
+        self
+    }
+
     /// How long [`PluginManager::run`] waits for running operations after
     /// shutdown is requested (default 10 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -108,6 +120,7 @@ impl PluginManagerBuilder {
             reconciler,
             events,
             watcher: self.watcher,
+            liveness: self.liveness,
             shutdown_grace: self.shutdown_grace,
         }
     }
@@ -135,6 +148,7 @@ pub struct PluginManager {
     reconciler: Reconciler,
     events: EventBus,
     watcher: WatcherConfig,
+    liveness: Option<LivenessConfig>,
     shutdown_grace: Duration,
 }
 
@@ -187,16 +201,38 @@ impl PluginManager {
     /// Watches the registry directory and keeps plugins registered until
     /// `shutdown` completes; then stops watching and lets running operations
     /// finish within the shutdown grace period. Fails at once, without
-    /// starting anything, if the directory cannot be watched.
+    /// starting anything, if the directory cannot be watched or the liveness
+    /// settings are invalid.
     ///
     /// Plugins stay registered with their handlers after `run` returns, as
     /// they do when the kubelet stops: they are not told to go away.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let prober = self
+            .liveness
+            .map(|config| {
+                LivenessProber::new(
+                    Arc::clone(&self.desired),
+                    Arc::clone(&self.actual),
+                    self.events.clone(),
+                    config,
+                )
+            })
+            .transpose()?;
         let watcher =
             Watcher::start(&self.registry_dir, Arc::clone(&self.desired), self.watcher.clone())
                 .map_err(Error::StartWatcher)?;
         tracing::info!(registry = %watcher.root().display(), "plugin manager started");
-        self.reconciler.run(shutdown).await;
+        // The prober runs until the reconciler stops; it only renews sockets.
+        let probing = async {
+            match &prober {
+                Some(prober) => prober.run(std::future::pending()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = self.reconciler.run(shutdown) => {}
+            () = probing => {}
+        }
         watcher.stop().await;
         let operations = self.reconciler.executor().operations();
         if tokio::time::timeout(self.shutdown_grace, operations.wait_for_completion())
