@@ -12,6 +12,7 @@
 
 mod backoff;
 mod error;
+mod isolation;
 mod operation_executor;
 mod operation_map;
 mod plugin_info;

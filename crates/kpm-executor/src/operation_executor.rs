@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
+use crate::isolation::{HandlerFailure, call_handler};
 use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info};
 
 /// Handlers by plugin type, as the reconciler hands them to one operation.
@@ -33,6 +34,10 @@ pub struct ExecutorConfig {
     pub get_info_timeout: Duration,
     /// Each `NotifyRegistrationStatus` call (kubelet: 5 s).
     pub notify_timeout: Duration,
+    /// Each call of a handler (validate, register, deregister), which runs in
+    /// a task of its own: a handler that hangs or panics fails that call only
+    /// (kubelet: none). Above the CSI handler's two-minute `NodeGetInfo`.
+    pub handler_timeout: Duration,
     /// Waits between failed operations on one socket.
     pub backoff: ExponentialBackoff,
 }
@@ -44,6 +49,7 @@ impl Default for ExecutorConfig {
             refused_retry: Duration::from_millis(250),
             get_info_timeout: Duration::from_secs(1),
             notify_timeout: Duration::from_secs(5),
+            handler_timeout: Duration::from_secs(180),
             backoff: ExponentialBackoff::default(),
         }
     }
@@ -110,8 +116,9 @@ impl OperationExecutor {
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
         let events = self.events.clone();
+        let timeout = self.config.handler_timeout;
         self.operations.start(&info.socket_path.clone(), async move {
-            deregister(&info, &actual_state, &events).await;
+            deregister(&info, &actual_state, &events, timeout).await;
             Ok(())
         })
     }
@@ -129,8 +136,9 @@ impl OperationExecutor {
         let socket = old.socket_path.clone();
         let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state));
         let events = self.events.clone();
+        let timeout = self.config.handler_timeout;
         self.operations.start(&socket, async move {
-            deregister(&old, &actual_state, &events).await;
+            deregister(&old, &actual_state, &events, timeout).await;
             op.run().await
         })
     }
@@ -156,11 +164,16 @@ impl OperationExecutor {
 /// Removes `info` from `actual_state` and tells its handler. Only the call
 /// that removes that incarnation deregisters, so each registration is
 /// deregistered exactly once.
-async fn deregister(info: &PluginInfo, actual_state: &ActualState, events: &EventBus) {
+async fn deregister(
+    info: &PluginInfo,
+    actual_state: &ActualState,
+    events: &EventBus,
+    handler_timeout: Duration,
+) {
     if actual_state.remove_generation(&info.socket_path, info.generation).is_none() {
         return;
     }
-    info.handler.deregister(&info.name, &info.endpoint).await;
+    call_deregister(info, handler_timeout).await;
     tracing::info!(
         socket = %info.socket_path.display(), plugin = %info.name,
         plugin_type = %info.plugin_type, "plugin deregistered"
@@ -173,6 +186,23 @@ async fn deregister(info: &PluginInfo, actual_state: &ActualState, events: &Even
     });
 }
 
+/// Tells the handler to forget `info`, isolated: a deregister that hangs or
+/// panics is logged, and the plugin counts as deregistered all the same.
+async fn call_deregister(info: &PluginInfo, handler_timeout: Duration) {
+    let (handler, name, endpoint) =
+        (Arc::clone(&info.handler), info.name.clone(), info.endpoint.clone());
+    let call = async move {
+        handler.deregister(&name, &endpoint).await;
+        Ok(())
+    };
+    if let Err(failure) = call_handler(&info.plugin_type, handler_timeout, call).await {
+        tracing::error!(
+            socket = %info.socket_path.display(), plugin = %info.name, error = %failure.error,
+            "handler failed to deregister the plugin; dropping it anyway"
+        );
+    }
+}
+
 /// How long after `GetInfo` its connection is trusted for the notification.
 const REUSE_CONNECTION_FOR: Duration = Duration::from_secs(1);
 
@@ -180,6 +210,12 @@ const REUSE_CONNECTION_FOR: Duration = Duration::from_secs(1);
 struct Connection {
     client: RegistrationClient<Channel>,
     opened: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum HandlerStep {
+    Validate,
+    Register,
 }
 
 /// One register operation and what it needs.
@@ -237,31 +273,41 @@ impl Register {
         } else {
             info.endpoint
         };
-        let (name, versions) = (info.name, info.supported_versions);
-
-        if let Err(source) = handler.validate(&name, &endpoint, &versions).await {
-            let message =
-                format!("RegisterPlugin error -- plugin validation failed with err: {source}");
-            self.notify_failure(&connection, &name, message).await;
-            return Err(ExecutorError::Validate { socket: self.socket.clone(), name, source });
-        }
-        if let Err(source) = handler.register(&name, &endpoint, &versions).await {
-            let message =
-                format!("RegisterPlugin error -- plugin registration failed with err: {source}");
-            self.notify_failure(&connection, &name, message).await;
-            return Err(ExecutorError::Register { socket: self.socket.clone(), name, source });
-        }
-
-        let registered = PluginInfo {
+        let mut registered = PluginInfo {
             socket_path: self.socket.clone(),
             generation: self.generation,
             plugin_type: info.r#type,
-            name,
+            name: info.name,
             endpoint,
-            versions,
+            versions: info.supported_versions,
             registered_at: SystemTime::now(),
             handler,
         };
+
+        if let Err(failure) = self.call(&registered, HandlerStep::Validate).await {
+            let message = format!(
+                "RegisterPlugin error -- plugin validation failed with err: {}",
+                failure.error
+            );
+            self.notify_failure(&connection, &registered.name, message).await;
+            let (socket, name, source) = (self.socket.clone(), registered.name, failure.error);
+            return Err(ExecutorError::Validate { socket, name, source });
+        }
+        if let Err(failure) = self.call(&registered, HandlerStep::Register).await {
+            if failure.aborted {
+                // It may have stopped halfway: nothing may stay registered.
+                call_deregister(&registered, self.config.handler_timeout).await;
+            }
+            let message = format!(
+                "RegisterPlugin error -- plugin registration failed with err: {}",
+                failure.error
+            );
+            self.notify_failure(&connection, &registered.name, message).await;
+            let (socket, name, source) = (self.socket.clone(), registered.name, failure.error);
+            return Err(ExecutorError::Register { socket, name, source });
+        }
+        registered.registered_at = SystemTime::now();
+
         let recorded = self.notify(&connection, true, String::new()).await.and_then(|()| {
             self.actual_state.add(registered.clone()).map_err(|source| ExecutorError::ActualState {
                 socket: self.socket.clone(),
@@ -270,7 +316,7 @@ impl Register {
         });
         if let Err(err) = recorded {
             // The plugin does not know it is registered: undo, retry later.
-            registered.handler.deregister(&registered.name, &registered.endpoint).await;
+            call_deregister(&registered, self.config.handler_timeout).await;
             return Err(err);
         }
         tracing::info!(
@@ -279,6 +325,21 @@ impl Register {
             generation = %self.generation, "plugin registered"
         );
         Ok(registered)
+    }
+
+    /// Calls the plugin's handler for `step`, isolated (see [`call_handler`]).
+    async fn call(&self, plugin: &PluginInfo, step: HandlerStep) -> Result<(), HandlerFailure> {
+        let handler = Arc::clone(&plugin.handler);
+        let (name, endpoint, versions) =
+            (plugin.name.clone(), plugin.endpoint.clone(), plugin.versions.clone());
+        let timeout = self.config.handler_timeout;
+        call_handler(&plugin.plugin_type, timeout, async move {
+            match step {
+                HandlerStep::Validate => handler.validate(&name, &endpoint, &versions).await,
+                HandlerStep::Register => handler.register(&name, &endpoint, &versions).await,
+            }
+        })
+        .await
     }
 
     async fn dial(&self) -> Result<RegistrationClient<Channel>, ExecutorError> {

@@ -12,6 +12,7 @@ use kpm_cache::{ChangeSignal, Changes, EventBus, PluginEvent};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
+use crate::isolation::panic_message;
 use crate::{ExecutorError, ExponentialBackoff};
 
 /// Runs operations keyed by socket path.
@@ -275,18 +276,6 @@ impl Shared {
         }
         self.completions.bump();
     }
-}
-
-fn panic_message(join: tokio::task::JoinError) -> String {
-    if join.is_cancelled() {
-        return "operation was cancelled".to_owned();
-    }
-    let payload = join.into_panic();
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "operation panicked".to_owned())
 }
 
 #[cfg(test)]

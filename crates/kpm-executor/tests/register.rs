@@ -115,6 +115,8 @@ struct RecordingHandler {
     reject_validation: Option<&'static str>,
     /// Number of `register` calls that fail before one succeeds.
     failing_registers: Mutex<usize>,
+    /// What `register` does instead of returning: "panic" or "hang".
+    misbehave: Option<&'static str>,
 }
 
 #[async_trait::async_trait]
@@ -129,6 +131,11 @@ impl PluginHandler for RecordingHandler {
 
     async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
         self.events.lock().push(format!("register {name} {endpoint}"));
+        match self.misbehave {
+            Some("panic") => panic!("boom"),
+            Some(_) => std::future::pending::<()>().await,
+            None => {}
+        }
         let mut failing = self.failing_registers.lock();
         if *failing > 0 {
             *failing -= 1;
@@ -376,6 +383,40 @@ async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
     let last = served.statuses().last().cloned().unwrap();
     assert!(last.plugin_registered, "{last:?}");
     assert_eq!(h.handler.events().iter().filter(|e| e.starts_with("register")).count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_panics_or_hangs_fails_that_registration_only() {
+    let dir = tempfile::tempdir().unwrap();
+    for (misbehave, reason) in [
+        ("panic", "the DevicePlugin handler panicked: boom"),
+        ("hang", "the DevicePlugin handler did not answer within 200ms"),
+    ] {
+        let served = serve(dir.path(), misbehave, device_plugin("vendor.com/gpu", ""), false).await;
+        let handler =
+            RecordingHandler { misbehave: Some(misbehave), ..RecordingHandler::default() };
+        let config =
+            ExecutorConfig { handler_timeout: Duration::from_millis(200), ..fast_config() };
+        let h = harness(handler, config);
+        h.register(&served.socket, h.generation(&served.socket)).await;
+
+        assert_eq!(
+            status_error(&served),
+            format!("RegisterPlugin error -- plugin registration failed with err: {reason}")
+        );
+        assert!(h.actual.is_empty());
+        let endpoint = served.socket.display().to_string();
+        assert_eq!(
+            h.handler.events()[1..],
+            [
+                format!("register vendor.com/gpu {endpoint}"),
+                // Stopped halfway: undone.
+                format!("deregister vendor.com/gpu {endpoint}"),
+            ]
+        );
+        let refusal = h.refusal(&served.socket, h.generation(&served.socket));
+        assert!(refusal.to_string().contains(reason), "retried later with the reason: {refusal}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

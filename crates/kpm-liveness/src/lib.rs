@@ -136,7 +136,7 @@ impl LivenessProber {
     }
 
     /// One round: probes every registered plugin, at most
-    /// [`CONCURRENT_PROBES`] at a time, and renews those that failed too often.
+    /// 16 at a time, and renews those that failed too often.
     pub async fn probe_all(&self) {
         let mut pending = self.actual.generations().into_iter();
         let mut running = JoinSet::new();
