@@ -65,3 +65,7 @@ pub const MAX_ENDPOINT_BYTES: usize = 107;
 pub const MAX_SUPPORTED_VERSIONS: usize = 32;
 /// Longest supported version string (`v1beta1.DRAPlugin`, `1.0.0`, ...).
 pub const MAX_VERSION_BYTES: usize = 63;
+
+/// Mode of the directories kpm creates (root, registry, device-plugin dir),
+/// before the umask: plugins run as root, other users have no business there.
+pub const OWN_DIR_MODE: u32 = 0o750;

@@ -123,6 +123,59 @@ pub async fn bind(path: &Path) -> Result<UnixListenerStream, TransportError> {
     Ok(UnixListenerStream::new(listener))
 }
 
+/// Mode of the sockets kpm serves itself (`kubelet.sock`, `kpm.sock`): only
+/// the owner (root on a node) may connect, as with the kubelet's sockets,
+/// which need write permission and are created 0755.
+pub const OWNER_ONLY: u32 = 0o600;
+
+/// Like [`bind`], then restricts the socket file to `mode` and records which
+/// file it is, so that shutdown removes only that file.
+pub async fn bind_with_mode(
+    path: &Path,
+    mode: u32,
+) -> Result<(UnixListenerStream, BoundSocket), TransportError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let incoming = bind(path).await?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(|source| TransportError::Bind { path: path.to_path_buf(), source })?;
+    Ok((incoming, BoundSocket::new(path)))
+}
+
+/// A socket file a server bound. Removed on shutdown only while it is still
+/// that file: a newer server may have replaced it at the same path, and kpm
+/// never unlinks a socket it does not own.
+#[derive(Debug, Clone)]
+pub struct BoundSocket {
+    path: PathBuf,
+    file: Option<FileId>,
+}
+
+impl BoundSocket {
+    /// Records the file at `path`; call it right after binding.
+    pub fn new(path: &Path) -> Self {
+        Self { path: path.to_path_buf(), file: FileId::at(path) }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the file if it is still the one bound. `Ok(false)`: it was
+    /// already gone, or replaced and left alone. Call it while the listener
+    /// is still open: that keeps the inode from being reused meanwhile.
+    pub fn remove(&self) -> io::Result<bool> {
+        let Some(ours) = self.file else { return Ok(false) };
+        match FileId::at(&self.path) {
+            Some(now) if ours.is_same_file(&now) => match std::fs::remove_file(&self.path) {
+                Ok(()) => Ok(true),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(err) => Err(err),
+            },
+            _ => Ok(false),
+        }
+    }
+}
+
 /// The innermost cause: tonic's own text is only "transport error", the OS
 /// error underneath says what went wrong.
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {

@@ -1,5 +1,6 @@
 //! `kpm run`: the plugin manager on a node.
 
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,7 +128,10 @@ pub(crate) struct Node {
 impl Node {
     /// Creates the root directory and the handlers, and serves `kubelet.sock`.
     pub(crate) async fn start(root: &Path, options: &NodeOptions) -> Result<Self, CliError> {
-        std::fs::create_dir_all(root)
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(kpm::api::OWN_DIR_MODE)
+            .create(root)
             .map_err(|source| CliError::CreateRoot { path: root.to_path_buf(), source })?;
         let enabled = |kind| !options.disable.contains(&kind);
         let registry_dir = options
@@ -184,14 +188,16 @@ impl Node {
 
 /// The status API server and the socket file it owns.
 struct StatusServer {
-    socket: PathBuf,
+    socket: kpm_api::uds::BoundSocket,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl StatusServer {
     async fn start(socket: &Path, sources: status_api::Sources) -> Result<Self, CliError> {
-        let listener =
-            kpm_api::uds::bind(socket).await.map_err(CliError::StatusSocket)?.into_inner();
+        let (incoming, bound) = kpm_api::uds::bind_with_mode(socket, kpm_api::uds::OWNER_ONLY)
+            .await
+            .map_err(CliError::StatusSocket)?;
+        let listener = incoming.into_inner();
         let router = status_api::router(sources);
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {
@@ -200,15 +206,16 @@ impl StatusServer {
             }
         });
         tracing::info!(socket = %socket.display(), "status API listening");
-        Ok(Self { socket: socket.to_path_buf(), task })
+        Ok(Self { socket: bound, task })
     }
 
-    /// Stops serving and removes the socket file.
+    /// Removes the socket file if it is still ours, and stops serving.
     fn stop(self) {
-        self.task.abort();
-        if let Err(err) = std::fs::remove_file(&self.socket) {
-            tracing::warn!(socket = %self.socket.display(), error = %err, "cannot remove status socket");
+        if let Err(err) = self.socket.remove() {
+            let socket = self.socket.path().display();
+            tracing::warn!(%socket, error = %err, "cannot remove status socket");
         }
+        self.task.abort();
     }
 }
 

@@ -274,3 +274,32 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     });
     assert_eq!(http_get(&addr, "/healthz"), "ok");
 }
+
+#[test]
+fn own_files_are_restricted_and_the_status_api_is_read_only() {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::PermissionsExt;
+
+    let root = tempfile::tempdir().unwrap();
+    let kpm = Kpm::start(root.path());
+    let mode =
+        |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    let status_socket = root.path().join("kpm.sock");
+    let kubelet_socket = root.path().join("device-plugins/kubelet.sock");
+    assert_eq!(mode(&status_socket), 0o600);
+    assert_eq!(mode(&kubelet_socket), 0o600);
+    // Created by kpm: at most 0750 (less the umask).
+    for dir in [kpm.registry(), root.path().join("device-plugins")] {
+        assert_eq!(mode(&dir) & !0o750, 0, "{}: {:o}", dir.display(), mode(&dir));
+    }
+
+    for method in ["POST", "PUT", "DELETE", "PATCH"] {
+        let mut stream = std::os::unix::net::UnixStream::connect(&status_socket).unwrap();
+        write!(stream, "{method} /v1/plugins HTTP/1.0\r\nHost: kpm\r\nContent-Length: 0\r\n\r\n")
+            .unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        assert!(response.starts_with("HTTP/1.0 405"), "{method}: {response}");
+    }
+    assert!(kpm.list().is_some(), "still serving");
+}

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::DeviceError;
 use crate::manager::DeviceManager;
-use kpm_api::uds::FileId;
+use kpm_api::uds::{BoundSocket, OWNER_ONLY, bind_with_mode};
 
 /// How long [`KubeletSocket::shutdown`] lets in-flight `Register` calls finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
@@ -29,7 +29,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 pub struct KubeletSocket {
     path: PathBuf,
     /// The file we bound, so that we never remove one someone else created.
-    file: Option<FileId>,
+    bound: BoundSocket,
     /// Sending (or dropping) it stops the server. `None` once stopped.
     stop: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
@@ -60,11 +60,11 @@ impl DeviceManager {
         let dir = std::path::absolute(dir).map_err(create_err)?;
         create_dir(&dir).map_err(create_err)?;
         let path = dir.join(KUBELET_SOCKET_NAME);
-        let incoming = kpm_api::uds::bind(&path).await.map_err(|source| match source {
-            TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
-            source => DeviceError::BindKubeletSocket { path: path.clone(), source },
-        })?;
-        let file = FileId::at(&path);
+        let (incoming, bound) =
+            bind_with_mode(&path, OWNER_ONLY).await.map_err(|source| match source {
+                TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
+                source => DeviceError::BindKubeletSocket { path: path.clone(), source },
+            })?;
         let service = RegistrationService { manager: Arc::clone(self), dir };
         let (stop, stopped) = oneshot::channel::<()>();
         let socket = path.clone();
@@ -84,7 +84,7 @@ impl DeviceManager {
             }
         });
         info!(socket = %path.display(), "serving device plugin registration");
-        Ok(KubeletSocket { path, file, stop: Some(stop), server: Some(server) })
+        Ok(KubeletSocket { path, bound, stop: Some(stop), server: Some(server) })
     }
 }
 
@@ -115,18 +115,14 @@ impl KubeletSocket {
     /// no new file at the path can have it yet.
     fn remove_socket(&self) {
         let path = &self.path;
-        match FileId::at(path) {
-            Some(now) if self.file.is_some_and(|ours| ours.is_same_file(&now)) => {
-                if let Err(err) = std::fs::remove_file(path)
-                    && err.kind() != std::io::ErrorKind::NotFound
-                {
-                    warn!(socket = %path.display(), error = %err, "removing kubelet.sock failed");
-                }
+        match self.bound.remove() {
+            Ok(true) => {}
+            Ok(false) => {
+                debug!(socket = %path.display(), "kubelet.sock is gone or not ours; leaving it");
             }
-            Some(_) => {
-                debug!(socket = %path.display(), "kubelet.sock was re-created since; leaving it");
+            Err(err) => {
+                warn!(socket = %path.display(), error = %err, "removing kubelet.sock failed");
             }
-            None => {}
         }
     }
 }
@@ -161,5 +157,5 @@ impl Registration for RegistrationService {
 /// `mkdir -p` with mode 0750 for the directories it creates.
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
-    std::fs::DirBuilder::new().recursive(true).mode(0o750).create(dir)
+    std::fs::DirBuilder::new().recursive(true).mode(kpm_api::constants::OWN_DIR_MODE).create(dir)
 }

@@ -38,15 +38,6 @@ pub enum RegistrarError {
         source: TransportError,
     },
 
-    /// Reading back the socket file just bound failed, so it could not be
-    /// recognised (and removed) at shutdown.
-    #[error("stat registration socket {}: {source}", path.display())]
-    Stat {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-
     // === Running ===
     /// Nobody sent `NotifyRegistrationStatus` in time: the node agent does not
     /// watch the socket's directory, or is not running.

@@ -1,7 +1,6 @@
 //! The registration server: [`RegistrarBuilder`] (configuration), [`Registrar`]
 //! (the running handle) and the `pluginregistration.Registration` service.
 
-use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +13,7 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use kpm_api::uds::FileId;
+use kpm_api::uds::BoundSocket;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -67,7 +66,7 @@ pub struct Registrar {
     plugin: Arc<Plugin>,
     /// Identity of the socket file we bound, so that we never remove a file a
     /// newer instance created at the same path.
-    socket_file: FileId,
+    socket_file: BoundSocket,
     /// Sending (or dropping) it stops the server. `None` once stopped.
     stop: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
@@ -167,9 +166,7 @@ impl RegistrarBuilder {
             source,
         })?;
         let incoming = kpm_api::uds::bind(&socket).await?;
-        let socket_file = std::fs::symlink_metadata(&socket)
-            .map(|meta| FileId::of(&meta))
-            .map_err(|source| RegistrarError::Stat { path: socket.clone(), source })?;
+        let socket_file = BoundSocket::new(&socket);
 
         let (latest, _) = watch::channel(None);
         let plugin = Arc::new(Plugin { info, socket, latest, history: Mutex::new(Vec::new()) });
@@ -291,20 +288,13 @@ impl Registrar {
     /// Removes the socket file if it is still the one we bound.
     fn remove_socket(&self) -> Result<(), RegistrarError> {
         let path = &self.plugin.socket;
-        let remove_err = |source| RegistrarError::RemoveSocket { path: path.clone(), source };
-        match std::fs::symlink_metadata(path) {
-            Ok(meta) if FileId::of(&meta).is_same_file(&self.socket_file) => {
-                match std::fs::remove_file(path) {
-                    Err(err) if err.kind() != io::ErrorKind::NotFound => Err(remove_err(err)),
-                    _ => Ok(()),
-                }
-            }
-            Ok(_) => {
-                debug!(socket = %path.display(), "socket file was re-created since; leaving it");
+        match self.socket_file.remove() {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                debug!(socket = %path.display(), "socket file is gone or was re-created; leaving it");
                 Ok(())
             }
-            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(err) => Err(remove_err(err)),
+            Err(source) => Err(RegistrarError::RemoveSocket { path: path.clone(), source }),
         }
     }
 }

@@ -17,12 +17,9 @@ use crate::WatcherStats;
 use crate::error::exhausted_limit;
 use crate::scan::{self, FileId, Listing};
 
-/// Mode of the registry directory when the watcher creates it (before umask).
-const ROOT_MODE: u32 = 0o755;
-
-/// `mkdir -p root` with mode 0755.
+/// `mkdir -p root` with mode 0750.
 pub(crate) fn create_root(root: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(ROOT_MODE).create(root)?;
+    DirBuilder::new().recursive(true).mode(kpm_api::constants::OWN_DIR_MODE).create(root)?;
     // `create` succeeds on an existing path only if it is a directory; check
     // anyway so that a symlink to a file is reported here, not at listing.
     if fs::metadata(root)?.is_dir() {

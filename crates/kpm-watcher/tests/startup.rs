@@ -67,7 +67,7 @@ async fn missing_root_is_created_with_its_parents() {
     let metadata = fs::metadata(&root).unwrap();
     assert!(metadata.is_dir());
     let mode = metadata.permissions().mode() & 0o7777;
-    assert_eq!(mode & !0o755, 0, "mode {mode:o} is 0755 less the umask");
+    assert_eq!(mode & !0o750, 0, "mode {mode:o} is 0750 less the umask");
 
     make_socket(&root.join("a.sock"));
     wait_until("a socket in the created root is registered", || {
