@@ -53,6 +53,19 @@ struct Inner {
     changed: HashSet<PathBuf>,
 }
 
+impl Inner {
+    /// Gives `socket_path` the next generation and notes it as changed.
+    fn new_generation(&mut self, socket_path: &Path) -> Generation {
+        self.last_generation += 1;
+        let generation = Generation(self.last_generation);
+        if let Some(old) = self.plugins.insert(socket_path.to_path_buf(), generation) {
+            tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "new incarnation");
+        }
+        self.changed.insert(socket_path.to_path_buf());
+        generation
+    }
+}
+
 impl DesiredState {
     pub fn new() -> Self {
         Self::default()
@@ -64,16 +77,7 @@ impl DesiredState {
         if socket_path.as_os_str().is_empty() {
             return Err(CacheError::EmptySocketPath);
         }
-        let generation = {
-            let mut inner = self.inner.write();
-            inner.last_generation += 1;
-            let generation = Generation(inner.last_generation);
-            if let Some(old) = inner.plugins.insert(socket_path.to_path_buf(), generation) {
-                tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "socket re-created");
-            }
-            inner.changed.insert(socket_path.to_path_buf());
-            generation
-        };
+        let generation = self.inner.write().new_generation(socket_path);
         self.changes.bump();
         Ok(generation)
     }
@@ -87,10 +91,7 @@ impl DesiredState {
             if inner.plugins.get(socket_path) != Some(&generation) {
                 return None;
             }
-            inner.last_generation += 1;
-            let renewed = Generation(inner.last_generation);
-            inner.plugins.insert(socket_path.to_path_buf(), renewed);
-            renewed
+            inner.new_generation(socket_path)
         };
         self.changes.bump();
         Some(renewed)
@@ -184,6 +185,7 @@ mod tests {
         assert_eq!(dsw.generation(socket), Some(renewed));
         let woken = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed());
         assert!(woken.await.is_ok(), "a renewal wakes subscribers");
+        assert!(dsw.take_changed().contains(&socket.to_path_buf()), "and is journalled");
         assert_eq!(dsw.renew(socket, first), None, "stale generation");
         dsw.remove(socket);
         assert_eq!(dsw.renew(socket, renewed), None, "gone");
