@@ -6,10 +6,14 @@
 //! - `ci`: everything CI runs, in order, printing each command.
 //! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
 //!   `docs/performance.md` (see `bench.rs`).
+//! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
+//!   `docs/reliability.md`, 10 minutes by default (see `soak.rs`).
 //! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
 
 mod bench;
 mod codegen;
+mod harness;
+mod soak;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -17,8 +21,8 @@ use std::process::{Command, ExitCode};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-const USAGE: &str =
-    "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] | tidy>";
+const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] \
+                     | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] | tidy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -28,7 +32,12 @@ fn main() -> ExitCode {
         ["codegen", "--check"] => codegen::run(&project_root(), codegen::Mode::Check),
         ["ci"] => ci(),
         ["bench", options @ ..] => bench::run(&project_root(), options),
+        ["soak", options @ ..] => soak::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
+        ["--help" | "-h" | "help"] => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         _ => {
             eprintln!("{USAGE}");
             return ExitCode::from(2);

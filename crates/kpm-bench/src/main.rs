@@ -1,4 +1,4 @@
-//! `kpm-loadgen`: the load generator of `cargo xtask bench`.
+//! `kpm-loadgen`: the load generator of `cargo xtask bench` and `cargo xtask soak`.
 //!
 //! Runs many `kpm-registrar` device plugins in one process against a running
 //! `kpm run` and prints one JSON object of measurements on stdout:
@@ -7,19 +7,29 @@
 //!   [--kpm-pid PID] [--plugins N] [--interval-ms MS] [--rate N]
 //!   [--duration-secs S] [--plugin-type device|csi]`: one scenario (see `scenarios.rs`), with the
 //!   defaults of the issue unless told otherwise;
+//! - `run --root DIR --scenario soak --kpm-pid PID --metrics-addr HOST:PORT [--plugins N]
+//!   [--rate N] [--duration-secs S] [--warmup-secs S] [--sample-secs S] [--bad-interval-ms MS]
+//!   [--bad-lifetime-ms MS] [--misbehaviours KIND,...]`: churn with misbehaving plugins mixed
+//!   in, kpm sampled over time (see `soak.rs`); exits with status 3 when the verdict fails,
+//!   the JSON printed all the same;
 //! - `machine`: a description of this machine (CPUs, model, kernel);
 //! - `report FILE`: the table of a combined results file written by
-//!   `cargo xtask bench`, against the targets and the kubelet's figures.
+//!   `cargo xtask bench`, against the targets and the kubelet's figures, or
+//!   the tables of a soak's results.
 //!
 //! Progress goes to stderr; stdout carries nothing but the JSON (or table).
 
 mod events;
+mod metrics;
+mod misbehave;
 mod plugins;
 mod procfs;
 mod report;
 mod scenarios;
+mod soak;
 mod stats;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -59,21 +69,43 @@ struct RunArgs {
     #[arg(long, value_enum)]
     scenario: Scenario,
     /// kpm's process id, for its CPU time, RSS and open file descriptors
-    /// (required by `steady` and `churn`, used by `burst`).
+    /// (required by `steady`, `churn` and `soak`, used by `burst`).
     #[arg(long, value_name = "PID")]
     kpm_pid: Option<u32>,
-    /// Number of plugins [default: 50 staggered and deregister, 1000 otherwise].
+    /// Number of plugins [default: 50 staggered and deregister, 200 soak, 1000 otherwise].
     #[arg(long, value_name = "N")]
     plugins: Option<usize>,
     /// Time between two plugins of `staggered` and `deregister` [default: 37].
     #[arg(long, value_name = "MS")]
     interval_ms: Option<u64>,
-    /// Sockets removed and re-created per second in `churn` [default: 100].
+    /// Sockets removed and re-created per second in `churn` and `soak`
+    /// [default: 100 churn, 20 soak].
     #[arg(long, value_name = "N")]
     rate: Option<u32>,
-    /// How long `steady` holds and `churn` churns [default: 30].
+    /// How long `steady` holds, `churn` churns and `soak` loads
+    /// [default: 30, soak 600].
     #[arg(long, value_name = "S")]
     duration_secs: Option<u64>,
+    /// kpm's Prometheus endpoint, `kpm run --metrics-addr` (required by `soak`).
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<SocketAddr>,
+    /// Load before the baseline sample of `soak` [default: a third of the
+    /// duration, at most 60, at least one round of every plugin and misbehaviour].
+    #[arg(long, value_name = "S")]
+    warmup_secs: Option<u64>,
+    /// Time between two samples of kpm in `soak`.
+    #[arg(long, value_name = "S", default_value_t = 10)]
+    sample_secs: u64,
+    /// Time between two misbehaving plugins in `soak`.
+    #[arg(long, value_name = "MS", default_value_t = 1500)]
+    bad_interval_ms: u64,
+    /// Lifetime of each misbehaving plugin in `soak`.
+    #[arg(long, value_name = "MS", default_value_t = 4000)]
+    bad_lifetime_ms: u64,
+    /// The misbehaviours of `soak`, started in turn [default: all]; with
+    /// `--bad-interval-ms 0`, none.
+    #[arg(long, value_enum, value_name = "KINDS", value_delimiter = ',')]
+    misbehaviours: Vec<misbehave::Misbehaviour>,
     /// The type of the plugins.
     #[arg(long, value_enum, default_value_t = plugins::Kind::Device)]
     plugin_type: plugins::Kind,
@@ -87,19 +119,23 @@ enum Scenario {
     Steady,
     Churn,
     Deregister,
+    Soak,
 }
+
+/// The exit status of a run whose verdict failed (`soak`).
+const VERDICT_FAILED: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(&args),
-        Command::Machine => Ok(report::machine().to_string()),
-        Command::Report { file } => report::table(&file),
+        Command::Machine => Ok((report::machine().to_string(), true)),
+        Command::Report { file } => report::table(&file).map(|table| (table, true)),
     };
     match result {
-        Ok(output) => {
+        Ok((output, passed)) => {
             println!("{output}");
-            ExitCode::SUCCESS
+            if passed { ExitCode::SUCCESS } else { ExitCode::from(VERDICT_FAILED) }
         }
         Err(err) => {
             eprintln!("kpm-loadgen: {err}");
@@ -115,7 +151,8 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
-fn run(args: &RunArgs) -> Result<String> {
+/// Runs a scenario: its JSON, and whether its verdict (if it has one) passed.
+fn run(args: &RunArgs) -> Result<(String, bool)> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let ctx = scenarios::Context::new(&args.root, args.kpm_pid, args.plugin_type);
     let interval = Duration::from_millis(args.interval_ms.unwrap_or(37));
@@ -133,6 +170,7 @@ fn run(args: &RunArgs) -> Result<String> {
                 scenarios::churn(&ctx, many, args.rate.unwrap_or(100), duration).await
             }
             Scenario::Deregister => scenarios::deregister(&ctx, few, interval).await,
+            Scenario::Soak => soak::soak(&ctx, &soak_settings(args)?).await,
         }
     })?;
     // Other work on the machine skews every figure: record how busy it was.
@@ -147,5 +185,25 @@ fn run(args: &RunArgs) -> Result<String> {
     }
     // Plugins still serving stop with the runtime.
     runtime.shutdown_timeout(Duration::from_secs(2));
-    Ok(result.to_string())
+    let passed = result["verdict"]["pass"] != false;
+    Ok((result.to_string(), passed))
+}
+
+fn soak_settings(args: &RunArgs) -> Result<soak::Settings> {
+    let metrics = args.metrics_addr.ok_or("soak needs --metrics-addr")?;
+    Ok(soak::Settings {
+        plugins: args.plugins.unwrap_or(200),
+        rate: args.rate.unwrap_or(20),
+        duration: Duration::from_secs(args.duration_secs.unwrap_or(600)),
+        warmup: args.warmup_secs.map(Duration::from_secs),
+        sample_every: Duration::from_secs(args.sample_secs.max(1)),
+        bad_interval: Duration::from_millis(args.bad_interval_ms.max(1)),
+        bad_lifetime: Duration::from_millis(args.bad_lifetime_ms),
+        misbehaviours: match (args.bad_interval_ms, args.misbehaviours.as_slice()) {
+            (0, _) => Vec::new(),
+            (_, []) => misbehave::Misbehaviour::ALL.to_vec(),
+            (_, kinds) => kinds.to_vec(),
+        },
+        metrics,
+    })
 }

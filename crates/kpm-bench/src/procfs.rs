@@ -72,6 +72,15 @@ pub(crate) fn sample(pid: &str) -> Result<Sample> {
     Ok(Sample { at, ticks, sched_ns, rss_kb, hwm_kb, fds, threads })
 }
 
+/// Whether process `pid` is running: it exists and is neither a zombie
+/// (exited, not yet reaped by its parent) nor dead.
+pub(crate) fn alive(pid: &str) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+        state.is_some_and(|state| !matches!(state, "Z" | "X" | "x"))
+    })
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`), 100 if that cannot be run.
 pub(crate) fn clock_ticks_per_second() -> u64 {
     std::process::Command::new("getconf")
@@ -130,6 +139,8 @@ mod tests {
         assert!(sample.fds >= 3);
         assert!(sample.threads >= 1);
         assert!(clock_ticks_per_second() > 0);
+        assert!(alive("self"));
+        assert!(!alive("0"));
     }
 
     #[test]

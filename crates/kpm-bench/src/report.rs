@@ -1,6 +1,6 @@
 //! The machine description and the results table: each figure against the
 //! target of issue 8 and the kubelet's plugin manager (Go, v1.32) measured
-//! on the same machine.
+//! on the same machine. A soak's results file gets the soak's tables instead.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -48,29 +48,46 @@ pub(crate) fn table(file: &Path) -> Result<String> {
     let text = std::fs::read_to_string(file)
         .map_err(|err| format!("cannot read {}: {err}", file.display()))?;
     let results: Value = serde_json::from_str(&text)?;
-    let rows = rows(&results);
-    let headers = ["SCENARIO", "MEASURE", "KPM", "TARGET", "KUBELET v1.32", "VERDICT"];
-    let cells: Vec<[&str; 6]> = rows
-        .iter()
-        .map(|row| [row.scenario, row.measure, &row.value, row.target, row.kubelet, row.verdict])
+    if results["scenario"] == "soak" {
+        return Ok(crate::soak::table(&results));
+    }
+    let rows: Vec<Vec<String>> = rows(&results)
+        .into_iter()
+        .map(|row| {
+            vec![
+                row.scenario.to_owned(),
+                row.measure.to_owned(),
+                row.value,
+                row.target.to_owned(),
+                row.kubelet.to_owned(),
+                row.verdict.to_owned(),
+            ]
+        })
         .collect();
-    let mut widths = headers.map(str::len);
-    for line in &cells {
-        for (width, cell) in widths.iter_mut().zip(line) {
+    let headers = ["SCENARIO", "MEASURE", "KPM", "TARGET", "KUBELET v1.32", "VERDICT"];
+    Ok(columns(&headers, &rows))
+}
+
+/// `rows` under `headers`, in columns two spaces apart.
+pub(crate) fn columns(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|header| header.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
+    let headers = headers.iter().map(|&header| header.to_owned()).collect();
     let mut out = String::new();
-    for line in std::iter::once(headers).chain(cells) {
-        let mut text = String::new();
-        for (cell, width) in line.iter().zip(widths) {
+    for row in std::iter::once(&headers).chain(rows) {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(&widths) {
             let pad = width.saturating_sub(cell.chars().count());
-            let _ = write!(text, "{cell}{}  ", " ".repeat(pad));
+            let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
         }
-        out.push_str(text.trim_end());
+        out.push_str(line.trim_end());
         out.push('\n');
     }
-    Ok(out.trim_end().to_owned())
+    out.trim_end().to_owned()
 }
 
 fn rows(results: &Value) -> Vec<Row> {

@@ -34,10 +34,10 @@ const LISTED_FAILURES: usize = 10;
 /// Where kpm is and how to read its process.
 #[derive(Debug)]
 pub(crate) struct Context {
-    registry: PathBuf,
+    pub(crate) registry: PathBuf,
     status_socket: PathBuf,
     kpm_pid: Option<u32>,
-    kind: plugins::Kind,
+    pub(crate) kind: plugins::Kind,
     ticks_per_second: u64,
 }
 
@@ -52,7 +52,7 @@ impl Context {
         }
     }
 
-    fn kpm(&self) -> Result<String> {
+    pub(crate) fn kpm(&self) -> Result<String> {
         self.kpm_pid
             .map(|pid| pid.to_string())
             .ok_or_else(|| "this scenario needs --kpm-pid".into())
@@ -356,7 +356,7 @@ pub(crate) async fn deregister(ctx: &Context, count: usize, interval: Duration) 
 /// Starts `count` plugins at once and waits for all of them: the outcome,
 /// the time to bind them all, and the time from the first bind to the last
 /// notification.
-async fn register_all(
+pub(crate) async fn register_all(
     ctx: &Context,
     count: usize,
 ) -> Result<(Settled, Duration, Option<Duration>)> {
@@ -373,11 +373,11 @@ async fn register_all(
     Ok((settled, bind_all, all_notified))
 }
 
-fn socket_of(registrar: &Registrar) -> String {
+pub(crate) fn socket_of(registrar: &Registrar) -> String {
     registrar.socket_path().display().to_string()
 }
 
-fn listed(failures: &[String]) -> Vec<String> {
+pub(crate) fn listed(failures: &[String]) -> Vec<String> {
     failures.iter().take(LISTED_FAILURES).cloned().collect()
 }
 

@@ -1,6 +1,6 @@
 //! DesiredState: the registration sockets that exist right now.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -35,6 +35,10 @@ pub struct DesiredPlugin {
 }
 
 /// The set of registration sockets present on disk, keyed by socket path.
+///
+/// Besides the [`ChangeSignal`], every change is recorded in a journal of
+/// changed paths that one consumer, the reconciler, drains with
+/// [`take_changed`](Self::take_changed) to look only at what changed.
 #[derive(Debug, Default)]
 pub struct DesiredState {
     inner: RwLock<Inner>,
@@ -45,6 +49,21 @@ pub struct DesiredState {
 struct Inner {
     plugins: HashMap<PathBuf, Generation>,
     last_generation: u64,
+    /// Paths added, re-created or removed since the last `take_changed`.
+    changed: HashSet<PathBuf>,
+}
+
+impl Inner {
+    /// Gives `socket_path` the next generation and notes it as changed.
+    fn new_generation(&mut self, socket_path: &Path) -> Generation {
+        self.last_generation += 1;
+        let generation = Generation(self.last_generation);
+        if let Some(old) = self.plugins.insert(socket_path.to_path_buf(), generation) {
+            tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "new incarnation");
+        }
+        self.changed.insert(socket_path.to_path_buf());
+        generation
+    }
 }
 
 impl DesiredState {
@@ -58,15 +77,7 @@ impl DesiredState {
         if socket_path.as_os_str().is_empty() {
             return Err(CacheError::EmptySocketPath);
         }
-        let generation = {
-            let mut inner = self.inner.write();
-            inner.last_generation += 1;
-            let generation = Generation(inner.last_generation);
-            if let Some(old) = inner.plugins.insert(socket_path.to_path_buf(), generation) {
-                tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "socket re-created");
-            }
-            generation
-        };
+        let generation = self.inner.write().new_generation(socket_path);
         self.changes.bump();
         Ok(generation)
     }
@@ -80,10 +91,7 @@ impl DesiredState {
             if inner.plugins.get(socket_path) != Some(&generation) {
                 return None;
             }
-            inner.last_generation += 1;
-            let renewed = Generation(inner.last_generation);
-            inner.plugins.insert(socket_path.to_path_buf(), renewed);
-            renewed
+            inner.new_generation(socket_path)
         };
         self.changes.bump();
         Some(renewed)
@@ -91,7 +99,14 @@ impl DesiredState {
 
     /// Forgets the socket; returns the generation it had, `None` if absent.
     pub fn remove(&self, socket_path: &Path) -> Option<Generation> {
-        let removed = self.inner.write().plugins.remove(socket_path);
+        let removed = {
+            let mut inner = self.inner.write();
+            let removed = inner.plugins.remove(socket_path);
+            if removed.is_some() {
+                inner.changed.insert(socket_path.to_path_buf());
+            }
+            removed
+        };
         if removed.is_some() {
             self.changes.bump();
         }
@@ -131,9 +146,25 @@ impl DesiredState {
         plugins
     }
 
+    /// Every socket path, in no particular order: cheaper than a snapshot
+    /// for a caller that looks each path up anyway.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        self.inner.read().plugins.keys().cloned().collect()
+    }
+
     /// A subscription that wakes on every add, update and removal.
     pub fn subscribe(&self) -> Changes {
         self.changes.subscribe()
+    }
+
+    /// Drains the journal: every path added, re-created or removed since the
+    /// previous call, once each, in no particular order. The journal is
+    /// written before the [`ChangeSignal`] is bumped, so a consumer that
+    /// drains after each wake-up misses nothing. There must be one consumer
+    /// only (the reconciler): another one would take its changes away.
+    /// Undrained, it holds at most one entry per path ever changed.
+    pub fn take_changed(&self) -> Vec<PathBuf> {
+        self.inner.write().changed.drain().collect()
     }
 }
 
@@ -154,6 +185,7 @@ mod tests {
         assert_eq!(dsw.generation(socket), Some(renewed));
         let woken = tokio::time::timeout(std::time::Duration::from_secs(1), changes.changed());
         assert!(woken.await.is_ok(), "a renewal wakes subscribers");
+        assert!(dsw.take_changed().contains(&socket.to_path_buf()), "and is journalled");
         assert_eq!(dsw.renew(socket, first), None, "stale generation");
         dsw.remove(socket);
         assert_eq!(dsw.renew(socket, renewed), None, "gone");
@@ -209,6 +241,40 @@ mod tests {
             .map(PathBuf::from)
             .collect();
         assert_eq!(paths, expected);
+    }
+
+    #[test]
+    fn paths_lists_every_socket() {
+        let dsw = DesiredState::new();
+        assert!(dsw.paths().is_empty());
+        for name in ["/c.sock", "/a.sock", "/b.sock"] {
+            dsw.add_or_update(Path::new(name)).unwrap();
+        }
+        dsw.remove(Path::new("/b.sock"));
+        let mut paths = dsw.paths();
+        paths.sort();
+        assert_eq!(paths, [PathBuf::from("/a.sock"), PathBuf::from("/c.sock")]);
+    }
+
+    #[test]
+    fn journal_records_each_changed_path_once_until_drained() {
+        let dsw = DesiredState::new();
+        let (a, b) = (Path::new("/a.sock"), Path::new("/b.sock"));
+        dsw.add_or_update(a).unwrap();
+        dsw.add_or_update(a).unwrap();
+        dsw.add_or_update(b).unwrap();
+        dsw.remove(a);
+        let mut changed = dsw.take_changed();
+        changed.sort();
+        assert_eq!(changed, [a.to_path_buf(), b.to_path_buf()], "deduplicated");
+        assert!(dsw.take_changed().is_empty(), "a drain empties the journal");
+
+        dsw.remove(a);
+        assert!(dsw.take_changed().is_empty(), "a no-op removal is not a change");
+        assert!(dsw.add_or_update(Path::new("")).is_err());
+        assert!(dsw.take_changed().is_empty(), "a rejected add is not a change");
+        dsw.remove(b);
+        assert_eq!(dsw.take_changed(), [b.to_path_buf()]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,7 +10,10 @@
 //! - [`EventBus`]: a broadcast of [`PluginEvent`]s for status APIs.
 //!
 //! Both caches are keyed by socket path with O(1) lookups, return sorted
-//! snapshots so that every consumer sees a deterministic order, and do no IO.
+//! snapshots so that every consumer sees a deterministic order (`paths()`
+//! lists the keys unsorted, for a caller that orders its own work), and do
+//! no IO. DesiredState also journals the paths that changed, for the
+//! reconciler alone to drain ([`DesiredState::take_changed`]).
 
 mod actual_state;
 mod change;

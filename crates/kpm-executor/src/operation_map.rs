@@ -2,7 +2,7 @@
 //! exponential backoff between failed attempts on a key. The semantics of the
 //! kubelet's goroutinemap, minus its leaks and lost wake-ups.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,6 +25,9 @@ use crate::{ExecutorError, ExponentialBackoff};
 ///   [`forget`](Self::forget) ([`ExecutorError::FailedPermanently`]).
 /// - A success drops the key's entry, which resets its backoff.
 /// - A panic inside an operation is caught and counted as a failure.
+/// - Every completion (success, failure, panic) records its key in a journal
+///   that one consumer, the reconciler, drains with
+///   [`take_completed`](Self::take_completed).
 #[derive(Debug, Clone)]
 pub struct OperationMap {
     shared: Arc<Shared>,
@@ -34,6 +37,8 @@ pub struct OperationMap {
 struct Shared {
     entries: Mutex<HashMap<PathBuf, Entry>>,
     backoff: ExponentialBackoff,
+    /// Keys whose operation completed since the last `take_completed`.
+    completed: Mutex<HashSet<PathBuf>>,
     completions: ChangeSignal,
     events: EventBus,
 }
@@ -87,6 +92,7 @@ impl OperationMap {
             shared: Arc::new(Shared {
                 entries: Mutex::new(HashMap::new()),
                 backoff,
+                completed: Mutex::new(HashSet::new()),
                 completions: ChangeSignal::default(),
                 events,
             }),
@@ -161,21 +167,11 @@ impl OperationMap {
     }
 
     /// When the key's backoff expires, if it is backing off (not running, not
-    /// permanently failed). A reconciler sleeps until the earliest of these.
+    /// permanently failed).
     pub fn retry_at(&self, key: &Path) -> Option<Instant> {
         let entries = self.shared.entries.lock();
         let entry = entries.get(key).filter(|entry| !entry.pending)?;
         entry.failure.as_ref().and_then(|failure| failure.retry_at)
-    }
-
-    /// The earliest backoff expiry over all keys.
-    pub fn next_retry_at(&self) -> Option<Instant> {
-        let entries = self.shared.entries.lock();
-        entries
-            .values()
-            .filter(|entry| !entry.pending)
-            .filter_map(|entry| entry.failure.as_ref()?.retry_at)
-            .min()
     }
 
     /// Clears the key's backoff, so that the next start runs at once. Used when
@@ -214,6 +210,16 @@ impl OperationMap {
     /// A subscription that wakes whenever an operation completes.
     pub fn completions(&self) -> Changes {
         self.shared.completions.subscribe()
+    }
+
+    /// Drains the journal: every key whose operation completed since the
+    /// previous call, once each, in no particular order. The journal is
+    /// written after the key's entry and before [`completions`](Self::completions)
+    /// wakes, so a consumer that drains after each wake-up sees every outcome.
+    /// There must be one consumer only (the reconciler): another one would
+    /// take its completions away. Undrained, it holds at most one entry per key.
+    pub fn take_completed(&self) -> Vec<PathBuf> {
+        self.shared.completed.lock().drain().collect()
     }
 
     /// Waits until no key has an entry: every operation finished and none
@@ -274,6 +280,7 @@ impl Shared {
                 }
             }
         }
+        self.completed.lock().insert(key.to_path_buf());
         self.completions.bump();
     }
 }

@@ -138,11 +138,13 @@ impl LivenessProber {
     /// One round: probes every registered plugin, at most
     /// 16 at a time, and renews those that failed too often.
     pub async fn probe_all(&self) {
-        let mut pending = self.actual.generations().into_iter();
+        let mut pending = self.actual.paths().into_iter();
         let mut running = JoinSet::new();
         loop {
             while running.len() < CONCURRENT_PROBES {
-                let Some((socket, generation)) = pending.next() else { break };
+                let Some(socket) = pending.next() else { break };
+                // Deregistered since the round started: nothing to probe.
+                let Some(generation) = self.actual.generation(&socket) else { continue };
                 let timeout = self.config.timeout;
                 running.spawn(async move {
                     let outcome = probe(&socket, timeout).await;

@@ -3,18 +3,34 @@
 //!
 //! Unlike the kubelet's reconciler, which polls once a second, it wakes when
 //! DesiredState changes, when an operation completes, when a backoff expires
-//! and when a handler is added; a slow periodic pass is only a safety net.
+//! and when a handler is added, and then looks only at the sockets concerned:
+//! the paths DesiredState journaled as changed
+//! ([`DesiredState::take_changed`]), the paths whose operation completed
+//! ([`OperationMap::take_completed`](kpm_executor::OperationMap::take_completed))
+//! and the paths whose backoff, recorded when a start was refused, has
+//! expired. The work per event is O(changed sockets). A full pass over every
+//! desired, registered or attempted socket runs when a handler is added and
+//! every [`ReconcilerConfig::resync_period`] as a safety net.
 //!
-//! A pass, in socket-path order:
-//! 1. every registered plugin whose socket is gone is unregistered; one whose
-//!    socket has a new incarnation is re-registered (unregister, then
-//!    register, as one operation);
-//! 2. every desired socket that is not registered is registered; a new
-//!    incarnation starts with a clean backoff;
-//! 3. executor entries of sockets that are neither desired nor registered are
-//!    forgotten.
+//! Each socket is decided alone, from its desired generation, its registered
+//! generation and its executor entry:
+//! - registered but not desired: unregister;
+//! - registered in another incarnation than desired: re-register (unregister,
+//!   then register, as one operation);
+//! - desired but not registered: register; a new incarnation starts with a
+//!   clean backoff;
+//! - neither: forget its executor entry.
+//!
+//! Within a batch every unregistration and re-registration starts before any
+//! registration (what an old plugin held, such as a device resource moving
+//! to another socket path, is released first), each phase in path order.
+//!
+//! Invariant: nothing is lost. Every state change that matters to a socket
+//! (its DesiredState entry, the end of its operation, the end of its backoff)
+//! puts the socket in a later batch; what no event reports (ActualState
+//! changed by someone else) is found by the periodic full pass.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +39,7 @@ use std::time::Duration;
 
 use kpm_cache::{
     ActualState, ChangeSignal, DesiredState, EventBus, Generation, PluginEvent, PluginHandler,
+    PluginInfo,
 };
 use kpm_executor::{ExecutorError, Handlers, OperationExecutor};
 use parking_lot::Mutex;
@@ -31,7 +48,8 @@ use tokio::time::Instant;
 /// Settings of the reconciler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReconcilerConfig {
-    /// Period of the safety-net pass; every other pass is triggered by an event.
+    /// Period of the safety-net full pass; every other pass is triggered by
+    /// an event and looks only at the sockets it concerns.
     pub resync_period: Duration,
 }
 
@@ -51,11 +69,53 @@ pub struct Reconciler {
     /// Copy-on-write: each operation gets the table as it was when it started.
     handlers: Mutex<Arc<Handlers>>,
     handlers_changed: ChangeSignal,
-    /// The incarnation last handed to the executor per socket path, to tell a
-    /// new incarnation (clean backoff) from a retry of the same one.
-    attempted: Mutex<HashMap<PathBuf, Generation>>,
+    /// Held for a whole pass, so passes never interleave.
+    state: Mutex<State>,
     /// Starts refused because the socket was backing off, for metrics.
     backoff_skips: AtomicU64,
+}
+
+/// What the reconciler remembers between passes.
+#[derive(Debug, Default)]
+struct State {
+    /// The incarnation last handed to the executor per socket path, to tell a
+    /// new incarnation (clean backoff) from a retry of the same one.
+    attempted: HashMap<PathBuf, Generation>,
+    /// When a socket refused because of its backoff may be tried again. An
+    /// entry made stale by a later event only costs one idle look at it.
+    retries: BTreeSet<(Instant, PathBuf)>,
+}
+
+impl State {
+    /// Moves the sockets whose backoff has expired by `now` into `dirty`.
+    fn take_due(&mut self, now: Instant, dirty: &mut HashSet<PathBuf>) {
+        while self.retries.first().is_some_and(|(at, _)| *at <= now) {
+            if let Some((_, socket)) = self.retries.pop_first() {
+                dirty.insert(socket);
+            }
+        }
+    }
+}
+
+/// What one socket needs, as [`Reconciler::decide`] found it.
+#[derive(Debug)]
+enum Action {
+    Unregister(PluginInfo),
+    Reregister(PluginInfo, Generation),
+    Register(Generation),
+    Forget,
+}
+
+impl Action {
+    /// The order of actions within a batch: what an old plugin held is
+    /// released before anything registers. Forgetting has no effect outside.
+    fn phase(&self) -> u8 {
+        match self {
+            Self::Unregister(_) | Self::Reregister(..) => 0,
+            Self::Register(_) => 1,
+            Self::Forget => 2,
+        }
+    }
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -83,14 +143,14 @@ impl Reconciler {
             config,
             handlers: Mutex::new(Arc::new(Handlers::new())),
             handlers_changed: ChangeSignal::default(),
-            attempted: Mutex::new(HashMap::new()),
+            state: Mutex::new(State::default()),
             backoff_skips: AtomicU64::new(0),
         }
     }
 
     /// Sets the handler for `plugin_type`, before or after [`run`](Self::run)
     /// starts. Sockets that are not registered yet (for instance because no
-    /// handler knew their type) are retried at once.
+    /// handler knew their type) are retried at once, by a full pass.
     pub fn add_handler(&self, plugin_type: impl Into<String>, handler: Arc<dyn PluginHandler>) {
         let plugin_type = plugin_type.into();
         {
@@ -99,9 +159,9 @@ impl Reconciler {
             table.insert(plugin_type.clone(), handler);
             *handlers = Arc::new(table);
         }
-        for plugin in self.desired.snapshot() {
-            if !self.actual.contains_generation(&plugin.socket_path, plugin.generation) {
-                self.executor.operations().reset_backoff(&plugin.socket_path);
+        for socket in self.desired.paths() {
+            if self.desired.generation(&socket) != self.actual.generation(&socket) {
+                self.executor.operations().reset_backoff(&socket);
             }
         }
         tracing::info!(%plugin_type, "plugin handler added");
@@ -125,123 +185,177 @@ impl Reconciler {
         self.backoff_skips.load(Ordering::Relaxed)
     }
 
-    /// Runs passes until `shutdown` completes. Returns without waiting for
-    /// running operations; see [`OperationExecutor::operations`] for that.
+    /// Runs until `shutdown` completes: a full pass first, then a pass over
+    /// the changed sockets after every wake-up, and a full pass when a
+    /// handler is added and every `resync_period`. Returns without waiting
+    /// for running operations; see [`OperationExecutor::operations`] for that.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         // Subscribe before the first pass so that no change is missed.
         let mut desired_changes = self.desired.subscribe();
         let mut completions = self.executor.operations().completions();
         let mut handler_changes = self.handlers_changed.subscribe();
         tokio::pin!(shutdown);
+        let mut full = true;
+        let mut resync_at = Instant::now();
         loop {
-            self.reconcile();
-            let now = Instant::now();
-            let resync = now + self.config.resync_period;
-            // Only future expiries: a key whose retry time passed without a
-            // start (its socket went away) must not make this loop spin.
-            let wake_at = self
-                .executor
-                .operations()
-                .next_retry_at()
-                .filter(|at| *at > now)
-                .map_or(resync, |at| at.min(resync));
+            if full || Instant::now() >= resync_at {
+                self.reconcile();
+                resync_at = Instant::now() + self.config.resync_period;
+            } else {
+                self.reconcile_changed();
+            }
+            // Due retries were taken by the pass: every one left is in the future.
+            let wake_at = self.next_retry().map_or(resync_at, |at| at.min(resync_at));
+            full = false;
             tokio::select! {
                 () = &mut shutdown => break,
                 () = desired_changes.changed() => {}
                 () = completions.changed() => {}
-                () = handler_changes.changed() => {}
+                () = handler_changes.changed() => full = true,
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         }
         tracing::debug!("reconciler stopped");
     }
 
-    /// One pass. Cheap when nothing changed: O(n) over both caches, no IO.
+    /// A full pass: every socket that is desired, registered or attempted,
+    /// and every socket an event reported. O(n) lookups, no IO; only the
+    /// sockets that need an operation are sorted.
     pub fn reconcile(&self) {
+        let mut state = self.state.lock();
+        // Drain before listing: a change after the drain is either in the
+        // listing or journaled for the next pass.
+        let mut sockets = self.take_dirty(&mut state);
+        sockets.extend(self.desired.paths());
+        sockets.extend(self.actual.paths());
+        sockets.extend(state.attempted.keys().cloned());
+        self.reconcile_sockets(&mut state, sockets);
+    }
+
+    /// A pass over the sockets an event reported since the previous pass.
+    fn reconcile_changed(&self) {
+        let mut state = self.state.lock();
+        let dirty = self.take_dirty(&mut state);
+        if !dirty.is_empty() {
+            self.reconcile_sockets(&mut state, dirty);
+        }
+    }
+
+    /// Drains the journals of DesiredState and of the operation map, and the
+    /// retries that are due.
+    fn take_dirty(&self, state: &mut State) -> HashSet<PathBuf> {
+        let mut dirty: HashSet<PathBuf> = self.desired.take_changed().into_iter().collect();
+        dirty.extend(self.executor.operations().take_completed());
+        state.take_due(Instant::now(), &mut dirty);
+        dirty
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        self.state.lock().retries.first().map(|(at, _)| *at)
+    }
+
+    fn reconcile_sockets(&self, state: &mut State, sockets: HashSet<PathBuf>) {
         let handlers = Arc::clone(&self.handlers.lock());
-        let mut attempted = self.attempted.lock();
-
-        // 1. Unregister plugins whose socket is gone; re-register new incarnations.
-        for (socket, registered_generation) in self.actual.generations() {
-            let desired = self.desired.generation(&socket);
-            if desired == Some(registered_generation) {
-                continue;
-            }
-            let Some(registered) = self.actual.get(&socket) else { continue };
-            match desired {
-                None => {
-                    self.start(&socket, self.executor.unregister(registered, self.actual.clone()));
-                }
-                Some(generation) => {
-                    if self.note_attempt(&mut attempted, &socket, generation) {
-                        self.executor.operations().reset_backoff(&socket);
-                    }
-                    let started = self.executor.reregister(
-                        registered,
-                        generation,
-                        Arc::clone(&handlers),
-                        self.actual.clone(),
-                    );
-                    self.start(&socket, started);
-                }
-            }
+        for (socket, action) in self.plan(sockets) {
+            self.apply(state, &handlers, &socket, action);
         }
+    }
 
-        // 2. Register desired sockets that are not registered at all.
-        for plugin in self.desired.snapshot() {
-            let socket = &plugin.socket_path;
-            if self.actual.contains(socket) {
-                continue; // registered, or handled in step 1
-            }
-            if self.note_attempt(&mut attempted, socket, plugin.generation) {
-                self.executor.operations().reset_backoff(socket);
-            }
-            // Cheaper than building an operation only to have it refused.
-            if self.executor.operations().is_pending(socket) {
-                continue;
-            }
-            let started = self.executor.register(
-                socket,
-                plugin.generation,
-                Arc::clone(&handlers),
-                self.actual.clone(),
-            );
-            self.start(socket, started);
-        }
-
-        // 3. Forget sockets that are neither desired nor registered.
-        attempted.retain(|socket, _| {
-            let gone = !self.desired.contains(socket) && !self.actual.contains(socket);
-            if gone {
-                self.executor.operations().forget(socket);
-            }
-            !gone
+    /// The actions `sockets` need, in the order to take them: by phase, then
+    /// by path. Only sockets that need something are sorted.
+    fn plan(&self, sockets: HashSet<PathBuf>) -> Vec<(PathBuf, Action)> {
+        let mut actions: Vec<(PathBuf, Action)> = sockets
+            .into_iter()
+            .filter_map(|socket| self.decide(&socket).map(|action| (socket, action)))
+            .collect();
+        actions.sort_unstable_by(|(a_socket, a), (b_socket, b)| {
+            a.phase().cmp(&b.phase()).then_with(|| a_socket.cmp(b_socket))
         });
+        actions
+    }
+
+    /// What `socket` needs, if anything.
+    fn decide(&self, socket: &Path) -> Option<Action> {
+        let desired = self.desired.generation(socket);
+        let registered = match self.actual.generation(socket) {
+            Some(generation) if Some(generation) == desired => return None,
+            // Fetched only now: most sockets are in sync and need no copy.
+            Some(_) => self.actual.get(socket),
+            None => None,
+        };
+        match (registered, desired) {
+            // Registered in the desired incarnation since the look above.
+            (Some(info), Some(generation)) if info.generation == generation => None,
+            (Some(info), Some(generation)) => Some(Action::Reregister(info, generation)),
+            (Some(info), None) => Some(Action::Unregister(info)),
+            (None, Some(generation)) => Some(Action::Register(generation)),
+            (None, None) => Some(Action::Forget),
+        }
+    }
+
+    fn apply(&self, state: &mut State, handlers: &Arc<Handlers>, socket: &Path, action: Action) {
+        let operations = self.executor.operations();
+        match action {
+            Action::Unregister(info) => {
+                let started = self.executor.unregister(info, Arc::clone(&self.actual));
+                self.start(state, socket, started);
+            }
+            Action::Reregister(info, generation) => {
+                if self.note_attempt(state, socket, generation) {
+                    operations.reset_backoff(socket);
+                }
+                let started = self.executor.reregister(
+                    info,
+                    generation,
+                    Arc::clone(handlers),
+                    Arc::clone(&self.actual),
+                );
+                self.start(state, socket, started);
+            }
+            Action::Register(generation) => {
+                if self.note_attempt(state, socket, generation) {
+                    operations.reset_backoff(socket);
+                }
+                // Cheaper than building an operation only to have it refused;
+                // its completion brings the socket back.
+                if operations.is_pending(socket) {
+                    return;
+                }
+                let started = self.executor.register(
+                    socket,
+                    generation,
+                    Arc::clone(handlers),
+                    Arc::clone(&self.actual),
+                );
+                self.start(state, socket, started);
+            }
+            Action::Forget => {
+                operations.forget(socket);
+                state.attempted.remove(socket);
+            }
+        }
     }
 
     /// Records that `generation` is being attempted for `socket`; true if it is
     /// an incarnation not attempted before (announced as a new socket).
-    fn note_attempt(
-        &self,
-        attempted: &mut HashMap<PathBuf, Generation>,
-        socket: &Path,
-        generation: Generation,
-    ) -> bool {
-        if attempted.insert(socket.to_path_buf(), generation) == Some(generation) {
+    fn note_attempt(&self, state: &mut State, socket: &Path, generation: Generation) -> bool {
+        if state.attempted.insert(socket.to_path_buf(), generation) == Some(generation) {
             return false;
         }
         self.events.publish(PluginEvent::SocketSeen { socket: socket.to_path_buf(), generation });
         true
     }
 
-    fn start(&self, socket: &Path, started: Result<(), ExecutorError>) {
+    fn start(&self, state: &mut State, socket: &Path, started: Result<(), ExecutorError>) {
         match started {
             Ok(()) => tracing::debug!(socket = %socket.display(), "operation started"),
-            // Expected while an operation runs or backs off: the completion or
-            // the backoff expiry wakes the loop again.
-            Err(ExecutorError::Backoff { .. }) => {
+            // The socket comes back when its backoff expires.
+            Err(ExecutorError::Backoff { until, .. }) => {
                 self.backoff_skips.fetch_add(1, Ordering::Relaxed);
+                state.retries.insert((until, socket.to_path_buf()));
             }
+            // The running operation's completion brings the socket back; a
+            // permanent failure waits for a new incarnation or a new handler.
             Err(ExecutorError::AlreadyRunning { .. } | ExecutorError::FailedPermanently { .. }) => {
             }
             Err(err) => {
@@ -250,3 +364,6 @@ impl Reconciler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

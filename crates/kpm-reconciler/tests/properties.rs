@@ -3,6 +3,9 @@
 //! reconciler and executor with real plugins on Unix sockets, on paused tokio
 //! time (backoffs of minutes take no wall time).
 //!
+//! Each script runs twice: with the periodic full pass, and with events
+//! alone driving the reconciler.
+//!
 //! Invariants:
 //! - eventually ActualState holds exactly the desired sockets whose plugins
 //!   behave, each with its desired generation;
@@ -18,12 +21,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kpm_executor::ExecutorConfig;
+use kpm_reconciler::ReconcilerConfig;
 use proptest::prelude::*;
 use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
 
 const SLOTS: usize = 3;
 /// Longer than the sum of every backoff a behaving script can cause.
 const CONVERGENCE: Duration = Duration::from_secs(15 * 60);
+/// A resync period no scenario reaches: twice the two convergence waits.
+const NO_RESYNC: Duration = Duration::from_secs(4 * 15 * 60);
 
 #[derive(Debug, Clone)]
 enum Action {
@@ -77,11 +83,12 @@ fn behaves(script: &PluginScript) -> bool {
 async fn scenario(
     actions: Vec<Action>,
     handler_script: HandlerScript,
+    config: ReconcilerConfig,
 ) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let sockets: Vec<PathBuf> = (0..SLOTS).map(|i| dir.path().join(format!("p{i}.sock"))).collect();
     let handler = Handler::new(handler_script);
-    let mut m = Manager::new(ExecutorConfig::default());
+    let mut m = Manager::with_reconciler(ExecutorConfig::default(), config);
     m.start();
     let mut plugins: Vec<Option<(Plugin, PluginScript)>> = (0..SLOTS).map(|_| None).collect();
     let mut handler_added = false;
@@ -171,6 +178,23 @@ proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        runtime.block_on(scenario(actions, handler_script))?;
+        runtime.block_on(scenario(actions, handler_script, ReconcilerConfig::default()))?;
+    }
+
+    /// The same without the periodic full pass (a resync period far beyond
+    /// the convergence bound): events alone must bring every socket home,
+    /// or the safety net would hide a lost one.
+    #[test]
+    fn reconciler_converges_on_events_alone(
+        actions in prop::collection::vec(action(), 1..20),
+        handler_script in handler_script(),
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let config = ReconcilerConfig { resync_period: NO_RESYNC };
+        runtime.block_on(scenario(actions, handler_script, config))?;
     }
 }

@@ -159,15 +159,14 @@ impl Tree {
                     self.appeared(path);
                 }
             }
-            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(RenameMode::From)) => {
+            // Removals, renames away and renames whose direction the backend
+            // does not know. A name can be taken again by the time the event
+            // is read (a directory renamed over an empty one reports the old
+            // one's removal under the new name; a socket re-created at once):
+            // what is on disk decides.
+            EventKind::Remove(_) | EventKind::Modify(ModifyKind::Name(_)) => {
                 for path in &event.paths {
-                    self.gone(path);
-                }
-            }
-            // Renames whose direction the backend does not know.
-            EventKind::Modify(ModifyKind::Name(_)) => {
-                for path in &event.paths {
-                    if fs::symlink_metadata(path).is_ok() {
+                    if path != &self.root && fs::symlink_metadata(path).is_ok() {
                         self.appeared(path);
                     } else {
                         self.gone(path);

@@ -291,3 +291,23 @@ async fn duplicate_events_and_relistings_do_not_churn_generations() {
     f.watcher.rescan().await.unwrap();
     assert_eq!(f.desired.snapshot(), before);
 }
+
+/// Found by the random-tree property test: renaming a directory over an
+/// empty one makes inotify report the old directory's removal under the
+/// new name, after the rename.
+#[tokio::test]
+async fn directory_renamed_over_an_empty_directory_keeps_its_sockets() {
+    let f = Fixture::start_with(
+        |root| {
+            fs::create_dir_all(root.join("a/b/c")).unwrap();
+            fs::create_dir(root.join("d")).unwrap();
+            make_socket(&root.join("a/b/c/q"));
+        },
+        WatcherConfig::default(),
+    );
+    f.wait_present(&f.path("a/b/c/q")).await;
+    fs::rename(f.path("a/b"), f.path("d")).unwrap();
+    f.wait_present(&f.path("d/c/q")).await;
+    f.settle().await;
+    assert_eq!(f.paths(), f.expect(&["d/c/q"]));
+}

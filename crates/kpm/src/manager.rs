@@ -134,8 +134,8 @@ pub struct ManagerStats {
     /// Operations not started because their socket was backing off.
     pub backoff_skips: u64,
     /// Sockets the operation executor keeps an entry for (running, backing
-    /// off, or failed permanently). Falls back to the number of desired or
-    /// registered sockets once things settle: anything above is a leak.
+    /// off, or failed permanently; a success leaves none). Once things
+    /// settle, at most the number of sockets not registered: more is a leak.
     pub operations: usize,
 }
 

@@ -327,7 +327,7 @@ async fn reset_backoff_while_running_keeps_the_failure_from_starting_a_backoff()
     release.send(()).unwrap();
     wait_until_idle(&map).await;
     assert_eq!(map.len(), 0, "the discarded failure left an entry");
-    assert_eq!(map.next_retry_at(), None);
+    assert_eq!(map.retry_at(&a), None);
     map.start(&a, succeeds()).unwrap();
     wait_until_empty(&map).await;
 }
@@ -347,7 +347,7 @@ async fn forget_drops_a_failed_entry() {
         assert_eq!(map.len(), 2 - i);
     }
     assert!(map.is_empty());
-    assert_eq!(map.next_retry_at(), None);
+    assert!(keys.iter().all(|k| map.retry_at(k).is_none()));
     timeout(LONG, map.wait()).await.expect("nothing is left to wait for");
 }
 
@@ -377,7 +377,6 @@ async fn permanent_error_blocks_the_key_until_reset_backoff() {
         map.start(&k, std::future::ready(Err(error(&k)))).unwrap();
         wait_until_idle(&map).await;
         assert_eq!(map.retry_at(&k), None, "a permanent failure has no retry time");
-        assert_eq!(map.next_retry_at(), None);
 
         let last_error = expect_failed_permanently(map.start(&k, succeeds()));
         assert_eq!(last_error, error(&k).to_string());
@@ -446,34 +445,6 @@ async fn backoff_follows_a_custom_policy_up_to_its_cap() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn next_retry_at_returns_the_earliest_expiry() {
-    let map = OperationMap::default();
-    assert_eq!(map.next_retry_at(), None);
-    let (a, b, c) = (key("a"), key("b"), key("c"));
-    let t0 = Instant::now();
-
-    map.start(&a, fails(&a)).unwrap();
-    wait_until_idle(&map).await;
-    advance(Duration::from_millis(100)).await;
-    map.start(&b, fails(&b)).unwrap();
-    map.start(&c, std::future::ready(Err(not_a_registration_socket(&c)))).unwrap();
-    wait_until_idle(&map).await;
-    assert_eq!(map.next_retry_at(), Some(t0 + INITIAL));
-
-    // A running key does not count, whatever its previous failure.
-    advance(INITIAL.saturating_sub(Duration::from_millis(100))).await;
-    let (release, op) = gated(Ok(()));
-    map.start(&a, op).unwrap();
-    assert_eq!(map.next_retry_at(), Some(t0 + INITIAL + Duration::from_millis(100)));
-
-    release.send(()).unwrap();
-    wait_until_idle(&map).await;
-    assert_eq!(map.next_retry_at(), Some(t0 + INITIAL + Duration::from_millis(100)));
-    map.forget(&b);
-    assert_eq!(map.next_retry_at(), None, "a permanent failure has no retry time");
-}
-
-#[tokio::test(start_paused = true)]
 async fn completions_wake_on_completion() {
     let map = OperationMap::default();
     let a = key("a");
@@ -491,6 +462,42 @@ async fn completions_wake_on_completion() {
     release.send(()).unwrap();
     timeout(LONG, completions.changed()).await.expect("a failure wakes");
     assert_eq!(map.len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn take_completed_drains_every_outcome_once() {
+    let map = OperationMap::default();
+    let (a, b, c, d) = (key("a"), key("b"), key("c"), key("d"));
+    assert!(map.take_completed().is_empty());
+    map.start(&a, succeeds()).unwrap();
+    map.start(&b, fails(&b)).unwrap();
+    map.start(&c, async { panic!("operation panics on purpose") }).unwrap();
+    let (release, op) = gated(Err(transient(&d)));
+    map.start(&d, op).unwrap();
+    settled(&map, &a).await;
+    // A second completion on a key before the drain is recorded once.
+    map.start(&a, succeeds()).unwrap();
+    settled(&map, &a).await;
+    settled(&map, &b).await;
+    settled(&map, &c).await;
+
+    let mut completed = map.take_completed();
+    completed.sort();
+    assert_eq!(completed, [a.clone(), b, c], "a running key has not completed");
+    assert!(map.take_completed().is_empty(), "a drain empties the journal");
+
+    // An outcome that is discarded is still a completion.
+    map.forget(&d);
+    release.send(()).unwrap();
+    settled(&map, &d).await;
+    assert_eq!(map.status(&d), None);
+    assert_eq!(map.take_completed(), [d]);
+    // Refused starts run nothing, so they complete nothing.
+    map.start(&a, fails(&a)).unwrap();
+    settled(&map, &a).await;
+    assert_eq!(map.take_completed(), [a.as_path()]);
+    expect_backoff(map.start(&a, succeeds()));
+    assert!(map.take_completed().is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -627,6 +634,8 @@ struct ModelKey {
     held: Option<(oneshot::Sender<()>, Outcome)>,
     failure: Option<ModelFailure>,
     discard: bool,
+    /// An operation completed since the journal was last drained.
+    completed: bool,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -651,6 +660,7 @@ impl ModelKey {
 
     fn complete(&mut self, outcome: Outcome, now: Instant, backoff: &ExponentialBackoff) {
         self.running = false;
+        self.completed = true;
         if outcome == Outcome::Succeed || self.discard {
             self.failure = None;
             self.discard = false;
@@ -700,16 +710,23 @@ async fn settle(map: &OperationMap, key: &Path) -> Result<(), TestCaseError> {
 fn check_model(
     map: &OperationMap,
     keys: &[PathBuf],
-    model: &[ModelKey],
+    model: &mut [ModelKey],
     probes: &[Probe],
 ) -> Result<(), TestCaseError> {
-    for ((key, state), probe) in keys.iter().zip(model).zip(probes) {
+    for ((key, state), probe) in keys.iter().zip(model.iter()).zip(probes) {
         prop_assert!(!probe.overlap.load(Ordering::SeqCst), "two operations ran on {key:?}");
         prop_assert_eq!(map.is_pending(key), state.running, "is_pending({:?})", key);
         prop_assert_eq!(map.retry_at(key), state.retry_at(), "retry_at({:?})", key);
     }
     prop_assert_eq!(map.len(), model.iter().filter(|state| state.has_entry()).count());
-    prop_assert_eq!(map.next_retry_at(), model.iter().filter_map(ModelKey::retry_at).min());
+    let mut completed = map.take_completed();
+    completed.sort();
+    let expected: Vec<PathBuf> = keys
+        .iter()
+        .zip(model.iter_mut())
+        .filter_map(|(key, state)| std::mem::take(&mut state.completed).then(|| key.clone()))
+        .collect();
+    prop_assert_eq!(completed, expected, "take_completed");
     Ok(())
 }
 
@@ -762,7 +779,7 @@ async fn run_against_model(actions: Vec<Action>) -> Result<(), TestCaseError> {
             }
             Action::Advance { millis } => advance(Duration::from_millis(millis)).await,
         }
-        check_model(&map, &keys, &model, &probes)?;
+        check_model(&map, &keys, &mut model, &probes)?;
     }
 
     // Every operation that started completes once released.
@@ -779,7 +796,7 @@ async fn run_against_model(actions: Vec<Action>) -> Result<(), TestCaseError> {
             state.complete(outcome, Instant::now(), &backoff);
         }
     }
-    check_model(&map, &keys, &model, &probes)?;
+    check_model(&map, &keys, &mut model, &probes)?;
     let finished: usize = probes.iter().map(|probe| probe.finished.load(Ordering::SeqCst)).sum();
     prop_assert_eq!(finished, started, "operations started vs. ended");
     Ok(())

@@ -289,6 +289,11 @@ pub struct Manager {
 impl Manager {
     /// A reconciler with the real executor, not yet running.
     pub fn new(config: ExecutorConfig) -> Self {
+        Self::with_reconciler(config, ReconcilerConfig::default())
+    }
+
+    /// Like [`new`](Self::new), with a reconciler config of the test's own.
+    pub fn with_reconciler(config: ExecutorConfig, reconciler: ReconcilerConfig) -> Self {
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::default();
@@ -298,7 +303,7 @@ impl Manager {
             Arc::clone(&actual),
             executor,
             events.clone(),
-            ReconcilerConfig::default(),
+            reconciler,
         ));
         Self { desired, actual, reconciler, events, stop: None, task: None }
     }

@@ -1,0 +1,183 @@
+//! What `bench` and `soak` share: the release build of `kpm` and
+//! `kpm-loadgen`, and one load-generator run against a fresh `kpm run`.
+//!
+//! kpm runs on a new root `/tmp/kpm-bench-XXXX` (short, so that socket paths
+//! stay far below `sun_path`'s 108 bytes) with `RUST_LOG=warn`, its log in
+//! `target/bench/kpm-<name>.log`. Both processes get at least 8192 open
+//! files (raised in the shell that execs them, up to the hard limit): 1000
+//! plugins are 1000 listening sockets plus their connections.
+
+use std::fs;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Result;
+
+/// How long kpm may take to serve its status socket, and to exit on SIGTERM.
+const KPM_START_TIMEOUT: Duration = Duration::from_secs(10);
+const KPM_STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Raises the soft limit of open files to 8192 (or the hard limit, if lower),
+/// then execs the command: the process keeps the shell's pid.
+const FD_LIMIT_SCRIPT: &str = r#"n=$(ulimit -n)
+if [ "$n" != unlimited ] && [ "$n" -lt 8192 ]; then
+  ulimit -n 8192 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+fi
+exec "$@""#;
+
+/// The release binaries and the output directory `target/bench`.
+#[derive(Debug)]
+pub(crate) struct Binaries {
+    pub(crate) kpm: PathBuf,
+    pub(crate) loadgen: PathBuf,
+    pub(crate) out: PathBuf,
+}
+
+/// Builds `kpm` (crate `kpm-cli`) and `kpm-loadgen` (crate `kpm-bench`) in
+/// release mode and creates `target/bench`.
+pub(crate) fn build(root: &Path) -> Result<Binaries> {
+    crate::cargo(root, &["build", "--release", "-p", "kpm-cli", "-p", "kpm-bench"], &[])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    let out = target.join("bench");
+    fs::create_dir_all(&out).map_err(|err| format!("cannot create {}: {err}", out.display()))?;
+    Ok(Binaries {
+        kpm: target.join("release/kpm"),
+        loadgen: target.join("release/kpm-loadgen"),
+        out,
+    })
+}
+
+/// A load-generator run and how kpm ended.
+#[derive(Debug)]
+pub(crate) struct Run {
+    /// The load generator's exit status and stdout (its stderr was ours).
+    pub(crate) loadgen: Output,
+    pub(crate) kpm_exit: ExitStatus,
+    pub(crate) log: PathBuf,
+}
+
+/// Starts `kpm run --root-dir /tmp/kpm-bench-XXXX <kpm_args>`, waits for its
+/// status socket, runs `kpm-loadgen run --root <root> --kpm-pid <pid>
+/// <loadgen_args>` against it, then stops kpm with SIGTERM.
+pub(crate) fn against_fresh_kpm(
+    binaries: &Binaries,
+    name: &str,
+    kpm_args: &[&str],
+    loadgen_args: &[&str],
+) -> Result<Run> {
+    let dir = tempfile::Builder::new().prefix("kpm-bench-").tempdir_in("/tmp")?;
+    let root = dir.path();
+    let log = binaries.out.join(format!("kpm-{name}.log"));
+    let log_file =
+        fs::File::create(&log).map_err(|err| format!("cannot create {}: {err}", log.display()))?;
+    let mut kpm = Kpm::start(&binaries.kpm, root, kpm_args, log_file)?;
+    kpm.wait_ready(&root.join("kpm.sock"))?;
+    let pid = kpm.pid().to_string();
+    eprintln!("\n== {name}: kpm pid {pid} on {}", root.display());
+
+    let output = with_fd_limit(&binaries.loadgen)
+        .arg("run")
+        .arg("--root")
+        .arg(root)
+        .args(["--kpm-pid", &pid])
+        .args(loadgen_args)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|err| format!("cannot start {}: {err}", binaries.loadgen.display()))?;
+    let kpm_exit = kpm.stop()?;
+    Ok(Run { loadgen: output, kpm_exit, log })
+}
+
+/// A `kpm run` child process; killed if dropped while running.
+struct Kpm {
+    child: Child,
+}
+
+impl Kpm {
+    fn start(bin: &Path, root: &Path, args: &[&str], log: fs::File) -> Result<Self> {
+        let child = with_fd_limit(bin)
+            .arg("run")
+            .arg("--root-dir")
+            .arg(root)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
+        Ok(Self { child })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until the status socket accepts connections.
+    fn wait_ready(&mut self, socket: &Path) -> Result {
+        let deadline = Instant::now() + KPM_START_TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Err(format!("kpm exited at start ({status})").into());
+            }
+            if UnixStream::connect(socket).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "kpm did not serve {} within {KPM_START_TIMEOUT:?}",
+                    socket.display()
+                )
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, then waits for the exit (SIGKILL after the timeout). A kpm
+    /// that died before returns how it died.
+    fn stop(&mut self) -> Result<ExitStatus> {
+        if let Some(status) = self.child.try_wait()? {
+            return Ok(status);
+        }
+        Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
+        let deadline = Instant::now() + KPM_STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child.kill()?;
+        self.child.wait()?;
+        Err(format!("kpm did not exit within {KPM_STOP_TIMEOUT:?} of SIGTERM").into())
+    }
+}
+
+impl Drop for Kpm {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `program`, started through a shell that raises the open-files limit.
+fn with_fd_limit(program: &Path) -> Command {
+    let mut command = Command::new("sh");
+    command.arg("-c").arg(FD_LIMIT_SCRIPT).arg("kpm-bench").arg(program);
+    command
+}
+
+/// Runs `command` and returns its stdout, trimmed; its stderr goes to ours.
+pub(crate) fn stdout_of(command: &mut Command) -> Result<String> {
+    let output = command.stderr(Stdio::inherit()).output()?;
+    if !output.status.success() {
+        return Err(format!("{command:?} failed ({})", output.status).into());
+    }
+    Ok(String::from_utf8(output.stdout)?.trim().to_owned())
+}
