@@ -237,9 +237,9 @@ impl Node {
         let registered_now: HashSet<(PathBuf, u64)> = self
             .manager
             .actual_state()
-            .generations()
+            .snapshot()
             .into_iter()
-            .map(|(s, g)| (s, g.get()))
+            .map(|info| (info.socket_path, info.generation.get()))
             .collect();
         eventually("every ended registration is deregistered", || {
             let events = self.events();

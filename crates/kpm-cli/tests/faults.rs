@@ -201,6 +201,9 @@ fn info(plugin_type: &str, name: &str, versions: Vec<String>) -> PluginInfo {
 /// usual footprint (~14 MiB).
 const MAX_PEAK_RSS_KIB: u64 = 48 * 1024;
 
+/// Longest rejection reason expected for garbage of any size.
+const MAX_REASON_BYTES: usize = 4096;
+
 /// The plugin is told `false` with a reason starting with `expected`, the
 /// socket is listed as failed, and kpm's memory stays bounded.
 fn is_rejected(info: PluginInfo, expected: &str) {
@@ -212,7 +215,12 @@ fn is_rejected(info: PluginInfo, expected: &str) {
     assert!(!status.plugin_registered);
     assert!(status.error.starts_with(expected), "{:?}", status.error);
     let listed = s.wait_for_state(&socket, "failed");
-    assert!(!listed["last_error"].as_str().unwrap().is_empty());
+    let rejected = s.events.wait_first("rejected", &socket);
+    // Garbage is not echoed back at length: not to the plugin, not in the
+    // listing or the events (kpm keeps the last ones in memory).
+    for reason in [&status.error, listed["last_error"].as_str().unwrap(), reason(&rejected)] {
+        assert!(!reason.is_empty() && reason.len() < MAX_REASON_BYTES, "{} bytes", reason.len());
+    }
     s.check(&[(&socket, "failed")]);
     let peak = s.peak_rss_kib();
     assert!(peak < MAX_PEAK_RSS_KIB, "kpm peaked at {peak} KiB");
