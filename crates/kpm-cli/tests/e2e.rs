@@ -6,7 +6,7 @@
 mod support;
 
 use kpm_registrar::Registrar;
-use support::{DEADLINE, Kpm, kpm, wait_until};
+use support::{DEADLINE, Kpm, http_get, kpm, parse_prometheus, wait_until};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -201,47 +201,9 @@ fn demo_runs_every_scene_and_exits_cleanly() {
     }
 }
 
-/// `GET path` over plain HTTP/1.0; returns the body.
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
-}
-
-/// Checks the Prometheus text format line by line; returns `series -> value`.
-fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
-    let mut samples = std::collections::HashMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        if let Some(comment) = line.strip_prefix("# ") {
-            let kind = comment.split_whitespace().next().unwrap();
-            assert!(["HELP", "TYPE", "UNIT", "EOF"].contains(&kind), "bad comment: {line}");
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let name_end = series.find('{').unwrap_or(series.len());
-        let name = &series[..name_end];
-        assert!(
-            !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name: {line}"
-        );
-        if name_end < series.len() {
-            assert!(series.ends_with('}'), "unterminated labels: {line}");
-        }
-        samples.insert(series.to_owned(), value.parse::<f64>().unwrap());
-    }
-    samples
-}
-
 #[test]
 fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", support::free_port());
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start_with(root.path(), &["--metrics-addr", &addr]);
     let rt = runtime();

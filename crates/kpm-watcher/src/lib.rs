@@ -14,7 +14,12 @@
 //!   reports neither them nor the sub-directories of a `mkdir -p`); a
 //!   directory removed or renamed out takes every socket below it along;
 //! - the registry directory itself removed or moved away: logged, re-created,
-//!   watched again and listed.
+//!   watched again and listed. Its parent is watched (not recursively) for
+//!   this: inotify reports the root's own removal on the root only once
+//!   nothing holds it any more, and a plugin's listening socket in it does;
+//! - a directory that cannot be watched (no read permission) costs only its
+//!   own subtree: the rest of the tree is watched around it, and the
+//!   periodic resync lists it once it is readable.
 //!
 //! Events are hints. On notify's overflow signal (`Flag::Rescan`), when the
 //! event queue of the task is full, on [`Watcher::rescan`] and every

@@ -29,6 +29,43 @@ pub(crate) fn create_root(root: &Path) -> io::Result<()> {
     }
 }
 
+/// Watches `dir` and every directory below it. notify's recursive watch
+/// gives up at the first directory it cannot watch (one without read
+/// permission) and leaves the rest of its walk unwatched; then `dir` is
+/// watched on its own and each sub-directory likewise, so that such a
+/// directory costs only its own subtree, whose sockets the periodic resync
+/// finds once it is readable. Fails if `dir` itself cannot be watched, or on
+/// an inotify limit.
+pub(crate) fn watch_tree(notify: &mut RecommendedWatcher, dir: &Path) -> notify::Result<()> {
+    let error = match notify.watch(dir, RecursiveMode::Recursive) {
+        Ok(()) => return Ok(()),
+        Err(error) => error,
+    };
+    let below = !error.paths.is_empty() && error.paths.iter().all(|path| path != dir);
+    if !below || matches!(error.kind, notify::ErrorKind::MaxFilesWatch) {
+        return Err(error);
+    }
+    tracing::warn!(dir = %dir.display(), %error, "cannot watch a directory below; watching the others one by one");
+    notify.watch(dir, RecursiveMode::NonRecursive)?;
+    for entry in fs::read_dir(dir).map_err(|error| notify::Error::io(error).add_path(dir.into()))? {
+        let Ok(entry) = entry else { continue };
+        if !entry.file_type().is_ok_and(|file_type| file_type.is_dir()) {
+            continue;
+        }
+        let sub = entry.path();
+        match watch_tree(notify, &sub) {
+            Ok(()) => {}
+            Err(error) if matches!(error.kind, notify::ErrorKind::MaxFilesWatch) => {
+                return Err(error);
+            }
+            Err(error) => {
+                tracing::warn!(dir = %sub.display(), %error, "cannot watch directory");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Why the whole tree is listed again.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Resync {
@@ -230,7 +267,7 @@ impl Tree {
     /// after it misses nothing (notify 8 neither reports nor lists what was
     /// created in a directory before its watch was added).
     fn watch_dir(&mut self, dir: &Path) {
-        match self.notify.watch(dir, RecursiveMode::Recursive) {
+        match watch_tree(&mut self.notify, dir) {
             Ok(()) => {}
             Err(error) if matches!(error.kind, notify::ErrorKind::PathNotFound) => {}
             Err(error) => self.handle_error(&error),
@@ -309,7 +346,7 @@ impl Tree {
             self.apply(&root, &Listing::default());
             return;
         }
-        match self.notify.watch(&root, RecursiveMode::Recursive) {
+        match watch_tree(&mut self.notify, &root) {
             Ok(()) => {
                 self.root_id = fs::metadata(&root).ok().map(|metadata| FileId::of(&metadata));
             }

@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use crate::error::{WatcherError, create_watcher_error, watch_error};
-use crate::tree::{Resync, Tree, create_root};
+use crate::tree::{Resync, Tree, create_root, watch_tree};
 
 /// The default period of the safety-net resync.
 pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(60);
@@ -95,7 +95,9 @@ impl std::fmt::Debug for Command {
 
 impl Watcher {
     /// Starts watching `root`, in this order: `mkdir -p root` (mode 0755);
-    /// create the inotify watcher; watch `root` recursively; list the tree
+    /// create the inotify watcher; watch `root` recursively (a directory
+    /// below that cannot be watched costs only its own subtree) and its
+    /// parent, for the root's own removal; list the tree
     /// into `desired`; spawn the task that applies events on the current
     /// tokio runtime. A socket created during start-up is registered exactly
     /// once: the watch exists before the listing, and a socket seen by both
@@ -128,9 +130,18 @@ impl Watcher {
         let mut notify =
             RecommendedWatcher::new(forward, Config::default().with_follow_symlinks(false))
                 .map_err(|source| create_watcher_error(&root, source))?;
-        notify
-            .watch(&root, RecursiveMode::Recursive)
-            .map_err(|source| watch_error(&root, source))?;
+        watch_tree(&mut notify, &root).map_err(|source| watch_error(&root, source))?;
+        // inotify reports the root's own removal on the root only once the
+        // last reference to it is gone, and a plugin's listening socket in it
+        // is one; its parent reports the removal at once.
+        if let Some(parent) = root.parent()
+            && let Err(error) = notify.watch(parent, RecursiveMode::NonRecursive)
+        {
+            tracing::warn!(
+                parent = %parent.display(), %error,
+                "cannot watch the registry's parent; a removed registry is noticed by the resync"
+            );
+        }
 
         let mut tree = Tree::new(root.clone(), desired, notify).with_stats(config.stats.clone());
         tree.initial_scan().map_err(|source| WatcherError::List { path: root.clone(), source })?;

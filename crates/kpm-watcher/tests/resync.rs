@@ -100,8 +100,28 @@ async fn root_moved_away_is_recreated_and_the_moved_tree_is_forgotten() {
 }
 
 /// A listening socket pins the removed root: inotify reports its deletion
-/// only when the last one closes. The periodic resync notices the missing
-/// root before that.
+/// on the root only when the last one closes. The watch on its parent
+/// reports it at once, with no resync to help.
+#[tokio::test]
+async fn root_removed_under_a_live_listener_is_recovered_at_once() {
+    let config = WatcherConfig { resync_period: Duration::ZERO, ..WatcherConfig::default() };
+    let f = Fixture::start_with(three_sockets, config);
+    let plugin = serve(&f.path("live.sock"));
+    f.wait_present(&f.path("live.sock")).await;
+    fs::remove_dir_all(&f.root).unwrap();
+    wait_until("the root is re-created and the old sockets are removed", || {
+        f.root.is_dir() && f.desired.is_empty()
+    })
+    .await;
+    fs::create_dir(f.path("dir")).unwrap();
+    make_socket(&f.path("dir/new.sock"));
+    f.wait_present(&f.path("dir/new.sock")).await;
+    drop(plugin);
+    f.settle().await;
+    assert_eq!(f.paths(), f.expect(&["dir/new.sock"]));
+}
+
+/// The periodic resync notices a missing root too.
 #[tokio::test]
 async fn root_removed_under_a_live_listener_is_recovered_by_the_resync() {
     let config =

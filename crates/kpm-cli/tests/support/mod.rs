@@ -1,7 +1,12 @@
 //! A `kpm run` process for end-to-end tests, and polling with deadlines.
+//! `faults` adds misbehaving plugins and the checks of the fault suite.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod faults;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -25,8 +30,36 @@ impl Kpm {
 
     /// `kpm run --root-dir <root> <args>`.
     pub fn start_with(root: &Path, args: &[&str]) -> Self {
+        Self::spawn(Command::new(KPM), root, args)
+    }
+
+    /// Like [`start_with`](Self::start_with), but when the tests run as root
+    /// (and `setpriv` is there) kpm runs as user nobody, so that file
+    /// permissions apply to it; `root` is handed over to nobody. Returns
+    /// whether kpm runs unprivileged.
+    pub fn start_unprivileged(root: &Path, args: &[&str]) -> (Self, bool) {
+        let drop_root = euid() == 0
+            && Command::new("setpriv")
+                .args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}")])
+                .args(["--clear-groups", "--", "true"])
+                .status()
+                .is_ok_and(|status| status.success());
+        if !drop_root {
+            return (Self::start_with(root, args), false);
+        }
+        std::os::unix::fs::chown(root, Some(NOBODY), Some(NOBODY)).unwrap();
+        let mut setpriv = Command::new("setpriv");
+        setpriv.args([&format!("--reuid={NOBODY}"), &format!("--regid={NOBODY}")]).args([
+            "--clear-groups",
+            "--",
+            KPM,
+        ]);
+        (Self::spawn(setpriv, root, args), true)
+    }
+
+    fn spawn(mut command: Command, root: &Path, args: &[&str]) -> Self {
         let log = std::fs::File::create(root.join("kpm.log")).unwrap();
-        let child = Command::new(KPM)
+        let child = command
             .args(["run", "--root-dir"])
             .arg(root)
             .args(args)
@@ -35,8 +68,13 @@ impl Kpm {
             .stderr(log)
             .spawn()
             .unwrap();
-        let kpm = Self { child, root: root.to_path_buf() };
-        kpm.wait_for("the status API answers", |_| true);
+        let mut kpm = Self { child, root: root.to_path_buf() };
+        wait_until("the status API answers", || {
+            if let Some(status) = kpm.child.try_wait().unwrap() {
+                panic!("kpm run exited at start-up ({status}):\n{}", kpm.log());
+            }
+            kpm.list().is_some()
+        });
         kpm
     }
 
@@ -52,6 +90,23 @@ impl Kpm {
 
     pub fn plugins(&self) -> Vec<Value> {
         self.list().unwrap()["plugins"].as_array().unwrap().clone()
+    }
+
+    /// `GET /v1/plugins` on the status socket, in-process: what `kpm list -o
+    /// json` prints, cheap enough to poll every few milliseconds.
+    pub fn status(&self) -> Value {
+        let mut stream = std::os::unix::net::UnixStream::connect(self.root.join("kpm.sock"))
+            .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
+        serde_json::from_str(&http_request(&mut stream, "/v1/plugins")).unwrap()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What kpm logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("kpm.log")).unwrap_or_default()
     }
 
     /// Polls `kpm list` until `condition` holds; returns that listing.
@@ -80,6 +135,16 @@ impl Drop for Kpm {
     }
 }
 
+/// User and group id of nobody.
+pub const NOBODY: u32 = 65_534;
+
+/// The effective user id of the tests.
+pub fn euid() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let uids = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
+    uids.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
 /// Runs `kpm <args>` to completion.
 pub fn kpm(args: &[&str]) -> Output {
     Command::new(KPM).args(args).output().unwrap()
@@ -92,6 +157,53 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+// === HTTP ===
+
+/// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
+fn http_request(stream: &mut (impl Read + Write), path: &str) -> String {
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
+}
+
+/// `GET path` on the TCP address `addr` (the metrics server); returns the body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    http_request(&mut std::net::TcpStream::connect(addr).unwrap(), path)
+}
+
+/// Checks the Prometheus text format line by line; returns `series -> value`.
+pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(comment) = line.strip_prefix("# ") {
+            let kind = comment.split_whitespace().next().unwrap();
+            assert!(["HELP", "TYPE", "UNIT", "EOF"].contains(&kind), "bad comment: {line}");
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name: {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "unterminated labels: {line}");
+        }
+        samples.insert(series.to_owned(), value.parse::<f64>().unwrap());
+    }
+    samples
+}
+
+/// A TCP port that was free a moment ago, for `--metrics-addr`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 // === Plugin services ===
@@ -109,14 +221,32 @@ pub struct Served {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Stops a [`Served`] service from anywhere, even from inside one of its
+/// own calls (a plugin that exits in the middle of a call).
+#[derive(Clone)]
+pub struct Stopper(std::sync::mpsc::Sender<()>);
+
+impl Stopper {
+    pub fn stop(&self) {
+        let _ = self.0.send(());
+    }
+}
+
 impl Served {
-    /// Stops the service and drops every connection it had.
+    /// Stops the service and drops every connection it had; the socket file
+    /// stays, as after a crash.
     pub fn stop(mut self) {
         self.halt();
     }
 
+    pub fn stopper(&self) -> Stopper {
+        Stopper(self.stop.clone().unwrap())
+    }
+
     fn halt(&mut self) {
-        drop(self.stop.take());
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -131,18 +261,40 @@ impl Drop for Served {
 
 /// Serves `routes` on `socket` (bound before this returns) until stopped.
 pub fn serve(socket: &Path, routes: tonic::service::Routes) -> Served {
+    let socket = socket.to_path_buf();
+    serve_incoming(routes, move || async move { kpm_api::uds::bind(&socket).await.unwrap() })
+}
+
+/// Serves `routes` on a listening socket made elsewhere.
+pub fn serve_listener(
+    listener: std::os::unix::net::UnixListener,
+    routes: tonic::service::Routes,
+) -> Served {
+    listener.set_nonblocking(true).unwrap();
+    serve_incoming(routes, move || async move {
+        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
+        tokio_stream::wrappers::UnixListenerStream::new(listener)
+    })
+}
+
+fn serve_incoming<F>(
+    routes: tonic::service::Routes,
+    incoming: impl FnOnce() -> F + Send + 'static,
+) -> Served
+where
+    F: Future<Output = tokio_stream::wrappers::UnixListenerStream>,
+{
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let (bound_tx, bound) = std::sync::mpsc::channel();
-    let socket = socket.to_path_buf();
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let incoming = runtime.block_on(kpm_api::uds::bind(&socket)).unwrap();
+        let incoming = runtime.block_on(incoming());
         let server =
             tonic::transport::Server::builder().add_routes(routes).serve_with_incoming(incoming);
         runtime.spawn(server);
         bound_tx.send(()).unwrap();
-        // Runs the server until `stop` is dropped, then drops the runtime
-        // with every connection task on it.
+        // Runs the server until `stop` is dropped or sent to, then drops the
+        // runtime with every connection task on it.
         let _ =
             runtime.block_on(async { tokio::task::spawn_blocking(move || stopped.recv()).await });
         runtime.shutdown_background();
