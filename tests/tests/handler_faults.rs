@@ -304,6 +304,17 @@ fn deregistered_key(event: &PluginEvent) -> Option<(PathBuf, u64)> {
     }
 }
 
+/// Waits until `plugin` is told it is registered (after a retry).
+async fn registers_at_a_retry(plugin: &Registrar) {
+    let mut status = plugin.status();
+    let registered = tokio::time::timeout(
+        DEADLINE,
+        status.wait_for(|s| s.as_ref().is_some_and(|s| s.plugin_registered)),
+    )
+    .await;
+    assert!(registered.is_ok(), "registered at a retry");
+}
+
 const PANICKED: &str = "the TestPlugin handler panicked: boom";
 const HUNG: &str = "the TestPlugin handler did not answer within 300ms";
 
@@ -327,13 +338,7 @@ async fn a_panicking_validate_is_reported_and_retried_until_it_answers() {
 
     // The next attempt, after the backoff, meets a handler that answers.
     node.handler.set(Step::Validate, Fault::None);
-    let mut status = plugin.status();
-    let registered = tokio::time::timeout(
-        DEADLINE,
-        status.wait_for(|s| s.as_ref().is_some_and(|s| s.plugin_registered)),
-    )
-    .await;
-    assert!(registered.is_ok(), "registered at a retry");
+    registers_at_a_retry(&plugin).await;
     node.check(&[(&socket, PluginState::Registered)]).await;
 
     plugin.shutdown().await.unwrap();
@@ -389,13 +394,7 @@ async fn a_panicking_register_is_undone_and_retried() {
     );
 
     node.handler.set(Step::Register, Fault::None);
-    let mut status = plugin.status();
-    let registered = tokio::time::timeout(
-        DEADLINE,
-        status.wait_for(|s| s.as_ref().is_some_and(|s| s.plugin_registered)),
-    )
-    .await;
-    assert!(registered.is_ok(), "registered at a retry");
+    registers_at_a_retry(&plugin).await;
     node.check(&[(&socket, PluginState::Registered)]).await;
     plugin.shutdown().await.unwrap();
     node.check(&[]).await;

@@ -218,6 +218,16 @@ enum HandlerStep {
     Register,
 }
 
+/// As the kubelet names the step in the reason a plugin is sent.
+impl std::fmt::Display for HandlerStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Validate => "plugin validation",
+            Self::Register => "plugin registration",
+        })
+    }
+}
+
 /// One register operation and what it needs.
 struct Register {
     socket: PathBuf,
@@ -284,27 +294,20 @@ impl Register {
             handler,
         };
 
-        if let Err(failure) = self.call(&registered, HandlerStep::Validate).await {
-            let message = format!(
-                "RegisterPlugin error -- plugin validation failed with err: {}",
-                failure.error
-            );
-            self.notify_failure(&connection, &registered.name, message).await;
-            let (socket, name, source) = (self.socket.clone(), registered.name, failure.error);
-            return Err(ExecutorError::Validate { socket, name, source });
-        }
-        if let Err(failure) = self.call(&registered, HandlerStep::Register).await {
-            if failure.aborted {
+        for step in [HandlerStep::Validate, HandlerStep::Register] {
+            let Err(failure) = self.call(&registered, step).await else { continue };
+            if failure.aborted && matches!(step, HandlerStep::Register) {
                 // It may have stopped halfway: nothing may stay registered.
                 call_deregister(&registered, self.config.handler_timeout).await;
             }
-            let message = format!(
-                "RegisterPlugin error -- plugin registration failed with err: {}",
-                failure.error
-            );
+            let message =
+                format!("RegisterPlugin error -- {step} failed with err: {}", failure.error);
             self.notify_failure(&connection, &registered.name, message).await;
             let (socket, name, source) = (self.socket.clone(), registered.name, failure.error);
-            return Err(ExecutorError::Register { socket, name, source });
+            return Err(match step {
+                HandlerStep::Validate => ExecutorError::Validate { socket, name, source },
+                HandlerStep::Register => ExecutorError::Register { socket, name, source },
+            });
         }
         registered.registered_at = SystemTime::now();
 
