@@ -94,7 +94,7 @@ impl std::fmt::Debug for Command {
 }
 
 impl Watcher {
-    /// Starts watching `root`, in this order: `mkdir -p root` (mode 0755);
+    /// Starts watching `root`, in this order: `mkdir -p root` (mode 0750);
     /// create the inotify watcher; watch `root` recursively (a directory
     /// below that cannot be watched costs only its own subtree) and its
     /// parent, for the root's own removal; list the tree
