@@ -369,24 +369,31 @@ async fn a_hanging_validate_is_cut_off_at_the_deadline() {
 
 // === register ===
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_register_is_undone_and_retried() {
+/// A plugin meets a register that misbehaves as `fault`: it is told
+/// `reason`, and the handler, which may have stopped halfway, is told to
+/// forget it. Returns the running node and the plugin, still failed.
+async fn register_undone(fault: Fault, name: &str, reason: &str) -> (Node, Registrar, PathBuf) {
     let node = Node::start().await;
-    node.handler.set(Step::Register, Fault::Panic);
-    let plugin = node.plugin(TEST_PLUGIN, "register-panics.example.com").await;
+    node.handler.set(Step::Register, fault);
+    let plugin = node.plugin(TEST_PLUGIN, name).await;
     let socket = plugin.socket_path().to_path_buf();
     let status = plugin.wait_for_status(DEADLINE).await.unwrap();
     assert!(!status.plugin_registered);
     assert_eq!(
         status.error,
-        format!("RegisterPlugin error -- plugin registration failed with err: {PANICKED}")
+        format!("RegisterPlugin error -- plugin registration failed with err: {reason}")
     );
-    // It may have stopped halfway: the handler is told to forget it.
-    let name = "register-panics.example.com";
     assert_eq!(
         node.handler.calls()[..3],
         [format!("Validate {name}"), format!("Register {name}"), format!("Deregister {name}")]
     );
+    (node, plugin, socket)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_register_is_undone_and_retried() {
+    let (node, plugin, socket) =
+        register_undone(Fault::Panic, "register-panics.example.com", PANICKED).await;
     node.check(&[(&socket, PluginState::Failed)]).await;
     assert!(
         !node.events().iter().any(|e| registered_key(e).is_some_and(|(s, _)| s == socket)),
@@ -403,21 +410,8 @@ async fn a_panicking_register_is_undone_and_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_register_is_cut_off_and_undone() {
-    let node = Node::start().await;
-    node.handler.set(Step::Register, Fault::Hang);
-    let plugin = node.plugin(TEST_PLUGIN, "register-hangs.example.com").await;
-    let socket = plugin.socket_path().to_path_buf();
-    let status = plugin.wait_for_status(DEADLINE).await.unwrap();
-    assert!(!status.plugin_registered);
-    assert_eq!(
-        status.error,
-        format!("RegisterPlugin error -- plugin registration failed with err: {HUNG}")
-    );
-    let name = "register-hangs.example.com";
-    assert_eq!(
-        node.handler.calls()[..3],
-        [format!("Validate {name}"), format!("Register {name}"), format!("Deregister {name}")]
-    );
+    let (node, plugin, socket) =
+        register_undone(Fault::Hang, "register-hangs.example.com", HUNG).await;
     assert!(node.handler.cut_off() >= 1, "the hanging call is dropped");
     node.check(&[(&socket, PluginState::Failed)]).await;
 
