@@ -655,11 +655,12 @@ fn set_mode(path: &Path, mode: u32) {
 
 // kpm runs as nobody when the tests run as root, which reads anything.
 #[test]
-fn an_unreadable_subdirectory_at_start_costs_only_its_own_sockets() {
-    // Locked before kpm starts, so that its first watch and listing meet it;
-    // the periodic resync (1 s) finds the socket once it is readable.
+fn an_unreadable_subdirectory_costs_only_its_own_sockets_until_it_is_readable() {
+    // Locked before kpm starts, so that its first watch and listing meet it.
+    // The default resync (60 s) is beyond the deadline: the chmod's event
+    // has to bring the directory in, and its new watch the later socket.
     let (s, (locked, locked_socket, (locked_plugin, locked_served))) =
-        Scenario::start_unprivileged(&["--resync-period", "1"], |registry| {
+        Scenario::start_unprivileged(&[], |registry| {
             let locked = registry.join("locked");
             std::fs::create_dir(&locked).unwrap();
             let socket = locked.join("locked.sock");
@@ -682,10 +683,19 @@ fn an_unreadable_subdirectory_at_start_costs_only_its_own_sockets() {
     }
     set_mode(&locked, 0o755);
     assert!(locked_plugin.wait_for_status(1).plugin_registered);
-    s.check(&[(&socket, "registered"), (&locked_socket, "registered")]);
+    let later_socket = locked.join("later.sock");
+    let later_plugin = Plugin::csi("later.example.com");
+    let later_served = s.serve(&later_plugin, &later_socket);
+    assert!(later_plugin.wait_for_status(1).plugin_registered);
+    s.check(&[
+        (&socket, "registered"),
+        (&later_socket, "registered"),
+        (&locked_socket, "registered"),
+    ]);
 
     remove(served, &socket);
     remove(locked_served, &locked_socket);
+    remove(later_served, &later_socket);
     s.check(&[]);
 }
 

@@ -18,8 +18,9 @@
 //!   this: inotify reports the root's own removal on the root only once
 //!   nothing holds it any more, and a plugin's listening socket in it does;
 //! - a directory that cannot be watched (no read permission) costs only its
-//!   own subtree: the rest of the tree is watched around it, and the
-//!   periodic resync lists it once it is readable.
+//!   own subtree: the rest of the tree is watched around it. A `chmod` that
+//!   makes it readable is reported by its parent's watch: it is watched and
+//!   listed then, and every resync tries it again in case that was missed.
 //!
 //! Events are hints. On notify's overflow signal (`Flag::Rescan`), when the
 //! event queue of the task is full, on [`Watcher::rescan`] and every

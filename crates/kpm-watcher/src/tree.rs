@@ -1,7 +1,7 @@
 //! The watched tree: turns notify events and listings into DesiredState
 //! changes, without churning the generation of sockets that did not change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, DirBuilder};
 use std::io;
 use std::ops::Bound;
@@ -33,10 +33,17 @@ pub(crate) fn create_root(root: &Path) -> io::Result<()> {
 /// gives up at the first directory it cannot watch (one without read
 /// permission) and leaves the rest of its walk unwatched; then `dir` is
 /// watched on its own and each sub-directory likewise, so that such a
-/// directory costs only its own subtree, whose sockets the periodic resync
-/// finds once it is readable. Fails if `dir` itself cannot be watched, or on
-/// an inotify limit.
-pub(crate) fn watch_tree(notify: &mut RecommendedWatcher, dir: &Path) -> notify::Result<()> {
+/// directory costs only its own subtree. The directories below `dir` that
+/// could not be watched end up in `unwatched` (those recorded there before
+/// are dropped: they are tried again here), to be tried again when their
+/// attributes change and at every resync. Fails if `dir` itself cannot be
+/// watched, or on an inotify limit.
+pub(crate) fn watch_tree(
+    notify: &mut RecommendedWatcher,
+    dir: &Path,
+    unwatched: &mut BTreeSet<PathBuf>,
+) -> notify::Result<()> {
+    unwatched.retain(|known| !known.starts_with(dir));
     let error = match notify.watch(dir, RecursiveMode::Recursive) {
         Ok(()) => return Ok(()),
         Err(error) => error,
@@ -53,13 +60,14 @@ pub(crate) fn watch_tree(notify: &mut RecommendedWatcher, dir: &Path) -> notify:
             continue;
         }
         let sub = entry.path();
-        match watch_tree(notify, &sub) {
+        match watch_tree(notify, &sub, unwatched) {
             Ok(()) => {}
             Err(error) if matches!(error.kind, notify::ErrorKind::MaxFilesWatch) => {
                 return Err(error);
             }
             Err(error) => {
                 tracing::warn!(dir = %sub.display(), %error, "cannot watch directory");
+                unwatched.insert(sub);
             }
         }
     }
@@ -97,6 +105,11 @@ pub(crate) struct Tree {
     /// The identity of the root directory whose watch is live; `None` after
     /// the root was removed or moved and could not be watched again yet.
     root_id: Option<FileId>,
+    /// Directories below the root that could not be watched (no read
+    /// permission yet): watched and listed as soon as their attributes
+    /// change (a `chmod` is reported by the parent's watch), and tried again
+    /// at every resync in case that event was missed.
+    unwatched: BTreeSet<PathBuf>,
     /// Counters for metrics.
     stats: WatcherStats,
 }
@@ -112,11 +125,13 @@ impl std::fmt::Debug for Tree {
 }
 
 impl Tree {
-    /// A tree whose root is already created and watched by `notify`.
+    /// A tree whose root is already created and watched by `notify`, but for
+    /// the directories in `unwatched` (see [`watch_tree`]).
     pub(crate) fn new(
         root: PathBuf,
         desired: Arc<DesiredState>,
         notify: RecommendedWatcher,
+        unwatched: BTreeSet<PathBuf>,
     ) -> Self {
         let root_id = fs::metadata(&root).ok().map(|metadata| FileId::of(&metadata));
         Self {
@@ -125,6 +140,7 @@ impl Tree {
             notify,
             known: BTreeMap::new(),
             root_id,
+            unwatched,
             stats: WatcherStats::default(),
         }
     }
@@ -173,7 +189,15 @@ impl Tree {
                     }
                 }
             }
-            // Data, metadata and access events do not change what is a socket.
+            // A directory that could not be watched may have become readable.
+            EventKind::Modify(ModifyKind::Metadata(_)) => {
+                for path in &event.paths {
+                    if self.unwatched.contains(path) {
+                        self.appeared(path);
+                    }
+                }
+            }
+            // Data and access events do not change what is a socket.
             _ => {}
         }
     }
@@ -207,7 +231,12 @@ impl Tree {
             Some(_) if current != self.root_id => {
                 self.recover_root("registry directory replaced or not watched");
             }
-            Some(_) => self.sync_dir(&self.root.clone()),
+            Some(_) => {
+                for dir in std::mem::take(&mut self.unwatched) {
+                    self.watch_dir(&dir);
+                }
+                self.sync_dir(&self.root.clone());
+            }
         }
     }
 
@@ -249,6 +278,7 @@ impl Tree {
             return;
         }
         self.forget(path);
+        self.unwatched.retain(|dir| !dir.starts_with(path));
         let below: Vec<PathBuf> = self
             .known
             .range::<Path, _>((Bound::Included(path), Bound::Unbounded))
@@ -267,10 +297,15 @@ impl Tree {
     /// after it misses nothing (notify 8 neither reports nor lists what was
     /// created in a directory before its watch was added).
     fn watch_dir(&mut self, dir: &Path) {
-        match watch_tree(&mut self.notify, dir) {
+        match watch_tree(&mut self.notify, dir, &mut self.unwatched) {
             Ok(()) => {}
             Err(error) if matches!(error.kind, notify::ErrorKind::PathNotFound) => {}
-            Err(error) => self.handle_error(&error),
+            Err(error) => {
+                self.handle_error(&error);
+                if exhausted_limit(&error).is_none() {
+                    self.unwatched.insert(dir.to_path_buf());
+                }
+            }
         }
     }
 
@@ -346,7 +381,7 @@ impl Tree {
             self.apply(&root, &Listing::default());
             return;
         }
-        match watch_tree(&mut self.notify, &root) {
+        match watch_tree(&mut self.notify, &root, &mut self.unwatched) {
             Ok(()) => {
                 self.root_id = fs::metadata(&root).ok().map(|metadata| FileId::of(&metadata));
             }
@@ -380,7 +415,59 @@ mod tests {
             RecommendedWatcher::new(|_: notify::Result<Event>| {}, notify::Config::default())
                 .unwrap();
         notify.watch(root, RecursiveMode::Recursive).unwrap();
-        Tree::new(root.to_path_buf(), Arc::clone(desired), notify)
+        Tree::new(root.to_path_buf(), Arc::clone(desired), notify, BTreeSet::new())
+    }
+
+    /// A tree over `root` whose sub-directory `late` is recorded as not
+    /// watched (as if it had had no read permission), and its events.
+    fn tree_without_late_watch(
+        root: &Path,
+    ) -> (Tree, PathBuf, std::sync::mpsc::Receiver<notify::Result<Event>>) {
+        let late = root.join("late");
+        fs::create_dir(&late).unwrap();
+        let (events_tx, events) = std::sync::mpsc::channel();
+        let mut notify = RecommendedWatcher::new(events_tx, notify::Config::default()).unwrap();
+        notify.watch(root, RecursiveMode::NonRecursive).unwrap();
+        let desired = Arc::new(DesiredState::new());
+        let tree = Tree::new(root.to_path_buf(), desired, notify, BTreeSet::from([late.clone()]));
+        (tree, late, events)
+    }
+
+    /// Binds a socket in `dir` and waits for notify to report it.
+    fn socket_is_reported(dir: &Path, events: &std::sync::mpsc::Receiver<notify::Result<Event>>) {
+        let socket = dir.join("p.sock");
+        let _listener = UnixListener::bind(&socket).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match events.recv_timeout(left) {
+                Ok(Ok(event)) if event.paths.contains(&socket) => return,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        panic!("no event for {}: its directory is not watched", socket.display());
+    }
+
+    #[test]
+    fn a_chmod_on_an_unwatched_directory_watches_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut tree, late, events) = tree_without_late_watch(dir.path());
+        let attributes = Event::new(EventKind::Modify(ModifyKind::Metadata(
+            notify::event::MetadataKind::Permissions,
+        )))
+        .add_path(late.clone());
+        tree.handle_event(&attributes);
+        assert!(tree.unwatched.is_empty());
+        socket_is_reported(&late, &events);
+    }
+
+    #[test]
+    fn a_resync_watches_unwatched_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut tree, late, events) = tree_without_late_watch(dir.path());
+        tree.resync(Resync::Periodic);
+        assert!(tree.unwatched.is_empty());
+        socket_is_reported(&late, &events);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The public [`Watcher`]: start-up (every step returns a typed error) and
 //! the task that applies events, overflow rescans and periodic resyncs.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -130,7 +131,9 @@ impl Watcher {
         let mut notify =
             RecommendedWatcher::new(forward, Config::default().with_follow_symlinks(false))
                 .map_err(|source| create_watcher_error(&root, source))?;
-        watch_tree(&mut notify, &root).map_err(|source| watch_error(&root, source))?;
+        let mut unwatched = BTreeSet::new();
+        watch_tree(&mut notify, &root, &mut unwatched)
+            .map_err(|source| watch_error(&root, source))?;
         // inotify reports the root's own removal on the root only once the
         // last reference to it is gone, and a plugin's listening socket in it
         // is one; its parent reports the removal at once.
@@ -143,7 +146,8 @@ impl Watcher {
             );
         }
 
-        let mut tree = Tree::new(root.clone(), desired, notify).with_stats(config.stats.clone());
+        let mut tree =
+            Tree::new(root.clone(), desired, notify, unwatched).with_stats(config.stats.clone());
         tree.initial_scan().map_err(|source| WatcherError::List { path: root.clone(), source })?;
         tracing::info!(root = %root.display(), "watching registry directory");
 
