@@ -47,8 +47,8 @@ const QUIET_MAX: Duration = Duration::from_secs(30);
 const SETTLE_POLL: Duration = Duration::from_millis(250);
 /// The longest default warm-up.
 const WARMUP_MAX: Duration = Duration::from_secs(60);
-/// Allowed growth of RSS, in percent of the baseline.
-const RSS_GROWTH_PERCENT: u64 = 5;
+/// Allowed growth of RSS and of the live heap, in percent of the baseline.
+const MEMORY_GROWTH_PERCENT: u64 = 5;
 
 /// What `soak` does, from the command line.
 #[derive(Debug, Clone)]
@@ -114,6 +114,8 @@ struct Sample {
     /// `load`, `pause`, `baseline` or `final`.
     phase: &'static str,
     rss_kb: u64,
+    /// kpm's live heap (`kpm_heap_allocated_bytes`), in KiB.
+    heap_kb: Option<u64>,
     fds: u64,
     threads: u64,
     tasks: Option<u64>,
@@ -138,6 +140,8 @@ impl Sample {
             "phase": self.phase,
             "rss_mb": procfs::mb(self.rss_kb),
             "rss_kb": self.rss_kb,
+            "heap_mb": self.heap_kb.map(procfs::mb),
+            "heap_kb": self.heap_kb,
             "fds": self.fds,
             "threads": self.threads,
             "tokio_tasks": self.tasks,
@@ -185,6 +189,7 @@ impl Probe {
             at: self.begin.elapsed(),
             phase,
             rss_kb: kpm.rss_kb,
+            heap_kb: scrape.sum("kpm_heap_allocated_bytes", None).map(|bytes| bytes / 1024),
             fds: kpm.fds,
             threads: kpm.threads,
             tasks: scrape.sum("kpm_tokio_tasks", None),
@@ -365,9 +370,10 @@ impl Soak<'_> {
     async fn sample(&mut self, phase: &'static str) -> Result {
         if let Some(sample) = self.probe.sample(phase, self.running.len()).await? {
             eprintln!(
-                "soak: {:>5.0} s  RSS {:.1} MB, {} fds, {} tasks, {} executor entries",
+                "soak: {:>5.0} s  RSS {:.1} MB, heap {} MB, {} fds, {} tasks, {} executor entries",
                 sample.at.as_secs_f64(),
                 procfs::mb(sample.rss_kb),
+                sample.heap_kb.map_or_else(|| "-".to_owned(), |kb| procfs::mb(kb).to_string()),
                 sample.fds,
                 shown(sample.tasks),
                 shown(sample.operations),
@@ -560,15 +566,22 @@ fn checks(verdict: &Verdict<'_>) -> Vec<Value> {
     checks.push(no_growth("kpm open fds", Some(base.fds), Some(last.fds)));
     checks.push(no_growth("kpm tokio tasks", base.tasks, last.tasks));
     checks.push(no_growth("kpm threads", Some(base.threads), Some(last.threads)));
-    let rss_limit = base.rss_kb + base.rss_kb * RSS_GROWTH_PERCENT / 100;
-    let growth = 100.0 * (float(last.rss_kb) / float(base.rss_kb.max(1)) - 1.0);
-    checks.push(check(
-        "kpm RSS (MB)",
-        procfs::mb(base.rss_kb).into(),
-        procfs::mb(last.rss_kb).into(),
-        format!("≤ {} (+{RSS_GROWTH_PERCENT} %); {growth:+.1} %", procfs::mb(rss_limit)),
-        last.rss_kb <= rss_limit,
-    ));
+    let memory = |name: &str, base: Option<u64>, last: Option<u64>| match (base, last) {
+        (Some(base), Some(last)) => {
+            let limit = base + base * MEMORY_GROWTH_PERCENT / 100;
+            let growth = 100.0 * (float(last) / float(base.max(1)) - 1.0);
+            check(
+                name,
+                procfs::mb(base).into(),
+                procfs::mb(last).into(),
+                format!("≤ {} (+{MEMORY_GROWTH_PERCENT} %); {growth:+.1} %", procfs::mb(limit)),
+                last <= limit,
+            )
+        }
+        _ => check(name, Value::Null, Value::Null, "no data".to_owned(), false),
+    };
+    checks.push(memory("kpm RSS (MB)", Some(base.rss_kb), Some(last.rss_kb)));
+    checks.push(memory("kpm live heap (MB)", base.heap_kb, last.heap_kb));
     let plugins = u64::try_from(verdict.plugins).unwrap_or(u64::MAX);
     checks.push(check(
         "well-behaved plugins registered",
@@ -649,6 +662,7 @@ pub(crate) fn table(results: &Value) -> String {
         "t_s",
         "phase",
         "rss_mb",
+        "heap_mb",
         "fds",
         "threads",
         "tokio_tasks",
@@ -664,6 +678,7 @@ pub(crate) fn table(results: &Value) -> String {
         "T (S)",
         "PHASE",
         "RSS MB",
+        "HEAP MB",
         "FDS",
         "THREADS",
         "TASKS",
@@ -751,6 +766,7 @@ mod tests {
             at: Duration::from_secs(60),
             phase: "baseline",
             rss_kb,
+            heap_kb: Some(rss_kb / 2),
             fds,
             threads: 3,
             tasks: Some(tasks),
@@ -786,6 +802,8 @@ mod tests {
         assert_eq!(failed(&verdict(&sample(241, 700, 20_000))), ["\"kpm open fds\""]);
         assert_eq!(failed(&verdict(&sample(230, 715, 20_000))), ["\"kpm tokio tasks\""]);
         assert_eq!(failed(&verdict(&sample(230, 700, 21_001))), ["\"kpm RSS (MB)\""]);
+        let heap_grew = Sample { heap_kb: Some(10_501), ..sample(230, 700, 20_000) };
+        assert_eq!(failed(&verdict(&heap_grew)), ["\"kpm live heap (MB)\""]);
         let leaked = Sample { operations: Some(3), ..sample(230, 700, 20_000) };
         assert_eq!(failed(&verdict(&leaked)), ["\"kpm executor entries\""]);
         let stuck = Sample { registered: 199, ..sample(230, 700, 20_000) };

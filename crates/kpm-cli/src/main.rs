@@ -15,6 +15,7 @@
 
 mod demo;
 mod error;
+mod heap;
 mod list;
 mod metrics;
 mod probe;

@@ -8,8 +8,9 @@
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
 //!   to its plugin being registered;
 //! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
-//! - `kpm_operations` (the executor's entries) and `kpm_tokio_tasks` (tasks
-//!   alive in the runtime), which must stay flat under churn;
+//! - `kpm_operations` (the executor's entries), `kpm_tokio_tasks` (tasks
+//!   alive in the runtime) and `kpm_heap_allocated_bytes` (the live heap),
+//!   which must stay flat under churn, and `kpm_heap_resident_bytes`;
 //! - `kpm_device_plugin_devices{resource, health}` and
 //!   `kpm_dra_driver_instances{driver, connected}`.
 //!
@@ -73,6 +74,8 @@ pub(crate) struct Metrics {
     rescans: Counter,
     operations: Gauge,
     tasks: Gauge,
+    heap_allocated: Gauge,
+    heap_resident: Gauge,
     latency: Histogram,
     sources: Sources,
 }
@@ -99,6 +102,8 @@ impl Metrics {
             rescans: Counter::default(),
             operations: Gauge::default(),
             tasks: Gauge::default(),
+            heap_allocated: Gauge::default(),
+            heap_resident: Gauge::default(),
             // 100 µs to ~3.3 min.
             latency: Histogram::new(exponential_buckets(0.000_1, 4.0, 12)),
             sources,
@@ -154,6 +159,16 @@ impl Metrics {
                 "kpm_tokio_tasks",
                 "Tasks alive in kpm's async runtime",
                 metrics.tasks.clone(),
+            );
+            registry.register(
+                "kpm_heap_allocated_bytes",
+                "Bytes kpm has allocated and not freed (the allocator's live heap)",
+                metrics.heap_allocated.clone(),
+            );
+            registry.register(
+                "kpm_heap_resident_bytes",
+                "Bytes in pages kpm's allocator keeps resident (live heap, metadata, freed pages not returned yet)",
+                metrics.heap_resident.clone(),
             );
             registry.register(
                 "kpm_registration_latency_seconds",
@@ -242,6 +257,10 @@ impl Metrics {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let tasks = runtime.metrics().num_alive_tasks();
             self.tasks.set(i64::try_from(tasks).unwrap_or(i64::MAX));
+        }
+        if let Some(heap) = crate::heap::stats() {
+            self.heap_allocated.set(i64::try_from(heap.allocated).unwrap_or(i64::MAX));
+            self.heap_resident.set(i64::try_from(heap.resident).unwrap_or(i64::MAX));
         }
         self.plugins.clear();
         let states = [

@@ -229,6 +229,10 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     // One socket: at most one executor entry; the runtime has tasks alive.
     assert!(samples.get("kpm_operations").is_some_and(|n| *n <= 1.0), "{samples:?}");
     assert!(samples.get("kpm_tokio_tasks").is_some_and(|n| *n >= 1.0), "{samples:?}");
+    // jemalloc's statistics: a live heap, within what the allocator holds.
+    let heap = |name: &str| samples.get(name).copied().unwrap_or_default();
+    let (allocated, resident) = (heap("kpm_heap_allocated_bytes"), heap("kpm_heap_resident_bytes"));
+    assert!(allocated > 0.0 && allocated <= resident, "{samples:?}");
     wait_until("the device is counted", || {
         let samples = parse_prometheus(&http_get(&addr, "/metrics"));
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")
