@@ -197,7 +197,7 @@ impl StatusServer {
         let (incoming, bound) = kpm_api::uds::bind_with_mode(socket, kpm_api::uds::OWNER_ONLY)
             .await
             .map_err(CliError::StatusSocket)?;
-        let listener = incoming.into_inner();
+        let listener = incoming.into_listener();
         let router = status_api::router(sources);
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {

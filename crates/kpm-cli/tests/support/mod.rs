@@ -272,8 +272,7 @@ pub fn serve_listener(
 ) -> Served {
     listener.set_nonblocking(true).unwrap();
     serve_incoming(routes, move || async move {
-        let listener = tokio::net::UnixListener::from_std(listener).unwrap();
-        tokio_stream::wrappers::UnixListenerStream::new(listener)
+        kpm_api::uds::Incoming::new(tokio::net::UnixListener::from_std(listener).unwrap())
     })
 }
 
@@ -282,7 +281,7 @@ fn serve_incoming<F>(
     incoming: impl FnOnce() -> F + Send + 'static,
 ) -> Served
 where
-    F: Future<Output = tokio_stream::wrappers::UnixListenerStream>,
+    F: Future<Output = kpm_api::uds::Incoming>,
 {
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let (bound_tx, bound) = std::sync::mpsc::channel();

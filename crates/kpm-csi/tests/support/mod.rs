@@ -22,7 +22,6 @@ use kpm_api::csi::v1::{
 };
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::UnixStream;
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -217,7 +216,7 @@ pub(crate) async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served 
 
 /// A server-side connection that counts itself out when the server drops it.
 struct Tracked {
-    inner: UnixStream,
+    inner: kpm_api::uds::Connection,
     open: Arc<watch::Sender<usize>>,
 }
 

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
+use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -293,9 +294,10 @@ pub async fn serve(dir: &Path, file: &str, devices: Vec<Device>, behaviour: Beha
     let connections = Arc::new(Mutex::new(Vec::new()));
     let tracked = Arc::clone(&connections);
     let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
-        let stream = stream?.into_std()?;
-        tracked.lock().push(stream.try_clone()?);
-        tokio::net::UnixStream::from_std(stream)
+        let stream = stream?;
+        let second = stream.as_fd().try_clone_to_owned()?;
+        tracked.lock().push(std::os::unix::net::UnixStream::from(second));
+        Ok::<_, std::io::Error>(stream)
     });
     let service = DevicePluginServer::from_arc(Arc::clone(&plugin));
     let server = tokio::spawn(async move {

@@ -1,5 +1,9 @@
 //! gRPC over Unix domain sockets, the way the kubelet does it: dial the raw
 //! filesystem path (no `unix://` URI, so any path works), no TLS, HTTP/2.
+//!
+//! Every gRPC server kpm runs on a Unix socket accepts through [`bind`] (or
+//! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
+//! the socket's path included (see [`authority`]'s module docs).
 
 use std::fs::Metadata;
 use std::io;
@@ -9,8 +13,13 @@ use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Uri};
+
+mod authority;
+mod incoming;
+
+pub use authority::MAX_HEADER_BLOCK;
+pub use incoming::{Connection, Incoming};
 
 /// Why a Unix-socket connection or listener could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -104,12 +113,13 @@ pub async fn dial_patiently(
 }
 
 /// Binds a listener on `path` for a tonic server
-/// (`Server::builder().add_service(..).serve_with_incoming(incoming)`).
+/// (`Server::builder().add_service(..).serve_with_incoming(incoming)`), whose
+/// connections accept any `:authority` (see [`Connection`]).
 ///
 /// A socket file left behind by a dead server is removed first (`bind` would
 /// fail otherwise); a socket a live server still answers on is never touched.
 /// The caller owns the file afterwards and should remove it on shutdown.
-pub async fn bind(path: &Path) -> Result<UnixListenerStream, TransportError> {
+pub async fn bind(path: &Path) -> Result<Incoming, TransportError> {
     let bind_err = |source| TransportError::Bind { path: path.to_path_buf(), source };
     match std::fs::symlink_metadata(path) {
         Ok(_) if UnixStream::connect(path).await.is_ok() => {
@@ -120,7 +130,7 @@ pub async fn bind(path: &Path) -> Result<UnixListenerStream, TransportError> {
         Err(err) => return Err(bind_err(err)),
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
-    Ok(UnixListenerStream::new(listener))
+    Ok(Incoming::new(listener))
 }
 
 /// Mode of the sockets kpm serves itself (`kubelet.sock`, `kpm.sock`): only
@@ -133,7 +143,7 @@ pub const OWNER_ONLY: u32 = 0o600;
 pub async fn bind_with_mode(
     path: &Path,
     mode: u32,
-) -> Result<(UnixListenerStream, BoundSocket), TransportError> {
+) -> Result<(Incoming, BoundSocket), TransportError> {
     use std::os::unix::fs::PermissionsExt as _;
     let incoming = bind(path).await?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
