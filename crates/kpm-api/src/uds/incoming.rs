@@ -262,3 +262,6 @@ impl AsFd for Connection {
         self.io.as_fd()
     }
 }
+
+#[cfg(test)]
+mod tests;
