@@ -183,7 +183,7 @@ fn headers_frames(stream: u32, block: &[u8], framing: &Framing) -> Vec<u8> {
 
 #[derive(Debug, PartialEq, Eq)]
 enum Seen {
-    /// A header block, decoded, with the HEADERS frame's END_STREAM flag and
+    /// A header block, decoded, with the HEADERS frame's `END_STREAM` flag and
     /// priority fields.
     Headers {
         stream: u32,
@@ -195,6 +195,10 @@ enum Seen {
     Frame(Vec<u8>),
 }
 
+/// A header block being gathered: stream, fragments so far, `END_STREAM`,
+/// priority fields.
+type OpenBlock = (u32, Vec<u8>, bool, Option<Vec<u8>>);
+
 /// Splits what the server read into frames, checking every rewritten one
 /// keeps within 16 KiB, and decodes header blocks with one HPACK context.
 fn seen(bytes: &[u8]) -> Vec<Seen> {
@@ -202,7 +206,7 @@ fn seen(bytes: &[u8]) -> Vec<Seen> {
     let mut decoder = loona_hpack::Decoder::new();
     let mut rest = &bytes[PREFACE.len()..];
     let mut out = Vec::new();
-    let mut block: Option<(u32, Vec<u8>, bool, Option<Vec<u8>>)> = None;
+    let mut block: Option<OpenBlock> = None;
     while !rest.is_empty() {
         let len = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
         let (kind, flags) = (rest[3], rest[4]);
@@ -383,7 +387,7 @@ fn malformed_header_blocks_close_the_connection() {
         ("no room for the priority", frame(HEADERS, END_HEADERS | PRIORITY, 1, &[0, 0, 0])),
         ("a block over the bound", frame(HEADERS, END_HEADERS, 1, &huge)),
         ("a flood of empty CONTINUATION frames", flood),
-        ("an index outside the tables", frame(HEADERS, END_HEADERS, 1, &[0x80 | 70])),
+        ("an index outside the tables", frame(HEADERS, END_HEADERS, 1, &[0x80 | 0x46])),
         ("index zero", frame(HEADERS, END_HEADERS, 1, &[0x80])),
         ("a truncated integer", frame(HEADERS, END_HEADERS, 1, &[0xff, 0x80])),
         (
@@ -400,9 +404,9 @@ fn malformed_header_blocks_close_the_connection() {
         // Eight decoded bytes per encoded byte at most: a list that decodes
         // over the bound from a small block.
         ("a decoded list over the bound", {
-            let mut block = vec![0x40, 1, b'n', 0x7f, 0xa1, 0x1e]; // a 4000-byte value, indexed
+            let mut block = vec![0x40, 1, b'n', 0x7f, 0xa1, 0x1e]; // a 4000-byte value, indexed (62)
             block.extend([b'v'; 4000]);
-            block.extend(std::iter::repeat_n(0x80 | 62, 20));
+            block.extend(std::iter::repeat_n(0x80 | 0x3e, 20));
             frame(HEADERS, END_HEADERS, 1, &block)
         }),
     ];
