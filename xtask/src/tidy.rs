@@ -75,8 +75,18 @@ pub(crate) fn check(root: &Path) -> Result {
     }
 }
 
+/// Where a gRPC server may accept on a plain Unix listener: `kpm_api::uds`
+/// itself, and the test that shows h2 alone refuses grpc-go's `:authority`.
+/// Everything else accepts through `uds::bind` or `uds::Incoming`.
+const PLAIN_LISTENERS_ALLOWED: &[&str] =
+    &["crates/kpm-api/src/uds/", "tests/tests/grpc_go_authority.rs"];
+
 fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>) {
-    let shown = file.strip_prefix(root).unwrap_or(file).display();
+    let relative = file.strip_prefix(root).unwrap_or(file);
+    let shown = relative.display();
+    let plain_listener_allowed = PLAIN_LISTENERS_ALLOWED
+        .iter()
+        .any(|allowed| relative.to_string_lossy().starts_with(allowed));
     if !text.starts_with("//!") {
         problems.push(format!("{shown}: does not start with a `//!` module doc"));
     }
@@ -90,6 +100,12 @@ fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>
             if line.trim_start().starts_with(banned) {
                 problems.push(format!("{shown}:{number}: `{banned}]` is not allowed"));
             }
+        }
+        if !plain_listener_allowed && line.contains(concat!("UnixListener", "Stream")) {
+            problems.push(format!(
+                "{shown}:{number}: a gRPC server accepts through `kpm_api::uds::bind` or \
+                 `uds::Incoming`, which take any `:authority`"
+            ));
         }
     }
 }
@@ -202,5 +218,24 @@ mod tests {
         let text = format!("fn main() {{}} \n{}]\n", concat!("#[", "ignore"));
         check_source(Path::new("/r"), Path::new("/r/a.rs"), &text, &mut problems);
         assert_eq!(problems.len(), 3, "{problems:?}");
+    }
+
+    #[test]
+    fn a_grpc_server_on_a_plain_listener_is_reported() {
+        let text = format!(
+            "//! Doc.\nlet incoming = {}::new(listener);\n",
+            concat!("UnixListener", "Stream")
+        );
+        let mut problems = Vec::new();
+        check_source(Path::new("/r"), Path::new("/r/crates/kpm-x/src/a.rs"), &text, &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        problems.clear();
+        check_source(
+            Path::new("/r"),
+            Path::new("/r/crates/kpm-api/src/uds/a.rs"),
+            &text,
+            &mut problems,
+        );
+        assert!(problems.is_empty(), "{problems:?}");
     }
 }
