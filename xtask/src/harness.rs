@@ -92,12 +92,12 @@ pub(crate) fn against_fresh_kpm(
 }
 
 /// A `kpm run` child process; killed if dropped while running.
-struct Kpm {
+pub(crate) struct Kpm {
     child: Child,
 }
 
 impl Kpm {
-    fn start(bin: &Path, root: &Path, args: &[&str], log: fs::File) -> Result<Self> {
+    pub(crate) fn start(bin: &Path, root: &Path, args: &[&str], log: fs::File) -> Result<Self> {
         let child = with_fd_limit(bin)
             .arg("run")
             .arg("--root-dir")
@@ -117,7 +117,7 @@ impl Kpm {
     }
 
     /// Waits until the status socket accepts connections.
-    fn wait_ready(&mut self, socket: &Path) -> Result {
+    pub(crate) fn wait_ready(&mut self, socket: &Path) -> Result {
         let deadline = Instant::now() + KPM_START_TIMEOUT;
         loop {
             if let Some(status) = self.child.try_wait()? {
@@ -139,7 +139,7 @@ impl Kpm {
 
     /// SIGTERM, then waits for the exit (SIGKILL after the timeout). A kpm
     /// that died before returns how it died.
-    fn stop(&mut self) -> Result<ExitStatus> {
+    pub(crate) fn stop(&mut self) -> Result<ExitStatus> {
         if let Some(status) = self.child.try_wait()? {
             return Ok(status);
         }

@@ -8,11 +8,14 @@
 //!   `docs/performance.md` (see `bench.rs`).
 //! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
 //!   `docs/reliability.md`, 10 minutes by default (see `soak.rs`).
+//! - `interop --bin-dir DIR [--only SCENARIO]`: `kpm` and `kpm-registrar`
+//!   against real programs in DIR (see `interop.rs`); not part of `ci`.
 //! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
 
 mod bench;
 mod codegen;
 mod harness;
+mod interop;
 mod soak;
 mod tidy;
 
@@ -22,7 +25,8 @@ use std::process::{Command, ExitCode};
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] \
-                     | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] | tidy>";
+                     | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
+                     | interop --bin-dir DIR [--only SCENARIO] | tidy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,6 +37,7 @@ fn main() -> ExitCode {
         ["ci"] => ci(),
         ["bench", options @ ..] => bench::run(&project_root(), options),
         ["soak", options @ ..] => soak::run(&project_root(), options),
+        ["interop", options @ ..] => interop::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         ["--help" | "-h" | "help"] => {
             println!("{USAGE}");

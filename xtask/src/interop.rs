@@ -1,0 +1,445 @@
+//! `cargo xtask interop --bin-dir DIR [--only SCENARIO]`: `kpm run` and
+//! `kpm-registrar` against real programs found in DIR, built from their
+//! public sources (`docs/plugin-authors.md` says which and how). A scenario
+//! whose program is missing is skipped and named as skipped; one that fails
+//! says which step, and the logs of every process are in `target/interop`.
+//!
+//! | scenario | programs in DIR | kpm's part |
+//! |---|---|---|
+//! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, and deregisters it when the registrar exits |
+//! | `generic-device-plugin` | `generic-device-plugin` | `kpm run`'s `kubelet.sock` takes its `Register`; `squat.ai/null` has 3 healthy devices, unhealthy once it exits |
+//! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
+//! | `kubelet-plugin-manager` | `kubelet-pluginmanager` | the kubelet's own plugin manager registers `kpm-registrar` plugins of all three types and deregisters them when they stop |
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Result;
+use crate::harness::Kpm;
+
+/// How long any one step may take: registrations take milliseconds, but the
+/// Go programs retry on their own schedules (generic-device-plugin every 5 s).
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a program may take to exit on SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Scenario {
+    name: &'static str,
+    programs: &'static [&'static str],
+    run: fn(&Env, &Path) -> Result,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "node-driver-registrar",
+        programs: &["node-driver-registrar", "hostpathplugin"],
+        run: node_driver_registrar,
+    },
+    Scenario {
+        name: "generic-device-plugin",
+        programs: &["generic-device-plugin"],
+        run: generic_device_plugin,
+    },
+    Scenario {
+        name: "dra-rolling-update",
+        programs: &["dra-kubeletplugin"],
+        run: dra_rolling_update,
+    },
+    Scenario {
+        name: "kubelet-plugin-manager",
+        programs: &["kubelet-pluginmanager"],
+        run: kubelet_plugin_manager,
+    },
+];
+
+/// The programs and where their logs go.
+struct Env {
+    kpm: PathBuf,
+    example_plugin: PathBuf,
+    bin_dir: PathBuf,
+    out: PathBuf,
+}
+
+pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    let usage = || format!("usage: cargo xtask interop --bin-dir DIR [--only {}]", names.join("|"));
+    let (mut bin_dir, mut only) = (None, None);
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match (*option, options.next()) {
+            ("--bin-dir", Some(dir)) => bin_dir = Some(PathBuf::from(dir)),
+            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
+            _ => return Err(usage().into()),
+        }
+    }
+    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let bin_dir = std::path::absolute(&bin_dir)?;
+
+    crate::cargo(
+        root,
+        &["build", "-p", "kpm-cli", "-p", "kpm-registrar", "--example", "example_plugin"],
+        &[],
+    )?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    let out = target.join("interop");
+    fs::create_dir_all(&out)?;
+    let env = Env {
+        kpm: target.join("debug/kpm"),
+        example_plugin: target.join("debug/examples/example_plugin"),
+        bin_dir,
+        out,
+    };
+
+    let mut outcomes = Vec::new();
+    for scenario in SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)) {
+        let missing: Vec<&str> =
+            scenario.programs.iter().copied().filter(|p| !env.bin_dir.join(p).is_file()).collect();
+        let outcome = if missing.is_empty() {
+            eprintln!("\n== {}", scenario.name);
+            let dir = tempfile::Builder::new().prefix("kpm-interop-").tempdir_in("/tmp")?;
+            match (scenario.run)(&env, dir.path()) {
+                Ok(()) => "passed".to_owned(),
+                Err(err) => format!("FAILED: {err}"),
+            }
+        } else {
+            format!("skipped: {} not in {}", missing.join(", "), env.bin_dir.display())
+        };
+        outcomes.push((scenario.name, outcome));
+    }
+
+    println!("\ninterop against {}:", env.bin_dir.display());
+    for (name, outcome) in &outcomes {
+        println!("  {name:<24} {outcome}");
+    }
+    println!("logs: {}", env.out.display());
+    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
+    if failed > 0 {
+        return Err(format!("{failed} interop scenario(s) failed").into());
+    }
+    Ok(())
+}
+
+// === Scenarios ===
+
+fn node_driver_registrar(env: &Env, root: &Path) -> Result {
+    let kpm = start_kpm(env, root, "node-driver-registrar")?;
+    let csi_dir = root.join("plugins/csi-hostpath");
+    fs::create_dir_all(&csi_dir)?;
+    let csi_sock = csi_dir.join("csi.sock");
+    let driver = Peer::start(
+        env,
+        "node-driver-registrar",
+        "hostpathplugin",
+        &[
+            &format!("--endpoint=unix://{}", csi_sock.display()),
+            "--nodeid=node-1",
+            "--drivername=hostpath.csi.k8s.io",
+            &format!("--statedir={}", root.join("hostpath-state").display()),
+            "--maxvolumespernode=10",
+        ],
+    )?;
+    wait_until("hostpathplugin serves its socket", || Ok(csi_sock.exists()))?;
+    let mut registrar = Peer::start(
+        env,
+        "node-driver-registrar",
+        "node-driver-registrar",
+        &[
+            &format!("--csi-address={}", csi_sock.display()),
+            &format!("--kubelet-registration-path={}", csi_sock.display()),
+            &format!("--plugin-registration-path={}", root.join("plugins_registry").display()),
+        ],
+    )?;
+
+    let registered = wait_for_list(&kpm, "the driver registered with its node info", |list| {
+        let plugin = find(&list["plugins"], "name", "hostpath.csi.k8s.io");
+        let driver = find(&list["csi_drivers"], "name", "hostpath.csi.k8s.io");
+        let ready = plugin.is_some_and(|p| p["state"] == "registered")
+            && driver.is_some_and(|d| {
+                d["node_id"] == "node-1"
+                    && d["max_volumes"] == 10
+                    && d["topology"].as_object().is_some_and(|t| !t.is_empty())
+            });
+        Ok(ready.then(|| driver.cloned()).flatten())
+    })?;
+    let topology = registered["topology"].as_object().cloned().unwrap_or_default();
+    let list = kpm.list()?;
+    for key in topology.keys() {
+        if list["node"]["labels"].get(key).is_none() {
+            return Err(format!("topology key {key} is not among the node labels").into());
+        }
+    }
+    let csinode = find(&list["node"]["csinode"]["drivers"], "name", "hostpath.csi.k8s.io")
+        .ok_or("no CSINode entry")?
+        .clone();
+    eprintln!(
+        "registered: node id node-1, topology {topology:?}, max volumes 10, CSINode {csinode}"
+    );
+
+    registrar.stop()?;
+    wait_for_list(&kpm, "the driver deregistered once the registrar exited", |list| {
+        let gone = find(&list["plugins"], "name", "hostpath.csi.k8s.io").is_none()
+            && find(&list["csi_drivers"], "name", "hostpath.csi.k8s.io").is_none();
+        Ok(gone.then_some(()))
+    })?;
+    eprintln!("deregistered");
+    drop(driver);
+    kpm.stop()
+}
+
+fn generic_device_plugin(env: &Env, root: &Path) -> Result {
+    let kpm = start_kpm(env, root, "generic-device-plugin")?;
+    let mut plugin = Peer::start(
+        env,
+        "generic-device-plugin",
+        "generic-device-plugin",
+        &[
+            "--plugin-directory",
+            &root.join("device-plugins").display().to_string(),
+            "--domain",
+            "squat.ai",
+            "--listen",
+            "127.0.0.1:0",
+            "--device",
+            r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#,
+        ],
+    )?;
+    let null = |list: &serde_json::Value| {
+        find(&list["device_resources"], "resource", "squat.ai/null").cloned()
+    };
+    wait_for_list(&kpm, "squat.ai/null with 3 healthy devices", |list| {
+        Ok(null(list).filter(|r| r["healthy"] == 3 && r["unhealthy"] == 0))
+    })?;
+    eprintln!("squat.ai/null: 3 healthy devices");
+    plugin.stop()?;
+    let exited = Instant::now();
+    wait_for_list(&kpm, "squat.ai/null unhealthy after the plugin exited", |list| {
+        Ok(null(list).filter(|r| r["healthy"] == 0 && r["unhealthy"] == 3))
+    })?;
+    eprintln!("squat.ai/null: 3 unhealthy devices {:?} after the plugin exited", exited.elapsed());
+    kpm.stop()
+}
+
+fn dra_rolling_update(env: &Env, root: &Path) -> Result {
+    let kpm = start_kpm(env, root, "dra-rolling-update")?;
+    let bin = env.bin_dir.join("dra-kubeletplugin");
+    let instance = |uid: &str| {
+        let name = format!("dra-kubeletplugin-{uid}");
+        Peer::spawn(
+            env,
+            "dra-rolling-update",
+            &name,
+            &bin,
+            &[
+                "--driver-name",
+                "dra.example.com",
+                "--node-name",
+                "node-1",
+                "--registrar-dir",
+                &root.join("plugins_registry").display().to_string(),
+                "--plugin-dir",
+                &root.join("plugins/dra.example.com").display().to_string(),
+                "--uid",
+                uid,
+            ],
+        )
+    };
+    let endpoints = |list: &serde_json::Value| -> Vec<String> {
+        find(&list["dra_drivers"], "name", "dra.example.com")
+            .and_then(|driver| driver["instances"].as_array())
+            .map(|instances| {
+                instances.iter().filter_map(|i| i["endpoint"].as_str().map(str::to_owned)).collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut old = instance("1111")?;
+    old.wait_for_line("the helper told registered", |line| line == "registration status: true")?;
+    let mut new = instance("2222")?;
+    new.wait_for_line("the helper told registered", |line| line == "registration status: true")?;
+    let both = wait_for_list(&kpm, "both instances registered", |list| {
+        let endpoints = endpoints(list);
+        Ok((endpoints.len() == 2).then_some(endpoints))
+    })?;
+    eprintln!("both instances registered: {both:?}");
+    new.stop()?;
+    let left = wait_for_list(&kpm, "back to the older instance", |list| {
+        let endpoints = endpoints(list);
+        Ok((endpoints.len() == 1 && endpoints[0].contains("1111")).then_some(endpoints))
+    })?;
+    eprintln!("the newer instance exited, left: {left:?}");
+    old.stop()?;
+    wait_for_list(&kpm, "no instance left", |list| Ok(endpoints(list).is_empty().then_some(())))?;
+    kpm.stop()
+}
+
+fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
+    let registry = root.join("plugins_registry");
+    fs::create_dir_all(&registry)?;
+    let manager = Peer::start(
+        env,
+        "kubelet-plugin-manager",
+        "kubelet-pluginmanager",
+        &["--registry-dir", &registry.display().to_string()],
+    )?;
+    manager.wait_for_line("the plugin manager started", |line| line == "started")?;
+    let plugins = [
+        ("CSIPlugin", "csi.example.com"),
+        ("DevicePlugin", "vendor.com/gpu"),
+        ("DRAPlugin", "dra.example.com"),
+    ];
+    let mut running = Vec::new();
+    for (plugin_type, name) in plugins {
+        let plugin = Peer::spawn(
+            env,
+            "kubelet-plugin-manager",
+            &format!("example_plugin-{plugin_type}"),
+            &env.example_plugin,
+            &["--dir", &registry.display().to_string(), "--type", plugin_type, "--name", name],
+        )?;
+        plugin.wait_for_line("the plugin told registered", |line| line == "registered: true")?;
+        let registered = format!("register {plugin_type} {name} ");
+        manager.wait_for_line("the kubelet registered it", |line| line.starts_with(&registered))?;
+        eprintln!(
+            "{plugin_type} {name}: registered by the kubelet's plugin manager, told registered: true"
+        );
+        running.push((plugin_type, name, plugin));
+    }
+    for (plugin_type, name, mut plugin) in running {
+        plugin.stop()?;
+        let deregistered = format!("deregister {plugin_type} {name} ");
+        manager
+            .wait_for_line("the kubelet deregistered it", |line| line.starts_with(&deregistered))?;
+        eprintln!("{plugin_type} {name}: deregistered once it stopped");
+    }
+    Ok(())
+}
+
+// === Processes ===
+
+fn start_kpm(env: &Env, root: &Path, scenario: &str) -> Result<RunningKpm> {
+    let log = fs::File::create(env.out.join(format!("{scenario}-kpm.log")))?;
+    let mut kpm = Kpm::start(&env.kpm, root, &[], log)?;
+    kpm.wait_ready(&root.join("kpm.sock"))?;
+    Ok(RunningKpm { kpm, bin: env.kpm.clone(), root: root.to_path_buf() })
+}
+
+/// `kpm run` on a scenario's root.
+struct RunningKpm {
+    kpm: Kpm,
+    bin: PathBuf,
+    root: PathBuf,
+}
+
+impl RunningKpm {
+    /// `kpm list -o json`, as a user would run it.
+    fn list(&self) -> Result<serde_json::Value> {
+        let output = Command::new(&self.bin)
+            .args(["list", "-o", "json", "--root-dir"])
+            .arg(&self.root)
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !output.status.success() {
+            return Err(format!("kpm list failed ({})", output.status).into());
+        }
+        Ok(serde_json::from_slice(&output.stdout)?)
+    }
+
+    fn stop(mut self) -> Result {
+        let status = self.kpm.stop()?;
+        if status.success() { Ok(()) } else { Err(format!("kpm exited with {status}").into()) }
+    }
+}
+
+/// A program of the scenario, its stdout and stderr in `target/interop`;
+/// killed if dropped while running.
+struct Peer {
+    name: String,
+    child: Child,
+    stdout: PathBuf,
+}
+
+impl Peer {
+    /// Starts `program` from the bin dir.
+    fn start(env: &Env, scenario: &str, program: &str, args: &[&str]) -> Result<Self> {
+        Self::spawn(env, scenario, program, &env.bin_dir.join(program), args)
+    }
+
+    /// Starts `bin`, naming it `name` in messages and log files.
+    fn spawn(env: &Env, scenario: &str, name: &str, bin: &Path, args: &[&str]) -> Result<Self> {
+        let stdout = env.out.join(format!("{scenario}-{name}.out"));
+        let stderr = fs::File::create(env.out.join(format!("{scenario}-{name}.err")))?;
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&stdout)?)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
+        Ok(Self { name: name.to_owned(), child, stdout })
+    }
+
+    /// Waits for a line of its stdout that `matches`.
+    fn wait_for_line(&self, what: &str, matches: impl Fn(&str) -> bool) -> Result {
+        wait_until(&format!("{}: {what}", self.name), || {
+            Ok(fs::read_to_string(&self.stdout)?.lines().any(&matches))
+        })
+    }
+
+    /// SIGTERM, and waits for it to exit.
+    fn stop(&mut self) -> Result {
+        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!("{} did not exit within {STOP_TIMEOUT:?} of SIGTERM", self.name).into())
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+// === Waiting ===
+
+/// Polls `done` every 50 ms until it holds, for at most [`STEP_TIMEOUT`].
+fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>) -> Result {
+    wait_for(what, || Ok(done()?.then_some(()))).map(drop)
+}
+
+fn wait_for<T>(what: &str, mut found: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    loop {
+        if let Some(value) = found()? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not within {STEP_TIMEOUT:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until `kpm list -o json` shows what `found` looks for.
+fn wait_for_list<T>(
+    kpm: &RunningKpm,
+    what: &str,
+    found: impl Fn(&serde_json::Value) -> Result<Option<T>>,
+) -> Result<T> {
+    wait_for(what, || found(&kpm.list()?))
+}
+
+/// The element of a JSON array whose `key` is `value`.
+fn find<'a>(array: &'a serde_json::Value, key: &str, value: &str) -> Option<&'a serde_json::Value> {
+    array.as_array()?.iter().find(|element| element[key] == value)
+}
