@@ -201,14 +201,13 @@ impl Rewriter {
                 block = rest;
                 // Only before the first field (RFC 7541 §4.2), and within
                 // what the server allows.
-                if !fields.is_empty() || max > HEADER_TABLE_SIZE as usize {
-                    return Err(Malformed::Hpack(
+                let max = u32::try_from(max)
+                    .ok()
+                    .filter(|max| *max <= HEADER_TABLE_SIZE && fields.is_empty())
+                    .ok_or(Malformed::Hpack(
                         "a dynamic table size update out of place or too large",
-                    ));
-                }
-                self.client.update_max_dynamic_size(
-                    u32::try_from(max).map_err(|_| Malformed::Hpack("an integer too large"))?,
-                );
+                    ))?;
+                self.client.update_max_dynamic_size(max);
                 continue;
             } else {
                 let (kind, prefix) = match first & 0xf0 {
