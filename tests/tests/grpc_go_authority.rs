@@ -72,17 +72,16 @@ async fn call(
     authority: Option<&str>,
     framing: Framing,
 ) -> Answer {
-    tokio::time::timeout(DEADLINE, call_within(socket, method, request, authority, framing))
-        .await
-        .unwrap_or_else(|_| {
-            panic!("{method} on {} with {authority:?}: no answer", socket.display())
-        })
+    let exchange = exchange(socket, method, request.encode_to_vec(), authority, framing);
+    tokio::time::timeout(DEADLINE, exchange).await.unwrap_or_else(|_| {
+        panic!("{method} on {} with {authority:?}: no answer", socket.display())
+    })
 }
 
-async fn call_within(
+async fn exchange(
     socket: &Path,
     method: &str,
-    request: &impl Message,
+    message: Vec<u8>,
     authority: Option<&str>,
     framing: Framing,
 ) -> Answer {
@@ -116,7 +115,6 @@ async fn call_within(
             }
         }
     }
-    let message = request.encode_to_vec();
     let mut data = vec![0];
     data.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
     data.extend(message);
