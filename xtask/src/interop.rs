@@ -77,10 +77,22 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let bin_dir = bin_dir.ok_or_else(usage)?;
     let bin_dir = std::path::absolute(&bin_dir)?;
 
-    // Two builds: a target filter such as `--example` would leave out the
-    // other package's binary.
-    crate::cargo(root, &["build", "-p", "kpm-cli"], &[])?;
-    crate::cargo(root, &["build", "-p", "kpm-registrar", "--example", "example_plugin"], &[])?;
+    // Both targets named: a lone `--example` would leave the `kpm` binary out.
+    crate::cargo(
+        root,
+        &[
+            "build",
+            "-p",
+            "kpm-cli",
+            "--bin",
+            "kpm",
+            "-p",
+            "kpm-registrar",
+            "--example",
+            "example_plugin",
+        ],
+        &[],
+    )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), |dir| root.join(dir));
     let out = target.join("interop");
