@@ -8,19 +8,24 @@
 //!
 //! [`Rewriter`] reads the client-to-server byte stream ahead of h2, sans IO.
 //! Every frame passes as it is, except header blocks (a HEADERS frame and its
-//! CONTINUATION frames): those are decoded with the client's HPACK context,
-//! and encoded again, into frames of at most 16 KiB, with a context of our own
-//! that mirrors h2's decoder. An `:authority` that h2 would refuse becomes
-//! `localhost`, what tonic and the kubelet's own clients send; nothing else in
-//! the header list changes. Re-encoding every block, not only those that need
-//! it, keeps the two HPACK contexts apart for good: once one block differs,
-//! the client's dynamic table and h2's are no longer the same.
+//! CONTINUATION frames), which it decodes with the client's HPACK context. A
+//! block whose `:authority` h2 would accept passes as it is too, so a client
+//! that never sends such an `:authority` (tonic, grpc-go told
+//! `WithAuthority`) reaches h2 byte for byte. The first block that needs it
+//! gets `localhost` instead, what tonic and the kubelet's own clients send,
+//! and from then on every block of the connection is encoded again, into
+//! frames of at most 16 KiB, by an encoder of our own: once one block
+//! differs, the client's dynamic table and h2's are no longer the same. That
+//! first block opens with table size updates to 0 and back, which empty h2's
+//! table, so that our encoder's table, new and empty, mirrors it. Nothing in
+//! the header list changes but the `:authority`.
 //!
 //! The HPACK tables, the encoder and Huffman decoding come from `httlib-hpack`
 //! and `httlib-huffman`; the walk over a block's representations (RFC 7541
 //! §5.1, §6) is ours, because `httlib-hpack`'s own decoder indexes past the end
 //! of a truncated block (see `docs/ARCHITECTURE.md` for the choice).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 
@@ -106,8 +111,9 @@ pub(crate) struct Rewriter {
     passing: usize,
     /// The client's HPACK context, as the client's encoder keeps it.
     client: Table<'static>,
-    /// Our HPACK context towards h2, the mirror of h2's decoder.
-    server: Encoder<'static>,
+    /// Our HPACK context towards h2, the mirror of h2's decoder, from the
+    /// first block that had to be rewritten on.
+    server: Option<Encoder<'static>>,
 }
 
 impl fmt::Debug for Rewriter {
@@ -122,7 +128,7 @@ impl Default for Rewriter {
             // The preface is h2's to check.
             passing: PREFACE_LEN,
             client: Table::with_dynamic_size(HEADER_TABLE_SIZE),
-            server: Encoder::with_dynamic_size(HEADER_TABLE_SIZE),
+            server: None,
         }
     }
 }
@@ -152,24 +158,47 @@ impl Rewriter {
     }
 
     /// A HEADERS frame starts `bytes`: once its whole block is there, decode
-    /// it, fix its `:authority` and frame it again.
+    /// it, and pass it on as it is or with its `:authority` fixed.
     fn header_block(&mut self, bytes: &[u8]) -> Result<Scan, Malformed> {
         let Some(Gathered { len, first, fragments }) = gather(bytes)? else {
             return Ok(Scan::NeedMore);
         };
-        let mut block = Vec::with_capacity(fragments.iter().map(Range::len).sum());
-        for fragment in fragments {
-            block.extend_from_slice(&bytes[fragment]);
-        }
+        let block: Cow<'_, [u8]> = match &fragments[..] {
+            [one] => Cow::Borrowed(&bytes[one.clone()]),
+            all => Cow::Owned(
+                all.iter().flat_map(|fragment| &bytes[fragment.clone()]).copied().collect(),
+            ),
+        };
         let mut fields = self.decode(&block)?;
+        let mut refused = false;
         for field in &mut fields {
             if field.name == b":authority"
                 && http::uri::Authority::try_from(&field.value[..]).is_err()
             {
                 field.value = LOCALHOST.to_vec();
+                refused = true;
             }
         }
         let mut encoded = Vec::with_capacity(block.len() + LOCALHOST.len());
+        let server = match &mut self.server {
+            Some(server) => server,
+            None if !refused => {
+                self.passing = len;
+                return Ok(Scan::Pass(len));
+            }
+            None => {
+                // Empty h2's dynamic table, which the client filled, so that
+                // it matches a new encoder's (RFC 7541 §4.2 allows both
+                // updates at the start of a block).
+                let mut server = Encoder::with_dynamic_size(HEADER_TABLE_SIZE);
+                for size in [0, HEADER_TABLE_SIZE] {
+                    server
+                        .update_max_dynamic_size(size, &mut encoded)
+                        .map_err(|_| Malformed::Hpack("a table size our encoder refused"))?;
+                }
+                self.server.insert(server)
+            }
+        };
         for field in fields {
             let flags = Encoder::BEST_FORMAT
                 | match field.kind {
@@ -177,7 +206,7 @@ impl Rewriter {
                     Kind::NeverIndexed => Encoder::NEVER_INDEXED,
                     Kind::WithoutIndexing => 0,
                 };
-            self.server
+            server
                 .encode((field.name, field.value, flags), &mut encoded)
                 .map_err(|_| Malformed::Hpack("a field our encoder refused"))?;
         }

@@ -40,11 +40,6 @@ impl Incoming {
         Self { listener, socket }
     }
 
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.socket
-    }
-
     /// The listener itself, for a server that does not speak HTTP/2 (the
     /// status API's HTTP/1): it has no `:authority` to worry about.
     pub fn into_listener(self) -> UnixListener {
@@ -77,11 +72,6 @@ pub struct Connection {
 impl Connection {
     fn new(io: UnixStream, socket: Arc<Path>) -> Self {
         Self { io, socket, client: ClientBytes::default() }
-    }
-
-    /// The path of the socket this connection was accepted on.
-    pub fn socket(&self) -> &Path {
-        &self.socket
     }
 }
 
