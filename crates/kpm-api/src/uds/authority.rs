@@ -188,8 +188,10 @@ impl Rewriter {
             }
             None => {
                 // Empty h2's dynamic table, which the client filled, so that
-                // it matches a new encoder's (RFC 7541 §4.2 allows both
-                // updates at the start of a block).
+                // it is exactly the new encoder's (RFC 7541 §4.2 allows both
+                // updates at the start of a block). The client's entries
+                // would do no harm, being older than ours and evicted first,
+                // but a table that mirrors is one less thing to reason about.
                 let mut server = Encoder::with_dynamic_size(HEADER_TABLE_SIZE);
                 for size in [0, HEADER_TABLE_SIZE] {
                     server
