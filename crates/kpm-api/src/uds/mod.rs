@@ -3,7 +3,7 @@
 //!
 //! Every gRPC server kpm runs on a Unix socket accepts through [`bind`] (or
 //! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
-//! the socket's path included (see [`authority`]'s module docs).
+//! the socket's path included (see [`Connection`]).
 
 use std::fs::Metadata;
 use std::io;
