@@ -9,9 +9,10 @@
 //! [`Rewriter`] reads the client-to-server byte stream ahead of h2, sans IO.
 //! Every frame passes as it is, except header blocks (a HEADERS frame and its
 //! CONTINUATION frames), which it decodes with the client's HPACK context. A
-//! block whose `:authority` h2 would accept passes as it is too, so a client
-//! that never sends such an `:authority` (tonic, grpc-go told
-//! `WithAuthority`) reaches h2 byte for byte. The first block that needs it
+//! block whose `:authority` h2 would accept passes as it is too (framed
+//! again if it came in several frames), so a client that never sends such an
+//! `:authority` (tonic, grpc-go told `WithAuthority`) reaches h2 byte for
+//! byte. The first block that needs it
 //! gets `localhost` instead, what tonic and the kubelet's own clients send,
 //! and from then on every block of the connection is encoded again, into
 //! frames of at most 16 KiB, by an encoder of our own: once one block
@@ -182,9 +183,17 @@ impl Rewriter {
         let mut encoded = Vec::with_capacity(block.len() + LOCALHOST.len());
         let server = match &mut self.server {
             Some(server) => server,
-            None if !refused => {
+            None if !refused && fragments.len() == 1 => {
                 self.passing = len;
                 return Ok(Scan::Pass(len));
+            }
+            // Continued blocks are framed again, in as few frames as can be:
+            // h2 takes at most a handful of CONTINUATION frames
+            // (`too_many_continuations`), and a block must fare the same
+            // whatever its `:authority`.
+            None if !refused => {
+                let frames = frame(&first, &bytes[..FRAME_HEADER_LEN], &block);
+                return Ok(Scan::Rewrite { len, frames });
             }
             None => {
                 // Empty h2's dynamic table, which the client filled, so that
