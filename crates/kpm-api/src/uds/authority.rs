@@ -12,14 +12,14 @@
 //! block whose `:authority` h2 would accept passes as it is too (framed
 //! again if it came in several frames), so a client that never sends such an
 //! `:authority` (tonic, grpc-go told `WithAuthority`) reaches h2 byte for
-//! byte. The first block that needs it
-//! gets `localhost` instead, what tonic and the kubelet's own clients send,
-//! and from then on every block of the connection is encoded again, into
-//! frames of at most 16 KiB, by an encoder of our own: once one block
-//! differs, the client's dynamic table and h2's are no longer the same. That
-//! first block opens with table size updates to 0 and back, which empty h2's
-//! table, so that our encoder's table, new and empty, mirrors it. Nothing in
-//! the header list changes but the `:authority`.
+//! byte. The first block that needs it gets `localhost` instead, what tonic
+//! and the kubelet's own clients send, and from then on every block of the
+//! connection is encoded again, into frames of at most 16 KiB, by an encoder
+//! of our own: once one block differs, the client's dynamic table and h2's
+//! are no longer the same. That first block opens with table size updates to
+//! 0 and back, which empty h2's table, so that our encoder's table, new and
+//! empty, mirrors it. Nothing in the header list changes but the
+//! `:authority`.
 //!
 //! The HPACK tables, the encoder and Huffman decoding come from `httlib-hpack`
 //! and `httlib-huffman`; the walk over a block's representations (RFC 7541
