@@ -140,29 +140,39 @@ impl Kpm {
     /// SIGTERM, then waits for the exit (SIGKILL after the timeout). A kpm
     /// that died before returns how it died.
     pub(crate) fn stop(&mut self) -> Result<ExitStatus> {
-        if let Some(status) = self.child.try_wait()? {
-            return Ok(status);
-        }
-        Command::new("kill").args(["-TERM", &self.pid().to_string()]).status()?;
-        let deadline = Instant::now() + KPM_STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        Err(format!("kpm did not exit within {KPM_STOP_TIMEOUT:?} of SIGTERM").into())
+        terminate(&mut self.child, "kpm", KPM_STOP_TIMEOUT)
     }
 }
 
 impl Drop for Kpm {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        kill(&mut self.child);
+    }
+}
+
+/// SIGTERM, then waits for the exit (SIGKILL after `timeout`, an error). A
+/// child that died before returns how it died.
+pub(crate) fn terminate(child: &mut Child, name: &str, timeout: Duration) -> Result<ExitStatus> {
+    if let Some(status) = child.try_wait()? {
+        return Ok(status);
+    }
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
         }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(child);
+    Err(format!("{name} did not exit within {timeout:?} of SIGTERM").into())
+}
+
+/// Kills `child` if it still runs, and reaps it.
+pub(crate) fn kill(child: &mut Child) {
+    if matches!(child.try_wait(), Ok(None)) {
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Result;
-use crate::harness::Kpm;
+use crate::harness::{self, Kpm};
 
 /// How long any one step may take: registrations take milliseconds, but the
 /// Go programs retry on their own schedules (generic-device-plugin every 5 s).
@@ -400,24 +400,13 @@ impl Peer {
 
     /// SIGTERM, and waits for it to exit.
     fn stop(&mut self) -> Result {
-        Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status()?;
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.child.try_wait()?.is_some() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Err(format!("{} did not exit within {STOP_TIMEOUT:?} of SIGTERM", self.name).into())
+        harness::terminate(&mut self.child, &self.name, STOP_TIMEOUT).map(drop)
     }
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        harness::kill(&mut self.child);
     }
 }
 
