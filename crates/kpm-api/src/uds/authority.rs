@@ -180,7 +180,9 @@ impl Rewriter {
                 refused = true;
             }
         }
-        let mut encoded = Vec::with_capacity(block.len() + LOCALHOST.len());
+        // Allocated only once a block is to be encoded: blocks passed as
+        // they are, the common case, need none.
+        let mut encoded = Vec::new();
         let server = match &mut self.server {
             Some(server) => server,
             None if !refused && fragments.len() == 1 => {
@@ -210,6 +212,7 @@ impl Rewriter {
                 self.server.insert(server)
             }
         };
+        encoded.reserve(block.len() + LOCALHOST.len());
         for field in fields {
             let flags = Encoder::BEST_FORMAT
                 | match field.kind {
