@@ -54,17 +54,14 @@ async fn plugins_in_nested_directories_register_and_deregister() {
     let root = tempfile::tempdir().unwrap();
     let registry = root.path().join("plugins_registry");
     let handler = Arc::new(RecordingHandler::default());
-    let manager = Arc::new(
-        PluginManager::builder()
-            .registry_dir(&registry)
-            .handler(kpm::api::DEVICE_PLUGIN, handler.clone())
-            .build(),
-    );
+    let manager = PluginManager::builder()
+        .registry_dir(&registry)
+        .handler(kpm::api::DEVICE_PLUGIN, handler.clone())
+        .build()
+        .unwrap();
+    let handle = manager.handle();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let manager = Arc::clone(&manager);
-        tokio::spawn(async move { manager.run(async { drop(stopped.await) }).await })
-    };
+    let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
     assert!(eventually(|| registry.is_dir()).await, "the registry directory is created");
 
     // Plugins in the root, in 0/ and in 0/1/, one after the other.
@@ -92,7 +89,7 @@ async fn plugins_in_nested_directories_register_and_deregister() {
         // The plugin is told before it is recorded as registered.
         let registered =
             |s: &kpm::PluginStatus| s.state == PluginState::Registered && s.name == name;
-        assert!(eventually(|| matches!(manager.status().as_slice(), [s] if registered(s))).await);
+        assert!(eventually(|| matches!(handle.status().as_slice(), [s] if registered(s))).await);
 
         plugin.shutdown().await.unwrap();
         let mut log = Vec::new();
@@ -104,7 +101,7 @@ async fn plugins_in_nested_directories_register_and_deregister() {
             .await
         );
         assert_eq!(log, [format!("deregister {name} {socket}")]);
-        assert!(eventually(|| manager.status().is_empty()).await);
+        assert!(eventually(|| handle.status().is_empty()).await);
     }
 
     stop.send(()).unwrap();
@@ -115,13 +112,11 @@ async fn plugins_in_nested_directories_register_and_deregister() {
 async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_so() {
     let root = tempfile::tempdir().unwrap();
     let registry = root.path().join("plugins_registry");
-    let manager = Arc::new(PluginManager::builder().registry_dir(&registry).build());
-    let mut events = manager.subscribe();
+    let manager = PluginManager::builder().registry_dir(&registry).build().unwrap();
+    let handle = manager.handle();
+    let mut events = handle.subscribe();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = {
-        let manager = Arc::clone(&manager);
-        tokio::spawn(async move { manager.run(async { drop(stopped.await) }).await })
-    };
+    let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
     assert!(eventually(|| registry.is_dir()).await);
 
     let plugin = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
@@ -136,11 +131,11 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
         "{rejected:?}"
     );
     assert!(
-        eventually(|| manager.status().first().is_some_and(|s| s.state == PluginState::Failed))
+        eventually(|| handle.status().first().is_some_and(|s| s.state == PluginState::Failed))
             .await
     );
 
-    manager
+    handle
         .add_handler(kpm::api::CSI_PLUGIN, Arc::new(kpm::BasicHandler::new(kpm::api::CSI_PLUGIN)));
     let mut status = plugin.status();
     let registered = tokio::time::timeout(

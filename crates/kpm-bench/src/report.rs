@@ -2,7 +2,6 @@
 //! target of issue 8 and the kubelet's plugin manager (Go, v1.32) measured
 //! on the same machine. A soak's results file gets the soak's tables instead.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -70,24 +69,12 @@ pub(crate) fn table(file: &Path) -> Result<String> {
 
 /// `rows` under `headers`, in columns two spaces apart.
 pub(crate) fn columns(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|header| header.chars().count()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let headers = headers.iter().map(|&header| header.to_owned()).collect();
-    let mut out = String::new();
-    for row in std::iter::once(&headers).chain(rows) {
-        let mut line = String::new();
-        for (cell, width) in row.iter().zip(&widths) {
-            let pad = width.saturating_sub(cell.chars().count());
-            let _ = write!(line, "{cell}{}  ", " ".repeat(pad));
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out.trim_end().to_owned()
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING).set_header(headers).add_rows(rows);
+    table.column_iter_mut().for_each(|column| {
+        column.set_padding((0, 2));
+    });
+    table.trim_fmt()
 }
 
 fn rows(results: &Value) -> Vec<Row> {

@@ -2,14 +2,14 @@
 //! all three types, showing live what kpm does, then exiting cleanly.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrationStatus};
 
-use crate::run::{Node, NodeOptions};
-use crate::status_api::{self, EventJson, PluginList};
+use kpm::KubeletHandle;
+
+use crate::status_api::{EventJson, PluginList};
 use crate::{CliError, list, watch};
 
 /// How long any one step of the demo may take.
@@ -22,18 +22,11 @@ pub(crate) async fn demo() -> Result<(), CliError> {
     let root =
         tempfile::tempdir().map_err(|err| CliError::Demo(format!("create a temp dir: {err}")))?;
     say(&format!("kpm demo: a plugin manager on {}", root.path().display()));
-    let options = NodeOptions {
-        registry_dir: None,
-        device_plugin_dir: None,
-        disable: Vec::new(),
-        resync_period: Duration::from_secs(60),
-        liveness: Some(kpm::LivenessConfig::default()),
-    };
-    let node = Node::start(root.path(), &options).await?;
-    let sources = node.sources.clone();
+    let kubelet = kpm::Kubelet::builder().root_dir(root.path()).build()?;
+    let handle = kubelet.handle();
 
     // Print every event as `kpm watch` would.
-    let mut events = sources.manager.subscribe();
+    let mut events = handle.manager().subscribe();
     let printer = tokio::spawn(async move {
         while let Ok(event) = events.recv().await {
             let line = serde_json::to_string(&EventJson::from(event)).unwrap_or_default();
@@ -41,14 +34,12 @@ pub(crate) async fn demo() -> Result<(), CliError> {
         }
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let manager = Arc::clone(&sources.manager);
-    let running = tokio::spawn(async move { manager.run(async { drop(stopped.await) }).await });
+    let running = tokio::spawn(kubelet.run(async { drop(stopped.await) }));
 
-    let outcome = script(root.path(), &sources).await;
+    let outcome = script(root.path(), &handle).await;
 
     drop(stop);
     let stopped = running.await.map_err(|err| CliError::Demo(err.to_string()))?;
-    node.stop().await;
     printer.abort();
     outcome?;
     stopped?;
@@ -57,7 +48,7 @@ pub(crate) async fn demo() -> Result<(), CliError> {
 }
 
 /// The scenes of the demo, in order.
-async fn script(root: &Path, sources: &status_api::Sources) -> Result<(), CliError> {
+async fn script(root: &Path, kubelet: &KubeletHandle) -> Result<(), CliError> {
     let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
 
     say("1. a device plugin with two GPUs registers through the plugin watcher");
@@ -69,7 +60,7 @@ async fn script(root: &Path, sources: &status_api::Sources) -> Result<(), CliErr
     )
     .await?;
     registered(&gpu).await?;
-    devices_healthy(sources, 2).await?;
+    devices_healthy(kubelet, 2).await?;
 
     say("2. a CSI driver registers the way node-driver-registrar does");
     let csi_dir = root.join("plugins").join(CSI);
@@ -95,7 +86,7 @@ async fn script(root: &Path, sources: &status_api::Sources) -> Result<(), CliErr
     )
     .await?;
     registered(&dra).await?;
-    show(sources);
+    show(kubelet);
 
     say("4. the device plugin restarts: its socket is re-created and it registers again");
     gpu.shutdown().await.map_err(|err| CliError::Demo(err.to_string()))?;
@@ -108,12 +99,12 @@ async fn script(root: &Path, sources: &status_api::Sources) -> Result<(), CliErr
 
     say("5. gpu-1 goes unhealthy: allocatable drops to 1 of 2");
     gpu_devices.set([("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]);
-    devices_healthy(sources, 1).await?;
+    devices_healthy(kubelet, 1).await?;
 
     say("6. the CSI driver is removed: it is deregistered and its node entries go");
     csi.shutdown().await.map_err(|err| CliError::Demo(err.to_string()))?;
-    wait(|| sources.csi_drivers.is_empty(), "the CSI driver is deregistered").await?;
-    show(sources);
+    wait(|| kubelet.csi_drivers().is_empty(), "the CSI driver is deregistered").await?;
+    show(kubelet);
 
     say("7. everything stops");
     for plugin in [gpu, dra] {
@@ -121,7 +112,7 @@ async fn script(root: &Path, sources: &status_api::Sources) -> Result<(), CliErr
     }
     csi_service.abort();
     dra_service.abort();
-    wait(|| sources.manager.status().is_empty(), "every plugin is deregistered").await
+    wait(|| kubelet.manager().status().is_empty(), "every plugin is deregistered").await
 }
 
 fn say(line: &str) {
@@ -129,8 +120,8 @@ fn say(line: &str) {
 }
 
 /// Prints what `kpm list` would show.
-fn show(sources: &status_api::Sources) {
-    let list = PluginList::from(sources);
+fn show(kubelet: &KubeletHandle) {
+    let list = PluginList::from(kubelet);
     for line in list::table(&list).lines() {
         println!("    | {line}");
     }
@@ -186,8 +177,8 @@ async fn registered(plugin: &Registrar) -> Result<(), CliError> {
     }
 }
 
-async fn devices_healthy(sources: &status_api::Sources, healthy: usize) -> Result<(), CliError> {
-    let resource = || sources.devices.resource(GPU);
+async fn devices_healthy(kubelet: &KubeletHandle, healthy: usize) -> Result<(), CliError> {
+    let resource = || kubelet.devices().resource(GPU);
     wait(|| resource().is_some_and(|r| r.healthy == healthy), "the devices are reported").await?;
     if let Some(r) = resource() {
         println!("    {GPU}: {}/{} devices healthy", r.healthy, r.healthy + r.unhealthy);

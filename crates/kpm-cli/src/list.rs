@@ -2,12 +2,14 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::time::{Duration, SystemTime};
 
-use crate::status_api::{self, PluginList};
+use crate::status_api::model::{PluginJson, PluginList};
+use crate::status_api::{self, client};
 use crate::{CliError, OutputFormat};
 
 pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
-    let body = status_api::get_json(status_socket, status_api::PLUGINS_PATH).await?;
+    let body = client::get_json(status_socket, status_api::PLUGINS_PATH).await?;
     let list: PluginList = serde_json::from_slice(&body).map_err(|err| CliError::QueryStatus {
         path: status_socket.to_path_buf(),
         message: format!("unexpected response: {err}"),
@@ -28,12 +30,12 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
 /// The plugins (type, name, state, age, socket, last error), then whichever
 /// of CSI drivers, device resources and DRA drivers there are.
 pub(crate) fn table(list: &PluginList) -> String {
-    let now = std::time::SystemTime::now();
+    let now = SystemTime::now();
     let plugins = list.plugins.iter().map(|p| {
         vec![
             p.plugin_type.clone(),
             p.name.clone(),
-            p.state.clone(),
+            state(p, now),
             p.registered_at.as_deref().map_or_else(|| "-".to_owned(), |at| age(at, now)),
             p.socket_path.clone(),
             p.last_error.clone().unwrap_or_default(),
@@ -77,11 +79,31 @@ pub(crate) fn table(list: &PluginList) -> String {
     out
 }
 
-/// How long ago an RFC 3339 time was, in the largest whole unit: `42s`,
-/// `5m`, `3h`, `2d`.
-fn age(rfc3339: &str, now: std::time::SystemTime) -> String {
-    let Ok(at) = humantime::parse_rfc3339(rfc3339) else { return "?".to_owned() };
-    let secs = now.duration_since(at).unwrap_or_default().as_secs();
+/// The plugin's state, with when the next attempt is while it backs off:
+/// `backing_off (retry in 8s)`.
+fn state(plugin: &PluginJson, now: SystemTime) -> String {
+    match &plugin.retry_at {
+        Some(at) => {
+            let wait = parse(at).map(|at| at.duration_since(now).unwrap_or_default());
+            format!("{} (retry in {})", plugin.state, wait.map_or_else(|| "?".to_owned(), whole))
+        }
+        None => plugin.state.clone(),
+    }
+}
+
+/// How long ago an RFC 3339 time was.
+fn age(rfc3339: &str, now: SystemTime) -> String {
+    parse(rfc3339)
+        .map_or_else(|| "?".to_owned(), |at| whole(now.duration_since(at).unwrap_or_default()))
+}
+
+fn parse(rfc3339: &str) -> Option<SystemTime> {
+    humantime::parse_rfc3339(rfc3339).ok()
+}
+
+/// A duration in its largest whole unit: `42s`, `5m`, `3h`, `2d`.
+fn whole(duration: Duration) -> String {
+    let secs = duration.as_secs();
     match secs {
         0..60 => format!("{secs}s"),
         60..3600 => format!("{}m", secs / 60),
@@ -92,29 +114,19 @@ fn age(rfc3339: &str, now: std::time::SystemTime) -> String {
 
 /// Left-aligned columns two spaces apart, without trailing blanks.
 fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
-    let header: Vec<String> = header.iter().map(|h| (*h).to_owned()).collect();
-    let rows: Vec<Vec<String>> = std::iter::once(header).chain(rows).collect();
-    let mut widths = vec![0usize; rows[0].len()];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let cells: Vec<String> =
-            row.iter().zip(&widths).map(|(cell, width)| format!("{cell:<width$}")).collect();
-        out.push_str(cells.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING).set_header(header).add_rows(rows);
+    table.column_iter_mut().for_each(|column| {
+        column.set_padding((0, 2));
+    });
+    table.trim_fmt() + "\n"
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status_api::{
-        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, NodeJson, PluginJson,
+    use crate::status_api::model::{
+        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, NodeJson,
     };
 
     #[test]
@@ -125,6 +137,29 @@ mod tests {
         assert_eq!(age("2026-11-21T09:00:00Z", now), "3h");
         assert_eq!(age("2026-11-19T12:00:00Z", now), "2d");
         assert_eq!(age("yesterday", now), "?");
+    }
+
+    #[test]
+    fn a_plugin_backing_off_shows_when_it_is_retried() {
+        let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
+        let mut plugin = PluginJson {
+            socket_path: "/r/n.sock".into(),
+            plugin_type: String::new(),
+            name: String::new(),
+            endpoint: String::new(),
+            versions: vec![],
+            state: "backing_off".into(),
+            generation: 1,
+            last_error: Some("GetInfo: connection refused".into()),
+            registered_at: None,
+            retry_at: Some("2026-11-21T12:00:08.25Z".into()),
+        };
+        assert_eq!(state(&plugin, now), "backing_off (retry in 8s)");
+        plugin.retry_at = Some("2026-11-21T11:59:59Z".into());
+        assert_eq!(state(&plugin, now), "backing_off (retry in 0s)");
+        plugin.retry_at = None;
+        plugin.state = "failed".into();
+        assert_eq!(state(&plugin, now), "failed");
     }
 
     #[test]
@@ -139,6 +174,7 @@ mod tests {
             generation: 1,
             last_error: error.map(str::to_owned),
             registered_at: None,
+            retry_at: None,
         };
         let mut list = PluginList {
             plugins: vec![plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))],

@@ -34,7 +34,7 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 use crate::CliError;
-use crate::status_api::Sources;
+use kpm::KubeletHandle as Sources;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PluginLabels {
@@ -191,7 +191,7 @@ impl Metrics {
 
     /// Counts events until the manager's event stream closes.
     pub(crate) async fn count_events(self: Arc<Self>) {
-        let mut events = self.sources.manager.subscribe();
+        let mut events = self.sources.manager().subscribe();
         let mut seen: HashMap<(PathBuf, u64), Instant> = HashMap::new();
         loop {
             let event = match events.recv().await {
@@ -227,7 +227,7 @@ impl Metrics {
                 }
             }
             // Incarnations that never registered are dropped with their socket.
-            let manager = &self.sources.manager;
+            let manager = &self.sources.manager();
             seen.retain(|(socket, _), _| manager.desired_state().contains(socket));
         }
     }
@@ -245,7 +245,7 @@ impl Metrics {
     }
 
     fn refresh_gauges(&self) {
-        let manager = &self.sources.manager;
+        let manager = &self.sources.manager();
         // The manager keeps these counts; mirror them into the counters.
         let counts = manager.stats();
         for (counter, total) in
@@ -288,7 +288,7 @@ impl Metrics {
             }
         }
         self.devices.clear();
-        for resource in self.sources.devices.resources() {
+        for resource in self.sources.devices().resources() {
             for (health, count) in
                 [("healthy", resource.healthy), ("unhealthy", resource.unhealthy)]
             {
@@ -298,7 +298,7 @@ impl Metrics {
             }
         }
         self.dra_instances.clear();
-        for driver in self.sources.dra.drivers() {
+        for driver in self.sources.dra().drivers() {
             for connected in [true, false] {
                 let count = driver.instances.iter().filter(|i| i.connected == connected).count();
                 let labels =

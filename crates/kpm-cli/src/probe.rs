@@ -8,13 +8,9 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpm::PluginHandler;
-use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
-use kpm::device::{DeviceConfig, DeviceManager};
-use kpm::dra::{DraConfig, DraManager};
+use kpm::Kubelet;
 use kpm_api::constants::{MAX_PLUGIN_MESSAGE_BYTES, MAX_REGISTRATION_MESSAGE_BYTES};
 use kpm_api::csi::v1::GetPluginInfoRequest;
 use kpm_api::csi::v1::identity_client::IdentityClient;
@@ -26,13 +22,26 @@ use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo};
 
 use crate::CliError;
+use crate::run::PluginKind;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProbeArgs {
     /// The registration socket to diagnose.
     socket: PathBuf,
+    /// The kubelet root directory of the `kpm run` to judge by (DRA
+    /// endpoints must be inside it).
+    #[arg(long, value_name = "DIR", default_value = kpm::api::DEFAULT_ROOT_DIR, env = "KPM_ROOT_DIR")]
+    root_dir: PathBuf,
+    /// Plugin types that `kpm run` runs without a handler, comma-separated.
+    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
+    disable: Vec<PluginKind>,
     /// How long each step may take, in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 5)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+    )]
     timeout: u64,
 }
 
@@ -46,7 +55,9 @@ struct Step {
 pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
     let timeout = Duration::from_secs(args.timeout);
     let mut steps = Vec::new();
-    let verdict = run_steps(&args.socket, timeout, &mut steps).await;
+    // The handlers `kpm run` would use, with nothing registered.
+    let kubelet = crate::run::kubelet(&args.root_dir, &args.disable).liveness(None).build()?;
+    let verdict = run_steps(&args.socket, &kubelet, timeout, &mut steps).await;
     let mut report = format!("probe {}\n", args.socket.display());
     for step in &steps {
         let (mark, detail) = match &step.outcome {
@@ -67,7 +78,12 @@ pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
 }
 
 /// Runs the steps in order, recording each; stops at the first failure.
-async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> Result<(), String> {
+async fn run_steps(
+    socket: &Path,
+    kubelet: &Kubelet,
+    timeout: Duration,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
     let channel =
         step(steps, "dial", async { Ok((dial(socket, timeout).await?, String::new())) }).await?;
 
@@ -97,7 +113,7 @@ async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> R
 
     let endpoint =
         if info.endpoint.is_empty() { socket.display().to_string() } else { info.endpoint.clone() };
-    let handler = handler_for(&info.r#type).ok_or_else(|| {
+    let handler = kubelet.handler(&info.r#type).ok_or_else(|| {
         let reason = format!("no handler registered for plugin type: {}", info.r#type);
         steps.push(Step { name: "handler", took: Duration::ZERO, outcome: Err(reason.clone()) });
         reason
@@ -111,22 +127,6 @@ async fn run_steps(socket: &Path, timeout: Duration, steps: &mut Vec<Step>) -> R
     })
     .await?;
     check_service(&info, &endpoint, timeout, steps).await
-}
-
-/// The handler `kpm run` would use for `plugin_type`, with nothing registered.
-fn handler_for(plugin_type: &str) -> Option<Arc<dyn PluginHandler>> {
-    match plugin_type {
-        kpm::api::CSI_PLUGIN => Some(Arc::new(CsiHandler::new(
-            Arc::new(InMemoryNodeInfo::default()),
-            CsiConfig::default(),
-        ))),
-        kpm::api::DEVICE_PLUGIN => Some(DeviceManager::new(DeviceConfig::default())),
-        kpm::api::DRA_PLUGIN => Some(DraManager::new(
-            DraConfig::default(),
-            Arc::new(kpm::dra::InMemoryCleanup::default()),
-        )),
-        _ => None,
-    }
 }
 
 /// Read-only calls on the plugin's own service.

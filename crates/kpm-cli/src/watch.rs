@@ -9,7 +9,8 @@ use crate::status_api::{self, EventJson};
 use crate::{CliError, OutputFormat};
 
 pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
-    let mut body = status_api::request(status_socket, status_api::EVENTS_PATH).await?.into_body();
+    let mut body =
+        status_api::client::request(status_socket, status_api::EVENTS_PATH).await?.into_body();
     let mut pending = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|err| CliError::QueryStatus {

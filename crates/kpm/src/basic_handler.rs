@@ -10,9 +10,13 @@ use parking_lot::Mutex;
 
 /// A plugin the basic handler holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BasicRegistration {
+    /// The plugin's name.
     pub name: String,
+    /// The plugin's service socket.
     pub endpoint: String,
+    /// The versions the plugin supports.
     pub versions: Vec<String>,
 }
 
@@ -26,6 +30,7 @@ pub struct BasicHandler {
 }
 
 impl BasicHandler {
+    /// A handler for plugins of `plugin_type`, named in its rejections.
     pub fn new(plugin_type: impl Into<String>) -> Self {
         Self { plugin_type: plugin_type.into(), registered: Mutex::new(BTreeMap::new()) }
     }

@@ -8,24 +8,38 @@
 //! milliseconds, re-lists the directory to repair missed events, and retries
 //! failures with per-socket exponential backoff.
 //!
+//! [`Kubelet`] is that manager with the kubelet's own handlers (CSI,
+//! device plugins with `kubelet.sock`, DRA), composed the way `kpm run`
+//! runs it; [`PluginManager`] alone takes the handlers you give it.
+//!
 //! This crate composes the layers: [`kpm_watcher`] (filesystem →
 //! DesiredState), [`kpm_reconciler`] (DesiredState → operations),
 //! [`kpm_executor`] (operations over gRPC), [`kpm_cache`] (the states and the
 //! handler trait) and [`kpm_api`] (the wire types).
 //!
+//! A node agent that does what `kpm run` does, minus its status API, is
+//! `examples/node_agent.rs`. With a handler of your own:
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use kpm::{BasicHandler, PluginManager};
+//! use tokio::sync::broadcast::error::RecvError;
 //!
 //! # async fn example() -> Result<(), kpm::Error> {
 //! let manager = PluginManager::builder()
 //!     .registry_dir("/var/lib/kubelet/plugins_registry")
 //!     .handler(kpm::api::DEVICE_PLUGIN, Arc::new(BasicHandler::new(kpm::api::DEVICE_PLUGIN)))
-//!     .build();
-//! let mut events = manager.subscribe();
+//!     .build()?;
+//! let mut events = manager.handle().subscribe();
 //! tokio::spawn(async move {
-//!     while let Ok(event) = events.recv().await {
-//!         println!("{event:?}");
+//!     loop {
+//!         match events.recv().await {
+//!             Ok(event) => println!("{event:?}"),
+//!             // Events were dropped while this task was slow; the current
+//!             // state is always in `ManagerHandle::status`.
+//!             Err(RecvError::Lagged(missed)) => eprintln!("missed {missed} events"),
+//!             Err(RecvError::Closed) => break,
+//!         }
 //!     }
 //! });
 //! manager.run(async { tokio::signal::ctrl_c().await.ok(); }).await?;
@@ -33,20 +47,24 @@
 //! # }
 //! ```
 
+#![deny(missing_docs)]
+
 mod basic_handler;
+mod kubelet;
 mod manager;
 mod status;
 
 pub use basic_handler::{BasicHandler, BasicRegistration};
-pub use kpm_cache::{
-    ActualState, DesiredState, Generation, HandlerError, PluginEvent, PluginHandler,
-};
+pub use kpm_cache::{DesiredPlugin, Generation, HandlerError, PluginEvent, PluginHandler};
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
 pub use kpm_liveness::LivenessConfig;
 pub use kpm_reconciler::ReconcilerConfig;
 pub use kpm_watcher::WatcherConfig;
-pub use manager::{ManagerStats, PluginManager, PluginManagerBuilder};
-pub use status::{PluginState, PluginStatus};
+pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
+pub use manager::{
+    MAX_EVENT_CAPACITY, ManagerHandle, ManagerStats, PluginManager, PluginManagerBuilder,
+};
+pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus, RegisteredPlugin};
 
 /// The CSI handler: version rules, the drivers store, NodeGetInfo and the
 /// node information the kubelet publishes.
@@ -71,13 +89,26 @@ pub mod api {
 
 /// Errors of the plugin manager.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
+    /// A setting of the builder is out of range.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidConfig {
+        /// The builder method or config field.
+        setting: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The registry directory could not be watched.
     #[error("start watching the registry directory: {0}")]
     StartWatcher(#[from] kpm_watcher::WatcherError),
     /// The liveness settings are invalid.
     #[error("start liveness probing: {0}")]
     StartLiveness(#[from] kpm_liveness::LivenessError),
+    /// `kubelet.sock` could not be served for device plugins.
+    #[cfg(feature = "device")]
+    #[error("serve kubelet.sock: {0}")]
+    ServeKubeletSocket(#[from] kpm_device::DeviceError),
 }
 
 /// `Result` with kpm's [`Error`].

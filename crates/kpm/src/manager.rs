@@ -1,7 +1,7 @@
 //! `PluginManager`: the watcher, the reconciler and the executor, wired together.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +12,12 @@ use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_watcher::{Watcher, WatcherConfig};
 use tokio::sync::broadcast;
 
-use crate::status::{self, PluginStatus};
+use crate::status::{self, ActualStateView, DesiredStateView, PluginStatus};
 use crate::{Error, Result};
+
+/// The most events [`PluginManagerBuilder::event_capacity`] accepts: a
+/// subscriber that falls further behind is better told it lagged.
+pub const MAX_EVENT_CAPACITY: usize = 1 << 20;
 
 /// Configures a [`PluginManager`]. Every setting has the kubelet's default.
 #[derive(Debug)]
@@ -54,7 +58,7 @@ impl PluginManagerBuilder {
     }
 
     /// The handler for plugins of `plugin_type`. More can be added with
-    /// [`PluginManager::add_handler`], also while running.
+    /// [`ManagerHandle::add_handler`], also while running.
     pub fn handler(
         mut self,
         plugin_type: impl Into<String>,
@@ -70,13 +74,26 @@ impl PluginManagerBuilder {
         self
     }
 
+    /// The reconciler's settings; see also [`Self::reconcile_period`].
+    pub fn reconciler_config(mut self, config: ReconcilerConfig) -> Self {
+        self.reconciler = config;
+        self
+    }
+
     /// Period of the reconciler's safety-net pass (default 10 s).
     pub fn reconcile_period(mut self, period: Duration) -> Self {
         self.reconciler.resync_period = period;
         self
     }
 
-    /// Period of the full re-listing of the registry directory (default 60 s).
+    /// The watcher's settings; see also [`Self::resync_period`].
+    pub fn watcher_config(mut self, config: WatcherConfig) -> Self {
+        self.watcher = config;
+        self
+    }
+
+    /// Period of the full re-listing of the registry directory (default
+    /// 60 s; zero: only when events were lost).
     pub fn resync_period(mut self, period: Duration) -> Self {
         self.watcher.resync_period = period;
         self
@@ -98,36 +115,69 @@ impl PluginManagerBuilder {
         self
     }
 
-    pub fn build(self) -> PluginManager {
+    /// How many events a subscriber may fall behind before it is told it
+    /// lagged (default 1024, at most [`MAX_EVENT_CAPACITY`]).
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = capacity;
+        self
+    }
+
+    /// Checks every setting and builds the manager; nothing runs yet.
+    pub fn build(self) -> Result<PluginManager> {
+        if !(1..=MAX_EVENT_CAPACITY).contains(&self.event_capacity) {
+            return Err(Error::InvalidConfig {
+                setting: "event_capacity",
+                reason: format!(
+                    "{} is out of range (1 to {MAX_EVENT_CAPACITY})",
+                    self.event_capacity
+                ),
+            });
+        }
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::new(self.event_capacity);
+        let prober = self
+            .liveness
+            .map(|config| {
+                LivenessProber::new(
+                    Arc::clone(&desired),
+                    Arc::clone(&actual),
+                    events.clone(),
+                    config,
+                )
+            })
+            .transpose()?;
         let executor = OperationExecutor::with_events(self.executor, events.clone());
-        let reconciler = Reconciler::new(
+        let reconciler = Arc::new(Reconciler::new(
             Arc::clone(&desired),
             Arc::clone(&actual),
             executor,
             events.clone(),
             self.reconciler,
-        );
+        ));
         for (plugin_type, handler) in self.handlers {
             reconciler.add_handler(plugin_type, handler);
         }
-        PluginManager {
+        let handle = ManagerHandle {
             registry_dir: self.registry_dir,
-            desired,
-            actual,
+            desired: DesiredStateView(desired),
+            actual: ActualStateView(actual),
             reconciler,
             events,
+            watcher_stats: self.watcher.stats.clone(),
+        };
+        Ok(PluginManager {
+            handle,
             watcher: self.watcher,
-            liveness: self.liveness,
+            prober,
             shutdown_grace: self.shutdown_grace,
-        }
+        })
     }
 }
 
-/// Counters of a [`PluginManager`], see [`PluginManager::stats`].
+/// Counters of a [`PluginManager`], see [`ManagerHandle::stats`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ManagerStats {
     /// Full re-listings of the registry directory (overflow, periodic, requested).
     pub rescans: u64,
@@ -140,24 +190,77 @@ pub struct ManagerStats {
 }
 
 /// The plugin manager: keeps the plugins registered whose sockets exist.
+///
+/// Built by [`PluginManager::builder`]; [`PluginManager::run`] consumes it.
+/// Take a [`ManagerHandle`] first to watch it while it runs.
 #[derive(Debug)]
 pub struct PluginManager {
-    registry_dir: PathBuf,
-    desired: Arc<DesiredState>,
-    actual: Arc<ActualState>,
-    reconciler: Reconciler,
-    events: EventBus,
+    handle: ManagerHandle,
     watcher: WatcherConfig,
-    liveness: Option<LivenessConfig>,
+    prober: Option<LivenessProber>,
     shutdown_grace: Duration,
 }
 
 impl PluginManager {
+    /// A builder with the kubelet's defaults.
     pub fn builder() -> PluginManagerBuilder {
         PluginManagerBuilder::default()
     }
 
-    pub fn registry_dir(&self) -> &std::path::Path {
+    /// A handle to watch the manager and add handlers, valid while it runs
+    /// and after.
+    pub fn handle(&self) -> ManagerHandle {
+        self.handle.clone()
+    }
+
+    /// Watches the registry directory and keeps plugins registered until
+    /// `shutdown` completes; then stops watching and lets running operations
+    /// finish within the shutdown grace period. Fails at once, without
+    /// starting anything, if the directory cannot be watched.
+    ///
+    /// Plugins stay registered with their handlers after `run` returns, as
+    /// they do when the kubelet stops: they are not told to go away.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let Self { handle, watcher, prober, shutdown_grace } = self;
+        let watcher = Watcher::start(&handle.registry_dir, Arc::clone(&handle.desired.0), watcher)
+            .map_err(Error::StartWatcher)?;
+        tracing::info!(registry = %watcher.root().display(), "plugin manager started");
+        // The prober runs until the reconciler stops; it only renews sockets.
+        let probing = async {
+            match &prober {
+                Some(prober) => prober.run(std::future::pending()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = handle.reconciler.run(shutdown) => {}
+            () = probing => {}
+        }
+        watcher.stop().await;
+        let operations = handle.reconciler.executor().operations();
+        if tokio::time::timeout(shutdown_grace, operations.wait_for_completion()).await.is_err() {
+            tracing::warn!(grace = ?shutdown_grace, "operations still running at shutdown");
+        }
+        tracing::info!("plugin manager stopped");
+        Ok(())
+    }
+}
+
+/// A cheap, cloneable handle on a [`PluginManager`]: what it knows, what
+/// happens, and its handlers. It cannot change the states it reports on.
+#[derive(Debug, Clone)]
+pub struct ManagerHandle {
+    registry_dir: PathBuf,
+    desired: DesiredStateView,
+    actual: ActualStateView,
+    reconciler: Arc<Reconciler>,
+    events: EventBus,
+    watcher_stats: kpm_watcher::WatcherStats,
+}
+
+impl ManagerHandle {
+    /// The directory the manager watches.
+    pub fn registry_dir(&self) -> &Path {
         &self.registry_dir
     }
 
@@ -167,9 +270,9 @@ impl PluginManager {
         self.reconciler.add_handler(plugin_type, handler);
     }
 
-    /// Every socket that is desired or registered, sorted by path.
+    /// Every socket that is present or registered, sorted by path.
     pub fn status(&self) -> Vec<PluginStatus> {
-        status::snapshot(&self.desired, &self.actual, self.reconciler.executor().operations())
+        status::snapshot(&self.desired.0, &self.actual.0, self.reconciler.executor().operations())
     }
 
     /// What happens from now on: sockets seen, plugins registered, rejected
@@ -182,66 +285,19 @@ impl PluginManager {
     /// skipped while their socket was backing off, executor entries.
     pub fn stats(&self) -> ManagerStats {
         ManagerStats {
-            rescans: self.watcher.stats.rescans(),
+            rescans: self.watcher_stats.rescans(),
             backoff_skips: self.reconciler.backoff_skips(),
             operations: self.reconciler.executor().operations().len(),
         }
     }
 
-    /// The registered plugins (the actual state of the world).
-    pub fn actual_state(&self) -> &ActualState {
-        &self.actual
-    }
-
     /// The sockets present (the desired state of the world).
-    pub fn desired_state(&self) -> &DesiredState {
+    pub fn desired_state(&self) -> &DesiredStateView {
         &self.desired
     }
 
-    /// Watches the registry directory and keeps plugins registered until
-    /// `shutdown` completes; then stops watching and lets running operations
-    /// finish within the shutdown grace period. Fails at once, without
-    /// starting anything, if the directory cannot be watched or the liveness
-    /// settings are invalid.
-    ///
-    /// Plugins stay registered with their handlers after `run` returns, as
-    /// they do when the kubelet stops: they are not told to go away.
-    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let prober = self
-            .liveness
-            .map(|config| {
-                LivenessProber::new(
-                    Arc::clone(&self.desired),
-                    Arc::clone(&self.actual),
-                    self.events.clone(),
-                    config,
-                )
-            })
-            .transpose()?;
-        let watcher =
-            Watcher::start(&self.registry_dir, Arc::clone(&self.desired), self.watcher.clone())
-                .map_err(Error::StartWatcher)?;
-        tracing::info!(registry = %watcher.root().display(), "plugin manager started");
-        // The prober runs until the reconciler stops; it only renews sockets.
-        let probing = async {
-            match &prober {
-                Some(prober) => prober.run(std::future::pending()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = self.reconciler.run(shutdown) => {}
-            () = probing => {}
-        }
-        watcher.stop().await;
-        let operations = self.reconciler.executor().operations();
-        if tokio::time::timeout(self.shutdown_grace, operations.wait_for_completion())
-            .await
-            .is_err()
-        {
-            tracing::warn!(grace = ?self.shutdown_grace, "operations still running at shutdown");
-        }
-        tracing::info!("plugin manager stopped");
-        Ok(())
+    /// The registered plugins (the actual state of the world).
+    pub fn actual_state(&self) -> &ActualStateView {
+        &self.actual
     }
 }

@@ -1,49 +1,194 @@
-//! A point-in-time view of every known registration socket.
+//! Point-in-time, read-only views of the manager's sockets and plugins.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use kpm_cache::{ActualState, DesiredState};
-use kpm_executor::OperationMap;
+use kpm_cache::{ActualState, DesiredPlugin, DesiredState, Generation, PluginInfo};
+use kpm_executor::{OperationMap, OperationStatus};
 
 /// Where a socket is in its registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PluginState {
     /// Registered with its handler, in its current incarnation.
     Registered,
-    /// Being registered or deregistered, or waiting for its first attempt.
+    /// Being registered, or waiting for its first attempt.
     Pending,
-    /// The last attempt failed; see `last_error`. Retried after a backoff,
-    /// or never for this incarnation if the failure is permanent.
+    /// The last attempt failed (see `last_error`); the next one starts at
+    /// `retry_at`, or when the socket is re-created, whichever comes first.
+    BackingOff {
+        /// When the backoff ends.
+        retry_at: SystemTime,
+    },
+    /// The last attempt failed in a way retrying cannot fix (see
+    /// `last_error`): nothing more is tried until the socket is re-created.
     Failed,
+    /// Still registered, but its socket is gone: being deregistered.
+    Deregistering,
 }
 
 impl PluginState {
-    /// The lowercase name used in logs and the status API.
+    /// The snake-case name used in logs and the status API.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Registered => "registered",
             Self::Pending => "pending",
+            Self::BackingOff { .. } => "backing_off",
             Self::Failed => "failed",
+            Self::Deregistering => "deregistering",
+        }
+    }
+
+    /// When the next attempt starts, for [`PluginState::BackingOff`].
+    pub fn retry_at(self) -> Option<SystemTime> {
+        match self {
+            Self::BackingOff { retry_at } => Some(retry_at),
+            _ => None,
         }
     }
 }
 
 /// One registration socket as the manager sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PluginStatus {
+    /// The registration socket.
     pub socket_path: PathBuf,
+    /// Where it is in its registration.
     pub state: PluginState,
     /// The incarnation: the desired one, or the registered one while the
     /// socket is leaving.
     pub generation: u64,
     /// What the plugin reported; empty until it is registered.
     pub plugin_type: String,
+    /// The plugin's name; empty until it is registered.
     pub name: String,
+    /// The plugin's service socket; empty until it is registered.
     pub endpoint: String,
+    /// The versions the plugin supports; empty until it is registered.
     pub versions: Vec<String>,
+    /// Why the last attempt failed, while backing off or failed.
     pub last_error: Option<String>,
+    /// When the plugin was registered.
     pub registered_at: Option<SystemTime>,
+}
+
+/// A registered plugin, as recorded in the actual state of the world.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegisteredPlugin {
+    /// The registration socket.
+    pub socket_path: PathBuf,
+    /// The incarnation of the socket that was registered.
+    pub generation: Generation,
+    /// The plugin's type (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`, …).
+    pub plugin_type: String,
+    /// The plugin's name.
+    pub name: String,
+    /// The plugin's service socket; the registration socket if it gave none.
+    pub endpoint: String,
+    /// The versions the plugin supports.
+    pub versions: Vec<String>,
+    /// Wall-clock time of registration.
+    pub registered_at: SystemTime,
+}
+
+impl From<PluginInfo> for RegisteredPlugin {
+    fn from(info: PluginInfo) -> Self {
+        Self {
+            socket_path: info.socket_path,
+            generation: info.generation,
+            plugin_type: info.plugin_type,
+            name: info.name,
+            endpoint: info.endpoint,
+            versions: info.versions,
+            registered_at: info.registered_at,
+        }
+    }
+}
+
+/// Read-only view of the sockets present: the desired state of the world.
+#[derive(Debug, Clone)]
+pub struct DesiredStateView(pub(crate) Arc<DesiredState>);
+
+impl DesiredStateView {
+    /// Whether a socket is present at `socket_path`.
+    pub fn contains(&self, socket_path: &Path) -> bool {
+        self.0.contains(socket_path)
+    }
+
+    /// The current incarnation of the socket at `socket_path`.
+    pub fn generation(&self, socket_path: &Path) -> Option<Generation> {
+        self.0.generation(socket_path)
+    }
+
+    /// The number of sockets present.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no socket is present.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every socket present, with its incarnation.
+    pub fn snapshot(&self) -> Vec<DesiredPlugin> {
+        self.0.snapshot()
+    }
+}
+
+/// Read-only view of the registered plugins: the actual state of the world.
+#[derive(Debug, Clone)]
+pub struct ActualStateView(pub(crate) Arc<ActualState>);
+
+impl ActualStateView {
+    /// Whether a plugin is registered from `socket_path`.
+    pub fn contains(&self, socket_path: &Path) -> bool {
+        self.0.contains(socket_path)
+    }
+
+    /// The plugin registered from `socket_path`.
+    pub fn get(&self, socket_path: &Path) -> Option<RegisteredPlugin> {
+        self.0.get(socket_path).map(RegisteredPlugin::from)
+    }
+
+    /// The number of registered plugins.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no plugin is registered.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every registered plugin.
+    pub fn snapshot(&self) -> Vec<RegisteredPlugin> {
+        self.0.snapshot().into_iter().map(RegisteredPlugin::from).collect()
+    }
+}
+
+/// Where a desired socket is, given its operation and whether its current
+/// incarnation is registered.
+fn state_of(registered: bool, operation: Option<&OperationStatus>) -> PluginState {
+    if registered {
+        return PluginState::Registered;
+    }
+    match operation {
+        Some(op) if !op.pending && op.last_error.is_some() => match op.retry_at {
+            Some(at) => PluginState::BackingOff { retry_at: wall_clock(at) },
+            None => PluginState::Failed,
+        },
+        _ => PluginState::Pending,
+    }
+}
+
+/// The wall-clock time of a tokio instant, for display.
+fn wall_clock(at: tokio::time::Instant) -> SystemTime {
+    let wait = at.saturating_duration_since(tokio::time::Instant::now());
+    SystemTime::now().checked_add(wait).unwrap_or(SystemTime::UNIX_EPOCH)
 }
 
 /// Builds the sorted status of every socket that is desired or registered.
@@ -59,50 +204,85 @@ pub(crate) fn snapshot(
             let registered =
                 actual.get(&plugin.socket_path).filter(|info| info.generation == plugin.generation);
             let operation = operations.status(&plugin.socket_path);
-            let pending = operation.as_ref().is_some_and(|op| op.pending);
+            let state = state_of(registered.is_some(), operation.as_ref());
             let last_error = operation.and_then(|op| op.last_error);
-            let state = match (&registered, &last_error) {
-                (Some(_), _) => PluginState::Registered,
-                (None, Some(_)) if !pending => PluginState::Failed,
-                (None, _) => PluginState::Pending,
-            };
-            let mut status = PluginStatus {
-                socket_path: plugin.socket_path,
-                state,
-                generation: plugin.generation.get(),
-                plugin_type: String::new(),
-                name: String::new(),
-                endpoint: String::new(),
-                versions: Vec::new(),
-                last_error,
-                registered_at: None,
-            };
-            if let Some(info) = registered {
-                status.plugin_type = info.plugin_type;
-                status.name = info.name;
-                status.endpoint = info.endpoint;
-                status.versions = info.versions;
-                status.registered_at = Some(info.registered_at);
+            match registered {
+                Some(info) => status_of(info, state, last_error),
+                None => PluginStatus {
+                    socket_path: plugin.socket_path,
+                    state,
+                    generation: plugin.generation.get(),
+                    plugin_type: String::new(),
+                    name: String::new(),
+                    endpoint: String::new(),
+                    versions: Vec::new(),
+                    last_error,
+                    registered_at: None,
+                },
             }
-            status
         })
         .collect();
-    // Registered plugins whose socket is gone are being deregistered.
-    for info in actual.snapshot() {
-        if !desired.contains(&info.socket_path) {
-            statuses.push(PluginStatus {
-                socket_path: info.socket_path,
-                state: PluginState::Pending,
-                generation: info.generation.get(),
-                plugin_type: info.plugin_type,
-                name: info.name,
-                endpoint: info.endpoint,
-                versions: info.versions,
-                last_error: None,
-                registered_at: Some(info.registered_at),
-            });
-        }
-    }
+    statuses.extend(
+        actual
+            .snapshot()
+            .into_iter()
+            .filter(|info| !desired.contains(&info.socket_path))
+            .map(|info| status_of(info, PluginState::Deregistering, None)),
+    );
     statuses.sort_by(|a, b| a.socket_path.cmp(&b.socket_path));
     statuses
+}
+
+fn status_of(info: PluginInfo, state: PluginState, last_error: Option<String>) -> PluginStatus {
+    PluginStatus {
+        socket_path: info.socket_path,
+        state,
+        generation: info.generation.get(),
+        plugin_type: info.plugin_type,
+        name: info.name,
+        endpoint: info.endpoint,
+        versions: info.versions,
+        last_error,
+        registered_at: Some(info.registered_at),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn operation(pending: bool, error: bool, retry_in: Option<Duration>) -> OperationStatus {
+        OperationStatus {
+            pending,
+            last_error: error.then(|| "GetInfo: connection refused".to_owned()),
+            retry_at: retry_in.map(|wait| tokio::time::Instant::now() + wait),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_that_will_be_retried_is_backing_off_with_its_retry_time() {
+        let before = SystemTime::now();
+        let state = state_of(false, Some(&operation(false, true, Some(Duration::from_secs(8)))));
+        let retry_at = state.retry_at().unwrap();
+        assert_eq!(state.as_str(), "backing_off");
+        assert!(retry_at >= before + Duration::from_secs(8), "{retry_at:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn states_follow_the_operation() {
+        let cases = [
+            (true, None, PluginState::Registered),
+            (true, Some(operation(false, true, None)), PluginState::Registered),
+            (false, None, PluginState::Pending),
+            (false, Some(operation(true, false, None)), PluginState::Pending),
+            // A retry running after a failure is pending again.
+            (false, Some(operation(true, true, Some(Duration::ZERO))), PluginState::Pending),
+            (false, Some(operation(false, true, None)), PluginState::Failed),
+        ];
+        for (registered, op, expected) in cases {
+            assert_eq!(state_of(registered, op.as_ref()), expected, "{registered} {op:?}");
+        }
+    }
 }

@@ -1,45 +1,12 @@
-//! The status API: HTTP/JSON on a Unix socket, served by `kpm run` and read
-//! by `kpm list`.
-//!
-//! `GET /v1/plugins` returns
-//! `{"plugins": [{"socket_path", "type", "name", "endpoint", "versions",
-//! "state", "generation", "last_error", "registered_at"}], "csi_drivers":
-//! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
-//! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
-//! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
-//! `registered`, `pending`, `failed` and `registered_at` in RFC 3339 (UTC),
-//! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
-//! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
-//! [{"name", "instances": [{"endpoint", "version", "connected",
-//! "registered_at"}], "cleanup_pending_until", "devices"}]`.
-//! The node part is what the kubelet would publish on its Node and CSINode
-//! objects, with Kubernetes' field names.
+//! The status API's JSON documents, and their conversions from kpm's types.
 
-use std::path::Path;
-use std::sync::Arc;
-
-use axum::Json;
-use axum::extract::State;
-use axum::routing::get;
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 
-use kpm::csi::{CsiDriver, CsiDrivers, CsiNodeDriver, InMemoryNodeInfo, NodeInfo};
-use kpm::device::{DeviceManager, ResourceStatus};
-use kpm::dra::{DraDriverStatus, DraManager};
-use kpm::{PluginEvent, PluginManager, PluginStatus};
+use kpm::csi::{CsiDriver, CsiNodeDriver, NodeInfo};
+use kpm::device::ResourceStatus;
+use kpm::dra::DraDriverStatus;
+use kpm::{PluginEvent, PluginStatus};
 use serde::{Deserialize, Serialize};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
-
-use crate::CliError;
-
-/// Path of the plugin list.
-pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
-/// Path of the event stream: one JSON object per line, as events happen.
-pub(crate) const EVENTS_PATH: &str = "/v1/events";
 
 /// One event of `GET /v1/events`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +36,7 @@ pub(crate) struct EventJson {
 }
 
 impl EventJson {
-    fn now(event: &str) -> Self {
+    pub(crate) fn now(event: &str) -> Self {
         Self {
             time: rfc3339(std::time::SystemTime::now()),
             event: event.to_owned(),
@@ -331,16 +298,6 @@ impl From<CsiNodeDriver> for CsiNodeDriverJson {
     }
 }
 
-/// What the status API reports on.
-#[derive(Debug, Clone)]
-pub(crate) struct Sources {
-    pub(crate) manager: Arc<PluginManager>,
-    pub(crate) csi_drivers: Arc<CsiDrivers>,
-    pub(crate) node: Arc<InMemoryNodeInfo>,
-    pub(crate) devices: Arc<DeviceManager>,
-    pub(crate) dra: Arc<DraManager>,
-}
-
 /// One plugin, as the status API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PluginJson {
@@ -354,6 +311,9 @@ pub(crate) struct PluginJson {
     pub(crate) generation: u64,
     pub(crate) last_error: Option<String>,
     pub(crate) registered_at: Option<String>,
+    /// When the next attempt starts, while `backing_off`.
+    #[serde(default)]
+    pub(crate) retry_at: Option<String>,
 }
 
 impl From<PluginStatus> for PluginJson {
@@ -368,95 +328,7 @@ impl From<PluginStatus> for PluginJson {
             generation: status.generation,
             last_error: status.last_error,
             registered_at: status.registered_at.map(rfc3339),
+            retry_at: status.state.retry_at().map(rfc3339),
         }
     }
-}
-
-/// The router of the status API.
-pub(crate) fn router(sources: Sources) -> axum::Router {
-    axum::Router::new()
-        .route(PLUGINS_PATH, get(plugins))
-        .route(EVENTS_PATH, get(events))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(sources)
-}
-
-async fn plugins(State(sources): State<Sources>) -> Json<PluginList> {
-    Json(PluginList::from(&sources))
-}
-
-impl From<&Sources> for PluginList {
-    fn from(sources: &Sources) -> Self {
-        Self {
-            plugins: sources.manager.status().into_iter().map(PluginJson::from).collect(),
-            csi_drivers: sources.csi_drivers.list().into_iter().map(CsiDriverJson::from).collect(),
-            node: sources.node.snapshot().into(),
-            device_resources: sources
-                .devices
-                .resources()
-                .into_iter()
-                .map(DeviceResourceJson::from)
-                .collect(),
-            dra_drivers: sources.dra.drivers().into_iter().map(DraDriverJson::from).collect(),
-        }
-    }
-}
-
-/// Streams events as NDJSON until the client goes away: first a
-/// `subscribed` line (from then on nothing is missed), then every event. A
-/// client that falls too far behind gets a `lagged` line instead of the
-/// events it missed.
-async fn events(State(sources): State<Sources>) -> axum::response::Response {
-    let subscribed = serde_json::to_string(&EventJson::now("subscribed"))
-        .map(|line| line + "\n")
-        .map_err(std::io::Error::other);
-    let events = BroadcastStream::new(sources.manager.subscribe()).map(|event| {
-        let mut line = match event {
-            Ok(event) => serde_json::to_string(&EventJson::from(event)),
-            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
-                Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
-            }
-        }
-        .map_err(std::io::Error::other)?;
-        line.push('\n');
-        Ok::<_, std::io::Error>(line)
-    });
-    let stream = tokio_stream::once(subscribed).chain(events);
-    axum::response::Response::builder()
-        .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
-        .body(axum::body::Body::from_stream(stream))
-        .unwrap_or_default()
-}
-
-/// Sends `GET path` to the status API at `socket`; returns the response once
-/// its status is a success, with the body still to be read.
-pub(crate) async fn request(
-    socket: &Path,
-    path: &str,
-) -> Result<hyper::Response<hyper::body::Incoming>, CliError> {
-    let query_err = |message: String| CliError::QueryStatus { path: socket.to_path_buf(), message };
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|source| CliError::ConnectStatus { path: socket.to_path_buf(), source })?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|err| query_err(err.to_string()))?;
-    tokio::spawn(connection);
-    let request = hyper::Request::get(path)
-        .header(hyper::header::HOST, "kpm")
-        .body(Empty::<Bytes>::new())
-        .map_err(|err| query_err(err.to_string()))?;
-    let response = sender.send_request(request).await.map_err(|err| query_err(err.to_string()))?;
-    if !response.status().is_success() {
-        return Err(query_err(format!("GET {path}: HTTP {}", response.status())));
-    }
-    Ok(response)
-}
-
-/// `GET path` on the status API at `socket`; returns the body.
-pub(crate) async fn get_json(socket: &Path, path: &str) -> Result<Bytes, CliError> {
-    let body = request(socket, path).await?.into_body().collect().await.map_err(|err| {
-        CliError::QueryStatus { path: socket.to_path_buf(), message: err.to_string() }
-    })?;
-    Ok(body.to_bytes())
 }

@@ -1,0 +1,34 @@
+//! The status API: HTTP/JSON on a Unix socket, served by `kpm run` and read
+//! by `kpm list`.
+//!
+//! `GET /v1/plugins` returns
+//! `{"plugins": [{"socket_path", "type", "name", "endpoint", "versions",
+//! "state", "generation", "last_error", "registered_at"}], "csi_drivers":
+//! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
+//! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
+//! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
+//! `registered`, `pending`, `backing_off` (with `retry_at`), `failed` or
+//! `deregistering`, and `registered_at` and `retry_at` in RFC 3339 (UTC),
+//! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
+//! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
+//! [{"name", "instances": [{"endpoint", "version", "connected",
+//! "registered_at"}], "cleanup_pending_until", "devices"}]`.
+//! The node part is what the kubelet would publish on its Node and CSINode
+//! objects, with Kubernetes' field names.
+//!
+//! `GET /v1/events` streams NDJSON: a `subscribed` line, then one line per
+//! event (see [`EventJson`]).
+//!
+//! [`model`] holds the JSON documents, [`server`] serves them from a
+//! [`kpm::KubeletHandle`], [`client`] reads them for `kpm list` and `kpm watch`.
+
+pub(crate) mod client;
+pub(crate) mod model;
+pub(crate) mod server;
+
+pub(crate) use model::{EventJson, PluginList};
+
+/// Path of the plugin list.
+pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
+/// Path of the event stream: NDJSON, one event per line.
+pub(crate) const EVENTS_PATH: &str = "/v1/events";

@@ -1,0 +1,121 @@
+//! Serves the status API from a [`KubeletHandle`].
+
+use std::os::unix::fs::DirBuilderExt as _;
+use std::path::Path;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::get;
+use kpm::KubeletHandle;
+use kpm_api::uds::{self, BoundSocket};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::BroadcastStream;
+
+use super::model::{
+    CsiDriverJson, DeviceResourceJson, DraDriverJson, EventJson, NodeJson, PluginJson, PluginList,
+};
+use super::{EVENTS_PATH, PLUGINS_PATH};
+use crate::CliError;
+
+/// The status API server and the socket file it owns.
+#[derive(Debug)]
+pub(crate) struct StatusServer {
+    socket: BoundSocket,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl StatusServer {
+    /// Serves the status API of `kubelet` on `socket` (owner only), creating
+    /// its directory if needed.
+    pub(crate) async fn start(socket: &Path, kubelet: KubeletHandle) -> Result<Self, CliError> {
+        if let Some(dir) = socket.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(kpm::api::OWN_DIR_MODE)
+                .create(dir)
+                .map_err(|source| CliError::CreateRoot { path: dir.to_path_buf(), source })?;
+        }
+        let (incoming, bound) =
+            uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(CliError::StatusSocket)?;
+        let listener = incoming.into_listener();
+        let router = router(kubelet);
+        let path = socket.to_path_buf();
+        let task = tokio::spawn(async move {
+            if let Err(source) = axum::serve(listener, router).await {
+                tracing::error!(socket = %path.display(), error = %source, "status API stopped");
+            }
+        });
+        tracing::info!(socket = %socket.display(), "status API listening");
+        Ok(Self { socket: bound, task })
+    }
+
+    /// Removes the socket file if it is still ours, and stops serving.
+    pub(crate) fn stop(self) {
+        if let Err(err) = self.socket.remove() {
+            let socket = self.socket.path().display();
+            tracing::warn!(%socket, error = %err, "cannot remove status socket");
+        }
+        self.task.abort();
+    }
+}
+
+/// The router of the status API.
+fn router(kubelet: KubeletHandle) -> axum::Router {
+    axum::Router::new()
+        .route(PLUGINS_PATH, get(plugins))
+        .route(EVENTS_PATH, get(events))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(kubelet)
+}
+
+async fn plugins(State(kubelet): State<KubeletHandle>) -> Json<PluginList> {
+    Json(PluginList::from(&kubelet))
+}
+
+impl From<&KubeletHandle> for PluginList {
+    fn from(kubelet: &KubeletHandle) -> Self {
+        Self {
+            plugins: kubelet.manager().status().into_iter().map(PluginJson::from).collect(),
+            csi_drivers: kubelet
+                .csi_drivers()
+                .list()
+                .into_iter()
+                .map(CsiDriverJson::from)
+                .collect(),
+            node: kubelet.node_info().map(NodeJson::from).unwrap_or_default(),
+            device_resources: kubelet
+                .devices()
+                .resources()
+                .into_iter()
+                .map(DeviceResourceJson::from)
+                .collect(),
+            dra_drivers: kubelet.dra().drivers().into_iter().map(DraDriverJson::from).collect(),
+        }
+    }
+}
+
+/// Streams events as NDJSON until the client goes away: first a
+/// `subscribed` line (from then on nothing is missed), then every event. A
+/// client that falls too far behind gets a `lagged` line instead of the
+/// events it missed.
+async fn events(State(kubelet): State<KubeletHandle>) -> axum::response::Response {
+    let subscribed = serde_json::to_string(&EventJson::now("subscribed"))
+        .map(|line| line + "\n")
+        .map_err(std::io::Error::other);
+    let events = BroadcastStream::new(kubelet.manager().subscribe()).map(|event| {
+        let mut line = match event {
+            Ok(event) => serde_json::to_string(&EventJson::from(event)),
+            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
+                Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
+            }
+        }
+        .map_err(std::io::Error::other)?;
+        line.push('\n');
+        Ok::<_, std::io::Error>(line)
+    });
+    let stream = tokio_stream::once(subscribed).chain(events);
+    axum::response::Response::builder()
+        .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
+        .body(axum::body::Body::from_stream(stream))
+        .unwrap_or_default()
+}

@@ -1,0 +1,388 @@
+//! `Kubelet`: a plugin manager with the kubelet's handlers, composed the way
+//! `kpm run` runs it.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_cache::PluginHandler;
+
+use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
+use crate::{ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
+
+/// The plugin types the kubelet has handlers for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PluginKind {
+    /// CSI drivers (`CSIPlugin`).
+    Csi,
+    /// Device plugins (`DevicePlugin`).
+    Device,
+    /// DRA drivers (`DRAPlugin`).
+    Dra,
+}
+
+impl PluginKind {
+    /// Every kind, in the order handlers are added.
+    pub const ALL: [Self; 3] = [Self::Csi, Self::Device, Self::Dra];
+
+    /// The plugin type a plugin of this kind reports in `GetInfo`.
+    pub fn plugin_type(self) -> &'static str {
+        match self {
+            Self::Csi => kpm_api::constants::CSI_PLUGIN,
+            Self::Device => kpm_api::constants::DEVICE_PLUGIN,
+            Self::Dra => kpm_api::constants::DRA_PLUGIN,
+        }
+    }
+}
+
+/// Configures a [`Kubelet`]. Every setting has the kubelet's default.
+#[derive(Debug)]
+#[must_use]
+pub struct KubeletBuilder {
+    root_dir: PathBuf,
+    registry_dir: Option<PathBuf>,
+    disabled: Vec<PluginKind>,
+    manager: PluginManagerBuilder,
+    #[cfg(feature = "csi")]
+    csi: crate::csi::CsiConfig,
+    #[cfg(feature = "csi")]
+    node_info: Option<Arc<dyn crate::csi::NodeInfoSink>>,
+    #[cfg(feature = "device")]
+    device: crate::device::DeviceConfig,
+    #[cfg(feature = "device")]
+    device_plugin_dir: Option<PathBuf>,
+    #[cfg(feature = "dra")]
+    dra: crate::dra::DraConfig,
+    #[cfg(feature = "dra")]
+    slice_cleanup: Option<Arc<dyn crate::dra::SliceCleanup>>,
+}
+
+impl Default for KubeletBuilder {
+    fn default() -> Self {
+        Self {
+            root_dir: PathBuf::from(kpm_api::constants::DEFAULT_ROOT_DIR),
+            registry_dir: None,
+            disabled: Vec::new(),
+            manager: PluginManager::builder(),
+            #[cfg(feature = "csi")]
+            csi: crate::csi::CsiConfig::default(),
+            #[cfg(feature = "csi")]
+            node_info: None,
+            #[cfg(feature = "device")]
+            device: crate::device::DeviceConfig::default(),
+            #[cfg(feature = "device")]
+            device_plugin_dir: None,
+            #[cfg(feature = "dra")]
+            dra: crate::dra::DraConfig::default(),
+            #[cfg(feature = "dra")]
+            slice_cleanup: None,
+        }
+    }
+}
+
+impl KubeletBuilder {
+    /// The kubelet's root directory (default `/var/lib/kubelet`): the
+    /// registry is `plugins_registry/` in it, device plugins' sockets are
+    /// in `device-plugins/`, and DRA endpoints must be inside it.
+    pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.root_dir = dir.into();
+        self
+    }
+
+    /// The registry directory, if not `<root>/plugins_registry`.
+    pub fn registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.registry_dir = Some(dir.into());
+        self
+    }
+
+    /// Runs without the handler of `kind`: its plugins are told that no
+    /// handler is registered for their type.
+    pub fn disable(mut self, kind: PluginKind) -> Self {
+        self.disabled.push(kind);
+        self
+    }
+
+    /// A handler for another plugin type, beside the kubelet's.
+    pub fn handler(
+        mut self,
+        plugin_type: impl Into<String>,
+        handler: Arc<dyn PluginHandler>,
+    ) -> Self {
+        self.manager = self.manager.handler(plugin_type, handler);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::executor_config`].
+    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
+        self.manager = self.manager.executor_config(config);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::reconciler_config`].
+    pub fn reconciler_config(mut self, config: ReconcilerConfig) -> Self {
+        self.manager = self.manager.reconciler_config(config);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::watcher_config`].
+    pub fn watcher_config(mut self, config: WatcherConfig) -> Self {
+        self.manager = self.manager.watcher_config(config);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::resync_period`].
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.manager = self.manager.resync_period(period);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::liveness`].
+    pub fn liveness(mut self, config: Option<LivenessConfig>) -> Self {
+        self.manager = self.manager.liveness(config);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::shutdown_grace`].
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.manager = self.manager.shutdown_grace(grace);
+        self
+    }
+
+    /// See [`PluginManagerBuilder::event_capacity`].
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.manager = self.manager.event_capacity(capacity);
+        self
+    }
+
+    /// The CSI handler's settings.
+    #[cfg(feature = "csi")]
+    pub fn csi_config(mut self, config: crate::csi::CsiConfig) -> Self {
+        self.csi = config;
+        self
+    }
+
+    /// Where CSI drivers' node information goes (node-id annotation,
+    /// topology labels, CSINode). Default: kept in memory, and shown by
+    /// [`KubeletHandle::node_info`].
+    #[cfg(feature = "csi")]
+    pub fn node_info_sink(mut self, sink: Arc<dyn crate::csi::NodeInfoSink>) -> Self {
+        self.node_info = Some(sink);
+        self
+    }
+
+    /// The device manager's settings.
+    #[cfg(feature = "device")]
+    pub fn device_config(mut self, config: crate::device::DeviceConfig) -> Self {
+        self.device = config;
+        self
+    }
+
+    /// Where `kubelet.sock` is served for device plugins that register
+    /// directly, if not `<root>/device-plugins`.
+    #[cfg(feature = "device")]
+    pub fn device_plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.device_plugin_dir = Some(dir.into());
+        self
+    }
+
+    /// The DRA manager's settings. Without a `root_dir` of its own, DRA
+    /// endpoints must be inside the kubelet's root directory.
+    #[cfg(feature = "dra")]
+    pub fn dra_config(mut self, config: crate::dra::DraConfig) -> Self {
+        self.dra = config;
+        self
+    }
+
+    /// What removes a DRA driver's ResourceSlices once it is gone for good.
+    /// Default: the wipes are only recorded and logged, as there is no API
+    /// server to remove them from.
+    #[cfg(feature = "dra")]
+    pub fn slice_cleanup(mut self, cleanup: Arc<dyn crate::dra::SliceCleanup>) -> Self {
+        self.slice_cleanup = Some(cleanup);
+        self
+    }
+
+    /// Checks every setting and creates the handlers and the manager;
+    /// nothing is served or watched until [`Kubelet::run`].
+    pub fn build(self) -> Result<Kubelet> {
+        let enabled = |kind| !self.disabled.contains(&kind);
+        let mut manager =
+            self.manager.registry_dir(self.registry_dir.unwrap_or_else(|| {
+                self.root_dir.join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME)
+            }));
+        let mut handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)> = Vec::new();
+
+        #[cfg(feature = "csi")]
+        let (csi_drivers, node_info) = {
+            // The default sink is kept in memory, so that it can be shown.
+            let (sink, memory): (Arc<dyn crate::csi::NodeInfoSink>, _) =
+                if let Some(sink) = self.node_info {
+                    (sink, None)
+                } else {
+                    let memory = Arc::new(crate::csi::InMemoryNodeInfo::default());
+                    (memory.clone(), Some(memory))
+                };
+            let csi = crate::csi::CsiHandler::new(sink, self.csi);
+            let drivers = csi.drivers();
+            handlers.push((PluginKind::Csi, Arc::new(csi)));
+            (drivers, memory)
+        };
+
+        #[cfg(feature = "device")]
+        let (devices, device_plugin_dir) = {
+            let devices = crate::device::DeviceManager::new(self.device);
+            handlers.push((PluginKind::Device, devices.clone()));
+            let dir = self
+                .device_plugin_dir
+                .unwrap_or_else(|| self.root_dir.join(kpm_api::constants::DEVICE_PLUGINS_DIR_NAME));
+            (devices, dir)
+        };
+
+        #[cfg(feature = "dra")]
+        let dra = {
+            let mut config = self.dra;
+            config.root_dir.get_or_insert_with(|| self.root_dir.clone());
+            let cleanup = self
+                .slice_cleanup
+                .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
+            let dra = crate::dra::DraManager::new(config, cleanup);
+            handlers.push((PluginKind::Dra, dra.clone()));
+            dra
+        };
+
+        handlers.retain(|(kind, _)| enabled(*kind));
+        for (kind, handler) in &handlers {
+            manager = manager.handler(kind.plugin_type(), Arc::clone(handler));
+        }
+        let manager = manager.build()?;
+        let handle = KubeletHandle {
+            manager: manager.handle(),
+            #[cfg(feature = "csi")]
+            csi_drivers,
+            #[cfg(feature = "csi")]
+            node_info,
+            #[cfg(feature = "device")]
+            devices,
+            #[cfg(feature = "dra")]
+            dra,
+        };
+        Ok(Kubelet {
+            manager,
+            handle,
+            handlers,
+            #[cfg(feature = "device")]
+            device_plugin_dir: enabled(PluginKind::Device).then_some(device_plugin_dir),
+        })
+    }
+}
+
+/// A plugin manager with the kubelet's handlers: CSI, device plugins (also
+/// through `kubelet.sock`) and DRA, each enabled by the crate feature of
+/// the same name. This is what `kpm run` runs.
+///
+/// Built by [`Kubelet::builder`]; [`Kubelet::run`] consumes it. Take a
+/// [`KubeletHandle`] first to watch it while it runs.
+#[derive(Debug)]
+pub struct Kubelet {
+    manager: PluginManager,
+    handle: KubeletHandle,
+    handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)>,
+    /// `None` when device plugins are disabled.
+    #[cfg(feature = "device")]
+    device_plugin_dir: Option<PathBuf>,
+}
+
+impl Kubelet {
+    /// A builder with the kubelet's defaults.
+    pub fn builder() -> KubeletBuilder {
+        KubeletBuilder::default()
+    }
+
+    /// A handle on the manager and the handlers' views, valid while the
+    /// kubelet runs and after.
+    pub fn handle(&self) -> KubeletHandle {
+        self.handle.clone()
+    }
+
+    /// The handler that registers plugins of `plugin_type`, if it is one of
+    /// the kubelet's and enabled. Its `validate` says, without registering
+    /// anything, whether a plugin would be accepted (this is `kpm probe`).
+    pub fn handler(&self, plugin_type: &str) -> Option<Arc<dyn PluginHandler>> {
+        self.handlers
+            .iter()
+            .find(|(kind, _)| kind.plugin_type() == plugin_type)
+            .map(|(_, handler)| Arc::clone(handler))
+    }
+
+    /// Serves `kubelet.sock` (device plugins enabled), then runs the plugin
+    /// manager until `shutdown` completes (see [`PluginManager::run`]);
+    /// then stops serving `kubelet.sock` and closes the connections to
+    /// device plugins and DRA drivers.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        #[cfg(feature = "device")]
+        let kubelet_socket = match &self.device_plugin_dir {
+            Some(dir) => Some(self.handle.devices.serve_registration(dir).await?),
+            None => None,
+        };
+        let result = self.manager.run(shutdown).await;
+        #[cfg(feature = "device")]
+        {
+            if let Some(kubelet_socket) = kubelet_socket {
+                kubelet_socket.shutdown().await;
+            }
+            self.handle.devices.shutdown().await;
+        }
+        #[cfg(feature = "dra")]
+        self.handle.dra.shutdown().await;
+        result
+    }
+}
+
+/// A cheap, cloneable handle on a [`Kubelet`]: the manager's
+/// [`ManagerHandle`] and what the handlers publish.
+#[derive(Debug, Clone)]
+pub struct KubeletHandle {
+    manager: ManagerHandle,
+    #[cfg(feature = "csi")]
+    csi_drivers: Arc<crate::csi::CsiDrivers>,
+    #[cfg(feature = "csi")]
+    node_info: Option<Arc<crate::csi::InMemoryNodeInfo>>,
+    #[cfg(feature = "device")]
+    devices: Arc<crate::device::DeviceManager>,
+    #[cfg(feature = "dra")]
+    dra: Arc<crate::dra::DraManager>,
+}
+
+impl KubeletHandle {
+    /// The plugin manager: sockets, states, events, counters.
+    pub fn manager(&self) -> &ManagerHandle {
+        &self.manager
+    }
+
+    /// The registered CSI drivers.
+    #[cfg(feature = "csi")]
+    pub fn csi_drivers(&self) -> &Arc<crate::csi::CsiDrivers> {
+        &self.csi_drivers
+    }
+
+    /// What the node publishes about its CSI drivers, when it is kept in
+    /// memory (no [`KubeletBuilder::node_info_sink`] was given).
+    #[cfg(feature = "csi")]
+    pub fn node_info(&self) -> Option<crate::csi::NodeInfo> {
+        self.node_info.as_ref().map(|memory| memory.snapshot())
+    }
+
+    /// The device manager: resources, devices and their health, allocation.
+    #[cfg(feature = "device")]
+    pub fn devices(&self) -> &Arc<crate::device::DeviceManager> {
+        &self.devices
+    }
+
+    /// The DRA manager: drivers, instances, prepare and unprepare.
+    #[cfg(feature = "dra")]
+    pub fn dra(&self) -> &Arc<crate::dra::DraManager> {
+        &self.dra
+    }
+}

@@ -1,0 +1,202 @@
+//! `kpm::Kubelet`, the composition `kpm run` runs: the kubelet's three
+//! handlers behind one manager, real plugins of each type on real sockets,
+//! and the handlers' views on the handle.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kpm::{Kubelet, PluginKind};
+use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
+use kpm_registrar::{Registrar, RegistrarBuilder};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+// TEMP until kpm-test-support lands.
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A kubelet running on a temp root until the test ends.
+struct Node {
+    root: tempfile::TempDir,
+    handle: kpm::KubeletHandle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    running: tokio::task::JoinHandle<kpm::Result<()>>,
+}
+
+impl Node {
+    fn start(builder: impl FnOnce(kpm::KubeletBuilder) -> kpm::KubeletBuilder) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let kubelet =
+            builder(Kubelet::builder().root_dir(root.path()).liveness(None)).build().unwrap();
+        let handle = kubelet.handle();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(kubelet.run(async { drop(stopped.await) }));
+        Self { root, handle, stop: Some(stop), running }
+    }
+
+    fn registry(&self) -> std::path::PathBuf {
+        self.root.path().join(kpm::api::PLUGINS_REGISTRY_DIR_NAME)
+    }
+
+    /// Serves `builder`'s plugin in the registry; returns it with what it was told.
+    async fn plugin(
+        &self,
+        builder: RegistrarBuilder,
+    ) -> (Registrar, kpm_registrar::RegistrationStatus) {
+        wait_until("the registry directory is created", || self.registry().is_dir()).await;
+        let plugin = builder.socket_dir(self.registry()).serve().await.unwrap();
+        let status = plugin.wait_for_status(DEADLINE).await.unwrap();
+        (plugin, status)
+    }
+
+    async fn stop(mut self) {
+        drop(self.stop.take());
+        self.running.await.unwrap().unwrap();
+    }
+}
+
+/// Serves a plugin's own service on `socket` until the task is aborted.
+async fn serve_service(
+    socket: &Path,
+    routes: tonic::service::Routes,
+) -> tokio::task::JoinHandle<()> {
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let incoming = kpm::api::uds::bind(socket).await.unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming(incoming)
+            .await
+            .unwrap();
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
+    let node = Node::start(|builder| builder);
+    let root = node.root.path().to_path_buf();
+
+    let (gpus, _devices) = StubDevicePlugin::new([("gpu-0", "Healthy"), ("gpu-1", "Healthy")]);
+    let (_gpu, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "example.com/gpu").routes(gpus.routes()),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+
+    let csi_socket = root.join("plugins/csi.example.com/csi.sock");
+    let _csi_service =
+        serve_service(&csi_socket, StubCsiDriver::new("csi.example.com", "node-1").routes()).await;
+    let (_csi, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["1.0.0"])
+                .endpoint(&csi_socket),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+
+    let dra_socket = root.join("plugins/gpu.example.com/dra.sock");
+    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await;
+    let (_dra, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions([kpm::api::DRA_V1_SERVICE])
+                .endpoint(&dra_socket),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+
+    let handle = &node.handle;
+    wait_until("both GPUs are reported healthy", || {
+        handle.devices().resource("example.com/gpu").is_some_and(|r| r.healthy == 2)
+    })
+    .await;
+    assert_eq!(handle.csi_drivers().list()[0].name, "csi.example.com");
+    let node_info = handle.node_info().expect("the default node-info sink is in memory");
+    assert_eq!(node_info.csinode.drivers[0].node_id, "node-1");
+    assert_eq!(handle.dra().drivers()[0].name, "gpu.example.com");
+    wait_until("all three are registered", || {
+        let status = handle.manager().status();
+        status.len() == 3 && status.iter().all(|s| s.state == kpm::PluginState::Registered)
+    })
+    .await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the_running_kubelet() {
+    let outside = tempfile::tempdir().unwrap();
+    let endpoint = outside.path().join("dra.sock");
+    let _service = serve_service(&endpoint, StubDraDriver.routes()).await;
+    let versions = [kpm::api::DRA_V1_SERVICE.to_owned()];
+
+    // What `kpm probe` asks: the handler alone, nothing running.
+    let probe_root = tempfile::tempdir().unwrap();
+    let probed = Kubelet::builder().root_dir(probe_root.path()).build().unwrap();
+    let handler = probed.handler(kpm::api::DRA_PLUGIN).unwrap();
+    let refused = handler
+        .validate("gpu.example.com", &endpoint.display().to_string(), &versions)
+        .await
+        .unwrap_err()
+        .to_string();
+
+    // What `kpm run` does with the same plugin.
+    let node = Node::start(|builder| builder);
+    let (_plugin, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions(versions.clone())
+                .endpoint(&endpoint),
+        )
+        .await;
+    assert!(!told.plugin_registered);
+    let root_of = |text: &str, root: &Path| text.replace(&root.display().to_string(), "<root>");
+    let told = root_of(&told.error, node.root.path());
+    let refused = root_of(&refused, probe_root.path());
+    assert!(told.ends_with(&format!("validation failed with err: {refused}")), "{told}");
+    assert!(refused.contains(&format!("{:?}", endpoint.display().to_string())), "{refused}");
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disabled_kind_has_no_handler_and_its_plugins_are_told_so() {
+    let node = Node::start(|builder| builder.disable(PluginKind::Device));
+    let (_plugin, told) =
+        node.plugin(Registrar::builder(kpm::api::DEVICE_PLUGIN, "example.com/gpu")).await;
+    assert!(!told.plugin_registered);
+    assert!(told.error.contains("no handler registered for plugin type: DevicePlugin"), "{told:?}");
+    assert!(!node.root.path().join("device-plugins/kubelet.sock").exists());
+
+    let probed = Kubelet::builder().disable(PluginKind::Device).build().unwrap();
+    assert!(probed.handler(kpm::api::DEVICE_PLUGIN).is_none());
+    assert!(probed.handler(kpm::api::CSI_PLUGIN).is_some());
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn kubelet_sock_is_served_while_running_and_removed_after() {
+    let node = Node::start(|builder| builder);
+    let kubelet_sock = node.root.path().join("device-plugins/kubelet.sock");
+    wait_until("kubelet.sock is served", || kubelet_sock.exists()).await;
+    node.stop().await;
+    assert!(!kubelet_sock.exists());
+}
+
+#[test]
+fn settings_out_of_range_are_refused_naming_the_setting() {
+    for capacity in [0, kpm::MAX_EVENT_CAPACITY + 1, usize::MAX] {
+        let err = Kubelet::builder().event_capacity(capacity).build().unwrap_err();
+        assert!(
+            matches!(err, kpm::Error::InvalidConfig { setting: "event_capacity", .. }),
+            "{err}"
+        );
+    }
+    let ok = Kubelet::builder().event_capacity(kpm::MAX_EVENT_CAPACITY).build();
+    assert!(ok.is_ok());
+}
