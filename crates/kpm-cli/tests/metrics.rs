@@ -169,22 +169,27 @@ fn concurrent_scrapes_during_churn_are_whole_monotone_and_consistent() {
     assert_consistent(&Scrape::get(&addr), &stable_socket);
 
     let stop = AtomicBool::new(false);
-    let scrapes = AtomicUsize::new(0);
+    let scraping = AtomicUsize::new(0);
     std::thread::scope(|threads| {
         for _ in 0..SCRAPERS {
             threads.spawn(|| {
                 let mut last = Scrape::get(&addr);
+                scraping.fetch_add(1, Ordering::Relaxed);
                 assert_consistent(&last, &stable_socket);
-                while !stop.load(Ordering::Relaxed) {
+                // At least one more scrape, however soon the churn ends.
+                loop {
                     let scrape = Scrape::get(&addr);
                     assert_consistent(&scrape, &stable_socket);
                     assert_monotone(&last, &scrape);
                     last = scrape;
-                    scrapes.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
             });
         }
         let _stop = StopOnDrop(&stop);
+        wait_until("every scraper scrapes", || scraping.load(Ordering::Relaxed) == SCRAPERS);
 
         // Rounds of plugins that register and go; the same names each round,
         // so that each socket path gets a new incarnation every round.
@@ -213,7 +218,6 @@ fn concurrent_scrapes_during_churn_are_whole_monotone_and_consistent() {
             });
         }
     });
-    assert!(scrapes.load(Ordering::Relaxed) >= SCRAPERS, "the scrapers hardly ran");
 
     // Every incarnation was counted once, registered and deregistered, and
     // timed from the moment it was seen.
