@@ -453,7 +453,7 @@ async fn the_longest_backoff_is_added_to_the_clock_without_overflow() {
         map.start(&a, fails(&a)).unwrap();
         wait_until_idle(&map).await;
         assert_eq!(map.retry_at(&a), Some(Instant::now() + longest));
-        advance(longest - MILLI).await;
+        advance(longest.checked_sub(MILLI).unwrap()).await;
         let (until, wait, _) = expect_backoff(map.start(&a, succeeds()));
         assert_eq!((until - Instant::now(), wait), (MILLI, longest));
         advance(MILLI).await;
