@@ -69,3 +69,10 @@ pub const MAX_VERSION_BYTES: usize = 63;
 /// Mode of the directories kpm creates (root, registry, device-plugin dir),
 /// before the umask: plugins run as root, other users have no business there.
 pub const OWN_DIR_MODE: u32 = 0o750;
+
+/// Longest period, timeout or grace period any kpm config accepts: 365 days.
+/// Far longer than any sensible setting, and far below the values that make
+/// `Instant + Duration` overflow or that gRPC's `grpc-timeout` header cannot
+/// carry (about 11,000 years), so a config checked against it cannot panic.
+pub const MAX_CONFIG_DURATION: std::time::Duration =
+    std::time::Duration::from_secs(365 * 24 * 60 * 60);

@@ -140,6 +140,12 @@ pub enum DeviceError {
     )]
     Timeout { call: &'static str, resource: String, socket: PathBuf, timeout: Duration },
 
+    // === Config ===
+    /// A duration of the [`DeviceConfig`](crate::DeviceConfig) is out of
+    /// range; see [`DeviceConfig::validate`](crate::DeviceConfig::validate).
+    #[error("invalid device manager config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+
     // === Serving kubelet.sock ===
     /// The device-plugins directory could not be created.
     #[error("create device plugin directory {}: {source}", path.display())]

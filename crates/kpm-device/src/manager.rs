@@ -34,6 +34,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::uds::{self, FileId};
 
 /// The kubelet's dial timeout for device plugins.
@@ -47,7 +48,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The kubelet's `KubeletPreStartContainerRPCTimeoutInSecs`.
 pub const DEFAULT_PRE_START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Settings of the [`DeviceManager`].
+/// Settings of the [`DeviceManager`]. Every duration is at most
+/// [`MAX_CONFIG_DURATION`] (365 days) and the timeouts are non-zero; see
+/// [`validate`](Self::validate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceConfig {
     /// How long connecting to a plugin's socket may take. Default 10 s.
@@ -70,6 +73,41 @@ impl Default for DeviceConfig {
             call_timeout: DEFAULT_CALL_TIMEOUT,
             pre_start_timeout: DEFAULT_PRE_START_TIMEOUT,
         }
+    }
+}
+
+impl DeviceConfig {
+    /// Checks the ranges: the three timeouts non-zero (a zero deadline fails
+    /// every call) and at most [`MAX_CONFIG_DURATION`], `grace_period` at most
+    /// that (zero: a resource is removed as soon as its endpoint goes).
+    ///
+    /// [`DeviceManager::connect`] checks it too: with a config that does not
+    /// pass, no endpoint is connected, so no call or timer ever uses it.
+    pub fn validate(&self) -> Result<(), DeviceError> {
+        let timeouts = [
+            ("dial_timeout", self.dial_timeout),
+            ("call_timeout", self.call_timeout),
+            ("pre_start_timeout", self.pre_start_timeout),
+        ];
+        for (field, value) in timeouts {
+            if value.is_zero() {
+                return Err(DeviceError::InvalidConfig {
+                    field,
+                    value,
+                    reason: "a zero timeout fails every call",
+                });
+            }
+        }
+        for (field, value) in timeouts.into_iter().chain([("grace_period", self.grace_period)]) {
+            if value > MAX_CONFIG_DURATION {
+                return Err(DeviceError::InvalidConfig {
+                    field,
+                    value,
+                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -263,8 +301,11 @@ impl DeviceManager {
     /// Returns before the first device list arrives. Nothing is kept on error.
     ///
     /// If `socket` is already the resource's current endpoint, and still the
-    /// same socket file, nothing is done: no second connection.
+    /// same socket file, nothing is done: no second connection. Refused with
+    /// [`DeviceError::InvalidConfig`] when the manager's config does not pass
+    /// [`DeviceConfig::validate`].
     pub async fn connect(&self, resource: &str, socket: &Path) -> Result<(), DeviceError> {
+        self.config.validate()?;
         let file = FileId::at(socket);
         let shown = socket.display();
         if self.is_connected(resource, socket, file.as_ref()) {

@@ -94,6 +94,8 @@ impl CleanupTimers {
             *next_id += 1;
             *next_id
         };
+        // The grace is at most MAX_CONFIG_DURATION (a driver registers only
+        // with a valid config): neither sum can overflow.
         let until = SystemTime::now() + self.grace;
         let Some(timer) = crate::spawn(fire_after(
             tokio::time::Instant::now() + self.grace,
@@ -194,6 +196,23 @@ mod tests {
         tokio::time::advance(GRACE * 3).await;
         settle().await;
         assert_eq!(cleanup.wiped(), ["dra.example.com"], "exactly once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_longest_grace_period_is_added_to_both_clocks_without_overflow() {
+        let longest = kpm_api::constants::MAX_CONFIG_DURATION;
+        let cleanup = Arc::new(InMemoryCleanup::default());
+        let timers = CleanupTimers::new(longest, cleanup.clone());
+        for round in 1..=3 {
+            timers.update("dra.example.com", false);
+            assert!(timers.pending_until("dra.example.com").is_some());
+            tokio::time::advance(longest.checked_sub(Duration::from_millis(1)).unwrap()).await;
+            settle().await;
+            assert_eq!(cleanup.wiped().len(), round - 1, "not before the grace period ends");
+            tokio::time::advance(Duration::from_millis(1)).await;
+            settle().await;
+            assert_eq!(cleanup.wiped().len(), round);
+        }
     }
 
     #[tokio::test(start_paused = true)]

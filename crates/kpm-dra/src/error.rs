@@ -120,6 +120,12 @@ pub enum DraError {
         #[source]
         status: tonic::Status,
     },
+
+    // === Config ===
+    /// A duration of the [`DraConfig`](crate::DraConfig) is out of range;
+    /// see [`DraConfig::validate`](crate::DraConfig::validate).
+    #[error("invalid DRA manager config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
 }
 
 impl DraError {

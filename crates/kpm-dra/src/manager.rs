@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
@@ -30,7 +31,9 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(45);
 /// connected instance before its resources are cleaned up.
 pub const DEFAULT_CLEANUP_GRACE: Duration = Duration::from_secs(30);
 
-/// Settings of the [`DraManager`].
+/// Settings of the [`DraManager`]. Both durations are at most
+/// [`MAX_CONFIG_DURATION`] (365 days), the call timeout non-zero; see
+/// [`validate`](Self::validate).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraConfig {
     /// The deadline of each `prepare` / `unprepare` call. Default
@@ -53,6 +56,37 @@ impl Default for DraConfig {
             cleanup_grace: DEFAULT_CLEANUP_GRACE,
             root_dir: None,
         }
+    }
+}
+
+impl DraConfig {
+    /// Checks the durations: `call_timeout` non-zero (a zero deadline fails
+    /// every call) and at most [`MAX_CONFIG_DURATION`], `cleanup_grace` at
+    /// most that (zero: a driver's resources are cleaned up as soon as its
+    /// last instance goes).
+    ///
+    /// [`DraManager::register_plugin`] checks it too: with a config that does
+    /// not pass, no driver is registered, so no call or timer ever uses it.
+    pub fn validate(&self) -> Result<(), DraError> {
+        if self.call_timeout.is_zero() {
+            return Err(DraError::InvalidConfig {
+                field: "call_timeout",
+                value: self.call_timeout,
+                reason: "a zero timeout fails every call",
+            });
+        }
+        for (field, value) in
+            [("call_timeout", self.call_timeout), ("cleanup_grace", self.cleanup_grace)]
+        {
+            if value > MAX_CONFIG_DURATION {
+                return Err(DraError::InvalidConfig {
+                    field,
+                    value,
+                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -173,13 +207,16 @@ impl DraManager {
     /// `RegisterPlugin`: validates again, dials the endpoint (a failure is
     /// not an error: the instance starts disconnected and its monitor keeps
     /// trying), adds the instance after the driver's others, starts its
-    /// monitor and updates the driver's cleanup and health stream.
+    /// monitor and updates the driver's cleanup and health stream. Refused
+    /// with [`DraError::InvalidConfig`] when the manager's config does not
+    /// pass [`DraConfig::validate`].
     pub async fn register_plugin(
         &self,
         driver: &str,
         endpoint: &str,
         services: &[String],
     ) -> Result<(), DraError> {
+        self.shared.config.validate()?;
         let (service, health_service) =
             validate_plugin(driver, endpoint, services, self.root_dir())?;
         self.shared.state.lock().check_can_add(driver, endpoint)?;

@@ -10,6 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::PluginHandler;
 use kpm_dra::{DraConfig, DraError, DraManager, InMemoryCleanup};
 use support::{DEADLINE, FakeDriver, Serves, claim, serve, strings};
@@ -399,4 +400,60 @@ async fn after_shutdown_registrations_and_calls_fail() {
     let err = setup.register(DRIVER, &served.endpoint(), &["v1.DRAPlugin"]).await.unwrap_err();
     assert_eq!(err, "the DRA driver manager is shut down");
     setup.deregister(DRIVER, &served.endpoint()).await;
+}
+
+#[test]
+fn durations_out_of_range_are_refused_naming_the_field() {
+    let longest = DraConfig {
+        call_timeout: MAX_CONFIG_DURATION,
+        cleanup_grace: MAX_CONFIG_DURATION,
+        ..DraConfig::default()
+    };
+    assert!(DraConfig::default().validate().is_ok());
+    assert!(longest.validate().is_ok(), "the bound itself is accepted");
+    assert!(DraConfig { cleanup_grace: Duration::ZERO, ..longest.clone() }.validate().is_ok());
+    let too_long = [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        MAX_CONFIG_DURATION + Duration::from_nanos(1),
+    ];
+    let mut refused: Vec<(&str, DraConfig)> = too_long
+        .into_iter()
+        .flat_map(|value| {
+            [
+                ("call_timeout", DraConfig { call_timeout: value, ..DraConfig::default() }),
+                ("cleanup_grace", DraConfig { cleanup_grace: value, ..DraConfig::default() }),
+            ]
+        })
+        .collect();
+    refused
+        .push(("call_timeout", DraConfig { call_timeout: Duration::ZERO, ..DraConfig::default() }));
+    for (name, config) in refused {
+        let error = config.validate().unwrap_err();
+        assert!(
+            matches!(error, DraError::InvalidConfig { field, .. } if field == name),
+            "{config:?}: {error:?}"
+        );
+        assert!(error.to_string().contains(name), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn an_invalid_config_registers_no_driver() {
+    let s = setup_with(Duration::MAX);
+    let driver = FakeDriver::new(Serves::V1);
+    let served = serve(&s.dir.path().join("dra.sock"), &driver).await;
+    let refused = s.register(DRIVER, &served.endpoint(), &["v1.DRAPlugin"]).await.unwrap_err();
+    assert!(refused.contains("call_timeout"), "{refused}");
+    assert!(s.manager.drivers().is_empty());
+}
+
+#[tokio::test]
+async fn calls_work_with_the_longest_call_timeout() {
+    let s = setup_with(MAX_CONFIG_DURATION);
+    let driver = FakeDriver::new(Serves::V1);
+    let served = serve(&s.dir.path().join("dra.sock"), &driver).await;
+    s.register(DRIVER, &served.endpoint(), &["v1.DRAPlugin"]).await.unwrap();
+    s.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
+    s.manager.unprepare(DRIVER, vec![claim("a")]).await.unwrap();
 }

@@ -3,10 +3,13 @@
 
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
+
 use crate::ExecutorError;
 
 /// A validated backoff policy: the first failure waits `initial`, each
-/// consecutive failure doubles the wait, never beyond `max`.
+/// consecutive failure doubles the wait, never beyond `max`, itself at most
+/// [`MAX_CONFIG_DURATION`]: a wait can always be added to the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExponentialBackoff {
     initial: Duration,
@@ -19,10 +22,18 @@ impl ExponentialBackoff {
     /// The kubelet's cap: 2 min 2 s.
     pub const DEFAULT_MAX: Duration = Duration::from_secs(2 * 60 + 2);
 
-    /// Rejects a zero `initial` (a retry storm) and `initial > max`.
+    /// Rejects a zero `initial` (a retry storm), `initial > max`, and a
+    /// `max` above [`MAX_CONFIG_DURATION`].
     pub fn try_new(initial: Duration, max: Duration) -> Result<Self, ExecutorError> {
         if initial.is_zero() || initial > max {
             return Err(ExecutorError::InvalidBackoff { initial, max });
+        }
+        if max > MAX_CONFIG_DURATION {
+            return Err(ExecutorError::InvalidConfig {
+                field: "backoff.max",
+                value: max,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)",
+            });
         }
         Ok(Self { initial, max })
     }
@@ -80,6 +91,27 @@ mod tests {
         let err = ExponentialBackoff::try_new(2 * second, second).unwrap_err();
         assert!(err.to_string().contains("backoff"), "{err}");
         assert!(ExponentialBackoff::try_new(second, second).is_ok());
+    }
+
+    #[test]
+    fn a_max_beyond_the_bound_is_refused_and_the_bound_accepted() {
+        let second = Duration::from_secs(1);
+        for too_long in [
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            MAX_CONFIG_DURATION + Duration::from_nanos(1),
+        ] {
+            let err = ExponentialBackoff::try_new(second, too_long).unwrap_err();
+            assert!(
+                matches!(err, ExecutorError::InvalidConfig { field: "backoff.max", value, .. } if value == too_long),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("backoff.max"), "{err}");
+        }
+        let longest =
+            ExponentialBackoff::try_new(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).unwrap();
+        assert_eq!(longest.next(Some(MAX_CONFIG_DURATION)), MAX_CONFIG_DURATION);
+        assert_eq!(longest.next(None), MAX_CONFIG_DURATION);
     }
 
     proptest! {

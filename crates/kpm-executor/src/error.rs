@@ -100,8 +100,15 @@ pub enum ExecutorError {
     #[error("operation for {} panicked: {message}", socket.display())]
     Panicked { socket: PathBuf, message: String },
 
+    // === Config ===
     #[error("invalid backoff: initial {initial:?} must be non-zero and at most max {max:?}")]
     InvalidBackoff { initial: Duration, max: Duration },
+
+    /// A duration of the [`ExecutorConfig`](crate::ExecutorConfig) or the
+    /// backoff is out of range; see
+    /// [`ExecutorConfig::validate`](crate::ExecutorConfig::validate).
+    #[error("invalid executor config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
 }
 
 impl ExecutorError {

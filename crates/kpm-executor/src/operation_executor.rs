@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
+use kpm_api::constants::{MAX_CONFIG_DURATION, MAX_REGISTRATION_MESSAGE_BYTES};
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_api::uds;
@@ -23,6 +23,8 @@ use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info};
 pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
 
 /// Timeouts and backoff of the executor. The defaults are the kubelet's.
+/// Every duration is at most [`MAX_CONFIG_DURATION`] (365 days) and the
+/// timeouts are non-zero; see [`validate`](Self::validate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecutorConfig {
     /// Connecting to a registration socket (kubelet: 10 s).
@@ -52,6 +54,43 @@ impl Default for ExecutorConfig {
             handler_timeout: Duration::from_secs(180),
             backoff: ExponentialBackoff::default(),
         }
+    }
+}
+
+impl ExecutorConfig {
+    /// Checks the ranges: the four timeouts non-zero (a zero deadline fails
+    /// every call) and at most [`MAX_CONFIG_DURATION`], `refused_retry` at
+    /// most that (zero: a refused connection fails at once). The backoff is
+    /// checked when it is made ([`ExponentialBackoff::try_new`]).
+    ///
+    /// Registrations check it too: with a config that does not pass, they
+    /// are refused with this error instead of started.
+    pub fn validate(&self) -> Result<(), ExecutorError> {
+        let timeouts = [
+            ("dial_timeout", self.dial_timeout),
+            ("get_info_timeout", self.get_info_timeout),
+            ("notify_timeout", self.notify_timeout),
+            ("handler_timeout", self.handler_timeout),
+        ];
+        for (field, value) in timeouts {
+            if value.is_zero() {
+                return Err(ExecutorError::InvalidConfig {
+                    field,
+                    value,
+                    reason: "a zero timeout fails every call",
+                });
+            }
+        }
+        for (field, value) in timeouts.into_iter().chain([("refused_retry", self.refused_retry)]) {
+            if value > MAX_CONFIG_DURATION {
+                return Err(ExecutorError::InvalidConfig {
+                    field,
+                    value,
+                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -96,6 +135,9 @@ impl OperationExecutor {
     /// the plugin, record it in `actual_state`. A failure after the handler
     /// accepted the plugin undoes the registration, so nothing is left
     /// half-registered and the operation is retried with backoff.
+    ///
+    /// Refused with [`ExecutorError::InvalidConfig`] when the executor's
+    /// config does not pass [`ExecutorConfig::validate`].
     pub fn register(
         &self,
         socket: &Path,
@@ -103,7 +145,7 @@ impl OperationExecutor {
         handlers: Arc<Handlers>,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
-        let op = self.register_op(socket, generation, handlers, actual_state);
+        let op = self.register_op(socket, generation, handlers, actual_state)?;
         self.operations.start(socket, op.run())
     }
 
@@ -125,7 +167,8 @@ impl OperationExecutor {
 
     /// Starts re-registering a socket whose incarnation changed: unregisters
     /// `old` and registers incarnation `generation`, in that order, as one
-    /// operation (the kubelet needed two reconcile passes for this).
+    /// operation (the kubelet needed two reconcile passes for this). Refused
+    /// like [`register`](Self::register) on an invalid config.
     pub fn reregister(
         &self,
         old: PluginInfo,
@@ -134,7 +177,7 @@ impl OperationExecutor {
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
         let socket = old.socket_path.clone();
-        let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state));
+        let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state))?;
         let events = self.events.clone();
         let timeout = self.config.handler_timeout;
         self.operations.start(&socket, async move {
@@ -143,21 +186,24 @@ impl OperationExecutor {
         })
     }
 
+    /// The register operation; refused on an invalid config, whose timeouts
+    /// it would hand to the timers and to the `grpc-timeout` header.
     fn register_op(
         &self,
         socket: &Path,
         generation: Generation,
         handlers: Arc<Handlers>,
         actual_state: Arc<ActualState>,
-    ) -> Register {
-        Register {
+    ) -> Result<Register, ExecutorError> {
+        self.config.validate()?;
+        Ok(Register {
             socket: socket.to_path_buf(),
             generation,
             handlers,
             actual_state,
             config: self.config,
             events: self.events.clone(),
-        }
+        })
     }
 }
 

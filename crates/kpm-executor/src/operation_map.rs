@@ -256,6 +256,8 @@ impl Shared {
                 }
                 Err(error) => {
                     let wait = self.backoff.next(entry.failure.as_ref().map(|f| f.wait));
+                    // `wait` is at most the backoff's max, itself at most
+                    // MAX_CONFIG_DURATION: the sum cannot overflow.
                     let retry_at = (!error.is_permanent()).then(|| Instant::now() + wait);
                     if retry_at.is_some() {
                         tracing::warn!(

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
@@ -579,4 +580,86 @@ async fn a_second_operation_on_a_socket_waits_for_the_first() {
     let refusal = h.refusal(&hanging.socket, generation);
     assert!(matches!(refusal, ExecutorError::AlreadyRunning { .. }), "{refusal}");
     assert!(refusal.to_string().contains("hang.sock"), "{refusal}");
+}
+
+/// Every duration of the config at [`MAX_CONFIG_DURATION`].
+fn longest_config() -> ExecutorConfig {
+    ExecutorConfig {
+        dial_timeout: MAX_CONFIG_DURATION,
+        refused_retry: MAX_CONFIG_DURATION,
+        get_info_timeout: MAX_CONFIG_DURATION,
+        notify_timeout: MAX_CONFIG_DURATION,
+        handler_timeout: MAX_CONFIG_DURATION,
+        backoff: ExponentialBackoff::try_new(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).unwrap(),
+    }
+}
+
+#[test]
+fn durations_out_of_range_are_refused_naming_the_field() {
+    type Field = fn(&mut ExecutorConfig) -> &mut Duration;
+    assert!(ExecutorConfig::default().validate().is_ok());
+    assert!(longest_config().validate().is_ok(), "the bound itself is accepted");
+    assert!(
+        ExecutorConfig { refused_retry: Duration::ZERO, ..longest_config() }.validate().is_ok()
+    );
+    let fields: [(&str, Field); 5] = [
+        ("dial_timeout", |c| &mut c.dial_timeout),
+        ("refused_retry", |c| &mut c.refused_retry),
+        ("get_info_timeout", |c| &mut c.get_info_timeout),
+        ("notify_timeout", |c| &mut c.notify_timeout),
+        ("handler_timeout", |c| &mut c.handler_timeout),
+    ];
+    for (name, field) in fields {
+        let mut refused = vec![
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            MAX_CONFIG_DURATION + Duration::from_nanos(1),
+        ];
+        if name != "refused_retry" {
+            refused.push(Duration::ZERO);
+        }
+        for value in refused {
+            let mut config = ExecutorConfig::default();
+            *field(&mut config) = value;
+            let error = config.validate().unwrap_err();
+            assert!(
+                matches!(error, ExecutorError::InvalidConfig { field, value: v, .. } if field == name && v == value),
+                "{name} = {value:?}: {error:?}"
+            );
+            assert!(error.to_string().contains(name), "{error}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_with_an_invalid_config_is_refused_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("gpu.sock");
+    let config = ExecutorConfig { get_info_timeout: Duration::MAX, ..ExecutorConfig::default() };
+    let h = harness(RecordingHandler::default(), config);
+    let refused = h.refusal(&socket, h.generation(&socket));
+    assert!(
+        matches!(refused, ExecutorError::InvalidConfig { field: "get_info_timeout", .. }),
+        "{refused:?}"
+    );
+    assert!(h.executor.operations().is_empty(), "nothing was started");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registration_and_failure_work_with_the_longest_durations() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let h = harness(RecordingHandler::default(), longest_config());
+    let generation = h.generation(&served.socket);
+    h.register(&served.socket, generation).await;
+    assert!(h.actual.contains_generation(&served.socket, generation));
+
+    // A failure backs off for the longest wait: `now + wait` is representable.
+    // No socket file: the dial fails at once (a refused one would be retried
+    // for `refused_retry`).
+    let gone = dir.path().join("gone.sock");
+    h.register(&gone, h.generation(&gone)).await;
+    let retry_in =
+        h.executor.operations().retry_at(&gone).expect("backing off") - tokio::time::Instant::now();
+    assert!(retry_in > MAX_CONFIG_DURATION.checked_sub(DEADLINE).unwrap(), "{retry_in:?}");
 }

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
@@ -35,11 +36,13 @@ const CONCURRENT_PROBES: usize = 16;
 /// Settings of liveness probing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LivenessConfig {
-    /// Time between two probes of a plugin.
+    /// Time between two probes of a plugin: non-zero, at most
+    /// [`MAX_CONFIG_DURATION`] (365 days).
     pub period: Duration,
     /// Failed probes in a row after which the plugin is registered anew.
     pub failure_threshold: u32,
-    /// Deadline of each step of a probe (dial, `GetInfo`).
+    /// Deadline of each step of a probe (dial, `GetInfo`): non-zero, at most
+    /// the period.
     pub timeout: Duration,
 }
 
@@ -64,12 +67,25 @@ pub enum LivenessError {
         "liveness probing: the probe timeout {timeout:?} must be non-zero and at most the period {period:?}"
     )]
     InvalidTimeout { timeout: Duration, period: Duration },
+    /// A duration is longer than [`MAX_CONFIG_DURATION`].
+    #[error("liveness probing: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
 }
 
 impl LivenessConfig {
+    /// Checks the ranges [`LivenessProber::new`] relies on: a non-zero period
+    /// of at most [`MAX_CONFIG_DURATION`], a threshold of at least 1, and a
+    /// non-zero timeout of at most the period.
     pub fn validate(&self) -> Result<(), LivenessError> {
         if self.period.is_zero() {
             return Err(LivenessError::ZeroPeriod);
+        }
+        if self.period > MAX_CONFIG_DURATION {
+            return Err(LivenessError::InvalidConfig {
+                field: "period",
+                value: self.period,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)",
+            });
         }
         if self.failure_threshold == 0 {
             return Err(LivenessError::ZeroThreshold);
@@ -102,6 +118,8 @@ pub struct LivenessProber {
 }
 
 impl LivenessProber {
+    /// A prober of the plugins registered in `actual`; refuses a config that
+    /// does not pass [`LivenessConfig::validate`].
     pub fn new(
         desired: Arc<DesiredState>,
         actual: Arc<ActualState>,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -214,38 +215,83 @@ async fn a_socket_recreated_meanwhile_is_not_renewed() {
     assert!(unresponsive(&mut events).is_empty());
 }
 
-#[tokio::test(start_paused = true)]
-async fn run_probes_once_per_period_until_shutdown() {
+/// Runs the prober with `config` on paused time against a plugin that is
+/// gone, registered anew after each renewal; returns when each of `rounds`
+/// renewals happened, counted from the start.
+async fn renewals(config: LivenessConfig, rounds: usize) -> Vec<Duration> {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("gone.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let h = harness(quick());
-    let generation = h.registered(&socket);
+    let h = harness(config);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let started = tokio::time::Instant::now();
-    let renewed_at = {
-        let desired = Arc::clone(&h.desired);
-        let socket = socket.clone();
-        async move {
-            let mut changes = desired.subscribe();
-            while desired.generation(&socket) == Some(generation) {
-                changes.changed().await;
-            }
-            started.elapsed()
-        }
-    };
     let run = h.prober.run(async {
         let _ = stopped.await;
     });
     tokio::pin!(run);
-    let elapsed = tokio::select! {
-        () = &mut run => panic!("run stopped on its own"),
-        elapsed = renewed_at => elapsed,
-    };
-    // Not at start (plugins were just registered), one period later.
-    assert_eq!(elapsed, Duration::from_secs(10));
+    let mut renewed = Vec::new();
+    for _ in 0..rounds {
+        h.actual.remove(&socket);
+        let generation = h.registered(&socket);
+        let renewal = async {
+            let mut changes = h.desired.subscribe();
+            while h.desired.generation(&socket) == Some(generation) {
+                changes.changed().await;
+            }
+            started.elapsed()
+        };
+        renewed.push(tokio::select! {
+            () = &mut run => panic!("run stopped on its own"),
+            elapsed = renewal => elapsed,
+        });
+    }
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(1), run).await.expect("run returns on shutdown");
+    renewed
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_probes_once_per_period_until_shutdown() {
+    // Not at start (plugins were just registered), one period later.
+    assert_eq!(renewals(quick(), 1).await, [Duration::from_secs(10)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_with_the_longest_period_probes_once_per_period() {
+    let config = LivenessConfig { period: MAX_CONFIG_DURATION, ..quick() };
+    let period = MAX_CONFIG_DURATION;
+    assert_eq!(renewals(config, 3).await, [period, 2 * period, 3 * period]);
+}
+
+#[test]
+fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
+    for too_long in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        MAX_CONFIG_DURATION + Duration::from_nanos(1),
+    ] {
+        let config = LivenessConfig { period: too_long, ..quick() };
+        let error = config.validate().unwrap_err();
+        assert_eq!(
+            error,
+            LivenessError::InvalidConfig {
+                field: "period",
+                value: too_long,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)",
+            }
+        );
+        assert!(error.to_string().contains("period"), "{error}");
+        let refused = LivenessProber::new(
+            Arc::new(DesiredState::new()),
+            Arc::new(ActualState::new()),
+            EventBus::default(),
+            config,
+        );
+        assert_eq!(refused.map(|_| ()), Err(error));
+    }
+    let longest =
+        LivenessConfig { period: MAX_CONFIG_DURATION, timeout: MAX_CONFIG_DURATION, ..quick() };
+    assert_eq!(longest.validate(), Ok(()));
 }
 
 #[test]

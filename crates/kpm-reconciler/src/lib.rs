@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{
     ActualState, ChangeSignal, DesiredState, EventBus, Generation, PluginEvent, PluginHandler,
     PluginInfo,
@@ -50,6 +51,9 @@ use tokio::time::Instant;
 pub struct ReconcilerConfig {
     /// Period of the safety-net full pass; every other pass is triggered by
     /// an event and looks only at the sockets it concerns.
+    /// [`Duration::ZERO`] turns the periodic pass off (passes still run on
+    /// events and when a handler is added). At most [`MAX_CONFIG_DURATION`]
+    /// (365 days); see [`validate`](Self::validate).
     pub resync_period: Duration,
 }
 
@@ -57,6 +61,32 @@ impl Default for ReconcilerConfig {
     fn default() -> Self {
         Self { resync_period: Duration::from_secs(10) }
     }
+}
+
+impl ReconcilerConfig {
+    /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`] (zero is
+    /// allowed: no periodic pass). [`Reconciler::run`] does not panic on a
+    /// longer one (a period past the clock's range means no periodic pass),
+    /// but such a setting is a mistake worth reporting.
+    pub fn validate(&self) -> Result<(), ReconcilerError> {
+        if self.resync_period > MAX_CONFIG_DURATION {
+            return Err(ReconcilerError::InvalidConfig {
+                field: "resync_period",
+                value: self.resync_period,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The one error type of the reconciler crate: its work never fails (failed
+/// operations are retried with backoff), only its config can be refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReconcilerError {
+    /// A duration of the [`ReconcilerConfig`] is out of range.
+    #[error("invalid reconciler config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
 }
 
 /// Drives ActualState towards DesiredState.
@@ -196,23 +226,27 @@ impl Reconciler {
         let mut handler_changes = self.handlers_changed.subscribe();
         tokio::pin!(shutdown);
         let mut full = true;
-        let mut resync_at = Instant::now();
+        // `None`: no periodic pass (period zero, or past the clock's range).
+        let mut resync_at = None;
         loop {
-            if full || Instant::now() >= resync_at {
+            if full || resync_at.is_some_and(|at| Instant::now() >= at) {
                 self.reconcile();
-                resync_at = Instant::now() + self.config.resync_period;
+                resync_at = self.next_full_pass(Instant::now());
             } else {
                 self.reconcile_changed();
             }
             // Due retries were taken by the pass: every one left is in the future.
-            let wake_at = self.next_retry().map_or(resync_at, |at| at.min(resync_at));
+            let wake_at = match (self.next_retry(), resync_at) {
+                (Some(retry), Some(resync)) => Some(retry.min(resync)),
+                (retry, resync) => retry.or(resync),
+            };
             full = false;
             tokio::select! {
                 () = &mut shutdown => break,
                 () = desired_changes.changed() => {}
                 () = completions.changed() => {}
                 () = handler_changes.changed() => full = true,
-                () = tokio::time::sleep_until(wake_at) => {}
+                () = sleep_until(wake_at) => {}
             }
         }
         tracing::debug!("reconciler stopped");
@@ -248,6 +282,17 @@ impl Reconciler {
         dirty.extend(self.executor.operations().take_completed());
         state.take_due(Instant::now(), &mut dirty);
         dirty
+    }
+
+    /// When the periodic full pass after one at `now` is due; `None` when
+    /// there is none: the period is zero, or too long for the clock to
+    /// represent (checked, as [`run`](Self::run) takes any config).
+    fn next_full_pass(&self, now: Instant) -> Option<Instant> {
+        let period = self.config.resync_period;
+        if period.is_zero() {
+            return None;
+        }
+        now.checked_add(period)
     }
 
     fn next_retry(&self) -> Option<Instant> {
@@ -362,6 +407,14 @@ impl Reconciler {
                 tracing::error!(socket = %socket.display(), error = %err, "cannot start operation");
             }
         }
+    }
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::time::SystemTime;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::HandlerError;
 
 use super::*;
@@ -125,4 +126,76 @@ fn due_retries_are_taken_once_and_later_ones_stay() {
     state.take_due(now, &mut dirty);
     assert_eq!(dirty.len(), 2, "nothing more is due");
     assert_eq!(state.retries.first(), Some(&(now + second, PathBuf::from("c"))));
+}
+
+#[test]
+fn resync_periods_beyond_the_bound_are_refused() {
+    for too_long in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        MAX_CONFIG_DURATION + Duration::from_nanos(1),
+    ] {
+        let error = ReconcilerConfig { resync_period: too_long }.validate().unwrap_err();
+        assert_eq!(
+            error,
+            ReconcilerError::InvalidConfig {
+                field: "resync_period",
+                value: too_long,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)"
+            }
+        );
+        assert!(error.to_string().contains("resync_period"), "{error}");
+    }
+    for fine in [Duration::ZERO, Duration::from_secs(10), MAX_CONFIG_DURATION] {
+        assert_eq!(ReconcilerConfig { resync_period: fine }.validate(), Ok(()), "{fine:?}");
+    }
+}
+
+/// Runs a reconciler with `resync_period` on paused time, registers a plugin
+/// behind its back (no event reports it: only a periodic full pass finds
+/// it), lets `wait` pass and says whether the plugin was unregistered.
+async fn stray_found_after(resync_period: Duration, wait: Duration) -> bool {
+    let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
+    let r = Arc::new(Reconciler::new(
+        Arc::clone(&desired),
+        Arc::clone(&actual),
+        OperationExecutor::default(),
+        EventBus::default(),
+        ReconcilerConfig { resync_period },
+    ));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let r = Arc::clone(&r);
+        async move {
+            r.run(async {
+                let _ = stopped.await;
+            })
+            .await;
+        }
+    });
+    // Lets the first full pass run.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let stray = Path::new("/r/stray.sock");
+    let generation = DesiredState::new().add_or_update(stray).unwrap();
+    actual.add(registered(stray, generation)).unwrap();
+
+    tokio::time::advance(wait).await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    r.executor().operations().wait_for_completion().await;
+    let found = !actual.contains(stray);
+    drop(stop);
+    running.await.unwrap();
+    found
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_resync_period_runs_its_full_pass() {
+    assert!(stray_found_after(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn periods_past_the_clock_or_zero_run_no_periodic_pass_and_do_not_panic() {
+    for period in [Duration::MAX, Duration::from_secs(u64::MAX), Duration::ZERO] {
+        assert!(!stray_found_after(period, 3 * MAX_CONFIG_DURATION).await, "{period:?}");
+    }
 }

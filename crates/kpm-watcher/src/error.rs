@@ -1,8 +1,9 @@
 //! The one error type of the watcher crate. Every variant names the registry
-//! path and the step that failed.
+//! path and the step that failed, but a refused config, which names its field.
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The inotify limit on watches per user; `inotify_add_watch` fails with
 /// `ENOSPC` (notify's `ErrorKind::MaxFilesWatch`) when it is reached.
@@ -19,6 +20,11 @@ const EMFILE: i32 = 24;
 /// watcher logs problems and repairs them with rescans instead of stopping.
 #[derive(Debug, thiserror::Error)]
 pub enum WatcherError {
+    /// A duration of the [`WatcherConfig`](crate::WatcherConfig) is out of
+    /// range; see [`WatcherConfig::validate`](crate::WatcherConfig::validate).
+    #[error("invalid watcher config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+
     /// `Watcher::start` was called outside a tokio runtime.
     #[error("start watching {}: no tokio runtime to run the watcher on", path.display())]
     NoRuntime { path: PathBuf },

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::DesiredState;
 use notify::{Config, Event, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::runtime::Handle;
@@ -30,7 +31,8 @@ pub struct WatcherConfig {
     /// How often the whole tree is listed again and diffed against
     /// DesiredState, to repair anything the events missed.
     /// [`Duration::ZERO`] turns the periodic resync off (overflow rescans
-    /// and [`Watcher::rescan`] still work).
+    /// and [`Watcher::rescan`] still work). At most
+    /// [`MAX_CONFIG_DURATION`] (365 days).
     pub resync_period: Duration,
     /// Counters the watcher updates; clone it before starting to read them.
     pub stats: WatcherStats,
@@ -39,6 +41,21 @@ pub struct WatcherConfig {
 impl Default for WatcherConfig {
     fn default() -> Self {
         Self { resync_period: DEFAULT_RESYNC_PERIOD, stats: WatcherStats::default() }
+    }
+}
+
+impl WatcherConfig {
+    /// Checks the ranges [`Watcher::start`] relies on: `resync_period` at
+    /// most [`MAX_CONFIG_DURATION`] (zero is allowed: no periodic resync).
+    pub fn validate(&self) -> Result<(), WatcherError> {
+        if self.resync_period > MAX_CONFIG_DURATION {
+            return Err(WatcherError::InvalidConfig {
+                field: "resync_period",
+                value: self.resync_period,
+                reason: "at most 365 days (MAX_CONFIG_DURATION)",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -108,7 +125,8 @@ impl Watcher {
     /// inotify limit is [`WatcherError::WatchLimit`]. Nothing keeps running
     /// after an error.
     ///
-    /// Must be called within a tokio runtime ([`WatcherError::NoRuntime`]
+    /// The config is checked first ([`WatcherConfig::validate`]). Must be
+    /// called within a tokio runtime ([`WatcherError::NoRuntime`]
     /// otherwise). The creation and the listing run on the calling thread:
     /// short, blocking file-system calls, as a registry directory is small.
     pub fn start(
@@ -116,6 +134,7 @@ impl Watcher {
         desired: Arc<DesiredState>,
         config: WatcherConfig,
     ) -> Result<Self, WatcherError> {
+        config.validate()?;
         let root = root.into();
         let runtime =
             Handle::try_current().map_err(|_| WatcherError::NoRuntime { path: root.clone() })?;
@@ -204,6 +223,7 @@ async fn run(
     config: WatcherConfig,
 ) {
     let resync_period = config.resync_period;
+    // `start` validated the period: `now + period` cannot overflow.
     let mut periodic = (!resync_period.is_zero()).then(|| {
         let mut interval = tokio::time::interval_at(Instant::now() + resync_period, resync_period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);

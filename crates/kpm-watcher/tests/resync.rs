@@ -7,10 +7,13 @@ mod common;
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Fixture, make_socket, serve, wait_until};
-use kpm_watcher::WatcherConfig;
+use kpm_api::constants::MAX_CONFIG_DURATION;
+use kpm_cache::DesiredState;
+use kpm_watcher::{Watcher, WatcherConfig, WatcherError};
 
 const ELSEWHERE: &str = "/var/lib/kubelet/device-plugins/not-ours.sock";
 
@@ -141,4 +144,41 @@ async fn root_removed_under_a_live_listener_is_recovered_by_the_resync() {
     f.wait_present(&f.path("after-close.sock")).await;
     f.settle().await;
     assert_eq!(f.paths(), f.expect(&["after-close.sock", "new.sock"]));
+}
+
+#[tokio::test]
+async fn resync_periods_beyond_the_bound_are_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    for too_long in [
+        Duration::MAX,
+        Duration::from_secs(u64::MAX),
+        MAX_CONFIG_DURATION + Duration::from_nanos(1),
+    ] {
+        let config = WatcherConfig { resync_period: too_long, ..WatcherConfig::default() };
+        let root = dir.path().join("plugins_registry");
+        let error = Watcher::start(root.clone(), Arc::new(DesiredState::new()), config)
+            .expect_err("refused");
+        assert!(
+            matches!(error, WatcherError::InvalidConfig { field: "resync_period", value, .. } if value == too_long),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(text.contains("resync_period") && text.contains("365 days"), "{text}");
+        assert!(!root.exists(), "nothing is done before the config is checked");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_resync_period_runs_without_overflow() {
+    let config = WatcherConfig { resync_period: MAX_CONFIG_DURATION, ..WatcherConfig::default() };
+    let stats = config.stats.clone();
+    let f = Fixture::start_with(three_sockets, config);
+    // A round trip: the task has started and armed its timer.
+    f.watcher.rescan().await.unwrap();
+    for periods in 1..=3 {
+        tokio::time::advance(MAX_CONFIG_DURATION).await;
+        wait_until("the periodic resync runs", || stats.rescans() > periods).await;
+        assert_eq!(stats.rescans(), 1 + periods, "one resync per period");
+    }
+    assert_eq!(f.paths(), f.expect(&["a.sock", "b.sock", "sub/c.sock"]));
 }

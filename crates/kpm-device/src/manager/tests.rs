@@ -233,3 +233,74 @@ fn the_defaults_are_the_kubelets() {
     assert_eq!(config.call_timeout, Duration::from_secs(30));
     assert_eq!(config.pre_start_timeout, Duration::from_secs(30));
 }
+
+/// Every duration of the config at [`MAX_CONFIG_DURATION`].
+fn longest() -> DeviceConfig {
+    DeviceConfig {
+        dial_timeout: MAX_CONFIG_DURATION,
+        grace_period: MAX_CONFIG_DURATION,
+        call_timeout: MAX_CONFIG_DURATION,
+        pre_start_timeout: MAX_CONFIG_DURATION,
+    }
+}
+
+#[test]
+fn durations_out_of_range_are_refused_naming_the_field() {
+    type Field = fn(&mut DeviceConfig) -> &mut Duration;
+    assert!(DeviceConfig::default().validate().is_ok());
+    assert!(longest().validate().is_ok(), "the bound itself is accepted");
+    assert!(DeviceConfig { grace_period: Duration::ZERO, ..longest() }.validate().is_ok());
+    let fields: [(&str, Field); 4] = [
+        ("dial_timeout", |c| &mut c.dial_timeout),
+        ("grace_period", |c| &mut c.grace_period),
+        ("call_timeout", |c| &mut c.call_timeout),
+        ("pre_start_timeout", |c| &mut c.pre_start_timeout),
+    ];
+    for (name, field) in fields {
+        let mut refused = vec![
+            Duration::MAX,
+            Duration::from_secs(u64::MAX),
+            MAX_CONFIG_DURATION + Duration::from_nanos(1),
+        ];
+        if name != "grace_period" {
+            refused.push(Duration::ZERO);
+        }
+        for value in refused {
+            let mut config = DeviceConfig::default();
+            *field(&mut config) = value;
+            let error = config.validate().unwrap_err();
+            assert!(
+                matches!(error, DeviceError::InvalidConfig { field, value: v, .. } if field == name && v == value),
+                "{name} = {value:?}: {error:?}"
+            );
+            assert!(error.to_string().contains(name), "{error}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_config_connects_nothing() {
+    let manager =
+        DeviceManager::new(DeviceConfig { grace_period: Duration::MAX, ..DeviceConfig::default() });
+    let refused = manager.connect(GPU, Path::new("/dp/a.sock")).await.unwrap_err();
+    assert!(
+        matches!(refused, DeviceError::InvalidConfig { field: "grace_period", .. }),
+        "{refused:?}"
+    );
+    assert_eq!(manager.resource(GPU), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_grace_period_removes_the_resource_after_it() {
+    let manager = DeviceManager::new(longest());
+    for round in 0..3 {
+        let id = install(&manager, &format!("/dp/{round}.sock"));
+        manager.endpoint_gone(GPU, id, "stream ended");
+        let removal_at = manager.resource(GPU).unwrap().removal_at;
+        assert!(removal_at.is_some(), "the removal time is representable");
+        sleep(MAX_CONFIG_DURATION.checked_sub(Duration::from_secs(1)).unwrap()).await;
+        assert!(manager.resource(GPU).is_some(), "still there just before the grace period ends");
+        sleep(Duration::from_secs(2)).await;
+        assert_eq!(manager.resource(GPU), None);
+    }
+}

@@ -445,6 +445,22 @@ async fn backoff_follows_a_custom_policy_up_to_its_cap() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_longest_backoff_is_added_to_the_clock_without_overflow() {
+    let longest = kpm_api::constants::MAX_CONFIG_DURATION;
+    let map = OperationMap::new(ExponentialBackoff::try_new(longest, longest).unwrap());
+    let a = key("a");
+    for _ in 0..3 {
+        map.start(&a, fails(&a)).unwrap();
+        wait_until_idle(&map).await;
+        assert_eq!(map.retry_at(&a), Some(Instant::now() + longest));
+        advance(longest.checked_sub(MILLI).unwrap()).await;
+        let (until, wait, _) = expect_backoff(map.start(&a, succeeds()));
+        assert_eq!((until - Instant::now(), wait), (MILLI, longest));
+        advance(MILLI).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn completions_wake_on_completion() {
     let map = OperationMap::default();
     let a = key("a");
