@@ -2,6 +2,8 @@
 //! handlers behind one manager, real plugins of each type on real sockets,
 //! and the handlers' views on the handle.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::path::Path;
 use std::time::Duration;
 
@@ -188,6 +190,43 @@ async fn kubelet_sock_is_served_while_running_and_removed_after() {
     assert!(!kubelet_sock.exists());
 }
 
+/// Every duration setting of the builder, set to `value`.
+fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilder)> {
+    let builder = || Kubelet::builder();
+    vec![
+        ("watcher_config", builder().resync_period(value)),
+        (
+            "reconciler_config",
+            builder().reconciler_config(kpm::ReconcilerConfig { resync_period: value }),
+        ),
+        ("shutdown_grace", builder().shutdown_grace(value)),
+        (
+            "liveness",
+            builder().liveness(Some(kpm::LivenessConfig { period: value, ..Default::default() })),
+        ),
+        (
+            "executor_config",
+            builder().executor_config(kpm::ExecutorConfig {
+                handler_timeout: value,
+                ..Default::default()
+            }),
+        ),
+        ("csi_config", builder().csi_config(kpm::csi::CsiConfig { node_get_info_timeout: value })),
+        (
+            "device_config",
+            builder().device_config(kpm::device::DeviceConfig {
+                grace_period: value,
+                ..Default::default()
+            }),
+        ),
+        (
+            "dra_config",
+            builder()
+                .dra_config(kpm::dra::DraConfig { cleanup_grace: value, ..Default::default() }),
+        ),
+    ]
+}
+
 #[test]
 fn settings_out_of_range_are_refused_naming_the_setting() {
     for capacity in [0, kpm::MAX_EVENT_CAPACITY + 1, usize::MAX] {
@@ -197,6 +236,43 @@ fn settings_out_of_range_are_refused_naming_the_setting() {
             "{err}"
         );
     }
-    let ok = Kubelet::builder().event_capacity(kpm::MAX_EVENT_CAPACITY).build();
-    assert!(ok.is_ok());
+    assert!(Kubelet::builder().event_capacity(kpm::MAX_EVENT_CAPACITY).build().is_ok());
+
+    let longest = kpm::api::MAX_CONFIG_DURATION;
+    for too_long in
+        [longest + Duration::from_nanos(1), Duration::from_secs(u64::MAX), Duration::MAX]
+    {
+        for (setting, builder) in with_every_duration(too_long) {
+            match builder.build() {
+                Err(kpm::Error::InvalidConfig { setting: named, reason }) => {
+                    assert_eq!(named, setting, "{reason}");
+                    assert!(reason.contains("365 days"), "{setting}: {reason}");
+                }
+                other => panic!("{setting} = {too_long:?}: {other:?}"),
+            }
+        }
+    }
+    for (setting, builder) in with_every_duration(longest) {
+        assert!(builder.build().is_ok(), "{setting} = {longest:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kubelet_with_the_longest_settings_runs_and_stops() {
+    let root = tempfile::tempdir().unwrap();
+    let longest = kpm::api::MAX_CONFIG_DURATION;
+    let kubelet = Kubelet::builder()
+        .root_dir(root.path())
+        .resync_period(longest)
+        .reconciler_config(kpm::ReconcilerConfig { resync_period: longest })
+        .shutdown_grace(longest)
+        .liveness(Some(kpm::LivenessConfig { period: longest, ..Default::default() }))
+        .csi_config(kpm::csi::CsiConfig { node_get_info_timeout: longest })
+        .device_config(kpm::device::DeviceConfig { grace_period: longest, ..Default::default() })
+        .dra_config(kpm::dra::DraConfig { cleanup_grace: longest, ..Default::default() })
+        .build()
+        .unwrap();
+    // Three of the longest periods go by on paused time: no timer overflows.
+    let running = tokio::spawn(kubelet.run(tokio::time::sleep(longest * 3)));
+    running.await.unwrap().unwrap();
 }

@@ -56,7 +56,7 @@ impl RootArgs {
 
 /// The longest period or timeout a flag accepts, in seconds (a year): far
 /// beyond any useful setting, and far from overflowing a clock.
-const MAX_PERIOD_SECS: u64 = 365 * 24 * 60 * 60;
+const MAX_PERIOD_SECS: u64 = kpm::api::MAX_CONFIG_DURATION.as_secs();
 
 /// Name of the status API socket in the root directory.
 const STATUS_SOCKET_NAME: &str = "kpm.sock";

@@ -221,6 +221,10 @@ pub enum CsiError {
         #[source]
         source: BoxError,
     },
+    /// A duration of the [`CsiConfig`](crate::CsiConfig) is out of range;
+    /// see [`CsiConfig::validate`](crate::CsiConfig::validate).
+    #[error("invalid CSI handler config: {field} {value:?} is out of range: {reason}")]
+    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
 }
 
 #[cfg(test)]

@@ -33,6 +33,23 @@ impl Default for CsiConfig {
     }
 }
 
+impl CsiConfig {
+    /// Refuses a zero timeout (every driver would fail) and one above
+    /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION),
+    /// which a deadline and the gRPC timeout header could not carry.
+    pub fn validate(&self) -> Result<(), CsiError> {
+        let timeout = self.node_get_info_timeout;
+        let reason = if timeout.is_zero() {
+            "a zero timeout fails every driver"
+        } else if timeout > kpm_api::constants::MAX_CONFIG_DURATION {
+            "at most 365 days (MAX_CONFIG_DURATION)"
+        } else {
+            return Ok(());
+        };
+        Err(CsiError::InvalidConfig { field: "node_get_info_timeout", value: timeout, reason })
+    }
+}
+
 /// The handler for `CSIPlugin` plugins. See the [crate docs](crate) for the
 /// steps and where they differ from the kubelet.
 #[derive(Debug)]

@@ -102,9 +102,6 @@ pub enum Error {
     /// The registry directory could not be watched.
     #[error("start watching the registry directory: {0}")]
     StartWatcher(#[from] kpm_watcher::WatcherError),
-    /// The liveness settings are invalid.
-    #[error("start liveness probing: {0}")]
-    StartLiveness(#[from] kpm_liveness::LivenessError),
     /// `kubelet.sock` could not be served for device plugins.
     #[cfg(feature = "device")]
     #[error("serve kubelet.sock: {0}")]

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_liveness::{LivenessConfig, LivenessProber};
@@ -125,14 +126,21 @@ impl PluginManagerBuilder {
     /// Checks every setting and builds the manager; nothing runs yet.
     pub fn build(self) -> Result<PluginManager> {
         if !(1..=MAX_EVENT_CAPACITY).contains(&self.event_capacity) {
-            return Err(Error::InvalidConfig {
-                setting: "event_capacity",
-                reason: format!(
-                    "{} is out of range (1 to {MAX_EVENT_CAPACITY})",
-                    self.event_capacity
-                ),
-            });
+            let reason =
+                format!("{} is out of range (1 to {MAX_EVENT_CAPACITY})", self.event_capacity);
+            return Err(Error::InvalidConfig { setting: "event_capacity", reason });
         }
+        if self.shutdown_grace > MAX_CONFIG_DURATION {
+            let reason = format!(
+                "{:?} is out of range: at most 365 days (MAX_CONFIG_DURATION)",
+                self.shutdown_grace
+            );
+            return Err(Error::InvalidConfig { setting: "shutdown_grace", reason });
+        }
+        invalid_if("executor_config", self.executor.validate())?;
+        invalid_if("reconciler_config", self.reconciler.validate())?;
+        invalid_if("watcher_config", self.watcher.validate())?;
+
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::new(self.event_capacity);
@@ -146,7 +154,8 @@ impl PluginManagerBuilder {
                     config,
                 )
             })
-            .transpose()?;
+            .transpose()
+            .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;
         let executor = OperationExecutor::with_events(self.executor, events.clone());
         let reconciler = Arc::new(Reconciler::new(
             Arc::clone(&desired),
@@ -173,6 +182,14 @@ impl PluginManagerBuilder {
             shutdown_grace: self.shutdown_grace,
         })
     }
+}
+
+/// `Err(InvalidConfig)` for `setting` if `checked` says it is invalid.
+pub(crate) fn invalid_if<E: std::fmt::Display>(
+    setting: &'static str,
+    checked: std::result::Result<(), E>,
+) -> Result<()> {
+    checked.map_err(|err| Error::InvalidConfig { setting, reason: err.to_string() })
 }
 
 /// Counters of a [`PluginManager`], see [`ManagerHandle::stats`].
