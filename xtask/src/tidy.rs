@@ -56,7 +56,13 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-registrar",
         ],
     ),
+    // The shared test helpers: below every crate, so any may dev-depend on it.
+    ("kpm-test-support", &[]),
 ];
+
+/// Crates any crate may depend on whatever its layer: kpm-test-support
+/// depends on no internal crate and is meant as a dev-dependency only.
+const BELOW_EVERY_LAYER: &[&str] = &["kpm-test-support"];
 
 pub(crate) fn check(root: &Path) -> Result {
     let mut problems = Vec::new();
@@ -114,6 +120,9 @@ fn check_layers(manifest: &str, problems: &mut Vec<String>) {
     let Some(name) = package_name(manifest) else { return };
     let allowed = LAYERS.iter().find(|(crate_name, _)| *crate_name == name).map(|(_, deps)| *deps);
     for dep in internal_dependencies(manifest) {
+        if BELOW_EVERY_LAYER.contains(&dep.as_str()) {
+            continue;
+        }
         if !allowed.is_some_and(|deps| deps.contains(&dep.as_str())) {
             problems.push(format!(
                 "{name} depends on {dep}, which its layer does not allow (xtask/src/tidy.rs LAYERS)"
