@@ -14,13 +14,12 @@ use kpm_api::registration::v1::{
 };
 use kpm_cache::{ActualState, DesiredState, Generation, HandlerError, PluginHandler};
 use kpm_executor::{
-    ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor,
+    ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
 };
+use kpm_test_support::{DEADLINE, wait_until, within};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
-
-const DEADLINE: Duration = Duration::from_secs(10);
 
 // === A test plugin ===
 
@@ -202,9 +201,24 @@ impl Harness {
     }
 
     async fn settle(&self) {
-        tokio::time::timeout(DEADLINE, self.executor.operations().wait_for_completion())
-            .await
-            .expect("operations finish before the deadline");
+        within("operations finish", self.executor.operations().wait_for_completion()).await;
+    }
+
+    /// Checks that `socket` failed permanently: its entry keeps the error
+    /// and has no retry time, so no backoff expiry ever starts it again
+    /// (the map's paused-time tests cross hours of backoff to show it).
+    fn assert_failed_permanently(&self, socket: &Path) -> ExecutorError {
+        let status = self.executor.operations().status(socket);
+        assert!(
+            matches!(
+                status,
+                Some(OperationStatus { pending: false, last_error: Some(_), retry_at: None })
+            ),
+            "{status:?}"
+        );
+        let refusal = self.refusal(socket, self.desired.generation(socket).unwrap());
+        assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+        refusal
     }
 
     /// The error a new start on `socket` is refused with.
@@ -287,9 +301,7 @@ async fn unknown_plugin_type_is_rejected_with_a_reason_naming_the_type() {
     assert!(h.actual.is_empty());
     assert!(h.handler.events().is_empty());
     // No retry storm: the socket is not retried until something changes.
-    tokio::time::sleep(Duration::from_millis(150)).await; // well past the whole backoff range
-    let refusal = h.refusal(&served.socket, generation);
-    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    let refusal = h.assert_failed_permanently(&served.socket);
     assert!(refusal.to_string().contains("FancyPlugin"), "{refusal}");
 }
 
@@ -373,11 +385,8 @@ async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
     assert!(matches!(h.refusal(&served.socket, generation), ExecutorError::Backoff { .. }));
 
     // Retry once the backoff allows it.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while h.start_register(&served.socket, generation).is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "backoff never expired");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the backoff expires", || h.start_register(&served.socket, generation).is_ok())
+        .await;
     h.settle().await;
     assert!(h.actual.contains_generation(&served.socket, generation));
     let last = served.statuses().last().cloned().unwrap();
@@ -462,11 +471,7 @@ async fn hanging_get_info_times_out_without_blocking_other_sockets() {
     h.start_register(&hanging.socket, hang_generation).unwrap();
     h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
     // The healthy plugin registers while the other one still hangs.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while h.actual.get(&healthy.socket).is_none() {
-        assert!(tokio::time::Instant::now() < deadline, "healthy plugin never registered");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until("the healthy plugin registers", || h.actual.get(&healthy.socket).is_some()).await;
     assert!(h.executor.operations().is_pending(&hanging.socket));
 
     h.settle().await;
@@ -535,9 +540,7 @@ async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
 
     h.register(&socket, generation).await;
 
-    tokio::time::sleep(Duration::from_millis(150)).await; // past any backoff
-    let refusal = h.refusal(&socket, generation);
-    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    let refusal = h.assert_failed_permanently(&socket);
     assert!(refusal.to_string().contains("not a registration socket"), "{refusal}");
     // A new incarnation of the socket is tried again.
     h.executor.operations().reset_backoff(&socket);

@@ -11,11 +11,17 @@
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
 //! the event itself and never assert an upper bound on real time.
+//!
+//! # Panics
+//!
+//! Every wait panics, naming what it waited for, once the deadline has
+//! passed; that fails the test that called it.
 
 #![allow(
     clippy::panic,
     clippy::expect_used,
-    reason = "a helper that can wait no longer fails the test that called it"
+    clippy::missing_panics_doc,
+    reason = "a helper that can wait no longer fails the test that called it (crate docs)"
 )]
 
 use std::fmt::Display;
@@ -45,14 +51,26 @@ pub async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool)
     }
 }
 
+/// A description computed only when shown: `what` for [`wait_until`] that
+/// reports the state at the time of a timeout, not at the start of the wait.
+pub fn lazy<F: Fn() -> String>(describe: F) -> impl Display {
+    /// Shows what its function returns.
+    struct Lazy<F>(F);
+    impl<F: Fn() -> String> Display for Lazy<F> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&(self.0)())
+        }
+    }
+    Lazy(describe)
+}
+
 /// Awaits `future`, panicking naming `what` if it is not done within
 /// [`DEADLINE`] (tokio time). For waits on a watch channel, a notification or
 /// an operation, where polling is not needed.
 pub async fn within<F: IntoFuture>(what: impl Display, future: F) -> F::Output {
-    match tokio::time::timeout(DEADLINE, future).await {
-        Ok(output) => output,
-        Err(_) => panic!("timed out after {DEADLINE:?} waiting until {what}"),
-    }
+    tokio::time::timeout(DEADLINE, future)
+        .await
+        .unwrap_or_else(|_elapsed| panic!("timed out after {DEADLINE:?} waiting until {what}"))
 }
 
 /// Waits for sync tests, which drive `kpm` as a process and have no tokio
@@ -119,7 +137,7 @@ impl OwnRuntime {
         Fut: Future<Output = ()>,
     {
         let stopper = Stopper(Arc::new(Notify::new()));
-        let stopped = Arc::clone(&stopper.0);
+        let stop = Arc::clone(&stopper.0);
         let (ready_tx, ready) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -128,7 +146,7 @@ impl OwnRuntime {
                 .expect("a tokio runtime for the service");
             runtime.block_on(setup());
             let _ = ready_tx.send(());
-            runtime.block_on(stopped.notified());
+            runtime.block_on(stop.notified());
             // Dropping the runtime drops every task on it, with its sockets.
             drop(runtime);
         });
@@ -199,6 +217,14 @@ mod tests {
         let message = panic.downcast_ref::<String>().expect("a formatted message");
         assert_eq!(*message, format!("timed out after {DEADLINE:?} waiting until pigs fly"));
         assert!(start.elapsed() >= DEADLINE);
+    }
+
+    #[test]
+    fn lazy_describes_the_state_when_shown() {
+        let state = std::cell::Cell::new(1);
+        let what = lazy(|| format!("state {}", state.get()));
+        state.set(2);
+        assert_eq!(what.to_string(), "state 2");
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,7 +9,8 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{Fixture, make_socket, serve, wait_until};
+use common::{Fixture, make_socket, serve};
+use kpm_test_support::wait_until;
 use kpm_watcher::WatcherConfig;
 
 const ELSEWHERE: &str = "/var/lib/kubelet/device-plugins/not-ours.sock";
