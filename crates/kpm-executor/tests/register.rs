@@ -457,25 +457,35 @@ async fn failed_final_notify_undoes_the_registration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hanging_get_info_times_out_without_blocking_other_sockets() {
+async fn hanging_get_info_does_not_block_other_sockets() {
     let dir = tempfile::tempdir().unwrap();
     let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
     let healthy = serve(dir.path(), "ok.sock", device_plugin("vendor.com/ok", ""), false).await;
+    // A GetInfo timeout far beyond the deadline: the hanging operation is
+    // still running whenever the healthy plugin registers, on any machine.
+    let config =
+        ExecutorConfig { get_info_timeout: Duration::from_secs(3600), ..ExecutorConfig::default() };
+    let h = harness(RecordingHandler::default(), config);
+
+    h.start_register(&hanging.socket, h.generation(&hanging.socket)).unwrap();
+    h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
+    wait_until("the healthy plugin registers", || h.actual.get(&healthy.socket).is_some()).await;
+    assert!(h.executor.operations().is_pending(&hanging.socket));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_get_info_times_out_with_the_timeout_in_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
     let config = ExecutorConfig {
         get_info_timeout: Duration::from_millis(300),
         ..ExecutorConfig::default()
     };
     let h = harness(RecordingHandler::default(), config);
-    let hang_generation = h.generation(&hanging.socket);
+    let generation = h.generation(&hanging.socket);
 
-    h.start_register(&hanging.socket, hang_generation).unwrap();
-    h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
-    // The healthy plugin registers while the other one still hangs.
-    wait_until("the healthy plugin registers", || h.actual.get(&healthy.socket).is_some()).await;
-    assert!(h.executor.operations().is_pending(&hanging.socket));
-
-    h.settle().await;
-    let refusal = h.refusal(&hanging.socket, hang_generation);
+    h.register(&hanging.socket, generation).await;
+    let refusal = h.refusal(&hanging.socket, generation);
     assert!(refusal.to_string().contains("GetInfo timed out after 300ms"), "{refusal}");
     assert!(refusal.to_string().contains("hang.sock"), "{refusal}");
     assert!(hanging.statuses().is_empty());

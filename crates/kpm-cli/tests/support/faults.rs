@@ -488,7 +488,7 @@ impl Scenario {
     /// Polls until `socket` is listed in `state`; returns its listing.
     pub fn wait_for_state(&self, socket: &Path, state: &str) -> Value {
         let mut found = None;
-        wait_until(&format!("{} is {state}", socket.display()), || {
+        wait_until(format!("{} is {state}", socket.display()), || {
             found = self.plugin(socket).filter(|p| p["state"] == state);
             found.is_some()
         });

@@ -10,7 +10,6 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 
-pub use kpm_test_support::DEADLINE;
 pub use kpm_test_support::blocking::wait_until;
 use kpm_test_support::{OwnRuntime, Stopper};
 use serde_json::Value;
