@@ -18,9 +18,9 @@ use kpm::{
     PluginManager,
 };
 use kpm_registrar::Registrar;
+use kpm_test_support::{DEADLINE, wait_until};
 use parking_lot::Mutex;
 
-const DEADLINE: Duration = Duration::from_secs(15);
 const HANDLER_TIMEOUT: Duration = Duration::from_millis(300);
 /// What a faulty handler panics with.
 const BOOM: &str = "boom";
@@ -43,14 +43,6 @@ fn quiet_boom() {
 const TEST_PLUGIN: &str = "TestPlugin";
 /// A type whose handler behaves, for the "still serving" check.
 const GOOD_PLUGIN: &str = "GoodPlugin";
-
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 // === A handler that misbehaves on request ===
 
@@ -173,7 +165,7 @@ impl Node {
         });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
-        eventually("the registry directory is created", || registry.is_dir()).await;
+        wait_until("the registry directory is created", || registry.is_dir()).await;
         let mut node = Self {
             manager: handle,
             handler,
@@ -195,7 +187,7 @@ impl Node {
             deregistered_key(e).is_some_and(|(s, _)| s == warm_up_socket)
         })
         .await;
-        eventually("the warm-up plugin is gone", || {
+        wait_until("the warm-up plugin is gone", || {
             node.states().is_empty() && node.manager.stats().operations == 0
         })
         .await;
@@ -221,7 +213,7 @@ impl Node {
 
     async fn wait_for_state(&self, socket: &Path, state: &'static str) {
         let what = format!("{} is {state}", socket.display());
-        eventually(&what, || self.states().get(socket) == Some(&state)).await;
+        wait_until(&what, || self.states().get(socket) == Some(&state)).await;
     }
 
     fn events(&self) -> Vec<PluginEvent> {
@@ -230,7 +222,7 @@ impl Node {
 
     /// Waits for an event `matches` accepts; returns it.
     async fn wait_event(&self, what: &str, matches: impl Fn(&PluginEvent) -> bool) -> PluginEvent {
-        eventually(what, || self.events().iter().any(&matches)).await;
+        wait_until(what, || self.events().iter().any(&matches)).await;
         self.events().into_iter().find(matches).unwrap()
     }
 
@@ -248,7 +240,7 @@ impl Node {
         // Convergence.
         let expected: BTreeMap<PathBuf, &'static str> =
             expected.iter().map(|(socket, state)| (socket.to_path_buf(), *state)).collect();
-        eventually(&format!("the status is {expected:?}"), || self.states() == expected).await;
+        wait_until(&format!("the status is {expected:?}"), || self.states() == expected).await;
 
         // Exactly once: every registration that is no longer registered was
         // deregistered once, after it; nothing else was deregistered.
@@ -259,7 +251,7 @@ impl Node {
             .into_iter()
             .map(|info| (info.socket_path, info.generation.get()))
             .collect();
-        eventually("every ended registration is deregistered", || {
+        wait_until("every ended registration is deregistered", || {
             let events = self.events();
             let deregistered: HashSet<_> = events.iter().filter_map(deregistered_key).collect();
             events
@@ -283,14 +275,14 @@ impl Node {
         // No leaks: an executor entry per failing socket only; with no
         // plugins left, the runtime's tasks are back to their baseline.
         let failing = expected.values().filter(|s| **s != "registered").count();
-        eventually(&format!("{failing} executor entries"), || {
+        wait_until(&format!("{failing} executor entries"), || {
             self.manager.stats().operations == failing
         })
         .await;
         if expected.is_empty() {
             let runtime = tokio::runtime::Handle::current();
             let baseline = self.baseline_tasks;
-            eventually(&format!("tasks back to {baseline}"), || {
+            wait_until(&format!("tasks back to {baseline}"), || {
                 runtime.metrics().num_alive_tasks() <= baseline
             })
             .await;

@@ -10,17 +10,7 @@ use std::time::Duration;
 use kpm::{Kubelet, PluginKind};
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrarBuilder};
-
-const DEADLINE: Duration = Duration::from_secs(30);
-
-// TEMP until kpm-test-support lands.
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+use kpm_test_support::{DEADLINE, wait_until};
 
 /// A kubelet running on a temp root until the test ends.
 struct Node {

@@ -5,13 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kpm::{HandlerError, PluginEvent, PluginHandler, PluginManager, PluginState};
 use kpm_registrar::Registrar;
+use kpm_test_support::{DEADLINE, wait_until};
 use parking_lot::Mutex;
-
-const DEADLINE: Duration = Duration::from_secs(15);
 
 /// Records `validate|register|deregister <name> <endpoint>`.
 #[derive(Default)]
@@ -38,17 +36,6 @@ impl PluginHandler for RecordingHandler {
     }
 }
 
-async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while !condition() {
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    true
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plugins_in_nested_directories_register_and_deregister() {
     let root = tempfile::tempdir().unwrap();
@@ -62,7 +49,7 @@ async fn plugins_in_nested_directories_register_and_deregister() {
     let handle = manager.handle();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
-    assert!(eventually(|| registry.is_dir()).await, "the registry directory is created");
+    wait_until("the registry directory is created", || registry.is_dir()).await;
 
     // Plugins in the root, in 0/ and in 0/1/, one after the other.
     let mut dir = registry.clone();
@@ -89,19 +76,21 @@ async fn plugins_in_nested_directories_register_and_deregister() {
         // The plugin is told before it is recorded as registered.
         let registered =
             |s: &kpm::PluginStatus| s.state == PluginState::Registered && s.name == name;
-        assert!(eventually(|| matches!(handle.status().as_slice(), [s] if registered(s))).await);
+        wait_until(
+            "it is listed registered",
+            || matches!(handle.status().as_slice(), [s] if registered(s)),
+        )
+        .await;
 
         plugin.shutdown().await.unwrap();
         let mut log = Vec::new();
-        assert!(
-            eventually(|| {
-                log.extend(handler.take());
-                !log.is_empty()
-            })
-            .await
-        );
+        wait_until("the handler is told", || {
+            log.extend(handler.take());
+            !log.is_empty()
+        })
+        .await;
         assert_eq!(log, [format!("deregister {name} {socket}")]);
-        assert!(eventually(|| handle.status().is_empty()).await);
+        wait_until("it is gone from the status", || handle.status().is_empty()).await;
     }
 
     stop.send(()).unwrap();
@@ -117,7 +106,7 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
     let mut events = handle.subscribe();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
-    assert!(eventually(|| registry.is_dir()).await);
+    wait_until("the registry directory is created", || registry.is_dir()).await;
 
     let plugin = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
         .socket_dir(&registry)
@@ -130,10 +119,11 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
         rejected.error.contains("no handler registered for plugin type: CSIPlugin"),
         "{rejected:?}"
     );
-    assert!(
-        eventually(|| handle.status().first().is_some_and(|s| s.state == PluginState::Failed))
-            .await
-    );
+    // No handler for its type: only a new socket can change that, or a handler.
+    wait_until("it is listed failed", || {
+        handle.status().first().is_some_and(|s| s.state == PluginState::Failed)
+    })
+    .await;
 
     handle
         .add_handler(kpm::api::CSI_PLUGIN, Arc::new(kpm::BasicHandler::new(kpm::api::CSI_PLUGIN)));

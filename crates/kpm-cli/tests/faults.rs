@@ -53,7 +53,7 @@ fn a_hanging_get_info_times_out_without_delaying_another_plugin() {
     // Retried, never told anything: it never answered.
     s.events.wait_nth(2, "rejected", &hanging_socket);
     assert!(hanging.get_info_calls() >= 2 && hanging.statuses().is_empty());
-    s.check(&[(&hanging_socket, "failed"), (&good_socket, "registered")]);
+    s.check(&[(&hanging_socket, "backing_off"), (&good_socket, "registered")]);
 
     remove(hanging_served, &hanging_socket);
     remove(good_served, &good_socket);
@@ -90,9 +90,9 @@ fn a_get_info_error_is_retried_with_backoff_until_it_answers() {
     assert!(reason(&rejected).contains("not ready"), "{rejected}");
     let retry = s.events.wait_first("retry_scheduled", &socket);
     assert_eq!(retry["retry_in_ms"], 500);
-    let listed = s.wait_for_state(&socket, "failed");
+    let listed = s.wait_for_state(&socket, "backing_off");
     assert!(listed["last_error"].as_str().unwrap().contains("not ready"), "{listed}");
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, "backing_off")]);
 
     plugin.set_get_info(GetInfo::Answer);
     let status = plugin.wait_for_status(1);
@@ -133,7 +133,7 @@ fn a_connection_closed_in_the_middle_of_get_info_is_retried() {
     assert!(reason(&rejected).contains("GetInfo"), "{rejected}");
     s.events.wait_nth(2, "rejected", &socket);
     assert!(hangup.accepted() >= 2);
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, "backing_off")]);
 
     drop(hangup);
     std::fs::remove_file(&socket).unwrap();
@@ -151,7 +151,7 @@ fn a_failing_notify_undoes_the_registration_and_is_retried() {
     assert!(reason(&rejected).contains("NotifyRegistrationStatus"), "{rejected}");
     assert!(plugin.wait_for_status(1).plugin_registered, "it was told, but did not ack");
     // Undone: the CSI handler no longer has the driver, nothing is registered.
-    s.wait_for_state(&socket, "failed");
+    s.wait_for_state(&socket, "backing_off");
     assert!(s.csi_drivers().is_empty(), "{:?}", s.csi_drivers());
     assert!(s.events.kind_of("registered", &socket).is_empty());
 
@@ -180,7 +180,7 @@ fn a_plugin_that_crashes_before_it_is_told_is_not_left_registered() {
     let retried = s.events.wait_nth(2, "rejected", &socket);
     assert!(reason(&retried).contains("dial"), "{retried}");
     assert!(s.events.kind_of("registered", &socket).is_empty());
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, "backing_off")]);
 
     remove(served, &socket);
     s.check(&[]);
@@ -205,8 +205,9 @@ const MAX_PEAK_RSS_KIB: u64 = 48 * 1024;
 const MAX_REASON_BYTES: usize = 4096;
 
 /// The plugin is told `false` with a reason starting with `expected`, the
-/// socket is listed as failed, and kpm's memory stays bounded.
-fn is_rejected(info: PluginInfo, expected: &str) {
+/// socket is listed in `state` (`failed` when only a new socket can help,
+/// `backing_off` when it is retried), and kpm's memory stays bounded.
+fn is_rejected(info: PluginInfo, expected: &str, state: &str) {
     let s = Scenario::start();
     let socket = s.socket("garbage.sock");
     let plugin = Plugin::with_info(info);
@@ -214,14 +215,14 @@ fn is_rejected(info: PluginInfo, expected: &str) {
     let status = plugin.wait_for_status(1);
     assert!(!status.plugin_registered);
     assert!(status.error.starts_with(expected), "{:?}", status.error);
-    let listed = s.wait_for_state(&socket, "failed");
+    let listed = s.wait_for_state(&socket, state);
     let rejected = s.events.wait_first("rejected", &socket);
     // Garbage is not echoed back at length: not to the plugin, not in the
     // listing or the events (kpm keeps the last ones in memory).
     for reason in [&status.error, listed["last_error"].as_str().unwrap(), reason(&rejected)] {
         assert!(!reason.is_empty() && reason.len() < MAX_REASON_BYTES, "{} bytes", reason.len());
     }
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, state)]);
     let peak = s.peak_rss_kib();
     assert!(peak < MAX_PEAK_RSS_KIB, "kpm peaked at {peak} KiB");
 
@@ -238,6 +239,7 @@ fn an_empty_plugin_type_is_rejected() {
     is_rejected(
         info("", "empty-type.example.com", versions(1)),
         "RegisterPlugin error -- invalid plugin info: plugin type is empty",
+        "failed",
     );
 }
 
@@ -246,6 +248,7 @@ fn an_empty_plugin_name_is_rejected() {
     is_rejected(
         info("CSIPlugin", "", versions(1)),
         "RegisterPlugin error -- invalid plugin info: plugin name is empty",
+        "failed",
     );
 }
 
@@ -254,6 +257,7 @@ fn a_name_with_a_control_character_is_rejected() {
     is_rejected(
         info("CSIPlugin", "a\nb", versions(1)),
         r#"RegisterPlugin error -- invalid plugin info: plugin name "a\nb" contains a control character"#,
+        "failed",
     );
 }
 
@@ -262,6 +266,7 @@ fn a_thousand_versions_are_rejected() {
     is_rejected(
         info("CSIPlugin", "many.example.com", versions(1000)),
         "RegisterPlugin error -- invalid plugin info: 1000 supported versions, at most 32 allowed",
+        "failed",
     );
 }
 
@@ -270,6 +275,7 @@ fn a_one_mebibyte_name_is_rejected_above_the_decode_limit() {
     is_rejected(
         info("CSIPlugin", &"n".repeat(1024 * 1024), versions(1)),
         "RegisterPlugin error -- GetInfo answer rejected: Error, decoded message length too large",
+        "backing_off",
     );
 }
 
@@ -278,6 +284,7 @@ fn ten_thousand_versions_are_rejected_above_the_decode_limit() {
     is_rejected(
         info("CSIPlugin", "lots.example.com", versions(10_000)),
         "RegisterPlugin error -- GetInfo answer rejected: Error, decoded message length too large",
+        "backing_off",
     );
 }
 
@@ -295,7 +302,7 @@ fn a_csi_driver_name_with_a_slash_is_rejected_by_the_csi_handler() {
         "{:?}",
         status.error
     );
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, "backing_off")]);
     remove(served, &socket);
     s.check(&[]);
 }
@@ -333,7 +340,7 @@ fn a_stale_socket_is_retried_with_growing_waits_and_delays_nobody() {
     // No hot loop behind the scenes either: few passes skipped a backoff.
     let skips = s.metric("kpm_backoff_skips_total");
     assert!(skips < 100.0, "{skips} backoff skips");
-    s.check(&[(&stale, "failed"), (&good_socket, "registered")]);
+    s.check(&[(&stale, "backing_off"), (&good_socket, "registered")]);
 
     std::fs::remove_file(&stale).unwrap();
     remove(good_served, &good_socket);
@@ -744,7 +751,7 @@ fn a_crashed_plugin_is_deregistered_once_by_liveness() {
     assert_eq!(unresponsive["failures"], 2);
     let deregistered = s.events.wait_first("deregistered", &socket);
     assert_eq!(deregistered["generation"], registered["generation"]);
-    s.check(&[(&socket, "failed")]);
+    s.check(&[(&socket, "backing_off")]);
     assert!(s.csi_drivers().is_empty());
 
     std::fs::remove_file(&socket).unwrap();
@@ -767,7 +774,7 @@ fn a_hanging_plugin_is_deregistered_and_registered_anew_when_it_answers() {
     assert!(reason(&unresponsive).contains("timed out"), "{unresponsive}");
     s.events.wait_first("deregistered", &socket);
     s.events.wait_first("rejected", &socket);
-    s.wait_for_state(&socket, "failed");
+    s.wait_for_state(&socket, "backing_off");
 
     plugin.set_get_info(GetInfo::Answer);
     let second = s.events.wait_nth(2, "registered", &socket);
