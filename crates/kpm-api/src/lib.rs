@@ -21,6 +21,7 @@
 //! [`uds`]: dialing and binding Unix sockets, with the `:authority`
 //! rewriting that lets a tonic server accept grpc-go's requests.
 
+pub mod config;
 pub mod constants;
 mod file_id;
 pub mod gotext;

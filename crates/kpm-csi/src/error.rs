@@ -223,8 +223,8 @@ pub enum CsiError {
     },
     /// A duration of the [`CsiConfig`](crate::CsiConfig) is out of range;
     /// see [`CsiConfig::validate`](crate::CsiConfig::validate).
-    #[error("invalid CSI handler config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid CSI handler config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The `CSIPlugin` handler: the kubelet's CSI `RegistrationHandler`
 //! (spec A.4-A.6, A.9).
 
+use kpm_api::config::check_durations;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,15 +39,7 @@ impl CsiConfig {
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION),
     /// which a deadline and the gRPC timeout header could not carry.
     pub fn validate(&self) -> Result<(), CsiError> {
-        let timeout = self.node_get_info_timeout;
-        let reason = if timeout.is_zero() {
-            "a zero timeout fails every driver"
-        } else if timeout > kpm_api::constants::MAX_CONFIG_DURATION {
-            "at most 365 days (MAX_CONFIG_DURATION)"
-        } else {
-            return Ok(());
-        };
-        Err(CsiError::InvalidConfig { field: "node_get_info_timeout", value: timeout, reason })
+        Ok(check_durations(&[("node_get_info_timeout", self.node_get_info_timeout)], &[])?)
     }
 }
 

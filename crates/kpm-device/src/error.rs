@@ -143,8 +143,8 @@ pub enum DeviceError {
     // === Config ===
     /// A duration of the [`DeviceConfig`](crate::DeviceConfig) is out of
     /// range; see [`DeviceConfig::validate`](crate::DeviceConfig::validate).
-    #[error("invalid device manager config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid device manager config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 
     // === Serving kubelet.sock ===
     /// The device-plugins directory could not be created.

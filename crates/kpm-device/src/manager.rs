@@ -10,6 +10,7 @@
 //! (resource, socket) pair, and only acts if the current endpoint is that
 //! socket.
 
+use kpm_api::config::check_durations;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -34,7 +35,6 @@ use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
-use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::{FileId, uds};
 
 /// The kubelet's dial timeout for device plugins.
@@ -49,7 +49,7 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_PRE_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of the [`DeviceManager`]. Every duration is at most
-/// [`MAX_CONFIG_DURATION`] (365 days) and the timeouts are non-zero; see
+/// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days) and the timeouts are non-zero; see
 /// [`validate`](Self::validate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceConfig {
@@ -78,7 +78,7 @@ impl Default for DeviceConfig {
 
 impl DeviceConfig {
     /// Checks the ranges: the three timeouts non-zero (a zero deadline fails
-    /// every call) and at most [`MAX_CONFIG_DURATION`], `grace_period` at most
+    /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `grace_period` at most
     /// that (zero: a resource is removed as soon as its endpoint goes).
     ///
     /// [`DeviceManager::connect`] checks it too: with a config that does not
@@ -89,25 +89,7 @@ impl DeviceConfig {
             ("call_timeout", self.call_timeout),
             ("pre_start_timeout", self.pre_start_timeout),
         ];
-        for (field, value) in timeouts {
-            if value.is_zero() {
-                return Err(DeviceError::InvalidConfig {
-                    field,
-                    value,
-                    reason: "a zero timeout fails every call",
-                });
-            }
-        }
-        for (field, value) in timeouts.into_iter().chain([("grace_period", self.grace_period)]) {
-            if value > MAX_CONFIG_DURATION {
-                return Err(DeviceError::InvalidConfig {
-                    field,
-                    value,
-                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
-                });
-            }
-        }
-        Ok(())
+        Ok(check_durations(&timeouts, &[("grace_period", self.grace_period)])?)
     }
 }
 

@@ -124,8 +124,8 @@ pub enum DraError {
     // === Config ===
     /// A duration of the [`DraConfig`](crate::DraConfig) is out of range;
     /// see [`DraConfig::validate`](crate::DraConfig::validate).
-    #[error("invalid DRA manager config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid DRA manager config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 impl DraError {

@@ -3,13 +3,13 @@
 //! instance, the cleanup timers, the health streams, and the consumer API
 //! (`prepare` / `unprepare`) on the serving instance.
 
+use kpm_api::config::check_durations;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
@@ -32,7 +32,7 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(45);
 pub const DEFAULT_CLEANUP_GRACE: Duration = Duration::from_secs(30);
 
 /// Settings of the [`DraManager`]. Both durations are at most
-/// [`MAX_CONFIG_DURATION`] (365 days), the call timeout non-zero; see
+/// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days), the call timeout non-zero; see
 /// [`validate`](Self::validate).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DraConfig {
@@ -61,32 +61,15 @@ impl Default for DraConfig {
 
 impl DraConfig {
     /// Checks the durations: `call_timeout` non-zero (a zero deadline fails
-    /// every call) and at most [`MAX_CONFIG_DURATION`], `cleanup_grace` at
+    /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `cleanup_grace` at
     /// most that (zero: a driver's resources are cleaned up as soon as its
     /// last instance goes).
     ///
     /// [`DraManager::register_plugin`] checks it too: with a config that does
     /// not pass, no driver is registered, so no call or timer ever uses it.
     pub fn validate(&self) -> Result<(), DraError> {
-        if self.call_timeout.is_zero() {
-            return Err(DraError::InvalidConfig {
-                field: "call_timeout",
-                value: self.call_timeout,
-                reason: "a zero timeout fails every call",
-            });
-        }
-        for (field, value) in
-            [("call_timeout", self.call_timeout), ("cleanup_grace", self.cleanup_grace)]
-        {
-            if value > MAX_CONFIG_DURATION {
-                return Err(DraError::InvalidConfig {
-                    field,
-                    value,
-                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
-                });
-            }
-        }
-        Ok(())
+        let timeouts = [("call_timeout", self.call_timeout)];
+        Ok(check_durations(&timeouts, &[("cleanup_grace", self.cleanup_grace)])?)
     }
 }
 

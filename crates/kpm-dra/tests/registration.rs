@@ -435,7 +435,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     for (name, config) in refused {
         let error = config.validate().unwrap_err();
         assert!(
-            matches!(error, DraError::InvalidConfig { field, .. } if field == name),
+            matches!(error, DraError::InvalidConfig(kpm_api::config::DurationOutOfRange { field, .. }) if field == name),
             "{config:?}: {error:?}"
         );
         assert!(error.to_string().contains(name), "{error}");

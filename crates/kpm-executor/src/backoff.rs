@@ -1,15 +1,14 @@
 //! Exponential backoff between failed operations on one key, with the
 //! kubelet's figures: 500 ms, doubling, capped at 2 min 2 s.
 
+use kpm_api::config::check_durations;
 use std::time::Duration;
-
-use kpm_api::constants::MAX_CONFIG_DURATION;
 
 use crate::ExecutorError;
 
 /// A validated backoff policy: the first failure waits `initial`, each
 /// consecutive failure doubles the wait, never beyond `max`, itself at most
-/// [`MAX_CONFIG_DURATION`]: a wait can always be added to the clock.
+/// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION): a wait can always be added to the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExponentialBackoff {
     initial: Duration,
@@ -23,18 +22,12 @@ impl ExponentialBackoff {
     pub const DEFAULT_MAX: Duration = Duration::from_secs(2 * 60 + 2);
 
     /// Rejects a zero `initial` (a retry storm), `initial > max`, and a
-    /// `max` above [`MAX_CONFIG_DURATION`].
+    /// `max` above [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
     pub fn try_new(initial: Duration, max: Duration) -> Result<Self, ExecutorError> {
         if initial.is_zero() || initial > max {
             return Err(ExecutorError::InvalidBackoff { initial, max });
         }
-        if max > MAX_CONFIG_DURATION {
-            return Err(ExecutorError::InvalidConfig {
-                field: "backoff.max",
-                value: max,
-                reason: "at most 365 days (MAX_CONFIG_DURATION)",
-            });
-        }
+        check_durations(&[], &[("backoff.max", max)])?;
         Ok(Self { initial, max })
     }
 
@@ -67,6 +60,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use kpm_api::constants::MAX_CONFIG_DURATION;
 
     #[test]
     fn default_sequence_matches_the_kubelet() {
@@ -103,7 +97,7 @@ mod tests {
         ] {
             let err = ExponentialBackoff::try_new(second, too_long).unwrap_err();
             assert!(
-                matches!(err, ExecutorError::InvalidConfig { field: "backoff.max", value, .. } if value == too_long),
+                matches!(err, ExecutorError::InvalidConfig(kpm_api::config::DurationOutOfRange { field: "backoff.max", value, .. }) if value == too_long),
                 "{err:?}"
             );
             assert!(err.to_string().contains("backoff.max"), "{err}");

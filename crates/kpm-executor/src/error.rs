@@ -107,8 +107,8 @@ pub enum ExecutorError {
     /// A duration of the [`ExecutorConfig`](crate::ExecutorConfig) or the
     /// backoff is out of range; see
     /// [`ExecutorConfig::validate`](crate::ExecutorConfig::validate).
-    #[error("invalid executor config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid executor config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 impl ExecutorError {

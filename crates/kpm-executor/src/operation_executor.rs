@@ -1,13 +1,14 @@
 //! The register and unregister operations, run through an [`OperationMap`]
 //! keyed by socket path.
 
+use kpm_api::config::check_durations;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpm_api::constants::{MAX_CONFIG_DURATION, MAX_REGISTRATION_MESSAGE_BYTES};
+use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_api::uds;
@@ -72,25 +73,7 @@ impl ExecutorConfig {
             ("notify_timeout", self.notify_timeout),
             ("handler_timeout", self.handler_timeout),
         ];
-        for (field, value) in timeouts {
-            if value.is_zero() {
-                return Err(ExecutorError::InvalidConfig {
-                    field,
-                    value,
-                    reason: "a zero timeout fails every call",
-                });
-            }
-        }
-        for (field, value) in timeouts.into_iter().chain([("refused_retry", self.refused_retry)]) {
-            if value > MAX_CONFIG_DURATION {
-                return Err(ExecutorError::InvalidConfig {
-                    field,
-                    value,
-                    reason: "at most 365 days (MAX_CONFIG_DURATION)",
-                });
-            }
-        }
-        Ok(())
+        Ok(check_durations(&timeouts, &[("refused_retry", self.refused_retry)])?)
     }
 }
 

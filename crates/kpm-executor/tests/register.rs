@@ -636,7 +636,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
             *field(&mut config) = value;
             let error = config.validate().unwrap_err();
             assert!(
-                matches!(error, ExecutorError::InvalidConfig { field, value: v, .. } if field == name && v == value),
+                matches!(error, ExecutorError::InvalidConfig(kpm_api::config::DurationOutOfRange { field, value: v, .. }) if field == name && v == value),
                 "{name} = {value:?}: {error:?}"
             );
             assert!(error.to_string().contains(name), "{error}");
@@ -652,7 +652,13 @@ async fn a_registration_with_an_invalid_config_is_refused_not_started() {
     let h = harness(RecordingHandler::default(), config);
     let refused = h.refusal(&socket, h.generation(&socket));
     assert!(
-        matches!(refused, ExecutorError::InvalidConfig { field: "get_info_timeout", .. }),
+        matches!(
+            refused,
+            ExecutorError::InvalidConfig(kpm_api::config::DurationOutOfRange {
+                field: "get_info_timeout",
+                ..
+            })
+        ),
         "{refused:?}"
     );
     assert!(h.executor.operations().is_empty(), "nothing was started");

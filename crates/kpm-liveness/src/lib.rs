@@ -16,13 +16,13 @@
 
 mod probe;
 
+use kpm_api::config::check_durations;
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
 use parking_lot::Mutex;
 use tokio::task::JoinSet;
@@ -37,7 +37,7 @@ const CONCURRENT_PROBES: usize = 16;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LivenessConfig {
     /// Time between two probes of a plugin: non-zero, at most
-    /// [`MAX_CONFIG_DURATION`] (365 days).
+    /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days).
     pub period: Duration,
     /// Failed probes in a row after which the plugin is registered anew.
     pub failure_threshold: u32,
@@ -67,26 +67,20 @@ pub enum LivenessError {
         "liveness probing: the probe timeout {timeout:?} must be non-zero and at most the period {period:?}"
     )]
     InvalidTimeout { timeout: Duration, period: Duration },
-    /// A duration is longer than [`MAX_CONFIG_DURATION`].
-    #[error("liveness probing: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    /// A duration is longer than [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
+    #[error("liveness probing: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 impl LivenessConfig {
     /// Checks the ranges [`LivenessProber::new`] relies on: a non-zero period
-    /// of at most [`MAX_CONFIG_DURATION`], a threshold of at least 1, and a
+    /// of at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), a threshold of at least 1, and a
     /// non-zero timeout of at most the period.
     pub fn validate(&self) -> Result<(), LivenessError> {
         if self.period.is_zero() {
             return Err(LivenessError::ZeroPeriod);
         }
-        if self.period > MAX_CONFIG_DURATION {
-            return Err(LivenessError::InvalidConfig {
-                field: "period",
-                value: self.period,
-                reason: "at most 365 days (MAX_CONFIG_DURATION)",
-            });
-        }
+        check_durations(&[], &[("period", self.period)])?;
         if self.failure_threshold == 0 {
             return Err(LivenessError::ZeroThreshold);
         }

@@ -30,6 +30,7 @@
 //! puts the socket in a later batch; what no event reports (ActualState
 //! changed by someone else) is found by the periodic full pass.
 
+use kpm_api::config::check_durations;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -37,7 +38,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{
     ActualState, ChangeSignal, DesiredState, EventBus, Generation, PluginEvent, PluginHandler,
     PluginInfo,
@@ -52,7 +52,7 @@ pub struct ReconcilerConfig {
     /// Period of the safety-net full pass; every other pass is triggered by
     /// an event and looks only at the sockets it concerns.
     /// [`Duration::ZERO`] turns the periodic pass off (passes still run on
-    /// events and when a handler is added). At most [`MAX_CONFIG_DURATION`]
+    /// events and when a handler is added). At most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION)
     /// (365 days); see [`validate`](Self::validate).
     pub resync_period: Duration,
 }
@@ -64,19 +64,12 @@ impl Default for ReconcilerConfig {
 }
 
 impl ReconcilerConfig {
-    /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`] (zero is
+    /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is
     /// allowed: no periodic pass). [`Reconciler::run`] does not panic on a
     /// longer one (a period past the clock's range means no periodic pass),
     /// but such a setting is a mistake worth reporting.
     pub fn validate(&self) -> Result<(), ReconcilerError> {
-        if self.resync_period > MAX_CONFIG_DURATION {
-            return Err(ReconcilerError::InvalidConfig {
-                field: "resync_period",
-                value: self.resync_period,
-                reason: "at most 365 days (MAX_CONFIG_DURATION)",
-            });
-        }
-        Ok(())
+        Ok(check_durations(&[], &[("resync_period", self.resync_period)])?)
     }
 }
 
@@ -85,8 +78,8 @@ impl ReconcilerConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReconcilerError {
     /// A duration of the [`ReconcilerConfig`] is out of range.
-    #[error("invalid reconciler config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid reconciler config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 /// Drives ActualState towards DesiredState.

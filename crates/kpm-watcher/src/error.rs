@@ -3,7 +3,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 /// The inotify limit on watches per user; `inotify_add_watch` fails with
 /// `ENOSPC` (notify's `ErrorKind::MaxFilesWatch`) when it is reached.
@@ -22,8 +21,8 @@ const EMFILE: i32 = 24;
 pub enum WatcherError {
     /// A duration of the [`WatcherConfig`](crate::WatcherConfig) is out of
     /// range; see [`WatcherConfig::validate`](crate::WatcherConfig::validate).
-    #[error("invalid watcher config: {field} {value:?} is out of range: {reason}")]
-    InvalidConfig { field: &'static str, value: Duration, reason: &'static str },
+    #[error("invalid watcher config: {0}")]
+    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 
     /// `Watcher::start` was called outside a tokio runtime.
     #[error("start watching {}: no tokio runtime to run the watcher on", path.display())]

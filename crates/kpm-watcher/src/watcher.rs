@@ -1,13 +1,13 @@
 //! The public [`Watcher`]: start-up (every step returns a typed error) and
 //! the task that applies events, overflow rescans and periodic resyncs.
 
+use kpm_api::config::check_durations;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::DesiredState;
 use notify::{Config, Event, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::runtime::Handle;
@@ -32,7 +32,7 @@ pub struct WatcherConfig {
     /// DesiredState, to repair anything the events missed.
     /// [`Duration::ZERO`] turns the periodic resync off (overflow rescans
     /// and [`Watcher::rescan`] still work). At most
-    /// [`MAX_CONFIG_DURATION`] (365 days).
+    /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days).
     pub resync_period: Duration,
     /// Counters the watcher updates; clone it before starting to read them.
     pub stats: WatcherStats,
@@ -46,16 +46,9 @@ impl Default for WatcherConfig {
 
 impl WatcherConfig {
     /// Checks the ranges [`Watcher::start`] relies on: `resync_period` at
-    /// most [`MAX_CONFIG_DURATION`] (zero is allowed: no periodic resync).
+    /// most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is allowed: no periodic resync).
     pub fn validate(&self) -> Result<(), WatcherError> {
-        if self.resync_period > MAX_CONFIG_DURATION {
-            return Err(WatcherError::InvalidConfig {
-                field: "resync_period",
-                value: self.resync_period,
-                reason: "at most 365 days (MAX_CONFIG_DURATION)",
-            });
-        }
-        Ok(())
+        Ok(check_durations(&[], &[("resync_period", self.resync_period)])?)
     }
 }
 

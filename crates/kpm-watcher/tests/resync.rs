@@ -160,7 +160,7 @@ async fn resync_periods_beyond_the_bound_are_refused_at_start() {
         let error = Watcher::start(root.clone(), Arc::new(DesiredState::new()), config)
             .expect_err("refused");
         assert!(
-            matches!(error, WatcherError::InvalidConfig { field: "resync_period", value, .. } if value == too_long),
+            matches!(error, WatcherError::InvalidConfig(kpm_api::config::DurationOutOfRange { field: "resync_period", value, .. }) if value == too_long),
             "{error:?}"
         );
         let text = error.to_string();

@@ -2,6 +2,7 @@
 //! are installed with a lazy channel that is never used, and stream events
 //! are fed in directly, as the `ListAndWatch` task would.
 
+use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::deviceplugin::v1beta1::{Device, NumaNode, TopologyInfo};
 use tokio::time::sleep;
 
@@ -270,7 +271,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
             *field(&mut config) = value;
             let error = config.validate().unwrap_err();
             assert!(
-                matches!(error, DeviceError::InvalidConfig { field, value: v, .. } if field == name && v == value),
+                matches!(error, DeviceError::InvalidConfig(kpm_api::config::DurationOutOfRange { field, value: v, .. }) if field == name && v == value),
                 "{name} = {value:?}: {error:?}"
             );
             assert!(error.to_string().contains(name), "{error}");
@@ -284,7 +285,13 @@ async fn an_invalid_config_connects_nothing() {
         DeviceManager::new(DeviceConfig { grace_period: Duration::MAX, ..DeviceConfig::default() });
     let refused = manager.connect(GPU, Path::new("/dp/a.sock")).await.unwrap_err();
     assert!(
-        matches!(refused, DeviceError::InvalidConfig { field: "grace_period", .. }),
+        matches!(
+            refused,
+            DeviceError::InvalidConfig(kpm_api::config::DurationOutOfRange {
+                field: "grace_period",
+                ..
+            })
+        ),
         "{refused:?}"
     );
     assert_eq!(manager.resource(GPU), None);

@@ -1,0 +1,71 @@
+//! The range check every kpm config shares for its durations.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::constants::MAX_CONFIG_DURATION;
+
+/// A duration setting out of range: which one, its value, and the rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DurationOutOfRange {
+    /// The config field.
+    pub field: &'static str,
+    /// The value it was given.
+    pub value: Duration,
+    /// The rule it breaks.
+    pub reason: &'static str,
+}
+
+impl fmt::Display for DurationOutOfRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {:?} is out of range: {}", self.field, self.value, self.reason)
+    }
+}
+
+impl std::error::Error for DurationOutOfRange {}
+
+/// Checks a config's durations: every one at most [`MAX_CONFIG_DURATION`],
+/// and `timeouts` also non-zero (a zero deadline fails every call).
+/// `periods` may be zero, which each config documents (off, or at once).
+pub fn check_durations(
+    timeouts: &[(&'static str, Duration)],
+    periods: &[(&'static str, Duration)],
+) -> Result<(), DurationOutOfRange> {
+    let out_of_range = |&(field, value): &(&'static str, Duration), reason| {
+        Err(DurationOutOfRange { field, value, reason })
+    };
+    if let Some(zero) = timeouts.iter().find(|(_, value)| value.is_zero()) {
+        return out_of_range(zero, "a zero timeout fails every call");
+    }
+    match timeouts.iter().chain(periods).find(|(_, value)| *value > MAX_CONFIG_DURATION) {
+        Some(long) => out_of_range(long, "at most 365 days (MAX_CONFIG_DURATION)"),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_must_be_set_and_everything_within_a_year() {
+        let second = Duration::from_secs(1);
+        let too_long = MAX_CONFIG_DURATION + Duration::from_nanos(1);
+        assert_eq!(check_durations(&[("t", second)], &[("p", Duration::ZERO)]), Ok(()));
+        assert_eq!(
+            check_durations(&[("t", MAX_CONFIG_DURATION)], &[("p", MAX_CONFIG_DURATION)]),
+            Ok(())
+        );
+        let refused =
+            |timeouts: &[_], periods: &[_]| check_durations(timeouts, periods).unwrap_err();
+        assert_eq!(refused(&[("t", second), ("u", Duration::ZERO)], &[]).field, "u");
+        assert_eq!(refused(&[("t", Duration::MAX)], &[]).field, "t");
+        let long = refused(&[("t", second)], &[("p", too_long)]);
+        assert_eq!((long.field, long.value), ("p", too_long));
+        assert_eq!(
+            long.to_string(),
+            "p 31536000.000000001s is out of range: at most 365 days (MAX_CONFIG_DURATION)"
+        );
+    }
+}
