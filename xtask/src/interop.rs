@@ -88,6 +88,8 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
             "kpm",
             "-p",
             "kpm-registrar",
+            "--features",
+            "kpm-registrar/stub",
             "--example",
             "example_plugin",
         ],

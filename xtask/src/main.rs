@@ -66,6 +66,17 @@ fn project_root() -> PathBuf {
 /// Property tests run this many cases in CI unless `PROPTEST_CASES` says otherwise.
 const CI_PROPTEST_CASES: &str = "2048";
 
+/// Feature sets built one by one in CI: the `kpm` library with each plugin
+/// type alone and with none, and the binary and registrar without `demo` and
+/// `stub`.
+const FEATURE_SETS: &[&[&str]] = &[
+    &["-p", "kpm", "--no-default-features"],
+    &["-p", "kpm", "--no-default-features", "--features", "csi"],
+    &["-p", "kpm", "--no-default-features", "--features", "device"],
+    &["-p", "kpm", "--no-default-features", "--features", "dra"],
+    &["-p", "kpm-cli", "-p", "kpm-registrar", "--no-default-features"],
+];
+
 fn ci() -> Result {
     let root = project_root();
     let proptest_cases =
@@ -76,6 +87,14 @@ fn ci() -> Result {
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
     )?;
+    // The workspace build unifies features: check that each feature set a
+    // library user may pick builds on its own, without warnings.
+    for features in FEATURE_SETS {
+        let mut args = vec!["clippy"];
+        args.extend_from_slice(features);
+        args.extend_from_slice(&["--", "-D", "warnings"]);
+        cargo(&root, &args, &[])?;
+    }
     println!("$ cargo xtask codegen --check");
     codegen::run(&root, codegen::Mode::Check)?;
     println!("$ cargo xtask tidy");

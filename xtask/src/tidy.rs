@@ -4,7 +4,8 @@
 //! - every Rust source file starts with a `//!` module doc;
 //! - no trailing whitespace;
 //! - no `#[ignore]`d or `#[should_panic]` tests;
-//! - internal dependencies follow the layering in `docs/ARCHITECTURE.md`.
+//! - internal dependencies follow the layering in `docs/ARCHITECTURE.md`
+//!   (`kpm-test-support` is allowed as a dev-dependency of any crate).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,11 +13,12 @@ use std::path::{Path, PathBuf};
 use crate::Result;
 
 /// Which internal crates each crate may depend on (normal and dev dependencies
-/// alike). A crate missing from this table may not depend on any `kpm-*`
-/// crate; tidy fails so that the table and ARCHITECTURE.md are updated together.
+/// alike), as `docs/ARCHITECTURE.md` draws them. A crate missing from this
+/// table may not depend on any `kpm-*` crate; tidy fails so that the table and
+/// ARCHITECTURE.md are updated together.
 const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-api", &[]),
-    ("kpm-cache", &["kpm-api"]),
+    ("kpm-cache", &[]),
     ("kpm-executor", &["kpm-api", "kpm-cache"]),
     ("kpm-watcher", &["kpm-api", "kpm-cache"]),
     ("kpm-liveness", &["kpm-api", "kpm-cache"]),
@@ -25,7 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-device", &["kpm-api", "kpm-cache"]),
     ("kpm-dra", &["kpm-api", "kpm-cache"]),
     ("kpm-registrar", &["kpm-api"]),
-    // kpm-registrar only as a dev-dependency: tests run real plugins.
+    // The library: never the registrar, whose stubs are for tests and demos.
     (
         "kpm",
         &[
@@ -35,7 +37,6 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-watcher",
             "kpm-liveness",
             "kpm-reconciler",
-            "kpm-registrar",
             "kpm-csi",
             "kpm-device",
             "kpm-dra",
@@ -44,19 +45,13 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
     ("kpm-bench", &["kpm-api", "kpm-registrar"]),
-    (
-        "kpm-tests",
-        &[
-            "kpm",
-            "kpm-api",
-            "kpm-cache",
-            "kpm-executor",
-            "kpm-watcher",
-            "kpm-reconciler",
-            "kpm-registrar",
-        ],
-    ),
+    ("kpm-tests", &["kpm", "kpm-registrar"]),
+    ("kpm-test-support", &["kpm-api"]),
 ];
+
+/// The shared test helpers: any crate may have them as a dev-dependency, and
+/// none as a normal one.
+const TEST_SUPPORT: &str = "kpm-test-support";
 
 pub(crate) fn check(root: &Path) -> Result {
     let mut problems = Vec::new();
@@ -113,7 +108,10 @@ fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>
 fn check_layers(manifest: &str, problems: &mut Vec<String>) {
     let Some(name) = package_name(manifest) else { return };
     let allowed = LAYERS.iter().find(|(crate_name, _)| *crate_name == name).map(|(_, deps)| *deps);
-    for dep in internal_dependencies(manifest) {
+    for Dependency { name: dep, dev } in internal_dependencies(manifest) {
+        if dev && dep == TEST_SUPPORT {
+            continue;
+        }
         if !allowed.is_some_and(|deps| deps.contains(&dep.as_str())) {
             problems.push(format!(
                 "{name} depends on {dep}, which its layer does not allow (xtask/src/tidy.rs LAYERS)"
@@ -130,19 +128,26 @@ fn package_name(manifest: &str) -> Option<&str> {
         .map(|value| value.trim_matches('"'))
 }
 
+/// An internal dependency named in a manifest.
+struct Dependency {
+    name: String,
+    /// Named in a `[dev-dependencies]` table.
+    dev: bool,
+}
+
 /// `kpm-*` names used as dependency keys in any dependency table.
-fn internal_dependencies(manifest: &str) -> Vec<String> {
-    let mut in_deps = false;
+fn internal_dependencies(manifest: &str) -> Vec<Dependency> {
+    let mut table = None;
     let mut deps = Vec::new();
     for line in manifest.lines().map(str::trim) {
         if line.starts_with('[') {
-            in_deps = line.ends_with("dependencies]");
+            table = line.ends_with("dependencies]").then(|| line.ends_with("dev-dependencies]"));
             continue;
         }
-        if in_deps {
+        if let Some(dev) = table {
             let key = line.split(['=', '.']).next().unwrap_or("").trim();
             if key.starts_with("kpm") {
-                deps.push(key.to_owned());
+                deps.push(Dependency { name: key.to_owned(), dev });
             }
         }
     }
@@ -210,6 +215,19 @@ mod tests {
         check_layers(manifest, &mut problems);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("kpm-cache depends on kpm-executor"));
+    }
+
+    #[test]
+    fn test_support_is_a_dev_dependency_of_any_crate_only() {
+        let dev = concat!(
+            "[package]\nname = \"kpm-cache\"\n\n",
+            "[dev-dependencies]\nkpm-test-support.workspace = true\n"
+        );
+        let mut problems = Vec::new();
+        check_layers(dev, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        check_layers(&dev.replace("dev-dependencies", "dependencies"), &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

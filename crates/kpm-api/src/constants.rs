@@ -6,27 +6,18 @@ pub const CSI_PLUGIN: &str = "CSIPlugin";
 pub const DEVICE_PLUGIN: &str = "DevicePlugin";
 /// `PluginInfo.type` of a DRA driver.
 pub const DRA_PLUGIN: &str = "DRAPlugin";
-/// Every plugin type kpm has a handler for.
-pub const PLUGIN_TYPES: [&str; 3] = [CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN];
 
 /// The kubelet's default root directory.
 pub const DEFAULT_ROOT_DIR: &str = "/var/lib/kubelet";
 /// Directory under the root that plugins create registration sockets in.
 pub const PLUGINS_REGISTRY_DIR_NAME: &str = "plugins_registry";
-/// The pre-1.12 registration directory name; plugins keep their service sockets here.
-pub const LEGACY_PLUGINS_DIR_NAME: &str = "plugins";
 /// Directory under the root that device plugins create their sockets in.
 pub const DEVICE_PLUGINS_DIR_NAME: &str = "device-plugins";
 /// Name of the node agent's device-plugin `Registration` socket in [`DEVICE_PLUGINS_DIR_NAME`].
 pub const KUBELET_SOCKET_NAME: &str = "kubelet.sock";
 
-/// Versions of the registration API kpm speaks. All share the wire format.
-pub const REGISTRATION_SUPPORTED_VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha1"];
-
 /// Device plugin API version, sent in `RegisterRequest.version`.
 pub const DEVICE_PLUGIN_VERSION: &str = "v1beta1";
-/// Device plugin API versions kpm accepts.
-pub const DEVICE_PLUGIN_SUPPORTED_VERSIONS: [&str; 1] = [DEVICE_PLUGIN_VERSION];
 /// `Device.health` of a usable device.
 pub const DEVICE_HEALTHY: &str = "Healthy";
 /// `Device.health` of an unusable device.
@@ -44,9 +35,6 @@ pub const DRA_HEALTH_V1_SERVICE: &str = "v1.DRAResourceHealth";
 /// Short name of the v1alpha1 DRA resource health service.
 pub const DRA_HEALTH_V1ALPHA1_SERVICE: &str = "v1alpha1.DRAResourceHealth";
 
-/// CSI drivers must support a version with this major number.
-pub const CSI_SUPPORTED_MAJOR_VERSION: u64 = 1;
-
 /// Largest `GetInfo` answer (and device-plugin `RegisterRequest`) kpm decodes.
 /// A valid one is a few hundred bytes; anything near this is garbage.
 pub const MAX_REGISTRATION_MESSAGE_BYTES: usize = 64 * 1024;
@@ -59,8 +47,21 @@ pub const MAX_PLUGIN_TYPE_BYTES: usize = 63;
 /// Longest plugin name: a qualified name, 253-byte DNS prefix, `/`, 63-byte name
 /// (device plugins are named after their extended resource, `vendor.com/gpu`).
 pub const MAX_PLUGIN_NAME_BYTES: usize = 253 + 1 + 63;
-/// Longest endpoint: a socket path must fit `sun_path` (108 bytes with its NUL).
-pub const MAX_ENDPOINT_BYTES: usize = 107;
+/// Longest Unix socket path, in bytes, and so the longest endpoint: the path
+/// must fit `sockaddr_un.sun_path` (108 bytes on Linux, 104 on the BSDs and
+/// macOS) with its terminating NUL.
+pub const MAX_SOCKET_PATH_BYTES: usize = if cfg!(any(
+    target_os = "macos",
+    target_os = "ios",
+    target_os = "freebsd",
+    target_os = "netbsd",
+    target_os = "openbsd",
+    target_os = "dragonfly"
+)) {
+    103
+} else {
+    107
+};
 /// Most supported versions accepted from one plugin.
 pub const MAX_SUPPORTED_VERSIONS: usize = 32;
 /// Longest supported version string (`v1beta1.DRAPlugin`, `1.0.0`, ...).

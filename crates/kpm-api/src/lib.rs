@@ -12,12 +12,21 @@
 //! | [`dra_health::v1`], [`dra_health::v1alpha1`] (feature `dra`) | `v1`, `v1alpha1` | DRA drivers (optional) |
 //!
 //! The generated code is transport-agnostic: clients take any tonic channel,
-//! servers plug into any tonic router. This crate holds no logic.
+//! servers plug into any tonic router.
+//!
+//! Besides the wire code, the crate holds what every side of the protocol
+//! shares: [`constants`] (plugin types, paths, versions and the bounds on
+//! plugin input), [`gotext`] (Go's renderings of values in error texts),
+//! [`FileId`] (the identity of a socket file) and, with feature `transport`,
+//! [`uds`]: dialing and binding Unix sockets, with the `:authority`
+//! rewriting that lets a tonic server accept grpc-go's requests.
 
 pub mod constants;
+mod file_id;
 pub mod gotext;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
+pub use file_id::FileId;
 
 /// The plugin registration API (`pluginregistration.Registration`).
 pub mod registration {

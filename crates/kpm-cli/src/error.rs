@@ -47,6 +47,7 @@ pub(crate) enum CliError {
         source: std::io::Error,
     },
 
+    #[cfg(feature = "demo")]
     #[error("demo: {0}")]
     Demo(String),
 

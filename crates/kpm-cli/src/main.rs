@@ -13,6 +13,7 @@
 // Doc comments on the clap types are the command's help text, read in a terminal.
 #![allow(clippy::doc_markdown)]
 
+#[cfg(feature = "demo")]
 mod demo;
 mod error;
 mod heap;
@@ -76,6 +77,7 @@ enum Command {
     /// Start a plugin manager on a temporary directory with example plugins
     /// of all three types and show, live, registrations, a re-registration,
     /// a device going unhealthy and a removal; then exit. No set-up needed.
+    #[cfg(feature = "demo")]
     Demo,
     /// Diagnose a registration socket without registering it: dial, GetInfo,
     /// the validation of its type's handler, then read-only calls on the
@@ -115,6 +117,7 @@ fn main() -> ExitCode {
                 watch::watch(&root.status_socket(), output).await.map(|()| true)
             }
             Command::Probe(args) => probe::probe(args).await,
+            #[cfg(feature = "demo")]
             Command::Demo => demo::demo().await.map(|()| true),
         }
     });

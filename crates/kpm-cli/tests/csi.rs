@@ -19,8 +19,9 @@ use kpm_api::csi::v1::{
     node_server::{Node, NodeServer},
 };
 use kpm_registrar::Registrar;
+use kpm_test_support::DEADLINE;
 use serde_json::json;
-use support::{DEADLINE, Kpm};
+use support::Kpm;
 use tonic::{Request, Response, Status};
 
 const DRIVER: &str = "csi.example.com";

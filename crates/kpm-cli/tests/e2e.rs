@@ -6,7 +6,8 @@
 mod support;
 
 use kpm_registrar::Registrar;
-use support::{DEADLINE, Kpm, http_get, kpm, parse_prometheus, wait_until};
+use kpm_test_support::DEADLINE;
+use support::{Kpm, http_get, kpm, parse_prometheus, wait_until};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()

@@ -10,8 +10,9 @@ use kpm_api::deviceplugin::v1beta1::RegisterRequest;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::StubDraDriver;
+use kpm_test_support::DEADLINE;
 use serde_json::{Value, json};
-use support::{DEADLINE, Kpm};
+use support::Kpm;
 
 fn resource<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
     list["device_resources"].as_array()?.iter().find(|r| r["resource"] == name)

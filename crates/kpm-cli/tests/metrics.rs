@@ -12,7 +12,8 @@ use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar};
-use support::{DEADLINE, Kpm, parse_prometheus, wait_until};
+use kpm_test_support::DEADLINE;
+use support::{Kpm, parse_prometheus, wait_until};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const SCRAPERS: usize = 4;

@@ -14,8 +14,14 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// Runs `kpm probe socket`; returns (exit code, stdout).
+/// `kpm probe` as `kpm run --root-dir <the socket's directory>` would judge.
 fn probe(socket: &Path) -> (i32, String) {
-    let out = kpm(&["probe", "--timeout", "2", socket.to_str().unwrap()]);
+    probe_in(socket.parent().unwrap(), socket)
+}
+
+fn probe_in(root: &Path, socket: &Path) -> (i32, String) {
+    let root = root.to_str().unwrap();
+    let out = kpm(&["probe", "--timeout", "2", "--root-dir", root, socket.to_str().unwrap()]);
     (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
 }
 
@@ -73,6 +79,12 @@ fn a_good_dra_driver_would_register() {
     let (code, report) = probe(plugin.socket_path());
     assert_eq!(code, 0, "{report}");
     assert!(report.contains("DRA service answers") && report.contains("v1.DRAPlugin"), "{report}");
+
+    // `kpm run` with another root refuses this endpoint, and so does probe.
+    let other_root = tempfile::tempdir().unwrap();
+    let (code, report) = probe_in(other_root.path(), plugin.socket_path());
+    assert_eq!(code, 1, "{report}");
+    assert!(report.contains("is not inside the kubelet root directory"), "{report}");
 }
 #[test]
 fn an_unknown_type_would_not_register() {

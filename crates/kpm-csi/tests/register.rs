@@ -14,7 +14,8 @@ use kpm_csi::{
     CsiConfig, CsiError, CsiHandler, CsiNode, CsiNodeDriver, DriverNodeInfo, InMemoryNodeInfo,
     NODE_ID_ANNOTATION, NodeInfo,
 };
-use support::{DEADLINE, FakeDriver, Reply, Served, info, serve};
+use kpm_test_support::{DEADLINE, within};
+use support::{FakeDriver, Reply, Served, info, serve};
 use tempfile::TempDir;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -243,12 +244,12 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
     let setup = setup_with_timeout(timeout);
     let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
 
+    // The driver never answers: registration gives up through the timeout,
+    // never before it (no upper bound: `within` only stops a hang).
     let started = Instant::now();
-    let err = setup
-        .handler
-        .register_driver(DRIVER, &served.endpoint(), &["1.0.0".into()])
-        .await
-        .unwrap_err();
+    let (endpoint, versions) = (served.endpoint(), ["1.0.0".into()]);
+    let register = setup.handler.register_driver(DRIVER, &endpoint, &versions);
+    let err = within("NodeGetInfo times out", register).await.unwrap_err();
     let elapsed = started.elapsed();
 
     assert!(matches!(err, CsiError::NodeGetInfoTimeout { .. }), "{err}");
@@ -260,7 +261,6 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
         )
     );
     assert!(elapsed >= timeout, "gave up after {elapsed:?}");
-    assert!(elapsed < timeout + Duration::from_secs(2), "gave up only after {elapsed:?}");
     assert!(setup.registered().is_empty());
     assert_eq!(setup.node(), NodeInfo::default());
 }

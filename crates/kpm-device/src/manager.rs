@@ -35,7 +35,7 @@ use tracing::{debug, info, warn};
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_api::uds::{self, FileId};
+use kpm_api::{FileId, uds};
 
 /// The kubelet's dial timeout for device plugins.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -778,7 +778,7 @@ impl Resource {
 
 impl Endpoint {
     fn is_at(&self, socket: &Path, file: Option<&FileId>) -> bool {
-        self.socket == socket && FileId::same(self.file.as_ref(), file)
+        self.socket == socket && self.file.as_ref() == file
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::validate::MAX_ENDPOINT_LEN;
+use kpm_api::constants::MAX_SOCKET_PATH_BYTES;
 pub(crate) use kpm_api::gotext::{go_code_name, go_quote, go_quote_list};
 
 /// Why a DRA driver could not be validated, registered or called. Variants
@@ -41,7 +41,7 @@ pub enum DraError {
 
     /// The endpoint does not fit in a Unix socket address.
     #[error(
-        "DRA plugin endpoint {} must not be longer than {MAX_ENDPOINT_LEN} bytes (the limit of a Unix socket path), it has {len}",
+        "DRA plugin endpoint {} must not be longer than {MAX_SOCKET_PATH_BYTES} bytes (the limit of a Unix socket path), it has {len}",
         go_quote(endpoint)
     )]
     EndpointTooLong {

@@ -105,8 +105,8 @@ pub use manager::{
     DraManager,
 };
 pub use validate::{
-    DraService, HealthService, MAX_DRIVER_NAME_LEN, MAX_ENDPOINT_LEN, choose_service,
-    pick_health_service, validate_driver_name, validate_endpoint,
+    DraService, HealthService, MAX_DRIVER_NAME_LEN, choose_service, pick_health_service,
+    validate_driver_name, validate_endpoint,
 };
 
 /// Spawns `task` on the current tokio runtime; outside one (which the

@@ -10,17 +10,13 @@ use std::path::{Component, Path, PathBuf};
 
 use kpm_api::constants::{
     DRA_HEALTH_V1_SERVICE, DRA_HEALTH_V1ALPHA1_SERVICE, DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE,
-    DRA_V1BETA1_SERVICE,
+    DRA_V1BETA1_SERVICE, MAX_SOCKET_PATH_BYTES,
 };
 
 use crate::error::DraError;
 
 /// The longest driver name (`resource.DriverNameMaxLength`).
 pub const MAX_DRIVER_NAME_LEN: usize = 63;
-
-/// The longest endpoint: a Unix socket path must fit in `sun_path` (108
-/// bytes) with its terminating NUL.
-pub const MAX_ENDPOINT_LEN: usize = 107;
 
 /// apimachinery's message for a value that is not a DNS-1123 subdomain.
 const DNS1123_SUBDOMAIN_MESSAGE: &str = "a lowercase RFC 1123 subdomain must consist of lower case \
@@ -170,7 +166,7 @@ pub fn validate_endpoint(endpoint: &str, root: Option<&Path>) -> Result<(), DraE
     if !Path::new(endpoint).is_absolute() {
         return Err(DraError::RelativeEndpoint { endpoint: endpoint.to_owned() });
     }
-    if endpoint.len() > MAX_ENDPOINT_LEN {
+    if endpoint.len() > MAX_SOCKET_PATH_BYTES {
         return Err(DraError::EndpointTooLong {
             endpoint: endpoint.to_owned(),
             len: endpoint.len(),
@@ -324,9 +320,10 @@ mod tests {
             text("plugin.sock", None),
             "DRA plugin endpoint \"plugin.sock\" must be an absolute path"
         );
-        let longest = format!("/{}", "a".repeat(106));
+        let longest = format!("/{}", "a".repeat(MAX_SOCKET_PATH_BYTES - 1));
         validate_endpoint(&longest, None).unwrap();
-        assert!(text(&format!("{longest}a"), None).contains("must not be longer than 107 bytes"));
+        let too_long = format!("must not be longer than {MAX_SOCKET_PATH_BYTES} bytes");
+        assert!(text(&format!("{longest}a"), None).contains(&too_long));
         assert_eq!(
             text("/var/lib/kubelet", root),
             "DRA plugin endpoint \"/var/lib/kubelet\" is not inside the kubelet root directory \

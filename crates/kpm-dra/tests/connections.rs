@@ -12,14 +12,12 @@ use std::time::{Duration, SystemTime};
 
 use kpm_cache::PluginHandler;
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraDriverStatus, DraManager, InMemoryCleanup};
-use support::{DEADLINE, FakeDriver, Health, Serves, claim, serve, strings, wait_until};
+use kpm_test_support::{DEADLINE, wait_until};
+use support::{FakeDriver, Health, Serves, claim, serve, strings};
 use tempfile::TempDir;
 use tokio::time::Instant;
 
 const DRIVER: &str = "gpu.example.com";
-
-/// A drop must be noticed within this time.
-const NOTICE: Duration = Duration::from_secs(1);
 
 struct Setup {
     dir: TempDir,
@@ -72,38 +70,50 @@ impl Setup {
         self.status().map(|status| status.devices).unwrap_or_default()
     }
 
-    async fn wait_until_connected(&self, endpoint: &str, connected: bool) -> Duration {
-        let start = Instant::now();
-        wait_until(&format!("{endpoint} is connected={connected}"), || {
+    async fn wait_until_connected(&self, endpoint: &str, connected: bool) {
+        wait_until(format_args!("{endpoint} is connected={connected}"), || {
             self.connected(endpoint) == Some(connected)
         })
         .await;
-        start.elapsed()
     }
 }
 
-/// Sleeps until `time` has passed, plus a margin.
-async fn sleep_past(time: SystemTime, margin: Duration) {
+/// Lets `span` of tokio time pass at once, then real time resumes: paused,
+/// the runtime fires every timer due within `span` in order, running what
+/// they wake, before this returns. A test proves with it that something
+/// does *not* happen within `span` (a cleanup timer that was cancelled, or
+/// never queued) without sleeping on real time. Only for stretches where no
+/// task of the test's runtime waits for a live socket under a timeout: the
+/// clock jumps while the runtime is idle.
+async fn let_pass(span: Duration) {
+    tokio::time::pause();
+    tokio::time::sleep(span).await;
+    tokio::time::resume();
+}
+
+/// [`let_pass`] until `time` has passed, plus a margin.
+async fn let_pass_until(time: SystemTime, margin: Duration) {
     let left = time.duration_since(SystemTime::now()).unwrap_or_default();
-    tokio::time::sleep(left + margin).await;
+    let_pass(left + margin).await;
 }
 
 #[tokio::test]
 async fn a_rolling_upgrade_serves_from_the_newest_instance_and_falls_back_when_it_exits() {
     let setup = setup(Duration::from_secs(30));
     let (old_driver, new_driver) = (FakeDriver::new(Serves::V1), FakeDriver::new(Serves::V1));
-    let old = serve(&setup.dir.path().join("gpu.example.com-uid1.sock"), &old_driver).await;
+    let old = serve(&setup.dir.path().join("gpu.example.com-uid1.sock"), &old_driver);
     setup.register(&old.endpoint(), &["v1.DRAPlugin"]).await;
-    let new = serve(&setup.dir.path().join("gpu.example.com-uid2.sock"), &new_driver).await;
+    let new = serve(&setup.dir.path().join("gpu.example.com-uid2.sock"), &new_driver);
     setup.register(&new.endpoint(), &["v1.DRAPlugin"]).await;
     let (old_endpoint, new_endpoint) = (old.endpoint(), new.endpoint());
 
     setup.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
     assert_eq!((old_driver.calls().len(), new_driver.calls().len()), (0, 1), "the newer serves");
 
+    // The drop is noticed with no call made: the connection's own pending
+    // read sees it close (how soon is not asserted: real time is not bounded).
     new.stop();
-    let noticed = setup.wait_until_connected(&new_endpoint, false).await;
-    assert!(noticed < NOTICE, "the drop was noticed after {noticed:?}");
+    setup.wait_until_connected(&new_endpoint, false).await;
     assert_eq!(setup.connected(&old_endpoint), Some(true));
     setup.manager.prepare(DRIVER, vec![claim("b")]).await.unwrap();
     assert_eq!(old_driver.calls()[0].claims, ["b"], "the older one serves");
@@ -122,15 +132,15 @@ async fn a_rolling_upgrade_serves_from_the_newest_instance_and_falls_back_when_i
 async fn a_newer_instance_serves_again_once_it_reconnects() {
     let setup = setup(Duration::from_secs(30));
     let (old_driver, new_driver) = (FakeDriver::new(Serves::V1), FakeDriver::new(Serves::V1));
-    let _old = serve(&setup.dir.path().join("old.sock"), &old_driver).await;
+    let _old = serve(&setup.dir.path().join("old.sock"), &old_driver);
     setup.register(&setup.endpoint("old.sock"), &["v1.DRAPlugin"]).await;
-    let new = serve(&setup.dir.path().join("new.sock"), &new_driver).await;
+    let new = serve(&setup.dir.path().join("new.sock"), &new_driver);
     setup.register(&new.endpoint(), &["v1.DRAPlugin"]).await;
     let new_endpoint = new.endpoint();
 
     new.stop();
     setup.wait_until_connected(&new_endpoint, false).await;
-    let _new = serve(&setup.dir.path().join("new.sock"), &new_driver).await;
+    let _new = serve(&setup.dir.path().join("new.sock"), &new_driver);
     setup.wait_until_connected(&new_endpoint, true).await;
     setup.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
     assert_eq!((old_driver.calls().len(), new_driver.calls().len()), (0, 1));
@@ -142,7 +152,7 @@ async fn a_connection_restored_within_the_grace_period_cancels_the_cleanup() {
     let grace = Duration::from_millis(1500);
     let setup = setup(grace);
     let driver = FakeDriver::new(Serves::V1beta1);
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     let endpoint = served.endpoint();
     setup.register(&endpoint, &["v1beta1.DRAPlugin"]).await;
     assert_eq!(setup.pending(), None);
@@ -150,12 +160,13 @@ async fn a_connection_restored_within_the_grace_period_cancels_the_cleanup() {
     served.stop();
     setup.wait_until_connected(&endpoint, false).await;
     let until = setup.pending().expect("a cleanup is pending while nothing is connected");
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
-    let reconnected = setup.wait_until_connected(&endpoint, true).await;
-    assert!(reconnected < NOTICE * 2, "the reconnect was noticed after {reconnected:?}");
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
+    setup.wait_until_connected(&endpoint, true).await;
     assert_eq!(setup.pending(), None, "the reconnect cancelled the cleanup");
 
-    sleep_past(until, Duration::from_millis(300)).await;
+    // The cancelled timer would have fired at `until`: tokio time passes it
+    // at once, with the connection idle.
+    let_pass_until(until, Duration::from_millis(300)).await;
     assert!(setup.cleanup.wiped().is_empty(), "no cleanup after the original deadline");
     setup.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
     assert_eq!(driver.calls().len(), 1);
@@ -168,23 +179,26 @@ async fn a_driver_that_stays_away_beyond_the_grace_period_is_cleaned_up_exactly_
     let grace = Duration::from_millis(300);
     let setup = setup(grace);
     let driver = FakeDriver::new(Serves::V1);
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     let endpoint = served.endpoint();
     setup.register(&endpoint, &["v1.DRAPlugin"]).await;
 
     let stopped = Instant::now();
     served.stop();
     wait_until("the driver is cleaned up", || !setup.cleanup.wiped().is_empty()).await;
+    // Never before the grace period; how much later is not bounded.
     let waited = stopped.elapsed();
-    assert!(waited >= grace && waited < grace + NOTICE * 2, "cleaned up after {waited:?}");
+    assert!(waited >= grace, "cleaned up after {waited:?}, within the {grace:?} grace period");
     assert_eq!(setup.pending(), None);
 
-    tokio::time::sleep(grace * 3).await;
+    // Three more grace periods of tokio time, while the monitor keeps
+    // redialing the dead socket (each dial fails at once): no second cleanup.
+    let_pass(grace * 3).await;
     assert_eq!(setup.cleanup.wiped(), [DRIVER], "exactly once");
     assert_eq!(setup.connected(&endpoint), Some(false), "the instance stays registered");
 
     // It comes back later: connected again, nothing more to clean up.
-    let _served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let _served = serve(&setup.dir.path().join("dra.sock"), &driver);
     setup.wait_until_connected(&endpoint, true).await;
     assert_eq!(setup.pending(), None);
     setup.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
@@ -196,8 +210,8 @@ async fn the_last_instance_deregistered_is_cleaned_up_after_the_grace_period() {
     let grace = Duration::from_millis(300);
     let setup = setup(grace);
     let driver = FakeDriver::new(Serves::V1);
-    let first = serve(&setup.dir.path().join("first.sock"), &driver).await;
-    let second = serve(&setup.dir.path().join("second.sock"), &driver).await;
+    let first = serve(&setup.dir.path().join("first.sock"), &driver);
+    let second = serve(&setup.dir.path().join("second.sock"), &driver);
     setup.register(&first.endpoint(), &["v1.DRAPlugin"]).await;
     setup.register(&second.endpoint(), &["v1.DRAPlugin"]).await;
 
@@ -222,9 +236,10 @@ async fn an_instance_registered_before_its_driver_is_up_connects_when_it_comes_u
     assert!(setup.pending().is_some(), "queued like the kubelet's add()");
 
     let driver = FakeDriver::new(Serves::V1);
-    let _served = serve(&setup.dir.path().join("late.sock"), &driver).await;
-    let noticed = setup.wait_until_connected(&endpoint, true).await;
-    assert!(noticed < NOTICE * 2, "the driver coming up was noticed after {noticed:?}");
+    // The monitor redials every 250 ms; the wait proves it connects, how
+    // soon is not asserted.
+    let _served = serve(&setup.dir.path().join("late.sock"), &driver);
+    setup.wait_until_connected(&endpoint, true).await;
     assert_eq!(setup.pending(), None);
     setup.manager.prepare(DRIVER, vec![claim("a")]).await.unwrap();
     assert_eq!(driver.calls().len(), 1);
@@ -235,7 +250,7 @@ async fn shutdown_cancels_pending_cleanups_and_closes_connections() {
     let grace = Duration::from_millis(300);
     let setup = setup(grace);
     let driver = FakeDriver::new(Serves::V1);
-    let served = serve(&setup.dir.path().join("up.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("up.sock"), &driver);
     setup.register(&served.endpoint(), &["v1.DRAPlugin"]).await;
     let other = "other.example.com";
     let handler: &dyn PluginHandler = &*setup.manager;
@@ -251,7 +266,8 @@ async fn shutdown_cancels_pending_cleanups_and_closes_connections() {
 
     setup.manager.shutdown().await;
     assert!(setup.manager.drivers().is_empty());
-    tokio::time::sleep(grace * 3).await;
+    // Past the pending cleanup's time in tokio time: it never fires.
+    let_pass(grace * 3).await;
     assert!(setup.cleanup.wiped().is_empty(), "the pending cleanup was cancelled");
     drop(served);
 }
@@ -263,7 +279,7 @@ async fn device_health_streamed_by_the_newest_instance_appears_in_the_status() {
     // TestPlugin_WatchResources, through the status.
     let setup = setup(Duration::from_secs(30));
     let driver = FakeDriver::with_health(Serves::V1, Health::V1);
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     setup.register(&served.endpoint(), &["v1.DRAPlugin", "v1.DRAResourceHealth"]).await;
     wait_until("device health is streamed", || !setup.devices().is_empty()).await;
     assert_eq!(
@@ -286,7 +302,7 @@ async fn device_health_streamed_by_the_newest_instance_appears_in_the_status() {
 async fn a_v1alpha1_health_stream_is_read_too() {
     let setup = setup(Duration::from_secs(30));
     let driver = FakeDriver::with_health(Serves::V1beta1, Health::V1alpha1);
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     setup.register(&served.endpoint(), &["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]).await;
     wait_until("device health is streamed", || !setup.devices().is_empty()).await;
     let devices = setup.devices();
@@ -300,7 +316,7 @@ async fn a_v1alpha1_health_stream_is_read_too() {
 async fn a_health_stream_that_ends_is_opened_again() {
     let setup = setup(Duration::from_secs(30));
     let driver = FakeDriver::with_health(Serves::V1, Health::V1ThenEnd);
-    let served = serve(&setup.dir.path().join("dra.sock"), &driver).await;
+    let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     setup.register(&served.endpoint(), &["v1.DRAPlugin", "v1.DRAResourceHealth"]).await;
     driver.wait_for_watches(2).await;
     assert_eq!(setup.devices()[0].health, "Healthy", "the last update stays");
@@ -312,12 +328,12 @@ async fn health_follows_the_newest_instance_without_falling_back_to_an_older_one
     // TestHealthStreamDoesNotFallBackFromPreferredPlugin.
     let setup = setup(Duration::from_secs(30));
     let with_health = FakeDriver::with_health(Serves::V1, Health::V1);
-    let old = serve(&setup.dir.path().join("old.sock"), &with_health).await;
+    let old = serve(&setup.dir.path().join("old.sock"), &with_health);
     setup.register(&old.endpoint(), &["v1.DRAPlugin", "v1.DRAResourceHealth"]).await;
     wait_until("device health is streamed", || !setup.devices().is_empty()).await;
 
     let without = FakeDriver::new(Serves::V1);
-    let new = serve(&setup.dir.path().join("new.sock"), &without).await;
+    let new = serve(&setup.dir.path().join("new.sock"), &without);
     setup.register(&new.endpoint(), &["v1.DRAPlugin"]).await;
     assert!(setup.devices().is_empty(), "the newest has no health service: no fallback");
 

@@ -4,7 +4,7 @@
 //! formats, versions); these only keep garbage out of logs, caches and events.
 
 use kpm_api::constants::{
-    MAX_ENDPOINT_BYTES, MAX_PLUGIN_NAME_BYTES, MAX_PLUGIN_TYPE_BYTES, MAX_SUPPORTED_VERSIONS,
+    MAX_PLUGIN_NAME_BYTES, MAX_PLUGIN_TYPE_BYTES, MAX_SOCKET_PATH_BYTES, MAX_SUPPORTED_VERSIONS,
     MAX_VERSION_BYTES,
 };
 use kpm_api::gotext::go_quote;
@@ -16,7 +16,7 @@ use kpm_api::registration::v1::PluginInfo;
 pub fn check_info(info: &PluginInfo) -> Result<(), String> {
     check_field("plugin type", &info.r#type, MAX_PLUGIN_TYPE_BYTES, true)?;
     check_field("plugin name", &info.name, MAX_PLUGIN_NAME_BYTES, true)?;
-    check_field("endpoint", &info.endpoint, MAX_ENDPOINT_BYTES, false)?;
+    check_field("endpoint", &info.endpoint, MAX_SOCKET_PATH_BYTES, false)?;
     let versions = info.supported_versions.len();
     if versions > MAX_SUPPORTED_VERSIONS {
         return Err(format!(
@@ -77,7 +77,7 @@ mod tests {
             info(
                 &"t".repeat(MAX_PLUGIN_TYPE_BYTES),
                 &format!("{}/{}", "p".repeat(253), "n".repeat(63)),
-                &format!("/{}", "e".repeat(MAX_ENDPOINT_BYTES - 1)),
+                &format!("/{}", "e".repeat(MAX_SOCKET_PATH_BYTES - 1)),
                 &vec!["v".repeat(MAX_VERSION_BYTES).as_str(); MAX_SUPPORTED_VERSIONS],
             ),
         ];

@@ -15,13 +15,12 @@ use kpm_api::registration::v1::{
 };
 use kpm_cache::{ActualState, DesiredState, Generation, HandlerError, PluginHandler};
 use kpm_executor::{
-    ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor,
+    ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
 };
+use kpm_test_support::{DEADLINE, wait_until, within};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
-
-const DEADLINE: Duration = Duration::from_secs(10);
 
 // === A test plugin ===
 
@@ -203,9 +202,24 @@ impl Harness {
     }
 
     async fn settle(&self) {
-        tokio::time::timeout(DEADLINE, self.executor.operations().wait_for_completion())
-            .await
-            .expect("operations finish before the deadline");
+        within("operations finish", self.executor.operations().wait_for_completion()).await;
+    }
+
+    /// Checks that `socket` failed permanently: its entry keeps the error
+    /// and has no retry time, so no backoff expiry ever starts it again
+    /// (the map's paused-time tests cross hours of backoff to show it).
+    fn assert_failed_permanently(&self, socket: &Path) -> ExecutorError {
+        let status = self.executor.operations().status(socket);
+        assert!(
+            matches!(
+                status,
+                Some(OperationStatus { pending: false, last_error: Some(_), retry_at: None })
+            ),
+            "{status:?}"
+        );
+        let refusal = self.refusal(socket, self.desired.generation(socket).unwrap());
+        assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+        refusal
     }
 
     /// The error a new start on `socket` is refused with.
@@ -288,9 +302,7 @@ async fn unknown_plugin_type_is_rejected_with_a_reason_naming_the_type() {
     assert!(h.actual.is_empty());
     assert!(h.handler.events().is_empty());
     // No retry storm: the socket is not retried until something changes.
-    tokio::time::sleep(Duration::from_millis(150)).await; // well past the whole backoff range
-    let refusal = h.refusal(&served.socket, generation);
-    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    let refusal = h.assert_failed_permanently(&served.socket);
     assert!(refusal.to_string().contains("FancyPlugin"), "{refusal}");
 }
 
@@ -374,11 +386,8 @@ async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
     assert!(matches!(h.refusal(&served.socket, generation), ExecutorError::Backoff { .. }));
 
     // Retry once the backoff allows it.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while h.start_register(&served.socket, generation).is_err() {
-        assert!(tokio::time::Instant::now() < deadline, "backoff never expired");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the backoff expires", || h.start_register(&served.socket, generation).is_ok())
+        .await;
     h.settle().await;
     assert!(h.actual.contains_generation(&served.socket, generation));
     let last = served.statuses().last().cloned().unwrap();
@@ -449,29 +458,35 @@ async fn failed_final_notify_undoes_the_registration() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hanging_get_info_times_out_without_blocking_other_sockets() {
+async fn hanging_get_info_does_not_block_other_sockets() {
     let dir = tempfile::tempdir().unwrap();
     let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
     let healthy = serve(dir.path(), "ok.sock", device_plugin("vendor.com/ok", ""), false).await;
+    // A GetInfo timeout far beyond the deadline: the hanging operation is
+    // still running whenever the healthy plugin registers, on any machine.
+    let config =
+        ExecutorConfig { get_info_timeout: Duration::from_secs(3600), ..ExecutorConfig::default() };
+    let h = harness(RecordingHandler::default(), config);
+
+    h.start_register(&hanging.socket, h.generation(&hanging.socket)).unwrap();
+    h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
+    wait_until("the healthy plugin registers", || h.actual.get(&healthy.socket).is_some()).await;
+    assert!(h.executor.operations().is_pending(&hanging.socket));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hanging_get_info_times_out_with_the_timeout_in_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
     let config = ExecutorConfig {
         get_info_timeout: Duration::from_millis(300),
         ..ExecutorConfig::default()
     };
     let h = harness(RecordingHandler::default(), config);
-    let hang_generation = h.generation(&hanging.socket);
+    let generation = h.generation(&hanging.socket);
 
-    h.start_register(&hanging.socket, hang_generation).unwrap();
-    h.start_register(&healthy.socket, h.generation(&healthy.socket)).unwrap();
-    // The healthy plugin registers while the other one still hangs.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while h.actual.get(&healthy.socket).is_none() {
-        assert!(tokio::time::Instant::now() < deadline, "healthy plugin never registered");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert!(h.executor.operations().is_pending(&hanging.socket));
-
-    h.settle().await;
-    let refusal = h.refusal(&hanging.socket, hang_generation);
+    h.register(&hanging.socket, generation).await;
+    let refusal = h.refusal(&hanging.socket, generation);
     assert!(refusal.to_string().contains("GetInfo timed out after 300ms"), "{refusal}");
     assert!(refusal.to_string().contains("hang.sock"), "{refusal}");
     assert!(hanging.statuses().is_empty());
@@ -536,9 +551,7 @@ async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
 
     h.register(&socket, generation).await;
 
-    tokio::time::sleep(Duration::from_millis(150)).await; // past any backoff
-    let refusal = h.refusal(&socket, generation);
-    assert!(matches!(refusal, ExecutorError::FailedPermanently { .. }), "{refusal}");
+    let refusal = h.assert_failed_permanently(&socket);
     assert!(refusal.to_string().contains("not a registration socket"), "{refusal}");
     // A new incarnation of the socket is tried again.
     h.executor.operations().reset_backoff(&socket);

@@ -10,10 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::{Generation, PluginEvent};
-use kpm_executor::ExecutorConfig;
+use kpm_executor::{ExecutorConfig, ExponentialBackoff};
+use kpm_test_support::DEADLINE;
 use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
-
-const DEADLINE: Duration = Duration::from_secs(10);
 
 fn registered_with(m: &Manager, socket: &Path, generation: Generation) -> bool {
     m.actual.contains_generation(socket, generation) && m.actual.len() == 1
@@ -133,11 +132,19 @@ async fn a_plugin_that_arrived_before_its_handler_registers_when_the_handler_is_
     m.shutdown().await;
 }
 
+/// The failed generation's backoff in the test below: an hour.
+const BACKOFF: Duration = Duration::from_secs(3600);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
-    let m = running_manager(&handler);
+    // A backoff far beyond the deadline: registering within the deadline
+    // proves the new generation did not wait it out, on any machine.
+    let backoff = ExponentialBackoff::try_new(BACKOFF, BACKOFF * 2).unwrap();
+    let mut m = Manager::new(ExecutorConfig { backoff, ..ExecutorConfig::default() });
+    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.start();
     let socket = dir.path().join("flaky.sock");
     let broken = PluginScript { get_info_failures: usize::MAX, ..PluginScript::device("flaky") };
     let plugin = Plugin::serve(&socket, broken).await;
@@ -153,9 +160,7 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     let plugin = Plugin::serve(&socket, PluginScript::device("flaky")).await;
     let generation = m.desired.add_or_update(&socket).unwrap();
 
-    // Registered well before the old 500 ms backoff would have allowed a retry.
-    let registered =
-        m.eventually(Duration::from_millis(400), |m| registered_with(m, &socket, generation)).await;
+    let registered = m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await;
     assert!(registered, "status: {:?}", ops.status(&socket));
     drop(plugin);
     m.shutdown().await;

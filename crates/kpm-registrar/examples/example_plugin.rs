@@ -3,7 +3,7 @@
 //! on SIGINT or SIGTERM (which deregisters it).
 //!
 //! ```sh
-//! cargo run -p kpm-registrar --example example_plugin -- --dir /tmp/x --name vendor.com/gpu
+//! cargo run -p kpm-registrar --features stub --example example_plugin -- --dir /tmp/x --name vendor.com/gpu
 //! ```
 //!
 //! Without `--endpoint`, the plugin's own service is served on the

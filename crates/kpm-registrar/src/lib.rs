@@ -51,14 +51,18 @@
 //!   device, inode and birth time), never a newer instance's socket at the
 //!   same path;
 //! - `NotifyRegistrationStatus` is answered at once, whoever is listening.
+//!
+//! Feature `stub` (off by default) adds the `stub` module: minimal services
+//! of each plugin type, for examples, demos and tests.
 
 mod error;
 mod naming;
 mod registrar;
+#[cfg(feature = "stub")]
 pub mod stub;
 
 pub use error::RegistrarError;
-pub use kpm_api::constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
+pub use kpm_api::constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_BYTES};
 pub use kpm_api::registration::v1::{PluginInfo, RegistrationStatus};
-pub use naming::{MAX_SOCKET_PATH_LEN, SOCKET_SUFFIX, socket_file_name};
+pub use naming::{SOCKET_SUFFIX, socket_file_name};
 pub use registrar::{Registrar, RegistrarBuilder, default_versions};

@@ -1,24 +1,11 @@
-//! Registration socket names and the Unix socket path length limit.
+//! Registration socket names, and their paths checked against the Unix socket
+//! path limit.
 
 use std::path::{Path, PathBuf};
 
-use crate::RegistrarError;
+use kpm_api::constants::MAX_SOCKET_PATH_BYTES;
 
-/// The longest path, in bytes, that `bind` accepts for a Unix socket:
-/// `sockaddr_un.sun_path` (108 bytes on Linux, 104 on the BSDs and macOS)
-/// less its terminating NUL.
-pub const MAX_SOCKET_PATH_LEN: usize = if cfg!(any(
-    target_os = "macos",
-    target_os = "ios",
-    target_os = "freebsd",
-    target_os = "netbsd",
-    target_os = "openbsd",
-    target_os = "dragonfly"
-)) {
-    103
-} else {
-    107
-};
+use crate::RegistrarError;
 
 /// Suffix of every registration socket file name, as node-driver-registrar
 /// and the DRA kubelet-plugin helper name theirs.
@@ -57,8 +44,8 @@ pub fn socket_file_name(name: &str, rolling_update_uid: Option<&str>) -> String 
 pub(crate) fn socket_path(dir: &Path, file: &str) -> Result<PathBuf, RegistrarError> {
     let path = dir.join(file);
     let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH_LEN {
-        return Err(RegistrarError::SocketPathTooLong { path, len, max: MAX_SOCKET_PATH_LEN });
+    if len > MAX_SOCKET_PATH_BYTES {
+        return Err(RegistrarError::SocketPathTooLong { path, len, max: MAX_SOCKET_PATH_BYTES });
     }
     Ok(path)
 }

@@ -18,13 +18,12 @@ use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::uds::TransportError;
 use kpm_registrar::{
-    CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_LEN, PluginInfo, Registrar,
+    CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_BYTES, PluginInfo, Registrar,
     RegistrarBuilder, RegistrarError, RegistrationStatus, default_versions, socket_file_name,
 };
+use kpm_test_support::DEADLINE;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-
-const DEADLINE: Duration = Duration::from_secs(10);
 
 // === Helpers ===
 
@@ -213,7 +212,7 @@ fn file_names_are_never_hidden_and_never_leave_the_directory() {
 #[tokio::test]
 async fn a_socket_path_too_long_for_sun_path_is_a_typed_error_naming_the_path() {
     let dir = tempfile::tempdir().unwrap();
-    let deep = dir.path().join("d".repeat(MAX_SOCKET_PATH_LEN));
+    let deep = dir.path().join("d".repeat(MAX_SOCKET_PATH_BYTES));
     let builder = gpu_plugin(&deep);
     let expected = deep.join("vendor.com_gpu-reg.sock");
 
@@ -222,7 +221,7 @@ async fn a_socket_path_too_long_for_sun_path_is_a_typed_error_naming_the_path() 
     let RegistrarError::SocketPathTooLong { path, len, max } = &err else {
         panic!("expected SocketPathTooLong, got {err:?}");
     };
-    assert_eq!((path, *len, *max), (&expected, expected.as_os_str().len(), MAX_SOCKET_PATH_LEN));
+    assert_eq!((path, *len, *max), (&expected, expected.as_os_str().len(), MAX_SOCKET_PATH_BYTES));
     assert!(err.to_string().contains(&expected.display().to_string()), "{err}");
     assert!(!deep.exists(), "nothing is created for a socket that cannot be bound");
 }
@@ -231,10 +230,10 @@ async fn a_socket_path_too_long_for_sun_path_is_a_typed_error_naming_the_path() 
 async fn a_socket_path_of_exactly_the_maximum_length_is_served() {
     let dir = tempfile::tempdir().unwrap();
     let file_len = "vendor.com_gpu-reg.sock".len();
-    let pad = MAX_SOCKET_PATH_LEN - dir.path().as_os_str().len() - 1 - file_len - 1;
+    let pad = MAX_SOCKET_PATH_BYTES - dir.path().as_os_str().len() - 1 - file_len - 1;
     let registrar = gpu_plugin(&dir.path().join("d".repeat(pad))).serve().await.unwrap();
 
-    assert_eq!(registrar.socket_path().as_os_str().len(), MAX_SOCKET_PATH_LEN);
+    assert_eq!(registrar.socket_path().as_os_str().len(), MAX_SOCKET_PATH_BYTES);
     assert_eq!(get_info(registrar.socket_path()).await.name, "vendor.com/gpu");
 }
 
@@ -423,11 +422,12 @@ async fn dropping_the_registrar_removes_its_socket_and_stops_serving() {
     drop(registrar);
 
     assert!(!path.exists());
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while kept.get_info(InfoRequest {}).await.is_ok() {
-        assert!(tokio::time::Instant::now() < deadline, "the server still answers");
-        tokio::task::yield_now().await;
-    }
+    kpm_test_support::within("the server stops answering", async {
+        while kept.get_info(InfoRequest {}).await.is_ok() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -2,28 +2,13 @@
 //! identity of each socket file. Never follows symlinks below the root.
 
 use std::collections::BTreeMap;
-use std::fs::{self, Metadata};
+use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
-use std::time::SystemTime;
 
-/// Identifies one file, not one path: a socket re-bound at the same path is a
-/// new inode (and usually a new birth time, which catches inode reuse where the
-/// filesystem reports it), so it is told apart from the same socket seen twice.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileId {
-    dev: u64,
-    ino: u64,
-    born: Option<SystemTime>,
-}
-
-impl FileId {
-    pub(crate) fn of(metadata: &Metadata) -> Self {
-        Self { dev: metadata.dev(), ino: metadata.ino(), born: metadata.created().ok() }
-    }
-}
+use kpm_api::FileId;
 
 /// Whether `path` is below `root` and no component below `root` starts with
 /// a dot. Paths outside the root and the root itself are not eligible.

@@ -9,13 +9,14 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use kpm_api::FileId;
 use kpm_cache::DesiredState;
 use notify::event::{ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 
 use crate::WatcherStats;
 use crate::error::exhausted_limit;
-use crate::scan::{self, FileId, Listing};
+use crate::scan::{self, Listing};
 
 /// `mkdir -p root` with mode 0750.
 pub(crate) fn create_root(root: &Path) -> io::Result<()> {

@@ -9,7 +9,8 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 
-use common::{Fixture, make_socket, wait_until};
+use common::{Fixture, make_socket};
+use kpm_test_support::wait_until;
 use kpm_watcher::WatcherConfig;
 
 #[tokio::test]

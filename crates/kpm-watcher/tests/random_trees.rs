@@ -15,6 +15,7 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 
 use common::Fixture;
+use kpm_test_support::{lazy, wait_until};
 use kpm_watcher::WatcherConfig;
 use proptest::prelude::*;
 
@@ -107,16 +108,15 @@ async fn scenario(ops: Vec<Op>) {
     let mut expected = Vec::new();
     sockets_on_disk(&f.root, &mut expected);
     expected.sort();
-    // Shorter than the usual deadline: shrinking a failure re-runs it often.
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
-    while f.paths() != expected {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "DesiredState holds {:?}, the disk {expected:?}, after {ops:?}",
+    // The usual generous deadline, although shrinking a failure re-runs it
+    // often: a shorter one would fail on a busy machine.
+    let what = lazy(|| {
+        format!(
+            "DesiredState holds the disk's {expected:?} (it holds {:?}) after {ops:?}",
             f.paths()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+        )
+    });
+    wait_until(what, || f.paths() == expected).await;
     // Still watching: a new socket at the root is seen.
     f.settle().await;
 }

@@ -10,9 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Fixture, make_socket, serve, wait_until};
+use common::{Fixture, make_socket, serve};
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::DesiredState;
+use kpm_test_support::wait_until;
 use kpm_watcher::{Watcher, WatcherConfig, WatcherError};
 
 const ELSEWHERE: &str = "/var/lib/kubelet/device-plugins/not-ours.sock";

@@ -9,8 +9,9 @@ use std::fs;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::sync::{Arc, Barrier};
 
-use common::{Fixture, make_socket, wait_until};
+use common::{Fixture, make_socket};
 use kpm_cache::DesiredState;
+use kpm_test_support::wait_until;
 use kpm_watcher::{Watcher, WatcherConfig, WatcherError};
 
 #[tokio::test]

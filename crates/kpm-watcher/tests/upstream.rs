@@ -11,7 +11,8 @@ use std::fs;
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
-use common::{Fixture, serve, wait_until};
+use common::{Fixture, serve};
+use kpm_test_support::wait_until;
 use kpm_watcher::WatcherConfig;
 
 /// Stops a test plugin the way upstream's example plugin does.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kpm_cache::PluginHandler;
 
-use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder, invalid_if};
+use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
 use crate::{ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
 
 /// The plugin types the kubelet has handlers for.
@@ -208,11 +208,11 @@ impl KubeletBuilder {
     /// nothing is served or watched until [`Kubelet::run`].
     pub fn build(self) -> Result<Kubelet> {
         #[cfg(feature = "csi")]
-        invalid_if("csi_config", self.csi.validate())?;
+        crate::manager::invalid_if("csi_config", self.csi.validate())?;
         #[cfg(feature = "device")]
-        invalid_if("device_config", self.device.validate())?;
+        crate::manager::invalid_if("device_config", self.device.validate())?;
         #[cfg(feature = "dra")]
-        invalid_if("dra_config", self.dra.validate())?;
+        crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
         let mut manager =
             self.manager.registry_dir(self.registry_dir.unwrap_or_else(|| {

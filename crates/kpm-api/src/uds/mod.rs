@@ -5,15 +5,15 @@
 //! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
 //! the socket's path included (see [`Connection`]).
 
-use std::fs::Metadata;
 use std::io;
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::FileId;
 
 mod authority;
 mod incoming;
@@ -176,7 +176,7 @@ impl BoundSocket {
     pub fn remove(&self) -> io::Result<bool> {
         let Some(ours) = self.file else { return Ok(false) };
         match FileId::at(&self.path) {
-            Some(now) if ours.is_same_file(&now) => match std::fs::remove_file(&self.path) {
+            Some(now) if now == ours => match std::fs::remove_file(&self.path) {
                 Ok(()) => Ok(true),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
                 Err(err) => Err(err),
@@ -221,81 +221,9 @@ pub async fn within<T, E>(
     }
 }
 
-/// Identifies one incarnation of a socket file at a path, so that a socket
-/// re-created at the same path (a restarted plugin, another server) is not
-/// taken for the one bound or connected to before. Device, inode and birth
-/// time: the inode number alone is not enough once the file is gone, as ext4
-/// hands a new file the inode of the one just deleted.
-#[derive(Debug, Clone, Copy)]
-pub struct FileId {
-    dev: u64,
-    ino: u64,
-    /// Birth time, where the file system records it.
-    created: Option<SystemTime>,
-    /// Inode change time (seconds, nanoseconds), for file systems without a
-    /// birth time.
-    changed: (i64, i64),
-}
-
-impl FileId {
-    /// The identity of the file at `path` (not following a symlink), if it
-    /// can be read.
-    pub fn at(path: &Path) -> Option<Self> {
-        std::fs::symlink_metadata(path).ok().map(|meta| Self::of(&meta))
-    }
-
-    /// The identity of the file `meta` describes.
-    pub fn of(meta: &Metadata) -> Self {
-        Self {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            created: meta.created().ok(),
-            changed: (meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-
-    /// Same device and inode, and the same birth time; or, where the file
-    /// system records no birth time, the same inode change time (a `chmod`
-    /// then makes the file look new, which errs on the side of caution).
-    pub fn is_same_file(&self, other: &Self) -> bool {
-        self.dev == other.dev
-            && self.ino == other.ino
-            && match (self.created, other.created) {
-                (Some(mine), Some(theirs)) => mine == theirs,
-                _ => self.changed == other.changed,
-            }
-    }
-
-    /// Whether two optional identities name the same file; two unknown
-    /// identities count as the same.
-    pub fn same(a: Option<&Self>, b: Option<&Self>) -> bool {
-        match (a, b) {
-            (Some(a), Some(b)) => a.is_same_file(b),
-            (None, None) => true,
-            _ => false,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_recreated_file_is_a_different_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("x.sock");
-        std::fs::write(&path, b"").unwrap();
-        let first = FileId::at(&path).unwrap();
-        assert!(first.is_same_file(&FileId::at(&path).unwrap()));
-        std::fs::remove_file(&path).unwrap();
-        // ext4 may hand the freed inode to the next file; let this one have it.
-        let _other = std::fs::File::create(dir.path().join("other")).unwrap();
-        std::fs::write(&path, b"").unwrap();
-        assert!(!first.is_same_file(&FileId::at(&path).unwrap()));
-        assert!(FileId::same(None, None));
-        assert!(!FileId::same(Some(&first), None));
-    }
 
     #[tokio::test(start_paused = true)]
     async fn within_tells_running_out_of_time_from_failing() {

@@ -16,11 +16,13 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use kpm_test_support::Stopper;
+use kpm_test_support::blocking::eventually;
 use parking_lot::Mutex;
 use serde_json::Value;
 use tonic::{Code, Request, Response, Status};
 
-use super::{KPM, Kpm, Served, Stopper, free_port, http_get, parse_prometheus, serve, wait_until};
+use super::{KPM, Kpm, Served, free_port, http_get, parse_prometheus, serve, wait_until};
 
 // === A scripted plugin ===
 
@@ -476,7 +478,7 @@ impl Scenario {
         let expected: BTreeMap<String, String> =
             expected.iter().map(|(s, state)| (s.display().to_string(), (*state).into())).collect();
         let mut last = BTreeMap::new();
-        let converged = wait_until_or(|| {
+        let converged = eventually(|| {
             last = self.states();
             last == expected
         });
@@ -486,7 +488,7 @@ impl Scenario {
     /// Polls until `socket` is listed in `state`; returns its listing.
     pub fn wait_for_state(&self, socket: &Path, state: &str) -> Value {
         let mut found = None;
-        wait_until(&format!("{} is {state}", socket.display()), || {
+        wait_until(format!("{} is {state}", socket.display()), || {
             found = self.plugin(socket).filter(|p| p["state"] == state);
             found.is_some()
         });
@@ -517,7 +519,7 @@ impl Scenario {
         let failing = expected.iter().filter(|(_, state)| *state == "failed").count();
         let failing = f64::from(u32::try_from(failing).unwrap());
         let mut last = HashMap::new();
-        let settled = wait_until_or(|| {
+        let settled = eventually(|| {
             last = self.metrics();
             last.get("kpm_operations") == Some(&failing)
                 && last["kpm_tokio_tasks"] <= self.baseline_tasks + TASK_SLACK
@@ -564,7 +566,7 @@ impl Scenario {
                 .all(|k| registered_now.contains(&k) || deregistered.contains(&k))
         };
         let mut events = Vec::new();
-        let all_ended = wait_until_or(|| {
+        let all_ended = eventually(|| {
             events = self.events.all();
             ended(&events)
         });
@@ -624,18 +626,4 @@ impl Scenario {
 /// `(socket, generation)` of an event or a listed plugin.
 fn key(value: &Value, socket_field: &str) -> (String, u64) {
     (value[socket_field].as_str().unwrap().to_owned(), value["generation"].as_u64().unwrap())
-}
-
-/// Polls `condition` every 10 ms for up to [`super::DEADLINE`]; whether it held.
-pub fn wait_until_or(mut condition: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + super::DEADLINE;
-    loop {
-        if condition() {
-            return true;
-        }
-        if std::time::Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }

@@ -9,12 +9,12 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::time::{Duration, Instant};
 
+pub use kpm_test_support::blocking::wait_until;
+use kpm_test_support::{OwnRuntime, Stopper};
 use serde_json::Value;
 
 pub const KPM: &str = env!("CARGO_BIN_EXE_kpm");
-pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A running `kpm run --root-dir <root>`, killed on drop. Its log goes to
 /// `<root>/kpm.log` (a pipe nobody reads could fill up and stall it).
@@ -150,15 +150,6 @@ pub fn kpm(args: &[&str]) -> Output {
     Command::new(KPM).args(args).output().unwrap()
 }
 
-/// Polls `condition` every 10 ms until it holds; fails the test after [`DEADLINE`].
-pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 // === HTTP ===
 
 /// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
@@ -213,49 +204,21 @@ pub fn device_plugin(devices: &[(&str, &str)]) -> tonic::service::Routes {
     kpm_registrar::stub::StubDevicePlugin::new(devices.iter().copied()).0.routes()
 }
 
-/// A service running on its own thread and tokio runtime, so that stopping it
-/// closes its connections the way a process exit does (aborting a tonic
-/// server task would leave accepted connections running).
-pub struct Served {
-    stop: Option<std::sync::mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Stops a [`Served`] service from anywhere, even from inside one of its
-/// own calls (a plugin that exits in the middle of a call).
-#[derive(Clone)]
-pub struct Stopper(std::sync::mpsc::Sender<()>);
-
-impl Stopper {
-    pub fn stop(&self) {
-        let _ = self.0.send(());
-    }
-}
+/// A service on its own thread and tokio runtime ([`OwnRuntime`]), so that
+/// stopping it closes its connections the way a process exit does.
+pub struct Served(OwnRuntime);
 
 impl Served {
     /// Stops the service and drops every connection it had; the socket file
     /// stays, as after a crash.
-    pub fn stop(mut self) {
-        self.halt();
+    pub fn stop(self) {
+        self.0.stop();
     }
 
+    /// Stops the service from anywhere, even from inside one of its own
+    /// calls (a plugin that exits in the middle of a call).
     pub fn stopper(&self) -> Stopper {
-        Stopper(self.stop.clone().unwrap())
-    }
-
-    fn halt(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.halt();
+        self.0.stopper()
     }
 }
 
@@ -283,21 +246,10 @@ fn serve_incoming<F>(
 where
     F: Future<Output = kpm_api::uds::Incoming>,
 {
-    let (stop, stopped) = std::sync::mpsc::channel::<()>();
-    let (bound_tx, bound) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let incoming = runtime.block_on(incoming());
+    Served(OwnRuntime::start(move || async move {
+        let incoming = incoming().await;
         let server =
             tonic::transport::Server::builder().add_routes(routes).serve_with_incoming(incoming);
-        runtime.spawn(server);
-        bound_tx.send(()).unwrap();
-        // Runs the server until `stop` is dropped or sent to, then drops the
-        // runtime with every connection task on it.
-        let _ =
-            runtime.block_on(async { tokio::task::spawn_blocking(move || stopped.recv()).await });
-        runtime.shutdown_background();
-    });
-    bound.recv().unwrap();
-    Served { stop: Some(stop), thread: Some(thread) }
+        tokio::spawn(server);
+    }))
 }

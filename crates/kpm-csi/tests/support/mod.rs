@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use kpm_api::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
@@ -20,14 +19,12 @@ use kpm_api::csi::v1::{
     identity_server::{Identity, IdentityServer},
     node_server::{Node, NodeServer},
 };
+use kpm_test_support::within;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
-
-/// How long a test waits for something that should happen promptly.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
 
 /// How the fake driver answers one NodeGetInfo call.
 #[derive(Clone)]
@@ -82,9 +79,8 @@ impl FakeDriver {
     /// Waits until at least `n` NodeGetInfo calls have arrived.
     pub(crate) async fn wait_for_calls(&self, n: usize) {
         let mut calls = self.calls.subscribe();
-        tokio::time::timeout(DEADLINE, calls.wait_for(|calls| *calls >= n))
+        within(format_args!("{n} NodeGetInfo calls arrive"), calls.wait_for(|calls| *calls >= n))
             .await
-            .expect("NodeGetInfo calls arrive before the deadline")
             .unwrap();
     }
 
@@ -178,10 +174,7 @@ impl Served {
     /// Waits until every connection to the driver has been closed.
     pub(crate) async fn wait_until_no_connection_is_open(&self) {
         let mut open = self.open.subscribe();
-        tokio::time::timeout(DEADLINE, open.wait_for(|open| *open == 0))
-            .await
-            .expect("connections are closed before the deadline")
-            .unwrap();
+        within("every connection is closed", open.wait_for(|open| *open == 0)).await.unwrap();
     }
 
     /// The number of connections accepted and not yet closed.

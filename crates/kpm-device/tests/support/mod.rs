@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::os::fd::AsFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kpm_api::deviceplugin::v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
@@ -22,14 +21,15 @@ use kpm_api::deviceplugin::v1beta1::{
     PreferredAllocationResponse, RegisterRequest, TopologyInfo,
 };
 use kpm_device::{DeviceManager, ResourceStatus};
+use kpm_test_support::within;
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-/// How long a test waits for something that should happen promptly.
-pub const DEADLINE: Duration = Duration::from_secs(10);
+/// The shared deadline, for the timeouts the tests configure.
+pub use kpm_test_support::DEADLINE;
 
 /// The resource most tests register.
 pub const GPU: &str = "vendor.com/gpu";
@@ -120,10 +120,12 @@ impl FakePlugin {
     /// Waits until `ListAndWatch` has been called `n` times.
     pub async fn wait_for_list_and_watch(&self, n: usize) {
         let mut calls = self.list_and_watch_calls.subscribe();
-        tokio::time::timeout(DEADLINE, calls.wait_for(|calls| *calls >= n))
-            .await
-            .expect("ListAndWatch is called before the deadline")
-            .unwrap();
+        within(
+            format_args!("ListAndWatch is called {n} times"),
+            calls.wait_for(|calls| *calls >= n),
+        )
+        .await
+        .unwrap();
     }
 
     /// `ListAndWatch` streams the node agent still reads.
@@ -134,13 +136,12 @@ impl FakePlugin {
     /// Waits until the node agent has closed every `ListAndWatch` stream.
     pub async fn wait_until_streams_are_closed(&self) {
         let streams: Vec<_> = self.streams.lock().clone();
-        tokio::time::timeout(DEADLINE, async {
+        within("the node agent closes every stream", async {
             for stream in streams {
                 stream.closed().await;
             }
         })
-        .await
-        .expect("the node agent closes the stream before the deadline");
+        .await;
     }
 }
 
@@ -326,10 +327,8 @@ pub async fn wait_until(
             changes.changed().await.unwrap();
         }
     };
-    let Ok(resources) = tokio::time::timeout(DEADLINE, wait).await else {
-        panic!("{what}: not within {DEADLINE:?}; resources: {:#?}", manager.resources());
-    };
-    resources
+    let what = kpm_test_support::lazy(|| format!("{what}; resources: {:#?}", manager.resources()));
+    within(what, wait).await
 }
 
 /// Waits until `resource` exists with `healthy` and `unhealthy` devices.

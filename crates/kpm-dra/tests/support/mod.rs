@@ -12,17 +12,14 @@
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kpm_api::dra::{v1, v1beta1};
 use kpm_api::dra_health::{v1 as health_v1, v1alpha1 as health_v1alpha1};
+use kpm_test_support::OwnRuntime;
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
-
-/// How long a test waits for something that should happen promptly.
-pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Which DRA plugin services the fake serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,10 +97,8 @@ impl FakeDriver {
     /// Waits until at least `n` `NodeWatchResources` calls have arrived.
     pub async fn wait_for_watches(&self, n: usize) {
         let mut watches = self.watches.subscribe();
-        tokio::time::timeout(DEADLINE, watches.wait_for(|watches| *watches >= n))
-            .await
-            .expect("NodeWatchResources calls arrive before the deadline")
-            .unwrap();
+        let what = format!("{n} NodeWatchResources calls arrive");
+        kpm_test_support::within(what, watches.wait_for(|watches| *watches >= n)).await.unwrap();
     }
 
     async fn record<T>(
@@ -279,8 +274,7 @@ pub struct Served {
     pub socket: PathBuf,
     pub driver: Arc<FakeDriver>,
     accepted: Arc<watch::Sender<usize>>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    runtime: OwnRuntime,
 }
 
 impl Served {
@@ -295,89 +289,57 @@ impl Served {
     }
 
     /// Stops the driver like an exiting process: every connection is closed.
-    pub fn stop(mut self) {
-        self.shut_down();
-    }
-
-    fn shut_down(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            thread.join().unwrap();
-        }
+    pub fn stop(self) {
+        self.runtime.stop();
     }
 }
 
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.shut_down();
-    }
-}
-
-/// Serves `driver` on `socket` (a stale socket file is replaced).
-pub async fn serve(socket: &Path, driver: &Arc<FakeDriver>) -> Served {
-    let (ready_tx, ready_rx) = oneshot::channel();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+/// Serves `driver` on `socket` (a stale socket file is replaced) on its own
+/// runtime; returns once the socket listens.
+pub fn serve(socket: &Path, driver: &Arc<FakeDriver>) -> Served {
     let accepted = Arc::new(watch::Sender::new(0_usize));
-    let thread = {
+    let runtime = {
         let socket = socket.to_path_buf();
         let driver = Arc::clone(driver);
         let accepted = Arc::clone(&accepted);
-        std::thread::spawn(move || {
-            let runtime =
-                tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            runtime.block_on(async move {
-                let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
-                    accepted.send_modify(|accepted| *accepted += 1);
-                    stream
-                });
-                let mut router = tonic::transport::Server::builder().add_routes(tonic::service::Routes::default());
-                if matches!(driver.serves, Serves::V1 | Serves::Both) {
-                    router = router.add_service(v1::dra_plugin_server::DraPluginServer::new(
-                        V1Plugin(Arc::clone(&driver)),
-                    ));
-                }
-                if matches!(driver.serves, Serves::V1beta1 | Serves::Both) {
+        OwnRuntime::start(move || async move {
+            let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
+                accepted.send_modify(|accepted| *accepted += 1);
+                stream
+            });
+            let mut router =
+                tonic::transport::Server::builder().add_routes(tonic::service::Routes::default());
+            if matches!(driver.serves, Serves::V1 | Serves::Both) {
+                router = router.add_service(v1::dra_plugin_server::DraPluginServer::new(V1Plugin(
+                    Arc::clone(&driver),
+                )));
+            }
+            if matches!(driver.serves, Serves::V1beta1 | Serves::Both) {
+                router = router.add_service(v1beta1::dra_plugin_server::DraPluginServer::new(
+                    V1beta1Plugin(Arc::clone(&driver)),
+                ));
+            }
+            match driver.health {
+                Some(Health::V1 | Health::V1ThenEnd) => {
                     router = router.add_service(
-                        v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1Plugin(
-                            Arc::clone(&driver),
-                        )),
+                        health_v1::dra_resource_health_server::DraResourceHealthServer::new(
+                            V1Health(Arc::clone(&driver)),
+                        ),
                     );
                 }
-                match driver.health {
-                    Some(Health::V1 | Health::V1ThenEnd) => {
-                        router = router.add_service(
-                            health_v1::dra_resource_health_server::DraResourceHealthServer::new(
-                                V1Health(Arc::clone(&driver)),
-                            ),
-                        );
-                    }
-                    Some(Health::V1alpha1) => {
-                        router = router.add_service(
-                            health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
-                                V1alpha1Health(Arc::clone(&driver)),
-                            ),
-                        );
-                    }
-                    None => {}
+                Some(Health::V1alpha1) => {
+                    router = router.add_service(
+                        health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                            V1alpha1Health(Arc::clone(&driver)),
+                        ),
+                    );
                 }
-                tokio::spawn(router.serve_with_incoming(incoming));
-                ready_tx.send(()).unwrap();
-                let _ = stop_rx.await;
-            });
-            // Dropping the runtime drops every connection task: the sockets close.
-            drop(runtime);
+                None => {}
+            }
+            tokio::spawn(router.serve_with_incoming(incoming));
         })
     };
-    ready_rx.await.expect("the fake driver starts");
-    Served {
-        socket: socket.to_path_buf(),
-        driver: Arc::clone(driver),
-        accepted,
-        stop: Some(stop_tx),
-        thread: Some(thread),
-    }
+    Served { socket: socket.to_path_buf(), driver: Arc::clone(driver), accepted, runtime }
 }
 
 /// A claim with this uid.
@@ -388,13 +350,4 @@ pub fn claim(uid: &str) -> v1::Claim {
 /// The strings as owned strings.
 pub fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|item| (*item).to_owned()).collect()
-}
-
-/// Polls `condition` every 10 ms until it holds, failing after [`DEADLINE`].
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let give_up = tokio::time::Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(tokio::time::Instant::now() < give_up, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

@@ -1,33 +1,18 @@
 //! Helpers shared by the integration tests: a watcher on a temp dir, real
-//! Unix sockets, and polling with deadlines (no fixed sleeps).
+//! Unix sockets, and waits for DesiredState (no fixed sleeps).
 
 // Not every test binary uses every helper; a failed setup fails the test.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::fmt::Display;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
 
 use kpm_cache::{DesiredState, Generation};
+use kpm_test_support::wait_until;
 use kpm_watcher::{Watcher, WatcherConfig};
 use tempfile::TempDir;
-
-/// How long any expected change may take on a loaded machine.
-pub(crate) const DEADLINE: Duration = Duration::from_secs(10);
-const POLL: Duration = Duration::from_millis(5);
-
-/// Polls `condition` every few milliseconds until it holds; panics after
-/// [`DEADLINE`] naming `what`.
-pub(crate) async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + DEADLINE;
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out after {DEADLINE:?} waiting until {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// Binds a Unix socket at `path` and keeps it listening.
 pub(crate) fn serve(path: &Path) -> UnixListener {

@@ -1,0 +1,285 @@
+//! Helpers shared by kpm's tests, so that no test can flake on a busy
+//! machine:
+//!
+//! - [`wait_until`] and [`within`] wait for an event through tokio time with a
+//!   generous [`DEADLINE`], and work the same on paused time;
+//! - [`blocking::wait_until`] and [`blocking::eventually`] poll from sync tests
+//!   that drive the `kpm` binary as a process;
+//! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
+//!   runtime, so that stopping it closes its connections the way a process
+//!   exit does.
+//!
+//! A deadline here only bounds how long a broken test hangs: tests wait for
+//! the event itself and never assert an upper bound on real time.
+//!
+//! # Panics
+//!
+//! Every wait panics, naming what it waited for, once the deadline has
+//! passed; that fails the test that called it.
+
+#![allow(
+    clippy::panic,
+    clippy::expect_used,
+    clippy::missing_panics_doc,
+    reason = "a helper that can wait no longer fails the test that called it (crate docs)"
+)]
+
+use std::fmt::Display;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+/// How long a test waits for something that must happen: far beyond any
+/// wait on a loaded machine, so reaching it means the thing never happens.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// How often the polling helpers check their condition.
+pub const POLL: Duration = Duration::from_millis(5);
+
+/// Checks `condition` every [`POLL`] (tokio time) until it holds; panics
+/// naming `what` once [`DEADLINE`] has passed. On paused time each poll
+/// lets the runtime move on to its next timer.
+pub async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !condition() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {DEADLINE:?} waiting until {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A description computed only when shown: `what` for [`wait_until`] that
+/// reports the state at the time of a timeout, not at the start of the wait.
+pub fn lazy<F: Fn() -> String>(describe: F) -> impl Display {
+    /// Shows what its function returns.
+    struct Lazy<F>(F);
+    impl<F: Fn() -> String> Display for Lazy<F> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&(self.0)())
+        }
+    }
+    Lazy(describe)
+}
+
+/// Awaits `future`, panicking naming `what` if it is not done within
+/// [`DEADLINE`] (tokio time). For waits on a watch channel, a notification or
+/// an operation, where polling is not needed.
+pub async fn within<F: IntoFuture>(what: impl Display, future: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, future)
+        .await
+        .unwrap_or_else(|_elapsed| panic!("timed out after {DEADLINE:?} waiting until {what}"))
+}
+
+/// Waits for sync tests, which drive `kpm` as a process and have no tokio
+/// runtime of their own: polling on real time with the same deadline.
+pub mod blocking {
+    use std::fmt::Display;
+    use std::time::Instant;
+
+    use super::{DEADLINE, POLL};
+
+    /// Checks `condition` every [`POLL`] until it holds; panics naming `what`
+    /// once [`DEADLINE`] has passed.
+    pub fn wait_until(what: impl Display, condition: impl FnMut() -> bool) {
+        assert!(eventually(condition), "timed out after {DEADLINE:?} waiting until {what}");
+    }
+
+    /// Checks `condition` every [`POLL`] until it holds or [`DEADLINE`] has
+    /// passed; whether it held. For callers that explain a timeout themselves.
+    pub fn eventually(mut condition: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if condition() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// Tasks on their own thread and current-thread tokio runtime, ended like an
+/// exiting process: stopping drops the runtime with every task on it, so
+/// every connection they accepted closes. (Aborting a tonic server task
+/// would leave its accepted connections running.)
+#[derive(Debug)]
+pub struct OwnRuntime {
+    stopper: Stopper,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Stops an [`OwnRuntime`] from anywhere, even from one of its own tasks (a
+/// plugin that exits in the middle of a call).
+#[derive(Debug, Clone)]
+pub struct Stopper(Arc<Notify>);
+
+impl Stopper {
+    /// Asks the runtime to stop; it does once its thread wakes up.
+    pub fn stop(&self) {
+        // A stored permit: a stop before the runtime waits is not lost.
+        self.0.notify_one();
+    }
+}
+
+impl OwnRuntime {
+    /// Starts the thread and runtime, runs `setup` on it to completion (bind
+    /// the socket, spawn the server), and returns once it has: whatever
+    /// `setup` bound is ready. The tasks it spawned run until stopped. A
+    /// panic in `setup` is raised here.
+    pub fn start<F, Fut>(setup: F) -> Self
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = ()>,
+    {
+        let stopper = Stopper(Arc::new(Notify::new()));
+        let stop = Arc::clone(&stopper.0);
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a tokio runtime for the service");
+            runtime.block_on(setup());
+            let _ = ready_tx.send(());
+            runtime.block_on(stop.notified());
+            // Dropping the runtime drops every task on it, with its sockets.
+            drop(runtime);
+        });
+        if ready.recv().is_err() {
+            // `setup` panicked: the thread is gone, show why.
+            match thread.join() {
+                Err(panic) => std::panic::resume_unwind(panic),
+                Ok(()) => panic!("the runtime's thread ended before its setup did"),
+            }
+        }
+        Self { stopper, thread: Some(thread) }
+    }
+
+    /// A handle that stops the runtime, for use from anywhere.
+    pub fn stopper(&self) -> Stopper {
+        self.stopper.clone()
+    }
+
+    /// Stops the runtime and waits until every task on it is dropped.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stopper.stop();
+        if let Some(thread) = self.thread.take() {
+            let joined = thread.join();
+            if let Err(panic) = joined
+                && !std::thread::panicking()
+            {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The helpers themselves, on paused time where they use tokio time.
+
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_until_returns_once_the_condition_holds() {
+        let start = tokio::time::Instant::now();
+        let mut checks = 0;
+        wait_until("the third check", || {
+            checks += 1;
+            checks == 3
+        })
+        .await;
+        assert_eq!(start.elapsed(), POLL * 2, "two polls between three checks");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_until_fails_naming_what_after_the_deadline() {
+        let start = tokio::time::Instant::now();
+        let waited = tokio::spawn(wait_until("pigs fly", || false)).await;
+        let panic = waited.expect_err("it panics").into_panic();
+        let message = panic.downcast_ref::<String>().expect("a formatted message");
+        assert_eq!(*message, format!("timed out after {DEADLINE:?} waiting until pigs fly"));
+        assert!(start.elapsed() >= DEADLINE);
+    }
+
+    #[test]
+    fn lazy_describes_the_state_when_shown() {
+        let state = std::cell::Cell::new(1);
+        let what = lazy(|| format!("state {}", state.get()));
+        state.set(2);
+        assert_eq!(what.to_string(), "state 2");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn within_returns_the_output_or_fails_naming_what() {
+        assert_eq!(within("ready", async { 7 }).await, 7);
+        let waited = tokio::spawn(within("never", std::future::pending::<()>())).await;
+        let panic = waited.expect_err("it panics").into_panic();
+        let message = panic.downcast_ref::<String>().expect("a formatted message");
+        assert!(message.ends_with("waiting until never"), "{message}");
+    }
+
+    #[test]
+    fn blocking_eventually_says_whether_the_condition_held() {
+        let mut checks = 0;
+        assert!(blocking::eventually(|| {
+            checks += 1;
+            checks == 2
+        }));
+        blocking::wait_until("at once", || true);
+    }
+
+    #[test]
+    fn own_runtime_runs_its_tasks_until_stopped_then_drops_them() {
+        /// Sets its flag when dropped.
+        struct Dropped(Arc<AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let dropped = Arc::new(AtomicBool::new(false));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let runtime = {
+            let (dropped, ran) = (Arc::clone(&dropped), Arc::clone(&ran));
+            OwnRuntime::start(move || async move {
+                ran.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let _guard = Dropped(dropped);
+                    std::future::pending::<()>().await;
+                });
+            })
+        };
+        assert_eq!(ran.load(Ordering::SeqCst), 1, "setup ran before start returned");
+        assert!(!dropped.load(Ordering::SeqCst));
+        runtime.stopper().stop();
+        runtime.stop();
+        assert!(dropped.load(Ordering::SeqCst), "the task was dropped with the runtime");
+    }
+
+    #[test]
+    fn a_panic_in_setup_is_raised_by_start() {
+        let started = std::panic::catch_unwind(|| {
+            OwnRuntime::start(|| async { panic!("cannot bind") });
+        });
+        let panic = started.expect_err("start panics");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"cannot bind"));
+    }
+}
