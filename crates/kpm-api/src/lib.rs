@@ -21,6 +21,8 @@
 //! [`uds`]: dialing and binding Unix sockets, with the `:authority`
 //! rewriting that lets a tonic server accept grpc-go's requests.
 
+#![deny(missing_docs)]
+
 pub mod config;
 pub mod constants;
 mod file_id;
@@ -33,6 +35,9 @@ pub use file_id::FileId;
 pub mod registration {
     /// Version v1. The proto package is `pluginregistration` in every version,
     /// so v1alpha1, v1beta1 and v1 plugins are all served by this code.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
@@ -44,6 +49,9 @@ pub mod registration {
 #[cfg(feature = "csi")]
 pub mod csi {
     /// CSI v1 (`csi.v1`): `Identity` and the `Node` calls made at registration.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
@@ -55,6 +63,9 @@ pub mod csi {
 #[cfg(feature = "device")]
 pub mod deviceplugin {
     /// Version v1beta1 (proto package `v1beta1`).
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1beta1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
@@ -66,6 +77,9 @@ pub mod deviceplugin {
 #[cfg(feature = "dra")]
 pub mod dra {
     /// Version v1 (`k8s.io.kubelet.pkg.apis.dra.v1`), advertised as `v1.DRAPlugin`.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
@@ -73,6 +87,9 @@ pub mod dra {
     }
     /// Version v1beta1 (`k8s.io.kubelet.pkg.apis.dra.v1beta1`), advertised as
     /// `v1beta1.DRAPlugin`. Identical to v1 except that `Device` has no `share_id`.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1beta1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
@@ -84,12 +101,18 @@ pub mod dra {
 #[cfg(feature = "dra")]
 pub mod dra_health {
     /// Version v1 (proto package `v1`), advertised as `v1.DRAResourceHealth`.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
         include!("gen/v1.rs");
     }
     /// Version v1alpha1 (proto package `v1alpha1`), advertised as `v1alpha1.DRAResourceHealth`.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
     pub mod v1alpha1 {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]

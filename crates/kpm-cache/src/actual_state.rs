@@ -15,15 +15,22 @@ use crate::{CacheError, ChangeSignal, Changes, Generation, PluginHandler};
 /// same handler even if the handler table changed since).
 #[derive(Clone)]
 pub struct PluginInfo {
+    /// The registration socket, the key of the cache.
     pub socket_path: PathBuf,
+    /// The incarnation of the socket that was registered.
     pub generation: Generation,
+    /// The type the plugin reported in `GetInfo` (`CSIPlugin`, `DevicePlugin`,
+    /// `DRAPlugin`), which chose the handler.
     pub plugin_type: String,
+    /// The plugin's name as it reported it in `GetInfo`.
     pub name: String,
     /// The plugin's service socket; the registration socket if it gave none.
     pub endpoint: String,
+    /// The versions of the plugin's service that it said it supports.
     pub versions: Vec<String>,
     /// Wall-clock time of registration, for display only: identity is `generation`.
     pub registered_at: SystemTime,
+    /// The handler that registered the plugin and will deregister it.
     pub handler: Arc<dyn PluginHandler>,
 }
 
@@ -49,6 +56,7 @@ pub struct ActualState {
 }
 
 impl ActualState {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -108,14 +116,17 @@ impl ActualState {
         self.plugins.read().get(socket_path).map(|info| info.generation)
     }
 
+    /// A copy of the plugin registered at `socket_path`, if any.
     pub fn get(&self, socket_path: &Path) -> Option<PluginInfo> {
         self.plugins.read().get(socket_path).cloned()
     }
 
+    /// How many plugins are registered.
     pub fn len(&self) -> usize {
         self.plugins.read().len()
     }
 
+    /// Whether no plugin is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

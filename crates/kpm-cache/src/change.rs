@@ -23,10 +23,12 @@ impl Default for ChangeSignal {
 }
 
 impl ChangeSignal {
+    /// Records one change and wakes every subscriber.
     pub fn bump(&self) {
         self.tx.send_modify(|count| *count = count.wrapping_add(1));
     }
 
+    /// A subscription that wakes on the changes made after this call.
     pub fn subscribe(&self) -> Changes {
         Changes { rx: self.tx.subscribe() }
     }

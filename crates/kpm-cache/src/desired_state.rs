@@ -16,6 +16,7 @@ use crate::{CacheError, ChangeSignal, Changes};
 pub struct Generation(u64);
 
 impl Generation {
+    /// The number, for logs and status output; only its order means anything.
     pub fn get(self) -> u64 {
         self.0
     }
@@ -30,7 +31,9 @@ impl fmt::Display for Generation {
 /// A socket that should be registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DesiredPlugin {
+    /// The registration socket.
     pub socket_path: PathBuf,
+    /// Its current incarnation.
     pub generation: Generation,
 }
 
@@ -67,6 +70,7 @@ impl Inner {
 }
 
 impl DesiredState {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -113,6 +117,7 @@ impl DesiredState {
         removed
     }
 
+    /// Whether a socket exists at `socket_path`, in any incarnation.
     pub fn contains(&self, socket_path: &Path) -> bool {
         self.inner.read().plugins.contains_key(socket_path)
     }
@@ -122,10 +127,12 @@ impl DesiredState {
         self.inner.read().plugins.get(socket_path).copied()
     }
 
+    /// How many sockets exist.
     pub fn len(&self) -> usize {
         self.inner.read().plugins.len()
     }
 
+    /// Whether no socket exists.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

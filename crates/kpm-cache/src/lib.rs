@@ -15,6 +15,8 @@
 //! no IO. DesiredState also journals the paths that changed, for the
 //! reconciler alone to drain ([`DesiredState::take_changed`]).
 
+#![deny(missing_docs)]
+
 mod actual_state;
 mod change;
 mod desired_state;
@@ -29,6 +31,7 @@ pub use handler::{HandlerError, PluginHandler};
 
 /// Errors of the cache crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CacheError {
     /// A cache entry was added with an empty socket path (the kubelet's text).
     #[error("socket path is empty")]

@@ -24,15 +24,22 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why a CSI driver could not be validated, registered or published. Variants
 /// are named after the step that failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CsiError {
     // === Parsing one version (apimachinery `ParseGeneric`) ===
     /// The text does not look like a version at all.
     #[error("could not parse {} as version", go_quote(version))]
-    UnparsableVersion { version: String },
+    UnparsableVersion {
+        /// The text given.
+        version: String,
+    },
 
     /// Fewer than two dot-separated components.
     #[error("illegal version string {}", go_quote(version))]
-    IllegalVersion { version: String },
+    IllegalVersion {
+        /// The text given.
+        version: String,
+    },
 
     /// The major component has a leading zero (`01.2`).
     #[error(
@@ -40,7 +47,12 @@ pub enum CsiError {
         go_quote(component),
         go_quote(version)
     )]
-    ZeroPrefixedVersionComponent { version: String, component: String },
+    ZeroPrefixedVersionComponent {
+        /// The text given.
+        version: String,
+        /// The offending component.
+        component: String,
+    },
 
     /// A component does not fit in 64 bits.
     #[error(
@@ -49,7 +61,12 @@ pub enum CsiError {
         go_quote(version),
         go_quote(component)
     )]
-    VersionComponentOutOfRange { version: String, component: String },
+    VersionComponentOutOfRange {
+        /// The text given.
+        version: String,
+        /// The offending component.
+        component: String,
+    },
 
     // === `HighestSupportedVersion` ===
     /// The list of versions is empty.
@@ -65,14 +82,19 @@ pub enum CsiError {
         last_error.as_ref().map_or_else(|| "<nil>".to_owned(), ToString::to_string)
     )]
     NoSupportedVersion {
+        /// The versions the driver reported.
         versions: Vec<String>,
+        /// The parse error of the first unparsable entry, if any.
         #[source]
         last_error: Option<Box<CsiError>>,
     },
 
     /// Only 0.x versions remained.
     #[error("highest supported version reported is {version}, must be v1.x")]
-    NotV1 { version: Version },
+    NotV1 {
+        /// The highest version found.
+        version: Version,
+    },
 
     /// The name breaks the CSI spec's rule for `GetPluginInfo.name`, which the
     /// kubelet does not check but uses in directory names.
@@ -80,7 +102,12 @@ pub enum CsiError {
         "kubernetes.io/csi: {caller} for CSI driver {} failed. The name must be at most 63 characters of [a-zA-Z0-9.-], beginning and ending with an alphanumeric character (CSI spec, GetPluginInfo)",
         go_quote(name)
     )]
-    InvalidDriverName { caller: &'static str, name: String },
+    InvalidDriverName {
+        /// The kubelet step that checked it (`ValidatePlugin` or `RegisterPlugin`).
+        caller: &'static str,
+        /// The driver's name.
+        name: String,
+    },
 
     // === `validateVersions` (caller is "ValidatePlugin" or "RegisterPlugin") ===
     /// The plugin reported no versions.
@@ -88,7 +115,12 @@ pub enum CsiError {
         "kubernetes.io/csi: {caller} for CSI driver {} failed. Plugin returned an empty list for supported versions",
         go_quote(name)
     )]
-    EmptyVersions { caller: &'static str, name: String },
+    EmptyVersions {
+        /// The kubelet step that checked it (`ValidatePlugin` or `RegisterPlugin`).
+        caller: &'static str,
+        /// The driver's name.
+        name: String,
+    },
 
     /// None of the versions is a supported 1.x version.
     #[error(
@@ -97,9 +129,13 @@ pub enum CsiError {
         go_quote_list(versions)
     )]
     UnsupportedVersions {
+        /// The kubelet step that checked it (`ValidatePlugin` or `RegisterPlugin`).
         caller: &'static str,
+        /// The driver's name.
         name: String,
+        /// The versions the driver reported.
         versions: Vec<String>,
+        /// Why no version qualified.
         #[source]
         source: Box<CsiError>,
     },
@@ -109,13 +145,23 @@ pub enum CsiError {
         "kubernetes.io/csi: {caller} for CSI driver {} failed. Another driver with the same name is already registered with a higher supported version: {}",
         go_quote(name), go_quote(&existing.to_string())
     )]
-    HigherVersionRegistered { caller: &'static str, name: String, existing: Version },
+    HigherVersionRegistered {
+        /// The kubelet step that checked it (`ValidatePlugin` or `RegisterPlugin`).
+        caller: &'static str,
+        /// The driver's name.
+        name: String,
+        /// The version of the driver already registered.
+        existing: Version,
+    },
 
     /// `ValidatePlugin`'s wrapper around a `validateVersions` error.
     #[error("validation failed for CSI Driver {name} at endpoint {endpoint}: {source}")]
     Validation {
+        /// The driver's name.
         name: String,
+        /// The driver's service socket.
         endpoint: String,
+        /// The `validateVersions` error.
         #[source]
         source: Box<CsiError>,
     },
@@ -127,13 +173,18 @@ pub enum CsiError {
 
     /// No driver with this name is registered.
     #[error("driver name {name} not found in the list of registered CSI drivers")]
-    DriverNotFound { name: String },
+    DriverNotFound {
+        /// The name looked up.
+        name: String,
+    },
 
     // === NodeGetInfo ===
     /// Connecting to the driver's endpoint failed.
     #[error("NodeGetInfo on {endpoint}: {}", error_chain(source))]
     Dial {
+        /// The driver's service socket.
         endpoint: String,
+        /// The transport's error.
         #[source]
         source: TransportError,
     },
@@ -145,14 +196,21 @@ pub enum CsiError {
         go_code_name(status.code()), status.message()
     )]
     NodeGetInfo {
+        /// The driver's service socket.
         endpoint: String,
+        /// The status the driver returned.
         #[source]
         status: tonic::Status,
     },
 
     /// Dialing and calling NodeGetInfo did not finish within the timeout.
     #[error("NodeGetInfo on {endpoint}: no answer within {timeout:?} (context deadline exceeded)")]
-    NodeGetInfoTimeout { endpoint: String, timeout: Duration },
+    NodeGetInfoTimeout {
+        /// The driver's service socket.
+        endpoint: String,
+        /// The deadline that passed.
+        timeout: Duration,
+    },
 
     // === Node info (nodeinfomanager) ===
     /// The driver reported an empty node id.
@@ -167,7 +225,14 @@ pub enum CsiError {
         go_quote(key),
         go_quote(existing)
     )]
-    TopologyCollision { key: String, reported: String, existing: String },
+    TopologyCollision {
+        /// The topology key (a node label key).
+        key: String,
+        /// The value the driver reported.
+        reported: String,
+        /// The value of the node's label.
+        existing: String,
+    },
 
     /// The node id annotation is not a JSON object of strings.
     #[error(
@@ -175,7 +240,9 @@ pub enum CsiError {
         go_quote(value)
     )]
     ParseAnnotation {
+        /// The annotation's value.
         value: String,
+        /// The JSON error.
         #[source]
         source: serde_json::Error,
     },
@@ -188,8 +255,11 @@ pub enum CsiError {
         go_quote(node_id)
     )]
     EncodeAnnotation {
+        /// The driver's name.
         driver: String,
+        /// The node id the driver reported.
         node_id: String,
+        /// The JSON error.
         #[source]
         source: serde_json::Error,
     },
@@ -197,6 +267,7 @@ pub enum CsiError {
     /// A Kubernetes-API-backed sink could not update the Node object.
     #[error("error updating Node object with CSI driver node info: {source}")]
     UpdateNode {
+        /// The sink's (API client's) error.
         #[source]
         source: BoxError,
     },
@@ -204,6 +275,7 @@ pub enum CsiError {
     /// A Kubernetes-API-backed sink could not create or update the CSINode object.
     #[error("error updating CSINode object with CSI driver node info: {source}")]
     UpdateCsiNode {
+        /// The sink's (API client's) error.
         #[source]
         source: BoxError,
     },
@@ -211,6 +283,7 @@ pub enum CsiError {
     /// A Kubernetes-API-backed sink could not remove the driver from the CSINode object.
     #[error("error uninstalling CSI driver from CSINode object {source}")]
     UninstallFromCsiNode {
+        /// The sink's (API client's) error.
         #[source]
         source: BoxError,
     },
@@ -218,9 +291,11 @@ pub enum CsiError {
     /// A Kubernetes-API-backed sink could not remove the driver from the Node object.
     #[error("error removing CSI driver node info from Node object {source}")]
     UninstallFromNode {
+        /// The sink's (API client's) error.
         #[source]
         source: BoxError,
     },
+
     /// A duration of the [`CsiConfig`](crate::CsiConfig) is out of range;
     /// see [`CsiConfig::validate`](crate::CsiConfig::validate).
     #[error("invalid CSI handler config: {0}")]

@@ -60,6 +60,8 @@
 //! - **NodeGetInfo errors name the step and the endpoint**, then give the
 //!   kubelet's text: `NodeGetInfo on <endpoint>: rpc error: code = <code> desc = <message>`.
 
+#![deny(missing_docs)]
+
 mod client;
 mod error;
 mod handler;

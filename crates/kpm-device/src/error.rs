@@ -16,6 +16,7 @@ use kpm_api::uds::TransportError;
 /// `kubelet.sock` could not be served. Variants are named after the step that
 /// failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeviceError {
     // === Validation on the plugin-watcher path (`ValidatePlugin`) ===
     /// None of the plugin's versions is `v1beta1`.
@@ -23,11 +24,17 @@ pub enum DeviceError {
         "manager version, v1beta1, is not among plugin supported versions {}",
         go_list(versions)
     )]
-    UnsupportedVersions { versions: Vec<String> },
+    UnsupportedVersions {
+        /// The versions the plugin reported.
+        versions: Vec<String>,
+    },
 
     /// The plugin name is not an extended resource name.
     #[error("invalid name of device plugin socket: the ResourceName {} is invalid", go_quote(name))]
-    InvalidPluginName { name: String },
+    InvalidPluginName {
+        /// The plugin's name.
+        name: String,
+    },
 
     // === Validation of a `v1beta1.Registration/Register` request ===
     /// The request's version is not `v1beta1`.
@@ -35,11 +42,17 @@ pub enum DeviceError {
         "requested API version {} is not supported by kubelet. Supported version is [\"v1beta1\"]",
         go_quote(version)
     )]
-    UnsupportedVersion { version: String },
+    UnsupportedVersion {
+        /// The version the request asked for.
+        version: String,
+    },
 
     /// The request's resource name is not an extended resource name.
     #[error("the ResourceName {} is invalid", go_quote(resource))]
-    InvalidResourceName { resource: String },
+    InvalidResourceName {
+        /// The resource name requested.
+        resource: String,
+    },
 
     /// The request's endpoint is not a plain file name (absolute, `..`, a
     /// `/`, empty): it would point outside the device-plugins directory.
@@ -48,15 +61,23 @@ pub enum DeviceError {
         go_quote(endpoint),
         dir.display()
     )]
-    InvalidEndpoint { endpoint: String, dir: PathBuf },
+    InvalidEndpoint {
+        /// The endpoint the request gave.
+        endpoint: String,
+        /// The device-plugins directory.
+        dir: PathBuf,
+    },
 
     // === Connecting to a device plugin ===
     /// Connecting to the plugin's socket failed or timed out. The source
     /// names the socket.
     #[error("failed to dial device plugin {resource}: {}", error_chain(source))]
     Dial {
+        /// The extended resource name.
         resource: String,
+        /// The plugin's service socket.
         socket: PathBuf,
+        /// The transport's error.
         #[source]
         source: TransportError,
     },
@@ -67,26 +88,40 @@ pub enum DeviceError {
         socket.display(), go_code_name(status.code()), status.message()
     )]
     GetDevicePluginOptions {
+        /// The extended resource name.
         resource: String,
+        /// The plugin's service socket.
         socket: PathBuf,
+        /// The status the plugin returned.
         #[source]
         status: tonic::Status,
     },
 
     /// The manager was shut down: no new endpoints are connected.
     #[error("device manager is shut down: not connecting {resource} at {}", socket.display())]
-    ShutDown { resource: String, socket: PathBuf },
+    ShutDown {
+        /// The extended resource name.
+        resource: String,
+        /// The plugin's service socket.
+        socket: PathBuf,
+    },
 
     // === Calls of node agents ===
     /// No device plugin has registered this resource (or it was removed
     /// after its grace period).
     #[error("no device plugin is registered for resource {resource}")]
-    UnknownResource { resource: String },
+    UnknownResource {
+        /// The extended resource name.
+        resource: String,
+    },
 
     /// The resource is known, but its endpoint went away (its devices are
     /// unhealthy until the resource is removed or a plugin registers again).
     #[error("the device plugin of resource {resource} is not connected")]
-    NoEndpoint { resource: String },
+    NoEndpoint {
+        /// The extended resource name.
+        resource: String,
+    },
 
     /// The plugin said in its options that it does not implement
     /// `GetPreferredAllocation`.
@@ -95,7 +130,12 @@ pub enum DeviceError {
          (get_preferred_allocation_available is false)",
         socket.display()
     )]
-    PreferredAllocationUnavailable { resource: String, socket: PathBuf },
+    PreferredAllocationUnavailable {
+        /// The extended resource name.
+        resource: String,
+        /// The plugin's service socket.
+        socket: PathBuf,
+    },
 
     /// The plugin answered `Allocate` with an error.
     #[error(
@@ -103,8 +143,11 @@ pub enum DeviceError {
         socket.display(), go_code_name(status.code()), status.message()
     )]
     Allocate {
+        /// The extended resource name.
         resource: String,
+        /// The plugin's service socket.
         socket: PathBuf,
+        /// The status the plugin returned.
         #[source]
         status: tonic::Status,
     },
@@ -115,8 +158,11 @@ pub enum DeviceError {
         socket.display(), go_code_name(status.code()), status.message()
     )]
     GetPreferredAllocation {
+        /// The extended resource name.
         resource: String,
+        /// The plugin's service socket.
         socket: PathBuf,
+        /// The status the plugin returned.
         #[source]
         status: tonic::Status,
     },
@@ -127,8 +173,11 @@ pub enum DeviceError {
         socket.display(), go_code_name(status.code()), status.message()
     )]
     PreStartContainer {
+        /// The extended resource name.
         resource: String,
+        /// The plugin's service socket.
         socket: PathBuf,
+        /// The status the plugin returned.
         #[source]
         status: tonic::Status,
     },
@@ -138,7 +187,16 @@ pub enum DeviceError {
         "{call} on device plugin {resource} at {}: no answer within {timeout:?} (context deadline exceeded)",
         socket.display()
     )]
-    Timeout { call: &'static str, resource: String, socket: PathBuf, timeout: Duration },
+    Timeout {
+        /// The gRPC method.
+        call: &'static str,
+        /// The extended resource name.
+        resource: String,
+        /// The plugin's service socket.
+        socket: PathBuf,
+        /// The deadline that passed.
+        timeout: Duration,
+    },
 
     // === Config ===
     /// A duration of the [`DeviceConfig`](crate::DeviceConfig) is out of
@@ -150,7 +208,9 @@ pub enum DeviceError {
     /// The device-plugins directory could not be created.
     #[error("create device plugin directory {}: {source}", path.display())]
     CreateDir {
+        /// The device-plugins directory.
         path: PathBuf,
+        /// The `mkdir -p` error.
         #[source]
         source: io::Error,
     },
@@ -162,12 +222,17 @@ pub enum DeviceError {
          (another kubelet or kpm?); not replacing it",
         path.display()
     )]
-    KubeletSocketInUse { path: PathBuf },
+    KubeletSocketInUse {
+        /// The `kubelet.sock` path.
+        path: PathBuf,
+    },
 
     /// Removing a stale `kubelet.sock` or binding the new one failed.
     #[error("serve device plugin registration on {}: {}", path.display(), error_chain(source))]
     BindKubeletSocket {
+        /// The `kubelet.sock` path.
         path: PathBuf,
+        /// The remove or bind error.
         #[source]
         source: TransportError,
     },

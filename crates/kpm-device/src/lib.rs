@@ -90,6 +90,8 @@
 //!   kubernetes #127457); the options sent in a `Register` request are not
 //!   used: those from `GetDevicePluginOptions` are, on both paths.
 
+#![deny(missing_docs)]
+
 mod error;
 mod kubelet_socket;
 mod manager;

@@ -13,13 +13,19 @@ pub(crate) use kpm_api::gotext::{go_code_name, go_quote, go_quote_list};
 /// Why a DRA driver could not be validated, registered or called. Variants
 /// are named after the step that failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DraError {
     // === ValidatePlugin: the driver name ===
     /// The driver name is empty, longer than 63 bytes, or not a DNS
     /// subdomain once lowercased. `reasons` are the field errors
     /// (`Required value`, `Too long: ..`, `Invalid value: ..`).
     #[error("invalid DRA driver name {}: {}", go_quote(driver), go_join(reasons))]
-    InvalidDriverName { driver: String, reasons: Vec<String> },
+    InvalidDriverName {
+        /// The driver's name.
+        driver: String,
+        /// The field errors, as the kubelet words them.
+        reasons: Vec<String>,
+    },
 
     // === ValidatePlugin: the endpoint ===
     /// The plugin reported no endpoint.
@@ -28,14 +34,22 @@ pub enum DraError {
 
     /// The endpoint is not an absolute path.
     #[error("DRA plugin endpoint {} must be an absolute path", go_quote(endpoint))]
-    RelativeEndpoint { endpoint: String },
+    RelativeEndpoint {
+        /// The driver's service socket, as reported.
+        endpoint: String,
+    },
 
     /// The endpoint does not fit in a Unix socket address.
     #[error(
         "DRA plugin endpoint {} must not be longer than {MAX_SOCKET_PATH_BYTES} bytes (the limit of a Unix socket path), it has {len}",
         go_quote(endpoint)
     )]
-    EndpointTooLong { endpoint: String, len: usize },
+    EndpointTooLong {
+        /// The driver's service socket, as reported.
+        endpoint: String,
+        /// Its length in bytes.
+        len: usize,
+    },
 
     /// The endpoint, cleaned, is not a path inside the node agent's root
     /// directory.
@@ -44,7 +58,12 @@ pub enum DraError {
         go_quote(endpoint),
         go_quote(root)
     )]
-    EndpointOutsideRoot { endpoint: String, root: String },
+    EndpointOutsideRoot {
+        /// The driver's service socket, as reported.
+        endpoint: String,
+        /// The node agent's root directory.
+        root: String,
+    },
 
     // === ValidatePlugin: the supported services ===
     /// `ValidatePlugin`'s and `RegisterPlugin`'s wrapper around a service
@@ -53,8 +72,11 @@ pub enum DraError {
         "invalid supported gRPC versions of DRA driver plugin {driver} at endpoint {endpoint}: {source}"
     )]
     InvalidServices {
+        /// The driver's name.
         driver: String,
+        /// The driver's service socket, as reported.
         endpoint: String,
+        /// The service selection error.
         #[source]
         source: Box<DraError>,
     },
@@ -69,12 +91,22 @@ pub enum DraError {
         go_quote_list(services),
         go_quote_list(supported)
     )]
-    UnsupportedServices { services: Vec<String>, supported: Vec<String> },
+    UnsupportedServices {
+        /// The services the plugin advertised.
+        services: Vec<String>,
+        /// The services kpm speaks.
+        supported: Vec<String>,
+    },
 
     // === RegisterPlugin ===
     /// This (driver, endpoint) pair is already registered.
     #[error("endpoint {endpoint} already registered for DRA driver plugin {driver}")]
-    AlreadyRegistered { driver: String, endpoint: String },
+    AlreadyRegistered {
+        /// The driver's name.
+        driver: String,
+        /// The driver's service socket, as reported.
+        endpoint: String,
+    },
 
     /// The manager was shut down; it takes no more registrations or calls.
     #[error("the DRA driver manager is shut down")]
@@ -87,7 +119,10 @@ pub enum DraError {
 
     /// No instance of the driver is registered.
     #[error("DRA driver {driver} is not registered")]
-    NotRegistered { driver: String },
+    NotRegistered {
+        /// The driver's name.
+        driver: String,
+    },
 
     // === Calls on the serving instance ===
     /// `NodePrepareResources` failed or timed out (then the status is
@@ -99,9 +134,13 @@ pub enum DraError {
         status.message()
     )]
     NodePrepareResources {
+        /// The driver's name.
         driver: String,
+        /// The driver's service socket, as reported.
         endpoint: String,
+        /// The full gRPC method called.
         method: &'static str,
+        /// The status returned, `DeadlineExceeded` on timeout.
         #[source]
         status: tonic::Status,
     },
@@ -114,9 +153,13 @@ pub enum DraError {
         status.message()
     )]
     NodeUnprepareResources {
+        /// The driver's name.
         driver: String,
+        /// The driver's service socket, as reported.
         endpoint: String,
+        /// The full gRPC method called.
         method: &'static str,
+        /// The status returned, `DeadlineExceeded` on timeout.
         #[source]
         status: tonic::Status,
     },

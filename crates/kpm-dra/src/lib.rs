@@ -87,6 +87,8 @@
 //!   `internal error: unsupported chosen service` cannot happen.
 //! - No metrics yet (`DRAGRPCOperationsDuration`).
 
+#![deny(missing_docs)]
+
 mod cleanup;
 mod connection;
 mod convert;

@@ -31,10 +31,12 @@ impl ExponentialBackoff {
         Ok(Self { initial, max })
     }
 
+    /// The wait after the first failure.
     pub fn initial(&self) -> Duration {
         self.initial
     }
 
+    /// The longest wait, reached by doubling from [`initial`](Self::initial).
     pub fn max(&self) -> Duration {
         self.max
     }

@@ -10,6 +10,8 @@
 //! Operations run as tokio tasks; every wait is a tokio timer, so tests run on
 //! paused time.
 
+#![deny(missing_docs)]
+
 mod backoff;
 mod error;
 mod isolation;

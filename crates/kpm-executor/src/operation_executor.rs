@@ -89,6 +89,7 @@ pub struct OperationExecutor {
 }
 
 impl OperationExecutor {
+    /// An executor whose events go to a bus nobody listens to.
     pub fn new(config: ExecutorConfig) -> Self {
         Self::with_events(config, EventBus::default())
     }
@@ -109,6 +110,7 @@ impl OperationExecutor {
         &self.operations
     }
 
+    /// The timeouts and backoff the operations run with.
     pub fn config(&self) -> &ExecutorConfig {
         &self.config
     }

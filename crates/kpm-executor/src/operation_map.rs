@@ -81,6 +81,8 @@ impl Default for OperationMap {
 }
 
 impl OperationMap {
+    /// An empty map that backs off failed keys by `backoff`, publishing no
+    /// events.
     pub fn new(backoff: ExponentialBackoff) -> Self {
         Self::with_events(backoff, EventBus::default())
     }
@@ -203,6 +205,7 @@ impl OperationMap {
         self.shared.entries.lock().len()
     }
 
+    /// Whether no key has a running or failed operation.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

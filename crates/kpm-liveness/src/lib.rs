@@ -14,6 +14,8 @@
 //! registration and deregistration still goes through the one operation per
 //! socket of the executor: nothing is deregistered twice.
 
+#![deny(missing_docs)]
+
 mod probe;
 
 use kpm_api::config::check_durations;
@@ -58,15 +60,26 @@ impl Default for LivenessConfig {
 
 /// Why liveness probing cannot start.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LivenessError {
+    /// The period is zero: the prober would spin.
     #[error("liveness probing: the period must be non-zero")]
     ZeroPeriod,
+    /// The failure threshold is zero: every plugin would be registered anew
+    /// on every probe.
     #[error("liveness probing: the failure threshold must be at least 1")]
     ZeroThreshold,
+    /// The probe timeout is zero or longer than the period, so probes of one
+    /// plugin would overlap.
     #[error(
         "liveness probing: the probe timeout {timeout:?} must be non-zero and at most the period {period:?}"
     )]
-    InvalidTimeout { timeout: Duration, period: Duration },
+    InvalidTimeout {
+        /// The probe timeout given.
+        timeout: Duration,
+        /// The period given.
+        period: Duration,
+    },
     /// A duration is longer than [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
     #[error("liveness probing: {0}")]
     InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
@@ -124,6 +137,7 @@ impl LivenessProber {
         Ok(Self { desired, actual, events, config, failures: Mutex::new(HashMap::new()) })
     }
 
+    /// The period, timeout and threshold the prober runs with.
     pub fn config(&self) -> &LivenessConfig {
         &self.config
     }

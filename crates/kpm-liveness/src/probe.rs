@@ -15,6 +15,7 @@ pub struct ProbeFailure {
     /// Nobody is there (socket file missing, connection refused): the
     /// plugin is gone, no point in asking again.
     pub gone: bool,
+    /// The dial or `GetInfo` error, for logs and the `Unresponsive` event.
     pub reason: String,
 }
 

@@ -30,6 +30,8 @@
 //! puts the socket in a later batch; what no event reports (ActualState
 //! changed by someone else) is found by the periodic full pass.
 
+#![deny(missing_docs)]
+
 use kpm_api::config::check_durations;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
@@ -76,6 +78,7 @@ impl ReconcilerConfig {
 /// The one error type of the reconciler crate: its work never fails (failed
 /// operations are retried with backoff), only its config can be refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReconcilerError {
     /// A duration of the [`ReconcilerConfig`] is out of range.
     #[error("invalid reconciler config: {0}")]
@@ -151,6 +154,10 @@ impl std::fmt::Debug for Reconciler {
 }
 
 impl Reconciler {
+    /// A reconciler that drives `actual` towards `desired` through `executor`,
+    /// publishing on `events`. It has no handlers yet
+    /// ([`add_handler`](Self::add_handler)) and does nothing until
+    /// [`run`](Self::run).
     pub fn new(
         desired: Arc<DesiredState>,
         actual: Arc<ActualState>,
@@ -198,6 +205,7 @@ impl Reconciler {
         types
     }
 
+    /// The executor the operations run on, to query their state.
     pub fn executor(&self) -> &OperationExecutor {
         &self.executor
     }

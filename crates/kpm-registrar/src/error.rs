@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use kpm_api::uds::TransportError;
 
+/// Why a registrar could not set up, serve or remove its registration socket.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistrarError {
     // === Setting up the registration socket ===
     /// The registration socket path does not fit in `sockaddr_un.sun_path`;
@@ -16,16 +18,28 @@ pub enum RegistrarError {
         "registration socket {} is {len} bytes long; a Unix socket path may have at most {max}",
         path.display()
     )]
-    SocketPathTooLong { path: PathBuf, len: usize, max: usize },
+    SocketPathTooLong {
+        /// The registration socket.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The longest path a Unix socket address holds.
+        max: usize,
+    },
 
     /// `PluginInfo.endpoint` is a protobuf string, so the endpoint must be UTF-8.
     #[error("endpoint {} is not valid UTF-8", path.display())]
-    EndpointNotUtf8 { path: PathBuf },
+    EndpointNotUtf8 {
+        /// The plugin's service socket.
+        path: PathBuf,
+    },
 
     /// Creating the socket directory (and its parents) failed.
     #[error("create socket directory {}: {source}", path.display())]
     CreateDir {
+        /// The socket directory.
         path: PathBuf,
+        /// The `mkdir -p` error.
         #[source]
         source: io::Error,
     },
@@ -34,6 +48,7 @@ pub enum RegistrarError {
     /// answers on it ([`TransportError::InUse`]); that socket is left alone.
     #[error(transparent)]
     Bind {
+        /// The transport's error.
         #[from]
         source: TransportError,
     },
@@ -46,12 +61,19 @@ pub enum RegistrarError {
         socket.display(),
         socket.parent().unwrap_or(socket).display()
     )]
-    StatusTimeout { socket: PathBuf, timeout: Duration },
+    StatusTimeout {
+        /// The registration socket.
+        socket: PathBuf,
+        /// How long the registrar waited.
+        timeout: Duration,
+    },
 
     /// The gRPC server on the registration socket failed.
     #[error("serve {}: {source}", socket.display())]
     Serve {
+        /// The registration socket.
         socket: PathBuf,
+        /// tonic's error.
         #[source]
         source: tonic::transport::Error,
     },
@@ -60,7 +82,9 @@ pub enum RegistrarError {
     /// Removing our own registration socket file failed.
     #[error("remove registration socket {}: {source}", path.display())]
     RemoveSocket {
+        /// The registration socket.
         path: PathBuf,
+        /// The `unlink` error.
         #[source]
         source: io::Error,
     },

@@ -55,6 +55,8 @@
 //! Feature `stub` (off by default) adds the `stub` module: minimal services
 //! of each plugin type, for examples, demos and tests.
 
+#![deny(missing_docs)]
+
 mod error;
 mod naming;
 mod registrar;

@@ -57,6 +57,7 @@ impl StubDevicePlugin {
         (Self { devices: rx }, list)
     }
 
+    /// The `v1beta1.DevicePlugin` service, to serve on the plugin's socket.
     pub fn routes(self) -> Routes {
         Routes::new(dp::device_plugin_server::DevicePluginServer::new(self))
     }
@@ -132,10 +133,12 @@ pub struct StubCsiDriver {
 }
 
 impl StubCsiDriver {
+    /// A driver called `name` that reports `node_id` in `NodeGetInfo`.
     pub fn new(name: impl Into<String>, node_id: impl Into<String>) -> Self {
         Self { name: name.into(), node_id: node_id.into() }
     }
 
+    /// The CSI `Identity` and `Node` services, to serve on the driver's socket.
     pub fn routes(self) -> Routes {
         Routes::new(csi::identity_server::IdentityServer::new(self.clone()))
             .add_service(csi::node_server::NodeServer::new(self))
@@ -197,6 +200,7 @@ impl csi::node_server::Node for StubCsiDriver {
 pub struct StubDraDriver;
 
 impl StubDraDriver {
+    /// The DRA v1 `DRAPlugin` service, to serve on the driver's socket.
     pub fn routes(self) -> Routes {
         Routes::new(dra::dra_plugin_server::DraPluginServer::new(self))
     }

@@ -18,6 +18,7 @@ const EMFILE: i32 = 24;
 /// Errors of the watcher. All of them are start-up errors: once running, the
 /// watcher logs problems and repairs them with rescans instead of stopping.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WatcherError {
     /// A duration of the [`WatcherConfig`](crate::WatcherConfig) is out of
     /// range; see [`WatcherConfig::validate`](crate::WatcherConfig::validate).
@@ -26,12 +27,17 @@ pub enum WatcherError {
 
     /// `Watcher::start` was called outside a tokio runtime.
     #[error("start watching {}: no tokio runtime to run the watcher on", path.display())]
-    NoRuntime { path: PathBuf },
+    NoRuntime {
+        /// The registry directory.
+        path: PathBuf,
+    },
 
     /// The current directory was needed to make a relative root absolute.
     #[error("start watching {}: resolving the relative path: {source}", path.display())]
     ResolveRoot {
+        /// The registry directory.
         path: PathBuf,
+        /// The failing call's error.
         #[source]
         source: io::Error,
     },
@@ -39,7 +45,9 @@ pub enum WatcherError {
     /// `mkdir -p` of the registry directory failed, or it is not a directory.
     #[error("error (re-)creating root {}: {source}", path.display())]
     CreateRoot {
+        /// The registry directory.
         path: PathBuf,
+        /// The failing call's error.
         #[source]
         source: io::Error,
     },
@@ -47,7 +55,9 @@ pub enum WatcherError {
     /// Creating the inotify instance failed for a reason other than a limit.
     #[error("watch {}: creating the file watcher: {source}", path.display())]
     CreateWatcher {
+        /// The registry directory.
         path: PathBuf,
+        /// notify's error.
         #[source]
         source: notify::Error,
     },
@@ -56,7 +66,9 @@ pub enum WatcherError {
     /// reason other than a limit.
     #[error("watch {}: adding the watch: {source}", path.display())]
     Watch {
+        /// The registry directory.
         path: PathBuf,
+        /// notify's error.
         #[source]
         source: notify::Error,
     },
@@ -68,19 +80,29 @@ pub enum WatcherError {
         "watch {}: inotify limit {limit} reached (raise it with `sysctl {limit}=N`)",
         path.display()
     )]
-    WatchLimit { path: PathBuf, limit: &'static str },
+    WatchLimit {
+        /// The registry directory.
+        path: PathBuf,
+        /// The sysctl to raise.
+        limit: &'static str,
+    },
 
     /// Listing the registry directory at start failed.
     #[error("list {}: {source}", path.display())]
     List {
+        /// The registry directory.
         path: PathBuf,
+        /// The failing call's error.
         #[source]
         source: io::Error,
     },
 
     /// The watcher's task has ended (it was stopped, or its runtime shut down).
     #[error("watcher of {} is not running", path.display())]
-    Stopped { path: PathBuf },
+    Stopped {
+        /// The registry directory.
+        path: PathBuf,
+    },
 }
 
 /// The inotify limit a notify error reports, if any.

@@ -66,6 +66,8 @@
 //! the sysctl); once running, problems are logged with `tracing` and repaired
 //! by rescans.
 
+#![deny(missing_docs)]
+
 mod error;
 mod scan;
 mod tree;

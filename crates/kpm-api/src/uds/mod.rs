@@ -23,24 +23,37 @@ pub use incoming::{Connection, Incoming};
 
 /// Why a Unix-socket connection or listener could not be set up.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransportError {
     /// Connecting to the socket failed (missing file, nobody listening, ...).
     #[error("dial {}: {}", path.display(), root_cause(source))]
     Dial {
+        /// The socket.
         path: PathBuf,
+        /// tonic's connection error.
         #[source]
         source: tonic::transport::Error,
     },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
-    DialTimeout { path: PathBuf, timeout: Duration },
+    DialTimeout {
+        /// The socket.
+        path: PathBuf,
+        /// The deadline that passed.
+        timeout: Duration,
+    },
     /// A live server already answers on the socket; it is not ours to remove.
     #[error("bind {}: socket is in use by a live server", path.display())]
-    InUse { path: PathBuf },
+    InUse {
+        /// The socket.
+        path: PathBuf,
+    },
     /// Removing a stale socket file or binding the new one failed.
     #[error("bind {}: {source}", path.display())]
     Bind {
+        /// The socket.
         path: PathBuf,
+        /// The remove or bind error.
         #[source]
         source: io::Error,
     },
@@ -166,6 +179,7 @@ impl BoundSocket {
         Self { path: path.to_path_buf(), file: FileId::at(path) }
     }
 
+    /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path
     }
