@@ -145,6 +145,7 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
             PluginEvent::Deregistered { .. } => "deregistered",
             PluginEvent::RetryScheduled { .. } => "retry",
             PluginEvent::Unresponsive { .. } => "unresponsive",
+            other => panic!("an event this test does not know: {other:?}"),
         });
     }
     assert_eq!(kinds, ["seen", "rejected", "registered"]);

@@ -9,6 +9,7 @@ use crate::Generation;
 
 /// One thing that happened to a registration socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PluginEvent {
     /// A socket (incarnation) was found and will be registered.
     SocketSeen {

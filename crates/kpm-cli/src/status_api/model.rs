@@ -103,6 +103,12 @@ impl From<PluginEvent> for EventJson {
                 json.retry_in_ms = Some(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
                 socket
             }
+            // An event newer than this renderer: shown, in its debug form.
+            other => {
+                json.event = "other".into();
+                json.reason = Some(format!("{other:?}"));
+                std::path::PathBuf::new()
+            }
         };
         json.socket = socket.display().to_string();
         json
