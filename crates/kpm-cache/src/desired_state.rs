@@ -30,6 +30,7 @@ impl fmt::Display for Generation {
 
 /// A socket that should be registered.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DesiredPlugin {
     /// The registration socket.
     pub socket_path: PathBuf,
