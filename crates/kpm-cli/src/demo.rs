@@ -9,7 +9,7 @@ use kpm_registrar::{Registrar, RegistrationStatus};
 
 use kpm::KubeletHandle;
 
-use crate::status_api::{EventJson, PluginList};
+use crate::status_api::model::{EventJson, PluginList};
 use crate::{CliError, list, watch};
 
 /// How long any one step of the demo may take.

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use http_body_util::BodyExt;
 
-use crate::status_api::{self, EventJson};
+use crate::status_api::{self, model::EventJson};
 use crate::{CliError, OutputFormat};
 
 pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {

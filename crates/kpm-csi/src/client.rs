@@ -31,13 +31,13 @@ pub fn socket_path(endpoint: &str) -> &Path {
 /// No retries: the caller's backoff decides when to try again.
 pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNodeInfo, CsiError> {
     debug!(endpoint, "calling NodeGetInfo");
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
     let call = async {
         let channel = kpm_api::uds::dial(socket_path(endpoint), timeout)
             .await
             .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
-        let mut request = tonic::Request::new(NodeGetInfoRequest {});
-        request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        let left = timeout.saturating_sub(started.elapsed());
+        let request = kpm_api::uds::timed_request(NodeGetInfoRequest {}, left);
         NodeClient::new(channel)
             .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
             .node_get_info(request)

@@ -104,12 +104,13 @@ pub async fn dial_patiently(
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
         async move {
-            let give_up = tokio::time::Instant::now() + refused_retry;
+            // Past the clock's range: retry until the dial timeout.
+            let give_up = tokio::time::Instant::now().checked_add(refused_retry);
             loop {
                 match UnixStream::connect(&socket).await {
                     Err(err)
                         if err.kind() == io::ErrorKind::ConnectionRefused
-                            && tokio::time::Instant::now() < give_up =>
+                            && give_up.is_none_or(|at| tokio::time::Instant::now() < at) =>
                     {
                         tokio::time::sleep(REFUSED_RETRY_INTERVAL).await;
                     }
@@ -211,10 +212,12 @@ fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// A request that carries `timeout` as its gRPC deadline (`grpc-timeout`), so
-/// the plugin knows how long it has.
+/// the plugin knows how long it has. The header cannot carry more than about
+/// 11,000 years, so the deadline sent is at most
+/// [`MAX_CONFIG_DURATION`](crate::constants::MAX_CONFIG_DURATION).
 pub fn timed_request<M>(message: M, timeout: Duration) -> tonic::Request<M> {
     let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
+    request.set_timeout(timeout.min(crate::constants::MAX_CONFIG_DURATION));
     request
 }
 

@@ -17,7 +17,7 @@
 //! objects, with Kubernetes' field names.
 //!
 //! `GET /v1/events` streams NDJSON: a `subscribed` line, then one line per
-//! event (see [`EventJson`]).
+//! event (see [`model::EventJson`]).
 //!
 //! [`model`] holds the JSON documents, [`server`] serves them from a
 //! [`kpm::KubeletHandle`], [`client`] reads them for `kpm list` and `kpm watch`.
@@ -25,8 +25,6 @@
 pub(crate) mod client;
 pub(crate) mod model;
 pub(crate) mod server;
-
-pub(crate) use model::{EventJson, PluginList};
 
 /// Path of the plugin list.
 pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
