@@ -24,7 +24,7 @@ use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info};
 pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
 
 /// Timeouts and backoff of the executor. The defaults are the kubelet's.
-/// Every duration is at most [`MAX_CONFIG_DURATION`] (365 days) and the
+/// Every duration is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days) and the
 /// timeouts are non-zero; see [`validate`](Self::validate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExecutorConfig {
@@ -60,7 +60,7 @@ impl Default for ExecutorConfig {
 
 impl ExecutorConfig {
     /// Checks the ranges: the four timeouts non-zero (a zero deadline fails
-    /// every call) and at most [`MAX_CONFIG_DURATION`], `refused_retry` at
+    /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `refused_retry` at
     /// most that (zero: a refused connection fails at once). The backoff is
     /// checked when it is made ([`ExponentialBackoff::try_new`]).
     ///
