@@ -261,8 +261,11 @@ mod tests {
             let (dropped, ran) = (Arc::clone(&dropped), Arc::clone(&ran));
             OwnRuntime::start(move || async move {
                 ran.fetch_add(1, Ordering::SeqCst);
+                // Made here and moved in: dropped with the task whether or
+                // not the task was ever polled.
+                let guard = Dropped(dropped);
                 tokio::spawn(async move {
-                    let _guard = Dropped(dropped);
+                    let _guard = guard;
                     std::future::pending::<()>().await;
                 });
             })
