@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_api::constants::MAX_CONFIG_DURATION;
+use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_liveness::{LivenessConfig, LivenessProber};
@@ -130,13 +130,10 @@ impl PluginManagerBuilder {
                 format!("{} is out of range (1 to {MAX_EVENT_CAPACITY})", self.event_capacity);
             return Err(Error::InvalidConfig { setting: "event_capacity", reason });
         }
-        if self.shutdown_grace > MAX_CONFIG_DURATION {
-            let reason = format!(
-                "{:?} is out of range: at most 365 days (MAX_CONFIG_DURATION)",
-                self.shutdown_grace
-            );
-            return Err(Error::InvalidConfig { setting: "shutdown_grace", reason });
-        }
+        invalid_if(
+            "shutdown_grace",
+            check_durations(&[], &[("shutdown_grace", self.shutdown_grace)]),
+        )?;
         invalid_if("executor_config", self.executor.validate())?;
         invalid_if("reconciler_config", self.reconciler.validate())?;
         invalid_if("watcher_config", self.watcher.validate())?;
