@@ -21,6 +21,14 @@ use tracing::{debug, info};
 pub trait SliceCleanup: Send + Sync + 'static {
     /// Removes the driver's ResourceSlices of this node.
     async fn wipe_driver(&self, driver: &str);
+
+    /// The drivers that have published resources for this node, asked once
+    /// at start ([`DraManager::clean_up_leftovers`](crate::DraManager::clean_up_leftovers)):
+    /// those that do not register within the grace period are wiped. The
+    /// default knows of none.
+    async fn published_drivers(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// Cleanups are opaque; this lets structs holding them derive `Debug`.
@@ -114,6 +122,11 @@ impl CleanupTimers {
         pending.insert(driver.to_owned(), Pending { id, until, timer });
     }
 
+    /// The cleanup the timers call.
+    pub(crate) fn cleanup(&self) -> &Arc<dyn SliceCleanup> {
+        &self.cleanup
+    }
+
     /// When the pending cleanup of `driver` fires, if one is queued.
     pub(crate) fn pending_until(&self, driver: &str) -> Option<SystemTime> {
         self.pending.lock().get(driver).map(|pending| pending.until)
@@ -124,7 +137,7 @@ impl CleanupTimers {
         self.pending.lock().keys().cloned().collect()
     }
 
-    /// Cancels every pending cleanup (a cleanup already running finishes).
+    /// Cancels every pending cleanup, and stops one that is running.
     pub(crate) fn cancel_all(&self) {
         for (driver, cancelled) in self.pending.lock().drain() {
             cancelled.timer.abort();
@@ -133,9 +146,10 @@ impl CleanupTimers {
     }
 }
 
-/// Sleeps until the end of the grace period, then, if this cleanup is still the queued
-/// one, dequeues it and wipes. Dequeuing first makes the wipe run exactly
-/// once: a cancel after that finds nothing to abort.
+/// Sleeps until the end of the grace period, then wipes. The entry stays
+/// queued while the wipe runs (and retries), so that a reconnect aborts it:
+/// a wipe that succeeded late must not delete what the driver published
+/// since. It is dequeued once done, if it is still the queued one.
 async fn fire_after(
     deadline: tokio::time::Instant,
     driver: String,
@@ -144,20 +158,11 @@ async fn fire_after(
     cleanup: Arc<dyn SliceCleanup>,
 ) {
     tokio::time::sleep_until(deadline).await;
-    let due = {
-        let mut pending = pending.lock();
-        let due = pending.get(&driver).is_some_and(|queued| queued.id == id);
-        if due {
-            pending.remove(&driver);
-        }
-        due
-    };
-    if due {
-        info!(
-            driver,
-            "no instance of the DRA driver connected within the grace period; cleaning up"
-        );
-        cleanup.wipe_driver(&driver).await;
+    info!(driver, "no instance of the DRA driver connected within the grace period; cleaning up");
+    cleanup.wipe_driver(&driver).await;
+    let mut pending = pending.lock();
+    if pending.get(&driver).is_some_and(|queued| queued.id == id) {
+        pending.remove(&driver);
     }
 }
 

@@ -407,8 +407,26 @@ impl DraManager {
         })
     }
 
+    /// The kubelet wipes all of the node's ResourceSlices when it starts;
+    /// kpm gives their drivers the grace period first: it asks the cleanup
+    /// which drivers have published resources for this node and queues the
+    /// cleanup of each one that has not registered, so that a driver
+    /// registering within the grace period keeps its slices. Call it once,
+    /// at start, within a tokio runtime (`Kubelet::run` does).
+    pub async fn clean_up_leftovers(&self) {
+        let drivers = self.shared.timers.cleanup().published_drivers().await;
+        let state = self.shared.state.lock();
+        if state.shut_down {
+            return;
+        }
+        for driver in drivers.iter().filter(|driver| !state.drivers.contains_key(*driver)) {
+            info!(driver, "the DRA driver has resources on this node but is not registered");
+            self.shared.timers.update(driver, false);
+        }
+    }
+
     /// Stops the monitors and health streams, cancels the pending cleanups
-    /// (one already running finishes) and closes the connections. Later
+    /// (and one running) and closes the connections. Later
     /// registrations and calls fail with [`DraError::ShutDown`].
     pub async fn shutdown(&self) {
         let (tasks, instances) = self.shared.stop();

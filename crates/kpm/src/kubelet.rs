@@ -57,6 +57,8 @@ pub struct KubeletBuilder {
     dra: crate::dra::DraConfig,
     #[cfg(feature = "dra")]
     slice_cleanup: Option<Arc<dyn crate::dra::SliceCleanup>>,
+    #[cfg(feature = "kube")]
+    kubernetes: Option<crate::kube::KubePublisher>,
 }
 
 impl Default for KubeletBuilder {
@@ -78,6 +80,8 @@ impl Default for KubeletBuilder {
             dra: crate::dra::DraConfig::default(),
             #[cfg(feature = "dra")]
             slice_cleanup: None,
+            #[cfg(feature = "kube")]
+            kubernetes: None,
         }
     }
 }
@@ -204,6 +208,19 @@ impl KubeletBuilder {
         self
     }
 
+    /// Publishes what the kubelet publishes through the Kubernetes API:
+    /// CSI drivers' node information on the Node and its CSINode (replacing
+    /// [`node_info_sink`](Self::node_info_sink)), device-plugin capacity on
+    /// the Node's status while [`Kubelet::run`] runs, and the cleanup of
+    /// DRA drivers' ResourceSlices (replacing [`slice_cleanup`](Self::slice_cleanup)).
+    #[cfg(feature = "kube")]
+    pub fn kubernetes(mut self, publisher: crate::kube::KubePublisher) -> Self {
+        self.node_info = Some(publisher.node_info());
+        self.slice_cleanup = Some(publisher.slice_cleanup());
+        self.kubernetes = Some(publisher);
+        self
+    }
+
     /// Checks every setting and creates the handlers and the manager;
     /// nothing is served or watched until [`Kubelet::run`].
     pub fn build(self) -> Result<Kubelet> {
@@ -273,6 +290,8 @@ impl KubeletBuilder {
             devices,
             #[cfg(feature = "dra")]
             dra,
+            #[cfg(feature = "kube")]
+            kubernetes: self.kubernetes,
         };
         Ok(Kubelet {
             manager,
@@ -325,14 +344,30 @@ impl Kubelet {
     /// Serves `kubelet.sock` (device plugins enabled), then runs the plugin
     /// manager until `shutdown` completes (see [`PluginManager::run`]);
     /// then stops serving `kubelet.sock` and closes the connections to
-    /// device plugins and DRA drivers.
+    /// device plugins and DRA drivers. Meanwhile the cleanup of DRA drivers
+    /// that left resources on this node is queued (see
+    /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
+    /// and with [`KubeletBuilder::kubernetes`] the device capacity is published.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
+        let mut background = tokio::task::JoinSet::new();
+        #[cfg(feature = "dra")]
+        {
+            let dra = Arc::clone(&self.handle.dra);
+            background.spawn(async move { dra.clean_up_leftovers().await });
+        }
+        #[cfg(feature = "kube")]
+        if let Some(publisher) = &self.handle.kubernetes
+            && self.device_plugin_dir.is_some()
+        {
+            background.spawn(publisher.publish_capacity(Arc::clone(&self.handle.devices)));
+        }
         #[cfg(feature = "device")]
         let kubelet_socket = match &self.device_plugin_dir {
             Some(dir) => Some(self.handle.devices.serve_registration(dir).await?),
             None => None,
         };
         let result = self.manager.run(shutdown).await;
+        background.shutdown().await;
         #[cfg(feature = "device")]
         {
             if let Some(kubelet_socket) = kubelet_socket {
@@ -359,6 +394,8 @@ pub struct KubeletHandle {
     devices: Arc<crate::device::DeviceManager>,
     #[cfg(feature = "dra")]
     dra: Arc<crate::dra::DraManager>,
+    #[cfg(feature = "kube")]
+    kubernetes: Option<crate::kube::KubePublisher>,
 }
 
 impl KubeletHandle {
@@ -390,5 +427,12 @@ impl KubeletHandle {
     #[cfg(feature = "dra")]
     pub fn dra(&self) -> &Arc<crate::dra::DraManager> {
         &self.dra
+    }
+
+    /// What the Kubernetes publishers did, when [`KubeletBuilder::kubernetes`]
+    /// was given: per kind of object the last sync and error, the API requests.
+    #[cfg(feature = "kube")]
+    pub fn kubernetes(&self) -> Option<crate::kube::KubeStatus> {
+        self.kubernetes.as_ref().map(crate::kube::KubePublisher::status)
     }
 }

@@ -81,6 +81,11 @@ pub use kpm_device as device;
 #[cfg(feature = "dra")]
 pub use kpm_dra as dra;
 
+/// Publishing to the Kubernetes API: CSINode and the Node's CSI annotation
+/// and labels, device capacity, ResourceSlice cleanup (feature `kube`).
+#[cfg(feature = "kube")]
+pub use kpm_kube as kube;
+
 /// Wire types and constants of the plugin APIs.
 pub mod api {
     pub use kpm_api::constants::*;

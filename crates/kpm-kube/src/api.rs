@@ -1,0 +1,102 @@
+//! One door to the API server: every request goes through [`NodeApi::call`],
+//! which bounds it in time and counts it by verb, resource and outcome.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, PatchParams, PostParams};
+use tracing::debug;
+
+use crate::status::{KubeStatus, ObjectKind, Stats};
+use crate::{FIELD_MANAGER, KubeConfig, KubeError};
+
+/// The client, the node's name and the books.
+pub(crate) struct NodeApi {
+    pub(crate) client: kube::Client,
+    pub(crate) node: String,
+    pub(crate) config: KubeConfig,
+    stats: Stats,
+}
+
+impl std::fmt::Debug for NodeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeApi")
+            .field("node", &self.node)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeApi {
+    pub(crate) fn new(client: kube::Client, node: String, config: KubeConfig) -> Arc<Self> {
+        Arc::new(Self { client, node, config, stats: Stats::default() })
+    }
+
+    /// Sends `request`, at most for the request timeout, and counts it.
+    pub(crate) async fn call<T>(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+        name: &str,
+        request: impl Future<Output = kube::Result<T>>,
+    ) -> Result<T, KubeError> {
+        let timeout = self.config.request_timeout;
+        let (outcome, result) = match tokio::time::timeout(timeout, request).await {
+            Ok(Ok(answer)) => ("success".to_owned(), Ok(answer)),
+            Ok(Err(source)) => {
+                let outcome = match &source {
+                    kube::Error::Api(status) => status.code.to_string(),
+                    _ => "error".to_owned(),
+                };
+                (outcome, Err(KubeError::Request { verb, resource, name: name.to_owned(), source }))
+            }
+            Err(_) => (
+                "timeout".to_owned(),
+                Err(KubeError::Timeout { verb, resource, name: name.to_owned(), timeout }),
+            ),
+        };
+        debug!(verb, resource, name, outcome, "API request");
+        self.stats.count(verb, resource, outcome);
+        result
+    }
+
+    /// Records how a sync of `kind` ended, and passes the result on.
+    pub(crate) fn record<T, E: std::error::Error>(
+        &self,
+        kind: ObjectKind,
+        result: Result<T, E>,
+    ) -> Result<T, E> {
+        match &result {
+            Ok(_) => self.stats.synced(kind),
+            Err(err) => self.stats.failed(kind, err),
+        }
+        result
+    }
+
+    pub(crate) fn status(&self) -> KubeStatus {
+        self.stats.snapshot(&self.node)
+    }
+
+    /// The Node; a 404 becomes [`KubeError::NodeNotFound`].
+    pub(crate) async fn get_node(&self) -> Result<Node, KubeError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        self.call("get", "nodes", &self.node, nodes.get(&self.node)).await.map_err(|err| {
+            if err.is_not_found() {
+                KubeError::NodeNotFound { node: self.node.clone() }
+            } else {
+                err
+            }
+        })
+    }
+
+    /// Patch parameters naming kpm as the field manager.
+    pub(crate) fn patch_params() -> PatchParams {
+        PatchParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PatchParams::default() }
+    }
+
+    /// Create and update parameters naming kpm as the field manager.
+    pub(crate) fn post_params() -> PostParams {
+        PostParams { field_manager: Some(FIELD_MANAGER.to_owned()), ..PostParams::default() }
+    }
+}

@@ -1,0 +1,193 @@
+//! Publishes what the kubelet publishes about a node's plugins through the
+//! Kubernetes API, with kube-rs:
+//!
+//! - **CSI** ([`KubeNodeInfo`], a `kpm_csi::NodeInfoSink`): the Node's
+//!   `csi.volume.kubernetes.io/nodeid` annotation and topology labels, and
+//!   the CSINode named after the node (owned by the Node) with one
+//!   `spec.drivers[]` entry per driver. A failure fails the registration,
+//!   as in the kubelet: the driver is told why and retried with backoff.
+//! - **Device plugins** ([`KubePublisher::publish_capacity`]): the Node's
+//!   `status.capacity` (all devices) and `status.allocatable` (healthy
+//!   ones) per extended resource; a resource removed after its grace period
+//!   is published as zero, then removed. Patches are coalesced and rate
+//!   limited; a failure never fails a registration.
+//! - **DRA** ([`KubeSliceCleanup`], a `kpm_dra::SliceCleanup`): the
+//!   `DeleteCollection` of a driver's ResourceSlices on this node once no
+//!   instance has stayed connected for the grace period, and the drivers
+//!   with slices of this node at start, whose slices go the same way unless
+//!   they register within the grace period.
+//!
+//! Every write names [`FIELD_MANAGER`]. Objects shared with other writers
+//! are read, changed by the kubelet's rules and written back with the
+//! `resourceVersion` read, so that a concurrent write makes kpm start again
+//! from a fresh read instead of losing the other writer's entries; the
+//! device capacity patch names only kpm's resources. kpm never creates the
+//! Node: while it is missing, each step fails with
+//! [`KubeError::NodeNotFound`] and is retried.
+//!
+//! [`KubePublisher::status`] reports, per [`ObjectKind`], the last
+//! successful sync and the last error, and counts API requests by verb,
+//! resource and outcome.
+//!
+//! This crate leaves the choice of the k8s-openapi version feature to the
+//! binary, as kube-rs advises (`kpm-cli` takes `v1_34`, the first with
+//! `resource.k8s.io/v1`).
+
+#![deny(missing_docs)]
+
+mod api;
+mod backoff;
+mod capacity;
+mod error;
+mod node_info;
+mod slices;
+mod status;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_api::config::check_durations;
+use kpm_device::DeviceManager;
+
+use crate::api::NodeApi;
+pub use crate::error::KubeError;
+pub use crate::node_info::KubeNodeInfo;
+pub use crate::slices::KubeSliceCleanup;
+pub use crate::status::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
+pub use kube::Client;
+
+/// The field manager of every write kpm makes.
+pub const FIELD_MANAGER: &str = "kpm";
+
+/// How long one API request may take by default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest time between two device-capacity patches by default.
+pub const DEFAULT_CAPACITY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Settings of the publishers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KubeConfig {
+    /// How long one API request may take (a CSI registration waits for up
+    /// to four of each step). Default 10 s.
+    pub request_timeout: Duration,
+    /// The shortest time between two device-capacity patches: changes in
+    /// between are coalesced into the next one. Default 500 ms.
+    pub capacity_interval: Duration,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        Self {
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            capacity_interval: DEFAULT_CAPACITY_INTERVAL,
+        }
+    }
+}
+
+impl KubeConfig {
+    /// Checks the ranges: `request_timeout` non-zero, both at most
+    /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
+    pub fn validate(&self) -> Result<(), KubeError> {
+        Ok(check_durations(
+            &[("request_timeout", self.request_timeout)],
+            &[("capacity_interval", self.capacity_interval)],
+        )?)
+    }
+}
+
+/// The Kubernetes publishers of one node, sharing one client and one set
+/// of books. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct KubePublisher {
+    api: Arc<NodeApi>,
+}
+
+impl KubePublisher {
+    /// Publishers for Node `node_name` through `client`. Fails on an invalid
+    /// config or a node name that is not a Kubernetes object name.
+    pub fn new(
+        client: Client,
+        node_name: impl Into<String>,
+        config: KubeConfig,
+    ) -> Result<Self, KubeError> {
+        config.validate()?;
+        let node = node_name.into();
+        check_node_name(&node)?;
+        Ok(Self { api: NodeApi::new(client, node, config) })
+    }
+
+    /// The Node's name.
+    pub fn node_name(&self) -> &str {
+        &self.api.node
+    }
+
+    /// The CSI handler's sink: the Node's annotation and labels, the CSINode.
+    pub fn node_info(&self) -> Arc<KubeNodeInfo> {
+        Arc::new(KubeNodeInfo::new(Arc::clone(&self.api)))
+    }
+
+    /// The DRA manager's cleanup: the node's ResourceSlices of gone drivers.
+    pub fn slice_cleanup(&self) -> Arc<KubeSliceCleanup> {
+        Arc::new(KubeSliceCleanup::new(Arc::clone(&self.api)))
+    }
+
+    /// Publishes the resources of `devices` on the Node's status for as
+    /// long as the returned future runs; spawn it, abort it to stop.
+    pub fn publish_capacity(
+        &self,
+        devices: Arc<DeviceManager>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        capacity::publish(Arc::clone(&self.api), devices)
+    }
+
+    /// What the publishers did so far.
+    pub fn status(&self) -> KubeStatus {
+        self.api.status()
+    }
+}
+
+/// A client from the kubeconfig file at `path` (its current context).
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, KubeError> {
+    let load = |source: Box<dyn std::error::Error + Send + Sync>| KubeError::LoadKubeconfig {
+        path: path.to_owned(),
+        source,
+    };
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|err| load(err.into()))?;
+    let options = kube::config::KubeConfigOptions::default();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|err| load(err.into()))?;
+    Client::try_from(config).map_err(KubeError::BuildClient)
+}
+
+/// A client from the pod's service account, when running in a pod
+/// (`KUBERNETES_SERVICE_HOST` is set); `None` elsewhere.
+pub fn in_cluster_client() -> Result<Option<Client>, KubeError> {
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        return Ok(None);
+    }
+    let config = kube::Config::incluster().map_err(KubeError::InClusterConfig)?;
+    Client::try_from(config).map(Some).map_err(KubeError::BuildClient)
+}
+
+/// A Node name is a DNS subdomain: at most 253 characters of lower-case
+/// alphanumerics, `-` and `.`, starting and ending with an alphanumeric.
+fn check_node_name(name: &str) -> Result<(), KubeError> {
+    let invalid = |reason| Err(KubeError::InvalidNodeName { name: name.to_owned(), reason });
+    if name.is_empty() || name.len() > 253 {
+        return invalid("must be 1 to 253 characters");
+    }
+    if !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return invalid("must consist of lower-case letters, digits, '-' and '.'");
+    }
+    let alphanumeric =
+        |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    if !alphanumeric(name.as_bytes().first()) || !alphanumeric(name.as_bytes().last()) {
+        return invalid("must start and end with a letter or digit");
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! What kpm-kube reports about itself: per kind of object the last
+//! successful sync and the last error, and the API requests it made by verb,
+//! resource and outcome.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+/// The kinds of objects kpm writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum ObjectKind {
+    /// The Node's CSI node-id annotation and topology labels.
+    Node,
+    /// The node's CSINode object.
+    CsiNode,
+    /// The Node's `status.capacity` and `status.allocatable` of device-plugin resources.
+    NodeStatus,
+    /// The node's ResourceSlices of DRA drivers that went away.
+    ResourceSlice,
+}
+
+impl ObjectKind {
+    /// Every kind, in display order.
+    pub const ALL: [Self; 4] = [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice];
+
+    /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for the subresource.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "Node",
+            Self::CsiNode => "CSINode",
+            Self::NodeStatus => "Node status",
+            Self::ResourceSlice => "ResourceSlice",
+        }
+    }
+}
+
+impl fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How publishing one kind of object went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ObjectSync {
+    /// When kpm last wrote (or found up to date) an object of this kind.
+    pub last_success: Option<SystemTime>,
+    /// The last failure, kept after later successes; compare the times.
+    pub last_error: Option<SyncError>,
+}
+
+/// A failed sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SyncError {
+    /// When it failed.
+    pub at: SystemTime,
+    /// The error, with its causes.
+    pub message: String,
+}
+
+/// How many API requests of one verb on one resource ended one way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestCount {
+    /// The Kubernetes verb: `get`, `create`, `update`, `patch`, `list`, `deletecollection`.
+    pub verb: &'static str,
+    /// The resource, e.g. `nodes/status`.
+    pub resource: &'static str,
+    /// `success`, the HTTP status code of an error answer (`404`, `409`, …),
+    /// `error` when there was no answer, `timeout` when it came too late.
+    pub outcome: String,
+    /// The number of requests.
+    pub count: u64,
+}
+
+/// A snapshot of what the publishers did, for the status API and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KubeStatus {
+    /// The Node kpm publishes for.
+    pub node: String,
+    /// One entry per [`ObjectKind`], in [`ObjectKind::ALL`] order.
+    pub objects: Vec<(ObjectKind, ObjectSync)>,
+    /// Every (verb, resource, outcome) seen, sorted.
+    pub requests: Vec<RequestCount>,
+}
+
+/// The shared counters behind [`KubeStatus`].
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    objects: Mutex<BTreeMap<ObjectKind, ObjectSync>>,
+    requests: Mutex<BTreeMap<(&'static str, &'static str, String), u64>>,
+}
+
+impl Stats {
+    pub(crate) fn count(&self, verb: &'static str, resource: &'static str, outcome: String) {
+        *self.requests.lock().entry((verb, resource, outcome)).or_default() += 1;
+    }
+
+    pub(crate) fn synced(&self, kind: ObjectKind) {
+        self.objects.lock().entry(kind).or_default().last_success = Some(SystemTime::now());
+    }
+
+    pub(crate) fn failed(&self, kind: ObjectKind, error: &dyn std::error::Error) {
+        let message = kpm_api::gotext::error_chain(error);
+        self.objects.lock().entry(kind).or_default().last_error =
+            Some(SyncError { at: SystemTime::now(), message });
+    }
+
+    pub(crate) fn snapshot(&self, node: &str) -> KubeStatus {
+        let objects = self.objects.lock();
+        KubeStatus {
+            node: node.to_owned(),
+            objects: ObjectKind::ALL
+                .iter()
+                .map(|kind| (*kind, objects.get(kind).cloned().unwrap_or_default()))
+                .collect(),
+            requests: self
+                .requests
+                .lock()
+                .iter()
+                .map(|((verb, resource, outcome), count)| RequestCount {
+                    verb,
+                    resource,
+                    outcome: outcome.clone(),
+                    count: *count,
+                })
+                .collect(),
+        }
+    }
+}
