@@ -349,7 +349,7 @@ impl Kubelet {
     /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
     /// and with [`KubeletBuilder::kubernetes`] the device capacity is published.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let mut background = tokio::task::JoinSet::new();
+        let mut background = tokio::task::JoinSet::<()>::new();
         #[cfg(feature = "dra")]
         {
             let dra = Arc::clone(&self.handle.dra);
