@@ -21,6 +21,12 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Manager(#[from] kpm::Error),
 
+    #[error("{0}")]
+    Kubernetes(#[from] kpm::kube::KubeError),
+
+    #[error("find the node name: {0} (set --node-name)")]
+    NodeName(#[source] std::io::Error),
+
     #[error("serve device-plugin registration: {0}")]
     DevicePlugins(#[from] kpm::device::DeviceError),
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use kpm::kube::{self, KubePublisher};
 use kpm::{Kubelet, KubeletBuilder, LivenessConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -66,6 +67,36 @@ pub(crate) struct RunArgs {
         env = "KPM_LIVENESS_FAILURES"
     )]
     liveness_failures: u32,
+    /// Publish to the Kubernetes API server of this kubeconfig (its current
+    /// context): CSINode and the Node's CSI annotation and labels, device
+    /// capacity, ResourceSlice cleanup. Inside a pod the service account is
+    /// used without it; elsewhere, without it, everything stays in memory.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The Node kpm publishes for; kpm never creates it [default: the
+    /// hostname, lower-cased, as with the kubelet].
+    #[arg(long, value_name = "NAME", env = "KPM_NODE_NAME")]
+    node_name: Option<String>,
+    /// How long a DRA driver may stay without a connected instance before
+    /// its ResourceSlices on this node are deleted, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = kpm::dra::DEFAULT_CLEANUP_GRACE.as_secs(),
+        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        env = "KPM_DRA_CLEANUP_GRACE"
+    )]
+    dra_cleanup_grace: u64,
+    /// How long a device-plugin resource whose plugin went away is kept,
+    /// its devices unhealthy, before it is removed, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = kpm::device::DEFAULT_GRACE_PERIOD.as_secs(),
+        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        env = "KPM_DEVICE_CLEANUP_GRACE"
+    )]
+    device_cleanup_grace: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -94,7 +125,12 @@ impl PluginKind {
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
-    let kubelet = configured(&args).build()?;
+    let mut builder = configured(&args);
+    if let Some(publisher) = kubernetes(&args).await? {
+        tracing::info!(node = publisher.node_name(), "publishing to the Kubernetes API");
+        builder = builder.kubernetes(publisher);
+    }
+    let kubelet = builder.build()?;
     let handle = kubelet.handle();
     let metrics = match args.metrics_addr {
         Some(addr) => {
@@ -122,9 +158,42 @@ pub(crate) fn kubelet(root_dir: &Path, disabled: &[PluginKind]) -> KubeletBuilde
         .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(kind.kind()))
 }
 
+/// The Kubernetes publishers: through `--kubeconfig` (or `KUBECONFIG`), or
+/// the service account inside a pod; none otherwise.
+async fn kubernetes(args: &RunArgs) -> Result<Option<KubePublisher>, CliError> {
+    let client = match &args.kubeconfig {
+        Some(path) => Some(kube::client_from_kubeconfig(path).await?),
+        None => kube::in_cluster_client()?,
+    };
+    let Some(client) = client else {
+        return Ok(None);
+    };
+    let node = match &args.node_name {
+        Some(node) => node.clone(),
+        None => hostname()?,
+    };
+    Ok(Some(KubePublisher::new(client, node, kube::KubeConfig::default())?))
+}
+
+/// The kubelet's default node name: the hostname, lower-cased.
+fn hostname() -> Result<String, CliError> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(CliError::NodeName)?;
+    Ok(name.trim().to_lowercase())
+}
+
 /// The kubelet `kpm run` runs, as its flags configure it.
 fn configured(args: &RunArgs) -> KubeletBuilder {
+    let dra = kpm::dra::DraConfig {
+        cleanup_grace: Duration::from_secs(args.dra_cleanup_grace),
+        ..kpm::dra::DraConfig::default()
+    };
+    let device = kpm::device::DeviceConfig {
+        grace_period: Duration::from_secs(args.device_cleanup_grace),
+        ..kpm::device::DeviceConfig::default()
+    };
     let mut builder = kubelet(&args.root.root_dir, &args.disable)
+        .dra_config(dra)
+        .device_config(device)
         .resync_period(Duration::from_secs(args.resync_period))
         .liveness((args.liveness_period > 0).then(|| LivenessConfig {
             period: Duration::from_secs(args.liveness_period),
