@@ -26,6 +26,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-csi", &["kpm-api", "kpm-cache"]),
     ("kpm-device", &["kpm-api", "kpm-cache"]),
     ("kpm-dra", &["kpm-api", "kpm-cache"]),
+    // Publishing to the Kubernetes API: the handlers' seams, nothing else.
+    ("kpm-kube", &["kpm-api", "kpm-csi", "kpm-device", "kpm-dra"]),
     ("kpm-registrar", &["kpm-api"]),
     // The library: never the registrar, whose stubs are for tests and demos.
     (
@@ -40,6 +42,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-csi",
             "kpm-device",
             "kpm-dra",
+            "kpm-kube",
         ],
     ),
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),

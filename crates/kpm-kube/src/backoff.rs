@@ -6,7 +6,7 @@ use std::time::Duration;
 /// apimachinery's `wait.Backoff`: `steps` attempts; the first retry waits
 /// `duration`, each next one `factor` times longer (at most `cap`), each
 /// wait stretched by a random fraction of at most `jitter`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct KubeletBackoff {
     duration: Duration,
     factor: f64,
@@ -68,7 +68,7 @@ mod tests {
     use super::*;
 
     fn bounds(backoff: KubeletBackoff) -> Vec<(u128, u128)> {
-        let mut low = backoff;
+        let mut low = backoff.clone();
         low.jitter = 0.0;
         low.zip(backoff).map(|(low, wait)| (low.as_millis(), wait.as_millis())).collect()
     }

@@ -68,7 +68,6 @@ pub const DEFAULT_CAPACITY_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Settings of the publishers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct KubeConfig {
     /// How long one API request may take (a CSI registration waits for up
     /// to four of each step). Default 10 s.

@@ -1,0 +1,269 @@
+//! The requests kpm sends, pinned literally against kube-rs's test double (a
+//! mocked `tower` service): verbs, paths, query strings (field manager,
+//! field selectors), content types and bodies, and what kpm does with 404,
+//! 409, 500 and no answer. The behaviour against a real API server is
+//! `cargo xtask kube-e2e`'s.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use http::{Request, Response};
+use kpm_csi::{DriverNodeInfo, NodeInfoSink};
+use kpm_dra::SliceCleanup;
+use kpm_kube::{KubeConfig, KubePublisher, ObjectKind};
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+/// One request kpm must send next, and the answer it gets.
+struct Step {
+    method: &'static str,
+    uri: &'static str,
+    /// The JSON body kpm must send, if the step checks it.
+    body: Option<Value>,
+    status: u16,
+    answer: Value,
+}
+
+fn step(method: &'static str, uri: &'static str, status: u16, answer: Value) -> Step {
+    Step { method, uri, body: None, status, answer }
+}
+
+fn with_body(mut step: Step, body: Value) -> Step {
+    step.body = Some(body);
+    step
+}
+
+/// A Kubernetes `Status` answer.
+fn failure(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+           "message": format!("{reason} (test)"), "reason": reason, "code": code})
+}
+
+fn node(resource_version: &str, annotations: &Value, labels: &Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "node1", "uid": "uid-1", "resourceVersion": resource_version,
+        "annotations": annotations, "labels": labels}})
+}
+
+/// Answers kpm's requests by `script`, checking each; returns the content
+/// types kpm sent.
+async fn serve(
+    mut handle: Handle<Request<Body>, Response<Body>>,
+    script: Vec<Step>,
+) -> Vec<String> {
+    let mut content_types = Vec::new();
+    for (i, step) in script.into_iter().enumerate() {
+        let (request, reply) = handle.next_request().await.expect("kpm sent fewer requests");
+        assert_eq!(request.method().as_str(), step.method, "request {i}");
+        assert_eq!(request.uri().to_string(), step.uri, "request {i}");
+        if let Some(value) = request.headers().get(http::header::CONTENT_TYPE) {
+            content_types.push(value.to_str().unwrap().to_owned());
+        }
+        let body = request.into_body().collect_bytes().await.unwrap();
+        if let Some(expected) = step.body {
+            let sent: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(sent, expected, "body of request {i}");
+        }
+        let answer = serde_json::to_vec(&step.answer).unwrap();
+        reply.send_response(
+            Response::builder().status(step.status).body(Body::from(answer)).unwrap(),
+        );
+    }
+    content_types
+}
+
+fn publisher() -> (KubePublisher, Handle<Request<Body>, Response<Body>>) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    (KubePublisher::new(client, "node1", KubeConfig::default()).unwrap(), handle)
+}
+
+fn csi_info() -> DriverNodeInfo {
+    DriverNodeInfo {
+        node_id: "node1-id".into(),
+        max_volumes_per_node: 7,
+        topology: [("topology.example.com/zone".to_owned(), "z1".to_owned())].into(),
+    }
+}
+
+const NODE: &str = "/api/v1/nodes/node1";
+const NODE_PATCH: &str = "/api/v1/nodes/node1?&fieldManager=kpm";
+const CSINODE: &str = "/apis/storage.k8s.io/v1/csinodes/node1";
+const IDS: &str = r#"{"csi.example.com":"node1-id"}"#;
+
+#[tokio::test]
+async fn a_csi_driver_sets_the_annotation_and_label_then_creates_the_csinode_owned_by_the_node() {
+    let (publisher, handle) = publisher();
+    let script = vec![
+        step("GET", NODE, 200, node("5", &json!({}), &json!({"kubernetes.io/hostname": "node1"}))),
+        with_body(
+            step("PATCH", NODE_PATCH, 200, node("6", &json!({}), &json!({}))),
+            json!({"metadata": {
+                "resourceVersion": "5",
+                "annotations": {"csi.volume.kubernetes.io/nodeid": IDS},
+                "labels": {"topology.example.com/zone": "z1"}}}),
+        ),
+        step("GET", CSINODE, 404, failure(404, "NotFound")),
+        with_body(
+            step("POST", "/apis/storage.k8s.io/v1/csinodes?&fieldManager=kpm", 201, json!({})),
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": "node1", "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": "node1", "uid": "uid-1"}]},
+                "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1-id",
+                    "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 7}}]}}),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    publisher.node_info().install_driver("csi.example.com", &csi_info()).await.unwrap();
+    let content_types = server.await.unwrap();
+    assert_eq!(content_types, ["application/merge-patch+json", "application/json"]);
+    let status = publisher.status();
+    assert!(status.objects.iter().all(|(kind, sync)| {
+        sync.last_error.is_none()
+            && sync.last_success.is_some() == matches!(kind, ObjectKind::Node | ObjectKind::CsiNode)
+    }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_starts_again_from_a_fresh_read_keeping_the_other_writers_entry() {
+    let (publisher, handle) = publisher();
+    let other = r#"{"other.example.com":"x"}"#;
+    let both = r#"{"csi.example.com":"node1-id","other.example.com":"x"}"#;
+    let labels = json!({"topology.example.com/zone": "z1"});
+    let csinode = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": "node1", "resourceVersion": "9", "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": "node1", "uid": "uid-1"}]},
+        "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1-id",
+            "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 7}}]}});
+    let script = vec![
+        step("GET", NODE, 200, node("5", &json!({}), &labels)),
+        step("PATCH", NODE_PATCH, 409, failure(409, "Conflict")),
+        step(
+            "GET",
+            NODE,
+            200,
+            node("7", &json!({"csi.volume.kubernetes.io/nodeid": other}), &labels),
+        ),
+        with_body(
+            step("PATCH", NODE_PATCH, 200, json!({})),
+            json!({"metadata": {"resourceVersion": "7",
+                "annotations": {"csi.volume.kubernetes.io/nodeid": both},
+                "labels": {"topology.example.com/zone": "z1"}}}),
+        ),
+        // The CSINode entry is up to date: no write.
+        step("GET", CSINODE, 200, csinode),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    publisher.node_info().install_driver("csi.example.com", &csi_info()).await.unwrap();
+    server.await.unwrap();
+    let requests: Vec<_> = publisher
+        .status()
+        .requests
+        .iter()
+        .map(|r| (r.verb, r.resource, r.outcome.clone(), r.count))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            ("get", "csinodes", "success".to_owned(), 1),
+            ("get", "nodes", "success".to_owned(), 2),
+            ("patch", "nodes", "409".to_owned(), 1),
+            ("patch", "nodes", "success".to_owned(), 1),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_four_failed_attempts_the_registration_fails_naming_the_step() {
+    let (publisher, handle) = publisher();
+    let script = (0..4).map(|_| step("GET", NODE, 500, failure(500, "InternalError"))).collect();
+    let server = tokio::spawn(serve(handle, script));
+    let err =
+        publisher.node_info().install_driver("csi.example.com", &csi_info()).await.unwrap_err();
+    server.await.unwrap();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            r#"error updating Node object with CSI driver node info: get nodes "node1": "#
+        ),
+        "{text}"
+    );
+    let (_, node) = &publisher.status().objects[0];
+    assert!(node.last_error.is_some() && node.last_success.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_node_is_waited_for_not_created() {
+    let (publisher, handle) = publisher();
+    let script = (0..4).map(|_| step("GET", NODE, 404, failure(404, "NotFound"))).collect();
+    let server = tokio::spawn(serve(handle, script));
+    let err =
+        publisher.node_info().install_driver("csi.example.com", &csi_info()).await.unwrap_err();
+    server.await.unwrap();
+    assert_eq!(
+        err.to_string(),
+        r#"error updating Node object with CSI driver node info: node "node1" not found; kpm waits for it and never creates it"#
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_without_an_answer_times_out() {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let config = KubeConfig { request_timeout: Duration::from_secs(3), ..KubeConfig::default() };
+    let publisher =
+        KubePublisher::new(kube::Client::new(service, "default"), "node1", config).unwrap();
+    // Takes every request and never answers.
+    let server = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Some(request) = handle.next_request().await {
+            held.push(request);
+        }
+    });
+    let err = publisher.node_info().uninstall_driver("csi.example.com").await.unwrap_err();
+    assert!(err.to_string().contains(r#"get csinodes "node1": no answer within 3s"#), "{err}");
+    let requests = publisher.status().requests;
+    assert_eq!(requests.len(), 1);
+    assert_eq!((requests[0].outcome.as_str(), requests[0].count), ("timeout", 4));
+    server.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dra_wipe_deletes_the_drivers_slices_of_this_node_retrying_until_it_succeeds() {
+    let (publisher, handle) = publisher();
+    let uri = "/apis/resource.k8s.io/v1/resourceslices?&fieldSelector=spec.nodeName%3Dnode1%2Cspec.driver%3Da.example.com";
+    let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": []});
+    let script = vec![
+        step("DELETE", uri, 500, failure(500, "InternalError")),
+        step("DELETE", uri, 503, failure(503, "ServiceUnavailable")),
+        step("DELETE", uri, 200, list),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    publisher.slice_cleanup().wipe_driver("a.example.com").await;
+    server.await.unwrap();
+    let (_, slices) = &publisher.status().objects[3];
+    assert!(slices.last_success.is_some());
+}
+
+#[tokio::test]
+async fn the_drivers_with_slices_of_this_node_are_listed_once() {
+    let (publisher, handle) = publisher();
+    let slice = |driver: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{driver}-x")}, "spec": {"driver": driver, "nodeName": "node1"}})
+    };
+    let script = vec![step(
+        "GET",
+        "/apis/resource.k8s.io/v1/resourceslices?&fieldSelector=spec.nodeName%3Dnode1",
+        200,
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+            "items": [slice("b.example.com"), slice("a.example.com"), slice("b.example.com")]}),
+    )];
+    let server = tokio::spawn(serve(handle, script));
+    assert_eq!(
+        publisher.slice_cleanup().published_drivers().await,
+        ["a.example.com", "b.example.com"]
+    );
+    server.await.unwrap();
+}
