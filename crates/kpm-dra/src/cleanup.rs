@@ -271,4 +271,50 @@ mod tests {
         assert_eq!(cleanup.wiped(), ["a.example.com"]);
         assert!(timers.pending_drivers().is_empty());
     }
+
+    /// A cleanup whose wipes take `WIPE` each, as an API server that fails
+    /// and is retried would.
+    #[derive(Debug, Default)]
+    struct SlowCleanup {
+        started: Mutex<u32>,
+        finished: Mutex<u32>,
+    }
+
+    const WIPE: Duration = Duration::from_secs(10);
+
+    #[async_trait]
+    impl SliceCleanup for SlowCleanup {
+        async fn wipe_driver(&self, _driver: &str) {
+            *self.started.lock() += 1;
+            tokio::time::sleep(WIPE).await;
+            *self.finished.lock() += 1;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_stops_a_wipe_that_is_still_running() {
+        let cleanup = Arc::new(SlowCleanup::default());
+        let timers = CleanupTimers::new(GRACE, cleanup.clone());
+        timers.update("dra.example.com", false);
+        tokio::time::advance(GRACE + WIPE / 2).await;
+        settle().await;
+        assert_eq!(*cleanup.started.lock(), 1);
+        assert!(timers.pending_until("dra.example.com").is_some(), "queued while it runs");
+        timers.update("dra.example.com", false);
+        assert_eq!(*cleanup.started.lock(), 1, "a running wipe is not queued again");
+
+        timers.update("dra.example.com", true);
+        tokio::time::advance(WIPE).await;
+        settle().await;
+        assert_eq!(*cleanup.finished.lock(), 0, "the late wipe never completes");
+        assert_eq!(timers.pending_until("dra.example.com"), None);
+
+        timers.update("dra.example.com", false);
+        tokio::time::advance(GRACE).await;
+        settle().await;
+        tokio::time::advance(WIPE).await;
+        settle().await;
+        assert_eq!((*cleanup.started.lock(), *cleanup.finished.lock()), (2, 1));
+        assert_eq!(timers.pending_until("dra.example.com"), None, "dequeued once done");
+    }
 }
