@@ -8,7 +8,7 @@
 //! kube-apiserver with certificates made here (CA, serving certificate for
 //! 127.0.0.1 and localhost, service-account key), a static token file with an
 //! admin (`system:masters`) and kpm's service account, and RBAC authorization.
-//! The ServiceAccount, ClusterRole and ClusterRoleBinding of the manifest
+//! The `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` of the manifest
 //! (`deploy/daemonset.yaml`) are applied; Nodes `node1` and `node2` are
 //! created. `kpm run --node-name node1` talks to the API server as its
 //! service account through a kubeconfig, so its RBAC is checked too. Every
@@ -112,8 +112,11 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let (apiserver, etcd) = (apiserver.ok_or_else(usage)?, etcd.ok_or_else(usage)?);
     let selected: Vec<&Scenario> =
         SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)).collect();
-    let missing: Vec<String> =
-        [&apiserver, &etcd].iter().filter(|bin| !bin.is_file()).map(|bin| bin.display().to_string()).collect();
+    let missing: Vec<String> = [&apiserver, &etcd]
+        .iter()
+        .filter(|bin| !bin.is_file())
+        .map(|bin| bin.display().to_string())
+        .collect();
     if !missing.is_empty() {
         println!("\nkube-e2e: {} missing", missing.join(", "));
         for scenario in &selected {
@@ -195,7 +198,10 @@ fn rbac(_env: &Env, cluster: &mut Cluster) -> Result {
         ("get nodes", kpm.request("GET", "/api/v1/nodes/node1", None)),
         ("patch nodes", kpm.request("PATCH", "/api/v1/nodes/node1", Some(&label))),
         ("patch nodes/status", kpm.request("PATCH", "/api/v1/nodes/node1/status", Some(&status))),
-        ("create csinodes", kpm.request("POST", "/apis/storage.k8s.io/v1/csinodes", Some(&csinode))),
+        (
+            "create csinodes",
+            kpm.request("POST", "/apis/storage.k8s.io/v1/csinodes", Some(&csinode)),
+        ),
         ("get csinodes", kpm.request("GET", "/apis/storage.k8s.io/v1/csinodes/node1", None)),
         ("update csinodes", {
             let current = cluster.api.get("/apis/storage.k8s.io/v1/csinodes/node1")?;
@@ -211,7 +217,10 @@ fn rbac(_env: &Env, cluster: &mut Cluster) -> Result {
         ("list secrets", kpm.request("GET", "/api/v1/namespaces/kube-system/secrets", None)),
         ("delete nodes", kpm.request("DELETE", "/api/v1/nodes/node2", None)),
         ("list pods", kpm.request("GET", "/api/v1/pods", None)),
-        ("create resourceslices", kpm.request("POST", SLICES, Some(&slice("x", "a.example.com", "node1", 1)))),
+        (
+            "create resourceslices",
+            kpm.request("POST", SLICES, Some(&slice("x", "a.example.com", "node1", 1))),
+        ),
     ];
     let mut wrong = Vec::new();
     for (what, answer) in allowed {
@@ -257,7 +266,7 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
     let api = &cluster.api;
     let node_uid = api.get("/api/v1/nodes/node1")?["metadata"]["uid"].clone();
     let entry = wait_for("CSINode node1 lists csi.example.com", STEP_TIMEOUT, || {
-        Ok(csinode_driver(api, "csi.example.com")?)
+        csinode_driver(api, "csi.example.com")
     })?;
     let expected = json!({
         "name": "csi.example.com",
@@ -271,7 +280,10 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
     let csinode = api.get("/apis/storage.k8s.io/v1/csinodes/node1")?;
     let owned = csinode["metadata"]["ownerReferences"].as_array().is_some_and(|owners| {
         owners.iter().any(|o| {
-            o["apiVersion"] == "v1" && o["kind"] == "Node" && o["name"] == "node1" && o["uid"] == node_uid
+            o["apiVersion"] == "v1"
+                && o["kind"] == "Node"
+                && o["name"] == "node1"
+                && o["uid"] == node_uid
         })
     });
     if !owned {
@@ -295,7 +307,8 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
     plugin.stop()?;
     wait_until("the CSINode entry and the annotation removed", STEP_TIMEOUT, || {
         let node = api.get("/api/v1/nodes/node1")?;
-        Ok(csinode_driver(api, "csi.example.com")?.is_none() && node_ids(&node)?.get("csi.example.com").is_none())
+        Ok(csinode_driver(api, "csi.example.com")?.is_none()
+            && node_ids(&node)?.get("csi.example.com").is_none())
     })?;
     let node = api.get("/api/v1/nodes/node1")?;
     if node["metadata"]["labels"]["topology.example.com/zone"] != "z1" {
@@ -315,7 +328,10 @@ fn device_plugin(env: &Env, cluster: &mut Cluster) -> Result {
     )?;
     let api = &cluster.api;
     let gpus = |node: &Value| {
-        (node["status"]["capacity"]["example.com/gpu"].clone(), node["status"]["allocatable"]["example.com/gpu"].clone())
+        (
+            node["status"]["capacity"]["example.com/gpu"].clone(),
+            node["status"]["allocatable"]["example.com/gpu"].clone(),
+        )
     };
     wait_until("Node node1 with 3 example.com/gpu, all allocatable", STEP_TIMEOUT, || {
         Ok(gpus(&api.get("/api/v1/nodes/node1")?) == (json!("3"), json!("3")))
@@ -339,16 +355,18 @@ fn device_plugin(env: &Env, cluster: &mut Cluster) -> Result {
 fn dra(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.start_kpm(env, "dra")?;
     let api = &cluster.api;
-    create_slice(api, "node1-a-0", "a.example.com", "node1", 2)?;
-    create_slice(api, "node1-a-1", "a.example.com", "node1", 2)?;
-    create_slice(api, "node1-b-0", "b.example.com", "node1", 1)?;
-    create_slice(api, "node2-a-0", "a.example.com", "node2", 1)?;
     let mut a = kpm.plugin(env, "dra-a", &["--type", "DRAPlugin", "--name", "a.example.com"])?;
     let b = kpm.plugin(env, "dra-b", &["--type", "DRAPlugin", "--name", "b.example.com"])?;
     for plugin in [&a, &b] {
         plugin.wait_for_line("registered", |line| line == "registered: true")?;
     }
-    eprintln!("a.example.com and b.example.com registered");
+    // Created once both drivers are registered, as their own controllers
+    // would, so that however kpm treats slices at its start they count here.
+    create_slice(api, "node1-a-0", "a.example.com", "node1", 2)?;
+    create_slice(api, "node1-a-1", "a.example.com", "node1", 2)?;
+    create_slice(api, "node1-b-0", "b.example.com", "node1", 1)?;
+    create_slice(api, "node2-a-0", "a.example.com", "node2", 1)?;
+    eprintln!("a.example.com and b.example.com registered, 4 ResourceSlices created");
 
     a.kill();
     let killed = Instant::now();
@@ -358,7 +376,10 @@ fn dra(env: &Env, cluster: &mut Cluster) -> Result {
     })?;
     let gone = killed.elapsed();
     if gone < Duration::from_secs(DRA_GRACE_SECS) {
-        return Err(format!("a.example.com's slices went {gone:?} after the kill, within the grace period").into());
+        return Err(format!(
+            "a.example.com's slices went {gone:?} after the kill, within the grace period"
+        )
+        .into());
     }
     eprintln!("a.example.com killed: its node1 slices deleted after {gone:?}");
     // Nothing to wait for: the check is that nothing else happens.
@@ -399,7 +420,10 @@ fn apiserver_down(env: &Env, cluster: &mut Cluster) -> Result {
         ],
     )?;
     let reason = wait_for("csi2.example.com rejected", STEP_TIMEOUT, || {
-        Ok(csi.lines()?.iter().find_map(|line| line.strip_prefix("registered: false: ").map(str::to_owned)))
+        Ok(csi
+            .lines()?
+            .iter()
+            .find_map(|line| line.strip_prefix("registered: false: ").map(str::to_owned)))
     })?;
     if !reason.to_lowercase().contains("node") {
         return Err(format!("the rejection does not name the Node update: {reason}").into());
@@ -419,7 +443,9 @@ fn apiserver_down(env: &Env, cluster: &mut Cluster) -> Result {
     wait_until("csi2.example.com told registered", CONVERGE_TIMEOUT, || {
         Ok(csi.lines()?.iter().any(|line| line == "registered: true"))
     })?;
-    eprintln!("converged: example.com/nic capacity 2, CSINode entry {entry}, csi2.example.com registered");
+    eprintln!(
+        "converged: example.com/nic capacity 2, CSINode entry {entry}, csi2.example.com registered"
+    );
     drop((nic, csi));
     kpm.stop()
 }
@@ -444,11 +470,11 @@ impl Cluster {
         let pki = Pki::generate()?;
         let path = |name: &str| dir.path().join(name).display().to_string();
         for (name, contents) in [
-            ("ca.crt", &pki.ca_pem),
-            ("apiserver.crt", &pki.serving_pem),
-            ("apiserver.key", &pki.serving_key_pem),
-            ("sa.key", &pki.sa_key_pem),
-            ("sa.pub", &pki.sa_public_pem),
+            ("ca.crt", &pki.ca),
+            ("apiserver.crt", &pki.serving_cert),
+            ("apiserver.key", &pki.serving_key),
+            ("sa.key", &pki.sa_key),
+            ("sa.pub", &pki.sa_public_key),
             (
                 "tokens.csv",
                 &format!(
@@ -509,16 +535,9 @@ impl Cluster {
         ]
         .map(str::to_owned)
         .to_vec();
-        let api = Api::new(&format!("https://127.0.0.1:{secure_port}"), &pki.ca_pem, ADMIN_TOKEN)?;
-        let mut cluster = Self {
-            apiserver: None,
-            etcd,
-            scenario,
-            apiserver_args,
-            ca_pem: pki.ca_pem,
-            api,
-            dir,
-        };
+        let api = Api::new(&format!("https://127.0.0.1:{secure_port}"), &pki.ca, ADMIN_TOKEN)?;
+        let mut cluster =
+            Self { apiserver: None, etcd, scenario, apiserver_args, ca_pem: pki.ca, api, dir };
         cluster.start_apiserver(env)?;
         cluster.apply_rbac(&env.manifest)?;
         for node in ["node1", "node2"] {
@@ -536,10 +555,15 @@ impl Cluster {
         let started = Instant::now();
         let args: Vec<&str> = self.apiserver_args.iter().map(String::as_str).collect();
         let log = |suffix: &str| env.out.join(format!("{}-kube-apiserver.{suffix}", self.scenario));
-        let mut apiserver = Process::spawn("kube-apiserver", &env.apiserver, &args, &log("out"), &log("log"))?;
+        let mut apiserver =
+            Process::spawn("kube-apiserver", &env.apiserver, &args, &log("out"), &log("log"))?;
         wait_until("kube-apiserver /readyz", START_TIMEOUT, || {
             if let Some(status) = apiserver.child.try_wait()? {
-                return Err(format!("kube-apiserver exited ({status}), see {}", log("log").display()).into());
+                return Err(format!(
+                    "kube-apiserver exited ({status}), see {}",
+                    log("log").display()
+                )
+                .into());
             }
             Ok(self.api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200))
         })?;
@@ -553,10 +577,11 @@ impl Cluster {
         self.apiserver.take().ok_or("kube-apiserver is not running")?.stop()
     }
 
-    /// POSTs the ServiceAccount, ClusterRole and ClusterRoleBinding documents
+    /// POSTs the `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` documents
     /// of `manifest` as admin; other kinds are left out.
     fn apply_rbac(&self, manifest: &Path) -> Result {
-        let text = fs::read_to_string(manifest).map_err(|err| format!("cannot read {}: {err}", manifest.display()))?;
+        let text = fs::read_to_string(manifest)
+            .map_err(|err| format!("cannot read {}: {err}", manifest.display()))?;
         let mut applied = BTreeSet::new();
         for document in serde_norway::Deserializer::from_str(&text) {
             let object = Value::deserialize(document)
@@ -571,21 +596,29 @@ impl Cluster {
             let group = match object["apiVersion"].as_str() {
                 Some("v1") => "/api/v1".to_owned(),
                 Some(version) => format!("/apis/{version}"),
-                None => return Err(format!("{kind} without apiVersion in {}", manifest.display()).into()),
+                None => {
+                    return Err(
+                        format!("{kind} without apiVersion in {}", manifest.display()).into()
+                    );
+                }
             };
             let path = match object["metadata"]["namespace"].as_str() {
                 Some(namespace) => format!("{group}/namespaces/{namespace}/{collection}"),
                 None => format!("{group}/{collection}"),
             };
             // kube-system is created by the API server itself, soon after /readyz.
-            wait_until(&format!("{kind} {} applied", object["metadata"]["name"]), STEP_TIMEOUT, || {
-                let (code, body) = self.api.request("POST", &path, Some(&object))?;
-                match code {
-                    200..300 => Ok(true),
-                    404 => Ok(false),
-                    _ => Err(format!("POST {path}: {code} {}", body["message"]).into()),
-                }
-            })?;
+            wait_until(
+                &format!("{kind} {} applied", object["metadata"]["name"]),
+                STEP_TIMEOUT,
+                || {
+                    let (code, body) = self.api.request("POST", &path, Some(&object))?;
+                    match code {
+                        200..300 => Ok(true),
+                        404 => Ok(false),
+                        _ => Err(format!("POST {path}: {code} {}", body["message"]).into()),
+                    }
+                },
+            )?;
             applied.insert(kind);
         }
         for kind in ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"] {
@@ -636,18 +669,18 @@ impl Cluster {
 
 /// The certificates and keys of a cluster, PEM-encoded.
 struct Pki {
-    ca_pem: String,
-    serving_pem: String,
-    serving_key_pem: String,
-    sa_key_pem: String,
-    sa_public_pem: String,
+    ca: String,
+    serving_cert: String,
+    serving_key: String,
+    sa_key: String,
+    sa_public_key: String,
 }
 
 impl Pki {
     fn generate() -> Result<Self> {
         use rcgen::{
-            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-            KeyUsagePurpose,
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
         };
         let mut ca = CertificateParams::new(Vec::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -655,18 +688,19 @@ impl Pki {
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
         // An IP address among the names becomes an IP SAN.
-        let mut serving = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
+        let mut serving =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
         serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_key = KeyPair::generate()?;
         let serving = serving.signed_by(&serving_key, &ca)?;
         let sa_key = KeyPair::generate()?;
         Ok(Self {
-            ca_pem: ca.pem(),
-            serving_pem: serving.pem(),
-            serving_key_pem: serving_key.serialize_pem(),
-            sa_key_pem: sa_key.serialize_pem(),
-            sa_public_pem: sa_key.public_key_pem(),
+            ca: ca.pem(),
+            serving_cert: serving.pem(),
+            serving_key: serving_key.serialize_pem(),
+            sa_key: sa_key.serialize_pem(),
+            sa_public_key: sa_key.public_key_pem(),
         })
     }
 }
@@ -758,7 +792,7 @@ impl Api {
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 
-/// A ResourceSlice of `driver` on `node`, one device, its pool named after
+/// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
 /// the node with `pool_slices` slices.
 fn slice(name: &str, driver: &str, node: &str, pool_slices: u32) -> Value {
     json!({
@@ -778,7 +812,7 @@ fn create_slice(api: &Api, name: &str, driver: &str, node: &str, pool_slices: u3
     api.post(SLICES, &slice(name, driver, node, pool_slices)).map(drop)
 }
 
-/// The names of all ResourceSlices.
+/// The names of all `ResourceSlice`s.
 fn slices(api: &Api) -> Result<BTreeSet<String>> {
     let list = api.get(SLICES)?;
     Ok(list["items"]
@@ -789,7 +823,7 @@ fn slices(api: &Api) -> Result<BTreeSet<String>> {
         .collect())
 }
 
-/// The entry of `driver` in CSINode `node1`, if both exist.
+/// The entry of `driver` in `CSINode` `node1`, if both exist.
 fn csinode_driver(api: &Api, driver: &str) -> Result<Option<Value>> {
     let Some(csinode) = api.get_optional("/apis/storage.k8s.io/v1/csinodes/node1")? else {
         return Ok(None);
@@ -841,7 +875,11 @@ impl RunningKpm {
             .ok_or("kpm list -o json has no kubernetes.requests")?;
         requests
             .iter()
-            .map(|r| r["count"].as_u64().ok_or_else(|| format!("a request count that is not a number: {r}").into()))
+            .map(|r| {
+                r["count"]
+                    .as_u64()
+                    .ok_or_else(|| format!("a request count that is not a number: {r}").into())
+            })
             .sum()
     }
 
@@ -895,8 +933,14 @@ impl Process {
 
     /// Sends `signal` (a name for kill(1), such as `USR1`).
     fn signal(&self, signal: &str) -> Result {
-        let status = Command::new("kill").args([&format!("-{signal}"), &self.child.id().to_string()]).status()?;
-        if status.success() { Ok(()) } else { Err(format!("kill -{signal} {}: {status}", self.name).into()) }
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill -{signal} {}: {status}", self.name).into())
+        }
     }
 
     /// SIGTERM, and waits for it to exit.
@@ -923,7 +967,11 @@ fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<bo
     wait_for(what, timeout, || Ok(done()?.then_some(()))).map(drop)
 }
 
-fn wait_for<T>(what: &str, timeout: Duration, mut found: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut found: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(value) = found()? {
