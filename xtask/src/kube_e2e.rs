@@ -17,7 +17,7 @@
 //!
 //! | scenario | checked through the API server |
 //! |---|---|
-//! | `rbac` | without kpm: kpm's token may do what kpm needs and nothing else |
+//! | `cluster` | without kpm: kpm's token may do what kpm needs and nothing else; kube-apiserver restarts on the same etcd with every object kept |
 //! | `csi` | a CSI driver's registration fills CSINode `node1` (owned by the Node), the Node's node-id annotation and topology label; its exit empties both but leaves the label |
 //! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
 //! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
@@ -67,13 +67,13 @@ const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
 
 struct Scenario {
     name: &'static str,
-    /// Whether it runs `kpm`: the `rbac` scenario checks the cluster alone.
+    /// Whether it runs `kpm`: the `cluster` scenario checks the cluster alone.
     needs_kpm: bool,
     run: fn(&Env, &mut Cluster) -> Result,
 }
 
 const SCENARIOS: &[Scenario] = &[
-    Scenario { name: "rbac", needs_kpm: false, run: rbac },
+    Scenario { name: "cluster", needs_kpm: false, run: cluster },
     Scenario { name: "csi", needs_kpm: true, run: csi },
     Scenario { name: "device-plugin", needs_kpm: true, run: device_plugin },
     Scenario { name: "dra", needs_kpm: true, run: dra },
@@ -184,15 +184,17 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
 
 // === Scenarios ===
 
-/// kpm's token may do exactly what kpm needs: checked call by call.
-fn rbac(_env: &Env, cluster: &mut Cluster) -> Result {
+/// kpm's token may do exactly what kpm needs, checked call by call; a
+/// restarted kube-apiserver serves the same objects (`apiserver-down` relies
+/// on it).
+fn cluster(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.api.as_token(KPM_TOKEN);
     let csinode = json!({
         "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
         "metadata": {"name": "node1"}, "spec": {"drivers": []},
     });
-    let label = json!({"metadata": {"labels": {"kube-e2e": "rbac"}}});
-    let status = json!({"status": {"capacity": {"example.com/rbac": "1"}}});
+    let label = json!({"metadata": {"labels": {"kube-e2e": "cluster"}}});
+    let status = json!({"status": {"capacity": {"example.com/e2e": "1"}}});
     create_slice(&cluster.api, "node2-a-0", "a.example.com", "node2", 1)?;
     let allowed: [(&str, Result<(u16, Value)>); 8] = [
         ("get nodes", kpm.request("GET", "/api/v1/nodes/node1", None)),
@@ -242,6 +244,17 @@ fn rbac(_env: &Env, cluster: &mut Cluster) -> Result {
         return Err("deletecollection left node2's slice".into());
     }
     eprintln!("kpm's token: 8 calls kpm needs allowed, 4 others denied");
+
+    cluster.stop_apiserver()?;
+    if cluster.api.request("GET", "/readyz", None).is_ok() {
+        return Err("kube-apiserver still answers once stopped".into());
+    }
+    cluster.start_apiserver(env)?;
+    let node = kpm.get("/api/v1/nodes/node1")?;
+    if node["metadata"]["labels"]["kube-e2e"] != "cluster" {
+        return Err(format!("Node node1 after the restart: {}", node["metadata"]).into());
+    }
+    eprintln!("kube-apiserver restarted: Node node1 kept its label");
     Ok(())
 }
 
@@ -646,7 +659,8 @@ impl Cluster {
         fs::write(&kubeconfig, serde_json::to_string_pretty(&config)?)?;
         let root = self.dir.path().join("kpm");
         fs::create_dir_all(root.join("plugins_registry"))?;
-        let log = fs::File::create(env.out.join(format!("{scenario}-kpm.log")))?;
+        let log_path = env.out.join(format!("{scenario}-kpm.log"));
+        let log = fs::File::create(&log_path)?;
         let mut kpm = Kpm::start(
             &env.kpm,
             &root,
@@ -659,10 +673,15 @@ impl Cluster {
                 &DRA_GRACE_SECS.to_string(),
                 "--device-cleanup-grace",
                 &DEVICE_GRACE_SECS.to_string(),
+                // A killed plugin's socket refuses the next probe: it is
+                // noticed within a second, not within the default 10.
+                "--liveness-period",
+                "1",
             ],
             log,
         )?;
-        kpm.wait_ready(&root.join("kpm.sock"))?;
+        kpm.wait_ready(&root.join("kpm.sock"))
+            .map_err(|err| format!("{err}, see {}", log_path.display()))?;
         Ok(RunningKpm { kpm, bin: env.kpm.clone(), root })
     }
 }
