@@ -10,12 +10,16 @@
 //!   `docs/reliability.md`, 10 minutes by default (see `soak.rs`).
 //! - `interop --bin-dir DIR [--only SCENARIO]`: `kpm` and `kpm-registrar`
 //!   against real programs in DIR (see `interop.rs`); not part of `ci`.
+//! - `kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO]`:
+//!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e.rs`);
+//!   not part of `ci`.
 //! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
 
 mod bench;
 mod codegen;
 mod harness;
 mod interop;
+mod kube_e2e;
 mod soak;
 mod tidy;
 
@@ -26,7 +30,8 @@ type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] \
                      | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
-                     | interop --bin-dir DIR [--only SCENARIO] | tidy>";
+                     | interop --bin-dir DIR [--only SCENARIO] \
+                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -38,6 +43,7 @@ fn main() -> ExitCode {
         ["bench", options @ ..] => bench::run(&project_root(), options),
         ["soak", options @ ..] => soak::run(&project_root(), options),
         ["interop", options @ ..] => interop::run(&project_root(), options),
+        ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         ["--help" | "-h" | "help"] => {
             println!("{USAGE}");

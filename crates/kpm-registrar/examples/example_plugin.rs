@@ -8,12 +8,15 @@
 //!
 //! Without `--endpoint`, the plugin's own service is served on the
 //! registration socket too, as a stub that lets a node agent complete the
-//! registration: `DevicePlugin` (two healthy devices) for `DevicePlugin`,
-//! CSI `Identity` and `Node` for `CSIPlugin`, DRA v1 `DRAPlugin` for
-//! `DRAPlugin`. `--registration-only` leaves it out.
+//! registration: `DevicePlugin` (`--devices` healthy devices, two by
+//! default) for `DevicePlugin`, CSI `Identity` and `Node` (`--node-id`,
+//! `--topology`, `--max-volumes`) for `CSIPlugin`, DRA v1 `DRAPlugin` for
+//! `DRAPlugin`. `--registration-only` leaves it out. SIGUSR1 turns the next
+//! healthy device of the device-plugin stub unhealthy.
 //!
 //! Output: `serving <socket>`, then `registered: true` or
-//! `registered: false: <reason>` per status. Logs go to stderr (`RUST_LOG`).
+//! `registered: false: <reason>` per status, and `unhealthy: <device id>`
+//! per SIGUSR1 that found a healthy device. Logs go to stderr (`RUST_LOG`).
 //! Exit codes: 0 after a signal, 1 on failure (the message names the path),
 //! 2 on usage errors.
 
@@ -23,8 +26,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kpm_api::constants::{DEFAULT_ROOT_DIR, PLUGINS_REGISTRY_DIR_NAME};
-use kpm_registrar::{DEVICE_PLUGIN, Registrar, RegistrationStatus};
+use kpm_api::constants::{
+    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, DEVICE_UNHEALTHY, PLUGINS_REGISTRY_DIR_NAME,
+};
+use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin};
+use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar, RegistrationStatus};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Serve a kubelet plugin registration socket and print the registration
@@ -68,6 +74,25 @@ struct Args {
     /// Serve the registration service only, no stub of the plugin's service.
     #[arg(long)]
     registration_only: bool,
+
+    /// DevicePlugin stub: the number of devices, dev-0 to dev-<N-1>, all
+    /// healthy at the start.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    devices: usize,
+
+    /// CSIPlugin stub: the node id reported by NodeGetInfo.
+    #[arg(long, value_name = "ID", default_value = "example-node")]
+    node_id: String,
+
+    /// CSIPlugin stub: a segment of the accessible topology reported by
+    /// NodeGetInfo; repeat for several.
+    #[arg(long = "topology", value_name = "KEY=VALUE", value_parser = parse_segment)]
+    topology: Vec<(String, String)>,
+
+    /// CSIPlugin stub: max_volumes_per_node reported by NodeGetInfo (0: no
+    /// limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    max_volumes: i64,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -99,13 +124,34 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     if let Some(uid) = args.uid {
         builder = builder.rolling_update_uid(uid);
     }
+    // The stub's devices, for SIGUSR1 to turn unhealthy one by one.
+    let mut devices = None;
     if let Some(endpoint) = args.endpoint {
         builder = builder.endpoint(endpoint);
     } else if !args.registration_only {
-        builder = builder.routes(kpm_registrar::stub::routes(&args.plugin_type, &name));
+        let routes = match args.plugin_type.as_str() {
+            DEVICE_PLUGIN => {
+                let stub = Devices::new(args.devices);
+                let (plugin, list) = StubDevicePlugin::new(stub.pairs());
+                devices = Some((stub, list));
+                plugin.routes()
+            }
+            CSI_PLUGIN => args
+                .topology
+                .into_iter()
+                .fold(StubCsiDriver::new(&name, args.node_id), |driver, (key, value)| {
+                    driver.topology(key, value)
+                })
+                .max_volumes(args.max_volumes)
+                .routes(),
+            _ => kpm_registrar::stub::routes(&args.plugin_type, &name),
+        };
+        builder = builder.routes(routes);
     }
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
+    let mut user1 = signal(SignalKind::user_defined1())
+        .map_err(|err| format!("install SIGUSR1 handler: {err}"))?;
 
     let registrar = builder.serve().await?;
     println!("serving {}", registrar.socket_path().display());
@@ -124,12 +170,53 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 }
                 printed = statuses.len();
             }
+            _ = user1.recv() => match &mut devices {
+                Some((stub, list)) => match stub.fail_next() {
+                    Some(id) => {
+                        list.set(stub.pairs());
+                        println!("unhealthy: {id}");
+                    }
+                    None => eprintln!("example_plugin: SIGUSR1: no healthy device left"),
+                },
+                None => eprintln!("example_plugin: SIGUSR1: no device-plugin stub"),
+            },
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,
         }
     }
     registrar.shutdown().await?;
     Ok(())
+}
+
+/// The device-plugin stub's devices and whether each is healthy.
+struct Devices(Vec<(String, bool)>);
+
+impl Devices {
+    fn new(count: usize) -> Self {
+        Self((0..count).map(|i| (format!("dev-{i}"), true)).collect())
+    }
+
+    /// Marks the first healthy device unhealthy and returns its id.
+    fn fail_next(&mut self) -> Option<String> {
+        let (id, healthy) = self.0.iter_mut().find(|(_, healthy)| *healthy)?;
+        *healthy = false;
+        Some(id.clone())
+    }
+
+    /// `(id, health)` pairs for `DeviceList::set`.
+    fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(id, healthy)| {
+            (id.as_str(), if *healthy { DEVICE_HEALTHY } else { DEVICE_UNHEALTHY })
+        })
+    }
+}
+
+/// `KEY=VALUE`, for `--topology`.
+fn parse_segment(segment: &str) -> Result<(String, String), String> {
+    match segment.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{segment:?} is not KEY=VALUE")),
+    }
 }
 
 fn default_dir() -> String {

@@ -4,6 +4,7 @@
 //! [`RegistrarBuilder::routes`](crate::RegistrarBuilder::routes) or on their
 //! own socket.
 
+use std::collections::HashMap;
 use std::pin::Pin;
 
 use kpm_api::constants::{CSI_PLUGIN, DEVICE_HEALTHY, DEVICE_PLUGIN, DRA_PLUGIN};
@@ -130,12 +131,36 @@ impl dp::device_plugin_server::DevicePlugin for StubDevicePlugin {
 pub struct StubCsiDriver {
     name: String,
     node_id: String,
+    topology: HashMap<String, String>,
+    max_volumes: i64,
 }
 
 impl StubCsiDriver {
-    /// A driver called `name` that reports `node_id` in `NodeGetInfo`.
+    /// A driver called `name` that reports `node_id` in `NodeGetInfo`, with
+    /// no accessible topology and no volume limit.
     pub fn new(name: impl Into<String>, node_id: impl Into<String>) -> Self {
-        Self { name: name.into(), node_id: node_id.into() }
+        Self {
+            name: name.into(),
+            node_id: node_id.into(),
+            topology: HashMap::new(),
+            max_volumes: 0,
+        }
+    }
+
+    /// Adds the segment `key`=`value` to the accessible topology reported in
+    /// `NodeGetInfo`; a later value for the same key replaces the earlier.
+    #[must_use]
+    pub fn topology(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.topology.insert(key.into(), value.into());
+        self
+    }
+
+    /// Reports `max_volumes` as `max_volumes_per_node` in `NodeGetInfo`
+    /// (0, the default, means no limit).
+    #[must_use]
+    pub fn max_volumes(mut self, max_volumes: i64) -> Self {
+        self.max_volumes = max_volumes;
+        self
     }
 
     /// The CSI `Identity` and `Node` services, to serve on the driver's socket.
@@ -186,9 +211,13 @@ impl csi::node_server::Node for StubCsiDriver {
         &self,
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        // CSI: no topology is reported as an absent field, not an empty one.
+        let accessible_topology =
+            (!self.topology.is_empty()).then(|| csi::Topology { segments: self.topology.clone() });
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            ..Default::default()
+            max_volumes_per_node: self.max_volumes,
+            accessible_topology,
         }))
     }
 }

@@ -1,0 +1,64 @@
+//! The stub services against real clients: served next to the registration
+//! service on a socket in a temp dir, called over gRPC.
+
+#![cfg(feature = "stub")]
+// Test helpers may unwrap: a failed setup fails the test.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+
+use kpm_api::csi::v1::node_client::NodeClient;
+use kpm_api::csi::v1::{NodeGetInfoRequest, NodeGetInfoResponse, Topology};
+use kpm_registrar::stub::StubCsiDriver;
+use kpm_registrar::{CSI_PLUGIN, Registrar};
+use kpm_test_support::DEADLINE;
+
+/// Serves `driver` and returns its `NodeGetInfo` answer.
+async fn node_get_info(driver: StubCsiDriver) -> NodeGetInfoResponse {
+    let dir = tempfile::tempdir().unwrap();
+    let registrar = Registrar::builder(CSI_PLUGIN, "csi.example.com")
+        .socket_dir(dir.path())
+        .routes(driver.routes())
+        .serve()
+        .await
+        .unwrap();
+    let channel = kpm_api::uds::dial(registrar.socket_path(), DEADLINE).await.unwrap();
+    let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await.unwrap();
+    registrar.shutdown().await.unwrap();
+    info.into_inner()
+}
+
+#[tokio::test]
+async fn a_csi_driver_reports_no_topology_and_no_volume_limit_by_default() {
+    let info = node_get_info(StubCsiDriver::new("csi.example.com", "node-1")).await;
+    assert_eq!(
+        info,
+        NodeGetInfoResponse {
+            node_id: "node-1".into(),
+            max_volumes_per_node: 0,
+            accessible_topology: None
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_csi_driver_reports_its_topology_segments_and_max_volumes() {
+    let driver = StubCsiDriver::new("csi.example.com", "node-1")
+        .topology("topology.example.com/zone", "z0")
+        .topology("topology.example.com/rack", "r1")
+        .topology("topology.example.com/zone", "z1")
+        .max_volumes(7);
+    let info = node_get_info(driver).await;
+    let segments = HashMap::from([
+        ("topology.example.com/zone".to_owned(), "z1".to_owned()),
+        ("topology.example.com/rack".to_owned(), "r1".to_owned()),
+    ]);
+    assert_eq!(
+        info,
+        NodeGetInfoResponse {
+            node_id: "node-1".into(),
+            max_volumes_per_node: 7,
+            accessible_topology: Some(Topology { segments })
+        }
+    );
+}
