@@ -4,7 +4,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::status_api::model::{PluginJson, PluginList};
+use crate::status_api::model::{KubeObjectJson, KubernetesJson, PluginJson, PluginList};
 use crate::status_api::{self, client};
 use crate::{CliError, OutputFormat};
 
@@ -28,7 +28,8 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
 }
 
 /// The plugins (type, name, state, age, socket, last error), then whichever
-/// of CSI drivers, device resources and DRA drivers there are.
+/// of CSI drivers, device resources and DRA drivers there are, then how
+/// publishing to the Kubernetes API goes, when kpm publishes.
 pub(crate) fn table(list: &PluginList) -> String {
     let now = SystemTime::now();
     let plugins = list.plugins.iter().map(|p| {
@@ -76,7 +77,49 @@ pub(crate) fn table(list: &PluginList) -> String {
         out.push('\n');
         out.push_str(&columns(&["DRA DRIVER", "CONNECTED", "VERSION", "CLEANUP AT"], drivers));
     }
+    if let Some(kube) = &list.kubernetes {
+        out.push('\n');
+        out.push_str(&kubernetes(kube, now));
+    }
     out
+}
+
+/// The node published for, per kind of object when it last synced and the
+/// error that followed, if any; then the API requests made and failed.
+fn kubernetes(kube: &KubernetesJson, now: SystemTime) -> String {
+    let objects = kube.objects.iter().map(|object| {
+        vec![
+            object.kind.clone(),
+            object.last_success.as_deref().map_or_else(|| "never".to_owned(), |at| ago(at, now)),
+            current_error(object, now).unwrap_or_else(|| "-".to_owned()),
+        ]
+    });
+    let total: u64 = kube.requests.iter().map(|r| r.count).sum();
+    let failed: u64 = kube.requests.iter().filter(|r| r.failed()).map(|r| r.count).sum();
+    format!(
+        "Kubernetes (node {})\n{}API requests: {total}, failed: {failed}\n",
+        kube.node,
+        columns(&["KIND", "LAST SYNC", "LAST ERROR"], objects)
+    )
+}
+
+/// The last error with how long ago it was, unless a success came after it:
+/// an error is kept after later successes.
+fn current_error(object: &KubeObjectJson, now: SystemTime) -> Option<String> {
+    let error = object.last_error.as_ref()?;
+    let succeeded_since = match (object.last_success.as_deref().and_then(parse), parse(&error.at)) {
+        (Some(success), Some(failure)) => success >= failure,
+        _ => false,
+    };
+    (!succeeded_since).then(|| format!("{} ({})", error.message, ago(&error.at, now)))
+}
+
+/// `42s ago`, or `?` for a time that does not parse.
+fn ago(rfc3339: &str, now: SystemTime) -> String {
+    parse(rfc3339).map_or_else(
+        || "?".to_owned(),
+        |at| format!("{} ago", whole(now.duration_since(at).unwrap_or_default())),
+    )
 }
 
 /// The plugin's state, with when the next attempt is while it backs off:
@@ -126,7 +169,8 @@ fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
 mod tests {
     use super::*;
     use crate::status_api::model::{
-        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, NodeJson,
+        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, KubeErrorJson,
+        KubeRequestJson, NodeJson,
     };
 
     #[test]
@@ -182,6 +226,7 @@ mod tests {
             node: NodeJson::default(),
             device_resources: Vec::new(),
             dra_drivers: Vec::new(),
+            kubernetes: None,
         };
         assert_eq!(
             table(&list),
@@ -234,6 +279,93 @@ mod tests {
              \n\
              DRA DRIVER       CONNECTED  VERSION       CLEANUP AT\n\
              gpu.example.com  1/1        v1.DRAPlugin\n"
+        );
+    }
+
+    fn object(kind: &str, success: Option<&str>, error: Option<(&str, &str)>) -> KubeObjectJson {
+        KubeObjectJson {
+            kind: kind.into(),
+            last_success: success.map(str::to_owned),
+            last_error: error
+                .map(|(at, message)| KubeErrorJson { at: at.into(), message: message.into() }),
+        }
+    }
+
+    fn request(verb: &str, resource: &str, outcome: &str, count: u64) -> KubeRequestJson {
+        KubeRequestJson {
+            verb: verb.into(),
+            resource: resource.into(),
+            outcome: outcome.into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn kubernetes_section_shows_syncs_current_errors_and_failed_requests() {
+        let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
+        let missing = "node \"node1\" not found; kpm waits for it and never creates it";
+        let kube = KubernetesJson {
+            node: "node1".into(),
+            objects: vec![
+                object("Node", None, Some(("2026-11-21T11:59:57Z", missing))),
+                // Failed, then synced: the error is history.
+                object(
+                    "CSINode",
+                    Some("2026-11-21T11:59:30Z"),
+                    Some(("2026-11-21T11:58:00Z", "409")),
+                ),
+                // Synced, then failed: the error is current.
+                object(
+                    "Node status",
+                    Some("2026-11-21T11:00:00Z"),
+                    Some(("2026-11-21T11:59:18Z", "timeout")),
+                ),
+                object("ResourceSlice", None, None),
+            ],
+            requests: vec![
+                request("get", "nodes", "404", 2),
+                request("patch", "nodes/status", "success", 3),
+                request("patch", "nodes/status", "timeout", 1),
+            ],
+        };
+        assert_eq!(
+            kubernetes(&kube, now),
+            format!(
+                "Kubernetes (node node1)\n\
+                 KIND           LAST SYNC  LAST ERROR\n\
+                 Node           never      {missing} (3s ago)\n\
+                 CSINode        30s ago    -\n\
+                 Node status    1h ago     timeout (42s ago)\n\
+                 ResourceSlice  never      -\n\
+                 API requests: 6, failed: 3\n"
+            )
+        );
+    }
+
+    #[test]
+    fn the_kubernetes_section_follows_the_plugins_only_when_kpm_publishes() {
+        let mut list = PluginList {
+            plugins: Vec::new(),
+            csi_drivers: Vec::new(),
+            node: NodeJson::default(),
+            device_resources: Vec::new(),
+            dra_drivers: Vec::new(),
+            kubernetes: None,
+        };
+        assert!(!table(&list).contains("Kubernetes"), "{}", table(&list));
+        list.kubernetes = Some(KubernetesJson {
+            node: "node1".into(),
+            objects: vec![object("Node", None, None)],
+            requests: Vec::new(),
+        });
+        assert_eq!(
+            table(&list),
+            "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
+             \n\
+             Kubernetes (node node1)\n\
+             KIND  LAST SYNC  LAST ERROR\n\
+             Node  never      -\n\
+             API requests: 0, failed: 0\n"
         );
     }
 }

@@ -57,6 +57,10 @@ fn a_plugin_registers_re_registers_and_deregisters_through_the_binary() {
     assert_eq!(listed["versions"], serde_json::json!(["v1beta1"]));
     assert!(listed["last_error"].is_null());
     assert!(listed["registered_at"].as_str().unwrap().ends_with('Z'));
+    // Without --kubeconfig (or a pod's service account) kpm publishes nothing.
+    let list = kpm.list().unwrap();
+    assert!(list.as_object().unwrap().contains_key("kubernetes"), "{list}");
+    assert!(list["kubernetes"].is_null(), "{list}");
     let first_generation = listed["generation"].as_u64().unwrap();
 
     // The plugin restarts: its socket is re-created, so it registers again.
@@ -239,6 +243,9 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")
             == Some(&1.0)
     });
+    // Not publishing to an API server: no kpm_kube_* series.
+    let samples = parse_prometheus(&http_get(&addr, "/metrics"));
+    assert!(!samples.keys().any(|series| series.starts_with("kpm_kube_")), "{samples:?}");
     assert_eq!(http_get(&addr, "/healthz"), "ok");
 }
 

@@ -6,6 +6,7 @@
 //! families.
 
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
@@ -17,6 +18,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::heap::{self, HeapStats};
 use kpm::KubeletHandle;
+use kpm::kube::KubeStatus;
 
 /// Encodes the scrape-time metrics from [`KubeletHandle`]; registered with the
 /// registry as a collector.
@@ -52,6 +54,58 @@ struct Reading {
     devices: Vec<(String, &'static str, usize)>,
     /// `(driver, connected, instances)`.
     dra_instances: Vec<(String, &'static str, usize)>,
+    /// `None` when kpm does not publish to the Kubernetes API.
+    kube: Option<KubeReading>,
+}
+
+/// The Kubernetes publishers' books, as one scrape shows them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct KubeReading {
+    /// `(verb, resource, outcome, count)`.
+    requests: Vec<(&'static str, &'static str, String, u64)>,
+    /// `(kind, seconds since the epoch)` of the kinds that synced.
+    last_sync: Vec<(&'static str, f64)>,
+}
+
+impl From<KubeStatus> for KubeReading {
+    fn from(status: KubeStatus) -> Self {
+        Self {
+            requests: status
+                .requests
+                .into_iter()
+                .map(|r| (r.verb, r.resource, r.outcome, r.count))
+                .collect(),
+            last_sync: status
+                .objects
+                .into_iter()
+                .filter_map(|(kind, sync)| Some((kind.as_str(), unix_seconds(sync.last_success?))))
+                .collect(),
+        }
+    }
+}
+
+impl KubeReading {
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        counter_family(
+            encoder,
+            "kpm_kube_requests",
+            "Requests to the Kubernetes API server, by verb, resource and outcome (success, an HTTP status code, error, timeout).",
+            self.requests.iter().map(|(verb, resource, outcome, count)| {
+                ([("verb", *verb), ("resource", *resource), ("outcome", outcome.as_str())], *count)
+            }),
+        )?;
+        gauge_family(
+            encoder,
+            "kpm_kube_last_sync_timestamp_seconds",
+            "When kpm last wrote (or found up to date) an object of this kind, in seconds since the epoch.",
+            self.last_sync.iter().map(|(kind, at)| ([("kind", *kind)], *at)),
+        )
+    }
+}
+
+/// Seconds since the epoch; 0 for a time before it.
+fn unix_seconds(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs_f64()
 }
 
 impl Reading {
@@ -95,6 +149,7 @@ impl Reading {
             plugins,
             devices,
             dra_instances,
+            kube: kubelet.kubernetes().map(KubeReading::from),
         }
     }
 
@@ -157,7 +212,11 @@ impl Reading {
             self.dra_instances.iter().map(|(driver, connected, instances)| {
                 ([("driver", driver.as_str()), ("connected", connected)], *instances)
             }),
-        )
+        )?;
+        match &self.kube {
+            Some(kube) => kube.encode(encoder),
+            None => Ok(()),
+        }
     }
 }
 
@@ -183,11 +242,11 @@ fn gauge(
 
 /// A gauge with one sample per label set; left out when it has none, as the
 /// registry leaves out an empty family.
-fn gauge_family<L: EncodeLabelSet>(
+fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
-    samples: impl IntoIterator<Item = (L, usize)>,
+    samples: impl IntoIterator<Item = (L, V)>,
 ) -> fmt::Result {
     let mut samples = samples.into_iter().peekable();
     if samples.peek().is_none() {
@@ -198,4 +257,81 @@ fn gauge_family<L: EncodeLabelSet>(
         ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
     }
     Ok(())
+}
+
+/// A counter with one sample per label set; left out when it has none.
+fn counter_family<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, u64)>,
+) -> fmt::Result {
+    let mut samples = samples.into_iter().peekable();
+    if samples.peek().is_none() {
+        return Ok(());
+    }
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in samples {
+        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    /// A collector of a fixed reading.
+    #[derive(Debug)]
+    struct Fixed(KubeReading);
+
+    impl Collector for Fixed {
+        fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+            self.0.encode(&mut encoder)
+        }
+    }
+
+    fn render(reading: KubeReading) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Fixed(reading)));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn kube_requests_are_counters_and_syncs_timestamps() {
+        let reading = KubeReading {
+            requests: vec![
+                ("get", "nodes", "404".to_owned(), 2),
+                ("patch", "nodes/status", "success".to_owned(), 3),
+            ],
+            last_sync: vec![("Node status", 1_700_000_000.5)],
+        };
+        let text = render(reading);
+        for line in [
+            "# TYPE kpm_kube_requests counter",
+            "kpm_kube_requests_total{verb=\"get\",resource=\"nodes\",outcome=\"404\"} 2",
+            "kpm_kube_requests_total{verb=\"patch\",resource=\"nodes/status\",outcome=\"success\"} 3",
+            "# TYPE kpm_kube_last_sync_timestamp_seconds gauge",
+            "kpm_kube_last_sync_timestamp_seconds{kind=\"Node status\"} 1700000000.5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn nothing_is_exported_before_any_request_or_sync() {
+        assert_eq!(render(KubeReading::default()), "# EOF\n");
+    }
+
+    #[test]
+    fn times_before_the_epoch_are_zero() {
+        assert!(unix_seconds(UNIX_EPOCH - std::time::Duration::from_secs(1)).abs() < f64::EPSILON);
+        assert!(
+            (unix_seconds(UNIX_EPOCH + std::time::Duration::from_millis(1500)) - 1.5).abs() < 1e-9
+        );
+    }
 }

@@ -12,7 +12,12 @@
 //! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
 //! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
 //! [{"name", "instances": [{"endpoint", "version", "connected",
-//! "registered_at"}], "cleanup_pending_until", "devices"}]`.
+//! "registered_at"}], "cleanup_pending_until", "devices"}]`, and
+//! `"kubernetes"`: `null` unless kpm publishes to an API server, else
+//! `{"node", "objects": [{"kind", "last_success", "last_error": null |
+//! {"at", "message"}}], "requests": [{"verb", "resource", "outcome",
+//! "count"}]}` (one object per kind: `Node`, `CSINode`, `Node status`,
+//! `ResourceSlice`; times in RFC 3339).
 //! The node part is what the kubelet would publish on its Node and CSINode
 //! objects, with Kubernetes' field names.
 //!

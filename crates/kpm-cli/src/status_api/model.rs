@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use kpm::csi::{CsiDriver, CsiNodeDriver, NodeInfo};
 use kpm::device::ResourceStatus;
 use kpm::dra::DraDriverStatus;
+use kpm::kube::{KubeStatus, ObjectSync, RequestCount};
 use kpm::{PluginEvent, PluginStatus};
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +128,89 @@ pub(crate) struct PluginList {
     pub(crate) device_resources: Vec<DeviceResourceJson>,
     #[serde(default)]
     pub(crate) dra_drivers: Vec<DraDriverJson>,
+    /// What kpm published to the API server; `null` when it does not publish.
+    #[serde(default)]
+    pub(crate) kubernetes: Option<KubernetesJson>,
+}
+
+/// How publishing to the Kubernetes API goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KubernetesJson {
+    /// The Node kpm publishes for.
+    pub(crate) node: String,
+    /// One entry per kind of object, in display order.
+    pub(crate) objects: Vec<KubeObjectJson>,
+    /// API requests by verb, resource and outcome.
+    pub(crate) requests: Vec<KubeRequestJson>,
+}
+
+/// The last sync and the last error of one kind of object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KubeObjectJson {
+    /// `Node`, `CSINode`, `Node status` or `ResourceSlice`.
+    pub(crate) kind: String,
+    pub(crate) last_success: Option<String>,
+    /// Kept after later successes: compare `at` with `last_success`.
+    pub(crate) last_error: Option<KubeErrorJson>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KubeErrorJson {
+    pub(crate) at: String,
+    pub(crate) message: String,
+}
+
+/// How many requests of one verb on one resource ended one way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KubeRequestJson {
+    pub(crate) verb: String,
+    pub(crate) resource: String,
+    /// `success`, an HTTP status code, `error` (no answer) or `timeout`.
+    pub(crate) outcome: String,
+    pub(crate) count: u64,
+}
+
+impl KubeRequestJson {
+    pub(crate) fn failed(&self) -> bool {
+        self.outcome != "success"
+    }
+}
+
+impl From<KubeStatus> for KubernetesJson {
+    fn from(status: KubeStatus) -> Self {
+        Self {
+            node: status.node,
+            objects: status
+                .objects
+                .into_iter()
+                .map(|(kind, sync)| KubeObjectJson::new(kind.as_str(), sync))
+                .collect(),
+            requests: status.requests.into_iter().map(KubeRequestJson::from).collect(),
+        }
+    }
+}
+
+impl KubeObjectJson {
+    fn new(kind: &str, sync: ObjectSync) -> Self {
+        Self {
+            kind: kind.to_owned(),
+            last_success: sync.last_success.map(rfc3339),
+            last_error: sync
+                .last_error
+                .map(|error| KubeErrorJson { at: rfc3339(error.at), message: error.message }),
+        }
+    }
+}
+
+impl From<RequestCount> for KubeRequestJson {
+    fn from(request: RequestCount) -> Self {
+        Self {
+            verb: request.verb.to_owned(),
+            resource: request.resource.to_owned(),
+            outcome: request.outcome,
+            count: request.count,
+        }
+    }
 }
 
 /// A DRA driver and its instances.
@@ -335,6 +419,88 @@ impl From<PluginStatus> for PluginJson {
             last_error: status.last_error,
             registered_at: status.registered_at.map(rfc3339),
             retry_at: status.state.retry_at().map(rfc3339),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn list(kubernetes: Option<KubernetesJson>) -> PluginList {
+        PluginList {
+            plugins: Vec::new(),
+            csi_drivers: Vec::new(),
+            node: NodeJson::default(),
+            device_resources: Vec::new(),
+            dra_drivers: Vec::new(),
+            kubernetes,
+        }
+    }
+
+    #[test]
+    fn kubernetes_is_null_unless_kpm_publishes_and_has_the_documented_fields() {
+        let value = serde_json::to_value(list(None)).unwrap();
+        assert_eq!(value["kubernetes"], serde_json::Value::Null);
+        assert!(value.as_object().unwrap().contains_key("kubernetes"));
+
+        let kube = KubernetesJson {
+            node: "node1".into(),
+            objects: vec![
+                KubeObjectJson {
+                    kind: "Node".into(),
+                    last_success: Some("2026-11-21T12:00:00.000Z".into()),
+                    last_error: None,
+                },
+                KubeObjectJson {
+                    kind: "Node status".into(),
+                    last_success: None,
+                    last_error: Some(KubeErrorJson {
+                        at: "2026-11-21T12:00:01.000Z".into(),
+                        message: "boom".into(),
+                    }),
+                },
+            ],
+            requests: vec![KubeRequestJson {
+                verb: "patch".into(),
+                resource: "nodes/status".into(),
+                outcome: "success".into(),
+                count: 3,
+            }],
+        };
+        let value = serde_json::to_value(list(Some(kube.clone()))).unwrap();
+        assert_eq!(
+            value["kubernetes"],
+            json!({
+                "node": "node1",
+                "objects": [
+                    {"kind": "Node", "last_success": "2026-11-21T12:00:00.000Z", "last_error": null},
+                    {"kind": "Node status", "last_success": null,
+                     "last_error": {"at": "2026-11-21T12:00:01.000Z", "message": "boom"}},
+                ],
+                "requests": [
+                    {"verb": "patch", "resource": "nodes/status", "outcome": "success", "count": 3},
+                ],
+            })
+        );
+        // `kpm list` reads back what the server wrote.
+        let read: PluginList = serde_json::from_value(value).unwrap();
+        assert_eq!(read.kubernetes, Some(kube));
+    }
+
+    #[test]
+    fn only_successful_requests_are_not_failures() {
+        let request = |outcome: &str| KubeRequestJson {
+            verb: "get".into(),
+            resource: "nodes".into(),
+            outcome: outcome.into(),
+            count: 1,
+        };
+        assert!(!request("success").failed());
+        for outcome in ["404", "409", "error", "timeout"] {
+            assert!(request(outcome).failed(), "{outcome}");
         }
     }
 }

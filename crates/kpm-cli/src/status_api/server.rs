@@ -12,7 +12,8 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
 use super::model::{
-    CsiDriverJson, DeviceResourceJson, DraDriverJson, EventJson, NodeJson, PluginJson, PluginList,
+    CsiDriverJson, DeviceResourceJson, DraDriverJson, EventJson, KubernetesJson, NodeJson,
+    PluginJson, PluginList,
 };
 use super::{EVENTS_PATH, PLUGINS_PATH};
 use crate::CliError;
@@ -90,6 +91,7 @@ impl From<&KubeletHandle> for PluginList {
                 .map(DeviceResourceJson::from)
                 .collect(),
             dra_drivers: kubelet.dra().drivers().into_iter().map(DraDriverJson::from).collect(),
+            kubernetes: kubelet.kubernetes().map(KubernetesJson::from),
         }
     }
 }

@@ -64,6 +64,9 @@ impl Kpm {
             .arg(root)
             .args(args)
             .env("RUST_LOG", "debug")
+            // Publishing to an API server is only on where a test asks for it.
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

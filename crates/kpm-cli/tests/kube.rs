@@ -1,0 +1,141 @@
+//! `kpm run --kubeconfig` against a stand-in API server that answers 404 to
+//! everything, as one does before the node's Node exists: the status API,
+//! `kpm list` and the metrics tell the operator that kpm waits for the Node.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use kpm_registrar::{DEVICE_PLUGIN, Registrar};
+use kpm_test_support::DEADLINE;
+use serde_json::{Value, json};
+use support::{Kpm, http_get, kpm, parse_prometheus, wait_until};
+
+const NODE_MISSING: &str = "node \"node1\" not found; kpm waits for it and never creates it";
+
+/// An API server without any object: every request is answered 404 with a
+/// `Status`, and recorded as `METHOD path?query`.
+fn serve_empty_api_server(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        record.lock().unwrap().push(format!("{} {}", request.method(), request.uri()));
+        async {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {},
+                "status": "Failure", "reason": "NotFound", "code": 404,
+                "message": "not found",
+            });
+            (axum::http::StatusCode::NOT_FOUND, axum::Json(status))
+        }
+    });
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+    (format!("http://{addr}"), seen)
+}
+
+fn kubeconfig(server: &str) -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n- name: test\n  cluster:\n    server: {server}\n\
+         users:\n- name: test\n  user: {{}}\n\
+         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
+         current-context: test\n"
+    )
+}
+
+/// The object entry of `kind` in the status API's `kubernetes`.
+fn object<'a>(kubernetes: &'a Value, kind: &str) -> &'a Value {
+    kubernetes["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|object| object["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {kubernetes}"))
+}
+
+#[test]
+fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let (server, seen) = serve_empty_api_server(&rt);
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("kubeconfig");
+    std::fs::write(&config, kubeconfig(&server)).unwrap();
+    let metrics = format!("127.0.0.1:{}", support::free_port());
+    let kpm_run = Kpm::start_with(
+        root.path(),
+        &[
+            "--kubeconfig",
+            config.to_str().unwrap(),
+            "--node-name",
+            "node1",
+            "--metrics-addr",
+            &metrics,
+        ],
+    );
+
+    // A device plugin registers: its capacity goes to the Node's status,
+    // which does not exist.
+    let plugin = Registrar::builder(DEVICE_PLUGIN, "vendor.com/gpu")
+        .socket_dir(kpm_run.registry())
+        .routes(support::device_plugin(&[("dev-0", "Healthy")]));
+    let plugin = rt.block_on(plugin.serve()).unwrap();
+    assert!(rt.block_on(plugin.wait_for_status(DEADLINE)).unwrap().plugin_registered);
+
+    let list = kpm_run.wait_for("the Node status sync fails on the missing Node", |list| {
+        object(&list["kubernetes"], "Node status")["last_error"]["message"] == NODE_MISSING
+    });
+    let kubernetes = &list["kubernetes"];
+    assert_eq!(kubernetes["node"], "node1");
+    let kinds: Vec<&str> = kubernetes["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|object| object["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["Node", "CSINode", "Node status", "ResourceSlice"]);
+    let status = object(kubernetes, "Node status");
+    assert!(status["last_success"].is_null(), "{status}");
+    assert!(status["last_error"]["at"].as_str().unwrap().ends_with('Z'), "{status}");
+    let patches = kubernetes["requests"].as_array().unwrap().iter().find(|request| {
+        request["verb"] == "patch"
+            && request["resource"] == "nodes/status"
+            && request["outcome"] == "404"
+    });
+    assert!(patches.is_some_and(|p| p["count"].as_u64().unwrap() >= 1), "{kubernetes}");
+    // Each patch names kpm's field manager.
+    let requests = seen.lock().unwrap().clone();
+    assert!(
+        requests.iter().any(|r| r.starts_with("PATCH /api/v1/nodes/node1/status?")
+            && r.contains("fieldManager=kpm")),
+        "{requests:?}"
+    );
+
+    // `kpm list` tells the operator.
+    let out = kpm(&["list", "--root-dir", root.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("\nKubernetes (node node1)\n"), "{table}");
+    let row = table.lines().find(|line| line.starts_with("Node status")).unwrap();
+    assert!(row.contains("never") && row.contains(NODE_MISSING), "{table}");
+    assert!(table.lines().any(|line| line.starts_with("API requests: ")), "{table}");
+
+    // So do the metrics: failed requests are counted by their status code.
+    let series =
+        "kpm_kube_requests_total{verb=\"patch\",resource=\"nodes/status\",outcome=\"404\"}";
+    wait_until("the failed patches are counted", || {
+        let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+        samples.get(series).is_some_and(|count| *count >= 1.0)
+    });
+    // Nothing synced yet: no timestamp.
+    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    assert!(
+        !samples.keys().any(|s| s.starts_with("kpm_kube_last_sync_timestamp_seconds")),
+        "{samples:?}"
+    );
+    rt.block_on(plugin.shutdown()).unwrap();
+}
