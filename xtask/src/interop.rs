@@ -13,11 +13,10 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::Result;
-use crate::harness::{self, Kpm};
+use crate::scenario::{self, Process, RunningKpm, find, wait_for, wait_until};
 
 /// How long any one step may take: registrations take milliseconds, but the
 /// Go programs retry on their own schedules (generic-device-plugin every 5 s).
@@ -77,33 +76,13 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let bin_dir = bin_dir.ok_or_else(usage)?;
     let bin_dir = std::path::absolute(&bin_dir)?;
 
-    // Both targets named: a lone `--example` would leave the `kpm` binary out.
-    crate::cargo(
-        root,
-        &[
-            "build",
-            "-p",
-            "kpm-cli",
-            "--bin",
-            "kpm",
-            "-p",
-            "kpm-registrar",
-            "--features",
-            "kpm-registrar/stub",
-            "--example",
-            "example_plugin",
-        ],
-        &[],
-    )?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), |dir| root.join(dir));
-    let out = target.join("interop");
-    fs::create_dir_all(&out)?;
+    scenario::build(root)?;
+    let binaries = scenario::Binaries::locate(root, "interop")?;
     let env = Env {
-        kpm: target.join("debug/kpm"),
-        example_plugin: target.join("debug/examples/example_plugin"),
+        kpm: binaries.kpm,
+        example_plugin: binaries.example_plugin,
         bin_dir,
-        out,
+        out: binaries.out,
     };
 
     let mut outcomes = Vec::new();
@@ -142,7 +121,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     let csi_dir = root.join("plugins/csi-hostpath");
     fs::create_dir_all(&csi_dir)?;
     let csi_sock = csi_dir.join("csi.sock");
-    let driver = Peer::start(
+    let driver = peer(
         env,
         "node-driver-registrar",
         "hostpathplugin",
@@ -154,8 +133,8 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
             "--maxvolumespernode=10",
         ],
     )?;
-    wait_until("hostpathplugin serves its socket", || Ok(csi_sock.exists()))?;
-    let mut registrar = Peer::start(
+    wait_until("hostpathplugin serves its socket", STEP_TIMEOUT, || Ok(csi_sock.exists()))?;
+    let mut registrar = peer(
         env,
         "node-driver-registrar",
         "node-driver-registrar",
@@ -191,7 +170,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
         "registered: node id node-1, topology {topology:?}, max volumes 10, CSINode {csinode}"
     );
 
-    registrar.stop()?;
+    registrar.stop(STOP_TIMEOUT)?;
     wait_for_list(&kpm, "the driver deregistered once the registrar exited", |list| {
         let gone = find(&list["plugins"], "name", "hostpath.csi.k8s.io").is_none()
             && find(&list["csi_drivers"], "name", "hostpath.csi.k8s.io").is_none();
@@ -204,7 +183,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
 
 fn generic_device_plugin(env: &Env, root: &Path) -> Result {
     let kpm = start_kpm(env, root, "generic-device-plugin")?;
-    let mut plugin = Peer::start(
+    let mut plugin = peer(
         env,
         "generic-device-plugin",
         "generic-device-plugin",
@@ -226,7 +205,7 @@ fn generic_device_plugin(env: &Env, root: &Path) -> Result {
         Ok(null(list).filter(|r| r["healthy"] == 3 && r["unhealthy"] == 0))
     })?;
     eprintln!("squat.ai/null: 3 healthy devices");
-    plugin.stop()?;
+    plugin.stop(STOP_TIMEOUT)?;
     let exited = Instant::now();
     wait_for_list(&kpm, "squat.ai/null unhealthy after the plugin exited", |list| {
         Ok(null(list).filter(|r| r["healthy"] == 0 && r["unhealthy"] == 3))
@@ -240,7 +219,7 @@ fn dra_rolling_update(env: &Env, root: &Path) -> Result {
     let bin = env.bin_dir.join("dra-kubeletplugin");
     let instance = |uid: &str| {
         let name = format!("dra-kubeletplugin-{uid}");
-        Peer::spawn(
+        spawn(
             env,
             "dra-rolling-update",
             &name,
@@ -268,21 +247,25 @@ fn dra_rolling_update(env: &Env, root: &Path) -> Result {
             .unwrap_or_default()
     };
     let mut old = instance("1111")?;
-    old.wait_for_line("the helper told registered", |line| line == "registration status: true")?;
+    old.wait_for_line("the helper told registered", STEP_TIMEOUT, |line| {
+        line == "registration status: true"
+    })?;
     let mut new = instance("2222")?;
-    new.wait_for_line("the helper told registered", |line| line == "registration status: true")?;
+    new.wait_for_line("the helper told registered", STEP_TIMEOUT, |line| {
+        line == "registration status: true"
+    })?;
     let both = wait_for_list(&kpm, "both instances registered", |list| {
         let endpoints = endpoints(list);
         Ok((endpoints.len() == 2).then_some(endpoints))
     })?;
     eprintln!("both instances registered: {both:?}");
-    new.stop()?;
+    new.stop(STOP_TIMEOUT)?;
     let left = wait_for_list(&kpm, "back to the older instance", |list| {
         let endpoints = endpoints(list);
         Ok((endpoints.len() == 1 && endpoints[0].contains("1111")).then_some(endpoints))
     })?;
     eprintln!("the newer instance exited, left: {left:?}");
-    old.stop()?;
+    old.stop(STOP_TIMEOUT)?;
     wait_for_list(&kpm, "no instance left", |list| Ok(endpoints(list).is_empty().then_some(())))?;
     kpm.stop()
 }
@@ -290,13 +273,13 @@ fn dra_rolling_update(env: &Env, root: &Path) -> Result {
 fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
     let registry = root.join("plugins_registry");
     fs::create_dir_all(&registry)?;
-    let manager = Peer::start(
+    let manager = peer(
         env,
         "kubelet-plugin-manager",
         "kubelet-pluginmanager",
         &["--registry-dir", &registry.display().to_string()],
     )?;
-    manager.wait_for_line("the plugin manager started", |line| line == "started")?;
+    manager.wait_for_line("the plugin manager started", STEP_TIMEOUT, |line| line == "started")?;
     let plugins = [
         ("CSIPlugin", "csi.example.com"),
         ("DevicePlugin", "vendor.com/gpu"),
@@ -304,26 +287,31 @@ fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
     ];
     let mut running = Vec::new();
     for (plugin_type, name) in plugins {
-        let plugin = Peer::spawn(
+        let plugin = spawn(
             env,
             "kubelet-plugin-manager",
             &format!("example_plugin-{plugin_type}"),
             &env.example_plugin,
             &["--dir", &registry.display().to_string(), "--type", plugin_type, "--name", name],
         )?;
-        plugin.wait_for_line("the plugin told registered", |line| line == "registered: true")?;
+        plugin.wait_for_line("the plugin told registered", STEP_TIMEOUT, |line| {
+            line == "registered: true"
+        })?;
         let registered = format!("register {plugin_type} {name} ");
-        manager.wait_for_line("the kubelet registered it", |line| line.starts_with(&registered))?;
+        manager.wait_for_line("the kubelet registered it", STEP_TIMEOUT, |line| {
+            line.starts_with(&registered)
+        })?;
         eprintln!(
             "{plugin_type} {name}: registered by the kubelet's plugin manager, told registered: true"
         );
         running.push((plugin_type, name, plugin));
     }
     for (plugin_type, name, mut plugin) in running {
-        plugin.stop()?;
+        plugin.stop(STOP_TIMEOUT)?;
         let deregistered = format!("deregister {plugin_type} {name} ");
-        manager
-            .wait_for_line("the kubelet deregistered it", |line| line.starts_with(&deregistered))?;
+        manager.wait_for_line("the kubelet deregistered it", STEP_TIMEOUT, |line| {
+            line.starts_with(&deregistered)
+        })?;
         eprintln!("{plugin_type} {name}: deregistered once it stopped");
     }
     Ok(())
@@ -332,104 +320,18 @@ fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
 // === Processes ===
 
 fn start_kpm(env: &Env, root: &Path, scenario: &str) -> Result<RunningKpm> {
-    let log = fs::File::create(env.out.join(format!("{scenario}-kpm.log")))?;
-    let mut kpm = Kpm::start(&env.kpm, root, &[], log)?;
-    kpm.wait_ready(&root.join("kpm.sock"))?;
-    Ok(RunningKpm { kpm, bin: env.kpm.clone(), root: root.to_path_buf() })
+    RunningKpm::start(&env.kpm, root, &[], &env.out.join(format!("{scenario}-kpm.log")))
 }
 
-/// `kpm run` on a scenario's root.
-struct RunningKpm {
-    kpm: Kpm,
-    bin: PathBuf,
-    root: PathBuf,
+/// Starts `program` from the bin dir.
+fn peer(env: &Env, scenario: &str, program: &str, args: &[&str]) -> Result<Process> {
+    spawn(env, scenario, program, &env.bin_dir.join(program), args)
 }
 
-impl RunningKpm {
-    /// `kpm list -o json`, as a user would run it.
-    fn list(&self) -> Result<serde_json::Value> {
-        let output = Command::new(&self.bin)
-            .args(["list", "-o", "json", "--root-dir"])
-            .arg(&self.root)
-            .stderr(Stdio::inherit())
-            .output()?;
-        if !output.status.success() {
-            return Err(format!("kpm list failed ({})", output.status).into());
-        }
-        Ok(serde_json::from_slice(&output.stdout)?)
-    }
-
-    fn stop(mut self) -> Result {
-        let status = self.kpm.stop()?;
-        if status.success() { Ok(()) } else { Err(format!("kpm exited with {status}").into()) }
-    }
-}
-
-/// A program of the scenario, its stdout and stderr in `target/interop`;
-/// killed if dropped while running.
-struct Peer {
-    name: String,
-    child: Child,
-    stdout: PathBuf,
-}
-
-impl Peer {
-    /// Starts `program` from the bin dir.
-    fn start(env: &Env, scenario: &str, program: &str, args: &[&str]) -> Result<Self> {
-        Self::spawn(env, scenario, program, &env.bin_dir.join(program), args)
-    }
-
-    /// Starts `bin`, naming it `name` in messages and log files.
-    fn spawn(env: &Env, scenario: &str, name: &str, bin: &Path, args: &[&str]) -> Result<Self> {
-        let stdout = env.out.join(format!("{scenario}-{name}.out"));
-        let stderr = fs::File::create(env.out.join(format!("{scenario}-{name}.err")))?;
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(&stdout)?)
-            .stderr(stderr)
-            .spawn()
-            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
-        Ok(Self { name: name.to_owned(), child, stdout })
-    }
-
-    /// Waits for a line of its stdout that `matches`.
-    fn wait_for_line(&self, what: &str, matches: impl Fn(&str) -> bool) -> Result {
-        wait_until(&format!("{}: {what}", self.name), || {
-            Ok(fs::read_to_string(&self.stdout)?.lines().any(&matches))
-        })
-    }
-
-    /// SIGTERM, and waits for it to exit.
-    fn stop(&mut self) -> Result {
-        harness::terminate(&mut self.child, &self.name, STOP_TIMEOUT).map(drop)
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        harness::kill(&mut self.child);
-    }
-}
-
-// === Waiting ===
-
-/// Polls `done` every 50 ms until it holds, for at most [`STEP_TIMEOUT`].
-fn wait_until(what: &str, mut done: impl FnMut() -> Result<bool>) -> Result {
-    wait_for(what, || Ok(done()?.then_some(()))).map(drop)
-}
-
-fn wait_for<T>(what: &str, mut found: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let deadline = Instant::now() + STEP_TIMEOUT;
-    loop {
-        if let Some(value) = found()? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{what}: not within {STEP_TIMEOUT:?}").into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Starts `bin`, naming it `name` in messages and in its log files in `target/interop`.
+fn spawn(env: &Env, scenario: &str, name: &str, bin: &Path, args: &[&str]) -> Result<Process> {
+    let log = |suffix: &str| env.out.join(format!("{scenario}-{name}.{suffix}"));
+    Process::spawn(name, bin, args, &log("out"), &log("err"))
 }
 
 /// Waits until `kpm list -o json` shows what `found` looks for.
@@ -438,10 +340,5 @@ fn wait_for_list<T>(
     what: &str,
     found: impl Fn(&serde_json::Value) -> Result<Option<T>>,
 ) -> Result<T> {
-    wait_for(what, || found(&kpm.list()?))
-}
-
-/// The element of a JSON array whose `key` is `value`.
-fn find<'a>(array: &'a serde_json::Value, key: &str, value: &str) -> Option<&'a serde_json::Value> {
-    array.as_array()?.iter().find(|element| element[key] == value)
+    wait_for(what, STEP_TIMEOUT, || found(&kpm.list()?))
 }

@@ -27,7 +27,6 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -35,7 +34,7 @@ use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use crate::Result;
-use crate::harness::{self, Kpm};
+use crate::scenario::{self, Process, RunningKpm, find, wait_for, wait_until};
 
 /// How long any one step may take: kpm writes to the API server within
 /// milliseconds, but a 2-core machine shared with builds is slow at times.
@@ -126,36 +125,16 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     }
 
     if selected.iter().any(|s| s.needs_kpm) {
-        // Both targets named: a lone `--example` would leave the `kpm` binary out.
-        crate::cargo(
-            root,
-            &[
-                "build",
-                "-p",
-                "kpm-cli",
-                "--bin",
-                "kpm",
-                "-p",
-                "kpm-registrar",
-                "--features",
-                "kpm-registrar/stub",
-                "--example",
-                "example_plugin",
-            ],
-            &[],
-        )?;
+        scenario::build(root)?;
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(|| root.join("target"), |dir| root.join(dir));
-    let out = target.join("kube-e2e");
-    fs::create_dir_all(&out)?;
+    let binaries = scenario::Binaries::locate(root, "kube-e2e")?;
     let env = Env {
-        kpm: target.join("debug/kpm"),
-        example_plugin: target.join("debug/examples/example_plugin"),
+        kpm: binaries.kpm,
+        example_plugin: binaries.example_plugin,
         apiserver,
         etcd,
         manifest: manifest.unwrap_or_else(|| root.join("deploy/daemonset.yaml")),
-        out,
+        out: binaries.out,
     };
 
     let mut outcomes = Vec::new();
@@ -260,7 +239,8 @@ fn cluster(env: &Env, cluster: &mut Cluster) -> Result {
 
 fn csi(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.start_kpm(env, "csi")?;
-    let plugin = kpm.plugin(
+    let mut plugin = plugin(
+        &kpm,
         env,
         "csi",
         &[
@@ -317,7 +297,7 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
         node["metadata"]["annotations"][NODE_ID_ANNOTATION]
     );
 
-    plugin.stop()?;
+    plugin.stop(STOP_TIMEOUT)?;
     wait_until("the CSINode entry and the annotation removed", STEP_TIMEOUT, || {
         let node = api.get("/api/v1/nodes/node1")?;
         Ok(csinode_driver(api, "csi.example.com")?.is_none()
@@ -333,8 +313,9 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
 
 fn device_plugin(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.start_kpm(env, "device-plugin")?;
-    let before = kpm.requests()?;
-    let plugin = kpm.plugin(
+    let before = requests(&kpm)?;
+    let plugin = plugin(
+        &kpm,
         env,
         "device-plugin",
         &["--type", "DevicePlugin", "--name", "example.com/gpu", "--devices", "3"],
@@ -351,12 +332,14 @@ fn device_plugin(env: &Env, cluster: &mut Cluster) -> Result {
     })?;
     eprintln!("example.com/gpu: capacity 3, allocatable 3");
     plugin.signal("USR1")?;
-    plugin.wait_for_line("a device turned unhealthy", |line| line.starts_with("unhealthy: "))?;
+    plugin.wait_for_line("a device turned unhealthy", STEP_TIMEOUT, |line| {
+        line.starts_with("unhealthy: ")
+    })?;
     wait_until("allocatable 2 of capacity 3", STEP_TIMEOUT, || {
         Ok(gpus(&api.get("/api/v1/nodes/node1")?) == (json!("3"), json!("2")))
     })?;
     eprintln!("example.com/gpu: one unhealthy device, capacity 3, allocatable 2");
-    let after = kpm.requests()?;
+    let after = requests(&kpm)?;
     println!(
         "device-plugin: kpm made {} API request(s) ({before} before the plugin, {after} after)",
         after - before
@@ -368,10 +351,10 @@ fn device_plugin(env: &Env, cluster: &mut Cluster) -> Result {
 fn dra(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.start_kpm(env, "dra")?;
     let api = &cluster.api;
-    let mut a = kpm.plugin(env, "dra-a", &["--type", "DRAPlugin", "--name", "a.example.com"])?;
-    let b = kpm.plugin(env, "dra-b", &["--type", "DRAPlugin", "--name", "b.example.com"])?;
+    let mut a = plugin(&kpm, env, "dra-a", &["--type", "DRAPlugin", "--name", "a.example.com"])?;
+    let b = plugin(&kpm, env, "dra-b", &["--type", "DRAPlugin", "--name", "b.example.com"])?;
     for plugin in [&a, &b] {
-        plugin.wait_for_line("registered", |line| line == "registered: true")?;
+        plugin.wait_for_line("registered", STEP_TIMEOUT, |line| line == "registered: true")?;
     }
     // Created once both drivers are registered, as their own controllers
     // would, so that however kpm treats slices at its start they count here.
@@ -410,13 +393,15 @@ fn apiserver_down(env: &Env, cluster: &mut Cluster) -> Result {
     let kpm = cluster.start_kpm(env, "apiserver-down")?;
     cluster.stop_apiserver()?;
     eprintln!("kube-apiserver stopped");
-    let nic = kpm.plugin(
+    let nic = plugin(
+        &kpm,
         env,
         "apiserver-down-nic",
         &["--type", "DevicePlugin", "--name", "example.com/nic", "--devices", "2"],
     )?;
-    nic.wait_for_line("registered locally", |line| line == "registered: true")?;
-    let csi = kpm.plugin(
+    nic.wait_for_line("registered locally", STEP_TIMEOUT, |line| line == "registered: true")?;
+    let csi = plugin(
+        &kpm,
         env,
         "apiserver-down-csi2",
         &[
@@ -469,6 +454,8 @@ fn apiserver_down(env: &Env, cluster: &mut Cluster) -> Result {
 // Fields drop in order: kube-apiserver, then etcd, then the dir.
 struct Cluster {
     apiserver: Option<Process>,
+    /// How many times kube-apiserver was started: each start logs to files of its own.
+    apiserver_starts: u32,
     etcd: Process,
     scenario: &'static str,
     apiserver_args: Vec<String>,
@@ -549,8 +536,16 @@ impl Cluster {
         .map(str::to_owned)
         .to_vec();
         let api = Api::new(&format!("https://127.0.0.1:{secure_port}"), &pki.ca, ADMIN_TOKEN)?;
-        let mut cluster =
-            Self { apiserver: None, etcd, scenario, apiserver_args, ca_pem: pki.ca, api, dir };
+        let mut cluster = Self {
+            apiserver: None,
+            apiserver_starts: 0,
+            etcd,
+            scenario,
+            apiserver_args,
+            ca_pem: pki.ca,
+            api,
+            dir,
+        };
         cluster.start_apiserver(env)?;
         cluster.apply_rbac(&env.manifest)?;
         for node in ["node1", "node2"] {
@@ -563,11 +558,18 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Starts kube-apiserver (again) and waits for `/readyz`; its logs append.
+    /// Starts kube-apiserver (again) and waits for `/readyz`; a restart logs
+    /// to `<scenario>-kube-apiserver-2.log` and so on.
     fn start_apiserver(&mut self, env: &Env) -> Result {
         let started = Instant::now();
         let args: Vec<&str> = self.apiserver_args.iter().map(String::as_str).collect();
-        let log = |suffix: &str| env.out.join(format!("{}-kube-apiserver.{suffix}", self.scenario));
+        self.apiserver_starts += 1;
+        let run = match self.apiserver_starts {
+            1 => String::new(),
+            n => format!("-{n}"),
+        };
+        let log =
+            |suffix: &str| env.out.join(format!("{}-kube-apiserver{run}.{suffix}", self.scenario));
         let mut apiserver =
             Process::spawn("kube-apiserver", &env.apiserver, &args, &log("out"), &log("log"))?;
         wait_until("kube-apiserver /readyz", START_TIMEOUT, || {
@@ -587,7 +589,7 @@ impl Cluster {
 
     /// SIGTERM to kube-apiserver, and waits for it to exit.
     fn stop_apiserver(&mut self) -> Result {
-        self.apiserver.take().ok_or("kube-apiserver is not running")?.stop()
+        self.apiserver.take().ok_or("kube-apiserver is not running")?.stop(STOP_TIMEOUT)
     }
 
     /// POSTs the `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` documents
@@ -659,9 +661,8 @@ impl Cluster {
         fs::write(&kubeconfig, serde_json::to_string_pretty(&config)?)?;
         let root = self.dir.path().join("kpm");
         fs::create_dir_all(root.join("plugins_registry"))?;
-        let log_path = env.out.join(format!("{scenario}-kpm.log"));
-        let log = fs::File::create(&log_path)?;
-        let mut kpm = Kpm::start(
+        let log = env.out.join(format!("{scenario}-kpm.log"));
+        RunningKpm::start(
             &env.kpm,
             &root,
             &[
@@ -678,11 +679,8 @@ impl Cluster {
                 "--liveness-period",
                 "1",
             ],
-            log,
-        )?;
-        kpm.wait_ready(&root.join("kpm.sock"))
-            .map_err(|err| format!("{err}, see {}", log_path.display()))?;
-        Ok(RunningKpm { kpm, bin: env.kpm.clone(), root })
+            &log,
+        )
     }
 }
 
@@ -858,147 +856,30 @@ fn node_ids(node: &Value) -> Result<Value> {
     }
 }
 
-/// The element of a JSON array whose `key` is `value`.
-fn find<'a>(array: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
-    array.as_array()?.iter().find(|element| element[key] == value)
-}
+// === kpm ===
 
-// === Processes ===
-
-/// `kpm run` on a scenario's root.
-struct RunningKpm {
-    kpm: Kpm,
-    bin: PathBuf,
-    root: PathBuf,
-}
-
-impl RunningKpm {
-    /// `kpm list -o json`, as a user would run it.
-    fn list(&self) -> Result<Value> {
-        let output = Command::new(&self.bin)
-            .args(["list", "-o", "json", "--root-dir"])
-            .arg(&self.root)
-            .stderr(Stdio::inherit())
-            .output()?;
-        if !output.status.success() {
-            return Err(format!("kpm list failed ({})", output.status).into());
-        }
-        Ok(serde_json::from_slice(&output.stdout)?)
-    }
-
-    /// The API requests kpm has made so far: the sum of `kubernetes.requests[].count`.
-    fn requests(&self) -> Result<u64> {
-        let list = self.list()?;
-        let requests = list["kubernetes"]["requests"]
-            .as_array()
-            .ok_or("kpm list -o json has no kubernetes.requests")?;
-        requests
-            .iter()
-            .map(|r| {
-                r["count"]
-                    .as_u64()
-                    .ok_or_else(|| format!("a request count that is not a number: {r}").into())
-            })
-            .sum()
-    }
-
-    /// An example plugin registering with this kpm, `name` in its log files.
-    fn plugin(&self, env: &Env, name: &str, args: &[&str]) -> Result<Process> {
-        let registry = self.root.join("plugins_registry").display().to_string();
-        let mut all = vec!["--dir", &registry];
-        all.extend_from_slice(args);
-        let log = |suffix: &str| env.out.join(format!("{name}-plugin.{suffix}"));
-        Process::spawn(name, &env.example_plugin, &all, &log("out"), &log("err"))
-    }
-
-    fn stop(mut self) -> Result {
-        let status = self.kpm.stop()?;
-        if status.success() { Ok(()) } else { Err(format!("kpm exited with {status}").into()) }
-    }
-}
-
-/// A child process with its stdout and stderr in files (appended to);
-/// killed if dropped while running.
-struct Process {
-    name: String,
-    child: Child,
-    stdout: PathBuf,
-}
-
-impl Process {
-    fn spawn(name: &str, bin: &Path, args: &[&str], stdout: &Path, stderr: &Path) -> Result<Self> {
-        let append = |path: &Path| fs::OpenOptions::new().create(true).append(true).open(path);
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(append(stdout)?)
-            .stderr(append(stderr)?)
-            .spawn()
-            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
-        Ok(Self { name: name.to_owned(), child, stdout: stdout.to_path_buf() })
-    }
-
-    /// The lines of its stdout so far.
-    fn lines(&self) -> Result<Vec<String>> {
-        Ok(fs::read_to_string(&self.stdout)?.lines().map(str::to_owned).collect())
-    }
-
-    /// Waits for a line of its stdout that `matches`.
-    fn wait_for_line(&self, what: &str, matches: impl Fn(&str) -> bool) -> Result {
-        wait_until(&format!("{}: {what}", self.name), STEP_TIMEOUT, || {
-            Ok(self.lines()?.iter().any(|line| matches(line)))
+/// The API requests kpm has made so far: the sum of `kubernetes.requests[].count`
+/// in `kpm list -o json`.
+fn requests(kpm: &RunningKpm) -> Result<u64> {
+    let list = kpm.list()?;
+    let requests = list["kubernetes"]["requests"]
+        .as_array()
+        .ok_or("kpm list -o json has no kubernetes.requests")?;
+    requests
+        .iter()
+        .map(|r| {
+            r["count"]
+                .as_u64()
+                .ok_or_else(|| format!("a request count that is not a number: {r}").into())
         })
-    }
-
-    /// Sends `signal` (a name for kill(1), such as `USR1`).
-    fn signal(&self, signal: &str) -> Result {
-        let status = Command::new("kill")
-            .args([&format!("-{signal}"), &self.child.id().to_string()])
-            .status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!("kill -{signal} {}: {status}", self.name).into())
-        }
-    }
-
-    /// SIGTERM, and waits for it to exit.
-    fn stop(mut self) -> Result {
-        harness::terminate(&mut self.child, &self.name, STOP_TIMEOUT).map(drop)
-    }
-
-    /// SIGKILL, and reaps it.
-    fn kill(&mut self) {
-        harness::kill(&mut self.child);
-    }
+        .sum()
 }
 
-impl Drop for Process {
-    fn drop(&mut self) {
-        harness::kill(&mut self.child);
-    }
-}
-
-// === Waiting ===
-
-/// Polls `done` every 50 ms until it holds, for at most `timeout`.
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> Result<bool>) -> Result {
-    wait_for(what, timeout, || Ok(done()?.then_some(()))).map(drop)
-}
-
-fn wait_for<T>(
-    what: &str,
-    timeout: Duration,
-    mut found: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = found()? {
-            return Ok(value);
-        }
-        if Instant::now() > deadline {
-            return Err(format!("{what}: not within {timeout:?}").into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// An example plugin registering with `kpm`, `name` in its log files.
+fn plugin(kpm: &RunningKpm, env: &Env, name: &str, args: &[&str]) -> Result<Process> {
+    let registry = kpm.root.join("plugins_registry").display().to_string();
+    let mut all = vec!["--dir", &registry];
+    all.extend_from_slice(args);
+    let log = |suffix: &str| env.out.join(format!("{name}-plugin.{suffix}"));
+    Process::spawn(name, &env.example_plugin, &all, &log("out"), &log("err"))
 }

@@ -20,6 +20,7 @@ mod codegen;
 mod harness;
 mod interop;
 mod kube_e2e;
+mod scenario;
 mod soak;
 mod tidy;
 

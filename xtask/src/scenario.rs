@@ -1,0 +1,201 @@
+//! What `interop` and `kube-e2e` share: the debug build of `kpm` and the
+//! example plugin, `kpm run` on a scenario's root, peer processes with their
+//! output in files, and polling with a deadline.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::Result;
+use crate::harness::{self, Kpm};
+
+/// The debug binaries a scenario runs, and its output directory.
+pub(crate) struct Binaries {
+    pub(crate) kpm: PathBuf,
+    pub(crate) example_plugin: PathBuf,
+    /// `target/<suite>`, for the logs.
+    pub(crate) out: PathBuf,
+}
+
+impl Binaries {
+    /// The binaries' paths in the target directory; creates `target/<suite>`.
+    pub(crate) fn locate(root: &Path, suite: &str) -> Result<Self> {
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map_or_else(|| root.join("target"), |dir| root.join(dir));
+        let out = target.join(suite);
+        fs::create_dir_all(&out)?;
+        Ok(Self {
+            kpm: target.join("debug/kpm"),
+            example_plugin: target.join("debug/examples/example_plugin"),
+            out,
+        })
+    }
+}
+
+/// Builds `kpm` and the registrar's example plugin (debug).
+pub(crate) fn build(root: &Path) -> Result {
+    // Both targets named: a lone `--example` would leave the `kpm` binary out.
+    crate::cargo(
+        root,
+        &[
+            "build",
+            "-p",
+            "kpm-cli",
+            "--bin",
+            "kpm",
+            "-p",
+            "kpm-registrar",
+            "--features",
+            "kpm-registrar/stub",
+            "--example",
+            "example_plugin",
+        ],
+        &[],
+    )
+}
+
+/// `kpm run` on a scenario's root.
+pub(crate) struct RunningKpm {
+    kpm: Kpm,
+    bin: PathBuf,
+    pub(crate) root: PathBuf,
+}
+
+impl RunningKpm {
+    /// Starts `kpm run --root-dir root ARGS`, its log in `log`, and waits
+    /// until it serves its status socket.
+    pub(crate) fn start(bin: &Path, root: &Path, args: &[&str], log: &Path) -> Result<Self> {
+        let mut kpm = Kpm::start(bin, root, args, fs::File::create(log)?)?;
+        kpm.wait_ready(&root.join("kpm.sock"))
+            .map_err(|err| format!("{err}, see {}", log.display()))?;
+        Ok(Self { kpm, bin: bin.to_path_buf(), root: root.to_path_buf() })
+    }
+
+    /// `kpm list -o json`, as a user would run it.
+    pub(crate) fn list(&self) -> Result<Value> {
+        let output = Command::new(&self.bin)
+            .args(["list", "-o", "json", "--root-dir"])
+            .arg(&self.root)
+            .stderr(Stdio::inherit())
+            .output()?;
+        if !output.status.success() {
+            return Err(format!("kpm list failed ({})", output.status).into());
+        }
+        Ok(serde_json::from_slice(&output.stdout)?)
+    }
+
+    /// SIGTERM; fails unless kpm exits cleanly.
+    pub(crate) fn stop(mut self) -> Result {
+        let status = self.kpm.stop()?;
+        if status.success() { Ok(()) } else { Err(format!("kpm exited with {status}").into()) }
+    }
+}
+
+/// A program of a scenario, its stdout and stderr in files (created afresh,
+/// so that no line of an earlier run is read); killed if dropped while
+/// running.
+pub(crate) struct Process {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+    stdout: PathBuf,
+}
+
+impl Process {
+    /// Starts `bin`, naming it `name` in messages.
+    pub(crate) fn spawn(
+        name: &str,
+        bin: &Path,
+        args: &[&str],
+        stdout: &Path,
+        stderr: &Path,
+    ) -> Result<Self> {
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(stdout)?)
+            .stderr(fs::File::create(stderr)?)
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
+        Ok(Self { name: name.to_owned(), child, stdout: stdout.to_path_buf() })
+    }
+
+    /// The lines of its stdout so far.
+    pub(crate) fn lines(&self) -> Result<Vec<String>> {
+        Ok(fs::read_to_string(&self.stdout)?.lines().map(str::to_owned).collect())
+    }
+
+    /// Waits, at most `timeout`, for a line of its stdout that `matches`.
+    pub(crate) fn wait_for_line(
+        &self,
+        what: &str,
+        timeout: Duration,
+        matches: impl Fn(&str) -> bool,
+    ) -> Result {
+        wait_until(&format!("{}: {what}", self.name), timeout, || {
+            Ok(self.lines()?.iter().any(|line| matches(line)))
+        })
+    }
+
+    /// Sends `signal` (a name for kill(1), such as `USR1`).
+    pub(crate) fn signal(&self, signal: &str) -> Result {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill -{signal} {}: {status}", self.name).into())
+        }
+    }
+
+    /// SIGTERM, and waits at most `timeout` for it to exit.
+    pub(crate) fn stop(&mut self, timeout: Duration) -> Result {
+        harness::terminate(&mut self.child, &self.name, timeout).map(drop)
+    }
+
+    /// SIGKILL, and reaps it.
+    pub(crate) fn kill(&mut self) {
+        harness::kill(&mut self.child);
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        harness::kill(&mut self.child);
+    }
+}
+
+/// Polls `done` every 50 ms until it holds, for at most `timeout`.
+pub(crate) fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result {
+    wait_for(what, timeout, || Ok(done()?.then_some(()))).map(drop)
+}
+
+/// Polls `found` every 50 ms until it finds something, for at most `timeout`.
+pub(crate) fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut found: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = found()? {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{what}: not within {timeout:?}").into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The element of a JSON array whose `key` is `value`.
+pub(crate) fn find<'a>(array: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
+    array.as_array()?.iter().find(|element| element[key] == value)
+}
