@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, PatchParams, PostParams};
 use tracing::debug;
 
-use crate::status::{KubeStatus, ObjectKind, Stats};
+use crate::status::{KubeStatus, ObjectKind, RequestCount, Stats};
 use crate::{FIELD_MANAGER, KubeConfig, KubeError};
 
 /// The client, the node's name and the books.
@@ -43,7 +43,7 @@ impl NodeApi {
     ) -> Result<T, KubeError> {
         let timeout = self.config.request_timeout;
         let (outcome, result) = match tokio::time::timeout(timeout, request).await {
-            Ok(Ok(answer)) => ("success".to_owned(), Ok(answer)),
+            Ok(Ok(answer)) => (RequestCount::SUCCESS.to_owned(), Ok(answer)),
             Ok(Err(source)) => {
                 let outcome = match &source {
                     kube::Error::Api(status) => status.code.to_string(),
@@ -81,13 +81,14 @@ impl NodeApi {
     /// The Node; a 404 becomes [`KubeError::NodeNotFound`].
     pub(crate) async fn get_node(&self) -> Result<Node, KubeError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        self.call("get", "nodes", &self.node, nodes.get(&self.node)).await.map_err(|err| {
-            if err.is_not_found() {
-                KubeError::NodeNotFound { node: self.node.clone() }
-            } else {
-                err
-            }
-        })
+        self.call("get", "nodes", &self.node, nodes.get(&self.node))
+            .await
+            .map_err(|err| self.on_node(err))
+    }
+
+    /// The error of a request on the Node: a 404 says that the Node is missing.
+    pub(crate) fn on_node(&self, err: KubeError) -> KubeError {
+        if err.is_not_found() { KubeError::NodeNotFound { node: self.node.clone() } } else { err }
     }
 
     /// Patch parameters naming kpm as the field manager.

@@ -121,11 +121,7 @@ async fn send(api: &NodeApi, patch: &BTreeMap<String, Option<Counts>>) -> Result
             nodes.patch_status(&api.node, &params, &Patch::Merge(&body)),
         )
         .await;
-    match sent {
-        Ok(_) => Ok(()),
-        Err(err) if err.is_not_found() => Err(KubeError::NodeNotFound { node: api.node.clone() }),
-        Err(err) => Err(err),
-    }
+    sent.map(drop).map_err(|err| api.on_node(err))
 }
 
 #[cfg(test)]

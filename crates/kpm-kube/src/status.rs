@@ -78,6 +78,11 @@ pub struct RequestCount {
     pub count: u64,
 }
 
+impl RequestCount {
+    /// The outcome of a request the API server answered with success.
+    pub const SUCCESS: &'static str = "success";
+}
+
 /// A snapshot of what the publishers did, for the status API and metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

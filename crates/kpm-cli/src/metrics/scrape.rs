@@ -12,7 +12,6 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
 };
-use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
@@ -248,15 +247,7 @@ fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
     help: &str,
     samples: impl IntoIterator<Item = (L, V)>,
 ) -> fmt::Result {
-    let mut samples = samples.into_iter().peekable();
-    if samples.peek().is_none() {
-        return Ok(());
-    }
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, value) in samples {
-        ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
+    family(encoder, name, help, samples.into_iter().map(|(l, v)| (l, ConstGauge::new(v))))
 }
 
 /// A counter with one sample per label set; left out when it has none.
@@ -266,13 +257,23 @@ fn counter_family<L: EncodeLabelSet>(
     help: &str,
     samples: impl IntoIterator<Item = (L, u64)>,
 ) -> fmt::Result {
-    let mut samples = samples.into_iter().peekable();
-    if samples.peek().is_none() {
+    family(encoder, name, help, samples.into_iter().map(|(l, v)| (l, ConstCounter::new(v))))
+}
+
+/// A family of `metrics`, one per label set, typed by the first; none when empty.
+fn family<L: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    metrics: impl IntoIterator<Item = (L, M)>,
+) -> fmt::Result {
+    let mut metrics = metrics.into_iter().peekable();
+    let Some((_, first)) = metrics.peek() else {
         return Ok(());
-    }
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, value) in samples {
-        ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+    };
+    let mut family = encoder.encode_descriptor(name, help, None, first.metric_type())?;
+    for (labels, metric) in metrics {
+        metric.encode(family.encode_family(&labels)?)?;
     }
     Ok(())
 }

@@ -172,7 +172,7 @@ pub(crate) struct KubeRequestJson {
 
 impl KubeRequestJson {
     pub(crate) fn failed(&self) -> bool {
-        self.outcome != "success"
+        self.outcome != RequestCount::SUCCESS
     }
 }
 
