@@ -192,7 +192,8 @@ fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilde
         ("shutdown_grace", builder().shutdown_grace(value)),
         (
             "liveness",
-            builder().liveness(Some(kpm::LivenessConfig { period: value, ..Default::default() })),
+            builder()
+                .liveness(Some(kpm::LivenessConfig { period: Some(value), ..Default::default() })),
         ),
         (
             "executor_config",
@@ -256,7 +257,7 @@ async fn a_kubelet_with_the_longest_settings_runs_and_stops() {
         .resync_period(longest)
         .reconciler_config(kpm::ReconcilerConfig { resync_period: longest })
         .shutdown_grace(longest)
-        .liveness(Some(kpm::LivenessConfig { period: longest, ..Default::default() }))
+        .liveness(Some(kpm::LivenessConfig { period: Some(longest), ..Default::default() }))
         .csi_config(kpm::csi::CsiConfig { node_get_info_timeout: longest })
         .device_config(kpm::device::DeviceConfig { grace_period: longest, ..Default::default() })
         .dra_config(kpm::dra::DraConfig { cleanup_grace: longest, ..Default::default() })

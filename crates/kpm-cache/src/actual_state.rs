@@ -30,6 +30,10 @@ pub struct PluginInfo {
     pub versions: Vec<String>,
     /// Wall-clock time of registration, for display only: identity is `generation`.
     pub registered_at: SystemTime,
+    /// The process serving the registration socket when kpm registered it,
+    /// as the kernel named it (`SO_PEERCRED`); `None` when kpm cannot see it
+    /// (another pid namespace). Liveness watches it for exit.
+    pub server_pid: Option<u32>,
     /// The handler that registered the plugin and will deregister it.
     pub handler: Arc<dyn PluginHandler>,
 }
@@ -44,6 +48,7 @@ impl fmt::Debug for PluginInfo {
             .field("endpoint", &self.endpoint)
             .field("versions", &self.versions)
             .field("registered_at", &self.registered_at)
+            .field("server_pid", &self.server_pid)
             .finish_non_exhaustive()
     }
 }
@@ -180,6 +185,7 @@ mod tests {
             endpoint: path.into(),
             versions: vec!["v1beta1".into()],
             registered_at: SystemTime::now(),
+            server_pid: None,
             handler: Arc::new(NoopHandler),
         }
     }

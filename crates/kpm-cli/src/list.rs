@@ -197,6 +197,7 @@ mod tests {
             last_error: Some("GetInfo: connection refused".into()),
             registered_at: None,
             retry_at: Some("2026-11-21T12:00:08.25Z".into()),
+            server_pid: None,
         };
         assert_eq!(state(&plugin, now), "backing_off (retry in 8s)");
         plugin.retry_at = Some("2026-11-21T11:59:59Z".into());
@@ -219,6 +220,7 @@ mod tests {
             last_error: error.map(str::to_owned),
             registered_at: None,
             retry_at: None,
+            server_pid: None,
         };
         let mut list = PluginList {
             plugins: vec![plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))],

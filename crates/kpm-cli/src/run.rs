@@ -47,13 +47,15 @@ pub(crate) struct RunArgs {
     )]
     resync_period: u64,
     /// Period of the liveness probe: every registered plugin is asked for
-    /// GetInfo; one that fails --liveness-failures probes in a row, or whose
-    /// socket refuses connections, is deregistered and registered anew when
-    /// it answers again (0: off, as in the kubelet).
+    /// GetInfo, over a connection kept between probes; one that fails
+    /// --liveness-failures probes in a row, or whose socket refuses
+    /// connections, is deregistered and registered anew when it answers again.
+    /// Probes catch plugins that hang; exits are caught at once by
+    /// --watch-plugin-exits (0: no probes).
     #[arg(
         long,
         value_name = "SECONDS",
-        default_value_t = 10,
+        default_value_t = 30,
         value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
         env = "KPM_LIVENESS_PERIOD"
     )]
@@ -67,6 +69,19 @@ pub(crate) struct RunArgs {
         env = "KPM_LIVENESS_FAILURES"
     )]
     liveness_failures: u32,
+    /// Watch the process serving each registration socket (learned from the
+    /// connection at registration) and, when it exits, deregister the plugin
+    /// at once if its socket refuses connections. Without a pidfd-capable
+    /// kernel, or when kpm cannot see the plugin's pid namespace, exits are
+    /// left to the probes.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        env = "KPM_WATCH_PLUGIN_EXITS"
+    )]
+    watch_plugin_exits: bool,
     /// Publish to the Kubernetes API server of this kubeconfig (its current
     /// context): CSINode and the Node's CSI annotation and labels, device
     /// capacity, ResourceSlice cleanup. Inside a pod the service account is
@@ -195,9 +210,10 @@ fn configured(args: &RunArgs) -> KubeletBuilder {
         .dra_config(dra)
         .device_config(device)
         .resync_period(Duration::from_secs(args.resync_period))
-        .liveness((args.liveness_period > 0).then(|| LivenessConfig {
-            period: Duration::from_secs(args.liveness_period),
+        .liveness(Some(LivenessConfig {
+            period: (args.liveness_period > 0).then(|| Duration::from_secs(args.liveness_period)),
             failure_threshold: args.liveness_failures,
+            watch_exits: args.watch_plugin_exits,
             ..LivenessConfig::default()
         }));
     if let Some(dir) = &args.registry_dir {

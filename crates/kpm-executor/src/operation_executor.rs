@@ -241,6 +241,8 @@ const REUSE_CONNECTION_FOR: Duration = Duration::from_secs(1);
 struct Connection {
     client: RegistrationClient<Channel>,
     opened: Instant,
+    /// Who answered `GetInfo`: the process liveness watches.
+    server_pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -322,6 +324,7 @@ impl Register {
             endpoint,
             versions: info.supported_versions,
             registered_at: SystemTime::now(),
+            server_pid: connection.server_pid,
             handler,
         };
 
@@ -376,22 +379,25 @@ impl Register {
         .await
     }
 
-    async fn dial(&self) -> Result<RegistrationClient<Channel>, ExecutorError> {
-        let channel =
-            uds::dial_patiently(&self.socket, self.config.dial_timeout, self.config.refused_retry)
+    /// A registration client on a new connection, and the pid of the process
+    /// serving the socket.
+    async fn dial(&self) -> Result<(RegistrationClient<Channel>, Option<u32>), ExecutorError> {
+        let (channel, server_pid) =
+            uds::dial_with_peer(&self.socket, self.config.dial_timeout, self.config.refused_retry)
                 .await
                 .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
-        Ok(RegistrationClient::new(channel)
-            .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES))
+        let client = RegistrationClient::new(channel)
+            .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
+        Ok((client, server_pid))
     }
 
     async fn get_info(&self) -> Result<(WirePluginInfo, Connection), ExecutorError> {
-        let mut client = self.dial().await?;
+        let (mut client, server_pid) = self.dial().await?;
         let opened = Instant::now();
         let timeout = self.config.get_info_timeout;
         let socket = || self.socket.clone();
         match with_deadline(timeout, InfoRequest {}, |req| client.get_info(req)).await {
-            Ok(info) => Ok((info, Connection { client, opened })),
+            Ok(info) => Ok((info, Connection { client, opened, server_pid })),
             Err(Some(status)) if status.code() == Code::Unimplemented => {
                 Err(ExecutorError::NotARegistrationSocket {
                     socket: socket(),
@@ -404,7 +410,7 @@ impl Register {
                     "RegisterPlugin error -- GetInfo answer rejected: {}",
                     source.message()
                 );
-                self.notify_failure(&Connection { client, opened }, "", message).await;
+                self.notify_failure(&Connection { client, opened, server_pid }, "", message).await;
                 Err(ExecutorError::GetInfo { socket: socket(), source })
             }
             Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }),
@@ -424,7 +430,7 @@ impl Register {
         let mut client = if connection.opened.elapsed() < REUSE_CONNECTION_FOR {
             connection.client.clone()
         } else {
-            self.dial().await?
+            self.dial().await?.0
         };
         let timeout = self.config.notify_timeout;
         let status = RegistrationStatus { plugin_registered: registered, error };

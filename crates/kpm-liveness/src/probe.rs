@@ -1,5 +1,8 @@
-//! One liveness probe: dial the registration socket, ask `GetInfo`.
+//! One liveness probe: `GetInfo` over a connection kept between probes, and
+//! the cheaper question asked when a plugin's process exits: does anybody
+//! still accept connections on its socket?
 
+use std::io;
 use std::path::Path;
 use std::time::Duration;
 
@@ -8,6 +11,8 @@ use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::uds;
+use tokio::net::UnixStream;
+use tonic::transport::Channel;
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,25 +24,84 @@ pub struct ProbeFailure {
     pub reason: String,
 }
 
-/// Dials `socket` and asks `GetInfo`, each step within `timeout`. The
-/// answer's content is not checked: the probe asks whether the plugin is
-/// alive, registration already judged what it said.
-pub async fn probe(socket: &Path, timeout: Duration) -> Result<(), ProbeFailure> {
-    let channel = uds::dial(socket, timeout)
-        .await
-        .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
-    let mut client =
-        RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
+/// The connection a plugin is probed over, kept from one probe to the next:
+/// a probe then costs one round trip instead of a dial, a handshake and a
+/// teardown.
+#[derive(Debug, Clone)]
+pub(crate) struct Link(RegistrationClient<Channel>);
+
+/// Asks `GetInfo` over `link`, or over a new connection if there is none,
+/// each step within `timeout`. The answer's content is not checked: the probe
+/// asks whether the plugin is alive, registration already judged what it
+/// said. Returns the connection to keep for the next probe, if it served.
+pub(crate) async fn probe(
+    socket: &Path,
+    link: Option<Link>,
+    timeout: Duration,
+) -> (Result<(), ProbeFailure>, Option<Link>) {
+    let Link(mut client) = match link {
+        Some(link) => link,
+        None => match uds::dial(socket, timeout).await {
+            Ok(channel) => Link(
+                RegistrationClient::new(channel)
+                    .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES),
+            ),
+            Err(err) => {
+                return (Err(ProbeFailure { gone: err.is_gone(), reason: err.to_string() }), None);
+            }
+        },
+    };
     let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
-    match uds::within(timeout, call).await {
-        Ok(_) => Ok(()),
-        Err(Some(status)) => Err(ProbeFailure {
-            gone: false,
+    let failure = match uds::within(timeout, call).await {
+        Ok(_) => return (Ok(()), Some(Link(client))),
+        Err(Some(status)) => ProbeFailure {
+            // A kept connection redials when the plugin closed it; a refusal
+            // then says the same as a refused dial.
+            gone: caused_by_absence(&status),
             reason: format!("GetInfo: {}: {}", go_code_name(status.code()), status.message()),
-        }),
-        Err(None) => Err(ProbeFailure {
-            gone: false,
-            reason: format!("GetInfo timed out after {timeout:?}"),
-        }),
+        },
+        Err(None) => {
+            ProbeFailure { gone: false, reason: format!("GetInfo timed out after {timeout:?}") }
+        }
+    };
+    // A connection that failed once is not trusted with the next probe.
+    (Err(failure), None)
+}
+
+/// Whether `socket` still has a server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reachability {
+    /// A connection was accepted (or queued: the listener is open).
+    Served,
+    /// The socket file is missing or nobody listens on it; why, for the log.
+    Gone(String),
+}
+
+/// Connects to `socket` and hangs up at once, without a word of HTTP/2: a
+/// gRPC server takes a connection closed before its preface silently. Any
+/// error but a missing file or a refusal (a full backlog, no file descriptor
+/// left) counts as served: only absence is evidence of death.
+pub(crate) async fn reach(socket: &Path) -> Reachability {
+    match UnixStream::connect(socket).await {
+        Err(err) if is_absence(&err) => {
+            Reachability::Gone(format!("connect {}: {err}", socket.display()))
+        }
+        Ok(_) | Err(_) => Reachability::Served,
     }
+}
+
+fn is_absence(err: &io::Error) -> bool {
+    matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound)
+}
+
+/// Whether a call failed because its connection could not be made again.
+fn caused_by_absence(status: &tonic::Status) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = cause {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            return is_absence(io);
+        }
+        cause = err.source();
+    }
+    false
 }

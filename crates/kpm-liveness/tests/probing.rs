@@ -1,14 +1,15 @@
-//! The prober against real plugins: tonic registration servers on Unix
-//! sockets in temp dirs that answer, hang, or are gone.
+//! The monitor against real plugins: tonic registration servers on Unix
+//! sockets in temp dirs that answer, hang, or are gone, and real processes
+//! whose exit the kernel reports.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kpm_api::config::DurationOutOfRange;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
+use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
 use kpm_api::registration::v1::{
@@ -18,19 +19,27 @@ use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler,
     PluginInfo,
 };
-use kpm_liveness::{LivenessConfig, LivenessError, LivenessProber};
+use kpm_liveness::{LivenessConfig, LivenessError, LivenessMonitor};
+use kpm_test_support::{lazy, wait_until, within};
+use tokio::sync::broadcast;
+use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
 
-/// A plugin whose GetInfo answers or hangs, switchable while it runs.
+/// A plugin whose `GetInfo` hangs on the calls its script says, counting
+/// calls and accepted connections.
 #[derive(Default)]
 struct Plugin {
-    hang: AtomicBool,
+    /// Call `n` (from 0) hangs if `hang(n)`.
+    hang: Option<fn(usize) -> bool>,
+    calls: AtomicUsize,
+    connections: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
 impl Registration for Plugin {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<WirePluginInfo>, Status> {
-        if self.hang.load(Ordering::SeqCst) {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.hang.is_some_and(|hang| hang(call)) {
             std::future::pending::<()>().await;
         }
         Ok(Response::new(WirePluginInfo {
@@ -49,17 +58,27 @@ impl Registration for Plugin {
     }
 }
 
-async fn serve(socket: &Path) -> (Arc<Plugin>, tokio::task::JoinHandle<()>) {
-    let plugin = Arc::new(Plugin::default());
-    let incoming = kpm_api::uds::bind(socket).await.unwrap();
+impl Plugin {
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+async fn serve(socket: &Path, plugin: Plugin) -> Arc<Plugin> {
+    let plugin = Arc::new(plugin);
+    let connections = Arc::clone(&plugin.connections);
+    let incoming = kpm_api::uds::bind(socket).await.unwrap().map(move |connection| {
+        connections.fetch_add(1, Ordering::SeqCst);
+        connection
+    });
     let service = RegistrationServer::from_arc(Arc::clone(&plugin));
-    let server = tokio::spawn(async move {
+    tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming(incoming)
             .await;
     });
-    (plugin, server)
+    plugin
 }
 
 struct NoHandler;
@@ -75,34 +94,55 @@ impl PluginHandler for NoHandler {
     async fn deregister(&self, _: &str, _: &str) {}
 }
 
+/// The caches and bus a monitor follows, the monitor running on them, and a
+/// subscription to its events taken before it started.
 struct Harness {
     desired: Arc<DesiredState>,
     actual: Arc<ActualState>,
     events: EventBus,
-    prober: LivenessProber,
+    monitor: Arc<LivenessMonitor>,
+    reported: broadcast::Receiver<PluginEvent>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    running: tokio::task::JoinHandle<()>,
 }
 
-fn harness(config: LivenessConfig) -> Harness {
+fn start(config: LivenessConfig) -> Harness {
     let desired = Arc::new(DesiredState::new());
     let actual = Arc::new(ActualState::new());
     let events = EventBus::default();
-    let prober =
-        LivenessProber::new(Arc::clone(&desired), Arc::clone(&actual), events.clone(), config)
-            .unwrap();
-    Harness { desired, actual, events, prober }
+    let reported = events.subscribe();
+    let monitor = Arc::new(
+        LivenessMonitor::new(Arc::clone(&desired), Arc::clone(&actual), events.clone(), config)
+            .unwrap(),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn({
+        let monitor = Arc::clone(&monitor);
+        async move {
+            monitor
+                .run(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        }
+    });
+    Harness { desired, actual, events, monitor, reported, stop: Some(stop), running }
 }
 
+/// Probes every 100 ms, each step within 50 ms; no process watched.
 fn quick() -> LivenessConfig {
     LivenessConfig {
-        period: Duration::from_secs(10),
+        period: Some(Duration::from_millis(100)),
         failure_threshold: 3,
-        timeout: Duration::from_millis(100),
+        timeout: Duration::from_millis(50),
+        watch_exits: false,
     }
 }
 
 impl Harness {
-    /// Records `socket` as present and registered, as the reconciler would.
-    fn registered(&self, socket: &Path) -> Generation {
+    /// Records `socket` as present and registered, served by `pid`, and
+    /// reports it, as the reconciler and the executor would.
+    fn registered(&self, socket: &Path, server_pid: Option<u32>) -> Generation {
         let generation = self.desired.add_or_update(socket).unwrap();
         self.actual
             .add(PluginInfo {
@@ -113,73 +153,100 @@ impl Harness {
                 endpoint: socket.display().to_string(),
                 versions: vec!["v1".into()],
                 registered_at: SystemTime::now(),
+                server_pid,
                 handler: Arc::new(NoHandler),
             })
             .unwrap();
+        self.events.publish(PluginEvent::Registered {
+            socket: socket.to_path_buf(),
+            generation,
+            plugin_type: "TestPlugin".into(),
+            name: "test".into(),
+            endpoint: socket.display().to_string(),
+        });
         generation
     }
-}
 
-fn unresponsive(events: &mut tokio::sync::broadcast::Receiver<PluginEvent>) -> Vec<PluginEvent> {
-    std::iter::from_fn(|| events.try_recv().ok())
-        .filter(|event| matches!(event, PluginEvent::Unresponsive { .. }))
-        .collect()
+    /// The next `Unresponsive` event.
+    async fn unresponsive(&mut self) -> PluginEvent {
+        within("an Unresponsive event", self.next_unresponsive()).await
+    }
+
+    /// The next `Unresponsive` event, however long it takes.
+    async fn next_unresponsive(&mut self) -> PluginEvent {
+        loop {
+            if let event @ PluginEvent::Unresponsive { .. } = self.reported.recv().await.unwrap() {
+                return event;
+            }
+        }
+    }
+
+    /// The `Unresponsive` events published so far.
+    fn reported_unresponsive(&mut self) -> Vec<PluginEvent> {
+        std::iter::from_fn(|| self.reported.try_recv().ok())
+            .filter(|event| matches!(event, PluginEvent::Unresponsive { .. }))
+            .collect()
+    }
+
+    async fn stop(mut self) {
+        self.stop.take().unwrap().send(()).unwrap();
+        within("the monitor to stop", &mut self.running).await.unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answering_plugin_is_left_alone() {
+async fn an_answering_plugin_is_left_alone_and_probed_over_one_connection() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ok.sock");
-    let _served = serve(&socket).await;
-    let h = harness(quick());
-    let generation = h.registered(&socket);
-    let mut events = h.events.subscribe();
-    for _ in 0..5 {
-        h.prober.probe_all().await;
-    }
+    let plugin = serve(&socket, Plugin::default()).await;
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
+    wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
+        .await;
+    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "one connection kept");
     assert_eq!(h.desired.generation(&socket), Some(generation));
-    assert!(unresponsive(&mut events).is_empty());
+    assert!(h.reported_unresponsive().is_empty());
+    assert!(h.monitor.stats().probes >= 4);
+    h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hanging_plugin_is_renewed_after_the_threshold_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("hang.sock");
-    let (plugin, _server) = serve(&socket).await;
-    plugin.hang.store(true, Ordering::SeqCst);
-    let h = harness(quick());
-    let generation = h.registered(&socket);
-    let mut events = h.events.subscribe();
+    let plugin = serve(&socket, Plugin { hang: Some(|_| true), ..Plugin::default() }).await;
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
 
-    for _ in 0..2 {
-        h.prober.probe_all().await;
-        assert_eq!(h.desired.generation(&socket), Some(generation), "below the threshold");
-    }
-    h.prober.probe_all().await;
-    let renewed = h.desired.generation(&socket).unwrap();
-    assert!(renewed > generation, "the third failure renews the socket");
-    let reported = unresponsive(&mut events);
-    let [PluginEvent::Unresponsive { socket: s, generation: g, name, failures, reason, .. }] =
-        reported.as_slice()
+    let PluginEvent::Unresponsive { socket: s, generation: g, name, failures, reason, .. } =
+        h.unresponsive().await
     else {
-        panic!("one Unresponsive event: {reported:?}");
+        unreachable!()
     };
-    assert_eq!((s, *g, name.as_str(), *failures), (&socket, generation, "test", 3));
+    assert_eq!(
+        (s.as_path(), g, name.as_str(), failures),
+        (socket.as_path(), generation, "test", 3)
+    );
     assert!(reason.contains("timed out"), "{reason}");
+    assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
+    assert_eq!(plugin.calls(), 3, "no probe after the renewal");
+    assert_eq!(h.monitor.stats().renewals, 1);
+    h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_resets_the_count() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("flaky.sock");
-    let (plugin, _server) = serve(&socket).await;
-    let h = harness(quick());
-    let generation = h.registered(&socket);
-    for hang in [true, true, false, true, true, false, true, true] {
-        plugin.hang.store(hang, Ordering::SeqCst);
-        h.prober.probe_all().await;
-    }
-    assert_eq!(h.desired.generation(&socket), Some(generation), "never three in a row");
+    // Two hangs, an answer, two hangs, an answer…: never three in a row.
+    let plugin = serve(&socket, Plugin { hang: Some(|n| n % 3 != 2), ..Plugin::default() }).await;
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
+    wait_until(lazy(|| format!("9 probes, {} so far", plugin.calls())), || plugin.calls() >= 9)
+        .await;
+    assert_eq!(h.desired.generation(&socket), Some(generation));
+    assert!(h.reported_unresponsive().is_empty());
+    h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,17 +255,39 @@ async fn a_socket_nobody_listens_on_is_renewed_at_the_first_probe() {
     let socket = dir.path().join("crashed.sock");
     // The plugin crashed: its socket file is left behind, connections are refused.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let h = harness(quick());
-    let generation = h.registered(&socket);
-    let mut events = h.events.subscribe();
-    h.prober.probe_all().await;
-    assert!(h.desired.generation(&socket).unwrap() > generation);
-    let reported = unresponsive(&mut events);
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
+    let event = h.unresponsive().await;
     assert!(
-        matches!(reported.as_slice(), [PluginEvent::Unresponsive { failures: 3, reason, .. }]
-            if reason.contains("crashed.sock")),
-        "{reported:?}"
+        matches!(&event, PluginEvent::Unresponsive { failures: 3, reason, generation: g, .. }
+            if reason.contains("crashed.sock") && *g == generation),
+        "{event:?}"
     );
+    assert_eq!(h.monitor.stats().probes, 1);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_closes_the_kept_connection_and_dies_is_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("died.sock");
+    let served = kpm_test_support::OwnRuntime::start({
+        let socket = socket.clone();
+        move || async move {
+            serve(&socket, Plugin::default()).await;
+        }
+    });
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
+    wait_until("a probe", || h.monitor.stats().probes >= 1).await;
+    // The process dies: its connections close, its socket file stays.
+    served.stop();
+    let event = h.unresponsive().await;
+    assert!(
+        matches!(&event, PluginEvent::Unresponsive { failures: 3, generation: g, .. } if *g == generation),
+        "{event:?}"
+    );
+    h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,62 +295,98 @@ async fn a_socket_recreated_meanwhile_is_not_renewed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("moved.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let h = harness(quick());
-    h.registered(&socket);
+    let mut h = start(quick());
+    h.registered(&socket, None);
     // The watcher saw a new socket file: a new incarnation, not yet registered.
     let newer = h.desired.add_or_update(&socket).unwrap();
-    let mut events = h.events.subscribe();
-    h.prober.probe_all().await;
+    wait_until("a probe", || h.monitor.stats().failed_probes >= 1).await;
     assert_eq!(h.desired.generation(&socket), Some(newer));
-    assert!(unresponsive(&mut events).is_empty());
+    assert!(h.reported_unresponsive().is_empty());
+    h.stop().await;
 }
 
-/// Runs the prober with `config` on paused time against a plugin that is
+/// A process that does nothing until it is killed, standing for a plugin
+/// process; the test serves its socket itself and closes it when it kills it.
+fn stand_in_process() -> tokio::process::Child {
+    tokio::process::Command::new("sleep").arg("600").kill_on_drop(true).spawn().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exit_is_noticed_without_any_probe_and_a_socket_left_unserved_is_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("exit.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut process = stand_in_process();
+    let mut h = start(LivenessConfig { period: None, watch_exits: true, ..quick() });
+    let generation = h.registered(&socket, process.id());
+    wait_until("the process is watched", || h.monitor.stats().watched_processes == 1).await;
+
+    drop(listener);
+    process.kill().await.unwrap();
+    let event = h.unresponsive().await;
+    let PluginEvent::Unresponsive { generation: g, failures, reason, .. } = event else {
+        unreachable!()
+    };
+    assert_eq!((g, failures), (generation, 0));
+    let pid = process.id();
+    assert!(reason.contains("exited") && reason.contains("refused"), "{reason} (pid {pid:?})");
+    let stats = h.monitor.stats();
+    assert_eq!((stats.exits, stats.probes, stats.watched_processes), (1, 0, 0));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_still_served_after_its_process_exited_is_left_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("kept.sock");
+    // Another process (here, the test) keeps the socket open and served.
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let mut process = stand_in_process();
+    let mut h = start(LivenessConfig { period: None, watch_exits: true, ..quick() });
+    let generation = h.registered(&socket, process.id());
+    wait_until("the process is watched", || h.monitor.stats().watched_processes == 1).await;
+    process.kill().await.unwrap();
+    wait_until("the socket is checked", || h.monitor.stats().exit_checks == 1).await;
+    assert_eq!(h.monitor.stats().exits, 1);
+    assert_eq!(h.desired.generation(&socket), Some(generation), "not renewed");
+    assert!(h.reported_unresponsive().is_empty());
+    h.stop().await;
+}
+
+/// Runs the monitor with `config` on paused time against a plugin that is
 /// gone, registered anew after each renewal; returns when each of `rounds`
-/// renewals happened, counted from the start.
+/// renewals happened, counted from the registration before it.
 async fn renewals(config: LivenessConfig, rounds: usize) -> Vec<Duration> {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("gone.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let h = harness(config);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let started = tokio::time::Instant::now();
-    let run = h.prober.run(async {
-        let _ = stopped.await;
-    });
-    tokio::pin!(run);
+    let mut h = start(config);
     let mut renewed = Vec::new();
     for _ in 0..rounds {
         h.actual.remove(&socket);
-        let generation = h.registered(&socket);
-        let renewal = async {
-            let mut changes = h.desired.subscribe();
-            while h.desired.generation(&socket) == Some(generation) {
-                changes.changed().await;
-            }
-            started.elapsed()
-        };
-        renewed.push(tokio::select! {
-            () = &mut run => panic!("run stopped on its own"),
-            elapsed = renewal => elapsed,
-        });
+        let registered = tokio::time::Instant::now();
+        h.registered(&socket, None);
+        h.next_unresponsive().await;
+        renewed.push(registered.elapsed());
     }
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(1), run).await.expect("run returns on shutdown");
+    h.stop().await;
     renewed
 }
 
 #[tokio::test(start_paused = true)]
-async fn run_probes_once_per_period_until_shutdown() {
-    // Not at start (plugins were just registered), one period later.
-    assert_eq!(renewals(quick(), 1).await, [Duration::from_secs(10)]);
+async fn the_first_probe_falls_within_the_first_period() {
+    let config = LivenessConfig { period: Some(Duration::from_secs(10)), ..quick() };
+    for after in renewals(config, 20).await {
+        assert!(after < Duration::from_secs(10), "{after:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn run_with_the_longest_period_probes_once_per_period() {
-    let config = LivenessConfig { period: MAX_CONFIG_DURATION, ..quick() };
-    let period = MAX_CONFIG_DURATION;
-    assert_eq!(renewals(config, 3).await, [period, 2 * period, 3 * period]);
+async fn the_longest_period_works_like_any_other() {
+    let config = LivenessConfig { period: Some(MAX_CONFIG_DURATION), ..quick() };
+    for after in renewals(config, 3).await {
+        assert!(after < MAX_CONFIG_DURATION, "{after:?}");
+    }
 }
 
 #[test]
@@ -271,14 +396,14 @@ fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
         Duration::from_secs(u64::MAX),
         MAX_CONFIG_DURATION + Duration::from_nanos(1),
     ] {
-        let config = LivenessConfig { period: too_long, ..quick() };
+        let config = LivenessConfig { period: Some(too_long), ..quick() };
         let error = config.validate().unwrap_err();
         assert!(
             matches!(error, LivenessError::InvalidConfig(DurationOutOfRange { field: "period", value, .. }) if value == too_long),
             "{error}"
         );
         assert!(error.to_string().contains("period"), "{error}");
-        let refused = LivenessProber::new(
+        let refused = LivenessMonitor::new(
             Arc::new(DesiredState::new()),
             Arc::new(ActualState::new()),
             EventBus::default(),
@@ -286,20 +411,27 @@ fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
         );
         assert_eq!(refused.map(|_| ()), Err(error));
     }
-    let longest =
-        LivenessConfig { period: MAX_CONFIG_DURATION, timeout: MAX_CONFIG_DURATION, ..quick() };
+    let longest = LivenessConfig {
+        period: Some(MAX_CONFIG_DURATION),
+        timeout: MAX_CONFIG_DURATION,
+        ..quick()
+    };
     assert_eq!(longest.validate(), Ok(()));
 }
 
 #[test]
 fn invalid_settings_are_refused() {
     let config = |period, failure_threshold, timeout| LivenessConfig {
-        period: Duration::from_millis(period),
+        period: Some(Duration::from_millis(period)),
         failure_threshold,
         timeout: Duration::from_millis(timeout),
+        watch_exits: true,
     };
     assert_eq!(config(0, 3, 0).validate(), Err(LivenessError::ZeroPeriod));
     assert_eq!(config(1000, 0, 100).validate(), Err(LivenessError::ZeroThreshold));
     assert!(matches!(config(1000, 3, 2000).validate(), Err(LivenessError::InvalidTimeout { .. })));
     assert_eq!(LivenessConfig::default().validate(), Ok(()));
+    // Without probes, nothing of theirs is checked.
+    let exits_only = LivenessConfig { period: None, failure_threshold: 0, ..config(1, 1, 1) };
+    assert_eq!(exits_only.validate(), Ok(()));
 }

@@ -40,6 +40,7 @@ fn registered(socket: &Path, generation: Generation) -> PluginInfo {
         endpoint: socket.display().to_string(),
         versions: vec!["v1beta1".into()],
         registered_at: SystemTime::now(),
+        server_pid: None,
         handler: Arc::new(NoopHandler),
     }
 }

@@ -172,6 +172,7 @@ fn stray(socket: &Path, handler: &Arc<Handler>) -> PluginInfo {
         endpoint: socket.display().to_string(),
         versions: vec!["v1beta1".into()],
         registered_at: SystemTime::now(),
+        server_pid: None,
         handler: Arc::clone(handler) as _,
     }
 }

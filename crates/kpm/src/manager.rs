@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
-use kpm_liveness::{LivenessConfig, LivenessProber};
+use kpm_liveness::{LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_watcher::{Watcher, WatcherConfig};
 use tokio::sync::broadcast;
@@ -100,10 +100,11 @@ impl PluginManagerBuilder {
         self
     }
 
-    /// Liveness probing of registered plugins (`GetInfo` every 10 s; after 3
-    /// failures in a row, or at once when nobody listens on the socket, the
-    /// plugin is deregistered and registered anew). `None` turns it off, as
-    /// the kubelet has it.
+    /// Liveness of registered plugins: the process serving each registration
+    /// socket is watched, and a plugin whose process exited and whose socket
+    /// refuses connections is deregistered and registered anew at once; a
+    /// `GetInfo` probe every 30 s catches plugins that hang (3 failures in a
+    /// row). `None` turns both off, as the kubelet has it.
     pub fn liveness(mut self, config: Option<LivenessConfig>) -> Self {
         self.liveness = config;
         self
@@ -141,15 +142,16 @@ impl PluginManagerBuilder {
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::new(self.event_capacity);
-        let prober = self
+        let liveness = self
             .liveness
             .map(|config| {
-                LivenessProber::new(
+                LivenessMonitor::new(
                     Arc::clone(&desired),
                     Arc::clone(&actual),
                     events.clone(),
                     config,
                 )
+                .map(Arc::new)
             })
             .transpose()
             .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;
@@ -171,13 +173,9 @@ impl PluginManagerBuilder {
             reconciler,
             events,
             watcher_stats: self.watcher.stats.clone(),
+            liveness,
         };
-        Ok(PluginManager {
-            handle,
-            watcher: self.watcher,
-            prober,
-            shutdown_grace: self.shutdown_grace,
-        })
+        Ok(PluginManager { handle, watcher: self.watcher, shutdown_grace: self.shutdown_grace })
     }
 }
 
@@ -201,6 +199,8 @@ pub struct ManagerStats {
     /// off, or failed permanently; a success leaves none). Once things
     /// settle, at most the number of sockets not registered: more is a leak.
     pub operations: usize,
+    /// What liveness did (processes watched, exits seen, probes), if it is on.
+    pub liveness: Option<LivenessStats>,
 }
 
 /// The plugin manager: keeps the plugins registered whose sockets exist.
@@ -211,7 +211,6 @@ pub struct ManagerStats {
 pub struct PluginManager {
     handle: ManagerHandle,
     watcher: WatcherConfig,
-    prober: Option<LivenessProber>,
     shutdown_grace: Duration,
 }
 
@@ -235,20 +234,20 @@ impl PluginManager {
     /// Plugins stay registered with their handlers after `run` returns, as
     /// they do when the kubelet stops: they are not told to go away.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
-        let Self { handle, watcher, prober, shutdown_grace } = self;
+        let Self { handle, watcher, shutdown_grace } = self;
         let watcher = Watcher::start(&handle.registry_dir, Arc::clone(&handle.desired.0), watcher)
             .map_err(Error::StartWatcher)?;
         tracing::info!(registry = %watcher.root().display(), "plugin manager started");
-        // The prober runs until the reconciler stops; it only renews sockets.
-        let probing = async {
-            match &prober {
-                Some(prober) => prober.run(std::future::pending()).await,
+        // Liveness runs until the reconciler stops; it only renews sockets.
+        let liveness = async {
+            match &handle.liveness {
+                Some(monitor) => monitor.run(std::future::pending()).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
             () = handle.reconciler.run(shutdown) => {}
-            () = probing => {}
+            () = liveness => {}
         }
         watcher.stop().await;
         let operations = handle.reconciler.executor().operations();
@@ -270,6 +269,7 @@ pub struct ManagerHandle {
     reconciler: Arc<Reconciler>,
     events: EventBus,
     watcher_stats: kpm_watcher::WatcherStats,
+    liveness: Option<Arc<LivenessMonitor>>,
 }
 
 impl ManagerHandle {
@@ -302,6 +302,7 @@ impl ManagerHandle {
             rescans: self.watcher_stats.rescans(),
             backoff_skips: self.reconciler.backoff_skips(),
             operations: self.reconciler.executor().operations().len(),
+            liveness: self.liveness.as_ref().map(|monitor| monitor.stats()),
         }
     }
 

@@ -72,6 +72,9 @@ pub struct PluginStatus {
     pub last_error: Option<String>,
     /// When the plugin was registered.
     pub registered_at: Option<SystemTime>,
+    /// The process serving the registration socket when it was registered;
+    /// `None` until then, or when kpm cannot see it (another pid namespace).
+    pub server_pid: Option<u32>,
 }
 
 /// A registered plugin, as recorded in the actual state of the world.
@@ -92,6 +95,9 @@ pub struct RegisteredPlugin {
     pub versions: Vec<String>,
     /// Wall-clock time of registration.
     pub registered_at: SystemTime,
+    /// The process serving the registration socket when it was registered,
+    /// if kpm can see it.
+    pub server_pid: Option<u32>,
 }
 
 impl From<PluginInfo> for RegisteredPlugin {
@@ -104,6 +110,7 @@ impl From<PluginInfo> for RegisteredPlugin {
             endpoint: info.endpoint,
             versions: info.versions,
             registered_at: info.registered_at,
+            server_pid: info.server_pid,
         }
     }
 }
@@ -218,6 +225,7 @@ pub(crate) fn snapshot(
                     versions: Vec::new(),
                     last_error,
                     registered_at: None,
+                    server_pid: None,
                 },
             }
         })
@@ -244,6 +252,7 @@ fn status_of(info: PluginInfo, state: PluginState, last_error: Option<String>) -
         versions: info.versions,
         last_error,
         registered_at: Some(info.registered_at),
+        server_pid: info.server_pid,
     }
 }
 

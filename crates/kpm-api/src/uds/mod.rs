@@ -7,6 +7,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -97,12 +98,27 @@ pub async fn dial_patiently(
     timeout: Duration,
     refused_retry: Duration,
 ) -> Result<Channel, TransportError> {
+    dial_with_peer(path, timeout, refused_retry).await.map(|(channel, _)| channel)
+}
+
+/// Like [`dial_patiently`], and also says which process serves the socket:
+/// the pid the kernel recorded when the server called `listen()`
+/// (`SO_PEERCRED`), in kpm's pid namespace. `None` when the kernel reports 0:
+/// the server runs in a pid namespace kpm cannot see into.
+pub async fn dial_with_peer(
+    path: &Path,
+    timeout: Duration,
+    refused_retry: Duration,
+) -> Result<(Channel, Option<u32>), TransportError> {
     let socket = path.to_path_buf();
+    let peer = Arc::new(OnceLock::new());
+    let seen = Arc::clone(&peer);
     // The URI is never resolved, the connector below ignores it; `localhost`
     // becomes the `:authority`, as with the kubelet's dialer.
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let socket = socket.clone();
+        let seen = Arc::clone(&seen);
         async move {
             // Past the clock's range: retry until the dial timeout.
             let give_up = tokio::time::Instant::now().checked_add(refused_retry);
@@ -114,13 +130,20 @@ pub async fn dial_patiently(
                     {
                         tokio::time::sleep(REFUSED_RETRY_INTERVAL).await;
                     }
-                    connected => return connected.map(TokioIo::new),
+                    connected => {
+                        let stream = connected?;
+                        let pid = stream.peer_cred().ok().and_then(|cred| cred.pid());
+                        // The first connection's answer; a reconnect keeps it.
+                        let _ = seen
+                            .set(pid.and_then(|pid| u32::try_from(pid).ok()).filter(|&p| p != 0));
+                        return Ok::<_, io::Error>(TokioIo::new(stream));
+                    }
                 }
             }
         }
     }));
     match tokio::time::timeout(timeout, connect).await {
-        Ok(Ok(channel)) => Ok(channel),
+        Ok(Ok(channel)) => Ok((channel, peer.get().copied().flatten())),
         Ok(Err(source)) => Err(TransportError::Dial { path: path.to_path_buf(), source }),
         Err(_) => Err(TransportError::DialTimeout { path: path.to_path_buf(), timeout }),
     }

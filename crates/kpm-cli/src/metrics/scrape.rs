@@ -16,8 +16,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::heap::{self, HeapStats};
-use kpm::KubeletHandle;
 use kpm::kube::KubeStatus;
+use kpm::{KubeletHandle, LivenessStats};
 
 /// Encodes the scrape-time metrics from [`KubeletHandle`]; registered with the
 /// registry as a collector.
@@ -43,6 +43,8 @@ struct Reading {
     backoff_skips: u64,
     rescans: u64,
     operations: usize,
+    /// `None` when liveness is off.
+    liveness: Option<LivenessStats>,
     /// `None` outside a tokio runtime.
     tasks: Option<usize>,
     /// `None` if jemalloc cannot tell.
@@ -141,6 +143,7 @@ impl Reading {
             backoff_skips: stats.backoff_skips,
             rescans: stats.rescans,
             operations: stats.operations,
+            liveness: stats.liveness,
             tasks: tokio::runtime::Handle::try_current()
                 .ok()
                 .map(|runtime| runtime.metrics().num_alive_tasks()),
@@ -171,6 +174,32 @@ impl Reading {
             "Sockets the operation executor keeps an entry for (running, backing off, failed).",
             self.operations,
         )?;
+        if let Some(liveness) = self.liveness {
+            gauge(
+                encoder,
+                "kpm_liveness_watched_processes",
+                "Plugin processes watched for exit (pidfds).",
+                liveness.watched_processes,
+            )?;
+            counter(
+                encoder,
+                "kpm_liveness_process_exits",
+                "Watched plugin processes that exited.",
+                liveness.exits,
+            )?;
+            counter(
+                encoder,
+                "kpm_liveness_probes",
+                "GetInfo liveness probes made.",
+                liveness.probes,
+            )?;
+            counter(
+                encoder,
+                "kpm_liveness_probe_failures",
+                "GetInfo liveness probes that failed.",
+                liveness.failed_probes,
+            )?;
+        }
         if let Some(tasks) = self.tasks {
             gauge(encoder, "kpm_tokio_tasks", "Tasks alive in kpm's async runtime.", tasks)?;
         }

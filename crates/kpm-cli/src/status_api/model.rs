@@ -404,6 +404,10 @@ pub(crate) struct PluginJson {
     /// When the next attempt starts, while `backing_off`.
     #[serde(default)]
     pub(crate) retry_at: Option<String>,
+    /// The process serving the registration socket, once registered, if kpm
+    /// can see it.
+    #[serde(default)]
+    pub(crate) server_pid: Option<u32>,
 }
 
 impl From<PluginStatus> for PluginJson {
@@ -419,6 +423,7 @@ impl From<PluginStatus> for PluginJson {
             last_error: status.last_error,
             registered_at: status.registered_at.map(rfc3339),
             retry_at: status.state.retry_at().map(rfc3339),
+            server_pid: status.server_pid,
         }
     }
 }

@@ -340,6 +340,16 @@ pub fn event_time(event: &Value) -> SystemTime {
 /// scrape itself and of status requests still closing.
 const TASK_SLACK: f64 = 2.0;
 
+/// How a [`Scenario`] starts `kpm run`.
+#[derive(Clone, Copy)]
+enum Launch<'a> {
+    AsIs,
+    /// As nobody, if the tests run as root.
+    Unprivileged,
+    /// Through another program.
+    Wrapped(&'a [&'a str]),
+}
+
 /// A `kpm run` on its own temp root, with metrics on a free port and its
 /// event stream followed from the start.
 pub struct Scenario {
@@ -368,7 +378,13 @@ impl Scenario {
     /// Runs `prepare` on the registry directory (created, empty), then starts
     /// `kpm run` with extra `args`; returns what `prepare` returned.
     pub fn start_prepared<T>(args: &[&str], prepare: impl FnOnce(&Path) -> T) -> (Self, T) {
-        Self::launch(args, false, prepare)
+        Self::launch(args, Launch::AsIs, prepare)
+    }
+
+    /// `kpm run` with extra `args`, started by `wrapper` (see
+    /// [`Kpm::start_wrapped`]).
+    pub fn start_wrapped(wrapper: &[&str], args: &[&str]) -> Self {
+        Self::launch(args, Launch::Wrapped(wrapper), |_| ()).0
     }
 
     /// Like [`start_prepared`](Self::start_prepared), with kpm running as
@@ -376,10 +392,10 @@ impl Scenario {
     /// Serve plugins with [`serve`](Self::serve) (or `Plugin::serve_open`
     /// in `prepare`) so that kpm can connect to them.
     pub fn start_unprivileged<T>(args: &[&str], prepare: impl FnOnce(&Path) -> T) -> (Self, T) {
-        Self::launch(args, true, prepare)
+        Self::launch(args, Launch::Unprivileged, prepare)
     }
 
-    fn launch<T>(args: &[&str], unprivileged: bool, prepare: impl FnOnce(&Path) -> T) -> (Self, T) {
+    fn launch<T>(args: &[&str], how: Launch<'_>, prepare: impl FnOnce(&Path) -> T) -> (Self, T) {
         let root = tempfile::tempdir().unwrap();
         let registry = root.path().join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME);
         std::fs::create_dir(&registry).unwrap();
@@ -387,10 +403,12 @@ impl Scenario {
         let metrics_addr = format!("127.0.0.1:{}", free_port());
         let mut all_args = vec!["--metrics-addr", metrics_addr.as_str()];
         all_args.extend_from_slice(args);
-        let (kpm, unprivileged) = if unprivileged {
-            Kpm::start_unprivileged(root.path(), &all_args)
-        } else {
-            (Kpm::start_with(root.path(), &all_args), false)
+        let (kpm, unprivileged) = match how {
+            Launch::AsIs => (Kpm::start_with(root.path(), &all_args), false),
+            Launch::Unprivileged => Kpm::start_unprivileged(root.path(), &all_args),
+            Launch::Wrapped(wrapper) => {
+                (Kpm::start_wrapped(wrapper, root.path(), &all_args), false)
+            }
         };
         let events = Events::follow(root.path());
         let mut scenario = Self {

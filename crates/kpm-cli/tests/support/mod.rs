@@ -57,6 +57,15 @@ impl Kpm {
         (Self::spawn(setpriv, root, args), true)
     }
 
+    /// `<wrapper…> kpm run --root-dir <root> <args>`: kpm started by another
+    /// program, such as `unshare`.
+    pub fn start_wrapped(wrapper: &[&str], root: &Path, args: &[&str]) -> Self {
+        let (program, wrapper_args) = wrapper.split_first().unwrap();
+        let mut command = Command::new(program);
+        command.args(wrapper_args).arg(KPM);
+        Self::spawn(command, root, args)
+    }
+
     fn spawn(mut command: Command, root: &Path, args: &[&str]) -> Self {
         let log = std::fs::File::create(root.join("kpm.log")).unwrap();
         let child = command

@@ -1,0 +1,475 @@
+//! The monitor's loop: which plugins it follows, which processes it watches,
+//! when each plugin is probed next, and what it makes of the answers.
+
+use std::collections::{HashMap, HashSet};
+use std::future::{Future, poll_fn};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::{AbortHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_util::time::{DelayQueue, delay_queue};
+
+use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
+use crate::probe::{Link, ProbeFailure, Reachability, probe, reach};
+use crate::{LivenessConfig, LivenessError};
+
+/// Counters of what the monitor does, for metrics and the status API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LivenessStats {
+    /// Plugin processes watched for exit now.
+    pub watched_processes: usize,
+    /// Plugin processes seen exiting.
+    pub exits: u64,
+    /// Sockets checked because their process exited.
+    pub exit_checks: u64,
+    /// `GetInfo` probes made.
+    pub probes: u64,
+    /// Probes that failed.
+    pub failed_probes: u64,
+    /// Plugins registered anew because they exited or stopped answering.
+    pub renewals: u64,
+    /// Whether the kernel can tell kpm that a process exited (pidfds).
+    pub exit_watch_supported: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    watched_processes: AtomicUsize,
+    exits: AtomicU64,
+    exit_checks: AtomicU64,
+    probes: AtomicU64,
+    failed_probes: AtomicU64,
+    renewals: AtomicU64,
+    /// Set once `pidfd_open` says the kernel has no pidfds.
+    no_pidfd: AtomicBool,
+}
+
+/// Watches registered plugins' processes and probes the plugins; renews the
+/// ones that exited or stopped answering (see the crate docs).
+#[derive(Debug)]
+pub struct LivenessMonitor {
+    desired: Arc<DesiredState>,
+    actual: Arc<ActualState>,
+    events: EventBus,
+    config: LivenessConfig,
+    open_pidfd: OpenPidfd,
+    counters: Counters,
+}
+
+impl LivenessMonitor {
+    /// A monitor of the plugins registered in `actual` (it follows the
+    /// `Registered` and `Deregistered` events on `events`); refuses a config
+    /// that does not pass [`LivenessConfig::validate`].
+    pub fn new(
+        desired: Arc<DesiredState>,
+        actual: Arc<ActualState>,
+        events: EventBus,
+        config: LivenessConfig,
+    ) -> Result<Self, LivenessError> {
+        config.validate()?;
+        Ok(Self {
+            desired,
+            actual,
+            events,
+            config,
+            open_pidfd: pidfd_open,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The settings the monitor runs with.
+    pub fn config(&self) -> &LivenessConfig {
+        &self.config
+    }
+
+    /// What the monitor did so far.
+    pub fn stats(&self) -> LivenessStats {
+        let c = &self.counters;
+        LivenessStats {
+            watched_processes: c.watched_processes.load(Ordering::Relaxed),
+            exits: c.exits.load(Ordering::Relaxed),
+            exit_checks: c.exit_checks.load(Ordering::Relaxed),
+            probes: c.probes.load(Ordering::Relaxed),
+            failed_probes: c.failed_probes.load(Ordering::Relaxed),
+            renewals: c.renewals.load(Ordering::Relaxed),
+            exit_watch_supported: !c.no_pidfd.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Follows the registered plugins until `shutdown`.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        // Subscribed before the first look at ActualState: no registration
+        // falls between the two.
+        let mut events = self.events.subscribe();
+        let mut state = State::new(self);
+        state.resync();
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                event = events.recv() => match event {
+                    Ok(PluginEvent::Registered { socket, generation, .. }) => {
+                        state.follow(socket, generation);
+                    }
+                    Ok(PluginEvent::Deregistered { socket, generation, .. }) => {
+                        state.forget(&socket, Some(generation));
+                    }
+                    Ok(_) => {}
+                    Err(RecvError::Lagged(_)) => state.resync(),
+                    // The monitor holds a sender itself.
+                    Err(RecvError::Closed) => break,
+                },
+                Some(due) = poll_fn(|cx| state.schedule.poll_expired(cx)) => {
+                    state.probe_due(due.into_inner());
+                }
+                Some(done) = state.tasks.join_next() => {
+                    // Aborted watches of processes nobody follows any more.
+                    if let Ok(done) = done {
+                        state.finish(done);
+                    }
+                }
+            }
+        }
+        state.tasks.shutdown().await;
+        self.counters.watched_processes.store(0, Ordering::Relaxed);
+        tracing::debug!("liveness monitor stopped");
+    }
+}
+
+/// A plugin incarnation the monitor follows.
+#[derive(Debug)]
+struct Followed {
+    generation: Generation,
+    /// Its next probe, if probing is on.
+    next_probe: Option<(delay_queue::Key, Instant)>,
+    /// The connection kept for probes; `None` before the first probe, after
+    /// a failed one, and while a probe has it.
+    link: Option<Link>,
+    /// A probe is running.
+    probing: bool,
+    /// Failed probes in a row.
+    failures: u32,
+    /// The watched process serving its socket.
+    pid: Option<u32>,
+}
+
+/// A watched process and the sockets it serves.
+#[derive(Debug)]
+struct Watched {
+    sockets: HashSet<PathBuf>,
+    watch: AbortHandle,
+}
+
+/// What a task of the monitor found.
+#[derive(Debug)]
+enum Done {
+    Probed {
+        socket: PathBuf,
+        generation: Generation,
+        outcome: Result<(), ProbeFailure>,
+        link: Option<Link>,
+    },
+    Exited {
+        pid: u32,
+        exit: Exit,
+    },
+    Reached {
+        socket: PathBuf,
+        generation: Generation,
+        pid: u32,
+        reachability: Reachability,
+    },
+}
+
+struct State<'a> {
+    monitor: &'a LivenessMonitor,
+    followed: HashMap<PathBuf, Followed>,
+    watched: HashMap<u32, Watched>,
+    schedule: DelayQueue<PathBuf>,
+    tasks: JoinSet<Done>,
+}
+
+impl<'a> State<'a> {
+    fn new(monitor: &'a LivenessMonitor) -> Self {
+        Self {
+            monitor,
+            followed: HashMap::new(),
+            watched: HashMap::new(),
+            schedule: DelayQueue::new(),
+            tasks: JoinSet::new(),
+        }
+    }
+
+    /// Follows exactly the plugins registered now: after a start, or after
+    /// events were missed.
+    fn resync(&mut self) {
+        let registered: HashMap<PathBuf, Generation> = self
+            .monitor
+            .actual
+            .paths()
+            .into_iter()
+            .filter_map(|socket| {
+                let generation = self.monitor.actual.generation(&socket)?;
+                Some((socket, generation))
+            })
+            .collect();
+        let stale: Vec<PathBuf> = self
+            .followed
+            .iter()
+            .filter(|(socket, f)| registered.get(*socket) != Some(&f.generation))
+            .map(|(socket, _)| socket.clone())
+            .collect();
+        for socket in stale {
+            self.forget(&socket, None);
+        }
+        for (socket, generation) in registered {
+            self.follow(socket, generation);
+        }
+    }
+
+    /// Starts following a registered incarnation: its first probe at a
+    /// random point of the period, so that plugins registered together are
+    /// not probed together, and a watch on its process.
+    fn follow(&mut self, socket: PathBuf, generation: Generation) {
+        if self.followed.get(&socket).is_some_and(|f| f.generation == generation) {
+            return;
+        }
+        self.forget(&socket, None);
+        // Deregistered again already: its Deregistered event is on its way.
+        let Some(info) = self.monitor.actual.get(&socket) else { return };
+        if info.generation != generation {
+            return;
+        }
+        let next_probe = self.monitor.config.period.map(|period| {
+            let at = Instant::now() + period.mul_f64(fastrand::f64());
+            (self.schedule.insert_at(socket.clone(), at), at)
+        });
+        let pid = info.server_pid.filter(|_| self.exits_watchable());
+        if let Some(pid) = pid {
+            self.watch(pid, &socket);
+        }
+        let followed =
+            Followed { generation, next_probe, link: None, probing: false, failures: 0, pid };
+        self.followed.insert(socket, followed);
+    }
+
+    /// Stops following `socket` (only if it is still that generation).
+    fn forget(&mut self, socket: &Path, generation: Option<Generation>) {
+        let Some(followed) = self.followed.get(socket) else { return };
+        if generation.is_some_and(|g| g != followed.generation) {
+            return;
+        }
+        let Some(followed) = self.followed.remove(socket) else { return };
+        if let Some((key, _)) = followed.next_probe {
+            self.schedule.remove(&key);
+        }
+        if let Some(pid) = followed.pid {
+            self.unwatch(pid, socket);
+        }
+    }
+
+    fn exits_watchable(&self) -> bool {
+        self.monitor.config.watch_exits && !self.monitor.counters.no_pidfd.load(Ordering::Relaxed)
+    }
+
+    /// Adds `socket` to the sockets of process `pid`, watching it if new.
+    fn watch(&mut self, pid: u32, socket: &Path) {
+        if let Some(watched) = self.watched.get_mut(&pid) {
+            watched.sockets.insert(socket.to_path_buf());
+            return;
+        }
+        let (open, checked) = (self.monitor.open_pidfd, socket.to_path_buf());
+        let watch = self.tasks.spawn(async move {
+            let exit = wait_for_exit(open, pid, &checked).await;
+            Done::Exited { pid, exit }
+        });
+        let sockets = HashSet::from([socket.to_path_buf()]);
+        self.watched.insert(pid, Watched { sockets, watch });
+        self.count_watched();
+    }
+
+    fn unwatch(&mut self, pid: u32, socket: &Path) {
+        let Some(watched) = self.watched.get_mut(&pid) else { return };
+        watched.sockets.remove(socket);
+        if watched.sockets.is_empty() {
+            watched.watch.abort();
+            self.watched.remove(&pid);
+            self.count_watched();
+        }
+    }
+
+    fn count_watched(&self) {
+        self.monitor.counters.watched_processes.store(self.watched.len(), Ordering::Relaxed);
+    }
+
+    /// A plugin's probe is due: start it, and schedule the next one a period
+    /// later (on its own phase, whatever the probe takes).
+    fn probe_due(&mut self, socket: PathBuf) {
+        let (Some(period), Some(followed)) =
+            (self.monitor.config.period, self.followed.get_mut(&socket))
+        else {
+            return;
+        };
+        let Some((_, due)) = followed.next_probe else { return };
+        let next = (due + period).max(Instant::now());
+        followed.next_probe = Some((self.schedule.insert_at(socket.clone(), next), next));
+        // A probe still running (a hung plugin's, within its timeout) is
+        // judged first; this round is skipped.
+        if followed.probing {
+            return;
+        }
+        followed.probing = true;
+        let (link, generation, timeout) =
+            (followed.link.take(), followed.generation, self.monitor.config.timeout);
+        self.tasks.spawn(async move {
+            let (outcome, link) = probe(&socket, link, timeout).await;
+            Done::Probed { socket, generation, outcome, link }
+        });
+    }
+
+    fn finish(&mut self, done: Done) {
+        match done {
+            Done::Probed { socket, generation, outcome, link } => {
+                self.judge(&socket, generation, outcome, link);
+            }
+            Done::Exited { pid, exit } => self.exited(pid, exit),
+            Done::Reached { socket, generation, pid, reachability } => {
+                self.monitor.counters.exit_checks.fetch_add(1, Ordering::Relaxed);
+                self.reached(&socket, generation, pid, reachability);
+            }
+        }
+    }
+
+    /// The process serving `socket` exited and the socket was checked.
+    fn reached(
+        &mut self,
+        socket: &Path,
+        generation: Generation,
+        pid: u32,
+        reachability: Reachability,
+    ) {
+        match reachability {
+            Reachability::Gone(why) => {
+                let reason = format!("its process {pid} exited; {why}");
+                self.renew(socket, generation, 0, reason);
+            }
+            Reachability::Served => tracing::info!(
+                socket = %socket.display(), pid,
+                "the process that served the socket exited, but the socket is still served; \
+                 probing only"
+            ),
+        }
+    }
+
+    fn judge(
+        &mut self,
+        socket: &Path,
+        generation: Generation,
+        outcome: Result<(), ProbeFailure>,
+        link: Option<Link>,
+    ) {
+        let counters = &self.monitor.counters;
+        counters.probes.fetch_add(1, Ordering::Relaxed);
+        let Some(followed) = self.followed.get_mut(socket) else { return };
+        if followed.generation != generation {
+            return;
+        }
+        followed.probing = false;
+        followed.link = link;
+        let failure = match outcome {
+            Ok(()) => {
+                followed.failures = 0;
+                return;
+            }
+            Err(failure) => failure,
+        };
+        counters.failed_probes.fetch_add(1, Ordering::Relaxed);
+        let threshold = self.monitor.config.failure_threshold;
+        followed.failures = if failure.gone { threshold } else { followed.failures + 1 };
+        let failures = followed.failures;
+        if failures < threshold {
+            tracing::debug!(
+                socket = %socket.display(), failures, reason = %failure.reason,
+                "liveness probe failed"
+            );
+            return;
+        }
+        self.renew(socket, generation, failures, failure.reason);
+    }
+
+    /// Process `pid` exited: check each of its sockets.
+    fn exited(&mut self, pid: u32, exit: Exit) {
+        let Some(watched) = self.watched.remove(&pid) else { return };
+        self.count_watched();
+        for socket in &watched.sockets {
+            if let Some(followed) = self.followed.get_mut(socket) {
+                followed.pid = None;
+            }
+        }
+        match exit {
+            Exit::Exited => {
+                self.monitor.counters.exits.fetch_add(1, Ordering::Relaxed);
+                for socket in watched.sockets {
+                    let Some(followed) = self.followed.get(&socket) else { continue };
+                    let generation = followed.generation;
+                    self.tasks.spawn(async move {
+                        let reachability = reach(&socket).await;
+                        Done::Reached { socket, generation, pid, reachability }
+                    });
+                }
+            }
+            Exit::Unsupported => {
+                if !self.monitor.counters.no_pidfd.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "this kernel has no pidfd_open (Linux 5.3): plugin exits are noticed \
+                         by the liveness probes only"
+                    );
+                }
+                // Every other watch ends the same way: stop them now.
+                for (_, watched) in self.watched.drain() {
+                    watched.watch.abort();
+                }
+                for followed in self.followed.values_mut() {
+                    followed.pid = None;
+                }
+                self.count_watched();
+            }
+            Exit::Unwatchable(error) => tracing::warn!(
+                pid, sockets = watched.sockets.len(), %error,
+                "cannot watch a plugin process; its plugins are left to the liveness probes"
+            ),
+        }
+    }
+
+    /// Registers the plugin anew, if the socket is still that incarnation: a
+    /// socket re-created meanwhile is a new plugin and is left alone.
+    fn renew(&mut self, socket: &Path, generation: Generation, failures: u32, reason: String) {
+        self.forget(socket, Some(generation));
+        let info = self.monitor.actual.get(socket).filter(|info| info.generation == generation);
+        let Some(info) = info else { return };
+        if self.monitor.desired.renew(socket, generation).is_none() {
+            return;
+        }
+        self.monitor.counters.renewals.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            failures, %reason, "plugin is gone or stopped answering; registering it anew"
+        );
+        self.monitor.events.publish(PluginEvent::Unresponsive {
+            socket: socket.to_path_buf(),
+            generation,
+            plugin_type: info.plugin_type,
+            name: info.name,
+            failures,
+            reason,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,109 @@
+//! What the monitor does where the kernel cannot help, and how it spreads
+//! its probes, on paused time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use kpm_cache::{ActualState, DesiredState, EventBus, HandlerError, PluginHandler, PluginInfo};
+use rustix::io::Errno;
+
+use super::*;
+
+struct NoHandler;
+
+#[async_trait::async_trait]
+impl PluginHandler for NoHandler {
+    async fn validate(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+        Ok(())
+    }
+    async fn deregister(&self, _: &str, _: &str) {}
+}
+
+const PERIOD: Duration = Duration::from_secs(30);
+
+fn monitor() -> LivenessMonitor {
+    let config = LivenessConfig { period: Some(PERIOD), ..LivenessConfig::default() };
+    let desired = Arc::new(DesiredState::new());
+    let actual = Arc::new(ActualState::new());
+    LivenessMonitor::new(desired, actual, EventBus::default(), config).unwrap()
+}
+
+/// Records `socket` as registered, served by `server_pid`.
+fn register(monitor: &LivenessMonitor, socket: &Path, server_pid: Option<u32>) -> Generation {
+    let generation = monitor.desired.add_or_update(socket).unwrap();
+    let info = PluginInfo {
+        socket_path: socket.to_path_buf(),
+        generation,
+        plugin_type: "TestPlugin".into(),
+        name: "test".into(),
+        endpoint: socket.display().to_string(),
+        versions: vec!["v1".into()],
+        registered_at: SystemTime::now(),
+        server_pid,
+        handler: Arc::new(NoHandler),
+    };
+    monitor.actual.add(info).unwrap();
+    generation
+}
+
+#[tokio::test(start_paused = true)]
+async fn plugins_registered_together_are_probed_spread_over_the_period() {
+    let monitor = monitor();
+    let mut state = State::new(&monitor);
+    let start = Instant::now();
+    for n in 0..400 {
+        let socket = PathBuf::from(format!("/registry/p{n}.sock"));
+        let generation = register(&monitor, &socket, None);
+        state.follow(socket, generation);
+    }
+    let mut quarters = [0_usize; 4];
+    for followed in state.followed.values() {
+        let (_, at) = followed.next_probe.unwrap();
+        let offset = at - start;
+        assert!(offset < PERIOD, "{offset:?}");
+        let quarter = offset.as_nanos() * 4 / PERIOD.as_nanos();
+        quarters[usize::try_from(quarter).unwrap()] += 1;
+    }
+    // 100 expected in each quarter; a burst would put them all in one.
+    assert!(quarters.iter().all(|&n| (50..=150).contains(&n)), "{quarters:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_in_another_pid_namespace_is_left_to_the_probes() {
+    let monitor = monitor();
+    let mut state = State::new(&monitor);
+    let socket = PathBuf::from("/registry/elsewhere.sock");
+    // SO_PEERCRED said 0: the executor recorded no pid.
+    let generation = register(&monitor, &socket, None);
+    state.follow(socket.clone(), generation);
+    assert!(state.watched.is_empty());
+    assert!(state.followed[&socket].next_probe.is_some(), "probed all the same");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_pidfds_exits_are_left_to_the_probes_and_said_once() {
+    let mut monitor = monitor();
+    monitor.open_pidfd = |_| Err(Errno::NOSYS);
+    let mut state = State::new(&monitor);
+    let (first, second) = (PathBuf::from("/registry/a.sock"), PathBuf::from("/registry/b.sock"));
+    let generation = register(&monitor, &first, Some(std::process::id()));
+    state.follow(first.clone(), generation);
+    assert_eq!(state.watched.len(), 1, "tried");
+    let done = state.tasks.join_next().await.unwrap().unwrap();
+    assert!(matches!(done, Done::Exited { exit: Exit::Unsupported, .. }), "{done:?}");
+    state.finish(done);
+    assert!(!monitor.stats().exit_watch_supported);
+    assert!(state.watched.is_empty() && state.followed[&first].pid.is_none());
+    assert!(state.followed[&first].next_probe.is_some(), "still probed");
+
+    // Later plugins are not even tried: nothing is spawned for them.
+    let generation = register(&monitor, &second, Some(std::process::id()));
+    state.follow(second.clone(), generation);
+    assert!(state.watched.is_empty() && state.tasks.is_empty());
+    assert_eq!(monitor.stats().renewals, 0, "nothing renewed for want of pidfds");
+}
