@@ -23,8 +23,12 @@ use crate::Result;
 use crate::harness::{self, Binaries, stdout_of};
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 6] =
-    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister"];
+const SCENARIOS: [&str; 8] =
+    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister", "kill", "hang"];
+
+/// The liveness settings of `hang` (kpm's default period is 30 s): a stopped
+/// plugin must be deregistered within `period × (failures + 1)`.
+const HANG_LIVENESS: [&str; 4] = ["--liveness-period", "2", "--liveness-failures", "3"];
 
 /// How long `steady` holds and `churn` churns with `--quick`, in seconds.
 const QUICK_DURATION_SECS: &str = "5";
@@ -84,7 +88,12 @@ fn run_scenario(binaries: &Binaries, scenario: &str, quick: bool) -> Result<Stri
     if quick {
         args.extend(["--duration-secs", QUICK_DURATION_SECS]);
     }
-    let run = harness::against_fresh_kpm(binaries, scenario, &[], &args)?;
+    let kpm_args: &[&str] = if scenario == "hang" { &HANG_LIVENESS } else { &[] };
+    if scenario == "hang" {
+        args.extend(["--liveness-period-secs", HANG_LIVENESS[1]]);
+        args.extend(["--liveness-failures", HANG_LIVENESS[3]]);
+    }
+    let run = harness::against_fresh_kpm(binaries, scenario, kpm_args, &args)?;
     if !run.loadgen.status.success() {
         return Err(format!("kpm-loadgen failed ({})", run.loadgen.status).into());
     }

@@ -20,6 +20,7 @@
 //! Progress goes to stderr; stdout carries nothing but the JSON (or table).
 
 mod events;
+mod exits;
 mod metrics;
 mod misbehave;
 mod plugins;
@@ -51,6 +52,20 @@ struct Cli {
 enum Command {
     /// Run one scenario against a running `kpm run --root-dir DIR`.
     Run(RunArgs),
+    /// Serve one plugin in this process until killed; print `registered
+    /// SOCKET` once kpm registered it (the plugin processes of `kill` and
+    /// `hang`).
+    Plugin {
+        /// The registry directory.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+        /// Which plugin: its name and socket.
+        #[arg(long, value_name = "N")]
+        index: usize,
+        /// The type of the plugin.
+        #[arg(long, value_enum, default_value_t = plugins::Kind::Device)]
+        plugin_type: plugins::Kind,
+    },
     /// Describe this machine as JSON.
     Machine,
     /// Print the table of a results file written by `cargo xtask bench`.
@@ -109,6 +124,12 @@ struct RunArgs {
     /// The type of the plugins.
     #[arg(long, value_enum, default_value_t = plugins::Kind::Device)]
     plugin_type: plugins::Kind,
+    /// kpm's `--liveness-period`, for the bound of `hang`.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    liveness_period_secs: u64,
+    /// kpm's `--liveness-failures`, for the bound of `hang`.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    liveness_failures: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -119,6 +140,8 @@ enum Scenario {
     Steady,
     Churn,
     Deregister,
+    Kill,
+    Hang,
     Soak,
 }
 
@@ -129,6 +152,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run(&args),
+        Command::Plugin { dir, index, plugin_type } => {
+            exits::serve_one(&dir, plugin_type, index).map(|out| (out, true))
+        }
         Command::Machine => Ok((report::machine().to_string(), true)),
         Command::Report { file } => report::table(&file).map(|table| (table, true)),
     };
@@ -170,6 +196,11 @@ fn run(args: &RunArgs) -> Result<(String, bool)> {
                 scenarios::churn(&ctx, many, args.rate.unwrap_or(100), duration).await
             }
             Scenario::Deregister => scenarios::deregister(&ctx, few, interval).await,
+            Scenario::Kill => exits::kill(&ctx, few, interval).await,
+            Scenario::Hang => {
+                let period = Duration::from_secs(args.liveness_period_secs);
+                exits::hang(&ctx, args.plugins.unwrap_or(10), period, args.liveness_failures).await
+            }
             Scenario::Soak => soak::soak(&ctx, &soak_settings(args)?).await,
         }
     })?;

@@ -29,8 +29,8 @@ pub(crate) fn machine() -> Value {
 }
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 6] =
-    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister"];
+const SCENARIOS: [&str; 8] =
+    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister", "kill", "hang"];
 
 /// One line of the table.
 struct Row {
@@ -82,6 +82,7 @@ fn rows(results: &Value) -> Vec<Row> {
     let mut rows = failure_rows(results);
     rows.extend(latency_rows(&number));
     rows.extend(resource_rows(&number));
+    rows.push(hang_row(&number));
     // Only the scenarios that ran, in the order they run.
     rows.retain(|row| results.pointer(&format!("/scenarios/{}", row.scenario)).is_some());
     rows.sort_by_key(|row| SCENARIOS.iter().position(|s| *s == row.scenario));
@@ -190,6 +191,17 @@ const LATENCIES: &[Latency] = &[
         "",
         "",
     ),
+    ("kill", "SIGKILL → deregistered, p50", "/scenarios/kill/latency_ms/p50", None, "", ""),
+    (
+        "kill",
+        "SIGKILL → deregistered, p99",
+        "/scenarios/kill/latency_ms/p99",
+        Some(50.0),
+        "≤ 50 ms",
+        "never",
+    ),
+    ("kill", "SIGKILL → deregistered, max", "/scenarios/kill/latency_ms/max", None, "", ""),
+    ("hang", "SIGSTOP → deregistered, p50", "/scenarios/hang/latency_ms/p50", None, "", ""),
 ];
 
 fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
@@ -204,6 +216,21 @@ fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
             verdict: verdict(number(pointer), limit),
         })
         .collect()
+}
+
+/// The slowest deregistration of a stopped plugin, against the bound its
+/// liveness settings promise: `period × failures` plus one period.
+fn hang_row(number: &impl Fn(&str) -> Option<f64>) -> Row {
+    let max = number("/scenarios/hang/latency_ms/max");
+    let bound = number("/scenarios/hang/bound_ms");
+    Row {
+        scenario: "hang",
+        measure: "SIGSTOP → deregistered, max",
+        value: max.map_or_else(|| "-".to_owned(), |v| format!("{v:.0} ms")),
+        target: "≤ period × (failures + 1)",
+        kubelet: "never",
+        verdict: verdict(max, bound),
+    }
 }
 
 /// kpm's CPU, memory and file descriptors in `steady` and `churn`.
@@ -241,9 +268,9 @@ fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
             scenario: "steady",
             measure: "kpm RSS, 1000 plugins",
             value: shown(rss, |v| format!("{v:.1} MB")),
-            target: "≤ 20 MB",
+            target: "≤ 30 MB",
             kubelet: "70 MB",
-            verdict: verdict(rss, Some(20.0)),
+            verdict: verdict(rss, Some(30.0)),
         },
         Row {
             scenario: "churn",

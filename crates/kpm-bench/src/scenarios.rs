@@ -35,7 +35,7 @@ const LISTED_FAILURES: usize = 10;
 #[derive(Debug)]
 pub(crate) struct Context {
     pub(crate) registry: PathBuf,
-    status_socket: PathBuf,
+    pub(crate) status_socket: PathBuf,
     kpm_pid: Option<u32>,
     pub(crate) kind: plugins::Kind,
     ticks_per_second: u64,
