@@ -32,7 +32,7 @@ fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         plugin_process(&role);
     }
-    let tests: [(&str, fn()); 3] = [
+    let tests: [(&str, fn()); 4] = [
         (
             "a_killed_plugin_process_is_deregistered_without_any_probe",
             a_killed_plugin_process_is_deregistered_without_any_probe,
@@ -44,6 +44,10 @@ fn main() {
         (
             "a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes",
             a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes,
+        ),
+        (
+            "a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream",
+            a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream,
         ),
     ];
     let trials = tests
@@ -61,6 +65,8 @@ fn main() {
 /// A plugin process serving `KPM_TEST_PLUGIN_SOCKET`, as `role`:
 ///
 /// - `serve`: serves a CSI plugin on the socket;
+/// - `serve-device`: serves a device plugin ([`DEVICE_PLUGIN`]) with one
+///   device in the socket's directory;
 /// - `listen-in-child`: binds the socket, has a child process call
 ///   `listen()` on it (so the kernel names the child as the server), then
 ///   serves on it once the child is listening, and prints the child's pid;
@@ -70,6 +76,18 @@ fn plugin_process(role: &str) -> ! {
     let plugin = Plugin::csi("exit.example.com");
     let _served = match role {
         "serve" => plugin.serve(&socket),
+        "serve-device" => {
+            let routes = support::device_plugin(&[("dev-0", "Healthy")]);
+            let dir = socket.parent().unwrap().to_path_buf();
+            // Serves until the process is killed.
+            let _served = kpm_test_support::OwnRuntime::start(move || async move {
+                let registrar = device_registrar(&dir).routes(routes).serve().await.unwrap();
+                std::mem::forget(registrar);
+            });
+            println!("serving");
+            std::io::stdout().flush().unwrap();
+            park()
+        }
         "listen-in-child" => {
             // Bound under a hidden name, which kpm ignores until it is listening.
             let hidden = socket.with_file_name(".binding.sock");
@@ -214,18 +232,7 @@ fn a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits()
 }
 
 fn a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes() {
-    // kpm in a pid namespace of its own sees no process outside it: the
-    // kernel reports pid 0 for the plugin. Needs CAP_SYS_ADMIN.
-    let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
-    let permitted = Command::new(unshare[0])
-        .args(&unshare[1..])
-        .arg("true")
-        .status()
-        .is_ok_and(|status| status.success());
-    if !permitted {
-        eprintln!("skipped: `unshare --pid --fork` is not permitted here");
-        return;
-    }
+    let Some(unshare) = unshare_pid() else { return };
     let s =
         Scenario::start_wrapped(&unshare, &["--liveness-period", "1", "--liveness-failures", "2"]);
     let socket = s.socket("hidden.sock");
@@ -240,4 +247,45 @@ fn a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes() {
     assert_eq!(unresponsive["failures"], 2, "found by a probe: {unresponsive}");
     s.events.wait_first("deregistered", &socket);
     assert_eq!(s.metric("kpm_liveness_process_exits_total"), 0.0);
+}
+
+/// The device plugin of role `serve-device`.
+const DEVICE_PLUGIN: &str = "exit.example.com/dev";
+
+fn device_registrar(dir: &Path) -> kpm_registrar::RegistrarBuilder {
+    kpm_registrar::Registrar::builder(kpm_registrar::DEVICE_PLUGIN, DEVICE_PLUGIN).socket_dir(dir)
+}
+
+/// `unshare --pid --fork --kill-child`, if this machine permits it: kpm in a
+/// pid namespace of its own sees no process outside it, and the kernel
+/// reports pid 0 for the plugins. Needs `CAP_SYS_ADMIN`.
+fn unshare_pid() -> Option<[&'static str; 4]> {
+    let unshare = ["unshare", "--pid", "--fork", "--kill-child"];
+    let permitted = Command::new(unshare[0])
+        .args(&unshare[1..])
+        .arg("true")
+        .status()
+        .is_ok_and(|status| status.success());
+    if !permitted {
+        eprintln!("skipped: `unshare --pid --fork` is not permitted here");
+    }
+    permitted.then_some(unshare)
+}
+
+fn a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream() {
+    let Some(unshare) = unshare_pid() else { return };
+    // No probes: only the end of the ListAndWatch stream can tell.
+    let s = Scenario::start_wrapped(&unshare, &["--liveness-period", "0"]);
+    let socket = device_registrar(&s.registry()).socket_path().unwrap();
+    let mut plugin = PluginProcess::start("serve-device", &socket);
+    let registered = s.events.wait_first("registered", &socket);
+    assert_eq!(server_pid(&s, &socket), None);
+
+    plugin.kill();
+    let unresponsive = s.events.wait_first("unresponsive", &socket);
+    assert_eq!(unresponsive["generation"], registered["generation"]);
+    let reason = unresponsive["reason"].as_str().unwrap();
+    assert!(reason.contains("connection to") && reason.contains("refused"), "{unresponsive}");
+    s.events.wait_first("deregistered", &socket);
+    assert_eq!(s.metric("kpm_liveness_probes_total"), 0.0, "no probe ran");
 }

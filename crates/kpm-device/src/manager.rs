@@ -28,7 +28,7 @@ use kpm_api::deviceplugin::v1beta1::{
 };
 use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use tracing::{debug, info, warn};
@@ -140,6 +140,8 @@ pub struct DeviceManager {
     /// Source of endpoint ids and removal tokens.
     next_id: AtomicU64,
     changes: watch::Sender<u64>,
+    /// Endpoint sockets whose stream ended while current (see [`DeviceManager::hangups`]).
+    hangups: broadcast::Sender<PathBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +199,7 @@ impl DeviceManager {
             state: Mutex::default(),
             next_id: AtomicU64::new(1),
             changes: watch::Sender::new(0),
+            hangups: broadcast::Sender::new(HANGUPS_KEPT),
         })
     }
 
@@ -210,6 +213,14 @@ impl DeviceManager {
     /// resource was removed. Wait on it instead of polling.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    /// The endpoint sockets whose `ListAndWatch` stream ended by itself while
+    /// they were current: the plugin may be gone. A hint for liveness, which
+    /// then checks the registration socket; a subscriber that falls behind
+    /// misses hints, nothing else.
+    pub fn hangups(&self) -> broadcast::Receiver<PathBuf> {
+        self.hangups.subscribe()
     }
 
     /// Every resource, sorted by name.
@@ -625,6 +636,7 @@ impl DeviceManager {
             grace_period = ?self.config.grace_period,
             "device plugin endpoint went away; its devices are unhealthy until it registers again"
         );
+        let _ = self.hangups.send(endpoint.socket);
         self.changed();
     }
 
@@ -763,6 +775,9 @@ impl Endpoint {
         self.socket == socket && self.file.as_ref() == file
     }
 }
+
+/// Hang-ups kept for a subscriber that is behind.
+const HANGUPS_KEPT: usize = 64;
 
 // === Helpers ===
 

@@ -13,6 +13,7 @@ use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
+use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, trace};
 
@@ -124,7 +125,12 @@ struct Shared {
     config: DraConfig,
     timers: CleanupTimers,
     state: Mutex<State>,
+    /// Endpoints whose connection dropped (see [`DraManager::hangups`]).
+    hangups: broadcast::Sender<PathBuf>,
 }
+
+/// Hang-ups kept for a subscriber that is behind.
+const HANGUPS_KEPT: usize = 64;
 
 #[derive(Debug, Default)]
 struct State {
@@ -165,13 +171,26 @@ impl DraManager {
     pub fn new(config: DraConfig, cleanup: Arc<dyn SliceCleanup>) -> Arc<Self> {
         let timers = CleanupTimers::new(config.cleanup_grace, cleanup);
         Arc::new(Self {
-            shared: Arc::new(Shared { config, timers, state: Mutex::new(State::default()) }),
+            shared: Arc::new(Shared {
+                config,
+                timers,
+                state: Mutex::new(State::default()),
+                hangups: broadcast::Sender::new(HANGUPS_KEPT),
+            }),
         })
     }
 
     /// The manager's settings.
     pub fn config(&self) -> &DraConfig {
         &self.shared.config
+    }
+
+    /// The endpoints of registered instances whose connection dropped: the
+    /// driver may be gone. A hint for liveness, which then checks the
+    /// registration socket; a subscriber that falls behind misses hints,
+    /// nothing else.
+    pub fn hangups(&self) -> broadcast::Receiver<PathBuf> {
+        self.shared.hangups.subscribe()
     }
 
     /// `ValidatePlugin`: the driver name, the endpoint and the advertised
@@ -581,6 +600,7 @@ impl Shared {
             info!(driver, endpoint, "connected to DRA driver plugin");
         } else {
             info!(driver, endpoint, "lost the connection to DRA driver plugin");
+            let _ = self.hangups.send(PathBuf::from(endpoint));
         }
         self.sync(&mut state, driver);
     }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
@@ -21,12 +23,15 @@ use crate::{LivenessConfig, LivenessError};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct LivenessStats {
+    /// Registered plugins followed now.
+    pub followed: usize,
     /// Plugin processes watched for exit now.
     pub watched_processes: usize,
     /// Plugin processes seen exiting.
     pub exits: u64,
-    /// Sockets checked because their process exited.
-    pub exit_checks: u64,
+    /// Sockets checked because their process exited or a connection to
+    /// their plugin dropped.
+    pub socket_checks: u64,
     /// `GetInfo` probes made.
     pub probes: u64,
     /// Probes that failed.
@@ -39,9 +44,10 @@ pub struct LivenessStats {
 
 #[derive(Debug, Default)]
 struct Counters {
+    followed: AtomicUsize,
     watched_processes: AtomicUsize,
     exits: AtomicU64,
-    exit_checks: AtomicU64,
+    socket_checks: AtomicU64,
     probes: AtomicU64,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
@@ -59,6 +65,9 @@ pub struct LivenessMonitor {
     config: LivenessConfig,
     open_pidfd: OpenPidfd,
     counters: Counters,
+    /// Endpoints whose connection dropped, not yet looked at.
+    suspects: Mutex<HashSet<PathBuf>>,
+    suspected: Notify,
 }
 
 impl LivenessMonitor {
@@ -79,6 +88,8 @@ impl LivenessMonitor {
             config,
             open_pidfd: pidfd_open,
             counters: Counters::default(),
+            suspects: Mutex::default(),
+            suspected: Notify::new(),
         })
     }
 
@@ -87,13 +98,23 @@ impl LivenessMonitor {
         &self.config
     }
 
+    /// A connection to a plugin's socket dropped (a device plugin's
+    /// `ListAndWatch` stream, a DRA driver's connection): the plugin may be
+    /// gone. The registration sockets of the plugins served at `endpoint` are
+    /// checked at once, as after an exit.
+    pub fn suspect(&self, endpoint: &Path) {
+        self.suspects.lock().insert(endpoint.to_path_buf());
+        self.suspected.notify_one();
+    }
+
     /// What the monitor did so far.
     pub fn stats(&self) -> LivenessStats {
         let c = &self.counters;
         LivenessStats {
+            followed: c.followed.load(Ordering::Relaxed),
             watched_processes: c.watched_processes.load(Ordering::Relaxed),
             exits: c.exits.load(Ordering::Relaxed),
-            exit_checks: c.exit_checks.load(Ordering::Relaxed),
+            socket_checks: c.socket_checks.load(Ordering::Relaxed),
             probes: c.probes.load(Ordering::Relaxed),
             failed_probes: c.failed_probes.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
@@ -127,6 +148,12 @@ impl LivenessMonitor {
                 Some(due) = poll_fn(|cx| state.schedule.poll_expired(cx)) => {
                     state.probe_due(due.into_inner());
                 }
+                () = self.suspected.notified() => {
+                    let suspects = std::mem::take(&mut *self.suspects.lock());
+                    for endpoint in suspects {
+                        state.suspect(&endpoint);
+                    }
+                }
                 Some(done) = state.tasks.join_next() => {
                     // Aborted watches of processes nobody follows any more.
                     if let Ok(done) = done {
@@ -136,6 +163,7 @@ impl LivenessMonitor {
             }
         }
         state.tasks.shutdown().await;
+        self.counters.followed.store(0, Ordering::Relaxed);
         self.counters.watched_processes.store(0, Ordering::Relaxed);
         tracing::debug!("liveness monitor stopped");
     }
@@ -178,10 +206,12 @@ enum Done {
         pid: u32,
         exit: Exit,
     },
+    /// `socket` was checked because of `cause` (its process exited, a
+    /// connection to its plugin dropped).
     Reached {
         socket: PathBuf,
         generation: Generation,
-        pid: u32,
+        cause: String,
         reachability: Reachability,
     },
 }
@@ -256,6 +286,7 @@ impl<'a> State<'a> {
         let followed =
             Followed { generation, next_probe, link: None, probing: false, failures: 0, pid };
         self.followed.insert(socket, followed);
+        self.count_followed();
     }
 
     /// Stops following `socket` (only if it is still that generation).
@@ -265,6 +296,7 @@ impl<'a> State<'a> {
             return;
         }
         let Some(followed) = self.followed.remove(socket) else { return };
+        self.count_followed();
         if let Some((key, _)) = followed.next_probe {
             self.schedule.remove(&key);
         }
@@ -303,6 +335,10 @@ impl<'a> State<'a> {
         }
     }
 
+    fn count_followed(&self) {
+        self.monitor.counters.followed.store(self.followed.len(), Ordering::Relaxed);
+    }
+
     fn count_watched(&self) {
         self.monitor.counters.watched_processes.store(self.watched.len(), Ordering::Relaxed);
     }
@@ -338,31 +374,47 @@ impl<'a> State<'a> {
                 self.judge(&socket, generation, outcome, link);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
-            Done::Reached { socket, generation, pid, reachability } => {
-                self.monitor.counters.exit_checks.fetch_add(1, Ordering::Relaxed);
-                self.reached(&socket, generation, pid, reachability);
+            Done::Reached { socket, generation, cause, reachability } => {
+                self.monitor.counters.socket_checks.fetch_add(1, Ordering::Relaxed);
+                match reachability {
+                    Reachability::Gone(why) => {
+                        self.renew(&socket, generation, 0, format!("{cause}; {why}"));
+                    }
+                    Reachability::Served => tracing::info!(
+                        socket = %socket.display(), %cause,
+                        "the socket is still served; left to the probes"
+                    ),
+                }
             }
         }
     }
 
-    /// The process serving `socket` exited and the socket was checked.
-    fn reached(
-        &mut self,
-        socket: &Path,
-        generation: Generation,
-        pid: u32,
-        reachability: Reachability,
-    ) {
-        match reachability {
-            Reachability::Gone(why) => {
-                let reason = format!("its process {pid} exited; {why}");
-                self.renew(socket, generation, 0, reason);
-            }
-            Reachability::Served => tracing::info!(
-                socket = %socket.display(), pid,
-                "the process that served the socket exited, but the socket is still served; \
-                 probing only"
-            ),
+    /// Checks whether `socket` is still served, because of `cause`.
+    fn check(&mut self, socket: PathBuf, generation: Generation, cause: String) {
+        self.tasks.spawn(async move {
+            let reachability = reach(&socket).await;
+            Done::Reached { socket, generation, cause, reachability }
+        });
+    }
+
+    /// A connection to `endpoint` dropped: checks the registration socket of
+    /// every plugin served there.
+    fn suspect(&mut self, endpoint: &Path) {
+        let suspects: Vec<(PathBuf, Generation)> = self
+            .followed
+            .iter()
+            .filter(|(socket, followed)| {
+                socket.as_path() == endpoint
+                    || self.monitor.actual.get(socket).is_some_and(|info| {
+                        info.generation == followed.generation
+                            && Path::new(info.endpoint.trim_start_matches("unix://")) == endpoint
+                    })
+            })
+            .map(|(socket, followed)| (socket.clone(), followed.generation))
+            .collect();
+        for (socket, generation) in suspects {
+            let cause = format!("its connection to {} dropped", endpoint.display());
+            self.check(socket, generation, cause);
         }
     }
 
@@ -417,10 +469,7 @@ impl<'a> State<'a> {
                 for socket in watched.sockets {
                     let Some(followed) = self.followed.get(&socket) else { continue };
                     let generation = followed.generation;
-                    self.tasks.spawn(async move {
-                        let reachability = reach(&socket).await;
-                        Done::Reached { socket, generation, pid, reachability }
-                    });
+                    self.check(socket, generation, format!("its process {pid} exited"));
                 }
             }
             Exit::Unsupported => {

@@ -346,7 +346,7 @@ async fn a_socket_still_served_after_its_process_exited_is_left_registered() {
     let generation = h.registered(&socket, process.id());
     wait_until("the process is watched", || h.monitor.stats().watched_processes == 1).await;
     process.kill().await.unwrap();
-    wait_until("the socket is checked", || h.monitor.stats().exit_checks == 1).await;
+    wait_until("the socket is checked", || h.monitor.stats().socket_checks == 1).await;
     assert_eq!(h.monitor.stats().exits, 1);
     assert_eq!(h.desired.generation(&socket), Some(generation), "not renewed");
     assert!(h.reported_unresponsive().is_empty());
@@ -434,4 +434,30 @@ fn invalid_settings_are_refused() {
     // Without probes, nothing of theirs is checked.
     let exits_only = LivenessConfig { period: None, failure_threshold: 0, ..config(1, 1, 1) };
     assert_eq!(exits_only.validate(), Ok(()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_connection_to_the_endpoint_gets_the_socket_checked_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, kept) = (dir.path().join("gone-reg.sock"), dir.path().join("kept-reg.sock"));
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let _listener = std::os::unix::net::UnixListener::bind(&kept).unwrap();
+    let mut h = start(LivenessConfig { period: None, ..quick() });
+    let generation = h.registered(&socket, None);
+    h.registered(&kept, None);
+    wait_until("both followed", || h.monitor.stats().followed == 2).await;
+
+    // Each plugin's endpoint is its registration socket here.
+    h.monitor.suspect(&kept);
+    h.monitor.suspect(&socket);
+    let PluginEvent::Unresponsive { socket: s, generation: g, failures, reason, .. } =
+        h.unresponsive().await
+    else {
+        unreachable!()
+    };
+    assert_eq!((s, g, failures), (socket.clone(), generation, 0));
+    assert!(reason.contains("connection to") && reason.contains("refused"), "{reason}");
+    wait_until("both checked", || h.monitor.stats().socket_checks == 2).await;
+    assert!(h.reported_unresponsive().is_empty(), "the socket still served is left alone");
+    h.stop().await;
 }

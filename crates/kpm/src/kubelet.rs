@@ -361,6 +361,14 @@ impl Kubelet {
         {
             background.spawn(publisher.publish_capacity(Arc::clone(&self.handle.devices)));
         }
+        // A handler's connection that drops is a hint that its plugin is gone.
+        #[cfg(any(feature = "device", feature = "dra"))]
+        if let Some(monitor) = self.manager.handle().liveness_monitor() {
+            #[cfg(feature = "device")]
+            background.spawn(forward_hangups(self.handle.devices.hangups(), Arc::clone(monitor)));
+            #[cfg(feature = "dra")]
+            background.spawn(forward_hangups(self.handle.dra.hangups(), Arc::clone(monitor)));
+        }
         #[cfg(feature = "device")]
         let kubelet_socket = match &self.device_plugin_dir {
             Some(dir) => Some(self.handle.devices.serve_registration(dir).await?),
@@ -378,6 +386,23 @@ impl Kubelet {
         #[cfg(feature = "dra")]
         self.handle.dra.shutdown().await;
         result
+    }
+}
+
+/// Tells liveness of every endpoint whose connection a handler lost.
+#[cfg(any(feature = "device", feature = "dra"))]
+async fn forward_hangups(
+    mut hangups: tokio::sync::broadcast::Receiver<std::path::PathBuf>,
+    monitor: Arc<kpm_liveness::LivenessMonitor>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match hangups.recv().await {
+            Ok(endpoint) => monitor.suspect(&endpoint),
+            // Missed hints cost only time: exits and probes still find the plugin.
+            Err(RecvError::Lagged(_)) => {}
+            Err(RecvError::Closed) => break,
+        }
     }
 }
 

@@ -306,6 +306,12 @@ impl ManagerHandle {
         }
     }
 
+    /// The liveness monitor, if liveness is on.
+    #[cfg(any(feature = "device", feature = "dra"))]
+    pub(crate) fn liveness_monitor(&self) -> Option<&Arc<LivenessMonitor>> {
+        self.liveness.as_ref()
+    }
+
     /// The sockets present (the desired state of the world).
     pub fn desired_state(&self) -> &DesiredStateView {
         &self.desired
