@@ -33,6 +33,14 @@ impl Kpm {
         Self::spawn(Command::new(KPM), root, args)
     }
 
+    /// Like [`start_with`](Self::start_with), under `ulimit -n <nofile>`
+    /// (soft and hard limit alike, as a container runtime sets them).
+    pub fn start_with_nofile(root: &Path, nofile: u32, args: &[&str]) -> Self {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), KPM]);
+        Self::spawn(sh, root, args)
+    }
+
     /// Like [`start_with`](Self::start_with), but when the tests run as root
     /// (and `setpriv` is there) kpm runs as user nobody, so that file
     /// permissions apply to it; `root` is handed over to nobody. Returns
