@@ -27,6 +27,7 @@ use std::time::Duration;
 use rustix::io::Errno;
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 
 use crate::uds::TransportError;
 
@@ -47,6 +48,11 @@ const OPTIONAL_FLOOR: usize = 4;
 /// How long a shortage is waited out when no permit is released meanwhile:
 /// fds kpm does not count (another thread's files) free up unannounced.
 const SHORTAGE_RETRY: Duration = Duration::from_millis(20);
+
+/// A shortage episode ends at the first fd taken this long after its last
+/// shortage: under contention one waiter gets an fd while the next one
+/// fails, which is still the same episode.
+const EPISODE_QUIET: Duration = Duration::from_secs(1);
 
 static GLOBAL: OnceLock<FdBudget> = OnceLock::new();
 
@@ -126,6 +132,10 @@ struct Inner {
     /// Woken when a permit is released, for those waiting out a shortage.
     released: Notify,
     in_shortage: AtomicBool,
+    /// The budget's birth, the origin of `last_shortage`.
+    created: Instant,
+    /// When the last shortage was met, in milliseconds since `created`.
+    last_shortage: AtomicU64,
     /// `shortage_waits` when the current episode began.
     episode_base: AtomicU64,
     shortage_episodes: AtomicU64,
@@ -166,6 +176,8 @@ impl FdBudget {
                 permits: Semaphore::new(size),
                 released: Notify::new(),
                 in_shortage: AtomicBool::new(false),
+                created: Instant::now(),
+                last_shortage: AtomicU64::new(0),
                 episode_base: AtomicU64::new(0),
                 shortage_episodes: AtomicU64::new(0),
                 shortage_waits: AtomicU64::new(0),
@@ -238,6 +250,7 @@ impl FdBudget {
     /// For callers that cannot await; others use [`wait_for_fd`](Self::wait_for_fd).
     pub fn shortage(&self, step: &'static str) {
         let waits = self.inner.shortage_waits.fetch_add(1, Ordering::Relaxed) + 1;
+        self.inner.last_shortage.store(self.since_created(), Ordering::Relaxed);
         if self.inner.in_shortage.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -264,9 +277,15 @@ impl FdBudget {
         }
     }
 
-    /// Records that an fd was taken: ends a shortage episode, with a log line.
+    /// Records that an fd was taken: ends a shortage episode, with a log
+    /// line, once no shortage was met for a second.
     pub fn fd_available(&self) {
-        if !self.inner.in_shortage.load(Ordering::Acquire)
+        if !self.inner.in_shortage.load(Ordering::Acquire) {
+            return;
+        }
+        let quiet = u64::try_from(EPISODE_QUIET.as_millis()).unwrap_or(u64::MAX);
+        let last = self.inner.last_shortage.load(Ordering::Relaxed);
+        if self.since_created().saturating_sub(last) < quiet
             || !self.inner.in_shortage.swap(false, Ordering::AcqRel)
         {
             return;
@@ -278,6 +297,10 @@ impl FdBudget {
             permits_in_use = self.in_use(),
             "file descriptors available again"
         );
+    }
+
+    fn since_created(&self) -> u64 {
+        u64::try_from(self.inner.created.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
     /// The budget's counters and levels.
@@ -373,11 +396,16 @@ mod tests {
         drop(permit);
         assert_eq!(waiting.await.unwrap(), Duration::ZERO);
 
+        // An fd taken right after a shortage does not end the episode yet.
+        budget.fd_available();
+        budget.shortage("socket");
+        assert_eq!(budget.stats().shortage_episodes, 1);
+        tokio::time::sleep(EPISODE_QUIET).await;
         budget.fd_available();
         budget.fd_available();
         budget.shortage("socket");
         let stats = budget.stats();
-        assert_eq!((stats.shortage_episodes, stats.shortage_waits), (2, 4));
+        assert_eq!((stats.shortage_episodes, stats.shortage_waits), (2, 5));
     }
 
     #[test]

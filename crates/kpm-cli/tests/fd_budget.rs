@@ -80,8 +80,8 @@ fn three_hundred_csi_plugins_register_under_128_open_files() {
     let metrics = parse_prometheus(&http_get(&addr, "/metrics"));
     let metric = |series: &str| metrics.get(series).copied().unwrap_or_default();
     assert!((metric("kpm_fd_budget{state=\"limit\"}") - f64::from(NOFILE)).abs() < 0.5);
-    assert_eq!(metric("kpm_rejections_total"), 0.0, "no attempt failed");
-    assert_eq!(metric("kpm_retries_scheduled_total"), 0.0, "nothing backed off");
+    assert!(metric("kpm_rejections_total") < 0.5, "no attempt failed");
+    assert!(metric("kpm_retries_scheduled_total") < 0.5, "nothing backed off");
     let log = kpm.log();
     assert!(!log.contains("Too many open files"), "{log}");
     eprintln!(

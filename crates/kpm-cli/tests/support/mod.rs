@@ -108,6 +108,8 @@ impl Kpm {
     pub fn status(&self) -> Value {
         let mut stream = std::os::unix::net::UnixStream::connect(self.root.join("kpm.sock"))
             .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
+        // A status API that accepts but never answers fails the test, not hangs it.
+        stream.set_read_timeout(Some(kpm_test_support::DEADLINE)).unwrap();
         serde_json::from_str(&http_request(&mut stream, "/v1/plugins")).unwrap()
     }
 
