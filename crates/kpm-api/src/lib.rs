@@ -19,7 +19,8 @@
 //! plugin input), [`gotext`] (Go's renderings of values in error texts),
 //! [`FileId`] (the identity of a socket file) and, with feature `transport`,
 //! [`uds`]: dialing and binding Unix sockets, with the `:authority`
-//! rewriting that lets a tonic server accept grpc-go's requests.
+//! rewriting that lets a tonic server accept grpc-go's requests, and
+//! [`fd`]: the process's file descriptors as a budget every dial pays from.
 
 #![deny(missing_docs)]
 
@@ -120,5 +121,7 @@ pub mod dra_health {
     }
 }
 
+#[cfg(feature = "transport")]
+pub mod fd;
 #[cfg(feature = "transport")]
 pub mod uds;

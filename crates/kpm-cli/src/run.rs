@@ -140,6 +140,7 @@ impl PluginKind {
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
+    init_fd_budget();
     let mut builder = configured(&args);
     if let Some(publisher) = kubernetes(&args).await? {
         tracing::info!(node = publisher.node_name(), "publishing to the Kubernetes API");
@@ -236,6 +237,16 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> 
         };
         tracing::info!(signal = name, "shutting down");
     })
+}
+
+/// Raises the soft open-files limit to the hard one, as the kubelet (a Go
+/// program) does, then sizes the fd budget every dial pays from; logged.
+fn init_fd_budget() {
+    match kpm_api::fd::raise_soft_limit() {
+        Ok(limit) => tracing::debug!(?limit, "open-files limit"),
+        Err(err) => tracing::warn!(error = %err, "keeping the soft open-files limit"),
+    }
+    kpm_api::fd::init(kpm_api::fd::DEFAULT_RESERVE);
 }
 
 fn init_logging(format: LogFormat) -> Result<(), CliError> {

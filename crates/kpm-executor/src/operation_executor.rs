@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime};
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
-use kpm_api::uds;
+use kpm_api::{fd, uds};
 use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
@@ -77,6 +78,11 @@ impl ExecutorConfig {
     }
 }
 
+/// Connections a register operation may hold at once: its `GetInfo`
+/// connection, the handler's own (CSI `NodeGetInfo`, a device plugin's
+/// endpoint) and a fresh one for the notification.
+const CONNECTIONS_PER_REGISTRATION: usize = 3;
+
 /// Starts register and unregister operations, one at a time per socket.
 ///
 /// The methods return whether the operation *started*; its outcome shows in
@@ -86,6 +92,24 @@ pub struct OperationExecutor {
     operations: OperationMap,
     config: ExecutorConfig,
     events: EventBus,
+    slots: RegistrationSlots,
+}
+
+/// The registrations that may dial at once, so that their connections
+/// always fit in the [fd budget](kpm_api::fd): optional holders leave a
+/// quarter of it free, and as many registrations as that quarter can pay
+/// three connections each may run. Without the bound, registrations holding
+/// their `GetInfo` connections could take every permit and wait forever for
+/// the handler's. A registration waiting for a slot is not a failure: it
+/// starts when one is released.
+#[derive(Debug, Clone)]
+struct RegistrationSlots(Arc<Semaphore>);
+
+impl Default for RegistrationSlots {
+    fn default() -> Self {
+        let quarter = fd::budget().size() / 4;
+        Self(Arc::new(Semaphore::new((quarter / CONNECTIONS_PER_REGISTRATION).max(1))))
+    }
 }
 
 impl OperationExecutor {
@@ -101,6 +125,7 @@ impl OperationExecutor {
             operations: OperationMap::with_events(config.backoff, events.clone()),
             config,
             events,
+            slots: RegistrationSlots::default(),
         }
     }
 
@@ -188,6 +213,7 @@ impl OperationExecutor {
             actual_state,
             config: self.config,
             events: self.events.clone(),
+            slots: Arc::clone(&self.slots.0),
         })
     }
 }
@@ -269,11 +295,15 @@ struct Register {
     actual_state: Arc<ActualState>,
     config: ExecutorConfig,
     events: EventBus,
+    slots: Arc<Semaphore>,
 }
 
 impl Register {
     async fn run(self) -> Result<(), ExecutorError> {
+        // Never closed, so a slot always comes; held until the outcome is known.
+        let slot = self.slots.acquire().await.ok();
         let outcome = self.register().await;
+        drop(slot);
         let event = match &outcome {
             Ok(info) => PluginEvent::Registered {
                 socket: self.socket.clone(),

@@ -5,6 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
+use kpm_api::fd;
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags};
 use tokio::io::Interest;
@@ -35,6 +36,9 @@ pub(crate) enum Exit {
 
 /// Waits until process `pid` exits.
 ///
+/// A pidfd is an optional holder of the fd budget: without a permit to
+/// spare, or when the process has no fd left, the process is not watched.
+///
 /// A pid is only a number: the process that served `socket` may have exited
 /// between kpm's connection and `pidfd_open`, and the number been reused. So
 /// once the pidfd is open, the socket is checked: if nobody serves it any
@@ -44,11 +48,21 @@ pub(crate) async fn wait_for_exit(open: OpenPidfd, pid: u32, socket: &Path) -> E
         let error = io::Error::new(io::ErrorKind::InvalidInput, format!("pid {pid} out of range"));
         return Exit::Unwatchable(error);
     };
+    let Some(_permit) = fd::budget().try_acquire() else {
+        let error = io::Error::other("no file descriptor to spare for a pidfd");
+        return Exit::Unwatchable(error);
+    };
     let pidfd = match open(pid) {
         Ok(fd) => fd,
         Err(Errno::SRCH) => return Exit::Exited,
         Err(Errno::NOSYS) => return Exit::Unsupported,
-        Err(errno) => return Exit::Unwatchable(errno.into()),
+        Err(errno) => {
+            let error = io::Error::from(errno);
+            if fd::is_shortage(&error) {
+                fd::budget().shortage("pidfd");
+            }
+            return Exit::Unwatchable(error);
+        }
     };
     // tokio deprecated its safe constructors because an arbitrary `AsRawFd`
     // may change or close its descriptor behind the reactor's back; an

@@ -488,7 +488,7 @@ impl<'a> State<'a> {
                 }
                 self.count_watched();
             }
-            Exit::Unwatchable(error) => tracing::warn!(
+            Exit::Unwatchable(error) => tracing::info!(
                 pid, sockets = watched.sockets.len(), %error,
                 "cannot watch a plugin process; its plugins are left to the liveness probes"
             ),

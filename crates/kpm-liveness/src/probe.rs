@@ -10,8 +10,7 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_api::uds;
-use tokio::net::UnixStream;
+use kpm_api::{fd, uds};
 use tonic::transport::Channel;
 
 /// Why a probe failed.
@@ -34,26 +33,25 @@ pub(crate) struct Link(RegistrationClient<Channel>);
 /// each step within `timeout`. The answer's content is not checked: the probe
 /// asks whether the plugin is alive, registration already judged what it
 /// said. Returns the connection to keep for the next probe, if it served.
+///
+/// A kept connection is optional: it is made only with a permit the fd
+/// budget can spare (`try_acquire`); otherwise the probe dials as any call
+/// does and hangs up after.
 pub(crate) async fn probe(
     socket: &Path,
     link: Option<Link>,
     timeout: Duration,
 ) -> (Result<(), ProbeFailure>, Option<Link>) {
-    let Link(mut client) = match link {
-        Some(link) => link,
-        None => match uds::dial(socket, timeout).await {
-            Ok(channel) => Link(
-                RegistrationClient::new(channel)
-                    .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES),
-            ),
-            Err(err) => {
-                return (Err(ProbeFailure { gone: err.is_gone(), reason: err.to_string() }), None);
-            }
+    let (Link(mut client), keep) = match link {
+        Some(link) => (link, true),
+        None => match connect(socket, timeout).await {
+            Ok(connected) => connected,
+            Err(failure) => return (Err(failure), None),
         },
     };
     let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
     let failure = match uds::within(timeout, call).await {
-        Ok(_) => return (Ok(()), Some(Link(client))),
+        Ok(_) => return (Ok(()), keep.then_some(Link(client))),
         Err(Some(status)) => ProbeFailure {
             // A kept connection redials when the plugin closed it; a refusal
             // then says the same as a refused dial.
@@ -68,6 +66,23 @@ pub(crate) async fn probe(
     (Err(failure), None)
 }
 
+/// A new connection for a probe, and whether it may be kept: only with a
+/// permit the fd budget can spare.
+async fn connect(socket: &Path, timeout: Duration) -> Result<(Link, bool), ProbeFailure> {
+    let spare = fd::budget().try_acquire();
+    let keep = spare.is_some();
+    let permit = match spare {
+        Some(permit) => permit,
+        None => fd::budget().acquire().await,
+    };
+    let (channel, _) = uds::dial_with_permit(socket, timeout, Duration::ZERO, permit)
+        .await
+        .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
+    let client =
+        RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
+    Ok((Link(client), keep))
+}
+
 /// Whether `socket` still has a server.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reachability {
@@ -79,10 +94,10 @@ pub(crate) enum Reachability {
 
 /// Connects to `socket` and hangs up at once, without a word of HTTP/2: a
 /// gRPC server takes a connection closed before its preface silently. Any
-/// error but a missing file or a refusal (a full backlog, no file descriptor
-/// left) counts as served: only absence is evidence of death.
+/// error but a missing file or a refusal (a full backlog) counts as served:
+/// only absence is evidence of death. A shortage of fds is waited out.
 pub(crate) async fn reach(socket: &Path) -> Reachability {
-    match UnixStream::connect(socket).await {
+    match uds::connect_stream(socket, Duration::ZERO).await {
         Err(err) if is_absence(&err) => {
             Reachability::Gone(format!("connect {}: {err}", socket.display()))
         }

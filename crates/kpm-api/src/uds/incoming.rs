@@ -7,25 +7,41 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 
 use super::authority::{Malformed, Rewriter, Scan};
+use crate::fd;
 
 /// How much more to read at a time while a frame header or a header block is
 /// incomplete.
 const HELD_READ: usize = 8 * 1024;
 
+/// How long accepting pauses after a shortage of fds (`EMFILE`, `ENFILE`):
+/// the pending connection stays in the backlog, and retrying at once would
+/// spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
 /// The connections accepted on a socket bound by [`bind`](super::bind), for
 /// tonic's `serve_with_incoming`. Each one is a [`Connection`].
+///
+/// The stream never ends, and never yields an error for a shortage of fds
+/// or a connection aborted before it was accepted: tonic's server goes on
+/// polling at once after an error, which would spin. A shortage pauses
+/// accepting briefly (tokio time) and is logged once per episode by the
+/// [fd budget](crate::fd).
 #[derive(Debug)]
 pub struct Incoming {
     listener: UnixListener,
     socket: Arc<Path>,
+    /// Set after a shortage: accepting resumes when it fires.
+    backoff: Option<Pin<Box<Sleep>>>,
 }
 
 impl Incoming {
@@ -37,7 +53,7 @@ impl Incoming {
             .ok()
             .and_then(|addr| addr.as_pathname().map(Arc::from))
             .unwrap_or_else(|| Arc::from(Path::new("")));
-        Self { listener, socket }
+        Self { listener, socket, backoff: None }
     }
 
     /// The listener itself, for a server that does not speak HTTP/2 (the
@@ -51,8 +67,33 @@ impl Stream for Incoming {
     type Item = io::Result<Connection>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let (io, _) = ready!(self.listener.poll_accept(cx))?;
-        Poll::Ready(Some(Ok(Connection::new(io, Arc::clone(&self.socket)))))
+        let this = self.get_mut();
+        let budget = fd::budget();
+        loop {
+            if let Some(backoff) = &mut this.backoff {
+                ready!(backoff.as_mut().poll(cx));
+                this.backoff = None;
+            }
+            match ready!(this.listener.poll_accept(cx)) {
+                Ok((io, _)) => {
+                    budget.fd_available();
+                    return Poll::Ready(Some(Ok(Connection::new(io, Arc::clone(&this.socket)))));
+                }
+                Err(err) if fd::is_shortage(&err) => {
+                    budget.shortage("accept");
+                    this.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                }
+                // The client gave up before it was accepted: take the next one.
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::ConnectionAborted
+                            | io::ErrorKind::ConnectionReset
+                            | io::ErrorKind::Interrupted
+                    ) => {}
+                Err(err) => return Poll::Ready(Some(Err(err))),
+            }
+        }
     }
 }
 

@@ -3,11 +3,13 @@
 //!
 //! Every gRPC server kpm runs on a Unix socket accepts through [`bind`] (or
 //! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
-//! the socket's path included (see [`Connection`]).
+//! the socket's path included (see [`Connection`]), and never stop nor spin
+//! on a shortage of fds. Every connection kpm dials holds a permit of the
+//! [fd budget](crate::fd) for as long as it is open ([`PermittedStream`]).
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -15,12 +17,15 @@ use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::FileId;
+use crate::fd::{self, FdPermit};
 
 mod authority;
 mod incoming;
+mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
 pub use incoming::{Connection, Incoming};
+pub use stream::{PermittedStream, connect_stream, connect_with_permit};
 
 /// Why a Unix-socket connection or listener could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +40,16 @@ pub enum TransportError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// Creating the socket to dial from failed (a shortage of fds is waited
+    /// out instead).
+    #[error("dial {}: socket: {source}", path.display())]
+    Socket {
+        /// The socket dialed.
+        path: PathBuf,
+        /// The `socket(2)` error.
+        #[source]
+        source: io::Error,
+    },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
     DialTimeout {
@@ -48,6 +63,17 @@ pub enum TransportError {
     InUse {
         /// The socket.
         path: PathBuf,
+    },
+    /// Raising the soft `RLIMIT_NOFILE` to the hard one failed.
+    #[error("raise the soft open-files limit from {} to {}: {source}", show_limit(*soft), show_limit(*hard))]
+    RaiseFdLimit {
+        /// The soft limit; `None` is unlimited.
+        soft: Option<u64>,
+        /// The hard limit.
+        hard: Option<u64>,
+        /// The `setrlimit` error.
+        #[source]
+        source: io::Error,
     },
     /// Removing a stale socket file or binding the new one failed.
     #[error("bind {}: {source}", path.display())]
@@ -80,11 +106,12 @@ impl TransportError {
     }
 }
 
-/// Pause between connection attempts refused during the `refused_retry` window.
-const REFUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
-
 /// Connects to the gRPC server on the Unix socket `path`, waiting at most
 /// `timeout` for the connection (including the HTTP/2 handshake).
+///
+/// The connection holds a permit of the [fd budget](crate::fd), waited for
+/// before the timeout starts, as is an fd shortage: kpm's own lack of fds
+/// is never a plugin's failure.
 pub async fn dial(path: &Path, timeout: Duration) -> Result<Channel, TransportError> {
     dial_patiently(path, timeout, Duration::ZERO).await
 }
@@ -110,36 +137,46 @@ pub async fn dial_with_peer(
     timeout: Duration,
     refused_retry: Duration,
 ) -> Result<(Channel, Option<u32>), TransportError> {
-    let socket = path.to_path_buf();
+    let permit = fd::budget().acquire().await;
+    dial_with_permit(path, timeout, refused_retry, permit).await
+}
+
+/// Like [`dial_with_peer`], with a permit the caller took, for example an
+/// optional holder's from [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire).
+/// Should the channel reconnect later, the new connection waits for a
+/// permit of its own.
+pub async fn dial_with_permit(
+    path: &Path,
+    timeout: Duration,
+    refused_retry: Duration,
+    permit: FdPermit,
+) -> Result<(Channel, Option<u32>), TransportError> {
+    let socket = stream::new_socket()
+        .await
+        .map_err(|source| TransportError::Socket { path: path.to_path_buf(), source })?;
+    // Taken by the first connection; a reconnection prepares its own.
+    let first = Arc::new(Mutex::new(Some(stream::Prepared { permit, socket })));
+    let target: Arc<Path> = Arc::from(path);
     let peer = Arc::new(OnceLock::new());
     let seen = Arc::clone(&peer);
     // The URI is never resolved, the connector below ignores it; `localhost`
     // becomes the `:authority`, as with the kubelet's dialer.
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        let seen = Arc::clone(&seen);
+        let (target, first, seen) = (Arc::clone(&target), Arc::clone(&first), Arc::clone(&seen));
         async move {
-            // Past the clock's range: retry until the dial timeout.
-            let give_up = tokio::time::Instant::now().checked_add(refused_retry);
-            loop {
-                match UnixStream::connect(&socket).await {
-                    Err(err)
-                        if err.kind() == io::ErrorKind::ConnectionRefused
-                            && give_up.is_none_or(|at| tokio::time::Instant::now() < at) =>
-                    {
-                        tokio::time::sleep(REFUSED_RETRY_INTERVAL).await;
-                    }
-                    connected => {
-                        let stream = connected?;
-                        let pid = stream.peer_cred().ok().and_then(|cred| cred.pid());
-                        // The first connection's answer; a reconnect keeps it.
-                        let _ = seen
-                            .set(pid.and_then(|pid| u32::try_from(pid).ok()).filter(|&p| p != 0));
-                        return Ok::<_, io::Error>(TokioIo::new(stream));
-                    }
-                }
-            }
+            let prepared = first.lock().unwrap_or_else(PoisonError::into_inner).take();
+            let prepared = match prepared {
+                Some(prepared) => prepared,
+                None => stream::Prepared {
+                    permit: fd::budget().acquire().await,
+                    socket: stream::new_socket().await?,
+                },
+            };
+            let stream = stream::connect_prepared(&target, refused_retry, prepared).await?;
+            // The first connection's answer; a reconnection keeps it.
+            let _ = seen.set(server_pid(stream.get_ref()));
+            Ok::<_, io::Error>(TokioIo::new(stream))
         }
     }));
     match tokio::time::timeout(timeout, connect).await {
@@ -147,6 +184,14 @@ pub async fn dial_with_peer(
         Ok(Err(source)) => Err(TransportError::Dial { path: path.to_path_buf(), source }),
         Err(_) => Err(TransportError::DialTimeout { path: path.to_path_buf(), timeout }),
     }
+}
+
+/// The process serving the other end of `stream`, from `SO_PEERCRED`: the
+/// one that called `listen()`, in kpm's pid namespace. `None` when the
+/// kernel reports 0 (a pid namespace kpm cannot see into) or cannot tell.
+pub(crate) fn server_pid(stream: &UnixStream) -> Option<u32> {
+    let pid = stream.peer_cred().ok()?.pid()?;
+    u32::try_from(pid).ok().filter(|&pid| pid != 0)
 }
 
 /// Binds a listener on `path` for a tonic server
@@ -222,6 +267,11 @@ impl BoundSocket {
             _ => Ok(false),
         }
     }
+}
+
+/// A resource limit as `ulimit` shows it.
+fn show_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string())
 }
 
 /// The innermost cause: tonic's own text is only "transport error", the OS

@@ -15,7 +15,11 @@
 //!   alive in the runtime) and `kpm_heap_allocated_bytes` (the live heap),
 //!   which must stay flat under churn, and `kpm_heap_resident_bytes`;
 //! - `kpm_device_plugin_devices{resource, health}` and
-//!   `kpm_dra_driver_instances{driver, connected}`.
+//!   `kpm_dra_driver_instances{driver, connected}`;
+//! - `kpm_fd_budget{state}` (`limit`, `budget`, `in_use`, `open`),
+//!   `kpm_fd_shortage_total` (episodes of `EMFILE`/`ENFILE`),
+//!   `kpm_fd_shortage_waits_total`, `kpm_fd_permit_waits_total` and
+//!   `kpm_fd_optional_refused_total`: the [fd budget](kpm_api::fd).
 //!
 //! The event counters and the histogram are updated where the event is
 //! handled ([`Metrics::count_events`]); everything else is owned by the

@@ -15,6 +15,8 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
+use kpm_api::fd::FdStats;
+
 use crate::heap::{self, HeapStats};
 use kpm::kube::KubeStatus;
 use kpm::{KubeletHandle, LivenessStats};
@@ -57,6 +59,64 @@ struct Reading {
     dra_instances: Vec<(String, &'static str, usize)>,
     /// `None` when kpm does not publish to the Kubernetes API.
     kube: Option<KubeReading>,
+    fds: FdReading,
+}
+
+/// The fd budget and the fds open, as one scrape shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct FdReading {
+    budget: FdStats,
+    /// `None` where `/proc/self/fd` cannot be read.
+    open: Option<usize>,
+}
+
+impl FdReading {
+    fn take() -> Self {
+        Self { budget: kpm_api::fd::budget().stats(), open: kpm_api::fd::open_fds() }
+    }
+
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let budget = &self.budget;
+        let as_u64 = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        let levels = [
+            ("limit", budget.limit),
+            ("budget", Some(as_u64(budget.size))),
+            ("in_use", Some(as_u64(budget.in_use))),
+            ("open", self.open.map(as_u64)),
+        ];
+        gauge_family(
+            encoder,
+            "kpm_fd_budget",
+            "File descriptors: the soft RLIMIT_NOFILE (limit; absent if unlimited), the share outgoing connections may hold (budget), the permits they hold (in_use), and every fd open in the process (open).",
+            levels.into_iter().filter_map(|(state, value)| {
+                Some(([("state", state)], i64::try_from(value?).unwrap_or(i64::MAX)))
+            }),
+        )?;
+        counter(
+            encoder,
+            "kpm_fd_shortage",
+            "Episodes of running out of file descriptors (EMFILE, ENFILE), waited out without failing any plugin.",
+            budget.shortage_episodes,
+        )?;
+        counter(
+            encoder,
+            "kpm_fd_shortage_waits",
+            "Waits for a file descriptor after EMFILE or ENFILE.",
+            budget.shortage_waits,
+        )?;
+        counter(
+            encoder,
+            "kpm_fd_permit_waits",
+            "Connections that waited for a permit of the fd budget.",
+            budget.permit_waits,
+        )?;
+        counter(
+            encoder,
+            "kpm_fd_optional_refused",
+            "Optional long-lived fds (liveness connections, pidfds) refused to keep a quarter of the budget free.",
+            budget.optional_refused,
+        )
+    }
 }
 
 /// The Kubernetes publishers' books, as one scrape shows them.
@@ -152,6 +212,7 @@ impl Reading {
             devices,
             dra_instances,
             kube: kubelet.kubernetes().map(KubeReading::from),
+            fds: FdReading::take(),
         }
     }
 
@@ -241,6 +302,7 @@ impl Reading {
                 ([("driver", driver.as_str()), ("connected", connected)], *instances)
             }),
         )?;
+        self.fds.encode(encoder)?;
         match &self.kube {
             Some(kube) => kube.encode(encoder),
             None => Ok(()),
@@ -350,6 +412,54 @@ mod tests {
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }
+    }
+
+    /// A collector of a fixed fd reading.
+    #[derive(Debug)]
+    struct FixedFds(FdReading);
+
+    impl Collector for FixedFds {
+        fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+            self.0.encode(&mut encoder)
+        }
+    }
+
+    #[test]
+    fn the_fd_budget_is_gauges_and_its_shortages_counters() {
+        let budget = FdStats {
+            limit: Some(128),
+            size: 90,
+            in_use: 12,
+            shortage_episodes: 1,
+            shortage_waits: 7,
+            permit_waits: 40,
+            optional_refused: 2,
+        };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(FixedFds(FdReading { budget, open: Some(30) })));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "# TYPE kpm_fd_budget gauge",
+            "kpm_fd_budget{state=\"limit\"} 128",
+            "kpm_fd_budget{state=\"budget\"} 90",
+            "kpm_fd_budget{state=\"in_use\"} 12",
+            "kpm_fd_budget{state=\"open\"} 30",
+            "kpm_fd_shortage_total 1",
+            "kpm_fd_shortage_waits_total 7",
+            "kpm_fd_permit_waits_total 40",
+            "kpm_fd_optional_refused_total 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+        }
+        // Unlimited: no limit sample.
+        let mut registry = Registry::default();
+        let unlimited = FdStats { limit: None, ..budget };
+        registry
+            .register_collector(Box::new(FixedFds(FdReading { budget: unlimited, open: None })));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(!text.contains("state=\"limit\"") && !text.contains("state=\"open\""), "{text}");
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! Serves the status API from a [`KubeletHandle`].
 
+use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
 use kpm::KubeletHandle;
+use kpm_api::fd;
 use kpm_api::uds::{self, BoundSocket};
+use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
@@ -38,7 +42,7 @@ impl StatusServer {
         }
         let (incoming, bound) =
             uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(CliError::StatusSocket)?;
-        let listener = incoming.into_listener();
+        let listener = SpareFdListener::new(incoming.into_listener());
         let router = router(kubelet);
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {
@@ -57,6 +61,67 @@ impl StatusServer {
             tracing::warn!(%socket, error = %err, "cannot remove status socket");
         }
         self.task.abort();
+    }
+}
+
+/// How long accepting pauses after a shortage of fds met without a spare.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// The status API's listener, which keeps answering when kpm is out of file
+/// descriptors: it holds a spare fd, closes it when accepting fails for lack
+/// of fds so that the waiting client can be accepted, and opens it again
+/// before the next accept (as nginx and libuv do). Without a spare, a
+/// shortage pauses accepting briefly; no error ever ends the loop.
+#[derive(Debug)]
+struct SpareFdListener {
+    listener: UnixListener,
+    spare: Option<std::fs::File>,
+}
+
+impl SpareFdListener {
+    fn new(listener: UnixListener) -> Self {
+        Self { listener, spare: spare_fd() }
+    }
+}
+
+/// An fd to give up when fds run out; `None` while none can be had.
+fn spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+impl axum::serve::Listener for SpareFdListener {
+    type Io = UnixStream;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let budget = fd::budget();
+        loop {
+            if self.spare.is_none() {
+                self.spare = spare_fd();
+            }
+            match self.listener.accept().await {
+                Ok(accepted) => {
+                    budget.fd_available();
+                    return accepted;
+                }
+                Err(err) if fd::is_shortage(&err) => {
+                    budget.shortage("accept on the status API");
+                    if self.spare.take().is_none() {
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    }
+                }
+                // A client that gave up before it was accepted.
+                Err(err) if err.kind() == io::ErrorKind::ConnectionAborted => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "status API cannot accept a connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.listener.local_addr()
     }
 }
 

@@ -33,6 +33,14 @@ impl Kpm {
         Self::spawn(Command::new(KPM), root, args)
     }
 
+    /// Like [`start_with`](Self::start_with), under `ulimit -n <nofile>`
+    /// (soft and hard limit alike, as a container runtime sets them).
+    pub fn start_with_nofile(root: &Path, nofile: u32, args: &[&str]) -> Self {
+        let mut sh = Command::new("sh");
+        sh.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), KPM]);
+        Self::spawn(sh, root, args)
+    }
+
     /// Like [`start_with`](Self::start_with), but when the tests run as root
     /// (and `setpriv` is there) kpm runs as user nobody, so that file
     /// permissions apply to it; `root` is handed over to nobody. Returns
@@ -109,6 +117,8 @@ impl Kpm {
     pub fn status(&self) -> Value {
         let mut stream = std::os::unix::net::UnixStream::connect(self.root.join("kpm.sock"))
             .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
+        // A status API that accepts but never answers fails the test, not hangs it.
+        stream.set_read_timeout(Some(kpm_test_support::DEADLINE)).unwrap();
         serde_json::from_str(&http_request(&mut stream, "/v1/plugins")).unwrap()
     }
 
