@@ -47,7 +47,7 @@ pub(crate) struct RunArgs {
     )]
     resync_period: u64,
     /// Period of the liveness probe: every registered plugin is asked for
-    /// GetInfo, over a connection kept between probes; one that fails
+    /// GetInfo, on a connection of its own; one that fails
     /// --liveness-failures probes in a row, or whose socket refuses
     /// connections, is deregistered and registered anew when it answers again.
     /// Probes catch plugins that hang; exits are caught at once by

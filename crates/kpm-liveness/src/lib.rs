@@ -11,13 +11,15 @@
 //!   refuses connections or is gone, the plugin is renewed. A socket still
 //!   served by another process (a fork that kept it) is left to the probes.
 //! - **A plugin hangs.** Every plugin is asked `GetInfo` once per period, over
-//!   a connection kept between probes, at a phase of its own so that probes
+//!   a connection of its own, at a phase of its own so that probes
 //!   are spread over the period. One that fails `failure_threshold` probes in
 //!   a row, or whose socket refuses connections, is renewed.
 //!
-//! Where no process can be watched (kpm runs in another pid namespace, or the
-//! kernel has no pidfds: logged once), the probes catch exits as well, at the
-//! next probe.
+//! A connection a handler holds that drops (a device plugin's `ListAndWatch`
+//! stream, a DRA driver's connection) gets the plugin's socket checked at
+//! once too ([`LivenessMonitor::suspect`]). Where no process can be watched
+//! (kpm runs in another pid namespace, or the kernel has no pidfds: logged
+//! once), these and the probes catch exits.
 //!
 //! Renewing gives the socket a new generation in [`DesiredState`]
 //! ([`DesiredState::renew`]) and reports [`PluginEvent::Unresponsive`]. The

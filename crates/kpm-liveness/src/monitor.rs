@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{Link, ProbeFailure, Reachability, probe, reach};
+use crate::probe::{ProbeFailure, Reachability, probe, reach};
 use crate::{LivenessConfig, LivenessError};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -175,9 +175,6 @@ struct Followed {
     generation: Generation,
     /// Its next probe, if probing is on.
     next_probe: Option<(delay_queue::Key, Instant)>,
-    /// The connection kept for probes; `None` before the first probe, after
-    /// a failed one, and while a probe has it.
-    link: Option<Link>,
     /// A probe is running.
     probing: bool,
     /// Failed probes in a row.
@@ -200,7 +197,6 @@ enum Done {
         socket: PathBuf,
         generation: Generation,
         outcome: Result<(), ProbeFailure>,
-        link: Option<Link>,
     },
     Exited {
         pid: u32,
@@ -283,8 +279,7 @@ impl<'a> State<'a> {
         if let Some(pid) = pid {
             self.watch(pid, &socket);
         }
-        let followed =
-            Followed { generation, next_probe, link: None, probing: false, failures: 0, pid };
+        let followed = Followed { generation, next_probe, probing: false, failures: 0, pid };
         self.followed.insert(socket, followed);
         self.count_followed();
     }
@@ -360,18 +355,17 @@ impl<'a> State<'a> {
             return;
         }
         followed.probing = true;
-        let (link, generation, timeout) =
-            (followed.link.take(), followed.generation, self.monitor.config.timeout);
+        let (generation, timeout) = (followed.generation, self.monitor.config.timeout);
         self.tasks.spawn(async move {
-            let (outcome, link) = probe(&socket, link, timeout).await;
-            Done::Probed { socket, generation, outcome, link }
+            let outcome = probe(&socket, timeout).await;
+            Done::Probed { socket, generation, outcome }
         });
     }
 
     fn finish(&mut self, done: Done) {
         match done {
-            Done::Probed { socket, generation, outcome, link } => {
-                self.judge(&socket, generation, outcome, link);
+            Done::Probed { socket, generation, outcome } => {
+                self.judge(&socket, generation, outcome);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
             Done::Reached { socket, generation, cause, reachability } => {
@@ -418,13 +412,7 @@ impl<'a> State<'a> {
         }
     }
 
-    fn judge(
-        &mut self,
-        socket: &Path,
-        generation: Generation,
-        outcome: Result<(), ProbeFailure>,
-        link: Option<Link>,
-    ) {
+    fn judge(&mut self, socket: &Path, generation: Generation, outcome: Result<(), ProbeFailure>) {
         let counters = &self.monitor.counters;
         counters.probes.fetch_add(1, Ordering::Relaxed);
         let Some(followed) = self.followed.get_mut(socket) else { return };
@@ -432,7 +420,6 @@ impl<'a> State<'a> {
             return;
         }
         followed.probing = false;
-        followed.link = link;
         let failure = match outcome {
             Ok(()) => {
                 followed.failures = 0;

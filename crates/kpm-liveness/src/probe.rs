@@ -1,6 +1,6 @@
-//! One liveness probe: `GetInfo` over a connection kept between probes, and
-//! the cheaper question asked when a plugin's process exits: does anybody
-//! still accept connections on its socket?
+//! One liveness probe: dial the registration socket, ask `GetInfo`; and the
+//! cheaper question asked when a plugin's process exits: does anybody still
+//! accept connections on its socket?
 
 use std::io;
 use std::path::Path;
@@ -10,8 +10,7 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_api::{fd, uds};
-use tonic::transport::Channel;
+use kpm_api::uds;
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,64 +22,29 @@ pub struct ProbeFailure {
     pub reason: String,
 }
 
-/// The connection a plugin is probed over, kept from one probe to the next:
-/// a probe then costs one round trip instead of a dial, a handshake and a
-/// teardown.
-#[derive(Debug, Clone)]
-pub(crate) struct Link(RegistrationClient<Channel>);
-
-/// Asks `GetInfo` over `link`, or over a new connection if there is none,
-/// each step within `timeout`. The answer's content is not checked: the probe
-/// asks whether the plugin is alive, registration already judged what it
-/// said. Returns the connection to keep for the next probe, if it served.
-///
-/// A kept connection is optional: it is made only with a permit the fd
-/// budget can spare (`try_acquire`); otherwise the probe dials as any call
-/// does and hangs up after.
-pub(crate) async fn probe(
-    socket: &Path,
-    link: Option<Link>,
-    timeout: Duration,
-) -> (Result<(), ProbeFailure>, Option<Link>) {
-    let (Link(mut client), keep) = match link {
-        Some(link) => (link, true),
-        None => match connect(socket, timeout).await {
-            Ok(connected) => connected,
-            Err(failure) => return (Err(failure), None),
-        },
-    };
-    let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
-    let failure = match uds::within(timeout, call).await {
-        Ok(_) => return (Ok(()), keep.then_some(Link(client))),
-        Err(Some(status)) => ProbeFailure {
-            // A kept connection redials when the plugin closed it; a refusal
-            // then says the same as a refused dial.
-            gone: caused_by_absence(&status),
-            reason: format!("GetInfo: {}: {}", go_code_name(status.code()), status.message()),
-        },
-        Err(None) => {
-            ProbeFailure { gone: false, reason: format!("GetInfo timed out after {timeout:?}") }
-        }
-    };
-    // A connection that failed once is not trusted with the next probe.
-    (Err(failure), None)
-}
-
-/// A new connection for a probe, and whether it may be kept: only with a
-/// permit the fd budget can spare.
-async fn connect(socket: &Path, timeout: Duration) -> Result<(Link, bool), ProbeFailure> {
-    let spare = fd::budget().try_acquire();
-    let keep = spare.is_some();
-    let permit = match spare {
-        Some(permit) => permit,
-        None => fd::budget().acquire().await,
-    };
-    let (channel, _) = uds::dial_with_permit(socket, timeout, Duration::ZERO, permit)
+/// Dials `socket` and asks `GetInfo`, each step within `timeout`, then
+/// hangs up: a connection kept between probes would cost its fixed HTTP/2
+/// buffers (about 35 KB) for every registered plugin, all the time. The
+/// answer's content is not checked: the probe asks whether the plugin is
+/// alive, registration already judged what it said.
+pub(crate) async fn probe(socket: &Path, timeout: Duration) -> Result<(), ProbeFailure> {
+    let channel = uds::dial(socket, timeout)
         .await
         .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
-    let client =
+    let mut client =
         RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
-    Ok((Link(client), keep))
+    let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
+    match uds::within(timeout, call).await {
+        Ok(_) => Ok(()),
+        Err(Some(status)) => Err(ProbeFailure {
+            gone: false,
+            reason: format!("GetInfo: {}: {}", go_code_name(status.code()), status.message()),
+        }),
+        Err(None) => Err(ProbeFailure {
+            gone: false,
+            reason: format!("GetInfo timed out after {timeout:?}"),
+        }),
+    }
 }
 
 /// Whether `socket` still has a server.
@@ -107,16 +71,4 @@ pub(crate) async fn reach(socket: &Path) -> Reachability {
 
 fn is_absence(err: &io::Error) -> bool {
     matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound)
-}
-
-/// Whether a call failed because its connection could not be made again.
-fn caused_by_absence(status: &tonic::Status) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
-    while let Some(err) = cause {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            return is_absence(io);
-        }
-        cause = err.source();
-    }
-    false
 }

@@ -195,7 +195,7 @@ impl Harness {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answering_plugin_is_left_alone_and_probed_over_one_connection() {
+async fn an_answering_plugin_is_left_alone_and_no_connection_is_kept() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ok.sock");
     let plugin = serve(&socket, Plugin::default()).await;
@@ -203,7 +203,8 @@ async fn an_answering_plugin_is_left_alone_and_probed_over_one_connection() {
     let generation = h.registered(&socket, None);
     wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
         .await;
-    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "one connection kept");
+    // Each probe dials and hangs up: nothing held between probes.
+    assert!(plugin.connections.load(Ordering::SeqCst) >= 5);
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
     assert!(h.monitor.stats().probes >= 4);
@@ -268,7 +269,7 @@ async fn a_socket_nobody_listens_on_is_renewed_at_the_first_probe() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_that_closes_the_kept_connection_and_dies_is_renewed() {
+async fn a_plugin_that_dies_after_answering_is_renewed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("died.sock");
     let served = kpm_test_support::OwnRuntime::start({
