@@ -29,6 +29,8 @@
 //! so every registration and deregistration still goes through the one
 //! operation per socket of the executor: nothing is deregistered twice.
 //!
+//! [`DesiredState`]: kpm_cache::DesiredState
+//! [`DesiredState::renew`]: kpm_cache::DesiredState::renew
 //! [`PluginInfo::server_pid`]: kpm_cache::PluginInfo::server_pid
 //! [`PluginEvent::Unresponsive`]: kpm_cache::PluginEvent::Unresponsive
 
