@@ -16,9 +16,11 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::FileId;
 
 mod authority;
+mod client;
 mod incoming;
 
 pub use authority::MAX_HEADER_BLOCK;
+pub use client::{SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
 
 /// Why a Unix-socket connection or listener could not be set up.
@@ -33,6 +35,24 @@ pub enum TransportError {
         /// tonic's connection error.
         #[source]
         source: tonic::transport::Error,
+    },
+    /// Connecting a [`UdsChannel`] to the socket failed.
+    #[error("dial {}: {source}", path.display())]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The HTTP/2 handshake of a [`UdsChannel`] failed.
+    #[error("dial {}: HTTP/2 handshake: {}", path.display(), root_cause(source))]
+    Handshake {
+        /// The socket.
+        path: PathBuf,
+        /// hyper's error.
+        #[source]
+        source: hyper::Error,
     },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
@@ -64,8 +84,11 @@ impl TransportError {
     /// nothing listens on it (connection refused). A plugin that is merely
     /// slow or stuck times out instead.
     pub fn is_gone(&self) -> bool {
-        let Self::Dial { source, .. } = self else { return false };
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match self {
+            Self::Dial { source, .. } => Some(source),
+            Self::Connect { source, .. } => Some(source),
+            _ => return false,
+        };
         while let Some(err) = cause {
             if let Some(io) = err.downcast_ref::<io::Error>() {
                 return matches!(
