@@ -75,18 +75,36 @@ impl UdsChannel {
             let stream = connect_patiently(path, refused_retry)
                 .await
                 .map_err(|source| TransportError::Connect { path: path.to_path_buf(), source })?;
-            let peer_pid = peer_pid(&stream);
-            let (send, connection) = builder()
-                .handshake(TokioIo::new(wrap(stream)))
-                .await
-                .map_err(|source| TransportError::Handshake { path: path.to_path_buf(), source })?;
-            tokio::spawn(drive(path.to_path_buf(), connection));
-            Ok(Self { send, peer_pid })
+            Self::handshake_with(path, stream, wrap).await
         };
         match tokio::time::timeout(timeout, connect).await {
             Ok(connected) => connected,
             Err(_) => Err(TransportError::DialTimeout { path: path.to_path_buf(), timeout }),
         }
+    }
+
+    /// Runs HTTP/2 on a stream already connected to `path` (one end of a
+    /// socket pair, say). The handshake only writes: it never waits for the
+    /// server.
+    pub async fn handshake(path: &Path, stream: UnixStream) -> Result<Self, TransportError> {
+        Self::handshake_with(path, stream, |stream| stream).await
+    }
+
+    async fn handshake_with<T>(
+        path: &Path,
+        stream: UnixStream,
+        wrap: impl FnOnce(UnixStream) -> T,
+    ) -> Result<Self, TransportError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
+        let peer_pid = peer_pid(&stream);
+        let (send, connection) = builder()
+            .handshake(TokioIo::new(wrap(stream)))
+            .await
+            .map_err(|source| TransportError::Handshake { path: path.to_path_buf(), source })?;
+        tokio::spawn(drive(path.to_path_buf(), connection));
+        Ok(Self { send, peer_pid })
     }
 
     /// Whether the connection has closed (the server closed it or went away,
