@@ -25,10 +25,6 @@ use tracing::debug;
 
 use super::{REFUSED_RETRY_INTERVAL, TransportError};
 
-/// The largest header list (response headers or trailers) accepted from a
-/// plugin; hyper's default is 16 KiB, gRPC's error texts fit well below.
-const MAX_HEADER_LIST: u32 = 64 * 1024;
-
 /// Initial size of [`SmallBufferCodec`]'s buffers: a device list of a few
 /// devices fits, a larger message grows the buffer to its size.
 const SMALL_BUFFER: usize = 512;
@@ -144,14 +140,14 @@ impl tower::Service<http::Request<tonic::body::Body>> for UdsChannel {
     }
 }
 
-/// The settings of every [`UdsChannel`]: hyper's defaults, bar a bounded
-/// header list. No keep-alive pings: a dropped Unix connection is seen at
-/// once as end-of-file. Frame size and windows stay at hyper's defaults:
-/// h2 allocates nothing by them, they only bound what a peer may send ahead.
+/// The settings of every [`UdsChannel`]: hyper's defaults, as with tonic's
+/// `Channel` (16 KiB header lists, no keep-alive pings: a dropped Unix
+/// connection is seen at once as end-of-file). None of hyper's knobs lowers
+/// the memory of a connection: frame size, windows and the send buffer limit
+/// only bound what may be in flight, while h2's fixed buffers (16 KiB to
+/// write, 8 KiB to read, 4 KiB for HPACK) are not configurable.
 fn builder() -> http2::Builder<TokioExecutor> {
-    let mut builder = http2::Builder::new(TokioExecutor::new());
-    builder.max_header_list_size(MAX_HEADER_LIST);
-    builder
+    http2::Builder::new(TokioExecutor::new())
 }
 
 /// Runs the connection until it ends; a failure is the plugin's business

@@ -1,3 +1,6 @@
+//! `UdsChannel` against a real tonic server on a Unix socket: calls, a held
+//! stream, the server going away, and dialing nobody.
+
 use std::time::Duration;
 
 use tokio::sync::mpsc;
