@@ -130,7 +130,8 @@ impl tower::Service<http::Request<tonic::body::Body>> for UdsChannel {
     fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
         // tonic's generated clients send the path alone; h2 needs a scheme
         // and an authority. `localhost`, as with the kubelet's dialer.
-        let mut uri = std::mem::take(request.uri_mut()).into_parts();
+        // A URI without a path stays as it is, and hyper refuses it.
+        let mut uri = request.uri().clone().into_parts();
         uri.scheme = Some(http::uri::Scheme::HTTP);
         uri.authority = Some(http::uri::Authority::from_static("localhost"));
         if let Ok(full) = http::Uri::from_parts(uri) {
