@@ -30,12 +30,15 @@ use kpm_cache::{HandlerError, PluginHandler};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tonic::transport::Channel;
 use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
+use kpm_api::uds::UdsChannel;
 use kpm_api::{FileId, uds};
+
+/// The gRPC path of `v1beta1.DevicePlugin/ListAndWatch`.
+const LIST_AND_WATCH: &str = "/v1beta1.DevicePlugin/ListAndWatch";
 
 /// The kubelet's dial timeout for device plugins.
 pub const DEFAULT_DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -169,7 +172,7 @@ struct Endpoint {
     /// socket at the same path from this one.
     file: Option<FileId>,
     options: DevicePluginOptions,
-    client: DevicePluginClient<Channel>,
+    client: DevicePluginClient<UdsChannel>,
     /// The `ListAndWatch` task; aborting it closes the stream.
     stream: Option<JoinHandle<()>>,
 }
@@ -185,7 +188,7 @@ struct Removal {
 struct Target {
     socket: PathBuf,
     options: DevicePluginOptions,
-    client: DevicePluginClient<Channel>,
+    client: DevicePluginClient<UdsChannel>,
 }
 
 // === DeviceManager ===
@@ -309,15 +312,17 @@ impl DeviceManager {
             return Err(shut_down(resource, socket));
         }
         debug!(resource, socket = %shown, "connecting to device plugin");
-        let channel =
-            kpm_api::uds::dial(socket, self.config.dial_timeout).await.map_err(|source| {
-                DeviceError::Dial {
-                    resource: resource.to_owned(),
-                    socket: socket.to_path_buf(),
-                    source,
-                }
-            })?;
-        let mut client = DevicePluginClient::new(channel)
+        // A connection of its own, without tonic's `Channel`: it is held for
+        // as long as the plugin is registered, and its buffers are most of
+        // kpm's memory with many plugins (docs/performance.md).
+        let channel = UdsChannel::connect(socket, self.config.dial_timeout, Duration::ZERO)
+            .await
+            .map_err(|source| DeviceError::Dial {
+            resource: resource.to_owned(),
+            socket: socket.to_path_buf(),
+            source,
+        })?;
+        let mut client = DevicePluginClient::new(channel.clone())
             .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
         let timeout = self.config.call_timeout;
         let options = bounded(
@@ -331,7 +336,7 @@ impl DeviceManager {
             },
         )
         .await?;
-        let Some(id) = self.install(resource, socket, file, options, client.clone())? else {
+        let Some(id) = self.install(resource, socket, file, options, client)? else {
             debug!(resource, socket = %shown, "device plugin was connected meanwhile");
             return Ok(());
         };
@@ -340,7 +345,7 @@ impl DeviceManager {
             resource.to_owned(),
             socket.to_path_buf(),
             id,
-            client,
+            channel,
         ));
         self.attach_stream(resource, id, task);
         info!(
@@ -533,7 +538,7 @@ impl DeviceManager {
         socket: &Path,
         file: Option<FileId>,
         options: DevicePluginOptions,
-        client: DevicePluginClient<Channel>,
+        client: DevicePluginClient<UdsChannel>,
     ) -> Result<Option<u64>, DeviceError> {
         let mut state = self.state.lock();
         if state.closed {
@@ -788,32 +793,44 @@ async fn watch_devices(
     resource: String,
     socket: PathBuf,
     id: u64,
-    mut client: DevicePluginClient<Channel>,
+    channel: UdsChannel,
 ) {
-    let reason = match client.list_and_watch(Empty {}).await {
+    let reason = match list_and_watch(channel).await {
         Err(status) => format!("ListAndWatch failed: {}", rpc_error(&status)),
-        Ok(response) => {
-            let mut stream = response.into_inner();
-            loop {
-                match stream.message().await {
-                    Ok(Some(update)) => {
-                        let Some(manager) = manager.upgrade() else { return };
-                        if !manager.update_devices(&resource, id, update) {
-                            return;
-                        }
-                    }
-                    Ok(None) => break "the plugin ended the ListAndWatch stream".to_owned(),
-                    Err(status) => {
-                        break format!("ListAndWatch stream broke: {}", rpc_error(&status));
+        Ok(mut stream) => loop {
+            match stream.message().await {
+                Ok(Some(update)) => {
+                    let Some(manager) = manager.upgrade() else { return };
+                    if !manager.update_devices(&resource, id, update) {
+                        return;
                     }
                 }
+                Ok(None) => break "the plugin ended the ListAndWatch stream".to_owned(),
+                Err(status) => {
+                    break format!("ListAndWatch stream broke: {}", rpc_error(&status));
+                }
             }
-        }
+        },
     };
     debug!(resource, socket = %socket.display(), reason, "ListAndWatch ended");
     if let Some(manager) = manager.upgrade() {
         manager.endpoint_gone(&resource, id, &reason);
     }
+}
+
+/// Opens the `ListAndWatch` stream. Not through the generated client: its
+/// codec's 8 KiB decode buffer would be held for as long as the stream, one
+/// per plugin, for messages of a few hundred bytes.
+async fn list_and_watch(
+    channel: UdsChannel,
+) -> Result<tonic::codec::Streaming<ListAndWatchResponse>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
+    grpc.ready().await.map_err(|err| tonic::Status::unavailable(err.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(LIST_AND_WATCH);
+    let codec = uds::SmallBufferCodec::<Empty, ListAndWatchResponse>::default();
+    let response = grpc.server_streaming(tonic::Request::new(Empty {}), path, codec).await?;
+    Ok(response.into_inner())
 }
 
 /// `rpc error: code = .. desc = ..`, as grpc-go prints a status.

@@ -3,8 +3,8 @@
 //!
 //! # How a drop is noticed
 //!
-//! The channel is built with a custom connector whose IO type wraps the
-//! [`UnixStream`] and reports on the connection's own reads: the HTTP/2
+//! The connection is a [`UdsChannel`] whose IO type wraps the
+//! [`PermittedStream`] and reports on the connection's own reads: the HTTP/2
 //! client always has a read pending on its connection (to receive frames),
 //! so a server that closes the socket, or a process that exits, is seen at
 //! once as end-of-file or a read error. No polling and no keepalive pings
@@ -20,9 +20,9 @@
 //!
 //! Reconnecting is the monitor's job (see `manager.rs`): while nothing is
 //! live it dials a fresh channel every [`RECONNECT_INTERVAL`] and swaps it
-//! in with [`Connection::replace_channel`]. A call made in between may also
-//! reconnect through tonic's own reconnect logic; that connection goes
-//! through the same connector and is counted the same way.
+//! in with [`Connection::replace_channel`]. A channel never reconnects by
+//! itself: a call made before the first connection, or on a connection that
+//! closed, fails as unavailable.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -31,13 +31,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 pub(crate) use kpm_api::gotext::error_chain;
+use kpm_api::uds::{PermittedStream, UdsChannel};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 /// How long one dial (connect and HTTP/2 handshake) may take, and how long a
 /// new connection may take to show the server's first bytes.
@@ -51,22 +49,23 @@ pub(crate) const RECONNECT_INTERVAL: Duration = Duration::from_millis(250);
 pub(crate) struct Connection {
     socket: PathBuf,
     live: Arc<watch::Sender<usize>>,
-    channel: parking_lot::Mutex<Channel>,
+    channel: parking_lot::Mutex<Option<UdsChannel>>,
 }
 
 impl Connection {
-    /// A connection to `socket` that has not connected yet: its channel
-    /// connects on first use; [`Connection::dial`] connects eagerly.
+    /// A connection to `socket` that has not connected yet;
+    /// [`Connection::reconnect`] connects it.
     pub(crate) fn new(socket: &Path) -> Self {
         let live = Arc::new(watch::Sender::new(0));
-        let channel =
-            endpoint().connect_with_connector_lazy(connector(socket.to_path_buf(), &live));
-        Self { socket: socket.to_path_buf(), live, channel: parking_lot::Mutex::new(channel) }
+        Self { socket: socket.to_path_buf(), live, channel: parking_lot::Mutex::new(None) }
     }
 
-    /// The current channel (cheap to clone; calls on it share the connection).
-    pub(crate) fn channel(&self) -> Channel {
-        self.channel.lock().clone()
+    /// The current channel (cheap to clone; calls on it share the
+    /// connection); unavailable before the first connection.
+    pub(crate) fn channel(&self) -> Result<UdsChannel, tonic::Status> {
+        self.channel.lock().clone().ok_or_else(|| {
+            tonic::Status::unavailable(format!("not connected to {}", self.socket.display()))
+        })
     }
 
     /// Whether a connection is live.
@@ -81,20 +80,20 @@ impl Connection {
 
     /// Dials a new channel: connects and completes the client side of the
     /// HTTP/2 handshake, by `deadline`.
-    async fn dial(&self, deadline: Instant) -> Result<Channel, String> {
-        let endpoint = endpoint();
-        let connect = endpoint.connect_with_connector(connector(self.socket.clone(), &self.live));
-        match tokio::time::timeout_at(deadline, connect).await {
-            Ok(Ok(channel)) => Ok(channel),
-            Ok(Err(err)) => Err(error_chain(&err)),
-            Err(_) => Err(format!("timed out after {DIAL_TIMEOUT:?}")),
-        }
+    async fn dial(&self, deadline: Instant) -> Result<UdsChannel, String> {
+        let live = Arc::clone(&self.live);
+        let monitored =
+            move |inner: PermittedStream| MonitoredIo { inner, live, state: IoState::Pending };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        UdsChannel::connect_with(&self.socket, timeout, Duration::ZERO, monitored)
+            .await
+            .map_err(|err| error_chain(&err))
     }
 
     /// Makes `channel` the one calls use; the previous one is dropped, which
     /// closes its connection once no call uses it.
-    fn replace_channel(&self, channel: Channel) {
-        drop(std::mem::replace(&mut *self.channel.lock(), channel));
+    fn replace_channel(&self, channel: UdsChannel) {
+        drop(self.channel.lock().replace(channel));
     }
 
     /// Dials, swaps the new channel in and waits for the server's first
@@ -108,36 +107,6 @@ impl Connection {
         let connected = tokio::time::timeout_at(deadline, live.wait_for(|live| *live > 0)).await;
         Ok(matches!(connected, Ok(Ok(_))))
     }
-}
-
-fn endpoint() -> Endpoint {
-    // The URI is never resolved, the connector ignores it; `localhost`
-    // becomes the `:authority`, as with the kubelet's dialer.
-    Endpoint::from_static("http://localhost").connect_timeout(DIAL_TIMEOUT)
-}
-
-/// The connector of an instance's channels: connects to the socket and
-/// wraps the stream so that its state is reported to `live`.
-fn connector(
-    socket: PathBuf,
-    live: &Arc<watch::Sender<usize>>,
-) -> impl tower::Service<
-    Uri,
-    Response = TokioIo<MonitoredIo>,
-    Error = io::Error,
-    Future = impl Future<Output = io::Result<TokioIo<MonitoredIo>>> + Send,
-> + Send
-+ Clone
-+ 'static {
-    let live = Arc::clone(live);
-    tower::service_fn(move |_: Uri| {
-        let socket = socket.clone();
-        let live = Arc::clone(&live);
-        async move {
-            let stream = UnixStream::connect(&socket).await?;
-            Ok(TokioIo::new(MonitoredIo { inner: stream, live, state: IoState::Pending }))
-        }
-    })
 }
 
 /// Where one connection is in its life.
@@ -154,7 +123,7 @@ enum IoState {
 /// A Unix stream that reports its state to the instance's `live` count.
 #[derive(Debug)]
 pub(crate) struct MonitoredIo {
-    inner: UnixStream,
+    inner: PermittedStream,
     live: Arc<watch::Sender<usize>>,
     state: IoState,
 }
@@ -260,7 +229,7 @@ mod tests {
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let live = Arc::new(watch::Sender::new(0_usize));
         let mut io = MonitoredIo {
-            inner: UnixStream::connect(&socket).await.unwrap(),
+            inner: kpm_api::uds::connect_stream(&socket, Duration::ZERO).await.unwrap(),
             live: Arc::clone(&live),
             state: IoState::Pending,
         };

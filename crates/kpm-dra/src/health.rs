@@ -102,10 +102,10 @@ pub(crate) async fn watch(
     update: impl Fn(Vec<DeviceHealthStatus>) + Send + Sync + 'static,
 ) {
     loop {
-        let channel = connection.channel();
-        let result = match service {
-            HealthService::V1 => stream_v1(channel, &update).await,
-            HealthService::V1alpha1 => stream_v1alpha1(channel, &update).await,
+        let result = match (connection.channel(), service) {
+            (Err(status), _) => Err(status),
+            (Ok(channel), HealthService::V1) => stream_v1(channel, &update).await,
+            (Ok(channel), HealthService::V1alpha1) => stream_v1alpha1(channel, &update).await,
         };
         match result {
             Ok(()) => debug!(driver, endpoint, %service, "health stream ended; reopening it"),
@@ -133,7 +133,7 @@ pub(crate) async fn watch(
 }
 
 async fn stream_v1(
-    channel: tonic::transport::Channel,
+    channel: kpm_api::uds::UdsChannel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
     let mut client = v1::dra_resource_health_client::DraResourceHealthClient::new(channel)
@@ -147,7 +147,7 @@ async fn stream_v1(
 }
 
 async fn stream_v1alpha1(
-    channel: tonic::transport::Channel,
+    channel: kpm_api::uds::UdsChannel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
     let mut client = v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel)

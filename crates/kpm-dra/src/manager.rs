@@ -351,6 +351,7 @@ impl DraManager {
         let (endpoint, service) = (instance.endpoint.clone(), instance.service);
         debug!(driver, endpoint, claims = claims.len(), "NodePrepareResources");
         let call = async move {
+            let channel = channel?;
             match service {
                 DraService::V1 => {
                     let request = kpm_api::uds::timed_request(
@@ -395,6 +396,7 @@ impl DraManager {
         let (endpoint, service) = (instance.endpoint.clone(), instance.service);
         debug!(driver, endpoint, claims = claims.len(), "NodeUnprepareResources");
         let call = async move {
+            let channel = channel?;
             match service {
                 DraService::V1 => {
                     let request = kpm_api::uds::timed_request(

@@ -20,10 +20,12 @@ use crate::FileId;
 use crate::fd::{self, FdPermit};
 
 mod authority;
+mod client;
 mod incoming;
 mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
+pub use client::{SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
 pub use stream::{PermittedStream, connect_stream, connect_with_permit};
 
@@ -49,6 +51,24 @@ pub enum TransportError {
         /// The `socket(2)` error.
         #[source]
         source: io::Error,
+    },
+    /// Connecting a [`UdsChannel`] to the socket failed.
+    #[error("dial {}: {source}", path.display())]
+    Connect {
+        /// The socket.
+        path: PathBuf,
+        /// The connect error.
+        #[source]
+        source: io::Error,
+    },
+    /// The HTTP/2 handshake of a [`UdsChannel`] failed.
+    #[error("dial {}: HTTP/2 handshake: {}", path.display(), root_cause(source))]
+    Handshake {
+        /// The socket.
+        path: PathBuf,
+        /// hyper's error.
+        #[source]
+        source: hyper::Error,
     },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
@@ -91,8 +111,11 @@ impl TransportError {
     /// nothing listens on it (connection refused). A plugin that is merely
     /// slow or stuck times out instead.
     pub fn is_gone(&self) -> bool {
-        let Self::Dial { source, .. } = self else { return false };
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = match self {
+            Self::Dial { source, .. } => Some(source),
+            Self::Connect { source, .. } => Some(source),
+            _ => return false,
+        };
         while let Some(err) = cause {
             if let Some(io) = err.downcast_ref::<io::Error>() {
                 return matches!(

@@ -1,5 +1,5 @@
 //! The manager's state machine without sockets, on paused time: endpoints
-//! are installed with a lazy channel that is never used, and stream events
+//! are installed with a channel on a socket pair that is never used, and stream events
 //! are fed in directly, as the `ListAndWatch` task would.
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
@@ -15,16 +15,15 @@ fn manager() -> Arc<DeviceManager> {
     DeviceManager::new(DeviceConfig { grace_period: GRACE, ..DeviceConfig::default() })
 }
 
-/// A client whose channel connects lazily, which these tests never make it do.
-fn client() -> DevicePluginClient<Channel> {
-    DevicePluginClient::new(
-        tonic::transport::Endpoint::from_static("http://localhost").connect_lazy(),
-    )
+/// A client on one end of a socket pair, which these tests never call.
+async fn client() -> DevicePluginClient<UdsChannel> {
+    let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+    DevicePluginClient::new(UdsChannel::handshake(Path::new("pair"), ours).await.unwrap())
 }
 
-fn install(manager: &DeviceManager, socket: &str) -> u64 {
+async fn install(manager: &DeviceManager, socket: &str) -> u64 {
     manager
-        .install(GPU, Path::new(socket), None, DevicePluginOptions::default(), client())
+        .install(GPU, Path::new(socket), None, DevicePluginOptions::default(), client().await)
         .unwrap()
         .expect("a new endpoint")
 }
@@ -51,7 +50,7 @@ fn counts(manager: &DeviceManager) -> Option<(usize, usize)> {
 #[tokio::test(start_paused = true)]
 async fn devices_go_unhealthy_at_once_and_the_resource_goes_after_the_grace_period() {
     let manager = manager();
-    let id = install(&manager, "/dp/a.sock");
+    let id = install(&manager, "/dp/a.sock").await;
     assert!(manager.update_devices(
         GPU,
         id,
@@ -86,12 +85,12 @@ async fn devices_go_unhealthy_at_once_and_the_resource_goes_after_the_grace_peri
 #[tokio::test(start_paused = true)]
 async fn a_registration_within_the_grace_period_cancels_the_removal() {
     let manager = manager();
-    let old = install(&manager, "/dp/a.sock");
+    let old = install(&manager, "/dp/a.sock").await;
     manager.update_devices(GPU, old, devices(&[("d1", "Healthy", &[])]));
     manager.endpoint_gone(GPU, old, "stream ended");
 
     sleep(GRACE / 2).await;
-    let new = install(&manager, "/dp/b.sock");
+    let new = install(&manager, "/dp/b.sock").await;
     let status = manager.resource(GPU).unwrap();
     assert_eq!(status.removal_at, None);
     assert_eq!(status.endpoint, "/dp/b.sock");
@@ -107,10 +106,10 @@ async fn a_registration_within_the_grace_period_cancels_the_removal() {
 #[tokio::test(start_paused = true)]
 async fn an_earlier_grace_timer_never_removes_a_resource_that_went_away_again_later() {
     let manager = manager();
-    let first = install(&manager, "/dp/a.sock");
+    let first = install(&manager, "/dp/a.sock").await;
     manager.endpoint_gone(GPU, first, "stream ended");
     sleep(Duration::from_secs(290)).await;
-    let second = install(&manager, "/dp/a.sock");
+    let second = install(&manager, "/dp/a.sock").await;
     sleep(Duration::from_secs(5)).await;
     manager.endpoint_gone(GPU, second, "stream ended");
 
@@ -124,8 +123,8 @@ async fn an_earlier_grace_timer_never_removes_a_resource_that_went_away_again_la
 #[tokio::test(start_paused = true)]
 async fn events_of_a_replaced_endpoint_do_not_touch_its_successor() {
     let manager = manager();
-    let old = install(&manager, "/dp/a.sock");
-    let new = install(&manager, "/dp/b.sock");
+    let old = install(&manager, "/dp/a.sock").await;
+    let new = install(&manager, "/dp/b.sock").await;
 
     assert!(!manager.update_devices(GPU, old, devices(&[("old", "Healthy", &[])])));
     manager.endpoint_gone(GPU, old, "stream ended");
@@ -142,7 +141,7 @@ async fn events_of_a_replaced_endpoint_do_not_touch_its_successor() {
 #[tokio::test(start_paused = true)]
 async fn updates_replace_the_device_set_and_sort_devices_and_numa_nodes() {
     let manager = manager();
-    let id = install(&manager, "/dp/a.sock");
+    let id = install(&manager, "/dp/a.sock").await;
     manager.update_devices(
         GPU,
         id,
@@ -172,7 +171,7 @@ async fn updates_replace_the_device_set_and_sort_devices_and_numa_nodes() {
 #[tokio::test(start_paused = true)]
 async fn deregistering_the_current_endpoint_starts_the_grace_period_and_a_stale_one_is_a_noop() {
     let manager = manager();
-    let id = install(&manager, "/dp/a.sock");
+    let id = install(&manager, "/dp/a.sock").await;
     manager.update_devices(GPU, id, devices(&[("d1", "Healthy", &[]), ("d2", "Healthy", &[])]));
 
     assert!(!manager.disconnect(GPU, Path::new("/dp/other.sock")));
@@ -193,7 +192,7 @@ async fn deregistering_the_current_endpoint_starts_the_grace_period_and_a_stale_
 #[tokio::test(start_paused = true)]
 async fn shutdown_refuses_new_endpoints_and_runs_no_grace_timers() {
     let manager = manager();
-    let id = install(&manager, "/dp/a.sock");
+    let id = install(&manager, "/dp/a.sock").await;
     manager.update_devices(GPU, id, devices(&[("d1", "Healthy", &[])]));
     manager.shutdown().await;
     manager.shutdown().await;
@@ -202,7 +201,7 @@ async fn shutdown_refuses_new_endpoints_and_runs_no_grace_timers() {
     assert_eq!((status.endpoint.as_str(), status.healthy, status.unhealthy), ("", 0, 1));
     assert_eq!(status.removal_at, None);
     let err = manager
-        .install(GPU, Path::new("/dp/b.sock"), None, DevicePluginOptions::default(), client())
+        .install(GPU, Path::new("/dp/b.sock"), None, DevicePluginOptions::default(), client().await)
         .unwrap_err();
     assert!(matches!(err, DeviceError::ShutDown { .. }), "{err}");
     sleep(GRACE * 2).await;
@@ -213,7 +212,7 @@ async fn shutdown_refuses_new_endpoints_and_runs_no_grace_timers() {
 async fn every_change_is_signalled() {
     let manager = manager();
     let mut changes = manager.changes();
-    let id = install(&manager, "/dp/a.sock");
+    let id = install(&manager, "/dp/a.sock").await;
     assert!(changes.has_changed().unwrap());
     changes.mark_unchanged();
     manager.update_devices(GPU, id, devices(&[("d1", "Healthy", &[])]));
@@ -301,7 +300,7 @@ async fn an_invalid_config_connects_nothing() {
 async fn the_longest_grace_period_removes_the_resource_after_it() {
     let manager = DeviceManager::new(longest());
     for round in 0..3 {
-        let id = install(&manager, &format!("/dp/{round}.sock"));
+        let id = install(&manager, &format!("/dp/{round}.sock")).await;
         manager.endpoint_gone(GPU, id, "stream ended");
         let removal_at = manager.resource(GPU).unwrap().removal_at;
         assert!(removal_at.is_some(), "the removal time is representable");

@@ -1,0 +1,193 @@
+//! `UdsChannel` against a real tonic server on a Unix socket: calls, a held
+//! stream, the server going away, and dialing nobody.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::*;
+use crate::deviceplugin::v1beta1 as dp;
+use dp::device_plugin_client::DevicePluginClient;
+use dp::device_plugin_server::{DevicePlugin, DevicePluginServer};
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// Only stops a hang; nothing here is expected to take long.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A device plugin whose `ListAndWatch` sends two updates and stays open.
+struct Plugin;
+
+#[tonic::async_trait]
+impl DevicePlugin for Plugin {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions {
+            pre_start_required: true,
+            get_preferred_allocation_available: false,
+        }))
+    }
+
+    type ListAndWatchStream = ReceiverStream<Result<dp::ListAndWatchResponse, Status>>;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<Self::ListAndWatchStream>, Status> {
+        let (send, receive) = mpsc::channel(4);
+        tokio::spawn(async move {
+            for count in 1..=2 {
+                let devices = (0..count)
+                    .map(|n| dp::Device { id: format!("dev-{n}"), ..Default::default() })
+                    .collect();
+                let _ = send.send(Ok(dp::ListAndWatchResponse { devices })).await;
+            }
+            // Holding the sender keeps the stream open, as a plugin does.
+            send.closed().await;
+        });
+        Ok(Response::new(ReceiverStream::new(receive)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+
+    async fn allocate(
+        &self,
+        _: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        Err(Status::unimplemented("not here"))
+    }
+
+    async fn pre_start_container(
+        &self,
+        _: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+/// Serves [`Plugin`] on `socket` in a runtime of its own: shutting that
+/// runtime down closes every connection, as the plugin's exit would.
+fn serve(socket: &Path) -> tokio::runtime::Runtime {
+    let listener = std::os::unix::net::UnixListener::bind(socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let incoming = {
+        let _entered = runtime.enter();
+        crate::uds::Incoming::new(tokio::net::UnixListener::from_std(listener).unwrap())
+    };
+    runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(DevicePluginServer::new(Plugin))
+            .serve_with_incoming(incoming),
+    );
+    runtime
+}
+
+/// `ListAndWatch` through `tonic::client::Grpc` with the small-buffer codec.
+async fn list_and_watch(
+    channel: UdsChannel,
+) -> Result<tonic::codec::Streaming<dp::ListAndWatchResponse>, Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.map_err(|err| Status::unavailable(err.to_string()))?;
+    let path = http::uri::PathAndQuery::from_static("/v1beta1.DevicePlugin/ListAndWatch");
+    let codec = SmallBufferCodec::<dp::Empty, dp::ListAndWatchResponse>::default();
+    Ok(grpc.server_streaming(Request::new(dp::Empty {}), path, codec).await?.into_inner())
+}
+
+/// Waits until the channel reports its connection closed.
+async fn wait_closed(channel: &UdsChannel) {
+    tokio::time::timeout(DEADLINE, async {
+        while !channel.is_closed() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the channel never reported its connection closed");
+}
+
+#[tokio::test]
+async fn calls_and_streams_until_the_server_goes_then_reports_it_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("dp.sock");
+    let server = serve(&socket);
+    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    assert_eq!(channel.peer_pid(), Some(std::process::id()));
+    assert!(!channel.is_closed());
+
+    let mut client = DevicePluginClient::new(channel.clone());
+    let options = client.get_device_plugin_options(dp::Empty {}).await.unwrap().into_inner();
+    assert!(options.pre_start_required);
+    let unimplemented = client.allocate(dp::AllocateRequest::default()).await.unwrap_err();
+    assert_eq!(unimplemented.code(), tonic::Code::Unimplemented);
+
+    let mut stream = list_and_watch(channel.clone()).await.unwrap();
+    for count in 1..=2 {
+        let update = stream.message().await.unwrap().unwrap();
+        assert_eq!(update.devices.len(), count);
+    }
+
+    server.shutdown_background();
+    assert!(stream.message().await.is_err(), "the stream breaks when the server goes");
+    wait_closed(&channel).await;
+    let closed = client.get_device_plugin_options(dp::Empty {}).await.unwrap_err();
+    assert_ne!(closed.code(), tonic::Code::Ok);
+}
+
+#[tokio::test]
+async fn a_server_that_closes_the_connection_is_seen_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("raw.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let (accepted, _) = listener.accept().await.unwrap();
+    assert!(!channel.is_closed());
+    drop(accepted);
+    wait_closed(&channel).await;
+}
+
+#[tokio::test]
+async fn nobody_there_is_gone_and_names_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("missing.sock");
+    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap_err();
+    assert!(matches!(err, TransportError::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains("missing.sock"), "{err}");
+    assert!(err.is_gone(), "a missing socket file is gone: {err:?}");
+
+    // A file nobody listens on refuses connections: gone too, also after
+    // the refused-retry window.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap_err();
+    assert!(err.is_gone(), "a refused connection is gone: {err:?}");
+    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::from_millis(20)).await.unwrap_err();
+    assert!(err.is_gone(), "refused all through the window: {err:?}");
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_until_the_server_listens() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("late.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let dial = UdsChannel::connect(&socket, TIMEOUT, TIMEOUT);
+    let listen = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Bound elsewhere and moved in: the path never goes missing.
+        let fresh = dir.path().join("fresh.sock");
+        let server = serve(&fresh);
+        std::fs::rename(&fresh, &socket).unwrap();
+        server
+    };
+    let (channel, server) = tokio::join!(dial, listen);
+    let mut client = DevicePluginClient::new(channel.unwrap());
+    client.get_device_plugin_options(dp::Empty {}).await.unwrap();
+    server.shutdown_background();
+}
