@@ -169,7 +169,7 @@ async fn drive<T>(
     }
 }
 
-/// tonic's prost codec with [`SMALL_BUFFER`]-byte buffers instead of 8 KiB:
+/// tonic's prost codec with 512-byte buffers instead of 8 KiB:
 /// a held stream keeps its decode buffer for as long as it lives. Use it
 /// with `tonic::client::Grpc` directly (the generated clients always use
 /// the default codec).
