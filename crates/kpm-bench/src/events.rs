@@ -1,8 +1,9 @@
 //! A client of kpm's event stream (`GET /v1/events` on the status socket,
 //! JSON lines), timestamping each event as it arrives.
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -66,4 +67,34 @@ pub(crate) async fn subscribe(socket: &Path) -> Result<mpsc::UnboundedReceiver<E
             None => return Err("the event stream ended before `subscribed`".into()),
         }
     }
+}
+
+/// Waits for the `deregistered` event of every socket in `since`, at most
+/// `timeout`; returns the time from each socket's instant to its event, the
+/// sockets whose event never came (sorted), and how often the stream lagged.
+pub(crate) async fn deregistrations(
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    mut since: HashMap<String, Instant>,
+    timeout: Duration,
+) -> (Vec<Duration>, Vec<String>, usize) {
+    let mut latencies = Vec::with_capacity(since.len());
+    let mut lagged = 0;
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !since.is_empty() {
+        let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.recv()).await else {
+            break;
+        };
+        match event.kind.as_str() {
+            "deregistered" => {
+                if let Some(at) = since.remove(&event.socket) {
+                    latencies.push(event.at.duration_since(at));
+                }
+            }
+            "lagged" => lagged += 1,
+            _ => {}
+        }
+    }
+    let mut missing: Vec<String> = since.into_keys().collect();
+    missing.sort();
+    (latencies, missing, lagged)
 }

@@ -80,35 +80,6 @@ async fn start(ctx: &Context, count: usize) -> Result<Vec<Process>> {
     Ok(processes)
 }
 
-/// Waits for the `deregistered` event of every socket in `since`; returns the
-/// time from each socket's instant to its event, and the sockets missed.
-async fn deregistrations(
-    events: &mut tokio::sync::mpsc::UnboundedReceiver<events::Event>,
-    mut since: HashMap<String, Instant>,
-    timeout: Duration,
-) -> (Vec<Duration>, Vec<String>, usize) {
-    let mut latencies = Vec::with_capacity(since.len());
-    let mut lagged = 0;
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !since.is_empty() {
-        let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.recv()).await else {
-            break;
-        };
-        match event.kind.as_str() {
-            "deregistered" => {
-                if let Some(at) = since.remove(&event.socket) {
-                    latencies.push(event.at.duration_since(at));
-                }
-            }
-            "lagged" => lagged += 1,
-            _ => {}
-        }
-    }
-    let mut missing: Vec<String> = since.into_keys().collect();
-    missing.sort();
-    (latencies, missing, lagged)
-}
-
 /// `count` plugin processes killed with SIGKILL one every `interval`.
 pub(crate) async fn kill(ctx: &Context, count: usize, interval: Duration) -> Result<Value> {
     let processes = start(ctx, count).await?;
@@ -125,7 +96,7 @@ pub(crate) async fn kill(ctx: &Context, count: usize, interval: Duration) -> Res
         dead.push(process.child);
     }
     let (latencies, missing, lagged) =
-        deregistrations(&mut events, killed, Duration::from_secs(10)).await;
+        events::deregistrations(&mut events, killed, Duration::from_secs(10)).await;
     for mut child in dead {
         let _ = child.wait().await;
     }
@@ -159,7 +130,7 @@ pub(crate) async fn hang(
     }
     let bound = period * (failures + 1);
     let (latencies, missing, lagged) =
-        deregistrations(&mut events, stopped, bound + Duration::from_secs(10)).await;
+        events::deregistrations(&mut events, stopped, bound + Duration::from_secs(10)).await;
     for mut process in processes {
         if let Some(pid) = process.child.id() {
             send(pid, Signal::CONT)?;

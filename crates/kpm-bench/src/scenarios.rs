@@ -323,25 +323,8 @@ pub(crate) async fn deregister(ctx: &Context, count: usize, interval: Duration) 
         removed.insert(socket_of(&registrar), Instant::now());
         drop(registrar);
     }
-    let mut latencies = Vec::with_capacity(count);
-    let mut lagged = 0;
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    while !removed.is_empty() {
-        let Ok(Some(event)) = tokio::time::timeout_at(deadline, events.recv()).await else {
-            break;
-        };
-        match event.kind.as_str() {
-            "deregistered" => {
-                if let Some(at) = removed.remove(&event.socket) {
-                    latencies.push(event.at.duration_since(at));
-                }
-            }
-            "lagged" => lagged += 1,
-            _ => {}
-        }
-    }
-    let mut missing: Vec<String> = removed.into_keys().collect();
-    missing.sort();
+    let (latencies, missing, lagged) =
+        events::deregistrations(&mut events, removed, EVENT_TIMEOUT).await;
     Ok(json!({
         "scenario": "deregister",
         "plugins": count,
