@@ -56,15 +56,31 @@ pub(crate) enum Reachability {
     Gone(String),
 }
 
-/// Connects to `socket` and hangs up at once, without a word of HTTP/2: a
-/// gRPC server takes a connection closed before its preface silently. Any
-/// error but a missing file or a refusal (a full backlog) counts as served:
-/// only absence is evidence of death. A shortage of fds is waited out.
+/// How long a connection made by [`reach`] is watched for a reset.
+const RESET_WINDOW: Duration = Duration::from_millis(100);
+
+/// Connects to `socket` without a word of HTTP/2 (a gRPC server takes a
+/// connection closed before its preface silently) and watches it for
+/// [`RESET_WINDOW`]: a plugin that is exiting may close its connections a
+/// moment before its listener, and the kernel then resets what the dying
+/// listener had queued. A live server sends its settings or waits for the
+/// preface. Any error but a missing file or a refusal (a full backlog)
+/// counts as served: only absence is evidence of death. A shortage of fds
+/// is waited out.
 pub(crate) async fn reach(socket: &Path) -> Reachability {
-    match uds::connect_stream(socket, Duration::ZERO).await {
-        Err(err) if is_absence(&err) => {
-            Reachability::Gone(format!("connect {}: {err}", socket.display()))
-        }
+    let gone = |why: String| Reachability::Gone(format!("connect {}: {why}", socket.display()));
+    let stream = match uds::connect_stream(socket, Duration::ZERO).await {
+        Ok(stream) => stream,
+        Err(err) if is_absence(&err) => return gone(err.to_string()),
+        Err(_) => return Reachability::Served,
+    };
+    let stream = stream.get_ref();
+    let Ok(Ok(())) = tokio::time::timeout(RESET_WINDOW, stream.readable()).await else {
+        return Reachability::Served;
+    };
+    match stream.try_read(&mut [0; 1]) {
+        Ok(0) => gone("closed at once: the listener went away".to_owned()),
+        Err(err) if err.kind() == io::ErrorKind::ConnectionReset => gone(err.to_string()),
         Ok(_) | Err(_) => Reachability::Served,
     }
 }
