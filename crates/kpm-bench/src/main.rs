@@ -3,10 +3,13 @@
 //! Runs many `kpm-registrar` device plugins in one process against a running
 //! `kpm run` and prints one JSON object of measurements on stdout:
 //!
-//! - `run --root DIR --scenario staggered|burst|burst-in-place|steady|churn|deregister
+//! - `run --root DIR --scenario staggered|burst|burst-in-place|steady|churn|deregister|kill|hang
 //!   [--kpm-pid PID] [--plugins N] [--interval-ms MS] [--rate N]
-//!   [--duration-secs S] [--plugin-type device|csi]`: one scenario (see `scenarios.rs`), with the
+//!   [--duration-secs S] [--plugin-type device|csi] [--liveness-period-secs S]
+//!   [--liveness-failures N]`: one scenario (see `scenarios.rs` and `exits.rs`), with the
 //!   defaults of the issue unless told otherwise;
+//! - `plugin --dir DIR --index N [--plugin-type device|csi]`: one plugin in this process,
+//!   the plugin processes of `kill` and `hang`;
 //! - `run --root DIR --scenario soak --kpm-pid PID --metrics-addr HOST:PORT [--plugins N]
 //!   [--rate N] [--duration-secs S] [--warmup-secs S] [--sample-secs S] [--bad-interval-ms MS]
 //!   [--bad-lifetime-ms MS] [--misbehaviours KIND,...]`: churn with misbehaving plugins mixed
