@@ -146,7 +146,8 @@ impl LivenessMonitor {
                     Err(RecvError::Closed) => break,
                 },
                 Some(due) = poll_fn(|cx| state.schedule.poll_expired(cx)) => {
-                    state.probe_due(due.into_inner());
+                    let at = due.deadline();
+                    state.probe_due(due.into_inner(), at);
                 }
                 () = self.suspected.notified() => {
                     let suspects = std::mem::take(&mut *self.suspects.lock());
@@ -174,7 +175,7 @@ impl LivenessMonitor {
 struct Followed {
     generation: Generation,
     /// Its next probe, if probing is on.
-    next_probe: Option<(delay_queue::Key, Instant)>,
+    next_probe: Option<delay_queue::Key>,
     /// A probe is running.
     probing: bool,
     /// Failed probes in a row.
@@ -271,10 +272,10 @@ impl<'a> State<'a> {
         if info.generation != generation {
             return;
         }
-        let next_probe = self.monitor.config.period.map(|period| {
-            let at = Instant::now() + period.mul_f64(fastrand::f64());
-            (self.schedule.insert_at(socket.clone(), at), at)
-        });
+        let next_probe =
+            self.monitor.config.period.map(|period| {
+                self.schedule.insert(socket.clone(), period.mul_f64(fastrand::f64()))
+            });
         let pid = info.server_pid.filter(|_| self.exits_watchable());
         if let Some(pid) = pid {
             self.watch(pid, &socket);
@@ -292,7 +293,7 @@ impl<'a> State<'a> {
         }
         let Some(followed) = self.followed.remove(socket) else { return };
         self.count_followed();
-        if let Some((key, _)) = followed.next_probe {
+        if let Some(key) = followed.next_probe {
             self.schedule.remove(&key);
         }
         if let Some(pid) = followed.pid {
@@ -340,15 +341,14 @@ impl<'a> State<'a> {
 
     /// A plugin's probe is due: start it, and schedule the next one a period
     /// later (on its own phase, whatever the probe takes).
-    fn probe_due(&mut self, socket: PathBuf) {
+    fn probe_due(&mut self, socket: PathBuf, due: Instant) {
         let (Some(period), Some(followed)) =
             (self.monitor.config.period, self.followed.get_mut(&socket))
         else {
             return;
         };
-        let Some((_, due)) = followed.next_probe else { return };
         let next = (due + period).max(Instant::now());
-        followed.next_probe = Some((self.schedule.insert_at(socket.clone(), next), next));
+        followed.next_probe = Some(self.schedule.insert_at(socket.clone(), next));
         // A probe still running (a hung plugin's, within its timeout) is
         // judged first; this round is skipped.
         if followed.probing {

@@ -63,7 +63,7 @@ async fn plugins_registered_together_are_probed_spread_over_the_period() {
     }
     let mut quarters = [0_usize; 4];
     for followed in state.followed.values() {
-        let (_, at) = followed.next_probe.unwrap();
+        let at = state.schedule.deadline(&followed.next_probe.unwrap());
         let offset = at - start;
         assert!(offset < PERIOD, "{offset:?}");
         let quarter = offset.as_nanos() * 4 / PERIOD.as_nanos();
