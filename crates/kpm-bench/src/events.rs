@@ -69,14 +69,37 @@ pub(crate) async fn subscribe(socket: &Path) -> Result<mpsc::UnboundedReceiver<E
     }
 }
 
+/// What [`deregistrations`] saw.
+pub(crate) struct Deregistrations {
+    /// From each socket's instant to its `deregistered` event.
+    pub(crate) latencies: Vec<Duration>,
+    /// The sockets whose event never came, sorted.
+    pub(crate) missing: Vec<String>,
+    /// How often the stream lagged.
+    pub(crate) lagged: usize,
+}
+
+impl Deregistrations {
+    /// `report` with the fields every deregistration scenario adds:
+    /// latencies, missing sockets, lags.
+    pub(crate) fn added_to(self, mut report: serde_json::Value) -> serde_json::Value {
+        if let Some(fields) = report.as_object_mut() {
+            fields.insert("latency_ms".into(), crate::stats::summary(self.latencies));
+            fields.insert("missing_count".into(), self.missing.len().into());
+            fields.insert("missing".into(), crate::scenarios::listed(&self.missing).into());
+            fields.insert("lagged".into(), self.lagged.into());
+        }
+        report
+    }
+}
+
 /// Waits for the `deregistered` event of every socket in `since`, at most
-/// `timeout`; returns the time from each socket's instant to its event, the
-/// sockets whose event never came (sorted), and how often the stream lagged.
+/// `timeout`.
 pub(crate) async fn deregistrations(
     events: &mut mpsc::UnboundedReceiver<Event>,
     mut since: HashMap<String, Instant>,
     timeout: Duration,
-) -> (Vec<Duration>, Vec<String>, usize) {
+) -> Deregistrations {
     let mut latencies = Vec::with_capacity(since.len());
     let mut lagged = 0;
     let deadline = tokio::time::Instant::now() + timeout;
@@ -96,5 +119,5 @@ pub(crate) async fn deregistrations(
     }
     let mut missing: Vec<String> = since.into_keys().collect();
     missing.sort();
-    (latencies, missing, lagged)
+    Deregistrations { latencies, missing, lagged }
 }

@@ -20,8 +20,8 @@ use tokio::process::{Child, Command};
 use tokio::time::MissedTickBehavior;
 
 use crate::plugins::{self, Kind};
-use crate::scenarios::{Context, listed};
-use crate::stats::{ms, summary};
+use crate::scenarios::{Context, EVENT_TIMEOUT};
+use crate::stats::ms;
 use crate::{Result, events};
 
 /// How long a plugin process may take to be registered.
@@ -95,20 +95,15 @@ pub(crate) async fn kill(ctx: &Context, count: usize, interval: Duration) -> Res
         process.child.start_kill()?;
         dead.push(process.child);
     }
-    let (latencies, missing, lagged) =
-        events::deregistrations(&mut events, killed, Duration::from_secs(10)).await;
+    let seen = events::deregistrations(&mut events, killed, EVENT_TIMEOUT).await;
     for mut child in dead {
         let _ = child.wait().await;
     }
-    Ok(json!({
+    Ok(seen.added_to(json!({
         "scenario": "kill",
         "plugins": count,
         "interval_ms": ms(interval),
-        "latency_ms": summary(latencies),
-        "missing_count": missing.len(),
-        "missing": listed(&missing),
-        "lagged": lagged,
-    }))
+    })))
 }
 
 /// `count` plugin processes stopped with SIGSTOP at once, with kpm probing
@@ -129,25 +124,20 @@ pub(crate) async fn hang(
         stopped.insert(process.socket.clone(), Instant::now());
     }
     let bound = period * (failures + 1);
-    let (latencies, missing, lagged) =
-        events::deregistrations(&mut events, stopped, bound + Duration::from_secs(10)).await;
+    let seen = events::deregistrations(&mut events, stopped, bound + EVENT_TIMEOUT).await;
     for mut process in processes {
         if let Some(pid) = process.child.id() {
             send(pid, Signal::CONT)?;
         }
         let _ = process.child.kill().await;
     }
-    Ok(json!({
+    Ok(seen.added_to(json!({
         "scenario": "hang",
         "plugins": count,
         "liveness_period_ms": ms(period),
         "liveness_failures": failures,
         "bound_ms": ms(bound),
-        "latency_ms": summary(latencies),
-        "missing_count": missing.len(),
-        "missing": listed(&missing),
-        "lagged": lagged,
-    }))
+    })))
 }
 
 /// Sends `signal` to process `pid`.

@@ -26,7 +26,7 @@ use crate::{Result, events, procfs};
 const SETTLE: Duration = Duration::from_secs(2);
 
 /// How long `deregister` waits for the last event.
-const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// At most this many failures are listed in the JSON (all are counted).
 const LISTED_FAILURES: usize = 10;
@@ -323,17 +323,12 @@ pub(crate) async fn deregister(ctx: &Context, count: usize, interval: Duration) 
         removed.insert(socket_of(&registrar), Instant::now());
         drop(registrar);
     }
-    let (latencies, missing, lagged) =
-        events::deregistrations(&mut events, removed, EVENT_TIMEOUT).await;
-    Ok(json!({
+    let seen = events::deregistrations(&mut events, removed, EVENT_TIMEOUT).await;
+    Ok(seen.added_to(json!({
         "scenario": "deregister",
         "plugins": count,
         "interval_ms": ms(interval),
-        "latency_ms": summary(latencies),
-        "missing_count": missing.len(),
-        "missing": listed(&missing),
-        "lagged": lagged,
-    }))
+    })))
 }
 
 /// Starts `count` plugins at once and waits for all of them: the outcome,
