@@ -97,7 +97,7 @@ fn plugin_process(role: &str) -> ! {
             // Not waited for: the test kills it, and this process with it.
             #[allow(clippy::zombie_processes)]
             let mut child = plugin_command("listen", &socket).stdin(stdin).spawn_piped();
-            read_line(child.stdout.as_mut().unwrap(), "listening");
+            read_line(&mut BufReader::new(child.stdout.as_mut().unwrap()), "listening");
             println!("child {}", child.id());
             std::fs::rename(&hidden, &socket).unwrap();
             plugin.serve_listener(OwnedFd::from(bound).into())
@@ -140,9 +140,10 @@ impl SpawnPiped for Command {
     }
 }
 
-/// Reads `stdout` up to a line with `prefix`; returns what follows it.
-fn read_line(stdout: &mut ChildStdout, prefix: &str) -> String {
-    let mut lines = BufReader::new(stdout);
+/// Reads `lines` up to a line with `prefix`; returns what follows it. One
+/// reader serves every call on a stream: a reader dropped between calls
+/// would take the lines it had buffered with it.
+fn read_line(lines: &mut BufReader<&mut ChildStdout>, prefix: &str) -> String {
     loop {
         let mut line = String::new();
         assert_ne!(lines.read_line(&mut line).unwrap(), 0, "no {prefix:?} line before EOF");
@@ -162,10 +163,10 @@ struct PluginProcess {
 impl PluginProcess {
     fn start(role: &str, socket: &Path) -> Self {
         let mut child = plugin_command(role, socket).spawn_piped();
-        let stdout = child.stdout.as_mut().unwrap();
+        let mut stdout = BufReader::new(child.stdout.as_mut().unwrap());
         let listener_pid =
-            (role == "listen-in-child").then(|| read_line(stdout, "child ").parse().unwrap());
-        read_line(stdout, "serving");
+            (role == "listen-in-child").then(|| read_line(&mut stdout, "child ").parse().unwrap());
+        read_line(&mut stdout, "serving");
         Self { child, listener_pid }
     }
 
