@@ -172,7 +172,8 @@ struct Endpoint {
     /// socket at the same path from this one.
     file: Option<FileId>,
     options: DevicePluginOptions,
-    client: DevicePluginClient<UdsChannel>,
+    /// The connection every call and the `ListAndWatch` stream go over.
+    channel: UdsChannel,
     /// The `ListAndWatch` task; aborting it closes the stream.
     stream: Option<JoinHandle<()>>,
 }
@@ -224,6 +225,15 @@ impl DeviceManager {
     /// misses hints, nothing else.
     pub fn hangups(&self) -> broadcast::Receiver<PathBuf> {
         self.hangups.subscribe()
+    }
+
+    /// The open connection to `resource`'s current endpoint, if that is
+    /// `socket`: liveness probes a device plugin whose registration socket
+    /// is its endpoint over it, instead of dialling.
+    pub fn connection(&self, resource: &str, socket: &Path) -> Option<UdsChannel> {
+        let state = self.state.lock();
+        let current = state.resources.get(resource)?.current.as_ref()?;
+        (current.socket == socket && !current.channel.is_closed()).then(|| current.channel.clone())
     }
 
     /// Every resource, sorted by name.
@@ -322,8 +332,7 @@ impl DeviceManager {
             socket: socket.to_path_buf(),
             source,
         })?;
-        let mut client = DevicePluginClient::new(channel.clone())
-            .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES);
+        let mut client = plugin_client(channel.clone());
         let timeout = self.config.call_timeout;
         let options = bounded(
             client.get_device_plugin_options(uds::timed_request(Empty {}, timeout)),
@@ -336,7 +345,7 @@ impl DeviceManager {
             },
         )
         .await?;
-        let Some(id) = self.install(resource, socket, file, options, client)? else {
+        let Some(id) = self.install(resource, socket, file, options, channel.clone())? else {
             debug!(resource, socket = %shown, "device plugin was connected meanwhile");
             return Ok(());
         };
@@ -538,7 +547,7 @@ impl DeviceManager {
         socket: &Path,
         file: Option<FileId>,
         options: DevicePluginOptions,
-        client: DevicePluginClient<UdsChannel>,
+        channel: UdsChannel,
     ) -> Result<Option<u64>, DeviceError> {
         let mut state = self.state.lock();
         if state.closed {
@@ -554,7 +563,7 @@ impl DeviceManager {
         }
         let id = self.next_id();
         let endpoint =
-            Endpoint { id, socket: socket.to_path_buf(), file, options, client, stream: None };
+            Endpoint { id, socket: socket.to_path_buf(), file, options, channel, stream: None };
         if let Some(old) = entry.current.replace(endpoint) {
             if let Some(stream) = old.stream {
                 stream.abort();
@@ -697,7 +706,7 @@ impl DeviceManager {
         Ok(Target {
             socket: current.socket.clone(),
             options: current.options,
-            client: current.client.clone(),
+            client: plugin_client(current.channel.clone()),
         })
     }
 }
@@ -785,6 +794,11 @@ impl Endpoint {
 const HANGUPS_KEPT: usize = 64;
 
 // === Helpers ===
+
+fn plugin_client(channel: UdsChannel) -> DevicePluginClient<UdsChannel> {
+    DevicePluginClient::new(channel)
+        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
+}
 
 /// Follows endpoint `id`'s `ListAndWatch` stream until it ends or the
 /// endpoint is replaced (then this task is aborted).

@@ -8,6 +8,8 @@ mod support;
 
 use std::sync::Arc;
 
+use kpm_api::deviceplugin::v1beta1::Empty;
+use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kpm_cache::PluginHandler;
 use kpm_device::{DeviceConfig, DeviceError, DeviceManager, DeviceStatus, KubeletSocket};
 use support::{
@@ -219,6 +221,28 @@ async fn registering_the_same_resource_and_socket_again_makes_no_second_connecti
     assert_eq!(plugin.plugin.options_calls(), 1);
     assert_eq!(plugin.plugin.list_and_watch_calls(), 1);
     assert_eq!(plugin.plugin.open_streams(), 1);
+}
+
+/// Liveness probes a device plugin over the connection the manager holds:
+/// it is lent only for the current endpoint's socket, while it is current.
+#[tokio::test]
+async fn the_current_endpoints_connection_is_lent_to_liveness_probes() {
+    let setup = setup();
+    let plugin = setup.serve("gpu.sock", healthy(&["a"])).await;
+    setup.register(GPU, &plugin.endpoint()).await.unwrap();
+    wait_for_counts(&setup.manager, GPU, 1, 0).await;
+
+    let channel = setup.manager.connection(GPU, &plugin.socket).unwrap();
+    DevicePluginClient::new(channel).get_device_plugin_options(Empty {}).await.unwrap();
+    assert_eq!(plugin.plugin.options_calls(), 2, "over the held connection");
+    assert_eq!(plugin.accepted(), 1, "no second connection");
+    assert!(setup.manager.connection("vendor.com/fpga", &plugin.socket).is_none());
+    let other = setup.dir.path().join("other.sock");
+    assert!(setup.manager.connection(GPU, &other).is_none());
+
+    plugin.crash();
+    wait_for_counts(&setup.manager, GPU, 0, 1).await;
+    assert!(setup.manager.connection(GPU, &plugin.socket).is_none(), "gone");
 }
 
 /// `TestConnectClient_PluginConnectedFailureDeregisters`,

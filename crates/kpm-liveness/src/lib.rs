@@ -10,10 +10,13 @@
 //!   milliseconds and at no cost meanwhile. The socket is then checked: if it
 //!   refuses connections or is gone, the plugin is renewed. A socket still
 //!   served by another process (a fork that kept it) is left to the probes.
-//! - **A plugin hangs.** Every plugin is asked `GetInfo` once per period, over
-//!   a connection of its own, at a phase of its own so that probes
-//!   are spread over the period. One that fails `failure_threshold` probes in
-//!   a row, or whose socket refuses connections, is renewed.
+//! - **A plugin hangs.** Every plugin is asked `GetInfo` once per period, at
+//!   a phase of its own so that probes are spread over the period. One that
+//!   fails `failure_threshold` probes in a row, or whose socket refuses
+//!   connections, is renewed. Where a handler holds a connection to the
+//!   registration socket anyway (a device plugin serving `ListAndWatch` on
+//!   it), the probe goes over that connection ([`HeldConnections`]);
+//!   otherwise it dials and hangs up.
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`
 //! stream, a DRA driver's connection) gets the plugin's socket checked at
@@ -40,12 +43,27 @@ mod exits;
 mod monitor;
 mod probe;
 
+use std::fmt;
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
+use kpm_api::uds::UdsChannel;
+use kpm_cache::PluginInfo;
 
 pub use monitor::{LivenessMonitor, LivenessStats};
 pub use probe::ProbeFailure;
+
+/// The connections to plugins that handlers hold anyway, which probes share
+/// instead of dialling: a device plugin's `ListAndWatch` connection when
+/// its endpoint is its registration socket. A probe over it costs one
+/// request, no socket and no handshake; a connection kept for probes alone
+/// would cost its HTTP/2 buffers for every plugin, all the time.
+pub trait HeldConnections: Send + Sync + fmt::Debug {
+    /// An open connection to `plugin`'s registration socket
+    /// ([`PluginInfo::socket_path`]), if one is held. Called once per probe,
+    /// on the monitor's loop: it must not block.
+    fn connection(&self, plugin: &PluginInfo) -> Option<UdsChannel>;
+}
 
 /// Settings of liveness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,7 @@ use std::future::{Future, poll_fn};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
 use parking_lot::Mutex;
@@ -17,7 +18,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
 use crate::probe::{ProbeFailure, Reachability, probe, reach};
-use crate::{LivenessConfig, LivenessError};
+use crate::{HeldConnections, LivenessConfig, LivenessError};
 
 /// Counters of what the monitor does, for metrics and the status API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -64,6 +65,7 @@ pub struct LivenessMonitor {
     events: EventBus,
     config: LivenessConfig,
     open_pidfd: OpenPidfd,
+    held: Option<Arc<dyn HeldConnections>>,
     counters: Counters,
     /// Endpoints whose connection dropped, not yet looked at.
     suspects: Mutex<HashSet<PathBuf>>,
@@ -87,10 +89,19 @@ impl LivenessMonitor {
             events,
             config,
             open_pidfd: pidfd_open,
+            held: None,
             counters: Counters::default(),
             suspects: Mutex::default(),
             suspected: Notify::new(),
         })
+    }
+
+    /// Probes go over the connections `held` has where it has one (see
+    /// [`HeldConnections`]).
+    #[must_use]
+    pub fn with_held_connections(mut self, held: Arc<dyn HeldConnections>) -> Self {
+        self.held = Some(held);
+        self
     }
 
     /// The settings the monitor runs with.
@@ -170,6 +181,10 @@ impl LivenessMonitor {
     }
 }
 
+/// The step of the grid probes fall on (see `State::first_probe`), or the
+/// period if shorter.
+const PROBE_TICK: Duration = Duration::from_secs(2);
+
 /// A plugin incarnation the monitor follows.
 #[derive(Debug)]
 struct Followed {
@@ -218,6 +233,8 @@ struct State<'a> {
     followed: HashMap<PathBuf, Followed>,
     watched: HashMap<u32, Watched>,
     schedule: DelayQueue<PathBuf>,
+    /// The origin of the grid of probe ticks.
+    origin: Instant,
     tasks: JoinSet<Done>,
 }
 
@@ -228,6 +245,7 @@ impl<'a> State<'a> {
             followed: HashMap::new(),
             watched: HashMap::new(),
             schedule: DelayQueue::new(),
+            origin: Instant::now(),
             tasks: JoinSet::new(),
         }
     }
@@ -272,10 +290,11 @@ impl<'a> State<'a> {
         if info.generation != generation {
             return;
         }
-        let next_probe =
-            self.monitor.config.period.map(|period| {
-                self.schedule.insert(socket.clone(), period.mul_f64(fastrand::f64()))
-            });
+        let next_probe = self
+            .monitor
+            .config
+            .period
+            .map(|period| self.schedule.insert_at(socket.clone(), self.first_probe(period)));
         let pid = info.server_pid.filter(|_| self.exits_watchable());
         if let Some(pid) = pid {
             self.watch(pid, &socket);
@@ -283,6 +302,22 @@ impl<'a> State<'a> {
         let followed = Followed { generation, next_probe, probing: false, failures: 0, pid };
         self.followed.insert(socket, followed);
         self.count_followed();
+    }
+
+    /// When a newly followed plugin is first probed: on a random tick of the
+    /// next period. The ticks are a grid from the monitor's start, and each
+    /// probe is a period after the last, so with a period that is a whole
+    /// number of ticks (the default) every probe falls on the grid: the
+    /// runtime wakes once per tick for that tick's share of the plugins,
+    /// instead of once per probe. Waking was most of what a probe cost
+    /// (docs/performance.md).
+    fn first_probe(&self, period: Duration) -> Instant {
+        let tick = PROBE_TICK.min(period).as_nanos();
+        let next_tick = self.origin.elapsed().as_nanos().div_ceil(tick);
+        let ticks_per_period = (period.as_nanos() / tick).max(1);
+        let offset = (next_tick + fastrand::u128(0..ticks_per_period)) * tick;
+        // Within a period of now: far from overflowing either type.
+        self.origin + Duration::from_nanos(u64::try_from(offset).unwrap_or(u64::MAX))
     }
 
     /// Stops following `socket` (only if it is still that generation).
@@ -356,8 +391,12 @@ impl<'a> State<'a> {
         }
         followed.probing = true;
         let (generation, timeout) = (followed.generation, self.monitor.config.timeout);
+        let held = self.monitor.held.as_ref().and_then(|held| {
+            let info = self.monitor.actual.get(&socket)?;
+            (info.generation == generation).then(|| held.connection(&info)).flatten()
+        });
         self.tasks.spawn(async move {
-            let outcome = probe(&socket, timeout).await;
+            let outcome = probe(&socket, held, timeout).await;
             Done::Probed { socket, generation, outcome }
         });
     }

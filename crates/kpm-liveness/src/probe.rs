@@ -10,7 +10,7 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_api::uds;
+use kpm_api::uds::{self, UdsChannel};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,15 +22,23 @@ pub struct ProbeFailure {
     pub reason: String,
 }
 
-/// Dials `socket` and asks `GetInfo`, each step within `timeout`, then
-/// hangs up: a connection kept between probes would cost its fixed HTTP/2
-/// buffers (about 35 KB) for every registered plugin, all the time. The
-/// answer's content is not checked: the probe asks whether the plugin is
-/// alive, registration already judged what it said.
-pub(crate) async fn probe(socket: &Path, timeout: Duration) -> Result<(), ProbeFailure> {
-    let channel = uds::dial(socket, timeout)
-        .await
-        .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
+/// Asks `GetInfo` on `socket`, over `held` (a handler's open connection to
+/// it) if given, or else over a connection dialled for it and hung up after:
+/// a connection kept between probes would cost its fixed HTTP/2 buffers
+/// (about 35 KB) for every registered plugin, all the time. Each step
+/// within `timeout`. The answer's content is not checked: the probe asks
+/// whether the plugin is alive, registration already judged what it said.
+pub(crate) async fn probe(
+    socket: &Path,
+    held: Option<UdsChannel>,
+    timeout: Duration,
+) -> Result<(), ProbeFailure> {
+    let channel = match held {
+        Some(channel) => channel,
+        None => UdsChannel::connect(socket, timeout, Duration::ZERO)
+            .await
+            .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?,
+    };
     let mut client =
         RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
     let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));

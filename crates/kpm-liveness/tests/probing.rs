@@ -15,11 +15,12 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
+use kpm_api::uds::UdsChannel;
 use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler,
     PluginInfo,
 };
-use kpm_liveness::{LivenessConfig, LivenessError, LivenessMonitor};
+use kpm_liveness::{HeldConnections, LivenessConfig, LivenessError, LivenessMonitor};
 use kpm_test_support::{lazy, wait_until, within};
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt as _;
@@ -107,14 +108,22 @@ struct Harness {
 }
 
 fn start(config: LivenessConfig) -> Harness {
+    start_sharing(config, None)
+}
+
+/// Like [`start`], probing over the connections `held` has.
+fn start_sharing(config: LivenessConfig, held: Option<Arc<dyn HeldConnections>>) -> Harness {
     let desired = Arc::new(DesiredState::new());
     let actual = Arc::new(ActualState::new());
     let events = EventBus::default();
     let reported = events.subscribe();
-    let monitor = Arc::new(
+    let monitor =
         LivenessMonitor::new(Arc::clone(&desired), Arc::clone(&actual), events.clone(), config)
-            .unwrap(),
-    );
+            .unwrap();
+    let monitor = Arc::new(match held {
+        Some(held) => monitor.with_held_connections(held),
+        None => monitor,
+    });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({
         let monitor = Arc::clone(&monitor);
@@ -208,6 +217,58 @@ async fn an_answering_plugin_is_left_alone_and_no_connection_is_kept() {
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
     assert!(h.monitor.stats().probes >= 4);
+    h.stop().await;
+}
+
+/// One connection held to one socket, as a device manager holds a plugin's.
+#[derive(Debug)]
+struct OneHeld {
+    socket: std::path::PathBuf,
+    channel: UdsChannel,
+}
+
+impl HeldConnections for OneHeld {
+    fn connection(&self, plugin: &PluginInfo) -> Option<UdsChannel> {
+        (plugin.socket_path == self.socket && !self.channel.is_closed())
+            .then(|| self.channel.clone())
+    }
+}
+
+async fn hold(socket: &Path) -> Arc<dyn HeldConnections> {
+    let channel =
+        UdsChannel::connect(socket, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+    Arc::new(OneHeld { socket: socket.to_path_buf(), channel })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_whose_connection_is_held_is_probed_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("held.sock");
+    let plugin = serve(&socket, Plugin::default()).await;
+    let mut h = start_sharing(quick(), Some(hold(&socket).await));
+    let generation = h.registered(&socket, None);
+    wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
+        .await;
+    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "no probe dialled");
+    assert_eq!(h.desired.generation(&socket), Some(generation));
+    assert!(h.reported_unresponsive().is_empty());
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_hanging_on_a_held_connection_is_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("held-hang.sock");
+    let plugin = serve(&socket, Plugin { hang: Some(|_| true), ..Plugin::default() }).await;
+    let mut h = start_sharing(quick(), Some(hold(&socket).await));
+    let generation = h.registered(&socket, None);
+    let PluginEvent::Unresponsive { failures, reason, .. } = h.unresponsive().await else {
+        unreachable!()
+    };
+    assert_eq!(failures, 3);
+    assert!(reason.contains("timed out"), "{reason}");
+    assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
+    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "no probe dialled");
     h.stop().await;
 }
 

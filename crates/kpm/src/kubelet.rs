@@ -257,6 +257,9 @@ impl KubeletBuilder {
         let (devices, device_plugin_dir) = {
             let devices = crate::device::DeviceManager::new(self.device);
             handlers.push((PluginKind::Device, devices.clone()));
+            if enabled(PluginKind::Device) {
+                manager = manager.held_connections(Arc::new(DeviceConnections(devices.clone())));
+            }
             let dir = self
                 .device_plugin_dir
                 .unwrap_or_else(|| self.root_dir.join(kpm_api::constants::DEVICE_PLUGINS_DIR_NAME));
@@ -386,6 +389,22 @@ impl Kubelet {
         #[cfg(feature = "dra")]
         self.handle.dra.shutdown().await;
         result
+    }
+}
+
+/// The device plugins' `ListAndWatch` connections, for liveness probes of
+/// plugins whose endpoint is their registration socket.
+#[cfg(feature = "device")]
+#[derive(Debug)]
+struct DeviceConnections(Arc<crate::device::DeviceManager>);
+
+#[cfg(feature = "device")]
+impl crate::HeldConnections for DeviceConnections {
+    fn connection(&self, plugin: &kpm_cache::PluginInfo) -> Option<kpm_api::uds::UdsChannel> {
+        if plugin.plugin_type != kpm_api::constants::DEVICE_PLUGIN {
+            return None;
+        }
+        self.0.connection(&plugin.name, &plugin.socket_path)
     }
 }
 

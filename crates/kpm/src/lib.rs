@@ -57,7 +57,7 @@ mod status;
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{DesiredPlugin, Generation, HandlerError, PluginEvent, PluginHandler};
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
-pub use kpm_liveness::{LivenessConfig, LivenessStats};
+pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
 pub use kpm_reconciler::ReconcilerConfig;
 pub use kpm_watcher::WatcherConfig;
 pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};

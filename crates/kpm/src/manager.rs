@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
-use kpm_liveness::{LivenessConfig, LivenessMonitor, LivenessStats};
+use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_watcher::{Watcher, WatcherConfig};
 use tokio::sync::broadcast;
@@ -30,6 +30,7 @@ pub struct PluginManagerBuilder {
     reconciler: ReconcilerConfig,
     watcher: WatcherConfig,
     liveness: Option<LivenessConfig>,
+    held_connections: Option<Arc<dyn HeldConnections>>,
     shutdown_grace: Duration,
     event_capacity: usize,
 }
@@ -44,6 +45,7 @@ impl Default for PluginManagerBuilder {
             reconciler: ReconcilerConfig::default(),
             watcher: WatcherConfig::default(),
             liveness: Some(LivenessConfig::default()),
+            held_connections: None,
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
         }
@@ -110,6 +112,14 @@ impl PluginManagerBuilder {
         self
     }
 
+    /// Connections to plugins that handlers hold anyway, which liveness
+    /// probes share instead of dialling (see [`HeldConnections`]).
+    /// [`Kubelet`](crate::Kubelet) hands over the device plugins'.
+    pub fn held_connections(mut self, held: Arc<dyn HeldConnections>) -> Self {
+        self.held_connections = Some(held);
+        self
+    }
+
     /// How long [`PluginManager::run`] waits for running operations after
     /// shutdown is requested (default 10 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -142,16 +152,20 @@ impl PluginManagerBuilder {
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::new(self.event_capacity);
+        let held = self.held_connections;
         let liveness = self
             .liveness
             .map(|config| {
-                LivenessMonitor::new(
+                let monitor = LivenessMonitor::new(
                     Arc::clone(&desired),
                     Arc::clone(&actual),
                     events.clone(),
                     config,
-                )
-                .map(Arc::new)
+                )?;
+                Ok::<_, kpm_liveness::LivenessError>(Arc::new(match held {
+                    Some(held) => monitor.with_held_connections(held),
+                    None => monitor,
+                }))
             })
             .transpose()
             .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;

@@ -15,15 +15,15 @@ fn manager() -> Arc<DeviceManager> {
     DeviceManager::new(DeviceConfig { grace_period: GRACE, ..DeviceConfig::default() })
 }
 
-/// A client on one end of a socket pair, which these tests never call.
-async fn client() -> DevicePluginClient<UdsChannel> {
+/// A channel on one end of a socket pair, which these tests never call.
+async fn channel() -> UdsChannel {
     let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
-    DevicePluginClient::new(UdsChannel::handshake(Path::new("pair"), ours).await.unwrap())
+    UdsChannel::handshake(Path::new("pair"), ours).await.unwrap()
 }
 
 async fn install(manager: &DeviceManager, socket: &str) -> u64 {
     manager
-        .install(GPU, Path::new(socket), None, DevicePluginOptions::default(), client().await)
+        .install(GPU, Path::new(socket), None, DevicePluginOptions::default(), channel().await)
         .unwrap()
         .expect("a new endpoint")
 }
@@ -201,7 +201,13 @@ async fn shutdown_refuses_new_endpoints_and_runs_no_grace_timers() {
     assert_eq!((status.endpoint.as_str(), status.healthy, status.unhealthy), ("", 0, 1));
     assert_eq!(status.removal_at, None);
     let err = manager
-        .install(GPU, Path::new("/dp/b.sock"), None, DevicePluginOptions::default(), client().await)
+        .install(
+            GPU,
+            Path::new("/dp/b.sock"),
+            None,
+            DevicePluginOptions::default(),
+            channel().await,
+        )
         .unwrap_err();
     assert!(matches!(err, DeviceError::ShutDown { .. }), "{err}");
     sleep(GRACE * 2).await;

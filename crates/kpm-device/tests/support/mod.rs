@@ -256,6 +256,11 @@ impl Served {
         self.socket.file_name().unwrap().to_str().unwrap().to_owned()
     }
 
+    /// The connections accepted and not broken yet.
+    pub fn accepted(&self) -> usize {
+        self.connections.lock().len()
+    }
+
     /// Stops the server and breaks every connection, as if the plugin
     /// process died. The socket file stays behind, as it would.
     pub fn crash(&self) {
