@@ -197,6 +197,8 @@ struct Followed {
     failures: u32,
     /// The watched process serving its socket.
     pid: Option<u32>,
+    /// The endpoint it reported in `GetInfo`, as a path (see `State::served_at`).
+    endpoint: PathBuf,
 }
 
 /// A watched process and the sockets it serves.
@@ -233,6 +235,10 @@ struct State<'a> {
     followed: HashMap<PathBuf, Followed>,
     watched: HashMap<u32, Watched>,
     schedule: DelayQueue<PathBuf>,
+    /// The followed sockets by the endpoint their plugin reported, so that a
+    /// dropped connection to an endpoint finds its plugins without a scan: a
+    /// thousand device plugins stopping at once drop a thousand.
+    served_at: HashMap<PathBuf, HashSet<PathBuf>>,
     /// The origin of the grid of probe ticks.
     origin: Instant,
     tasks: JoinSet<Done>,
@@ -245,6 +251,7 @@ impl<'a> State<'a> {
             followed: HashMap::new(),
             watched: HashMap::new(),
             schedule: DelayQueue::new(),
+            served_at: HashMap::new(),
             origin: Instant::now(),
             tasks: JoinSet::new(),
         }
@@ -299,7 +306,10 @@ impl<'a> State<'a> {
         if let Some(pid) = pid {
             self.watch(pid, &socket);
         }
-        let followed = Followed { generation, next_probe, probing: false, failures: 0, pid };
+        let endpoint = PathBuf::from(info.endpoint.trim_start_matches("unix://"));
+        self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
+        let followed =
+            Followed { generation, next_probe, probing: false, failures: 0, pid, endpoint };
         self.followed.insert(socket, followed);
         self.count_followed();
     }
@@ -333,6 +343,12 @@ impl<'a> State<'a> {
         }
         if let Some(pid) = followed.pid {
             self.unwatch(pid, socket);
+        }
+        if let Some(sockets) = self.served_at.get_mut(&followed.endpoint) {
+            sockets.remove(socket);
+            if sockets.is_empty() {
+                self.served_at.remove(&followed.endpoint);
+            }
         }
     }
 
@@ -433,19 +449,12 @@ impl<'a> State<'a> {
     /// A connection to `endpoint` dropped: checks the registration socket of
     /// every plugin served there.
     fn suspect(&mut self, endpoint: &Path) {
-        let suspects: Vec<(PathBuf, Generation)> = self
-            .followed
-            .iter()
-            .filter(|(socket, followed)| {
-                socket.as_path() == endpoint
-                    || self.monitor.actual.get(socket).is_some_and(|info| {
-                        info.generation == followed.generation
-                            && Path::new(info.endpoint.trim_start_matches("unix://")) == endpoint
-                    })
-            })
-            .map(|(socket, followed)| (socket.clone(), followed.generation))
-            .collect();
-        for (socket, generation) in suspects {
+        let served = self.served_at.get(endpoint).into_iter().flatten();
+        let itself = self.followed.contains_key(endpoint).then(|| endpoint.to_path_buf());
+        let suspects: HashSet<PathBuf> = served.cloned().chain(itself).collect();
+        for socket in suspects {
+            let Some(followed) = self.followed.get(&socket) else { continue };
+            let generation = followed.generation;
             let cause = format!("its connection to {} dropped", endpoint.display());
             self.check(socket, generation, cause);
         }

@@ -35,13 +35,23 @@ fn monitor() -> LivenessMonitor {
 
 /// Records `socket` as registered, served by `server_pid`.
 fn register(monitor: &LivenessMonitor, socket: &Path, server_pid: Option<u32>) -> Generation {
+    register_at(monitor, socket, &socket.display().to_string(), server_pid)
+}
+
+/// Records `socket` as registered, its plugin served at `endpoint`.
+fn register_at(
+    monitor: &LivenessMonitor,
+    socket: &Path,
+    endpoint: &str,
+    server_pid: Option<u32>,
+) -> Generation {
     let generation = monitor.desired.add_or_update(socket).unwrap();
     let info = PluginInfo {
         socket_path: socket.to_path_buf(),
         generation,
         plugin_type: "TestPlugin".into(),
         name: "test".into(),
-        endpoint: socket.display().to_string(),
+        endpoint: endpoint.to_owned(),
         versions: vec!["v1".into()],
         registered_at: SystemTime::now(),
         server_pid,
@@ -127,4 +137,40 @@ async fn without_pidfds_exits_are_left_to_the_probes_and_said_once() {
     state.follow(second.clone(), generation);
     assert!(state.watched.is_empty() && state.tasks.is_empty());
     assert_eq!(monitor.stats().renewals, 0, "nothing renewed for want of pidfds");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_endpoint_gets_the_sockets_of_its_plugins_checked_and_no_others() {
+    let monitor = monitor();
+    let mut state = State::new(&monitor);
+    let endpoint = Path::new("/plugins/driver/dra.sock");
+    let sockets = ["/registry/a.sock", "/registry/b.sock", "/registry/c.sock"].map(PathBuf::from);
+    for (socket, served_at) in sockets.iter().zip([
+        "unix:///plugins/driver/dra.sock",
+        "/plugins/driver/dra.sock",
+        "/elsewhere.sock",
+    ]) {
+        let generation = register_at(&monitor, socket, served_at, None);
+        state.follow(socket.clone(), generation);
+    }
+    state.forget(&sockets[1], None);
+    state.suspect(endpoint);
+    // The registration socket itself may be the endpoint.
+    state.suspect(&sockets[2]);
+    let mut checked = Vec::new();
+    while let Some(done) = state.tasks.join_next().await {
+        let Done::Reached { socket, cause, .. } = done.unwrap() else { panic!("not a check") };
+        checked.push((socket, cause));
+    }
+    checked.sort();
+    assert_eq!(
+        checked,
+        [
+            (sockets[0].clone(), "its connection to /plugins/driver/dra.sock dropped".to_owned()),
+            (sockets[2].clone(), "its connection to /registry/c.sock dropped".to_owned()),
+        ]
+    );
+    state.forget(&sockets[0], None);
+    state.forget(&sockets[2], None);
+    assert!(state.served_at.is_empty(), "{:?}", state.served_at);
 }
