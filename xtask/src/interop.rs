@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, and deregisters it when the registrar exits |
 //! | `generic-device-plugin` | `generic-device-plugin` | `kpm run`'s `kubelet.sock` takes its `Register`; `squat.ai/null` has 3 healthy devices, unhealthy once it exits |
+//! | `sample-device-plugin` | `sample-device-plugin` | the Kubernetes e2e device plugin, its socket in the registry: `kpm run` registers it through the plugin watcher, probes it over its `ListAndWatch` connection (`--liveness-period 1`) and deregisters it at once when it is killed with SIGKILL, its socket left behind |
 //! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
 //! | `kubelet-plugin-manager` | `kubelet-pluginmanager` | the kubelet's own plugin manager registers `kpm-registrar` plugins of all three types and deregisters them when they stop |
 
@@ -40,6 +41,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "generic-device-plugin",
         programs: &["generic-device-plugin"],
         run: generic_device_plugin,
+    },
+    Scenario {
+        name: "sample-device-plugin",
+        programs: &["sample-device-plugin"],
+        run: sample_device_plugin,
     },
     Scenario {
         name: "dra-rolling-update",
@@ -317,10 +323,69 @@ fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
     Ok(())
 }
 
+/// `test/images/sample-device-plugin` of Kubernetes: its stub serves
+/// `Registration` and `DevicePlugin` on one socket, so kpm's liveness probes
+/// go over the `ListAndWatch` connection; the stub logs each `GetInfo`.
+fn sample_device_plugin(env: &Env, root: &Path) -> Result {
+    const RESOURCE: &str = "example.com/resource";
+    let kpm = start_kpm_with(env, root, "sample-device-plugin", &["--liveness-period", "1"])?;
+    // While this file exists, the plugin does not `Register` on the
+    // kubelet's own `kubelet.sock` (/var/lib/kubelet/device-plugins).
+    let control = root.join("register-control");
+    fs::write(&control, "")?;
+    let program = env.bin_dir.join("sample-device-plugin");
+    let mut command = std::process::Command::new(&program);
+    command
+        .env("PLUGIN_SOCK_DIR", root.join("plugins_registry"))
+        .env("REGISTER_CONTROL_FILE", &control);
+    let log = |suffix: &str| env.out.join(format!("sample-device-plugin-plugin.{suffix}"));
+    let mut plugin =
+        Process::spawn_command("sample-device-plugin", &mut command, &log("out"), &log("err"))?;
+
+    let pid = wait_for_list(&kpm, "the plugin registered with 2 healthy devices", |list| {
+        let plugin = find(&list["plugins"], "name", RESOURCE);
+        let devices = find(&list["device_resources"], "resource", RESOURCE);
+        let healthy = devices.is_some_and(|r| r["healthy"] == 2 && r["unhealthy"] == 0);
+        Ok(plugin
+            .filter(|p| p["state"] == "registered" && healthy)
+            .map(|p| p["server_pid"].clone()))
+    })?;
+    if pid != plugin.child.id() {
+        return Err(format!("server_pid is {pid}, the plugin is {}", plugin.child.id()).into());
+    }
+    let get_infos = || -> Result<usize> {
+        Ok(plugin.error_lines()?.iter().filter(|line| line.contains("\"GetInfo\"")).count())
+    };
+    // One `GetInfo` for the registration, then one probe a second.
+    wait_until("3 liveness probes answered", STEP_TIMEOUT, || Ok(get_infos()? >= 4))?;
+    let list = kpm.list()?;
+    let registered = find(&list["plugins"], "name", RESOURCE);
+    if !registered.is_some_and(|p| p["state"] == "registered" && p["server_pid"] == pid) {
+        return Err(format!("not registered as before after the probes: {registered:?}").into());
+    }
+    eprintln!("{RESOURCE}: registered (server_pid {pid}), {} GetInfo calls answered", get_infos()?);
+
+    plugin.kill();
+    let killed = Instant::now();
+    wait_for_list(&kpm, "the killed plugin deregistered, its devices unhealthy", |list| {
+        let plugin = find(&list["plugins"], "name", RESOURCE);
+        let devices = find(&list["device_resources"], "resource", RESOURCE);
+        let gone = plugin.is_none_or(|p| p["state"] != "registered")
+            && devices.is_some_and(|r| r["healthy"] == 0);
+        Ok(gone.then_some(()))
+    })?;
+    eprintln!("{RESOURCE}: deregistered {:?} after SIGKILL", killed.elapsed());
+    kpm.stop()
+}
+
 // === Processes ===
 
 fn start_kpm(env: &Env, root: &Path, scenario: &str) -> Result<RunningKpm> {
-    RunningKpm::start(&env.kpm, root, &[], &env.out.join(format!("{scenario}-kpm.log")))
+    start_kpm_with(env, root, scenario, &[])
+}
+
+fn start_kpm_with(env: &Env, root: &Path, scenario: &str, args: &[&str]) -> Result<RunningKpm> {
+    RunningKpm::start(&env.kpm, root, args, &env.out.join(format!("{scenario}-kpm.log")))
 }
 
 /// Starts `program` from the bin dir.

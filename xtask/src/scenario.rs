@@ -101,6 +101,7 @@ pub(crate) struct Process {
     pub(crate) name: String,
     pub(crate) child: Child,
     stdout: PathBuf,
+    stderr: PathBuf,
 }
 
 impl Process {
@@ -112,19 +113,39 @@ impl Process {
         stdout: &Path,
         stderr: &Path,
     ) -> Result<Self> {
-        let child = Command::new(bin)
-            .args(args)
+        Self::spawn_command(name, Command::new(bin).args(args), stdout, stderr)
+    }
+
+    /// Like [`spawn`](Self::spawn), for a command given its arguments and
+    /// environment already.
+    pub(crate) fn spawn_command(
+        name: &str,
+        command: &mut Command,
+        stdout: &Path,
+        stderr: &Path,
+    ) -> Result<Self> {
+        let child = command
             .stdin(Stdio::null())
             .stdout(fs::File::create(stdout)?)
             .stderr(fs::File::create(stderr)?)
             .spawn()
-            .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
-        Ok(Self { name: name.to_owned(), child, stdout: stdout.to_path_buf() })
+            .map_err(|err| format!("cannot start {}: {err}", command.get_program().display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            stdout: stdout.to_path_buf(),
+            stderr: stderr.to_path_buf(),
+        })
     }
 
     /// The lines of its stdout so far.
     pub(crate) fn lines(&self) -> Result<Vec<String>> {
         Ok(fs::read_to_string(&self.stdout)?.lines().map(str::to_owned).collect())
+    }
+
+    /// The lines of its stderr so far (where Go programs log).
+    pub(crate) fn error_lines(&self) -> Result<Vec<String>> {
+        Ok(fs::read_to_string(&self.stderr)?.lines().map(str::to_owned).collect())
     }
 
     /// Waits, at most `timeout`, for a line of its stdout that `matches`.
