@@ -16,7 +16,9 @@
 //!   connections, is renewed. Where a handler holds a connection to the
 //!   registration socket anyway (a device plugin serving `ListAndWatch` on
 //!   it), the probe goes over that connection ([`HeldConnections`]);
-//!   otherwise it dials and hangs up.
+//!   otherwise over a connection of the monitor's own, kept between probes
+//!   (at most 128, each an optional holder of the fd budget; beyond that,
+//!   probes dial and hang up).
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`
 //! stream, a DRA driver's connection) gets the plugin's socket checked at

@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{ProbeFailure, Reachability, probe, reach};
+use kpm_api::uds::UdsChannel;
+
+use crate::probe::{Probed, Reachability, Via, probe, reach};
 use crate::{HeldConnections, LivenessConfig, LivenessError};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -35,6 +37,9 @@ pub struct LivenessStats {
     pub socket_checks: u64,
     /// `GetInfo` probes made.
     pub probes: u64,
+    /// Connections kept open between probes now, for plugins no handler
+    /// holds a connection to.
+    pub probe_connections: usize,
     /// Probes that failed.
     pub failed_probes: u64,
     /// Plugins registered anew because they exited or stopped answering.
@@ -50,6 +55,7 @@ struct Counters {
     exits: AtomicU64,
     socket_checks: AtomicU64,
     probes: AtomicU64,
+    probe_connections: AtomicUsize,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
     /// Set once `pidfd_open` says the kernel has no pidfds.
@@ -127,6 +133,7 @@ impl LivenessMonitor {
             exits: c.exits.load(Ordering::Relaxed),
             socket_checks: c.socket_checks.load(Ordering::Relaxed),
             probes: c.probes.load(Ordering::Relaxed),
+            probe_connections: c.probe_connections.load(Ordering::Relaxed),
             failed_probes: c.failed_probes.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
             exit_watch_supported: !c.no_pidfd.load(Ordering::Relaxed),
@@ -177,6 +184,7 @@ impl LivenessMonitor {
         state.tasks.shutdown().await;
         self.counters.followed.store(0, Ordering::Relaxed);
         self.counters.watched_processes.store(0, Ordering::Relaxed);
+        self.counters.probe_connections.store(0, Ordering::Relaxed);
         tracing::debug!("liveness monitor stopped");
     }
 }
@@ -184,6 +192,12 @@ impl LivenessMonitor {
 /// The step of the grid probes fall on (see `State::first_probe`), or the
 /// period if shorter.
 const PROBE_TICK: Duration = Duration::from_secs(2);
+
+/// How many connections the monitor keeps between probes, at most: each
+/// costs its fixed HTTP/2 buffers (about 35 KB), and plugins no handler
+/// holds a connection to (CSI and DRA registration sockets) are a handful
+/// per node. Beyond it, probes dial and hang up.
+const MAX_KEPT_CONNECTIONS: usize = 128;
 
 /// A plugin incarnation the monitor follows.
 #[derive(Debug)]
@@ -199,6 +213,9 @@ struct Followed {
     pid: Option<u32>,
     /// The endpoint it reported in `GetInfo`, as a path (see `State::served_at`).
     endpoint: PathBuf,
+    /// The connection its last probe answered on, if the monitor keeps it
+    /// (see `probe`); taken while a probe runs.
+    kept: Option<UdsChannel>,
 }
 
 /// A watched process and the sockets it serves.
@@ -214,7 +231,7 @@ enum Done {
     Probed {
         socket: PathBuf,
         generation: Generation,
-        outcome: Result<(), ProbeFailure>,
+        probed: Probed,
     },
     Exited {
         pid: u32,
@@ -308,8 +325,15 @@ impl<'a> State<'a> {
         }
         let endpoint = PathBuf::from(info.endpoint.trim_start_matches("unix://"));
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
-        let followed =
-            Followed { generation, next_probe, probing: false, failures: 0, pid, endpoint };
+        let followed = Followed {
+            generation,
+            next_probe,
+            probing: false,
+            failures: 0,
+            pid,
+            endpoint,
+            kept: None,
+        };
         self.followed.insert(socket, followed);
         self.count_followed();
     }
@@ -343,6 +367,9 @@ impl<'a> State<'a> {
         }
         if let Some(pid) = followed.pid {
             self.unwatch(pid, socket);
+        }
+        if followed.kept.is_some() {
+            self.monitor.counters.probe_connections.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(sockets) = self.served_at.get_mut(&followed.endpoint) {
             sockets.remove(socket);
@@ -407,20 +434,29 @@ impl<'a> State<'a> {
         }
         followed.probing = true;
         let (generation, timeout) = (followed.generation, self.monitor.config.timeout);
+        let kept = followed.kept.take();
+        if kept.is_some() {
+            self.monitor.counters.probe_connections.fetch_sub(1, Ordering::Relaxed);
+        }
         let held = self.monitor.held.as_ref().and_then(|held| {
             let info = self.monitor.actual.get(&socket)?;
             (info.generation == generation).then(|| held.connection(&info)).flatten()
         });
+        let via = match (held, kept.filter(|kept| !kept.is_closed())) {
+            (Some(held), _) => Via::Handler(held),
+            (None, Some(kept)) => Via::Kept(kept),
+            (None, None) => Via::Dial,
+        };
         self.tasks.spawn(async move {
-            let outcome = probe(&socket, held, timeout).await;
-            Done::Probed { socket, generation, outcome }
+            let probed = probe(&socket, via, timeout).await;
+            Done::Probed { socket, generation, probed }
         });
     }
 
     fn finish(&mut self, done: Done) {
         match done {
-            Done::Probed { socket, generation, outcome } => {
-                self.judge(&socket, generation, outcome);
+            Done::Probed { socket, generation, probed } => {
+                self.judge(&socket, generation, probed);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
             Done::Reached { socket, generation, cause, reachability } => {
@@ -460,7 +496,8 @@ impl<'a> State<'a> {
         }
     }
 
-    fn judge(&mut self, socket: &Path, generation: Generation, outcome: Result<(), ProbeFailure>) {
+    fn judge(&mut self, socket: &Path, generation: Generation, probed: Probed) {
+        let Probed { outcome, keep } = probed;
         let counters = &self.monitor.counters;
         counters.probes.fetch_add(1, Ordering::Relaxed);
         let Some(followed) = self.followed.get_mut(socket) else { return };
@@ -468,6 +505,12 @@ impl<'a> State<'a> {
             return;
         }
         followed.probing = false;
+        if let Some(channel) = keep
+            && counters.probe_connections.load(Ordering::Relaxed) < MAX_KEPT_CONNECTIONS
+        {
+            followed.kept = Some(channel);
+            counters.probe_connections.fetch_add(1, Ordering::Relaxed);
+        }
         let failure = match outcome {
             Ok(()) => {
                 followed.failures = 0;

@@ -1,12 +1,14 @@
-//! One liveness probe: dial the registration socket, ask `GetInfo`; and the
-//! cheaper question asked when a plugin's process exits: does anybody still
-//! accept connections on its socket?
+//! One liveness probe: `GetInfo` on the registration socket, over a
+//! connection a handler holds, one kept from the last probe, or a new one;
+//! and the cheaper question asked when a plugin's process exits: does
+//! anybody still accept connections on its socket?
 
 use std::io;
 use std::path::Path;
 use std::time::Duration;
 
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
+use kpm_api::fd;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
@@ -22,23 +24,61 @@ pub struct ProbeFailure {
     pub reason: String,
 }
 
-/// Asks `GetInfo` on `socket`, over `held` (a handler's open connection to
-/// it) if given, or else over a connection dialled for it and hung up after:
-/// a connection kept between probes would cost its fixed HTTP/2 buffers
-/// (about 35 KB) for every registered plugin, all the time. Each step
-/// within `timeout`. The answer's content is not checked: the probe asks
-/// whether the plugin is alive, registration already judged what it said.
-pub(crate) async fn probe(
-    socket: &Path,
-    held: Option<UdsChannel>,
-    timeout: Duration,
-) -> Result<(), ProbeFailure> {
-    let channel = match held {
-        Some(channel) => channel,
-        None => UdsChannel::connect(socket, timeout, Duration::ZERO)
-            .await
-            .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?,
+/// The connection a probe goes over.
+#[derive(Debug)]
+pub(crate) enum Via {
+    /// A handler's connection to the registration socket, shared.
+    Handler(UdsChannel),
+    /// The monitor's own, kept from the plugin's last probe.
+    Kept(UdsChannel),
+    /// A new connection.
+    Dial,
+}
+
+/// What a probe found, and the connection to keep for the next one.
+#[derive(Debug)]
+pub(crate) struct Probed {
+    pub(crate) outcome: Result<(), ProbeFailure>,
+    /// The monitor's own connection, after an answer on it.
+    pub(crate) keep: Option<UdsChannel>,
+}
+
+/// Asks `GetInfo` on `socket` over `via`, each step within `timeout`. The
+/// answer's content is not checked: the probe asks whether the plugin is
+/// alive, registration already judged what it said.
+///
+/// A dialled connection may be kept for the next probe when it answered and
+/// the fd budget could spare an optional permit for it (a quarter of the
+/// budget stays free); the monitor decides (it keeps at most
+/// `MAX_KEPT_CONNECTIONS`). Otherwise it is closed after the probe.
+pub(crate) async fn probe(socket: &Path, via: Via, timeout: Duration) -> Probed {
+    let (channel, keepable) = match via {
+        Via::Handler(channel) => (channel, false),
+        Via::Kept(channel) => (channel, true),
+        Via::Dial => match dial(socket, timeout).await {
+            Ok(dialled) => dialled,
+            Err(failure) => return Probed { outcome: Err(failure), keep: None },
+        },
     };
+    let outcome = get_info(channel.clone(), timeout).await;
+    let keep = (keepable && outcome.is_ok()).then_some(channel);
+    Probed { outcome, keep }
+}
+
+/// Dials `socket`; says whether the connection may be kept (its permit is
+/// an optional holder's).
+async fn dial(socket: &Path, timeout: Duration) -> Result<(UdsChannel, bool), ProbeFailure> {
+    let (permit, keepable) = match fd::budget().try_acquire() {
+        Some(permit) => (permit, true),
+        None => (fd::budget().acquire().await, false),
+    };
+    let channel = UdsChannel::connect_with_permit(socket, timeout, Duration::ZERO, permit)
+        .await
+        .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
+    Ok((channel, keepable))
+}
+
+async fn get_info(channel: UdsChannel, timeout: Duration) -> Result<(), ProbeFailure> {
     let mut client =
         RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
     let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));

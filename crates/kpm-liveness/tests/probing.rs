@@ -204,7 +204,7 @@ impl Harness {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answering_plugin_is_left_alone_and_no_connection_is_kept() {
+async fn an_answering_plugin_is_left_alone_and_probed_over_one_kept_connection() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ok.sock");
     let plugin = serve(&socket, Plugin::default()).await;
@@ -212,11 +212,22 @@ async fn an_answering_plugin_is_left_alone_and_no_connection_is_kept() {
     let generation = h.registered(&socket, None);
     wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
         .await;
-    // Each probe dials and hangs up: nothing held between probes.
-    assert!(plugin.connections.load(Ordering::SeqCst) >= 5);
+    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "dialled once, then kept");
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
-    assert!(h.monitor.stats().probes >= 4);
+    let stats = h.monitor.stats();
+    assert!(stats.probes >= 4);
+    assert_eq!(stats.probe_connections, 1);
+
+    // Renewed (here: deregistered), its connection is let go.
+    h.actual.remove(&socket);
+    h.events.publish(PluginEvent::Deregistered {
+        socket: socket.clone(),
+        generation,
+        plugin_type: "TestPlugin".into(),
+        name: "test".into(),
+    });
+    wait_until("the kept connection let go", || h.monitor.stats().probe_connections == 0).await;
     h.stop().await;
 }
 

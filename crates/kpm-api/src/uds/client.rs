@@ -24,7 +24,7 @@ use tracing::debug;
 
 use super::stream::{self, PermittedStream};
 use super::{TransportError, server_pid};
-use crate::fd;
+use crate::fd::{self, FdPermit};
 
 /// Initial size of [`SmallBufferCodec`]'s buffers: a device list of a few
 /// devices fits, a larger message grows the buffer to its size.
@@ -56,7 +56,20 @@ impl UdsChannel {
         timeout: Duration,
         refused_retry: Duration,
     ) -> Result<Self, TransportError> {
-        Self::connect_with(path, timeout, refused_retry, |stream| stream).await
+        let permit = fd::budget().acquire().await;
+        Self::connect_permitted(path, timeout, refused_retry, permit, |stream| stream).await
+    }
+
+    /// Like [`connect`](Self::connect), the connection holding `permit`: an
+    /// optional holder's from
+    /// [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire), say.
+    pub async fn connect_with_permit(
+        path: &Path,
+        timeout: Duration,
+        refused_retry: Duration,
+        permit: FdPermit,
+    ) -> Result<Self, TransportError> {
+        Self::connect_permitted(path, timeout, refused_retry, permit, |stream| stream).await
     }
 
     /// Like [`connect`](Self::connect), with the connected stream wrapped by
@@ -71,6 +84,19 @@ impl UdsChannel {
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let permit = fd::budget().acquire().await;
+        Self::connect_permitted(path, timeout, refused_retry, permit, wrap).await
+    }
+
+    async fn connect_permitted<T>(
+        path: &Path,
+        timeout: Duration,
+        refused_retry: Duration,
+        permit: FdPermit,
+        wrap: impl FnOnce(PermittedStream) -> T,
+    ) -> Result<Self, TransportError>
+    where
+        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         let connect = async {
             let stream = stream::connect_with_permit(path, refused_retry, permit)
                 .await

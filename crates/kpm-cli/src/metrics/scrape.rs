@@ -260,6 +260,12 @@ impl Reading {
                 "GetInfo liveness probes that failed.",
                 liveness.failed_probes,
             )?;
+            gauge(
+                encoder,
+                "kpm_liveness_probe_connections",
+                "Connections kept open between liveness probes, for plugins no handler holds one to.",
+                liveness.probe_connections,
+            )?;
         }
         if let Some(tasks) = self.tasks {
             gauge(encoder, "kpm_tokio_tasks", "Tasks alive in kpm's async runtime.", tasks)?;
