@@ -121,6 +121,50 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
     node.stop().await;
 }
 
+/// Liveness probes a device plugin serving on its registration socket over
+/// the device manager's `ListAndWatch` connection (the facade hands it
+/// over), and keeps a connection of its own only for a plugin no handler
+/// holds one to (a CSI registrar).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_share_the_device_plugins_connection_and_keep_one_for_a_csi_registrar() {
+    let liveness = kpm::LivenessConfig {
+        period: Some(Duration::from_millis(100)),
+        timeout: Duration::from_millis(100),
+        ..kpm::LivenessConfig::default()
+    };
+    let node = Node::start(|builder| builder.liveness(Some(liveness)));
+    let handle = node.handle.clone();
+    let stats = move || handle.manager().stats().liveness.expect("liveness is on");
+
+    let (gpus, _devices) = StubDevicePlugin::new([("gpu-0", "Healthy")]);
+    let (_gpu, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "example.com/gpu").routes(gpus.routes()),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+    wait_until("5 probes of the device plugin", || stats().probes >= 5).await;
+    assert_eq!(stats().probe_connections, 0, "probed over the ListAndWatch connection");
+
+    let csi_socket = node.root.path().join("plugins/csi.example.com/csi.sock");
+    let _csi_service =
+        serve_service(&csi_socket, StubCsiDriver::new("csi.example.com", "node-1").routes()).await;
+    let (_csi, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["1.0.0"])
+                .endpoint(&csi_socket),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+    wait_until("a connection kept for the CSI registrar", || stats().probe_connections == 1).await;
+    let probes = stats().probes;
+    wait_until("5 more probes", || stats().probes >= probes + 5).await;
+    let stats = stats();
+    assert_eq!((stats.probe_connections, stats.failed_probes), (1, 0));
+    node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the_running_kubelet() {
     let outside = tempfile::tempdir().unwrap();
