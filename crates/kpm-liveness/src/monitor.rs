@@ -17,9 +17,7 @@ use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use kpm_api::uds::UdsChannel;
-
-use crate::probe::{Probed, Reachability, Via, probe, reach};
+use crate::probe::{Kept, Probed, Reachability, Via, probe, reach};
 use crate::{HeldConnections, LivenessConfig, LivenessError};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -55,7 +53,8 @@ struct Counters {
     exits: AtomicU64,
     socket_checks: AtomicU64,
     probes: AtomicU64,
-    probe_connections: AtomicUsize,
+    /// Counted by the kept connections themselves (see `probe::Kept`).
+    probe_connections: Arc<AtomicUsize>,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
     /// Set once `pidfd_open` says the kernel has no pidfds.
@@ -184,7 +183,6 @@ impl LivenessMonitor {
         state.tasks.shutdown().await;
         self.counters.followed.store(0, Ordering::Relaxed);
         self.counters.watched_processes.store(0, Ordering::Relaxed);
-        self.counters.probe_connections.store(0, Ordering::Relaxed);
         tracing::debug!("liveness monitor stopped");
     }
 }
@@ -192,12 +190,6 @@ impl LivenessMonitor {
 /// The step of the grid probes fall on (see `State::first_probe`), or the
 /// period if shorter.
 const PROBE_TICK: Duration = Duration::from_secs(2);
-
-/// How many connections the monitor keeps between probes, at most: each
-/// costs its fixed HTTP/2 buffers (about 35 KB), and plugins no handler
-/// holds a connection to (CSI and DRA registration sockets) are a handful
-/// per node. Beyond it, probes dial and hang up.
-const MAX_KEPT_CONNECTIONS: usize = 128;
 
 /// A plugin incarnation the monitor follows.
 #[derive(Debug)]
@@ -215,7 +207,7 @@ struct Followed {
     endpoint: PathBuf,
     /// The connection its last probe answered on, if the monitor keeps it
     /// (see `probe`); taken while a probe runs.
-    kept: Option<UdsChannel>,
+    kept: Option<Kept>,
 }
 
 /// A watched process and the sockets it serves.
@@ -368,9 +360,6 @@ impl<'a> State<'a> {
         if let Some(pid) = followed.pid {
             self.unwatch(pid, socket);
         }
-        if followed.kept.is_some() {
-            self.monitor.counters.probe_connections.fetch_sub(1, Ordering::Relaxed);
-        }
         if let Some(sockets) = self.served_at.get_mut(&followed.endpoint) {
             sockets.remove(socket);
             if sockets.is_empty() {
@@ -435,9 +424,6 @@ impl<'a> State<'a> {
         followed.probing = true;
         let (generation, timeout) = (followed.generation, self.monitor.config.timeout);
         let kept = followed.kept.take();
-        if kept.is_some() {
-            self.monitor.counters.probe_connections.fetch_sub(1, Ordering::Relaxed);
-        }
         let held = self.monitor.held.as_ref().and_then(|held| {
             let info = self.monitor.actual.get(&socket)?;
             (info.generation == generation).then(|| held.connection(&info)).flatten()
@@ -447,8 +433,9 @@ impl<'a> State<'a> {
             (None, Some(kept)) => Via::Kept(kept),
             (None, None) => Via::Dial,
         };
+        let count = Arc::clone(&self.monitor.counters.probe_connections);
         self.tasks.spawn(async move {
-            let probed = probe(&socket, via, timeout).await;
+            let probed = probe(&socket, via, timeout, &count).await;
             Done::Probed { socket, generation, probed }
         });
     }
@@ -505,11 +492,8 @@ impl<'a> State<'a> {
             return;
         }
         followed.probing = false;
-        if let Some(channel) = keep
-            && counters.probe_connections.load(Ordering::Relaxed) < MAX_KEPT_CONNECTIONS
-        {
-            followed.kept = Some(channel);
-            counters.probe_connections.fetch_add(1, Ordering::Relaxed);
+        if keep.is_some() {
+            followed.kept = keep;
         }
         let failure = match outcome {
             Ok(()) => {

@@ -5,6 +5,8 @@
 
 use std::io;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
@@ -30,9 +32,43 @@ pub(crate) enum Via {
     /// A handler's connection to the registration socket, shared.
     Handler(UdsChannel),
     /// The monitor's own, kept from the plugin's last probe.
-    Kept(UdsChannel),
+    Kept(Kept),
     /// A new connection.
     Dial,
+}
+
+/// How many connections the monitor keeps between probes, at most: each
+/// costs its fixed HTTP/2 buffers (about 35 KB), and plugins no handler
+/// holds a connection to (CSI and DRA registration sockets) are a handful
+/// per node. Beyond it, probes dial and hang up.
+const MAX_KEPT_CONNECTIONS: usize = 128;
+
+/// A connection the monitor keeps between a plugin's probes, counted in
+/// `LivenessStats::probe_connections` for as long as it lives.
+#[derive(Debug)]
+pub(crate) struct Kept {
+    channel: UdsChannel,
+    count: Arc<AtomicUsize>,
+}
+
+impl Kept {
+    /// Keeps `channel`, unless [`MAX_KEPT_CONNECTIONS`] are kept already.
+    fn keep(channel: UdsChannel, count: &Arc<AtomicUsize>) -> Option<Self> {
+        let under_cap = |kept: usize| (kept < MAX_KEPT_CONNECTIONS).then_some(kept + 1);
+        count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, under_cap).ok()?;
+        Some(Self { channel, count: Arc::clone(count) })
+    }
+
+    /// Whether the plugin closed it (it exited or restarted, say).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.channel.is_closed()
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What a probe found, and the connection to keep for the next one.
@@ -40,29 +76,40 @@ pub(crate) enum Via {
 pub(crate) struct Probed {
     pub(crate) outcome: Result<(), ProbeFailure>,
     /// The monitor's own connection, after an answer on it.
-    pub(crate) keep: Option<UdsChannel>,
+    pub(crate) keep: Option<Kept>,
 }
 
 /// Asks `GetInfo` on `socket` over `via`, each step within `timeout`. The
 /// answer's content is not checked: the probe asks whether the plugin is
 /// alive, registration already judged what it said.
 ///
-/// A dialled connection may be kept for the next probe when it answered and
-/// the fd budget could spare an optional permit for it (a quarter of the
-/// budget stays free); the monitor decides (it keeps at most
-/// `MAX_KEPT_CONNECTIONS`). Otherwise it is closed after the probe.
-pub(crate) async fn probe(socket: &Path, via: Via, timeout: Duration) -> Probed {
-    let (channel, keepable) = match via {
-        Via::Handler(channel) => (channel, false),
-        Via::Kept(channel) => (channel, true),
-        Via::Dial => match dial(socket, timeout).await {
-            Ok(dialled) => dialled,
-            Err(failure) => return Probed { outcome: Err(failure), keep: None },
-        },
-    };
-    let outcome = get_info(channel.clone(), timeout).await;
-    let keep = (keepable && outcome.is_ok()).then_some(channel);
-    Probed { outcome, keep }
+/// A dialled connection is kept for the next probe (counted in `kept`) when
+/// it answered, the fd budget could spare an optional permit for it (a
+/// quarter of the budget stays free) and fewer than
+/// [`MAX_KEPT_CONNECTIONS`] are kept; otherwise it is closed after the
+/// probe, as is a kept connection that failed.
+pub(crate) async fn probe(
+    socket: &Path,
+    via: Via,
+    timeout: Duration,
+    kept: &Arc<AtomicUsize>,
+) -> Probed {
+    match via {
+        Via::Handler(channel) => Probed { outcome: get_info(channel, timeout).await, keep: None },
+        Via::Kept(connection) => {
+            let outcome = get_info(connection.channel.clone(), timeout).await;
+            Probed { keep: outcome.is_ok().then_some(connection), outcome }
+        }
+        Via::Dial => {
+            let (channel, keepable) = match dial(socket, timeout).await {
+                Ok(dialled) => dialled,
+                Err(failure) => return Probed { outcome: Err(failure), keep: None },
+            };
+            let outcome = get_info(channel.clone(), timeout).await;
+            let keep = (keepable && outcome.is_ok()).then(|| Kept::keep(channel, kept)).flatten();
+            Probed { outcome, keep }
+        }
+    }
 }
 
 /// Dials `socket`; says whether the connection may be kept (its permit is
