@@ -492,9 +492,8 @@ impl<'a> State<'a> {
             return;
         }
         followed.probing = false;
-        if keep.is_some() {
-            followed.kept = keep;
-        }
+        // Taken when the probe started: a failed one's is closed now.
+        followed.kept = keep;
         let failure = match outcome {
             Ok(()) => {
                 followed.failures = 0;
