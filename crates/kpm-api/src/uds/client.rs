@@ -57,7 +57,7 @@ impl UdsChannel {
         refused_retry: Duration,
     ) -> Result<Self, TransportError> {
         let permit = fd::budget().acquire().await;
-        Self::connect_permitted(path, timeout, refused_retry, permit, |stream| stream).await
+        Self::connect_with_permit(path, timeout, refused_retry, permit).await
     }
 
     /// Like [`connect`](Self::connect), the connection holding `permit`: an
