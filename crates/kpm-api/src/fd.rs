@@ -46,8 +46,10 @@ const MAX_BUDGET: usize = 1 << 20;
 const OPTIONAL_FLOOR: usize = 4;
 
 /// How long a shortage is waited out when no permit is released meanwhile:
-/// fds kpm does not count (another thread's files) free up unannounced.
-const SHORTAGE_RETRY: Duration = Duration::from_millis(20);
+/// fds kpm does not count (another thread's files) free up unannounced, and
+/// retrying at once would spin. Accept loops, which cannot wait for a
+/// permit, pause this long.
+pub const SHORTAGE_PAUSE: Duration = Duration::from_millis(20);
 
 /// A shortage episode ends at the first fd taken this long after its last
 /// shortage: under contention one waiter gets an fd while the next one
@@ -196,7 +198,7 @@ impl FdBudget {
         let size = soft.saturating_sub(open).saturating_sub(reserve);
         let budget = Self::new(size, limit);
         tracing::info!(
-            limit = limit.map_or_else(|| "unlimited".to_owned(), |l| l.to_string()),
+            limit = show_limit(limit),
             open,
             reserve,
             budget = budget.size(),
@@ -228,11 +230,16 @@ impl FdBudget {
         FdPermit { inner: Arc::clone(&self.inner) }
     }
 
+    /// Permits optional holders always leave free ([`try_acquire`](Self::try_acquire)):
+    /// what operations can count on, a quarter of the budget.
+    pub fn kept_free(&self) -> usize {
+        self.inner.size / OPTIONAL_FLOOR
+    }
+
     /// Takes a permit for an optional holder, never waiting: `None` when
-    /// taking it would leave less than a quarter of the budget free.
+    /// taking it would leave less than [`kept_free`](Self::kept_free).
     pub fn try_acquire(&self) -> Option<FdPermit> {
-        let floor = self.inner.size / OPTIONAL_FLOOR;
-        if self.inner.permits.available_permits() <= floor {
+        if self.inner.permits.available_permits() <= self.kept_free() {
             self.inner.optional_refused.fetch_add(1, Ordering::Relaxed);
             return None;
         }
@@ -258,7 +265,7 @@ impl FdBudget {
         self.inner.shortage_episodes.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             step,
-            limit = self.inner.limit.map_or_else(|| "unlimited".to_owned(), |l| l.to_string()),
+            limit = show_limit(self.inner.limit),
             open = open_fds().map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
             permits_in_use = self.in_use(),
             budget = self.inner.size,
@@ -273,7 +280,7 @@ impl FdBudget {
         self.shortage(step);
         tokio::select! {
             () = released => {}
-            () = tokio::time::sleep(SHORTAGE_RETRY) => {}
+            () = tokio::time::sleep(SHORTAGE_PAUSE) => {}
         }
     }
 
@@ -316,6 +323,11 @@ impl FdBudget {
             optional_refused: count(&self.inner.optional_refused),
         }
     }
+}
+
+/// A resource limit as `ulimit` shows it.
+pub(crate) fn show_limit(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string())
 }
 
 /// One file descriptor's share of a budget, released on drop: keep it with
@@ -377,7 +389,7 @@ mod tests {
         let budget = FdBudget::new(4, Some(128));
         let started = tokio::time::Instant::now();
         budget.wait_for_fd("connect").await;
-        assert_eq!(started.elapsed(), SHORTAGE_RETRY, "nothing released: a short sleep");
+        assert_eq!(started.elapsed(), SHORTAGE_PAUSE, "nothing released: a short sleep");
         budget.wait_for_fd("connect").await;
         let stats = budget.stats();
         assert_eq!((stats.shortage_episodes, stats.shortage_waits), (1, 2));

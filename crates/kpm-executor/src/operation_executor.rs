@@ -107,8 +107,8 @@ struct RegistrationSlots(Arc<Semaphore>);
 
 impl Default for RegistrationSlots {
     fn default() -> Self {
-        let quarter = fd::budget().size() / 4;
-        Self(Arc::new(Semaphore::new((quarter / CONNECTIONS_PER_REGISTRATION).max(1))))
+        let kept_free = fd::budget().kept_free();
+        Self(Arc::new(Semaphore::new((kept_free / CONNECTIONS_PER_REGISTRATION).max(1))))
     }
 }
 

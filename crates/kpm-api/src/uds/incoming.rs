@@ -7,7 +7,6 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -22,11 +21,6 @@ use crate::fd;
 /// How much more to read at a time while a frame header or a header block is
 /// incomplete.
 const HELD_READ: usize = 8 * 1024;
-
-/// How long accepting pauses after a shortage of fds (`EMFILE`, `ENFILE`):
-/// the pending connection stays in the backlog, and retrying at once would
-/// spin.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
 /// The connections accepted on a socket bound by [`bind`](super::bind), for
 /// tonic's `serve_with_incoming`. Each one is a [`Connection`].
@@ -80,8 +74,9 @@ impl Stream for Incoming {
                     return Poll::Ready(Some(Ok(Connection::new(io, Arc::clone(&this.socket)))));
                 }
                 Err(err) if fd::is_shortage(&err) => {
+                    // The pending connection stays in the backlog meanwhile.
                     budget.shortage("accept");
-                    this.backoff = Some(Box::pin(tokio::time::sleep(ACCEPT_BACKOFF)));
+                    this.backoff = Some(Box::pin(tokio::time::sleep(fd::SHORTAGE_PAUSE)));
                 }
                 // The client gave up before it was accepted: take the next one.
                 Err(err)

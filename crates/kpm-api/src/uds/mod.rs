@@ -17,7 +17,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::FileId;
-use crate::fd::{self, FdPermit};
+use crate::fd::{self, FdPermit, show_limit};
 
 mod authority;
 mod client;
@@ -290,11 +290,6 @@ impl BoundSocket {
             _ => Ok(false),
         }
     }
-}
-
-/// A resource limit as `ulimit` shows it.
-fn show_limit(limit: Option<u64>) -> String {
-    limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string())
 }
 
 /// The innermost cause: tonic's own text is only "transport error", the OS

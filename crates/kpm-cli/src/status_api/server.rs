@@ -3,7 +3,6 @@
 use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
-use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
@@ -64,9 +63,6 @@ impl StatusServer {
     }
 }
 
-/// How long accepting pauses after a shortage of fds met without a spare.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
-
 /// The status API's listener, which keeps answering when kpm is out of file
 /// descriptors: it holds a spare fd, closes it when accepting fails for lack
 /// of fds so that the waiting client can be accepted, and opens it again
@@ -105,16 +101,19 @@ impl axum::serve::Listener for SpareFdListener {
                     return accepted;
                 }
                 Err(err) if fd::is_shortage(&err) => {
-                    budget.shortage("accept on the status API");
-                    if self.spare.take().is_none() {
-                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    const STEP: &str = "accept on the status API";
+                    // Giving up the spare frees an fd at once; without one, wait.
+                    if self.spare.take().is_some() {
+                        budget.shortage(STEP);
+                    } else {
+                        budget.wait_for_fd(STEP).await;
                     }
                 }
                 // A client that gave up before it was accepted.
                 Err(err) if err.kind() == io::ErrorKind::ConnectionAborted => {}
                 Err(err) => {
                     tracing::warn!(error = %err, "status API cannot accept a connection");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    tokio::time::sleep(fd::SHORTAGE_PAUSE).await;
                 }
             }
         }
