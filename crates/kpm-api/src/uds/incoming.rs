@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::time::Sleep;
 use tokio_stream::Stream;
@@ -245,35 +245,7 @@ fn malformed(socket: &Path, err: &Malformed) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("HTTP/2 from the client: {err}"))
 }
 
-impl AsyncWrite for Connection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
+write_through_io!(Connection);
 
 impl Connected for Connection {
     type ConnectInfo = UdsConnectInfo;
