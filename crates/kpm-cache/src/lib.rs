@@ -22,12 +22,14 @@ mod change;
 mod desired_state;
 mod events;
 mod handler;
+mod hangups;
 
 pub use actual_state::{ActualState, PluginInfo};
 pub use change::{ChangeSignal, Changes};
 pub use desired_state::{DesiredPlugin, DesiredState, Generation};
 pub use events::{EventBus, PluginEvent};
 pub use handler::{HandlerError, PluginHandler};
+pub use hangups::Hangups;
 
 /// Errors of the cache crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -26,7 +26,7 @@ use kpm_api::deviceplugin::v1beta1::{
     PreStartContainerRequest, PreferredAllocationRequest, PreferredAllocationResponse,
     RegisterRequest,
 };
-use kpm_cache::{HandlerError, PluginHandler};
+use kpm_cache::{HandlerError, Hangups, PluginHandler};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -144,7 +144,7 @@ pub struct DeviceManager {
     next_id: AtomicU64,
     changes: watch::Sender<u64>,
     /// Endpoint sockets whose stream ended while current (see [`DeviceManager::hangups`]).
-    hangups: broadcast::Sender<PathBuf>,
+    hangups: Hangups,
 }
 
 #[derive(Debug, Default)]
@@ -203,7 +203,7 @@ impl DeviceManager {
             state: Mutex::default(),
             next_id: AtomicU64::new(1),
             changes: watch::Sender::new(0),
-            hangups: broadcast::Sender::new(HANGUPS_KEPT),
+            hangups: Hangups::default(),
         })
     }
 
@@ -220,9 +220,7 @@ impl DeviceManager {
     }
 
     /// The endpoint sockets whose `ListAndWatch` stream ended by itself while
-    /// they were current: the plugin may be gone. A hint for liveness, which
-    /// then checks the registration socket; a subscriber that falls behind
-    /// misses hints, nothing else.
+    /// they were current: hints for liveness (see [`Hangups`]).
     pub fn hangups(&self) -> broadcast::Receiver<PathBuf> {
         self.hangups.subscribe()
     }
@@ -650,7 +648,7 @@ impl DeviceManager {
             grace_period = ?self.config.grace_period,
             "device plugin endpoint went away; its devices are unhealthy until it registers again"
         );
-        let _ = self.hangups.send(endpoint.socket);
+        self.hangups.report(endpoint.socket);
         self.changed();
     }
 
@@ -789,9 +787,6 @@ impl Endpoint {
         self.socket == socket && self.file.as_ref() == file
     }
 }
-
-/// Hang-ups kept for a subscriber that is behind.
-const HANGUPS_KEPT: usize = 64;
 
 // === Helpers ===
 

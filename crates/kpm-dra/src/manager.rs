@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
-use kpm_cache::{HandlerError, PluginHandler};
+use kpm_cache::{HandlerError, Hangups, PluginHandler};
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -126,11 +126,8 @@ struct Shared {
     timers: CleanupTimers,
     state: Mutex<State>,
     /// Endpoints whose connection dropped (see [`DraManager::hangups`]).
-    hangups: broadcast::Sender<PathBuf>,
+    hangups: Hangups,
 }
-
-/// Hang-ups kept for a subscriber that is behind.
-const HANGUPS_KEPT: usize = 64;
 
 #[derive(Debug, Default)]
 struct State {
@@ -175,7 +172,7 @@ impl DraManager {
                 config,
                 timers,
                 state: Mutex::new(State::default()),
-                hangups: broadcast::Sender::new(HANGUPS_KEPT),
+                hangups: Hangups::default(),
             }),
         })
     }
@@ -185,10 +182,8 @@ impl DraManager {
         &self.shared.config
     }
 
-    /// The endpoints of registered instances whose connection dropped: the
-    /// driver may be gone. A hint for liveness, which then checks the
-    /// registration socket; a subscriber that falls behind misses hints,
-    /// nothing else.
+    /// The endpoints of registered instances whose connection dropped: hints
+    /// for liveness (see [`Hangups`]).
     pub fn hangups(&self) -> broadcast::Receiver<PathBuf> {
         self.shared.hangups.subscribe()
     }
@@ -602,7 +597,7 @@ impl Shared {
             info!(driver, endpoint, "connected to DRA driver plugin");
         } else {
             info!(driver, endpoint, "lost the connection to DRA driver plugin");
-            let _ = self.hangups.send(PathBuf::from(endpoint));
+            self.hangups.report(endpoint);
         }
         self.sync(&mut state, driver);
     }
