@@ -46,6 +46,24 @@ impl Node {
         (plugin, status)
     }
 
+    /// Serves the CSI driver `csi.example.com` (node id `node-1`) and its
+    /// registrar; returns both once it is told it registered.
+    async fn csi_plugin(&self) -> (tokio::task::JoinHandle<()>, Registrar) {
+        let csi_socket = self.root.path().join("plugins/csi.example.com/csi.sock");
+        let service =
+            serve_service(&csi_socket, StubCsiDriver::new("csi.example.com", "node-1").routes())
+                .await;
+        let (registrar, told) = self
+            .plugin(
+                Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                    .versions(["1.0.0"])
+                    .endpoint(&csi_socket),
+            )
+            .await;
+        assert!(told.plugin_registered, "{told:?}");
+        (service, registrar)
+    }
+
     async fn stop(mut self) {
         drop(self.stop.take());
         self.running.await.unwrap().unwrap();
@@ -81,17 +99,7 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
         .await;
     assert!(told.plugin_registered, "{told:?}");
 
-    let csi_socket = root.join("plugins/csi.example.com/csi.sock");
-    let _csi_service =
-        serve_service(&csi_socket, StubCsiDriver::new("csi.example.com", "node-1").routes()).await;
-    let (_csi, told) = node
-        .plugin(
-            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
-                .versions(["1.0.0"])
-                .endpoint(&csi_socket),
-        )
-        .await;
-    assert!(told.plugin_registered, "{told:?}");
+    let _csi = node.csi_plugin().await;
 
     let dra_socket = root.join("plugins/gpu.example.com/dra.sock");
     let _dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await;
@@ -146,17 +154,7 @@ async fn probes_share_the_device_plugins_connection_and_keep_one_for_a_csi_regis
     wait_until("5 probes of the device plugin", || stats().probes >= 5).await;
     assert_eq!(stats().probe_connections, 0, "probed over the ListAndWatch connection");
 
-    let csi_socket = node.root.path().join("plugins/csi.example.com/csi.sock");
-    let _csi_service =
-        serve_service(&csi_socket, StubCsiDriver::new("csi.example.com", "node-1").routes()).await;
-    let (_csi, told) = node
-        .plugin(
-            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
-                .versions(["1.0.0"])
-                .endpoint(&csi_socket),
-        )
-        .await;
-    assert!(told.plugin_registered, "{told:?}");
+    let _csi = node.csi_plugin().await;
     wait_until("a connection kept for the CSI registrar", || stats().probe_connections == 1).await;
     let probes = stats().probes;
     wait_until("5 more probes", || stats().probes >= probes + 5).await;
