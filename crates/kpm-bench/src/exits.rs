@@ -20,15 +20,12 @@ use tokio::process::{Child, Command};
 use tokio::time::MissedTickBehavior;
 
 use crate::plugins::{self, Kind};
-use crate::scenarios::{Context, EVENT_TIMEOUT};
+use crate::scenarios::{Context, EVENT_TIMEOUT, SETTLE};
 use crate::stats::ms;
 use crate::{Result, events};
 
 /// How long a plugin process may take to be registered.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Quiet time after the set-up, so that kpm's follow-up work is done.
-const SETTLE: Duration = Duration::from_secs(2);
 
 /// What the `plugin` command prints once kpm registered it.
 const REGISTERED: &str = "registered";

@@ -21,9 +21,10 @@ use crate::plugins::{self, Plugin, Settled};
 use crate::stats::{ms, round, summary};
 use crate::{Result, events, procfs};
 
-/// Quiet time after the set-up of `steady`, `churn` and `deregister`, so
-/// that kpm's follow-up work (device plugin streams) is done before measuring.
-const SETTLE: Duration = Duration::from_secs(2);
+/// Quiet time after the set-up of `steady`, `churn`, `deregister`, `kill`
+/// and `hang`, so that kpm's follow-up work (device plugin streams) is done
+/// before measuring.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// How long `deregister` waits for the last event.
 pub(crate) const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
