@@ -36,9 +36,8 @@ impl Kpm {
     /// Like [`start_with`](Self::start_with), under `ulimit -n <nofile>`
     /// (soft and hard limit alike, as a container runtime sets them).
     pub fn start_with_nofile(root: &Path, nofile: u32, args: &[&str]) -> Self {
-        let mut sh = Command::new("sh");
-        sh.args(["-c", &format!("ulimit -n {nofile} && exec \"$0\" \"$@\""), KPM]);
-        Self::spawn(sh, root, args)
+        let script = format!("ulimit -n {nofile} && exec \"$0\" \"$@\"");
+        Self::start_wrapped(&["sh", "-c", &script], root, args)
     }
 
     /// Like [`start_with`](Self::start_with), but when the tests run as root
