@@ -76,7 +76,7 @@ async fn serve_service(
     routes: tonic::service::Routes,
 ) -> tokio::task::JoinHandle<()> {
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let incoming = kpm::api::uds::bind(socket).await.unwrap();
+    let incoming = kpm::transport::bind(socket).await.unwrap();
     tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_routes(routes)

@@ -17,23 +17,27 @@ use crate::Result;
 /// table may not depend on any `kpm-*` crate; tidy fails so that the table and
 /// ARCHITECTURE.md are updated together.
 const LAYERS: &[(&str, &[&str])] = &[
+    // The wire: generated code and constants, no IO.
     ("kpm-api", &[]),
+    ("kpm-transport", &["kpm-api"]),
     ("kpm-cache", &[]),
-    ("kpm-executor", &["kpm-api", "kpm-cache"]),
+    ("kpm-executor", &["kpm-api", "kpm-transport", "kpm-cache"]),
     ("kpm-watcher", &["kpm-api", "kpm-cache"]),
-    ("kpm-liveness", &["kpm-api", "kpm-cache"]),
-    ("kpm-reconciler", &["kpm-api", "kpm-cache", "kpm-executor"]),
-    ("kpm-csi", &["kpm-api", "kpm-cache"]),
-    ("kpm-device", &["kpm-api", "kpm-cache"]),
-    ("kpm-dra", &["kpm-api", "kpm-cache"]),
+    ("kpm-liveness", &["kpm-api", "kpm-transport", "kpm-cache"]),
+    // The transport only for its tests' plugins.
+    ("kpm-reconciler", &["kpm-api", "kpm-transport", "kpm-cache", "kpm-executor"]),
+    ("kpm-csi", &["kpm-api", "kpm-transport", "kpm-cache"]),
+    ("kpm-device", &["kpm-api", "kpm-transport", "kpm-cache"]),
+    ("kpm-dra", &["kpm-api", "kpm-transport", "kpm-cache"]),
     // Publishing to the Kubernetes API: the handlers' seams, nothing else.
     ("kpm-kube", &["kpm-api", "kpm-csi", "kpm-device", "kpm-dra"]),
-    ("kpm-registrar", &["kpm-api"]),
+    ("kpm-registrar", &["kpm-api", "kpm-transport"]),
     // The library: never the registrar, whose stubs are for tests and demos.
     (
         "kpm",
         &[
             "kpm-api",
+            "kpm-transport",
             "kpm-cache",
             "kpm-executor",
             "kpm-watcher",
@@ -45,9 +49,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-kube",
         ],
     ),
+    // The transport only through the facade's curated `kpm::transport`.
     ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
-    ("kpm-bench", &["kpm-api", "kpm-registrar"]),
+    ("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
     ("kpm-tests", &["kpm", "kpm-registrar"]),
     ("kpm-test-support", &["kpm-api"]),
 ];
@@ -73,11 +78,11 @@ pub(crate) fn check(root: &Path) -> Result {
     }
 }
 
-/// Where a gRPC server may accept on a plain Unix listener: `kpm_api::uds`
+/// Where a gRPC server may accept on a plain Unix listener: `kpm_transport`
 /// itself, and the test that shows h2 alone refuses grpc-go's `:authority`.
-/// Everything else accepts through `uds::bind` or `uds::Incoming`.
+/// Everything else accepts through `kpm_transport::bind` or `Incoming`.
 const PLAIN_LISTENERS_ALLOWED: &[&str] =
-    &["crates/kpm-api/src/uds/", "tests/tests/grpc_go_authority.rs"];
+    &["crates/kpm-transport/src/", "tests/tests/grpc_go_authority.rs"];
 
 fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>) {
     let relative = file.strip_prefix(root).unwrap_or(file);
@@ -101,8 +106,8 @@ fn check_source(root: &Path, file: &Path, text: &str, problems: &mut Vec<String>
         }
         if !plain_listener_allowed && line.contains(concat!("UnixListener", "Stream")) {
             problems.push(format!(
-                "{shown}:{number}: a gRPC server accepts through `kpm_api::uds::bind` or \
-                 `uds::Incoming`, which take any `:authority`"
+                "{shown}:{number}: a gRPC server accepts through `kpm_transport::bind` or \
+                 `kpm_transport::Incoming`, which take any `:authority`"
             ));
         }
     }
@@ -253,7 +258,7 @@ mod tests {
         problems.clear();
         check_source(
             Path::new("/r"),
-            Path::new("/r/crates/kpm-api/src/uds/a.rs"),
+            Path::new("/r/crates/kpm-transport/src/uds/a.rs"),
             &text,
             &mut problems,
         );

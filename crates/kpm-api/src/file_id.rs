@@ -4,7 +4,6 @@
 
 use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
 use std::time::SystemTime;
 
 /// Identifies one incarnation of a file at a path, so that a socket
@@ -34,12 +33,6 @@ enum Stamp {
 }
 
 impl FileId {
-    /// The identity of the file at `path` (not following a symlink), if it
-    /// can be read.
-    pub fn at(path: &Path) -> Option<Self> {
-        std::fs::symlink_metadata(path).ok().map(|meta| Self::of(&meta))
-    }
-
     /// The identity of the file `meta` describes.
     pub fn of(meta: &Metadata) -> Self {
         let stamp = match meta.created() {
@@ -53,28 +46,35 @@ impl FileId {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+
+    /// What `kpm_transport::file_id_at` does.
+    fn at(path: &Path) -> Option<FileId> {
+        std::fs::symlink_metadata(path).ok().map(|meta| FileId::of(&meta))
+    }
 
     #[test]
     fn a_recreated_file_is_a_different_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.sock");
         std::fs::write(&path, b"").unwrap();
-        let first = FileId::at(&path).unwrap();
-        assert_eq!(Some(first), FileId::at(&path));
+        let first = at(&path).unwrap();
+        assert_eq!(Some(first), at(&path));
         std::fs::remove_file(&path).unwrap();
         // ext4 may hand the freed inode to the next file; let this one have it.
         let _other = std::fs::File::create(dir.path().join("other")).unwrap();
         std::fs::write(&path, b"").unwrap();
-        assert_ne!(Some(first), FileId::at(&path));
+        assert_ne!(Some(first), at(&path));
     }
 
     #[test]
     fn a_directory_stays_itself_while_entries_come_and_go() {
         let dir = tempfile::tempdir().unwrap();
-        let before = FileId::at(dir.path()).unwrap();
+        let before = at(dir.path()).unwrap();
         std::fs::write(dir.path().join("entry"), b"").unwrap();
         std::fs::remove_file(dir.path().join("entry")).unwrap();
-        assert_eq!(Some(before), FileId::at(dir.path()));
+        assert_eq!(Some(before), at(dir.path()));
     }
 }

@@ -17,10 +17,11 @@
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`gotext`] (Go's renderings of values in error texts),
-//! [`FileId`] (the identity of a socket file) and, with feature `transport`,
-//! [`uds`]: dialing and binding Unix sockets, with the `:authority`
-//! rewriting that lets a tonic server accept grpc-go's requests, and
-//! [`fd`]: the process's file descriptors as a budget every dial pays from.
+//! [`config`] (the bounds on configured durations) and [`FileId`] (the
+//! identity of a socket file, built from metadata the caller read).
+//!
+//! Nothing here does IO: dialing, binding and the fd budget are the
+//! `kpm-transport` crate's.
 
 #![deny(missing_docs)]
 
@@ -120,8 +121,3 @@ pub mod dra_health {
         include!("gen/v1alpha1.rs");
     }
 }
-
-#[cfg(feature = "transport")]
-pub mod fd;
-#[cfg(feature = "transport")]
-pub mod uds;

@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use std::time::Duration;
 
 use kpm_api::registration::v1 as reg;
 use prost::Message;
@@ -149,7 +148,7 @@ async fn generated_clients_call_the_literal_grpc_paths() {
     assert_eq!(rec.last(), "/csi.v1.Identity/Probe");
 }
 
-// === Server routing over a real Unix socket ===
+// === Server routing ===
 
 struct Plugin;
 
@@ -192,7 +191,7 @@ impl kpm_api::deviceplugin::v1beta1::registration_server::Registration for Kubel
 /// Sends `msg` to the literal `path` with a raw gRPC client (no generated code)
 /// and decodes the reply as `R`.
 async fn raw_call<M, R>(
-    channel: tonic::transport::Channel,
+    channel: tonic::service::Routes,
     path: &'static str,
     msg: M,
 ) -> Result<R, Status>
@@ -208,19 +207,13 @@ where
 }
 
 #[tokio::test]
-async fn servers_answer_the_literal_grpc_paths_on_a_unix_socket() {
+async fn servers_answer_the_literal_grpc_paths() {
     use kpm_api::deviceplugin::v1beta1 as dp;
 
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("wire.sock");
-    let incoming = kpm_api::uds::bind(&socket).await.unwrap();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(reg::registration_server::RegistrationServer::new(Plugin))
-            .add_service(dp::registration_server::RegistrationServer::new(Kubelet))
-            .serve_with_incoming(incoming),
-    );
-    let channel = kpm_api::uds::dial(&socket, Duration::from_secs(10)).await.unwrap();
+    // The servers as tonic's router composes them; no transport needed.
+    let channel =
+        tonic::service::Routes::new(reg::registration_server::RegistrationServer::new(Plugin))
+            .add_service(dp::registration_server::RegistrationServer::new(Kubelet));
 
     let info: reg::PluginInfo =
         raw_call(channel.clone(), "/pluginregistration.Registration/GetInfo", reg::InfoRequest {})
@@ -248,35 +241,6 @@ async fn servers_answer_the_literal_grpc_paths_on_a_unix_socket() {
     let wrong: Result<reg::PluginInfo, _> =
         raw_call(channel, "/v1.Registration/GetInfo", reg::InfoRequest {}).await;
     assert_eq!(wrong.unwrap_err().code(), tonic::Code::Unimplemented);
-    server.abort();
-}
-
-#[tokio::test]
-async fn bind_refuses_a_live_socket_and_replaces_a_stale_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("k.sock");
-    let live = kpm_api::uds::bind(&socket).await.unwrap();
-    let err = kpm_api::uds::bind(&socket).await.unwrap_err();
-    assert!(matches!(err, kpm_api::uds::TransportError::InUse { .. }), "{err}");
-    assert!(err.to_string().contains("k.sock"), "error names the path: {err}");
-    drop(live); // the file stays behind and nobody listens: stale
-    assert!(socket.exists());
-    kpm_api::uds::bind(&socket).await.unwrap();
-}
-
-#[tokio::test]
-async fn dial_names_the_socket_when_nobody_listens() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("missing.sock");
-    let err = kpm_api::uds::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
-    assert!(matches!(err, kpm_api::uds::TransportError::Dial { .. }), "{err}");
-    assert!(err.to_string().contains("missing.sock"), "{err}");
-    assert!(err.is_gone(), "a missing socket file is gone: {err:?}");
-
-    // A file nobody listens on refuses connections: gone too.
-    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let err = kpm_api::uds::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
-    assert!(err.is_gone(), "a refused connection is gone: {err:?}");
 }
 
 #[test]

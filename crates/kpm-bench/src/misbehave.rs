@@ -323,7 +323,7 @@ where
 
 /// Serves `routes` on `socket` until `exit` is notified.
 async fn serve(socket: PathBuf, routes: Routes, exit: Arc<Notify>) -> Result {
-    let incoming = kpm_api::uds::bind(&socket).await?;
+    let incoming = kpm_transport::bind(&socket).await?;
     tokio::select! {
         served = tonic::transport::Server::builder()
             .add_routes(routes)
@@ -462,7 +462,7 @@ mod tests {
     /// The answer to `GetInfo` on `socket`, as a gRPC code, within 500 ms.
     async fn get_info(socket: &std::path::Path) -> Option<Code> {
         let timeout = Duration::from_millis(500);
-        let channel = kpm_api::uds::dial(socket, timeout).await.ok()?;
+        let channel = kpm_transport::dial(socket, timeout).await.ok()?;
         let mut client = RegistrationClient::new(channel);
         match tokio::time::timeout(timeout, client.get_info(InfoRequest {})).await {
             Ok(Ok(_)) => Some(Code::Ok),

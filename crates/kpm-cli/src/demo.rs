@@ -144,7 +144,7 @@ async fn serve_service(
             .map_err(|source| CliError::CreateRoot { path: dir.to_path_buf(), source })?;
     }
     let incoming =
-        kpm_api::uds::bind(socket).await.map_err(|err| CliError::Demo(err.to_string()))?;
+        kpm::transport::bind(socket).await.map_err(|err| CliError::Demo(err.to_string()))?;
     let server =
         tonic::transport::Server::builder().add_routes(routes).serve_with_incoming(incoming);
     Ok(tokio::spawn(async move {

@@ -16,7 +16,7 @@ pub(crate) enum CliError {
     },
 
     #[error("serve status API: {0}")]
-    StatusSocket(#[source] kpm_api::uds::TransportError),
+    StatusSocket(#[source] kpm::transport::TransportError),
 
     #[error("{0}")]
     Manager(#[from] kpm::Error),

@@ -231,7 +231,7 @@ async fn check_dra(
 }
 
 async fn dial(socket: &Path, timeout: Duration) -> Result<tonic::transport::Channel, String> {
-    kpm_api::uds::dial(socket, timeout).await.map_err(|e| e.to_string())
+    kpm::transport::dial(socket, timeout).await.map_err(|e| e.to_string())
 }
 
 /// Awaits a unary or streaming call within `timeout`.

@@ -242,11 +242,11 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> 
 /// Raises the soft open-files limit to the hard one, as the kubelet (a Go
 /// program) does, then sizes the fd budget every dial pays from; logged.
 fn init_fd_budget() {
-    match kpm_api::fd::raise_soft_limit() {
+    match kpm::transport::fd::raise_soft_limit() {
         Ok(limit) => tracing::debug!(?limit, "open-files limit"),
         Err(err) => tracing::warn!(error = %err, "keeping the soft open-files limit"),
     }
-    kpm_api::fd::init(kpm_api::fd::DEFAULT_RESERVE);
+    kpm::transport::fd::init(kpm::transport::fd::DEFAULT_RESERVE);
 }
 
 fn init_logging(format: LogFormat) -> Result<(), CliError> {

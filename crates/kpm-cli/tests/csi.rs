@@ -83,7 +83,7 @@ impl Node for FakeDriver {
 
 async fn serve_driver(socket: &Path, failures: usize) -> tokio::task::JoinHandle<()> {
     let driver = Arc::new(FakeDriver { failures, calls: AtomicUsize::new(0) });
-    let incoming = kpm_api::uds::bind(socket).await.unwrap();
+    let incoming = kpm::transport::bind(socket).await.unwrap();
     let server = tonic::transport::Server::builder()
         .add_service(IdentityServer::from_arc(driver.clone()))
         .add_service(NodeServer::from_arc(driver))

@@ -21,7 +21,7 @@ const NOFILE: u32 = 128;
 #[test]
 fn three_hundred_csi_plugins_register_under_128_open_files() {
     // This process serves the 300 plugins: it needs more than kpm is given.
-    kpm_api::fd::raise_soft_limit().unwrap();
+    kpm::transport::fd::raise_soft_limit().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let kpm = Kpm::start_with_nofile(dir.path(), NOFILE, &["--metrics-addr", &addr]);

@@ -33,11 +33,11 @@ pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNo
     debug!(endpoint, "calling NodeGetInfo");
     let started = Instant::now();
     let call = async {
-        let channel = kpm_api::uds::dial(socket_path(endpoint), timeout)
+        let channel = kpm_transport::dial(socket_path(endpoint), timeout)
             .await
             .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
         let left = timeout.saturating_sub(started.elapsed());
-        let request = kpm_api::uds::timed_request(NodeGetInfoRequest {}, left);
+        let request = kpm_transport::timed_request(NodeGetInfoRequest {}, left);
         NodeClient::new(channel)
             .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
             .node_get_info(request)
@@ -46,7 +46,7 @@ pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNo
             .map_err(|status| CsiError::NodeGetInfo { endpoint: endpoint.to_owned(), status })
     };
     let timed_out = || CsiError::NodeGetInfoTimeout { endpoint: endpoint.to_owned(), timeout };
-    let response = kpm_api::uds::within(timeout, call)
+    let response = kpm_transport::within(timeout, call)
         .await
         .map_err(|failed| failed.unwrap_or_else(timed_out))?;
     Ok(DriverNodeInfo {

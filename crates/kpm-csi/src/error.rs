@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use kpm_api::uds::TransportError;
+use kpm_transport::TransportError;
 
 use crate::version::Version;
 pub(crate) use kpm_api::gotext::{error_chain, go_code_name, go_list, go_quote, go_quote_list};

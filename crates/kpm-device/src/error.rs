@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub(crate) use kpm_api::gotext::{error_chain, go_code_name, go_list, go_quote};
-use kpm_api::uds::TransportError;
+use kpm_transport::TransportError;
 
 /// Why a device plugin could not be validated, connected or called, or why
 /// `kubelet.sock` could not be served. Variants are named after the step that

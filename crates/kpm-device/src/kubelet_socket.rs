@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpm_api::constants::KUBELET_SOCKET_NAME;
 use kpm_api::deviceplugin::v1beta1::registration_server::{Registration, RegistrationServer};
 use kpm_api::deviceplugin::v1beta1::{Empty, RegisterRequest};
-use kpm_api::uds::TransportError;
+use kpm_transport::TransportError;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::{Request, Response, Status};
@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use crate::error::DeviceError;
 use crate::manager::DeviceManager;
-use kpm_api::uds::{BoundSocket, OWNER_ONLY, bind_with_mode};
+use kpm_transport::{BoundSocket, OWNER_ONLY, bind_with_mode};
 
 /// How long [`KubeletSocket::shutdown`] lets in-flight `Register` calls finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);

@@ -34,8 +34,9 @@ use tracing::{debug, info, warn};
 
 use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
-use kpm_api::uds::UdsChannel;
-use kpm_api::{FileId, uds};
+use kpm_api::FileId;
+use kpm_transport as uds;
+use kpm_transport::UdsChannel;
 
 /// The gRPC path of `v1beta1.DevicePlugin/ListAndWatch`.
 const LIST_AND_WATCH: &str = "/v1beta1.DevicePlugin/ListAndWatch";
@@ -310,7 +311,7 @@ impl DeviceManager {
     /// [`DeviceConfig::validate`].
     pub async fn connect(&self, resource: &str, socket: &Path) -> Result<(), DeviceError> {
         self.config.validate()?;
-        let file = FileId::at(socket);
+        let file = kpm_transport::file_id_at(socket);
         let shown = socket.display();
         if self.is_connected(resource, socket, file.as_ref()) {
             debug!(resource, socket = %shown, "device plugin is already connected");

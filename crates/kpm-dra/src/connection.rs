@@ -32,7 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub(crate) use kpm_api::gotext::error_chain;
-use kpm_api::uds::{PermittedStream, UdsChannel};
+use kpm_transport::{PermittedStream, UdsChannel};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -229,7 +229,7 @@ mod tests {
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let live = Arc::new(watch::Sender::new(0_usize));
         let mut io = MonitoredIo {
-            inner: kpm_api::uds::connect_stream(&socket, Duration::ZERO).await.unwrap(),
+            inner: kpm_transport::connect_stream(&socket, Duration::ZERO).await.unwrap(),
             live: Arc::clone(&live),
             state: IoState::Pending,
         };

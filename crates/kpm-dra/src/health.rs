@@ -133,7 +133,7 @@ pub(crate) async fn watch(
 }
 
 async fn stream_v1(
-    channel: kpm_api::uds::UdsChannel,
+    channel: kpm_transport::UdsChannel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
     let mut client = v1::dra_resource_health_client::DraResourceHealthClient::new(channel)
@@ -147,7 +147,7 @@ async fn stream_v1(
 }
 
 async fn stream_v1alpha1(
-    channel: kpm_api::uds::UdsChannel,
+    channel: kpm_transport::UdsChannel,
     update: &impl Fn(Vec<DeviceHealthStatus>),
 ) -> Result<(), tonic::Status> {
     let mut client = v1alpha1::dra_resource_health_client::DraResourceHealthClient::new(channel)

@@ -349,7 +349,7 @@ impl DraManager {
             let channel = channel?;
             match service {
                 DraService::V1 => {
-                    let request = kpm_api::uds::timed_request(
+                    let request = kpm_transport::timed_request(
                         v1::NodePrepareResourcesRequest { claims },
                         timeout,
                     );
@@ -361,7 +361,7 @@ impl DraManager {
                 }
                 DraService::V1beta1 => {
                     let request =
-                        kpm_api::uds::timed_request(convert::prepare_request(claims), timeout);
+                        kpm_transport::timed_request(convert::prepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
                         .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_prepare_resources(request)
@@ -394,7 +394,7 @@ impl DraManager {
             let channel = channel?;
             match service {
                 DraService::V1 => {
-                    let request = kpm_api::uds::timed_request(
+                    let request = kpm_transport::timed_request(
                         v1::NodeUnprepareResourcesRequest { claims },
                         timeout,
                     );
@@ -406,7 +406,7 @@ impl DraManager {
                 }
                 DraService::V1beta1 => {
                     let request =
-                        kpm_api::uds::timed_request(convert::unprepare_request(claims), timeout);
+                        kpm_transport::timed_request(convert::unprepare_request(claims), timeout);
                     v1beta1::dra_plugin_client::DraPluginClient::new(channel)
                         .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
                         .node_unprepare_resources(request)
@@ -674,12 +674,12 @@ async fn monitor(shared: Weak<Shared>, instance: Arc<Instance>, reported: bool) 
 }
 
 /// Runs `call`, failing with `DeadlineExceeded` when it does not finish
-/// within `timeout` (see [`kpm_api::uds::within`]).
+/// within `timeout` (see [`kpm_transport::within`]).
 async fn call_with_deadline<T>(
     call: impl Future<Output = Result<T, tonic::Status>>,
     timeout: Duration,
 ) -> Result<T, tonic::Status> {
-    kpm_api::uds::within(timeout, call)
+    kpm_transport::within(timeout, call)
         .await
         .map_err(|failed| failed.unwrap_or_else(|| deadline_exceeded(timeout)))
 }

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kpm_api::uds::TransportError;
 use kpm_cache::{CacheError, HandlerError};
+use kpm_transport::TransportError;
 use tokio::time::Instant;
 
 /// Why an operation on a registration socket did not start or did not succeed.

@@ -11,8 +11,9 @@ use std::time::{Duration, SystemTime};
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
-use kpm_api::{fd, uds};
 use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
+use kpm_transport as uds;
+use kpm_transport::fd;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -96,7 +97,7 @@ pub struct OperationExecutor {
 }
 
 /// The registrations that may dial at once, so that their connections
-/// always fit in the [fd budget](kpm_api::fd): optional holders leave a
+/// always fit in the [fd budget](kpm_transport::fd): optional holders leave a
 /// quarter of it free, and as many registrations as that quarter can pay
 /// three connections each may run. Without the bound, registrations holding
 /// their `GetInfo` connections could take every permit and wait forever for

@@ -87,7 +87,7 @@ async fn serve(dir: &Path, file: &str, get_info: GetInfo, refuse_notify: bool) -
         statuses: Mutex::new(Vec::new()),
         notified: Notify::new(),
     });
-    let incoming = kpm_api::uds::bind(&socket).await.unwrap();
+    let incoming = kpm_transport::bind(&socket).await.unwrap();
     let service = RegistrationServer::from_arc(Arc::clone(&plugin));
     let server = tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
@@ -540,7 +540,7 @@ async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
-    let incoming = kpm_api::uds::bind(&socket).await.unwrap();
+    let incoming = kpm_transport::bind(&socket).await.unwrap();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(IdentityServer::new(Driver))

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use kpm_api::fd;
+use kpm_transport::fd;
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags};
 use tokio::io::Interest;

@@ -49,8 +49,8 @@ use std::fmt;
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
-use kpm_api::uds::UdsChannel;
 use kpm_cache::PluginInfo;
+use kpm_transport::UdsChannel;
 
 pub use monitor::{LivenessMonitor, LivenessStats};
 pub use probe::ProbeFailure;

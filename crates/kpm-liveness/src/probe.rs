@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
-use kpm_api::fd;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_api::uds::{self, UdsChannel};
+use kpm_transport::fd;
+use kpm_transport::{self as uds, UdsChannel};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,13 +15,13 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use kpm_api::uds::UdsChannel;
 use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler,
     PluginInfo,
 };
 use kpm_liveness::{HeldConnections, LivenessConfig, LivenessError, LivenessMonitor};
 use kpm_test_support::{lazy, wait_until, within};
+use kpm_transport::UdsChannel;
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -68,7 +68,7 @@ impl Plugin {
 async fn serve(socket: &Path, plugin: Plugin) -> Arc<Plugin> {
     let plugin = Arc::new(plugin);
     let connections = Arc::clone(&plugin.connections);
-    let incoming = kpm_api::uds::bind(socket).await.unwrap().map(move |connection| {
+    let incoming = kpm_transport::bind(socket).await.unwrap().map(move |connection| {
         connections.fetch_add(1, Ordering::SeqCst);
         connection
     });

@@ -5,7 +5,7 @@ use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kpm_api::uds::TransportError;
+use kpm_transport::TransportError;
 
 /// Why a registrar could not set up, serve or remove its registration socket.
 #[derive(Debug, thiserror::Error)]

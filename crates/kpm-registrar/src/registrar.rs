@@ -13,7 +13,7 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use kpm_api::uds::BoundSocket;
+use kpm_transport::BoundSocket;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -165,7 +165,7 @@ impl RegistrarBuilder {
             path: self.socket_dir.clone(),
             source,
         })?;
-        let incoming = kpm_api::uds::bind(&socket).await?;
+        let incoming = kpm_transport::bind(&socket).await?;
         let socket_file = BoundSocket::new(&socket);
 
         let (latest, _) = watch::channel(None);

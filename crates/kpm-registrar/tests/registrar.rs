@@ -16,12 +16,12 @@ use kpm_api::csi::v1::{
 };
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_api::uds::TransportError;
 use kpm_registrar::{
     CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_BYTES, PluginInfo, Registrar,
     RegistrarBuilder, RegistrarError, RegistrationStatus, default_versions, socket_file_name,
 };
 use kpm_test_support::DEADLINE;
+use kpm_transport::TransportError;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -32,7 +32,7 @@ fn gpu_plugin(dir: &Path) -> RegistrarBuilder {
 }
 
 async fn client(socket: &Path) -> RegistrationClient<Channel> {
-    RegistrationClient::new(kpm_api::uds::dial(socket, DEADLINE).await.unwrap())
+    RegistrationClient::new(kpm_transport::dial(socket, DEADLINE).await.unwrap())
 }
 
 async fn get_info(socket: &Path) -> PluginInfo {
@@ -144,7 +144,7 @@ async fn extra_services_are_served_on_the_registration_socket() {
         .await
         .unwrap();
 
-    let channel = kpm_api::uds::dial(registrar.socket_path(), DEADLINE).await.unwrap();
+    let channel = kpm_transport::dial(registrar.socket_path(), DEADLINE).await.unwrap();
     let driver = IdentityClient::new(channel).get_plugin_info(GetPluginInfoRequest {}).await;
 
     assert_eq!(driver.unwrap().into_inner().name, "csi.example.com");

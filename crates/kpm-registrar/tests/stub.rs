@@ -22,7 +22,7 @@ async fn node_get_info(driver: StubCsiDriver) -> NodeGetInfoResponse {
         .serve()
         .await
         .unwrap();
-    let channel = kpm_api::uds::dial(registrar.socket_path(), DEADLINE).await.unwrap();
+    let channel = kpm_transport::dial(registrar.socket_path(), DEADLINE).await.unwrap();
     let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await.unwrap();
     registrar.shutdown().await.unwrap();
     info.into_inner()

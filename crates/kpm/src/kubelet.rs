@@ -400,7 +400,7 @@ struct DeviceConnections(Arc<crate::device::DeviceManager>);
 
 #[cfg(feature = "device")]
 impl crate::HeldConnections for DeviceConnections {
-    fn connection(&self, plugin: &kpm_cache::PluginInfo) -> Option<kpm_api::uds::UdsChannel> {
+    fn connection(&self, plugin: &kpm_cache::PluginInfo) -> Option<kpm_transport::UdsChannel> {
         if plugin.plugin_type != kpm_api::constants::DEVICE_PLUGIN {
             return None;
         }

@@ -15,7 +15,9 @@
 //! This crate composes the layers: [`kpm_watcher`] (filesystem →
 //! DesiredState), [`kpm_reconciler`] (DesiredState → operations),
 //! [`kpm_executor`] (operations over gRPC), [`kpm_cache`] (the states and the
-//! handler trait) and [`kpm_api`] (the wire types).
+//! handler trait) and [`kpm_api`] (the wire types, as [`api`]); of
+//! `kpm-transport`, the Unix-socket transport, [`transport`] has what a
+//! binary needs.
 //!
 //! A node agent that does what `kpm run` does, minus its status API, is
 //! `examples/node_agent.rs`. With a handler of your own:
@@ -86,7 +88,9 @@ pub use kpm_dra as dra;
 #[cfg(feature = "kube")]
 pub use kpm_kube as kube;
 
-/// Wire types and constants of the plugin APIs.
+pub mod transport;
+
+/// Wire types and constants of the plugin APIs (the `kpm-api` crate).
 pub mod api {
     pub use kpm_api::constants::*;
     pub use kpm_api::*;

@@ -20,7 +20,7 @@
 //! - `kpm_fd_budget{state}` (`limit`, `budget`, `in_use`, `open`),
 //!   `kpm_fd_shortage_total` (episodes of `EMFILE`/`ENFILE`),
 //!   `kpm_fd_shortage_waits_total`, `kpm_fd_permit_waits_total` and
-//!   `kpm_fd_optional_refused_total`: the [fd budget](kpm_api::fd).
+//!   `kpm_fd_optional_refused_total`: the [fd budget](kpm::transport::fd).
 //!
 //! The event counters and the histogram are updated where the event is
 //! handled ([`Metrics::count_events`]); everything else is owned by the

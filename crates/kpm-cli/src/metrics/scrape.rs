@@ -15,7 +15,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use kpm_api::fd::FdStats;
+use kpm::transport::fd::FdStats;
 
 use crate::heap::{self, HeapStats};
 use kpm::kube::KubeStatus;
@@ -72,7 +72,7 @@ pub(super) struct FdReading {
 
 impl FdReading {
     fn take() -> Self {
-        Self { budget: kpm_api::fd::budget().stats(), open: kpm_api::fd::open_fds() }
+        Self { budget: kpm::transport::fd::budget().stats(), open: kpm::transport::fd::open_fds() }
     }
 
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {

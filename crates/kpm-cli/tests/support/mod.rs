@@ -246,7 +246,7 @@ impl Served {
 /// Serves `routes` on `socket` (bound before this returns) until stopped.
 pub fn serve(socket: &Path, routes: tonic::service::Routes) -> Served {
     let socket = socket.to_path_buf();
-    serve_incoming(routes, move || async move { kpm_api::uds::bind(&socket).await.unwrap() })
+    serve_incoming(routes, move || async move { kpm::transport::bind(&socket).await.unwrap() })
 }
 
 /// Serves `routes` on a listening socket made elsewhere.
@@ -256,7 +256,7 @@ pub fn serve_listener(
 ) -> Served {
     listener.set_nonblocking(true).unwrap();
     serve_incoming(routes, move || async move {
-        kpm_api::uds::Incoming::new(tokio::net::UnixListener::from_std(listener).unwrap())
+        kpm::transport::Incoming::new(tokio::net::UnixListener::from_std(listener).unwrap())
     })
 }
 
@@ -265,7 +265,7 @@ fn serve_incoming<F>(
     incoming: impl FnOnce() -> F + Send + 'static,
 ) -> Served
 where
-    F: Future<Output = kpm_api::uds::Incoming>,
+    F: Future<Output = kpm::transport::Incoming>,
 {
     Served(OwnRuntime::start(move || async move {
         let incoming = incoming().await;

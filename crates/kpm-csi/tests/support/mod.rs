@@ -189,7 +189,7 @@ pub(crate) async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served 
     let driver = Arc::new(driver);
     let open = Arc::new(watch::Sender::new(0_usize));
     let counter = Arc::clone(&open);
-    let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
+    let incoming = kpm_transport::bind(&socket).await.unwrap().map(move |stream| {
         stream.map(|inner| {
             counter.send_modify(|open| *open += 1);
             Tracked { inner, open: Arc::clone(&counter) }
@@ -209,7 +209,7 @@ pub(crate) async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served 
 
 /// A server-side connection that counts itself out when the server drops it.
 struct Tracked {
-    inner: kpm_api::uds::Connection,
+    inner: kpm_transport::Connection,
     open: Arc<watch::Sender<usize>>,
 }
 

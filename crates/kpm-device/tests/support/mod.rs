@@ -289,7 +289,7 @@ pub fn request(version: &str, resource: &str, endpoint: &str) -> RegisterRequest
 
 /// Calls `v1beta1.Registration/Register` on `kubelet_sock`.
 pub async fn register(kubelet_sock: &Path, request: RegisterRequest) -> Result<(), Status> {
-    let channel = kpm_api::uds::dial(kubelet_sock, DEADLINE).await.unwrap();
+    let channel = kpm_transport::dial(kubelet_sock, DEADLINE).await.unwrap();
     RegistrationClient::new(channel).register(request).await.map(|_| ())
 }
 
@@ -299,7 +299,7 @@ pub async fn serve(dir: &Path, file: &str, devices: Vec<Device>, behaviour: Beha
     let plugin = Arc::new(FakePlugin::new(devices, behaviour));
     let connections = Arc::new(Mutex::new(Vec::new()));
     let tracked = Arc::clone(&connections);
-    let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
+    let incoming = kpm_transport::bind(&socket).await.unwrap().map(move |stream| {
         let stream = stream?;
         let second = stream.as_fd().try_clone_to_owned()?;
         tracked.lock().push(std::os::unix::net::UnixStream::from(second));

@@ -303,7 +303,7 @@ pub fn serve(socket: &Path, driver: &Arc<FakeDriver>) -> Served {
         let driver = Arc::clone(driver);
         let accepted = Arc::clone(&accepted);
         OwnRuntime::start(move || async move {
-            let incoming = kpm_api::uds::bind(&socket).await.unwrap().map(move |stream| {
+            let incoming = kpm_transport::bind(&socket).await.unwrap().map(move |stream| {
                 accepted.send_modify(|accepted| *accepted += 1);
                 stream
             });

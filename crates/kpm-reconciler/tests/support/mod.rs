@@ -110,7 +110,7 @@ impl Plugin {
             notify_true_calls: 0,
             statuses: Vec::new(),
         }));
-        let incoming = kpm_api::uds::bind(socket).await.unwrap();
+        let incoming = kpm_transport::bind(socket).await.unwrap();
         let service = RegistrationServer::new(PluginService(Arc::clone(&state)));
         let server = tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use kpm_api::{fd, uds};
+use kpm_transport::{self as uds, fd};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use tokio_stream::StreamExt as _;
 

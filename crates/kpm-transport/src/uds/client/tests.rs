@@ -8,9 +8,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::*;
-use crate::deviceplugin::v1beta1 as dp;
 use dp::device_plugin_client::DevicePluginClient;
 use dp::device_plugin_server::{DevicePlugin, DevicePluginServer};
+use kpm_api::deviceplugin::v1beta1 as dp;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 /// Only stops a hang; nothing here is expected to take long.

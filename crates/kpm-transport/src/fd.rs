@@ -29,7 +29,7 @@ use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::uds::TransportError;
+use crate::error::{TransportError, show_limit};
 
 /// Fds kept out of the budget beyond those open when it is sized: the
 /// `kubelet.sock`, `kpm.sock` and metrics listeners and the status API's
@@ -323,11 +323,6 @@ impl FdBudget {
             optional_refused: count(&self.inner.optional_refused),
         }
     }
-}
-
-/// A resource limit as `ulimit` shows it.
-pub(crate) fn show_limit(limit: Option<u64>) -> String {
-    limit.map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string())
 }
 
 /// One file descriptor's share of a budget, released on drop: keep it with

@@ -16,8 +16,10 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
 use tonic::transport::{Channel, Endpoint, Uri};
 
-use crate::FileId;
-use crate::fd::{self, FdPermit, show_limit};
+use kpm_api::FileId;
+
+use crate::TransportError;
+use crate::fd::{self, FdPermit};
 
 /// `AsyncWrite` for a stream type whose writes all go, unchanged, to its
 /// `io` field (reads may not: see [`Connection`]).
@@ -70,106 +72,6 @@ pub use authority::MAX_HEADER_BLOCK;
 pub use client::{SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
 pub use stream::{PermittedStream, connect_stream, connect_with_permit};
-
-/// Why a Unix-socket connection or listener could not be set up.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// Connecting to the socket failed (missing file, nobody listening, ...).
-    #[error("dial {}: {}", path.display(), root_cause(source))]
-    Dial {
-        /// The socket.
-        path: PathBuf,
-        /// tonic's connection error.
-        #[source]
-        source: tonic::transport::Error,
-    },
-    /// Creating the socket to dial from failed (a shortage of fds is waited
-    /// out instead).
-    #[error("dial {}: socket: {source}", path.display())]
-    Socket {
-        /// The socket dialed.
-        path: PathBuf,
-        /// The `socket(2)` error.
-        #[source]
-        source: io::Error,
-    },
-    /// Connecting a [`UdsChannel`] to the socket failed.
-    #[error("dial {}: {source}", path.display())]
-    Connect {
-        /// The socket.
-        path: PathBuf,
-        /// The connect error.
-        #[source]
-        source: io::Error,
-    },
-    /// The HTTP/2 handshake of a [`UdsChannel`] failed.
-    #[error("dial {}: HTTP/2 handshake: {}", path.display(), root_cause(source))]
-    Handshake {
-        /// The socket.
-        path: PathBuf,
-        /// hyper's error.
-        #[source]
-        source: hyper::Error,
-    },
-    /// Connecting did not finish in time.
-    #[error("dial {}: timed out after {timeout:?}", path.display())]
-    DialTimeout {
-        /// The socket.
-        path: PathBuf,
-        /// The deadline that passed.
-        timeout: Duration,
-    },
-    /// A live server already answers on the socket; it is not ours to remove.
-    #[error("bind {}: socket is in use by a live server", path.display())]
-    InUse {
-        /// The socket.
-        path: PathBuf,
-    },
-    /// Raising the soft `RLIMIT_NOFILE` to the hard one failed.
-    #[error("raise the soft open-files limit from {} to {}: {source}", show_limit(*soft), show_limit(*hard))]
-    RaiseFdLimit {
-        /// The soft limit; `None` is unlimited.
-        soft: Option<u64>,
-        /// The hard limit.
-        hard: Option<u64>,
-        /// The `setrlimit` error.
-        #[source]
-        source: io::Error,
-    },
-    /// Removing a stale socket file or binding the new one failed.
-    #[error("bind {}: {source}", path.display())]
-    Bind {
-        /// The socket.
-        path: PathBuf,
-        /// The remove or bind error.
-        #[source]
-        source: io::Error,
-    },
-}
-
-impl TransportError {
-    /// Whether dialing found nobody there: the socket file is missing, or
-    /// nothing listens on it (connection refused). A plugin that is merely
-    /// slow or stuck times out instead.
-    pub fn is_gone(&self) -> bool {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = match self {
-            Self::Dial { source, .. } => Some(source),
-            Self::Connect { source, .. } => Some(source),
-            _ => return false,
-        };
-        while let Some(err) = cause {
-            if let Some(io) = err.downcast_ref::<io::Error>() {
-                return matches!(
-                    io.kind(),
-                    io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound
-                );
-            }
-            cause = err.source();
-        }
-        false
-    }
-}
 
 /// Connects to the gRPC server on the Unix socket `path`, waiting at most
 /// `timeout` for the connection (including the HTTP/2 handshake).
@@ -280,6 +182,12 @@ pub async fn bind(path: &Path) -> Result<Incoming, TransportError> {
     Ok(Incoming::new(listener))
 }
 
+/// The identity of the file at `path` (not following a symlink), if it can
+/// be read: what tells a socket re-created there from the one seen before.
+pub fn file_id_at(path: &Path) -> Option<FileId> {
+    std::fs::symlink_metadata(path).ok().map(|meta| FileId::of(&meta))
+}
+
 /// Mode of the sockets kpm serves itself (`kubelet.sock`, `kpm.sock`): only
 /// the owner (root on a node) may connect, as with the kubelet's sockets,
 /// which need write permission and are created 0755.
@@ -310,7 +218,7 @@ pub struct BoundSocket {
 impl BoundSocket {
     /// Records the file at `path`; call it right after binding.
     pub fn new(path: &Path) -> Self {
-        Self { path: path.to_path_buf(), file: FileId::at(path) }
+        Self { path: path.to_path_buf(), file: file_id_at(path) }
     }
 
     /// The socket's path.
@@ -323,7 +231,7 @@ impl BoundSocket {
     /// is still open: that keeps the inode from being reused meanwhile.
     pub fn remove(&self) -> io::Result<bool> {
         let Some(ours) = self.file else { return Ok(false) };
-        match FileId::at(&self.path) {
+        match file_id_at(&self.path) {
             Some(now) if now == ours => match std::fs::remove_file(&self.path) {
                 Ok(()) => Ok(true),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -334,23 +242,13 @@ impl BoundSocket {
     }
 }
 
-/// The innermost cause: tonic's own text is only "transport error", the OS
-/// error underneath says what went wrong.
-fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
-}
-
 /// A request that carries `timeout` as its gRPC deadline (`grpc-timeout`), so
 /// the plugin knows how long it has. The header cannot carry more than about
 /// 11,000 years, so the deadline sent is at most
-/// [`MAX_CONFIG_DURATION`](crate::constants::MAX_CONFIG_DURATION).
+/// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
 pub fn timed_request<M>(message: M, timeout: Duration) -> tonic::Request<M> {
     let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout.min(crate::constants::MAX_CONFIG_DURATION));
+    request.set_timeout(timeout.min(kpm_api::constants::MAX_CONFIG_DURATION));
     request
 }
 

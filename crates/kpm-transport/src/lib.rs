@@ -1,0 +1,25 @@
+//! The Unix-socket gRPC transport of kpm: dialing a plugin's socket, binding
+//! kpm's own, and the process's file descriptors as a budget every
+//! connection pays from. The wire itself (generated code, constants) is
+//! `kpm-api`; this crate does the IO.
+//!
+//! | item | what it is |
+//! |---|---|
+//! | [`dial`], [`dial_patiently`], [`dial_with_peer`], [`dial_with_permit`] | a tonic `Channel` to the gRPC server on a socket path, for short-lived connections |
+//! | [`UdsChannel`], [`SmallBufferCodec`] | a plain HTTP/2 connection held for long, one per plugin, and prost's codec with small buffers for its streams |
+//! | [`connect_stream`], [`connect_with_permit`], [`PermittedStream`] | a raw connected stream holding its permit, for a hyper client |
+//! | [`bind`], [`bind_with_mode`], [`Incoming`], [`Connection`], [`BoundSocket`] | serving tonic on a socket: connections that take any `:authority` grpc-go sends, and a socket file removed only while it is still ours |
+//! | [`timed_request`], [`within`] | every plugin call's deadline, sent along and enforced locally |
+//! | [`fd`] | the fd budget: [`fd::budget`], [`fd::init`], [`fd::raise_soft_limit`], [`fd::FdStats`] |
+//! | [`TransportError`] | the crate's one error |
+//!
+//! Module dependencies go one way: `error` ← `fd` ← `uds` (dialing, binding,
+//! the `:authority` rewriting), re-exported here.
+
+pub mod fd;
+
+mod error;
+mod uds;
+
+pub use error::TransportError;
+pub use uds::*;

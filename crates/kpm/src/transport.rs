@@ -1,0 +1,33 @@
+//! What a binary needs of kpm's Unix-socket transport (`kpm-transport`),
+//! and no more: raising the soft open-files limit, sizing the fd budget and
+//! reading its stats ([`fd`]), binding a socket with a mode and serving
+//! tonic or hyper on it ([`bind_with_mode`], [`Incoming`], [`BoundSocket`]),
+//! and dialing a plugin once ([`dial`], for `kpm probe`).
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), kpm::transport::TransportError> {
+//! use kpm::transport::{self, fd};
+//!
+//! fd::raise_soft_limit()?;
+//! fd::init(fd::DEFAULT_RESERVE);
+//! let socket = std::path::Path::new("/run/agent.sock");
+//! let (incoming, bound) = transport::bind_with_mode(socket, transport::OWNER_ONLY).await?;
+//! // tonic::transport::Server::builder()...serve_with_incoming(incoming)
+//! # drop(incoming);
+//! bound.remove().ok();
+//! # Ok(())
+//! # }
+//! ```
+
+pub use kpm_transport::{
+    BoundSocket, Connection, Incoming, OWNER_ONLY, TransportError, bind, bind_with_mode, dial,
+};
+
+/// The process's file descriptors as a budget every connection kpm dials
+/// pays from: size it once at start, read its stats for metrics.
+pub mod fd {
+    pub use kpm_transport::fd::{
+        DEFAULT_RESERVE, FdBudget, FdStats, NofileLimit, SHORTAGE_PAUSE, budget, init, is_shortage,
+        nofile_limit, open_fds, raise_soft_limit,
+    };
+}
