@@ -85,7 +85,7 @@ impl PluginManagerBuilder {
 
     /// Period of the reconciler's safety-net pass (default 10 s).
     pub fn reconcile_period(mut self, period: Duration) -> Self {
-        self.reconciler.resync_period = period;
+        self.reconciler = self.reconciler.resync_period(period);
         self
     }
 
