@@ -147,10 +147,7 @@ impl Node {
             .registry_dir(&registry)
             .handler(TEST_PLUGIN, handler.clone())
             .handler(GOOD_PLUGIN, Arc::new(BasicHandler::new(GOOD_PLUGIN)))
-            .executor_config(ExecutorConfig {
-                handler_timeout: HANDLER_TIMEOUT,
-                ..ExecutorConfig::default()
-            })
+            .executor_config(ExecutorConfig::default().handler_timeout(HANDLER_TIMEOUT))
             .liveness(None)
             .build()
             .unwrap();

@@ -135,11 +135,9 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
 /// holds one to (a CSI registrar).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_share_the_device_plugins_connection_and_keep_one_for_a_csi_registrar() {
-    let liveness = kpm::LivenessConfig {
-        period: Some(Duration::from_millis(100)),
-        timeout: Duration::from_millis(100),
-        ..kpm::LivenessConfig::default()
-    };
+    let liveness = kpm::LivenessConfig::default()
+        .period(Some(Duration::from_millis(100)))
+        .timeout(Duration::from_millis(100));
     let node = Node::start(|builder| builder.liveness(Some(liveness)));
     let handle = node.handle.clone();
     let stats = move || handle.manager().stats().liveness.expect("liveness is on");
@@ -229,34 +227,23 @@ fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilde
         ("watcher_config", builder().resync_period(value)),
         (
             "reconciler_config",
-            builder().reconciler_config(kpm::ReconcilerConfig { resync_period: value }),
+            builder().reconciler_config(kpm::ReconcilerConfig::default().resync_period(value)),
         ),
         ("shutdown_grace", builder().shutdown_grace(value)),
-        (
-            "liveness",
-            builder()
-                .liveness(Some(kpm::LivenessConfig { period: Some(value), ..Default::default() })),
-        ),
+        ("liveness", builder().liveness(Some(kpm::LivenessConfig::default().period(Some(value))))),
         (
             "executor_config",
-            builder().executor_config(kpm::ExecutorConfig {
-                handler_timeout: value,
-                ..Default::default()
-            }),
+            builder().executor_config(kpm::ExecutorConfig::default().handler_timeout(value)),
         ),
-        ("csi_config", builder().csi_config(kpm::csi::CsiConfig { node_get_info_timeout: value })),
+        (
+            "csi_config",
+            builder().csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(value)),
+        ),
         (
             "device_config",
-            builder().device_config(kpm::device::DeviceConfig {
-                grace_period: value,
-                ..Default::default()
-            }),
+            builder().device_config(kpm::device::DeviceConfig::default().grace_period(value)),
         ),
-        (
-            "dra_config",
-            builder()
-                .dra_config(kpm::dra::DraConfig { cleanup_grace: value, ..Default::default() }),
-        ),
+        ("dra_config", builder().dra_config(kpm::dra::DraConfig::default().cleanup_grace(value))),
     ]
 }
 
@@ -297,12 +284,12 @@ async fn a_kubelet_with_the_longest_settings_runs_and_stops() {
     let kubelet = Kubelet::builder()
         .root_dir(root.path())
         .resync_period(longest)
-        .reconciler_config(kpm::ReconcilerConfig { resync_period: longest })
+        .reconciler_config(kpm::ReconcilerConfig::default().resync_period(longest))
         .shutdown_grace(longest)
-        .liveness(Some(kpm::LivenessConfig { period: Some(longest), ..Default::default() }))
-        .csi_config(kpm::csi::CsiConfig { node_get_info_timeout: longest })
-        .device_config(kpm::device::DeviceConfig { grace_period: longest, ..Default::default() })
-        .dra_config(kpm::dra::DraConfig { cleanup_grace: longest, ..Default::default() })
+        .liveness(Some(kpm::LivenessConfig::default().period(Some(longest))))
+        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(longest))
+        .device_config(kpm::device::DeviceConfig::default().grace_period(longest))
+        .dra_config(kpm::dra::DraConfig::default().cleanup_grace(longest))
         .build()
         .unwrap();
     // Three of the longest periods go by on paused time: no timer overflows.

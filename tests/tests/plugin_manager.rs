@@ -153,3 +153,23 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
     stop.send(()).unwrap();
     running.await.unwrap().unwrap();
 }
+
+/// The handle is taken before `run` starts the watcher, and still reads the
+/// rescans of the watcher `run` starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_handle_counts_the_rescans_of_the_running_watcher() {
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    let manager = PluginManager::builder()
+        .registry_dir(&registry)
+        .resync_period(std::time::Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let handle = manager.handle();
+    assert_eq!(handle.stats().rescans, 0, "nothing is watched before run");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(manager.run(async { drop(stopped.await) }));
+    wait_until("periodic resyncs are counted", || handle.stats().rescans >= 2).await;
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}

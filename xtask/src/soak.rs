@@ -7,7 +7,7 @@
 //! (`harness.rs`), with `--metrics-addr 127.0.0.1:<free port>` so that the
 //! load generator can read kpm's task and executor gauges; kpm's log goes to
 //! `target/bench/kpm-soak.log`. Runs `kpm-loadgen run --scenario soak` (see
-//! `crates/kpm-bench/src/soak.rs`), writes its JSON to
+//! `crates/kpm-bench/src/soak/`), writes its JSON to
 //! `target/bench/soak.json` and prints its tables with `kpm-loadgen report`.
 //! Options after `--` go to the load generator (`--misbehaviours hanging-get-info`,
 //! `--rate 50`, ...: see `kpm-loadgen run --help`).

@@ -86,7 +86,7 @@ impl Deregistrations {
         if let Some(fields) = report.as_object_mut() {
             fields.insert("latency_ms".into(), crate::stats::summary(self.latencies));
             fields.insert("missing_count".into(), self.missing.len().into());
-            fields.insert("missing".into(), crate::scenarios::listed(&self.missing).into());
+            fields.insert("missing".into(), crate::stats::listed(&self.missing).into());
             fields.insert("lagged".into(), self.lagged.into());
         }
         report

@@ -13,7 +13,7 @@
 //! - `run --root DIR --scenario soak --kpm-pid PID --metrics-addr HOST:PORT [--plugins N]
 //!   [--rate N] [--duration-secs S] [--warmup-secs S] [--sample-secs S] [--bad-interval-ms MS]
 //!   [--bad-lifetime-ms MS] [--misbehaviours KIND,...]`: churn with misbehaving plugins mixed
-//!   in, kpm sampled over time (see `soak.rs`); exits with status 3 when the verdict fails,
+//!   in, kpm sampled over time (see `soak/`); exits with status 3 when the verdict fails,
 //!   the JSON printed all the same;
 //! - `machine`: a description of this machine (CPUs, model, kernel);
 //! - `report FILE`: the table of a combined results file written by
@@ -22,6 +22,7 @@
 //!
 //! Progress goes to stderr; stdout carries nothing but the JSON (or table).
 
+mod columns;
 mod events;
 mod exits;
 mod metrics;

@@ -7,6 +7,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use crate::Result;
+use crate::columns::columns;
 
 /// This machine, as the results file records it.
 pub(crate) fn machine() -> Value {
@@ -65,16 +66,6 @@ pub(crate) fn table(file: &Path) -> Result<String> {
         .collect();
     let headers = ["SCENARIO", "MEASURE", "KPM", "TARGET", "KUBELET v1.32", "VERDICT"];
     Ok(columns(&headers, &rows))
-}
-
-/// `rows` under `headers`, in columns two spaces apart.
-pub(crate) fn columns(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut table = comfy_table::Table::new();
-    table.load_preset(comfy_table::presets::NOTHING).set_header(headers).add_rows(rows);
-    table.column_iter_mut().for_each(|column| {
-        column.set_padding((0, 2));
-    });
-    table.trim_fmt()
 }
 
 fn rows(results: &Value) -> Vec<Row> {

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::time::MissedTickBehavior;
 
 use crate::plugins::{self, Plugin, Settled};
-use crate::stats::{ms, round, summary};
+use crate::stats::{listed, ms, round, summary};
 use crate::{Result, events, procfs};
 
 /// Quiet time after the set-up of `steady`, `churn`, `deregister`, `kill`
@@ -28,9 +28,6 @@ pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// How long `deregister` waits for the last event.
 pub(crate) const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// At most this many failures are listed in the JSON (all are counted).
-const LISTED_FAILURES: usize = 10;
 
 /// Where kpm is and how to read its process.
 #[derive(Debug)]
@@ -354,10 +351,6 @@ pub(crate) async fn register_all(
 
 pub(crate) fn socket_of(registrar: &Registrar) -> String {
     registrar.socket_path().display().to_string()
-}
-
-pub(crate) fn listed(failures: &[String]) -> Vec<String> {
-    failures.iter().take(LISTED_FAILURES).cloned().collect()
 }
 
 /// A progress line on stderr every tenth of the way.

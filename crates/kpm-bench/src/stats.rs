@@ -1,9 +1,12 @@
-//! Latency summaries (nearest-rank percentiles) and lossless-enough number
-//! conversions for the JSON output.
+//! Latency summaries (nearest-rank percentiles), lossless-enough number
+//! conversions and bounded lists of failures for the JSON output.
 
 use std::time::Duration;
 
 use serde_json::{Value, json};
+
+/// At most this many failures are listed in the JSON (all are counted).
+const LISTED_FAILURES: usize = 10;
 
 /// Milliseconds, as a float with microsecond resolution.
 pub(crate) fn ms(duration: Duration) -> f64 {
@@ -45,6 +48,11 @@ pub(crate) fn summary(mut samples: Vec<Duration>) -> Value {
         "max": samples.last().copied().map(ms),
         "mean": mean,
     })
+}
+
+/// The first [`LISTED_FAILURES`] of `failures`, for the JSON.
+pub(crate) fn listed(failures: &[String]) -> Vec<String> {
+    failures.iter().take(LISTED_FAILURES).cloned().collect()
 }
 
 #[cfg(test)]

@@ -199,24 +199,22 @@ fn hostname() -> Result<String, CliError> {
 
 /// The kubelet `kpm run` runs, as its flags configure it.
 fn configured(args: &RunArgs) -> KubeletBuilder {
-    let dra = kpm::dra::DraConfig {
-        cleanup_grace: Duration::from_secs(args.dra_cleanup_grace),
-        ..kpm::dra::DraConfig::default()
-    };
-    let device = kpm::device::DeviceConfig {
-        grace_period: Duration::from_secs(args.device_cleanup_grace),
-        ..kpm::device::DeviceConfig::default()
-    };
+    let dra =
+        kpm::dra::DraConfig::default().cleanup_grace(Duration::from_secs(args.dra_cleanup_grace));
+    let device = kpm::device::DeviceConfig::default()
+        .grace_period(Duration::from_secs(args.device_cleanup_grace));
     let mut builder = kubelet(&args.root.root_dir, &args.disable)
         .dra_config(dra)
         .device_config(device)
         .resync_period(Duration::from_secs(args.resync_period))
-        .liveness(Some(LivenessConfig {
-            period: (args.liveness_period > 0).then(|| Duration::from_secs(args.liveness_period)),
-            failure_threshold: args.liveness_failures,
-            watch_exits: args.watch_plugin_exits,
-            ..LivenessConfig::default()
-        }));
+        .liveness(Some(
+            LivenessConfig::default()
+                .period(
+                    (args.liveness_period > 0).then(|| Duration::from_secs(args.liveness_period)),
+                )
+                .failure_threshold(args.liveness_failures)
+                .watch_exits(args.watch_plugin_exits),
+        ));
     if let Some(dir) = &args.registry_dir {
         builder = builder.registry_dir(dir);
     }

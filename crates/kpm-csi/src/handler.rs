@@ -20,8 +20,10 @@ use crate::version::{Version, highest_supported_version};
 /// The kubelet's `csiTimeout`: how long NodeGetInfo may take at registration.
 pub const DEFAULT_NODE_GET_INFO_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Settings of the [`CsiHandler`].
+/// Settings of the [`CsiHandler`]. Build it from [`Default`] with the
+/// setters; the fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CsiConfig {
     /// How long dialing the driver and its NodeGetInfo may take together.
     /// Default [`DEFAULT_NODE_GET_INFO_TIMEOUT`] (2 min), as in the kubelet.
@@ -35,6 +37,14 @@ impl Default for CsiConfig {
 }
 
 impl CsiConfig {
+    /// Sets [`node_get_info_timeout`](Self::node_get_info_timeout) (default
+    /// [`DEFAULT_NODE_GET_INFO_TIMEOUT`], 2 min).
+    #[must_use]
+    pub fn node_get_info_timeout(mut self, timeout: Duration) -> Self {
+        self.node_get_info_timeout = timeout;
+        self
+    }
+
     /// Refuses a zero timeout (every driver would fail) and one above
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION),
     /// which a deadline and the gRPC timeout header could not carry.

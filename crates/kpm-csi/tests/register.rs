@@ -36,7 +36,8 @@ fn setup() -> Setup {
 
 fn setup_with_timeout(timeout: Duration) -> Setup {
     let sink = Arc::new(InMemoryNodeInfo::default());
-    let handler = CsiHandler::new(sink.clone(), CsiConfig { node_get_info_timeout: timeout });
+    let handler =
+        CsiHandler::new(sink.clone(), CsiConfig::default().node_get_info_timeout(timeout));
     Setup { dir: tempfile::tempdir().unwrap(), sink, handler: Arc::new(handler) }
 }
 

@@ -54,8 +54,10 @@ pub const DEFAULT_PRE_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of the [`DeviceManager`]. Every duration is at most
 /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days) and the timeouts are non-zero; see
-/// [`validate`](Self::validate).
+/// [`validate`](Self::validate). Build it from [`Default`] with the setters;
+/// the fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceConfig {
     /// How long connecting to a plugin's socket may take. Default 10 s.
     pub dial_timeout: Duration,
@@ -81,6 +83,38 @@ impl Default for DeviceConfig {
 }
 
 impl DeviceConfig {
+    /// Sets [`dial_timeout`](Self::dial_timeout) (default
+    /// [`DEFAULT_DIAL_TIMEOUT`], 10 s).
+    #[must_use]
+    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
+        self
+    }
+
+    /// Sets [`grace_period`](Self::grace_period) (default
+    /// [`DEFAULT_GRACE_PERIOD`], 5 min).
+    #[must_use]
+    pub fn grace_period(mut self, grace: Duration) -> Self {
+        self.grace_period = grace;
+        self
+    }
+
+    /// Sets [`call_timeout`](Self::call_timeout) (default
+    /// [`DEFAULT_CALL_TIMEOUT`], 30 s).
+    #[must_use]
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets [`pre_start_timeout`](Self::pre_start_timeout) (default
+    /// [`DEFAULT_PRE_START_TIMEOUT`], 30 s).
+    #[must_use]
+    pub fn pre_start_timeout(mut self, timeout: Duration) -> Self {
+        self.pre_start_timeout = timeout;
+        self
+    }
+
     /// Checks the ranges: the three timeouts non-zero (a zero deadline fails
     /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `grace_period` at most
     /// that (zero: a resource is removed as soon as its endpoint goes).

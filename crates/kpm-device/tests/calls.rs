@@ -27,7 +27,7 @@ fn setup(config: DeviceConfig) -> Setup {
 }
 
 fn fast() -> DeviceConfig {
-    DeviceConfig { dial_timeout: DEADLINE, call_timeout: DEADLINE, ..DeviceConfig::default() }
+    DeviceConfig::default().dial_timeout(DEADLINE).call_timeout(DEADLINE)
 }
 
 impl Setup {
@@ -109,7 +109,7 @@ async fn an_allocate_error_of_the_plugin_names_the_resource_and_socket() {
 #[tokio::test]
 async fn a_plugin_that_does_not_answer_allocate_in_time_gets_a_timeout() {
     let timeout = Duration::from_millis(200);
-    let setup = setup(DeviceConfig { call_timeout: timeout, ..fast() });
+    let setup = setup(fast().call_timeout(timeout));
     let behaviour = Behaviour { hang_allocate: true, ..Behaviour::default() };
     let plugin = setup.plugin("gpu.sock", behaviour).await;
 

@@ -25,8 +25,7 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    let config =
-        DeviceConfig { dial_timeout: DEADLINE, call_timeout: DEADLINE, ..DeviceConfig::default() };
+    let config = DeviceConfig::default().dial_timeout(DEADLINE).call_timeout(DEADLINE);
     Setup { dir: tempfile::tempdir().unwrap(), manager: DeviceManager::new(config) }
 }
 

@@ -27,12 +27,10 @@ struct Setup {
 }
 
 fn setup(grace_period: Duration) -> Setup {
-    let config = DeviceConfig {
-        dial_timeout: DEADLINE,
-        call_timeout: DEADLINE,
-        grace_period,
-        ..DeviceConfig::default()
-    };
+    let config = DeviceConfig::default()
+        .dial_timeout(DEADLINE)
+        .call_timeout(DEADLINE)
+        .grace_period(grace_period);
     Setup { dir: tempfile::tempdir().unwrap(), manager: DeviceManager::new(config) }
 }
 

@@ -34,8 +34,10 @@ pub const DEFAULT_CLEANUP_GRACE: Duration = Duration::from_secs(30);
 
 /// Settings of the [`DraManager`]. Both durations are at most
 /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days), the call timeout non-zero; see
-/// [`validate`](Self::validate).
+/// [`validate`](Self::validate). Build it from [`Default`] with the setters;
+/// the fields are public to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DraConfig {
     /// The deadline of each `prepare` / `unprepare` call. Default
     /// [`DEFAULT_CALL_TIMEOUT`] (45 s), as in the kubelet.
@@ -61,6 +63,30 @@ impl Default for DraConfig {
 }
 
 impl DraConfig {
+    /// Sets [`call_timeout`](Self::call_timeout) (default
+    /// [`DEFAULT_CALL_TIMEOUT`], 45 s).
+    #[must_use]
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = timeout;
+        self
+    }
+
+    /// Sets [`cleanup_grace`](Self::cleanup_grace) (default
+    /// [`DEFAULT_CLEANUP_GRACE`], 30 s).
+    #[must_use]
+    pub fn cleanup_grace(mut self, grace: Duration) -> Self {
+        self.cleanup_grace = grace;
+        self
+    }
+
+    /// Sets [`root_dir`](Self::root_dir) (default `None`: any absolute
+    /// endpoint).
+    #[must_use]
+    pub fn root_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.root_dir = dir;
+        self
+    }
+
     /// Checks the durations: `call_timeout` non-zero (a zero deadline fails
     /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `cleanup_grace` at
     /// most that (zero: a driver's resources are cleaned up as soon as its

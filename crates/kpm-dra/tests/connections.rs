@@ -28,11 +28,10 @@ struct Setup {
 fn setup(cleanup_grace: Duration) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let cleanup = Arc::new(InMemoryCleanup::default());
-    let config = DraConfig {
-        call_timeout: DEADLINE,
-        cleanup_grace,
-        root_dir: Some(dir.path().to_path_buf()),
-    };
+    let config = DraConfig::default()
+        .call_timeout(DEADLINE)
+        .cleanup_grace(cleanup_grace)
+        .root_dir(Some(dir.path().to_path_buf()));
     let manager = DraManager::new(config, cleanup.clone());
     Setup { dir, cleanup, manager }
 }

@@ -31,11 +31,10 @@ fn setup() -> Setup {
 
 fn setup_with(call_timeout: Duration) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let config = DraConfig {
-        call_timeout,
-        cleanup_grace: Duration::from_secs(30),
-        root_dir: Some(dir.path().to_path_buf()),
-    };
+    let config = DraConfig::default()
+        .call_timeout(call_timeout)
+        .cleanup_grace(Duration::from_secs(30))
+        .root_dir(Some(dir.path().to_path_buf()));
     let manager = DraManager::new(config, Arc::new(InMemoryCleanup::default()));
     Setup { dir, manager }
 }
@@ -219,7 +218,7 @@ async fn concurrent_calls_share_the_instances_one_connection() {
 // TestRegisterPluginAcceptsEndpointInsideRootDir) ===
 
 fn kubelet_manager() -> Arc<DraManager> {
-    let config = DraConfig { root_dir: Some("/var/lib/kubelet".into()), ..DraConfig::default() };
+    let config = DraConfig::default().root_dir(Some("/var/lib/kubelet".into()));
     DraManager::new(config, Arc::new(InMemoryCleanup::default()))
 }
 
@@ -408,14 +407,11 @@ async fn after_shutdown_registrations_and_calls_fail() {
 
 #[test]
 fn durations_out_of_range_are_refused_naming_the_field() {
-    let longest = DraConfig {
-        call_timeout: MAX_CONFIG_DURATION,
-        cleanup_grace: MAX_CONFIG_DURATION,
-        ..DraConfig::default()
-    };
+    let longest =
+        DraConfig::default().call_timeout(MAX_CONFIG_DURATION).cleanup_grace(MAX_CONFIG_DURATION);
     assert!(DraConfig::default().validate().is_ok());
     assert!(longest.validate().is_ok(), "the bound itself is accepted");
-    assert!(DraConfig { cleanup_grace: Duration::ZERO, ..longest.clone() }.validate().is_ok());
+    assert!(longest.clone().cleanup_grace(Duration::ZERO).validate().is_ok());
     let too_long = [
         Duration::MAX,
         Duration::from_secs(u64::MAX),
@@ -425,13 +421,12 @@ fn durations_out_of_range_are_refused_naming_the_field() {
         .into_iter()
         .flat_map(|value| {
             [
-                ("call_timeout", DraConfig { call_timeout: value, ..DraConfig::default() }),
-                ("cleanup_grace", DraConfig { cleanup_grace: value, ..DraConfig::default() }),
+                ("call_timeout", DraConfig::default().call_timeout(value)),
+                ("cleanup_grace", DraConfig::default().cleanup_grace(value)),
             ]
         })
         .collect();
-    refused
-        .push(("call_timeout", DraConfig { call_timeout: Duration::ZERO, ..DraConfig::default() }));
+    refused.push(("call_timeout", DraConfig::default().call_timeout(Duration::ZERO)));
     for (name, config) in refused {
         let error = config.validate().unwrap_err();
         assert!(

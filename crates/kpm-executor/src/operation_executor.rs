@@ -27,8 +27,10 @@ pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
 
 /// Timeouts and backoff of the executor. The defaults are the kubelet's.
 /// Every duration is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days) and the
-/// timeouts are non-zero; see [`validate`](Self::validate).
+/// timeouts are non-zero; see [`validate`](Self::validate). Build it from
+/// [`Default`] with the setters; the fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExecutorConfig {
     /// Connecting to a registration socket (kubelet: 10 s).
     pub dial_timeout: Duration,
@@ -61,6 +63,50 @@ impl Default for ExecutorConfig {
 }
 
 impl ExecutorConfig {
+    /// Sets [`dial_timeout`](Self::dial_timeout) (default 10 s).
+    #[must_use]
+    pub fn dial_timeout(mut self, timeout: Duration) -> Self {
+        self.dial_timeout = timeout;
+        self
+    }
+
+    /// Sets [`refused_retry`](Self::refused_retry) (default 250 ms; zero: a
+    /// refused connection fails at once).
+    #[must_use]
+    pub fn refused_retry(mut self, window: Duration) -> Self {
+        self.refused_retry = window;
+        self
+    }
+
+    /// Sets [`get_info_timeout`](Self::get_info_timeout) (default 1 s).
+    #[must_use]
+    pub fn get_info_timeout(mut self, timeout: Duration) -> Self {
+        self.get_info_timeout = timeout;
+        self
+    }
+
+    /// Sets [`notify_timeout`](Self::notify_timeout) (default 5 s).
+    #[must_use]
+    pub fn notify_timeout(mut self, timeout: Duration) -> Self {
+        self.notify_timeout = timeout;
+        self
+    }
+
+    /// Sets [`handler_timeout`](Self::handler_timeout) (default 180 s).
+    #[must_use]
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
+        self
+    }
+
+    /// Sets [`backoff`](Self::backoff) (default [`ExponentialBackoff::default`]:
+    /// 500 ms doubling to 2 min 2 s).
+    #[must_use]
+    pub fn backoff(mut self, backoff: ExponentialBackoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
     /// Checks the ranges: the four timeouts non-zero (a zero deadline fails
     /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `refused_retry` at
     /// most that (zero: a refused connection fails at once). The backoff is

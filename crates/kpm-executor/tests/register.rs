@@ -179,11 +179,9 @@ fn harness(handler: RecordingHandler, config: ExecutorConfig) -> Harness {
 
 /// A config whose backoff is short enough to retry within a test.
 fn fast_config() -> ExecutorConfig {
-    ExecutorConfig {
-        backoff: ExponentialBackoff::try_new(Duration::from_millis(20), Duration::from_millis(100))
-            .unwrap(),
-        ..ExecutorConfig::default()
-    }
+    ExecutorConfig::default().backoff(
+        ExponentialBackoff::try_new(Duration::from_millis(20), Duration::from_millis(100)).unwrap(),
+    )
 }
 
 impl Harness {
@@ -411,7 +409,7 @@ async fn a_handler_that_panics_or_hangs_fails_that_registration_only() {
         let served = serve(dir.path(), misbehave, device_plugin("vendor.com/gpu", ""), false).await;
         let handler =
             RecordingHandler { misbehave: Some(misbehave), ..RecordingHandler::default() };
-        let config = ExecutorConfig { handler_timeout, ..fast_config() };
+        let config = fast_config().handler_timeout(handler_timeout);
         let h = harness(handler, config);
         h.register(&served.socket, h.generation(&served.socket)).await;
 
@@ -464,8 +462,7 @@ async fn hanging_get_info_does_not_block_other_sockets() {
     let healthy = serve(dir.path(), "ok.sock", device_plugin("vendor.com/ok", ""), false).await;
     // A GetInfo timeout far beyond the deadline: the hanging operation is
     // still running whenever the healthy plugin registers, on any machine.
-    let config =
-        ExecutorConfig { get_info_timeout: Duration::from_secs(3600), ..ExecutorConfig::default() };
+    let config = ExecutorConfig::default().get_info_timeout(Duration::from_secs(3600));
     let h = harness(RecordingHandler::default(), config);
 
     h.start_register(&hanging.socket, h.generation(&hanging.socket)).unwrap();
@@ -478,10 +475,7 @@ async fn hanging_get_info_does_not_block_other_sockets() {
 async fn hanging_get_info_times_out_with_the_timeout_in_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
-    let config = ExecutorConfig {
-        get_info_timeout: Duration::from_millis(300),
-        ..ExecutorConfig::default()
-    };
+    let config = ExecutorConfig::default().get_info_timeout(Duration::from_millis(300));
     let h = harness(RecordingHandler::default(), config);
     let generation = h.generation(&hanging.socket);
 
@@ -497,8 +491,7 @@ async fn socket_file_with_nobody_listening_fails_at_dial() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap()); // file stays
-    let config =
-        ExecutorConfig { refused_retry: Duration::from_millis(30), ..ExecutorConfig::default() };
+    let config = ExecutorConfig::default().refused_retry(Duration::from_millis(30));
     let h = harness(RecordingHandler::default(), config);
     let generation = h.generation(&socket);
 
@@ -597,14 +590,13 @@ async fn a_second_operation_on_a_socket_waits_for_the_first() {
 
 /// Every duration of the config at [`MAX_CONFIG_DURATION`].
 fn longest_config() -> ExecutorConfig {
-    ExecutorConfig {
-        dial_timeout: MAX_CONFIG_DURATION,
-        refused_retry: MAX_CONFIG_DURATION,
-        get_info_timeout: MAX_CONFIG_DURATION,
-        notify_timeout: MAX_CONFIG_DURATION,
-        handler_timeout: MAX_CONFIG_DURATION,
-        backoff: ExponentialBackoff::try_new(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).unwrap(),
-    }
+    ExecutorConfig::default()
+        .dial_timeout(MAX_CONFIG_DURATION)
+        .refused_retry(MAX_CONFIG_DURATION)
+        .get_info_timeout(MAX_CONFIG_DURATION)
+        .notify_timeout(MAX_CONFIG_DURATION)
+        .handler_timeout(MAX_CONFIG_DURATION)
+        .backoff(ExponentialBackoff::try_new(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).unwrap())
 }
 
 #[test]
@@ -612,9 +604,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     type Field = fn(&mut ExecutorConfig) -> &mut Duration;
     assert!(ExecutorConfig::default().validate().is_ok());
     assert!(longest_config().validate().is_ok(), "the bound itself is accepted");
-    assert!(
-        ExecutorConfig { refused_retry: Duration::ZERO, ..longest_config() }.validate().is_ok()
-    );
+    assert!(longest_config().refused_retry(Duration::ZERO).validate().is_ok());
     let fields: [(&str, Field); 5] = [
         ("dial_timeout", |c| &mut c.dial_timeout),
         ("refused_retry", |c| &mut c.refused_retry),
@@ -648,7 +638,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
 async fn a_registration_with_an_invalid_config_is_refused_not_started() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("gpu.sock");
-    let config = ExecutorConfig { get_info_timeout: Duration::MAX, ..ExecutorConfig::default() };
+    let config = ExecutorConfig::default().get_info_timeout(Duration::MAX);
     let h = harness(RecordingHandler::default(), config);
     let refused = h.refusal(&socket, h.generation(&socket));
     assert!(

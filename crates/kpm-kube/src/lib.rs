@@ -66,8 +66,10 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest time between two device-capacity patches by default.
 pub const DEFAULT_CAPACITY_INTERVAL: Duration = Duration::from_millis(500);
 
-/// Settings of the publishers.
+/// Settings of the publishers. Build it from [`Default`] with the setters;
+/// the fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KubeConfig {
     /// How long one API request may take (a CSI registration waits for up
     /// to four of each step). Default 10 s.
@@ -87,6 +89,22 @@ impl Default for KubeConfig {
 }
 
 impl KubeConfig {
+    /// Sets [`request_timeout`](Self::request_timeout) (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s).
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`capacity_interval`](Self::capacity_interval) (default
+    /// [`DEFAULT_CAPACITY_INTERVAL`], 500 ms).
+    #[must_use]
+    pub fn capacity_interval(mut self, interval: Duration) -> Self {
+        self.capacity_interval = interval;
+        self
+    }
+
     /// Checks the ranges: `request_timeout` non-zero, both at most
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
     pub fn validate(&self) -> Result<(), KubeError> {

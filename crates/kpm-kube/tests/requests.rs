@@ -211,7 +211,7 @@ async fn a_missing_node_is_waited_for_not_created() {
 #[tokio::test(start_paused = true)]
 async fn a_request_without_an_answer_times_out() {
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let config = KubeConfig { request_timeout: Duration::from_secs(3), ..KubeConfig::default() };
+    let config = KubeConfig::default().request_timeout(Duration::from_secs(3));
     let publisher =
         KubePublisher::new(kube::Client::new(service, "default"), "node1", config).unwrap();
     // Takes every request and never answers.

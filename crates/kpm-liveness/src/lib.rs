@@ -67,8 +67,10 @@ pub trait HeldConnections: Send + Sync + fmt::Debug {
     fn connection(&self, plugin: &PluginInfo) -> Option<UdsChannel>;
 }
 
-/// Settings of liveness.
+/// Settings of liveness. Build it from [`Default`] with the setters; the
+/// fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LivenessConfig {
     /// Time between two `GetInfo` probes of a plugin: non-zero, at most
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365
@@ -124,6 +126,34 @@ pub enum LivenessError {
 }
 
 impl LivenessConfig {
+    /// Sets [`period`](Self::period) (default 30 s; `None`: no probes).
+    #[must_use]
+    pub fn period(mut self, period: Option<Duration>) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// Sets [`failure_threshold`](Self::failure_threshold) (default 3).
+    #[must_use]
+    pub fn failure_threshold(mut self, failures: u32) -> Self {
+        self.failure_threshold = failures;
+        self
+    }
+
+    /// Sets [`timeout`](Self::timeout) (default 1 s).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets [`watch_exits`](Self::watch_exits) (default `true`).
+    #[must_use]
+    pub fn watch_exits(mut self, watch: bool) -> Self {
+        self.watch_exits = watch;
+        self
+    }
+
     /// Checks the ranges [`LivenessMonitor::new`] relies on: a non-zero period
     /// of at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), a threshold of at least 1, and a
     /// non-zero timeout of at most the period.

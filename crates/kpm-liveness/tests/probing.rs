@@ -140,12 +140,11 @@ fn start_sharing(config: LivenessConfig, held: Option<Arc<dyn HeldConnections>>)
 
 /// Probes every 100 ms, each step within 50 ms; no process watched.
 fn quick() -> LivenessConfig {
-    LivenessConfig {
-        period: Some(Duration::from_millis(100)),
-        failure_threshold: 3,
-        timeout: Duration::from_millis(50),
-        watch_exits: false,
-    }
+    LivenessConfig::default()
+        .period(Some(Duration::from_millis(100)))
+        .failure_threshold(3)
+        .timeout(Duration::from_millis(50))
+        .watch_exits(false)
 }
 
 impl Harness {
@@ -390,7 +389,7 @@ async fn an_exit_is_noticed_without_any_probe_and_a_socket_left_unserved_is_rene
     let socket = dir.path().join("exit.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let mut process = stand_in_process();
-    let mut h = start(LivenessConfig { period: None, watch_exits: true, ..quick() });
+    let mut h = start(quick().period(None).watch_exits(true));
     let generation = h.registered(&socket, process.id());
     wait_until("the process is watched", || h.monitor.stats().watched_processes == 1).await;
 
@@ -415,7 +414,7 @@ async fn a_socket_still_served_after_its_process_exited_is_left_registered() {
     // Another process (here, the test) keeps the socket open and served.
     let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let mut process = stand_in_process();
-    let mut h = start(LivenessConfig { period: None, watch_exits: true, ..quick() });
+    let mut h = start(quick().period(None).watch_exits(true));
     let generation = h.registered(&socket, process.id());
     wait_until("the process is watched", || h.monitor.stats().watched_processes == 1).await;
     process.kill().await.unwrap();
@@ -448,7 +447,7 @@ async fn renewals(config: LivenessConfig, rounds: usize) -> Vec<Duration> {
 
 #[tokio::test(start_paused = true)]
 async fn the_first_probe_falls_within_the_first_period() {
-    let config = LivenessConfig { period: Some(Duration::from_secs(10)), ..quick() };
+    let config = quick().period(Some(Duration::from_secs(10)));
     for after in renewals(config, 20).await {
         assert!(after < Duration::from_secs(10), "{after:?}");
     }
@@ -456,7 +455,7 @@ async fn the_first_probe_falls_within_the_first_period() {
 
 #[tokio::test(start_paused = true)]
 async fn the_longest_period_works_like_any_other() {
-    let config = LivenessConfig { period: Some(MAX_CONFIG_DURATION), ..quick() };
+    let config = quick().period(Some(MAX_CONFIG_DURATION));
     for after in renewals(config, 3).await {
         assert!(after < MAX_CONFIG_DURATION, "{after:?}");
     }
@@ -469,7 +468,7 @@ fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
         Duration::from_secs(u64::MAX),
         MAX_CONFIG_DURATION + Duration::from_nanos(1),
     ] {
-        let config = LivenessConfig { period: Some(too_long), ..quick() };
+        let config = quick().period(Some(too_long));
         let error = config.validate().unwrap_err();
         assert!(
             matches!(error, LivenessError::InvalidConfig(DurationOutOfRange { field: "period", value, .. }) if value == too_long),
@@ -484,28 +483,25 @@ fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
         );
         assert_eq!(refused.map(|_| ()), Err(error));
     }
-    let longest = LivenessConfig {
-        period: Some(MAX_CONFIG_DURATION),
-        timeout: MAX_CONFIG_DURATION,
-        ..quick()
-    };
+    let longest = quick().period(Some(MAX_CONFIG_DURATION)).timeout(MAX_CONFIG_DURATION);
     assert_eq!(longest.validate(), Ok(()));
 }
 
 #[test]
 fn invalid_settings_are_refused() {
-    let config = |period, failure_threshold, timeout| LivenessConfig {
-        period: Some(Duration::from_millis(period)),
-        failure_threshold,
-        timeout: Duration::from_millis(timeout),
-        watch_exits: true,
+    let config = |period, failure_threshold, timeout| {
+        LivenessConfig::default()
+            .period(Some(Duration::from_millis(period)))
+            .failure_threshold(failure_threshold)
+            .timeout(Duration::from_millis(timeout))
+            .watch_exits(true)
     };
     assert_eq!(config(0, 3, 0).validate(), Err(LivenessError::ZeroPeriod));
     assert_eq!(config(1000, 0, 100).validate(), Err(LivenessError::ZeroThreshold));
     assert!(matches!(config(1000, 3, 2000).validate(), Err(LivenessError::InvalidTimeout { .. })));
     assert_eq!(LivenessConfig::default().validate(), Ok(()));
     // Without probes, nothing of theirs is checked.
-    let exits_only = LivenessConfig { period: None, failure_threshold: 0, ..config(1, 1, 1) };
+    let exits_only = config(1, 1, 1).period(None).failure_threshold(0);
     assert_eq!(exits_only.validate(), Ok(()));
 }
 
@@ -515,7 +511,7 @@ async fn a_dropped_connection_to_the_endpoint_gets_the_socket_checked_at_once() 
     let (socket, kept) = (dir.path().join("gone-reg.sock"), dir.path().join("kept-reg.sock"));
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     let _listener = std::os::unix::net::UnixListener::bind(&kept).unwrap();
-    let mut h = start(LivenessConfig { period: None, ..quick() });
+    let mut h = start(quick().period(None));
     let generation = h.registered(&socket, None);
     h.registered(&kept, None);
     wait_until("both followed", || h.monitor.stats().followed == 2).await;

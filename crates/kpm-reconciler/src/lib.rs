@@ -48,8 +48,10 @@ use kpm_executor::{ExecutorError, Handlers, OperationExecutor};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
-/// Settings of the reconciler.
+/// Settings of the reconciler. Build it from [`Default`] with the setters;
+/// the fields are public to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ReconcilerConfig {
     /// Period of the safety-net full pass; every other pass is triggered by
     /// an event and looks only at the sockets it concerns.
@@ -66,6 +68,14 @@ impl Default for ReconcilerConfig {
 }
 
 impl ReconcilerConfig {
+    /// Sets [`resync_period`](Self::resync_period) (default 10 s; zero: no
+    /// periodic pass).
+    #[must_use]
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.resync_period = period;
+        self
+    }
+
     /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is
     /// allowed: no periodic pass). [`Reconciler::run`] does not panic on a
     /// longer one (a period past the clock's range means no periodic pass),

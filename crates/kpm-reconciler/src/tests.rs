@@ -136,7 +136,7 @@ fn resync_periods_beyond_the_bound_are_refused() {
         Duration::from_secs(u64::MAX),
         MAX_CONFIG_DURATION + Duration::from_nanos(1),
     ] {
-        let error = ReconcilerConfig { resync_period: too_long }.validate().unwrap_err();
+        let error = ReconcilerConfig::default().resync_period(too_long).validate().unwrap_err();
         assert!(
             matches!(error, ReconcilerError::InvalidConfig(kpm_api::config::DurationOutOfRange { field: "resync_period", value, .. }) if value == too_long),
             "{error}"
@@ -144,7 +144,7 @@ fn resync_periods_beyond_the_bound_are_refused() {
         assert!(error.to_string().contains("resync_period"), "{error}");
     }
     for fine in [Duration::ZERO, Duration::from_secs(10), MAX_CONFIG_DURATION] {
-        assert_eq!(ReconcilerConfig { resync_period: fine }.validate(), Ok(()), "{fine:?}");
+        assert_eq!(ReconcilerConfig::default().resync_period(fine).validate(), Ok(()), "{fine:?}");
     }
 }
 
@@ -158,7 +158,7 @@ async fn stray_found_after(resync_period: Duration, wait: Duration) -> bool {
         Arc::clone(&actual),
         OperationExecutor::default(),
         EventBus::default(),
-        ReconcilerConfig { resync_period },
+        ReconcilerConfig::default().resync_period(resync_period),
     ));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({

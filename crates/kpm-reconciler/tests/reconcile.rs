@@ -142,7 +142,7 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     // A backoff far beyond the deadline: registering within the deadline
     // proves the new generation did not wait it out, on any machine.
     let backoff = ExponentialBackoff::try_new(BACKOFF, BACKOFF * 2).unwrap();
-    let mut m = Manager::new(ExecutorConfig { backoff, ..ExecutorConfig::default() });
+    let mut m = Manager::new(ExecutorConfig::default().backoff(backoff));
     m.reconciler.add_handler("DevicePlugin", handler.clone());
     m.start();
     let socket = dir.path().join("flaky.sock");

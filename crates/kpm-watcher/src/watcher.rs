@@ -25,8 +25,10 @@ pub const DEFAULT_RESYNC_PERIOD: Duration = Duration::from_secs(60);
 /// buffer is full, events are dropped and the tree is rescanned instead.
 const EVENT_QUEUE: usize = 4096;
 
-/// How the watcher behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How the watcher behaves. Build it from [`Default`] with the setters;
+/// the fields are public to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WatcherConfig {
     /// How often the whole tree is listed again and diffed against
     /// DesiredState, to repair anything the events missed.
@@ -34,17 +36,23 @@ pub struct WatcherConfig {
     /// and [`Watcher::rescan`] still work). At most
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365 days).
     pub resync_period: Duration,
-    /// Counters the watcher updates; clone it before starting to read them.
-    pub stats: WatcherStats,
 }
 
 impl Default for WatcherConfig {
     fn default() -> Self {
-        Self { resync_period: DEFAULT_RESYNC_PERIOD, stats: WatcherStats::default() }
+        Self { resync_period: DEFAULT_RESYNC_PERIOD }
     }
 }
 
 impl WatcherConfig {
+    /// Sets [`resync_period`](Self::resync_period) (default
+    /// [`DEFAULT_RESYNC_PERIOD`], 60 s; zero: no periodic resync).
+    #[must_use]
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.resync_period = period;
+        self
+    }
+
     /// Checks the ranges [`Watcher::start`] relies on: `resync_period` at
     /// most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is allowed: no periodic resync).
     pub fn validate(&self) -> Result<(), WatcherError> {
@@ -52,7 +60,8 @@ impl WatcherConfig {
     }
 }
 
-/// What the watcher has done, for metrics. Clones share the counters.
+/// What a [`Watcher`] has done, for metrics: [`Watcher::stats`]. Clones
+/// share the counters, so one taken at start keeps counting.
 #[derive(Debug, Clone, Default)]
 pub struct WatcherStats {
     rescans: Arc<AtomicU64>,
@@ -70,15 +79,6 @@ impl WatcherStats {
     }
 }
 
-/// Two configs are equal when they would watch alike; counters do not matter.
-impl PartialEq for WatcherStats {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for WatcherStats {}
-
 enum Command {
     /// Resync now and answer when done.
     Rescan(oneshot::Sender<()>),
@@ -94,6 +94,7 @@ pub struct Watcher {
     /// Dropping the sender (on `stop` or drop) ends the task.
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    stats: WatcherStats,
 }
 
 impl std::fmt::Debug for Command {
@@ -158,20 +159,27 @@ impl Watcher {
             );
         }
 
+        let stats = WatcherStats::default();
         let mut tree =
-            Tree::new(root.clone(), desired, notify, unwatched).with_stats(config.stats.clone());
+            Tree::new(root.clone(), desired, notify, unwatched).with_stats(stats.clone());
         tree.initial_scan().map_err(|source| WatcherError::List { path: root.clone(), source })?;
         tracing::info!(root = %root.display(), "watching registry directory");
 
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let (shutdown, shutdown_rx) = oneshot::channel();
         let task = runtime.spawn(run(tree, events_rx, overflow, commands_rx, shutdown_rx, config));
-        Ok(Self { root, commands, shutdown: Some(shutdown), task: Some(task) })
+        Ok(Self { root, commands, shutdown: Some(shutdown), task: Some(task), stats })
     }
 
     /// The registry directory, made absolute.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The watcher's counters, shared: a clone keeps counting after the
+    /// watcher is stopped or dropped (and then stays still).
+    pub fn stats(&self) -> WatcherStats {
+        self.stats.clone()
     }
 
     /// Lists the whole tree again and diffs it against DesiredState now,

@@ -51,10 +51,9 @@ async fn rescan_repairs_tampered_desired_state() {
 
 #[tokio::test]
 async fn periodic_resync_repairs_tampered_desired_state() {
-    let config =
-        WatcherConfig { resync_period: Duration::from_millis(100), ..WatcherConfig::default() };
-    let stats = config.stats.clone();
+    let config = WatcherConfig::default().resync_period(Duration::from_millis(100));
     let f = Fixture::start_with(three_sockets, config);
+    let stats = f.watcher.stats();
     let b = f.generation(&f.path("b.sock")).unwrap();
     tamper(&f);
     wait_until("the periodic resync repairs DesiredState", || {
@@ -108,7 +107,7 @@ async fn root_moved_away_is_recreated_and_the_moved_tree_is_forgotten() {
 /// reports it at once, with no resync to help.
 #[tokio::test]
 async fn root_removed_under_a_live_listener_is_recovered_at_once() {
-    let config = WatcherConfig { resync_period: Duration::ZERO, ..WatcherConfig::default() };
+    let config = WatcherConfig::default().resync_period(Duration::ZERO);
     let f = Fixture::start_with(three_sockets, config);
     let plugin = serve(&f.path("live.sock"));
     f.wait_present(&f.path("live.sock")).await;
@@ -128,8 +127,7 @@ async fn root_removed_under_a_live_listener_is_recovered_at_once() {
 /// The periodic resync notices a missing root too.
 #[tokio::test]
 async fn root_removed_under_a_live_listener_is_recovered_by_the_resync() {
-    let config =
-        WatcherConfig { resync_period: Duration::from_millis(100), ..WatcherConfig::default() };
+    let config = WatcherConfig::default().resync_period(Duration::from_millis(100));
     let f = Fixture::start_with(three_sockets, config);
     let plugin = serve(&f.path("live.sock"));
     f.wait_present(&f.path("live.sock")).await;
@@ -155,7 +153,7 @@ async fn resync_periods_beyond_the_bound_are_refused_at_start() {
         Duration::from_secs(u64::MAX),
         MAX_CONFIG_DURATION + Duration::from_nanos(1),
     ] {
-        let config = WatcherConfig { resync_period: too_long, ..WatcherConfig::default() };
+        let config = WatcherConfig::default().resync_period(too_long);
         let root = dir.path().join("plugins_registry");
         let error = Watcher::start(root.clone(), Arc::new(DesiredState::new()), config)
             .expect_err("refused");
@@ -171,9 +169,9 @@ async fn resync_periods_beyond_the_bound_are_refused_at_start() {
 
 #[tokio::test(start_paused = true)]
 async fn the_longest_resync_period_runs_without_overflow() {
-    let config = WatcherConfig { resync_period: MAX_CONFIG_DURATION, ..WatcherConfig::default() };
-    let stats = config.stats.clone();
+    let config = WatcherConfig::default().resync_period(MAX_CONFIG_DURATION);
     let f = Fixture::start_with(three_sockets, config);
+    let stats = f.watcher.stats();
     // A round trip: the task has started and armed its timer.
     f.watcher.rescan().await.unwrap();
     for periods in 1..=3 {

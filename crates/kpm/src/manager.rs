@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
@@ -10,7 +10,7 @@ use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler}
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
-use kpm_watcher::{Watcher, WatcherConfig};
+use kpm_watcher::{Watcher, WatcherConfig, WatcherStats};
 use tokio::sync::broadcast;
 
 use crate::status::{self, ActualStateView, DesiredStateView, PluginStatus};
@@ -85,7 +85,7 @@ impl PluginManagerBuilder {
 
     /// Period of the reconciler's safety-net pass (default 10 s).
     pub fn reconcile_period(mut self, period: Duration) -> Self {
-        self.reconciler.resync_period = period;
+        self.reconciler = self.reconciler.resync_period(period);
         self
     }
 
@@ -98,7 +98,7 @@ impl PluginManagerBuilder {
     /// Period of the full re-listing of the registry directory (default
     /// 60 s; zero: only when events were lost).
     pub fn resync_period(mut self, period: Duration) -> Self {
-        self.watcher.resync_period = period;
+        self.watcher = self.watcher.resync_period(period);
         self
     }
 
@@ -186,7 +186,7 @@ impl PluginManagerBuilder {
             actual: ActualStateView(actual),
             reconciler,
             events,
-            watcher_stats: self.watcher.stats.clone(),
+            watcher_stats: Arc::default(),
             liveness,
         };
         Ok(PluginManager { handle, watcher: self.watcher, shutdown_grace: self.shutdown_grace })
@@ -251,6 +251,8 @@ impl PluginManager {
         let Self { handle, watcher, shutdown_grace } = self;
         let watcher = Watcher::start(&handle.registry_dir, Arc::clone(&handle.desired.0), watcher)
             .map_err(Error::StartWatcher)?;
+        // `run` consumes the manager: the watcher starts once.
+        let _ = handle.watcher_stats.set(watcher.stats());
         tracing::info!(registry = %watcher.root().display(), "plugin manager started");
         // Liveness runs until the reconciler stops; it only renews sockets.
         let liveness = async {
@@ -282,7 +284,8 @@ pub struct ManagerHandle {
     actual: ActualStateView,
     reconciler: Arc<Reconciler>,
     events: EventBus,
-    watcher_stats: kpm_watcher::WatcherStats,
+    /// The running watcher's counters, once [`PluginManager::run`] started it.
+    watcher_stats: Arc<OnceLock<WatcherStats>>,
     liveness: Option<Arc<LivenessMonitor>>,
 }
 
@@ -313,7 +316,7 @@ impl ManagerHandle {
     /// skipped while their socket was backing off, executor entries.
     pub fn stats(&self) -> ManagerStats {
         ManagerStats {
-            rescans: self.watcher_stats.rescans(),
+            rescans: self.watcher_stats.get().map_or(0, WatcherStats::rescans),
             backoff_skips: self.reconciler.backoff_skips(),
             operations: self.reconciler.executor().operations().len(),
             liveness: self.liveness.as_ref().map(|monitor| monitor.stats()),

@@ -12,7 +12,7 @@ const GPU: &str = "vendor.com/gpu";
 const GRACE: Duration = Duration::from_secs(300);
 
 fn manager() -> Arc<DeviceManager> {
-    DeviceManager::new(DeviceConfig { grace_period: GRACE, ..DeviceConfig::default() })
+    DeviceManager::new(DeviceConfig::default().grace_period(GRACE))
 }
 
 /// A channel on one end of a socket pair, which these tests never call.
@@ -242,12 +242,11 @@ fn the_defaults_are_the_kubelets() {
 
 /// Every duration of the config at [`MAX_CONFIG_DURATION`].
 fn longest() -> DeviceConfig {
-    DeviceConfig {
-        dial_timeout: MAX_CONFIG_DURATION,
-        grace_period: MAX_CONFIG_DURATION,
-        call_timeout: MAX_CONFIG_DURATION,
-        pre_start_timeout: MAX_CONFIG_DURATION,
-    }
+    DeviceConfig::default()
+        .dial_timeout(MAX_CONFIG_DURATION)
+        .grace_period(MAX_CONFIG_DURATION)
+        .call_timeout(MAX_CONFIG_DURATION)
+        .pre_start_timeout(MAX_CONFIG_DURATION)
 }
 
 #[test]
@@ -255,7 +254,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     type Field = fn(&mut DeviceConfig) -> &mut Duration;
     assert!(DeviceConfig::default().validate().is_ok());
     assert!(longest().validate().is_ok(), "the bound itself is accepted");
-    assert!(DeviceConfig { grace_period: Duration::ZERO, ..longest() }.validate().is_ok());
+    assert!(longest().grace_period(Duration::ZERO).validate().is_ok());
     let fields: [(&str, Field); 4] = [
         ("dial_timeout", |c| &mut c.dial_timeout),
         ("grace_period", |c| &mut c.grace_period),
@@ -286,8 +285,7 @@ fn durations_out_of_range_are_refused_naming_the_field() {
 
 #[tokio::test(start_paused = true)]
 async fn an_invalid_config_connects_nothing() {
-    let manager =
-        DeviceManager::new(DeviceConfig { grace_period: Duration::MAX, ..DeviceConfig::default() });
+    let manager = DeviceManager::new(DeviceConfig::default().grace_period(Duration::MAX));
     let refused = manager.connect(GPU, Path::new("/dp/a.sock")).await.unwrap_err();
     assert!(
         matches!(

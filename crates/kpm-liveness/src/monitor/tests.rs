@@ -27,7 +27,7 @@ impl PluginHandler for NoHandler {
 const PERIOD: Duration = Duration::from_secs(30);
 
 fn monitor() -> LivenessMonitor {
-    let config = LivenessConfig { period: Some(PERIOD), ..LivenessConfig::default() };
+    let config = LivenessConfig::default().period(Some(PERIOD));
     let desired = Arc::new(DesiredState::new());
     let actual = Arc::new(ActualState::new());
     LivenessMonitor::new(desired, actual, EventBus::default(), config).unwrap()
