@@ -63,6 +63,13 @@ pub struct SyncError {
     pub message: String,
 }
 
+impl SyncError {
+    /// A sync that failed `at` with `message`.
+    pub fn new(at: SystemTime, message: impl Into<String>) -> Self {
+        Self { at, message: message.into() }
+    }
+}
+
 /// How many API requests of one verb on one resource ended one way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -81,10 +88,20 @@ pub struct RequestCount {
 impl RequestCount {
     /// The outcome of a request the API server answered with success.
     pub const SUCCESS: &'static str = "success";
+
+    /// `count` requests of `verb` on `resource` that ended with `outcome`.
+    pub fn new(
+        verb: &'static str,
+        resource: &'static str,
+        outcome: impl Into<String>,
+        count: u64,
+    ) -> Self {
+        Self { verb, resource, outcome: outcome.into(), count }
+    }
 }
 
 /// A snapshot of what the publishers did, for the status API and metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KubeStatus {
     /// The Node kpm publishes for.

@@ -8,12 +8,13 @@ use kpm_cache::{ActualState, DesiredPlugin, DesiredState, Generation, PluginInfo
 use kpm_executor::{OperationMap, OperationStatus};
 
 /// Where a socket is in its registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PluginState {
     /// Registered with its handler, in its current incarnation.
     Registered,
     /// Being registered, or waiting for its first attempt.
+    #[default]
     Pending,
     /// The last attempt failed (see `last_error`); the next one starts at
     /// `retry_at`, or when the socket is re-created, whichever comes first.
@@ -49,8 +50,9 @@ impl PluginState {
     }
 }
 
-/// One registration socket as the manager sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One registration socket as the manager sees it. `Default` is a pending
+/// socket with an empty path, for consumers to build one in their tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PluginStatus {
     /// The registration socket.

@@ -30,6 +30,8 @@
 pub(crate) mod client;
 pub(crate) mod model;
 pub(crate) mod server;
+#[cfg(test)]
+mod tests;
 
 /// Path of the plugin list.
 pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
