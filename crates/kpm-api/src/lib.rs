@@ -17,7 +17,8 @@
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`gotext`] (Go's renderings of values in error texts),
-//! [`FileId`] (the identity of a socket file) and, with feature `transport`,
+//! [`FileId`] (the identity of a socket file), with feature `serde`, `json`
+//! (how the status types write times in JSON) and, with feature `transport`,
 //! [`uds`]: dialing and binding Unix sockets, with the `:authority`
 //! rewriting that lets a tonic server accept grpc-go's requests, and
 //! [`fd`]: the process's file descriptors as a budget every dial pays from.
@@ -28,6 +29,8 @@ pub mod config;
 pub mod constants;
 mod file_id;
 pub mod gotext;
+#[cfg(feature = "serde")]
+pub mod json;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;

@@ -79,6 +79,31 @@ pub struct PluginStatus {
     pub server_pid: Option<u32>,
 }
 
+/// `{"socket_path", "type", "name", "endpoint", "versions", "state",
+/// "generation", "last_error", "registered_at", "retry_at", "server_pid"}`:
+/// `state` as [`PluginState::as_str`], `retry_at` from a
+/// [`PluginState::BackingOff`], times in RFC 3339; absent values are `null`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for PluginStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use kpm_api::json::Rfc3339;
+        use serde::ser::SerializeStruct as _;
+        let mut fields = serializer.serialize_struct("PluginStatus", 11)?;
+        fields.serialize_field("socket_path", &self.socket_path.display().to_string())?;
+        fields.serialize_field("type", &self.plugin_type)?;
+        fields.serialize_field("name", &self.name)?;
+        fields.serialize_field("endpoint", &self.endpoint)?;
+        fields.serialize_field("versions", &self.versions)?;
+        fields.serialize_field("state", self.state.as_str())?;
+        fields.serialize_field("generation", &self.generation)?;
+        fields.serialize_field("last_error", &self.last_error)?;
+        fields.serialize_field("registered_at", &self.registered_at.map(Rfc3339))?;
+        fields.serialize_field("retry_at", &self.state.retry_at().map(Rfc3339))?;
+        fields.serialize_field("server_pid", &self.server_pid)?;
+        fields.end()
+    }
+}
+
 /// A registered plugin, as recorded in the actual state of the world.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

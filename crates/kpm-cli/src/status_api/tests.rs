@@ -12,10 +12,7 @@ use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
 use kpm::{PluginState, PluginStatus};
 use serde_json::{Value, json};
 
-use super::model::{
-    CsiDriverJson, DeviceResourceJson, DraDriverJson, KubernetesJson, NodeJson, PluginJson,
-    PluginList,
-};
+use super::model::{EventLine, PluginList};
 
 /// `2026-11-21T12:00:00.000Z` plus `millis`.
 fn at(millis: u64) -> SystemTime {
@@ -35,16 +32,12 @@ struct Parts {
 /// The document the status API serves for `parts`.
 fn document(parts: Parts) -> Value {
     let list = PluginList {
-        plugins: parts.plugins.into_iter().map(PluginJson::from).collect(),
-        csi_drivers: parts.csi_drivers.into_iter().map(CsiDriverJson::from).collect(),
-        node: parts.node.map(NodeJson::from).unwrap_or_default(),
-        device_resources: parts
-            .device_resources
-            .into_iter()
-            .map(DeviceResourceJson::from)
-            .collect(),
-        dra_drivers: parts.dra_drivers.into_iter().map(DraDriverJson::from).collect(),
-        kubernetes: parts.kubernetes.map(KubernetesJson::from),
+        plugins: parts.plugins,
+        csi_drivers: parts.csi_drivers,
+        node: parts.node.unwrap_or_default(),
+        device_resources: parts.device_resources,
+        dra_drivers: parts.dra_drivers,
+        kubernetes: parts.kubernetes,
     };
     serde_json::to_value(list).unwrap()
 }
@@ -57,7 +50,8 @@ fn plugin(socket: &str, state: PluginState, generation: u64) -> PluginStatus {
     status
 }
 
-fn full() -> Parts {
+/// A plugin in each state, with every field present and absent.
+fn plugins() -> Vec<PluginStatus> {
     let mut registered = plugin("/r/gpu.sock", PluginState::Registered, 3);
     registered.plugin_type = "DevicePlugin".into();
     registered.name = "vendor.com/gpu".into();
@@ -75,6 +69,11 @@ fn full() -> Parts {
     leaving.state = PluginState::Deregistering;
     leaving.server_pid = None;
 
+    vec![registered, backing_off, failed, plugin("/r/new.sock", PluginState::Pending, 6), leaving]
+}
+
+/// A publisher with a sync that succeeded and one that failed.
+fn kubernetes() -> KubeStatus {
     let mut kube = KubeStatus::default();
     kube.node = "node1".into();
     let mut synced = ObjectSync::default();
@@ -84,14 +83,12 @@ fn full() -> Parts {
     kube.objects = vec![(ObjectKind::Node, synced), (ObjectKind::NodeStatus, failing)];
     kube.requests = vec![RequestCount::new("patch", "nodes/status", "success", 3)];
 
+    kube
+}
+
+fn full() -> Parts {
     Parts {
-        plugins: vec![
-            registered,
-            backing_off,
-            failed,
-            plugin("/r/new.sock", PluginState::Pending, 6),
-            leaving,
-        ],
+        plugins: plugins(),
         csi_drivers: vec![
             CsiDriver {
                 name: "csi.example.com".into(),
@@ -183,44 +180,49 @@ fn full() -> Parts {
                 devices: Vec::new(),
             },
         ],
-        kubernetes: Some(kube),
+        kubernetes: Some(kubernetes()),
     }
+}
+
+/// What [`plugins`] serialize to.
+fn expected_plugins() -> Value {
+    json!([
+        {
+            "socket_path": "/r/gpu.sock", "type": "DevicePlugin", "name": "vendor.com/gpu",
+            "endpoint": "/r/gpu.sock", "versions": ["v1beta1"], "state": "registered",
+            "generation": 3, "last_error": null, "registered_at": "2026-11-21T12:00:00.001Z",
+            "retry_at": null, "server_pid": 4242,
+        },
+        {
+            "socket_path": "/r/late.sock", "type": "", "name": "", "endpoint": "",
+            "versions": [], "state": "backing_off", "generation": 4,
+            "last_error": "GetInfo: connection refused", "registered_at": null,
+            "retry_at": "2026-11-21T12:00:08.250Z", "server_pid": null,
+        },
+        {
+            "socket_path": "/r/odd.sock", "type": "", "name": "", "endpoint": "",
+            "versions": [], "state": "failed", "generation": 5,
+            "last_error": "unknown plugin type \"Odd\"", "registered_at": null,
+            "retry_at": null, "server_pid": null,
+        },
+        {
+            "socket_path": "/r/new.sock", "type": "", "name": "", "endpoint": "",
+            "versions": [], "state": "pending", "generation": 6, "last_error": null,
+            "registered_at": null, "retry_at": null, "server_pid": null,
+        },
+        {
+            "socket_path": "/r/old.sock", "type": "DevicePlugin", "name": "vendor.com/gpu",
+            "endpoint": "/r/gpu.sock", "versions": ["v1beta1"], "state": "deregistering",
+            "generation": 3, "last_error": null, "registered_at": "2026-11-21T12:00:00.001Z",
+            "retry_at": null, "server_pid": null,
+        },
+    ])
 }
 
 #[test]
 fn the_plugin_list_keeps_its_schema() {
     let expected = json!({
-        "plugins": [
-            {
-                "socket_path": "/r/gpu.sock", "type": "DevicePlugin", "name": "vendor.com/gpu",
-                "endpoint": "/r/gpu.sock", "versions": ["v1beta1"], "state": "registered",
-                "generation": 3, "last_error": null, "registered_at": "2026-11-21T12:00:00.001Z",
-                "retry_at": null, "server_pid": 4242,
-            },
-            {
-                "socket_path": "/r/late.sock", "type": "", "name": "", "endpoint": "",
-                "versions": [], "state": "backing_off", "generation": 4,
-                "last_error": "GetInfo: connection refused", "registered_at": null,
-                "retry_at": "2026-11-21T12:00:08.250Z", "server_pid": null,
-            },
-            {
-                "socket_path": "/r/odd.sock", "type": "", "name": "", "endpoint": "",
-                "versions": [], "state": "failed", "generation": 5,
-                "last_error": "unknown plugin type \"Odd\"", "registered_at": null,
-                "retry_at": null, "server_pid": null,
-            },
-            {
-                "socket_path": "/r/new.sock", "type": "", "name": "", "endpoint": "",
-                "versions": [], "state": "pending", "generation": 6, "last_error": null,
-                "registered_at": null, "retry_at": null, "server_pid": null,
-            },
-            {
-                "socket_path": "/r/old.sock", "type": "DevicePlugin", "name": "vendor.com/gpu",
-                "endpoint": "/r/gpu.sock", "versions": ["v1beta1"], "state": "deregistering",
-                "generation": 3, "last_error": null, "registered_at": "2026-11-21T12:00:00.001Z",
-                "retry_at": null, "server_pid": null,
-            },
-        ],
+        "plugins": expected_plugins(),
         "csi_drivers": [
             {
                 "name": "csi.example.com", "endpoint": "unix:///csi/csi.sock", "version": "1.2.0",
@@ -276,7 +278,39 @@ fn the_plugin_list_keeps_its_schema() {
             ],
         },
     });
-    assert_eq!(document(full()), expected);
+    let document = document(full());
+    assert_eq!(document, expected);
+    // `kpm list -o json` prints the keys in the server's order.
+    let keys = |value: &Value| value.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        keys(&document),
+        ["plugins", "csi_drivers", "node", "device_resources", "dra_drivers", "kubernetes"]
+    );
+    assert_eq!(
+        keys(&document["plugins"][1]),
+        [
+            "socket_path",
+            "type",
+            "name",
+            "endpoint",
+            "versions",
+            "state",
+            "generation",
+            "last_error",
+            "registered_at",
+            "retry_at",
+            "server_pid"
+        ]
+    );
+}
+
+#[test]
+fn an_event_line_is_the_event_with_the_time_it_was_sent() {
+    let line = serde_json::to_value(EventLine::subscribed()).unwrap();
+    assert_eq!(line.as_object().unwrap().len(), 2, "{line}");
+    assert_eq!(line["event"], "subscribed");
+    let time = line["time"].as_str().unwrap();
+    assert!(humantime::parse_rfc3339(time).is_ok() && time.ends_with('Z'), "{time}");
 }
 
 #[test]
