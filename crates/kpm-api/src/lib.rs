@@ -17,8 +17,9 @@
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`gotext`] (Go's renderings of values in error texts),
-//! [`config`] (the bounds on configured durations) and [`FileId`] (the
-//! identity of a socket file, built from metadata the caller read).
+//! [`config`] (the bounds on configured durations), [`FileId`] (the
+//! identity of a socket file, built from metadata the caller read) and, with
+//! feature `serde`, `json` (how the status types write times in JSON).
 //!
 //! Nothing here does IO: dialing, binding and the fd budget are the
 //! `kpm-transport` crate's.
@@ -29,6 +30,8 @@ pub mod config;
 pub mod constants;
 mod file_id;
 pub mod gotext;
+#[cfg(feature = "serde")]
+pub mod json;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;

@@ -13,6 +13,7 @@ use crate::{CacheError, ChangeSignal, Changes};
 /// removed and re-created within the same clock tick is still a new plugin
 /// (the kubelet's timestamp comparison missed that on Windows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct Generation(u64);
 
 impl Generation {

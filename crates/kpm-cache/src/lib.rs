@@ -7,7 +7,8 @@
 //! - [`PluginHandler`]: what a plugin type (CSI, device plugin, DRA) does on
 //!   validation, registration and deregistration.
 //! - [`ChangeSignal`]: lets a reconciler sleep until a cache changes.
-//! - [`EventBus`]: a broadcast of [`PluginEvent`]s for status APIs.
+//! - [`EventBus`]: a broadcast of [`PluginEvent`]s for status APIs, which
+//!   counts what it publishes ([`EventCounts`]) for metrics.
 //!
 //! Both caches are keyed by socket path with O(1) lookups, return sorted
 //! snapshots so that every consumer sees a deterministic order (`paths()`
@@ -27,7 +28,7 @@ mod hangups;
 pub use actual_state::{ActualState, PluginInfo};
 pub use change::{ChangeSignal, Changes};
 pub use desired_state::{DesiredPlugin, DesiredState, Generation};
-pub use events::{EventBus, PluginEvent};
+pub use events::{EventBus, EventCounts, PluginEvent};
 pub use handler::{HandlerError, PluginHandler};
 pub use hangups::Hangups;
 

@@ -9,7 +9,7 @@ use kpm_registrar::{Registrar, RegistrationStatus};
 
 use kpm::KubeletHandle;
 
-use crate::status_api::model::{EventJson, PluginList};
+use crate::status_api::model::{EventLine, PluginList};
 use crate::{CliError, list, watch};
 
 /// How long any one step of the demo may take.
@@ -29,7 +29,7 @@ pub(crate) async fn demo() -> Result<(), CliError> {
     let mut events = handle.manager().subscribe();
     let printer = tokio::spawn(async move {
         while let Ok(event) = events.recv().await {
-            let line = serde_json::to_string(&EventJson::from(event)).unwrap_or_default();
+            let line = serde_json::to_string(&EventLine::new(&event)).unwrap_or_default();
             println!("    {}", watch::text_line(&line));
         }
     });
@@ -121,7 +121,7 @@ fn say(line: &str) {
 
 /// Prints what `kpm list` would show.
 fn show(kubelet: &KubeletHandle) {
-    let list = PluginList::from(kubelet);
+    let list = serde_json::to_value(PluginList::from(kubelet)).unwrap_or_default();
     for line in list::table(&list).lines() {
         println!("    | {line}");
     }

@@ -4,13 +4,14 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::status_api::model::{KubeObjectJson, KubernetesJson, PluginJson, PluginList};
+use serde_json::Value;
+
 use crate::status_api::{self, client};
 use crate::{CliError, OutputFormat};
 
 pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
     let body = client::get_json(status_socket, status_api::PLUGINS_PATH).await?;
-    let list: PluginList = serde_json::from_slice(&body).map_err(|err| CliError::QueryStatus {
+    let list: Value = serde_json::from_slice(&body).map_err(|err| CliError::QueryStatus {
         path: status_socket.to_path_buf(),
         message: format!("unexpected response: {err}"),
     })?;
@@ -27,91 +28,108 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
 }
 
+/// The string at `key` of `value`; empty when absent or not a string.
+fn text(value: &Value, key: &str) -> String {
+    value[key].as_str().unwrap_or_default().to_owned()
+}
+
+/// The array at `key` of `value`; empty when absent.
+fn items<'a>(value: &'a Value, key: &str) -> &'a [Value] {
+    value[key].as_array().map_or(&[], Vec::as_slice)
+}
+
 /// The plugins (type, name, state, age, socket, last error), then whichever
 /// of CSI drivers, device resources and DRA drivers there are, then how
-/// publishing to the Kubernetes API goes, when kpm publishes.
-pub(crate) fn table(list: &PluginList) -> String {
+/// publishing to the Kubernetes API goes, when kpm publishes. `list` is the
+/// document of `GET /v1/plugins`.
+pub(crate) fn table(list: &Value) -> String {
     let now = SystemTime::now();
-    let plugins = list.plugins.iter().map(|p| {
+    let plugins = items(list, "plugins").iter().map(|p| {
         vec![
-            p.plugin_type.clone(),
-            p.name.clone(),
+            text(p, "type"),
+            text(p, "name"),
             state(p, now),
-            p.registered_at.as_deref().map_or_else(|| "-".to_owned(), |at| age(at, now)),
-            p.socket_path.clone(),
-            p.last_error.clone().unwrap_or_default(),
+            p["registered_at"].as_str().map_or_else(|| "-".to_owned(), |at| age(at, now)),
+            text(p, "socket_path"),
+            text(p, "last_error"),
         ]
     });
     let mut out = columns(&["TYPE", "NAME", "STATE", "AGE", "SOCKET", "LAST ERROR"], plugins);
-    if !list.csi_drivers.is_empty() {
-        let drivers = list.csi_drivers.iter().map(|d| {
-            vec![
-                d.name.clone(),
-                d.version.clone(),
-                d.node_id.clone().unwrap_or_default(),
-                d.endpoint.clone(),
-            ]
+    let csi_drivers = items(list, "csi_drivers");
+    if !csi_drivers.is_empty() {
+        let drivers = csi_drivers.iter().map(|d| {
+            vec![text(d, "name"), text(d, "version"), text(d, "node_id"), text(d, "endpoint")]
         });
         out.push('\n');
         out.push_str(&columns(&["CSI DRIVER", "VERSION", "NODE ID", "ENDPOINT"], drivers));
     }
-    if !list.device_resources.is_empty() {
-        let resources = list.device_resources.iter().map(|r| {
-            let total = r.healthy + r.unhealthy;
-            vec![r.resource.clone(), format!("{}/{total}", r.healthy), r.endpoint.clone()]
+    let device_resources = items(list, "device_resources");
+    if !device_resources.is_empty() {
+        let resources = device_resources.iter().map(|r| {
+            let count = |key: &str| r[key].as_u64().unwrap_or_default();
+            let total = count("healthy") + count("unhealthy");
+            vec![text(r, "resource"), format!("{}/{total}", count("healthy")), text(r, "endpoint")]
         });
         out.push('\n');
         out.push_str(&columns(&["DEVICE RESOURCE", "HEALTHY", "ENDPOINT"], resources));
     }
-    if !list.dra_drivers.is_empty() {
-        let drivers = list.dra_drivers.iter().map(|d| {
-            let connected = d.instances.iter().filter(|i| i.connected).count();
-            let newest = d.instances.last();
+    let dra_drivers = items(list, "dra_drivers");
+    if !dra_drivers.is_empty() {
+        let drivers = dra_drivers.iter().map(|d| {
+            let instances = items(d, "instances");
+            let connected = instances.iter().filter(|i| i["connected"] == true).count();
             vec![
-                d.name.clone(),
-                format!("{connected}/{}", d.instances.len()),
-                newest.map(|i| i.version.clone()).unwrap_or_default(),
-                d.cleanup_pending_until.clone().unwrap_or_default(),
+                text(d, "name"),
+                format!("{connected}/{}", instances.len()),
+                instances.last().map(|i| text(i, "version")).unwrap_or_default(),
+                text(d, "cleanup_pending_until"),
             ]
         });
         out.push('\n');
         out.push_str(&columns(&["DRA DRIVER", "CONNECTED", "VERSION", "CLEANUP AT"], drivers));
     }
-    if let Some(kube) = &list.kubernetes {
+    if list["kubernetes"].is_object() {
         out.push('\n');
-        out.push_str(&kubernetes(kube, now));
+        out.push_str(&kubernetes(&list["kubernetes"], now));
     }
     out
 }
 
 /// The node published for, per kind of object when it last synced and the
 /// error that followed, if any; then the API requests made and failed.
-fn kubernetes(kube: &KubernetesJson, now: SystemTime) -> String {
-    let objects = kube.objects.iter().map(|object| {
+fn kubernetes(kube: &Value, now: SystemTime) -> String {
+    let objects = items(kube, "objects").iter().map(|object| {
         vec![
-            object.kind.clone(),
-            object.last_success.as_deref().map_or_else(|| "never".to_owned(), |at| ago(at, now)),
+            text(object, "kind"),
+            object["last_success"].as_str().map_or_else(|| "never".to_owned(), |at| ago(at, now)),
             current_error(object, now).unwrap_or_else(|| "-".to_owned()),
         ]
     });
-    let total: u64 = kube.requests.iter().map(|r| r.count).sum();
-    let failed: u64 = kube.requests.iter().filter(|r| r.failed()).map(|r| r.count).sum();
+    let requests = items(kube, "requests");
+    let count = |r: &Value| r["count"].as_u64().unwrap_or_default();
+    let total: u64 = requests.iter().map(count).sum();
+    let failed: u64 = requests
+        .iter()
+        .filter(|r| r["outcome"] != kpm::kube::RequestCount::SUCCESS)
+        .map(count)
+        .sum();
     format!(
         "Kubernetes (node {})\n{}API requests: {total}, failed: {failed}\n",
-        kube.node,
+        text(kube, "node"),
         columns(&["KIND", "LAST SYNC", "LAST ERROR"], objects)
     )
 }
 
 /// The last error with how long ago it was, unless a success came after it:
 /// an error is kept after later successes.
-fn current_error(object: &KubeObjectJson, now: SystemTime) -> Option<String> {
-    let error = object.last_error.as_ref()?;
-    let succeeded_since = match (object.last_success.as_deref().and_then(parse), parse(&error.at)) {
+fn current_error(object: &Value, now: SystemTime) -> Option<String> {
+    let error = object.get("last_error").filter(|error| error.is_object())?;
+    let at = text(error, "at");
+    let succeeded_since = match (object["last_success"].as_str().and_then(parse), parse(&at)) {
         (Some(success), Some(failure)) => success >= failure,
         _ => false,
     };
-    (!succeeded_since).then(|| format!("{} ({})", error.message, ago(&error.at, now)))
+    (!succeeded_since).then(|| format!("{} ({})", text(error, "message"), ago(&at, now)))
 }
 
 /// `42s ago`, or `?` for a time that does not parse.
@@ -124,13 +142,14 @@ fn ago(rfc3339: &str, now: SystemTime) -> String {
 
 /// The plugin's state, with when the next attempt is while it backs off:
 /// `backing_off (retry in 8s)`.
-fn state(plugin: &PluginJson, now: SystemTime) -> String {
-    match &plugin.retry_at {
+fn state(plugin: &Value, now: SystemTime) -> String {
+    let state = text(plugin, "state");
+    match plugin["retry_at"].as_str() {
         Some(at) => {
             let wait = parse(at).map(|at| at.duration_since(now).unwrap_or_default());
-            format!("{} (retry in {})", plugin.state, wait.map_or_else(|| "?".to_owned(), whole))
+            format!("{state} (retry in {})", wait.map_or_else(|| "?".to_owned(), whole))
         }
-        None => plugin.state.clone(),
+        None => state,
     }
 }
 
@@ -167,11 +186,9 @@ fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
-    use crate::status_api::model::{
-        CsiDriverJson, DeviceResourceJson, DraDriverJson, DraInstanceJson, KubeErrorJson,
-        KubeRequestJson, NodeJson,
-    };
 
     #[test]
     fn ages_use_the_largest_whole_unit() {
@@ -186,65 +203,52 @@ mod tests {
     #[test]
     fn a_plugin_backing_off_shows_when_it_is_retried() {
         let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
-        let mut plugin = PluginJson {
-            socket_path: "/r/n.sock".into(),
-            plugin_type: String::new(),
-            name: String::new(),
-            endpoint: String::new(),
-            versions: vec![],
-            state: "backing_off".into(),
-            generation: 1,
-            last_error: Some("GetInfo: connection refused".into()),
-            registered_at: None,
-            retry_at: Some("2026-11-21T12:00:08.25Z".into()),
-            server_pid: None,
-        };
+        let mut plugin = json!({
+            "socket_path": "/r/n.sock", "type": "", "name": "", "endpoint": "", "versions": [],
+            "state": "backing_off", "generation": 1,
+            "last_error": "GetInfo: connection refused", "registered_at": null,
+            "retry_at": "2026-11-21T12:00:08.25Z", "server_pid": null,
+        });
         assert_eq!(state(&plugin, now), "backing_off (retry in 8s)");
-        plugin.retry_at = Some("2026-11-21T11:59:59Z".into());
+        plugin["retry_at"] = json!("2026-11-21T11:59:59Z");
         assert_eq!(state(&plugin, now), "backing_off (retry in 0s)");
-        plugin.retry_at = None;
-        plugin.state = "failed".into();
+        plugin["retry_at"] = Value::Null;
+        plugin["state"] = json!("failed");
         assert_eq!(state(&plugin, now), "failed");
+    }
+
+    /// An empty document of `GET /v1/plugins`.
+    fn empty() -> Value {
+        json!({
+            "plugins": [], "csi_drivers": [],
+            "node": {"annotations": {}, "labels": {}, "csinode": {"drivers": []}},
+            "device_resources": [], "dra_drivers": [], "kubernetes": null,
+        })
     }
 
     #[test]
     fn table_aligns_columns_and_shows_errors() {
-        let plugin = |state: &str, name: &str, error: Option<&str>| PluginJson {
-            socket_path: format!("/r/{name}.sock"),
-            plugin_type: "DevicePlugin".into(),
-            name: name.into(),
-            endpoint: String::new(),
-            versions: vec![],
-            state: state.into(),
-            generation: 1,
-            last_error: error.map(str::to_owned),
-            registered_at: None,
-            retry_at: None,
-            server_pid: None,
+        let plugin = |state: &str, name: &str, error: Option<&str>| {
+            json!({
+                "socket_path": format!("/r/{name}.sock"), "type": "DevicePlugin", "name": name,
+                "endpoint": "", "versions": [], "state": state, "generation": 1,
+                "last_error": error, "registered_at": null, "retry_at": null, "server_pid": null,
+            })
         };
-        let mut list = PluginList {
-            plugins: vec![plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))],
-            csi_drivers: Vec::new(),
-            node: NodeJson::default(),
-            device_resources: Vec::new(),
-            dra_drivers: Vec::new(),
-            kubernetes: None,
-        };
+        let mut list = empty();
+        list["plugins"] =
+            json!([plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))]);
         assert_eq!(
             table(&list),
             "TYPE          NAME  STATE       AGE  SOCKET       LAST ERROR\n\
              DevicePlugin  gpu   registered  -    /r/gpu.sock\n\
              DevicePlugin  n     failed      -    /r/n.sock    boom\n"
         );
-        list.plugins.clear();
-        list.csi_drivers.push(CsiDriverJson {
-            name: "csi.example.com".into(),
-            endpoint: "/csi/csi.sock".into(),
-            version: "1.0.0".into(),
-            node_id: Some("node-1".into()),
-            topology: std::collections::BTreeMap::new(),
-            max_volumes: Some(16),
-        });
+        list["plugins"] = json!([]);
+        list["csi_drivers"] = json!([{
+            "name": "csi.example.com", "endpoint": "/csi/csi.sock", "version": "1.0.0",
+            "node_id": "node-1", "topology": {}, "max_volumes": 16,
+        }]);
         assert_eq!(
             table(&list),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
@@ -252,26 +256,17 @@ mod tests {
              CSI DRIVER       VERSION  NODE ID  ENDPOINT\n\
              csi.example.com  1.0.0    node-1   /csi/csi.sock\n"
         );
-        list.csi_drivers.clear();
-        list.device_resources.push(DeviceResourceJson {
-            resource: "vendor.com/gpu".into(),
-            endpoint: "/dp/gpu.sock".into(),
-            healthy: 1,
-            unhealthy: 1,
-            devices: Vec::new(),
-            removal_at: None,
-        });
-        list.dra_drivers.push(DraDriverJson {
-            name: "gpu.example.com".into(),
-            instances: vec![DraInstanceJson {
-                endpoint: "/p/dra.sock".into(),
-                version: "v1.DRAPlugin".into(),
-                connected: true,
-                registered_at: "T".into(),
-            }],
-            cleanup_pending_until: None,
-            devices: Vec::new(),
-        });
+        list["csi_drivers"] = json!([]);
+        list["device_resources"] = json!([{
+            "resource": "vendor.com/gpu", "endpoint": "/dp/gpu.sock", "healthy": 1,
+            "unhealthy": 1, "devices": [],
+        }]);
+        list["dra_drivers"] = json!([{
+            "name": "gpu.example.com",
+            "instances": [{"endpoint": "/p/dra.sock", "version": "v1.DRAPlugin",
+                           "connected": true, "registered_at": "T"}],
+            "cleanup_pending_until": null,
+        }]);
         assert_eq!(
             table(&list),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
@@ -284,38 +279,28 @@ mod tests {
         );
     }
 
-    fn object(kind: &str, success: Option<&str>, error: Option<(&str, &str)>) -> KubeObjectJson {
-        KubeObjectJson {
-            kind: kind.into(),
-            last_success: success.map(str::to_owned),
-            last_error: error
-                .map(|(at, message)| KubeErrorJson { at: at.into(), message: message.into() }),
-        }
+    fn object(kind: &str, success: Option<&str>, error: Option<(&str, &str)>) -> Value {
+        json!({
+            "kind": kind,
+            "last_success": success,
+            "last_error": error.map(|(at, message)| json!({"at": at, "message": message})),
+        })
     }
 
-    fn request(verb: &str, resource: &str, outcome: &str, count: u64) -> KubeRequestJson {
-        KubeRequestJson {
-            verb: verb.into(),
-            resource: resource.into(),
-            outcome: outcome.into(),
-            count,
-        }
+    fn request(verb: &str, resource: &str, outcome: &str, count: u64) -> Value {
+        json!({"verb": verb, "resource": resource, "outcome": outcome, "count": count})
     }
 
     #[test]
     fn kubernetes_section_shows_syncs_current_errors_and_failed_requests() {
         let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
         let missing = "node \"node1\" not found; kpm waits for it and never creates it";
-        let kube = KubernetesJson {
-            node: "node1".into(),
-            objects: vec![
+        let kube = json!({
+            "node": "node1",
+            "objects": [
                 object("Node", None, Some(("2026-11-21T11:59:57Z", missing))),
                 // Failed, then synced: the error is history.
-                object(
-                    "CSINode",
-                    Some("2026-11-21T11:59:30Z"),
-                    Some(("2026-11-21T11:58:00Z", "409")),
-                ),
+                object("CSINode", Some("2026-11-21T11:59:30Z"), Some(("2026-11-21T11:58:00Z", "409"))),
                 // Synced, then failed: the error is current.
                 object(
                     "Node status",
@@ -324,12 +309,12 @@ mod tests {
                 ),
                 object("ResourceSlice", None, None),
             ],
-            requests: vec![
+            "requests": [
                 request("get", "nodes", "404", 2),
                 request("patch", "nodes/status", "success", 3),
                 request("patch", "nodes/status", "timeout", 1),
             ],
-        };
+        });
         assert_eq!(
             kubernetes(&kube, now),
             format!(
@@ -346,20 +331,10 @@ mod tests {
 
     #[test]
     fn the_kubernetes_section_follows_the_plugins_only_when_kpm_publishes() {
-        let mut list = PluginList {
-            plugins: Vec::new(),
-            csi_drivers: Vec::new(),
-            node: NodeJson::default(),
-            device_resources: Vec::new(),
-            dra_drivers: Vec::new(),
-            kubernetes: None,
-        };
+        let mut list = empty();
         assert!(!table(&list).contains("Kubernetes"), "{}", table(&list));
-        list.kubernetes = Some(KubernetesJson {
-            node: "node1".into(),
-            objects: vec![object("Node", None, None)],
-            requests: Vec::new(),
-        });
+        list["kubernetes"] =
+            json!({"node": "node1", "objects": [object("Node", None, None)], "requests": []});
         assert_eq!(
             table(&list),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\

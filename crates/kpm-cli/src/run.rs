@@ -152,7 +152,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
         Some(addr) => {
             let metrics = Metrics::new(handle.clone());
             let serving = metrics::serve(addr, Arc::clone(&metrics)).await?;
-            Some((tokio::spawn(metrics.count_events()), serving))
+            Some((tokio::spawn(metrics.observe_latency()), serving))
         }
         None => None,
     };

@@ -5,7 +5,9 @@ use std::path::Path;
 
 use http_body_util::BodyExt;
 
-use crate::status_api::{self, model::EventJson};
+use serde_json::Value;
+
+use crate::status_api;
 use crate::{CliError, OutputFormat};
 
 pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
@@ -33,25 +35,23 @@ pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<
     Ok(())
 }
 
-/// `TIME EVENT TYPE NAME SOCKET [reason | retry in]`, skipping what the event lacks.
+/// `TIME EVENT TYPE NAME SOCKET [reason | retry in]`, skipping what the
+/// event lacks; a line that is not a timed event (`lagged`) as it is.
 pub(crate) fn text_line(line: &str) -> String {
-    let Ok(event) = serde_json::from_str::<EventJson>(line) else {
+    let event = serde_json::from_str::<Value>(line).unwrap_or_default();
+    let field = |key: &str| event[key].as_str();
+    let (Some(time), Some(kind)) = (field("time"), field("event")) else {
         return line.to_owned();
     };
-    let retry = event.retry_in_ms.map(|ms| format!("retry in {ms} ms"));
-    [
-        Some(event.time),
-        Some(event.event),
-        event.plugin_type,
-        event.name,
-        Some(event.socket),
-        event.reason.or(retry),
-    ]
-    .into_iter()
-    .flatten()
-    .filter(|field| !field.is_empty())
-    .collect::<Vec<_>>()
-    .join(" ")
+    let retry = event["retry_in_ms"].as_u64().map(|ms| format!("retry in {ms} ms"));
+    [Some(time), Some(kind), field("type"), field("name"), field("socket")]
+        .into_iter()
+        .flatten()
+        .map(str::to_owned)
+        .chain(field("reason").map(str::to_owned).or(retry))
+        .filter(|field| !field.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@ impl fmt::Debug for dyn NodeInfoSink {
 /// What the node publishes about its CSI drivers: the parts of the Node and
 /// CSINode objects the kubelet's `nodeinfomanager` writes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct NodeInfo {
     /// Node annotations. [`NODE_ID_ANNOTATION`] maps driver names to node ids
     /// as a JSON object with sorted keys; the key is absent when no driver is
@@ -71,23 +72,53 @@ pub struct NodeInfo {
 
 /// The spec of the node's CSINode object.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CsiNode {
     /// One entry per installed driver. An updated entry moves to the end,
     /// as with the kubelet.
     pub drivers: Vec<CsiNodeDriver>,
 }
 
-/// A driver entry of the CSINode (`spec.drivers[]`).
+/// A driver entry of the CSINode (`spec.drivers[]`), serialized with the
+/// Kubernetes API's field names.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct CsiNodeDriver {
     /// `name`: the driver name.
     pub name: String,
     /// `nodeID`: the driver's node id.
+    #[cfg_attr(feature = "serde", serde(rename = "nodeID"))]
     pub node_id: String,
     /// `topologyKeys`: the keys of the driver's topology, sorted; empty when none.
+    #[cfg_attr(feature = "serde", serde(rename = "topologyKeys"))]
     pub topology_keys: Vec<String>,
     /// `allocatable.count`: the driver's volume limit, `None` when it reported none.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            rename = "allocatable",
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "allocatable"
+        )
+    )]
     pub allocatable_count: Option<i32>,
+}
+
+/// `allocatable_count` as the API has it: `{"count": n}`.
+#[cfg(feature = "serde")]
+#[allow(
+    clippy::ref_option,
+    clippy::trivially_copy_pass_by_ref,
+    reason = "the signature serde's `serialize_with` calls"
+)]
+fn allocatable<S: serde::Serializer>(
+    count: &Option<i32>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeStruct as _;
+    let mut allocatable = serializer.serialize_struct("VolumeNodeResources", 1)?;
+    allocatable.serialize_field("count", count)?;
+    allocatable.end()
 }
 
 impl CsiNodeDriver {

@@ -33,6 +33,24 @@ pub struct CsiDriver {
     pub node: Option<DriverNodeInfo>,
 }
 
+/// `{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}`:
+/// the node info flattened, `null` (the topology `{}`) until NodeGetInfo answered.
+#[cfg(feature = "serde")]
+impl serde::Serialize for CsiDriver {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let node = self.node.as_ref();
+        let mut fields = serializer.serialize_struct("CsiDriver", 6)?;
+        fields.serialize_field("name", &self.name)?;
+        fields.serialize_field("endpoint", &self.endpoint)?;
+        fields.serialize_field("version", &self.version)?;
+        fields.serialize_field("node_id", &node.map(|n| &n.node_id))?;
+        fields.serialize_field("topology", &node.map_or(&BTreeMap::new(), |n| &n.topology))?;
+        fields.serialize_field("max_volumes", &node.map(|n| n.max_volumes_per_node))?;
+        fields.end()
+    }
+}
+
 /// The registered CSI drivers by name. Thread-safe; shared between the
 /// [`CsiHandler`](crate::CsiHandler) that writes it and the consumers that
 /// look drivers up.

@@ -101,6 +101,14 @@ impl FromStr for Version {
     }
 }
 
+/// As its [`Display`](fmt::Display) form: `"1.2.3"`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for Version {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (index, component) in self.components.iter().enumerate() {

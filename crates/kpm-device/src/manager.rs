@@ -134,6 +134,7 @@ impl DeviceConfig {
 /// A resource as the device manager sees it: its current endpoint and its
 /// devices. Capacity is `healthy + unhealthy`, allocatable is `healthy`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ResourceStatus {
     /// The extended resource name, e.g. `vendor.com/gpu`.
     pub resource: String,
@@ -148,11 +149,19 @@ pub struct ResourceStatus {
     pub devices: Vec<DeviceStatus>,
     /// When the resource will be removed, while in the grace period after
     /// its endpoint went away.
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "kpm_api::json::rfc3339_opt"
+        )
+    )]
     pub removal_at: Option<SystemTime>,
 }
 
 /// One device of a resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceStatus {
     /// The device id the plugin reported.
     pub id: String,
@@ -160,7 +169,8 @@ pub struct DeviceStatus {
     /// counts as unhealthy). All devices become `Unhealthy` when the
     /// endpoint goes away.
     pub health: String,
-    /// The NUMA nodes of the device's topology, sorted.
+    /// The NUMA nodes of the device's topology, sorted. Not in the status API.
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub numa_nodes: Vec<i64>,
 }
 

@@ -20,6 +20,7 @@ const MAX_MESSAGE_CHARS: usize = 1024;
 
 /// The health of one device, as the driver last streamed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DeviceHealthStatus {
     /// The device's pool.
     pub pool: String,

@@ -102,6 +102,7 @@ impl DraConfig {
 
 /// One registered DRA driver, for the status API.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DraDriverStatus {
     /// The driver name.
     pub name: String,
@@ -111,14 +112,17 @@ pub struct DraDriverStatus {
     pub instances: Vec<DraInstanceStatus>,
     /// When the driver's resources are cleaned up if no instance connects
     /// before; `None` while an instance is connected.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339_opt"))]
     pub cleanup_pending_until: Option<SystemTime>,
     /// The device health last streamed by the newest instance, sorted by
     /// pool and device; empty if it has no health service.
+    #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
     pub devices: Vec<DeviceHealthStatus>,
 }
 
 /// One registered instance of a DRA driver, for the status API.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct DraInstanceStatus {
     /// The instance's service socket.
     pub endpoint: String,
@@ -127,9 +131,11 @@ pub struct DraInstanceStatus {
     /// Whether its connection is up.
     pub connected: bool,
     /// When it was registered.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339"))]
     pub registered_at: SystemTime,
     /// The health service it advertised, if any: `v1.DRAResourceHealth` or
-    /// `v1alpha1.DRAResourceHealth`.
+    /// `v1alpha1.DRAResourceHealth`. Not in the status API.
+    #[cfg_attr(feature = "serde", serde(skip))]
     pub health_service: Option<String>,
 }
 

@@ -45,9 +45,11 @@ impl fmt::Display for ObjectKind {
 
 /// How publishing one kind of object went.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ObjectSync {
     /// When kpm last wrote (or found up to date) an object of this kind.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339_opt"))]
     pub last_success: Option<SystemTime>,
     /// The last failure, kept after later successes; compare the times.
     pub last_error: Option<SyncError>,
@@ -55,16 +57,26 @@ pub struct ObjectSync {
 
 /// A failed sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct SyncError {
     /// When it failed.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339"))]
     pub at: SystemTime,
     /// The error, with its causes.
     pub message: String,
 }
 
+impl SyncError {
+    /// A sync that failed `at` with `message`.
+    pub fn new(at: SystemTime, message: impl Into<String>) -> Self {
+        Self { at, message: message.into() }
+    }
+}
+
 /// How many API requests of one verb on one resource ended one way.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RequestCount {
     /// The Kubernetes verb: `get`, `create`, `update`, `patch`, `list`, `deletecollection`.
@@ -81,18 +93,46 @@ pub struct RequestCount {
 impl RequestCount {
     /// The outcome of a request the API server answered with success.
     pub const SUCCESS: &'static str = "success";
+
+    /// `count` requests of `verb` on `resource` that ended with `outcome`.
+    pub fn new(
+        verb: &'static str,
+        resource: &'static str,
+        outcome: impl Into<String>,
+        count: u64,
+    ) -> Self {
+        Self { verb, resource, outcome: outcome.into(), count }
+    }
 }
 
 /// A snapshot of what the publishers did, for the status API and metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct KubeStatus {
     /// The Node kpm publishes for.
     pub node: String,
-    /// One entry per [`ObjectKind`], in [`ObjectKind::ALL`] order.
+    /// One entry per [`ObjectKind`], in [`ObjectKind::ALL`] order;
+    /// serialized as `[{"kind", "last_success", "last_error"}]`.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "objects"))]
     pub objects: Vec<(ObjectKind, ObjectSync)>,
     /// Every (verb, resource, outcome) seen, sorted.
     pub requests: Vec<RequestCount>,
+}
+
+/// `objects` as a list of `{"kind", "last_success", "last_error"}`.
+#[cfg(feature = "serde")]
+fn objects<S: serde::Serializer>(
+    objects: &[(ObjectKind, ObjectSync)],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    #[derive(serde::Serialize)]
+    struct Object<'a> {
+        kind: &'static str,
+        #[serde(flatten)]
+        sync: &'a ObjectSync,
+    }
+    serializer.collect_seq(objects.iter().map(|(kind, sync)| Object { kind: kind.as_str(), sync }))
 }
 
 /// The shared counters behind [`KubeStatus`].

@@ -57,7 +57,9 @@ mod manager;
 mod status;
 
 pub use basic_handler::{BasicHandler, BasicRegistration};
-pub use kpm_cache::{DesiredPlugin, Generation, HandlerError, PluginEvent, PluginHandler};
+pub use kpm_cache::{
+    DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler,
+};
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
 pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
 pub use kpm_reconciler::ReconcilerConfig;

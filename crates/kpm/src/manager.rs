@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
-use kpm_cache::{ActualState, DesiredState, EventBus, PluginEvent, PluginHandler};
+use kpm_cache::{ActualState, DesiredState, EventBus, EventCounts, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
@@ -202,9 +202,13 @@ pub(crate) fn invalid_if<E: std::fmt::Display>(
 }
 
 /// Counters of a [`PluginManager`], see [`ManagerHandle::stats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ManagerStats {
+    /// Registrations, rejections, deregistrations, retries and renewals of
+    /// unresponsive plugins, counted as they happen: exact, whatever a
+    /// subscriber of [`ManagerHandle::subscribe`] missed.
+    pub events: EventCounts,
     /// Full re-listings of the registry directory (overflow, periodic, requested).
     pub rescans: u64,
     /// Operations not started because their socket was backing off.
@@ -312,10 +316,12 @@ impl ManagerHandle {
         self.events.subscribe()
     }
 
-    /// Counters for metrics: rescans of the registry directory, operations
-    /// skipped while their socket was backing off, executor entries.
+    /// Counters for metrics: registrations, rejections, deregistrations and
+    /// retries, rescans of the registry directory, operations skipped while
+    /// their socket was backing off, executor entries, liveness.
     pub fn stats(&self) -> ManagerStats {
         ManagerStats {
+            events: self.events.counts(),
             rescans: self.watcher_stats.get().map_or(0, WatcherStats::rescans),
             backoff_skips: self.reconciler.backoff_skips(),
             operations: self.reconciler.executor().operations().len(),

@@ -8,12 +8,13 @@ use kpm_cache::{ActualState, DesiredPlugin, DesiredState, Generation, PluginInfo
 use kpm_executor::{OperationMap, OperationStatus};
 
 /// Where a socket is in its registration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum PluginState {
     /// Registered with its handler, in its current incarnation.
     Registered,
     /// Being registered, or waiting for its first attempt.
+    #[default]
     Pending,
     /// The last attempt failed (see `last_error`); the next one starts at
     /// `retry_at`, or when the socket is re-created, whichever comes first.
@@ -49,8 +50,9 @@ impl PluginState {
     }
 }
 
-/// One registration socket as the manager sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One registration socket as the manager sees it. `Default` is a pending
+/// socket with an empty path, for consumers to build one in their tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PluginStatus {
     /// The registration socket.
@@ -75,6 +77,31 @@ pub struct PluginStatus {
     /// The process serving the registration socket when it was registered;
     /// `None` until then, or when kpm cannot see it (another pid namespace).
     pub server_pid: Option<u32>,
+}
+
+/// `{"socket_path", "type", "name", "endpoint", "versions", "state",
+/// "generation", "last_error", "registered_at", "retry_at", "server_pid"}`:
+/// `state` as [`PluginState::as_str`], `retry_at` from a
+/// [`PluginState::BackingOff`], times in RFC 3339; absent values are `null`.
+#[cfg(feature = "serde")]
+impl serde::Serialize for PluginStatus {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use kpm_api::json::Rfc3339;
+        use serde::ser::SerializeStruct as _;
+        let mut fields = serializer.serialize_struct("PluginStatus", 11)?;
+        fields.serialize_field("socket_path", &self.socket_path.display().to_string())?;
+        fields.serialize_field("type", &self.plugin_type)?;
+        fields.serialize_field("name", &self.name)?;
+        fields.serialize_field("endpoint", &self.endpoint)?;
+        fields.serialize_field("versions", &self.versions)?;
+        fields.serialize_field("state", self.state.as_str())?;
+        fields.serialize_field("generation", &self.generation)?;
+        fields.serialize_field("last_error", &self.last_error)?;
+        fields.serialize_field("registered_at", &self.registered_at.map(Rfc3339))?;
+        fields.serialize_field("retry_at", &self.state.retry_at().map(Rfc3339))?;
+        fields.serialize_field("server_pid", &self.server_pid)?;
+        fields.end()
+    }
 }
 
 /// A registered plugin, as recorded in the actual state of the world.

@@ -5,9 +5,11 @@
 //!   1 per socket in `desired_state_of_world` and in `actual_state_of_world`;
 //! - `kpm_registrations_total{type}`, `kpm_deregistrations_total{type}`,
 //!   `kpm_rejections_total`, `kpm_retries_scheduled_total`,
-//!   `kpm_unresponsive_total`: from the event stream;
+//!   `kpm_unresponsive_total`: counted by the manager as they happen
+//!   ([`kpm::EventCounts`]), exact however the event stream lags;
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
-//!   to its plugin being registered;
+//!   to its plugin being registered, from the event stream (it misses the
+//!   registrations whose events a lag dropped);
 //! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
 //! - `kpm_liveness_watched_processes`, `kpm_liveness_process_exits_total`,
 //!   `kpm_liveness_probes_total`, `kpm_liveness_probe_failures_total`,
@@ -22,11 +24,11 @@
 //!   `kpm_fd_shortage_waits_total`, `kpm_fd_permit_waits_total` and
 //!   `kpm_fd_optional_refused_total`: the [fd budget](kpm::transport::fd).
 //!
-//! The event counters and the histogram are updated where the event is
-//! handled ([`Metrics::count_events`]); everything else is owned by the
-//! manager, the handlers, the runtime or the allocator and read at each
-//! scrape by a collector ([`scrape`]), so that concurrent scrapes share no
-//! mutable state.
+//! The histogram is updated where the event is handled
+//! ([`Metrics::observe_latency`]); everything else, the event counters
+//! included, is owned by the manager, the handlers, the runtime or the
+//! allocator and read at each scrape by a collector ([`scrape`]), so that
+//! concurrent scrapes share no mutable state.
 
 mod pending;
 mod scrape;
@@ -37,9 +39,6 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::routing::get;
 use kpm::PluginEvent;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::broadcast::error::RecvError;
@@ -54,80 +53,32 @@ use scrape::Scraped;
 /// (it ends with `# EOF`).
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct TypeLabels {
-    r#type: String,
-}
-
-/// Every metric: those counted from events, and a collector for the rest.
+/// Every metric: the latency histogram, fed from events, and a collector for
+/// the rest.
 #[derive(Debug)]
 pub(crate) struct Metrics {
     /// Read-only once built: scrapes encode it concurrently.
     registry: Registry,
-    registrations: Family<TypeLabels, Counter>,
-    deregistrations: Family<TypeLabels, Counter>,
-    rejections: Counter,
-    retries: Counter,
-    unresponsive: Counter,
     latency: Histogram,
     kubelet: KubeletHandle,
 }
 
 impl Metrics {
     pub(crate) fn new(kubelet: KubeletHandle) -> Arc<Self> {
-        let registrations = Family::<TypeLabels, Counter>::default();
-        let deregistrations = Family::<TypeLabels, Counter>::default();
-        let rejections = Counter::default();
-        let retries = Counter::default();
-        let unresponsive = Counter::default();
         // 100 µs to ~3.3 min.
         let latency = Histogram::new(exponential_buckets(0.000_1, 4.0, 12));
         let mut registry = Registry::default();
         registry.register(
-            "kpm_registrations",
-            "Plugins registered, by type",
-            registrations.clone(),
-        );
-        registry.register(
-            "kpm_deregistrations",
-            "Plugins deregistered, by type",
-            deregistrations.clone(),
-        );
-        registry.register(
-            "kpm_rejections",
-            "Registration attempts that failed (the plugin was told why where possible)",
-            rejections.clone(),
-        );
-        registry.register(
-            "kpm_retries_scheduled",
-            "Failed operations whose retry waits for a backoff",
-            retries.clone(),
-        );
-        registry.register(
-            "kpm_unresponsive",
-            "Registered plugins that stopped answering liveness probes and were registered anew",
-            unresponsive.clone(),
-        );
-        registry.register(
             "kpm_registration_latency_seconds",
-            "Time from a socket incarnation being seen to its plugin being registered",
+            "Time from a socket incarnation being seen to its plugin being registered; from the event stream, so registrations whose events were dropped while the reader lagged are not observed",
             latency.clone(),
         );
         registry.register_collector(Box::new(Scraped::new(kubelet.clone())));
-        Arc::new(Self {
-            registry,
-            registrations,
-            deregistrations,
-            rejections,
-            retries,
-            unresponsive,
-            latency,
-            kubelet,
-        })
+        Arc::new(Self { registry, latency, kubelet })
     }
 
-    /// Counts events until the manager's event stream closes.
-    pub(crate) async fn count_events(self: Arc<Self>) {
+    /// Observes registration latencies until the manager's event stream closes.
+    pub(crate) async fn observe_latency(self: Arc<Self>) {
         let manager = &self.kubelet.manager();
         let mut events = manager.subscribe();
         let mut pending = Pending::default();
@@ -135,7 +86,10 @@ impl Metrics {
             let event = match events.recv().await {
                 Ok(event) => event,
                 Err(RecvError::Lagged(missed)) => {
-                    tracing::warn!(missed, "metrics fell behind the event stream");
+                    tracing::warn!(
+                        missed,
+                        "registration latency metrics fell behind the event stream"
+                    );
                     continue;
                 }
                 Err(RecvError::Closed) => return,
@@ -146,26 +100,14 @@ impl Metrics {
                         manager.desired_state().contains(socket)
                     });
                 }
-                PluginEvent::Registered { socket, generation, plugin_type, .. } => {
-                    self.registrations.get_or_create(&TypeLabels { r#type: plugin_type }).inc();
+                PluginEvent::Registered { socket, generation, .. } => {
                     if let Some(at) = pending.take(&socket, generation.get()) {
                         self.latency.observe(at.elapsed().as_secs_f64());
                     }
                 }
-                PluginEvent::Rejected { .. } => {
-                    self.rejections.inc();
-                }
-                PluginEvent::Deregistered { socket, generation, plugin_type, .. } => {
+                PluginEvent::Deregistered { socket, generation, .. } => {
                     pending.take(&socket, generation.get());
-                    self.deregistrations.get_or_create(&TypeLabels { r#type: plugin_type }).inc();
                 }
-                PluginEvent::RetryScheduled { .. } => {
-                    self.retries.inc();
-                }
-                PluginEvent::Unresponsive { .. } => {
-                    self.unresponsive.inc();
-                }
-                // Events newer than these metrics count nothing yet.
                 _ => {}
             }
         }
@@ -204,4 +146,65 @@ pub(crate) async fn serve(
             tracing::error!(%addr, error = %err, "metrics server stopped");
         }
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use kpm::BasicHandler;
+    use kpm_registrar::Registrar;
+    use kpm_test_support::{lazy, wait_until};
+
+    use super::*;
+
+    const TEST_TYPE: &str = "TestPlugin";
+
+    /// The value of `series` (name and labels) in `metrics`' text.
+    fn sample(metrics: &Metrics, series: &str) -> Option<u64> {
+        let text = metrics.render();
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn event_counters_are_exact_while_the_event_stream_lags() {
+        const PLUGINS: u64 = 32;
+        let root = tempfile::tempdir().unwrap();
+        let registry = root.path().join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+        // A stream that keeps one event: every burst makes its readers lag.
+        let kubelet =
+            kpm::Kubelet::builder().root_dir(root.path()).event_capacity(1).build().unwrap();
+        let handle = kubelet.handle();
+        handle.manager().add_handler(TEST_TYPE, Arc::new(BasicHandler::new(TEST_TYPE)));
+        let metrics = Metrics::new(handle.clone());
+        let latency = tokio::spawn(Arc::clone(&metrics).observe_latency());
+        // Every plugin is there at start, so they register in one burst.
+        let mut plugins = Vec::new();
+        for n in 0..PLUGINS {
+            let plugin = Registrar::builder(TEST_TYPE, format!("plugin-{n}"))
+                .versions(["1.0.0"])
+                .socket_dir(&registry);
+            plugins.push(plugin.serve().await.unwrap());
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(kubelet.run(async { drop(stopped.await) }));
+
+        let registrations = format!("kpm_registrations_total{{type=\"{TEST_TYPE}\"}}");
+        wait_until(lazy(|| format!("{registrations} {PLUGINS}:\n{}", metrics.render())), || {
+            sample(&metrics, &registrations) == Some(PLUGINS)
+        })
+        .await;
+        for plugin in plugins {
+            plugin.shutdown().await.unwrap();
+        }
+        let deregistrations = format!("kpm_deregistrations_total{{type=\"{TEST_TYPE}\"}}");
+        wait_until(lazy(|| format!("{deregistrations} {PLUGINS}:\n{}", metrics.render())), || {
+            sample(&metrics, &deregistrations) == Some(PLUGINS)
+        })
+        .await;
+        assert_eq!(sample(&metrics, &registrations), Some(PLUGINS));
+        assert_eq!(sample(&metrics, "kpm_rejections_total"), Some(0));
+
+        drop(stop);
+        running.await.unwrap().unwrap();
+        latency.abort();
+    }
 }

@@ -5,6 +5,7 @@
 //! between scrapes, so concurrent scrapers never see each other's half-built
 //! families.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,7 +20,7 @@ use kpm::transport::fd::FdStats;
 
 use crate::heap::{self, HeapStats};
 use kpm::kube::KubeStatus;
-use kpm::{KubeletHandle, LivenessStats};
+use kpm::{EventCounts, KubeletHandle, LivenessStats};
 
 /// Encodes the scrape-time metrics from [`KubeletHandle`]; registered with the
 /// registry as a collector.
@@ -42,6 +43,7 @@ impl Collector for Scraped {
 
 /// One read of every source, as one scrape shows it.
 struct Reading {
+    events: EventCounts,
     backoff_skips: u64,
     rescans: u64,
     operations: usize,
@@ -200,6 +202,7 @@ impl Reading {
             })
             .collect();
         Self {
+            events: stats.events,
             backoff_skips: stats.backoff_skips,
             rescans: stats.rescans,
             operations: stats.operations,
@@ -217,6 +220,7 @@ impl Reading {
     }
 
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        encode_events(&self.events, encoder)?;
         counter(
             encoder,
             "kpm_backoff_skips",
@@ -314,6 +318,45 @@ impl Reading {
             None => Ok(()),
         }
     }
+}
+
+/// One `{type}` sample per plugin type.
+fn by_type(counts: &BTreeMap<String, u64>) -> impl Iterator<Item = ([(&str, &str); 1], u64)> {
+    counts.iter().map(|(plugin_type, count)| ([("type", plugin_type.as_str())], *count))
+}
+
+/// The manager's counts of what happened to plugins.
+fn encode_events(events: &EventCounts, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+    counter_family(
+        encoder,
+        "kpm_registrations",
+        "Plugins registered, by type.",
+        by_type(&events.registrations),
+    )?;
+    counter_family(
+        encoder,
+        "kpm_deregistrations",
+        "Plugins deregistered, by type.",
+        by_type(&events.deregistrations),
+    )?;
+    counter(
+        encoder,
+        "kpm_rejections",
+        "Registration attempts that failed (the plugin was told why where possible).",
+        events.rejections,
+    )?;
+    counter(
+        encoder,
+        "kpm_retries_scheduled",
+        "Failed operations whose retry waits for a backoff.",
+        events.retries_scheduled,
+    )?;
+    counter(
+        encoder,
+        "kpm_unresponsive",
+        "Registered plugins that stopped answering liveness probes and were registered anew.",
+        events.unresponsive,
+    )
 }
 
 fn counter(

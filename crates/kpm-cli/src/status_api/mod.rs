@@ -3,7 +3,8 @@
 //!
 //! `GET /v1/plugins` returns
 //! `{"plugins": [{"socket_path", "type", "name", "endpoint", "versions",
-//! "state", "generation", "last_error", "registered_at"}], "csi_drivers":
+//! "state", "generation", "last_error", "registered_at", "retry_at",
+//! "server_pid"}], "csi_drivers":
 //! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
 //! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
 //! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
@@ -22,14 +23,18 @@
 //! objects, with Kubernetes' field names.
 //!
 //! `GET /v1/events` streams NDJSON: a `subscribed` line, then one line per
-//! event (see [`model::EventJson`]).
+//! event (see [`model::EventLine`]).
 //!
-//! [`model`] holds the JSON documents, [`server`] serves them from a
-//! [`kpm::KubeletHandle`], [`client`] reads them for `kpm list` and `kpm watch`.
+//! The documents are the library's own types, which serialize themselves
+//! (the `kpm` crate's feature `serde`); [`model`] only wraps them,
+//! [`server`] serves them from a [`kpm::KubeletHandle`], [`client`] reads
+//! them, as JSON values, for `kpm list` and `kpm watch`.
 
 pub(crate) mod client;
 pub(crate) mod model;
 pub(crate) mod server;
+#[cfg(test)]
+mod tests;
 
 /// Path of the plugin list.
 pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";

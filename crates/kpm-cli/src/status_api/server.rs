@@ -14,10 +14,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
-use super::model::{
-    CsiDriverJson, DeviceResourceJson, DraDriverJson, EventJson, KubernetesJson, NodeJson,
-    PluginJson, PluginList,
-};
+use super::model::{EventLine, PluginList};
 use super::{EVENTS_PATH, PLUGINS_PATH};
 use crate::CliError;
 
@@ -137,40 +134,17 @@ async fn plugins(State(kubelet): State<KubeletHandle>) -> Json<PluginList> {
     Json(PluginList::from(&kubelet))
 }
 
-impl From<&KubeletHandle> for PluginList {
-    fn from(kubelet: &KubeletHandle) -> Self {
-        Self {
-            plugins: kubelet.manager().status().into_iter().map(PluginJson::from).collect(),
-            csi_drivers: kubelet
-                .csi_drivers()
-                .list()
-                .into_iter()
-                .map(CsiDriverJson::from)
-                .collect(),
-            node: kubelet.node_info().map(NodeJson::from).unwrap_or_default(),
-            device_resources: kubelet
-                .devices()
-                .resources()
-                .into_iter()
-                .map(DeviceResourceJson::from)
-                .collect(),
-            dra_drivers: kubelet.dra().drivers().into_iter().map(DraDriverJson::from).collect(),
-            kubernetes: kubelet.kubernetes().map(KubernetesJson::from),
-        }
-    }
-}
-
 /// Streams events as NDJSON until the client goes away: first a
 /// `subscribed` line (from then on nothing is missed), then every event. A
 /// client that falls too far behind gets a `lagged` line instead of the
 /// events it missed.
 async fn events(State(kubelet): State<KubeletHandle>) -> axum::response::Response {
-    let subscribed = serde_json::to_string(&EventJson::now("subscribed"))
+    let subscribed = serde_json::to_string(&EventLine::subscribed())
         .map(|line| line + "\n")
         .map_err(std::io::Error::other);
     let events = BroadcastStream::new(kubelet.manager().subscribe()).map(|event| {
         let mut line = match event {
-            Ok(event) => serde_json::to_string(&EventJson::from(event)),
+            Ok(event) => serde_json::to_string(&EventLine::new(&event)),
             Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
                 Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
             }
