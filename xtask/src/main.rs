@@ -73,10 +73,13 @@ fn project_root() -> PathBuf {
 /// Property tests run this many cases in CI unless `PROPTEST_CASES` says otherwise.
 const CI_PROPTEST_CASES: &str = "2048";
 
-/// Feature sets built one by one in CI: the `kpm` library with each plugin
+/// Feature sets built one by one in CI: the wire crate with no protos but
+/// registration, the transport alone, the `kpm` library with each plugin
 /// type alone and with none, and the binary and registrar without `demo` and
 /// `stub`.
 const FEATURE_SETS: &[&[&str]] = &[
+    &["-p", "kpm-api", "--no-default-features"],
+    &["-p", "kpm-transport"],
     &["-p", "kpm", "--no-default-features"],
     &["-p", "kpm", "--no-default-features", "--features", "csi"],
     &["-p", "kpm", "--no-default-features", "--features", "device"],

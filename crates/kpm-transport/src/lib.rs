@@ -16,6 +16,8 @@
 //! Module dependencies go one way: `error` ← `fd` ← `uds` (dialing, binding,
 //! the `:authority` rewriting), re-exported here.
 
+#![deny(missing_docs)]
+
 pub mod fd;
 
 mod error;

@@ -1,8 +1,6 @@
 //! Binding and dialing real Unix sockets: what a live socket, a stale one and
 //! a missing one come to.
 
-#![allow(clippy::unwrap_used)]
-
 use std::time::Duration;
 
 #[tokio::test]

@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 use kpm_api::FileId;
 
-use crate::TransportError;
+use crate::error::TransportError;
 use crate::fd::{self, FdPermit};
 
 /// `AsyncWrite` for a stream type whose writes all go, unchanged, to its
