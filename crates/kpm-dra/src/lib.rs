@@ -48,7 +48,9 @@
 //! Whoever creates the manager owns its lifecycle: it hands the manager to
 //! the plugin manager as the `DRAPlugin` handler (the only path that
 //! registers and deregisters), follows [`DraManager::hangups`], queues
-//! [`DraManager::clean_up_leftovers`] once at start and calls [`DraManager::shutdown`]. Everyone else gets a [`DraView`]
+//! [`DraManager::clean_up_leftovers`] once at start (only if DRA drivers can
+//! register at all: otherwise every driver's leftovers would be wiped) and
+//! calls [`DraManager::shutdown`]. Everyone else gets a [`DraView`]
 //! ([`DraManager::view`]): [`drivers`](DraView::drivers), `prepare` and
 //! `unprepare`, and nothing that registers, deregisters, cleans up or shuts
 //! down.

@@ -375,7 +375,7 @@ impl Kubelet {
     }
 
     /// Whether the kubelet serves plugins of `kind`.
-    #[cfg(feature = "kube")]
+    #[cfg(any(feature = "dra", feature = "kube"))]
     fn enabled(&self, kind: PluginKind) -> bool {
         self.handlers.iter().any(|(enabled, _)| *enabled == kind)
     }
@@ -383,15 +383,18 @@ impl Kubelet {
     /// Serves `kubelet.sock` (device plugins enabled), then runs the plugin
     /// manager until `shutdown` completes (see [`PluginManager::run`]);
     /// then stops serving `kubelet.sock` and closes the connections to
-    /// device plugins and DRA drivers. Meanwhile the cleanup of DRA drivers
-    /// that left resources on this node is queued (see
+    /// device plugins and DRA drivers. Meanwhile, with DRA enabled, the
+    /// cleanup of DRA drivers that left resources on this node is queued (see
     /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
     /// and with [`KubeletBuilder::kubernetes`] and device plugins enabled the
-    /// device capacity is published.
+    /// device capacity is published. A disabled kind's plugins cannot
+    /// register, so what they left on the node is left alone.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let mut background = tokio::task::JoinSet::<()>::new();
+        // A disabled kind's drivers cannot register again: its leftovers
+        // would all be wiped.
         #[cfg(feature = "dra")]
-        {
+        if self.enabled(PluginKind::Dra) {
             let dra = Arc::clone(&self.dra);
             background.spawn(async move { dra.clean_up_leftovers().await });
         }
