@@ -5,9 +5,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use kpm::{Kubelet, PluginKind};
+use kpm::api::registration::v1::PluginInfo;
+use kpm::{BasicHandler, Kubelet, PluginKind};
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrarBuilder};
 use kpm_test_support::{DEADLINE, wait_until};
@@ -67,6 +69,16 @@ impl Node {
     async fn stop(mut self) {
         drop(self.stop.take());
         self.running.await.unwrap().unwrap();
+    }
+}
+
+/// What a plugin of `plugin_type` answers `GetInfo` with.
+fn plugin_info(plugin_type: &str, name: &str, endpoint: &Path, versions: &[String]) -> PluginInfo {
+    PluginInfo {
+        r#type: plugin_type.to_owned(),
+        name: name.to_owned(),
+        endpoint: endpoint.display().to_string(),
+        supported_versions: versions.to_vec(),
     }
 }
 
@@ -171,12 +183,13 @@ async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the
     // What `kpm probe` asks: the handler alone, nothing running.
     let probe_root = tempfile::tempdir().unwrap();
     let probed = Kubelet::builder().root_dir(probe_root.path()).build().unwrap();
-    let handler = probed.handler(kpm::api::DRA_PLUGIN).unwrap();
-    let refused = handler
-        .validate("gpu.example.com", &endpoint.display().to_string(), &versions)
-        .await
-        .unwrap_err()
-        .to_string();
+    let info = plugin_info(kpm::api::DRA_PLUGIN, "gpu.example.com", &endpoint, &versions);
+    let refused = match probed.validate(&outside.path().join("reg.sock"), &info).await {
+        Err(kpm::Error::Validate { plugin_type, source }) if plugin_type == info.r#type => {
+            source.to_string()
+        }
+        other => panic!("{other:?}"),
+    };
 
     // What `kpm run` does with the same plugin.
     let node = Node::start(|builder| builder);
@@ -206,9 +219,65 @@ async fn a_disabled_kind_has_no_handler_and_its_plugins_are_told_so() {
     assert!(!node.root.path().join("device-plugins/kubelet.sock").exists());
 
     let probed = Kubelet::builder().disable(PluginKind::Device).build().unwrap();
-    assert!(probed.handler(kpm::api::DEVICE_PLUGIN).is_none());
-    assert!(probed.handler(kpm::api::CSI_PLUGIN).is_some());
+    let socket = node.registry().join("probed.sock");
+    let device = plugin_info(kpm::api::DEVICE_PLUGIN, "example.com/gpu", &socket, &[]);
+    let refused = probed.validate(&socket, &device).await.unwrap_err();
+    assert!(
+        matches!(&refused, kpm::Error::NoHandler { plugin_type } if plugin_type == "DevicePlugin"),
+        "{refused:?}"
+    );
+    let csi = plugin_info(kpm::api::CSI_PLUGIN, "csi.example.com", &socket, &["1.0.0".into()]);
+    probed.validate(&socket, &csi).await.unwrap();
     node.stop().await;
+}
+
+/// Whether `result` is the refusal of a second handler for `plugin_type`.
+fn refused_as_taken<T>(result: &kpm::Result<T>, plugin_type: &str) -> bool {
+    matches!(
+        result,
+        Err(kpm::Error::AddHandler {
+            plugin_type: named,
+            source: kpm::ReconcilerError::HandlerExists { .. },
+        }) if named == plugin_type
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_for_a_type_the_kubelet_serves_is_refused_and_the_kubelets_handler_stays() {
+    let node = Node::start(|builder| builder);
+    let basic = || Arc::new(BasicHandler::new(kpm::api::CSI_PLUGIN));
+    let added = node.handle.manager().add_handler(kpm::api::CSI_PLUGIN, basic());
+    assert!(refused_as_taken(&added, kpm::api::CSI_PLUGIN));
+
+    // The kubelet's CSI handler registers the driver: it is in its store.
+    let _csi = node.csi_plugin().await;
+    let drivers = node.handle.csi_drivers().list();
+    assert_eq!(drivers.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["csi.example.com"]);
+
+    // A type of its own is added once, then refused too.
+    let other = || Arc::new(BasicHandler::new("OtherPlugin"));
+    node.handle.manager().add_handler("OtherPlugin", other()).unwrap();
+    assert!(refused_as_taken(
+        &node.handle.manager().add_handler("OtherPlugin", other()),
+        "OtherPlugin"
+    ));
+    node.stop().await;
+}
+
+#[test]
+fn a_builder_refuses_a_type_given_twice_or_one_the_kubelet_serves() {
+    let basic = |plugin_type: &str| Arc::new(BasicHandler::new(plugin_type));
+    let csi = kpm::api::CSI_PLUGIN;
+    let built = Kubelet::builder().handler(csi, basic(csi)).build();
+    assert!(refused_as_taken(&built, csi));
+    // A disabled kind's type is free for a handler of one's own.
+    Kubelet::builder().disable(PluginKind::Csi).handler(csi, basic(csi)).build().unwrap();
+
+    let built = kpm::PluginManager::builder()
+        .handler("OtherPlugin", basic("OtherPlugin"))
+        .handler("OtherPlugin", basic("OtherPlugin"))
+        .build();
+    assert!(refused_as_taken(&built, "OtherPlugin"));
 }
 
 #[tokio::test]

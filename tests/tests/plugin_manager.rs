@@ -126,7 +126,8 @@ async fn a_handler_added_while_running_picks_up_waiting_plugins_and_events_say_s
     .await;
 
     handle
-        .add_handler(kpm::api::CSI_PLUGIN, Arc::new(kpm::BasicHandler::new(kpm::api::CSI_PLUGIN)));
+        .add_handler(kpm::api::CSI_PLUGIN, Arc::new(kpm::BasicHandler::new(kpm::api::CSI_PLUGIN)))
+        .unwrap();
     let mut status = plugin.status();
     let registered = tokio::time::timeout(
         DEADLINE,

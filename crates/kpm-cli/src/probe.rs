@@ -113,20 +113,26 @@ async fn run_steps(
 
     let endpoint =
         if info.endpoint.is_empty() { socket.display().to_string() } else { info.endpoint.clone() };
-    let handler = kubelet.handler(&info.r#type).ok_or_else(|| {
-        let reason = format!("no handler registered for plugin type: {}", info.r#type);
-        steps.push(Step { name: "handler", took: Duration::ZERO, outcome: Err(reason.clone()) });
-        reason
-    })?;
-    step(steps, "validate", async {
-        handler
-            .validate(&info.name, &endpoint, &info.supported_versions)
-            .await
-            .map(|()| ((), format!("{} handler", info.r#type)))
-            .map_err(|e| e.to_string())
-    })
-    .await?;
-    check_service(&info, &endpoint, timeout, steps).await
+    let started = Instant::now();
+    let validated = kubelet.validate(socket, &info).await;
+    let took = started.elapsed();
+    let reason = match validated {
+        Ok(()) => {
+            let detail = format!("{} handler", info.r#type);
+            steps.push(Step { name: "validate", took, outcome: Ok(detail) });
+            return check_service(&info, &endpoint, timeout, steps).await;
+        }
+        // Nothing to validate with: the executor's refusal, in its words.
+        Err(err @ kpm::Error::NoHandler { .. }) => {
+            let reason = err.to_string();
+            steps.push(Step { name: "handler", took, outcome: Err(reason.clone()) });
+            return Err(reason);
+        }
+        Err(kpm::Error::Validate { source, .. }) => source.to_string(),
+        Err(err) => err.to_string(),
+    };
+    steps.push(Step { name: "validate", took, outcome: Err(reason.clone()) });
+    Err(format!("validate: {reason}"))
 }
 
 /// Read-only calls on the plugin's own service.

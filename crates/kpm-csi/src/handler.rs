@@ -69,7 +69,8 @@ impl CsiHandler {
         Self { sink, config, drivers: Arc::default(), locks: NameLocks::default() }
     }
 
-    /// The registered drivers, shared with the handler.
+    /// The registered drivers, shared with the handler, read-only: only the
+    /// handler's registrations write them.
     pub fn drivers(&self) -> Arc<CsiDrivers> {
         Arc::clone(&self.drivers)
     }
@@ -101,7 +102,7 @@ impl CsiHandler {
     /// node info and publishes that. On error the driver is removed from the
     /// store and from the node info (also an older registration of the same
     /// name, as in the kubelet).
-    pub async fn register_driver(
+    pub(crate) async fn register_driver(
         &self,
         name: &str,
         endpoint: &str,
@@ -154,7 +155,7 @@ impl CsiHandler {
     /// info, but only if it is registered at `endpoint`: the deregistration
     /// of a socket that a newer registration of the same name has replaced
     /// leaves the newer one alone (the kubelet ignores the endpoint).
-    pub async fn deregister_driver(&self, name: &str, endpoint: &str) {
+    pub(crate) async fn deregister_driver(&self, name: &str, endpoint: &str) {
         let _lock = self.locks.lock(name).await;
         if self.drivers.delete_if_endpoint(name, endpoint).is_some() {
             info!(plugin = name, endpoint, "deregistering CSI driver");

@@ -53,7 +53,14 @@ impl serde::Serialize for CsiDriver {
 
 /// The registered CSI drivers by name. Thread-safe; shared between the
 /// [`CsiHandler`](crate::CsiHandler) that writes it and the consumers that
-/// look drivers up.
+/// look drivers up, for whom it is read-only: only the handler's
+/// registrations and deregistrations change it.
+///
+/// ```compile_fail
+/// # fn holder(drivers: &kpm_csi::CsiDrivers) {
+/// drivers.delete("csi.example.com");
+/// # }
+/// ```
 #[derive(Debug, Default)]
 pub struct CsiDrivers {
     drivers: RwLock<BTreeMap<String, CsiDriver>>,
@@ -81,17 +88,18 @@ impl CsiDrivers {
     }
 
     /// Stores `driver` under its name, replacing any entry of that name.
-    pub fn set(&self, driver: CsiDriver) {
+    pub(crate) fn set(&self, driver: CsiDriver) {
         self.drivers.write().insert(driver.name.clone(), driver);
     }
 
     /// Removes the driver registered under `name`, if any, and returns it.
-    pub fn delete(&self, name: &str) -> Option<CsiDriver> {
+    pub(crate) fn delete(&self, name: &str) -> Option<CsiDriver> {
         self.drivers.write().remove(name)
     }
 
     /// Removes every driver.
-    pub fn clear(&self) {
+    #[cfg(test)]
+    pub(crate) fn clear(&self) {
         self.drivers.write().clear();
     }
 

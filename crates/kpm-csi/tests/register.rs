@@ -249,8 +249,9 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
     // never before it (no upper bound: `within` only stops a hang).
     let started = Instant::now();
     let (endpoint, versions) = (served.endpoint(), ["1.0.0".into()]);
-    let register = setup.handler.register_driver(DRIVER, &endpoint, &versions);
+    let register = setup.handler.register(DRIVER, &endpoint, &versions);
     let err = within("NodeGetInfo times out", register).await.unwrap_err();
+    let err = *err.downcast::<CsiError>().unwrap();
     let elapsed = started.elapsed();
 
     assert!(matches!(err, CsiError::NodeGetInfoTimeout { .. }), "{err}");
@@ -396,15 +397,17 @@ async fn registrations_of_one_name_run_one_at_a_time() {
 
     let handler = setup.handler.clone();
     let old_endpoint = old.endpoint();
-    let first = tokio::spawn(async move {
-        handler.register_driver(DRIVER, &old_endpoint, &["1.0.0".into()]).await
-    });
+    let first =
+        tokio::spawn(
+            async move { handler.register(DRIVER, &old_endpoint, &["1.0.0".into()]).await },
+        );
     old.driver.wait_for_calls(1).await;
     let handler = setup.handler.clone();
     let new_endpoint = new.endpoint();
-    let second = tokio::spawn(async move {
-        handler.register_driver(DRIVER, &new_endpoint, &["1.1.0".into()]).await
-    });
+    let second =
+        tokio::spawn(
+            async move { handler.register(DRIVER, &new_endpoint, &["1.1.0".into()]).await },
+        );
     gate.notify_one();
 
     assert!(first.await.unwrap().is_err());
@@ -422,7 +425,7 @@ async fn a_cancelled_registration_leaves_nothing_registered() {
     setup.register(DRIVER, &old, &["1.0.0"]).await.unwrap();
 
     let (endpoint, versions) = (hanging.endpoint(), ["1.1.0".to_owned()]);
-    let register = setup.handler.register_driver(DRIVER, &endpoint, &versions);
+    let register = setup.handler.register(DRIVER, &endpoint, &versions);
     let cancelled = async {
         hanging.driver.wait_for_calls(1).await;
     };

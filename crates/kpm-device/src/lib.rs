@@ -4,7 +4,8 @@
 //!
 //! # Registration paths
 //!
-//! Both end in [`DeviceManager::connect`]`(resource, socket)`:
+//! Both end in the same connection of `(resource, socket)` (see *Endpoints
+//! and devices*):
 //!
 //! - **Plugin watcher.** A registration socket of type `DevicePlugin`; the
 //!   plugin manager calls [`DeviceManager`] as a [`kpm_cache::PluginHandler`].
@@ -60,6 +61,18 @@
 //! [`DeviceManager::changes`] signals every change of
 //! [`resources`](DeviceManager::resources).
 //!
+//! # Owner and views
+//!
+//! Whoever creates the manager owns its lifecycle: it hands the manager to
+//! the plugin manager as the `DevicePlugin` handler (registrations and
+//! deregistrations go only through that path and `kubelet.sock`), serves
+//! `kubelet.sock`, lends [`connection`](DeviceManager::connection)s to
+//! liveness, follows [`hangups`](DeviceManager::hangups) and calls
+//! [`shutdown`](DeviceManager::shutdown). Everyone else gets a
+//! [`DeviceView`] ([`DeviceManager::view`]): the reads above and the three
+//! calls, which use a registration without changing it, and nothing that
+//! registers, deregisters, connects, serves or shuts down.
+//!
 //! # Differences from the kubelet
 //!
 //! - **One endpoint per resource.** Since #135437 the kubelet keeps every
@@ -96,6 +109,7 @@ mod error;
 mod kubelet_socket;
 mod manager;
 mod validation;
+mod view;
 
 pub use error::DeviceError;
 pub use kubelet_socket::KubeletSocket;
@@ -104,6 +118,7 @@ pub use manager::{
     DeviceConfig, DeviceManager, DeviceStatus, ResourceStatus,
 };
 pub use validation::{is_extended_resource_name, validate_plugin, validate_register_request};
+pub use view::DeviceView;
 
 /// The device plugin API types a node agent passes to and gets from the
 /// manager.

@@ -119,7 +119,7 @@ impl DeviceConfig {
     /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `grace_period` at most
     /// that (zero: a resource is removed as soon as its endpoint goes).
     ///
-    /// [`DeviceManager::connect`] checks it too: with a config that does not
+    /// Connecting an endpoint checks it too: with a config that does not
     /// pass, no endpoint is connected, so no call or timer ever uses it.
     pub fn validate(&self) -> Result<(), DeviceError> {
         let timeouts = [
@@ -174,11 +174,13 @@ pub struct DeviceStatus {
     pub numa_nodes: Vec<i64>,
 }
 
-/// The device-plugin handler and manager. Shared as `Arc<DeviceManager>`:
-/// the plugin-watcher path calls it as a [`PluginHandler`],
+/// The device-plugin handler and manager. Shared as `Arc<DeviceManager>` by
+/// its owner: the plugin-watcher path calls it as a [`PluginHandler`],
 /// [`serve_registration`](Self::serve_registration) serves `kubelet.sock`,
-/// node agents read [`resources`](Self::resources) and call
-/// [`allocate`](Self::allocate) and friends. See the [crate docs](crate).
+/// [`shutdown`](Self::shutdown) closes the endpoints. Everyone else gets a
+/// [`DeviceView`](crate::DeviceView) ([`view`](Self::view)): they read
+/// [`resources`](Self::resources) and call [`allocate`](Self::allocate) and
+/// friends, but cannot register or deregister. See the [crate docs](crate).
 #[derive(Debug)]
 pub struct DeviceManager {
     /// Handed to endpoint tasks and timers, which must not keep the manager alive.
@@ -306,7 +308,7 @@ impl DeviceManager {
     /// `RegisterPlugin` of the plugin-watcher path: validates, then connects
     /// to the plugin at `endpoint` (the socket path) for resource `name`.
     /// See [`connect`](Self::connect).
-    pub async fn register_plugin(
+    pub(crate) async fn register_plugin(
         &self,
         name: &str,
         endpoint: &str,
@@ -321,7 +323,7 @@ impl DeviceManager {
     /// devices unhealthy and starts the grace period (a tokio timer: call it
     /// within a runtime). Otherwise (an older socket, an unknown resource)
     /// nothing happens. Returns whether it was the current endpoint.
-    pub fn deregister_plugin(&self, name: &str, endpoint: &str) -> bool {
+    pub(crate) fn deregister_plugin(&self, name: &str, endpoint: &str) -> bool {
         self.disconnect(name, Path::new(endpoint))
     }
 
@@ -329,7 +331,7 @@ impl DeviceManager {
     /// `dir`: validates the request (version, resource name, an endpoint
     /// that is a file name in `dir`), then connects to `dir/<endpoint>`.
     /// [`serve_registration`](Self::serve_registration) answers with this.
-    pub async fn handle_register(
+    pub(crate) async fn handle_register(
         &self,
         dir: &Path,
         request: &RegisterRequest,
@@ -353,7 +355,7 @@ impl DeviceManager {
     /// same socket file, nothing is done: no second connection. Refused with
     /// [`DeviceError::InvalidConfig`] when the manager's config does not pass
     /// [`DeviceConfig::validate`].
-    pub async fn connect(&self, resource: &str, socket: &Path) -> Result<(), DeviceError> {
+    pub(crate) async fn connect(&self, resource: &str, socket: &Path) -> Result<(), DeviceError> {
         self.config.validate()?;
         let file = kpm_transport::file_id_at(socket);
         let shown = socket.display();

@@ -43,6 +43,18 @@
 //! runs exactly once. The kubelet deletes the driver's ResourceSlices of the
 //! node there; [`InMemoryCleanup`] records the wipes.
 //!
+//! # Owner and views
+//!
+//! Whoever creates the manager owns its lifecycle: it hands the manager to
+//! the plugin manager as the `DRAPlugin` handler (the only path that
+//! registers and deregisters), follows [`DraManager::hangups`], queues
+//! [`DraManager::clean_up_leftovers`] once at start (only if DRA drivers can
+//! register at all: otherwise every driver's leftovers would be wiped) and
+//! calls [`DraManager::shutdown`]. Everyone else gets a [`DraView`]
+//! ([`DraManager::view`]): [`drivers`](DraView::drivers), `prepare` and
+//! `unprepare`, and nothing that registers, deregisters, cleans up or shuts
+//! down.
+//!
 //! # Prepare and unprepare
 //!
 //! [`DraManager::prepare`] and [`DraManager::unprepare`] call
@@ -96,6 +108,7 @@ mod error;
 mod health;
 mod manager;
 mod validate;
+mod view;
 
 pub use cleanup::{InMemoryCleanup, SliceCleanup};
 pub use error::DraError;
@@ -108,6 +121,7 @@ pub use validate::{
     DraService, HealthService, MAX_DRIVER_NAME_LEN, choose_service, pick_health_service,
     validate_driver_name, validate_endpoint,
 };
+pub use view::DraView;
 
 /// Spawns `task` on the current tokio runtime; outside one (which the
 /// handler's async entry points never are) nothing runs and a warning is

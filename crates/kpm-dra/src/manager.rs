@@ -92,7 +92,7 @@ impl DraConfig {
     /// most that (zero: a driver's resources are cleaned up as soon as its
     /// last instance goes).
     ///
-    /// [`DraManager::register_plugin`] checks it too: with a config that does
+    /// Registering a plugin checks it too: with a config that does
     /// not pass, no driver is registered, so no call or timer ever uses it.
     pub fn validate(&self) -> Result<(), DraError> {
         let timeouts = [("call_timeout", self.call_timeout)];
@@ -142,11 +142,16 @@ pub struct DraInstanceStatus {
 /// The handler for `DRAPlugin` plugins and the access to DRA drivers for a
 /// node agent. See the [crate docs](crate).
 ///
-/// Create it with [`DraManager::new`] and share the `Arc`; its methods run
-/// inside a tokio runtime, where its background tasks (one monitor per
-/// instance, one health stream per driver, one timer per pending cleanup)
-/// are spawned. Call [`DraManager::shutdown`] when done; dropping the last
-/// `Arc` also stops the background tasks.
+/// Create it with [`DraManager::new`]; its owner hands the `Arc` to the
+/// plugin manager as the `DRAPlugin` handler (registrations and
+/// deregistrations go only through that path), follows
+/// [`hangups`](Self::hangups), calls [`clean_up_leftovers`](Self::clean_up_leftovers)
+/// once at start and [`shutdown`](Self::shutdown) when done; dropping the
+/// last `Arc` also stops the background tasks. Everyone else gets a
+/// [`DraView`](crate::DraView) ([`view`](Self::view)): the drivers,
+/// `prepare` and `unprepare`, nothing that registers. Its methods run inside
+/// a tokio runtime, where its background tasks (one monitor per instance,
+/// one health stream per driver, one timer per pending cleanup) are spawned.
 #[derive(Debug)]
 pub struct DraManager {
     shared: Arc<Shared>,
@@ -239,7 +244,7 @@ impl DraManager {
     /// monitor and updates the driver's cleanup and health stream. Refused
     /// with [`DraError::InvalidConfig`] when the manager's config does not
     /// pass [`DraConfig::validate`].
-    pub async fn register_plugin(
+    pub(crate) async fn register_plugin(
         &self,
         driver: &str,
         endpoint: &str,
@@ -305,7 +310,7 @@ impl DraManager {
     /// `DeRegisterPlugin`: removes the instance at `endpoint` only (a no-op
     /// if there is none), stops its monitor and updates the driver's
     /// cleanup and health stream; its connection is closed.
-    pub fn deregister_plugin(&self, driver: &str, endpoint: &str) {
+    pub(crate) fn deregister_plugin(&self, driver: &str, endpoint: &str) {
         let removed = {
             let mut state = self.shared.state.lock();
             let Some(instances) = state.drivers.get_mut(driver) else {

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kpm_device::{DeviceManager, ResourceStatus};
+use kpm_device::{DeviceView, ResourceStatus};
 use kube::api::{Api, Patch};
 use serde_json::{Map, Value, json};
 use tokio::time::Instant;
@@ -29,7 +29,7 @@ type Counts = (usize, usize);
 
 /// Publishes `devices`' resources on the Node's status until the task is
 /// dropped.
-pub(crate) async fn publish(api: Arc<NodeApi>, devices: Arc<DeviceManager>) {
+pub(crate) async fn publish(api: Arc<NodeApi>, devices: DeviceView) {
     let mut changes = devices.changes();
     let mut published: BTreeMap<String, Counts> = BTreeMap::new();
     let mut failures: Option<KubeletBackoff> = None;

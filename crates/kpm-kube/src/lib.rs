@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
-use kpm_device::DeviceManager;
+use kpm_device::DeviceView;
 
 use crate::api::NodeApi;
 pub use crate::error::KubeError;
@@ -152,10 +152,11 @@ impl KubePublisher {
     }
 
     /// Publishes the resources of `devices` on the Node's status for as
-    /// long as the returned future runs; spawn it, abort it to stop.
+    /// long as the returned future runs; spawn it, abort it to stop. It
+    /// only reads the device manager.
     pub fn publish_capacity(
         &self,
-        devices: Arc<DeviceManager>,
+        devices: DeviceView,
     ) -> impl Future<Output = ()> + Send + 'static {
         capacity::publish(Arc::clone(&self.api), devices)
     }

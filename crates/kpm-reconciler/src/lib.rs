@@ -86,13 +86,20 @@ impl ReconcilerConfig {
 }
 
 /// The one error type of the reconciler crate: its work never fails (failed
-/// operations are retried with backoff), only its config can be refused.
+/// operations are retried with backoff), only its config and a second
+/// handler for a plugin type can be refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ReconcilerError {
     /// A duration of the [`ReconcilerConfig`] is out of range.
     #[error("invalid reconciler config: {0}")]
     InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
+    /// [`Reconciler::add_handler`] for a plugin type that has a handler.
+    #[error("add handler: plugin type {plugin_type} already has a handler")]
+    HandlerExists {
+        /// The plugin type.
+        plugin_type: String,
+    },
 }
 
 /// Drives ActualState towards DesiredState.
@@ -188,13 +195,24 @@ impl Reconciler {
         }
     }
 
-    /// Sets the handler for `plugin_type`, before or after [`run`](Self::run)
+    /// Adds the handler for `plugin_type`, before or after [`run`](Self::run)
     /// starts. Sockets that are not registered yet (for instance because no
     /// handler knew their type) are retried at once, by a full pass.
-    pub fn add_handler(&self, plugin_type: impl Into<String>, handler: Arc<dyn PluginHandler>) {
+    ///
+    /// A type that has a handler keeps it: replacing it would leave its
+    /// registered plugins with a handler that never saw them, so that is
+    /// [`ReconcilerError::HandlerExists`].
+    pub fn add_handler(
+        &self,
+        plugin_type: impl Into<String>,
+        handler: Arc<dyn PluginHandler>,
+    ) -> Result<(), ReconcilerError> {
         let plugin_type = plugin_type.into();
         {
             let mut handlers = self.handlers.lock();
+            if handlers.contains_key(&plugin_type) {
+                return Err(ReconcilerError::HandlerExists { plugin_type });
+            }
             let mut table = Handlers::clone(&handlers);
             table.insert(plugin_type.clone(), handler);
             *handlers = Arc::new(table);
@@ -206,6 +224,7 @@ impl Reconciler {
         }
         tracing::info!(%plugin_type, "plugin handler added");
         self.handlers_changed.bump();
+        Ok(())
     }
 
     /// The plugin types that have a handler, sorted.

@@ -208,7 +208,7 @@ async fn the_periodic_pass_re_registers_a_plugin_removed_behind_its_back() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
     let mut m = Manager::new(ExecutorConfig::default());
-    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     m.start();
     let plugin = Plugin::serve(&dir.path().join("p.sock"), PluginScript::device("p")).await;
     let socket = plugin.socket.clone();

@@ -110,7 +110,7 @@ async fn scenario(
                 }
             }
             Action::AddHandler if !handler_added => {
-                m.reconciler.add_handler("DevicePlugin", handler.clone());
+                m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
                 handler_added = true;
             }
             Action::AddHandler => {}
@@ -118,7 +118,7 @@ async fn scenario(
         }
     }
     if !handler_added {
-        m.reconciler.add_handler("DevicePlugin", handler.clone());
+        m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     }
 
     // Eventually exactly the behaving plugins are registered, in their current generation.

@@ -20,7 +20,7 @@ fn registered_with(m: &Manager, socket: &Path, generation: Generation) -> bool {
 
 fn running_manager(handler: &Arc<Handler>) -> Manager {
     let mut m = Manager::new(ExecutorConfig::default());
-    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     m.start();
     m
 }
@@ -125,7 +125,7 @@ async fn a_plugin_that_arrived_before_its_handler_registers_when_the_handler_is_
     );
 
     let handler = Handler::new(HandlerScript::default());
-    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
 
     assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, generation)).await);
     assert!(plugin.statuses().last().unwrap().plugin_registered);
@@ -143,7 +143,7 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     // proves the new generation did not wait it out, on any machine.
     let backoff = ExponentialBackoff::try_new(BACKOFF, BACKOFF * 2).unwrap();
     let mut m = Manager::new(ExecutorConfig::default().backoff(backoff));
-    m.reconciler.add_handler("DevicePlugin", handler.clone());
+    m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     m.start();
     let socket = dir.path().join("flaky.sock");
     let broken = PluginScript { get_info_failures: usize::MAX, ..PluginScript::device("flaky") };

@@ -2,14 +2,15 @@
 //! `kpm run` runs it.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::PluginHandler;
 
+use crate::api::registration::v1::PluginInfo;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
-use crate::{ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
+use crate::{Error, ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
 
 /// The plugin types the kubelet has handlers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -108,7 +109,10 @@ impl KubeletBuilder {
         self
     }
 
-    /// A handler for another plugin type, beside the kubelet's.
+    /// A handler for another plugin type, beside the kubelet's. A type the
+    /// kubelet serves itself (an enabled [`PluginKind`]), or one given
+    /// twice, makes [`build`](Self::build) fail with [`Error::AddHandler`];
+    /// to serve a kind with a handler of your own, [`disable`](Self::disable) it.
     pub fn handler(
         mut self,
         plugin_type: impl Into<String>,
@@ -290,9 +294,9 @@ impl KubeletBuilder {
             #[cfg(feature = "csi")]
             node_info,
             #[cfg(feature = "device")]
-            devices,
+            devices: devices.view(),
             #[cfg(feature = "dra")]
-            dra,
+            dra: dra.view(),
             #[cfg(feature = "kube")]
             kubernetes: self.kubernetes,
         };
@@ -301,7 +305,11 @@ impl KubeletBuilder {
             handle,
             handlers,
             #[cfg(feature = "device")]
+            devices,
+            #[cfg(feature = "device")]
             device_plugin_dir: enabled(PluginKind::Device).then_some(device_plugin_dir),
+            #[cfg(feature = "dra")]
+            dra,
         })
     }
 }
@@ -316,10 +324,16 @@ impl KubeletBuilder {
 pub struct Kubelet {
     manager: PluginManager,
     handle: KubeletHandle,
+    /// The enabled kinds' handlers.
     handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)>,
+    /// The managers themselves, for their lifecycle: the handle has views.
+    #[cfg(feature = "device")]
+    devices: Arc<crate::device::DeviceManager>,
     /// `None` when device plugins are disabled.
     #[cfg(feature = "device")]
     device_plugin_dir: Option<PathBuf>,
+    #[cfg(feature = "dra")]
+    dra: Arc<crate::dra::DraManager>,
 }
 
 impl Kubelet {
@@ -334,47 +348,73 @@ impl Kubelet {
         self.handle.clone()
     }
 
-    /// The handler that registers plugins of `plugin_type`, if it is one of
-    /// the kubelet's and enabled. Its `validate` says, without registering
-    /// anything, whether a plugin would be accepted (this is `kpm probe`).
-    pub fn handler(&self, plugin_type: &str) -> Option<Arc<dyn PluginHandler>> {
-        self.handlers
-            .iter()
-            .find(|(kind, _)| kind.plugin_type() == plugin_type)
-            .map(|(_, handler)| Arc::clone(handler))
+    /// Whether the plugin that answered `GetInfo` with `info` on the
+    /// registration socket `socket` would be accepted, asked of the very
+    /// handler that would register it, without registering anything (this
+    /// is `kpm probe`). An empty endpoint is the socket, as when registering.
+    /// [`Error::NoHandler`] if no enabled kind takes its type,
+    /// [`Error::Validate`] with the handler's reason if it refuses.
+    ///
+    /// This only validates: registrations go through [`run`](Self::run)'s
+    /// plugin manager alone.
+    pub async fn validate(&self, socket: &Path, info: &PluginInfo) -> Result<()> {
+        let Some((_, handler)) =
+            self.handlers.iter().find(|(kind, _)| kind.plugin_type() == info.r#type)
+        else {
+            return Err(Error::NoHandler { plugin_type: info.r#type.clone() });
+        };
+        let endpoint = if info.endpoint.is_empty() {
+            socket.to_string_lossy().into_owned()
+        } else {
+            info.endpoint.clone()
+        };
+        handler
+            .validate(&info.name, &endpoint, &info.supported_versions)
+            .await
+            .map_err(|source| Error::Validate { plugin_type: info.r#type.clone(), source })
+    }
+
+    /// Whether the kubelet serves plugins of `kind`.
+    #[cfg(any(feature = "dra", feature = "kube"))]
+    fn enabled(&self, kind: PluginKind) -> bool {
+        self.handlers.iter().any(|(enabled, _)| *enabled == kind)
     }
 
     /// Serves `kubelet.sock` (device plugins enabled), then runs the plugin
     /// manager until `shutdown` completes (see [`PluginManager::run`]);
     /// then stops serving `kubelet.sock` and closes the connections to
-    /// device plugins and DRA drivers. Meanwhile the cleanup of DRA drivers
-    /// that left resources on this node is queued (see
+    /// device plugins and DRA drivers. Meanwhile, with DRA enabled, the
+    /// cleanup of DRA drivers that left resources on this node is queued (see
     /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
-    /// and with [`KubeletBuilder::kubernetes`] the device capacity is published.
+    /// and with [`KubeletBuilder::kubernetes`] and device plugins enabled the
+    /// device capacity is published. A disabled kind's plugins cannot
+    /// register, so what they left on the node is left alone.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let mut background = tokio::task::JoinSet::<()>::new();
+        // A disabled kind's drivers cannot register again: its leftovers
+        // would all be wiped.
         #[cfg(feature = "dra")]
-        {
-            let dra = Arc::clone(&self.handle.dra);
+        if self.enabled(PluginKind::Dra) {
+            let dra = Arc::clone(&self.dra);
             background.spawn(async move { dra.clean_up_leftovers().await });
         }
         #[cfg(feature = "kube")]
         if let Some(publisher) = &self.handle.kubernetes
-            && self.device_plugin_dir.is_some()
+            && self.enabled(PluginKind::Device)
         {
-            background.spawn(publisher.publish_capacity(Arc::clone(&self.handle.devices)));
+            background.spawn(publisher.publish_capacity(self.handle.devices.clone()));
         }
         // A handler's connection that drops is a hint that its plugin is gone.
         #[cfg(any(feature = "device", feature = "dra"))]
         if let Some(monitor) = self.manager.handle().liveness_monitor() {
             #[cfg(feature = "device")]
-            background.spawn(forward_hangups(self.handle.devices.hangups(), Arc::clone(monitor)));
+            background.spawn(forward_hangups(self.devices.hangups(), Arc::clone(monitor)));
             #[cfg(feature = "dra")]
-            background.spawn(forward_hangups(self.handle.dra.hangups(), Arc::clone(monitor)));
+            background.spawn(forward_hangups(self.dra.hangups(), Arc::clone(monitor)));
         }
         #[cfg(feature = "device")]
         let kubelet_socket = match &self.device_plugin_dir {
-            Some(dir) => Some(self.handle.devices.serve_registration(dir).await?),
+            Some(dir) => Some(self.devices.serve_registration(dir).await?),
             None => None,
         };
         let result = self.manager.run(shutdown).await;
@@ -384,10 +424,10 @@ impl Kubelet {
             if let Some(kubelet_socket) = kubelet_socket {
                 kubelet_socket.shutdown().await;
             }
-            self.handle.devices.shutdown().await;
+            self.devices.shutdown().await;
         }
         #[cfg(feature = "dra")]
-        self.handle.dra.shutdown().await;
+        self.dra.shutdown().await;
         result
     }
 }
@@ -426,7 +466,23 @@ async fn forward_hangups(
 }
 
 /// A cheap, cloneable handle on a [`Kubelet`]: the manager's
-/// [`ManagerHandle`] and what the handlers publish.
+/// [`ManagerHandle`] and read-only views of the handlers. Nothing reached
+/// through it registers, deregisters, connects, serves or shuts down: the
+/// device and DRA views make the calls a node agent makes on a registered
+/// plugin (allocate, prepare...), which change no registration.
+///
+/// ```compile_fail
+/// # async fn holder(handle: kpm::KubeletHandle) {
+/// use kpm::PluginHandler as _;
+/// let _ = handle.devices().register("vendor.com/gpu", "/run/gpu.sock", &[]).await;
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// # async fn holder(handle: kpm::KubeletHandle) {
+/// handle.dra().deregister_plugin("gpu.example.com", "/run/dra.sock");
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct KubeletHandle {
     manager: ManagerHandle,
@@ -435,9 +491,9 @@ pub struct KubeletHandle {
     #[cfg(feature = "csi")]
     node_info: Option<Arc<crate::csi::InMemoryNodeInfo>>,
     #[cfg(feature = "device")]
-    devices: Arc<crate::device::DeviceManager>,
+    devices: crate::device::DeviceView,
     #[cfg(feature = "dra")]
-    dra: Arc<crate::dra::DraManager>,
+    dra: crate::dra::DraView,
     #[cfg(feature = "kube")]
     kubernetes: Option<crate::kube::KubePublisher>,
 }
@@ -448,7 +504,7 @@ impl KubeletHandle {
         &self.manager
     }
 
-    /// The registered CSI drivers.
+    /// The registered CSI drivers (read-only: only the CSI handler writes them).
     #[cfg(feature = "csi")]
     pub fn csi_drivers(&self) -> &Arc<crate::csi::CsiDrivers> {
         &self.csi_drivers
@@ -461,15 +517,16 @@ impl KubeletHandle {
         self.node_info.as_ref().map(|memory| memory.snapshot())
     }
 
-    /// The device manager: resources, devices and their health, allocation.
+    /// The device manager's view: resources, devices and their health,
+    /// allocation.
     #[cfg(feature = "device")]
-    pub fn devices(&self) -> &Arc<crate::device::DeviceManager> {
+    pub fn devices(&self) -> &crate::device::DeviceView {
         &self.devices
     }
 
-    /// The DRA manager: drivers, instances, prepare and unprepare.
+    /// The DRA manager's view: drivers, instances, prepare and unprepare.
     #[cfg(feature = "dra")]
-    pub fn dra(&self) -> &Arc<crate::dra::DraManager> {
+    pub fn dra(&self) -> &crate::dra::DraView {
         &self.dra
     }
 

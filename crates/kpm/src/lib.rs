@@ -62,7 +62,7 @@ pub use kpm_cache::{
 };
 pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
 pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
-pub use kpm_reconciler::ReconcilerConfig;
+pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};
 pub use kpm_watcher::WatcherConfig;
 pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
 pub use manager::{
@@ -113,6 +113,31 @@ pub enum Error {
     /// The registry directory could not be watched.
     #[error("start watching the registry directory: {0}")]
     StartWatcher(#[from] kpm_watcher::WatcherError),
+    /// A handler was added for a plugin type that already has one (given
+    /// twice to a builder, or one the [`Kubelet`] serves itself): the first
+    /// handler stays.
+    #[error("add handler: {source}")]
+    AddHandler {
+        /// The plugin type.
+        plugin_type: String,
+        /// Why it was refused.
+        source: kpm_reconciler::ReconcilerError,
+    },
+    /// No handler of the [`Kubelet`] takes plugins of this type (unknown or
+    /// disabled); the executor's text.
+    #[error("no handler registered for plugin type: {plugin_type}")]
+    NoHandler {
+        /// The plugin type the plugin reported.
+        plugin_type: String,
+    },
+    /// The handler of the plugin's type refused it ([`Kubelet::validate`]).
+    #[error("validate {plugin_type} plugin: {source}")]
+    Validate {
+        /// The plugin type the plugin reported.
+        plugin_type: String,
+        /// The handler's reason, as the plugin would be told.
+        source: HandlerError,
+    },
     /// `kubelet.sock` could not be served for device plugins.
     #[cfg(feature = "device")]
     #[error("serve kubelet.sock: {0}")]

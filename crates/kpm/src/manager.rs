@@ -61,7 +61,8 @@ impl PluginManagerBuilder {
     }
 
     /// The handler for plugins of `plugin_type`. More can be added with
-    /// [`ManagerHandle::add_handler`], also while running.
+    /// [`ManagerHandle::add_handler`], also while running. A type given
+    /// twice makes [`build`](Self::build) fail with [`Error::AddHandler`].
     pub fn handler(
         mut self,
         plugin_type: impl Into<String>,
@@ -178,7 +179,7 @@ impl PluginManagerBuilder {
             self.reconciler,
         ));
         for (plugin_type, handler) in self.handlers {
-            reconciler.add_handler(plugin_type, handler);
+            add_handler(&reconciler, plugin_type, handler)?;
         }
         let handle = ManagerHandle {
             registry_dir: self.registry_dir,
@@ -191,6 +192,17 @@ impl PluginManagerBuilder {
         };
         Ok(PluginManager { handle, watcher: self.watcher, shutdown_grace: self.shutdown_grace })
     }
+}
+
+/// Adds a handler to `reconciler`, which refuses a type that has one.
+fn add_handler(
+    reconciler: &Reconciler,
+    plugin_type: String,
+    handler: Arc<dyn PluginHandler>,
+) -> Result<()> {
+    reconciler
+        .add_handler(plugin_type.clone(), handler)
+        .map_err(|source| Error::AddHandler { plugin_type, source })
 }
 
 /// `Err(InvalidConfig)` for `setting` if `checked` says it is invalid.
@@ -299,10 +311,20 @@ impl ManagerHandle {
         &self.registry_dir
     }
 
-    /// Sets the handler for `plugin_type`, before or while running. Plugins of
-    /// that type that were waiting are registered at once.
-    pub fn add_handler(&self, plugin_type: impl Into<String>, handler: Arc<dyn PluginHandler>) {
-        self.reconciler.add_handler(plugin_type, handler);
+    /// Adds the handler for `plugin_type`, before or while running. Plugins
+    /// of that type that were waiting are registered at once.
+    ///
+    /// A type that has a handler (given to the builder, added before, or
+    /// one a [`Kubelet`](crate::Kubelet) serves) keeps it, and this is
+    /// [`Error::AddHandler`]: a replacement would never have seen the
+    /// plugins registered with the first, nor could the first's views
+    /// follow the new registrations.
+    pub fn add_handler(
+        &self,
+        plugin_type: impl Into<String>,
+        handler: Arc<dyn PluginHandler>,
+    ) -> Result<()> {
+        add_handler(&self.reconciler, plugin_type.into(), handler)
     }
 
     /// Every socket that is present or registered, sorted by path.

@@ -173,7 +173,7 @@ mod tests {
         let kubelet =
             kpm::Kubelet::builder().root_dir(root.path()).event_capacity(1).build().unwrap();
         let handle = kubelet.handle();
-        handle.manager().add_handler(TEST_TYPE, Arc::new(BasicHandler::new(TEST_TYPE)));
+        handle.manager().add_handler(TEST_TYPE, Arc::new(BasicHandler::new(TEST_TYPE))).unwrap();
         let metrics = Metrics::new(handle.clone());
         let latency = tokio::spawn(Arc::clone(&metrics).observe_latency());
         // Every plugin is there at start, so they register in one burst.
