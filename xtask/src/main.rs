@@ -129,6 +129,43 @@ fn ci_steps(root: &Path, tally: &mut TestTally) -> Result {
         root,
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    package(root)
+}
+
+/// The Kubernetes version k8s-openapi is built for where no binary chooses one:
+/// kpm-kube packaged alone (a library leaves that choice to the binary); the
+/// same one `kpm-cli` chooses (`v1_34`).
+const K8S_OPENAPI_VERSION: &str = "1.34";
+
+/// `cargo package` of every crate a user can get from the registry (all but
+/// those with `publish = false`): cargo packages each, then builds each from
+/// its packaged sources alone, its kpm dependencies taken from their own
+/// packages (a local registry overlay), so that a file outside a crate's
+/// package, a path dependency without a version or a feature a crate gets only
+/// from the workspace fails here rather than at publishing.
+fn package(root: &Path) -> Result {
+    let metadata = cargo_metadata::MetadataCommand::new()
+        .manifest_path(root.join("Cargo.toml"))
+        .no_deps()
+        .exec()?;
+    // The tree as it is: CI's clone is clean, a developer's need not be.
+    let mut args = vec!["package", "--allow-dirty"];
+    for package in metadata.workspace_packages() {
+        // `publish = false` reads as an empty list of registries.
+        if package.publish.as_ref().is_none_or(|registries| !registries.is_empty()) {
+            args.extend(["-p", package.name.as_str()]);
+        }
+    }
+    // Without debug info: these builds only prove that each crate builds, and
+    // debug info is most of their size and much of their time.
+    cargo(
+        root,
+        &args,
+        &[
+            ("K8S_OPENAPI_ENABLED_VERSION", K8S_OPENAPI_VERSION),
+            ("CARGO_PROFILE_DEV_DEBUG", "false"),
+        ],
     )
 }
 

@@ -12,12 +12,14 @@
 //!   crate that is not one, and its dependency list is `LAYERS`, written out;
 //! - within a crate, the top-level modules under `src/` form no cycle of
 //!   `crate::` references (but for `KNOWN_CYCLES`).
+//! - every crate that is published carries the registry's metadata
+//!   (`REGISTRY_METADATA`), and a library docs.rs's too.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use cargo_metadata::{DependencyKind, MetadataCommand};
+use cargo_metadata::{DependencyKind, MetadataCommand, TargetKind};
 
 use crate::Result;
 
@@ -80,6 +82,14 @@ const KNOWN_CYCLES: &[(&str, &[&str])] = &[
     ("kpm-csi", &["error", "version"]),
 ];
 
+/// What every published crate's manifest sets, so that its page on the
+/// registry reads alike: `readme` names a file that exists.
+const REGISTRY_METADATA: &[&str] =
+    &["description", "repository", "readme", "keywords", "categories"];
+
+/// What a published library sets besides, for its docs.rs page.
+const DOCS_METADATA: &[&str] = &["documentation", "[package.metadata.docs.rs]"];
+
 /// The file whose crate headings and dependency list tidy checks.
 const ARCHITECTURE: &str = "docs/ARCHITECTURE.md";
 
@@ -91,6 +101,12 @@ struct Crate {
     dir: String,
     /// Its dependencies on other workspace crates.
     deps: Vec<Dependency>,
+    /// Not `publish = false`.
+    published: bool,
+    /// It has a library target.
+    library: bool,
+    /// Which of `REGISTRY_METADATA` and `DOCS_METADATA` its manifest sets.
+    metadata: Vec<&'static str>,
 }
 
 /// A dependency of one workspace crate on another.
@@ -108,6 +124,7 @@ pub(crate) fn check(root: &Path) -> Result {
     }
     let crates = workspace_crates(root)?;
     check_layers(&crates, &mut problems);
+    check_registry_metadata(&crates, &mut problems);
     check_architecture(&crates, &fs::read_to_string(root.join(ARCHITECTURE))?, &mut problems);
     let mut cycles = Vec::new();
     for krate in &crates {
@@ -138,7 +155,6 @@ fn workspace_crates(root: &Path) -> Result<Vec<Crate>> {
     let mut crates = Vec::new();
     for package in metadata.workspace_packages() {
         let dir = package.manifest_path.parent().unwrap_or(&package.manifest_path);
-        let dir = dir.strip_prefix(&metadata.workspace_root).unwrap_or(dir);
         let deps = package
             .dependencies
             .iter()
@@ -148,7 +164,23 @@ fn workspace_crates(root: &Path) -> Result<Vec<Crate>> {
                 dev: dep.kind == DependencyKind::Development,
             })
             .collect();
-        crates.push(Crate { name: package.name.to_string(), dir: dir.as_str().to_owned(), deps });
+        let set = [
+            ("description", package.description.is_some()),
+            ("repository", package.repository.is_some()),
+            ("readme", package.readme.as_ref().is_some_and(|readme| dir.join(readme).is_file())),
+            ("keywords", !package.keywords.is_empty()),
+            ("categories", !package.categories.is_empty()),
+            ("documentation", package.documentation.is_some()),
+            ("[package.metadata.docs.rs]", package.metadata.pointer("/docs/rs").is_some()),
+        ];
+        crates.push(Crate {
+            name: package.name.to_string(),
+            dir: dir.strip_prefix(&metadata.workspace_root).unwrap_or(dir).as_str().to_owned(),
+            deps,
+            published: package.publish.as_ref().is_none_or(|registries| !registries.is_empty()),
+            library: package.targets.iter().any(|target| target.is_kind(TargetKind::Lib)),
+            metadata: set.iter().filter(|(_, set)| *set).map(|(key, _)| *key).collect(),
+        });
     }
     crates.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(crates)
@@ -185,6 +217,22 @@ fn check_layers(crates: &[Crate], problems: &mut Vec<String>) {
         for dep in allowed.iter().filter(|dep| !known(dep)) {
             problems.push(format!(
                 "LAYERS lets {name} depend on {dep}, which is not a workspace crate"
+            ));
+        }
+    }
+}
+
+/// Every published crate sets `REGISTRY_METADATA`, a library `DOCS_METADATA`
+/// too.
+fn check_registry_metadata(crates: &[Crate], problems: &mut Vec<String>) {
+    for krate in crates.iter().filter(|krate| krate.published) {
+        let docs = if krate.library { DOCS_METADATA } else { &[] };
+        for key in REGISTRY_METADATA.iter().chain(docs).filter(|key| !krate.metadata.contains(key))
+        {
+            problems.push(format!(
+                "{} is published (no `publish = false`) but its Cargo.toml lacks `{key}` \
+                 (see kpm-cache's)",
+                krate.name
             ));
         }
     }
@@ -510,6 +558,9 @@ mod tests {
         let mut crates: Vec<Crate> = LAYERS
             .iter()
             .map(|(krate, deps)| Crate {
+                published: false,
+                library: true,
+                metadata: Vec::new(),
                 name: (*krate).to_owned(),
                 dir: format!("crates/{krate}"),
                 deps: deps
@@ -549,6 +600,9 @@ mod tests {
     fn layers_must_name_every_workspace_crate_and_nothing_else() {
         let mut crates = workspace("kpm", dep("kpm-api", false));
         crates.push(Crate {
+            published: false,
+            library: true,
+            metadata: Vec::new(),
             name: "kpm-new".to_owned(),
             dir: "crates/kpm-new".to_owned(),
             deps: Vec::new(),
@@ -564,6 +618,30 @@ mod tests {
                 "LAYERS lets kpm-kube depend on kpm-dra, which is not a workspace crate",
                 "LAYERS lets kpm depend on kpm-dra, which is not a workspace crate",
             ]
+        );
+    }
+
+    #[test]
+    fn a_published_crate_carries_the_registry_metadata() {
+        let mut crates = workspace("kpm", dep("kpm-api", false));
+        let mut problems = Vec::new();
+        check_registry_metadata(&crates, &mut problems);
+        assert!(problems.is_empty(), "unpublished crates need none: {problems:?}");
+        let all: Vec<&str> = REGISTRY_METADATA.iter().chain(DOCS_METADATA).copied().collect();
+        for krate in &mut crates {
+            krate.published = true;
+            krate.metadata.clone_from(&all);
+        }
+        check_registry_metadata(&crates, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        crates[0].metadata.retain(|key| *key != "readme");
+        crates[1].library = false;
+        crates[1].metadata.retain(|key| !DOCS_METADATA.contains(key));
+        check_registry_metadata(&crates, &mut problems);
+        assert_eq!(
+            problems,
+            ["kpm-api is published (no `publish = false`) but its Cargo.toml lacks `readme` \
+              (see kpm-cache's)"]
         );
     }
 
@@ -595,6 +673,9 @@ mod tests {
         let mut crates = workspace("kpm", dep("kpm-api", false));
         crates.retain(|krate| krate.name != "kpm-dra");
         crates.push(Crate {
+            published: false,
+            library: true,
+            metadata: Vec::new(),
             name: "kpm-new".to_owned(),
             dir: "crates/kpm-new".to_owned(),
             deps: Vec::new(),
