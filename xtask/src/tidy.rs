@@ -336,20 +336,29 @@ fn module_graph(src: &Path) -> Result<BTreeMap<String, BTreeSet<String>>> {
 /// The first path segments after `crate::` in `text`, comments left out:
 /// `crate::a::x` and `use crate::{a, b::c}` give `a` (and `b`).
 fn crate_references(text: &str) -> BTreeSet<String> {
-    let mut names = BTreeSet::new();
-    for line in text.lines().filter(|line| !line.trim_start().starts_with("//")) {
-        let line = line.split(" //").next().unwrap_or(line);
-        for (at, _) in line.match_indices("crate::") {
-            let before = line[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-                continue;
-            }
-            let rest = &line[at + "crate::".len()..];
-            if let Some(group) = rest.strip_prefix('{') {
-                names.extend(group_heads(group));
+    // Comments out, lines kept: a `use` group may span several.
+    let code: Vec<&str> = text
+        .lines()
+        .map(|line| {
+            if line.trim_start().starts_with("//") {
+                ""
             } else {
-                names.extend(identifier(rest));
+                line.split(" //").next().unwrap_or(line)
             }
+        })
+        .collect();
+    let code = code.join("\n");
+    let mut names = BTreeSet::new();
+    for (at, _) in code.match_indices("crate::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            names.extend(group_heads(group));
+        } else {
+            names.extend(identifier(rest));
         }
     }
     names
@@ -729,9 +738,10 @@ mod tests {
                     use crate::{a, b::{C, d}, e::f as g};\n\
                     use crate::h::I; // crate::comment\n\
                     let x = crate::j::k();\n\
-                    pub(crate) fn l() -> $crate::m {}\n";
+                    pub(crate) fn l() -> $crate::m {}\n\
+                    use crate::{\n    n::O,\n    // crate::p\n    q,\n};\n";
         let found: Vec<String> = crate_references(text).into_iter().collect();
-        assert_eq!(found, ["a", "b", "e", "h", "j"]);
+        assert_eq!(found, ["a", "b", "e", "h", "j", "n", "q"]);
     }
 
     fn graph(edges: &[(&str, &str)]) -> BTreeMap<String, BTreeSet<String>> {
