@@ -3,7 +3,8 @@
 //!
 //! - `codegen [--check]`: compile `proto/` with protox and tonic-prost-build into
 //!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
-//! - `ci`: everything CI runs, in order, printing each command.
+//! - `ci`: everything CI runs, in order, printing each command, ending with
+//!   `cargo package` of the published crates and the line `N passed, M failed`.
 //! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
 //!   `docs/performance.md` (see `bench.rs`).
 //! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
