@@ -3,7 +3,8 @@
 //!
 //! - `codegen [--check]`: compile `proto/` with protox and tonic-prost-build into
 //!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
-//! - `ci`: everything CI runs, in order, printing each command.
+//! - `ci`: everything CI runs, in order, printing each command, ending with
+//!   `cargo package` of the published crates and the line `N passed, M failed`.
 //! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
 //!   `docs/performance.md` (see `bench.rs`).
 //! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
@@ -24,8 +25,9 @@ mod scenario;
 mod soak;
 mod tidy;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
@@ -87,13 +89,24 @@ const FEATURE_SETS: &[&[&str]] = &[
     &["-p", "kpm-cli", "-p", "kpm-registrar", "--no-default-features"],
 ];
 
+/// Runs every CI step, then prints how many tests passed and failed over the
+/// whole run as its last line, also when a step failed.
 fn ci() -> Result {
-    let root = project_root();
+    let mut tally = TestTally::default();
+    let result = ci_steps(&project_root(), &mut tally);
+    if result.is_ok() {
+        println!("xtask ci: all steps passed");
+    }
+    println!("{tally}");
+    result
+}
+
+fn ci_steps(root: &Path, tally: &mut TestTally) -> Result {
     let proptest_cases =
         std::env::var("PROPTEST_CASES").unwrap_or_else(|_| CI_PROPTEST_CASES.to_owned());
-    cargo(&root, &["fmt", "--all", "--", "--check"], &[])?;
+    cargo(root, &["fmt", "--all", "--", "--check"], &[])?;
     cargo(
-        &root,
+        root,
         &["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"],
         &[],
     )?;
@@ -103,25 +116,61 @@ fn ci() -> Result {
         let mut args = vec!["clippy"];
         args.extend_from_slice(features);
         args.extend_from_slice(&["--", "-D", "warnings"]);
-        cargo(&root, &args, &[])?;
+        cargo(root, &args, &[])?;
     }
     println!("$ cargo xtask codegen --check");
-    codegen::run(&root, codegen::Mode::Check)?;
+    codegen::run(root, codegen::Mode::Check)?;
     println!("$ cargo xtask tidy");
-    tidy::check(&root)?;
-    cargo(&root, &["build", "--workspace", "--all-targets", "--all-features"], &[])?;
-    cargo(
-        &root,
+    tidy::check(root)?;
+    cargo(root, &["build", "--workspace", "--all-targets", "--all-features"], &[])?;
+    cargo_test(
+        root,
         &["test", "--workspace", "--all-features"],
         &[("PROPTEST_CASES", proptest_cases.as_str())],
+        tally,
     )?;
     cargo(
-        &root,
+        root,
         &["doc", "--workspace", "--no-deps", "--all-features"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
-    println!("xtask ci: all steps passed");
-    Ok(())
+    package(root)
+}
+
+/// The Kubernetes version k8s-openapi is built for where no binary chooses one:
+/// kpm-kube packaged alone (a library leaves that choice to the binary); the
+/// same one `kpm-cli` chooses (`v1_34`).
+const K8S_OPENAPI_VERSION: &str = "1.34";
+
+/// `cargo package` of every crate a user can get from the registry (all but
+/// those with `publish = false`): cargo packages each, then builds each from
+/// its packaged sources alone, its kpm dependencies taken from their own
+/// packages (a local registry overlay), so that a file outside a crate's
+/// package, a path dependency without a version or a feature a crate gets only
+/// from the workspace fails here rather than at publishing.
+fn package(root: &Path) -> Result {
+    let metadata = cargo_metadata::MetadataCommand::new()
+        .manifest_path(root.join("Cargo.toml"))
+        .no_deps()
+        .exec()?;
+    // The tree as it is: CI's clone is clean, a developer's need not be.
+    let mut args = vec!["package", "--allow-dirty"];
+    for package in metadata.workspace_packages() {
+        // `publish = false` reads as an empty list of registries.
+        if package.publish.as_ref().is_none_or(|registries| !registries.is_empty()) {
+            args.extend(["-p", package.name.as_str()]);
+        }
+    }
+    // Without debug info: these builds only prove that each crate builds, and
+    // debug info is most of their size and much of their time.
+    cargo(
+        root,
+        &args,
+        &[
+            ("K8S_OPENAPI_ENABLED_VERSION", K8S_OPENAPI_VERSION),
+            ("CARGO_PROFILE_DEV_DEBUG", "false"),
+        ],
+    )
 }
 
 /// Runs `cargo <args>` in `dir`, echoing the command line first.
@@ -139,5 +188,88 @@ fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result {
         Ok(())
     } else {
         Err(format!("`cargo {}` failed ({status})", args.join(" ")).into())
+    }
+}
+
+/// Runs `cargo test <args>` as [`cargo`] does, streaming its standard output
+/// line by line while `tally` adds up libtest's summaries.
+fn cargo_test(dir: &Path, args: &[&str], env: &[(&str, &str)], tally: &mut TestTally) -> Result {
+    let shown_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut child = Command::new(cargo)
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot start cargo {}: {err}", args.join(" ")))?;
+    if let Some(stdout) = child.stdout.take() {
+        let mut out = std::io::stdout();
+        for line in BufReader::new(stdout).split(b'\n') {
+            let line = line?;
+            out.write_all(&line)?;
+            out.write_all(b"\n")?;
+            tally.add(&String::from_utf8_lossy(&line));
+        }
+        out.flush()?;
+    }
+    let status = child.wait()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")).into())
+    }
+}
+
+/// The tests run so far, from libtest's `test result: ok. 3 passed; 0 failed;
+/// …` lines (test binaries, doctests, and the `libtest-mimic` harness alike).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct TestTally {
+    passed: u64,
+    failed: u64,
+}
+
+impl TestTally {
+    /// Adds the counts of `line` if it is a libtest summary.
+    fn add(&mut self, line: &str) {
+        let Some(counts) = line.trim().strip_prefix("test result: ") else { return };
+        for part in counts.split([';', '.']).map(str::trim) {
+            if let Some(Ok(n)) = part.strip_suffix(" passed").map(str::parse::<u64>) {
+                self.passed += n;
+            } else if let Some(Ok(n)) = part.strip_suffix(" failed").map(str::parse::<u64>) {
+                self.failed += n;
+            }
+        }
+    }
+}
+
+/// The plain closing line of `cargo xtask ci`.
+impl std::fmt::Display for TestTally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} passed, {} failed", self.passed, self.failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tally_adds_up_libtest_summaries_and_nothing_else() {
+        let mut tally = TestTally::default();
+        for line in [
+            "running 3 tests",
+            "test a ... ok",
+            "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s",
+            "test result: FAILED. 10 passed; 2 failed; 0 ignored; 0 measured; 1 filtered out; finished in 1.50s",
+            "   Doc-tests kpm",
+            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+            "test 4 passed ... ok",
+        ] {
+            tally.add(line);
+        }
+        assert_eq!(tally, TestTally { passed: 13, failed: 2 });
+        assert_eq!(tally.to_string(), "13 passed, 2 failed");
     }
 }

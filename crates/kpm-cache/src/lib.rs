@@ -1,7 +1,10 @@
 //! The two caches of the plugin manager and the contract with plugin handlers.
 //!
 //! - [`DesiredState`]: the registration sockets that exist, each with the
-//!   [`Generation`] of its current incarnation. Written by the watcher.
+//!   [`Generation`] of its current incarnation. Written by the watcher
+//!   (sockets added and removed, on events and rescans) and by the liveness
+//!   monitor ([`DesiredState::renew`]: a new generation for the same socket
+//!   file, when its plugin died or hangs).
 //! - [`ActualState`]: the plugins that are registered, with what their
 //!   handler was told. Written by the operation executor.
 //! - [`PluginHandler`]: what a plugin type (CSI, device plugin, DRA) does on
