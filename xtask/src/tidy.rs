@@ -11,7 +11,7 @@
 //! - `docs/ARCHITECTURE.md` has a `###` heading for each crate and none for a
 //!   crate that is not one, and its dependency list is `LAYERS`, written out;
 //! - within a crate, the top-level modules under `src/` form no cycle of
-//!   `crate::` references (but for `KNOWN_CYCLES`).
+//!   `crate::` references.
 //! - every crate that is published carries the registry's metadata
 //!   (`REGISTRY_METADATA`), and a library docs.rs's too.
 
@@ -73,15 +73,6 @@ const LAYERS: &[(&str, &[&str])] = &[
 /// The shared test helpers: any crate may have them as a dev-dependency, and
 /// none as a normal one.
 const TEST_SUPPORT: &str = "kpm-test-support";
-
-/// Module cycles tidy lets pass for now, as (crate, the modules of the
-/// cycle). Tidy reports an entry that no longer is a cycle, so that this list
-/// only shrinks.
-const KNOWN_CYCLES: &[(&str, &[&str])] = &[
-    // `CsiError::NoSupportedVersion` carries a `Version`, whose parsing
-    // returns a `CsiError`.
-    ("kpm-csi", &["error", "version"]),
-];
 
 /// What every published crate's manifest sets, so that its page on the
 /// registry reads alike: `readme` names a file that exists.
@@ -460,29 +451,13 @@ fn shortest_cycle(
     vec![start.clone()]
 }
 
-/// Reports each cycle not in `KNOWN_CYCLES`, and each entry there that is no
-/// longer a cycle.
+/// Reports each cycle.
 fn check_cycles(cycles: &[(String, Vec<String>)], problems: &mut Vec<String>) {
-    let modules = |cycle: &[String]| cycle.iter().cloned().collect::<BTreeSet<_>>();
     for (krate, cycle) in cycles {
-        let known = KNOWN_CYCLES.iter().any(|(name, known)| {
-            name == krate && modules(cycle) == known.iter().map(|m| (*m).to_owned()).collect()
-        });
-        if !known {
-            problems.push(format!(
-                "{krate}: its modules refer to each other in a cycle: {}",
-                cycle.join(" → ")
-            ));
-        }
-    }
-    for (name, known) in KNOWN_CYCLES {
-        let known: BTreeSet<String> = known.iter().map(|m| (*m).to_owned()).collect();
-        if !cycles.iter().any(|(krate, cycle)| krate == name && modules(cycle) == known) {
-            problems.push(format!(
-                "KNOWN_CYCLES lists {name} {}, which is no cycle any more: remove it",
-                known.into_iter().collect::<Vec<_>>().join(" ↔ ")
-            ));
-        }
+        problems.push(format!(
+            "{krate}: its modules refer to each other in a cycle: {}",
+            cycle.join(" → ")
+        ));
     }
 }
 
@@ -769,31 +744,11 @@ mod tests {
     }
 
     #[test]
-    fn a_module_cycle_is_reported_unless_known_and_a_known_one_that_went_is_too() {
-        let mut cycles: Vec<(String, Vec<String>)> = KNOWN_CYCLES
-            .iter()
-            .map(|(krate, modules)| {
-                let mut path: Vec<String> = modules.iter().map(|m| (*m).to_owned()).collect();
-                path.push(path[0].clone());
-                ((*krate).to_owned(), path)
-            })
-            .collect();
+    fn a_module_cycle_is_reported_with_its_path() {
+        let cycles = [("kpm-cache".to_owned(), vec!["a".into(), "b".into(), "a".into()])];
         let mut problems = Vec::new();
         check_cycles(&cycles, &mut problems);
-        assert!(problems.is_empty(), "{problems:?}");
-        cycles.push(("kpm-cache".to_owned(), vec!["a".into(), "b".into(), "a".into()]));
-        check_cycles(&cycles, &mut problems);
         assert_eq!(problems, ["kpm-cache: its modules refer to each other in a cycle: a → b → a"]);
-        if let Some((krate, modules)) = KNOWN_CYCLES.first() {
-            problems.clear();
-            cycles.remove(0);
-            check_cycles(&cycles, &mut problems);
-            assert_eq!(problems.len(), 2, "{problems:?}");
-            assert!(
-                problems[1]
-                    .contains(&format!("KNOWN_CYCLES lists {krate} {}", modules.join(" ↔ ")))
-            );
-        }
     }
 
     #[test]

@@ -15,7 +15,8 @@ use crate::client;
 use crate::error::CsiError;
 use crate::node_info::NodeInfoSink;
 use crate::store::{CsiDriver, CsiDrivers, DriverNodeInfo};
-use crate::version::{Version, highest_supported_version};
+use crate::version::Version;
+use crate::version_rules::highest_supported_version;
 
 /// The kubelet's `csiTimeout`: how long NodeGetInfo may take at registration.
 pub const DEFAULT_NODE_GET_INFO_TIMEOUT: Duration = Duration::from_secs(120);

@@ -68,6 +68,7 @@ mod handler;
 mod node_info;
 mod store;
 mod version;
+mod version_rules;
 
 pub use client::{node_get_info, socket_path};
 pub use error::{BoxError, CsiError, NodeInfoError};
@@ -77,7 +78,8 @@ pub use node_info::{
     parse_node_id_annotation, remove_node_id_annotation, set_node_id_annotation,
 };
 pub use store::{CsiDriver, CsiDrivers, DriverNodeInfo};
-pub use version::{Version, highest_supported_version};
+pub use version::Version;
+pub use version_rules::highest_supported_version;
 
 /// The kubelet's name of the CSI volume plugin; prefixes its CSI messages.
 pub const CSI_PLUGIN_NAME: &str = "kubernetes.io/csi";
