@@ -20,7 +20,7 @@ use support::{Kpm, free_port, http_get, parse_prometheus, wait_until};
 
 const NOFILE: u32 = 64;
 /// Far more than kpm's budget under [`NOFILE`].
-const SILENT: usize = 200;
+const SILENT: u32 = 200;
 const HANDSHAKE_TIMEOUT: &str = "5";
 
 #[test]
@@ -53,7 +53,7 @@ fn registers_despite_silent_connections_to(socket: &str) {
     let budget = held["kpm_fd_budget{state=\"budget\"}"];
     let in_use = held["kpm_fd_budget{state=\"in_use\"}"];
     eprintln!("{socket}: {in_use} of {budget} permits in use after {SILENT} silent connections");
-    assert!(budget < SILENT as f64, "the silent connections outnumber the budget");
+    assert!(budget < f64::from(SILENT), "the silent connections outnumber the budget");
 
     // A CSI plugin in the registry and a device plugin through kubelet.sock.
     let registry = kpm.registry();
