@@ -92,7 +92,9 @@ pub(crate) struct Acceptor<L: Listen> {
     name: Arc<str>,
     protocol: Protocol,
     handshake_timeout: Duration,
-    budget: FdBudget,
+    /// The process-wide budget unless set, looked up at the first accept:
+    /// binding must not size it before `fd::init`.
+    budget: Option<FdBudget>,
     /// Whether to keep a spare fd, and the spare while it is kept.
     keeps_spare: bool,
     spare: Option<std::fs::File>,
@@ -121,7 +123,7 @@ impl<L: Listen> Acceptor<L> {
             listener,
             protocol,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
-            budget: fd::budget().clone(),
+            budget: None,
             keeps_spare: false,
             spare: None,
             backoff: None,
@@ -142,7 +144,7 @@ impl<L: Listen> Acceptor<L> {
     }
 
     pub(crate) fn set_budget(&mut self, budget: FdBudget) {
-        self.budget = budget;
+        self.budget = Some(budget);
     }
 
     /// The next connection and its admission. Never fails for a shortage
@@ -151,6 +153,7 @@ impl<L: Listen> Acceptor<L> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<(L::Io, Admission)>> {
+        let budget = self.budget.get_or_insert_with(|| fd::budget().clone());
         loop {
             if let Some((io, mut paying)) = self.paying.take() {
                 let Poll::Ready(permit) = paying.as_mut().poll(cx) else {
@@ -169,13 +172,13 @@ impl<L: Listen> Acceptor<L> {
             }
             match ready!(self.listener.poll_accept(cx)) {
                 Ok(io) => {
-                    self.budget.fd_available();
-                    let (budget, name) = (self.budget.clone(), Arc::clone(&self.name));
+                    budget.fd_available();
+                    let (budget, name) = (budget.clone(), Arc::clone(&self.name));
                     let paying = Box::pin(async move { budget.server_permit(name).await });
                     self.paying = Some((io, paying));
                 }
                 Err(err) if fd::is_shortage(&err) => {
-                    self.budget.shortage("accept");
+                    budget.shortage("accept");
                     // Giving up the spare frees an fd for the waiting client
                     // at once; without one, the client waits in the backlog.
                     if self.spare.take().is_none() {
