@@ -4,7 +4,7 @@
 //! - every Rust source file starts with a `//!` module doc;
 //! - no trailing whitespace;
 //! - no `#[ignore]`d or `#[should_panic]` tests;
-//! - no gRPC server on a plain Unix listener stream outside `kpm_api::uds`;
+//! - no gRPC server on a plain Unix listener stream outside `kpm_transport`;
 //! - `LAYERS` names every workspace crate and nothing else, and each crate's
 //!   kpm dependencies, as `cargo metadata` reads them, follow it
 //!   (`kpm-test-support` is allowed as a dev-dependency of any crate);

@@ -18,6 +18,7 @@ mod demo;
 mod error;
 mod heap;
 mod list;
+mod listener;
 mod metrics;
 mod probe;
 mod run;

@@ -112,6 +112,17 @@ pub(crate) struct RunArgs {
         env = "KPM_DEVICE_CLEANUP_GRACE"
     )]
     device_cleanup_grace: u64,
+    /// How long a client of kpm's servers (kubelet.sock, the status socket,
+    /// metrics) may take to send its HTTP/2 preface or first HTTP/1 request
+    /// before its connection is closed, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = kpm::transport::DEFAULT_HANDSHAKE_TIMEOUT.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS),
+        env = "KPM_HANDSHAKE_TIMEOUT"
+    )]
+    handshake_timeout: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -148,15 +159,16 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     }
     let kubelet = builder.build()?;
     let handle = kubelet.handle();
+    let handshake = Duration::from_secs(args.handshake_timeout);
     let metrics = match args.metrics_addr {
         Some(addr) => {
             let metrics = Metrics::new(handle.clone());
-            let serving = metrics::serve(addr, Arc::clone(&metrics)).await?;
+            let serving = metrics::serve(addr, Arc::clone(&metrics), handshake).await?;
             Some((tokio::spawn(metrics.observe_latency()), serving))
         }
         None => None,
     };
-    let status = StatusServer::start(&args.root.status_socket(), handle).await?;
+    let status = StatusServer::start(&args.root.status_socket(), handle, handshake).await?;
     let result = kubelet.run(shutdown_signal()?).await.map_err(CliError::from);
     status.stop();
     if let Some((counting, serving)) = metrics {
@@ -202,7 +214,8 @@ fn configured(args: &RunArgs) -> KubeletBuilder {
     let dra =
         kpm::dra::DraConfig::default().cleanup_grace(Duration::from_secs(args.dra_cleanup_grace));
     let device = kpm::device::DeviceConfig::default()
-        .grace_period(Duration::from_secs(args.device_cleanup_grace));
+        .grace_period(Duration::from_secs(args.device_cleanup_grace))
+        .handshake_timeout(Duration::from_secs(args.handshake_timeout));
     let mut builder = kubelet(&args.root.root_dir, &args.disable)
         .dra_config(dra)
         .device_config(device)
@@ -238,7 +251,7 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> 
 }
 
 /// Raises the soft open-files limit to the hard one, as the kubelet (a Go
-/// program) does, then sizes the fd budget every dial pays from; logged.
+/// program) does, then sizes the fd budget every connection pays from; logged.
 fn init_fd_budget() {
     match kpm::transport::fd::raise_soft_limit() {
         Ok(limit) => tracing::debug!(?limit, "open-files limit"),

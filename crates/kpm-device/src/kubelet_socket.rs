@@ -65,12 +65,14 @@ impl DeviceManager {
                 TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
                 source => DeviceError::BindKubeletSocket { path: path.clone(), source },
             })?;
+        let incoming = incoming.handshake_timeout(self.config().handshake_timeout);
         let service = RegistrationService { manager: Arc::clone(self), dir };
         let (stop, stopped) = oneshot::channel::<()>();
         let socket = path.clone();
         let server = tokio::spawn(async move {
             let served =
                 tonic::transport::Server::builder()
+                    .layer(kpm_transport::TrackRequests)
                     .add_service(RegistrationServer::new(service).max_decoding_message_size(
                         kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES,
                     ))

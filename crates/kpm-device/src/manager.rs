@@ -69,6 +69,9 @@ pub struct DeviceConfig {
     pub call_timeout: Duration,
     /// How long `PreStartContainer` may take. Default 30 s, as in the kubelet.
     pub pre_start_timeout: Duration,
+    /// How long a client of `kubelet.sock` may take to send its HTTP/2
+    /// preface before its connection is closed. Default 10 s.
+    pub handshake_timeout: Duration,
 }
 
 impl Default for DeviceConfig {
@@ -78,6 +81,7 @@ impl Default for DeviceConfig {
             grace_period: DEFAULT_GRACE_PERIOD,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             pre_start_timeout: DEFAULT_PRE_START_TIMEOUT,
+            handshake_timeout: uds::DEFAULT_HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -115,7 +119,15 @@ impl DeviceConfig {
         self
     }
 
-    /// Checks the ranges: the three timeouts non-zero (a zero deadline fails
+    /// Sets [`handshake_timeout`](Self::handshake_timeout) (default
+    /// [`DEFAULT_HANDSHAKE_TIMEOUT`](kpm_transport::DEFAULT_HANDSHAKE_TIMEOUT), 10 s).
+    #[must_use]
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
+    }
+
+    /// Checks the ranges: the four timeouts non-zero (a zero deadline fails
     /// every call) and at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), `grace_period` at most
     /// that (zero: a resource is removed as soon as its endpoint goes).
     ///
@@ -126,6 +138,7 @@ impl DeviceConfig {
             ("dial_timeout", self.dial_timeout),
             ("call_timeout", self.call_timeout),
             ("pre_start_timeout", self.pre_start_timeout),
+            ("handshake_timeout", self.handshake_timeout),
         ];
         Ok(check_durations(&timeouts, &[("grace_period", self.grace_period)])?)
     }

@@ -173,13 +173,13 @@ impl RegistrarBuilder {
         let routes = self.routes.add_service(RegistrationServer::from_arc(Arc::clone(&plugin)));
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(
-            tonic::transport::Server::builder().add_routes(routes).serve_with_incoming_shutdown(
-                incoming,
-                async {
+            tonic::transport::Server::builder()
+                .layer(kpm_transport::TrackRequests)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async {
                     // A send and a dropped sender both mean stop.
                     let _ = stopped.await;
-                },
-            ),
+                }),
         );
         info!(
             plugin = %plugin.info.name,

@@ -14,6 +14,9 @@
 //! - A shortage seen anyway (another part of the process holds fds, or
 //!   another process shares the system table) is waited out with
 //!   [`FdBudget::wait_for_fd`]: logged once per episode and counted.
+//! - Connections kpm's servers accept hold a [`ServerPermit`] too
+//!   ([`FdBudget::server_permit`]); when an [`acquire`](FdBudget::acquire)
+//!   finds none free, the idle ones are shed first, longest idle first.
 //!
 //! The process-wide budget is [`budget()`]; `kpm run` sizes it with
 //! [`init`] after [`raise_soft_limit`]. A library user who never calls
@@ -30,6 +33,10 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::{TransportError, show_limit};
+
+mod server;
+
+pub use server::{Activity, OpenRequest, ServerPermit};
 
 /// Fds kept out of the budget beyond those open when it is sized: the
 /// `kubelet.sock`, `kpm.sock` and metrics listeners and the status API's
@@ -144,6 +151,9 @@ struct Inner {
     shortage_waits: AtomicU64,
     permit_waits: AtomicU64,
     optional_refused: AtomicU64,
+    /// The connections kpm's servers accepted, to shed the idle ones.
+    servers: server::Servers,
+    shed_connections: AtomicU64,
 }
 
 /// Counters and levels of a budget, for metrics.
@@ -164,6 +174,8 @@ pub struct FdStats {
     pub permit_waits: u64,
     /// Optional acquisitions refused to keep a share free.
     pub optional_refused: u64,
+    /// Idle server connections closed to free permits.
+    pub shed_connections: u64,
 }
 
 impl FdBudget {
@@ -185,6 +197,8 @@ impl FdBudget {
                 shortage_waits: AtomicU64::new(0),
                 permit_waits: AtomicU64::new(0),
                 optional_refused: AtomicU64::new(0),
+                servers: server::Servers::default(),
+                shed_connections: AtomicU64::new(0),
             }),
         }
     }
@@ -217,17 +231,54 @@ impl FdBudget {
         self.inner.size.saturating_sub(self.inner.permits.available_permits())
     }
 
-    /// Takes a permit, waiting (in FIFO order) for one to be released.
+    /// Takes a permit, waiting (in FIFO order) for one to be released. When
+    /// none is free, idle server connections are shed first (see
+    /// [`shed_idle`](Self::shed_idle)), so the wait is for them to close.
     pub async fn acquire(&self) -> FdPermit {
         if let Some(permit) = self.take() {
             return permit;
         }
+        self.shed_idle();
         self.inner.permit_waits.fetch_add(1, Ordering::Relaxed);
         // The semaphore is never closed, so this always yields a permit.
         if let Ok(permit) = self.inner.permits.acquire().await {
             permit.forget();
         }
         FdPermit { inner: Arc::clone(&self.inner) }
+    }
+
+    /// A permit for a connection a server accepted on `listener` (a socket
+    /// path or an address, for logs), taken as [`acquire`](Self::acquire)
+    /// does. The server reports the connection's requests through
+    /// [`ServerPermit::activity`], and gives the connection up once
+    /// [`ServerPermit::poll_shed`] says so.
+    pub async fn server_permit(&self, listener: Arc<str>) -> ServerPermit {
+        ServerPermit::new(self.acquire().await, listener)
+    }
+
+    /// Sheds idle server connections, longest idle first, until a
+    /// [quarter](Self::kept_free) of the budget is free or on its way back
+    /// (connections shed before and not yet closed count), and at least one
+    /// for this caller: an episode, logged once per listener and counted.
+    /// Returns how many were shed; their permits come back as their servers
+    /// close them.
+    pub fn shed_idle(&self) -> usize {
+        let wanted = self.kept_free().saturating_sub(self.inner.permits.available_permits()).max(1);
+        let mut total = 0;
+        for (listener, shed) in self.inner.servers.shed(wanted) {
+            total += shed;
+            tracing::warn!(
+                listener = %listener,
+                shed,
+                permits_in_use = self.in_use(),
+                budget = self.inner.size,
+                "file descriptor budget short: closing idle server connections, longest idle first"
+            );
+        }
+        self.inner
+            .shed_connections
+            .fetch_add(u64::try_from(total).unwrap_or(u64::MAX), Ordering::Relaxed);
+        total
     }
 
     /// Permits optional holders always leave free ([`try_acquire`](Self::try_acquire)):
@@ -321,6 +372,7 @@ impl FdBudget {
             shortage_waits: count(&self.inner.shortage_waits),
             permit_waits: count(&self.inner.permit_waits),
             optional_refused: count(&self.inner.optional_refused),
+            shed_connections: count(&self.inner.shed_connections),
         }
     }
 }

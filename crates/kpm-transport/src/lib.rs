@@ -9,8 +9,9 @@
 //! | [`UdsChannel`], [`SmallBufferCodec`] | a plain HTTP/2 connection held for long, one per plugin, and prost's codec with small buffers for its streams |
 //! | [`connect_stream`], [`connect_with_permit`], [`PermittedStream`] | a raw connected stream holding its permit, for a hyper client |
 //! | [`bind`], [`bind_with_mode`], [`Incoming`], [`Connection`], [`BoundSocket`] | serving tonic on a socket: connections that take any `:authority` grpc-go sends, and a socket file removed only while it is still ours |
+//! | [`Http1Incoming`], [`Listen`], [`TrackRequests`], [`ConnectionInfo`], [`DEFAULT_HANDSHAKE_TIMEOUT`] | the one accept path of every server: a budget permit per accepted connection, the handshake timeout, idle connections told from busy ones so that they can be shed |
 //! | [`timed_request`], [`within`] | every plugin call's deadline, sent along and enforced locally |
-//! | [`fd`] | the fd budget: [`fd::budget`], [`fd::init`], [`fd::raise_soft_limit`], [`fd::FdStats`] |
+//! | [`fd`] | the fd budget: [`fd::budget`], [`fd::init`], [`fd::raise_soft_limit`], [`fd::FdStats`], the permits of accepted connections ([`fd::ServerPermit`]) |
 //! | [`TransportError`] | the crate's one error |
 //!
 //! Module dependencies go one way: `error` ← `fd` ← `uds` (dialing, binding,

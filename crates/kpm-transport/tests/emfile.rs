@@ -51,8 +51,8 @@ async fn accepting_and_dialing_wait_out_a_shortage_of_fds() {
     let accepted = tokio::time::timeout(DEADLINE, incoming.next()).await.unwrap();
     assert!(matches!(accepted, Some(Ok(_))), "{accepted:?}");
     let stream = tokio::time::timeout(DEADLINE, dial).await.unwrap().unwrap().unwrap();
-    assert_eq!(fd::budget().in_use(), 1, "the connection holds its permit");
-    drop(stream);
-    assert_eq!(fd::budget().in_use(), 0, "released when the connection closes");
+    assert_eq!(fd::budget().in_use(), 2, "the accepted and the dialed connection hold permits");
+    drop((accepted, stream));
+    assert_eq!(fd::budget().in_use(), 0, "released when the connections close");
     drop(other);
 }

@@ -1,8 +1,9 @@
 //! What a binary needs of kpm's Unix-socket transport (`kpm-transport`),
 //! and no more: raising the soft open-files limit, sizing the fd budget and
 //! reading its stats ([`fd`]), binding a socket with a mode and serving
-//! tonic or hyper on it ([`bind_with_mode`], [`Incoming`], [`BoundSocket`]),
-//! and dialing a plugin once ([`dial`], for `kpm probe`).
+//! tonic or HTTP/1 on it within the budget ([`bind_with_mode`], [`Incoming`],
+//! [`Http1Incoming`], [`TrackRequests`], [`BoundSocket`]), and dialing a
+//! plugin once ([`dial`], for `kpm probe`).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), kpm::transport::TransportError> {
@@ -20,14 +21,15 @@
 //! ```
 
 pub use kpm_transport::{
-    BoundSocket, Connection, Incoming, OWNER_ONLY, TransportError, bind, bind_with_mode, dial,
+    BoundSocket, Connection, DEFAULT_HANDSHAKE_TIMEOUT, Http1Connection, Http1Incoming, Incoming,
+    Listen, OWNER_ONLY, TrackRequests, TransportError, bind, bind_with_mode, dial,
 };
 
 /// The process's file descriptors as a budget every connection kpm dials
 /// pays from: size it once at start, read its stats for metrics.
 pub mod fd {
     pub use kpm_transport::fd::{
-        DEFAULT_RESERVE, FdBudget, FdStats, NofileLimit, SHORTAGE_PAUSE, budget, init, is_shortage,
-        nofile_limit, open_fds, raise_soft_limit,
+        Activity, DEFAULT_RESERVE, FdBudget, FdStats, NofileLimit, SHORTAGE_PAUSE, budget, init,
+        is_shortage, nofile_limit, open_fds, raise_soft_limit,
     };
 }

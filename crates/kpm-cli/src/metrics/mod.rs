@@ -21,8 +21,10 @@
 //!   `kpm_dra_driver_instances{driver, connected}`;
 //! - `kpm_fd_budget{state}` (`limit`, `budget`, `in_use`, `open`),
 //!   `kpm_fd_shortage_total` (episodes of `EMFILE`/`ENFILE`),
-//!   `kpm_fd_shortage_waits_total`, `kpm_fd_permit_waits_total` and
-//!   `kpm_fd_optional_refused_total`: the [fd budget](kpm::transport::fd).
+//!   `kpm_fd_shortage_waits_total`, `kpm_fd_permit_waits_total`,
+//!   `kpm_fd_optional_refused_total` and `kpm_fd_shed_connections_total`
+//!   (idle server connections closed when the budget ran short): the
+//!   [fd budget](kpm::transport::fd).
 //!
 //! The histogram is updated where the event is handled
 //! ([`Metrics::observe_latency`]); everything else, the event counters
@@ -123,14 +125,19 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `addr` until the task is aborted.
+/// Serves `/metrics` and `/healthz` on `addr` until the task is aborted,
+/// closing connections that send no request within `handshake_timeout`.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    handshake_timeout: std::time::Duration,
 ) -> Result<tokio::task::JoinHandle<()>, CliError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| CliError::MetricsAddr { addr, source })?;
+    let listener = crate::listener::HttpListener::new(
+        kpm::transport::Http1Incoming::new(listener).handshake_timeout(handshake_timeout),
+    );
     let router = axum::Router::new()
         .route(
             "/metrics",
@@ -142,7 +149,7 @@ pub(crate) async fn serve(
         .with_state(metrics);
     tracing::info!(%addr, "metrics listening");
     Ok(tokio::spawn(async move {
-        if let Err(err) = axum::serve(listener, router).await {
+        if let Err(err) = crate::listener::serve(listener, router).await {
             tracing::error!(%addr, error = %err, "metrics server stopped");
         }
     }))

@@ -89,7 +89,7 @@ impl FdReading {
         gauge_family(
             encoder,
             "kpm_fd_budget",
-            "File descriptors: the soft RLIMIT_NOFILE (limit; absent if unlimited), the share outgoing connections may hold (budget), the permits they hold (in_use), and every fd open in the process (open).",
+            "File descriptors: the soft RLIMIT_NOFILE (limit; absent if unlimited), the share connections may hold, dialed or accepted (budget), the permits they hold (in_use), and every fd open in the process (open).",
             levels.into_iter().filter_map(|(state, value)| {
                 Some(([("state", state)], i64::try_from(value?).unwrap_or(i64::MAX)))
             }),
@@ -117,6 +117,12 @@ impl FdReading {
             "kpm_fd_optional_refused",
             "Optional long-lived fds (liveness connections, pidfds) refused to keep a quarter of the budget free.",
             budget.optional_refused,
+        )?;
+        counter(
+            encoder,
+            "kpm_fd_shed_connections",
+            "Idle connections to kpm's servers closed, longest idle first, because the fd budget ran short.",
+            budget.shed_connections,
         )
     }
 }
@@ -483,6 +489,7 @@ mod tests {
             shortage_waits: 7,
             permit_waits: 40,
             optional_refused: 2,
+            shed_connections: 5,
         };
         let mut registry = Registry::default();
         registry.register_collector(Box::new(FixedFds(FdReading { budget, open: Some(30) })));
@@ -498,6 +505,7 @@ mod tests {
             "kpm_fd_shortage_waits_total 7",
             "kpm_fd_permit_waits_total 40",
             "kpm_fd_optional_refused_total 2",
+            "kpm_fd_shed_connections_total 5",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }

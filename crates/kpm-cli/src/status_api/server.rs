@@ -1,22 +1,21 @@
 //! Serves the status API from a [`KubeletHandle`].
 
-use std::io;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::Path;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::State;
 use axum::routing::get;
 use kpm::KubeletHandle;
-use kpm::transport::fd;
 use kpm::transport::{self as uds, BoundSocket};
-use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
 use super::model::{EventLine, PluginList};
 use super::{EVENTS_PATH, PLUGINS_PATH};
 use crate::CliError;
+use crate::listener::{self, HttpListener};
 
 /// The status API server and the socket file it owns.
 #[derive(Debug)]
@@ -27,8 +26,15 @@ pub(crate) struct StatusServer {
 
 impl StatusServer {
     /// Serves the status API of `kubelet` on `socket` (owner only), creating
-    /// its directory if needed.
-    pub(crate) async fn start(socket: &Path, kubelet: KubeletHandle) -> Result<Self, CliError> {
+    /// its directory if needed. Clients must send a request within
+    /// `handshake_timeout`; the listener keeps a spare fd, given up to accept
+    /// a client when the process is out of fds, so `kpm list` answers at the
+    /// limit.
+    pub(crate) async fn start(
+        socket: &Path,
+        kubelet: KubeletHandle,
+        handshake_timeout: Duration,
+    ) -> Result<Self, CliError> {
         if let Some(dir) = socket.parent() {
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -38,11 +44,13 @@ impl StatusServer {
         }
         let (incoming, bound) =
             uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(CliError::StatusSocket)?;
-        let listener = SpareFdListener::new(incoming.into_listener());
+        let listener = HttpListener::new(
+            incoming.into_http1().spare_fd().handshake_timeout(handshake_timeout),
+        );
         let router = router(kubelet);
         let path = socket.to_path_buf();
         let task = tokio::spawn(async move {
-            if let Err(source) = axum::serve(listener, router).await {
+            if let Err(source) = listener::serve(listener, router).await {
                 tracing::error!(socket = %path.display(), error = %source, "status API stopped");
             }
         });
@@ -57,67 +65,6 @@ impl StatusServer {
             tracing::warn!(%socket, error = %err, "cannot remove status socket");
         }
         self.task.abort();
-    }
-}
-
-/// The status API's listener, which keeps answering when kpm is out of file
-/// descriptors: it holds a spare fd, closes it when accepting fails for lack
-/// of fds so that the waiting client can be accepted, and opens it again
-/// before the next accept (as nginx and libuv do). Without a spare, a
-/// shortage pauses accepting briefly; no error ever ends the loop.
-#[derive(Debug)]
-struct SpareFdListener {
-    listener: UnixListener,
-    spare: Option<std::fs::File>,
-}
-
-impl SpareFdListener {
-    fn new(listener: UnixListener) -> Self {
-        Self { listener, spare: spare_fd() }
-    }
-}
-
-/// An fd to give up when fds run out; `None` while none can be had.
-fn spare_fd() -> Option<std::fs::File> {
-    std::fs::File::open("/dev/null").ok()
-}
-
-impl axum::serve::Listener for SpareFdListener {
-    type Io = UnixStream;
-    type Addr = tokio::net::unix::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let budget = fd::budget();
-        loop {
-            if self.spare.is_none() {
-                self.spare = spare_fd();
-            }
-            match self.listener.accept().await {
-                Ok(accepted) => {
-                    budget.fd_available();
-                    return accepted;
-                }
-                Err(err) if fd::is_shortage(&err) => {
-                    const STEP: &str = "accept on the status API";
-                    // Giving up the spare frees an fd at once; without one, wait.
-                    if self.spare.take().is_some() {
-                        budget.shortage(STEP);
-                    } else {
-                        budget.wait_for_fd(STEP).await;
-                    }
-                }
-                // A client that gave up before it was accepted.
-                Err(err) if err.kind() == io::ErrorKind::ConnectionAborted => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, "status API cannot accept a connection");
-                    tokio::time::sleep(fd::SHORTAGE_PAUSE).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.listener.local_addr()
     }
 }
 

@@ -247,6 +247,7 @@ fn longest() -> DeviceConfig {
         .grace_period(MAX_CONFIG_DURATION)
         .call_timeout(MAX_CONFIG_DURATION)
         .pre_start_timeout(MAX_CONFIG_DURATION)
+        .handshake_timeout(MAX_CONFIG_DURATION)
 }
 
 #[test]
@@ -255,11 +256,12 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     assert!(DeviceConfig::default().validate().is_ok());
     assert!(longest().validate().is_ok(), "the bound itself is accepted");
     assert!(longest().grace_period(Duration::ZERO).validate().is_ok());
-    let fields: [(&str, Field); 4] = [
+    let fields: [(&str, Field); 5] = [
         ("dial_timeout", |c| &mut c.dial_timeout),
         ("grace_period", |c| &mut c.grace_period),
         ("call_timeout", |c| &mut c.call_timeout),
         ("pre_start_timeout", |c| &mut c.pre_start_timeout),
+        ("handshake_timeout", |c| &mut c.handshake_timeout),
     ];
     for (name, field) in fields {
         let mut refused = vec![

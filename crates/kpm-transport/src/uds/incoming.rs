@@ -7,16 +7,17 @@ use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::time::Sleep;
 use tokio_stream::Stream;
-use tonic::transport::server::{Connected, UdsConnectInfo};
+use tonic::transport::server::Connected;
 
 use super::authority::{Malformed, Rewriter, Scan};
-use crate::fd;
+use super::server::{Acceptor, Admission, ConnectionInfo, Http1Incoming, Protocol};
+use crate::fd::{Activity, FdBudget};
 
 /// How much more to read at a time while a frame header or a header block is
 /// incomplete.
@@ -29,13 +30,14 @@ const HELD_READ: usize = 8 * 1024;
 /// or a connection aborted before it was accepted: tonic's server goes on
 /// polling at once after an error, which would spin. A shortage pauses
 /// accepting briefly (tokio time) and is logged once per episode by the
-/// [fd budget](crate::fd).
+/// [fd budget](crate::fd). Each connection holds a permit of that budget
+/// and must send its HTTP/2 preface within the handshake timeout; see
+/// [`server`](super::server) for both, and [`TrackRequests`](super::TrackRequests)
+/// for the layer that tells its idle connections from busy ones.
 #[derive(Debug)]
 pub struct Incoming {
-    listener: UnixListener,
+    acceptor: Acceptor<UnixListener>,
     socket: Arc<Path>,
-    /// Set after a shortage: accepting resumes when it fires.
-    backoff: Option<Pin<Box<Sleep>>>,
 }
 
 impl Incoming {
@@ -47,13 +49,29 @@ impl Incoming {
             .ok()
             .and_then(|addr| addr.as_pathname().map(Arc::from))
             .unwrap_or_else(|| Arc::from(Path::new("")));
-        Self { listener, socket, backoff: None }
+        Self { acceptor: Acceptor::new(listener, Protocol::Http2), socket }
     }
 
-    /// The listener itself, for a server that does not speak HTTP/2 (the
-    /// status API's HTTP/1): it has no `:authority` to worry about.
-    pub fn into_listener(self) -> UnixListener {
-        self.listener
+    /// Closes connections that have not sent their HTTP/2 preface within
+    /// `timeout` ([`DEFAULT_HANDSHAKE_TIMEOUT`](super::DEFAULT_HANDSHAKE_TIMEOUT)
+    /// unless set).
+    #[must_use]
+    pub fn handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.acceptor.set_handshake_timeout(timeout);
+        self
+    }
+
+    /// Pays for connections from `budget` instead of the process-wide one.
+    #[must_use]
+    pub fn budget(mut self, budget: FdBudget) -> Self {
+        self.acceptor.set_budget(budget);
+        self
+    }
+
+    /// The same listener for a server that speaks HTTP/1 (the status API):
+    /// it has no `:authority` to worry about.
+    pub fn into_http1(self) -> Http1Incoming<UnixListener> {
+        Http1Incoming::from_acceptor(self.acceptor)
     }
 }
 
@@ -62,33 +80,8 @@ impl Stream for Incoming {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
-        let budget = fd::budget();
-        loop {
-            if let Some(backoff) = &mut this.backoff {
-                ready!(backoff.as_mut().poll(cx));
-                this.backoff = None;
-            }
-            match ready!(this.listener.poll_accept(cx)) {
-                Ok((io, _)) => {
-                    budget.fd_available();
-                    return Poll::Ready(Some(Ok(Connection::new(io, Arc::clone(&this.socket)))));
-                }
-                Err(err) if fd::is_shortage(&err) => {
-                    // The pending connection stays in the backlog meanwhile.
-                    budget.shortage("accept");
-                    this.backoff = Some(Box::pin(tokio::time::sleep(fd::SHORTAGE_PAUSE)));
-                }
-                // The client gave up before it was accepted: take the next one.
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        io::ErrorKind::ConnectionAborted
-                            | io::ErrorKind::ConnectionReset
-                            | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(err) => return Poll::Ready(Some(Err(err))),
-            }
-        }
+        let (io, admission) = ready!(this.acceptor.poll_accept(cx))?;
+        Poll::Ready(Some(Ok(Connection::new(io, admission, Arc::clone(&this.socket)))))
     }
 }
 
@@ -101,13 +94,20 @@ impl Stream for Incoming {
 #[derive(Debug)]
 pub struct Connection {
     io: UnixStream,
+    admission: Admission,
     socket: Arc<Path>,
     client: ClientBytes,
 }
 
 impl Connection {
-    fn new(io: UnixStream, socket: Arc<Path>) -> Self {
-        Self { io, socket, client: ClientBytes::default() }
+    fn new(io: UnixStream, admission: Admission, socket: Arc<Path>) -> Self {
+        Self { io, admission, socket, client: ClientBytes::default() }
+    }
+
+    /// The connection's activity, which tonic hands to
+    /// [`TrackRequests`](super::TrackRequests) in [`ConnectionInfo`].
+    pub fn activity(&self) -> &Activity {
+        self.admission.activity()
     }
 }
 
@@ -118,7 +118,11 @@ impl AsyncRead for Connection {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.client.poll_read(&mut this.io, &this.socket, cx, buf)
+        this.admission.poll_read_allowed(&this.socket.to_string_lossy(), cx)?;
+        let start = buf.filled().len();
+        ready!(this.client.poll_read(&mut this.io, &this.socket, cx, buf))?;
+        this.admission.read(&buf.filled()[start..]);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -248,10 +252,10 @@ fn malformed(socket: &Path, err: &Malformed) -> io::Error {
 write_through_io!(Connection);
 
 impl Connected for Connection {
-    type ConnectInfo = UdsConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        ConnectionInfo::new(self.io.connect_info(), self.activity().clone())
     }
 }
 

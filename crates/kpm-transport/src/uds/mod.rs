@@ -5,7 +5,10 @@
 //! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
 //! the socket's path included (see [`Connection`]), and never stop nor spin
 //! on a shortage of fds. Every connection kpm dials holds a permit of the
-//! [fd budget](crate::fd) for as long as it is open ([`PermittedStream`]).
+//! [fd budget](crate::fd) for as long as it is open ([`PermittedStream`]),
+//! and so does every connection its servers accept ([`Incoming`],
+//! [`Http1Incoming`]): those must complete their handshake in time, and
+//! the idle ones are shed when the budget runs short.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -66,11 +69,16 @@ macro_rules! write_through_io {
 mod authority;
 mod client;
 mod incoming;
+mod server;
 mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
 pub use client::{SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
+pub use server::{
+    ConnectionInfo, DEFAULT_HANDSHAKE_TIMEOUT, Http1Connection, Http1Incoming, Listen,
+    TrackRequests, TrackRequestsService, Tracked,
+};
 pub use stream::{PermittedStream, connect_stream, connect_with_permit};
 
 /// Connects to the gRPC server on the Unix socket `path`, waiting at most
