@@ -233,18 +233,31 @@ impl FdBudget {
 
     /// Takes a permit, waiting (in FIFO order) for one to be released. When
     /// none is free, idle server connections are shed first (see
-    /// [`shed_idle`](Self::shed_idle)), so the wait is for them to close.
+    /// [`shed_idle`](Self::shed_idle)), and again each second while it waits
+    /// (a connection is shed only once idle for a second), so the wait is
+    /// for them to close.
     pub async fn acquire(&self) -> FdPermit {
         if let Some(permit) = self.take() {
             return permit;
         }
-        self.shed_idle();
         self.inner.permit_waits.fetch_add(1, Ordering::Relaxed);
-        // The semaphore is never closed, so this always yields a permit.
-        if let Ok(permit) = self.inner.permits.acquire().await {
-            permit.forget();
+        // Kept across the sheds below, so that the waiter keeps its place.
+        let waiting = self.inner.permits.acquire();
+        tokio::pin!(waiting);
+        loop {
+            self.shed_idle();
+            // Connections too fresh to shed now may be old enough later.
+            tokio::select! {
+                acquired = &mut waiting => {
+                    // The semaphore is never closed, so this is always a permit.
+                    if let Ok(permit) = acquired {
+                        permit.forget();
+                    }
+                    return FdPermit { inner: Arc::clone(&self.inner) };
+                }
+                () = tokio::time::sleep(server::SHED_GRACE) => {}
+            }
         }
-        FdPermit { inner: Arc::clone(&self.inner) }
     }
 
     /// A permit for a connection a server accepted on `listener` (a socket
@@ -256,7 +269,8 @@ impl FdBudget {
         ServerPermit::new(self.acquire().await, listener)
     }
 
-    /// Sheds idle server connections, longest idle first, until a
+    /// Sheds server connections idle for a second or more, longest idle
+    /// first, until a
     /// [quarter](Self::kept_free) of the budget is free or on its way back
     /// (connections shed before and not yet closed count), and at least one
     /// for this caller: an episode, logged once per listener and counted.

@@ -21,6 +21,12 @@ use super::{FdPermit, Inner};
 /// `Entry::open` of a connection that was shed: no request starts on it.
 const SHED: usize = usize::MAX;
 
+/// How long a connection must have been idle to be shed: a client just
+/// accepted has this long to open its first request, so that a flood of
+/// connections pushes out the silent ones before it, never a plugin's
+/// connection whose request is on its way.
+pub(super) const SHED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The server connections holding permits of one budget.
 #[derive(Debug, Default)]
 pub(super) struct Servers {
@@ -51,15 +57,22 @@ impl Entry {
 }
 
 impl Servers {
-    /// Sheds idle connections, longest idle first, until `wanted` are shed
-    /// and not yet closed (at least one now), and says how many each
-    /// listener lost (in the order of their first shed).
+    /// Sheds connections idle for [`SHED_GRACE`] or longer, longest idle
+    /// first, until `wanted` are shed and not yet closed (at least one now,
+    /// if there is one), and says how many each listener lost (in the order
+    /// of their first shed).
     pub(super) fn shed(&self, wanted: usize) -> Vec<(Arc<str>, usize)> {
         let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
         let closing = entries.values().filter(|entry| entry.shed.load(Ordering::Acquire)).count();
         let wanted = wanted.saturating_sub(closing).max(1);
-        let mut idle: Vec<&Arc<Entry>> =
-            entries.values().filter(|entry| entry.open.load(Ordering::Acquire) == 0).collect();
+        let grace = u64::try_from(SHED_GRACE.as_millis()).unwrap_or(u64::MAX);
+        let mut idle: Vec<&Arc<Entry>> = entries
+            .values()
+            .filter(|entry| entry.open.load(Ordering::Acquire) == 0)
+            .filter(|entry| {
+                entry.now().saturating_sub(entry.idle_since.load(Ordering::Relaxed)) >= grace
+            })
+            .collect();
         idle.sort_by_key(|entry| entry.idle_since.load(Ordering::Relaxed));
         let mut shed: Vec<(Arc<str>, usize)> = Vec::new();
         for entry in idle {
