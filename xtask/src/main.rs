@@ -125,7 +125,7 @@ fn ci_steps(root: &Path, tally: &mut TestTally) -> Result {
     cargo(root, &["build", "--workspace", "--all-targets", "--all-features"], &[])?;
     cargo_test(
         root,
-        &["test", "--workspace", "--all-features"],
+        &["test", "--workspace", "--all-features", "--no-fail-fast"],
         &[("PROPTEST_CASES", proptest_cases.as_str())],
         tally,
     )?;

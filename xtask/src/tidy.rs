@@ -581,17 +581,22 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
-    #[test]
-    fn layers_must_name_every_workspace_crate_and_nothing_else() {
-        let mut crates = workspace("kpm", dep("kpm-api", false));
-        crates.push(Crate {
+    /// A crate that neither `LAYERS` nor ARCHITECTURE.md names.
+    fn unlisted_crate() -> Crate {
+        Crate {
             published: false,
             library: true,
             metadata: Vec::new(),
             name: "kpm-new".to_owned(),
             dir: "crates/kpm-new".to_owned(),
             deps: Vec::new(),
-        });
+        }
+    }
+
+    #[test]
+    fn layers_must_name_every_workspace_crate_and_nothing_else() {
+        let mut crates = workspace("kpm", dep("kpm-api", false));
+        crates.push(unlisted_crate());
         crates.retain(|krate| krate.name != "kpm-dra");
         let mut problems = Vec::new();
         check_layers(&crates, &mut problems);
@@ -657,14 +662,7 @@ mod tests {
     fn architecture_headings_must_name_each_crate_and_only_crates() {
         let mut crates = workspace("kpm", dep("kpm-api", false));
         crates.retain(|krate| krate.name != "kpm-dra");
-        crates.push(Crate {
-            published: false,
-            library: true,
-            metadata: Vec::new(),
-            name: "kpm-new".to_owned(),
-            dir: "crates/kpm-new".to_owned(),
-            deps: Vec::new(),
-        });
+        crates.push(unlisted_crate());
         let mut problems = Vec::new();
         check_architecture(&crates, &architecture(), &mut problems);
         assert_eq!(
