@@ -654,7 +654,7 @@ mod tests {
         let mut problems = Vec::new();
         check_architecture(&crates, &architecture(), &mut problems);
         assert!(problems.is_empty(), "{problems:?}");
-        assert!(architecture().contains("- `kpm-executor` → kpm-api, kpm-cache\n"));
+        assert!(architecture().contains("- `kpm-executor` → kpm-api, kpm-transport, kpm-cache\n"));
         assert!(architecture().contains("- `kpm-api` → none\n"));
     }
 
@@ -692,8 +692,8 @@ mod tests {
         );
         problems.clear();
         let text = architecture().replace(
-            "- `kpm-api` → none\n- `kpm-cache` → none",
-            "- `kpm-cache` → none\n- `kpm-api` → none",
+            "- `kpm-transport` → kpm-api\n- `kpm-cache` → none",
+            "- `kpm-cache` → none\n- `kpm-transport` → kpm-api",
         );
         check_architecture(&crates, &text, &mut problems);
         assert_eq!(problems, ["docs/ARCHITECTURE.md, dependency list: not in the order of LAYERS"]);

@@ -16,6 +16,8 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test(flavor = "current_thread")]
 async fn accepting_and_dialing_wait_out_a_shortage_of_fds() {
+    // Sized before the fds run out, as `kpm run` does first thing.
+    fd::init(fd::DEFAULT_RESERVE);
     let dir = tempfile::tempdir().unwrap();
     let mut incoming = uds::bind(&dir.path().join("server.sock")).await.unwrap();
     let other = uds::bind(&dir.path().join("other.sock")).await.unwrap();
