@@ -31,9 +31,9 @@ const HELD_READ: usize = 8 * 1024;
 /// polling at once after an error, which would spin. A shortage pauses
 /// accepting briefly (tokio time) and is logged once per episode by the
 /// [fd budget](crate::fd). Each connection holds a permit of that budget
-/// and must send its HTTP/2 preface within the handshake timeout; see
-/// [`server`](super::server) for both, and [`TrackRequests`](super::TrackRequests)
-/// for the layer that tells its idle connections from busy ones.
+/// and must send its HTTP/2 preface within the handshake timeout
+/// ([`Incoming::handshake_timeout`]); [`TrackRequests`](super::TrackRequests)
+/// is the layer that tells its idle connections from busy ones.
 #[derive(Debug)]
 pub struct Incoming {
     acceptor: Acceptor<UnixListener>,
