@@ -495,14 +495,22 @@ impl Cluster {
                 &path("etcd"),
                 "--listen-client-urls",
                 &format!("http://127.0.0.1:{client_port}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{client_port}"),
                 "--listen-peer-urls",
                 &format!("http://127.0.0.1:{peer_port}"),
             ],
             &env.out.join(format!("{scenario}-etcd.out")),
             &etcd_log,
         )?;
+        // Ready when its health endpoint says so, as a stock etcd tells.
+        let health = format!("http://127.0.0.1:{client_port}/health");
         wait_until("etcd ready", START_TIMEOUT, || {
-            Ok(fs::read_to_string(&etcd_log)?.contains("etcd ready on"))
+            let body = ureq::get(&health)
+                .call()
+                .ok()
+                .and_then(|mut response| response.body_mut().read_to_string().ok());
+            Ok(body.is_some_and(|body| body.contains(r#""health":"true""#)))
         })?;
 
         let apiserver_args = [
