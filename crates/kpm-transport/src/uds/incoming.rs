@@ -117,12 +117,10 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.admission.poll_read_allowed(&this.socket.to_string_lossy(), cx)?;
-        let start = buf.filled().len();
-        ready!(this.client.poll_read(&mut this.io, &this.socket, cx, buf))?;
-        this.admission.read(&buf.filled()[start..]);
-        Poll::Ready(Ok(()))
+        let Self { io, socket, client, admission } = self.get_mut();
+        admission.poll_read(&socket.to_string_lossy(), cx, buf, |cx, buf| {
+            client.poll_read(io, socket, cx, buf)
+        })
     }
 }
 

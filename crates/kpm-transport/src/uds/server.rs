@@ -285,11 +285,7 @@ impl Admission {
     /// Before a read: fails once the connection was shed or its handshake
     /// timed out, and arranges to be woken for either. (A server always
     /// reads an idle or handshaking connection, so failing reads closes it.)
-    pub(crate) fn poll_read_allowed(
-        &mut self,
-        socket: &str,
-        cx: &mut Context<'_>,
-    ) -> io::Result<()> {
+    fn poll_read_allowed(&mut self, socket: &str, cx: &mut Context<'_>) -> io::Result<()> {
         if self.permit.poll_shed(cx) {
             return Err(shed());
         }
@@ -306,13 +302,24 @@ impl Admission {
         Ok(())
     }
 
-    /// Takes in octets read from the client.
-    pub(crate) fn read(&mut self, bytes: &[u8]) {
+    /// Reads through `read` unless the connection was shed or its
+    /// handshake timed out, and follows the handshake in what was read.
+    pub(crate) fn poll_read(
+        &mut self,
+        socket: &str,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+        read: impl FnOnce(&mut Context<'_>, &mut ReadBuf<'_>) -> Poll<io::Result<()>>,
+    ) -> Poll<io::Result<()>> {
+        self.poll_read_allowed(socket, cx)?;
+        let start = buf.filled().len();
+        ready!(read(cx, buf))?;
         if let Some(handshake) = &mut self.handshake
-            && handshake.progress.advance(bytes)
+            && handshake.progress.advance(&buf.filled()[start..])
         {
             self.handshake = None;
         }
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -418,11 +425,8 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Http1Connection<Io> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        this.admission.poll_read_allowed(&this.socket, cx)?;
-        let start = buf.filled().len();
-        ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
-        this.admission.read(&buf.filled()[start..]);
-        Poll::Ready(Ok(()))
+        let io = &mut this.io;
+        this.admission.poll_read(&this.socket, cx, buf, |cx, buf| Pin::new(io).poll_read(cx, buf))
     }
 }
 
