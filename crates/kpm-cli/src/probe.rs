@@ -111,8 +111,7 @@ async fn run_steps(
     })
     .await?;
 
-    let endpoint =
-        if info.endpoint.is_empty() { socket.display().to_string() } else { info.endpoint.clone() };
+    let endpoint = kpm::plugin_endpoint(&info, socket);
     let started = Instant::now();
     let validated = kubelet.validate(socket, &info).await;
     let took = started.elapsed();

@@ -23,4 +23,4 @@ pub use backoff::ExponentialBackoff;
 pub use error::ExecutorError;
 pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
 pub use operation_map::{OperationMap, OperationStatus};
-pub use plugin_info::check_info;
+pub use plugin_info::{check_info, plugin_endpoint};

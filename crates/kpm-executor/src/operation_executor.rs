@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Request};
 
 use crate::isolation::{HandlerFailure, call_handler};
-use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info};
+use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info, plugin_endpoint};
 
 /// Handlers by plugin type, as the reconciler hands them to one operation.
 pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;
@@ -388,11 +388,7 @@ impl Register {
                 plugin_type: info.r#type,
             });
         };
-        let endpoint = if info.endpoint.is_empty() {
-            self.socket.to_string_lossy().into_owned()
-        } else {
-            info.endpoint
-        };
+        let endpoint = plugin_endpoint(&info, &self.socket);
         let mut registered = PluginInfo {
             socket_path: self.socket.clone(),
             generation: self.generation,

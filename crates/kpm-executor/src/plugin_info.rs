@@ -7,8 +7,21 @@ use kpm_api::constants::{
     MAX_PLUGIN_NAME_BYTES, MAX_PLUGIN_TYPE_BYTES, MAX_SOCKET_PATH_BYTES, MAX_SUPPORTED_VERSIONS,
     MAX_VERSION_BYTES,
 };
+use std::path::Path;
+
 use kpm_api::gotext::go_quote;
 use kpm_api::registration::v1::PluginInfo;
+
+/// Where the plugin that answered `info` on its registration socket `socket`
+/// serves: the endpoint it gave, or, when it gave none, the registration
+/// socket itself (as the kubelet has it).
+pub fn plugin_endpoint(info: &PluginInfo, socket: &Path) -> String {
+    if info.endpoint.is_empty() {
+        socket.to_string_lossy().into_owned()
+    } else {
+        info.endpoint.clone()
+    }
+}
 
 /// Checks a `GetInfo` answer: type and name present, every string bounded
 /// and free of control characters, the version list bounded. The error is a

@@ -363,11 +363,7 @@ impl Kubelet {
         else {
             return Err(Error::NoHandler { plugin_type: info.r#type.clone() });
         };
-        let endpoint = if info.endpoint.is_empty() {
-            socket.to_string_lossy().into_owned()
-        } else {
-            info.endpoint.clone()
-        };
+        let endpoint = crate::plugin_endpoint(info, socket);
         handler
             .validate(&info.name, &endpoint, &info.supported_versions)
             .await

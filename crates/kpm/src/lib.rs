@@ -60,7 +60,7 @@ pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
     DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler,
 };
-pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info};
+pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info, plugin_endpoint};
 pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
 pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};
 pub use kpm_watcher::WatcherConfig;
