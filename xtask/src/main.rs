@@ -5,6 +5,7 @@
 //!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
 //! - `ci`: everything CI runs, in order, printing each command, ending with
 //!   `cargo package` of the published crates and the line `N passed, M failed`.
+//! - `package`: that `cargo package` step alone.
 //! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
 //!   `docs/performance.md` (see `bench.rs`).
 //! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
@@ -31,7 +32,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | bench [--quick] [--only SCENARIO] \
+const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | package | bench [--quick] [--only SCENARIO] \
                      | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
                      | interop --bin-dir DIR [--only SCENARIO] \
                      | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy>";
@@ -43,6 +44,7 @@ fn main() -> ExitCode {
         ["codegen"] => codegen::run(&project_root(), codegen::Mode::Write),
         ["codegen", "--check"] => codegen::run(&project_root(), codegen::Mode::Check),
         ["ci"] => ci(),
+        ["package"] => package(&project_root()),
         ["bench", options @ ..] => bench::run(&project_root(), options),
         ["soak", options @ ..] => soak::run(&project_root(), options),
         ["interop", options @ ..] => interop::run(&project_root(), options),
@@ -153,24 +155,71 @@ fn package(root: &Path) -> Result {
         .manifest_path(root.join("Cargo.toml"))
         .no_deps()
         .exec()?;
-    // The tree as it is: CI's clone is clean, a developer's need not be.
-    let mut args = vec!["package", "--allow-dirty"];
-    for package in metadata.workspace_packages() {
+    let published: Vec<&cargo_metadata::Package> = metadata
+        .workspace_packages()
+        .into_iter()
         // `publish = false` reads as an empty list of registries.
-        if package.publish.as_ref().is_none_or(|registries| !registries.is_empty()) {
-            args.extend(["-p", package.name.as_str()]);
-        }
+        .filter(|package| package.publish.as_ref().is_none_or(|registries| !registries.is_empty()))
+        .collect();
+    // Cargo takes a registry crate of a given version to be immutable: an
+    // earlier run's `kpm-executor 0.1.0`, both as cargo unpacked it from the
+    // overlay and as it built it, would be reused after its API changed. So
+    // the unpacked copies go, and the packaged builds get a target directory
+    // of their own, out of which their kpm crates are cleaned first.
+    forget_unpacked(&published)?;
+    let target_dir = metadata.target_directory.join("package-check");
+    let mut clean = vec!["clean", "--target-dir", target_dir.as_str()];
+    let mut package = vec![
+        "package",
+        "--target-dir",
+        target_dir.as_str(),
+        // The tree as it is: CI's clone is clean, a developer's need not be.
+        "--allow-dirty",
+    ];
+    for crate_ in &published {
+        clean.extend(["-p", crate_.name.as_str()]);
+        package.extend(["-p", crate_.name.as_str()]);
     }
     // Without debug info: these builds only prove that each crate builds, and
     // debug info is most of their size and much of their time.
-    cargo(
-        root,
-        &args,
-        &[
-            ("K8S_OPENAPI_ENABLED_VERSION", K8S_OPENAPI_VERSION),
-            ("CARGO_PROFILE_DEV_DEBUG", "false"),
-        ],
-    )
+    let env = [
+        ("K8S_OPENAPI_ENABLED_VERSION", K8S_OPENAPI_VERSION),
+        ("CARGO_PROFILE_DEV_DEBUG", "false"),
+    ];
+    cargo(root, &clean, &env)?;
+    cargo(root, &package, &env)
+}
+
+/// Removes every copy cargo has unpacked of these crates at these versions,
+/// from whichever registry (`$CARGO_HOME/registry/src/*/NAME-VERSION`); cargo
+/// unpacks them again from the `.crate` files it keeps.
+fn forget_unpacked(crates: &[&cargo_metadata::Package]) -> Result {
+    let Some(cargo_home) = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::home_dir().map(|home| home.join(".cargo")))
+    else {
+        return Ok(());
+    };
+    let registries = match std::fs::read_dir(cargo_home.join("registry/src")) {
+        Ok(registries) => registries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => {
+            return Err(format!("cannot list {}/registry/src: {err}", cargo_home.display()).into());
+        }
+    };
+    for registry in registries {
+        let registry = registry?.path();
+        for crate_ in crates {
+            let unpacked = registry.join(format!("{}-{}", crate_.name, crate_.version));
+            match std::fs::remove_dir_all(&unpacked) {
+                Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(format!("cannot remove {}: {err}", unpacked.display()).into());
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs `cargo <args>` in `dir`, echoing the command line first.
