@@ -289,6 +289,60 @@ async fn kubelet_sock_is_served_while_running_and_removed_after() {
     assert!(!kubelet_sock.exists());
 }
 
+/// A kubelet given an fd budget of its own pays from it, not from the
+/// process-wide one: a registration waits while the budget is spent and
+/// goes on once a permit comes back; the device plugin's endpoint
+/// connection, the DRA driver's and a connection `kubelet.sock` accepts each
+/// hold one of its permits, and every permit is back once the kubelet stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_given_an_fd_budget_pays_every_connection_from_it() {
+    let budget = kpm::transport::fd::FdBudget::new(8, None);
+    let mut spent = Vec::new();
+    for _ in 0..budget.size() {
+        spent.push(budget.acquire().await);
+    }
+    let node = Node::start(|builder| builder.fd_budget(budget.clone()));
+    wait_until("the registry directory is created", || node.registry().is_dir()).await;
+    let (gpus, _devices) = StubDevicePlugin::new([("gpu-0", "Healthy")]);
+    let plugin = Registrar::builder(kpm::api::DEVICE_PLUGIN, "example.com/gpu")
+        .routes(gpus.routes())
+        .socket_dir(node.registry())
+        .serve()
+        .await
+        .unwrap();
+    wait_until("the registration waits for a permit", || budget.stats().permit_waits >= 1).await;
+    let status = node.handle.manager().status();
+    assert!(status.iter().all(|s| s.state != kpm::PluginState::Registered), "{status:?}");
+
+    drop(spent);
+    let told = plugin.wait_for_status(DEADLINE).await.unwrap();
+    assert!(told.plugin_registered, "{told:?}");
+    wait_until("only the endpoint connection is held", || budget.in_use() == 1).await;
+    assert_eq!(node.handle.manager().fd_budget().stats(), budget.stats(), "the same budget");
+
+    let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
+    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await;
+    let (_dra, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions([kpm::api::DRA_V1_SERVICE])
+                .endpoint(&dra_socket),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+    wait_until("and the DRA driver's connection", || budget.in_use() == 2).await;
+
+    let kubelet_sock = node.root.path().join("device-plugins/kubelet.sock");
+    let accepted = tokio::net::UnixStream::connect(&kubelet_sock).await.unwrap();
+    wait_until("kubelet.sock's connection holds a permit", || budget.in_use() == 3).await;
+    drop(accepted);
+    wait_until("released when it closes", || budget.in_use() == 2).await;
+
+    node.stop().await;
+    wait_until("every permit is back", || budget.in_use() == 0).await;
+    drop(plugin);
+}
+
 /// Every duration setting of the builder, set to `value`.
 fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilder)> {
     let builder = || Kubelet::builder();

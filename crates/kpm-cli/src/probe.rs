@@ -159,7 +159,9 @@ async fn check_csi(endpoint: &str, timeout: Duration, steps: &mut Vec<Step>) -> 
     })
     .await?;
     step(steps, "csi NodeGetInfo", async {
-        let node = kpm::csi::node_get_info(endpoint, timeout).await.map_err(|e| e.to_string())?;
+        let node = kpm::csi::node_get_info(endpoint, timeout, kpm::transport::fd::budget())
+            .await
+            .map_err(|e| e.to_string())?;
         if node.node_id.is_empty() {
             return Err("the driver reports an empty node id".to_owned());
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use kpm::kube::{self, KubePublisher};
+use kpm::transport::fd::FdBudget;
 use kpm::{Kubelet, KubeletBuilder, LivenessConfig};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -151,8 +152,7 @@ impl PluginKind {
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
-    init_fd_budget();
-    let mut builder = configured(&args);
+    let mut builder = configured(&args).fd_budget(init_fd_budget().clone());
     if let Some(publisher) = kubernetes(&args).await? {
         tracing::info!(node = publisher.node_name(), "publishing to the Kubernetes API");
         builder = builder.kubernetes(publisher);
@@ -252,12 +252,12 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> 
 
 /// Raises the soft open-files limit to the hard one, as the kubelet (a Go
 /// program) does, then sizes the fd budget every connection pays from; logged.
-fn init_fd_budget() {
+fn init_fd_budget() -> &'static FdBudget {
     match kpm::transport::fd::raise_soft_limit() {
         Ok(limit) => tracing::debug!(?limit, "open-files limit"),
         Err(err) => tracing::warn!(error = %err, "keeping the soft open-files limit"),
     }
-    kpm::transport::fd::init(kpm::transport::fd::DEFAULT_RESERVE);
+    kpm::transport::fd::init(kpm::transport::fd::DEFAULT_RESERVE)
 }
 
 fn init_logging(format: LogFormat) -> Result<(), CliError> {

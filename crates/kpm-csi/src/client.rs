@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kpm_api::csi::v1::NodeGetInfoRequest;
 use kpm_api::csi::v1::node_client::NodeClient;
+use kpm_transport::fd::FdBudget;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -28,14 +29,21 @@ pub fn socket_path(endpoint: &str) -> &Path {
 /// Calls `csi.v1.Node/NodeGetInfo` on the driver at `endpoint` over a new
 /// connection, closed afterwards. Dialing and the call together get at most
 /// `timeout`; the remaining time is also sent as the call's gRPC deadline.
-/// No retries: the caller's backoff decides when to try again.
-pub async fn node_get_info(endpoint: &str, timeout: Duration) -> Result<DriverNodeInfo, CsiError> {
+/// No retries: the caller's backoff decides when to try again. The
+/// connection holds a permit of `budget`.
+pub async fn node_get_info(
+    endpoint: &str,
+    timeout: Duration,
+    budget: &FdBudget,
+) -> Result<DriverNodeInfo, CsiError> {
     debug!(endpoint, "calling NodeGetInfo");
     let started = Instant::now();
     let call = async {
-        let channel = kpm_transport::dial(socket_path(endpoint), timeout)
-            .await
-            .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
+        let permit = budget.acquire().await;
+        let (channel, _) =
+            kpm_transport::dial_with_permit(socket_path(endpoint), timeout, Duration::ZERO, permit)
+                .await
+                .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
         let left = timeout.saturating_sub(started.elapsed());
         let request = kpm_transport::timed_request(NodeGetInfoRequest {}, left);
         NodeClient::new(channel)

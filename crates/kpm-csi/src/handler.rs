@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kpm_cache::{HandlerError, PluginHandler};
+use kpm_transport::fd::FdBudget;
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
 
@@ -62,12 +63,27 @@ pub struct CsiHandler {
     config: CsiConfig,
     drivers: Arc<CsiDrivers>,
     locks: NameLocks,
+    budget: FdBudget,
 }
 
 impl CsiHandler {
     /// A handler with an empty drivers store that publishes node info to `sink`.
     pub fn new(sink: Arc<dyn NodeInfoSink>, config: CsiConfig) -> Self {
-        Self { sink, config, drivers: Arc::default(), locks: NameLocks::default() }
+        Self {
+            sink,
+            config,
+            drivers: Arc::default(),
+            locks: NameLocks::default(),
+            budget: FdBudget::default(),
+        }
+    }
+
+    /// Calls `NodeGetInfo` with permits of `budget` instead of the
+    /// process-wide [fd budget](kpm_transport::fd::budget).
+    #[must_use]
+    pub fn with_fd_budget(mut self, budget: FdBudget) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// The registered drivers, shared with the handler, read-only: only the
@@ -207,7 +223,8 @@ impl CsiHandler {
 
     /// NodeGetInfo, then `InstallCSIDriver`.
     async fn install(&self, name: &str, endpoint: &str) -> Result<DriverNodeInfo, CsiError> {
-        let node = client::node_get_info(endpoint, self.config.node_get_info_timeout).await?;
+        let node = client::node_get_info(endpoint, self.config.node_get_info_timeout, &self.budget)
+            .await?;
         if node.node_id.is_empty() {
             return Err(CsiError::EmptyNodeId);
         }

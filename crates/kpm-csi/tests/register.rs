@@ -15,6 +15,7 @@ use kpm_csi::{
     NODE_ID_ANNOTATION, NodeInfo,
 };
 use kpm_test_support::{DEADLINE, within};
+use kpm_transport::fd::FdBudget;
 use support::{FakeDriver, Reply, Served, info, serve};
 use tempfile::TempDir;
 use tokio::sync::Notify;
@@ -132,7 +133,7 @@ async fn node_get_info_returns_what_the_driver_reports_or_its_error() {
         .serve("err.sock", FakeDriver::always(DRIVER, Reply::Fail(Status::internal("grpc error"))))
         .await;
 
-    let got = kpm_csi::node_get_info(&ok.endpoint(), DEADLINE).await.unwrap();
+    let got = kpm_csi::node_get_info(&ok.endpoint(), DEADLINE, &FdBudget::default()).await.unwrap();
     assert_eq!(
         got,
         DriverNodeInfo {
@@ -141,7 +142,9 @@ async fn node_get_info_returns_what_the_driver_reports_or_its_error() {
             topology: strings(&topology),
         }
     );
-    let err = kpm_csi::node_get_info(&failing.endpoint(), DEADLINE).await.unwrap_err();
+    let err = kpm_csi::node_get_info(&failing.endpoint(), DEADLINE, &FdBudget::default())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, CsiError::NodeGetInfo { status, .. } if status.message() == "grpc error")
     );
@@ -458,7 +461,9 @@ async fn a_call_holds_one_connection_until_it_ends() {
     let setup = setup();
     let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
     let endpoint = served.endpoint();
-    let call = tokio::spawn(async move { kpm_csi::node_get_info(&endpoint, DEADLINE).await });
+    let call = tokio::spawn(async move {
+        kpm_csi::node_get_info(&endpoint, DEADLINE, &FdBudget::default()).await
+    });
     served.driver.wait_for_calls(1).await;
     assert_eq!(served.open_connections(), 1);
 

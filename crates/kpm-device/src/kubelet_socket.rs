@@ -65,7 +65,8 @@ impl DeviceManager {
                 TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
                 source => DeviceError::BindKubeletSocket { path: path.clone(), source },
             })?;
-        let incoming = incoming.handshake_timeout(self.config().handshake_timeout);
+        let incoming =
+            incoming.handshake_timeout(self.config().handshake_timeout).budget(self.budget.clone());
         let service = RegistrationService { manager: Arc::clone(self), dir };
         let (stop, stopped) = oneshot::channel::<()>();
         let socket = path.clone();

@@ -37,6 +37,7 @@ use crate::validation::{validate_plugin, validate_register_request};
 use kpm_api::FileId;
 use kpm_transport as uds;
 use kpm_transport::UdsChannel;
+use kpm_transport::fd::FdBudget;
 
 /// The gRPC path of `v1beta1.DevicePlugin/ListAndWatch`.
 const LIST_AND_WATCH: &str = "/v1beta1.DevicePlugin/ListAndWatch";
@@ -205,6 +206,8 @@ pub struct DeviceManager {
     changes: watch::Sender<u64>,
     /// Endpoint sockets whose stream ended while current (see [`DeviceManager::hangups`]).
     hangups: Hangups,
+    /// What endpoint connections and `kubelet.sock`'s accepted ones pay from.
+    pub(crate) budget: FdBudget,
 }
 
 #[derive(Debug, Default)]
@@ -257,6 +260,13 @@ struct Target {
 impl DeviceManager {
     /// A manager without endpoints.
     pub fn new(config: DeviceConfig) -> Arc<Self> {
+        Self::with_fd_budget(config, FdBudget::default())
+    }
+
+    /// A manager without endpoints whose connections, dialled and accepted,
+    /// take permits of `budget` instead of the process-wide
+    /// [fd budget](kpm_transport::fd::budget).
+    pub fn with_fd_budget(config: DeviceConfig, budget: FdBudget) -> Arc<Self> {
         Arc::new_cyclic(|this| Self {
             this: this.clone(),
             config,
@@ -264,6 +274,7 @@ impl DeviceManager {
             next_id: AtomicU64::new(1),
             changes: watch::Sender::new(0),
             hangups: Hangups::default(),
+            budget,
         })
     }
 
@@ -383,9 +394,15 @@ impl DeviceManager {
         // A connection of its own, without tonic's `Channel`: it is held for
         // as long as the plugin is registered, and its buffers are most of
         // kpm's memory with many plugins (docs/performance.md).
-        let channel = UdsChannel::connect(socket, self.config.dial_timeout, Duration::ZERO)
-            .await
-            .map_err(|source| DeviceError::Dial {
+        let permit = self.budget.acquire().await;
+        let channel = UdsChannel::connect_with_permit(
+            socket,
+            self.config.dial_timeout,
+            Duration::ZERO,
+            permit,
+        )
+        .await
+        .map_err(|source| DeviceError::Dial {
             resource: resource.to_owned(),
             socket: socket.to_path_buf(),
             source,

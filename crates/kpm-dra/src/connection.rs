@@ -32,6 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 pub(crate) use kpm_api::gotext::error_chain;
+use kpm_transport::fd::FdBudget;
 use kpm_transport::{PermittedStream, UdsChannel};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
@@ -50,14 +51,16 @@ pub(crate) struct Connection {
     socket: PathBuf,
     live: Arc<watch::Sender<usize>>,
     channel: parking_lot::Mutex<Option<UdsChannel>>,
+    budget: FdBudget,
 }
 
 impl Connection {
-    /// A connection to `socket` that has not connected yet;
-    /// [`Connection::reconnect`] connects it.
-    pub(crate) fn new(socket: &Path) -> Self {
+    /// A connection to `socket` that has not connected yet, paid from
+    /// `budget`; [`Connection::reconnect`] connects it.
+    pub(crate) fn new(socket: &Path, budget: FdBudget) -> Self {
         let live = Arc::new(watch::Sender::new(0));
-        Self { socket: socket.to_path_buf(), live, channel: parking_lot::Mutex::new(None) }
+        let channel = parking_lot::Mutex::new(None);
+        Self { socket: socket.to_path_buf(), live, channel, budget }
     }
 
     /// The current channel (cheap to clone; calls on it share the
@@ -85,7 +88,8 @@ impl Connection {
         let monitored =
             move |inner: PermittedStream| MonitoredIo { inner, live, state: IoState::Pending };
         let timeout = deadline.saturating_duration_since(Instant::now());
-        UdsChannel::connect_with(&self.socket, timeout, Duration::ZERO, monitored)
+        let permit = self.budget.acquire().await;
+        UdsChannel::connect_with(&self.socket, timeout, Duration::ZERO, permit, monitored)
             .await
             .map_err(|err| error_chain(&err))
     }
@@ -253,7 +257,7 @@ mod tests {
     #[tokio::test]
     async fn reconnecting_to_a_missing_socket_fails_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
-        let connection = Connection::new(&dir.path().join("missing.sock"));
+        let connection = Connection::new(&dir.path().join("missing.sock"), FdBudget::default());
         let err = connection.reconnect().await.unwrap_err();
         assert!(err.contains("No such file or directory"), "{err}");
         assert!(!connection.is_connected());

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_cache::{HandlerError, Hangups, PluginHandler};
+use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -164,6 +165,8 @@ struct Shared {
     state: Mutex<State>,
     /// Endpoints whose connection dropped (see [`DraManager::hangups`]).
     hangups: Hangups,
+    /// What the connections to drivers pay from.
+    budget: FdBudget,
 }
 
 #[derive(Debug, Default)]
@@ -203,6 +206,17 @@ impl DraManager {
     /// A manager with no drivers. `cleanup` is called when a driver has had
     /// no connected instance for `config.cleanup_grace`.
     pub fn new(config: DraConfig, cleanup: Arc<dyn SliceCleanup>) -> Arc<Self> {
+        Self::with_fd_budget(config, cleanup, FdBudget::default())
+    }
+
+    /// Like [`new`](Self::new), the connections to drivers taking permits of
+    /// `budget` instead of the process-wide
+    /// [fd budget](kpm_transport::fd::budget).
+    pub fn with_fd_budget(
+        config: DraConfig,
+        cleanup: Arc<dyn SliceCleanup>,
+        budget: FdBudget,
+    ) -> Arc<Self> {
         let timers = CleanupTimers::new(config.cleanup_grace, cleanup);
         Arc::new(Self {
             shared: Arc::new(Shared {
@@ -210,6 +224,7 @@ impl DraManager {
                 timers,
                 state: Mutex::new(State::default()),
                 hangups: Hangups::default(),
+                budget,
             }),
         })
     }
@@ -255,7 +270,7 @@ impl DraManager {
             validate_plugin(driver, endpoint, services, self.root_dir())?;
         self.shared.state.lock().check_can_add(driver, endpoint)?;
 
-        let connection = Arc::new(Connection::new(Path::new(endpoint)));
+        let connection = Arc::new(Connection::new(Path::new(endpoint), self.shared.budget.clone()));
         match connection.reconnect().await {
             Ok(true) => {}
             Ok(false) => {

@@ -13,7 +13,7 @@ use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
 use kpm_transport as uds;
-use kpm_transport::fd;
+use kpm_transport::fd::FdBudget;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -142,20 +142,30 @@ pub struct OperationExecutor {
     slots: RegistrationSlots,
 }
 
-/// The registrations that may dial at once, so that their connections
-/// always fit in the [fd budget](kpm_transport::fd): optional holders leave a
-/// quarter of it free, and as many registrations as that quarter can pay
-/// three connections each may run. Without the bound, registrations holding
-/// their `GetInfo` connections could take every permit and wait forever for
-/// the handler's. A registration waiting for a slot is not a failure: it
-/// starts when one is released.
+/// The [fd budget](kpm_transport::fd) registrations dial from, and the
+/// registrations that may dial at once, so that their connections always
+/// fit in it: optional holders leave a quarter of it free, and as many
+/// registrations as that quarter can pay three connections each may run.
+/// Without the bound, registrations holding their `GetInfo` connections
+/// could take every permit and wait forever for the handler's. A
+/// registration waiting for a slot is not a failure: it starts when one is
+/// released.
 #[derive(Debug, Clone)]
-struct RegistrationSlots(Arc<Semaphore>);
+struct RegistrationSlots {
+    budget: FdBudget,
+    slots: Arc<Semaphore>,
+}
 
 impl Default for RegistrationSlots {
     fn default() -> Self {
-        let kept_free = fd::budget().kept_free();
-        Self(Arc::new(Semaphore::new((kept_free / CONNECTIONS_PER_REGISTRATION).max(1))))
+        Self::new(FdBudget::default())
+    }
+}
+
+impl RegistrationSlots {
+    fn new(budget: FdBudget) -> Self {
+        let slots = (budget.kept_free() / CONNECTIONS_PER_REGISTRATION).max(1);
+        Self { budget, slots: Arc::new(Semaphore::new(slots)) }
     }
 }
 
@@ -174,6 +184,15 @@ impl OperationExecutor {
             events,
             slots: RegistrationSlots::default(),
         }
+    }
+
+    /// Dials plugins with permits of `budget` instead of the process-wide
+    /// [fd budget](kpm_transport::fd::budget), and sizes how many
+    /// registrations may run at once from it.
+    #[must_use]
+    pub fn with_fd_budget(mut self, budget: FdBudget) -> Self {
+        self.slots = RegistrationSlots::new(budget);
+        self
     }
 
     /// The operation map, to query pending operations and backoffs, reset a
@@ -260,7 +279,7 @@ impl OperationExecutor {
             actual_state,
             config: self.config,
             events: self.events.clone(),
-            slots: Arc::clone(&self.slots.0),
+            slots: self.slots.clone(),
         })
     }
 }
@@ -342,13 +361,13 @@ struct Register {
     actual_state: Arc<ActualState>,
     config: ExecutorConfig,
     events: EventBus,
-    slots: Arc<Semaphore>,
+    slots: RegistrationSlots,
 }
 
 impl Register {
     async fn run(self) -> Result<(), ExecutorError> {
         // Never closed, so a slot always comes; held until the outcome is known.
-        let slot = self.slots.acquire().await.ok();
+        let slot = self.slots.slots.acquire().await.ok();
         let outcome = self.register().await;
         drop(slot);
         let event = match &outcome {
@@ -455,10 +474,15 @@ impl Register {
     /// A registration client on a new connection, and the pid of the process
     /// serving the socket.
     async fn dial(&self) -> Result<(RegistrationClient<Channel>, Option<u32>), ExecutorError> {
-        let (channel, server_pid) =
-            uds::dial_with_peer(&self.socket, self.config.dial_timeout, self.config.refused_retry)
-                .await
-                .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
+        let permit = self.slots.budget.acquire().await;
+        let (channel, server_pid) = uds::dial_with_permit(
+            &self.socket,
+            self.config.dial_timeout,
+            self.config.refused_retry,
+            permit,
+        )
+        .await
+        .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
         let client = RegistrationClient::new(channel)
             .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
         Ok((client, server_pid))

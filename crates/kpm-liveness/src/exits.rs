@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
-use kpm_transport::fd;
+use kpm_transport::fd::{self, FdBudget};
 use rustix::io::Errno;
 use rustix::process::{Pid, PidfdFlags};
 use tokio::io::Interest;
@@ -43,12 +43,17 @@ pub(crate) enum Exit {
 /// between kpm's connection and `pidfd_open`, and the number been reused. So
 /// once the pidfd is open, the socket is checked: if nobody serves it any
 /// more, the process the pid named is gone, whatever the pidfd now refers to.
-pub(crate) async fn wait_for_exit(open: OpenPidfd, pid: u32, socket: &Path) -> Exit {
+pub(crate) async fn wait_for_exit(
+    open: OpenPidfd,
+    pid: u32,
+    socket: &Path,
+    budget: &FdBudget,
+) -> Exit {
     let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
         let error = io::Error::new(io::ErrorKind::InvalidInput, format!("pid {pid} out of range"));
         return Exit::Unwatchable(error);
     };
-    let Some(_permit) = fd::budget().try_acquire() else {
+    let Some(_permit) = budget.try_acquire() else {
         let error = io::Error::other("no file descriptor to spare for a pidfd");
         return Exit::Unwatchable(error);
     };
@@ -59,7 +64,7 @@ pub(crate) async fn wait_for_exit(open: OpenPidfd, pid: u32, socket: &Path) -> E
         Err(errno) => {
             let error = io::Error::from(errno);
             if fd::is_shortage(&error) {
-                fd::budget().shortage("pidfd");
+                budget.shortage("pidfd");
             }
             return Exit::Unwatchable(error);
         }
@@ -72,7 +77,7 @@ pub(crate) async fn wait_for_exit(open: OpenPidfd, pid: u32, socket: &Path) -> E
         Ok(fd) => fd,
         Err(err) => return Exit::Unwatchable(err),
     };
-    if let Reachability::Gone(_) = reach(socket).await {
+    if let Reachability::Gone(_) = reach(socket, budget).await {
         return Exit::Exited;
     }
     // Readable means exited; an error from the reactor means the same to us:

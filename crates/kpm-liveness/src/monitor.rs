@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
+use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
@@ -71,6 +72,7 @@ pub struct LivenessMonitor {
     config: LivenessConfig,
     open_pidfd: OpenPidfd,
     held: Option<Arc<dyn HeldConnections>>,
+    budget: FdBudget,
     counters: Counters,
     /// Endpoints whose connection dropped, not yet looked at.
     suspects: Mutex<HashSet<PathBuf>>,
@@ -95,6 +97,7 @@ impl LivenessMonitor {
             config,
             open_pidfd: pidfd_open,
             held: None,
+            budget: FdBudget::default(),
             counters: Counters::default(),
             suspects: Mutex::default(),
             suspected: Notify::new(),
@@ -106,6 +109,14 @@ impl LivenessMonitor {
     #[must_use]
     pub fn with_held_connections(mut self, held: Arc<dyn HeldConnections>) -> Self {
         self.held = Some(held);
+        self
+    }
+
+    /// Probe connections and pidfds take permits of `budget` instead of the
+    /// process-wide [fd budget](kpm_transport::fd::budget).
+    #[must_use]
+    pub fn with_fd_budget(mut self, budget: FdBudget) -> Self {
+        self.budget = budget;
         self
     }
 
@@ -379,8 +390,9 @@ impl<'a> State<'a> {
             return;
         }
         let (open, checked) = (self.monitor.open_pidfd, socket.to_path_buf());
+        let budget = self.monitor.budget.clone();
         let watch = self.tasks.spawn(async move {
-            let exit = wait_for_exit(open, pid, &checked).await;
+            let exit = wait_for_exit(open, pid, &checked, &budget).await;
             Done::Exited { pid, exit }
         });
         let sockets = HashSet::from([socket.to_path_buf()]);
@@ -434,8 +446,9 @@ impl<'a> State<'a> {
             (None, None) => Via::Dial,
         };
         let count = Arc::clone(&self.monitor.counters.probe_connections);
+        let budget = self.monitor.budget.clone();
         self.tasks.spawn(async move {
-            let probed = probe(&socket, via, timeout, &count).await;
+            let probed = probe(&socket, via, timeout, &count, &budget).await;
             Done::Probed { socket, generation, probed }
         });
     }
@@ -463,8 +476,9 @@ impl<'a> State<'a> {
 
     /// Checks whether `socket` is still served, because of `cause`.
     fn check(&mut self, socket: PathBuf, generation: Generation, cause: String) {
+        let budget = self.monitor.budget.clone();
         self.tasks.spawn(async move {
-            let reachability = reach(&socket).await;
+            let reachability = reach(&socket, &budget).await;
             Done::Reached { socket, generation, cause, reachability }
         });
     }

@@ -13,7 +13,7 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
-use kpm_transport::fd;
+use kpm_transport::fd::FdBudget;
 use kpm_transport::{self as uds, UdsChannel};
 
 /// Why a probe failed.
@@ -93,6 +93,7 @@ pub(crate) async fn probe(
     via: Via,
     timeout: Duration,
     kept: &Arc<AtomicUsize>,
+    budget: &FdBudget,
 ) -> Probed {
     match via {
         Via::Handler(channel) => Probed { outcome: get_info(channel, timeout).await, keep: None },
@@ -101,7 +102,7 @@ pub(crate) async fn probe(
             Probed { keep: outcome.is_ok().then_some(connection), outcome }
         }
         Via::Dial => {
-            let (channel, keepable) = match dial(socket, timeout).await {
+            let (channel, keepable) = match dial(socket, timeout, budget).await {
                 Ok(dialled) => dialled,
                 Err(failure) => return Probed { outcome: Err(failure), keep: None },
             };
@@ -114,10 +115,14 @@ pub(crate) async fn probe(
 
 /// Dials `socket`; says whether the connection may be kept (its permit is
 /// an optional holder's).
-async fn dial(socket: &Path, timeout: Duration) -> Result<(UdsChannel, bool), ProbeFailure> {
-    let (permit, keepable) = match fd::budget().try_acquire() {
+async fn dial(
+    socket: &Path,
+    timeout: Duration,
+    budget: &FdBudget,
+) -> Result<(UdsChannel, bool), ProbeFailure> {
+    let (permit, keepable) = match budget.try_acquire() {
         Some(permit) => (permit, true),
-        None => (fd::budget().acquire().await, false),
+        None => (budget.acquire().await, false),
     };
     let channel = UdsChannel::connect_with_permit(socket, timeout, Duration::ZERO, permit)
         .await
@@ -162,9 +167,10 @@ const RESET_WINDOW: Duration = Duration::from_millis(100);
 /// preface. Any error but a missing file or a refusal (a full backlog)
 /// counts as served: only absence is evidence of death. A shortage of fds
 /// is waited out.
-pub(crate) async fn reach(socket: &Path) -> Reachability {
+pub(crate) async fn reach(socket: &Path, budget: &FdBudget) -> Reachability {
     let gone = |why: String| Reachability::Gone(format!("connect {}: {why}", socket.display()));
-    let stream = match uds::connect_stream(socket, Duration::ZERO).await {
+    let permit = budget.acquire().await;
+    let stream = match uds::connect_with_permit(socket, Duration::ZERO, permit).await {
         Ok(stream) => stream,
         Err(err) if is_absence(&err) => return gone(err.to_string()),
         Err(_) => return Reachability::Served,

@@ -20,7 +20,11 @@
 //!
 //! The process-wide budget is [`budget()`]; `kpm run` sizes it with
 //! [`init`] after [`raise_soft_limit`]. A library user who never calls
-//! [`init`] gets one sized from the current limit at first use.
+//! [`init`] gets one sized from the current limit at first use. It is only
+//! the default: a connection dialled with a permit (`dial_with_permit`,
+//! `UdsChannel::connect_with_permit`, `connect_with_permit`) takes what it
+//! needs later, a reconnection or an fd shortage, from the permit's budget,
+//! and a server pays from the budget given to its `Incoming`.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -391,11 +395,27 @@ impl FdBudget {
     }
 }
 
+/// The process-wide [`budget()`], the one every part of kpm pays from
+/// unless given another.
+impl Default for FdBudget {
+    fn default() -> Self {
+        budget().clone()
+    }
+}
+
 /// One file descriptor's share of a budget, released on drop: keep it with
 /// the fd it pays for.
 #[derive(Debug)]
 pub struct FdPermit {
     inner: Arc<Inner>,
+}
+
+impl FdPermit {
+    /// The budget this permit belongs to: where the connection it pays for
+    /// takes its next permit (a reconnection) and reports fd shortages.
+    pub fn budget(&self) -> FdBudget {
+        FdBudget { inner: Arc::clone(&self.inner) }
+    }
 }
 
 impl Drop for FdPermit {

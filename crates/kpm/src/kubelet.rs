@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::PluginHandler;
+use kpm_transport::fd::FdBudget;
 
 use crate::api::registration::v1::PluginInfo;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
@@ -46,6 +47,7 @@ pub struct KubeletBuilder {
     registry_dir: Option<PathBuf>,
     disabled: Vec<PluginKind>,
     manager: PluginManagerBuilder,
+    fd_budget: FdBudget,
     #[cfg(feature = "csi")]
     csi: crate::csi::CsiConfig,
     #[cfg(feature = "csi")]
@@ -69,6 +71,7 @@ impl Default for KubeletBuilder {
             registry_dir: None,
             disabled: Vec::new(),
             manager: PluginManager::builder(),
+            fd_budget: FdBudget::default(),
             #[cfg(feature = "csi")]
             csi: crate::csi::CsiConfig::default(),
             #[cfg(feature = "csi")]
@@ -164,6 +167,15 @@ impl KubeletBuilder {
         self
     }
 
+    /// The file descriptors every connection to a plugin pays from (the
+    /// executor's, liveness', CSI `NodeGetInfo`, device plugins' and DRA
+    /// drivers' endpoints) and every connection `kubelet.sock` accepts.
+    /// Default: the process-wide [`fd::budget`](crate::transport::fd::budget).
+    pub fn fd_budget(mut self, budget: FdBudget) -> Self {
+        self.fd_budget = budget;
+        self
+    }
+
     /// The CSI handler's settings.
     #[cfg(feature = "csi")]
     pub fn csi_config(mut self, config: crate::csi::CsiConfig) -> Self {
@@ -235,10 +247,12 @@ impl KubeletBuilder {
         #[cfg(feature = "dra")]
         crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
-        let mut manager =
-            self.manager.registry_dir(self.registry_dir.unwrap_or_else(|| {
+        let mut manager = self
+            .manager
+            .registry_dir(self.registry_dir.unwrap_or_else(|| {
                 self.root_dir.join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME)
-            }));
+            }))
+            .fd_budget(self.fd_budget.clone());
         let mut handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)> = Vec::new();
 
         #[cfg(feature = "csi")]
@@ -251,7 +265,8 @@ impl KubeletBuilder {
                     let memory = Arc::new(crate::csi::InMemoryNodeInfo::default());
                     (memory.clone(), Some(memory))
                 };
-            let csi = crate::csi::CsiHandler::new(sink, self.csi);
+            let csi =
+                crate::csi::CsiHandler::new(sink, self.csi).with_fd_budget(self.fd_budget.clone());
             let drivers = csi.drivers();
             handlers.push((PluginKind::Csi, Arc::new(csi)));
             (drivers, memory)
@@ -259,7 +274,8 @@ impl KubeletBuilder {
 
         #[cfg(feature = "device")]
         let (devices, device_plugin_dir) = {
-            let devices = crate::device::DeviceManager::new(self.device);
+            let devices =
+                crate::device::DeviceManager::with_fd_budget(self.device, self.fd_budget.clone());
             handlers.push((PluginKind::Device, devices.clone()));
             if enabled(PluginKind::Device) {
                 manager = manager.held_connections(Arc::new(DeviceConnections(devices.clone())));
@@ -277,7 +293,8 @@ impl KubeletBuilder {
             let cleanup = self
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
-            let dra = crate::dra::DraManager::new(config, cleanup);
+            let dra =
+                crate::dra::DraManager::with_fd_budget(config, cleanup, self.fd_budget.clone());
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };

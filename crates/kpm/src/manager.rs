@@ -10,6 +10,7 @@ use kpm_cache::{ActualState, DesiredState, EventBus, EventCounts, PluginEvent, P
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
+use kpm_transport::fd::FdBudget;
 use kpm_watcher::{Watcher, WatcherConfig, WatcherStats};
 use tokio::sync::broadcast;
 
@@ -33,6 +34,7 @@ pub struct PluginManagerBuilder {
     held_connections: Option<Arc<dyn HeldConnections>>,
     shutdown_grace: Duration,
     event_capacity: usize,
+    fd_budget: FdBudget,
 }
 
 impl Default for PluginManagerBuilder {
@@ -48,6 +50,7 @@ impl Default for PluginManagerBuilder {
             held_connections: None,
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
+            fd_budget: FdBudget::default(),
         }
     }
 }
@@ -135,6 +138,15 @@ impl PluginManagerBuilder {
         self
     }
 
+    /// The file descriptors the executor's and liveness' connections to
+    /// plugins pay from (default: the process-wide
+    /// [`fd::budget`](crate::transport::fd::budget)). Give each manager of a
+    /// process its own to keep one from starving the others.
+    pub fn fd_budget(mut self, budget: FdBudget) -> Self {
+        self.fd_budget = budget;
+        self
+    }
+
     /// Checks every setting and builds the manager; nothing runs yet.
     pub fn build(self) -> Result<PluginManager> {
         if !(1..=MAX_EVENT_CAPACITY).contains(&self.event_capacity) {
@@ -162,7 +174,8 @@ impl PluginManagerBuilder {
                     Arc::clone(&actual),
                     events.clone(),
                     config,
-                )?;
+                )?
+                .with_fd_budget(self.fd_budget.clone());
                 Ok::<_, kpm_liveness::LivenessError>(Arc::new(match held {
                     Some(held) => monitor.with_held_connections(held),
                     None => monitor,
@@ -170,7 +183,8 @@ impl PluginManagerBuilder {
             })
             .transpose()
             .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;
-        let executor = OperationExecutor::with_events(self.executor, events.clone());
+        let executor = OperationExecutor::with_events(self.executor, events.clone())
+            .with_fd_budget(self.fd_budget.clone());
         let reconciler = Arc::new(Reconciler::new(
             Arc::clone(&desired),
             Arc::clone(&actual),
@@ -189,6 +203,7 @@ impl PluginManagerBuilder {
             events,
             watcher_stats: Arc::default(),
             liveness,
+            fd_budget: self.fd_budget,
         };
         Ok(PluginManager { handle, watcher: self.watcher, shutdown_grace: self.shutdown_grace })
     }
@@ -303,6 +318,7 @@ pub struct ManagerHandle {
     /// The running watcher's counters, once [`PluginManager::run`] started it.
     watcher_stats: Arc<OnceLock<WatcherStats>>,
     liveness: Option<Arc<LivenessMonitor>>,
+    fd_budget: FdBudget,
 }
 
 impl ManagerHandle {
@@ -349,6 +365,13 @@ impl ManagerHandle {
             operations: self.reconciler.executor().operations().len(),
             liveness: self.liveness.as_ref().map(|monitor| monitor.stats()),
         }
+    }
+
+    /// The file descriptor budget the manager's connections pay from, for
+    /// its levels and counters ([`FdBudget::stats`]) and for servers of
+    /// the same process to pay from.
+    pub fn fd_budget(&self) -> &FdBudget {
+        &self.fd_budget
     }
 
     /// The liveness monitor, if liveness is on.

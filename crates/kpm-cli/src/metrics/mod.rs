@@ -135,8 +135,11 @@ pub(crate) async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| CliError::MetricsAddr { addr, source })?;
+    let budget = metrics.kubelet.manager().fd_budget().clone();
     let listener = crate::listener::HttpListener::new(
-        kpm::transport::Http1Incoming::new(listener).handshake_timeout(handshake_timeout),
+        kpm::transport::Http1Incoming::new(listener)
+            .handshake_timeout(handshake_timeout)
+            .budget(budget),
     );
     let router = axum::Router::new()
         .route(

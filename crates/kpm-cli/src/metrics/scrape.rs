@@ -16,7 +16,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use kpm::transport::fd::FdStats;
+use kpm::transport::fd::{FdBudget, FdStats};
 
 use crate::heap::{self, HeapStats};
 use kpm::kube::KubeStatus;
@@ -73,8 +73,8 @@ pub(super) struct FdReading {
 }
 
 impl FdReading {
-    fn take() -> Self {
-        Self { budget: kpm::transport::fd::budget().stats(), open: kpm::transport::fd::open_fds() }
+    fn take(budget: &FdBudget) -> Self {
+        Self { budget: budget.stats(), open: kpm::transport::fd::open_fds() }
     }
 
     fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
@@ -221,7 +221,7 @@ impl Reading {
             devices,
             dra_instances,
             kube: kubelet.kubernetes().map(KubeReading::from),
-            fds: FdReading::take(),
+            fds: FdReading::take(kubelet.manager().fd_budget()),
         }
     }
 

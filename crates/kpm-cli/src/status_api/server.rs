@@ -45,7 +45,11 @@ impl StatusServer {
         let (incoming, bound) =
             uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(CliError::StatusSocket)?;
         let listener = HttpListener::new(
-            incoming.into_http1().spare_fd().handshake_timeout(handshake_timeout),
+            incoming
+                .into_http1()
+                .spare_fd()
+                .handshake_timeout(handshake_timeout)
+                .budget(kubelet.manager().fd_budget().clone()),
         );
         let router = router(kubelet);
         let path = socket.to_path_buf();

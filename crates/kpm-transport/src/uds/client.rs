@@ -69,25 +69,13 @@ impl UdsChannel {
         refused_retry: Duration,
         permit: FdPermit,
     ) -> Result<Self, TransportError> {
-        Self::connect_permitted(path, timeout, refused_retry, permit, |stream| stream).await
+        Self::connect_with(path, timeout, refused_retry, permit, |stream| stream).await
     }
 
-    /// Like [`connect`](Self::connect), with the connected stream wrapped by
-    /// `wrap` before HTTP/2 runs on it (to watch the connection's reads, say).
+    /// Like [`connect_with_permit`](Self::connect_with_permit), with the
+    /// connected stream wrapped by `wrap` before HTTP/2 runs on it (to watch
+    /// the connection's reads, say).
     pub async fn connect_with<T>(
-        path: &Path,
-        timeout: Duration,
-        refused_retry: Duration,
-        wrap: impl FnOnce(PermittedStream) -> T,
-    ) -> Result<Self, TransportError>
-    where
-        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
-        let permit = fd::budget().acquire().await;
-        Self::connect_permitted(path, timeout, refused_retry, permit, wrap).await
-    }
-
-    async fn connect_permitted<T>(
         path: &Path,
         timeout: Duration,
         refused_retry: Duration,

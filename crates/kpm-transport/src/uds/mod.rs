@@ -116,17 +116,19 @@ pub async fn dial_with_peer(
     dial_with_permit(path, timeout, refused_retry, permit).await
 }
 
-/// Like [`dial_with_peer`], with a permit the caller took, for example an
-/// optional holder's from [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire).
-/// Should the channel reconnect later, the new connection waits for a
-/// permit of its own.
+/// Like [`dial_with_peer`], with a permit the caller took: from a budget of
+/// its own, or an optional holder's from
+/// [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire). Should the
+/// channel reconnect later, the new connection waits for a permit of its
+/// own from the same budget.
 pub async fn dial_with_permit(
     path: &Path,
     timeout: Duration,
     refused_retry: Duration,
     permit: FdPermit,
 ) -> Result<(Channel, Option<u32>), TransportError> {
-    let socket = stream::new_socket()
+    let budget = permit.budget();
+    let socket = stream::new_socket(&budget)
         .await
         .map_err(|source| TransportError::Socket { path: path.to_path_buf(), source })?;
     // Taken by the first connection; a reconnection prepares its own.
@@ -139,13 +141,14 @@ pub async fn dial_with_permit(
     let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let (target, first, seen) = (Arc::clone(&target), Arc::clone(&first), Arc::clone(&seen));
+        let budget = budget.clone();
         async move {
             let prepared = first.lock().unwrap_or_else(PoisonError::into_inner).take();
             let prepared = match prepared {
                 Some(prepared) => prepared,
                 None => stream::Prepared {
-                    permit: fd::budget().acquire().await,
-                    socket: stream::new_socket().await?,
+                    permit: budget.acquire().await,
+                    socket: stream::new_socket(&budget).await?,
                 },
             };
             let stream = stream::connect_prepared(&target, refused_retry, prepared).await?;

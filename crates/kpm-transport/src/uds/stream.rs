@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{UnixSocket, UnixStream};
 
-use crate::fd::{self, FdPermit};
+use crate::fd::{self, FdBudget, FdPermit};
 
 /// Pause between connection attempts refused during the `refused_retry` window.
 const REFUSED_RETRY_INTERVAL: Duration = Duration::from_millis(5);
@@ -51,7 +51,7 @@ pub async fn connect_with_permit(
     refused_retry: Duration,
     permit: FdPermit,
 ) -> io::Result<PermittedStream> {
-    let socket = new_socket().await?;
+    let socket = new_socket(&permit.budget()).await?;
     connect_prepared(path, refused_retry, Prepared { permit, socket }).await
 }
 
@@ -80,16 +80,16 @@ pub(super) async fn connect_prepared(
                     && give_up.is_none_or(|at| tokio::time::Instant::now() < at) =>
             {
                 tokio::time::sleep(REFUSED_RETRY_INTERVAL).await;
-                socket = new_socket().await?;
+                socket = new_socket(&permit.budget()).await?;
             }
             Err(err) => return Err(err),
         }
     }
 }
 
-/// A new Unix stream socket; a shortage of fds is waited out.
-pub(super) async fn new_socket() -> io::Result<UnixSocket> {
-    let budget = fd::budget();
+/// A new Unix stream socket; a shortage of fds is waited out, and recorded
+/// in `budget`.
+pub(super) async fn new_socket(budget: &FdBudget) -> io::Result<UnixSocket> {
     loop {
         match UnixSocket::new_stream() {
             Ok(socket) => {
