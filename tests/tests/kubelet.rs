@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm::api::registration::v1::PluginInfo;
 use kpm::{BasicHandler, Kubelet, PluginKind};
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrarBuilder};
@@ -69,16 +68,6 @@ impl Node {
     async fn stop(mut self) {
         drop(self.stop.take());
         self.running.await.unwrap().unwrap();
-    }
-}
-
-/// What a plugin of `plugin_type` answers `GetInfo` with.
-fn plugin_info(plugin_type: &str, name: &str, endpoint: &Path, versions: &[String]) -> PluginInfo {
-    PluginInfo {
-        r#type: plugin_type.to_owned(),
-        name: name.to_owned(),
-        endpoint: endpoint.display().to_string(),
-        supported_versions: versions.to_vec(),
     }
 }
 
@@ -180,26 +169,27 @@ async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the
     let _service = serve_service(&endpoint, StubDraDriver.routes()).await;
     let versions = [kpm::api::DRA_V1_SERVICE.to_owned()];
 
-    // What `kpm probe` asks: the handler alone, nothing running.
+    let registrar = || {
+        Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+            .versions(versions.clone())
+            .endpoint(&endpoint)
+    };
+
+    // What `kpm probe` asks: an inspection, nothing running.
     let probe_root = tempfile::tempdir().unwrap();
     let probed = Kubelet::builder().root_dir(probe_root.path()).build().unwrap();
-    let info = plugin_info(kpm::api::DRA_PLUGIN, "gpu.example.com", &endpoint, &versions);
-    let refused = match probed.validate(&outside.path().join("reg.sock"), &info).await {
-        Err(kpm::Error::Validate { plugin_type, source }) if plugin_type == info.r#type => {
-            source.to_string()
-        }
+    let plugin = registrar().socket_dir(outside.path()).serve().await.unwrap();
+    let inspection = probed.handle().manager().inspect(plugin.socket_path()).await;
+    assert_eq!(inspection.failed_step(), Some(kpm::Step::Validate), "{inspection:?}");
+    let refused = match inspection.outcome {
+        Err(kpm::ExecutorError::Validate { source, .. }) => source.to_string(),
         other => panic!("{other:?}"),
     };
+    assert!(plugin.statuses().is_empty(), "an inspection tells the plugin nothing");
 
     // What `kpm run` does with the same plugin.
     let node = Node::start(|builder| builder);
-    let (_plugin, told) = node
-        .plugin(
-            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
-                .versions(versions.clone())
-                .endpoint(&endpoint),
-        )
-        .await;
+    let (_plugin, told) = node.plugin(registrar()).await;
     assert!(!told.plugin_registered);
     let root_of = |text: &str, root: &Path| text.replace(&root.display().to_string(), "<root>");
     let told = root_of(&told.error, node.root.path());
@@ -212,22 +202,22 @@ async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disabled_kind_has_no_handler_and_its_plugins_are_told_so() {
     let node = Node::start(|builder| builder.disable(PluginKind::Device));
-    let (_plugin, told) =
+    let (plugin, told) =
         node.plugin(Registrar::builder(kpm::api::DEVICE_PLUGIN, "example.com/gpu")).await;
     assert!(!told.plugin_registered);
     assert!(told.error.contains("no handler registered for plugin type: DevicePlugin"), "{told:?}");
     assert!(!node.root.path().join("device-plugins/kubelet.sock").exists());
 
     let probed = Kubelet::builder().disable(PluginKind::Device).build().unwrap();
-    let socket = node.registry().join("probed.sock");
-    let device = plugin_info(kpm::api::DEVICE_PLUGIN, "example.com/gpu", &socket, &[]);
-    let refused = probed.validate(&socket, &device).await.unwrap_err();
+    let inspection = probed.handle().manager().inspect(plugin.socket_path()).await;
     assert!(
-        matches!(&refused, kpm::Error::NoHandler { plugin_type } if plugin_type == "DevicePlugin"),
-        "{refused:?}"
+        matches!(
+            &inspection.outcome,
+            Err(kpm::ExecutorError::UnknownPluginType { plugin_type, .. }) if plugin_type == "DevicePlugin"
+        ),
+        "{inspection:?}"
     );
-    let csi = plugin_info(kpm::api::CSI_PLUGIN, "csi.example.com", &socket, &["1.0.0".into()]);
-    probed.validate(&socket, &csi).await.unwrap();
+    assert_eq!(inspection.info.unwrap().name, "example.com/gpu", "what GetInfo answered");
     node.stop().await;
 }
 

@@ -32,7 +32,7 @@ pub use actual_state::{ActualState, PluginInfo};
 pub use change::{ChangeSignal, Changes};
 pub use desired_state::{DesiredPlugin, DesiredState, Generation};
 pub use events::{EventBus, EventCounts, PluginEvent};
-pub use handler::{HandlerError, PluginHandler};
+pub use handler::{HandlerError, PluginHandler, ServiceReport};
 pub use hangups::Hangups;
 
 /// Errors of the cache crate.

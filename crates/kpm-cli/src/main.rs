@@ -17,6 +17,7 @@
 mod demo;
 mod error;
 mod heap;
+mod inspect;
 mod list;
 mod listener;
 mod metrics;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kpm_cache::{HandlerError, PluginHandler};
+use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
 use kpm_transport::fd::FdBudget;
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
@@ -223,12 +223,18 @@ impl CsiHandler {
 
     /// NodeGetInfo, then `InstallCSIDriver`.
     async fn install(&self, name: &str, endpoint: &str) -> Result<DriverNodeInfo, CsiError> {
+        let node = self.node_info(endpoint).await?;
+        self.sink.install_driver(name, &node).await?;
+        Ok(node)
+    }
+
+    /// NodeGetInfo, refused without a node id.
+    async fn node_info(&self, endpoint: &str) -> Result<DriverNodeInfo, CsiError> {
         let node = client::node_get_info(endpoint, self.config.node_get_info_timeout, &self.budget)
             .await?;
         if node.node_id.is_empty() {
             return Err(CsiError::EmptyNodeId);
         }
-        self.sink.install_driver(name, &node).await?;
         Ok(node)
     }
 
@@ -268,6 +274,16 @@ impl PluginHandler for CsiHandler {
 
     async fn deregister(&self, name: &str, endpoint: &str) {
         self.deregister_driver(name, endpoint).await;
+    }
+
+    /// The driver's NodeGetInfo, as registration would call and check it.
+    async fn inspect(
+        &self,
+        _name: &str,
+        endpoint: &str,
+        _versions: &[String],
+    ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
+        Ok(Some(Box::new(self.node_info(endpoint).await?)))
     }
 }
 

@@ -19,6 +19,17 @@ pub struct DriverNodeInfo {
     pub topology: BTreeMap<String, String>,
 }
 
+/// `node_id=… max_volumes=… topology={…}`, as `kpm probe` shows it.
+impl std::fmt::Display for DriverNodeInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "node_id={} max_volumes={} topology={:?}",
+            self.node_id, self.max_volumes_per_node, self.topology
+        )
+    }
+}
+
 /// A registered CSI driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsiDriver {

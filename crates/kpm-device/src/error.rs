@@ -97,6 +97,18 @@ pub enum DeviceError {
         status: tonic::Status,
     },
 
+    /// The plugin's `ListAndWatch` failed or ended before its first list
+    /// (inspections only; registration follows the stream instead).
+    #[error("ListAndWatch of device plugin {resource} at {}: {reason}", socket.display())]
+    ListAndWatch {
+        /// The extended resource name.
+        resource: String,
+        /// The plugin's service socket.
+        socket: PathBuf,
+        /// What went wrong, as grpc-go prints a status.
+        reason: String,
+    },
+
     /// The manager was shut down: no new endpoints are connected.
     #[error("device manager is shut down: not connecting {resource} at {}", socket.display())]
     ShutDown {

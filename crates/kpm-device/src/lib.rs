@@ -115,7 +115,7 @@ pub use error::DeviceError;
 pub use kubelet_socket::KubeletSocket;
 pub use manager::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DEFAULT_PRE_START_TIMEOUT,
-    DeviceConfig, DeviceManager, DeviceStatus, ResourceStatus,
+    DeviceConfig, DeviceManager, DevicePluginReport, DeviceStatus, ResourceStatus,
 };
 pub use validation::{is_extended_resource_name, validate_plugin, validate_register_request};
 pub use view::DeviceView;

@@ -26,7 +26,7 @@ use kpm_api::deviceplugin::v1beta1::{
     PreStartContainerRequest, PreferredAllocationRequest, PreferredAllocationResponse,
     RegisterRequest,
 };
-use kpm_cache::{HandlerError, Hangups, PluginHandler};
+use kpm_cache::{HandlerError, Hangups, PluginHandler, ServiceReport};
 use parking_lot::Mutex;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -391,6 +391,68 @@ impl DeviceManager {
             return Err(shut_down(resource, socket));
         }
         debug!(resource, socket = %shown, "connecting to device plugin");
+        let (channel, options) = self.open(resource, socket).await?;
+        let Some(id) = self.install(resource, socket, file, options, channel.clone())? else {
+            debug!(resource, socket = %shown, "device plugin was connected meanwhile");
+            return Ok(());
+        };
+        let task = tokio::spawn(watch_devices(
+            self.this.clone(),
+            resource.to_owned(),
+            socket.to_path_buf(),
+            id,
+            channel,
+        ));
+        self.attach_stream(resource, id, task);
+        info!(
+            resource,
+            socket = %shown,
+            pre_start_required = options.pre_start_required,
+            get_preferred_allocation_available = options.get_preferred_allocation_available,
+            "device plugin connected"
+        );
+        Ok(())
+    }
+
+    /// What registering the device plugin serving `socket` as `resource`
+    /// would see, read-only: its options and its first device list, each
+    /// call within the configured timeout; the connection is closed
+    /// afterwards. Refused like registration on an invalid config.
+    pub async fn inspect_endpoint(
+        &self,
+        resource: &str,
+        socket: &Path,
+    ) -> Result<DevicePluginReport, DeviceError> {
+        self.config.validate()?;
+        let (channel, options) = self.open(resource, socket).await?;
+        let timeout = self.config.call_timeout;
+        let first = async { list_and_watch(channel).await?.message().await };
+        let failed = |reason: String| DeviceError::ListAndWatch {
+            resource: resource.to_owned(),
+            socket: socket.to_path_buf(),
+            reason,
+        };
+        let list = match tokio::time::timeout(timeout, first).await {
+            Err(_) => return Err(timed_out("ListAndWatch", resource, socket, timeout)),
+            Ok(Err(status)) => return Err(failed(rpc_error(&status))),
+            Ok(Ok(None)) => return Err(failed("the stream ended before the first list".into())),
+            Ok(Ok(Some(list))) => list,
+        };
+        let healthy = list.devices.iter().filter(|device| device.health == DEVICE_HEALTHY).count();
+        Ok(DevicePluginReport {
+            pre_start_required: options.pre_start_required,
+            get_preferred_allocation_available: options.get_preferred_allocation_available,
+            devices: list.devices.len(),
+            healthy,
+        })
+    }
+
+    /// Dials the device plugin at `socket` and asks its options.
+    async fn open(
+        &self,
+        resource: &str,
+        socket: &Path,
+    ) -> Result<(UdsChannel, DevicePluginOptions), DeviceError> {
         // A connection of its own, without tonic's `Channel`: it is held for
         // as long as the plugin is registered, and its buffers are most of
         // kpm's memory with many plugins (docs/performance.md).
@@ -420,26 +482,7 @@ impl DeviceManager {
             },
         )
         .await?;
-        let Some(id) = self.install(resource, socket, file, options, channel.clone())? else {
-            debug!(resource, socket = %shown, "device plugin was connected meanwhile");
-            return Ok(());
-        };
-        let task = tokio::spawn(watch_devices(
-            self.this.clone(),
-            resource.to_owned(),
-            socket.to_path_buf(),
-            id,
-            channel,
-        ));
-        self.attach_stream(resource, id, task);
-        info!(
-            resource,
-            socket = %shown,
-            pre_start_required = options.pre_start_required,
-            get_preferred_allocation_available = options.get_preferred_allocation_available,
-            "device plugin connected"
-        );
-        Ok(())
+        Ok((channel, options))
     }
 
     /// If `socket` is the current endpoint of `resource`: closes its stream,
@@ -822,6 +865,45 @@ impl PluginHandler for DeviceManager {
 
     async fn deregister(&self, name: &str, endpoint: &str) {
         self.deregister_plugin(name, endpoint);
+    }
+
+    /// Its options and first device list ([`DeviceManager::inspect_endpoint`]).
+    async fn inspect(
+        &self,
+        name: &str,
+        endpoint: &str,
+        _versions: &[String],
+    ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
+        Ok(Some(Box::new(self.inspect_endpoint(name, Path::new(endpoint)).await?)))
+    }
+}
+
+/// What a device plugin's `GetDevicePluginOptions` and first `ListAndWatch`
+/// list say ([`DeviceManager::inspect_endpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DevicePluginReport {
+    /// `pre_start_required` of its options.
+    pub pre_start_required: bool,
+    /// `get_preferred_allocation_available` of its options.
+    pub get_preferred_allocation_available: bool,
+    /// Devices in its first list.
+    pub devices: usize,
+    /// Of those, the healthy ones.
+    pub healthy: usize,
+}
+
+/// `N devices, M healthy; pre_start_required=… get_preferred_allocation_available=…`.
+impl std::fmt::Display for DevicePluginReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} devices, {} healthy; pre_start_required={} get_preferred_allocation_available={}",
+            self.devices,
+            self.healthy,
+            self.pre_start_required,
+            self.get_preferred_allocation_available
+        )
     }
 }
 

@@ -10,7 +10,7 @@ use kpm_api::deviceplugin::v1beta1::{
 use tokio::sync::watch;
 
 use crate::error::DeviceError;
-use crate::manager::{DeviceConfig, DeviceManager, ResourceStatus};
+use crate::manager::{DeviceConfig, DeviceManager, DevicePluginReport, ResourceStatus};
 
 /// A cheap, cloneable, read-only view of a [`DeviceManager`], from
 /// [`DeviceManager::view`]: the resources, their devices and health, the
@@ -101,6 +101,16 @@ impl DeviceView {
     /// See [`DeviceManager::validate_plugin`]: no side effects.
     pub fn validate_plugin(&self, name: &str, versions: &[String]) -> Result<(), DeviceError> {
         self.manager.validate_plugin(name, versions)
+    }
+
+    /// See [`DeviceManager::inspect_endpoint`]: read-only, and the
+    /// connection is closed afterwards.
+    pub async fn inspect_endpoint(
+        &self,
+        resource: &str,
+        socket: &std::path::Path,
+    ) -> Result<DevicePluginReport, DeviceError> {
+        self.manager.inspect_endpoint(resource, socket).await
     }
 
     /// See [`DeviceManager::allocate`].

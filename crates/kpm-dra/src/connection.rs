@@ -31,9 +31,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-pub(crate) use kpm_api::gotext::error_chain;
 use kpm_transport::fd::FdBudget;
-use kpm_transport::{PermittedStream, UdsChannel};
+use kpm_transport::{PermittedStream, TransportError, UdsChannel};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -83,15 +82,13 @@ impl Connection {
 
     /// Dials a new channel: connects and completes the client side of the
     /// HTTP/2 handshake, by `deadline`.
-    async fn dial(&self, deadline: Instant) -> Result<UdsChannel, String> {
+    async fn dial(&self, deadline: Instant) -> Result<UdsChannel, TransportError> {
         let live = Arc::clone(&self.live);
         let monitored =
             move |inner: PermittedStream| MonitoredIo { inner, live, state: IoState::Pending };
         let timeout = deadline.saturating_duration_since(Instant::now());
         let permit = self.budget.acquire().await;
-        UdsChannel::connect_with(&self.socket, timeout, Duration::ZERO, permit, monitored)
-            .await
-            .map_err(|err| error_chain(&err))
+        UdsChannel::connect_with(&self.socket, timeout, Duration::ZERO, permit, monitored).await
     }
 
     /// Makes `channel` the one calls use; the previous one is dropped, which
@@ -103,7 +100,7 @@ impl Connection {
     /// Dials, swaps the new channel in and waits for the server's first
     /// bytes, all within [`DIAL_TIMEOUT`]. Returns whether the instance is
     /// connected afterwards; an error says why dialing failed.
-    pub(crate) async fn reconnect(&self) -> Result<bool, String> {
+    pub(crate) async fn reconnect(&self) -> Result<bool, TransportError> {
         let deadline = Instant::now() + DIAL_TIMEOUT;
         let channel = self.dial(deadline).await?;
         self.replace_channel(channel);
@@ -258,7 +255,7 @@ mod tests {
     async fn reconnecting_to_a_missing_socket_fails_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let connection = Connection::new(&dir.path().join("missing.sock"), FdBudget::default());
-        let err = connection.reconnect().await.unwrap_err();
+        let err = kpm_api::gotext::error_chain(&connection.reconnect().await.unwrap_err());
         assert!(err.contains("No such file or directory"), "{err}");
         assert!(!connection.is_connected());
     }

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use kpm_api::constants::MAX_SOCKET_PATH_BYTES;
-pub(crate) use kpm_api::gotext::{go_code_name, go_quote, go_quote_list};
+pub(crate) use kpm_api::gotext::{error_chain, go_code_name, go_quote, go_quote_list};
 
 /// Why a DRA driver could not be validated, registered or called. Variants
 /// are named after the step that failed.
@@ -143,6 +143,19 @@ pub enum DraError {
         /// The status returned, `DeadlineExceeded` on timeout.
         #[source]
         status: tonic::Status,
+    },
+
+    /// Connecting to a driver's endpoint failed (inspections only:
+    /// registration starts disconnected and keeps trying).
+    #[error("connecting to DRA driver {driver} at endpoint {endpoint}: {}", error_chain(source))]
+    Connect {
+        /// The driver's name.
+        driver: String,
+        /// The driver's service socket, as reported.
+        endpoint: String,
+        /// The transport's error.
+        #[source]
+        source: kpm_transport::TransportError,
     },
 
     /// `NodeUnprepareResources` failed or timed out (then the status is

@@ -114,8 +114,8 @@ pub use cleanup::{InMemoryCleanup, SliceCleanup};
 pub use error::DraError;
 pub use health::DeviceHealthStatus;
 pub use manager::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DraConfig, DraDriverStatus, DraInstanceStatus,
-    DraManager,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DraConfig, DraDriverStatus, DraEndpointReport,
+    DraInstanceStatus, DraManager,
 };
 pub use validate::{
     DraService, HealthService, MAX_DRIVER_NAME_LEN, choose_service, pick_health_service,

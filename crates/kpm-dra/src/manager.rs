@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
-use kpm_cache::{HandlerError, Hangups, PluginHandler};
+use kpm_api::gotext::error_chain;
+use kpm_cache::{HandlerError, Hangups, PluginHandler, ServiceReport};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
@@ -23,7 +24,7 @@ use crate::connection::{Connection, RECONNECT_INTERVAL};
 use crate::convert;
 use crate::error::{DraError, deadline_exceeded};
 use crate::health::{self, DeviceHealthStatus};
-use crate::validate::{DraService, HealthService, validate_plugin};
+use crate::validate::{DraService, HealthService, choose_service, validate_plugin};
 
 /// The kubelet's `defaultClientCallTimeout`: how long `NodePrepareResources`
 /// and `NodeUnprepareResources` may take.
@@ -283,7 +284,7 @@ impl DraManager {
                 info!(
                     driver,
                     endpoint,
-                    error = err,
+                    error = error_chain(&err),
                     "cannot connect to the DRA driver plugin yet; will keep trying"
                 );
             }
@@ -393,10 +394,45 @@ impl DraManager {
         claims: Vec<v1::Claim>,
     ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
         let instance = self.serving(driver)?;
-        let timeout = self.shared.config.call_timeout;
-        let channel = instance.connection.channel();
         let (endpoint, service) = (instance.endpoint.clone(), instance.service);
         debug!(driver, endpoint, claims = claims.len(), "NodePrepareResources");
+        self.node_prepare(driver, endpoint, service, instance.connection.channel(), claims).await
+    }
+
+    /// What registering the DRA driver `driver` at `endpoint` would see,
+    /// read-only: the service it would be called with (negotiated from
+    /// `services`) answers `NodePrepareResources` with no claims, which
+    /// prepares nothing. The connection is closed afterwards.
+    pub async fn inspect_endpoint(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        services: &[String],
+    ) -> Result<DraEndpointReport, DraError> {
+        self.shared.config.validate()?;
+        let service = choose_service(services)?;
+        let connection = Connection::new(Path::new(endpoint), self.shared.budget.clone());
+        connection.reconnect().await.map_err(|source| DraError::Connect {
+            driver: driver.to_owned(),
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+        let channel = connection.channel();
+        self.node_prepare(driver, endpoint.to_owned(), service, channel, Vec::new()).await?;
+        Ok(DraEndpointReport { service })
+    }
+
+    /// `NodePrepareResources` of `claims` on `channel` with `service`,
+    /// within [`DraConfig::call_timeout`].
+    async fn node_prepare(
+        &self,
+        driver: &str,
+        endpoint: String,
+        service: DraService,
+        channel: Result<kpm_transport::UdsChannel, tonic::Status>,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
+        let timeout = self.shared.config.call_timeout;
         let call = async move {
             let channel = channel?;
             match service {
@@ -716,9 +752,21 @@ async fn monitor(shared: Weak<Shared>, instance: Arc<Instance>, reported: bool) 
                 debug!(driver, endpoint, "reconnected, but the DRA driver plugin sent nothing");
             }
             Err(error) if failures == 0 => {
-                debug!(driver, endpoint, error, "reconnecting failed; retrying");
+                debug!(
+                    driver,
+                    endpoint,
+                    error = error_chain(&error),
+                    "reconnecting failed; retrying"
+                );
             }
-            Err(error) => trace!(driver, endpoint, error, "reconnecting failed; retrying"),
+            Err(error) => {
+                trace!(
+                    driver,
+                    endpoint,
+                    error = error_chain(&error),
+                    "reconnecting failed; retrying"
+                );
+            }
         }
         failures += 1;
         tokio::time::sleep(RECONNECT_INTERVAL).await;
@@ -758,5 +806,30 @@ impl PluginHandler for DraManager {
 
     async fn deregister(&self, name: &str, endpoint: &str) {
         self.deregister_plugin(name, endpoint);
+    }
+
+    /// Its negotiated service answers ([`DraManager::inspect_endpoint`]).
+    async fn inspect(
+        &self,
+        name: &str,
+        endpoint: &str,
+        versions: &[String],
+    ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
+        Ok(Some(Box::new(self.inspect_endpoint(name, endpoint, versions).await?)))
+    }
+}
+
+/// What a DRA driver's endpoint answered ([`DraManager::inspect_endpoint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DraEndpointReport {
+    /// The service it is called with.
+    pub service: DraService,
+}
+
+/// `SERVICE answers NodePrepareResources (no claims)`.
+impl std::fmt::Display for DraEndpointReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} answers NodePrepareResources (no claims)", self.service)
     }
 }

@@ -133,6 +133,20 @@ pub enum ExecutorError {
         source: HandlerError,
     },
 
+    /// The handler found the plugin's own service failing when it inspected
+    /// it ([`PluginHandler::inspect`](kpm_cache::PluginHandler::inspect));
+    /// inspections only.
+    #[error("inspect {}: the service of plugin {name:?}: {source}", socket.display())]
+    InspectService {
+        /// The registration socket.
+        socket: PathBuf,
+        /// The plugin's name.
+        name: String,
+        /// The handler's error.
+        #[source]
+        source: HandlerError,
+    },
+
     /// The plugin answered `NotifyRegistrationStatus` with an error; the
     /// handler's registration is undone.
     #[error("register {}: NotifyRegistrationStatus: {source}", socket.display())]

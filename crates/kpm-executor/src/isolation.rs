@@ -31,13 +31,14 @@ pub(crate) struct HandlerFailure {
 /// Runs a call of the `plugin_type` handler in its own task, for at most
 /// `timeout`. Handlers are third-party code on the registration path: one
 /// that panics or never returns must not stall its socket forever.
-pub(crate) async fn call_handler<F>(
+pub(crate) async fn call_handler<F, T>(
     plugin_type: &str,
     timeout: Duration,
     call: F,
-) -> Result<(), HandlerFailure>
+) -> Result<T, HandlerFailure>
 where
-    F: Future<Output = Result<(), HandlerError>> + Send + 'static,
+    F: Future<Output = Result<T, HandlerError>> + Send + 'static,
+    T: Send + 'static,
 {
     let task = tokio::spawn(call);
     let abort = task.abort_handle();
@@ -61,16 +62,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_returning_call_passes_its_result_through() {
         assert!(call_handler("T", Duration::from_secs(1), async { Ok(()) }).await.is_ok());
-        let failure = call_handler("T", Duration::from_secs(1), async { Err("no".into()) })
-            .await
-            .err()
-            .unwrap();
+        let failure =
+            call_handler("T", Duration::from_secs(1), async { Err::<(), _>("no".into()) })
+                .await
+                .err()
+                .unwrap();
         assert_eq!((failure.error.to_string().as_str(), failure.aborted), ("no", false));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_panic_is_an_aborted_call_with_its_message() {
-        let failure = call_handler("TestPlugin", Duration::from_secs(1), async {
+        let failure = call_handler::<_, ()>("TestPlugin", Duration::from_secs(1), async {
             panic!("boom");
         })
         .await

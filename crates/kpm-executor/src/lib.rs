@@ -6,6 +6,8 @@
 //!   registration socket, `GetInfo`, hand the plugin to the handler of its
 //!   type, `NotifyRegistrationStatus`, update [`kpm_cache::ActualState`].
 //! - [`check_info`]: the bounds every `GetInfo` answer must keep.
+//! - [`OperationExecutor::inspect`]: the register operation's steps on a
+//!   socket, timed, registering nothing: an [`Inspection`].
 //!
 //! Operations run as tokio tasks; every wait is a tokio timer, so tests run on
 //! paused time.
@@ -14,6 +16,7 @@
 
 mod backoff;
 mod error;
+mod inspection;
 mod isolation;
 mod operation_executor;
 mod operation_map;
@@ -21,6 +24,7 @@ mod plugin_info;
 
 pub use backoff::ExponentialBackoff;
 pub use error::ExecutorError;
+pub use inspection::{InspectedStep, Inspection, Step};
 pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
 pub use operation_map::{OperationMap, OperationStatus};
 pub use plugin_info::{check_info, plugin_endpoint};

@@ -11,7 +11,10 @@ use std::time::{Duration, SystemTime};
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
-use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
+use kpm_cache::{
+    ActualState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler, PluginInfo,
+    ServiceReport,
+};
 use kpm_transport as uds;
 use kpm_transport::fd::FdBudget;
 use tokio::sync::Semaphore;
@@ -19,6 +22,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
+use crate::inspection::{Inspection, Step, Steps};
 use crate::isolation::{HandlerFailure, call_handler};
 use crate::{ExecutorError, ExponentialBackoff, OperationMap, check_info, plugin_endpoint};
 
@@ -273,14 +277,42 @@ impl OperationExecutor {
     ) -> Result<Register, ExecutorError> {
         self.config.validate()?;
         Ok(Register {
-            socket: socket.to_path_buf(),
+            attempt: self.attempt(socket, handlers),
             generation,
-            handlers,
             actual_state,
-            config: self.config,
             events: self.events.clone(),
-            slots: self.slots.clone(),
         })
+    }
+
+    fn attempt(&self, socket: &Path, handlers: Arc<Handlers>) -> Attempt {
+        Attempt {
+            socket: socket.to_path_buf(),
+            handlers,
+            config: self.config,
+            slots: self.slots.clone(),
+        }
+    }
+
+    /// Runs the register operation's steps on `socket` up to the handler's
+    /// validation, then asks the handler what it sees of the plugin's own
+    /// service ([`PluginHandler::inspect`]), timing each step: what would
+    /// happen if `kpm run` found this socket now. Nothing is registered,
+    /// the plugin is not notified, no connection outlives the call, and
+    /// the socket's operation entry is left alone. Each step is bounded by
+    /// this executor's timeouts; an invalid config is the outcome.
+    pub async fn inspect(&self, socket: &Path, handlers: Arc<Handlers>) -> Inspection {
+        if let Err(err) = self.config.validate() {
+            return Inspection {
+                socket: socket.to_path_buf(),
+                steps: Vec::new(),
+                info: None,
+                endpoint: None,
+                server_pid: None,
+                service: None,
+                outcome: Err(err),
+            };
+        }
+        self.attempt(socket, handlers).inspect().await
     }
 }
 
@@ -353,122 +385,140 @@ impl std::fmt::Display for HandlerStep {
     }
 }
 
-/// One register operation and what it needs.
-struct Register {
+/// The calls on one registration socket, the register operation's and an
+/// inspection's alike: dial, `GetInfo`, the handler's checks, the
+/// notification.
+struct Attempt {
     socket: PathBuf,
-    generation: Generation,
     handlers: Arc<Handlers>,
-    actual_state: Arc<ActualState>,
     config: ExecutorConfig,
-    events: EventBus,
     slots: RegistrationSlots,
 }
 
-impl Register {
-    async fn run(self) -> Result<(), ExecutorError> {
-        // Never closed, so a slot always comes; held until the outcome is known.
-        let slot = self.slots.slots.acquire().await.ok();
-        let outcome = self.register().await;
-        drop(slot);
-        let event = match &outcome {
-            Ok(info) => PluginEvent::Registered {
-                socket: self.socket.clone(),
-                generation: self.generation,
-                plugin_type: info.plugin_type.clone(),
-                name: info.name.clone(),
-                endpoint: info.endpoint.clone(),
-            },
-            Err(err) => PluginEvent::Rejected {
-                socket: self.socket.clone(),
-                generation: self.generation,
-                reason: err.to_string(),
-            },
-        };
-        self.events.publish(event);
-        outcome.map(drop)
-    }
+/// A plugin as its `GetInfo` answer describes it, with the handler of its
+/// type, which validated it, and the connection it answered on.
+struct Admitted {
+    info: WirePluginInfo,
+    endpoint: String,
+    handler: Arc<dyn PluginHandler>,
+    connection: Connection,
+}
 
-    async fn register(&self) -> Result<PluginInfo, ExecutorError> {
-        let (info, connection) = self.get_info().await?;
-        if let Err(reason) = check_info(&info) {
+/// Why a plugin was refused before its handler registered it, what it
+/// answered `GetInfo` if it did, and, where it can be told, what it is told.
+struct Refusal {
+    error: ExecutorError,
+    info: Option<WirePluginInfo>,
+    tell: Option<(Connection, String)>,
+}
+
+impl From<ExecutorError> for Refusal {
+    fn from(error: ExecutorError) -> Self {
+        Self { error, info: None, tell: None }
+    }
+}
+
+impl Attempt {
+    /// The register operation's steps before the handler registers the
+    /// plugin, each timed into `steps`: dial, `GetInfo`, the answer's
+    /// bounds, the handler of its type, the handler's validation.
+    async fn admit(&self, steps: &mut Steps) -> Result<Admitted, Refusal> {
+        let (client, server_pid) = steps.time(Step::Dial, self.dial()).await?;
+        let (info, connection) =
+            steps.time(Step::GetInfo, self.get_info(client, server_pid)).await?;
+        let checked = steps.time(Step::CheckInfo, async { check_info(&info) }).await;
+        if let Err(reason) = checked {
             let message = format!("RegisterPlugin error -- invalid plugin info: {reason}");
-            self.notify_failure(&connection, "", message).await;
-            return Err(ExecutorError::InvalidInfo { socket: self.socket.clone(), reason });
+            let error = ExecutorError::InvalidInfo { socket: self.socket.clone(), reason };
+            return Err(Refusal { error, info: Some(info), tell: Some((connection, message)) });
         }
-        let Some(handler) = self.handlers.get(&info.r#type).cloned() else {
+        let found = steps.time(Step::Handler, async { self.handlers.get(&info.r#type).cloned() });
+        let Some(handler) = found.await else {
             let message = format!(
                 "RegisterPlugin error -- no handler registered for plugin type: {} at socket {}",
                 info.r#type,
                 self.socket.display()
             );
-            self.notify_failure(&connection, &info.name, message).await;
-            return Err(ExecutorError::UnknownPluginType {
+            let error = ExecutorError::UnknownPluginType {
                 socket: self.socket.clone(),
-                plugin_type: info.r#type,
-            });
+                plugin_type: info.r#type.clone(),
+            };
+            return Err(Refusal { error, info: Some(info), tell: Some((connection, message)) });
         };
         let endpoint = plugin_endpoint(&info, &self.socket);
-        let mut registered = PluginInfo {
-            socket_path: self.socket.clone(),
-            generation: self.generation,
-            plugin_type: info.r#type,
-            name: info.name,
-            endpoint,
-            versions: info.supported_versions,
-            registered_at: SystemTime::now(),
-            server_pid: connection.server_pid,
-            handler,
-        };
-
-        for step in [HandlerStep::Validate, HandlerStep::Register] {
-            let Err(failure) = self.call(&registered, step).await else { continue };
-            if failure.aborted && matches!(step, HandlerStep::Register) {
-                // It may have stopped halfway: nothing may stay registered.
-                call_deregister(&registered, self.config.handler_timeout).await;
-            }
-            let message =
-                format!("RegisterPlugin error -- {step} failed with err: {}", failure.error);
-            self.notify_failure(&connection, &registered.name, message).await;
-            let (socket, name, source) = (self.socket.clone(), registered.name, failure.error);
-            return Err(match step {
-                HandlerStep::Validate => ExecutorError::Validate { socket, name, source },
-                HandlerStep::Register => ExecutorError::Register { socket, name, source },
-            });
+        let admitted = Admitted { info, endpoint, handler, connection };
+        let validated = steps.time(Step::Validate, self.call(&admitted, HandlerStep::Validate));
+        if let Err(failure) = validated.await {
+            return Err(self.refuse(admitted, HandlerStep::Validate, failure.error));
         }
-        registered.registered_at = SystemTime::now();
-
-        let recorded = self.notify(&connection, true, String::new()).await.and_then(|()| {
-            self.actual_state.add(registered.clone()).map_err(|source| ExecutorError::ActualState {
-                socket: self.socket.clone(),
-                source,
-            })
-        });
-        if let Err(err) = recorded {
-            // The plugin does not know it is registered: undo, retry later.
-            call_deregister(&registered, self.config.handler_timeout).await;
-            return Err(err);
-        }
-        tracing::info!(
-            socket = %self.socket.display(), plugin = %registered.name,
-            plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
-            generation = %self.generation, "plugin registered"
-        );
-        Ok(registered)
+        Ok(admitted)
     }
 
-    /// Calls the plugin's handler for `step`, isolated (see [`call_handler`]).
-    async fn call(&self, plugin: &PluginInfo, step: HandlerStep) -> Result<(), HandlerFailure> {
-        let handler = Arc::clone(&plugin.handler);
-        let (name, endpoint, versions) =
-            (plugin.name.clone(), plugin.endpoint.clone(), plugin.versions.clone());
+    /// The refusal of `admitted` by its handler at `step`.
+    fn refuse(&self, admitted: Admitted, step: HandlerStep, source: HandlerError) -> Refusal {
+        let message = format!("RegisterPlugin error -- {step} failed with err: {source}");
+        let (socket, name) = (self.socket.clone(), admitted.info.name.clone());
+        let error = match step {
+            HandlerStep::Validate => ExecutorError::Validate { socket, name, source },
+            HandlerStep::Register => ExecutorError::Register { socket, name, source },
+        };
+        Refusal { error, info: Some(admitted.info), tell: Some((admitted.connection, message)) }
+    }
+
+    /// Tells the plugin why it was refused, where it can be told; returns
+    /// the refusal's error. A failure to deliver it is only logged.
+    async fn tell(&self, refusal: Refusal) -> ExecutorError {
+        if let Some((connection, message)) = refusal.tell
+            && let Err(err) = self.notify(&connection, false, message).await
+        {
+            tracing::warn!(
+                socket = %self.socket.display(), error = %err,
+                "could not tell the plugin why its registration failed"
+            );
+        }
+        refusal.error
+    }
+
+    /// Calls the handler of `admitted` for `step`, isolated (see [`call_handler`]).
+    async fn call(&self, admitted: &Admitted, step: HandlerStep) -> Result<(), HandlerFailure> {
+        let handler = Arc::clone(&admitted.handler);
+        let (name, endpoint, versions) = (
+            admitted.info.name.clone(),
+            admitted.endpoint.clone(),
+            admitted.info.supported_versions.clone(),
+        );
         let timeout = self.config.handler_timeout;
-        call_handler(&plugin.plugin_type, timeout, async move {
+        call_handler(&admitted.info.r#type, timeout, async move {
             match step {
                 HandlerStep::Validate => handler.validate(&name, &endpoint, &versions).await,
                 HandlerStep::Register => handler.register(&name, &endpoint, &versions).await,
             }
         })
         .await
+    }
+
+    /// Asks the handler of `admitted` what it sees of the plugin's own
+    /// service, isolated like its other calls.
+    async fn inspect_service(
+        &self,
+        admitted: &Admitted,
+    ) -> Result<Option<Box<dyn ServiceReport>>, ExecutorError> {
+        let handler = Arc::clone(&admitted.handler);
+        let (name, endpoint, versions) = (
+            admitted.info.name.clone(),
+            admitted.endpoint.clone(),
+            admitted.info.supported_versions.clone(),
+        );
+        let timeout = self.config.handler_timeout;
+        call_handler(&admitted.info.r#type, timeout, async move {
+            handler.inspect(&name, &endpoint, &versions).await
+        })
+        .await
+        .map_err(|failure| ExecutorError::InspectService {
+            socket: self.socket.clone(),
+            name: admitted.info.name.clone(),
+            source: failure.error,
+        })
     }
 
     /// A registration client on a new connection, and the pid of the process
@@ -488,8 +538,11 @@ impl Register {
         Ok((client, server_pid))
     }
 
-    async fn get_info(&self) -> Result<(WirePluginInfo, Connection), ExecutorError> {
-        let (mut client, server_pid) = self.dial().await?;
+    async fn get_info(
+        &self,
+        mut client: RegistrationClient<Channel>,
+        server_pid: Option<u32>,
+    ) -> Result<(WirePluginInfo, Connection), Refusal> {
         let opened = Instant::now();
         let timeout = self.config.get_info_timeout;
         let socket = || self.socket.clone();
@@ -499,7 +552,8 @@ impl Register {
                 Err(ExecutorError::NotARegistrationSocket {
                     socket: socket(),
                     message: status.message().to_owned(),
-                })
+                }
+                .into())
             }
             // An answer over the size limit: the plugin is there, tell it why.
             Err(Some(source)) if source.code() == Code::OutOfRange => {
@@ -507,11 +561,12 @@ impl Register {
                     "RegisterPlugin error -- GetInfo answer rejected: {}",
                     source.message()
                 );
-                self.notify_failure(&Connection { client, opened, server_pid }, "", message).await;
-                Err(ExecutorError::GetInfo { socket: socket(), source })
+                let connection = Connection { client, opened, server_pid };
+                let error = ExecutorError::GetInfo { socket: socket(), source };
+                Err(Refusal { error, info: None, tell: Some((connection, message)) })
             }
-            Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }),
-            Err(None) => Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }),
+            Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }.into()),
+            Err(None) => Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }.into()),
         }
     }
 
@@ -538,15 +593,121 @@ impl Register {
         }
     }
 
-    /// Tells the plugin why it was rejected. The rejection is the operation's
-    /// error; a failure to deliver it is only logged.
-    async fn notify_failure(&self, connection: &Connection, name: &str, message: String) {
-        if let Err(err) = self.notify(connection, false, message).await {
-            tracing::warn!(
-                socket = %self.socket.display(), plugin = %name, error = %err,
-                "could not tell the plugin why its registration failed"
-            );
+    /// The inspection of this socket: the admission's steps, then the
+    /// handler's look at the plugin's own service; nothing is registered
+    /// and the plugin is told nothing.
+    async fn inspect(&self) -> Inspection {
+        let mut steps = Steps::default();
+        let admitted = match self.admit(&mut steps).await {
+            Ok(admitted) => admitted,
+            Err(Refusal { error, info, tell }) => {
+                let server_pid = tell.and_then(|(connection, _)| connection.server_pid);
+                let endpoint = info.as_ref().map(|info| plugin_endpoint(info, &self.socket));
+                return Inspection {
+                    socket: self.socket.clone(),
+                    steps: steps.0,
+                    info,
+                    endpoint,
+                    server_pid,
+                    service: None,
+                    outcome: Err(error),
+                };
+            }
+        };
+        let service = steps.time(Step::Service, self.inspect_service(&admitted)).await;
+        let (service, outcome) = match service {
+            Ok(report) => (report, Ok(())),
+            Err(err) => (None, Err(err)),
+        };
+        Inspection {
+            socket: self.socket.clone(),
+            steps: steps.0,
+            server_pid: admitted.connection.server_pid,
+            info: Some(admitted.info),
+            endpoint: Some(admitted.endpoint),
+            service,
+            outcome,
         }
+    }
+}
+
+/// One register operation and what it needs.
+struct Register {
+    attempt: Attempt,
+    generation: Generation,
+    actual_state: Arc<ActualState>,
+    events: EventBus,
+}
+
+impl Register {
+    async fn run(self) -> Result<(), ExecutorError> {
+        // Never closed, so a slot always comes; held until the outcome is known.
+        let slot = self.attempt.slots.slots.acquire().await.ok();
+        let outcome = self.register().await;
+        drop(slot);
+        let socket = self.attempt.socket.clone();
+        let event = match &outcome {
+            Ok(info) => PluginEvent::Registered {
+                socket,
+                generation: self.generation,
+                plugin_type: info.plugin_type.clone(),
+                name: info.name.clone(),
+                endpoint: info.endpoint.clone(),
+            },
+            Err(err) => PluginEvent::Rejected {
+                socket,
+                generation: self.generation,
+                reason: err.to_string(),
+            },
+        };
+        self.events.publish(event);
+        outcome.map(drop)
+    }
+
+    async fn register(&self) -> Result<PluginInfo, ExecutorError> {
+        let attempt = &self.attempt;
+        let admitted = match attempt.admit(&mut Steps::default()).await {
+            Ok(admitted) => admitted,
+            Err(refusal) => return Err(attempt.tell(refusal).await),
+        };
+        let registered = PluginInfo {
+            socket_path: attempt.socket.clone(),
+            generation: self.generation,
+            plugin_type: admitted.info.r#type.clone(),
+            name: admitted.info.name.clone(),
+            endpoint: admitted.endpoint.clone(),
+            versions: admitted.info.supported_versions.clone(),
+            registered_at: SystemTime::now(),
+            server_pid: admitted.connection.server_pid,
+            handler: Arc::clone(&admitted.handler),
+        };
+        if let Err(failure) = attempt.call(&admitted, HandlerStep::Register).await {
+            if failure.aborted {
+                // It may have stopped halfway: nothing may stay registered.
+                call_deregister(&registered, attempt.config.handler_timeout).await;
+            }
+            let refusal = attempt.refuse(admitted, HandlerStep::Register, failure.error);
+            return Err(attempt.tell(refusal).await);
+        }
+        let registered = PluginInfo { registered_at: SystemTime::now(), ..registered };
+
+        let recorded =
+            attempt.notify(&admitted.connection, true, String::new()).await.and_then(|()| {
+                self.actual_state.add(registered.clone()).map_err(|source| {
+                    ExecutorError::ActualState { socket: attempt.socket.clone(), source }
+                })
+            });
+        if let Err(err) = recorded {
+            // The plugin does not know it is registered: undo, retry later.
+            call_deregister(&registered, attempt.config.handler_timeout).await;
+            return Err(err);
+        }
+        tracing::info!(
+            socket = %attempt.socket.display(), plugin = %registered.name,
+            plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
+            generation = %self.generation, "plugin registered"
+        );
+        Ok(registered)
     }
 }
 

@@ -44,7 +44,7 @@ use kpm_cache::{
     ActualState, ChangeSignal, DesiredState, EventBus, Generation, PluginEvent, PluginHandler,
     PluginInfo,
 };
-use kpm_executor::{ExecutorError, Handlers, OperationExecutor};
+use kpm_executor::{ExecutorError, Handlers, Inspection, OperationExecutor};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -232,6 +232,14 @@ impl Reconciler {
         let mut types: Vec<String> = self.handlers.lock().keys().cloned().collect();
         types.sort();
         types
+    }
+
+    /// What registering `socket` would find now, with the handlers this
+    /// reconciler registers with; registers nothing (see
+    /// [`OperationExecutor::inspect`]).
+    pub async fn inspect(&self, socket: &Path) -> Inspection {
+        let handlers = Arc::clone(&self.handlers.lock());
+        self.executor.inspect(socket, handlers).await
     }
 
     /// The executor the operations run on, to query their state.

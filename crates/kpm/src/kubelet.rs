@@ -2,16 +2,15 @@
 //! `kpm run` runs it.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::PluginHandler;
 use kpm_transport::fd::FdBudget;
 
-use crate::api::registration::v1::PluginInfo;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
-use crate::{Error, ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
+use crate::{ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
 
 /// The plugin types the kubelet has handlers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -363,28 +362,6 @@ impl Kubelet {
     /// kubelet runs and after.
     pub fn handle(&self) -> KubeletHandle {
         self.handle.clone()
-    }
-
-    /// Whether the plugin that answered `GetInfo` with `info` on the
-    /// registration socket `socket` would be accepted, asked of the very
-    /// handler that would register it, without registering anything (this
-    /// is `kpm probe`). An empty endpoint is the socket, as when registering.
-    /// [`Error::NoHandler`] if no enabled kind takes its type,
-    /// [`Error::Validate`] with the handler's reason if it refuses.
-    ///
-    /// This only validates: registrations go through [`run`](Self::run)'s
-    /// plugin manager alone.
-    pub async fn validate(&self, socket: &Path, info: &PluginInfo) -> Result<()> {
-        let Some((_, handler)) =
-            self.handlers.iter().find(|(kind, _)| kind.plugin_type() == info.r#type)
-        else {
-            return Err(Error::NoHandler { plugin_type: info.r#type.clone() });
-        };
-        let endpoint = crate::plugin_endpoint(info, socket);
-        handler
-            .validate(&info.name, &endpoint, &info.supported_versions)
-            .await
-            .map_err(|source| Error::Validate { plugin_type: info.r#type.clone(), source })
     }
 
     /// Whether the kubelet serves plugins of `kind`.

@@ -58,9 +58,12 @@ mod status;
 
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
-    DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler,
+    DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler, ServiceReport,
 };
-pub use kpm_executor::{ExecutorConfig, ExponentialBackoff, check_info, plugin_endpoint};
+pub use kpm_executor::{
+    ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep, Inspection, Step, check_info,
+    plugin_endpoint,
+};
 pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
 pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};
 pub use kpm_watcher::WatcherConfig;
@@ -122,21 +125,6 @@ pub enum Error {
         plugin_type: String,
         /// Why it was refused.
         source: kpm_reconciler::ReconcilerError,
-    },
-    /// No handler of the [`Kubelet`] takes plugins of this type (unknown or
-    /// disabled); the executor's text.
-    #[error("no handler registered for plugin type: {plugin_type}")]
-    NoHandler {
-        /// The plugin type the plugin reported.
-        plugin_type: String,
-    },
-    /// The handler of the plugin's type refused it ([`Kubelet::validate`]).
-    #[error("validate {plugin_type} plugin: {source}")]
-    Validate {
-        /// The plugin type the plugin reported.
-        plugin_type: String,
-        /// The handler's reason, as the plugin would be told.
-        source: HandlerError,
     },
     /// `kubelet.sock` could not be served for device plugins.
     #[cfg(feature = "device")]

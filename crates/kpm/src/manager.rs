@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, DesiredState, EventBus, EventCounts, PluginEvent, PluginHandler};
-use kpm_executor::{ExecutorConfig, OperationExecutor};
+use kpm_executor::{ExecutorConfig, Inspection, OperationExecutor};
 use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_transport::fd::FdBudget;
@@ -341,6 +341,16 @@ impl ManagerHandle {
         handler: Arc<dyn PluginHandler>,
     ) -> Result<()> {
         add_handler(&self.reconciler, plugin_type.into(), handler)
+    }
+
+    /// What registering `socket` would find now, with this manager's
+    /// handlers and settings: the register operation's steps up to the
+    /// handler's validation, then the handler's look at the plugin's own
+    /// service, each timed. Nothing is registered, the plugin is told
+    /// nothing, and no connection outlives the call; `kpm probe`,
+    /// `kpm doctor` and `kpm check` judge sockets with it.
+    pub async fn inspect(&self, socket: &Path) -> Inspection {
+        self.reconciler.inspect(socket).await
     }
 
     /// Every socket that is present or registered, sorted by path.

@@ -1,0 +1,87 @@
+//! How `kpm probe`, `kpm doctor` and `kpm check` judge a socket: with the
+//! kubelet `kpm run` would run, through its manager's inspection (the
+//! register operation's own steps, registering nothing), and how an
+//! inspection reads, step by step.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kpm::{ExecutorConfig, Inspection, Kubelet, Step};
+
+use crate::CliError;
+use crate::run::PluginKind;
+
+/// The kubelet `kpm run --root-dir root_dir --disable disabled` would run,
+/// not running, every call bounded by `timeout`.
+pub(crate) fn kubelet(
+    root_dir: &Path,
+    disabled: &[PluginKind],
+    timeout: Duration,
+) -> Result<Kubelet, CliError> {
+    let executor = ExecutorConfig::default()
+        .dial_timeout(timeout)
+        .get_info_timeout(timeout)
+        .handler_timeout(timeout);
+    Ok(crate::run::kubelet(root_dir, disabled)
+        .liveness(None)
+        .executor_config(executor)
+        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
+        .device_config(
+            kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
+        )
+        .dra_config(kpm::dra::DraConfig::default().call_timeout(timeout))
+        .build()?)
+}
+
+/// One step of an inspection as a report shows it.
+pub(crate) struct StepLine {
+    pub(crate) step: Step,
+    pub(crate) took: Duration,
+    /// What it found, or why it failed.
+    pub(crate) outcome: Result<String, String>,
+}
+
+/// The steps of `inspection`, each with what it found; the last one failed
+/// if the inspection did.
+pub(crate) fn step_lines(inspection: &Inspection) -> Vec<StepLine> {
+    let failed = inspection.failed_step();
+    inspection
+        .steps
+        .iter()
+        .map(|taken| {
+            let outcome = match (&inspection.outcome, failed == Some(taken.step)) {
+                (Err(err), true) => Err(reason(err)),
+                _ => Ok(detail(inspection, taken.step)),
+            };
+            StepLine { step: taken.step, took: taken.took, outcome }
+        })
+        .collect()
+}
+
+/// What a step that passed found.
+fn detail(inspection: &Inspection, step: Step) -> String {
+    match (step, &inspection.info) {
+        (Step::Dial, _) => {
+            inspection.server_pid.map(|pid| format!("pid {pid}")).unwrap_or_default()
+        }
+        (Step::GetInfo, Some(info)) => format!(
+            "type={} name={} endpoint={:?} versions={:?}",
+            info.r#type, info.name, info.endpoint, info.supported_versions
+        ),
+        (Step::Handler, Some(info)) => format!("{} handler", info.r#type),
+        (Step::Service, _) => {
+            inspection.service.as_ref().map(ToString::to_string).unwrap_or_default()
+        }
+        _ => String::new(),
+    }
+}
+
+/// Why a step failed, as one line: the cause (the handler's or the
+/// transport's error, the plugin's status) where the executor's error wraps
+/// one, the executor's error otherwise.
+pub(crate) fn reason(err: &kpm::ExecutorError) -> String {
+    match std::error::Error::source(err) {
+        Some(cause) => kpm::api::gotext::error_chain(cause),
+        None => err.to_string(),
+    }
+}
