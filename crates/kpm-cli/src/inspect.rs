@@ -12,15 +12,17 @@ use crate::CliError;
 use crate::run::PluginKind;
 
 /// The kubelet `kpm run --root-dir root_dir --disable disabled` would run,
-/// not running, every call bounded by `timeout`.
+/// not running: `GetInfo` bounded by `get_info`, every other call by
+/// `timeout`.
 pub(crate) fn kubelet(
     root_dir: &Path,
     disabled: &[PluginKind],
     timeout: Duration,
+    get_info: Duration,
 ) -> Result<Kubelet, CliError> {
     let executor = ExecutorConfig::default()
         .dial_timeout(timeout)
-        .get_info_timeout(timeout)
+        .get_info_timeout(get_info)
         .handler_timeout(timeout);
     Ok(crate::run::kubelet(root_dir, disabled)
         .liveness(None)

@@ -5,6 +5,7 @@
 //! - `kpm list`: print the plugins a running `kpm run` knows.
 //! - `kpm watch`: print what happens to plugins, as it happens.
 //! - `kpm probe SOCKET`: diagnose a registration socket without registering it.
+//! - `kpm doctor`: why each plugin of a live node is or is not registered.
 //! - `kpm demo`: a manager and example plugins of every type on a temp dir.
 //!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
@@ -15,6 +16,7 @@
 
 #[cfg(feature = "demo")]
 mod demo;
+mod doctor;
 mod error;
 mod heap;
 mod inspect;
@@ -85,6 +87,11 @@ enum Command {
     /// the validation of its type's handler, then read-only calls on the
     /// plugin's service. Exits 0 when it would register, 1 otherwise.
     Probe(probe::ProbeArgs),
+    /// Tell, read-only, why each plugin of a node with a running kubelet is
+    /// or is not registered: every registry entry and device-plugin socket
+    /// judged by the kubelet's rules, with what serves it and how to fix
+    /// it. Exits 0 when all are fine, 1 otherwise.
+    Doctor(doctor::DoctorArgs),
     /// Print what happens to plugins (seen, registered, rejected,
     /// deregistered, retry scheduled), one line each, until interrupted.
     Watch {
@@ -119,6 +126,7 @@ fn main() -> ExitCode {
                 watch::watch(&root.status_socket(), output).await.map(|()| true)
             }
             Command::Probe(args) => probe::probe(args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::demo().await.map(|()| true),
         }

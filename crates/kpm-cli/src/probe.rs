@@ -38,7 +38,7 @@ pub(crate) struct ProbeArgs {
 
 pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
     let timeout = Duration::from_secs(args.timeout);
-    let kubelet = inspect::kubelet(&args.root_dir, &args.disable, timeout)?;
+    let kubelet = inspect::kubelet(&args.root_dir, &args.disable, timeout, timeout)?;
     let inspection = kubelet.handle().manager().inspect(&args.socket).await;
     let mut report = format!("probe {}\n", args.socket.display());
     for StepLine { step, took, outcome } in inspect::step_lines(&inspection) {

@@ -74,4 +74,5 @@ mod tree;
 mod watcher;
 
 pub use error::{MAX_USER_INSTANCES, MAX_USER_WATCHES, WatcherError};
+pub use scan::{Ignored, RegistryEntry, survey};
 pub use watcher::{DEFAULT_RESYNC_PERIOD, Watcher, WatcherConfig, WatcherStats};

@@ -52,6 +52,85 @@ impl Listing {
 /// below it are logged and recorded in [`Listing::unreadable`].
 pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
     let mut listing = Listing::default();
+    walk(dir, |path, entry| match entry {
+        Walked::Socket(id) => {
+            listing.sockets.insert(path, id);
+        }
+        Walked::Ignored(why) => tracing::trace!(path = %path.display(), %why, "ignoring"),
+        Walked::Unreadable(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot read registry entry");
+            listing.unreadable.push(path);
+        }
+    })?;
+    Ok(listing)
+}
+
+/// What the watcher makes of an entry below the registry directory, as
+/// [`survey`] reports it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RegistryEntry {
+    /// A Unix socket with a visible name: a registration socket.
+    Socket,
+    /// Ignored, and why (a hidden name, a symlink, not a socket).
+    Ignored(Ignored),
+    /// A directory or entry that could not be read: what is below it is
+    /// unknown.
+    Unreadable(io::Error),
+}
+
+/// Why the watcher ignores an entry of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Ignored {
+    /// Its name (or a directory's it is in) starts with a dot.
+    Hidden,
+    /// A symlink: never followed below the registry directory.
+    Symlink,
+    /// Neither a socket nor a directory (a regular file, a fifo...).
+    NotASocket,
+}
+
+impl std::fmt::Display for Ignored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Hidden => "its name starts with a dot",
+            Self::Symlink => "a symlink, not followed",
+            Self::NotASocket => "not a socket",
+        })
+    }
+}
+
+/// Every entry below `dir` with what the watcher makes of it: the same
+/// walk that finds registration sockets, keeping what it ignores (a hidden
+/// directory is reported, not entered). Fails only if `dir` itself cannot
+/// be read. For diagnosis (`kpm doctor`).
+pub fn survey(dir: &Path) -> io::Result<Vec<(PathBuf, RegistryEntry)>> {
+    let mut entries = Vec::new();
+    walk(dir, |path, entry| {
+        entries.push((
+            path,
+            match entry {
+                Walked::Socket(_) => RegistryEntry::Socket,
+                Walked::Ignored(why) => RegistryEntry::Ignored(why),
+                Walked::Unreadable(error) => RegistryEntry::Unreadable(error),
+            },
+        ));
+    })?;
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(entries)
+}
+
+/// An entry found by [`walk`].
+enum Walked {
+    Socket(FileId),
+    Ignored(Ignored),
+    Unreadable(io::Error),
+}
+
+/// Walks `dir` recursively, telling `found` about every entry but
+/// directories it enters; entries removed meanwhile are skipped.
+fn walk(dir: &Path, mut found: impl FnMut(PathBuf, Walked)) -> io::Result<()> {
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {
         let entries = match fs::read_dir(&current) {
@@ -60,8 +139,7 @@ pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
             // Removed while we walked: its removal event follows.
             Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
             Err(error) => {
-                tracing::warn!(dir = %current.display(), %error, "cannot list directory");
-                listing.unreadable.push(current);
+                found(current, Walked::Unreadable(error));
                 continue;
             }
         };
@@ -69,22 +147,21 @@ pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(error) => {
-                    tracing::warn!(dir = %current.display(), %error, "cannot read directory entry");
-                    listing.unreadable.push(current.clone());
+                    found(current.clone(), Walked::Unreadable(error));
                     continue;
                 }
             };
+            let path = entry.path();
             if is_hidden_name(entry.file_name().as_bytes()) {
+                found(path, Walked::Ignored(Ignored::Hidden));
                 continue;
             }
-            let path = entry.path();
             // `DirEntry::metadata` is an lstat: symlinks are reported as such.
             let metadata = match entry.metadata() {
                 Ok(metadata) => metadata,
                 Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
                 Err(error) => {
-                    tracing::warn!(socket = %path.display(), %error, "cannot stat directory entry");
-                    listing.unreadable.push(path);
+                    found(path, Walked::Unreadable(error));
                     continue;
                 }
             };
@@ -92,13 +169,15 @@ pub(crate) fn list(dir: &Path) -> io::Result<Listing> {
             if file_type.is_dir() {
                 pending.push(path);
             } else if file_type.is_socket() {
-                listing.sockets.insert(path, FileId::of(&metadata));
+                found(path, Walked::Socket(FileId::of(&metadata)));
+            } else if file_type.is_symlink() {
+                found(path, Walked::Ignored(Ignored::Symlink));
             } else {
-                tracing::trace!(path = %path.display(), "ignoring non-socket");
+                found(path, Walked::Ignored(Ignored::NotASocket));
             }
         }
     }
-    Ok(listing)
+    Ok(())
 }
 
 #[cfg(test)]

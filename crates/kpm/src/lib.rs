@@ -95,6 +95,13 @@ pub use kpm_kube as kube;
 
 pub mod transport;
 
+/// What the watcher makes of a registry directory: every entry, the
+/// registration sockets and what it ignores and why ([`registry::survey`],
+/// the walk the watcher lists the directory with).
+pub mod registry {
+    pub use kpm_watcher::{Ignored, RegistryEntry, survey};
+}
+
 /// Wire types and constants of the plugin APIs (the `kpm-api` crate).
 pub mod api {
     pub use kpm_api::constants::*;

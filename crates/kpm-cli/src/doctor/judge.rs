@@ -1,0 +1,419 @@
+//! Verdicts: what each socket of the node is to the kubelet, why, and what
+//! fixes it.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use kpm::registry::{Ignored, RegistryEntry};
+use kpm::transport::TransportError;
+use kpm::{ExecutorError, Inspection, Kubelet};
+use serde::Serialize;
+
+use super::host::{self, ProcessInfo};
+use crate::inspect;
+
+/// What a socket is to the kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Verdict {
+    /// It registers (or is registered) as it is.
+    Ok,
+    /// The kubelet ignores it (a hidden name, not a socket).
+    Ignored,
+    /// Nothing listens on it.
+    Stale,
+    /// It answers gRPC, but not the registration service.
+    NotARegistrationServer,
+    /// `GetInfo` takes longer than the kubelet waits.
+    SlowGetInfo,
+    /// `GetInfo` fails.
+    GetInfoFailed,
+    /// The handler of its type refuses it.
+    Rejected,
+    /// Its endpoint is missing or refuses connections.
+    EndpointUnreachable,
+    /// Its own service fails.
+    ServiceFailing,
+    /// Its file is gone while its process still listens.
+    DeletedButListening,
+    /// It could not be reached for another reason (permissions, a hang).
+    Unreachable,
+    /// A directory or entry that could not be read.
+    Unreadable,
+    /// A registry no running kubelet watches holds sockets.
+    UnwatchedRegistry,
+}
+
+impl Verdict {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Ignored => "ignored",
+            Self::Stale => "stale",
+            Self::NotARegistrationServer => "not-a-registration-server",
+            Self::SlowGetInfo => "slow-get-info",
+            Self::GetInfoFailed => "get-info-failed",
+            Self::Rejected => "rejected",
+            Self::EndpointUnreachable => "endpoint-unreachable",
+            Self::ServiceFailing => "service-failing",
+            Self::DeletedButListening => "deleted-but-listening",
+            Self::Unreachable => "unreachable",
+            Self::Unreadable => "unreadable",
+            Self::UnwatchedRegistry => "unwatched-registry",
+        }
+    }
+
+    /// Whether it makes the doctor exit 1: all but `ok` and `ignored`.
+    pub(crate) fn fails(self) -> bool {
+        !matches!(self, Self::Ok | Self::Ignored)
+    }
+}
+
+/// One socket or entry of the node.
+#[derive(Debug, Serialize)]
+pub(crate) struct Row {
+    pub(crate) verdict: Verdict,
+    pub(crate) path: PathBuf,
+    /// `registry`, `device-plugins` or `deleted`.
+    pub(crate) found_in: &'static str,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub(crate) plugin_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) versions: Vec<String>,
+    /// What was seen (the service's answer when ok), or why it fails.
+    pub(crate) reason: String,
+    /// What fixes it; empty when nothing needs fixing.
+    pub(crate) hint: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) served_by: Option<ProcessInfo>,
+    /// The inspection's steps, in milliseconds.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) steps: Vec<StepTaken>,
+}
+
+/// A step of an inspection and how long it took.
+#[derive(Debug, Serialize)]
+pub(crate) struct StepTaken {
+    step: &'static str,
+    ms: f64,
+}
+
+impl Row {
+    fn new(verdict: Verdict, path: &Path, found_in: &'static str, reason: String) -> Self {
+        Self {
+            verdict,
+            path: path.to_path_buf(),
+            found_in,
+            plugin_type: None,
+            name: None,
+            endpoint: None,
+            versions: Vec::new(),
+            reason,
+            hint: String::new(),
+            served_by: None,
+            steps: Vec::new(),
+        }
+    }
+
+    fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = hint.into();
+        self
+    }
+}
+
+/// `pid N COMMAND (container ID, up Ns)`, shortened for a table.
+pub(crate) fn served_by(process: &ProcessInfo) -> String {
+    let mut text = format!("pid {}", process.pid);
+    if let Some(command) = &process.command {
+        let program = command.split(' ').next().unwrap_or_default();
+        let program =
+            Path::new(program).file_name().map_or(program.into(), |name| name.to_string_lossy());
+        let _ = write!(text, " {program}");
+    }
+    let mut about = Vec::new();
+    if let Some(id) = &process.container_id {
+        about.push(format!("container {}", &id[..id.len().min(12)]));
+    }
+    if let Some(secs) = process.running_secs {
+        about.push(format!(
+            "up {}",
+            humantime::format_duration(std::time::Duration::from_secs(secs))
+        ));
+    }
+    if !about.is_empty() {
+        let _ = write!(text, " ({})", about.join(", "));
+    }
+    text
+}
+
+/// Every entry of `root`'s registry, the sockets inspected concurrently.
+pub(crate) async fn registry(kubelet: &Kubelet, root: &Path, unseen: &mut Vec<String>) -> Vec<Row> {
+    let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+    let entries = match kpm::registry::survey(&registry) {
+        Ok(entries) => entries,
+        Err(err) => {
+            unseen.push(format!("{}: cannot be listed: {err}", registry.display()));
+            return Vec::new();
+        }
+    };
+    let mut rows = Vec::new();
+    let mut inspections = tokio::task::JoinSet::new();
+    for (path, entry) in entries {
+        match entry {
+            RegistryEntry::Socket => {
+                let manager = kubelet.handle().manager().clone();
+                inspections.spawn(async move { manager.inspect(&path).await });
+            }
+            RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
+            RegistryEntry::Unreadable(err) => rows.push(
+                Row::new(Verdict::Unreadable, &path, "registry", format!("cannot be read: {err}"))
+                    .hint("run kpm doctor as the user the kubelet runs as (root)"),
+            ),
+            _ => {}
+        }
+    }
+    while let Some(joined) = inspections.join_next().await {
+        match joined {
+            Ok(inspection) => rows.push(judge(&inspection)),
+            Err(err) => unseen.push(format!("an inspection failed: {err}")),
+        }
+    }
+    rows.sort_by(|a, b| a.path.cmp(&b.path));
+    rows
+}
+
+fn ignored(path: &Path, why: Ignored) -> Row {
+    let hint = match why {
+        Ignored::Hidden => "",
+        _ => {
+            "only Unix sockets register; if a plugin means this to be its socket, it must bind it here itself"
+        }
+    };
+    Row::new(Verdict::Ignored, path, "registry", format!("the kubelet ignores it: {why}"))
+        .hint(hint)
+}
+
+/// The row of a registration socket, from its inspection.
+fn judge(inspection: &Inspection) -> Row {
+    let (verdict, hint) = match &inspection.outcome {
+        Ok(()) => (Verdict::Ok, String::new()),
+        Err(err) => classify(err),
+    };
+    let reason = match &inspection.outcome {
+        Ok(()) => inspection.service.as_ref().map(ToString::to_string).unwrap_or_default(),
+        Err(err) => inspect::reason(err),
+    };
+    let mut row = Row::new(verdict, &inspection.socket, "registry", reason).hint(hint);
+    if let Some(info) = &inspection.info {
+        row.plugin_type = Some(info.r#type.clone());
+        row.name = Some(info.name.clone());
+        row.versions.clone_from(&info.supported_versions);
+    }
+    row.endpoint.clone_from(&inspection.endpoint);
+    row.served_by = inspection.server_pid.map(host::process);
+    row.steps = inspection
+        .steps
+        .iter()
+        .map(|taken| StepTaken { step: taken.step.name(), ms: taken.took.as_secs_f64() * 1000.0 })
+        .collect();
+    row
+}
+
+/// The verdict on a socket the register operation would fail on, and its fix.
+fn classify(err: &ExecutorError) -> (Verdict, String) {
+    match err {
+        ExecutorError::Dial { source, .. } if source.is_gone() => (
+            Verdict::Stale,
+            "nothing listens on it: a leftover of a plugin that is gone (a reboot, a crashed \
+             registrar). Remove it if its plugin is not running: the kubelet retries it with \
+             backoff up to 2m2s and logs an error each time"
+                .into(),
+        ),
+        ExecutorError::Dial { .. } if io_kind(err) == Some(io::ErrorKind::PermissionDenied) => (
+            Verdict::Unreachable,
+            "permission denied: run kpm doctor as the user the kubelet runs as (root)".into(),
+        ),
+        ExecutorError::Dial { .. } => (
+            Verdict::Unreachable,
+            "the plugin accepts no connection in time: it may be hung".into(),
+        ),
+        ExecutorError::NotARegistrationSocket { .. } => (
+            Verdict::NotARegistrationServer,
+            "a plugin's own service socket is in the registry, which holds registration \
+             sockets only (node-driver-registrar's <driver>-reg.sock): move the driver's socket \
+             out of plugins_registry"
+                .into(),
+        ),
+        ExecutorError::GetInfoTimeout { .. } => (
+            Verdict::SlowGetInfo,
+            "the kubelet waits 1 s for GetInfo, then backs off: the registrar is blocked or \
+             starved (CPU limits, a slow start)"
+                .into(),
+        ),
+        ExecutorError::GetInfo { .. } => {
+            (Verdict::GetInfoFailed, "see the registrar's logs".into())
+        }
+        ExecutorError::InvalidInfo { .. } => {
+            (Verdict::Rejected, "the plugin's GetInfo answer breaks the bounds above".into())
+        }
+        ExecutorError::UnknownPluginType { .. } => (
+            Verdict::Rejected,
+            "the kubelet has handlers for CSIPlugin, DevicePlugin and DRAPlugin only".into(),
+        ),
+        ExecutorError::Validate { .. } => {
+            (Verdict::Rejected, "the handler's reason above says what it requires".into())
+        }
+        ExecutorError::InspectService { source, .. } if endpoint_is_gone(source.as_ref()) => (
+            Verdict::EndpointUnreachable,
+            "the endpoint the plugin advertises is missing or refuses: the driver is not running, \
+             or its socket is at another path on the host than the one advertised \
+             (node-driver-registrar's --kubelet-registration-path)"
+                .into(),
+        ),
+        ExecutorError::InspectService { .. } => {
+            (Verdict::ServiceFailing, "the plugin's own service fails: see its logs".into())
+        }
+        _ => (Verdict::Unreachable, String::new()),
+    }
+}
+
+/// Whether a handler's error comes from a transport that found nobody there.
+fn endpoint_is_gone(err: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(err), |err| err.source())
+        .filter_map(|err| err.downcast_ref::<TransportError>())
+        .any(TransportError::is_gone)
+}
+
+/// The kind of the first IO error in `err`'s chain.
+fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
+    std::iter::successors(Some(err), |err| err.source())
+        .find_map(|err| err.downcast_ref::<io::Error>())
+        .map(io::Error::kind)
+}
+
+/// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
+/// endpoints of registry plugins already judged: device plugins that
+/// registered through `kubelet.sock`, inspected as the device manager
+/// would connect to them.
+pub(crate) async fn device_plugins(
+    kubelet: &Kubelet,
+    root: &Path,
+    judged: &[Row],
+    unseen: &mut Vec<String>,
+) -> Vec<Row> {
+    let dir = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(err) => {
+            unseen.push(format!("{}: cannot be listed: {err}", dir.display()));
+            return Vec::new();
+        }
+    };
+    let endpoints: BTreeSet<&str> =
+        judged.iter().filter_map(|row| row.endpoint.as_deref()).collect();
+    let sockets = entries.filter_map(Result::ok).filter(|entry| {
+        entry.file_type().is_ok_and(|kind| std::os::unix::fs::FileTypeExt::is_socket(&kind))
+            && entry.file_name() != kpm::api::KUBELET_SOCKET_NAME
+            && !endpoints.contains(entry.path().to_string_lossy().as_ref())
+    });
+    let mut inspections = tokio::task::JoinSet::new();
+    for entry in sockets {
+        let (devices, path) = (kubelet.handle().devices().clone(), entry.path());
+        inspections.spawn(async move {
+            let name =
+                path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let inspected = devices.inspect_endpoint(&name, &path).await;
+            (path, inspected)
+        });
+    }
+    let mut rows = Vec::new();
+    while let Some(joined) = inspections.join_next().await {
+        let Ok((path, inspected)) = joined else { continue };
+        let row = match inspected {
+            Ok(report) => Row::new(Verdict::Ok, &path, "device-plugins", report.to_string()),
+            Err(kpm::device::DeviceError::Dial { source, .. }) if source.is_gone() => Row::new(
+                Verdict::Stale,
+                &path,
+                "device-plugins",
+                inspect_reason(&source),
+            )
+            .hint(
+                "nothing listens on it: a device plugin that is gone left it; it no longer counts",
+            ),
+            Err(err) => {
+                Row::new(Verdict::ServiceFailing, &path, "device-plugins", inspect_reason(&err))
+                    .hint("the device plugin's service fails: see its logs")
+            }
+        };
+        let mut row = row;
+        row.plugin_type = Some(kpm::api::DEVICE_PLUGIN.to_owned());
+        rows.push(row);
+    }
+    rows.sort_by(|a, b| a.path.cmp(&b.path));
+    rows
+}
+
+fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
+    kpm::api::gotext::error_chain(err)
+}
+
+/// The sockets still listening under `root`'s registry or `device-plugins/`
+/// whose file is gone.
+pub(crate) fn deleted(root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
+    let dirs = [
+        root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
+        root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
+    ];
+    listening
+        .iter()
+        .filter(|path| dirs.iter().any(|dir| path.starts_with(dir)))
+        .filter(|path| std::fs::symlink_metadata(path).is_err())
+        .map(|path| {
+            Row::new(
+                Verdict::DeletedButListening,
+                path,
+                "deleted",
+                "its file was removed while its process still listens: the kubelet deregistered it"
+                    .into(),
+            )
+            .hint("restart the plugin (or its registrar) so that it binds its socket again")
+        })
+        .collect()
+}
+
+/// CSI drivers registered under one name by several sockets: the kubelet
+/// keeps the one with the highest version; one with an equal or lower
+/// version is refused.
+pub(crate) fn mark_duplicates(rows: &mut [Row]) {
+    let highest = |row: &Row| kpm::csi::highest_supported_version(&row.versions).ok();
+    let csi: Vec<usize> = (0..rows.len())
+        .filter(|&i| {
+            rows[i].verdict == Verdict::Ok
+                && rows[i].plugin_type.as_deref() == Some(kpm::api::CSI_PLUGIN)
+        })
+        .collect();
+    for &i in &csi {
+        let kept =
+            csi.iter().copied().filter(|&j| rows[j].name == rows[i].name).max_by(|&a, &b| {
+                // The highest version wins; of equals, the first path.
+                highest(&rows[a]).cmp(&highest(&rows[b])).then(b.cmp(&a))
+            });
+        if let Some(kept) = kept
+            && kept != i
+        {
+            let other = rows[kept].path.display().to_string();
+            rows[i].verdict = Verdict::Rejected;
+            rows[i].reason = format!(
+                "{other} registers the same driver name with an equal or higher version; the kubelet refuses this one"
+            );
+            rows[i].hint = "remove the older driver's registrar (or its stale socket)".into();
+        }
+    }
+}

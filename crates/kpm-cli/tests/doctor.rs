@@ -1,0 +1,333 @@
+//! `kpm doctor` on fixture nodes: one test per verdict, with real sockets,
+//! real gRPC servers and the real binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kpm_api::registration::v1 as reg;
+use kpm_registrar::{Registrar, RegistrarBuilder};
+use serde_json::Value;
+use support::kpm;
+use tonic::{Request, Response, Status};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+/// A kubelet root with an empty registry, and a runtime for its plugins.
+struct Node {
+    root: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Node {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("plugins_registry")).unwrap();
+        Self { root, rt: runtime() }
+    }
+
+    fn registry(&self) -> PathBuf {
+        self.root.path().join("plugins_registry")
+    }
+
+    /// Serves `builder`'s plugin in the registry.
+    fn plugin(&self, builder: RegistrarBuilder) -> Registrar {
+        self.rt.block_on(builder.socket_dir(self.registry()).serve()).unwrap()
+    }
+
+    /// `kpm doctor -o json` on this root, no other root looked at; returns
+    /// the exit code and the report.
+    fn doctor(&self, extra: &[&str]) -> (i32, Value) {
+        let root = self.root.path().to_str().unwrap();
+        let nowhere = self.root.path().join("no-other-root");
+        let mut args = vec!["doctor", "-o", "json", "--root-dir", root, "--timeout", "2"];
+        args.extend(["--other-root", nowhere.to_str().unwrap()]);
+        args.extend(extra);
+        let out = kpm(&args);
+        let report = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stdout)));
+        (out.status.code().unwrap(), report)
+    }
+}
+
+/// The report's row for `path`.
+fn row<'a>(report: &'a Value, path: &Path) -> &'a Value {
+    let path = path.to_str().unwrap();
+    report["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["path"] == path)
+        .unwrap_or_else(|| panic!("no row for {path} in {report:#}"))
+}
+
+fn verdict(report: &Value, path: &Path) -> String {
+    row(report, path)["verdict"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_good_plugin_is_ok_with_what_serves_it() {
+    let node = Node::new();
+    let plugin = node.plugin(
+        Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+            .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")])),
+    );
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 0, "{report:#}");
+    let good = row(&report, plugin.socket_path());
+    assert_eq!(good["verdict"], "ok");
+    assert_eq!((&good["type"], &good["name"]), (&"DevicePlugin".into(), &"vendor.com/gpu".into()));
+    assert!(good["reason"].as_str().unwrap().starts_with("2 devices, 1 healthy"), "{good:#}");
+    assert_eq!(good["served_by"]["pid"], std::process::id(), "the registrar runs in this test");
+    assert!(good["served_by"]["command"].as_str().unwrap().contains("doctor"), "{good:#}");
+    let steps: Vec<&str> =
+        good["steps"].as_array().unwrap().iter().map(|s| s["step"].as_str().unwrap()).collect();
+    assert_eq!(steps, ["dial", "GetInfo", "check info", "handler", "validate", "service"]);
+    assert!(plugin.statuses().is_empty(), "the doctor never notifies a plugin");
+    assert_eq!(report["ok"], true);
+}
+
+#[test]
+fn hidden_names_and_other_files_are_ignored_but_not_failures() {
+    let node = Node::new();
+    let hidden = node.registry().join(".keep");
+    let file = node.registry().join("driver-reg.sock");
+    std::fs::write(&hidden, "").unwrap();
+    std::fs::write(&file, "not a socket").unwrap();
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(verdict(&report, &hidden), "ignored");
+    assert_eq!(verdict(&report, &file), "ignored");
+    assert!(row(&report, &file)["reason"].as_str().unwrap().contains("not a socket"));
+}
+
+#[test]
+fn a_socket_nobody_listens_on_is_stale() {
+    let node = Node::new();
+    let stale = node.registry().join("gone-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, &stale), "stale");
+    assert!(row(&report, &stale)["hint"].as_str().unwrap().contains("Remove it"));
+    assert!(stale.exists(), "the doctor removes nothing");
+}
+
+#[test]
+fn a_drivers_own_socket_in_the_registry_is_not_a_registration_server() {
+    let node = Node::new();
+    let socket = node.registry().join("csi.sock");
+    let _driver = support::serve(
+        &socket,
+        kpm_registrar::stub::StubCsiDriver::new("csi.example.com", "n1").routes(),
+    );
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, &socket), "not-a-registration-server");
+}
+
+/// A registration server whose `GetInfo` answers after 2 s.
+struct Slow;
+
+#[tonic::async_trait]
+impl reg::registration_server::Registration for Slow {
+    async fn get_info(
+        &self,
+        _: Request<reg::InfoRequest>,
+    ) -> Result<Response<reg::PluginInfo>, Status> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Err(Status::unavailable("too late anyway"))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        _: Request<reg::RegistrationStatus>,
+    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
+        Ok(Response::new(reg::RegistrationStatusResponse {}))
+    }
+}
+
+#[test]
+fn a_get_info_slower_than_the_kubelets_second_is_slow() {
+    let node = Node::new();
+    let socket = node.registry().join("slow-reg.sock");
+    let routes =
+        tonic::service::Routes::new(reg::registration_server::RegistrationServer::new(Slow));
+    let _slow = support::serve(&socket, routes);
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, &socket), "slow-get-info");
+    assert!(row(&report, &socket)["hint"].as_str().unwrap().contains("1 s"));
+}
+
+#[test]
+fn plugins_the_handlers_refuse_are_rejected_with_the_handlers_reason() {
+    let node = Node::new();
+    let unknown = node.plugin(Registrar::builder("FancyPlugin", "fancy").versions(["v1"]));
+    let old_csi = node
+        .plugin(Registrar::builder(kpm::api::CSI_PLUGIN, "old.example.com").versions(["0.3.0"]));
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, unknown.socket_path()), "rejected");
+    let text = |path: &Path, key: &str| row(&report, path)[key].as_str().unwrap().to_owned();
+    assert!(
+        text(unknown.socket_path(), "reason")
+            .contains("no handler registered for plugin type: FancyPlugin")
+    );
+    assert_eq!(verdict(&report, old_csi.socket_path()), "rejected");
+    assert!(text(old_csi.socket_path(), "reason").contains("None of the versions specified"));
+}
+
+#[test]
+fn of_two_csi_registrars_of_one_driver_the_lower_version_is_rejected() {
+    let node = Node::new();
+    let csi = node.root.path().join("plugins/csi.example.com/csi.sock");
+    std::fs::create_dir_all(csi.parent().unwrap()).unwrap();
+    let _driver = support::serve(
+        &csi,
+        kpm_registrar::stub::StubCsiDriver::new("csi.example.com", "n1").routes(),
+    );
+    let registrar = |version: &str, uid: &str| {
+        node.plugin(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions([version])
+                .endpoint(&csi)
+                .rolling_update_uid(uid),
+        )
+    };
+    let newer = registrar("1.2.0", "b");
+    let older = registrar("1.0.0", "a");
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(verdict(&report, newer.socket_path()), "ok");
+    assert_eq!(verdict(&report, older.socket_path()), "rejected");
+    assert!(
+        row(&report, older.socket_path())["reason"]
+            .as_str()
+            .unwrap()
+            .contains("equal or higher version")
+    );
+}
+
+#[test]
+fn an_endpoint_nobody_serves_is_unreachable_and_a_failing_service_is_failing() {
+    let node = Node::new();
+    let missing = node.root.path().join("plugins/missing/csi.sock");
+    let csi = node.plugin(
+        Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+            .versions(["1.0.0"])
+            .endpoint(&missing),
+    );
+    // A device plugin whose registration socket serves no DevicePlugin service.
+    let device = node.plugin(Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu"));
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, csi.socket_path()), "endpoint-unreachable");
+    assert!(
+        row(&report, csi.socket_path())["reason"].as_str().unwrap().contains("missing/csi.sock")
+    );
+    assert_eq!(verdict(&report, device.socket_path()), "service-failing");
+    assert!(
+        row(&report, device.socket_path())["reason"].as_str().unwrap().contains("Unimplemented")
+    );
+}
+
+#[test]
+fn a_socket_file_deleted_while_its_plugin_listens_is_named() {
+    let node = Node::new();
+    let socket = node.registry().join("deleted-reg.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::remove_file(&socket).unwrap();
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, &socket), "deleted-but-listening");
+}
+
+#[test]
+fn device_plugin_sockets_beside_kubelet_sock_are_judged_too() {
+    let node = Node::new();
+    let dir = node.root.path().join("device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("gpu.sock");
+    let _plugin = support::serve(&good, support::device_plugin(&[("gpu-0", "Healthy")]));
+    let stale = dir.join("old.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let kubelet_sock = dir.join("kubelet.sock");
+    drop(std::os::unix::net::UnixListener::bind(&kubelet_sock).unwrap());
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1);
+    assert_eq!(verdict(&report, &good), "ok");
+    assert!(row(&report, &good)["reason"].as_str().unwrap().starts_with("1 devices, 1 healthy"));
+    assert_eq!(verdict(&report, &stale), "stale");
+    let rows = report["plugins"].as_array().unwrap();
+    assert!(
+        rows.iter().all(|row| row["path"] != kubelet_sock.to_str().unwrap()),
+        "the kubelet's own"
+    );
+}
+
+#[test]
+fn a_registry_of_another_root_that_no_kubelet_watches_is_named() {
+    let node = Node::new();
+    let other = tempfile::tempdir().unwrap();
+    let registry = other.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let plugin = node.rt.block_on(
+        Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu").socket_dir(&registry).serve(),
+    );
+    let _plugin = plugin.unwrap();
+    let (code, report) = node.doctor(&["--other-root", other.path().to_str().unwrap()]);
+    assert_eq!(code, 1, "{report:#}");
+    let finding = &report["findings"][0];
+    assert_eq!(finding["verdict"], "unwatched-registry");
+    assert_eq!(finding["path"], registry.to_str().unwrap());
+    assert!(finding["hint"].as_str().unwrap().contains(node.root.path().to_str().unwrap()));
+}
+
+#[test]
+fn without_root_dir_the_running_kubelets_root_is_judged() {
+    let node = Node::new();
+    let stale = node.registry().join("gone-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    // A process whose program is named `kubelet`, with a `--root-dir`.
+    let bin = tempfile::tempdir().unwrap();
+    let kubelet = bin.path().join("kubelet");
+    std::os::unix::fs::symlink("/bin/sh", &kubelet).unwrap();
+    let root_flag = format!("--root-dir={}", node.root.path().display());
+    let mut running = std::process::Command::new(&kubelet)
+        .args(["-c", "sleep 60; exit 0", &root_flag])
+        .spawn()
+        .unwrap();
+    let nowhere = node.root.path().join("no-other-root");
+    let out = kpm(&["doctor", "-o", "json", "--other-root", nowhere.to_str().unwrap()]);
+    running.kill().unwrap();
+    running.wait().unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["root_dir"], node.root.path().to_str().unwrap(), "{report:#}");
+    assert_eq!(report["root_from"], format!("the running kubelet, pid {}", running.id()));
+    assert_eq!(verdict(&report, &stale), "stale");
+}
+
+#[test]
+fn the_table_puts_the_verdict_first_and_explains_each_failure() {
+    let node = Node::new();
+    let stale = node.registry().join("gone-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let root = node.root.path().to_str().unwrap();
+    let nowhere = node.root.path().join("no-other-root");
+    let out = kpm(&["doctor", "--root-dir", root, "--other-root", nowhere.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let mut lines = table.lines();
+    assert_eq!(lines.next(), Some(format!("kubelet root: {root} (from --root-dir)").as_str()));
+    assert!(lines.next().unwrap().trim_start().starts_with("VERDICT"), "{table}");
+    assert!(lines.next().unwrap().trim_start().starts_with("stale"), "{table}");
+    assert!(table.contains(&format!("stale: {}\n", stale.display())), "{table}");
+    assert!(table.contains("  fix: nothing listens on it"), "{table}");
+    assert!(table.ends_with("1 entries: 0 ok, 1 failing\n"), "{table}");
+}
