@@ -319,7 +319,7 @@ impl KubeletBuilder {
         Ok(Kubelet {
             manager,
             handle,
-            handlers,
+            kinds: handlers.iter().map(|(kind, _)| *kind).collect(),
             #[cfg(feature = "device")]
             devices,
             #[cfg(feature = "device")]
@@ -340,8 +340,8 @@ impl KubeletBuilder {
 pub struct Kubelet {
     manager: PluginManager,
     handle: KubeletHandle,
-    /// The enabled kinds' handlers.
-    handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)>,
+    /// The kinds it serves, in the order their handlers were added.
+    kinds: Vec<PluginKind>,
     /// The managers themselves, for their lifecycle: the handle has views.
     #[cfg(feature = "device")]
     devices: Arc<crate::device::DeviceManager>,
@@ -364,10 +364,16 @@ impl Kubelet {
         self.handle.clone()
     }
 
+    /// The kinds of plugins it serves: those of the crate's features that
+    /// were not disabled.
+    pub fn kinds(&self) -> &[PluginKind] {
+        &self.kinds
+    }
+
     /// Whether the kubelet serves plugins of `kind`.
     #[cfg(any(feature = "dra", feature = "kube"))]
     fn enabled(&self, kind: PluginKind) -> bool {
-        self.handlers.iter().any(|(enabled, _)| *enabled == kind)
+        self.kinds.contains(&kind)
     }
 
     /// Serves `kubelet.sock` (device plugins enabled), then runs the plugin
