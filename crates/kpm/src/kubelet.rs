@@ -113,7 +113,7 @@ impl KubeletBuilder {
 
     /// A handler for another plugin type, beside the kubelet's. A type the
     /// kubelet serves itself (an enabled [`PluginKind`]), or one given
-    /// twice, makes [`build`](Self::build) fail with [`Error::AddHandler`];
+    /// twice, makes [`build`](Self::build) fail with [`Error::AddHandler`](crate::Error::AddHandler);
     /// to serve a kind with a handler of your own, [`disable`](Self::disable) it.
     pub fn handler(
         mut self,
