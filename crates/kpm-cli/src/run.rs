@@ -186,25 +186,32 @@ pub(crate) fn kubelet(root_dir: &Path, disabled: &[PluginKind]) -> KubeletBuilde
         .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(kind.kind()))
 }
 
-/// The Kubernetes publishers: through `--kubeconfig` (or `KUBECONFIG`), or
-/// the service account inside a pod; none otherwise.
+/// The Kubernetes publishers, if there is an API server to publish to.
 async fn kubernetes(args: &RunArgs) -> Result<Option<KubePublisher>, CliError> {
-    let client = match &args.kubeconfig {
-        Some(path) => Some(kube::client_from_kubeconfig(path).await?),
-        None => kube::in_cluster_client()?,
-    };
-    let Some(client) = client else {
+    let Some(client) = api_client(args.kubeconfig.as_deref()).await? else {
         return Ok(None);
     };
-    let node = match &args.node_name {
-        Some(node) => node.clone(),
-        None => hostname()?,
-    };
+    let node = node_name(args.node_name.as_deref())?;
     Ok(Some(KubePublisher::new(client, node, kube::KubeConfig::default())?))
 }
 
-/// The kubelet's default node name: the hostname, lower-cased.
-fn hostname() -> Result<String, CliError> {
+/// A client of the API server: through `kubeconfig` (`--kubeconfig` or
+/// `KUBECONFIG`), or the service account inside a pod; none otherwise.
+pub(crate) async fn api_client(
+    kubeconfig: Option<&Path>,
+) -> Result<Option<kube::Client>, CliError> {
+    Ok(match kubeconfig {
+        Some(path) => Some(kube::client_from_kubeconfig(path).await?),
+        None => kube::in_cluster_client()?,
+    })
+}
+
+/// The node's name: `given`, else the kubelet's default, the hostname
+/// lower-cased.
+pub(crate) fn node_name(given: Option<&str>) -> Result<String, CliError> {
+    if let Some(name) = given {
+        return Ok(name.to_owned());
+    }
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(CliError::NodeName)?;
     Ok(name.trim().to_lowercase())
 }

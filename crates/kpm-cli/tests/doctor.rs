@@ -331,3 +331,154 @@ fn the_table_puts_the_verdict_first_and_explains_each_failure() {
     assert!(table.contains("  fix: nothing listens on it"), "{table}");
     assert!(table.ends_with("1 entries: 0 ok, 1 failing\n"), "{table}");
 }
+
+// === Against the API server ===
+
+/// A stand-in API server that shows node `node1`: a CSINode listing
+/// `csi.example.com` (node id `n1`), `stale.csi.example.com` and
+/// `moved.example.com` (node id `old-id`), a Node
+/// with 2 `vendor.com/gpu` of which 1 allocatable, and ResourceSlices of
+/// driver `gone.example.com`; with `forbid_csinodes`, every CSINode read is 403.
+fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> String {
+    use axum::routing::get;
+    use serde_json::json;
+    let csinode = move || async move {
+        if forbid_csinodes {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "reason": "Forbidden", "code": 403,
+                "message": "csinodes.storage.k8s.io \"node1\" is forbidden: User \"doctor\" cannot get resource \"csinodes\"",
+            });
+            return (axum::http::StatusCode::FORBIDDEN, axum::Json(status));
+        }
+        (
+            axum::http::StatusCode::OK,
+            axum::Json(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": "node1"},
+                "spec": {"drivers": [
+                    {"name": "csi.example.com", "nodeID": "n1"},
+                    {"name": "stale.csi.example.com", "nodeID": "node1"},
+                {"name": "moved.example.com", "nodeID": "old-id"},
+                ]},
+            })),
+        )
+    };
+    let node = || async {
+        axum::Json(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node1", "annotations": {
+                "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"n1\",\"stale.csi.example.com\":\"node1\"}",
+            }},
+            "status": {"capacity": {"vendor.com/gpu": "2", "cpu": "2"}, "allocatable": {"vendor.com/gpu": "1", "cpu": "2"}},
+        }))
+    };
+    let slices = |query: axum::extract::RawQuery| async move {
+        let query = query.0.unwrap_or_default();
+        assert!(query.contains("fieldSelector=spec.nodeName%3Dnode1"), "{query}");
+        axum::Json(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
+            "items": [{
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "node1-gone-x"},
+                "spec": {"driver": "gone.example.com", "nodeName": "node1", "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1}},
+            }],
+        }))
+    };
+    let router = axum::Router::new()
+        .route("/apis/storage.k8s.io/v1/csinodes/node1", get(csinode))
+        .route("/api/v1/nodes/node1", get(node))
+        .route("/apis/resource.k8s.io/v1/resourceslices", get(slices));
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+    format!("http://{addr}")
+}
+
+#[test]
+fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
+    let node = Node::new();
+    let kubeconfig = node.root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, false))).unwrap();
+    let csi_driver = |name: &str, node_id: &str| {
+        let socket = node.root.path().join(format!("plugins/{name}/csi.sock"));
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let served = support::serve(
+            &socket,
+            kpm_registrar::stub::StubCsiDriver::new(name, node_id).routes(),
+        );
+        let registrar = node.plugin(
+            Registrar::builder(kpm::api::CSI_PLUGIN, name).versions(["1.0.0"]).endpoint(&socket),
+        );
+        (served, registrar)
+    };
+    let (_csi, registered) = csi_driver("csi.example.com", "n1");
+    let (_missing, missing) = csi_driver("missing.example.com", "n1");
+    let (_moved, moved) = csi_driver("moved.example.com", "new-id");
+    let gpu = node.plugin(
+        Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+            .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")])),
+    );
+    let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
+    std::fs::create_dir_all(dra_socket.parent().unwrap()).unwrap();
+    let _dra_service = support::serve(&dra_socket, kpm_registrar::stub::StubDraDriver.routes());
+    let dra = node.plugin(
+        Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+            .versions([kpm::api::DRA_V1_SERVICE])
+            .endpoint(&dra_socket),
+    );
+
+    let (code, report) =
+        node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(report["node"], "node1");
+    let ok = row(&report, registered.socket_path());
+    assert_eq!((&ok["verdict"], &ok["cluster"]), (&"ok".into(), &"CSINode: node id n1".into()));
+    assert_eq!(verdict(&report, missing.socket_path()), "not-registered");
+    assert!(
+        row(&report, missing.socket_path())["hint"]
+            .as_str()
+            .unwrap()
+            .contains("not found in the list of registered CSI drivers")
+    );
+    assert_eq!(verdict(&report, moved.socket_path()), "cluster-mismatch");
+    let moved_reason = row(&report, moved.socket_path())["reason"].as_str().unwrap();
+    assert!(moved_reason.contains("new-id") && moved_reason.contains("old-id"), "{moved_reason}");
+    let gpu = row(&report, gpu.socket_path());
+    assert_eq!(
+        (&gpu["verdict"], &gpu["cluster"]),
+        (&"ok".into(), &"Node capacity 2, allocatable 1".into())
+    );
+    assert_eq!(verdict(&report, dra.socket_path()), "not-published");
+    let findings: Vec<(&str, &str)> = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["verdict"].as_str().unwrap(), f["path"].as_str().unwrap()))
+        .collect();
+    assert!(findings.contains(&("stale-csi-node-entry", "csinodes/node1")), "{findings:?}");
+    assert!(
+        findings.contains(&("orphaned-slices", "resourceslices/gone.example.com")),
+        "{findings:?}"
+    );
+    assert!(report["unseen"].as_array().unwrap().is_empty(), "{report:#}");
+}
+
+#[test]
+fn what_the_api_server_forbids_is_named_not_fatal() {
+    let node = Node::new();
+    let kubeconfig = node.root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, true))).unwrap();
+    let gpu = node.plugin(
+        Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+            .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")])),
+    );
+    let (_, report) =
+        node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+    assert_eq!(verdict(&report, gpu.socket_path()), "ok");
+    let unseen = report["unseen"].as_array().unwrap();
+    assert!(
+        unseen.iter().any(|what| what.as_str().unwrap().starts_with("CSINode node1: ")
+            && what.as_str().unwrap().contains("forbidden")),
+        "{unseen:?}"
+    );
+}

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use kpm_registrar::{DEVICE_PLUGIN, Registrar};
 use kpm_test_support::DEADLINE;
 use serde_json::{Value, json};
-use support::{Kpm, http_get, kpm, parse_prometheus, wait_until};
+use support::{Kpm, http_get, kpm, kubeconfig, parse_prometheus, wait_until};
 
 const NODE_MISSING: &str = "node \"node1\" not found; kpm waits for it and never creates it";
 
@@ -35,17 +35,6 @@ fn serve_empty_api_server(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Ve
     let addr = listener.local_addr().unwrap();
     rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
     (format!("http://{addr}"), seen)
-}
-
-fn kubeconfig(server: &str) -> String {
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n- name: test\n  cluster:\n    server: {server}\n\
-         users:\n- name: test\n  user: {{}}\n\
-         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
-         current-context: test\n"
-    )
 }
 
 /// The object entry of `kind` in the status API's `kubernetes`.

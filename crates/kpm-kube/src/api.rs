@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, PatchParams, PostParams};
 use tracing::debug;
 
 use crate::status::{KubeStatus, ObjectKind, RequestCount, Stats};
@@ -72,6 +72,19 @@ impl NodeApi {
             Err(err) => self.stats.failed(kind, err),
         }
         result
+    }
+
+    /// `resource.k8s.io/v1` ResourceSlices, without depending on the
+    /// k8s-openapi version the binary chooses.
+    pub(crate) fn resource_slices(&self) -> Api<DynamicObject> {
+        let resource = ApiResource {
+            group: "resource.k8s.io".to_owned(),
+            version: "v1".to_owned(),
+            api_version: "resource.k8s.io/v1".to_owned(),
+            kind: "ResourceSlice".to_owned(),
+            plural: "resourceslices".to_owned(),
+        };
+        Api::all_with(self.client.clone(), &resource)
     }
 
     pub(crate) fn status(&self) -> KubeStatus {

@@ -16,6 +16,9 @@
 //!   instance has stayed connected for the grace period, and the drivers
 //!   with slices of this node at start, whose slices go the same way unless
 //!   they register within the grace period.
+//! - **Reading** ([`observe_node`]): what the API server shows of a node
+//!   (CSINode drivers, the node-id annotation, capacity and allocatable,
+//!   the drivers with ResourceSlices there), for `kpm doctor`.
 //!
 //! Every write names [`FIELD_MANAGER`]. Objects shared with other writers
 //! are read, changed by the kubelet's rules and written back with the
@@ -40,6 +43,7 @@ mod backoff;
 mod capacity;
 mod error;
 mod node_info;
+mod observe;
 mod slices;
 mod status;
 
@@ -54,6 +58,7 @@ use kpm_device::DeviceView;
 use crate::api::NodeApi;
 pub use crate::error::KubeError;
 pub use crate::node_info::KubeNodeInfo;
+pub use crate::observe::{NodeObjects, NodeResources, observe_node};
 pub use crate::slices::KubeSliceCleanup;
 pub use crate::status::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
 pub use kube::Client;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use backon::Retryable;
 use kpm_dra::SliceCleanup;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams};
+use kube::api::{DeleteParams, ListParams};
 use tracing::{info, warn};
 
 use crate::KubeError;
@@ -30,21 +30,8 @@ impl KubeSliceCleanup {
         Self { api }
     }
 
-    /// `resource.k8s.io/v1` ResourceSlices, without depending on the
-    /// k8s-openapi version the binary chooses.
-    fn slices(&self) -> Api<DynamicObject> {
-        let resource = ApiResource {
-            group: "resource.k8s.io".to_owned(),
-            version: "v1".to_owned(),
-            api_version: "resource.k8s.io/v1".to_owned(),
-            kind: "ResourceSlice".to_owned(),
-            plural: "resourceslices".to_owned(),
-        };
-        Api::all_with(self.api.client.clone(), &resource)
-    }
-
     async fn delete(&self, selector: &str) -> Result<(), KubeError> {
-        let slices = self.slices();
+        let slices = self.api.resource_slices();
         let params = ListParams::default().fields(selector);
         let delete = DeleteParams::default();
         let deleted = self.api.call(
@@ -76,7 +63,7 @@ impl SliceCleanup for KubeSliceCleanup {
     async fn published_drivers(&self) -> Vec<String> {
         let selector = format!("spec.nodeName={}", self.api.node);
         let list = || async {
-            let slices = self.slices();
+            let slices = self.api.resource_slices();
             let params = ListParams::default().fields(&selector);
             self.api.call("list", "resourceslices", &selector, slices.list(&params)).await
         };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
-use kpm::{ExecutorError, Inspection, Kubelet};
+use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
 
 use super::host::{self, ProcessInfo};
@@ -44,6 +44,16 @@ pub(crate) enum Verdict {
     Unreadable,
     /// A registry no running kubelet watches holds sockets.
     UnwatchedRegistry,
+    /// Fine on the node, but the cluster shows no registration of it.
+    NotRegistered,
+    /// The cluster shows it otherwise than the plugin says.
+    ClusterMismatch,
+    /// CSINode lists a driver no live plugin serves.
+    StaleCsiNodeEntry,
+    /// A live DRA driver with no ResourceSlice of the node.
+    NotPublished,
+    /// ResourceSlices of the node from a driver no live plugin serves.
+    OrphanedSlices,
 }
 
 impl Verdict {
@@ -62,6 +72,11 @@ impl Verdict {
             Self::Unreachable => "unreachable",
             Self::Unreadable => "unreadable",
             Self::UnwatchedRegistry => "unwatched-registry",
+            Self::NotRegistered => "not-registered",
+            Self::ClusterMismatch => "cluster-mismatch",
+            Self::StaleCsiNodeEntry => "stale-csi-node-entry",
+            Self::NotPublished => "not-published",
+            Self::OrphanedSlices => "orphaned-slices",
         }
     }
 
@@ -90,11 +105,18 @@ pub(crate) struct Row {
     pub(crate) reason: String,
     /// What fixes it; empty when nothing needs fixing.
     pub(crate) hint: String,
+    /// What the cluster shows of it, when it was asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cluster: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) served_by: Option<ProcessInfo>,
     /// The inspection's steps, in milliseconds.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) steps: Vec<StepTaken>,
+    /// What the handler saw of the plugin's own service, for the cluster's
+    /// comparison.
+    #[serde(skip)]
+    pub(crate) service: Option<Box<dyn ServiceReport>>,
 }
 
 /// A step of an inspection and how long it took.
@@ -116,8 +138,10 @@ impl Row {
             versions: Vec::new(),
             reason,
             hint: String::new(),
+            cluster: None,
             served_by: None,
             steps: Vec::new(),
+            service: None,
         }
     }
 
@@ -180,7 +204,7 @@ pub(crate) async fn registry(kubelet: &Kubelet, root: &Path, unseen: &mut Vec<St
     }
     while let Some(joined) = inspections.join_next().await {
         match joined {
-            Ok(inspection) => rows.push(judge(&inspection)),
+            Ok(inspection) => rows.push(judge(inspection)),
             Err(err) => unseen.push(format!("an inspection failed: {err}")),
         }
     }
@@ -200,7 +224,7 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 }
 
 /// The row of a registration socket, from its inspection.
-fn judge(inspection: &Inspection) -> Row {
+fn judge(inspection: Inspection) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
@@ -222,6 +246,7 @@ fn judge(inspection: &Inspection) -> Row {
         .iter()
         .map(|taken| StepTaken { step: taken.step.name(), ms: taken.took.as_secs_f64() * 1000.0 })
         .collect();
+    row.service = inspection.service;
     row
 }
 
@@ -337,7 +362,11 @@ pub(crate) async fn device_plugins(
     while let Some(joined) = inspections.join_next().await {
         let Ok((path, inspected)) = joined else { continue };
         let row = match inspected {
-            Ok(report) => Row::new(Verdict::Ok, &path, "device-plugins", report.to_string()),
+            Ok(report) => {
+                let mut row = Row::new(Verdict::Ok, &path, "device-plugins", report.to_string());
+                row.service = Some(Box::new(report));
+                row
+            }
             Err(kpm::device::DeviceError::Dial { source, .. }) if source.is_gone() => Row::new(
                 Verdict::Stale,
                 &path,

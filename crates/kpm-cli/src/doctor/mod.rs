@@ -7,9 +7,13 @@
 //! would register with (the kubelet's rules and its 1 s `GetInfo`
 //! timeout), names the registries of other well-known roots that hold
 //! sockets nobody watches, and the sockets still listening whose file is
-//! gone. It never notifies a plugin, never creates, removes or renames
-//! anything, and closes every connection when its call is done.
+//! gone. With an API server (`--kubeconfig`, or in a pod), it holds the
+//! plugins against what the cluster shows of the node (`cluster.rs`). It
+//! never notifies a plugin, never creates, removes or renames anything,
+//! never writes to the API server, and closes every connection when its
+//! call is done.
 
+mod cluster;
 mod host;
 mod judge;
 
@@ -51,6 +55,15 @@ pub(crate) struct DoctorArgs {
         value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
     )]
     timeout: u64,
+    /// Hold the plugins against what this kubeconfig's API server shows of
+    /// the node: CSINode and the CSI node-id annotation, device capacity,
+    /// ResourceSlices. Inside a pod the service account is used without it.
+    #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// The node's name in the cluster [default: the hostname, lower-cased,
+    /// as with the kubelet].
+    #[arg(long, value_name = "NAME", env = "KPM_NODE_NAME")]
+    node_name: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
     output: OutputFormat,
@@ -64,6 +77,9 @@ struct Report {
     root_from: String,
     /// The kubelets running on this host.
     kubelets: Vec<host::KubeletProcess>,
+    /// The node the cluster was asked about, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    node: Option<String>,
     /// One row per registry entry, device-plugin socket and deleted socket.
     plugins: Vec<judge::Row>,
     /// Findings about the node rather than one socket.
@@ -106,15 +122,24 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     }
     judge::mark_duplicates(&mut plugins);
 
+    let mut findings = Vec::new();
+    let mut node = None;
+    if let Some(client) = crate::run::api_client(args.kubeconfig.as_deref()).await? {
+        let name = crate::run::node_name(args.node_name.as_deref())?;
+        let config = kpm::kube::KubeConfig::default().request_timeout(timeout);
+        let objects = kpm::kube::observe_node(client, &name, config).await;
+        cluster::compare(&objects, &mut plugins, &mut findings, &mut unseen);
+        node = Some(name);
+    }
     let other_roots: Vec<PathBuf> = if args.other_roots.is_empty() {
         WELL_KNOWN_ROOTS.iter().map(PathBuf::from).collect()
     } else {
         args.other_roots.clone()
     };
-    let findings = unwatched_registries(&root_dir, &other_roots, &kubelets);
+    findings.extend(unwatched_registries(&root_dir, &other_roots, &kubelets));
     let ok = plugins.iter().all(|row| !row.verdict.fails())
         && findings.iter().all(|finding| !finding.verdict.fails());
-    let report = Report { root_dir, root_from, kubelets, plugins, findings, unseen, ok };
+    let report = Report { root_dir, root_from, kubelets, node, plugins, findings, unseen, ok };
     let text = match args.output {
         OutputFormat::Json => {
             let mut json = serde_json::to_string_pretty(&report)

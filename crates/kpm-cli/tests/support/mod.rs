@@ -171,6 +171,18 @@ pub fn kpm(args: &[&str]) -> Output {
     Command::new(KPM).args(args).output().unwrap()
 }
 
+/// A kubeconfig for the API server at `server`, without credentials.
+pub fn kubeconfig(server: &str) -> String {
+    format!(
+        "apiVersion: v1\n\
+         kind: Config\n\
+         clusters:\n- name: test\n  cluster:\n    server: {server}\n\
+         users:\n- name: test\n  user: {{}}\n\
+         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
+         current-context: test\n"
+    )
+}
+
 // === HTTP ===
 
 /// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.

@@ -1,0 +1,192 @@
+//! What the API server shows of the node, held against its plugins: CSINode
+//! and the CSI node-id annotation, device capacity, DRA ResourceSlices.
+
+use std::any::Any;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use kpm::kube::{NodeObjects, NodeResources};
+
+use super::Finding;
+use super::judge::{Row, Verdict};
+
+/// Marks the rows the cluster contradicts and adds what the cluster shows
+/// that no plugin of the node explains; what could not be read goes to
+/// `unseen`.
+pub(crate) fn compare(
+    objects: &NodeObjects,
+    rows: &mut [Row],
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
+    let node = &objects.node;
+    let live = |rows: &[Row], plugin_type: &str| -> BTreeSet<String> {
+        rows.iter()
+            .filter(|row| {
+                row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(plugin_type)
+            })
+            .filter_map(|row| row.name.clone())
+            .collect()
+    };
+    match &objects.csi_drivers {
+        Ok(drivers) => {
+            let empty = BTreeMap::default();
+            let drivers = drivers.as_ref().unwrap_or(&empty);
+            let annotation = match &objects.resources {
+                Ok(Some(resources)) => Some(&resources.csi_node_ids),
+                _ => None,
+            };
+            for row in csi_rows(rows) {
+                check_csi(
+                    node,
+                    row,
+                    drivers,
+                    annotation,
+                    objects.csi_drivers.as_ref().is_ok_and(Option::is_some),
+                );
+            }
+            let served = live(rows, kpm::api::CSI_PLUGIN);
+            for name in drivers.keys().filter(|name| !served.contains(*name)) {
+                findings.push(Finding {
+                    verdict: Verdict::StaleCsiNodeEntry,
+                    path: PathBuf::from(format!("csinodes/{node}")),
+                    reason: format!("CSINode {node} lists driver {name}, but no live plugin of this node serves it"),
+                    hint: "the kubelet drops the entry when the driver deregisters; one removed while the \
+                           kubelet was down stays: restart the kubelet, or remove the entry"
+                        .into(),
+                });
+            }
+        }
+        Err(err) => unseen.push(format!("CSINode {node}: {err}")),
+    }
+    match &objects.resources {
+        Ok(Some(resources)) => {
+            for row in rows.iter_mut().filter(|row| is_live(row, kpm::api::DEVICE_PLUGIN)) {
+                check_capacity(node, row, resources);
+            }
+        }
+        Ok(None) => unseen.push(format!("Node {node}: not found; device capacity not compared")),
+        Err(err) => unseen.push(format!("Node {node}: {err}")),
+    }
+    match &objects.slice_drivers {
+        Ok(slices) => {
+            for row in rows.iter_mut().filter(|row| is_live(row, kpm::api::DRA_PLUGIN)) {
+                let name = row.name.clone().unwrap_or_default();
+                if let Some(count) = slices.get(&name) {
+                    row.cluster = Some(format!("{count} ResourceSlice(s) of this node"));
+                } else {
+                    row.verdict = Verdict::NotPublished;
+                    row.reason =
+                        format!("the driver is live, but no ResourceSlice of node {node} names it");
+                    row.hint = "it has not published its devices: see the driver's logs (its \
+                                ResourceSlice controller needs RBAC on resourceslices)"
+                        .into();
+                }
+            }
+            let served = live(rows, kpm::api::DRA_PLUGIN);
+            for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
+                findings.push(Finding {
+                    verdict: Verdict::OrphanedSlices,
+                    path: PathBuf::from(format!("resourceslices/{driver}")),
+                    reason: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"),
+                    hint: "the kubelet wipes them once the driver has been gone for its grace period (30 s): \
+                           start the driver if it should be here"
+                        .into(),
+                });
+            }
+        }
+        Err(err) => unseen.push(format!("ResourceSlices of node {node}: {err}")),
+    }
+}
+
+fn is_live(row: &Row, plugin_type: &str) -> bool {
+    row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(plugin_type)
+}
+
+fn csi_rows(rows: &mut [Row]) -> impl Iterator<Item = &mut Row> {
+    rows.iter_mut().filter(|row| is_live(row, kpm::api::CSI_PLUGIN))
+}
+
+/// A live CSI driver against CSINode and the node-id annotation.
+fn check_csi(
+    node: &str,
+    row: &mut Row,
+    drivers: &BTreeMap<String, String>,
+    annotation: Option<&BTreeMap<String, String>>,
+    csinode_exists: bool,
+) {
+    let name = row.name.clone().unwrap_or_default();
+    let reported = row
+        .service
+        .as_deref()
+        .and_then(|report| (report as &dyn Any).downcast_ref::<kpm::csi::DriverNodeInfo>())
+        .map(|info| info.node_id.clone());
+    let Some(listed) = drivers.get(&name) else {
+        row.verdict = Verdict::NotRegistered;
+        row.reason = if csinode_exists {
+            format!(
+                "the driver answers, but CSINode {node} does not list it: the kubelet did not register it"
+            )
+        } else {
+            format!(
+                "the driver answers, but CSINode {node} does not exist: the kubelet registered no CSI driver"
+            )
+        };
+        row.hint = format!(
+            "pods using it fail with \"driver name {name} not found in the list of registered CSI drivers\": \
+             the kubelet does not see this socket (is its root this one?) or refused it: see the kubelet's log"
+        );
+        return;
+    };
+    row.cluster = Some(format!("CSINode: node id {listed}"));
+    let annotated = annotation.and_then(|ids| ids.get(&name));
+    if let Some(reported) =
+        reported.filter(|reported| reported != listed || annotated.is_some_and(|a| a != reported))
+    {
+        row.verdict = Verdict::ClusterMismatch;
+        row.reason = format!(
+            "NodeGetInfo says node id {reported}; CSINode {node} says {listed}, the node's annotation {}",
+            annotated.map_or("nothing", String::as_str)
+        );
+        row.hint =
+            "the driver changed its node id after it registered: restart its registrar so that \
+                    the kubelet registers it again"
+                .into();
+    }
+}
+
+/// A live device plugin against the Node's capacity and allocatable.
+fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
+    let name = row.name.clone().unwrap_or_default();
+    let Some(report) = row
+        .service
+        .as_deref()
+        .and_then(|report| (report as &dyn Any).downcast_ref::<kpm::device::DevicePluginReport>())
+        .copied()
+    else {
+        return;
+    };
+    let (capacity, allocatable) = (resources.capacity.get(&name), resources.allocatable.get(&name));
+    let Some(capacity) = capacity else {
+        row.verdict = Verdict::NotRegistered;
+        row.reason = format!(
+            "the plugin lists {} devices, but Node {node} has no capacity for {name}",
+            report.devices
+        );
+        row.hint = "the kubelet did not register it: see the kubelet's log (device manager)".into();
+        return;
+    };
+    let allocatable = allocatable.map_or("0", String::as_str);
+    row.cluster = Some(format!("Node capacity {capacity}, allocatable {allocatable}"));
+    if capacity != &report.devices.to_string() || allocatable != report.healthy.to_string() {
+        row.verdict = Verdict::ClusterMismatch;
+        row.reason = format!(
+            "the plugin lists {} devices, {} healthy; Node {node} shows capacity {capacity}, allocatable {allocatable}",
+            report.devices, report.healthy
+        );
+        row.hint =
+            "the kubelet's view lags the plugin's list: if it stays so, the kubelet lost the \
+                    plugin's ListAndWatch stream; restart the plugin"
+                .into();
+    }
+}
