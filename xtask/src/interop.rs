@@ -57,6 +57,17 @@ const SCENARIOS: &[Scenario] = &[
         programs: &["kubelet-pluginmanager"],
         run: kubelet_plugin_manager,
     },
+    Scenario {
+        name: "doctor",
+        programs: &[
+            "kubelet-pluginmanager",
+            "node-driver-registrar",
+            "hostpathplugin",
+            "generic-device-plugin",
+            "dra-kubeletplugin",
+        ],
+        run: doctor_beside_the_kubelet,
+    },
 ];
 
 /// The programs and where their logs go.
@@ -127,17 +138,13 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     let csi_dir = root.join("plugins/csi-hostpath");
     fs::create_dir_all(&csi_dir)?;
     let csi_sock = csi_dir.join("csi.sock");
-    let driver = peer(
+    let driver = hostpath(
         env,
         "node-driver-registrar",
-        "hostpathplugin",
-        &[
-            &format!("--endpoint=unix://{}", csi_sock.display()),
-            "--nodeid=node-1",
-            "--drivername=hostpath.csi.k8s.io",
-            &format!("--statedir={}", root.join("hostpath-state").display()),
-            "--maxvolumespernode=10",
-        ],
+        root,
+        "hostpath.csi.k8s.io",
+        &csi_sock,
+        &["--maxvolumespernode=10"],
     )?;
     wait_until("hostpathplugin serves its socket", STEP_TIMEOUT, || Ok(csi_sock.exists()))?;
     let mut registrar = peer(
@@ -189,21 +196,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
 
 fn generic_device_plugin(env: &Env, root: &Path) -> Result {
     let kpm = start_kpm(env, root, "generic-device-plugin")?;
-    let mut plugin = peer(
-        env,
-        "generic-device-plugin",
-        "generic-device-plugin",
-        &[
-            "--plugin-directory",
-            &root.join("device-plugins").display().to_string(),
-            "--domain",
-            "squat.ai",
-            "--listen",
-            "127.0.0.1:0",
-            "--device",
-            r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#,
-        ],
-    )?;
+    let mut plugin = null_devices(env, "generic-device-plugin", root)?;
     let null = |list: &serde_json::Value| {
         find(&list["device_resources"], "resource", "squat.ai/null").cloned()
     };
@@ -323,6 +316,138 @@ fn kubelet_plugin_manager(env: &Env, root: &Path) -> Result {
     Ok(())
 }
 
+/// `kpm doctor` beside the kubelet's own plugin manager: node-driver-registrar
+/// with hostpathplugin and a DRA kubelet-plugin registered with it,
+/// generic-device-plugin registered on a `kubelet.sock` (served by a `kpm
+/// run` whose registry is elsewhere), a stale socket and a CSI driver's own
+/// socket placed in the registry. Every verdict must be right, and the
+/// doctor must not have notified anyone.
+fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
+    const SCENARIO: &str = "doctor";
+    let registry = root.join("plugins_registry");
+    fs::create_dir_all(&registry)?;
+    let manager = peer(
+        env,
+        SCENARIO,
+        "kubelet-pluginmanager",
+        &["--registry-dir", &registry.display().to_string()],
+    )?;
+    manager.wait_for_line("the plugin manager started", STEP_TIMEOUT, |line| line == "started")?;
+    let kubelet_sock = start_kpm_with(
+        env,
+        root,
+        SCENARIO,
+        &["--registry-dir", &root.join("kpm-registry").display().to_string()],
+    )?;
+
+    let csi_sock = root.join("plugins/csi-hostpath/csi.sock");
+    fs::create_dir_all(csi_sock.parent().ok_or("no parent")?)?;
+    let _driver = hostpath(env, SCENARIO, root, "hostpath.csi.k8s.io", &csi_sock, &[])?;
+    wait_until("hostpathplugin serves its socket", STEP_TIMEOUT, || Ok(csi_sock.exists()))?;
+    let registrar = peer(
+        env,
+        SCENARIO,
+        "node-driver-registrar",
+        &[
+            &format!("--csi-address={}", csi_sock.display()),
+            &format!("--kubelet-registration-path={}", csi_sock.display()),
+            &format!("--plugin-registration-path={}", registry.display()),
+        ],
+    )?;
+    manager.wait_for_line("the kubelet registered the CSI driver", STEP_TIMEOUT, |line| {
+        line.starts_with("register CSIPlugin hostpath.csi.k8s.io ")
+    })?;
+    let dra = peer(
+        env,
+        SCENARIO,
+        "dra-kubeletplugin",
+        &[
+            "--driver-name",
+            "dra.example.com",
+            "--node-name",
+            "node-1",
+            "--registrar-dir",
+            &registry.display().to_string(),
+            "--plugin-dir",
+            &root.join("plugins/dra.example.com").display().to_string(),
+        ],
+    )?;
+    dra.wait_for_line("the helper told registered", STEP_TIMEOUT, |line| {
+        line == "registration status: true"
+    })?;
+    let _devices = null_devices(env, SCENARIO, root)?;
+    wait_for_list(&kubelet_sock, "squat.ai/null registered on kubelet.sock", |list| {
+        Ok(find(&list["device_resources"], "resource", "squat.ai/null")
+            .filter(|r| r["healthy"] == 3)
+            .cloned())
+    })?;
+    let stale = registry.join("gone.example.com-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale)?);
+    let misplaced = registry.join("csi.sock");
+    let _misplaced_driver = hostpath(env, SCENARIO, root, "misplaced.csi.k8s.io", &misplaced, &[])?;
+    wait_until("the misplaced driver serves its socket", STEP_TIMEOUT, || Ok(misplaced.exists()))?;
+
+    let notified = |registrar: &Process| -> Result<usize> {
+        Ok(registrar
+            .error_lines()?
+            .iter()
+            .filter(|line| line.contains("NotifyRegistrationStatus"))
+            .count())
+    };
+    let before = notified(&registrar)?;
+    let nowhere = root.join("no-other-root").display().to_string();
+    let report = scenario::doctor(
+        &env.kpm,
+        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+    )?;
+    expect_doctor_verdicts(&report, &registry, &stale, &misplaced)?;
+    let after = notified(&registrar)?;
+    if after != before {
+        return Err(format!(
+            "node-driver-registrar was notified {} more time(s) while kpm doctor ran",
+            after - before
+        )
+        .into());
+    }
+    eprintln!(
+        "doctor: every verdict right; node-driver-registrar notified {before} time(s) before, none by the doctor"
+    );
+    kubelet_sock.stop()
+}
+
+/// The verdicts [`doctor_beside_the_kubelet`] expects of `kpm doctor`.
+fn expect_doctor_verdicts(
+    report: &serde_json::Value,
+    registry: &Path,
+    stale: &Path,
+    misplaced: &Path,
+) -> Result {
+    scenario::expect_verdict(report, &registry.join("hostpath.csi.k8s.io-reg.sock"), "ok")?;
+    let dra_socket = report["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|row| row["name"] == "dra.example.com")
+        .ok_or_else(|| format!("no row for dra.example.com: {report}"))?;
+    if dra_socket["verdict"] != "ok" {
+        return Err(format!("the DRA driver is {}: {dra_socket}", dra_socket["verdict"]).into());
+    }
+    scenario::expect_verdict(report, stale, "stale")?;
+    scenario::expect_verdict(report, misplaced, "not-a-registration-server")?;
+    let device = report["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|row| row["found_in"] == "device-plugins")
+        .ok_or_else(|| format!("no row for generic-device-plugin's socket: {report}"))?;
+    if device["verdict"] != "ok"
+        || !device["reason"].as_str().is_some_and(|r| r.starts_with("3 devices, 3 healthy"))
+    {
+        return Err(format!("generic-device-plugin's socket: {device}").into());
+    }
+    Ok(())
+}
+
 /// `test/images/sample-device-plugin` of Kubernetes: its stub serves
 /// `Registration` and `DevicePlugin` on one socket, so kpm's liveness probes
 /// go over the `ListAndWatch` connection; the stub logs each `GetInfo`.
@@ -379,6 +504,41 @@ fn sample_device_plugin(env: &Env, root: &Path) -> Result {
 }
 
 // === Processes ===
+
+/// hostpathplugin serving driver `name` on `endpoint`, node id `node-1`.
+fn hostpath(
+    env: &Env,
+    scenario: &str,
+    root: &Path,
+    name: &str,
+    endpoint: &Path,
+    extra: &[&str],
+) -> Result<Process> {
+    let endpoint = format!("--endpoint=unix://{}", endpoint.display());
+    let driver = format!("--drivername={name}");
+    let state = format!("--statedir={}", root.join(format!("{name}-state")).display());
+    let mut args = vec![endpoint.as_str(), "--nodeid=node-1", &driver, &state];
+    args.extend_from_slice(extra);
+    peer(env, scenario, "hostpathplugin", &args)
+}
+
+/// generic-device-plugin registering `squat.ai/null` (3 devices, all
+/// `/dev/null`) on `root`'s `kubelet.sock`.
+fn null_devices(env: &Env, scenario: &str, root: &Path) -> Result<Process> {
+    let dir = root.join("device-plugins").display().to_string();
+    let device = r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#;
+    let args = [
+        "--plugin-directory",
+        &dir,
+        "--domain",
+        "squat.ai",
+        "--listen",
+        "127.0.0.1:0",
+        "--device",
+        device,
+    ];
+    peer(env, scenario, "generic-device-plugin", &args)
+}
 
 fn start_kpm(env: &Env, root: &Path, scenario: &str) -> Result<RunningKpm> {
     start_kpm_with(env, root, scenario, &[])

@@ -220,3 +220,40 @@ pub(crate) fn wait_for<T>(
 pub(crate) fn find<'a>(array: &'a Value, key: &str, value: &str) -> Option<&'a Value> {
     array.as_array()?.iter().find(|element| element[key] == value)
 }
+
+/// Runs `kpm doctor ARGS` twice: as a table, shown on stderr for the log,
+/// and with `-o json`, whose report is returned.
+pub(crate) fn doctor(bin: &Path, args: &[&str]) -> Result<Value> {
+    let table = Command::new(bin).arg("doctor").args(args).stderr(Stdio::inherit()).output()?;
+    eprintln!("$ kpm doctor {}\n{}", args.join(" "), String::from_utf8_lossy(&table.stdout));
+    let json = Command::new(bin)
+        .arg("doctor")
+        .args(args)
+        .args(["-o", "json"])
+        .stderr(Stdio::inherit())
+        .output()?;
+    Ok(serde_json::from_slice(&json.stdout)?)
+}
+
+/// The verdict of the doctor's row for `path`; an error names what the
+/// report has instead.
+pub(crate) fn verdict(report: &Value, path: &Path) -> Result<String> {
+    let path = path.display().to_string();
+    let row = find(&report["plugins"], "path", &path)
+        .ok_or_else(|| format!("kpm doctor has no row for {path}: {report}"))?;
+    Ok(row["verdict"].as_str().unwrap_or_default().to_owned())
+}
+
+/// Fails unless the doctor's row for `path` has verdict `expected`.
+pub(crate) fn expect_verdict(report: &Value, path: &Path, expected: &str) -> Result {
+    let verdict = verdict(report, path)?;
+    if verdict == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "kpm doctor says {verdict} of {}, expected {expected}: {report}",
+            path.display()
+        )
+        .into())
+    }
+}

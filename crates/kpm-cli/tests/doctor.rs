@@ -129,6 +129,11 @@ fn a_drivers_own_socket_in_the_registry_is_not_a_registration_server() {
     let (code, report) = node.doctor(&[]);
     assert_eq!(code, 1);
     assert_eq!(verdict(&report, &socket), "not-a-registration-server");
+    assert_eq!(
+        row(&report, &socket)["served_by"]["pid"],
+        std::process::id(),
+        "who answered the dial"
+    );
 }
 
 /// A registration server whose `GetInfo` answers after 2 s.
@@ -262,6 +267,7 @@ fn device_plugin_sockets_beside_kubelet_sock_are_judged_too() {
     let (code, report) = node.doctor(&[]);
     assert_eq!(code, 1);
     assert_eq!(verdict(&report, &good), "ok");
+    assert_eq!(row(&report, &good)["served_by"]["pid"], std::process::id());
     assert!(row(&report, &good)["reason"].as_str().unwrap().starts_with("1 devices, 1 healthy"));
     assert_eq!(verdict(&report, &stale), "stale");
     let rows = report["plugins"].as_array().unwrap();

@@ -425,6 +425,7 @@ impl DeviceManager {
     ) -> Result<DevicePluginReport, DeviceError> {
         self.config.validate()?;
         let (channel, options) = self.open(resource, socket).await?;
+        let server_pid = channel.peer_pid();
         let timeout = self.config.call_timeout;
         let first = async { list_and_watch(channel).await?.message().await };
         let failed = |reason: String| DeviceError::ListAndWatch {
@@ -440,6 +441,7 @@ impl DeviceManager {
         };
         let healthy = list.devices.iter().filter(|device| device.health == DEVICE_HEALTHY).count();
         Ok(DevicePluginReport {
+            server_pid,
             pre_start_required: options.pre_start_required,
             get_preferred_allocation_available: options.get_preferred_allocation_available,
             devices: list.devices.len(),
@@ -883,6 +885,8 @@ impl PluginHandler for DeviceManager {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DevicePluginReport {
+    /// The process serving the socket (`SO_PEERCRED`), if visible from here.
+    pub server_pid: Option<u32>,
     /// `pre_start_required` of its options.
     pub pre_start_required: bool,
     /// `get_preferred_allocation_available` of its options.

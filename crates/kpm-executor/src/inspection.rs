@@ -62,16 +62,19 @@ pub struct InspectedStep {
     pub took: Duration,
 }
 
-/// The steps an attempt went through, each timed.
+/// The steps an attempt went through, each timed, and who answered the dial.
 #[derive(Debug, Default)]
-pub(crate) struct Steps(pub(crate) Vec<InspectedStep>);
+pub(crate) struct Steps {
+    pub(crate) taken: Vec<InspectedStep>,
+    pub(crate) server_pid: Option<u32>,
+}
 
 impl Steps {
     /// Runs `work` as `step`, recording how long it took.
     pub(crate) async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
         let started = Instant::now();
         let output = work.await;
-        self.0.push(InspectedStep { step, took: started.elapsed() });
+        self.taken.push(InspectedStep { step, took: started.elapsed() });
         output
     }
 }

@@ -424,6 +424,7 @@ impl Attempt {
     /// bounds, the handler of its type, the handler's validation.
     async fn admit(&self, steps: &mut Steps) -> Result<Admitted, Refusal> {
         let (client, server_pid) = steps.time(Step::Dial, self.dial()).await?;
+        steps.server_pid = server_pid;
         let (info, connection) =
             steps.time(Step::GetInfo, self.get_info(client, server_pid)).await?;
         let checked = steps.time(Step::CheckInfo, async { check_info(&info) }).await;
@@ -600,12 +601,12 @@ impl Attempt {
         let mut steps = Steps::default();
         let admitted = match self.admit(&mut steps).await {
             Ok(admitted) => admitted,
-            Err(Refusal { error, info, tell }) => {
-                let server_pid = tell.and_then(|(connection, _)| connection.server_pid);
+            Err(Refusal { error, info, .. }) => {
+                let server_pid = steps.server_pid;
                 let endpoint = info.as_ref().map(|info| plugin_endpoint(info, &self.socket));
                 return Inspection {
                     socket: self.socket.clone(),
-                    steps: steps.0,
+                    steps: steps.taken,
                     info,
                     endpoint,
                     server_pid,
@@ -621,7 +622,7 @@ impl Attempt {
         };
         Inspection {
             socket: self.socket.clone(),
-            steps: steps.0,
+            steps: steps.taken,
             server_pid: admitted.connection.server_pid,
             info: Some(admitted.info),
             endpoint: Some(admitted.endpoint),

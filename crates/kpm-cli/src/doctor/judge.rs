@@ -364,6 +364,7 @@ pub(crate) async fn device_plugins(
         let row = match inspected {
             Ok(report) => {
                 let mut row = Row::new(Verdict::Ok, &path, "device-plugins", report.to_string());
+                row.served_by = report.server_pid.map(host::process);
                 row.service = Some(Box::new(report));
                 row
             }

@@ -222,13 +222,18 @@ fn table(report: &Report) -> String {
     for what in &report.unseen {
         let _ = write!(text, "\nnot seen: {what}\n");
     }
-    let failing = report.plugins.iter().filter(|row| row.verdict.fails()).count()
-        + report.findings.iter().filter(|f| f.verdict.fails()).count();
+    let failing = report.plugins.iter().filter(|row| row.verdict.fails()).count();
     let _ = write!(
         text,
-        "\n{} entries: {} ok, {failing} failing\n",
+        "\n{} entries: {} ok, {failing} failing",
         report.plugins.len(),
         report.plugins.iter().filter(|row| row.verdict == Verdict::Ok).count(),
     );
+    match report.findings.len() {
+        0 => text.push('\n'),
+        n => {
+            let _ = writeln!(text, "; {n} finding(s) about the node");
+        }
+    }
     text
 }
