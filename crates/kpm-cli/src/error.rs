@@ -57,6 +57,9 @@ pub(crate) enum CliError {
     #[error("demo: {0}")]
     Demo(String),
 
+    #[error("check: {0}")]
+    Check(String),
+
     #[error("write output: {0}")]
     Output(#[source] std::io::Error),
 }

@@ -6,6 +6,7 @@
 //! - `kpm watch`: print what happens to plugins, as it happens.
 //! - `kpm probe SOCKET`: diagnose a registration socket without registering it.
 //! - `kpm doctor`: why each plugin of a live node is or is not registered.
+//! - `kpm check -- PLUGIN-COMMAND…`: a plugin checked against what kubelets rely on.
 //! - `kpm demo`: a manager and example plugins of every type on a temp dir.
 //!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
@@ -14,6 +15,7 @@
 // Doc comments on the clap types are the command's help text, read in a terminal.
 #![allow(clippy::doc_markdown)]
 
+mod check;
 #[cfg(feature = "demo")]
 mod demo;
 mod doctor;
@@ -92,6 +94,12 @@ enum Command {
     /// judged by the kubelet's rules, with what serves it and how to fix
     /// it. Exits 0 when all are fine, 1 otherwise.
     Doctor(doctor::DoctorArgs),
+    /// Run a plugin against a kubelet on a temporary root and check what
+    /// real kubelets rely on: it registers, answers GetInfo within 1 s, passes
+    /// its type's checks, names its sockets by the conventions, registers
+    /// again after a kubelet restart, removes its sockets on SIGTERM. Ends
+    /// with `N passed, M failed`; exits 1 if any failed.
+    Check(check::CheckArgs),
     /// Print what happens to plugins (seen, registered, rejected,
     /// deregistered, retry scheduled), one line each, until interrupted.
     Watch {
@@ -127,6 +135,7 @@ fn main() -> ExitCode {
             }
             Command::Probe(args) => probe::probe(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
+            Command::Check(args) => check::check(args).await,
             #[cfg(feature = "demo")]
             Command::Demo => demo::demo().await.map(|()| true),
         }

@@ -19,15 +19,26 @@
 //! per SIGUSR1 that found a healthy device. Logs go to stderr (`RUST_LOG`).
 //! Exit codes: 0 after a signal, 1 on failure (the message names the path),
 //! 2 on usage errors.
+//!
+//! With `--kubelet-sock-dir DIR` it is a device plugin that registers
+//! through `DIR/kubelet.sock` instead, as most device plugins do, and
+//! registers again whenever `kubelet.sock` is created anew.
+//!
+//! To see how a node agent treats a misbehaving plugin (`kpm check`'s
+//! tests): `--get-info-delay-ms` answers `GetInfo` late, `--no-cleanup`
+//! leaves the socket behind on SIGTERM, `--no-reregister` registers on
+//! `kubelet.sock` only once.
 
 use std::error::Error;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::Parser;
 use kpm_api::constants::{
-    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, DEVICE_UNHEALTHY, PLUGINS_REGISTRY_DIR_NAME,
+    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, DEVICE_UNHEALTHY, KUBELET_SOCKET_NAME,
+    PLUGINS_REGISTRY_DIR_NAME,
 };
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin};
 use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar, RegistrationStatus};
@@ -93,6 +104,28 @@ struct Args {
     /// limit).
     #[arg(long, value_name = "N", default_value_t = 0)]
     max_volumes: i64,
+
+    /// Misbehave: answer GetInfo only after this many milliseconds (the
+    /// kubelet waits 1000).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    get_info_delay_ms: u64,
+
+    /// Misbehave: on SIGTERM, exit without removing the socket, as a
+    /// plugin that is killed does.
+    #[arg(long)]
+    no_cleanup: bool,
+
+    /// DevicePlugin: register through DIR/kubelet.sock, as most device
+    /// plugins do, instead of a registration socket: serve the stub on
+    /// DIR/<name>.sock, call Register on DIR/kubelet.sock, and register
+    /// again each time kubelet.sock is created anew.
+    #[arg(long, value_name = "DIR")]
+    kubelet_sock_dir: Option<PathBuf>,
+
+    /// Misbehave, with --kubelet-sock-dir: register once, never again when
+    /// kubelet.sock is created anew (the kubelet restarted).
+    #[arg(long)]
+    no_reregister: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -113,10 +146,13 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn Error>> {
-    let name = args.name.unwrap_or_else(|| {
+    let name = args.name.clone().unwrap_or_else(|| {
         if args.plugin_type == DEVICE_PLUGIN { "example.com/demo" } else { "demo.example.com" }
             .to_owned()
     });
+    if let Some(dir) = &args.kubelet_sock_dir {
+        return kubelet_sock_plugin(&args, &name, dir).await;
+    }
     let mut builder = Registrar::builder(&args.plugin_type, &name).socket_dir(&args.dir);
     if !args.versions.is_empty() {
         builder = builder.versions(args.versions);
@@ -124,6 +160,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     if let Some(uid) = args.uid {
         builder = builder.rolling_update_uid(uid);
     }
+    builder = builder.get_info_delay(Duration::from_millis(args.get_info_delay_ms));
     // The stub's devices, for SIGUSR1 to turn unhealthy one by one.
     let mut devices = None;
     if let Some(endpoint) = args.endpoint {
@@ -184,7 +221,47 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
             _ = terminate.recv() => break,
         }
     }
+    if args.no_cleanup {
+        // Leaves the socket file behind: nothing runs after this.
+        std::process::exit(0);
+    }
     registrar.shutdown().await?;
+    Ok(())
+}
+
+/// A device plugin registering through `dir/kubelet.sock`: serves the stub
+/// on `dir/<name>.sock` and registers whenever `kubelet.sock` is new (once
+/// only with `--no-reregister`), until SIGINT or SIGTERM.
+async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), Box<dyn Error>> {
+    let file = format!("{}.sock", name.replace('/', "_"));
+    let endpoint = dir.join(&file);
+    let (plugin, _list) = StubDevicePlugin::new(Devices::new(args.devices).pairs());
+    let incoming = kpm_transport::bind(&endpoint).await?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(plugin.routes())
+            .serve_with_incoming(incoming),
+    );
+    println!("serving {}", endpoint.display());
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
+    let stop = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    };
+    if args.no_reregister {
+        kpm_registrar::register_device_plugin(dir, &file, name, Duration::from_secs(5)).await?;
+        println!("registered with {}", dir.join(KUBELET_SOCKET_NAME).display());
+        stop.await;
+    } else {
+        kpm_registrar::keep_device_plugin_registered(dir, &file, name, stop).await;
+    }
+    if !args.no_cleanup {
+        std::fs::remove_file(&endpoint)
+            .map_err(|err| format!("remove {}: {err}", endpoint.display()))?;
+    }
     Ok(())
 }
 

@@ -53,6 +53,22 @@ pub enum RegistrarError {
         source: TransportError,
     },
 
+    // === Registering on kubelet.sock ===
+    /// The kubelet refused or did not answer a device plugin's `Register`.
+    #[error(
+        "register device plugin {resource} on {}: rpc error: code = {} desc = {}",
+        socket.display(), kpm_api::gotext::go_code_name(status.code()), status.message()
+    )]
+    RegisterDevicePlugin {
+        /// The kubelet's `kubelet.sock`.
+        socket: PathBuf,
+        /// The extended resource registered.
+        resource: String,
+        /// The status the kubelet returned.
+        #[source]
+        status: tonic::Status,
+    },
+
     // === Running ===
     /// Nobody sent `NotifyRegistrationStatus` in time: the node agent does not
     /// watch the socket's directory, or is not running.

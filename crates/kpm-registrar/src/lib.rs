@@ -52,12 +52,17 @@
 //!   same path;
 //! - `NotifyRegistrationStatus` is answered at once, whoever is listening.
 //!
+//! A device plugin may register through the kubelet's `kubelet.sock`
+//! instead, as most do: [`keep_device_plugin_registered`] registers it, and
+//! again whenever the kubelet restarts.
+//!
 //! Feature `stub` (off by default) adds the `stub` module: minimal services
 //! of each plugin type, for examples, demos and tests.
 
 #![deny(missing_docs)]
 
 mod error;
+mod kubelet_sock;
 mod naming;
 mod registrar;
 #[cfg(feature = "stub")]
@@ -66,5 +71,6 @@ pub mod stub;
 pub use error::RegistrarError;
 pub use kpm_api::constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_BYTES};
 pub use kpm_api::registration::v1::{PluginInfo, RegistrationStatus};
+pub use kubelet_sock::{keep_device_plugin_registered, register_device_plugin};
 pub use naming::{SOCKET_SUFFIX, socket_file_name};
 pub use registrar::{Registrar, RegistrarBuilder, default_versions};

@@ -53,6 +53,7 @@ pub struct RegistrarBuilder {
     rolling_update_uid: Option<String>,
     socket_dir: PathBuf,
     routes: Routes,
+    get_info_delay: Duration,
 }
 
 /// A running registration socket: serves `pluginregistration.Registration`
@@ -77,6 +78,7 @@ pub struct Registrar {
 struct Plugin {
     info: PluginInfo,
     socket: PathBuf,
+    get_info_delay: Duration,
     latest: watch::Sender<Option<RegistrationStatus>>,
     history: Mutex<Vec<RegistrationStatus>>,
 }
@@ -130,6 +132,15 @@ impl RegistrarBuilder {
         self
     }
 
+    /// Answers `GetInfo` only after `delay`: a plugin slower than the node
+    /// agent waits (the kubelet, 1 s), to test how it is treated. Feature
+    /// `stub`.
+    #[cfg(feature = "stub")]
+    pub fn get_info_delay(mut self, delay: Duration) -> Self {
+        self.get_info_delay = delay;
+        self
+    }
+
     /// Where [`serve`](Self::serve) will bind: see
     /// [`socket_file_name`](crate::socket_file_name) for the name.
     pub fn socket_path(&self) -> Result<PathBuf, RegistrarError> {
@@ -169,7 +180,13 @@ impl RegistrarBuilder {
         let socket_file = BoundSocket::new(&socket);
 
         let (latest, _) = watch::channel(None);
-        let plugin = Arc::new(Plugin { info, socket, latest, history: Mutex::new(Vec::new()) });
+        let plugin = Arc::new(Plugin {
+            info,
+            socket,
+            get_info_delay: self.get_info_delay,
+            latest,
+            history: Mutex::new(Vec::new()),
+        });
         let routes = self.routes.add_service(RegistrationServer::from_arc(Arc::clone(&plugin)));
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(
@@ -207,6 +224,7 @@ impl Registrar {
             rolling_update_uid: None,
             socket_dir: Path::new(DEFAULT_ROOT_DIR).join(PLUGINS_REGISTRY_DIR_NAME),
             routes: Routes::default(),
+            get_info_delay: Duration::ZERO,
         }
     }
 
@@ -318,6 +336,9 @@ impl Drop for Registrar {
 impl Registration for Plugin {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
         debug!(plugin = %self.info.name, socket = %self.socket.display(), "GetInfo");
+        if !self.get_info_delay.is_zero() {
+            tokio::time::sleep(self.get_info_delay).await;
+        }
         Ok(Response::new(self.info.clone()))
     }
 

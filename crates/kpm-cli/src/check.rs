@@ -1,0 +1,536 @@
+//! `kpm check -- PLUGIN-COMMAND…`: a conformance run for a plugin's author,
+//! without a cluster. A kubelet (the one `kpm run` runs) serves a temporary
+//! root; the plugin is started with that root and driven through what real
+//! kubelets do to plugins: it must register within the bound, answer
+//! `GetInfo` within the kubelet's second, pass its type's checks (the
+//! inspection `kpm probe` shows), name its sockets as the conventions say,
+//! register again when the kubelet restarts, and on SIGTERM remove its
+//! sockets and be deregistered. Each step passes or fails with its reason
+//! and evidence; the run ends with `N passed, M failed`, exit 1 if any failed.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use kpm::{ExecutorError, KubeletHandle, PluginState, Step};
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::CliError;
+
+/// How often the run looks at the kubelet's state while it waits.
+const POLL: Duration = Duration::from_millis(10);
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    /// How long the plugin may take to register, to register again after a
+    /// restart, and to go after SIGTERM, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+    )]
+    timeout: u64,
+    /// Keep the temporary kubelet root (with the plugin's output in
+    /// `plugin.out` and `plugin.err`) instead of removing it.
+    #[arg(long)]
+    keep: bool,
+    /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
+    /// `{plugins}` in its arguments become the temporary kubelet root, its
+    /// `plugins_registry`, `device-plugins` and `plugins` directories, also
+    /// given as KPM_CHECK_ROOT, KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS
+    /// and KPM_CHECK_PLUGINS.
+    #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
+    command: Vec<String>,
+}
+
+/// The temporary kubelet root and its directories.
+struct Dirs {
+    root: PathBuf,
+    registry: PathBuf,
+    device_plugins: PathBuf,
+    plugins: PathBuf,
+}
+
+impl Dirs {
+    fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
+            device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
+            plugins: root.join("plugins"),
+        }
+    }
+
+    /// `(placeholder, environment variable, path)`.
+    fn substitutions(&self) -> [(&'static str, &'static str, &Path); 4] {
+        [
+            ("{root}", "KPM_CHECK_ROOT", &self.root),
+            ("{registry}", "KPM_CHECK_REGISTRY", &self.registry),
+            ("{device-plugins}", "KPM_CHECK_DEVICE_PLUGINS", &self.device_plugins),
+            ("{plugins}", "KPM_CHECK_PLUGINS", &self.plugins),
+        ]
+    }
+}
+
+/// A kubelet running on the temporary root until stopped.
+struct Node {
+    handle: KubeletHandle,
+    stop: oneshot::Sender<()>,
+    running: tokio::task::JoinHandle<kpm::Result<()>>,
+}
+
+impl Node {
+    fn start(dirs: &Dirs) -> Result<Self, CliError> {
+        let kubelet = crate::run::kubelet(&dirs.root, &[]).liveness(None).build()?;
+        let handle = kubelet.handle();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let running = tokio::spawn(kubelet.run(async move {
+            let _ = stopped.await;
+        }));
+        Ok(Self { handle, stop, running })
+    }
+
+    /// Stops it as SIGTERM stops `kpm run`: `kubelet.sock` goes, the
+    /// plugins' sockets stay.
+    async fn stop(self) -> Result<(), CliError> {
+        drop(self.stop);
+        match self.running.await {
+            Ok(result) => Ok(result?),
+            Err(join) => Err(CliError::Check(format!("the kubelet task failed: {join}"))),
+        }
+    }
+
+    /// What is registered: the registry's sockets and the device plugins
+    /// registered on `kubelet.sock` (resources with an endpoint in
+    /// `device-plugins/`), by what a report shows.
+    fn registered(&self, dirs: &Dirs) -> Registered {
+        let sockets: Vec<(PathBuf, String, String)> = self
+            .handle
+            .manager()
+            .status()
+            .into_iter()
+            .filter(|status| status.state == PluginState::Registered)
+            .map(|status| (status.socket_path, status.plugin_type, status.name))
+            .collect();
+        let resources = self
+            .handle
+            .devices()
+            .resources()
+            .into_iter()
+            .filter(|resource| Path::new(&resource.endpoint).starts_with(&dirs.device_plugins))
+            .filter(|resource| sockets.iter().all(|(_, _, name)| *name != resource.resource))
+            .map(|resource| (resource.resource, PathBuf::from(resource.endpoint)))
+            .collect();
+        Registered { sockets, resources }
+    }
+}
+
+/// What the kubelet has registered of the plugin.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Registered {
+    /// Registry sockets: `(socket, type, name)`.
+    sockets: Vec<(PathBuf, String, String)>,
+    /// Device plugins registered on `kubelet.sock`: `(resource, endpoint)`.
+    resources: Vec<(String, PathBuf)>,
+}
+
+impl Registered {
+    fn is_empty(&self) -> bool {
+        self.sockets.is_empty() && self.resources.is_empty()
+    }
+
+    fn describe(&self, dirs: &Dirs) -> String {
+        if self.is_empty() {
+            return "nothing registered".into();
+        }
+        let shown =
+            |path: &Path| path.strip_prefix(&dirs.root).unwrap_or(path).display().to_string();
+        let sockets = self.sockets.iter().map(|(socket, plugin_type, name)| {
+            format!("{plugin_type} {name} at {}", shown(socket))
+        });
+        let resources = self.resources.iter().map(|(resource, endpoint)| {
+            format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", shown(endpoint))
+        });
+        sockets.chain(resources).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// How a step ended.
+enum Outcome {
+    Passed(String),
+    Failed(String),
+    Skipped(String),
+}
+
+pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
+    let temp = tempfile::Builder::new()
+        .prefix("kpm-check-")
+        .tempdir()
+        .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
+    let dirs = Dirs::new(temp.path());
+    for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins] {
+        std::fs::create_dir_all(dir)
+            .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
+    }
+    let bound = Duration::from_secs(args.timeout);
+    let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
+
+    let mut node = Node::start(&dirs)?;
+    let mut plugin = start_plugin(&args.command, &dirs)?;
+    let started = Instant::now();
+    let registered = wait_registered(&node, &dirs, &mut plugin, bound).await;
+    let registered = match registered {
+        Ok(registered) => {
+            let took = started.elapsed();
+            steps.push((
+                "registers",
+                Outcome::Passed(format!(
+                    "{} ({} ms after start)",
+                    registered.describe(&dirs),
+                    took.as_millis()
+                )),
+            ));
+            Some(registered)
+        }
+        Err(reason) => {
+            steps.push(("registers", Outcome::Failed(reason)));
+            None
+        }
+    };
+    if let Some(registered) = &registered {
+        steps.extend(inspect(&node.handle, &dirs, registered).await);
+        steps.push(("socket names", names(registered)));
+        node.stop().await?;
+        let restarted = Instant::now();
+        node = Node::start(&dirs)?;
+        let again = wait_for(bound, || {
+            let now = node.registered(&dirs);
+            (now == *registered).then_some(())
+        })
+        .await;
+        steps.push((
+            "kubelet restart",
+            match again {
+                Some(()) => Outcome::Passed(format!(
+                    "registered again {} ms after the kubelet started anew (kubelet.sock re-created)",
+                    restarted.elapsed().as_millis()
+                )),
+                None => Outcome::Failed(format!(
+                    "not registered again within {bound:?} of the kubelet's restart (now: {}); {}",
+                    node.registered(&dirs).describe(&dirs),
+                    evidence(&dirs),
+                )),
+            },
+        ));
+        steps.push(("SIGTERM", terminate(&node, &dirs, &mut plugin, registered, bound).await));
+    } else {
+        for name in
+            ["GetInfo within 1 s", "type checks", "socket names", "kubelet restart", "SIGTERM"]
+        {
+            steps.push((name, Outcome::Skipped("the plugin never registered".into())));
+        }
+    }
+    // What is left of the plugin's command goes now.
+    if let Some(pid) = plugin.id() {
+        let _ = signal_group(pid, rustix::process::Signal::KILL);
+    }
+    let _ = plugin.wait().await;
+    node.stop().await?;
+
+    let report = report(&args.command, &dirs, &steps, args.keep);
+    std::io::stdout().lock().write_all(report.as_bytes()).map_err(CliError::Output)?;
+    if args.keep {
+        let _ = temp.keep();
+    }
+    Ok(steps.iter().all(|(_, outcome)| !matches!(outcome, Outcome::Failed(_))))
+}
+
+/// Starts the plugin with the placeholders replaced, the paths in its
+/// environment, its output in `plugin.out` and `plugin.err` of the root.
+fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
+    let substitute = |arg: &String| {
+        dirs.substitutions().iter().fold(arg.clone(), |arg, (placeholder, _, path)| {
+            arg.replace(placeholder, &path.display().to_string())
+        })
+    };
+    let (program, args) =
+        command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
+    let output = |name: &str| {
+        std::fs::File::create(dirs.root.join(name))
+            .map(Stdio::from)
+            .map_err(|err| CliError::Check(format!("create {name}: {err}")))
+    };
+    let mut plugin = Command::new(substitute(program));
+    plugin
+        .args(args.iter().map(substitute))
+        .stdin(Stdio::null())
+        .stdout(output("plugin.out")?)
+        .stderr(output("plugin.err")?)
+        // A group of its own, for SIGTERM to reach every process of the command.
+        .process_group(0)
+        .kill_on_drop(true);
+    for (_, variable, path) in dirs.substitutions() {
+        plugin.env(variable, path);
+    }
+    plugin.spawn().map_err(|err| CliError::Check(format!("start {program}: {err}")))
+}
+
+/// Waits until the kubelet has registered something of the plugin, and
+/// then until nothing more comes for a moment (a plugin may register
+/// several sockets).
+async fn wait_registered(
+    node: &Node,
+    dirs: &Dirs,
+    plugin: &mut Child,
+    bound: Duration,
+) -> Result<Registered, String> {
+    let deadline = Instant::now() + bound;
+    loop {
+        let registered = node.registered(dirs);
+        if !registered.is_empty() {
+            // Settled once it stays the same for 100 ms.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let settled = node.registered(dirs);
+            if settled == registered {
+                return Ok(registered);
+            }
+            continue;
+        }
+        if let Ok(Some(status)) = plugin.try_wait() {
+            return Err(format!(
+                "the plugin exited ({status}) before it registered; {}",
+                evidence(dirs)
+            ));
+        }
+        if Instant::now() >= deadline {
+            let pending: Vec<String> = node
+                .handle
+                .manager()
+                .status()
+                .into_iter()
+                .map(|status| {
+                    let error = status.last_error.unwrap_or_default();
+                    format!("{} {}: {error}", status.socket_path.display(), status.state.as_str())
+                })
+                .collect();
+            return Err(format!(
+                "nothing registered within {bound:?}; the registry holds {pending:?}; {}",
+                evidence(dirs)
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls `done` every [`POLL`] until it gives a value, for at most `bound`.
+async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(value) = done() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `GetInfo` within the kubelet's second, and each type's checks, by the
+/// inspection `kpm probe` shows; a device plugin on `kubelet.sock` has no
+/// `GetInfo`, its service is inspected as the device manager connects.
+async fn inspect(
+    handle: &KubeletHandle,
+    dirs: &Dirs,
+    registered: &Registered,
+) -> Vec<(&'static str, Outcome)> {
+    let kubelet_get_info = kpm::ExecutorConfig::default().get_info_timeout;
+    let (mut get_info, mut checks) = (Vec::new(), Vec::new());
+    let mut failed = (false, false);
+    for (socket, _, _) in &registered.sockets {
+        let shown = socket.strip_prefix(&dirs.root).unwrap_or(socket).display().to_string();
+        let inspection = handle.manager().inspect(socket).await;
+        match (inspection.took(Step::GetInfo), &inspection.outcome) {
+            (_, Err(ExecutorError::GetInfoTimeout { .. })) => {
+                failed.0 = true;
+                get_info
+                    .push(format!("{shown}: no answer within the kubelet's {kubelet_get_info:?}"));
+            }
+            (Some(took), _) => {
+                get_info.push(format!("{shown} answered in {:.1} ms", took.as_secs_f64() * 1000.0));
+            }
+            (None, Err(err)) => {
+                failed.0 = true;
+                get_info.push(format!("{shown}: {}", crate::inspect::reason(err)));
+            }
+            (None, Ok(())) => {}
+        }
+        match &inspection.outcome {
+            Ok(()) => checks.push(format!(
+                "{shown}: {}",
+                inspection.service.as_ref().map_or_else(|| "ok".into(), ToString::to_string)
+            )),
+            Err(ExecutorError::GetInfoTimeout { .. }) => {}
+            Err(err) => {
+                failed.1 = true;
+                let step = inspection.failed_step().map_or("inspection", Step::name);
+                checks.push(format!("{shown}: {step}: {}", crate::inspect::reason(err)));
+            }
+        }
+    }
+    for (resource, endpoint) in &registered.resources {
+        match handle.devices().inspect_endpoint(resource, endpoint).await {
+            Ok(report) => checks.push(format!("{resource}: {report}")),
+            Err(err) => {
+                failed.1 = true;
+                checks.push(format!("{resource}: {}", kpm::api::gotext::error_chain(&err)));
+            }
+        }
+    }
+    let outcome = |failed: bool, lines: Vec<String>, none: &str| match (failed, lines.is_empty()) {
+        (true, _) => Outcome::Failed(lines.join("; ")),
+        (false, true) => Outcome::Skipped(none.to_owned()),
+        (false, false) => Outcome::Passed(lines.join("; ")),
+    };
+    vec![
+        (
+            "GetInfo within 1 s",
+            outcome(failed.0, get_info, "registered through kubelet.sock only: no GetInfo"),
+        ),
+        ("type checks", outcome(failed.1, checks, "nothing to check")),
+    ]
+}
+
+/// Registration sockets named `<name>-reg.sock` (a name's `/` as `_`), or
+/// `<name>-<uid>-reg.sock` for one instance of several (DRA rolling updates).
+fn names(registered: &Registered) -> Outcome {
+    if registered.sockets.is_empty() {
+        return Outcome::Skipped(
+            "registered through kubelet.sock only: no registration socket".into(),
+        );
+    }
+    let mut lines = Vec::new();
+    let mut failed = false;
+    for (socket, _, name) in &registered.sockets {
+        let file = socket.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let prefix = name.replace('/', "_");
+        let conforms = file.strip_suffix("-reg.sock").is_some_and(|stem| {
+            stem == prefix || stem.strip_prefix(&prefix).is_some_and(|uid| uid.starts_with('-'))
+        });
+        if conforms {
+            lines.push(format!("{file}: <name>-reg.sock or <name>-<uid>-reg.sock"));
+        } else {
+            failed = true;
+            lines.push(format!(
+                "{file} should be {prefix}-reg.sock (or {prefix}-<uid>-reg.sock per instance): \
+                 node-driver-registrar and the kubelet's helpers name it so, and tools find it by that name"
+            ));
+        }
+    }
+    if failed { Outcome::Failed(lines.join("; ")) } else { Outcome::Passed(lines.join("; ")) }
+}
+
+/// SIGTERM: the plugin exits within the bound, having removed its
+/// registration sockets and `kubelet.sock` endpoints, and is deregistered.
+async fn terminate(
+    node: &Node,
+    dirs: &Dirs,
+    plugin: &mut Child,
+    registered: &Registered,
+    bound: Duration,
+) -> Outcome {
+    let Some(pid) = plugin.id() else {
+        return Outcome::Failed("the plugin exited before SIGTERM".into());
+    };
+    let sent = Instant::now();
+    if let Err(err) = signal_group(pid, rustix::process::Signal::TERM) {
+        return Outcome::Failed(format!("cannot send SIGTERM: {err}"));
+    }
+    let exited = match tokio::time::timeout(bound, plugin.wait()).await {
+        Ok(Ok(status)) => status,
+        Ok(Err(err)) => return Outcome::Failed(format!("waiting for the plugin: {err}")),
+        Err(_) => return Outcome::Failed(format!("still running {bound:?} after SIGTERM")),
+    };
+    let took = sent.elapsed();
+    let files = registered
+        .sockets
+        .iter()
+        .map(|(socket, _, _)| socket)
+        .chain(registered.resources.iter().map(|(_, endpoint)| endpoint));
+    let left: Vec<String> =
+        files.filter(|path| path.exists()).map(|path| path.display().to_string()).collect();
+    if !left.is_empty() {
+        return Outcome::Failed(format!(
+            "exited ({exited}) in {} ms but left {left:?}: the kubelet keeps dialling a stale socket, with backoff",
+            took.as_millis()
+        ));
+    }
+    let deregistered = wait_for(bound, || node.registered(dirs).is_empty().then_some(())).await;
+    match deregistered {
+        Some(()) => Outcome::Passed(format!(
+            "exited ({exited}) {} ms after SIGTERM, its sockets removed, deregistered",
+            took.as_millis()
+        )),
+        None => Outcome::Failed(format!(
+            "its sockets are gone but it is still registered after {bound:?}"
+        )),
+    }
+}
+
+/// The last lines of the plugin's stderr, as evidence.
+fn evidence(dirs: &Dirs) -> String {
+    let last = |name: &str| {
+        let text = std::fs::read_to_string(dirs.root.join(name)).unwrap_or_default();
+        let mut lines: Vec<String> = text.lines().rev().take(5).map(str::to_owned).collect();
+        lines.reverse();
+        lines.join(" | ")
+    };
+    match (last("plugin.out"), last("plugin.err")) {
+        (out, err) if out.is_empty() && err.is_empty() => "the plugin wrote nothing".into(),
+        (out, err) => format!("its stdout ends: {out:?}; its stderr ends: {err:?}"),
+    }
+}
+
+/// Sends `signal` to the plugin's process group: every process of its
+/// command, as a pod's containers all get it.
+fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()> {
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
+    let pid = pid.ok_or_else(|| std::io::Error::other("pid out of range"))?;
+    Ok(rustix::process::kill_process_group(pid, signal)?)
+}
+
+fn report(command: &[String], dirs: &Dirs, steps: &[(&str, Outcome)], kept: bool) -> String {
+    let mut text = format!("kpm check -- {}\n", command.join(" "));
+    for (name, outcome) in steps {
+        let (mark, detail) = match outcome {
+            Outcome::Passed(detail) => ("PASS", detail),
+            Outcome::Failed(detail) => ("FAIL", detail),
+            Outcome::Skipped(detail) => ("SKIP", detail),
+        };
+        let _ = writeln!(text, "{mark} {name:<20} {detail}");
+    }
+    if kept {
+        let _ = writeln!(
+            text,
+            "kept: {} (the plugin's output in plugin.out, plugin.err)",
+            dirs.root.display()
+        );
+    }
+    let count = |passed: bool| {
+        steps
+            .iter()
+            .filter(|(_, outcome)| match outcome {
+                Outcome::Passed(_) => passed,
+                Outcome::Failed(_) => !passed,
+                Outcome::Skipped(_) => false,
+            })
+            .count()
+    };
+    let _ = writeln!(text, "{} passed, {} failed", count(true), count(false));
+    text
+}

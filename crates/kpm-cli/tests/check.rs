@@ -1,0 +1,214 @@
+//! `kpm check -- PLUGIN-COMMAND…` on plugins that pass and on each way of
+//! failing: no cleanup on SIGTERM, a slow `GetInfo`, no registration after
+//! the kubelet restarts.
+//!
+//! The plugins are real processes: this test binary started again by
+//! `kpm check` with the plugin's configuration in the environment (see
+//! [`main`]), built on kpm-registrar as its example plugin is: a device
+//! plugin on a registration socket, or one registering on `kubelet.sock`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, reason = "a test")]
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use kpm_registrar::Registrar;
+use kpm_registrar::stub::StubDevicePlugin;
+use libtest_mimic::{Arguments, Trial};
+
+/// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
+const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
+/// Misbehaviours, for the plugin: leave its socket on SIGTERM, answer
+/// `GetInfo` late (milliseconds), register on `kubelet.sock` only once.
+const NO_CLEANUP: &str = "KPM_TEST_NO_CLEANUP";
+const GET_INFO_DELAY_MS: &str = "KPM_TEST_GET_INFO_DELAY_MS";
+const NO_REREGISTER: &str = "KPM_TEST_NO_REREGISTER";
+
+/// Runs the tests, or, started by `kpm check`, a plugin.
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        plugin(&role);
+        return;
+    }
+    let tests: [(&str, fn()); 5] = [
+        ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
+        (
+            "a_plugin_that_leaves_its_socket_on_sigterm_fails",
+            a_plugin_that_leaves_its_socket_on_sigterm_fails,
+        ),
+        (
+            "a_plugin_slower_than_the_kubelets_second_fails_to_register",
+            a_plugin_slower_than_the_kubelets_second_fails_to_register,
+        ),
+        (
+            "a_kubelet_sock_plugin_passes_without_registry_steps",
+            a_kubelet_sock_plugin_passes_without_registry_steps,
+        ),
+        (
+            "a_plugin_that_does_not_register_again_after_a_restart_fails",
+            a_plugin_that_does_not_register_again_after_a_restart_fails,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| {
+            Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&Arguments::from_args(), trials).exit();
+}
+
+/// Runs `kpm check` on this binary in `role` with `misbehaviour` set;
+/// returns the exit code and the report.
+fn check(role: &str, misbehaviour: &[(&str, &str)]) -> (i32, String) {
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(support::KPM)
+        .args(["check", "--timeout", "5", "--"])
+        .arg(me)
+        .env(ROLE, role)
+        .envs(misbehaviour.iter().copied())
+        .output()
+        .unwrap();
+    (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+}
+
+/// The report's line for `step`.
+fn line<'a>(report: &'a str, step: &str) -> &'a str {
+    report
+        .lines()
+        .find(|line| line.get(5..).is_some_and(|rest| rest.starts_with(step)))
+        .unwrap_or_else(|| panic!("no {step} line in {report}"))
+}
+
+fn a_good_plugin_passes_every_step() {
+    let (code, report) = check("registry", &[]);
+    assert_eq!(code, 0, "{report}");
+    for step in [
+        "registers",
+        "GetInfo within 1 s",
+        "type checks",
+        "socket names",
+        "kubelet restart",
+        "SIGTERM",
+    ] {
+        assert!(line(&report, step).starts_with("PASS"), "{report}");
+    }
+    assert!(
+        line(&report, "registers")
+            .contains("DevicePlugin vendor.com/gpu at plugins_registry/vendor.com_gpu-reg.sock")
+    );
+    assert!(line(&report, "type checks").contains("2 devices, 2 healthy"));
+    assert!(report.ends_with("6 passed, 0 failed\n"), "{report}");
+}
+
+fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
+    let (code, report) = check("registry", &[(NO_CLEANUP, "1")]);
+    assert_eq!(code, 1, "{report}");
+    let sigterm = line(&report, "SIGTERM");
+    assert!(
+        sigterm.starts_with("FAIL")
+            && sigterm.contains("but left")
+            && sigterm.contains("vendor.com_gpu-reg.sock"),
+        "{report}"
+    );
+    assert!(report.ends_with("5 passed, 1 failed\n"), "{report}");
+}
+
+fn a_plugin_slower_than_the_kubelets_second_fails_to_register() {
+    let (code, report) = check("registry", &[(GET_INFO_DELAY_MS, "1500")]);
+    assert_eq!(code, 1, "{report}");
+    let registers = line(&report, "registers");
+    assert!(
+        registers.starts_with("FAIL") && registers.contains("GetInfo timed out after 1s"),
+        "{report}"
+    );
+    assert!(line(&report, "SIGTERM").starts_with("SKIP"), "{report}");
+}
+
+fn a_kubelet_sock_plugin_passes_without_registry_steps() {
+    let (code, report) = check("kubelet-sock", &[]);
+    assert_eq!(code, 0, "{report}");
+    assert!(
+        line(&report, "registers").contains("DevicePlugin vendor.com/gpu on kubelet.sock"),
+        "{report}"
+    );
+    assert!(line(&report, "GetInfo within 1 s").starts_with("SKIP"), "{report}");
+    assert!(line(&report, "kubelet restart").starts_with("PASS"), "{report}");
+    assert!(report.ends_with("4 passed, 0 failed\n"), "{report}");
+}
+
+fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
+    let (code, report) = check("kubelet-sock", &[(NO_REREGISTER, "1")]);
+    assert_eq!(code, 1, "{report}");
+    let restart = line(&report, "kubelet restart");
+    assert!(restart.starts_with("FAIL") && restart.contains("not registered again"), "{report}");
+}
+
+// === The plugin ===
+
+fn plugin(role: &str) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let set = |name: &str| std::env::var_os(name).is_some();
+    runtime.block_on(async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
+        let (plugin, _devices) =
+            StubDevicePlugin::new([("gpu-0", "Healthy"), ("gpu-1", "Healthy")]);
+        match role {
+            "registry" => {
+                let delay = std::env::var(GET_INFO_DELAY_MS).map_or(0, |ms| ms.parse().unwrap());
+                let registrar = Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                    .socket_dir(PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap()))
+                    .routes(plugin.routes())
+                    .get_info_delay(Duration::from_millis(delay))
+                    .serve()
+                    .await
+                    .unwrap();
+                terminate.recv().await;
+                if set(NO_CLEANUP) {
+                    std::process::exit(0);
+                }
+                registrar.shutdown().await.unwrap();
+            }
+            "kubelet-sock" => {
+                let dir = PathBuf::from(std::env::var("KPM_CHECK_DEVICE_PLUGINS").unwrap());
+                let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
+                tokio::spawn(
+                    tonic::transport::Server::builder()
+                        .add_routes(plugin.routes())
+                        .serve_with_incoming(incoming),
+                );
+                let stop = async {
+                    terminate.recv().await;
+                };
+                if set(NO_REREGISTER) {
+                    kpm_registrar::register_device_plugin(
+                        &dir,
+                        "gpu.sock",
+                        "vendor.com/gpu",
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .unwrap();
+                    stop.await;
+                } else {
+                    kpm_registrar::keep_device_plugin_registered(
+                        &dir,
+                        "gpu.sock",
+                        "vendor.com/gpu",
+                        stop,
+                    )
+                    .await;
+                }
+                std::fs::remove_file(dir.join("gpu.sock")).unwrap();
+            }
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
