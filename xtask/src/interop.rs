@@ -22,6 +22,9 @@ use crate::scenario::{self, Process, RunningKpm, find, wait_for, wait_until};
 /// How long any one step may take: registrations take milliseconds, but the
 /// Go programs retry on their own schedules (generic-device-plugin every 5 s).
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// generic-device-plugin's `squat.ai/null`: 3 devices, all `/dev/null`.
+const NULL_DEVICES: &str =
+    r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#;
 /// How long a program may take to exit on SIGTERM.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -56,6 +59,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "kubelet-plugin-manager",
         programs: &["kubelet-pluginmanager"],
         run: kubelet_plugin_manager,
+    },
+    Scenario {
+        name: "check",
+        programs: &["generic-device-plugin", "node-driver-registrar", "hostpathplugin"],
+        run: check_real_plugins,
     },
     Scenario {
         name: "doctor",
@@ -415,6 +423,46 @@ fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     kubelet_sock.stop()
 }
 
+/// `kpm check` on real plugins: generic-device-plugin (registers on
+/// `kubelet.sock`, and again only once its own socket is removed), and
+/// node-driver-registrar with hostpathplugin as one command. Both pass
+/// every step that applies.
+fn check_real_plugins(env: &Env, _root: &Path) -> Result {
+    let bin = |name: &str| env.bin_dir.join(name).display().to_string();
+    let plugin_dir = "--plugin-directory={device-plugins}";
+    let device = format!("--device={NULL_DEVICES}");
+    let generic = bin("generic-device-plugin");
+    let args = [generic.as_str(), plugin_dir, "--domain=squat.ai", "--listen=127.0.0.1:0", &device];
+    run_check(env, "generic-device-plugin", &args, "4 passed, 0 failed")?;
+    let csi = format!(
+        "{} --endpoint=unix://{{plugins}}/csi.sock --nodeid=node-1 --drivername=hostpath.csi.k8s.io \
+         --statedir={{root}}/state & exec {} --csi-address={{plugins}}/csi.sock \
+         --kubelet-registration-path={{plugins}}/csi.sock --plugin-registration-path={{registry}}",
+        bin("hostpathplugin"),
+        bin("node-driver-registrar"),
+    );
+    run_check(env, "node-driver-registrar", &["sh", "-c", &csi], "6 passed, 0 failed")
+}
+
+/// Runs `kpm check -- COMMAND`, shows and keeps its report, and fails
+/// unless it succeeds with `expected` as its last line.
+fn run_check(env: &Env, name: &str, command: &[&str], expected: &str) -> Result {
+    let out = std::process::Command::new(&env.kpm).arg("check").arg("--").args(command).output()?;
+    let report = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{report}");
+    fs::write(env.out.join(format!("check-{name}.out")), report.as_bytes())?;
+    if out.status.success() && report.trim_end().ends_with(expected) {
+        Ok(())
+    } else {
+        Err(format!(
+            "kpm check of {name}: {} ({}), expected {expected}",
+            report.trim_end(),
+            out.status
+        )
+        .into())
+    }
+}
+
 /// The verdicts [`doctor_beside_the_kubelet`] expects of `kpm doctor`.
 fn expect_doctor_verdicts(
     report: &serde_json::Value,
@@ -526,7 +574,6 @@ fn hostpath(
 /// `/dev/null`) on `root`'s `kubelet.sock`.
 fn null_devices(env: &Env, scenario: &str, root: &Path) -> Result<Process> {
     let dir = root.join("device-plugins").display().to_string();
-    let device = r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#;
     let args = [
         "--plugin-directory",
         &dir,
@@ -535,7 +582,7 @@ fn null_devices(env: &Env, scenario: &str, root: &Path) -> Result<Process> {
         "--listen",
         "127.0.0.1:0",
         "--device",
-        device,
+        NULL_DEVICES,
     ];
     peer(env, scenario, "generic-device-plugin", &args)
 }

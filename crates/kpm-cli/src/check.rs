@@ -144,6 +144,15 @@ impl Registered {
         self.sockets.is_empty() && self.resources.is_empty()
     }
 
+    /// The same registration sockets and resources (a device plugin may
+    /// serve on another socket once it registers again).
+    fn same_plugins(&self, other: &Self) -> bool {
+        let resources = |registered: &Self| -> Vec<String> {
+            registered.resources.iter().map(|(resource, _)| resource.clone()).collect()
+        };
+        self.sockets == other.sockets && resources(self) == resources(other)
+    }
+
     fn describe(&self, dirs: &Dirs) -> String {
         if self.is_empty() {
             return "nothing registered".into();
@@ -203,16 +212,17 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
         }
     };
     if let Some(registered) = &registered {
-        steps.extend(inspect(&node.handle, &dirs, registered).await);
+        // A kubelet of its own, with nothing registered: the running one's
+        // CSI handler would refuse the driver it holds as a duplicate.
+        let get_info = kpm::ExecutorConfig::default().get_info_timeout;
+        let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
+        steps.extend(inspect(&judge.handle(), &dirs, registered).await);
         steps.push(("socket names", names(registered)));
         node.stop().await?;
         let restarted = Instant::now();
         node = Node::start(&dirs)?;
-        let again = wait_for(bound, || {
-            let now = node.registered(&dirs);
-            (now == *registered).then_some(())
-        })
-        .await;
+        let again =
+            wait_for(bound, || node.registered(&dirs).same_plugins(registered).then_some(())).await;
         steps.push((
             "kubelet restart",
             match again {
@@ -342,8 +352,9 @@ async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Op
 }
 
 /// `GetInfo` within the kubelet's second, and each type's checks, by the
-/// inspection `kpm probe` shows; a device plugin on `kubelet.sock` has no
-/// `GetInfo`, its service is inspected as the device manager connects.
+/// inspection `kpm probe` shows, made by `handle`'s kubelet; a device
+/// plugin on `kubelet.sock` has no `GetInfo`, its service is inspected as
+/// the device manager connects.
 async fn inspect(
     handle: &KubeletHandle,
     dirs: &Dirs,

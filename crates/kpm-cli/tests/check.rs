@@ -26,6 +26,8 @@ const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
 const NO_CLEANUP: &str = "KPM_TEST_NO_CLEANUP";
 const GET_INFO_DELAY_MS: &str = "KPM_TEST_GET_INFO_DELAY_MS";
 const NO_REREGISTER: &str = "KPM_TEST_NO_REREGISTER";
+/// The resource the plugin serves.
+const GPU: &str = "vendor.com/gpu";
 
 /// Runs the tests, or, started by `kpm check`, a plugin.
 fn main() {
@@ -163,7 +165,7 @@ fn plugin(role: &str) {
         match role {
             "registry" => {
                 let delay = std::env::var(GET_INFO_DELAY_MS).map_or(0, |ms| ms.parse().unwrap());
-                let registrar = Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                let registrar = Registrar::builder(kpm::api::DEVICE_PLUGIN, GPU)
                     .socket_dir(PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap()))
                     .routes(plugin.routes())
                     .get_info_delay(Duration::from_millis(delay))
@@ -178,35 +180,37 @@ fn plugin(role: &str) {
             }
             "kubelet-sock" => {
                 let dir = PathBuf::from(std::env::var("KPM_CHECK_DEVICE_PLUGINS").unwrap());
+                let stop = async {
+                    terminate.recv().await;
+                };
+                if !set(NO_REREGISTER) {
+                    kpm_registrar::serve_device_plugin(
+                        &dir,
+                        "gpu.sock",
+                        GPU,
+                        plugin.routes(),
+                        stop,
+                    )
+                    .await
+                    .unwrap();
+                    return;
+                }
                 let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
                 tokio::spawn(
                     tonic::transport::Server::builder()
                         .add_routes(plugin.routes())
                         .serve_with_incoming(incoming),
                 );
-                let stop = async {
-                    terminate.recv().await;
-                };
-                if set(NO_REREGISTER) {
-                    kpm_registrar::register_device_plugin(
-                        &dir,
-                        "gpu.sock",
-                        "vendor.com/gpu",
-                        Duration::from_secs(5),
-                    )
-                    .await
-                    .unwrap();
-                    stop.await;
-                } else {
-                    kpm_registrar::keep_device_plugin_registered(
-                        &dir,
-                        "gpu.sock",
-                        "vendor.com/gpu",
-                        stop,
-                    )
-                    .await;
-                }
-                std::fs::remove_file(dir.join("gpu.sock")).unwrap();
+                kpm_registrar::register_device_plugin(
+                    &dir,
+                    "gpu.sock",
+                    GPU,
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+                stop.await;
+                let _ = std::fs::remove_file(dir.join("gpu.sock"));
             }
             other => panic!("unknown role {other}"),
         }

@@ -50,8 +50,13 @@ impl DeviceManager {
     /// ([`DeviceError::KubeletSocketInUse`]). Endpoints in `Register`
     /// requests are file names in `dir`.
     ///
-    /// Real device plugins watch `kubelet.sock` and register again when it is
-    /// re-created, so creating it fresh at start is what makes them register.
+    /// Once `kubelet.sock` is its own, it removes every other socket in
+    /// `dir`, as the kubelet's device manager does when it starts: that is
+    /// the protocol's signal to re-register. Device plugins watch either
+    /// `kubelet.sock` being created anew or their own socket going away
+    /// (generic-device-plugin, among others, only the latter), then serve
+    /// anew and register. Directories and other files (the kubelet's
+    /// checkpoint) stay.
     pub async fn serve_registration(
         self: &Arc<Self>,
         dir: &Path,
@@ -65,6 +70,7 @@ impl DeviceManager {
                 TransportError::InUse { path } => DeviceError::KubeletSocketInUse { path },
                 source => DeviceError::BindKubeletSocket { path: path.clone(), source },
             })?;
+        remove_plugin_sockets(&dir, &path);
         let incoming =
             incoming.handshake_timeout(self.config().handshake_timeout).budget(self.budget.clone());
         let service = RegistrationService { manager: Arc::clone(self), dir };
@@ -158,6 +164,34 @@ impl Registration for RegistrationService {
 }
 
 /// `mkdir -p` with mode 0750 for the directories it creates.
+/// Removes the sockets in `dir` but `kubelet_sock` (symlinks are not
+/// followed), each logged; a failure is logged and the rest go on.
+fn remove_plugin_sockets(dir: &Path, kubelet_sock: &Path) {
+    use std::os::unix::fs::FileTypeExt as _;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => {
+            warn!(dir = %dir.display(), %error, "cannot list the device-plugin directory");
+            return;
+        }
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let path = entry.path();
+        let is_socket = entry.file_type().is_ok_and(|kind| kind.is_socket());
+        if !is_socket || path == kubelet_sock {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                info!(socket = %path.display(), "removed a device plugin's socket: it re-registers");
+            }
+            Err(error) => {
+                warn!(socket = %path.display(), %error, "cannot remove a device plugin's socket");
+            }
+        }
+    }
+}
+
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new().recursive(true).mode(kpm_api::constants::OWN_DIR_MODE).create(dir)

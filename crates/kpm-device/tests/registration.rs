@@ -476,6 +476,32 @@ async fn a_stale_kubelet_sock_is_replaced() {
     kubelet.shutdown().await;
 }
 
+/// As the kubelet's device manager does at start: every other socket in
+/// the directory goes, the signal device plugins watch for to register
+/// again; directories and other files (the kubelet's checkpoint) stay.
+#[tokio::test]
+async fn serving_kubelet_sock_removes_the_plugins_sockets_and_nothing_else() {
+    let setup = setup();
+    let dir = setup.dir.path();
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let live = dir.join("live.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let checkpoint = dir.join("kubelet_internal_checkpoint");
+    std::fs::write(&checkpoint, "{}").unwrap();
+    let sub = dir.join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    let nested = sub.join("nested.sock");
+    drop(std::os::unix::net::UnixListener::bind(&nested).unwrap());
+
+    let kubelet = setup.kubelet_sock().await;
+
+    assert!(!stale.exists() && !live.exists(), "the plugins' sockets are gone");
+    assert!(checkpoint.exists() && nested.exists(), "other files and directories stay");
+    assert!(kubelet.socket_path().exists());
+    kubelet.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_kubelet_sock_a_live_process_answers_on_is_refused_with_an_error_naming_it() {
     let setup = setup();

@@ -234,15 +234,8 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 /// only with `--no-reregister`), until SIGINT or SIGTERM.
 async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), Box<dyn Error>> {
     let file = format!("{}.sock", name.replace('/', "_"));
-    let endpoint = dir.join(&file);
     let (plugin, _list) = StubDevicePlugin::new(Devices::new(args.devices).pairs());
-    let incoming = kpm_transport::bind(&endpoint).await?;
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_routes(plugin.routes())
-            .serve_with_incoming(incoming),
-    );
-    println!("serving {}", endpoint.display());
+    println!("serving {}", dir.join(&file).display());
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
     let stop = async {
@@ -251,16 +244,24 @@ async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), 
             _ = terminate.recv() => {}
         }
     };
-    if args.no_reregister {
-        kpm_registrar::register_device_plugin(dir, &file, name, Duration::from_secs(5)).await?;
-        println!("registered with {}", dir.join(KUBELET_SOCKET_NAME).display());
-        stop.await;
-    } else {
-        kpm_registrar::keep_device_plugin_registered(dir, &file, name, stop).await;
+    if !args.no_reregister {
+        kpm_registrar::serve_device_plugin(dir, &file, name, plugin.routes(), stop).await?;
+        return Ok(());
     }
+    // Misbehaving: served and registered once, the way a plugin that
+    // ignores the kubelet's restarts is.
+    let endpoint = dir.join(&file);
+    let incoming = kpm_transport::bind(&endpoint).await?;
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(plugin.routes())
+            .serve_with_incoming(incoming),
+    );
+    kpm_registrar::register_device_plugin(dir, &file, name, Duration::from_secs(5)).await?;
+    println!("registered with {}", dir.join(KUBELET_SOCKET_NAME).display());
+    stop.await;
     if !args.no_cleanup {
-        std::fs::remove_file(&endpoint)
-            .map_err(|err| format!("remove {}: {err}", endpoint.display()))?;
+        let _ = std::fs::remove_file(&endpoint);
     }
     Ok(())
 }

@@ -53,8 +53,8 @@
 //! - `NotifyRegistrationStatus` is answered at once, whoever is listening.
 //!
 //! A device plugin may register through the kubelet's `kubelet.sock`
-//! instead, as most do: [`keep_device_plugin_registered`] registers it, and
-//! again whenever the kubelet restarts.
+//! instead, as most do: [`serve_device_plugin`] serves it and keeps it
+//! registered across the kubelet's restarts.
 //!
 //! Feature `stub` (off by default) adds the `stub` module: minimal services
 //! of each plugin type, for examples, demos and tests.
@@ -71,6 +71,6 @@ pub mod stub;
 pub use error::RegistrarError;
 pub use kpm_api::constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, MAX_SOCKET_PATH_BYTES};
 pub use kpm_api::registration::v1::{PluginInfo, RegistrationStatus};
-pub use kubelet_sock::{keep_device_plugin_registered, register_device_plugin};
+pub use kubelet_sock::{register_device_plugin, serve_device_plugin};
 pub use naming::{SOCKET_SUFFIX, socket_file_name};
 pub use registrar::{Registrar, RegistrarBuilder, default_versions};
