@@ -11,6 +11,31 @@ use kpm::{ExecutorConfig, Inspection, Kubelet, Step};
 use crate::CliError;
 use crate::run::PluginKind;
 
+/// What `kpm probe` and `kpm doctor` judge with: the kubelet's handlers
+/// but the disabled ones, and a bound on each call.
+#[derive(Debug, clap::Args)]
+pub(crate) struct JudgeArgs {
+    /// Plugin types the kubelet runs without a handler, comma-separated.
+    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
+    pub(crate) disable: Vec<PluginKind>,
+    /// How long dialing and each call may take, in seconds (`kpm doctor`
+    /// gives GetInfo the kubelet's 1 s).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 5,
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+    )]
+    pub(crate) timeout: u64,
+}
+
+impl JudgeArgs {
+    /// The bound on each call.
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout)
+    }
+}
+
 /// The kubelet `kpm run --root-dir root_dir --disable disabled` would run,
 /// not running: `GetInfo` bounded by `get_info`, every other call by
 /// `timeout`.

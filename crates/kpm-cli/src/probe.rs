@@ -9,11 +9,9 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use crate::CliError;
-use crate::inspect::{self, StepLine};
-use crate::run::PluginKind;
+use crate::inspect::{self, JudgeArgs, StepLine};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct ProbeArgs {
@@ -23,22 +21,13 @@ pub(crate) struct ProbeArgs {
     /// endpoints must be inside it).
     #[arg(long, value_name = "DIR", default_value = kpm::api::DEFAULT_ROOT_DIR, env = "KPM_ROOT_DIR")]
     root_dir: PathBuf,
-    /// Plugin types that `kpm run` runs without a handler, comma-separated.
-    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
-    disable: Vec<PluginKind>,
-    /// How long each step may take, in seconds.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 5,
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
-    )]
-    timeout: u64,
+    #[command(flatten)]
+    judge: JudgeArgs,
 }
 
 pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
-    let timeout = Duration::from_secs(args.timeout);
-    let kubelet = inspect::kubelet(&args.root_dir, &args.disable, timeout, timeout)?;
+    let timeout = args.judge.timeout();
+    let kubelet = inspect::kubelet(&args.root_dir, &args.judge.disable, timeout, timeout)?;
     let inspection = kubelet.handle().manager().inspect(&args.socket).await;
     let mut report = format!("probe {}\n", args.socket.display());
     for StepLine { step, took, outcome } in inspect::step_lines(&inspection) {

@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::StubDevicePlugin;
-use libtest_mimic::{Arguments, Trial};
 
 /// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
 const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
@@ -54,16 +53,7 @@ fn main() {
             a_plugin_that_does_not_register_again_after_a_restart_fails,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-        })
-        .collect();
-    libtest_mimic::run(&Arguments::from_args(), trials).exit();
+    support::run_tests(&tests);
 }
 
 /// Runs `kpm check` on this binary in `role` with `misbehaviour` set;

@@ -20,7 +20,6 @@ use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
-use libtest_mimic::{Arguments, Trial};
 use socket2::{Domain, SockAddr, Socket, Type};
 use support::faults::{Plugin, Scenario};
 
@@ -50,16 +49,7 @@ fn main() {
             a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| {
-            Trial::test(name, move || {
-                test();
-                Ok(())
-            })
-        })
-        .collect();
-    libtest_mimic::run(&Arguments::from_args(), trials).exit();
+    support::run_tests(&tests);
 }
 
 /// A plugin process serving `KPM_TEST_PLUGIN_SOCKET`, as `role`:

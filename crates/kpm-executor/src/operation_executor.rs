@@ -404,6 +404,19 @@ struct Admitted {
     connection: Connection,
 }
 
+impl Admitted {
+    /// What a handler call owns: the handler, and the plugin's name,
+    /// endpoint and versions.
+    fn handler_args(&self) -> (Arc<dyn PluginHandler>, String, String, Vec<String>) {
+        (
+            Arc::clone(&self.handler),
+            self.info.name.clone(),
+            self.endpoint.clone(),
+            self.info.supported_versions.clone(),
+        )
+    }
+}
+
 /// Why a plugin was refused before its handler registered it, what it
 /// answered `GetInfo` if it did, and, where it can be told, what it is told.
 struct Refusal {
@@ -482,12 +495,7 @@ impl Attempt {
 
     /// Calls the handler of `admitted` for `step`, isolated (see [`call_handler`]).
     async fn call(&self, admitted: &Admitted, step: HandlerStep) -> Result<(), HandlerFailure> {
-        let handler = Arc::clone(&admitted.handler);
-        let (name, endpoint, versions) = (
-            admitted.info.name.clone(),
-            admitted.endpoint.clone(),
-            admitted.info.supported_versions.clone(),
-        );
+        let (handler, name, endpoint, versions) = admitted.handler_args();
         let timeout = self.config.handler_timeout;
         call_handler(&admitted.info.r#type, timeout, async move {
             match step {
@@ -504,12 +512,7 @@ impl Attempt {
         &self,
         admitted: &Admitted,
     ) -> Result<Option<Box<dyn ServiceReport>>, ExecutorError> {
-        let handler = Arc::clone(&admitted.handler);
-        let (name, endpoint, versions) = (
-            admitted.info.name.clone(),
-            admitted.endpoint.clone(),
-            admitted.info.supported_versions.clone(),
-        );
+        let (handler, name, endpoint, versions) = admitted.handler_args();
         let timeout = self.config.handler_timeout;
         call_handler(&admitted.info.r#type, timeout, async move {
             handler.inspect(&name, &endpoint, &versions).await

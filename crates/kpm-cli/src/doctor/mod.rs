@@ -20,12 +20,11 @@ mod judge;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::run::PluginKind;
-use crate::{CliError, OutputFormat, inspect};
+use crate::inspect::{self, JudgeArgs};
+use crate::{CliError, OutputFormat};
 pub(crate) use judge::Verdict;
 
 /// The roots other distributions give the kubelet, checked for registries
@@ -43,18 +42,8 @@ pub(crate) struct DoctorArgs {
     /// several [default: the well-known roots of kubeadm, k0s and microk8s].
     #[arg(long = "other-root", value_name = "DIR")]
     other_roots: Vec<PathBuf>,
-    /// Plugin types the kubelet runs without a handler, comma-separated.
-    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',')]
-    disable: Vec<PluginKind>,
-    /// How long dialing and each call on a plugin's own service may take, in
-    /// seconds (`GetInfo` gets the kubelet's 1 s).
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 5,
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
-    )]
-    timeout: u64,
+    #[command(flatten)]
+    judge: JudgeArgs,
     /// Hold the plugins against what this kubeconfig's API server shows of
     /// the node: CSINode and the CSI node-id annotation, device capacity,
     /// ResourceSlices. Inside a pod the service account is used without it.
@@ -108,9 +97,9 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
         }
         (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
     };
-    let timeout = Duration::from_secs(args.timeout);
+    let timeout = args.judge.timeout();
     let get_info = kpm::ExecutorConfig::default().get_info_timeout;
-    let kubelet = inspect::kubelet(&root_dir, &args.disable, timeout, get_info)?;
+    let kubelet = inspect::kubelet(&root_dir, &args.judge.disable, timeout, get_info)?;
     let mut unseen = Vec::new();
     let mut plugins = judge::registry(&kubelet, &root_dir, &mut unseen).await;
     plugins.extend(judge::device_plugins(&kubelet, &root_dir, &plugins, &mut unseen).await);

@@ -16,6 +16,21 @@ use serde_json::Value;
 
 pub const KPM: &str = env!("CARGO_BIN_EXE_kpm");
 
+/// Runs `tests` with libtest's command line and output, for the test
+/// binaries that are started again as plugin processes (`harness = false`).
+pub fn run_tests(tests: &[(&'static str, fn())]) -> ! {
+    let trials = tests
+        .iter()
+        .map(|&(name, test)| {
+            libtest_mimic::Trial::test(name, move || {
+                test();
+                Ok(())
+            })
+        })
+        .collect();
+    libtest_mimic::run(&libtest_mimic::Arguments::from_args(), trials).exit();
+}
+
 /// A running `kpm run --root-dir <root>`, killed on drop. Its log goes to
 /// `<root>/kpm.log` (a pipe nobody reads could fill up and stall it).
 pub struct Kpm {
