@@ -191,6 +191,10 @@ fn plugin(role: &str) {
                         .add_routes(plugin.routes())
                         .serve_with_incoming(incoming),
                 );
+                // Once, when kubelet.sock first appears.
+                while !dir.join("kubelet.sock").exists() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 kpm_registrar::register_device_plugin(
                     &dir,
                     "gpu.sock",

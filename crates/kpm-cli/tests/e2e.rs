@@ -217,9 +217,12 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     let socket = plugin.socket_path().display().to_string();
 
     let mut samples = std::collections::HashMap::new();
-    wait_until("the registration is counted", || {
+    // The counters count as events are published; the latency histogram
+    // as its own subscriber receives them, a moment later.
+    wait_until("the registration is counted and timed", || {
         samples = parse_prometheus(&http_get(&addr, "/metrics"));
         samples.get("kpm_registrations_total{type=\"DevicePlugin\"}") == Some(&1.0)
+            && samples.get("kpm_registration_latency_seconds_count") == Some(&1.0)
     });
     for state in ["desired_state_of_world", "actual_state_of_world"] {
         let series =
@@ -259,7 +262,7 @@ fn own_files_are_restricted_and_the_status_api_is_read_only() {
     let mode =
         |path: &std::path::Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
     let status_socket = root.path().join("kpm.sock");
-    let kubelet_socket = root.path().join("device-plugins/kubelet.sock");
+    let kubelet_socket = kpm.kubelet_sock();
     assert_eq!(mode(&status_socket), 0o600);
     assert_eq!(mode(&kubelet_socket), 0o600);
     // Created by kpm: at most 0750 (less the umask).

@@ -22,8 +22,7 @@ fn resource<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
 async fn device_plugins_register_through_the_watcher_and_through_kubelet_sock() {
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start(root.path());
-    let kubelet_sock = root.path().join("device-plugins").join("kubelet.sock");
-    assert!(kubelet_sock.exists(), "kpm serves kubelet.sock");
+    let kubelet_sock = kpm.kubelet_sock();
 
     // The plugin-watcher way: a registration socket of type DevicePlugin that
     // also serves the DevicePlugin service.

@@ -42,6 +42,7 @@ fn registers_despite_silent_connections_to(socket: &str) {
     let addr = format!("127.0.0.1:{}", free_port());
     let args = ["--metrics-addr", &addr, "--handshake-timeout", HANDSHAKE_TIMEOUT];
     let kpm = Kpm::start_with_nofile(root, NOFILE, &args);
+    kpm.kubelet_sock();
     let metrics = || parse_prometheus(&http_get(&addr, "/metrics"));
     let metric = |series: &str| metrics().get(series).copied().unwrap_or_default();
 

@@ -202,6 +202,11 @@ impl LivenessMonitor {
 /// period if shorter.
 const PROBE_TICK: Duration = Duration::from_secs(2);
 
+/// When a dropped connection's socket still answered, how long before it is
+/// looked at once more: a process being killed drops its connections first
+/// and may close its listener a while later on a loaded machine.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
 /// A plugin incarnation the monitor follows.
 #[derive(Debug)]
 struct Followed {
@@ -247,6 +252,8 @@ enum Done {
         generation: Generation,
         cause: String,
         reachability: Reachability,
+        /// Whether a socket still served is looked at once more.
+        again: bool,
     },
 }
 
@@ -459,11 +466,14 @@ impl<'a> State<'a> {
                 self.judge(&socket, generation, probed);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
-            Done::Reached { socket, generation, cause, reachability } => {
+            Done::Reached { socket, generation, cause, reachability, again } => {
                 self.monitor.counters.socket_checks.fetch_add(1, Ordering::Relaxed);
                 match reachability {
                     Reachability::Gone(why) => {
                         self.renew(&socket, generation, 0, format!("{cause}; {why}"));
+                    }
+                    Reachability::Served if again => {
+                        self.check(socket, generation, cause, Some(RECHECK_AFTER));
                     }
                     Reachability::Served => tracing::info!(
                         socket = %socket.display(), %cause,
@@ -474,12 +484,23 @@ impl<'a> State<'a> {
         }
     }
 
-    /// Checks whether `socket` is still served, because of `cause`.
-    fn check(&mut self, socket: PathBuf, generation: Generation, cause: String) {
+    /// Checks whether `socket` is still served, because of `cause`: at once,
+    /// and, if it is and this is the first look, once more after
+    /// [`RECHECK_AFTER`]; with `after`, only that once more.
+    fn check(
+        &mut self,
+        socket: PathBuf,
+        generation: Generation,
+        cause: String,
+        after: Option<Duration>,
+    ) {
         let budget = self.monitor.budget.clone();
         self.tasks.spawn(async move {
+            if let Some(after) = after {
+                tokio::time::sleep(after).await;
+            }
             let reachability = reach(&socket, &budget).await;
-            Done::Reached { socket, generation, cause, reachability }
+            Done::Reached { socket, generation, cause, reachability, again: after.is_none() }
         });
     }
 
@@ -493,7 +514,7 @@ impl<'a> State<'a> {
             let Some(followed) = self.followed.get(&socket) else { continue };
             let generation = followed.generation;
             let cause = format!("its connection to {} dropped", endpoint.display());
-            self.check(socket, generation, cause);
+            self.check(socket, generation, cause, None);
         }
     }
 
@@ -544,7 +565,7 @@ impl<'a> State<'a> {
                 for socket in watched.sockets {
                     let Some(followed) = self.followed.get(&socket) else { continue };
                     let generation = followed.generation;
-                    self.check(socket, generation, format!("its process {pid} exited"));
+                    self.check(socket, generation, format!("its process {pid} exited"), None);
                 }
             }
             Exit::Unsupported => {

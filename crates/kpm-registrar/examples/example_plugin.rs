@@ -257,8 +257,12 @@ async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), 
             .add_routes(plugin.routes())
             .serve_with_incoming(incoming),
     );
+    let kubelet_sock = dir.join(KUBELET_SOCKET_NAME);
+    while !kubelet_sock.exists() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     kpm_registrar::register_device_plugin(dir, &file, name, Duration::from_secs(5)).await?;
-    println!("registered with {}", dir.join(KUBELET_SOCKET_NAME).display());
+    println!("registered with {}", kubelet_sock.display());
     stop.await;
     if !args.no_cleanup {
         let _ = std::fs::remove_file(&endpoint);

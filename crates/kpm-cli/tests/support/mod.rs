@@ -116,6 +116,14 @@ impl Kpm {
         self.root.join("plugins_registry")
     }
 
+    /// `<root>/device-plugins/kubelet.sock`, once it is served: kpm serves it
+    /// right after the status API, so a loaded machine may see one first.
+    pub fn kubelet_sock(&self) -> PathBuf {
+        let path = self.root.join("device-plugins").join("kubelet.sock");
+        wait_until("kubelet.sock is served", || path.exists());
+        path
+    }
+
     /// `kpm list -o json`, parsed; `None` while the API does not answer.
     pub fn list(&self) -> Option<Value> {
         let out = kpm(&["list", "-o", "json", "--root-dir", self.root.to_str().unwrap()]);
