@@ -74,6 +74,7 @@ struct Scenario {
 const SCENARIOS: &[Scenario] = &[
     Scenario { name: "cluster", needs_kpm: false, run: cluster },
     Scenario { name: "csi", needs_kpm: true, run: csi },
+    Scenario { name: "csi-allocatable", needs_kpm: true, run: csi_allocatable },
     Scenario { name: "device-plugin", needs_kpm: true, run: device_plugin },
     Scenario { name: "dra", needs_kpm: true, run: dra },
     Scenario { name: "apiserver-down", needs_kpm: true, run: apiserver_down },
@@ -176,7 +177,7 @@ fn cluster(env: &Env, cluster: &mut Cluster) -> Result {
     let label = json!({"metadata": {"labels": {"kube-e2e": "cluster"}}});
     let status = json!({"status": {"capacity": {"example.com/e2e": "1"}}});
     create_slice(&cluster.api, "node2-a-0", "a.example.com", "node2", 1)?;
-    let allowed: [(&str, Result<(u16, Value)>); 8] = [
+    let allowed: [(&str, Result<(u16, Value)>); 11] = [
         ("get nodes", kpm.request("GET", "/api/v1/nodes/node1", None)),
         ("patch nodes", kpm.request("PATCH", "/api/v1/nodes/node1", Some(&label))),
         ("patch nodes/status", kpm.request("PATCH", "/api/v1/nodes/node1/status", Some(&status))),
@@ -189,6 +190,15 @@ fn cluster(env: &Env, cluster: &mut Cluster) -> Result {
             let current = cluster.api.get("/apis/storage.k8s.io/v1/csinodes/node1")?;
             kpm.request("PUT", "/apis/storage.k8s.io/v1/csinodes/node1", Some(&current))
         }),
+        (
+            "patch csinodes",
+            kpm.request("PATCH", "/apis/storage.k8s.io/v1/csinodes/node1", Some(&json!({}))),
+        ),
+        ("list csidrivers", kpm.request("GET", CSIDRIVERS, None)),
+        (
+            "watch csidrivers",
+            kpm.request("GET", &format!("{CSIDRIVERS}?watch=true&timeoutSeconds=1"), None),
+        ),
         ("list resourceslices", kpm.request("GET", SLICES, None)),
         (
             "deletecollection resourceslices",
@@ -223,7 +233,7 @@ fn cluster(env: &Env, cluster: &mut Cluster) -> Result {
     if !slices(&cluster.api)?.is_empty() {
         return Err("deletecollection left node2's slice".into());
     }
-    eprintln!("kpm's token: 8 calls kpm needs allowed, 4 others denied");
+    eprintln!("kpm's token: 11 calls kpm needs allowed, 4 others denied");
 
     cluster.stop_apiserver()?;
     if cluster.api.request("GET", "/readyz", None).is_ok() {
@@ -309,6 +319,69 @@ fn csi(env: &Env, cluster: &mut Cluster) -> Result {
         return Err(format!("the topology label went: {}", node["metadata"]["labels"]).into());
     }
     eprintln!("deregistered: CSINode entry and annotation removed, the label stays");
+    kpm.stop()
+}
+
+/// KEP-4876: a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10` and
+/// a driver whose volume limit changes: the CSINode entry's count follows
+/// within one period.
+fn csi_allocatable(env: &Env, cluster: &mut Cluster) -> Result {
+    let api = &cluster.api;
+    let csidriver = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": "csi.example.com"},
+        "spec": {"nodeAllocatableUpdatePeriodSeconds": 10},
+    });
+    api.post(CSIDRIVERS, &csidriver)?;
+    let kpm = cluster.start_kpm(env, "csi-allocatable")?;
+    let limit = env.out.join("csi-allocatable-max-volumes");
+    fs::write(&limit, "7")?;
+    let limit_arg = limit.display().to_string();
+    let args = ["--type", "CSIPlugin", "--name", "csi.example.com", "--node-id", "node1-id"];
+    let mut plugin = plugin(
+        &kpm,
+        env,
+        "csi-allocatable",
+        &[&args[..], &["--max-volumes-file", &limit_arg]].concat(),
+    )?;
+    let count = || -> Result<Option<i64>> {
+        Ok(csinode_driver(api, "csi.example.com")?
+            .and_then(|entry| entry["allocatable"]["count"].as_i64()))
+    };
+    wait_until("CSINode node1 lists csi.example.com with count 7", STEP_TIMEOUT, || {
+        Ok(count()? == Some(7))
+    })?;
+    let listed = wait_for("kpm list shows the period", STEP_TIMEOUT, || {
+        let driver = kpm.list()?["csi_drivers"][0].clone();
+        Ok((driver["allocatable_update_period_s"] == 10).then_some(driver))
+    })?;
+    eprintln!(
+        "registered with count 7, refreshed every {}s",
+        listed["allocatable_update_period_s"]
+    );
+
+    fs::write(&limit, "12")?;
+    let changed = Instant::now();
+    wait_until("the CSINode count follows to 12", STEP_TIMEOUT, || Ok(count()? == Some(12)))?;
+    let took = changed.elapsed();
+    if took > Duration::from_secs(12) {
+        return Err(format!("the count followed after {took:?}, more than one period").into());
+    }
+    let patches = kpm.list()?["kubernetes"]["requests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["verb"] == "patch" && r["resource"] == "csinodes")
+        .map(|r| r["count"].as_u64().unwrap_or_default())
+        .sum::<u64>();
+    if patches != 1 {
+        return Err(format!("{patches} CSINode patches for one change").into());
+    }
+    eprintln!(
+        "count 7 → 12 on the CSINode {} ms after the driver changed, in 1 patch",
+        took.as_millis()
+    );
+    plugin.stop(STOP_TIMEOUT)?;
     kpm.stop()
 }
 
@@ -901,6 +974,7 @@ impl Api {
 }
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
 
 /// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
 /// the node with `pool_slices` slices.

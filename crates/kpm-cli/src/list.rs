@@ -58,10 +58,21 @@ pub(crate) fn table(list: &Value) -> String {
     let csi_drivers = items(list, "csi_drivers");
     if !csi_drivers.is_empty() {
         let drivers = csi_drivers.iter().map(|d| {
-            vec![text(d, "name"), text(d, "version"), text(d, "node_id"), text(d, "endpoint")]
+            vec![
+                text(d, "name"),
+                text(d, "version"),
+                text(d, "node_id"),
+                d["max_volumes"]
+                    .as_i64()
+                    .filter(|max| *max > 0)
+                    .map_or("-".into(), |max| max.to_string()),
+                refreshed(d, now),
+                text(d, "endpoint"),
+            ]
         });
         out.push('\n');
-        out.push_str(&columns(&["CSI DRIVER", "VERSION", "NODE ID", "ENDPOINT"], drivers));
+        let header = ["CSI DRIVER", "VERSION", "NODE ID", "MAX VOLUMES", "REFRESHED", "ENDPOINT"];
+        out.push_str(&columns(&header, drivers));
     }
     let device_resources = items(list, "device_resources");
     if !device_resources.is_empty() {
@@ -138,6 +149,17 @@ fn ago(rfc3339: &str, now: SystemTime) -> String {
         || "?".to_owned(),
         |at| format!("{} ago", whole(now.duration_since(at).unwrap_or_default())),
     )
+}
+
+/// A CSI driver's allocatable refresh: `every 10s, 4s ago`, `every 10s,
+/// never` before the first, `-` without one.
+fn refreshed(driver: &Value, now: SystemTime) -> String {
+    let Some(period) = driver["allocatable_update_period_s"].as_u64() else {
+        return "-".to_owned();
+    };
+    let last =
+        driver["allocatable_refreshed_at"].as_str().map_or("never".into(), |at| ago(at, now));
+    format!("every {}, {last}", whole(Duration::from_secs(period)))
 }
 
 /// The plugin's state, with when the next attempt is while it backs off:
@@ -245,16 +267,29 @@ mod tests {
              DevicePlugin  n     failed      -    /r/n.sock    boom\n"
         );
         list["plugins"] = json!([]);
+        let two_minutes_ago = SystemTime::now() - Duration::from_secs(120);
+        let refreshed_at = humantime::format_rfc3339_millis(two_minutes_ago).to_string();
         list["csi_drivers"] = json!([{
             "name": "csi.example.com", "endpoint": "/csi/csi.sock", "version": "1.0.0",
             "node_id": "node-1", "topology": {}, "max_volumes": 16,
+            "allocatable_update_period_s": 60, "allocatable_refreshed_at": refreshed_at,
+        }, {
+            "name": "b.example.com", "endpoint": "/csi/b.sock", "version": "1.0.0",
+            "node_id": "node-1", "topology": {}, "max_volumes": 0,
+            "allocatable_update_period_s": 10, "allocatable_refreshed_at": null,
+        }, {
+            "name": "c.example.com", "endpoint": "/csi/c.sock", "version": "1.0.0",
+            "node_id": "node-1", "topology": {}, "max_volumes": null,
+            "allocatable_update_period_s": null, "allocatable_refreshed_at": null,
         }]);
         assert_eq!(
             table(&list),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
-             CSI DRIVER       VERSION  NODE ID  ENDPOINT\n\
-             csi.example.com  1.0.0    node-1   /csi/csi.sock\n"
+             CSI DRIVER       VERSION  NODE ID  MAX VOLUMES  REFRESHED         ENDPOINT\n\
+             csi.example.com  1.0.0    node-1   16           every 1m, 2m ago  /csi/csi.sock\n\
+             b.example.com    1.0.0    node-1   -            every 10s, never  /csi/b.sock\n\
+             c.example.com    1.0.0    node-1   -            -                 /csi/c.sock\n"
         );
         list["csi_drivers"] = json!([]);
         list["device_resources"] = json!([{

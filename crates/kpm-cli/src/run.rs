@@ -124,6 +124,37 @@ pub(crate) struct RunArgs {
         env = "KPM_HANDSHAKE_TIMEOUT"
     )]
     handshake_timeout: u64,
+    /// Refresh a CSI driver's allocatable count (its CSINode entry's
+    /// allocatable.count, from NodeGetInfo's max_volumes_per_node) on this
+    /// period, as a CSIDriver with nodeAllocatableUpdatePeriodSeconds has the
+    /// kubelet do: DRIVER=SECONDS, repeated or comma-separated; below 10 is
+    /// raised to 10. With --kubeconfig, the CSIDriver objects give the
+    /// period of the drivers not named here.
+    #[arg(
+        long,
+        value_name = "DRIVER=SECONDS",
+        value_delimiter = ',',
+        value_parser = driver_period,
+        env = "KPM_CSI_ALLOCATABLE_UPDATE_PERIOD"
+    )]
+    csi_allocatable_update_period: Vec<(String, Duration)>,
+}
+
+/// `DRIVER=SECONDS` of --csi-allocatable-update-period.
+fn driver_period(value: &str) -> Result<(String, Duration), String> {
+    let (driver, seconds) =
+        value.split_once('=').ok_or_else(|| format!("{value:?} is not DRIVER=SECONDS"))?;
+    if driver.is_empty() {
+        return Err(format!("{value:?} names no driver"));
+    }
+    match seconds.parse::<u64>() {
+        Ok(seconds) if seconds <= crate::MAX_PERIOD_SECS => {
+            Ok((driver.to_owned(), Duration::from_secs(seconds)))
+        }
+        _ => {
+            Err(format!("{seconds:?} is not a number of seconds up to {}", crate::MAX_PERIOD_SECS))
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -223,7 +254,14 @@ fn configured(args: &RunArgs) -> KubeletBuilder {
     let device = kpm::device::DeviceConfig::default()
         .grace_period(Duration::from_secs(args.device_cleanup_grace))
         .handshake_timeout(Duration::from_secs(args.handshake_timeout));
+    let csi = args
+        .csi_allocatable_update_period
+        .iter()
+        .fold(kpm::csi::CsiConfig::default(), |config, (driver, period)| {
+            config.allocatable_update_period(driver, *period)
+        });
     let mut builder = kubelet(&args.root.root_dir, &args.disable)
+        .csi_config(csi)
         .dra_config(dra)
         .device_config(device)
         .resync_period(Duration::from_secs(args.resync_period))

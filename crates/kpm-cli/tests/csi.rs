@@ -9,7 +9,7 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
 use kpm_api::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
@@ -27,10 +27,12 @@ use tonic::{Request, Response, Status};
 const DRIVER: &str = "csi.example.com";
 const ZONE_KEY: &str = "topology.csi.example.com/zone";
 
-/// A CSI driver whose NodeGetInfo fails its first `failures` calls.
+/// A CSI driver whose NodeGetInfo fails its first `failures` calls, then
+/// reports `max_volumes`.
 struct FakeDriver {
     failures: usize,
     calls: AtomicUsize,
+    max_volumes: AtomicI64,
 }
 
 #[tonic::async_trait]
@@ -73,7 +75,7 @@ impl Node for FakeDriver {
         }
         Ok(Response::new(NodeGetInfoResponse {
             node_id: "node-1".into(),
-            max_volumes_per_node: 16,
+            max_volumes_per_node: self.max_volumes.load(Ordering::SeqCst),
             accessible_topology: Some(Topology {
                 segments: [(ZONE_KEY.to_owned(), "zone-a".to_owned())].into(),
             }),
@@ -82,7 +84,16 @@ impl Node for FakeDriver {
 }
 
 async fn serve_driver(socket: &Path, failures: usize) -> tokio::task::JoinHandle<()> {
-    let driver = Arc::new(FakeDriver { failures, calls: AtomicUsize::new(0) });
+    serve(socket, Arc::new(FakeDriver::new(failures))).await
+}
+
+impl FakeDriver {
+    fn new(failures: usize) -> Self {
+        Self { failures, calls: AtomicUsize::new(0), max_volumes: AtomicI64::new(16) }
+    }
+}
+
+async fn serve(socket: &Path, driver: Arc<FakeDriver>) -> tokio::task::JoinHandle<()> {
     let incoming = kpm::transport::bind(socket).await.unwrap();
     let server = tonic::transport::Server::builder()
         .add_service(IdentityServer::from_arc(driver.clone()))
@@ -127,6 +138,8 @@ async fn a_csi_driver_registers_publishes_node_info_and_cleans_up() {
             "node_id": "node-1",
             "topology": { ZONE_KEY: "zone-a" },
             "max_volumes": 16,
+            "allocatable_update_period_s": null,
+            "allocatable_refreshed_at": null,
         }])
     );
     assert_eq!(
@@ -190,4 +203,31 @@ async fn a_failing_node_get_info_is_reported_then_retried() {
     });
     plugin.shutdown().await.unwrap();
     driver.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_update_period_the_allocatable_count_follows_the_driver() {
+    let root = tempfile::tempdir().unwrap();
+    // 3 s is raised to the API's minimum of 10 s.
+    let kpm =
+        Kpm::start_with(root.path(), &["--csi-allocatable-update-period", "csi.example.com=3"]);
+    let driver_socket = root.path().join("csi.sock");
+    let driver = Arc::new(FakeDriver::new(0));
+    let server = serve(&driver_socket, Arc::clone(&driver)).await;
+    let plugin = register(&root.path().join("plugins_registry"), &driver_socket, "a").await;
+    assert!(plugin.wait_for_status(DEADLINE).await.unwrap().plugin_registered);
+    let list = kpm.wait_for("the driver is listed", |l| l["csi_drivers"][0]["max_volumes"] == 16);
+    assert_eq!(list["csi_drivers"][0]["allocatable_update_period_s"], 10);
+
+    driver.max_volumes.store(40, Ordering::SeqCst);
+    let list = kpm.wait_for("the new count is published", |l| {
+        l["node"]["csinode"]["drivers"][0]["allocatable"]["count"] == 40
+    });
+    assert_eq!(list["csi_drivers"][0]["max_volumes"], 40);
+    assert!(list["csi_drivers"][0]["allocatable_refreshed_at"].is_string(), "{list}");
+    let table = support::kpm(&["list", "--root-dir", root.path().to_str().unwrap()]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("every 10s, "), "{table}");
+    plugin.shutdown().await.unwrap();
+    server.abort();
 }

@@ -1,10 +1,7 @@
 //! The `CSIPlugin` handler: the kubelet's CSI `RegistrationHandler`
 //! (spec A.4-A.6, A.9).
 
-use kpm_api::config::check_durations;
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
@@ -13,47 +10,14 @@ use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
 
 use crate::client;
+use crate::config::CsiConfig;
 use crate::error::CsiError;
+use crate::locks::NameLocks;
 use crate::node_info::NodeInfoSink;
+use crate::refresh::{AllocatableUpdatePeriods, Updater};
 use crate::store::{CsiDriver, CsiDrivers, DriverNodeInfo};
 use crate::version::Version;
 use crate::version_rules::highest_supported_version;
-
-/// The kubelet's `csiTimeout`: how long NodeGetInfo may take at registration.
-pub const DEFAULT_NODE_GET_INFO_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Settings of the [`CsiHandler`]. Build it from [`Default`] with the
-/// setters; the fields are public to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CsiConfig {
-    /// How long dialing the driver and its NodeGetInfo may take together.
-    /// Default [`DEFAULT_NODE_GET_INFO_TIMEOUT`] (2 min), as in the kubelet.
-    pub node_get_info_timeout: Duration,
-}
-
-impl Default for CsiConfig {
-    fn default() -> Self {
-        Self { node_get_info_timeout: DEFAULT_NODE_GET_INFO_TIMEOUT }
-    }
-}
-
-impl CsiConfig {
-    /// Sets [`node_get_info_timeout`](Self::node_get_info_timeout) (default
-    /// [`DEFAULT_NODE_GET_INFO_TIMEOUT`], 2 min).
-    #[must_use]
-    pub fn node_get_info_timeout(mut self, timeout: Duration) -> Self {
-        self.node_get_info_timeout = timeout;
-        self
-    }
-
-    /// Refuses a zero timeout (every driver would fail) and one above
-    /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION),
-    /// which a deadline and the gRPC timeout header could not carry.
-    pub fn validate(&self) -> Result<(), CsiError> {
-        Ok(check_durations(&[("node_get_info_timeout", self.node_get_info_timeout)], &[])?)
-    }
-}
 
 /// The handler for `CSIPlugin` plugins. See the [crate docs](crate) for the
 /// steps and where they differ from the kubelet.
@@ -62,28 +26,41 @@ pub struct CsiHandler {
     sink: Arc<dyn NodeInfoSink>,
     config: CsiConfig,
     drivers: Arc<CsiDrivers>,
-    locks: NameLocks,
+    locks: Arc<NameLocks>,
     budget: FdBudget,
+    updater: Arc<Updater>,
 }
 
 impl CsiHandler {
     /// A handler with an empty drivers store that publishes node info to `sink`.
     pub fn new(sink: Arc<dyn NodeInfoSink>, config: CsiConfig) -> Self {
-        Self {
-            sink,
-            config,
-            drivers: Arc::default(),
-            locks: NameLocks::default(),
-            budget: FdBudget::default(),
-        }
+        Self::with_parts(sink, config, FdBudget::default())
+    }
+
+    fn with_parts(sink: Arc<dyn NodeInfoSink>, config: CsiConfig, budget: FdBudget) -> Self {
+        let drivers = Arc::<CsiDrivers>::default();
+        let locks = Arc::<NameLocks>::default();
+        let updater = Arc::new(Updater::new(
+            Arc::clone(&sink),
+            Arc::clone(&drivers),
+            Arc::clone(&locks),
+            budget.clone(),
+            config.clone(),
+        ));
+        Self { sink, config, drivers, locks, budget, updater }
     }
 
     /// Calls `NodeGetInfo` with permits of `budget` instead of the
     /// process-wide [fd budget](kpm_transport::fd::budget).
     #[must_use]
-    pub fn with_fd_budget(mut self, budget: FdBudget) -> Self {
-        self.budget = budget;
-        self
+    pub fn with_fd_budget(self, budget: FdBudget) -> Self {
+        Self::with_parts(Arc::clone(&self.sink), self.config.clone(), budget)
+    }
+
+    /// Where the cluster's allocatable update periods (CSIDriver
+    /// `nodeAllocatableUpdatePeriodSeconds`) reach the handler.
+    pub fn allocatable_update_periods(&self) -> AllocatableUpdatePeriods {
+        AllocatableUpdatePeriods::new(Arc::clone(&self.updater))
     }
 
     /// The registered drivers, shared with the handler, read-only: only the
@@ -93,8 +70,8 @@ impl CsiHandler {
     }
 
     /// The handler's settings.
-    pub fn config(&self) -> CsiConfig {
-        self.config
+    pub fn config(&self) -> &CsiConfig {
+        &self.config
     }
 
     /// `ValidatePlugin`: checks the versions against the version rules and
@@ -128,16 +105,12 @@ impl CsiHandler {
         info!(plugin = name, endpoint, "registering CSI driver");
         let lock = self.locks.lock(name).await;
         let version = self.validate_versions("RegisterPlugin", name, versions)?;
-        self.drivers.set(CsiDriver {
-            name: name.to_owned(),
-            endpoint: endpoint.to_owned(),
-            version: version.clone(),
-            node: None,
-        });
+        self.drivers.set(CsiDriver::new(name, endpoint, version.clone()));
         let mut pending = PendingRegistration {
             name,
             drivers: &self.drivers,
             sink: &self.sink,
+            updater: &self.updater,
             lock: Some(lock),
             finished: false,
         };
@@ -151,6 +124,7 @@ impl CsiHandler {
                     "registered CSI driver"
                 );
                 self.drivers.set_node_info(name, endpoint, node);
+                self.updater.sync(name);
                 Ok(())
             }
             Err(err) => {
@@ -176,6 +150,7 @@ impl CsiHandler {
         let _lock = self.locks.lock(name).await;
         if self.drivers.delete_if_endpoint(name, endpoint).is_some() {
             info!(plugin = name, endpoint, "deregistering CSI driver");
+            self.updater.sync(name);
             self.uninstall(name).await;
         } else {
             debug!(
@@ -241,6 +216,7 @@ impl CsiHandler {
     /// `unregisterDriver`: forgets the driver, whatever its endpoint.
     async fn unregister_driver(&self, name: &str) {
         self.drivers.delete(name);
+        self.updater.sync(name);
         self.uninstall(name).await;
     }
 
@@ -248,6 +224,14 @@ impl CsiHandler {
         if let Err(err) = self.sink.uninstall_driver(name).await {
             warn!(plugin = name, error = %err, "removing CSI driver node info failed");
         }
+    }
+}
+
+/// The refreshes end with the handler (their tasks hold only the parts
+/// they use).
+impl Drop for CsiHandler {
+    fn drop(&mut self) {
+        self.updater.stop_all();
     }
 }
 
@@ -287,24 +271,6 @@ impl PluginHandler for CsiHandler {
     }
 }
 
-/// One async lock per driver name, so that registrations and deregistrations
-/// of one name (from different sockets) run one at a time: two sockets
-/// reporting the same name and version cannot both pass validation.
-#[derive(Debug, Default)]
-struct NameLocks(parking_lot::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
-
-impl NameLocks {
-    async fn lock(&self, name: &str) -> OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self.0.lock();
-            // Locks nobody holds or waits for are dropped.
-            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
-            Arc::clone(locks.entry(name.to_owned()).or_default())
-        };
-        lock.lock_owned().await
-    }
-}
-
 /// A registration between storing the driver and its outcome, holding the
 /// name's lock. Dropped before it is `finished` (the register future was
 /// cancelled), it removes the driver from the store and, in a task that
@@ -313,6 +279,7 @@ struct PendingRegistration<'a> {
     name: &'a str,
     drivers: &'a CsiDrivers,
     sink: &'a Arc<dyn NodeInfoSink>,
+    updater: &'a Arc<Updater>,
     lock: Option<OwnedMutexGuard<()>>,
     finished: bool,
 }
@@ -324,6 +291,7 @@ impl Drop for PendingRegistration<'_> {
         }
         warn!(plugin = self.name, "registering CSI driver was cancelled; removing it");
         self.drivers.delete(self.name);
+        self.updater.sync(self.name);
         let lock = self.lock.take();
         let sink = Arc::clone(self.sink);
         let name = self.name.to_owned();
@@ -368,12 +336,7 @@ mod tests {
     }
 
     fn driver(name: &str, endpoint: &str, versions: &str) -> CsiDriver {
-        CsiDriver {
-            name: name.into(),
-            endpoint: endpoint.into(),
-            version: highest_supported_version(&list(versions)).unwrap(),
-            node: None,
-        }
+        CsiDriver::new(name, endpoint, highest_supported_version(&list(versions)).unwrap())
     }
 
     #[test]
@@ -508,7 +471,7 @@ mod tests {
 
     #[test]
     fn the_default_node_get_info_timeout_is_the_kubelets_two_minutes() {
-        assert_eq!(CsiConfig::default().node_get_info_timeout, Duration::from_secs(120));
-        assert_eq!(handler().config(), CsiConfig::default());
+        assert_eq!(CsiConfig::default().node_get_info_timeout, std::time::Duration::from_secs(120));
+        assert_eq!(handler().config(), &CsiConfig::default());
     }
 }

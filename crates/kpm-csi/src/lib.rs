@@ -63,20 +63,25 @@
 #![deny(missing_docs)]
 
 mod client;
+mod config;
 mod error;
 mod handler;
+mod locks;
 mod node_info;
+mod refresh;
 mod store;
 mod version;
 mod version_rules;
 
 pub use client::{node_get_info, socket_path};
+pub use config::{CsiConfig, DEFAULT_NODE_GET_INFO_TIMEOUT};
 pub use error::{BoxError, CsiError, NodeInfoError};
-pub use handler::{CsiConfig, CsiHandler, DEFAULT_NODE_GET_INFO_TIMEOUT};
+pub use handler::CsiHandler;
 pub use node_info::{
     CsiNode, CsiNodeDriver, InMemoryNodeInfo, NodeInfo, NodeInfoSink, add_topology_labels,
     parse_node_id_annotation, remove_node_id_annotation, set_node_id_annotation,
 };
+pub use refresh::{AllocatableUpdatePeriods, MIN_ALLOCATABLE_UPDATE_PERIOD};
 pub use store::{CsiDriver, CsiDrivers, DriverNodeInfo};
 pub use version::Version;
 pub use version_rules::highest_supported_version;

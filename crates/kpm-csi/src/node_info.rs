@@ -46,6 +46,20 @@ pub trait NodeInfoSink: Send + Sync + 'static {
     /// Withdraws `driver` (`UninstallCSIDriver`): its CSINode entry and its
     /// annotation entry. Labels stay.
     async fn uninstall_driver(&self, driver: &str) -> Result<(), NodeInfoError>;
+
+    /// Publishes a refreshed `info` of an installed `driver` whose
+    /// `max_volumes_per_node` changed: its CSINode entry's
+    /// `allocatable.count` (the kubelet's `UpdateCSIDriver`). The default
+    /// installs the driver again, which changes only that entry when the
+    /// node id and topology are the installed ones; a sink with a cheaper
+    /// way to change the one field overrides it.
+    async fn update_allocatable(
+        &self,
+        driver: &str,
+        info: &DriverNodeInfo,
+    ) -> Result<(), NodeInfoError> {
+        self.install_driver(driver, info).await
+    }
 }
 
 /// Sinks are opaque; this lets structs holding them derive `Debug`.

@@ -2,6 +2,7 @@
 //! entry per driver name, where other CSI code finds a driver's socket.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::RwLock;
 
@@ -40,24 +41,51 @@ pub struct CsiDriver {
     pub endpoint: String,
     /// The highest supported version among those the plugin reported.
     pub version: Version,
-    /// What NodeGetInfo returned, once registration got that far.
+    /// What NodeGetInfo returned, once registration got that far; its
+    /// `max_volumes_per_node` follows the refreshes.
     pub node: Option<DriverNodeInfo>,
+    /// How often its allocatable count is refreshed, if it is (see
+    /// [`CsiConfig::allocatable_update_period`](crate::CsiConfig::allocatable_update_period)).
+    pub allocatable_update_period: Option<Duration>,
+    /// When its `NodeGetInfo` last answered a refresh.
+    pub allocatable_refreshed_at: Option<SystemTime>,
 }
 
-/// `{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}`:
-/// the node info flattened, `null` (the topology `{}`) until NodeGetInfo answered.
+impl CsiDriver {
+    /// A driver just stored by a registration: no node info yet, not refreshed.
+    pub(crate) fn new(name: &str, endpoint: &str, version: Version) -> Self {
+        Self {
+            name: name.to_owned(),
+            endpoint: endpoint.to_owned(),
+            version,
+            node: None,
+            allocatable_update_period: None,
+            allocatable_refreshed_at: None,
+        }
+    }
+}
+
+/// `{"name", "endpoint", "version", "node_id", "topology", "max_volumes",
+/// "allocatable_update_period_s", "allocatable_refreshed_at"}`: the node
+/// info flattened, `null` (the topology `{}`) until NodeGetInfo answered;
+/// the refresh's period in seconds and its last answer (RFC 3339), `null`
+/// without refreshes.
 #[cfg(feature = "serde")]
 impl serde::Serialize for CsiDriver {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeStruct as _;
         let node = self.node.as_ref();
-        let mut fields = serializer.serialize_struct("CsiDriver", 6)?;
+        let mut fields = serializer.serialize_struct("CsiDriver", 8)?;
         fields.serialize_field("name", &self.name)?;
         fields.serialize_field("endpoint", &self.endpoint)?;
         fields.serialize_field("version", &self.version)?;
         fields.serialize_field("node_id", &node.map(|n| &n.node_id))?;
         fields.serialize_field("topology", &node.map_or(&BTreeMap::new(), |n| &n.topology))?;
         fields.serialize_field("max_volumes", &node.map(|n| n.max_volumes_per_node))?;
+        let period = self.allocatable_update_period.map(|period| period.as_secs());
+        fields.serialize_field("allocatable_update_period_s", &period)?;
+        let refreshed = self.allocatable_refreshed_at.map(kpm_api::json::Rfc3339);
+        fields.serialize_field("allocatable_refreshed_at", &refreshed)?;
         fields.end()
     }
 }
@@ -149,6 +177,13 @@ impl CsiDrivers {
             _ => false,
         }
     }
+
+    /// Changes the driver registered under `name`, if any.
+    pub(crate) fn update(&self, name: &str, change: impl FnOnce(&mut CsiDriver)) {
+        if let Some(driver) = self.drivers.write().get_mut(name) {
+            change(driver);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -156,12 +191,7 @@ mod tests {
     use super::*;
 
     fn driver(name: &str, endpoint: &str, version: &str) -> CsiDriver {
-        CsiDriver {
-            name: name.into(),
-            endpoint: endpoint.into(),
-            version: version.parse().unwrap(),
-            node: None,
-        }
+        CsiDriver::new(name, endpoint, version.parse().unwrap())
     }
 
     /// Upstream `TestDriversStore`.

@@ -43,6 +43,10 @@ pub enum KubeError {
         node: String,
     },
 
+    /// Listing or watching the CSIDriver objects failed (retried with backoff).
+    #[error("watch csidrivers: {0}")]
+    WatchCsiDrivers(#[source] kube::runtime::watcher::Error),
+
     /// A kubeconfig file could not be read or used.
     #[error("load kubeconfig {}: {source}", path.display())]
     LoadKubeconfig {

@@ -41,6 +41,7 @@
 mod api;
 mod backoff;
 mod capacity;
+mod csi_drivers;
 mod error;
 mod node_info;
 mod observe;
@@ -164,6 +165,17 @@ impl KubePublisher {
         devices: DeviceView,
     ) -> impl Future<Output = ()> + Send + 'static {
         capacity::publish(Arc::clone(&self.api), devices)
+    }
+
+    /// Follows the cluster's CSIDriver objects for as long as the returned
+    /// future runs, giving each driver's `nodeAllocatableUpdatePeriodSeconds`
+    /// to `periods` (the CSI handler's
+    /// [`allocatable_update_periods`](kpm_csi::CsiHandler::allocatable_update_periods)).
+    pub fn follow_csi_drivers(
+        &self,
+        periods: kpm_csi::AllocatableUpdatePeriods,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        csi_drivers::follow(Arc::clone(&self.api), periods)
     }
 
     /// What the publishers did so far.

@@ -195,6 +195,28 @@ impl KubeNodeInfo {
         Ok(())
     }
 
+    /// Sets the driver's CSINode entry's `allocatable.count` (`null`
+    /// removes it) in one strategic merge patch: the entry is found by its
+    /// name (the list's merge key) and nothing else in it or beside it is
+    /// written, so no read is needed and no concurrent writer is overruled.
+    async fn patch_allocatable(&self, driver: &str, count: Option<i32>) -> Result<(), KubeError> {
+        let name = &self.api.node;
+        let patch = json!({"spec": {"drivers": [
+            {"name": driver, "allocatable": count.map(|count| json!({"count": count}))}
+        ]}});
+        let csinodes = self.csinodes();
+        let params = NodeApi::patch_params();
+        self.api
+            .call(
+                "patch",
+                "csinodes",
+                name,
+                csinodes.patch(name, &params, &Patch::Strategic(&patch)),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Removes the driver's CSINode entry; a missing CSINode has none.
     async fn uninstall_from_csinode(&self, driver: &str) -> Result<(), KubeError> {
         let name = &self.api.node;
@@ -254,6 +276,26 @@ impl NodeInfoSink for KubeNodeInfo {
         )
         .await?;
         debug!(plugin = driver, node = self.api.node, "published CSI driver node info");
+        Ok(())
+    }
+
+    /// The refreshed count alone, in one request (the kubelet reads the
+    /// CSINode and writes it whole every period).
+    async fn update_allocatable(
+        &self,
+        driver: &str,
+        info: &DriverNodeInfo,
+    ) -> Result<(), NodeInfoError> {
+        let count = DriverEntry::new(driver, info).allocatable_count;
+        let _serial = self.serial.lock().await;
+        retried(
+            &self.api,
+            ObjectKind::CsiNode,
+            || async { Ok(self.patch_allocatable(driver, count).await?) },
+            |source| CsiError::UpdateCsiNode { source },
+        )
+        .await?;
+        debug!(plugin = driver, node = self.api.node, ?count, "updated the allocatable count");
         Ok(())
     }
 

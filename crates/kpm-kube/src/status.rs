@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
-/// The kinds of objects kpm writes.
+/// The kinds of objects kpm writes, and the CSIDrivers it follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum ObjectKind {
@@ -20,11 +20,15 @@ pub enum ObjectKind {
     NodeStatus,
     /// The node's ResourceSlices of DRA drivers that went away.
     ResourceSlice,
+    /// The cluster's CSIDriver objects, read for their allocatable update
+    /// period; a success is a list or watch event received.
+    CsiDriver,
 }
 
 impl ObjectKind {
     /// Every kind, in display order.
-    pub const ALL: [Self; 4] = [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice];
+    pub const ALL: [Self; 5] =
+        [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice, Self::CsiDriver];
 
     /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for the subresource.
     pub fn as_str(self) -> &'static str {
@@ -33,6 +37,7 @@ impl ObjectKind {
             Self::CsiNode => "CSINode",
             Self::NodeStatus => "Node status",
             Self::ResourceSlice => "ResourceSlice",
+            Self::CsiDriver => "CSIDriver",
         }
     }
 }

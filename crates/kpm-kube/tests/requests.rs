@@ -267,3 +267,27 @@ async fn the_drivers_with_slices_of_this_node_are_listed_once() {
     );
     server.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_refreshed_count_is_one_strategic_merge_patch_of_the_drivers_entry() {
+    let (publisher, handle) = publisher();
+    let patch = "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
+    let script = vec![
+        with_body(
+            step("PATCH", patch, 200, json!({})),
+            json!({"spec": {"drivers": [{"name": "csi.example.com", "allocatable": {"count": 9}}]}}),
+        ),
+        with_body(
+            step("PATCH", patch, 200, json!({})),
+            json!({"spec": {"drivers": [{"name": "csi.example.com", "allocatable": null}]}}),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    let sink = publisher.node_info();
+    let nine = DriverNodeInfo { max_volumes_per_node: 9, ..csi_info() };
+    sink.update_allocatable("csi.example.com", &nine).await.unwrap();
+    let unlimited = DriverNodeInfo { max_volumes_per_node: 0, ..csi_info() };
+    sink.update_allocatable("csi.example.com", &unlimited).await.unwrap();
+    let content_types = server.await.unwrap();
+    assert_eq!(content_types, ["application/strategic-merge-patch+json"; 2]);
+}

@@ -10,7 +10,7 @@
 //! registration socket too, as a stub that lets a node agent complete the
 //! registration: `DevicePlugin` (`--devices` healthy devices, two by
 //! default) for `DevicePlugin`, CSI `Identity` and `Node` (`--node-id`,
-//! `--topology`, `--max-volumes`) for `CSIPlugin`, DRA v1 `DRAPlugin` for
+//! `--topology`, `--max-volumes` or `--max-volumes-file`) for `CSIPlugin`, DRA v1 `DRAPlugin` for
 //! `DRAPlugin`. `--registration-only` leaves it out. SIGUSR1 turns the next
 //! healthy device of the device-plugin stub unhealthy.
 //!
@@ -105,6 +105,12 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     max_volumes: i64,
 
+    /// CSIPlugin stub: report the number in this file as max_volumes_per_node,
+    /// read at every NodeGetInfo (instead of --max-volumes): change the file
+    /// to see kpm refresh the allocatable count.
+    #[arg(long, value_name = "PATH", conflicts_with = "max_volumes")]
+    max_volumes_file: Option<std::path::PathBuf>,
+
     /// Misbehave: answer GetInfo only after this many milliseconds (the
     /// kubelet waits 1000).
     #[arg(long, value_name = "MS", default_value_t = 0)]
@@ -173,14 +179,19 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 devices = Some((stub, list));
                 plugin.routes()
             }
-            CSI_PLUGIN => args
-                .topology
-                .into_iter()
-                .fold(StubCsiDriver::new(&name, args.node_id), |driver, (key, value)| {
-                    driver.topology(key, value)
-                })
-                .max_volumes(args.max_volumes)
-                .routes(),
+            CSI_PLUGIN => {
+                let driver = args
+                    .topology
+                    .into_iter()
+                    .fold(StubCsiDriver::new(&name, args.node_id), |driver, (key, value)| {
+                        driver.topology(key, value)
+                    });
+                match args.max_volumes_file {
+                    Some(path) => driver.max_volumes_file(path),
+                    None => driver.max_volumes(args.max_volumes),
+                }
+                .routes()
+            }
             _ => kpm_registrar::stub::routes(&args.plugin_type, &name),
         };
         builder = builder.routes(routes);

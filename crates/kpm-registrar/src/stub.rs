@@ -5,6 +5,7 @@
 //! own socket.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::pin::Pin;
 
 use kpm_api::constants::{CSI_PLUGIN, DEVICE_HEALTHY, DEVICE_PLUGIN, DRA_PLUGIN};
@@ -132,7 +133,15 @@ pub struct StubCsiDriver {
     name: String,
     node_id: String,
     topology: HashMap<String, String>,
-    max_volumes: i64,
+    max_volumes: MaxVolumes,
+}
+
+/// Where the stub's `max_volumes_per_node` comes from.
+#[derive(Debug, Clone)]
+enum MaxVolumes {
+    Fixed(i64),
+    /// Read at every `NodeGetInfo`, so that the limit can change while it runs.
+    File(PathBuf),
 }
 
 impl StubCsiDriver {
@@ -143,7 +152,7 @@ impl StubCsiDriver {
             name: name.into(),
             node_id: node_id.into(),
             topology: HashMap::new(),
-            max_volumes: 0,
+            max_volumes: MaxVolumes::Fixed(0),
         }
     }
 
@@ -159,7 +168,17 @@ impl StubCsiDriver {
     /// (0, the default, means no limit).
     #[must_use]
     pub fn max_volumes(mut self, max_volumes: i64) -> Self {
-        self.max_volumes = max_volumes;
+        self.max_volumes = MaxVolumes::Fixed(max_volumes);
+        self
+    }
+
+    /// Reports the number in the file at `path` (surrounding whitespace
+    /// ignored), read at every `NodeGetInfo`: a driver whose volume limit
+    /// changes while it runs, for the allocatable count's refresh. An
+    /// unreadable file or another content fails the call as `Unavailable`.
+    #[must_use]
+    pub fn max_volumes_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.max_volumes = MaxVolumes::File(path.into());
         self
     }
 
@@ -211,12 +230,24 @@ impl csi::node_server::Node for StubCsiDriver {
         &self,
         _: Request<csi::NodeGetInfoRequest>,
     ) -> Result<Response<csi::NodeGetInfoResponse>, Status> {
+        let max_volumes_per_node = match &self.max_volumes {
+            MaxVolumes::Fixed(max) => *max,
+            MaxVolumes::File(path) => {
+                let unavailable = |reason: String| {
+                    Status::unavailable(format!("max volumes from {}: {reason}", path.display()))
+                };
+                let text = tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|err| unavailable(err.to_string()))?;
+                text.trim().parse().map_err(|_| unavailable(format!("{text:?} is not a number")))?
+            }
+        };
         // CSI: no topology is reported as an absent field, not an empty one.
         let accessible_topology =
             (!self.topology.is_empty()).then(|| csi::Topology { segments: self.topology.clone() });
         Ok(Response::new(csi::NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            max_volumes_per_node: self.max_volumes,
+            max_volumes_per_node,
             accessible_topology,
         }))
     }

@@ -255,7 +255,7 @@ impl KubeletBuilder {
         let mut handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)> = Vec::new();
 
         #[cfg(feature = "csi")]
-        let (csi_drivers, node_info) = {
+        let (csi_drivers, node_info, csi_periods) = {
             // The default sink is kept in memory, so that it can be shown.
             let (sink, memory): (Arc<dyn crate::csi::NodeInfoSink>, _) =
                 if let Some(sink) = self.node_info {
@@ -266,9 +266,9 @@ impl KubeletBuilder {
                 };
             let csi =
                 crate::csi::CsiHandler::new(sink, self.csi).with_fd_budget(self.fd_budget.clone());
-            let drivers = csi.drivers();
+            let (drivers, periods) = (csi.drivers(), csi.allocatable_update_periods());
             handlers.push((PluginKind::Csi, Arc::new(csi)));
-            (drivers, memory)
+            (drivers, memory, periods)
         };
 
         #[cfg(feature = "device")]
@@ -326,6 +326,8 @@ impl KubeletBuilder {
             device_plugin_dir: enabled(PluginKind::Device).then_some(device_plugin_dir),
             #[cfg(feature = "dra")]
             dra,
+            #[cfg(feature = "kube")]
+            csi_periods,
         })
     }
 }
@@ -350,6 +352,9 @@ pub struct Kubelet {
     device_plugin_dir: Option<PathBuf>,
     #[cfg(feature = "dra")]
     dra: Arc<crate::dra::DraManager>,
+    /// Where the CSIDrivers' allocatable update periods reach the CSI handler.
+    #[cfg(feature = "kube")]
+    csi_periods: crate::csi::AllocatableUpdatePeriods,
 }
 
 impl Kubelet {
@@ -382,9 +387,10 @@ impl Kubelet {
     /// device plugins and DRA drivers. Meanwhile, with DRA enabled, the
     /// cleanup of DRA drivers that left resources on this node is queued (see
     /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
-    /// and with [`KubeletBuilder::kubernetes`] and device plugins enabled the
-    /// device capacity is published. A disabled kind's plugins cannot
-    /// register, so what they left on the node is left alone.
+    /// and with [`KubeletBuilder::kubernetes`] the device capacity is
+    /// published (device plugins enabled) and the CSIDrivers' allocatable
+    /// update periods are followed (CSI enabled). A disabled kind's plugins
+    /// cannot register, so what they left on the node is left alone.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let mut background = tokio::task::JoinSet::<()>::new();
         // A disabled kind's drivers cannot register again: its leftovers
@@ -399,6 +405,12 @@ impl Kubelet {
             && self.enabled(PluginKind::Device)
         {
             background.spawn(publisher.publish_capacity(self.handle.devices.clone()));
+        }
+        #[cfg(feature = "kube")]
+        if let Some(publisher) = &self.handle.kubernetes
+            && self.enabled(PluginKind::Csi)
+        {
+            background.spawn(publisher.follow_csi_drivers(self.csi_periods.clone()));
         }
         // A handler's connection that drops is a hint that its plugin is gone.
         #[cfg(any(feature = "device", feature = "dra"))]

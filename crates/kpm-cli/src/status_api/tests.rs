@@ -99,12 +99,16 @@ fn full() -> Parts {
                     max_volumes_per_node: 16,
                     topology: BTreeMap::from([("zone".into(), "a".into())]),
                 }),
+                allocatable_update_period: Some(std::time::Duration::from_secs(60)),
+                allocatable_refreshed_at: Some(at(4)),
             },
             CsiDriver {
                 name: "early.example.com".into(),
                 endpoint: "/csi/early.sock".into(),
                 version: Version::parse_generic("1.0").unwrap(),
                 node: None,
+                allocatable_update_period: None,
+                allocatable_refreshed_at: None,
             },
         ],
         node: Some(NodeInfo {
@@ -227,10 +231,13 @@ fn the_plugin_list_keeps_its_schema() {
             {
                 "name": "csi.example.com", "endpoint": "unix:///csi/csi.sock", "version": "1.2.0",
                 "node_id": "node-1", "topology": {"zone": "a"}, "max_volumes": 16,
+                "allocatable_update_period_s": 60,
+                "allocatable_refreshed_at": "2026-11-21T12:00:00.004Z",
             },
             {
                 "name": "early.example.com", "endpoint": "/csi/early.sock", "version": "1.0",
                 "node_id": null, "topology": {}, "max_volumes": null,
+                "allocatable_update_period_s": null, "allocatable_refreshed_at": null,
             },
         ],
         "node": {

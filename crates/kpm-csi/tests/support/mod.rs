@@ -4,6 +4,7 @@
 
 // A failed setup fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(dead_code, reason = "each test binary uses a part of the fake driver")]
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io;
