@@ -37,6 +37,9 @@ pub struct DesiredPlugin {
     pub socket_path: PathBuf,
     /// Its current incarnation.
     pub generation: Generation,
+    /// Why it is held back from registration, if it is (see
+    /// [`DesiredState::hold`]).
+    pub held: Option<String>,
 }
 
 /// The set of registration sockets present on disk, keyed by socket path.
@@ -52,22 +55,37 @@ pub struct DesiredState {
 
 #[derive(Debug, Default)]
 struct Inner {
-    plugins: HashMap<PathBuf, Generation>,
+    plugins: HashMap<PathBuf, Entry>,
     last_generation: u64,
     /// Paths added, re-created or removed since the last `take_changed`.
     changed: HashSet<PathBuf>,
 }
 
+/// A socket's incarnation, and whether it is held back.
+#[derive(Debug)]
+struct Entry {
+    generation: Generation,
+    held: Option<String>,
+}
+
 impl Inner {
-    /// Gives `socket_path` the next generation and notes it as changed.
+    /// Gives `socket_path` the next generation, not held, and notes it as
+    /// changed.
     fn new_generation(&mut self, socket_path: &Path) -> Generation {
         self.last_generation += 1;
         let generation = Generation(self.last_generation);
-        if let Some(old) = self.plugins.insert(socket_path.to_path_buf(), generation) {
+        let entry = Entry { generation, held: None };
+        if let Some(old) = self.plugins.insert(socket_path.to_path_buf(), entry) {
+            let old = old.generation;
             tracing::debug!(socket = %socket_path.display(), %old, new = %generation, "new incarnation");
         }
         self.changed.insert(socket_path.to_path_buf());
         generation
+    }
+
+    /// The entry of `socket_path` if it has `generation`.
+    fn entry_of(&mut self, socket_path: &Path, generation: Generation) -> Option<&mut Entry> {
+        self.plugins.get_mut(socket_path).filter(|entry| entry.generation == generation)
     }
 }
 
@@ -94,20 +112,50 @@ impl DesiredState {
     pub fn renew(&self, socket_path: &Path, generation: Generation) -> Option<Generation> {
         let renewed = {
             let mut inner = self.inner.write();
-            if inner.plugins.get(socket_path) != Some(&generation) {
-                return None;
-            }
+            inner.entry_of(socket_path, generation)?;
             inner.new_generation(socket_path)
         };
         self.changes.bump();
         Some(renewed)
     }
 
+    /// Holds the socket back from registration, if it still has
+    /// `generation` and is not held yet: the socket stays (the watcher's
+    /// file is unchanged), but [`registrable`](Self::registrable) has no
+    /// generation for it, so the reconciler deregisters its plugin and
+    /// registers nothing until [`release`](Self::release) or a new
+    /// incarnation. `reason` says why, for the status. Whether it was held.
+    pub fn hold(&self, socket_path: &Path, generation: Generation, reason: String) -> bool {
+        {
+            let mut inner = self.inner.write();
+            match inner.entry_of(socket_path, generation) {
+                Some(entry) if entry.held.is_none() => entry.held = Some(reason),
+                _ => return false,
+            }
+            inner.changed.insert(socket_path.to_path_buf());
+        }
+        self.changes.bump();
+        true
+    }
+
+    /// Ends a [`hold`](Self::hold) of `generation` with a new generation, to
+    /// be registered at once; `None` if the socket is gone, was re-created
+    /// meanwhile, or is not held.
+    pub fn release(&self, socket_path: &Path, generation: Generation) -> Option<Generation> {
+        let released = {
+            let mut inner = self.inner.write();
+            inner.entry_of(socket_path, generation)?.held.as_ref()?;
+            inner.new_generation(socket_path)
+        };
+        self.changes.bump();
+        Some(released)
+    }
+
     /// Forgets the socket; returns the generation it had, `None` if absent.
     pub fn remove(&self, socket_path: &Path) -> Option<Generation> {
         let removed = {
             let mut inner = self.inner.write();
-            let removed = inner.plugins.remove(socket_path);
+            let removed = inner.plugins.remove(socket_path).map(|entry| entry.generation);
             if removed.is_some() {
                 inner.changed.insert(socket_path.to_path_buf());
             }
@@ -124,9 +172,17 @@ impl DesiredState {
         self.inner.read().plugins.contains_key(socket_path)
     }
 
-    /// The current generation of the socket, if present.
+    /// The current generation of the socket, if present (held or not).
     pub fn generation(&self, socket_path: &Path) -> Option<Generation> {
-        self.inner.read().plugins.get(socket_path).copied()
+        self.inner.read().plugins.get(socket_path).map(|entry| entry.generation)
+    }
+
+    /// The generation of the socket to register: its current one, unless
+    /// it is absent or [held](Self::hold).
+    pub fn registrable(&self, socket_path: &Path) -> Option<Generation> {
+        let inner = self.inner.read();
+        let entry = inner.plugins.get(socket_path)?;
+        entry.held.is_none().then_some(entry.generation)
     }
 
     /// How many sockets exist.
@@ -146,9 +202,10 @@ impl DesiredState {
             .read()
             .plugins
             .iter()
-            .map(|(path, generation)| DesiredPlugin {
+            .map(|(path, entry)| DesiredPlugin {
                 socket_path: path.clone(),
-                generation: *generation,
+                generation: entry.generation,
+                held: entry.held.clone(),
             })
             .collect();
         plugins.sort_unstable_by(|a, b| a.socket_path.cmp(&b.socket_path));
@@ -201,11 +258,39 @@ mod tests {
     }
 
     #[test]
+    fn a_held_socket_stays_but_is_not_registrable_until_released_or_recreated() {
+        let dsw = DesiredState::new();
+        let socket = Path::new(SOCKET);
+        let first = dsw.add_or_update(socket).unwrap();
+        dsw.take_changed();
+        assert!(dsw.hold(socket, first, "endpoint gone".into()));
+        assert!(!dsw.hold(socket, first, "again".into()), "held once");
+        assert_eq!(dsw.take_changed(), [socket.to_path_buf()], "the reconciler looks again");
+        assert!(dsw.contains(socket));
+        assert_eq!((dsw.generation(socket), dsw.registrable(socket)), (Some(first), None));
+        assert_eq!(dsw.snapshot()[0].held.as_deref(), Some("endpoint gone"));
+
+        let released = dsw.release(socket, first).unwrap();
+        assert!(released > first);
+        assert_eq!(dsw.registrable(socket), Some(released));
+        assert_eq!(dsw.release(socket, released), None, "not held");
+
+        assert!(dsw.hold(socket, released, "gone again".into()));
+        let recreated = dsw.add_or_update(socket).unwrap();
+        assert_eq!(dsw.registrable(socket), Some(recreated), "a new file is not held");
+        assert_eq!(dsw.release(socket, released), None, "an older incarnation");
+        assert!(!dsw.hold(socket, released, "stale".into()), "an older incarnation");
+    }
+
+    #[test]
     fn add_new_plugin() {
         let dsw = DesiredState::new();
         let generation = dsw.add_or_update(Path::new(SOCKET)).unwrap();
         let snapshot = dsw.snapshot();
-        assert_eq!(snapshot, [DesiredPlugin { socket_path: SOCKET.into(), generation }]);
+        assert_eq!(
+            snapshot,
+            [DesiredPlugin { socket_path: SOCKET.into(), generation, held: None }]
+        );
         assert!(dsw.contains(Path::new(SOCKET)));
     }
 

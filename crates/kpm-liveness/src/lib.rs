@@ -41,6 +41,7 @@
 
 #![deny(missing_docs)]
 
+mod endpoints;
 mod exits;
 mod monitor;
 mod probe;

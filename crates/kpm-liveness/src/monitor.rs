@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use kpm_api::FileId;
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
@@ -17,8 +18,9 @@ use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
+use crate::endpoints::{EndpointWatch, socket_at, watched_path};
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{Kept, Probed, Reachability, Via, probe, reach};
+use crate::probe::{Kept, Probed, Reachability, Via, accepts, probe, reach};
 use crate::{HeldConnections, LivenessConfig, LivenessError};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -43,6 +45,11 @@ pub struct LivenessStats {
     pub failed_probes: u64,
     /// Plugins registered anew because they exited or stopped answering.
     pub renewals: u64,
+    /// Plugin endpoints watched on the filesystem now.
+    pub watched_endpoints: usize,
+    /// Plugins deregistered because their endpoint was removed or
+    /// replaced (held until it is back, or registered anew).
+    pub endpoints_gone: u64,
     /// Whether the kernel can tell kpm that a process exited (pidfds).
     pub exit_watch_supported: bool,
 }
@@ -58,6 +65,8 @@ struct Counters {
     probe_connections: Arc<AtomicUsize>,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
+    watched_endpoints: AtomicUsize,
+    endpoints_gone: AtomicU64,
     /// Set once `pidfd_open` says the kernel has no pidfds.
     no_pidfd: AtomicBool,
 }
@@ -146,6 +155,8 @@ impl LivenessMonitor {
             probe_connections: c.probe_connections.load(Ordering::Relaxed),
             failed_probes: c.failed_probes.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
+            watched_endpoints: c.watched_endpoints.load(Ordering::Relaxed),
+            endpoints_gone: c.endpoints_gone.load(Ordering::Relaxed),
             exit_watch_supported: !c.no_pidfd.load(Ordering::Relaxed),
         }
     }
@@ -183,6 +194,11 @@ impl LivenessMonitor {
                         state.suspect(&endpoint);
                     }
                 }
+                endpoints = state.endpoints.changed() => {
+                    for endpoint in endpoints {
+                        state.look_at_endpoint(&endpoint);
+                    }
+                }
                 Some(done) = state.tasks.join_next() => {
                     // Aborted watches of processes nobody follows any more.
                     if let Ok(done) = done {
@@ -194,6 +210,7 @@ impl LivenessMonitor {
         state.tasks.shutdown().await;
         self.counters.followed.store(0, Ordering::Relaxed);
         self.counters.watched_processes.store(0, Ordering::Relaxed);
+        self.counters.watched_endpoints.store(0, Ordering::Relaxed);
         tracing::debug!("liveness monitor stopped");
     }
 }
@@ -206,6 +223,11 @@ const PROBE_TICK: Duration = Duration::from_secs(2);
 /// looked at once more: a process being killed drops its connections first
 /// and may close its listener a while later on a loaded machine.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a socket file that appeared at a held plugin's endpoint may
+/// refuse connections before the plugin is registered anyway (and told
+/// why it fails): a server binds its file a moment before it listens.
+const LISTEN_WINDOW: Duration = Duration::from_secs(5);
 
 /// A plugin incarnation the monitor follows.
 #[derive(Debug)]
@@ -221,6 +243,10 @@ struct Followed {
     pid: Option<u32>,
     /// The endpoint it reported in `GetInfo`, as a path (see `State::served_at`).
     endpoint: PathBuf,
+    /// Whether its endpoint is watched (see `endpoints`), and the socket
+    /// file there when it was followed, or first seen after.
+    endpoint_watched: bool,
+    endpoint_file: Option<FileId>,
     /// The connection its last probe answered on, if the monitor keeps it
     /// (see `probe`); taken while a probe runs.
     kept: Option<Kept>,
@@ -244,6 +270,12 @@ enum Done {
     Exited {
         pid: u32,
         exit: Exit,
+    },
+    /// A socket file appeared at `endpoint`, where held plugins wait; it
+    /// accepted a connection, or not within [`LISTEN_WINDOW`].
+    EndpointBack {
+        endpoint: PathBuf,
+        accepts: bool,
     },
     /// `socket` was checked because of `cause` (its process exited, a
     /// connection to its plugin dropped).
@@ -269,6 +301,12 @@ struct State<'a> {
     /// The origin of the grid of probe ticks.
     origin: Instant,
     tasks: JoinSet<Done>,
+    endpoints: EndpointWatch,
+    /// Sockets held back because their endpoint is gone, by endpoint: each
+    /// released when a socket appears there.
+    held: HashMap<PathBuf, HashMap<PathBuf, Generation>>,
+    /// Held plugins' endpoints where a socket appeared, being tried.
+    awaited: HashSet<PathBuf>,
 }
 
 impl<'a> State<'a> {
@@ -281,6 +319,9 @@ impl<'a> State<'a> {
             served_at: HashMap::new(),
             origin: Instant::now(),
             tasks: JoinSet::new(),
+            endpoints: EndpointWatch::new(),
+            held: HashMap::new(),
+            awaited: HashSet::new(),
         }
     }
 
@@ -333,19 +374,169 @@ impl<'a> State<'a> {
         if let Some(pid) = pid {
             self.watch(pid, &socket);
         }
-        let endpoint = PathBuf::from(info.endpoint.trim_start_matches("unix://"));
+        self.unhold(&socket);
+        let watched = watched_path(&info.endpoint, &socket);
+        let endpoint = watched
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(info.endpoint.trim_start_matches("unix://")));
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
+        // Armed before the file is read: a change after the read is an event.
+        if watched.is_some() {
+            self.arm(&endpoint);
+        }
+        let endpoint_file = watched.as_deref().and_then(socket_at);
         let followed = Followed {
             generation,
             next_probe,
             probing: false,
             failures: 0,
             pid,
-            endpoint,
+            endpoint: endpoint.clone(),
+            endpoint_watched: watched.is_some(),
+            endpoint_file,
             kept: None,
         };
         self.followed.insert(socket, followed);
         self.count_followed();
+        // Gone between its registration and now: no event will say so.
+        if watched.is_some() && endpoint_file.is_none() {
+            self.look_at_endpoint(&endpoint);
+        }
+    }
+
+    /// Forgets a held `socket`: registered again, in whichever incarnation.
+    fn unhold(&mut self, socket: &Path) {
+        let emptied: Vec<PathBuf> = self
+            .held
+            .iter_mut()
+            .filter_map(|(endpoint, sockets)| {
+                (sockets.remove(socket).is_some() && sockets.is_empty()).then(|| endpoint.clone())
+            })
+            .collect();
+        for endpoint in emptied {
+            self.held.remove(&endpoint);
+            self.disarm_if_unused(&endpoint);
+        }
+    }
+
+    fn arm(&mut self, endpoint: &Path) {
+        if let Err(error) = self.endpoints.arm(endpoint) {
+            tracing::warn!(
+                endpoint = %endpoint.display(), %error,
+                "cannot watch a plugin's endpoint; its removal is left to the probes"
+            );
+        }
+        self.count_endpoints();
+    }
+
+    /// Stops watching `endpoint` once no followed or held plugin uses it.
+    fn disarm_if_unused(&mut self, endpoint: &Path) {
+        let watched_for = |f: &Followed| f.endpoint == endpoint && f.endpoint_watched;
+        if self.held.contains_key(endpoint) || self.followed.values().any(watched_for) {
+            return;
+        }
+        self.endpoints.disarm(endpoint);
+        self.count_endpoints();
+    }
+
+    fn count_endpoints(&self) {
+        let armed = self.endpoints.len();
+        self.monitor.counters.watched_endpoints.store(armed, Ordering::Relaxed);
+    }
+
+    /// Something changed where `endpoint` is: a plugin whose endpoint
+    /// socket is gone is held back until one is there again, one whose
+    /// socket was replaced by another file is registered anew, held ones
+    /// are released when a socket is there.
+    fn look_at_endpoint(&mut self, endpoint: &Path) {
+        // Moves the watch down to the endpoint's directory once it exists.
+        self.arm(endpoint);
+        let now = socket_at(endpoint);
+        let served: Vec<(PathBuf, Generation, Option<FileId>)> = self
+            .served_at
+            .get(endpoint)
+            .into_iter()
+            .flatten()
+            .filter_map(|socket| {
+                let followed = self.followed.get(socket).filter(|f| f.endpoint_watched)?;
+                Some((socket.clone(), followed.generation, followed.endpoint_file))
+            })
+            .collect();
+        for (socket, generation, was) in served {
+            match (was, now) {
+                (Some(was), Some(now)) if was != now => {
+                    self.monitor.counters.endpoints_gone.fetch_add(1, Ordering::Relaxed);
+                    let reason = format!("its endpoint {} was replaced", endpoint.display());
+                    self.renew(&socket, generation, 0, reason);
+                }
+                (_, None) => self.hold(&socket, generation, endpoint),
+                // Served again before it was followed: that file is its own.
+                (None, Some(now)) => {
+                    if let Some(followed) = self.followed.get_mut(&socket) {
+                        followed.endpoint_file = Some(now);
+                    }
+                }
+                (Some(_), Some(_)) => {}
+            }
+        }
+        if now.is_some() && self.held.contains_key(endpoint) && self.awaited.insert(endpoint.into())
+        {
+            let (endpoint, budget) = (endpoint.to_path_buf(), self.monitor.budget.clone());
+            self.tasks.spawn(async move {
+                let accepts = accepts(&endpoint, LISTEN_WINDOW, &budget).await;
+                Done::EndpointBack { endpoint, accepts }
+            });
+        }
+        self.disarm_if_unused(endpoint);
+    }
+
+    /// A socket is at `endpoint` again: its held plugins are registered.
+    fn endpoint_back(&mut self, endpoint: &Path, accepts: bool) {
+        self.awaited.remove(endpoint);
+        // Gone again meanwhile: its removal was an event of its own.
+        if socket_at(endpoint).is_none() {
+            return;
+        }
+        let Some(held) = self.held.remove(endpoint) else { return };
+        for (socket, generation) in held {
+            if self.monitor.desired.release(&socket, generation).is_some() {
+                tracing::info!(
+                    socket = %socket.display(), endpoint = %endpoint.display(), accepts,
+                    "the plugin's endpoint is back; registering it again"
+                );
+            }
+        }
+        self.disarm_if_unused(endpoint);
+    }
+
+    /// The plugin's endpoint socket is gone: deregistered, through the
+    /// executor, and not registered again until the endpoint is back (a
+    /// registration now could only fail, and node-driver-registrar exits
+    /// when told so).
+    fn hold(&mut self, socket: &Path, generation: Generation, endpoint: &Path) {
+        let info = self.monitor.actual.get(socket).filter(|info| info.generation == generation);
+        let reason = format!("its endpoint {} was removed; waiting for it", endpoint.display());
+        let held = info.filter(|_| self.monitor.desired.hold(socket, generation, reason.clone()));
+        if held.is_some() {
+            // Before `forget`, which stops watching an endpoint nobody needs.
+            let sockets = self.held.entry(endpoint.to_path_buf()).or_default();
+            sockets.insert(socket.to_path_buf(), generation);
+        }
+        self.forget(socket, Some(generation));
+        let Some(info) = held else { return };
+        self.monitor.counters.endpoints_gone.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            endpoint = %endpoint.display(), "the plugin's endpoint was removed; deregistering it"
+        );
+        self.monitor.events.publish(PluginEvent::Unresponsive {
+            socket: socket.to_path_buf(),
+            generation,
+            plugin_type: info.plugin_type,
+            name: info.name,
+            failures: 0,
+            reason,
+        });
     }
 
     /// When a newly followed plugin is first probed: on a random tick of the
@@ -383,6 +574,9 @@ impl<'a> State<'a> {
             if sockets.is_empty() {
                 self.served_at.remove(&followed.endpoint);
             }
+        }
+        if followed.endpoint_watched {
+            self.disarm_if_unused(&followed.endpoint);
         }
     }
 
@@ -466,6 +660,7 @@ impl<'a> State<'a> {
                 self.judge(&socket, generation, probed);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
+            Done::EndpointBack { endpoint, accepts } => self.endpoint_back(&endpoint, accepts),
             Done::Reached { socket, generation, cause, reachability, again } => {
                 self.monitor.counters.socket_checks.fetch_add(1, Ordering::Relaxed);
                 match reachability {

@@ -186,6 +186,13 @@ pub(crate) async fn reach(socket: &Path, budget: &FdBudget) -> Reachability {
     }
 }
 
+/// Whether `endpoint` accepts a connection within `window`, refusals
+/// retried (a server binds its socket file a moment before it listens).
+pub(crate) async fn accepts(endpoint: &Path, window: Duration, budget: &FdBudget) -> bool {
+    let permit = budget.acquire().await;
+    uds::connect_with_permit(endpoint, window, permit).await.is_ok()
+}
+
 fn is_absence(err: &io::Error) -> bool {
     matches!(err.kind(), io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound)
 }

@@ -359,7 +359,8 @@ impl Reconciler {
 
     /// What `socket` needs, if anything.
     fn decide(&self, socket: &Path) -> Option<Action> {
-        let desired = self.desired.generation(socket);
+        // A held socket is not to be registered: as if absent.
+        let desired = self.desired.registrable(socket);
         let registered = match self.actual.generation(socket) {
             Some(generation) if Some(generation) == desired => return None,
             // Fetched only now: most sockets are in sync and need no copy.

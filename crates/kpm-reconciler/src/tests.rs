@@ -80,6 +80,23 @@ fn each_socket_is_decided_from_its_two_generations() {
 }
 
 #[test]
+fn a_held_socket_is_deregistered_and_not_registered_until_released() {
+    let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
+    let r = reconciler(&desired, &actual);
+    let socket = Path::new("/r/p.sock");
+    let first = desired.add_or_update(socket).unwrap();
+    actual.add(registered(socket, first)).unwrap();
+    assert!(desired.hold(socket, first, "its endpoint is gone".into()));
+    assert_eq!(r.decide(socket).as_ref().map(kind), Some(("unregister", Some(first))));
+
+    actual.remove(socket);
+    assert_eq!(r.decide(socket).as_ref().map(kind), Some(("forget", None)), "nothing to register");
+
+    let released = desired.release(socket, first).unwrap();
+    assert_eq!(r.decide(socket).as_ref().map(kind), Some(("register", Some(released))));
+}
+
+#[test]
 fn a_batch_unregisters_before_it_registers_each_phase_in_path_order() {
     let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
     let r = reconciler(&desired, &actual);

@@ -27,6 +27,10 @@ pub enum PluginState {
     Failed,
     /// Still registered, but its socket is gone: being deregistered.
     Deregistering,
+    /// Held back from registration while the endpoint its plugin reported
+    /// is gone (`last_error` says which): deregistered, and registered
+    /// again as soon as the endpoint is back.
+    Held,
 }
 
 impl PluginState {
@@ -38,6 +42,7 @@ impl PluginState {
             Self::BackingOff { .. } => "backing_off",
             Self::Failed => "failed",
             Self::Deregistering => "deregistering",
+            Self::Held => "held",
         }
     }
 
@@ -238,8 +243,14 @@ pub(crate) fn snapshot(
             let registered =
                 actual.get(&plugin.socket_path).filter(|info| info.generation == plugin.generation);
             let operation = operations.status(&plugin.socket_path);
-            let state = state_of(registered.is_some(), operation.as_ref());
-            let last_error = operation.and_then(|op| op.last_error);
+            let (state, last_error) = match plugin.held {
+                Some(reason) if registered.is_some() => (PluginState::Deregistering, Some(reason)),
+                Some(reason) => (PluginState::Held, Some(reason)),
+                None => (
+                    state_of(registered.is_some(), operation.as_ref()),
+                    operation.and_then(|op| op.last_error),
+                ),
+            };
             match registered {
                 Some(info) => status_of(info, state, last_error),
                 None => PluginStatus {

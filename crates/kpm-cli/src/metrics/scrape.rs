@@ -245,37 +245,8 @@ impl Reading {
             "Sockets the operation executor keeps an entry for (running, backing off, failed).",
             self.operations,
         )?;
-        if let Some(liveness) = self.liveness {
-            gauge(
-                encoder,
-                "kpm_liveness_watched_processes",
-                "Plugin processes watched for exit (pidfds).",
-                liveness.watched_processes,
-            )?;
-            counter(
-                encoder,
-                "kpm_liveness_process_exits",
-                "Watched plugin processes that exited.",
-                liveness.exits,
-            )?;
-            counter(
-                encoder,
-                "kpm_liveness_probes",
-                "GetInfo liveness probes made.",
-                liveness.probes,
-            )?;
-            counter(
-                encoder,
-                "kpm_liveness_probe_failures",
-                "GetInfo liveness probes that failed.",
-                liveness.failed_probes,
-            )?;
-            gauge(
-                encoder,
-                "kpm_liveness_probe_connections",
-                "Connections kept open between liveness probes, for plugins no handler holds one to.",
-                liveness.probe_connections,
-            )?;
+        if let Some(liveness) = &self.liveness {
+            encode_liveness(liveness, encoder)?;
         }
         if let Some(tasks) = self.tasks {
             gauge(encoder, "kpm_tokio_tasks", "Tasks alive in kpm's async runtime.", tasks)?;
@@ -329,6 +300,48 @@ impl Reading {
 /// One `{type}` sample per plugin type.
 fn by_type(counts: &BTreeMap<String, u64>) -> impl Iterator<Item = ([(&str, &str); 1], u64)> {
     counts.iter().map(|(plugin_type, count)| ([("type", plugin_type.as_str())], *count))
+}
+
+/// What liveness did: watched processes and endpoints, exits, probes.
+fn encode_liveness(liveness: &LivenessStats, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+    gauge(
+        encoder,
+        "kpm_liveness_watched_processes",
+        "Plugin processes watched for exit (pidfds).",
+        liveness.watched_processes,
+    )?;
+    counter(
+        encoder,
+        "kpm_liveness_process_exits",
+        "Watched plugin processes that exited.",
+        liveness.exits,
+    )?;
+    counter(encoder, "kpm_liveness_probes", "GetInfo liveness probes made.", liveness.probes)?;
+    counter(
+        encoder,
+        "kpm_liveness_probe_failures",
+        "GetInfo liveness probes that failed.",
+        liveness.failed_probes,
+    )?;
+    gauge(
+        encoder,
+        "kpm_liveness_probe_connections",
+        "Connections kept open between liveness probes, for plugins no handler holds one to.",
+        liveness.probe_connections,
+    )?;
+    gauge(
+        encoder,
+        "kpm_liveness_watched_endpoints",
+        "Plugin endpoints (service sockets) watched on the filesystem.",
+        liveness.watched_endpoints,
+    )?;
+    counter(
+        encoder,
+        "kpm_liveness_endpoints_gone",
+        "Plugins deregistered because their endpoint socket was removed or replaced.",
+        liveness.endpoints_gone,
+    )?;
+    Ok(())
 }
 
 /// The manager's counts of what happened to plugins.
