@@ -139,14 +139,18 @@ async fn without_pidfds_exits_are_left_to_the_probes_and_said_once() {
 async fn a_dropped_endpoint_gets_the_sockets_of_its_plugins_checked_and_no_others() {
     let monitor = monitor();
     let mut state = State::new(&monitor);
-    let endpoint = Path::new("/plugins/driver/dra.sock");
+    // A socket there: a missing endpoint would have its plugins held.
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = dir.path().join("dra.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&endpoint).unwrap();
+    let endpoint = endpoint.as_path();
     let sockets = ["/registry/a.sock", "/registry/b.sock", "/registry/c.sock"].map(PathBuf::from);
     for (socket, served_at) in sockets.iter().zip([
-        "unix:///plugins/driver/dra.sock",
-        "/plugins/driver/dra.sock",
-        "/elsewhere.sock",
+        format!("unix://{}", endpoint.display()),
+        endpoint.display().to_string(),
+        "/registry/c.sock".to_owned(),
     ]) {
-        let generation = register_at(&monitor, socket, served_at, None);
+        let generation = register_at(&monitor, socket, &served_at, None);
         state.follow(socket.clone(), generation);
     }
     state.forget(&sockets[1], None);
@@ -162,7 +166,7 @@ async fn a_dropped_endpoint_gets_the_sockets_of_its_plugins_checked_and_no_other
     assert_eq!(
         checked,
         [
-            (sockets[0].clone(), "its connection to /plugins/driver/dra.sock dropped".to_owned()),
+            (sockets[0].clone(), format!("its connection to {} dropped", endpoint.display())),
             (sockets[2].clone(), "its connection to /registry/c.sock dropped".to_owned()),
         ]
     );
