@@ -41,6 +41,11 @@ const SCENARIOS: &[Scenario] = &[
         run: node_driver_registrar,
     },
     Scenario {
+        name: "csi-endpoint",
+        programs: &["node-driver-registrar", "hostpathplugin"],
+        run: csi_endpoint,
+    },
+    Scenario {
         name: "generic-device-plugin",
         programs: &["generic-device-plugin"],
         run: generic_device_plugin,
@@ -199,6 +204,67 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     })?;
     eprintln!("deregistered");
     drop(driver);
+    kpm.stop()
+}
+
+/// kubernetes #132660 under the real pair: hostpathplugin's `csi.sock` is
+/// removed while it and node-driver-registrar keep running. kpm
+/// deregisters the driver at once and holds it, never telling
+/// node-driver-registrar `false` (it exits on that). hostpathplugin,
+/// restarted, binds `csi.sock` again, and the driver is registered again
+/// through the same node-driver-registrar process.
+fn csi_endpoint(env: &Env, root: &Path) -> Result {
+    const SCENARIO: &str = "csi-endpoint";
+    let kpm = start_kpm(env, root, SCENARIO)?;
+    let csi_dir = root.join("plugins/csi-hostpath");
+    fs::create_dir_all(&csi_dir)?;
+    let csi_sock = csi_dir.join("csi.sock");
+    let name = "hostpath.csi.k8s.io";
+    let mut driver = hostpath(env, SCENARIO, root, name, &csi_sock, &[])?;
+    wait_until("hostpathplugin serves its socket", STEP_TIMEOUT, || Ok(csi_sock.exists()))?;
+    let mut registrar = peer(
+        env,
+        SCENARIO,
+        "node-driver-registrar",
+        &[
+            &format!("--csi-address={}", csi_sock.display()),
+            &format!("--kubelet-registration-path={}", csi_sock.display()),
+            &format!("--plugin-registration-path={}", root.join("plugins_registry").display()),
+        ],
+    )?;
+    let listed = |list: &serde_json::Value| find(&list["csi_drivers"], "name", name).is_some();
+    wait_for_list(&kpm, "the driver registered", |list| Ok(listed(list).then_some(())))?;
+
+    fs::remove_file(&csi_sock)?;
+    let removed = Instant::now();
+    let reason = wait_for_list(&kpm, "the driver deregistered and held", |list| {
+        let held = list["plugins"].as_array().into_iter().flatten().find(|p| p["state"] == "held");
+        Ok(held.filter(|_| !listed(list)).map(|p| p["last_error"].to_string()))
+    })?;
+    eprintln!(
+        "csi.sock removed: deregistered and held after {} ms ({reason})",
+        removed.elapsed().as_millis()
+    );
+
+    driver.stop(STOP_TIMEOUT)?;
+    let _driver = hostpath(env, SCENARIO, root, name, &csi_sock, &[])?;
+    let restarted = Instant::now();
+    wait_for_list(&kpm, "the driver registered again", |list| Ok(listed(list).then_some(())))?;
+    eprintln!(
+        "hostpathplugin restarted: registered again {} ms after it started",
+        restarted.elapsed().as_millis()
+    );
+    if let Some(status) = registrar.child.try_wait()? {
+        return Err(format!("node-driver-registrar exited meanwhile: {status}").into());
+    }
+    let told = registrar.error_lines()?;
+    let told: Vec<&String> =
+        told.iter().filter(|line| line.contains("Received NotifyRegistrationStatus")).collect();
+    if told.len() != 2 || !told.iter().all(|line| line.contains("plugin_registered:true")) {
+        return Err(format!("node-driver-registrar was told: {told:#?}").into());
+    }
+    eprintln!("node-driver-registrar, still the same process, was told registered twice");
+    registrar.stop(STOP_TIMEOUT)?;
     kpm.stop()
 }
 

@@ -254,8 +254,11 @@ impl KubeletBuilder {
             .fd_budget(self.fd_budget.clone());
         let mut handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)> = Vec::new();
 
+        // Followed from the cluster's CSIDrivers, so only with `kube`.
+        #[cfg(feature = "kube")]
+        let csi_periods;
         #[cfg(feature = "csi")]
-        let (csi_drivers, node_info, csi_periods) = {
+        let (csi_drivers, node_info) = {
             // The default sink is kept in memory, so that it can be shown.
             let (sink, memory): (Arc<dyn crate::csi::NodeInfoSink>, _) =
                 if let Some(sink) = self.node_info {
@@ -266,9 +269,13 @@ impl KubeletBuilder {
                 };
             let csi =
                 crate::csi::CsiHandler::new(sink, self.csi).with_fd_budget(self.fd_budget.clone());
-            let (drivers, periods) = (csi.drivers(), csi.allocatable_update_periods());
+            #[cfg(feature = "kube")]
+            {
+                csi_periods = csi.allocatable_update_periods();
+            }
+            let drivers = csi.drivers();
             handlers.push((PluginKind::Csi, Arc::new(csi)));
-            (drivers, memory, periods)
+            (drivers, memory)
         };
 
         #[cfg(feature = "device")]
