@@ -176,22 +176,25 @@ async fn a_csidrivers_update_period_has_the_csinode_count_follow_the_driver() {
         .await
         .unwrap();
     assert!(plugin.wait_for_status(DEADLINE).await.unwrap().plugin_registered);
-    let patches = || -> Vec<String> {
-        seen.lock().iter().filter(|r| r.starts_with(CSINODE_PATCH)).cloned().collect()
+    // The bodies of the CSINode patches.
+    let patches = || -> Vec<serde_json::Value> {
+        let seen = seen.lock();
+        let bodies = seen.iter().filter_map(|r| r.strip_prefix(CSINODE_PATCH));
+        bodies.map(|body| serde_json::from_str(body).unwrap()).collect()
     };
 
     // Three periods with the same count: no patch.
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(patches(), Vec::<String>::new());
+    assert_eq!(patches(), Vec::<serde_json::Value>::new());
     std::fs::write(&limit, "40").unwrap();
     let changed = tokio::time::Instant::now();
     wait_until("the new count is patched", || !patches().is_empty()).await;
     assert!(changed.elapsed() <= Duration::from_secs(10), "within one period");
     assert_eq!(
         patches(),
-        [format!(
-            r#"{CSINODE_PATCH} {{"spec":{{"drivers":[{{"allocatable":{{"count":40}},"name":"{CSI_DRIVER}"}}]}}}}"#
-        )]
+        [
+            serde_json::json!({"spec": {"drivers": [{"name": CSI_DRIVER, "allocatable": {"count": 40}}]}})
+        ]
     );
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(patches().len(), 1, "one patch per change");
