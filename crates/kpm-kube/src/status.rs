@@ -20,19 +20,26 @@ pub enum ObjectKind {
     NodeStatus,
     /// The node's ResourceSlices of DRA drivers that went away.
     ResourceSlice,
+    /// What an earlier run published (device resources, CSI drivers):
+    /// reading kpm's fields at start, and removing those no plugin claimed
+    /// within the grace period.
+    Leftovers,
 }
 
 impl ObjectKind {
     /// Every kind, in display order.
-    pub const ALL: [Self; 4] = [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice];
+    pub const ALL: [Self; 5] =
+        [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice, Self::Leftovers];
 
-    /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for the subresource.
+    /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for
+    /// the subresource, `Leftovers` for the clean-up of an earlier run's.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Node => "Node",
             Self::CsiNode => "CSINode",
             Self::NodeStatus => "Node status",
             Self::ResourceSlice => "ResourceSlice",
+            Self::Leftovers => "Leftovers",
         }
     }
 }
