@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -13,6 +15,7 @@ use kpm::{Kubelet, PluginState};
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrarBuilder};
 use kpm_test_support::{DEADLINE, wait_until};
+use support::serve_service;
 
 /// A kubelet, with liveness on (probes far off: the endpoint watch alone
 /// must find the removal), running on a temp root until the test ends.
@@ -88,22 +91,6 @@ impl Node {
         assert!(plugin.statuses().iter().all(|told| told.plugin_registered), "never told false");
         service
     }
-}
-
-/// Serves a plugin's own service on `socket` until the task is aborted.
-async fn serve_service(
-    socket: &Path,
-    routes: tonic::service::Routes,
-) -> tokio::task::JoinHandle<()> {
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let incoming = kpm::transport::bind(socket).await.unwrap();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use kpm::{BasicHandler, Kubelet, PluginKind};
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin, StubDraDriver};
 use kpm_registrar::{Registrar, RegistrarBuilder};
 use kpm_test_support::{DEADLINE, wait_until};
+use support::serve_service;
 
 /// A kubelet running on a temp root until the test ends.
 struct Node {
@@ -69,22 +72,6 @@ impl Node {
         drop(self.stop.take());
         self.running.await.unwrap().unwrap();
     }
-}
-
-/// Serves a plugin's own service on `socket` until the task is aborted.
-async fn serve_service(
-    socket: &Path,
-    routes: tonic::service::Routes,
-) -> tokio::task::JoinHandle<()> {
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let incoming = kpm::transport::bind(socket).await.unwrap();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await
-            .unwrap();
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

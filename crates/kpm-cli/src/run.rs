@@ -113,6 +113,16 @@ pub(crate) struct RunArgs {
         env = "KPM_DEVICE_CLEANUP_GRACE"
     )]
     device_cleanup_grace: u64,
+    /// How long a CSI driver an earlier run published on the Node and its
+    /// CSINode has to register before it is withdrawn, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = kpm::kube::DEFAULT_CSI_CLEANUP_GRACE.as_secs(),
+        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        env = "KPM_CSI_CLEANUP_GRACE"
+    )]
+    csi_cleanup_grace: u64,
     /// How long a client of kpm's servers (kubelet.sock, the status socket,
     /// metrics) may take to send its HTTP/2 preface or first HTTP/1 request
     /// before its connection is closed, in seconds.
@@ -223,7 +233,9 @@ async fn kubernetes(args: &RunArgs) -> Result<Option<KubePublisher>, CliError> {
         return Ok(None);
     };
     let node = node_name(args.node_name.as_deref())?;
-    Ok(Some(KubePublisher::new(client, node, kube::KubeConfig::default())?))
+    let config =
+        kube::KubeConfig::default().csi_cleanup_grace(Duration::from_secs(args.csi_cleanup_grace));
+    Ok(Some(KubePublisher::new(client, node, config)?))
 }
 
 /// A client of the API server: through `kubeconfig` (`--kubeconfig` or

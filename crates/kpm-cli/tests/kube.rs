@@ -86,7 +86,10 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
         .iter()
         .map(|object| object["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["Node", "CSINode", "Node status", "ResourceSlice", "CSIDriver"]);
+    assert_eq!(
+        kinds,
+        ["Node", "CSINode", "Node status", "ResourceSlice", "CSIDriver", "Leftovers"]
+    );
     let status = object(kubernetes, "Node status");
     assert!(status["last_success"].is_null(), "{status}");
     assert!(status["last_error"]["at"].as_str().unwrap().ends_with('Z'), "{status}");

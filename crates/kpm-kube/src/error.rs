@@ -92,4 +92,9 @@ impl KubeError {
     pub(crate) fn is_not_found(&self) -> bool {
         self.status_code() == Some(404)
     }
+
+    /// A 403: kpm's credentials do not allow the request.
+    pub(crate) fn is_forbidden(&self) -> bool {
+        self.status_code() == Some(403)
+    }
 }

@@ -16,6 +16,27 @@
 //!   instance has stayed connected for the grace period, and the drivers
 //!   with slices of this node at start, whose slices go the same way unless
 //!   they register within the grace period.
+//! - **An earlier run's leftovers.** After a restart the kubelet restores
+//!   its device resources from its checkpoint (published at zero until
+//!   their plugins register again), and a CSINode entry whose driver never
+//!   comes back stays for good (kubernetes #94388). kpm keeps no
+//!   checkpoint; it reads at start what its field manager owns on the Node
+//!   and the CSINode (`metadata.managedFields`, entries of manager
+//!   [`FIELD_MANAGER`] that no other manager shares) and removes what no
+//!   plugin registers within a grace period. Device resources
+//!   ([`KubePublisher::publish_capacity`]) keep the counts the Node shows
+//!   until the device manager has devices for them, so nothing flaps when
+//!   the plugin comes back; after the device grace period (5 min, from the
+//!   start) the others leave as any resource whose plugin went away: zero,
+//!   then removed. CSI drivers ([`KubePublisher::clean_up_csi_leftovers`])
+//!   not in the CSI handler's store after [`KubeConfig::csi_cleanup_grace`]
+//!   (30 s) are withdrawn as a deregistration withdraws them: the CSINode
+//!   entry and the node-id annotation entry; topology labels stay, as the
+//!   kubelet never removes them. The annotation is one field for every
+//!   driver, so a driver's entry there is kpm's when its CSINode entry is
+//!   (or, when kpm owns the annotation, when the driver has no CSINode
+//!   entry at all). A read kpm is not allowed is logged once and that
+//!   clean-up skipped; a missing Node has nothing left on it.
 //! - **Reading** ([`observe_node`]): what the API server shows of a node
 //!   (CSINode drivers, the node-id annotation, capacity and allocatable,
 //!   the drivers with ResourceSlices there), for `kpm doctor`.
@@ -43,6 +64,8 @@ mod backoff;
 mod capacity;
 mod csi_drivers;
 mod error;
+mod leftovers;
+mod managed_fields;
 mod node_info;
 mod observe;
 mod slices;
@@ -71,6 +94,10 @@ pub const FIELD_MANAGER: &str = "kpm";
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest time between two device-capacity patches by default.
 pub const DEFAULT_CAPACITY_INTERVAL: Duration = Duration::from_millis(500);
+/// How long the CSI drivers an earlier run published have to register by
+/// default before they are withdrawn: the DRA manager's grace for the same
+/// situation, 30 s.
+pub const DEFAULT_CSI_CLEANUP_GRACE: Duration = Duration::from_secs(30);
 
 /// Settings of the publishers. Build it from [`Default`] with the setters;
 /// the fields are public to read.
@@ -83,6 +110,15 @@ pub struct KubeConfig {
     /// The shortest time between two device-capacity patches: changes in
     /// between are coalesced into the next one. Default 500 ms.
     pub capacity_interval: Duration,
+    /// How long after the start a CSI driver an earlier run published has
+    /// to register before kpm withdraws it as a deregistration would
+    /// ([`KubePublisher::clean_up_csi_leftovers`]). Default 30 s, the DRA
+    /// manager's grace for drivers that published before a restart: a
+    /// driver whose socket is in the registry at start is found by the
+    /// watcher's first walk and counts as registered from the start of its
+    /// `RegisterPlugin` (before `NodeGetInfo`), so it makes it within a
+    /// second or two, or after some five retries when it is slow to answer.
+    pub csi_cleanup_grace: Duration,
 }
 
 impl Default for KubeConfig {
@@ -90,6 +126,7 @@ impl Default for KubeConfig {
         Self {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             capacity_interval: DEFAULT_CAPACITY_INTERVAL,
+            csi_cleanup_grace: DEFAULT_CSI_CLEANUP_GRACE,
         }
     }
 }
@@ -111,12 +148,23 @@ impl KubeConfig {
         self
     }
 
-    /// Checks the ranges: `request_timeout` non-zero, both at most
+    /// Sets [`csi_cleanup_grace`](Self::csi_cleanup_grace) (default
+    /// [`DEFAULT_CSI_CLEANUP_GRACE`], 30 s).
+    #[must_use]
+    pub fn csi_cleanup_grace(mut self, grace: Duration) -> Self {
+        self.csi_cleanup_grace = grace;
+        self
+    }
+
+    /// Checks the ranges: `request_timeout` non-zero, all at most
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
     pub fn validate(&self) -> Result<(), KubeError> {
         Ok(check_durations(
             &[("request_timeout", self.request_timeout)],
-            &[("capacity_interval", self.capacity_interval)],
+            &[
+                ("capacity_interval", self.capacity_interval),
+                ("csi_cleanup_grace", self.csi_cleanup_grace),
+            ],
         )?)
     }
 }
@@ -126,6 +174,8 @@ impl KubeConfig {
 #[derive(Debug, Clone)]
 pub struct KubePublisher {
     api: Arc<NodeApi>,
+    /// One sink, so that every CSI write of the node is serialised.
+    node_info: Arc<KubeNodeInfo>,
 }
 
 impl KubePublisher {
@@ -139,7 +189,8 @@ impl KubePublisher {
         config.validate()?;
         let node = node_name.into();
         check_node_name(&node)?;
-        Ok(Self { api: NodeApi::new(client, node, config) })
+        let api = NodeApi::new(client, node, config);
+        Ok(Self { node_info: Arc::new(KubeNodeInfo::new(Arc::clone(&api))), api })
     }
 
     /// The Node's name.
@@ -147,9 +198,24 @@ impl KubePublisher {
         &self.api.node
     }
 
-    /// The CSI handler's sink: the Node's annotation and labels, the CSINode.
+    /// The CSI handler's sink: the Node's annotation and labels, the
+    /// CSINode. The same sink every time.
     pub fn node_info(&self) -> Arc<KubeNodeInfo> {
-        Arc::new(KubeNodeInfo::new(Arc::clone(&self.api)))
+        Arc::clone(&self.node_info)
+    }
+
+    /// Withdraws the CSI drivers an earlier run published (the CSINode
+    /// entries kpm owns, with their node-id annotation entries) that are
+    /// not in `drivers`, the CSI handler's store, once
+    /// [`KubeConfig::csi_cleanup_grace`] has passed since the start; each as
+    /// its deregistration would, through [`node_info`](Self::node_info),
+    /// whose writes it waits for. Spawn it at start, with the handler
+    /// that publishes through `node_info`; abort it to stop.
+    pub fn clean_up_csi_leftovers(
+        &self,
+        drivers: Arc<kpm_csi::CsiDrivers>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        leftovers::clean_up_csi(Arc::clone(&self.api), Arc::clone(&self.node_info), drivers)
     }
 
     /// The DRA manager's cleanup: the node's ResourceSlices of gone drivers.
@@ -158,8 +224,10 @@ impl KubePublisher {
     }
 
     /// Publishes the resources of `devices` on the Node's status for as
-    /// long as the returned future runs; spawn it, abort it to stop. It
-    /// only reads the device manager.
+    /// long as the returned future runs; spawn it at start, abort it to
+    /// stop. It only reads the device manager. The resources an earlier
+    /// run published are kept until the device manager has them, and
+    /// removed once its grace period has passed since the start without.
     pub fn publish_capacity(
         &self,
         devices: DeviceView,

@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, VolumeNodeResources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kpm_csi::{
-    CsiError, CsiNode, CsiNodeDriver as DriverEntry, DriverNodeInfo, NODE_ID_ANNOTATION,
-    NodeInfoError, NodeInfoSink, add_topology_labels, remove_node_id_annotation,
-    set_node_id_annotation,
+    CsiDrivers, CsiError, CsiNode, CsiNodeDriver as DriverEntry, DriverNodeInfo,
+    NODE_ID_ANNOTATION, NodeInfoError, NodeInfoSink, add_topology_labels,
+    remove_node_id_annotation, set_node_id_annotation,
 };
 use kube::api::{Api, Patch};
 use serde_json::json;
@@ -301,6 +301,32 @@ impl NodeInfoSink for KubeNodeInfo {
 
     async fn uninstall_driver(&self, driver: &str) -> Result<(), NodeInfoError> {
         let _serial = self.serial.lock().await;
+        self.uninstall(driver).await
+    }
+}
+
+impl KubeNodeInfo {
+    /// Withdraws `driver` as its deregistration would, unless `drivers`
+    /// has it. The CSI handler stores a driver before it publishes it, and
+    /// this checks under the lock every publication takes: a registration
+    /// that comes meanwhile publishes after this, so nothing of it is lost.
+    /// Returns whether it withdrew.
+    pub(crate) async fn uninstall_unregistered(
+        &self,
+        driver: &str,
+        drivers: &CsiDrivers,
+    ) -> Result<bool, NodeInfoError> {
+        let _serial = self.serial.lock().await;
+        if drivers.get(driver).is_some() {
+            return Ok(false);
+        }
+        self.uninstall(driver).await?;
+        Ok(true)
+    }
+
+    /// `UninstallCSIDriver`, under the caller's lock: the CSINode entry,
+    /// then the annotation entry.
+    async fn uninstall(&self, driver: &str) -> Result<(), NodeInfoError> {
         retried(
             &self.api,
             ObjectKind::CsiNode,

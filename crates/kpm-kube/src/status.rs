@@ -23,14 +23,25 @@ pub enum ObjectKind {
     /// The cluster's CSIDriver objects, read for their allocatable update
     /// period; a success is a list or watch event received.
     CsiDriver,
+    /// What an earlier run published (device resources, CSI drivers):
+    /// reading kpm's fields at start, and removing those no plugin claimed
+    /// within the grace period.
+    Leftovers,
 }
 
 impl ObjectKind {
     /// Every kind, in display order.
-    pub const ALL: [Self; 5] =
-        [Self::Node, Self::CsiNode, Self::NodeStatus, Self::ResourceSlice, Self::CsiDriver];
+    pub const ALL: [Self; 6] = [
+        Self::Node,
+        Self::CsiNode,
+        Self::NodeStatus,
+        Self::ResourceSlice,
+        Self::CsiDriver,
+        Self::Leftovers,
+    ];
 
-    /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for the subresource.
+    /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for
+    /// the subresource, `Leftovers` for the clean-up of an earlier run's.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Node => "Node",
@@ -38,6 +49,7 @@ impl ObjectKind {
             Self::NodeStatus => "Node status",
             Self::ResourceSlice => "ResourceSlice",
             Self::CsiDriver => "CSIDriver",
+            Self::Leftovers => "Leftovers",
         }
     }
 }

@@ -6,6 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -56,28 +57,42 @@ async fn serve(
     let mut content_types = Vec::new();
     for (i, step) in script.into_iter().enumerate() {
         let (request, reply) = handle.next_request().await.expect("kpm sent fewer requests");
-        assert_eq!(request.method().as_str(), step.method, "request {i}");
-        assert_eq!(request.uri().to_string(), step.uri, "request {i}");
-        if let Some(value) = request.headers().get(http::header::CONTENT_TYPE) {
-            content_types.push(value.to_str().unwrap().to_owned());
-        }
-        let body = request.into_body().collect_bytes().await.unwrap();
-        if let Some(expected) = step.body {
-            let sent: Value = serde_json::from_slice(&body).unwrap();
-            assert_eq!(sent, expected, "body of request {i}");
-        }
-        let answer = serde_json::to_vec(&step.answer).unwrap();
-        reply.send_response(
-            Response::builder().status(step.status).body(Body::from(answer)).unwrap(),
-        );
+        content_types.extend(answer(request, reply, step, i).await);
     }
     content_types
 }
 
+/// Answers kpm's `i`th request by `step`, checking it; returns its content type.
+async fn answer(
+    request: Request<Body>,
+    reply: mock::SendResponse<Response<Body>>,
+    step: Step,
+    i: usize,
+) -> Option<String> {
+    assert_eq!(request.method().as_str(), step.method, "request {i}");
+    assert_eq!(request.uri().to_string(), step.uri, "request {i}");
+    let content_type = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|value| value.to_str().unwrap().to_owned());
+    let body = request.into_body().collect_bytes().await.unwrap();
+    if let Some(expected) = step.body {
+        let sent: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(sent, expected, "body of request {i}");
+    }
+    let answer = serde_json::to_vec(&step.answer).unwrap();
+    reply.send_response(Response::builder().status(step.status).body(Body::from(answer)).unwrap());
+    content_type
+}
+
 fn publisher() -> (KubePublisher, Handle<Request<Body>, Response<Body>>) {
+    publisher_with(KubeConfig::default())
+}
+
+fn publisher_with(config: KubeConfig) -> (KubePublisher, Handle<Request<Body>, Response<Body>>) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
-    (KubePublisher::new(client, "node1", KubeConfig::default()).unwrap(), handle)
+    (KubePublisher::new(client, "node1", config).unwrap(), handle)
 }
 
 fn csi_info() -> DriverNodeInfo {
@@ -290,4 +305,114 @@ async fn a_refreshed_count_is_one_strategic_merge_patch_of_the_drivers_entry() {
     sink.update_allocatable("csi.example.com", &unlimited).await.unwrap();
     let content_types = server.await.unwrap();
     assert_eq!(content_types, ["application/strategic-merge-patch+json"; 2]);
+}
+
+/// The CSINode an earlier run left: kpm's entry of `csi.example.com`.
+fn leftover_csinode() -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": "node1", "resourceVersion": "9", "managedFields": [
+            {"manager": "kpm", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1":
+                {"f:spec": {"f:drivers": {r#"k:{"name":"csi.example.com"}"#: {".": {}}}}}}]},
+        "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1-id"}]}})
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_earlier_runs_csi_driver_is_read_retrying_and_withdrawn_after_the_grace() {
+    let (publisher, handle) = publisher();
+    let grace = KubeConfig::default().csi_cleanup_grace;
+    let ids = json!({"csi.volume.kubernetes.io/nodeid": IDS});
+    let script = vec![
+        step("GET", CSINODE, 500, failure(500, "InternalError")),
+        step("GET", CSINODE, 200, leftover_csinode()),
+        step("GET", NODE, 200, node("5", &ids, &json!({}))),
+        // After the grace: the deregistration's requests.
+        step("GET", CSINODE, 200, leftover_csinode()),
+        with_body(
+            step("PUT", "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm", 200, json!({})),
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": leftover_csinode()["metadata"], "spec": {"drivers": []}}),
+        ),
+        step("GET", NODE, 200, node("6", &ids, &json!({}))),
+        with_body(
+            step("PATCH", NODE_PATCH, 200, json!({})),
+            json!({"metadata": {"resourceVersion": "6",
+                "annotations": {"csi.volume.kubernetes.io/nodeid": null}}}),
+        ),
+    ];
+    let server = tokio::spawn(serve(handle, script));
+    let start = tokio::time::Instant::now();
+    publisher.clean_up_csi_leftovers(Arc::default()).await;
+    assert!(start.elapsed() >= grace, "withdrawn after {:?}", start.elapsed());
+    server.await.unwrap();
+    // The failure shows, and the success after it.
+    let leftovers = publisher.status().objects[5].1.clone();
+    let (success, error) = (leftovers.last_success.unwrap(), leftovers.last_error.unwrap());
+    assert!(error.at <= success && error.message.contains("500"), "{error:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_permission_to_read_the_clean_up_is_skipped_and_shown() {
+    let (publisher, handle) = publisher();
+    let script = vec![step("GET", CSINODE, 403, failure(403, "Forbidden"))];
+    let server = tokio::spawn(serve(handle, script));
+    // Returns at once (on paused time): nothing is retried, nothing written.
+    tokio::time::timeout(Duration::from_secs(1), publisher.clean_up_csi_leftovers(Arc::default()))
+        .await
+        .expect("a refusal is not retried");
+    server.await.unwrap();
+    let (kind, leftovers) = publisher.status().objects[5].clone();
+    assert_eq!(kind, ObjectKind::Leftovers);
+    let error = leftovers.last_error.expect("the refusal shows").message;
+    assert!(error.starts_with(r#"get csinodes "node1": "#), "{error}");
+}
+
+/// A registration that comes while the withdrawal runs waits for it, then
+/// publishes its entries again: the two share the sink's lock.
+#[tokio::test(start_paused = true)]
+async fn a_registration_during_a_withdrawal_publishes_after_it() {
+    let (publisher, mut handle) =
+        publisher_with(KubeConfig::default().csi_cleanup_grace(Duration::ZERO));
+    let ids = json!({"csi.volume.kubernetes.io/nodeid": IDS});
+    let cleanup = tokio::spawn(publisher.clean_up_csi_leftovers(Arc::default()));
+    let reads = [
+        step("GET", CSINODE, 200, leftover_csinode()),
+        step("GET", NODE, 200, node("5", &ids, &json!({}))),
+        // The withdrawal's first request.
+        step("GET", CSINODE, 200, leftover_csinode()),
+    ];
+    for (i, read) in reads.into_iter().enumerate() {
+        let (request, reply) = handle.next_request().await.unwrap();
+        if i == 2 {
+            let sink = publisher.node_info();
+            tokio::spawn(async move { sink.install_driver("csi.example.com", &csi_info()).await });
+            // On paused time: the registration goes as far as it can.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        answer(request, reply, read, i).await;
+    }
+    let csinodes = "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
+    let rest = vec![
+        step("PUT", csinodes, 200, json!({})),
+        step("GET", NODE, 200, node("6", &ids, &json!({}))),
+        step("PATCH", NODE_PATCH, 200, json!({})),
+        // The registration, after the withdrawal.
+        step("GET", NODE, 200, node("7", &json!({}), &json!({}))),
+        step("PATCH", NODE_PATCH, 200, json!({})),
+        step(
+            "GET",
+            CSINODE,
+            200,
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": "node1", "resourceVersion": "10"}, "spec": {"drivers": []}}),
+        ),
+        with_body(
+            step("PUT", csinodes, 200, json!({})),
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": "node1", "resourceVersion": "10"},
+                "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1-id",
+                    "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 7}}]}}),
+        ),
+    ];
+    serve(handle, rest).await;
+    cleanup.await.unwrap();
 }

@@ -393,25 +393,34 @@ impl Kubelet {
     /// then stops serving `kubelet.sock` and closes the connections to
     /// device plugins and DRA drivers. Meanwhile, with DRA enabled, the
     /// cleanup of DRA drivers that left resources on this node is queued (see
-    /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers)),
-    /// and with [`KubeletBuilder::kubernetes`] the device capacity is
-    /// published (device plugins enabled) and the CSIDrivers' allocatable
-    /// update periods are followed (CSI enabled). A disabled kind's plugins
-    /// cannot register, so what they left on the node is left alone.
+    /// [`DraManager::clean_up_leftovers`](crate::dra::DraManager::clean_up_leftovers));
+    /// with [`KubeletBuilder::kubernetes`] and device plugins enabled the
+    /// device capacity is published, and what an earlier run published of
+    /// resources no plugin registers within the device grace period is
+    /// removed; with it and CSI enabled, so are the CSI drivers an earlier
+    /// run published that do not register within
+    /// [`KubeConfig::csi_cleanup_grace`](crate::kube::KubeConfig::csi_cleanup_grace),
+    /// and the CSIDrivers' allocatable update periods are followed.
+    /// A disabled kind's plugins cannot register, so what they left on the
+    /// node is left alone.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let mut background = tokio::task::JoinSet::<()>::new();
-        // A disabled kind's drivers cannot register again: its leftovers
-        // would all be wiped.
+        // A disabled kind's plugins cannot register again: its leftovers
+        // (here and below) would all be wiped.
         #[cfg(feature = "dra")]
         if self.enabled(PluginKind::Dra) {
             let dra = Arc::clone(&self.dra);
             background.spawn(async move { dra.clean_up_leftovers().await });
         }
         #[cfg(feature = "kube")]
-        if let Some(publisher) = &self.handle.kubernetes
-            && self.enabled(PluginKind::Device)
-        {
-            background.spawn(publisher.publish_capacity(self.handle.devices.clone()));
+        if let Some(publisher) = &self.handle.kubernetes {
+            if self.enabled(PluginKind::Device) {
+                background.spawn(publisher.publish_capacity(self.handle.devices.clone()));
+            }
+            if self.enabled(PluginKind::Csi) {
+                let drivers = Arc::clone(&self.handle.csi_drivers);
+                background.spawn(publisher.clean_up_csi_leftovers(drivers));
+            }
         }
         #[cfg(feature = "kube")]
         if let Some(publisher) = &self.handle.kubernetes
