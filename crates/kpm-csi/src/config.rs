@@ -10,7 +10,7 @@ use crate::error::CsiError;
 /// The kubelet's `csiTimeout`: how long NodeGetInfo may take at registration.
 pub const DEFAULT_NODE_GET_INFO_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Settings of the [`CsiHandler`]. Build it from [`Default`] with the
+/// Settings of the [`CsiHandler`](crate::CsiHandler). Build it from [`Default`] with the
 /// setters; the fields are public to read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
