@@ -117,6 +117,82 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
     node.stop().await;
 }
 
+/// A DRA driver's health service: one device, `Healthy` for 1 s, then
+/// nothing more.
+struct OneHealthReport;
+
+#[tonic::async_trait]
+impl kpm::api::dra_health::v1::dra_resource_health_server::DraResourceHealth for OneHealthReport {
+    type NodeWatchResourcesStream = std::pin::Pin<
+        Box<
+            dyn tokio_stream::Stream<
+                    Item = Result<
+                        kpm::api::dra_health::v1::NodeWatchResourcesResponse,
+                        tonic::Status,
+                    >,
+                > + Send,
+        >,
+    >;
+
+    async fn node_watch_resources(
+        &self,
+        _: tonic::Request<kpm::api::dra_health::v1::NodeWatchResourcesRequest>,
+    ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
+        use kpm::api::dra_health::v1 as health;
+        use tokio_stream::StreamExt as _;
+        let report = health::NodeWatchResourcesResponse {
+            devices: vec![health::DeviceHealth {
+                device: Some(health::DeviceIdentifier {
+                    pool_name: "pool".into(),
+                    device_name: "gpu-0".into(),
+                }),
+                health: health::HealthStatus::Healthy.into(),
+                last_updated_time: 0,
+                health_check_timeout_seconds: 1,
+                message: String::new(),
+            }],
+        };
+        let stream = tokio_stream::once(Ok(report)).chain(tokio_stream::pending());
+        Ok(tonic::Response::new(Box::pin(stream)))
+    }
+}
+
+/// The DRA manager publishes its device health changes on the manager's
+/// bus: the facade hands it over, so they reach `subscribe` (the status
+/// API's event stream) and the counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_device_health_changes_reach_the_managers_events() {
+    let node = Node::start(|builder| builder);
+    let mut events = node.handle.manager().subscribe();
+    let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
+    let health = kpm::api::dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(
+        OneHealthReport,
+    );
+    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes().add_service(health)).await;
+    let (_dra, told) = node
+        .plugin(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions([kpm::api::DRA_V1_SERVICE, kpm::api::DRA_HEALTH_V1_SERVICE])
+                .endpoint(&dra_socket),
+        )
+        .await;
+    assert!(told.plugin_registered, "{told:?}");
+
+    let mut changes = Vec::new();
+    while changes.len() < 2 {
+        let event = kpm_test_support::within("two health changes", events.recv()).await.unwrap();
+        if let kpm::PluginEvent::DeviceHealthChanged { driver, device, health, expired, .. } = event
+        {
+            assert_eq!((driver.as_str(), device.as_str()), ("gpu.example.com", "gpu-0"));
+            changes.push((health, expired));
+        }
+    }
+    assert_eq!(changes, [("Healthy".to_owned(), false), ("Unknown".to_owned(), true)]);
+    assert_eq!(node.handle.manager().stats().events.device_health_changes, 2);
+    assert_eq!(node.handle.dra().drivers()[0].devices[0].health, "Unknown");
+    node.stop().await;
+}
+
 /// Liveness probes a device plugin serving on its registration socket over
 /// the device manager's `ListAndWatch` connection (the facade hands it
 /// over), and keeps a connection of its own only for a plugin no handler

@@ -11,12 +11,16 @@ use tokio::sync::broadcast;
 
 use crate::Generation;
 
-/// One thing that happened to a registration socket.
+/// One thing that happened to a registration socket, or to the health of a
+/// registered plugin's device.
 ///
 /// With feature `serde`, it serializes as the status API's event lines do:
 /// `{"event": "seen" | "registered" | "rejected" | "deregistered" |
 /// "unresponsive" | "retry_scheduled", "socket", …}`, with `type` for
-/// `plugin_type` and `retry_in_ms` for `after`.
+/// `plugin_type` and `retry_in_ms` for `after`; a device's health as
+/// `{"event": "device_health", "driver", "pool", "device", "health",
+/// "previous", "expired", "message"}` (`previous` is `null` for a device's
+/// first report).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
@@ -102,6 +106,26 @@ pub enum PluginEvent {
         )]
         after: Duration,
     },
+    /// The health of a DRA driver's device changed: a first report, a
+    /// report with another health, or its report expired (`Unknown` once no
+    /// report came within the device's health check timeout).
+    #[cfg_attr(feature = "serde", serde(rename = "device_health"))]
+    DeviceHealthChanged {
+        /// The DRA driver.
+        driver: String,
+        /// The device's pool.
+        pool: String,
+        /// The device's name in its pool.
+        device: String,
+        /// Its health now: `Healthy`, `Unhealthy` or `Unknown`.
+        health: String,
+        /// Its health before; `None` for its first report.
+        previous: Option<String>,
+        /// Whether it changed because its report expired, not by a report.
+        expired: bool,
+        /// The driver's explanation with the health; empty once expired.
+        message: String,
+    },
 }
 
 /// How [`PluginEvent`] writes its paths and durations.
@@ -147,6 +171,9 @@ pub struct EventCounts {
     /// Registered plugins found unresponsive and renewed
     /// ([`PluginEvent::Unresponsive`]).
     pub unresponsive: u64,
+    /// Changes of a DRA device's health, expiries included
+    /// ([`PluginEvent::DeviceHealthChanged`]).
+    pub device_health_changes: u64,
 }
 
 /// The live counters behind [`EventCounts`].
@@ -157,6 +184,7 @@ struct Counters {
     rejections: AtomicU64,
     retries_scheduled: AtomicU64,
     unresponsive: AtomicU64,
+    device_health_changes: AtomicU64,
 }
 
 impl Counters {
@@ -167,6 +195,7 @@ impl Counters {
             PluginEvent::Rejected { .. } => add(&self.rejections),
             PluginEvent::RetryScheduled { .. } => add(&self.retries_scheduled),
             PluginEvent::Unresponsive { .. } => add(&self.unresponsive),
+            PluginEvent::DeviceHealthChanged { .. } => add(&self.device_health_changes),
             PluginEvent::SocketSeen { .. } => {}
         }
     }
@@ -178,6 +207,7 @@ impl Counters {
             rejections: self.rejections.load(Ordering::Relaxed),
             retries_scheduled: self.retries_scheduled.load(Ordering::Relaxed),
             unresponsive: self.unresponsive.load(Ordering::Relaxed),
+            device_health_changes: self.device_health_changes.load(Ordering::Relaxed),
         }
     }
 }
@@ -251,6 +281,20 @@ impl Default for EventBus {
     }
 }
 
+/// A change of `gpu.example.com`'s device `pool1/dev1` to `Unknown`.
+#[cfg(test)]
+fn device_health(previous: Option<&str>, expired: bool) -> PluginEvent {
+    PluginEvent::DeviceHealthChanged {
+        driver: "gpu.example.com".into(),
+        pool: "pool1".into(),
+        device: "dev1".into(),
+        health: "Unknown".into(),
+        previous: previous.map(str::to_owned),
+        expired,
+        message: String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,10 +337,11 @@ mod tests {
             reason: "r".into(),
             failures: 3,
         });
+        clone.publish(device_health(Some("Healthy"), true));
 
         assert!(matches!(
             lagging.try_recv(),
-            Err(broadcast::error::TryRecvError::Lagged(missed)) if missed == 303
+            Err(broadcast::error::TryRecvError::Lagged(missed)) if missed == 304
         ));
         let counts = bus.counts();
         assert_eq!(
@@ -307,6 +352,7 @@ mod tests {
         assert_eq!(counts.rejections, 100);
         assert_eq!(counts.retries_scheduled, 1);
         assert_eq!(counts.unresponsive, 1);
+        assert_eq!(counts.device_health_changes, 1);
     }
 }
 
@@ -385,6 +431,18 @@ mod serde_tests {
                     generation,
                 },
                 json!({"event": "seen", "socket": "/r/\u{fffd}.sock", "generation": 1}),
+            ),
+            (
+                device_health(Some("Healthy"), true),
+                json!({"event": "device_health", "driver": "gpu.example.com", "pool": "pool1",
+                       "device": "dev1", "health": "Unknown", "previous": "Healthy",
+                       "expired": true, "message": ""}),
+            ),
+            (
+                device_health(None, false),
+                json!({"event": "device_health", "driver": "gpu.example.com", "pool": "pool1",
+                       "device": "dev1", "health": "Unknown", "previous": null,
+                       "expired": false, "message": ""}),
             ),
         ];
         for (event, line) in cases {

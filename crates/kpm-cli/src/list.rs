@@ -89,21 +89,37 @@ pub(crate) fn table(list: &Value) -> String {
         let drivers = dra_drivers.iter().map(|d| {
             let instances = items(d, "instances");
             let connected = instances.iter().filter(|i| i["connected"] == true).count();
-            vec![
+            let mut row = vec![
                 text(d, "name"),
                 format!("{connected}/{}", instances.len()),
                 instances.last().map(|i| text(i, "version")).unwrap_or_default(),
-                text(d, "cleanup_pending_until"),
-            ]
+            ];
+            row.extend(device_health(items(d, "devices")));
+            row.push(text(d, "cleanup_pending_until"));
+            row
         });
         out.push('\n');
-        out.push_str(&columns(&["DRA DRIVER", "CONNECTED", "VERSION", "CLEANUP AT"], drivers));
+        let header =
+            ["DRA DRIVER", "CONNECTED", "VERSION", "HEALTHY", "UNHEALTHY", "UNKNOWN", "CLEANUP AT"];
+        out.push_str(&columns(&header, drivers));
     }
     if list["kubernetes"].is_object() {
         out.push('\n');
         out.push_str(&kubernetes(&list["kubernetes"], now));
     }
     out
+}
+
+/// How many of a DRA driver's devices are `Healthy`, `Unhealthy` and
+/// `Unknown` (an expired report among them); `-` for a driver that reported
+/// none (or has no health service).
+fn device_health(devices: &[Value]) -> [String; 3] {
+    ["Healthy", "Unhealthy", "Unknown"].map(|health| {
+        if devices.is_empty() {
+            return "-".to_owned();
+        }
+        devices.iter().filter(|device| device["health"] == health).count().to_string()
+    })
 }
 
 /// The node published for, per kind of object when it last synced and the
@@ -296,12 +312,26 @@ mod tests {
             "resource": "vendor.com/gpu", "endpoint": "/dp/gpu.sock", "healthy": 1,
             "unhealthy": 1, "devices": [],
         }]);
-        list["dra_drivers"] = json!([{
-            "name": "gpu.example.com",
-            "instances": [{"endpoint": "/p/dra.sock", "version": "v1.DRAPlugin",
-                           "connected": true, "registered_at": "T"}],
-            "cleanup_pending_until": null,
-        }]);
+        let device = |name: &str, health: &str| {
+            json!({"pool": "pool", "device": name, "health": health, "message": "",
+                   "reported_at": "T", "expires_at": null})
+        };
+        list["dra_drivers"] = json!([
+            {
+                "name": "gpu.example.com",
+                "instances": [{"endpoint": "/p/dra.sock", "version": "v1.DRAPlugin",
+                               "connected": true, "registered_at": "T"}],
+                "cleanup_pending_until": null,
+                "devices": [device("gpu-0", "Healthy"), device("gpu-1", "Unknown"),
+                            device("gpu-2", "Healthy")],
+            },
+            {
+                "name": "nic.example.com",
+                "instances": [{"endpoint": "/p/nic.sock", "version": "v1beta1.DRAPlugin",
+                               "connected": true, "registered_at": "T"}],
+                "cleanup_pending_until": null,
+            },
+        ]);
         assert_eq!(
             table(&list),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
@@ -309,8 +339,9 @@ mod tests {
              DEVICE RESOURCE  HEALTHY  ENDPOINT\n\
              vendor.com/gpu   1/2      /dp/gpu.sock\n\
              \n\
-             DRA DRIVER       CONNECTED  VERSION       CLEANUP AT\n\
-             gpu.example.com  1/1        v1.DRAPlugin\n"
+             DRA DRIVER       CONNECTED  VERSION            HEALTHY  UNHEALTHY  UNKNOWN  CLEANUP AT\n\
+             gpu.example.com  1/1        v1.DRAPlugin       2        0          1\n\
+             nic.example.com  1/1        v1beta1.DRAPlugin  -        -          -\n"
         );
     }
 

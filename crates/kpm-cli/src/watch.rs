@@ -36,13 +36,26 @@ pub(crate) async fn watch(status_socket: &Path, output: OutputFormat) -> Result<
 }
 
 /// `TIME EVENT TYPE NAME SOCKET [reason | retry in]`, skipping what the
-/// event lacks; a line that is not a timed event (`lagged`) as it is.
+/// event lacks; `TIME device_health DRIVER POOL/DEVICE [PREVIOUS -> ]HEALTH
+/// [(expired) | MESSAGE]` for a DRA device's health; a line that is not a
+/// timed event (`lagged`) as it is.
 pub(crate) fn text_line(line: &str) -> String {
     let event = serde_json::from_str::<Value>(line).unwrap_or_default();
     let field = |key: &str| event[key].as_str();
     let (Some(time), Some(kind)) = (field("time"), field("event")) else {
         return line.to_owned();
     };
+    if kind == "device_health" {
+        let text = |key: &str| field(key).unwrap_or_default();
+        let health = match field("previous") {
+            Some(previous) => format!("{previous} -> {}", text("health")),
+            None => text("health").to_owned(),
+        };
+        let why = if event["expired"] == true { "(expired)" } else { text("message") };
+        let device = format!("{}/{}", text("pool"), text("device"));
+        let fields = [time, kind, text("driver"), &device, &health, why];
+        return fields.into_iter().filter(|field| !field.is_empty()).collect::<Vec<_>>().join(" ");
+    }
     let retry = event["retry_in_ms"].as_u64().map(|ms| format!("retry in {ms} ms"));
     [Some(time), Some(kind), field("type"), field("name"), field("socket")]
         .into_iter()
@@ -68,6 +81,16 @@ mod tests {
             r#"{"time":"T","event":"retry_scheduled","socket":"/r/b.sock","retry_in_ms":500}"#;
         assert_eq!(text_line(retry), "T retry_scheduled /r/b.sock retry in 500 ms");
         assert_eq!(text_line(r#"{"time":"T","event":"subscribed"}"#), "T subscribed");
+        let expired = r#"{"time":"T","event":"device_health","driver":"gpu.example.com","pool":"pool","device":"gpu-0","health":"Unknown","previous":"Healthy","expired":true,"message":""}"#;
+        assert_eq!(
+            text_line(expired),
+            "T device_health gpu.example.com pool/gpu-0 Healthy -> Unknown (expired)"
+        );
+        let reported = r#"{"time":"T","event":"device_health","driver":"gpu.example.com","pool":"pool","device":"gpu-0","health":"Unhealthy","previous":null,"expired":false,"message":"fan failed"}"#;
+        assert_eq!(
+            text_line(reported),
+            "T device_health gpu.example.com pool/gpu-0 Unhealthy fan failed"
+        );
         assert_eq!(
             text_line(r#"{"event":"lagged","missed":3}"#),
             r#"{"event":"lagged","missed":3}"#

@@ -73,6 +73,20 @@
 //! list is kept in [`DraDriverStatus::devices`]. A stream that ends or fails
 //! is reopened after a second; `Unimplemented` stops it for good.
 //!
+//! Each device's health holds for its `health_check_timeout_seconds`
+//! ([`DEFAULT_HEALTH_TIMEOUT`], 30 s, when 0 or negative, as in the
+//! kubelet; at most a year) from when kpm received the message that
+//! reported it. At that deadline it becomes `Unknown` and its message is
+//! cleared, by a timer: one per driver, set to its devices' earliest
+//! deadline and moved by every message, held by the health stream's task
+//! and gone with it ([`DraManager::health_timers`] counts them; a driver
+//! without a health stream or without devices has none). Every change of a
+//! device's health (its first report, another health, an expiry) is
+//! published as a [`PluginEvent::DeviceHealthChanged`] on the bus given to
+//! [`DraManager::with_events`].
+//!
+//! [`PluginEvent::DeviceHealthChanged`]: kpm_cache::PluginEvent::DeviceHealthChanged
+//!
 //! # Differences from the kubelet
 //!
 //! - **v1 is preferred.** The kubelet takes the first supported service in
@@ -86,8 +100,16 @@
 //! - **Health ownership is handed to the newest remaining instance** when
 //!   the newest one is deregistered (the kubelet's behaviour there is not
 //!   known); devices are kept through a handover and dropped when the new
-//!   owner has no health service. There is no health-check timeout that
-//!   turns stale devices `Unknown`.
+//!   owner has no health service.
+//! - **Health expires at its deadline.** The kubelet applies the timeout
+//!   only when something reads a device's health or the driver's next
+//!   message comes (kubernetes #140819; PR #140883, a deadline-driven fix,
+//!   is open); kpm's timer changes the status and publishes the event at
+//!   the deadline. A device a message leaves out is removed (the kubelet
+//!   keeps it until it times out), the deadline is inclusive (the
+//!   kubelet's "older than the timeout" is one instant later), and a
+//!   timeout above a year is cut to a year (the kubelet's multiplication
+//!   overflows).
 //! - **No startup wipe.** The kubelet wipes all of the node's
 //!   ResourceSlices when it starts; the [`SliceCleanup`] hook here is per
 //!   driver, and a Kubernetes-backed implementation can do the startup wipe
@@ -112,7 +134,7 @@ mod view;
 
 pub use cleanup::{InMemoryCleanup, SliceCleanup};
 pub use error::DraError;
-pub use health::DeviceHealthStatus;
+pub use health::{DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus};
 pub use manager::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DraConfig, DraDriverStatus, DraEndpointReport,
     DraInstanceStatus, DraManager,

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_api::gotext::error_chain;
-use kpm_cache::{HandlerError, Hangups, PluginHandler, ServiceReport};
+use kpm_cache::{EventBus, HandlerError, Hangups, PluginHandler, ServiceReport};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
@@ -23,7 +23,9 @@ use crate::cleanup::{CleanupTimers, SliceCleanup};
 use crate::connection::{Connection, RECONNECT_INTERVAL};
 use crate::convert;
 use crate::error::{DraError, deadline_exceeded};
-use crate::health::{self, DeviceHealthStatus};
+use crate::health::{
+    self, DeviceHealthSink, DeviceHealthStatus, DeviceHealthTable, Report, TimerCount,
+};
 use crate::validate::{DraService, HealthService, choose_service, validate_plugin};
 
 /// The kubelet's `defaultClientCallTimeout`: how long `NodePrepareResources`
@@ -117,7 +119,8 @@ pub struct DraDriverStatus {
     #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339_opt"))]
     pub cleanup_pending_until: Option<SystemTime>,
     /// The device health last streamed by the newest instance, sorted by
-    /// pool and device; empty if it has no health service.
+    /// pool and device, `Unknown` where a report expired; empty if it has
+    /// no health service.
     #[cfg_attr(feature = "serde", serde(skip_serializing_if = "Vec::is_empty"))]
     pub devices: Vec<DeviceHealthStatus>,
 }
@@ -153,7 +156,8 @@ pub struct DraInstanceStatus {
 /// [`DraView`](crate::DraView) ([`view`](Self::view)): the drivers,
 /// `prepare` and `unprepare`, nothing that registers. Its methods run inside
 /// a tokio runtime, where its background tasks (one monitor per instance,
-/// one health stream per driver, one timer per pending cleanup) are spawned.
+/// one health stream per driver, with the expiry timer of its devices'
+/// health, one timer per pending cleanup) are spawned.
 #[derive(Debug)]
 pub struct DraManager {
     shared: Arc<Shared>,
@@ -168,6 +172,10 @@ struct Shared {
     hangups: Hangups,
     /// What the connections to drivers pay from.
     budget: FdBudget,
+    /// Where device health changes are published.
+    events: EventBus,
+    /// The armed expiry timers of the health streams.
+    health_timers: TimerCount,
 }
 
 #[derive(Debug, Default)]
@@ -194,13 +202,14 @@ struct Instance {
 }
 
 /// The health stream of a driver, owned by its newest instance. A new owner
-/// gets a new generation; updates of an older generation are dropped.
+/// gets a new generation; updates of an older generation are dropped. Its
+/// task also expires the devices' health.
 #[derive(Debug)]
 struct HealthStream {
     owner: u64,
     generation: u64,
     task: Option<JoinHandle<()>>,
-    devices: Vec<DeviceHealthStatus>,
+    devices: DeviceHealthTable,
 }
 
 impl DraManager {
@@ -218,6 +227,20 @@ impl DraManager {
         cleanup: Arc<dyn SliceCleanup>,
         budget: FdBudget,
     ) -> Arc<Self> {
+        // Nobody listens: the changes are only counted.
+        Self::with_events(config, cleanup, budget, EventBus::new(1))
+    }
+
+    /// Like [`with_fd_budget`](Self::with_fd_budget), publishing every change
+    /// of a device's health (a first report, another health, an expiry) on
+    /// `events` as a [`PluginEvent::DeviceHealthChanged`](kpm_cache::PluginEvent::DeviceHealthChanged):
+    /// kpm's facade gives it the plugin manager's bus.
+    pub fn with_events(
+        config: DraConfig,
+        cleanup: Arc<dyn SliceCleanup>,
+        budget: FdBudget,
+        events: EventBus,
+    ) -> Arc<Self> {
         let timers = CleanupTimers::new(config.cleanup_grace, cleanup);
         Arc::new(Self {
             shared: Arc::new(Shared {
@@ -226,6 +249,8 @@ impl DraManager {
                 state: Mutex::new(State::default()),
                 hangups: Hangups::default(),
                 budget,
+                events,
+                health_timers: TimerCount::default(),
             }),
         })
     }
@@ -233,6 +258,14 @@ impl DraManager {
     /// The manager's settings.
     pub fn config(&self) -> &DraConfig {
         &self.shared.config
+    }
+
+    /// How many drivers have their device health expiry timer armed (one
+    /// at most each, while a device's health is due to expire): none for a
+    /// driver without a health stream or without devices. A stream's timer
+    /// counts until its task is dropped, soon after its owner changes.
+    pub fn health_timers(&self) -> usize {
+        self.shared.health_timers.get()
     }
 
     /// The endpoints of registered instances whose connection dropped: hints
@@ -380,7 +413,11 @@ impl DraManager {
                     .map(|instances| instances.iter().map(|i| i.status()).collect())
                     .unwrap_or_default(),
                 cleanup_pending_until: self.shared.timers.pending_until(name),
-                devices: state.health.get(name).map(|h| h.devices.clone()).unwrap_or_default(),
+                devices: state
+                    .health
+                    .get(name)
+                    .map(|stream| stream.devices.statuses())
+                    .unwrap_or_default(),
             })
             .collect()
     }
@@ -618,8 +655,9 @@ impl Shared {
 
     /// Hands the driver's health stream to its newest instance: a new
     /// generation streams from it if it has a health service (the devices
-    /// seen so far stay until it reports); without one, or without
-    /// instances, the devices are dropped. There is no fallback to an older
+    /// seen so far stay until it reports, and expire as they would have);
+    /// without one, or without instances, the devices are dropped, and
+    /// with them their expiry timer. There is no fallback to an older
     /// instance's health service.
     fn update_health(self: &Arc<Self>, state: &mut State, driver: &str) {
         let newest = state.drivers.get(driver).and_then(|instances| instances.last()).cloned();
@@ -641,31 +679,32 @@ impl Shared {
                 }
                 (old.generation + 1, old.devices)
             }
-            None => (1, Vec::new()),
+            None => (1, DeviceHealthTable::default()),
         };
         let stream = match newest.health_service {
             Some(service) => {
                 debug!(driver, endpoint = newest.endpoint, %service, generation, "streaming device health");
-                let weak = Arc::downgrade(self);
-                let owner = driver.to_owned();
-                let update = move |devices: Vec<DeviceHealthStatus>| {
-                    if let Some(shared) = weak.upgrade()
-                        && let Some(stream) = shared.state.lock().health.get_mut(&owner)
-                        && stream.generation == generation
-                    {
-                        stream.devices = devices;
-                    }
+                let sink = HealthSink {
+                    shared: Arc::downgrade(self),
+                    driver: driver.to_owned(),
+                    generation,
                 };
                 let task = crate::spawn(health::watch(
                     newest.driver.clone(),
                     newest.endpoint.clone(),
                     service,
                     Arc::clone(&newest.connection),
-                    update,
+                    sink,
+                    self.health_timers.clone(),
                 ));
                 HealthStream { owner: newest.id, generation, task, devices }
             }
-            None => HealthStream { owner: newest.id, generation, task: None, devices: Vec::new() },
+            None => HealthStream {
+                owner: newest.id,
+                generation,
+                task: None,
+                devices: DeviceHealthTable::default(),
+            },
         };
         state.health.insert(driver.to_owned(), stream);
     }
@@ -709,6 +748,52 @@ impl Shared {
             task.abort();
         }
         (tasks, instances)
+    }
+}
+
+/// The devices of one generation of a driver's health stream, as its task
+/// sees them: reports and expiries of an older generation change nothing.
+#[derive(Debug)]
+struct HealthSink {
+    shared: Weak<Shared>,
+    driver: String,
+    generation: u64,
+}
+
+impl HealthSink {
+    /// Applies `change` to the devices, if this generation still owns them,
+    /// and publishes its events (under the lock, so in order); the earliest
+    /// deadline afterwards.
+    fn apply(
+        &self,
+        change: impl FnOnce(&mut DeviceHealthTable, &str) -> Vec<kpm_cache::PluginEvent>,
+    ) -> Option<tokio::time::Instant> {
+        let shared = self.shared.upgrade()?;
+        let mut state = shared.state.lock();
+        let stream = state
+            .health
+            .get_mut(&self.driver)
+            .filter(|stream| stream.generation == self.generation)?;
+        for event in change(&mut stream.devices, &self.driver) {
+            shared.events.publish(event);
+        }
+        stream.devices.next_deadline()
+    }
+}
+
+impl DeviceHealthSink for HealthSink {
+    fn report(&self, devices: Vec<Report>) -> Option<tokio::time::Instant> {
+        let (now, wall) = (tokio::time::Instant::now(), SystemTime::now());
+        self.apply(|table, driver| table.report(driver, devices, now, wall))
+    }
+
+    fn expire(&self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        self.apply(|table, driver| table.expire(driver, now))
+    }
+
+    fn next_deadline(&self) -> Option<tokio::time::Instant> {
+        self.apply(|_, _| Vec::new())
     }
 }
 

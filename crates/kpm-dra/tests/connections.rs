@@ -281,15 +281,14 @@ async fn device_health_streamed_by_the_newest_instance_appears_in_the_status() {
     let served = serve(&setup.dir.path().join("dra.sock"), &driver);
     setup.register(&served.endpoint(), &["v1.DRAPlugin", "v1.DRAResourceHealth"]).await;
     wait_until("device health is streamed", || !setup.devices().is_empty()).await;
-    assert_eq!(
-        setup.devices(),
-        [DeviceHealthStatus {
-            pool: "pool1".into(),
-            device: "dev1".into(),
-            health: "Healthy".into(),
-            message: "all good".into(),
-        }]
-    );
+    let devices = setup.devices();
+    let shown: Vec<_> = devices
+        .iter()
+        .map(|d| (d.pool.as_str(), d.device.as_str(), d.health.as_str(), d.message.as_str()))
+        .collect();
+    assert_eq!(shown, [("pool1", "dev1", "Healthy", "all good")]);
+    // The driver's 30 s timeout, from when kpm received the report.
+    assert_eq!(devices[0].expires_at, Some(devices[0].reported_at + Duration::from_secs(30)));
     let instance = &setup.status().unwrap().instances[0];
     assert_eq!(instance.health_service.as_deref(), Some("v1.DRAResourceHealth"));
     // TestGRPCConnIsReused, health_api_reuses_connection.

@@ -5,6 +5,9 @@
 //!   generous [`DEADLINE`], and work the same on paused time;
 //! - [`blocking::wait_until`] and [`blocking::eventually`] poll from sync tests
 //!   that drive the `kpm` binary as a process;
+//! - [`with_clock_held`] and [`wait_with_clock_held`] keep a paused clock
+//!   from moving while a test waits for sockets served on another thread,
+//!   so that a test on paused time sees its timers fire at exact instants;
 //! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
 //!   runtime, so that stopping it closes its connections the way a process
 //!   exit does.
@@ -71,6 +74,38 @@ pub async fn within<F: IntoFuture>(what: impl Display, future: F) -> F::Output {
     tokio::time::timeout(DEADLINE, future)
         .await
         .unwrap_or_else(|_elapsed| panic!("timed out after {DEADLINE:?} waiting until {what}"))
+}
+
+/// Awaits `future` with tokio's clock held still if it is paused: a test on
+/// paused time (`start_paused`) waiting for IO from another thread (a
+/// plugin on an [`OwnRuntime`], a process) would otherwise let the clock
+/// jump to its next timer whenever the runtime is idle. Held by a blocking
+/// task, which keeps a paused clock from advancing by itself while it runs,
+/// for at most [`DEADLINE`] of real time: a test that waits longer lets its
+/// timers fire, and fails rather than hangs.
+pub async fn with_clock_held<F: IntoFuture>(future: F) -> F::Output {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let hold = tokio::task::spawn_blocking(move || {
+        let _ = released.recv_timeout(DEADLINE);
+    });
+    let output = future.await;
+    drop(release);
+    hold.await.expect("the task holding the clock ends");
+    output
+}
+
+/// Like [`blocking::wait_until`], polled on a blocking task: on paused time
+/// the clock stands still until `condition` holds (see [`with_clock_held`]),
+/// so that what the runtime does meanwhile happens at the instant the wait
+/// started.
+pub async fn wait_with_clock_held(
+    what: impl Display + Send + 'static,
+    condition: impl FnMut() -> bool + Send + 'static,
+) {
+    let waited = tokio::task::spawn_blocking(move || blocking::wait_until(what, condition)).await;
+    if let Err(failed) = waited {
+        std::panic::resume_unwind(failed.into_panic());
+    }
 }
 
 /// Waits for sync tests, which drive `kpm` as a process and have no tokio
@@ -217,6 +252,34 @@ mod tests {
         let message = panic.downcast_ref::<String>().expect("a formatted message");
         assert_eq!(*message, format!("timed out after {DEADLINE:?} waiting until pigs fly"));
         assert!(start.elapsed() >= DEADLINE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_clock_stands_still_while_another_thread_works() {
+        let start = tokio::time::Instant::now();
+        // A timer that an idle runtime would jump to.
+        let timer = tokio::spawn(tokio::time::sleep(Duration::from_secs(5)));
+        let (done, other_thread) = tokio::sync::oneshot::channel();
+        let worker = std::thread::spawn(move || {
+            std::thread::sleep(POLL * 4);
+            done.send(()).unwrap();
+        });
+        with_clock_held(other_thread).await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+
+        let flag = Arc::new(AtomicBool::new(false));
+        let set = Arc::clone(&flag);
+        std::thread::spawn(move || {
+            std::thread::sleep(POLL * 4);
+            set.store(true, Ordering::SeqCst);
+        });
+        wait_with_clock_held("the flag is set", move || flag.load(Ordering::SeqCst)).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(!timer.is_finished());
+        worker.join().unwrap();
+        // Not held, the clock moves on to the timer at once.
+        timer.await.unwrap();
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
 
     #[test]

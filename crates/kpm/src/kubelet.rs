@@ -246,6 +246,8 @@ impl KubeletBuilder {
         #[cfg(feature = "dra")]
         crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
+        // One bus for the manager's events and the handlers' own.
+        let events = self.manager.event_bus()?;
         let mut manager = self
             .manager
             .registry_dir(self.registry_dir.unwrap_or_else(|| {
@@ -299,8 +301,12 @@ impl KubeletBuilder {
             let cleanup = self
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
-            let dra =
-                crate::dra::DraManager::with_fd_budget(config, cleanup, self.fd_budget.clone());
+            let dra = crate::dra::DraManager::with_events(
+                config,
+                cleanup,
+                self.fd_budget.clone(),
+                events.clone(),
+            );
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };
@@ -309,7 +315,7 @@ impl KubeletBuilder {
         for (kind, handler) in &handlers {
             manager = manager.handler(kind.plugin_type(), Arc::clone(handler));
         }
-        let manager = manager.build()?;
+        let manager = manager.build_with_events(events)?;
         let handle = KubeletHandle {
             manager: manager.handle(),
             #[cfg(feature = "csi")]

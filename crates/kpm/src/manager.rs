@@ -149,11 +149,26 @@ impl PluginManagerBuilder {
 
     /// Checks every setting and builds the manager; nothing runs yet.
     pub fn build(self) -> Result<PluginManager> {
+        let events = self.event_bus()?;
+        self.build_with_events(events)
+    }
+
+    /// The bus the manager will publish its events on, of the capacity set
+    /// (checked here), for a handler that publishes on it too (the DRA
+    /// manager's device health changes); then
+    /// [`build_with_events`](Self::build_with_events).
+    pub(crate) fn event_bus(&self) -> Result<EventBus> {
         if !(1..=MAX_EVENT_CAPACITY).contains(&self.event_capacity) {
             let reason =
                 format!("{} is out of range (1 to {MAX_EVENT_CAPACITY})", self.event_capacity);
             return Err(Error::InvalidConfig { setting: "event_capacity", reason });
         }
+        Ok(EventBus::new(self.event_capacity))
+    }
+
+    /// [`build`](Self::build), publishing on `events`, from
+    /// [`event_bus`](Self::event_bus).
+    pub(crate) fn build_with_events(self, events: EventBus) -> Result<PluginManager> {
         invalid_if(
             "shutdown_grace",
             check_durations(&[], &[("shutdown_grace", self.shutdown_grace)]),
@@ -164,7 +179,6 @@ impl PluginManagerBuilder {
 
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
-        let events = EventBus::new(self.event_capacity);
         let held = self.held_connections;
         let liveness = self
             .liveness
@@ -359,7 +373,8 @@ impl ManagerHandle {
     }
 
     /// What happens from now on: sockets seen, plugins registered, rejected
-    /// (with the reason) and deregistered, retries scheduled.
+    /// (with the reason) and deregistered, retries scheduled, and, for a
+    /// [`Kubelet`](crate::Kubelet), DRA devices' health changes.
     pub fn subscribe(&self) -> broadcast::Receiver<PluginEvent> {
         self.events.subscribe()
     }

@@ -5,8 +5,9 @@
 //!   1 per socket in `desired_state_of_world` and in `actual_state_of_world`;
 //! - `kpm_registrations_total{type}`, `kpm_deregistrations_total{type}`,
 //!   `kpm_rejections_total`, `kpm_retries_scheduled_total`,
-//!   `kpm_unresponsive_total`: counted by the manager as they happen
-//!   ([`kpm::EventCounts`]), exact however the event stream lags;
+//!   `kpm_unresponsive_total`, `kpm_dra_device_health_changes_total`:
+//!   counted by the manager as they happen ([`kpm::EventCounts`]), exact
+//!   however the event stream lags;
 //! - `kpm_registration_latency_seconds`: from a socket incarnation being seen
 //!   to its plugin being registered, from the event stream (it misses the
 //!   registrations whose events a lag dropped);
@@ -213,6 +214,7 @@ mod tests {
         .await;
         assert_eq!(sample(&metrics, &registrations), Some(PLUGINS));
         assert_eq!(sample(&metrics, "kpm_rejections_total"), Some(0));
+        assert_eq!(sample(&metrics, "kpm_dra_device_health_changes_total"), Some(0));
 
         drop(stop);
         running.await.unwrap().unwrap();

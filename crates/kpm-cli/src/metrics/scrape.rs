@@ -375,6 +375,12 @@ fn encode_events(events: &EventCounts, encoder: &mut DescriptorEncoder<'_>) -> f
         "kpm_unresponsive",
         "Registered plugins that stopped answering liveness probes and were registered anew.",
         events.unresponsive,
+    )?;
+    counter(
+        encoder,
+        "kpm_dra_device_health_changes",
+        "Changes of a DRA device's health: first reports, other health, expired reports.",
+        events.device_health_changes,
     )
 }
 

@@ -13,7 +13,10 @@
 //! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
 //! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
 //! [{"name", "instances": [{"endpoint", "version", "connected",
-//! "registered_at"}], "cleanup_pending_until", "devices"}]`, and
+//! "registered_at"}], "cleanup_pending_until", "devices": [{"pool", "device",
+//! "health", "message", "reported_at", "expires_at"}]}]` (`devices` absent
+//! when empty; `expires_at`, when the health becomes `Unknown` without a
+//! fresh report, `null` once it has), and
 //! `"kubernetes"`: `null` unless kpm publishes to an API server, else
 //! `{"node", "objects": [{"kind", "last_success", "last_error": null |
 //! {"at", "message"}}], "requests": [{"verb", "resource", "outcome",
@@ -23,7 +26,10 @@
 //! objects, with Kubernetes' field names.
 //!
 //! `GET /v1/events` streams NDJSON: a `subscribed` line, then one line per
-//! event (see [`model::EventLine`]).
+//! event (see [`model::EventLine`]): `{"time", "event", …}` with the fields
+//! of [`kpm::PluginEvent`], a DRA device's health change as `{"time",
+//! "event": "device_health", "driver", "pool", "device", "health",
+//! "previous", "expired", "message"}`.
 //!
 //! The documents are the library's own types, which serialize themselves
 //! (the `kpm` crate's feature `serde`); [`model`] only wraps them,

@@ -9,7 +9,7 @@ use kpm::csi::{CsiDriver, CsiNode, CsiNodeDriver, DriverNodeInfo, NodeInfo, Vers
 use kpm::device::{DeviceStatus, ResourceStatus};
 use kpm::dra::{DeviceHealthStatus, DraDriverStatus, DraInstanceStatus};
 use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
-use kpm::{PluginState, PluginStatus};
+use kpm::{PluginEvent, PluginState, PluginStatus};
 use serde_json::{Value, json};
 
 use super::model::{EventLine, PluginList};
@@ -159,33 +159,51 @@ fn full() -> Parts {
                 removal_at: Some(at(300_000)),
             },
         ],
-        dra_drivers: vec![
-            DraDriverStatus {
-                name: "gpu.example.com".into(),
-                instances: vec![DraInstanceStatus {
-                    endpoint: "/p/dra.sock".into(),
-                    version: "v1.DRAPlugin".into(),
-                    connected: true,
-                    registered_at: at(4),
-                    health_service: Some("v1.DRAResourceHealth".into()),
-                }],
-                cleanup_pending_until: None,
-                devices: vec![DeviceHealthStatus {
+        dra_drivers: dra_drivers(),
+        kubernetes: Some(kubernetes()),
+    }
+}
+
+/// A DRA driver with an instance and devices (one expired), and one gone
+/// whose cleanup is pending.
+fn dra_drivers() -> Vec<DraDriverStatus> {
+    vec![
+        DraDriverStatus {
+            name: "gpu.example.com".into(),
+            instances: vec![DraInstanceStatus {
+                endpoint: "/p/dra.sock".into(),
+                version: "v1.DRAPlugin".into(),
+                connected: true,
+                registered_at: at(4),
+                health_service: Some("v1.DRAResourceHealth".into()),
+            }],
+            cleanup_pending_until: None,
+            devices: vec![
+                DeviceHealthStatus {
                     pool: "pool".into(),
                     device: "gpu-0".into(),
                     health: "Healthy".into(),
                     message: String::new(),
-                }],
-            },
-            DraDriverStatus {
-                name: "gone.example.com".into(),
-                instances: Vec::new(),
-                cleanup_pending_until: Some(at(30_000)),
-                devices: Vec::new(),
-            },
-        ],
-        kubernetes: Some(kubernetes()),
-    }
+                    reported_at: at(5),
+                    expires_at: Some(at(30_005)),
+                },
+                DeviceHealthStatus {
+                    pool: "pool".into(),
+                    device: "gpu-1".into(),
+                    health: "Unknown".into(),
+                    message: String::new(),
+                    reported_at: at(6),
+                    expires_at: None,
+                },
+            ],
+        },
+        DraDriverStatus {
+            name: "gone.example.com".into(),
+            instances: Vec::new(),
+            cleanup_pending_until: Some(at(30_000)),
+            devices: Vec::new(),
+        },
+    ]
 }
 
 /// What [`plugins`] serialize to.
@@ -266,7 +284,13 @@ fn the_plugin_list_keeps_its_schema() {
                 "instances": [{"endpoint": "/p/dra.sock", "version": "v1.DRAPlugin",
                                "connected": true, "registered_at": "2026-11-21T12:00:00.004Z"}],
                 "cleanup_pending_until": null,
-                "devices": [{"pool": "pool", "device": "gpu-0", "health": "Healthy", "message": ""}],
+                "devices": [
+                    {"pool": "pool", "device": "gpu-0", "health": "Healthy", "message": "",
+                     "reported_at": "2026-11-21T12:00:00.005Z",
+                     "expires_at": "2026-11-21T12:00:30.005Z"},
+                    {"pool": "pool", "device": "gpu-1", "health": "Unknown", "message": "",
+                     "reported_at": "2026-11-21T12:00:00.006Z", "expires_at": null},
+                ],
             },
             {
                 "name": "gone.example.com", "instances": [],
@@ -318,6 +342,32 @@ fn an_event_line_is_the_event_with_the_time_it_was_sent() {
     assert_eq!(line["event"], "subscribed");
     let time = line["time"].as_str().unwrap();
     assert!(humantime::parse_rfc3339(time).is_ok() && time.ends_with('Z'), "{time}");
+}
+
+#[test]
+fn a_device_health_line_names_the_driver_device_and_change() {
+    let event = PluginEvent::DeviceHealthChanged {
+        driver: "gpu.example.com".into(),
+        pool: "pool".into(),
+        device: "gpu-0".into(),
+        health: "Unknown".into(),
+        previous: Some("Healthy".into()),
+        expired: true,
+        message: String::new(),
+    };
+    let mut line = serde_json::to_value(EventLine::new(&event)).unwrap();
+    let keys: Vec<_> = line.as_object().unwrap().keys().cloned().collect();
+    assert_eq!(
+        keys,
+        ["time", "event", "driver", "pool", "device", "health", "previous", "expired", "message"]
+    );
+    line["time"] = json!("T");
+    assert_eq!(
+        line,
+        json!({"time": "T", "event": "device_health", "driver": "gpu.example.com",
+               "pool": "pool", "device": "gpu-0", "health": "Unknown", "previous": "Healthy",
+               "expired": true, "message": ""})
+    );
 }
 
 #[test]

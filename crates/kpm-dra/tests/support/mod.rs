@@ -17,7 +17,8 @@ use kpm_api::dra::{v1, v1beta1};
 use kpm_api::dra_health::{v1 as health_v1, v1alpha1 as health_v1alpha1};
 use kpm_test_support::OwnRuntime;
 use parking_lot::Mutex;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status};
 
@@ -38,6 +39,9 @@ pub enum Health {
     V1alpha1,
     /// `v1.DRAResourceHealth`: one update, then the stream ends.
     V1ThenEnd,
+    /// `v1.DRAResourceHealth`: the updates sent with
+    /// [`FakeDriver::send_health`], on the first stream.
+    V1Sent,
 }
 
 /// One call the fake received.
@@ -61,6 +65,9 @@ pub struct FakeDriver {
     calls: Mutex<Vec<Call>>,
     call_count: watch::Sender<usize>,
     watches: watch::Sender<usize>,
+    /// The updates [`FakeDriver::send_health`] sends, for [`Health::V1Sent`].
+    sent: mpsc::UnboundedSender<health_v1::NodeWatchResourcesResponse>,
+    to_send: Mutex<Option<mpsc::UnboundedReceiver<health_v1::NodeWatchResourcesResponse>>>,
 }
 
 impl FakeDriver {
@@ -79,6 +86,7 @@ impl FakeDriver {
     }
 
     fn build(serves: Serves, health: Option<Health>, blocking: bool) -> Arc<Self> {
+        let (sent, to_send) = mpsc::unbounded_channel();
         Arc::new(Self {
             serves,
             health,
@@ -86,12 +94,39 @@ impl FakeDriver {
             calls: Mutex::new(Vec::new()),
             call_count: watch::Sender::new(0),
             watches: watch::Sender::new(0),
+            sent,
+            to_send: Mutex::new(Some(to_send)),
         })
+    }
+
+    /// Sends one update on the [`Health::V1Sent`] stream (kept until the
+    /// stream is open): `(device, health, health_check_timeout_seconds,
+    /// message)` of devices of `pool1`.
+    pub fn send_health(&self, devices: &[(&str, health_v1::HealthStatus, i64, &str)]) {
+        let devices = devices
+            .iter()
+            .map(|&(device, health, timeout, message)| health_v1::DeviceHealth {
+                device: Some(health_v1::DeviceIdentifier {
+                    pool_name: "pool1".into(),
+                    device_name: device.into(),
+                }),
+                health: health.into(),
+                last_updated_time: 1_700_000_000,
+                health_check_timeout_seconds: timeout,
+                message: message.into(),
+            })
+            .collect();
+        self.sent.send(health_v1::NodeWatchResourcesResponse { devices }).unwrap();
     }
 
     /// The calls received so far.
     pub fn calls(&self) -> Vec<Call> {
         self.calls.lock().clone()
+    }
+
+    /// The `NodeWatchResources` calls that arrived so far.
+    pub fn watch_count(&self) -> usize {
+        *self.watches.borrow()
     }
 
     /// Waits until at least `n` `NodeWatchResources` calls have arrived.
@@ -228,6 +263,12 @@ impl health_v1::dra_resource_health_server::DraResourceHealth for V1Health {
         _: Request<health_v1::NodeWatchResourcesRequest>,
     ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
         self.0.watches.send_modify(|watches| *watches += 1);
+        if self.0.health == Some(Health::V1Sent) {
+            let Some(sent) = self.0.to_send.lock().take() else {
+                return Err(Status::unavailable("the sent updates went to the first stream"));
+            };
+            return Ok(Response::new(Box::pin(UnboundedReceiverStream::new(sent).map(Ok))));
+        }
         let update = health_v1::NodeWatchResourcesResponse {
             devices: vec![health_v1::DeviceHealth {
                 device: Some(health_v1::DeviceIdentifier {
@@ -320,7 +361,7 @@ pub fn serve(socket: &Path, driver: &Arc<FakeDriver>) -> Served {
                 ));
             }
             match driver.health {
-                Some(Health::V1 | Health::V1ThenEnd) => {
+                Some(Health::V1 | Health::V1ThenEnd | Health::V1Sent) => {
                     router = router.add_service(
                         health_v1::dra_resource_health_server::DraResourceHealthServer::new(
                             V1Health(Arc::clone(&driver)),
