@@ -76,7 +76,9 @@ const SCENARIOS: &[Scenario] = &[
     Scenario { name: "csi", needs_kpm: true, run: csi },
     Scenario { name: "csi-allocatable", needs_kpm: true, run: csi_allocatable },
     Scenario { name: "device-plugin", needs_kpm: true, run: device_plugin },
+    Scenario { name: "device-leftovers", needs_kpm: true, run: device_leftovers },
     Scenario { name: "dra", needs_kpm: true, run: dra },
+    Scenario { name: "dra-test-driver", needs_kpm: true, run: dra_test_driver },
     Scenario { name: "apiserver-down", needs_kpm: true, run: apiserver_down },
     Scenario { name: "doctor", needs_kpm: true, run: doctor },
 ];
@@ -87,6 +89,8 @@ struct Env {
     example_plugin: PathBuf,
     apiserver: PathBuf,
     etcd: PathBuf,
+    /// Kubernetes' e2e DRA test driver, if given.
+    dra_test_driver: Option<PathBuf>,
     manifest: PathBuf,
     out: PathBuf,
 }
@@ -95,16 +99,18 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     let usage = || {
         format!(
-            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only {}]",
+            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] [--only {}]",
             names.join("|")
         )
     };
     let (mut apiserver, mut etcd, mut manifest, mut only) = (None, None, None, None);
+    let mut dra_test_driver = None;
     let mut options = options.iter();
     while let Some(option) = options.next() {
         match (*option, options.next()) {
             ("--apiserver", Some(bin)) => apiserver = Some(std::path::absolute(bin)?),
             ("--etcd", Some(bin)) => etcd = Some(std::path::absolute(bin)?),
+            ("--dra-test-driver", Some(bin)) => dra_test_driver = Some(std::path::absolute(bin)?),
             ("--manifest", Some(file)) => manifest = Some(std::path::absolute(file)?),
             ("--only", Some(name)) if names.contains(name) => only = Some(*name),
             _ => return Err(usage().into()),
@@ -135,12 +141,19 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         example_plugin: binaries.example_plugin,
         apiserver,
         etcd,
+        dra_test_driver,
         manifest: manifest.unwrap_or_else(|| root.join("deploy/daemonset.yaml")),
         out: binaries.out,
     };
 
     let mut outcomes = Vec::new();
     for scenario in selected {
+        if scenario.name == "dra-test-driver"
+            && !env.dra_test_driver.as_ref().is_some_and(|bin| bin.is_file())
+        {
+            outcomes.push((scenario.name, "skipped (no --dra-test-driver)".to_owned()));
+            continue;
+        }
         eprintln!("\n== {}", scenario.name);
         let outcome = match Cluster::start(&env, scenario.name)
             .and_then(|mut cluster| (scenario.run)(&env, &mut cluster))
@@ -460,6 +473,124 @@ fn dra(env: &Env, cluster: &mut Cluster) -> Result {
     }
     eprintln!("{DRA_STAY_CHECK:?} later: {left:?} stay");
     drop(b);
+    kpm.stop()
+}
+
+/// What an earlier run published, after kpm restarts: the device resource
+/// of a plugin that is still there goes on with no flap (never zero, never
+/// missing); one whose plugin is gone stays until the device grace, then
+/// goes.
+fn device_leftovers(env: &Env, cluster: &mut Cluster) -> Result {
+    let api = &cluster.api;
+    let gpus = || -> Result<Value> {
+        Ok(api.get("/api/v1/nodes/node1")?["status"]["capacity"]["example.com/gpu"].clone())
+    };
+    let kpm = cluster.start_kpm(env, "device-leftovers-1")?;
+    let args = ["--type", "DevicePlugin", "--name", "example.com/gpu", "--devices", "2"];
+    let plugin = plugin(&kpm, env, "device-leftovers", &args)?;
+    wait_until("Node node1 with 2 example.com/gpu", STEP_TIMEOUT, || Ok(gpus()? == json!("2")))?;
+    // kpm tells its own resources by the Node's managedFields.
+    if api.get("/api/v1/nodes/node1")?["metadata"]["managedFields"].is_null() {
+        return Err("this kube-apiserver keeps no managedFields on Nodes: kpm cannot tell its \
+                    resources from others', so it leaves every leftover alone"
+            .into());
+    }
+    kpm.stop()?;
+
+    // The plugin stays: the restarted kpm registers it again.
+    let kpm = cluster.start_kpm(env, "device-leftovers-2")?;
+    let watched = Instant::now();
+    let mut seen = BTreeSet::new();
+    while watched.elapsed() < Duration::from_secs(DEVICE_GRACE_SECS + 2) {
+        seen.insert(gpus()?.to_string());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if seen.len() != 1 || !seen.contains("\"2\"") {
+        return Err(format!("with its plugin back, the capacity was {seen:?}").into());
+    }
+    eprintln!(
+        "kpm restarted with the plugin: capacity always 2 over {}s (the grace and more)",
+        DEVICE_GRACE_SECS + 2
+    );
+    kpm.stop()?;
+    drop(plugin);
+
+    // The plugin is gone: its capacity stays for the grace, then goes.
+    let kpm = cluster.start_kpm(env, "device-leftovers-3")?;
+    let started = Instant::now();
+    wait_until("the leftover capacity removed", STEP_TIMEOUT + DRA_STAY_CHECK, || {
+        if started.elapsed() < Duration::from_secs(DEVICE_GRACE_SECS - 1) && gpus()? != json!("2") {
+            return Err("the leftover capacity changed within the grace".into());
+        }
+        Ok(gpus()?.is_null())
+    })?;
+    eprintln!(
+        "kpm restarted without the plugin: capacity 2 kept, then removed {:?} after the start (grace {DEVICE_GRACE_SECS}s)",
+        started.elapsed()
+    );
+    kpm.stop()
+}
+
+/// Kubernetes' own e2e DRA test driver (`dra-test-driver kubelet-plugin`,
+/// `test/e2e/dra/test-driver`) against `kpm run --kubeconfig`: it
+/// registers, publishes its ResourceSlices itself (as cluster admin: kpm's
+/// token may not create slices), streams device health, and once it is
+/// killed kpm deletes its slices of the node after the grace period.
+fn dra_test_driver(env: &Env, cluster: &mut Cluster) -> Result {
+    const DRIVER: &str = "test-driver.cdi.k8s.io";
+    let bin = env.dra_test_driver.as_ref().ok_or("no --dra-test-driver")?;
+    let kpm = cluster.start_kpm(env, "dra-test-driver")?;
+    let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?.display().to_string();
+    let registry = kpm.root.join("plugins_registry").display().to_string();
+    // The helper binds its socket in <datadir>/<driver>, which the kubelet's
+    // pod spec mounts: it must exist.
+    fs::create_dir_all(kpm.root.join("plugins").join(DRIVER))?;
+    let datadir = kpm.root.join("plugins").display().to_string();
+    let cdi = cluster.dir.path().join("cdi").display().to_string();
+    let log = |suffix: &str| env.out.join(format!("dra-test-driver-driver.{suffix}"));
+    let args = [
+        "--kubeconfig",
+        &admin,
+        "--drivername",
+        DRIVER,
+        "kubelet-plugin",
+        "--node-name",
+        "node1",
+        "--plugin-registration-path",
+        &registry,
+        "--datadir",
+        &datadir,
+        "--cdi-dir",
+        &cdi,
+        "--num-devices",
+        "2",
+    ];
+    let mut driver = Process::spawn("dra-test-driver", bin, &args, &log("out"), &log("err"))?;
+    let api = &cluster.api;
+    let listed = wait_for("kpm lists the driver connected", STEP_TIMEOUT, || {
+        let list = kpm.list()?;
+        let driver = find(&list["dra_drivers"], "name", DRIVER).cloned();
+        Ok(driver.filter(|d| d["instances"][0]["connected"] == true))
+    })?;
+    let published = wait_for("the driver's slices of node1", STEP_TIMEOUT, || {
+        let ours: BTreeSet<String> = slices_of(api, DRIVER, "node1")?;
+        Ok((!ours.is_empty()).then_some(ours))
+    })?;
+    eprintln!(
+        "registered ({}), health service {}; it published {published:?}",
+        listed["instances"][0]["version"], listed["instances"][0]["health_service"]
+    );
+
+    driver.kill();
+    let killed = Instant::now();
+    wait_until("kpm deletes the driver's slices of node1", STEP_TIMEOUT + DRA_STAY_CHECK, || {
+        Ok(slices_of(api, DRIVER, "node1")?.is_empty())
+    })?;
+    let gone = killed.elapsed();
+    if gone < Duration::from_secs(DRA_GRACE_SECS) {
+        return Err(format!("its slices went {gone:?} after the kill, within the grace").into());
+    }
+    eprintln!("killed: its slices deleted by kpm {gone:?} later (grace {DRA_GRACE_SECS}s)");
     kpm.stop()
 }
 
@@ -810,21 +941,27 @@ impl Cluster {
         Ok(())
     }
 
-    /// Writes the kubeconfig for kpm's token and starts `kpm run` on a root
-    /// in the cluster's dir.
-    fn start_kpm(&self, env: &Env, scenario: &str) -> Result<RunningKpm> {
-        let kubeconfig = self.dir.path().join("kubeconfig");
+    /// Writes a kubeconfig for `token` to `file` in the cluster's dir.
+    fn kubeconfig(&self, file: &str, token: &str) -> Result<PathBuf> {
+        let kubeconfig = self.dir.path().join(file);
         let ca_data = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
         // JSON is YAML: any kubeconfig reader takes it.
         let config = json!({
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "kube-e2e", "cluster": {"server": self.api.server, "certificate-authority-data": ca_data}}],
-            "users": [{"name": "kpm", "user": {"token": KPM_TOKEN}}],
-            "contexts": [{"name": "kube-e2e", "context": {"cluster": "kube-e2e", "user": "kpm"}}],
+            "users": [{"name": "user", "user": {"token": token}}],
+            "contexts": [{"name": "kube-e2e", "context": {"cluster": "kube-e2e", "user": "user"}}],
             "current-context": "kube-e2e",
         });
         fs::write(&kubeconfig, serde_json::to_string_pretty(&config)?)?;
+        Ok(kubeconfig)
+    }
+
+    /// Writes the kubeconfig for kpm's token and starts `kpm run` on a root
+    /// in the cluster's dir.
+    fn start_kpm(&self, env: &Env, scenario: &str) -> Result<RunningKpm> {
+        let kubeconfig = self.kubeconfig("kubeconfig", KPM_TOKEN)?;
         let root = self.dir.path().join("kpm");
         fs::create_dir_all(root.join("plugins_registry"))?;
         let log = env.out.join(format!("{scenario}-kpm.log"));
@@ -1003,6 +1140,18 @@ fn slices(api: &Api) -> Result<BTreeSet<String>> {
         .as_array()
         .into_iter()
         .flatten()
+        .filter_map(|item| item["metadata"]["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// The ResourceSlices of `driver` on `node`.
+fn slices_of(api: &Api, driver: &str, node: &str) -> Result<BTreeSet<String>> {
+    let list = api.get(SLICES)?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|item| item["spec"]["driver"] == driver && item["spec"]["nodeName"] == node)
         .filter_map(|item| item["metadata"]["name"].as_str().map(str::to_owned))
         .collect())
 }

@@ -185,24 +185,31 @@ fn plugin(role: &str) {
                     .unwrap();
                     return;
                 }
-                let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
-                tokio::spawn(
-                    tonic::transport::Server::builder()
-                        .add_routes(plugin.routes())
-                        .serve_with_incoming(incoming),
-                );
-                // Once, when kubelet.sock first appears.
+                // Once, when kubelet.sock first appears. Serving it, kpm
+                // empties the directory: a socket bound in that moment is
+                // gone, and the registration fails; then once more.
                 while !dir.join("kubelet.sock").exists() {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                kpm_registrar::register_device_plugin(
-                    &dir,
-                    "gpu.sock",
-                    GPU,
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
+                for attempt in 1.. {
+                    let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
+                    let server = tokio::spawn(
+                        tonic::transport::Server::builder()
+                            .add_routes(plugin.clone().routes())
+                            .serve_with_incoming(incoming),
+                    );
+                    let timeout = Duration::from_secs(5);
+                    match kpm_registrar::register_device_plugin(&dir, "gpu.sock", GPU, timeout)
+                        .await
+                    {
+                        Ok(()) => break,
+                        Err(err) if attempt < 3 => {
+                            eprintln!("registering failed, once more: {err}");
+                            server.abort();
+                        }
+                        Err(err) => panic!("registering failed: {err}"),
+                    }
+                }
                 stop.await;
                 let _ = std::fs::remove_file(dir.join("gpu.sock"));
             }
