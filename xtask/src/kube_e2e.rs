@@ -489,12 +489,6 @@ fn device_leftovers(env: &Env, cluster: &mut Cluster) -> Result {
     let args = ["--type", "DevicePlugin", "--name", "example.com/gpu", "--devices", "2"];
     let plugin = plugin(&kpm, env, "device-leftovers", &args)?;
     wait_until("Node node1 with 2 example.com/gpu", STEP_TIMEOUT, || Ok(gpus()? == json!("2")))?;
-    // kpm tells its own resources by the Node's managedFields.
-    if api.get("/api/v1/nodes/node1")?["metadata"]["managedFields"].is_null() {
-        return Err("this kube-apiserver keeps no managedFields on Nodes: kpm cannot tell its \
-                    resources from others', so it leaves every leftover alone"
-            .into());
-    }
     kpm.stop()?;
 
     // The plugin stays: the restarted kpm registers it again.
@@ -514,6 +508,12 @@ fn device_leftovers(env: &Env, cluster: &mut Cluster) -> Result {
     );
     kpm.stop()?;
     drop(plugin);
+    // kpm tells its own resources by the Node's managedFields.
+    if api.get("/api/v1/nodes/node1")?["metadata"]["managedFields"].is_null() {
+        return Err("this kube-apiserver keeps no managedFields on Nodes: kpm cannot tell its \
+                    resources from others', so it leaves every leftover alone"
+            .into());
+    }
 
     // The plugin is gone: its capacity stays for the grace, then goes.
     let kpm = cluster.start_kpm(env, "device-leftovers-3")?;
