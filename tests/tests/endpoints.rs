@@ -17,6 +17,12 @@ use kpm_registrar::{Registrar, RegistrarBuilder};
 use kpm_test_support::{DEADLINE, wait_until};
 use support::serve_service;
 
+const CSI_SOCKET: &str = "plugins/csi.example.com/csi.sock";
+
+fn csi_routes() -> tonic::service::Routes {
+    StubCsiDriver::new("csi.example.com", "node-1").routes()
+}
+
 /// A kubelet, with liveness on (probes far off: the endpoint watch alone
 /// must find the removal), running on a temp root until the test ends.
 struct Node {
@@ -48,6 +54,16 @@ impl Node {
         let told = plugin.wait_for_status(DEADLINE).await.unwrap();
         assert!(told.plugin_registered, "{told:?}");
         plugin
+    }
+
+    /// Serves the CSI driver `csi.example.com` on `endpoint` and registers
+    /// it; returns the service's task and its registrar.
+    async fn csi_driver(&self, endpoint: &Path) -> (tokio::task::JoinHandle<()>, Registrar) {
+        let service = serve_service(endpoint, csi_routes()).await;
+        let builder = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+            .versions(["1.0.0"])
+            .endpoint(endpoint);
+        (service, self.register(builder).await)
     }
 
     fn state(&self, plugin: &Registrar) -> Option<(PluginState, Option<String>)> {
@@ -96,16 +112,8 @@ impl Node {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csi_driver_whose_socket_is_removed_is_deregistered_until_it_is_served_again() {
     let node = Node::start();
-    let endpoint = node.path("plugins/csi.example.com/csi.sock");
-    let routes = || StubCsiDriver::new("csi.example.com", "node-1").routes();
-    let service = serve_service(&endpoint, routes()).await;
-    let plugin = node
-        .register(
-            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
-                .versions(["1.0.0"])
-                .endpoint(&endpoint),
-        )
-        .await;
+    let endpoint = node.path(CSI_SOCKET);
+    let (service, plugin) = node.csi_driver(&endpoint).await;
     assert_eq!(node.handle.csi_drivers().len(), 1);
 
     // The driver still serves, on a path nobody can dial any more.
@@ -115,7 +123,7 @@ async fn a_csi_driver_whose_socket_is_removed_is_deregistered_until_it_is_served
     assert!(node_info.csinode.drivers.is_empty(), "its CSINode entry went too");
 
     service.abort();
-    let _service = node.held_then_registered_again(&plugin, &endpoint, routes).await;
+    let _service = node.held_then_registered_again(&plugin, &endpoint, csi_routes).await;
     assert_eq!(node.handle.csi_drivers().list()[0].endpoint, endpoint.display().to_string());
     assert_eq!(node.handle.manager().stats().liveness.unwrap().endpoints_gone, 1);
 }
@@ -178,16 +186,8 @@ async fn a_dra_instance_whose_endpoint_is_removed_goes_and_the_other_stays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csi_driver_whose_socket_is_replaced_is_registered_anew_at_once() {
     let node = Node::start();
-    let endpoint = node.path("plugins/csi.example.com/csi.sock");
-    let routes = || StubCsiDriver::new("csi.example.com", "node-1").routes();
-    let _old = serve_service(&endpoint, routes()).await;
-    let plugin = node
-        .register(
-            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
-                .versions(["1.0.0"])
-                .endpoint(&endpoint),
-        )
-        .await;
+    let endpoint = node.path(CSI_SOCKET);
+    let (_old, plugin) = node.csi_driver(&endpoint).await;
 
     // The monitor learns of a registration after the plugin does: a file
     // replaced before it looks is the one it takes as the endpoint.
@@ -195,7 +195,7 @@ async fn a_csi_driver_whose_socket_is_replaced_is_registered_anew_at_once() {
     wait_until("the endpoint is watched", || watched() == 1).await;
     // A new server's socket renamed over the old one: never a gap.
     let fresh = node.path("plugins/csi.example.com/csi.sock.new");
-    let _new = serve_service(&fresh, routes()).await;
+    let _new = serve_service(&fresh, csi_routes()).await;
     std::fs::rename(&fresh, &endpoint).unwrap();
     wait_until("the driver is registered anew", || plugin.statuses().len() == 2).await;
     assert!(plugin.statuses().iter().all(|told| told.plugin_registered));
