@@ -576,10 +576,7 @@ fn dra_test_driver(env: &Env, cluster: &mut Cluster) -> Result {
         let ours: BTreeSet<String> = slices_of(api, DRIVER, "node1")?;
         Ok((!ours.is_empty()).then_some(ours))
     })?;
-    eprintln!(
-        "registered ({}), health service {}; it published {published:?}",
-        listed["instances"][0]["version"], listed["instances"][0]["health_service"]
-    );
+    eprintln!("registered ({}); it published {published:?}", listed["instances"][0]["version"]);
 
     driver.kill();
     let killed = Instant::now();
