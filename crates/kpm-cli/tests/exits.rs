@@ -276,7 +276,13 @@ fn a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream() {
     let unresponsive = s.events.wait_first("unresponsive", &socket);
     assert_eq!(unresponsive["generation"], registered["generation"]);
     let reason = unresponsive["reason"].as_str().unwrap();
-    assert!(reason.contains("connection to") && reason.contains("refused"), "{unresponsive}");
+    // A listener killed with connections queued resets them: kpm's own
+    // check may be one of those, as likely as refused on a loaded machine.
+    let gone = ["refused", "reset by peer", "closed at once"];
+    assert!(
+        reason.contains("connection to") && gone.iter().any(|why| reason.contains(why)),
+        "{unresponsive}"
+    );
     s.events.wait_first("deregistered", &socket);
     assert_eq!(s.metric("kpm_liveness_probes_total"), 0.0, "no probe ran");
 }
