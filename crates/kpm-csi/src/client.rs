@@ -13,17 +13,11 @@ use tracing::debug;
 use crate::error::CsiError;
 use crate::store::DriverNodeInfo;
 
-/// The socket path of a CSI endpoint.
-///
-/// The kubelet dials the endpoint as a raw path. Some drivers report it as a
-/// gRPC target instead (`unix:///csi/csi.sock` or `unix:/csi/csi.sock`); a
-/// `unix://` or `unix:` prefix is stripped so that both forms work.
+/// The socket path of a CSI endpoint: the kubelet dials it as a raw path,
+/// and a `unix://` or `unix:` prefix (a gRPC target, as some drivers report
+/// it) is stripped ([`kpm_transport::endpoint_path`]).
 pub fn socket_path(endpoint: &str) -> &Path {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .unwrap_or(endpoint);
-    Path::new(path)
+    kpm_transport::endpoint_path(endpoint)
 }
 
 /// Calls `csi.v1.Node/NodeGetInfo` on the driver at `endpoint` over a new

@@ -24,16 +24,13 @@ pub(crate) fn socket_at(endpoint: &Path) -> Option<FileId> {
     meta.file_type().is_socket().then(|| FileId::of(&meta))
 }
 
-/// The endpoint of a plugin as a path to watch: `unix://` and `unix:`
-/// stripped (CSI drivers may report a gRPC target); `None` for one that is
-/// not absolute or is its registration socket, which the registry's
-/// watcher covers.
+/// The endpoint of a plugin as a path to watch (`kpm_transport::endpoint_path`:
+/// a CSI driver may report a gRPC target); `None` for one that is not
+/// absolute or is its registration socket, which the registry's watcher
+/// covers.
 pub(crate) fn watched_path(endpoint: &str, socket: &Path) -> Option<PathBuf> {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .map_or_else(|| PathBuf::from(endpoint), PathBuf::from);
-    (path.is_absolute() && path != socket).then_some(path)
+    let path = kpm_transport::endpoint_path(endpoint);
+    (path.is_absolute() && path != socket).then(|| path.to_path_buf())
 }
 
 /// The directory watches of the endpoints armed.

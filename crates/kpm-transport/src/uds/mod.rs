@@ -193,6 +193,18 @@ pub async fn bind(path: &Path) -> Result<Incoming, TransportError> {
     Ok(Incoming::new(listener))
 }
 
+/// The socket path of a plugin's endpoint. The kubelet dials an endpoint
+/// as a raw path; some plugins (CSI drivers) report a gRPC target instead
+/// (`unix:///csi/csi.sock` or `unix:/csi/csi.sock`), so a `unix://` or
+/// `unix:` prefix is stripped and both forms work.
+pub fn endpoint_path(endpoint: &str) -> &Path {
+    let path = endpoint
+        .strip_prefix("unix://")
+        .or_else(|| endpoint.strip_prefix("unix:"))
+        .unwrap_or(endpoint);
+    Path::new(path)
+}
+
 /// The identity of the file at `path` (not following a symlink), if it can
 /// be read: what tells a socket re-created there from the one seen before.
 pub fn file_id_at(path: &Path) -> Option<FileId> {
