@@ -376,9 +376,7 @@ impl<'a> State<'a> {
         }
         self.unhold(&socket);
         let watched = watched_path(&info.endpoint, &socket);
-        let endpoint = watched
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(info.endpoint.trim_start_matches("unix://")));
+        let endpoint = kpm_transport::endpoint_path(&info.endpoint).to_path_buf();
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
         // Armed before the file is read: a change after the read is an event.
         if watched.is_some() {
@@ -431,8 +429,12 @@ impl<'a> State<'a> {
 
     /// Stops watching `endpoint` once no followed or held plugin uses it.
     fn disarm_if_unused(&mut self, endpoint: &Path) {
-        let watched_for = |f: &Followed| f.endpoint == endpoint && f.endpoint_watched;
-        if self.held.contains_key(endpoint) || self.followed.values().any(watched_for) {
+        // Through the index of who is served where: a thousand plugins
+        // leaving at once must not scan every followed one each.
+        let watched =
+            |socket: &PathBuf| self.followed.get(socket).is_some_and(|f| f.endpoint_watched);
+        let mut served = self.served_at.get(endpoint).into_iter().flatten();
+        if self.held.contains_key(endpoint) || served.any(watched) {
             return;
         }
         self.endpoints.disarm(endpoint);
