@@ -537,22 +537,14 @@ fn expect_doctor_verdicts(
     misplaced: &Path,
 ) -> Result {
     scenario::expect_verdict(report, &registry.join("hostpath.csi.k8s.io-reg.sock"), "ok")?;
-    let dra_socket = report["plugins"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|row| row["name"] == "dra.example.com")
+    let dra_socket = find(&report["plugins"], "name", "dra.example.com")
         .ok_or_else(|| format!("no row for dra.example.com: {report}"))?;
     if dra_socket["verdict"] != "ok" {
         return Err(format!("the DRA driver is {}: {dra_socket}", dra_socket["verdict"]).into());
     }
     scenario::expect_verdict(report, stale, "stale")?;
     scenario::expect_verdict(report, misplaced, "not-a-registration-server")?;
-    let device = report["plugins"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|row| row["found_in"] == "device-plugins")
+    let device = find(&report["plugins"], "found_in", "device-plugins")
         .ok_or_else(|| format!("no row for generic-device-plugin's socket: {report}"))?;
     if device["verdict"] != "ok"
         || !device["reason"].as_str().is_some_and(|r| r.starts_with("3 devices, 3 healthy"))
