@@ -32,7 +32,7 @@ use crate::KubeError;
 use crate::api::NodeApi;
 use crate::backoff::KubeletBackoff;
 use crate::leftovers;
-use crate::managed_fields::Owners;
+use crate::managed_fields::{self, Owners};
 use crate::status::ObjectKind;
 
 /// A resource's (capacity, allocatable).
@@ -139,7 +139,7 @@ pub(crate) async fn publish(api: Arc<NodeApi>, devices: DeviceView) {
 /// allocatable; no other manager in either), with the counts it shows (0
 /// where one of the two is missing).
 fn device_leftovers(node: &Node) -> BTreeMap<String, Counts> {
-    let fields = node.metadata.managed_fields.as_deref().unwrap_or_default();
+    let fields = managed_fields::of_node(node);
     let owned = Owners::at(fields, &["f:status", "f:capacity"])
         .and(Owners::at(fields, &["f:status", "f:allocatable"]))
         .kpm_fields();

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 use crate::KubeError;
 use crate::api::NodeApi;
 use crate::backoff::KubeletBackoff;
-use crate::managed_fields::Owners;
+use crate::managed_fields::{self, Owners};
 use crate::node_info::KubeNodeInfo;
 use crate::status::ObjectKind;
 
@@ -143,7 +143,7 @@ fn csi_drivers(node: &Node, csinode: Option<&CSINode>) -> BTreeSet<String> {
         .into_iter()
         .filter(|driver| listed.contains(driver.as_str()))
         .collect();
-    let fields = node.metadata.managed_fields.as_deref().unwrap_or_default();
+    let fields = managed_fields::of_node(node);
     let annotation = node.metadata.annotations.as_ref().and_then(|a| a.get(NODE_ID_ANNOTATION));
     if let Some(value) = annotation
         && Owners::at(fields, &["f:metadata", "f:annotations"])
