@@ -38,13 +38,23 @@ pub enum TransportError {
         source: io::Error,
     },
     /// The HTTP/2 handshake of a [`UdsChannel`](crate::UdsChannel) failed.
-    #[error("dial {}: HTTP/2 handshake: {}", path.display(), root_cause(source))]
+    #[error("dial {}: HTTP/2 handshake: {source}", path.display())]
     Handshake {
         /// The socket.
         path: PathBuf,
-        /// hyper's error.
+        /// h2's error.
         #[source]
-        source: hyper::Error,
+        source: h2::Error,
+    },
+    /// An HTTP/2 PING on a [`UdsChannel`](crate::UdsChannel) failed: its
+    /// connection is closed.
+    #[error("ping {}: {source}", path.display())]
+    Ping {
+        /// The socket.
+        path: PathBuf,
+        /// h2's error.
+        #[source]
+        source: h2::Error,
     },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]

@@ -1,21 +1,30 @@
 //! A lean gRPC client connection for connections kpm holds for long, one per
-//! plugin: a plain hyper HTTP/2 connection on the Unix socket, without
-//! tonic's `Channel` (its `Buffer` layer costs a task and a 9 KiB queue per
-//! connection, and its reconnect logic is not wanted for a plugin that left).
+//! plugin: h2 itself on the Unix socket, without hyper's client or tonic's
+//! `Channel` on top (tonic's `Buffer` layer costs a task and a 9 KiB queue
+//! per connection, hyper's client a dispatch queue of 8.5 KB and two tasks
+//! per request; docs/performance.md measures them).
 //!
 //! [`UdsChannel`] is a tower `Service` that tonic's generated clients take
-//! as they take a `Channel`. It never reconnects: once the server closes the
-//! connection, [`UdsChannel::is_closed`] says so and every call fails.
+//! as they take a `Channel`, and it answers [`UdsChannel::ping`]: an HTTP/2
+//! PING, which the peer's transport acknowledges by itself. It never
+//! reconnects: once the server closes the connection,
+//! [`UdsChannel::is_closed`] says so and every call fails.
 //! [`SmallBufferCodec`] is the prost codec with small buffers, for a stream
 //! of small messages held for long (`ListAndWatch`).
 
+use std::future::poll_fn;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use bytes::Bytes;
+use h2::client::{Connection, SendRequest};
+use h2::{Ping, PingPong, Reason, RecvStream};
+use http_body::Frame;
+use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixStream;
 use tonic::codec::{BufferSettings, Codec};
@@ -34,14 +43,41 @@ const SMALL_BUFFER: usize = 512;
 /// only the buffer size changes.
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
+/// The largest header list kpm takes from a plugin, as hyper's client
+/// (and so tonic's `Channel`) allows.
+const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
+
 /// A gRPC client connection to one Unix socket, for tonic's generated
 /// clients (`DevicePluginClient::new(channel)`). Cheap to clone; clones share
 /// the connection, which closes when the last clone and the last response
 /// stream on it are dropped.
+///
+/// Calls send their request body whole once it has ended: unary and
+/// server-streaming calls, the only kinds kpm makes.
 #[derive(Debug, Clone)]
 pub struct UdsChannel {
-    send: http2::SendRequest<tonic::body::Body>,
+    send: SendRequest<Bytes>,
+    shared: Arc<Shared>,
+}
+
+/// What the clones of a channel and its connection's task share.
+#[derive(Debug)]
+struct Shared {
+    path: PathBuf,
     peer_pid: Option<u32>,
+    /// Set when the connection's task ends.
+    closed: AtomicBool,
+    pings: tokio::sync::Mutex<Pings>,
+}
+
+/// The connection's one PING in flight (h2 allows no more).
+#[derive(Debug)]
+struct Pings {
+    /// `None` only if h2 gave none, which it does once per connection.
+    ping_pong: Option<PingPong>,
+    /// A PING was sent and its acknowledgement not yet seen (its caller
+    /// gave up waiting).
+    outstanding: bool,
 }
 
 impl UdsChannel {
@@ -114,73 +150,152 @@ impl UdsChannel {
     where
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
-        let (send, connection) = builder()
-            .handshake(TokioIo::new(io))
+        let (send, mut connection) = h2::client::Builder::new()
+            .max_header_list_size(MAX_HEADER_LIST_SIZE)
+            .handshake(io)
             .await
             .map_err(|source| TransportError::Handshake { path: path.to_path_buf(), source })?;
-        tokio::spawn(drive(path.to_path_buf(), connection));
-        Ok(Self { send, peer_pid })
+        let pings = Pings { ping_pong: connection.ping_pong(), outstanding: false };
+        let shared = Arc::new(Shared {
+            path: path.to_path_buf(),
+            peer_pid,
+            closed: AtomicBool::new(false),
+            pings: tokio::sync::Mutex::new(pings),
+        });
+        tokio::spawn(drive(Arc::clone(&shared), connection));
+        Ok(Self { send, shared })
     }
 
     /// Whether the connection has closed (the server closed it or went away,
     /// or an HTTP/2 error ended it). A closed channel fails every call.
     pub fn is_closed(&self) -> bool {
-        self.send.is_closed()
+        self.shared.closed.load(Ordering::Acquire)
     }
 
     /// The process id of the server, as the kernel recorded it when the
     /// connection was made (`SO_PEERCRED`); `None` if unknown (another PID
     /// namespace gives 0).
     pub fn peer_pid(&self) -> Option<u32> {
-        self.peer_pid
+        self.shared.peer_pid
+    }
+
+    /// Sends an HTTP/2 PING and waits for the peer to acknowledge it, which
+    /// its HTTP/2 layer does by itself: a frame each way, no request. A
+    /// stopped or wedged process never does. A PING whose caller gave up
+    /// waiting is still the one in flight (h2 allows one): the next call
+    /// waits for its acknowledgement instead of sending another. Put a
+    /// deadline on it ([`within`](super::within)). Fails once the
+    /// connection is closed.
+    ///
+    /// gRPC servers count PINGs that come without requests between them:
+    /// grpc-go and gRPC C-core close the connection (`GOAWAY
+    /// ENHANCE_YOUR_CALM`, "too_many_pings") at the third such PING within
+    /// five minutes of the previous one, and forget the count whenever they
+    /// send a response. Make a call at least every third PING.
+    pub async fn ping(&self) -> Result<(), TransportError> {
+        let failed = |source| TransportError::Ping { path: self.shared.path.clone(), source };
+        let mut pings = self.shared.pings.lock().await;
+        let Pings { ping_pong, outstanding } = &mut *pings;
+        let ping_pong = ping_pong.as_mut().ok_or_else(|| failed(Reason::INTERNAL_ERROR.into()))?;
+        if !*outstanding {
+            ping_pong.send_ping(Ping::opaque()).map_err(failed)?;
+            *outstanding = true;
+        }
+        poll_fn(|cx| ping_pong.poll_pong(cx)).await.map_err(failed)?;
+        *outstanding = false;
+        Ok(())
     }
 }
+
+/// An error of a call on a [`UdsChannel`]: h2's, or the request body's.
+pub type CallError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower::Service<http::Request<tonic::body::Body>> for UdsChannel {
-    type Response = http::Response<hyper::body::Incoming>;
-    type Error = hyper::Error;
-    type Future =
-        Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send + 'static>>;
+    type Response = http::Response<ResponseBody>;
+    type Error = CallError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, CallError>> + Send + 'static>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.send.poll_ready(cx)
+    /// Always ready: a call waits for the connection's stream limit itself.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), CallError>> {
+        Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut request: http::Request<tonic::body::Body>) -> Self::Future {
-        // tonic's generated clients send the path alone; h2 needs a scheme
-        // and an authority. `localhost`, as with the kubelet's dialer.
-        // A URI without a path stays as it is, and hyper refuses it.
-        let mut uri = request.uri().clone().into_parts();
-        uri.scheme = Some(http::uri::Scheme::HTTP);
-        uri.authority = Some(http::uri::Authority::from_static("localhost"));
-        if let Ok(full) = http::Uri::from_parts(uri) {
-            *request.uri_mut() = full;
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let send = self.send.clone();
+        Box::pin(async move {
+            let (mut head, body) = request.into_parts();
+            // tonic's generated clients send the path alone; h2 needs a
+            // scheme and an authority. `localhost`, as with the kubelet's
+            // dialer. A URI without a path stays as it is, and h2 refuses it.
+            let mut uri = head.uri.clone().into_parts();
+            uri.scheme = Some(http::uri::Scheme::HTTP);
+            uri.authority = Some(http::uri::Authority::from_static("localhost"));
+            if let Ok(full) = http::Uri::from_parts(uri) {
+                head.uri = full;
+            }
+            let body = body.collect().await?.to_bytes();
+            let mut send = send.ready().await?;
+            let request = http::Request::from_parts(head, ());
+            let (response, mut stream) = send.send_request(request, body.is_empty())?;
+            if !body.is_empty() {
+                stream.send_data(body, true)?;
+            }
+            Ok(response.await?.map(|recv| ResponseBody { recv, data_done: false }))
+        })
+    }
+}
+
+/// The body of a response on a [`UdsChannel`]: its data, then its trailers
+/// (a gRPC status). Each chunk of data read gives its flow-control window
+/// back, so that a stream held for long never stalls.
+#[derive(Debug)]
+pub struct ResponseBody {
+    recv: RecvStream,
+    data_done: bool,
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        if !self.data_done {
+            match ready!(self.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Fails only once the stream is gone, which the next
+                    // poll reports.
+                    let _ = self.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(err)) => return Poll::Ready(Some(Err(err))),
+                None => self.data_done = true,
+            }
         }
-        Box::pin(self.send.send_request(request))
+        match ready!(self.recv.poll_trailers(cx)) {
+            Ok(Some(trailers)) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
+            Ok(None) => Poll::Ready(None),
+            Err(err) => Poll::Ready(Some(Err(err))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
     }
 }
 
-/// The settings of every [`UdsChannel`]: hyper's defaults, as with tonic's
-/// `Channel` (16 KiB header lists, no keep-alive pings: a dropped Unix
-/// connection is seen at once as end-of-file). None of hyper's knobs lowers
-/// the memory of a connection: frame size, windows and the send buffer limit
-/// only bound what may be in flight, while h2's fixed buffers (16 KiB to
-/// write, 8 KiB to read, 4 KiB for HPACK) are not configurable.
-fn builder() -> http2::Builder<TokioExecutor> {
-    http2::Builder::new(TokioExecutor::new())
-}
-
-/// Runs the connection until it ends; a failure is the plugin's business
-/// and shows in the calls, so it is only logged.
-async fn drive<T>(
-    socket: PathBuf,
-    connection: http2::Connection<TokioIo<T>, tonic::body::Body, TokioExecutor>,
-) where
+/// Runs the connection until it ends, then marks it closed; a failure is
+/// the plugin's business and shows in the calls, so it is only logged.
+async fn drive<T>(shared: Arc<Shared>, connection: Connection<T, Bytes>)
+where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     if let Err(error) = connection.await {
-        debug!(socket = %socket.display(), %error, "gRPC connection ended");
+        debug!(socket = %shared.path.display(), %error, "gRPC connection ended");
     }
+    shared.closed.store(true, Ordering::Release);
 }
 
 /// tonic's prost codec with 512-byte buffers instead of 8 KiB:

@@ -191,3 +191,71 @@ async fn a_refused_connection_is_retried_until_the_server_listens() {
     client.get_device_plugin_options(dp::Empty {}).await.unwrap();
     server.shutdown_background();
 }
+
+#[tokio::test]
+async fn a_ping_is_answered_by_the_servers_transport_with_no_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ping.sock");
+    let server = serve(&socket);
+    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    for _ in 0..3 {
+        tokio::time::timeout(DEADLINE, channel.ping()).await.unwrap().unwrap();
+    }
+    // Over the held stream's connection too, while the stream stays open.
+    let mut stream = list_and_watch(channel.clone()).await.unwrap();
+    stream.message().await.unwrap().unwrap();
+    tokio::time::timeout(DEADLINE, channel.ping()).await.unwrap().unwrap();
+
+    server.shutdown_background();
+    wait_closed(&channel).await;
+    let err = channel.ping().await.unwrap_err();
+    assert!(matches!(err, TransportError::Ping { .. }), "{err:?}");
+    assert!(err.to_string().contains("ping.sock"), "{err}");
+}
+
+/// A peer that takes the connection and never reads from it, as a stopped
+/// process: the kernel queues what is sent, nothing answers.
+#[tokio::test(start_paused = true)]
+async fn a_ping_to_a_peer_that_never_answers_waits_and_the_next_waits_for_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stopped.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let (mut accepted, _) = listener.accept().await.unwrap();
+
+    let timeout = Duration::from_secs(1);
+    assert!(tokio::time::timeout(timeout, channel.ping()).await.is_err());
+    assert!(tokio::time::timeout(timeout, channel.ping()).await.is_err());
+    assert!(!channel.is_closed(), "unanswered is not closed");
+
+    // One PING was sent for both waits: h2 allows one in flight.
+    let mut sent = Vec::new();
+    while let Ok(Ok(read)) = tokio::time::timeout(timeout, async {
+        let mut buf = [0u8; 1024];
+        tokio::io::AsyncReadExt::read(&mut accepted, &mut buf).await.map(|n| buf[..n].to_vec())
+    })
+    .await
+    {
+        if read.is_empty() {
+            break;
+        }
+        sent.extend(read);
+    }
+    assert_eq!(count_frames(&sent, PING), 1, "{sent:?}");
+}
+
+const PING: u8 = 0x6;
+
+/// The frames of type `kind` in what a client sent: its preface, then frames.
+fn count_frames(sent: &[u8], kind: u8) -> usize {
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    assert!(sent.starts_with(preface));
+    let mut rest = &sent[preface.len()..];
+    let mut count = 0;
+    while rest.len() >= 9 {
+        let length = usize::from(rest[0]) << 16 | usize::from(rest[1]) << 8 | usize::from(rest[2]);
+        count += usize::from(rest[3] == kind);
+        rest = &rest[(9 + length).min(rest.len())..];
+    }
+    count
+}
