@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::FileId;
-use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent};
+use kpm_api::constants::CSI_PLUGIN;
+use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent, PluginInfo};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -20,8 +21,8 @@ use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::endpoints::{EndpointWatch, socket_at, watched_path};
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{Kept, Probed, Reachability, Via, accepts, probe, reach};
-use crate::{HeldConnections, LivenessConfig, LivenessError};
+use crate::probe::{Call, Checked, Reachability, Target, accepts, check, reach};
+use crate::{HeldConnections, LivenessConfig, LivenessError, ProbeFailure};
 
 /// Counters of what the monitor does, for metrics and the status API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -36,8 +37,13 @@ pub struct LivenessStats {
     /// Sockets checked because their process exited or a connection to
     /// their plugin dropped.
     pub socket_checks: u64,
-    /// `GetInfo` probes made.
+    /// Probes made (of each plugin, once per period).
     pub probes: u64,
+    /// HTTP/2 PINGs those probes sent.
+    pub pings: u64,
+    /// gRPC calls those probes made (`GetInfo`, a CSI driver's
+    /// `Identity/Probe`): where a PING is not enough.
+    pub probe_calls: u64,
     /// Connections kept open between probes now, for plugins no handler
     /// holds a connection to.
     pub probe_connections: usize,
@@ -61,6 +67,8 @@ struct Counters {
     exits: AtomicU64,
     socket_checks: AtomicU64,
     probes: AtomicU64,
+    pings: AtomicU64,
+    probe_calls: AtomicU64,
     /// Counted by the kept connections themselves (see `probe::Kept`).
     probe_connections: Arc<AtomicUsize>,
     failed_probes: AtomicU64,
@@ -152,6 +160,8 @@ impl LivenessMonitor {
             exits: c.exits.load(Ordering::Relaxed),
             socket_checks: c.socket_checks.load(Ordering::Relaxed),
             probes: c.probes.load(Ordering::Relaxed),
+            pings: c.pings.load(Ordering::Relaxed),
+            probe_calls: c.probe_calls.load(Ordering::Relaxed),
             probe_connections: c.probe_connections.load(Ordering::Relaxed),
             failed_probes: c.failed_probes.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
@@ -247,9 +257,31 @@ struct Followed {
     /// file there when it was followed, or first seen after.
     endpoint_watched: bool,
     endpoint_file: Option<FileId>,
-    /// The connection its last probe answered on, if the monitor keeps it
-    /// (see `probe`); taken while a probe runs.
-    kept: Option<Kept>,
+    /// The sockets it is probed on: its registration socket, and a CSI
+    /// driver's endpoint (its registration socket is node-driver-registrar's).
+    targets: Vec<Target>,
+}
+
+/// The sockets a plugin is probed on: its registration socket, asked
+/// `GetInfo` when a PING is not enough; for a CSI driver also its endpoint,
+/// asked `Identity/Probe` (the registration socket is node-driver-registrar's,
+/// which answers while the driver hangs), or only its endpoint when both are
+/// one socket.
+fn targets(socket: &Path, info: &PluginInfo) -> Vec<Target> {
+    if info.plugin_type != CSI_PLUGIN {
+        return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
+    }
+    let driver = match kpm_transport::endpoint_path(&info.endpoint) {
+        endpoint if endpoint.as_os_str().is_empty() => socket,
+        endpoint => endpoint,
+    };
+    if driver == socket {
+        return vec![Target::new(socket.to_path_buf(), Call::CsiProbe)];
+    }
+    vec![
+        Target::new(socket.to_path_buf(), Call::GetInfo),
+        Target::new(driver.to_path_buf(), Call::CsiProbe),
+    ]
 }
 
 /// A watched process and the sockets it serves.
@@ -265,7 +297,8 @@ enum Done {
     Probed {
         socket: PathBuf,
         generation: Generation,
-        probed: Probed,
+        /// One per target, in order.
+        checked: Vec<Checked>,
     },
     Exited {
         pid: u32,
@@ -383,6 +416,7 @@ impl<'a> State<'a> {
             self.arm(&endpoint);
         }
         let endpoint_file = watched.as_deref().and_then(socket_at);
+        let targets = targets(&socket, &info);
         let followed = Followed {
             generation,
             next_probe,
@@ -392,7 +426,7 @@ impl<'a> State<'a> {
             endpoint: endpoint.clone(),
             endpoint_watched: watched.is_some(),
             endpoint_file,
-            kept: None,
+            targets,
         };
         self.followed.insert(socket, followed);
         self.count_followed();
@@ -638,28 +672,34 @@ impl<'a> State<'a> {
         }
         followed.probing = true;
         let (generation, timeout) = (followed.generation, self.monitor.config.timeout);
-        let kept = followed.kept.take();
-        let held = self.monitor.held.as_ref().and_then(|held| {
+        let failing = followed.failures > 0;
+        let mut held = self.monitor.held.as_ref().and_then(|held| {
             let info = self.monitor.actual.get(&socket)?;
             (info.generation == generation).then(|| held.connection(&info)).flatten()
         });
-        let via = match (held, kept.filter(|kept| !kept.is_closed())) {
-            (Some(held), _) => Via::Handler(held),
-            (None, Some(kept)) => Via::Kept(kept),
-            (None, None) => Via::Dial,
-        };
+        let checks: Vec<_> = followed
+            .targets
+            .iter_mut()
+            .map(|target| {
+                let held = if target.socket == socket { held.take() } else { None };
+                target.next_check(failing, held)
+            })
+            .collect();
         let count = Arc::clone(&self.monitor.counters.probe_connections);
         let budget = self.monitor.budget.clone();
         self.tasks.spawn(async move {
-            let probed = probe(&socket, via, timeout, &count, &budget).await;
-            Done::Probed { socket, generation, probed }
+            let mut checked = Vec::with_capacity(checks.len());
+            for one in checks {
+                checked.push(check(one, timeout, &count, &budget).await);
+            }
+            Done::Probed { socket, generation, checked }
         });
     }
 
     fn finish(&mut self, done: Done) {
         match done {
-            Done::Probed { socket, generation, probed } => {
-                self.judge(&socket, generation, probed);
+            Done::Probed { socket, generation, checked } => {
+                self.judge(&socket, generation, checked);
             }
             Done::Exited { pid, exit } => self.exited(pid, exit),
             Done::EndpointBack { endpoint, accepts } => self.endpoint_back(&endpoint, accepts),
@@ -715,23 +755,34 @@ impl<'a> State<'a> {
         }
     }
 
-    fn judge(&mut self, socket: &Path, generation: Generation, probed: Probed) {
-        let Probed { outcome, keep } = probed;
+    fn judge(&mut self, socket: &Path, generation: Generation, checked: Vec<Checked>) {
         let counters = &self.monitor.counters;
         counters.probes.fetch_add(1, Ordering::Relaxed);
+        let calls = checked.iter().filter(|checked| checked.was_call()).count();
+        counters.probe_calls.fetch_add(calls as u64, Ordering::Relaxed);
+        counters.pings.fetch_add((checked.len() - calls) as u64, Ordering::Relaxed);
         let Some(followed) = self.followed.get_mut(socket) else { return };
         if followed.generation != generation {
             return;
         }
         followed.probing = false;
-        // Taken when the probe started: a failed one's is closed now.
-        followed.kept = keep;
-        let failure = match outcome {
-            Ok(()) => {
-                followed.failures = 0;
-                return;
-            }
-            Err(failure) => failure,
+        // The first failure is the one told; every target takes back its
+        // connection (a failed one's is closed now).
+        let mut failure = None;
+        for (target, checked) in followed.targets.iter_mut().zip(checked) {
+            let outcome = target.checked(checked).map_err(|failed| {
+                if target.socket.as_path() == socket {
+                    return failed;
+                }
+                let reason =
+                    format!("its driver at {}: {}", target.socket.display(), failed.reason);
+                ProbeFailure { reason, ..failed }
+            });
+            failure = failure.or(outcome.err());
+        }
+        let Some(failure) = failure else {
+            followed.failures = 0;
+            return;
         };
         counters.failed_probes.fetch_add(1, Ordering::Relaxed);
         let threshold = self.monitor.config.failure_threshold;

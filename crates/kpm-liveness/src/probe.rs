@@ -1,20 +1,23 @@
-//! One liveness probe: `GetInfo` on the registration socket, over a
-//! connection a handler holds, one kept from the last probe, or a new one;
-//! and the cheaper question asked when a plugin's process exits: does
-//! anybody still accept connections on its socket?
+//! One liveness probe of one socket: an HTTP/2 PING, or a gRPC call where a
+//! PING is not enough, over a connection a handler holds, one kept from the
+//! last probe, or a new one; and the cheaper question asked when a
+//! plugin's process exits: does anybody still accept connections on its
+//! socket?
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
+use kpm_api::csi::v1::ProbeRequest;
+use kpm_api::csi::v1::identity_client::IdentityClient;
 use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_transport::fd::FdBudget;
-use kpm_transport::{self as uds, UdsChannel};
+use kpm_transport::{self as uds, PINGS_PER_CALL, UdsChannel};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,28 +25,100 @@ pub struct ProbeFailure {
     /// Nobody is there (socket file missing, connection refused): the
     /// plugin is gone, no point in asking again.
     pub gone: bool,
-    /// The dial or `GetInfo` error, for logs and the `Unresponsive` event.
+    /// The dial, PING or call error, for logs and the `Unresponsive` event.
     pub reason: String,
 }
 
-/// The connection a probe goes over.
+/// The gRPC call that probes a socket when a PING is not enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// `Registration/GetInfo`, on a registration socket.
+    GetInfo,
+    /// `csi.v1.Identity/Probe`, on a CSI driver's endpoint: its readiness,
+    /// which only the driver can tell.
+    CsiProbe,
+}
+
+/// One socket a plugin is probed on, between probes.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) socket: PathBuf,
+    call: Call,
+    /// PINGs answered since the last call (see [`PINGS_PER_CALL`]).
+    pings: u32,
+    /// The connection its last probe answered on, if the monitor keeps it;
+    /// taken while a probe runs.
+    kept: Option<Kept>,
+}
+
+impl Target {
+    pub(crate) fn new(socket: PathBuf, call: Call) -> Self {
+        Self { socket, call, pings: 0, kept: None }
+    }
+
+    /// The next check of this socket, over `held` if a handler holds a
+    /// connection there: a PING, unless the plugin failed its last probe
+    /// (a call tells more) or the server has taken as many PINGs as it
+    /// takes between two responses.
+    pub(crate) fn next_check(&mut self, failing: bool, held: Option<UdsChannel>) -> Check {
+        let ask =
+            if failing || self.pings >= PINGS_PER_CALL { Ask::Call(self.call) } else { Ask::Ping };
+        let via = match (held, self.kept.take().filter(|kept| !kept.is_closed())) {
+            (Some(held), _) => Via::Handler(held),
+            (None, Some(kept)) => Via::Kept(kept),
+            (None, None) => Via::Dial,
+        };
+        Check { socket: self.socket.clone(), ask, via }
+    }
+
+    /// Takes back what a check of this socket found: its connection, and
+    /// whether the server answered a PING or a call.
+    pub(crate) fn checked(&mut self, checked: Checked) -> Result<(), ProbeFailure> {
+        self.kept = checked.keep;
+        match (&checked.outcome, checked.ask) {
+            (Ok(()), Ask::Ping) => self.pings += 1,
+            (Ok(()), Ask::Call(_)) => self.pings = 0,
+            (Err(_), _) => {}
+        }
+        checked.outcome
+    }
+}
+
+/// What a check asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// An HTTP/2 PING: answered by the server's transport, a frame each way.
+    Ping,
+    /// A gRPC call.
+    Call(Call),
+}
+
+/// The connection a check goes over.
 #[derive(Debug)]
 pub(crate) enum Via {
-    /// A handler's connection to the registration socket, shared.
+    /// A handler's connection to the socket, shared.
     Handler(UdsChannel),
-    /// The monitor's own, kept from the plugin's last probe.
+    /// The monitor's own, kept from the socket's last probe.
     Kept(Kept),
     /// A new connection.
     Dial,
 }
 
+/// One check to make: of `socket`, what, over which connection.
+#[derive(Debug)]
+pub(crate) struct Check {
+    socket: PathBuf,
+    ask: Ask,
+    via: Via,
+}
+
 /// How many connections the monitor keeps between probes, at most: each
-/// costs its fixed HTTP/2 buffers (about 35 KB), and plugins no handler
-/// holds a connection to (CSI and DRA registration sockets) are a handful
-/// per node. Beyond it, probes dial and hang up.
+/// costs its fixed HTTP/2 buffers, and plugins no handler holds a
+/// connection to (CSI and DRA registration sockets, CSI drivers) are a
+/// handful per node. Beyond it, probes dial and hang up.
 const MAX_KEPT_CONNECTIONS: usize = 128;
 
-/// A connection the monitor keeps between a plugin's probes, counted in
+/// A connection the monitor keeps between a socket's probes, counted in
 /// `LivenessStats::probe_connections` for as long as it lives.
 #[derive(Debug)]
 pub(crate) struct Kept {
@@ -60,7 +135,7 @@ impl Kept {
     }
 
     /// Whether the plugin closed it (it exited or restarted, say).
-    pub(crate) fn is_closed(&self) -> bool {
+    fn is_closed(&self) -> bool {
         self.channel.is_closed()
     }
 }
@@ -71,46 +146,55 @@ impl Drop for Kept {
     }
 }
 
-/// What a probe found, and the connection to keep for the next one.
+/// What a check found, and the connection to keep for the next one.
 #[derive(Debug)]
-pub(crate) struct Probed {
-    pub(crate) outcome: Result<(), ProbeFailure>,
+pub(crate) struct Checked {
+    ask: Ask,
+    outcome: Result<(), ProbeFailure>,
     /// The monitor's own connection, after an answer on it.
-    pub(crate) keep: Option<Kept>,
+    keep: Option<Kept>,
 }
 
-/// Asks `GetInfo` on `socket` over `via`, each step within `timeout`. The
-/// answer's content is not checked: the probe asks whether the plugin is
-/// alive, registration already judged what it said.
+impl Checked {
+    /// Whether it was a gRPC call.
+    pub(crate) fn was_call(&self) -> bool {
+        matches!(self.ask, Ask::Call(_))
+    }
+}
+
+/// Makes `check`, each step (dial, PING or call) within `timeout`. A call's
+/// answer is not looked into beyond what tells liveness (a CSI driver's
+/// readiness): registration already judged what the plugin said.
 ///
 /// A dialled connection is kept for the next probe (counted in `kept`) when
 /// it answered, the fd budget could spare an optional permit for it (a
 /// quarter of the budget stays free) and fewer than
 /// [`MAX_KEPT_CONNECTIONS`] are kept; otherwise it is closed after the
-/// probe, as is a kept connection that failed.
-pub(crate) async fn probe(
-    socket: &Path,
-    via: Via,
+/// check, as is a kept connection that failed.
+pub(crate) async fn check(
+    check: Check,
     timeout: Duration,
     kept: &Arc<AtomicUsize>,
     budget: &FdBudget,
-) -> Probed {
-    match via {
-        Via::Handler(channel) => Probed { outcome: get_info(channel, timeout).await, keep: None },
+) -> Checked {
+    let Check { socket, ask, via } = check;
+    let (outcome, keep) = match via {
+        Via::Handler(channel) => (ask_on(&channel, ask, timeout).await, None),
         Via::Kept(connection) => {
-            let outcome = get_info(connection.channel.clone(), timeout).await;
-            Probed { keep: outcome.is_ok().then_some(connection), outcome }
+            let outcome = ask_on(&connection.channel, ask, timeout).await;
+            let keep = outcome.is_ok().then_some(connection);
+            (outcome, keep)
         }
-        Via::Dial => {
-            let (channel, keepable) = match dial(socket, timeout, budget).await {
-                Ok(dialled) => dialled,
-                Err(failure) => return Probed { outcome: Err(failure), keep: None },
-            };
-            let outcome = get_info(channel.clone(), timeout).await;
-            let keep = (keepable && outcome.is_ok()).then(|| Kept::keep(channel, kept)).flatten();
-            Probed { outcome, keep }
-        }
-    }
+        Via::Dial => match dial(&socket, timeout, budget).await {
+            Ok((channel, keepable)) => {
+                let outcome = ask_on(&channel, ask, timeout).await;
+                let keep = (keepable && outcome.is_ok()).then(|| Kept::keep(channel, kept));
+                (outcome, keep.flatten())
+            }
+            Err(failure) => (Err(failure), None),
+        },
+    };
+    Checked { ask, outcome, keep }
 }
 
 /// Dials `socket`; says whether the connection may be kept (its permit is
@@ -130,20 +214,41 @@ async fn dial(
     Ok((channel, keepable))
 }
 
-async fn get_info(channel: UdsChannel, timeout: Duration) -> Result<(), ProbeFailure> {
-    let mut client =
-        RegistrationClient::new(channel).max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
-    let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
-    match uds::within(timeout, call).await {
-        Ok(_) => Ok(()),
-        Err(Some(status)) => Err(ProbeFailure {
-            gone: false,
-            reason: format!("GetInfo: {}: {}", go_code_name(status.code()), status.message()),
+async fn ask_on(channel: &UdsChannel, ask: Ask, timeout: Duration) -> Result<(), ProbeFailure> {
+    let failed = |reason| ProbeFailure { gone: false, reason };
+    let timed_out = |what: &str| failed(format!("{what} timed out after {timeout:?}"));
+    let status = |what: &str, status: &tonic::Status| {
+        failed(format!("{what}: {}: {}", go_code_name(status.code()), status.message()))
+    };
+    match ask {
+        Ask::Ping => uds::within(timeout, channel.ping()).await.map_err(|err| match err {
+            Some(err) => failed(err.to_string()),
+            None => timed_out("HTTP/2 PING"),
         }),
-        Err(None) => Err(ProbeFailure {
-            gone: false,
-            reason: format!("GetInfo timed out after {timeout:?}"),
-        }),
+        Ask::Call(Call::GetInfo) => {
+            let mut client = RegistrationClient::new(channel.clone())
+                .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
+            let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
+            match uds::within(timeout, call).await {
+                Ok(_) => Ok(()),
+                Err(Some(err)) => Err(status("GetInfo", &err)),
+                Err(None) => Err(timed_out("GetInfo")),
+            }
+        }
+        Ask::Call(Call::CsiProbe) => {
+            let mut client = IdentityClient::new(channel.clone());
+            let call = client.probe(uds::timed_request(ProbeRequest {}, timeout));
+            match uds::within(timeout, call).await {
+                // Absent means ready (CSI spec); not ready fails, as the
+                // livenessprobe sidecar has it.
+                Ok(response) if response.get_ref().ready == Some(false) => {
+                    Err(failed("Identity/Probe: the driver says it is not ready".to_owned()))
+                }
+                Ok(_) => Ok(()),
+                Err(Some(err)) => Err(status("Identity/Probe", &err)),
+                Err(None) => Err(timed_out("Identity/Probe")),
+            }
+        }
     }
 }
 

@@ -6,11 +6,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use kpm_api::config::DurationOutOfRange;
-use kpm_api::constants::MAX_CONFIG_DURATION;
+use kpm_api::constants::{CSI_PLUGIN, MAX_CONFIG_DURATION};
+use kpm_api::csi::v1 as csi;
+use kpm_api::csi::v1::identity_server::{Identity, IdentityServer};
 use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -151,14 +153,30 @@ impl Harness {
     /// Records `socket` as present and registered, served by `pid`, and
     /// reports it, as the reconciler and the executor would.
     fn registered(&self, socket: &Path, server_pid: Option<u32>) -> Generation {
+        self.register(socket, "TestPlugin", socket, server_pid)
+    }
+
+    /// Like [`registered`](Self::registered), a plugin of `plugin_type`
+    /// that reported `endpoint`.
+    fn registered_as(&self, socket: &Path, plugin_type: &str, endpoint: &Path) -> Generation {
+        self.register(socket, plugin_type, endpoint, None)
+    }
+
+    fn register(
+        &self,
+        socket: &Path,
+        plugin_type: &str,
+        endpoint: &Path,
+        server_pid: Option<u32>,
+    ) -> Generation {
         let generation = self.desired.add_or_update(socket).unwrap();
         self.actual
             .add(PluginInfo {
                 socket_path: socket.to_path_buf(),
                 generation,
-                plugin_type: "TestPlugin".into(),
+                plugin_type: plugin_type.into(),
                 name: "test".into(),
-                endpoint: socket.display().to_string(),
+                endpoint: endpoint.display().to_string(),
                 versions: vec!["v1".into()],
                 registered_at: SystemTime::now(),
                 server_pid,
@@ -168,9 +186,9 @@ impl Harness {
         self.events.publish(PluginEvent::Registered {
             socket: socket.to_path_buf(),
             generation,
-            plugin_type: "TestPlugin".into(),
+            plugin_type: plugin_type.into(),
             name: "test".into(),
-            endpoint: socket.display().to_string(),
+            endpoint: endpoint.display().to_string(),
         });
         generation
     }
@@ -203,19 +221,26 @@ impl Harness {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_answering_plugin_is_left_alone_and_probed_over_one_kept_connection() {
+async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every_fourth_probe() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ok.sock");
     let plugin = serve(&socket, Plugin::default()).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
-    wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
-        .await;
+    wait_until(lazy(|| format!("9 probes, {:?} so far", h.monitor.stats())), || {
+        h.monitor.stats().probes >= 9
+    })
+    .await;
+    let stats = h.monitor.stats();
+    // PING, PING, PING, GetInfo, …: as many PINGs as a gRPC server takes
+    // between two responses, and no more calls.
+    assert_eq!(stats.probe_calls, stats.probes / 4, "{stats:?}");
+    assert_eq!(stats.pings, stats.probes - stats.probe_calls, "{stats:?}");
+    let served = plugin.calls() as u64;
+    assert!(served >= stats.probe_calls && served <= stats.probe_calls + 1, "{served} served");
     assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "dialled once, then kept");
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
-    let stats = h.monitor.stats();
-    assert!(stats.probes >= 4);
     assert_eq!(stats.probe_connections, 1);
 
     // Renewed (here: deregistered), its connection is let go.
@@ -227,6 +252,185 @@ async fn an_answering_plugin_is_left_alone_and_probed_over_one_kept_connection()
         name: "test".into(),
     });
     wait_until("the kept connection let go", || h.monitor.stats().probe_connections == 0).await;
+    h.stop().await;
+}
+
+/// A served connection that stops reading once `frozen` is set, as a
+/// stopped process's: the kernel takes what is sent, nothing answers, not
+/// even an HTTP/2 PING.
+struct Freezable {
+    io: tokio::net::UnixStream,
+    frozen: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Freezable {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Freezable {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for Freezable {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+/// Serves `plugin` on `socket` over connections that stop reading once
+/// the returned flag is set.
+fn serve_freezable(socket: &Path, plugin: Arc<Plugin>) -> Arc<AtomicBool> {
+    let frozen = Arc::new(AtomicBool::new(false));
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map({
+        let frozen = Arc::clone(&frozen);
+        move |io| io.map(|io| Freezable { io, frozen: Arc::clone(&frozen) })
+    });
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::from_arc(plugin))
+            .serve_with_incoming(incoming),
+    );
+    frozen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_whose_transport_stops_answering_pings_is_found_by_a_ping() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stopped.sock");
+    let plugin = Arc::new(Plugin::default());
+    let frozen = serve_freezable(&socket, Arc::clone(&plugin));
+    let mut h = start(quick());
+    let generation = h.registered(&socket, None);
+    wait_until("a PING answered", || h.monitor.stats().pings >= 1).await;
+
+    frozen.store(true, Ordering::SeqCst);
+    let calls = h.monitor.stats().probe_calls;
+    wait_until("a failed probe", || h.monitor.stats().failed_probes >= 1).await;
+    let stats = h.monitor.stats();
+    assert_eq!(stats.probe_calls, calls, "the first failure was a PING's: {stats:?}");
+    let PluginEvent::Unresponsive { failures, .. } = h.unresponsive().await else { unreachable!() };
+    assert_eq!(failures, 3);
+    assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
+    h.stop().await;
+}
+
+/// A CSI driver's Identity service whose `Probe` answers as `ready` says,
+/// or hangs (`None`), counting the calls.
+struct Driver {
+    ready: Option<bool>,
+    probes: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl Identity for Driver {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+        Err(Status::unimplemented("not asked"))
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        _: Request<csi::GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
+        Err(Status::unimplemented("not asked"))
+    }
+
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
+        self.probes.fetch_add(1, Ordering::SeqCst);
+        let Some(ready) = self.ready else { return std::future::pending().await };
+        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_answers() {
+    for (ready, found) in [(None, "Identity/Probe timed out"), (Some(false), "not ready")] {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
+        let registrar = serve(&socket, Plugin::default()).await;
+        let driver = Arc::new(Driver { ready, probes: AtomicUsize::new(0) });
+        let incoming = kpm_transport::bind(&endpoint).await.unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
+                .serve_with_incoming(incoming),
+        );
+        let mut h = start(quick());
+        let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
+
+        let PluginEvent::Unresponsive { failures, reason, .. } = h.unresponsive().await else {
+            unreachable!()
+        };
+        assert_eq!(failures, 3, "{ready:?}");
+        assert!(reason.contains("its driver at") && reason.contains(found), "{reason}");
+        assert!(reason.contains("csi.sock"), "{reason}");
+        assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
+        // Found by three Probe calls, after the PINGs a driver takes; the
+        // registrar answered every probe.
+        assert!(driver.probes.load(Ordering::SeqCst) >= 3);
+        assert!(registrar.calls() >= 1, "the registrar was asked too");
+        h.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
+    let registrar = serve(&socket, Plugin::default()).await;
+    let driver = Arc::new(Driver { ready: Some(true), probes: AtomicUsize::new(0) });
+    let incoming = kpm_transport::bind(&endpoint).await.unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
+            .serve_with_incoming(incoming),
+    );
+    let mut h = start(quick());
+    let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
+    wait_until(lazy(|| format!("9 probes, {:?} so far", h.monitor.stats())), || {
+        h.monitor.stats().probes >= 9
+    })
+    .await;
+    let stats = h.monitor.stats();
+    // Both sockets: PINGs, and a call on each every fourth probe.
+    assert_eq!(stats.probe_calls, 2 * (stats.probes / 4), "{stats:?}");
+    assert!(driver.probes.load(Ordering::SeqCst) >= 2);
+    assert!(registrar.calls() >= 2);
+    assert_eq!(stats.probe_connections, 2, "one kept to each");
+    assert_eq!(h.desired.generation(&socket), Some(generation));
+    assert!(h.reported_unresponsive().is_empty());
     h.stop().await;
 }
 

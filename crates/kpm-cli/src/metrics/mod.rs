@@ -13,7 +13,8 @@
 //!   registrations whose events a lag dropped);
 //! - `kpm_backoff_skips_total`, `kpm_watcher_rescans_total`;
 //! - `kpm_liveness_watched_processes`, `kpm_liveness_process_exits_total`,
-//!   `kpm_liveness_probes_total`, `kpm_liveness_probe_failures_total`,
+//!   `kpm_liveness_probes_total`, `kpm_liveness_pings_total`,
+//!   `kpm_liveness_probe_calls_total`, `kpm_liveness_probe_failures_total`,
 //!   `kpm_liveness_probe_connections`, `kpm_liveness_watched_endpoints`,
 //!   `kpm_liveness_endpoints_gone_total`;
 //! - `kpm_operations` (the executor's entries), `kpm_tokio_tasks` (tasks

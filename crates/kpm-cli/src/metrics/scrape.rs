@@ -316,11 +316,23 @@ fn encode_liveness(liveness: &LivenessStats, encoder: &mut DescriptorEncoder<'_>
         "Watched plugin processes that exited.",
         liveness.exits,
     )?;
-    counter(encoder, "kpm_liveness_probes", "GetInfo liveness probes made.", liveness.probes)?;
+    counter(
+        encoder,
+        "kpm_liveness_probes",
+        "Liveness probes made, one per plugin and period.",
+        liveness.probes,
+    )?;
+    counter(encoder, "kpm_liveness_pings", "HTTP/2 PINGs liveness probes sent.", liveness.pings)?;
+    counter(
+        encoder,
+        "kpm_liveness_probe_calls",
+        "gRPC calls liveness probes made (GetInfo, a CSI driver's Identity/Probe).",
+        liveness.probe_calls,
+    )?;
     counter(
         encoder,
         "kpm_liveness_probe_failures",
-        "GetInfo liveness probes that failed.",
+        "Liveness probes that failed.",
         liveness.failed_probes,
     )?;
     gauge(

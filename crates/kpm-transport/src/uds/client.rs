@@ -47,6 +47,11 @@ const YIELD_THRESHOLD: usize = 32 * 1024;
 /// (and so tonic's `Channel`) allows.
 const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
 
+/// How many PINGs a gRPC server takes between two responses when they come
+/// often (see [`UdsChannel::ping`]): grpc-go's and C-core's
+/// `maxPingStrikes` of 2, plus the first PING, which is not a strike.
+pub const PINGS_PER_CALL: u32 = 3;
+
 /// A gRPC client connection to one Unix socket, for tonic's generated
 /// clients (`DevicePluginClient::new(channel)`). Cheap to clone; clones share
 /// the connection, which closes when the last clone and the last response
@@ -187,11 +192,11 @@ impl UdsChannel {
     /// deadline on it ([`within`](super::within)). Fails once the
     /// connection is closed.
     ///
-    /// gRPC servers count PINGs that come without requests between them:
-    /// grpc-go and gRPC C-core close the connection (`GOAWAY
-    /// ENHANCE_YOUR_CALM`, "too_many_pings") at the third such PING within
-    /// five minutes of the previous one, and forget the count whenever they
-    /// send a response. Make a call at least every third PING.
+    /// gRPC servers count PINGs that come less than five minutes apart with
+    /// no response sent in between: grpc-go and gRPC C-core close the
+    /// connection (`GOAWAY ENHANCE_YOUR_CALM`, `too_many_pings`) at the
+    /// fourth, and start over whenever they send a response. Make a call
+    /// after at most [`PINGS_PER_CALL`] PINGs.
     pub async fn ping(&self) -> Result<(), TransportError> {
         let failed = |source| TransportError::Ping { path: self.shared.path.clone(), source };
         let mut pings = self.shared.pings.lock().await;

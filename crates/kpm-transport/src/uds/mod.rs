@@ -73,7 +73,7 @@ mod server;
 mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
-pub use client::{CallError, ResponseBody, SmallBufferCodec, UdsChannel};
+pub use client::{CallError, PINGS_PER_CALL, ResponseBody, SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
 pub use server::{
     ConnectionInfo, DEFAULT_HANDSHAKE_TIMEOUT, Http1Connection, Http1Incoming, Listen,
