@@ -22,9 +22,20 @@ use std::process::Command;
 use crate::Result;
 use crate::harness::{self, Binaries, stdout_of};
 
-/// The scenarios, in the order they run.
-const SCENARIOS: [&str; 8] =
-    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister", "kill", "hang"];
+/// The scenarios, in the order they run. `steady-csi` is `steady` with
+/// CSI drivers instead of device plugins: liveness probes each type its
+/// own way.
+const SCENARIOS: [&str; 9] = [
+    "staggered",
+    "burst",
+    "burst-in-place",
+    "steady",
+    "steady-csi",
+    "churn",
+    "deregister",
+    "kill",
+    "hang",
+];
 
 /// The liveness settings of `hang` (kpm's default period is 30 s): a stopped
 /// plugin must be deregistered within `period × (failures + 1)`.
@@ -84,7 +95,10 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
 
 /// One scenario against a fresh kpm; returns the load generator's JSON.
 fn run_scenario(binaries: &Binaries, scenario: &str, quick: bool) -> Result<String> {
-    let mut args = vec!["--scenario", scenario];
+    let mut args = match scenario {
+        "steady-csi" => vec!["--scenario", "steady", "--plugin-type", "csi"],
+        _ => vec!["--scenario", scenario],
+    };
     if quick {
         args.extend(["--duration-secs", QUICK_DURATION_SECS]);
     }

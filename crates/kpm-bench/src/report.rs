@@ -30,8 +30,17 @@ pub(crate) fn machine() -> Value {
 }
 
 /// The scenarios, in the order they run.
-const SCENARIOS: [&str; 8] =
-    ["staggered", "burst", "burst-in-place", "steady", "churn", "deregister", "kill", "hang"];
+const SCENARIOS: [&str; 9] = [
+    "staggered",
+    "burst",
+    "burst-in-place",
+    "steady",
+    "steady-csi",
+    "churn",
+    "deregister",
+    "kill",
+    "hang",
+];
 
 /// One line of the table.
 struct Row {
@@ -232,6 +241,8 @@ fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
     let cpu = number("/scenarios/steady/kpm/cpu/cpu_percent");
     let sched = number("/scenarios/steady/kpm/cpu/cpu_percent_schedstat");
     let rss = number("/scenarios/steady/kpm/end/rss_mb");
+    let csi_sched = number("/scenarios/steady-csi/kpm/cpu/cpu_percent_schedstat");
+    let csi_rss = number("/scenarios/steady-csi/kpm/end/rss_mb");
     let fds = (number("/scenarios/churn/kpm/start/fds"), number("/scenarios/churn/kpm/end/fds"));
     let churn_rss = (
         number("/scenarios/churn/kpm/start/rss_mb"),
@@ -262,6 +273,22 @@ fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
             target: "≤ 30 MB",
             kubelet: "70 MB",
             verdict: verdict(rss, Some(30.0)),
+        },
+        Row {
+            scenario: "steady-csi",
+            measure: "kpm CPU, 1000 CSI drivers (schedstat)",
+            value: shown(csi_sched, |v| format!("{v:.4} %")),
+            target: "≤ 0.1 %",
+            kubelet: "24.6 %",
+            verdict: verdict(csi_sched, Some(0.1)),
+        },
+        Row {
+            scenario: "steady-csi",
+            measure: "kpm RSS, 1000 CSI drivers",
+            value: shown(csi_rss, |v| format!("{v:.1} MB")),
+            target: "≤ 20 MB",
+            kubelet: "50.8 MB",
+            verdict: verdict(csi_rss, Some(20.0)),
         },
         Row {
             scenario: "churn",
