@@ -21,7 +21,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::endpoints::{EndpointWatch, socket_at, watched_path};
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{Call, Checked, Reachability, Target, accepts, check, reach};
+use crate::probe::{Call, Checked, Connections, Reachability, Target, accepts, check, reach};
 use crate::{HeldConnections, LivenessConfig, LivenessError, ProbeFailure};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -47,6 +47,10 @@ pub struct LivenessStats {
     /// Connections kept open between probes now, for plugins no handler
     /// holds a connection to.
     pub probe_connections: usize,
+    /// Connections dialled for probes: one per kept connection, unless a
+    /// plugin closes them (a gRPC server closes one that gets more PINGs
+    /// than it takes) or more than can be kept are needed.
+    pub probe_dials: u64,
     /// Probes that failed.
     pub failed_probes: u64,
     /// Plugins registered anew because they exited or stopped answering.
@@ -71,6 +75,8 @@ struct Counters {
     probe_calls: AtomicU64,
     /// Counted by the kept connections themselves (see `probe::Kept`).
     probe_connections: Arc<AtomicUsize>,
+    /// Counted by the probe tasks (see `probe::check`).
+    probe_dials: Arc<AtomicU64>,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
     watched_endpoints: AtomicUsize,
@@ -163,6 +169,7 @@ impl LivenessMonitor {
             pings: c.pings.load(Ordering::Relaxed),
             probe_calls: c.probe_calls.load(Ordering::Relaxed),
             probe_connections: c.probe_connections.load(Ordering::Relaxed),
+            probe_dials: c.probe_dials.load(Ordering::Relaxed),
             failed_probes: c.failed_probes.load(Ordering::Relaxed),
             renewals: c.renewals.load(Ordering::Relaxed),
             watched_endpoints: c.watched_endpoints.load(Ordering::Relaxed),
@@ -685,12 +692,16 @@ impl<'a> State<'a> {
                 target.next_check(failing, held)
             })
             .collect();
-        let count = Arc::clone(&self.monitor.counters.probe_connections);
-        let budget = self.monitor.budget.clone();
+        let counters = &self.monitor.counters;
+        let connections = Connections {
+            kept: Arc::clone(&counters.probe_connections),
+            dials: Arc::clone(&counters.probe_dials),
+            budget: self.monitor.budget.clone(),
+        };
         self.tasks.spawn(async move {
             let mut checked = Vec::with_capacity(checks.len());
             for one in checks {
-                checked.push(check(one, timeout, &count, &budget).await);
+                checked.push(check(one, timeout, &connections).await);
             }
             Done::Probed { socket, generation, checked }
         });

@@ -7,7 +7,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
@@ -162,6 +162,16 @@ impl Checked {
     }
 }
 
+/// What a check's connections are counted in and paid from.
+#[derive(Debug)]
+pub(crate) struct Connections {
+    /// The connections kept now.
+    pub(crate) kept: Arc<AtomicUsize>,
+    /// The connections dialled so far.
+    pub(crate) dials: Arc<AtomicU64>,
+    pub(crate) budget: FdBudget,
+}
+
 /// Makes `check`, each step (dial, PING or call) within `timeout`. A call's
 /// answer is not looked into beyond what tells liveness (a CSI driver's
 /// readiness): registration already judged what the plugin said.
@@ -171,12 +181,7 @@ impl Checked {
 /// quarter of the budget stays free) and fewer than
 /// [`MAX_KEPT_CONNECTIONS`] are kept; otherwise it is closed after the
 /// check, as is a kept connection that failed.
-pub(crate) async fn check(
-    check: Check,
-    timeout: Duration,
-    kept: &Arc<AtomicUsize>,
-    budget: &FdBudget,
-) -> Checked {
+pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connections) -> Checked {
     let Check { socket, ask, via } = check;
     let (outcome, keep) = match via {
         Via::Handler(channel) => (ask_on(&channel, ask, timeout).await, None),
@@ -185,10 +190,12 @@ pub(crate) async fn check(
             let keep = outcome.is_ok().then_some(connection);
             (outcome, keep)
         }
-        Via::Dial => match dial(&socket, timeout, budget).await {
+        Via::Dial => match dial(&socket, timeout, &connections.budget).await {
             Ok((channel, keepable)) => {
+                connections.dials.fetch_add(1, Ordering::Relaxed);
                 let outcome = ask_on(&channel, ask, timeout).await;
-                let keep = (keepable && outcome.is_ok()).then(|| Kept::keep(channel, kept));
+                let keep = keepable && outcome.is_ok();
+                let keep = keep.then(|| Kept::keep(channel, &connections.kept));
                 (outcome, keep.flatten())
             }
             Err(failure) => (Err(failure), None),

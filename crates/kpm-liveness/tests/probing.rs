@@ -239,6 +239,7 @@ async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every
     let served = plugin.calls() as u64;
     assert!(served >= stats.probe_calls && served <= stats.probe_calls + 1, "{served} served");
     assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "dialled once, then kept");
+    assert_eq!(stats.probe_dials, 1);
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
     assert_eq!(stats.probe_connections, 1);

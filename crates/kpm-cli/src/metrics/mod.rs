@@ -15,7 +15,8 @@
 //! - `kpm_liveness_watched_processes`, `kpm_liveness_process_exits_total`,
 //!   `kpm_liveness_probes_total`, `kpm_liveness_pings_total`,
 //!   `kpm_liveness_probe_calls_total`, `kpm_liveness_probe_failures_total`,
-//!   `kpm_liveness_probe_connections`, `kpm_liveness_watched_endpoints`,
+//!   `kpm_liveness_probe_connections`, `kpm_liveness_probe_dials_total`,
+//!   `kpm_liveness_watched_endpoints`,
 //!   `kpm_liveness_endpoints_gone_total`;
 //! - `kpm_operations` (the executor's entries), `kpm_tokio_tasks` (tasks
 //!   alive in the runtime) and `kpm_heap_allocated_bytes` (the live heap),

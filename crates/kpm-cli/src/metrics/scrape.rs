@@ -341,6 +341,12 @@ fn encode_liveness(liveness: &LivenessStats, encoder: &mut DescriptorEncoder<'_>
         "Connections kept open between liveness probes, for plugins no handler holds one to.",
         liveness.probe_connections,
     )?;
+    counter(
+        encoder,
+        "kpm_liveness_probe_dials",
+        "Connections dialled for liveness probes.",
+        liveness.probe_dials,
+    )?;
     gauge(
         encoder,
         "kpm_liveness_watched_endpoints",
