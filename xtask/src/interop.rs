@@ -6,7 +6,7 @@
 //!
 //! | scenario | programs in DIR | kpm's part |
 //! |---|---|---|
-//! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, and deregisters it when the registrar exits |
+//! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, probes the registrar and the driver a dozen times (`--liveness-period 1`: PINGs, every fourth a call) with no failure and no connection closed for too many PINGs, and deregisters it when the registrar exits |
 //! | `generic-device-plugin` | `generic-device-plugin` | `kpm run`'s `kubelet.sock` takes its `Register`; `squat.ai/null` has 3 healthy devices, unhealthy once it exits |
 //! | `sample-device-plugin` | `sample-device-plugin` | the Kubernetes e2e device plugin, its socket in the registry: `kpm run` registers it through the plugin watcher, probes it over its `ListAndWatch` connection (`--liveness-period 1`) and deregisters it at once when it is killed with SIGKILL, its socket left behind |
 //! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
@@ -147,7 +147,9 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
 // === Scenarios ===
 
 fn node_driver_registrar(env: &Env, root: &Path) -> Result {
-    let kpm = start_kpm(env, root, "node-driver-registrar")?;
+    let metrics = scenario::free_local_addr()?;
+    let args = ["--liveness-period", "1", "--metrics-addr", &metrics];
+    let kpm = start_kpm_with(env, root, "node-driver-registrar", &args)?;
     let csi_dir = root.join("plugins/csi-hostpath");
     fs::create_dir_all(&csi_dir)?;
     let csi_sock = csi_dir.join("csi.sock");
@@ -195,6 +197,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     eprintln!(
         "registered: node id node-1, topology {topology:?}, max volumes 10, CSINode {csinode}"
     );
+    probed_by_pings(&metrics)?;
 
     registrar.stop(STOP_TIMEOUT)?;
     wait_for_list(&kpm, "the driver deregistered once the registrar exited", |list| {
@@ -205,6 +208,41 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     eprintln!("deregistered");
     drop(driver);
     kpm.stop()
+}
+
+/// Liveness against two grpc-go servers, node-driver-registrar and
+/// hostpathplugin: a dozen probes a second apart, each a PING to both
+/// sockets but every fourth, a call (`GetInfo`, `Identity/Probe`). None
+/// fails, and the two connections dialled for them are the only ones: a
+/// grpc-go server closes a connection at the fourth PING between two
+/// responses (`too_many_pings`), which would show as more dials.
+fn probed_by_pings(metrics: &str) -> Result {
+    let value = |name: &str| -> Result<f64> {
+        Ok(scenario::metrics(metrics)?.get(name).copied().unwrap_or_default())
+    };
+    wait_until("12 liveness probes", STEP_TIMEOUT, || {
+        Ok(value("kpm_liveness_probes_total")? >= 12.0)
+    })?;
+    let [probes, pings, calls, failures, dials] = [
+        "kpm_liveness_probes_total",
+        "kpm_liveness_pings_total",
+        "kpm_liveness_probe_calls_total",
+        "kpm_liveness_probe_failures_total",
+        "kpm_liveness_probe_dials_total",
+    ]
+    .map(value);
+    let (probes, pings, calls, failures, dials) = (probes?, pings?, calls?, failures?, dials?);
+    if failures > 0.0 || dials != 2.0 || calls > pings / 2.0 {
+        return Err(format!(
+            "{probes} probes: {pings} PINGs, {calls} calls, {failures} failures, {dials} dials \
+             (expected no failure, 2 dials, a call to 3 PINGs)"
+        )
+        .into());
+    }
+    eprintln!(
+        "probed {probes} times: {pings} PINGs, {calls} calls, no failure, {dials} connections"
+    );
+    Ok(())
 }
 
 /// kubernetes #132660 under the real pair: hostpathplugin's `csi.sock` is
@@ -587,8 +625,9 @@ fn sample_device_plugin(env: &Env, root: &Path) -> Result {
     let get_infos = || -> Result<usize> {
         Ok(plugin.error_lines()?.iter().filter(|line| line.contains("\"GetInfo\"")).count())
     };
-    // One `GetInfo` for the registration, then one probe a second.
-    wait_until("3 liveness probes answered", STEP_TIMEOUT, || Ok(get_infos()? >= 4))?;
+    // One `GetInfo` for the registration, then one probe a second: three
+    // PINGs, then `GetInfo`.
+    wait_until("3 GetInfo probes answered", STEP_TIMEOUT, || Ok(get_infos()? >= 4))?;
     let list = kpm.list()?;
     let registered = find(&list["plugins"], "name", RESOURCE);
     if !registered.is_some_and(|p| p["state"] == "registered" && p["server_pid"] == pid) {

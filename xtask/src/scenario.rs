@@ -57,6 +57,26 @@ pub(crate) fn build(root: &Path) -> Result {
     )
 }
 
+/// A free loopback address (`127.0.0.1:PORT`), for kpm's `--metrics-addr`.
+pub(crate) fn free_local_addr() -> Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// The value of each series kpm serves on `/metrics` at `addr` (counters
+/// under their `_total` name), labels left in the name.
+pub(crate) fn metrics(addr: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+    let text = ureq::get(&format!("http://{addr}/metrics")).call()?.body_mut().read_to_string()?;
+    Ok(text
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect())
+}
+
 /// `kpm run` on a scenario's root.
 pub(crate) struct RunningKpm {
     kpm: Kpm,

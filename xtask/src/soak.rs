@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::harness::{self, stdout_of};
+use crate::scenario;
 
 /// The soak's length unless told otherwise.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10 * 60);
@@ -37,7 +38,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     };
     let duration = duration(options)?;
     let binaries = harness::build(root)?;
-    let metrics = free_local_addr()?;
+    let metrics = scenario::free_local_addr()?;
     let secs = duration.as_secs().to_string();
     let mut loadgen_args =
         vec!["--scenario", "soak", "--duration-secs", &secs, "--metrics-addr", &metrics];
@@ -89,11 +90,6 @@ fn duration(options: &[&str]) -> Result<Duration> {
 
 /// A loopback address with a port that was free a moment ago, for kpm's
 /// metrics endpoint.
-fn free_local_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,15 +10,20 @@
 //!   milliseconds and at no cost meanwhile. The socket is then checked: if it
 //!   refuses connections or is gone, the plugin is renewed. A socket still
 //!   served by another process (a fork that kept it) is left to the probes.
-//! - **A plugin hangs.** Every plugin is asked `GetInfo` once per period, at
-//!   a phase of its own so that probes are spread over the period. One that
-//!   fails `failure_threshold` probes in a row, or whose socket refuses
-//!   connections, is renewed. Where a handler holds a connection to the
-//!   registration socket anyway (a device plugin serving `ListAndWatch` on
-//!   it), the probe goes over that connection ([`HeldConnections`]);
-//!   otherwise over a connection of the monitor's own, kept between probes
-//!   (at most 128, each an optional holder of the fd budget; beyond that,
-//!   probes dial and hang up).
+//! - **A plugin hangs.** Every plugin is probed once per period, at a phase
+//!   of its own so that probes are spread over the period: an HTTP/2 PING,
+//!   which its transport answers by itself, and every fourth probe (gRPC
+//!   servers close a connection at the fourth PING between two responses)
+//!   or while it fails, a gRPC call: `GetInfo`. A CSI driver is probed on
+//!   its endpoint as well, the call there being `csi.v1.Identity/Probe`:
+//!   its registration socket is node-driver-registrar's, which answers
+//!   while the driver hangs. One that fails `failure_threshold` probes in
+//!   a row, or whose socket refuses connections, is renewed. Where a
+//!   handler holds a connection to the registration socket anyway (a
+//!   device plugin serving `ListAndWatch` on it), the probe goes over that
+//!   connection ([`HeldConnections`]); otherwise over a connection of the
+//!   monitor's own, kept between probes (at most 128, each an optional
+//!   holder of the fd budget; beyond that, probes dial and hang up).
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`
 //! stream, a DRA driver's connection) gets the plugin's socket checked at
@@ -58,8 +63,8 @@ pub use probe::ProbeFailure;
 
 /// The connections to plugins that handlers hold anyway, which probes share
 /// instead of dialling: a device plugin's `ListAndWatch` connection when
-/// its endpoint is its registration socket. A probe over it costs one
-/// request, no socket and no handshake; a connection kept for probes alone
+/// its endpoint is its registration socket. A probe over it costs a PING
+/// (or a request), no socket and no handshake; a connection kept for probes alone
 /// would cost its HTTP/2 buffers for every plugin, all the time.
 pub trait HeldConnections: Send + Sync + fmt::Debug {
     /// An open connection to `plugin`'s registration socket
@@ -73,13 +78,13 @@ pub trait HeldConnections: Send + Sync + fmt::Debug {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LivenessConfig {
-    /// Time between two `GetInfo` probes of a plugin: non-zero, at most
+    /// Time between two probes of a plugin: non-zero, at most
     /// [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (365
     /// days). `None`: no probes; exits are still watched.
     pub period: Option<Duration>,
     /// Failed probes in a row after which the plugin is registered anew.
     pub failure_threshold: u32,
-    /// Deadline of each step of a probe (dial, `GetInfo`): non-zero, at most
+    /// Deadline of each step of a probe (dial, PING or call): non-zero, at most
     /// the period.
     pub timeout: Duration,
     /// Whether to watch the process serving each registration socket and
