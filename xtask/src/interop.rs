@@ -217,11 +217,11 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
 /// grpc-go server closes a connection at the fourth PING between two
 /// responses (`too_many_pings`), which would show as more dials.
 fn probed_by_pings(metrics: &str) -> Result {
-    let value = |name: &str| -> Result<f64> {
+    let value = |name: &str| -> Result<u64> {
         Ok(scenario::metrics(metrics)?.get(name).copied().unwrap_or_default())
     };
     wait_until("12 liveness probes", STEP_TIMEOUT, || {
-        Ok(value("kpm_liveness_probes_total")? >= 12.0)
+        Ok(value("kpm_liveness_probes_total")? >= 12)
     })?;
     let [probes, pings, calls, failures, dials] = [
         "kpm_liveness_probes_total",
@@ -232,7 +232,7 @@ fn probed_by_pings(metrics: &str) -> Result {
     ]
     .map(value);
     let (probes, pings, calls, failures, dials) = (probes?, pings?, calls?, failures?, dials?);
-    if failures > 0.0 || dials != 2.0 || calls > pings / 2.0 {
+    if failures > 0 || dials != 2 || calls * 2 > pings {
         return Err(format!(
             "{probes} probes: {pings} PINGs, {calls} calls, {failures} failures, {dials} dials \
              (expected no failure, 2 dials, a call to 3 PINGs)"

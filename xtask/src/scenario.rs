@@ -63,9 +63,9 @@ pub(crate) fn free_local_addr() -> Result<String> {
     Ok(listener.local_addr()?.to_string())
 }
 
-/// The value of each series kpm serves on `/metrics` at `addr` (counters
-/// under their `_total` name), labels left in the name.
-pub(crate) fn metrics(addr: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+/// The value of each series with a whole value kpm serves on `/metrics` at
+/// `addr` (counters under their `_total` name), labels left in the name.
+pub(crate) fn metrics(addr: &str) -> Result<std::collections::BTreeMap<String, u64>> {
     let text = ureq::get(&format!("http://{addr}/metrics")).call()?.body_mut().read_to_string()?;
     Ok(text
         .lines()
