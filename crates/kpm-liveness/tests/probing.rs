@@ -260,7 +260,7 @@ async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every
 /// stopped process's: the kernel takes what is sent, nothing answers, not
 /// even an HTTP/2 PING.
 struct Freezable {
-    io: tokio::net::UnixStream,
+    io: kpm_transport::Connection,
     frozen: Arc<AtomicBool>,
 }
 
@@ -306,10 +306,9 @@ impl tonic::transport::server::Connected for Freezable {
 
 /// Serves `plugin` on `socket` over connections that stop reading once
 /// the returned flag is set.
-fn serve_freezable(socket: &Path, plugin: Arc<Plugin>) -> Arc<AtomicBool> {
+async fn serve_freezable(socket: &Path, plugin: Arc<Plugin>) -> Arc<AtomicBool> {
     let frozen = Arc::new(AtomicBool::new(false));
-    let listener = tokio::net::UnixListener::bind(socket).unwrap();
-    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener).map({
+    let incoming = kpm_transport::bind(socket).await.unwrap().map({
         let frozen = Arc::clone(&frozen);
         move |io| io.map(|io| Freezable { io, frozen: Arc::clone(&frozen) })
     });
@@ -326,7 +325,7 @@ async fn a_plugin_whose_transport_stops_answering_pings_is_found_by_a_ping() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("stopped.sock");
     let plugin = Arc::new(Plugin::default());
-    let frozen = serve_freezable(&socket, Arc::clone(&plugin));
+    let frozen = serve_freezable(&socket, Arc::clone(&plugin)).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
     wait_until("a PING answered", || h.monitor.stats().pings >= 1).await;
