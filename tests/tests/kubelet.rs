@@ -195,10 +195,10 @@ async fn dra_device_health_changes_reach_the_managers_events() {
 
 /// Liveness probes a device plugin serving on its registration socket over
 /// the device manager's `ListAndWatch` connection (the facade hands it
-/// over), and keeps a connection of its own only for a plugin no handler
-/// holds one to (a CSI registrar).
+/// over), and keeps connections of its own only for a plugin no handler
+/// holds one to: a CSI driver's registrar and its endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn probes_share_the_device_plugins_connection_and_keep_one_for_a_csi_registrar() {
+async fn probes_share_the_device_plugins_connection_and_keep_two_for_a_csi_driver() {
     let liveness = kpm::LivenessConfig::default()
         .period(Some(Duration::from_millis(100)))
         .timeout(Duration::from_millis(100));
@@ -217,11 +217,11 @@ async fn probes_share_the_device_plugins_connection_and_keep_one_for_a_csi_regis
     assert_eq!(stats().probe_connections, 0, "probed over the ListAndWatch connection");
 
     let _csi = node.csi_plugin().await;
-    wait_until("a connection kept for the CSI registrar", || stats().probe_connections == 1).await;
+    wait_until("a connection kept to each CSI socket", || stats().probe_connections == 2).await;
     let probes = stats().probes;
     wait_until("5 more probes", || stats().probes >= probes + 5).await;
     let stats = stats();
-    assert_eq!((stats.probe_connections, stats.failed_probes), (1, 0));
+    assert_eq!((stats.probe_connections, stats.failed_probes), (2, 0));
     node.stop().await;
 }
 

@@ -272,18 +272,12 @@ struct Followed {
 /// The sockets a plugin is probed on: its registration socket, asked
 /// `GetInfo` when a PING is not enough; for a CSI driver also its endpoint,
 /// asked `Identity/Probe` (the registration socket is node-driver-registrar's,
-/// which answers while the driver hangs), or only its endpoint when both are
-/// one socket.
+/// which answers while the driver hangs). A driver serving both on one
+/// socket is one server, asked `GetInfo`.
 fn targets(socket: &Path, info: &PluginInfo) -> Vec<Target> {
-    if info.plugin_type != CSI_PLUGIN {
+    let driver = kpm_transport::endpoint_path(&info.endpoint);
+    if info.plugin_type != CSI_PLUGIN || driver.as_os_str().is_empty() || driver == socket {
         return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
-    }
-    let driver = match kpm_transport::endpoint_path(&info.endpoint) {
-        endpoint if endpoint.as_os_str().is_empty() => socket,
-        endpoint => endpoint,
-    };
-    if driver == socket {
-        return vec![Target::new(socket.to_path_buf(), Call::CsiProbe)];
     }
     vec![
         Target::new(socket.to_path_buf(), Call::GetInfo),

@@ -374,19 +374,25 @@ impl Identity for Driver {
     }
 }
 
+/// Serves a [`Driver`] answering `ready` on `endpoint`.
+async fn serve_driver(endpoint: &Path, ready: Option<bool>) -> Arc<Driver> {
+    let driver = Arc::new(Driver { ready, probes: AtomicUsize::new(0) });
+    let incoming = kpm_transport::bind(endpoint).await.unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
+            .serve_with_incoming(incoming),
+    );
+    driver
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_answers() {
     for (ready, found) in [(None, "Identity/Probe timed out"), (Some(false), "not ready")] {
         let dir = tempfile::tempdir().unwrap();
         let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
         let registrar = serve(&socket, Plugin::default()).await;
-        let driver = Arc::new(Driver { ready, probes: AtomicUsize::new(0) });
-        let incoming = kpm_transport::bind(&endpoint).await.unwrap();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
-                .serve_with_incoming(incoming),
-        );
+        let driver = serve_driver(&endpoint, ready).await;
         let mut h = start(quick());
         let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
 
@@ -410,13 +416,7 @@ async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
     let registrar = serve(&socket, Plugin::default()).await;
-    let driver = Arc::new(Driver { ready: Some(true), probes: AtomicUsize::new(0) });
-    let incoming = kpm_transport::bind(&endpoint).await.unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
-            .serve_with_incoming(incoming),
-    );
+    let driver = serve_driver(&endpoint, Some(true)).await;
     let mut h = start(quick());
     let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
     wait_until(lazy(|| format!("9 probes, {:?} so far", h.monitor.stats())), || {
