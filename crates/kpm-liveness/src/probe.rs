@@ -222,40 +222,59 @@ async fn dial(
 }
 
 async fn ask_on(channel: &UdsChannel, ask: Ask, timeout: Duration) -> Result<(), ProbeFailure> {
-    let failed = |reason| ProbeFailure { gone: false, reason };
-    let timed_out = |what: &str| failed(format!("{what} timed out after {timeout:?}"));
-    let status = |what: &str, status: &tonic::Status| {
-        failed(format!("{what}: {}: {}", go_code_name(status.code()), status.message()))
-    };
     match ask {
-        Ask::Ping => uds::within(timeout, channel.ping()).await.map_err(|err| match err {
-            Some(err) => failed(err.to_string()),
-            None => timed_out("HTTP/2 PING"),
-        }),
+        Ask::Ping => answered("HTTP/2 PING", timeout, uds::within(timeout, channel.ping()).await),
         Ask::Call(Call::GetInfo) => {
             let mut client = RegistrationClient::new(channel.clone())
                 .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
             let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
-            match uds::within(timeout, call).await {
-                Ok(_) => Ok(()),
-                Err(Some(err)) => Err(status("GetInfo", &err)),
-                Err(None) => Err(timed_out("GetInfo")),
-            }
+            answered("GetInfo", timeout, uds::within(timeout, call).await).map(drop)
         }
         Ask::Call(Call::CsiProbe) => {
             let mut client = IdentityClient::new(channel.clone());
             let call = client.probe(uds::timed_request(ProbeRequest {}, timeout));
-            match uds::within(timeout, call).await {
-                // Absent means ready (CSI spec); not ready fails, as the
-                // livenessprobe sidecar has it.
-                Ok(response) if response.get_ref().ready == Some(false) => {
-                    Err(failed("Identity/Probe: the driver says it is not ready".to_owned()))
-                }
-                Ok(_) => Ok(()),
-                Err(Some(err)) => Err(status("Identity/Probe", &err)),
-                Err(None) => Err(timed_out("Identity/Probe")),
+            let response = answered("Identity/Probe", timeout, uds::within(timeout, call).await)?;
+            // Absent means ready (CSI spec); not ready fails, as the
+            // livenessprobe sidecar has it.
+            if response.get_ref().ready == Some(false) {
+                let reason = "Identity/Probe: the driver says it is not ready".to_owned();
+                return Err(ProbeFailure { gone: false, reason });
             }
+            Ok(())
         }
+    }
+}
+
+/// What a PING or call `what` gave, within `timeout` ([`uds::within`]).
+fn answered<T, E: Failed>(
+    what: &str,
+    timeout: Duration,
+    result: Result<T, Option<E>>,
+) -> Result<T, ProbeFailure> {
+    result.map_err(|err| {
+        let reason = match err {
+            Some(err) => format!("{what}: {}", err.why()),
+            None => format!("{what} timed out after {timeout:?}"),
+        };
+        ProbeFailure { gone: false, reason }
+    })
+}
+
+/// An error of a PING or a call, as a probe's reason tells it.
+trait Failed {
+    fn why(&self) -> String;
+}
+
+impl Failed for tonic::Status {
+    /// The gRPC code as Go names it, and the message.
+    fn why(&self) -> String {
+        format!("{}: {}", go_code_name(self.code()), self.message())
+    }
+}
+
+impl Failed for kpm_transport::TransportError {
+    fn why(&self) -> String {
+        self.to_string()
     }
 }
 
