@@ -21,7 +21,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::endpoints::{EndpointWatch, socket_at, watched_path};
 use crate::exits::{Exit, OpenPidfd, pidfd_open, wait_for_exit};
-use crate::probe::{Call, Checked, Connections, Reachability, Target, accepts, check, reach};
+use crate::probe::{Ask, Call, Checked, Connections, Reachability, Target, accepts, check, reach};
 use crate::{HeldConnections, LivenessConfig, LivenessError, ProbeFailure};
 
 /// Counters of what the monitor does, for metrics and the status API.
@@ -763,9 +763,13 @@ impl<'a> State<'a> {
     fn judge(&mut self, socket: &Path, generation: Generation, checked: Vec<Checked>) {
         let counters = &self.monitor.counters;
         counters.probes.fetch_add(1, Ordering::Relaxed);
-        let calls = checked.iter().filter(|checked| checked.was_call()).count();
-        counters.probe_calls.fetch_add(calls as u64, Ordering::Relaxed);
-        counters.pings.fetch_add((checked.len() - calls) as u64, Ordering::Relaxed);
+        for one in &checked {
+            match one.asked() {
+                Some(Ask::Ping) => counters.pings.fetch_add(1, Ordering::Relaxed),
+                Some(Ask::Call(_)) => counters.probe_calls.fetch_add(1, Ordering::Relaxed),
+                None => 0,
+            };
+        }
         let Some(followed) = self.followed.get_mut(socket) else { return };
         if followed.generation != generation {
             return;

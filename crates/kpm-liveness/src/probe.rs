@@ -75,10 +75,10 @@ impl Target {
     /// whether the server answered a PING or a call.
     pub(crate) fn checked(&mut self, checked: Checked) -> Result<(), ProbeFailure> {
         self.kept = checked.keep;
-        match (&checked.outcome, checked.ask) {
-            (Ok(()), Ask::Ping) => self.pings += 1,
-            (Ok(()), Ask::Call(_)) => self.pings = 0,
-            (Err(_), _) => {}
+        match (&checked.outcome, checked.asked) {
+            (Ok(()), Some(Ask::Ping)) => self.pings += 1,
+            (Ok(()), Some(Ask::Call(_))) => self.pings = 0,
+            _ => {}
         }
         checked.outcome
     }
@@ -149,16 +149,17 @@ impl Drop for Kept {
 /// What a check found, and the connection to keep for the next one.
 #[derive(Debug)]
 pub(crate) struct Checked {
-    ask: Ask,
+    /// What was asked; `None` when the dial failed first.
+    asked: Option<Ask>,
     outcome: Result<(), ProbeFailure>,
     /// The monitor's own connection, after an answer on it.
     keep: Option<Kept>,
 }
 
 impl Checked {
-    /// Whether it was a gRPC call.
-    pub(crate) fn was_call(&self) -> bool {
-        matches!(self.ask, Ask::Call(_))
+    /// What was asked, if the socket could be reached to ask it.
+    pub(crate) fn asked(&self) -> Option<Ask> {
+        self.asked
     }
 }
 
@@ -183,12 +184,13 @@ pub(crate) struct Connections {
 /// check, as is a kept connection that failed.
 pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connections) -> Checked {
     let Check { socket, ask, via } = check;
-    let (outcome, keep) = match via {
-        Via::Handler(channel) => (ask_on(&channel, ask, timeout).await, None),
+    let asked = |outcome, keep| Checked { asked: Some(ask), outcome, keep };
+    match via {
+        Via::Handler(channel) => asked(ask_on(&channel, ask, timeout).await, None),
         Via::Kept(connection) => {
             let outcome = ask_on(&connection.channel, ask, timeout).await;
             let keep = outcome.is_ok().then_some(connection);
-            (outcome, keep)
+            asked(outcome, keep)
         }
         Via::Dial => match dial(&socket, timeout, &connections.budget).await {
             Ok((channel, keepable)) => {
@@ -196,12 +198,11 @@ pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connect
                 let outcome = ask_on(&channel, ask, timeout).await;
                 let keep = keepable && outcome.is_ok();
                 let keep = keep.then(|| Kept::keep(channel, &connections.kept));
-                (outcome, keep.flatten())
+                asked(outcome, keep.flatten())
             }
-            Err(failure) => (Err(failure), None),
+            Err(failure) => Checked { asked: None, outcome: Err(failure), keep: None },
         },
-    };
-    Checked { ask, outcome, keep }
+    }
 }
 
 /// Dials `socket`; says whether the connection may be kept (its permit is

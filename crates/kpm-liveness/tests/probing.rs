@@ -539,7 +539,10 @@ async fn a_socket_nobody_listens_on_is_renewed_at_the_first_probe() {
             if reason.contains("crashed.sock") && *g == generation),
         "{event:?}"
     );
-    assert_eq!(h.monitor.stats().probes, 1);
+    let stats = h.monitor.stats();
+    assert_eq!(stats.probes, 1);
+    // Refused at the dial: nothing was asked.
+    assert_eq!((stats.pings, stats.probe_calls, stats.probe_dials), (0, 0, 0), "{stats:?}");
     h.stop().await;
 }
 
