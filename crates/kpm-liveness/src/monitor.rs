@@ -341,6 +341,8 @@ struct State<'a> {
     held: HashMap<PathBuf, HashMap<PathBuf, Generation>>,
     /// Held plugins' endpoints where a socket appeared, being tried.
     awaited: HashSet<PathBuf>,
+    /// What every probe's connections are counted in and paid from.
+    connections: Arc<Connections>,
 }
 
 impl<'a> State<'a> {
@@ -356,6 +358,11 @@ impl<'a> State<'a> {
             endpoints: EndpointWatch::new(),
             held: HashMap::new(),
             awaited: HashSet::new(),
+            connections: Arc::new(Connections {
+                kept: Arc::clone(&monitor.counters.probe_connections),
+                dials: Arc::clone(&monitor.counters.probe_dials),
+                budget: monitor.budget.clone(),
+            }),
         }
     }
 
@@ -686,12 +693,7 @@ impl<'a> State<'a> {
                 target.next_check(failing, held)
             })
             .collect();
-        let counters = &self.monitor.counters;
-        let connections = Connections {
-            kept: Arc::clone(&counters.probe_connections),
-            dials: Arc::clone(&counters.probe_dials),
-            budget: self.monitor.budget.clone(),
-        };
+        let connections = Arc::clone(&self.connections);
         self.tasks.spawn(async move {
             let mut checked = Vec::with_capacity(checks.len());
             for one in checks {
