@@ -217,11 +217,11 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
 /// grpc-go server closes a connection at the fourth PING between two
 /// responses (`too_many_pings`), which would show as more dials.
 fn probed_by_pings(metrics: &str) -> Result {
-    let value = |name: &str| -> Result<u64> {
-        Ok(scenario::metrics(metrics)?.get(name).copied().unwrap_or_default())
-    };
-    wait_until("12 liveness probes", STEP_TIMEOUT, || {
-        Ok(value("kpm_liveness_probes_total")? >= 12)
+    // One scrape for all the figures, so that they agree with each other.
+    let scraped = wait_for("12 liveness probes", STEP_TIMEOUT, || {
+        let scraped = scenario::metrics(metrics)?;
+        let probes = scraped.get("kpm_liveness_probes_total").copied().unwrap_or_default();
+        Ok((probes >= 12).then_some(scraped))
     })?;
     let [probes, pings, calls, failures, dials] = [
         "kpm_liveness_probes_total",
@@ -230,8 +230,7 @@ fn probed_by_pings(metrics: &str) -> Result {
         "kpm_liveness_probe_failures_total",
         "kpm_liveness_probe_dials_total",
     ]
-    .map(value);
-    let (probes, pings, calls, failures, dials) = (probes?, pings?, calls?, failures?, dials?);
+    .map(|name| scraped.get(name).copied().unwrap_or_default());
     if failures > 0 || dials != 2 || calls * 2 > pings {
         return Err(format!(
             "{probes} probes: {pings} PINGs, {calls} calls, {failures} failures, {dials} dials \
