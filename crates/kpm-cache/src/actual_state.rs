@@ -153,6 +153,14 @@ impl ActualState {
     pub fn subscribe(&self) -> Changes {
         self.changes.subscribe()
     }
+
+    /// How many changes were made so far (wrapping), each counted once it
+    /// is made: if the count read before a look at the contents is still
+    /// the count, no change was made since, or one is being made and the
+    /// next count shows it.
+    pub fn change_count(&self) -> u64 {
+        self.changes.count()
+    }
 }
 
 #[cfg(test)]

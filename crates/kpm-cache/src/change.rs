@@ -32,6 +32,11 @@ impl ChangeSignal {
     pub fn subscribe(&self) -> Changes {
         Changes { rx: self.tx.subscribe() }
     }
+
+    /// How many changes were recorded so far (wrapping).
+    pub fn count(&self) -> u64 {
+        *self.tx.borrow()
+    }
 }
 
 impl Changes {

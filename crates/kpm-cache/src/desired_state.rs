@@ -223,6 +223,14 @@ impl DesiredState {
         self.changes.subscribe()
     }
 
+    /// How many changes were made so far (wrapping), each counted once it
+    /// is made: if the count read before a look at the contents is still
+    /// the count, no change was made since, or one is being made and the
+    /// next count shows it.
+    pub fn change_count(&self) -> u64 {
+        self.changes.count()
+    }
+
     /// Drains the journal: every path added, re-created or removed since the
     /// previous call, once each, in no particular order. The journal is
     /// written before the [`ChangeSignal`] is bumped, so a consumer that

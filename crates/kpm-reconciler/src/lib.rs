@@ -29,6 +29,11 @@
 //! (its DesiredState entry, the end of its operation, the end of its backoff)
 //! puts the socket in a later batch; what no event reports (ActualState
 //! changed by someone else) is found by the periodic full pass.
+//!
+//! A full pass costs a lookup per socket, so on a node where nothing happens
+//! it is skipped: when the last full pass found every socket in sync, no pass
+//! acted since, and neither state's [change
+//! count](DesiredState::change_count) has moved, it would find the same.
 
 #![deny(missing_docs)]
 
@@ -116,6 +121,9 @@ pub struct Reconciler {
     state: Mutex<State>,
     /// Starts refused because the socket was backing off, for metrics.
     backoff_skips: AtomicU64,
+    /// Full passes skipped because nothing could have changed since one
+    /// found every socket in sync.
+    full_passes_skipped: AtomicU64,
 }
 
 /// What the reconciler remembers between passes.
@@ -127,6 +135,10 @@ struct State {
     /// When a socket refused because of its backoff may be tried again. An
     /// entry made stale by a later event only costs one idle look at it.
     retries: BTreeSet<(Instant, PathBuf)>,
+    /// The change counts of DesiredState and ActualState read before the
+    /// last full pass, if it found every socket in sync and no pass has
+    /// acted since.
+    in_sync_at: Option<(u64, u64)>,
 }
 
 impl State {
@@ -192,6 +204,7 @@ impl Reconciler {
             handlers_changed: ChangeSignal::default(),
             state: Mutex::new(State::default()),
             backoff_skips: AtomicU64::new(0),
+            full_passes_skipped: AtomicU64::new(0),
         }
     }
 
@@ -253,6 +266,12 @@ impl Reconciler {
         self.backoff_skips.load(Ordering::Relaxed)
     }
 
+    /// How many full passes were skipped because neither state had changed
+    /// since one that found every socket in sync.
+    pub fn full_passes_skipped(&self) -> u64 {
+        self.full_passes_skipped.load(Ordering::Relaxed)
+    }
+
     /// Runs until `shutdown` completes: a full pass first, then a pass over
     /// the changed sockets after every wake-up, and a full pass when a
     /// handler is added and every `resync_period`. Returns without waiting
@@ -292,24 +311,33 @@ impl Reconciler {
 
     /// A full pass: every socket that is desired, registered or attempted,
     /// and every socket an event reported. O(n) lookups, no IO; only the
-    /// sockets that need an operation are sorted.
+    /// sockets that need an operation are sorted. Skipped when it would
+    /// find what the last one found: every socket in sync (see the crate
+    /// docs).
     pub fn reconcile(&self) {
         let mut state = self.state.lock();
+        // Read before the look: a change made during it moves a count.
+        let changes = (self.desired.change_count(), self.actual.change_count());
         // Drain before listing: a change after the drain is either in the
         // listing or journaled for the next pass.
         let mut sockets = self.take_dirty(&mut state);
+        if sockets.is_empty() && state.in_sync_at == Some(changes) {
+            self.full_passes_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         sockets.extend(self.desired.paths());
         sockets.extend(self.actual.paths());
         sockets.extend(state.attempted.keys().cloned());
-        self.reconcile_sockets(&mut state, sockets);
+        let acted = self.reconcile_sockets(&mut state, sockets);
+        state.in_sync_at = (!acted).then_some(changes);
     }
 
     /// A pass over the sockets an event reported since the previous pass.
     fn reconcile_changed(&self) {
         let mut state = self.state.lock();
         let dirty = self.take_dirty(&mut state);
-        if !dirty.is_empty() {
-            self.reconcile_sockets(&mut state, dirty);
+        if !dirty.is_empty() && self.reconcile_sockets(&mut state, dirty) {
+            state.in_sync_at = None;
         }
     }
 
@@ -337,11 +365,15 @@ impl Reconciler {
         self.state.lock().retries.first().map(|(at, _)| *at)
     }
 
-    fn reconcile_sockets(&self, state: &mut State, sockets: HashSet<PathBuf>) {
+    /// Takes the actions `sockets` need; whether any did.
+    fn reconcile_sockets(&self, state: &mut State, sockets: HashSet<PathBuf>) -> bool {
         let handlers = Arc::clone(&self.handlers.lock());
-        for (socket, action) in self.plan(sockets) {
+        let actions = self.plan(sockets);
+        let acted = !actions.is_empty();
+        for (socket, action) in actions {
             self.apply(state, &handlers, &socket, action);
         }
+        acted
     }
 
     /// The actions `sockets` need, in the order to take them: by phase, then

@@ -213,3 +213,32 @@ async fn periods_past_the_clock_or_zero_run_no_periodic_pass_and_do_not_panic() 
         assert!(!stray_found_after(period, 3 * MAX_CONFIG_DURATION).await, "{period:?}");
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn full_passes_over_sockets_in_sync_are_skipped_until_a_state_changes() {
+    let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
+    let r = reconciler(&desired, &actual);
+    let socket = Path::new("/r/a.sock");
+    let generation = desired.add_or_update(socket).unwrap();
+    actual.add(registered(socket, generation)).unwrap();
+    r.reconcile();
+    r.reconcile();
+    assert_eq!(r.full_passes_skipped(), 1, "the second pass would have found what the first did");
+
+    // Registered behind the reconciler's back: no journal reports it.
+    let stray = Path::new("/r/stray.sock");
+    let other = DesiredState::new().add_or_update(stray).unwrap();
+    actual.add(registered(stray, other)).unwrap();
+    r.reconcile();
+    assert_eq!(r.full_passes_skipped(), 1, "ActualState changed: the pass must look");
+    r.executor().operations().wait_for_completion().await;
+    assert!(!actual.contains(stray));
+
+    // The pass that forgets the finished operation acted; the one after it
+    // finds everything in sync, and the next is skipped again.
+    for _ in 0..3 {
+        r.reconcile();
+    }
+    assert_eq!(r.full_passes_skipped(), 2);
+    assert!(actual.contains(socket));
+}
