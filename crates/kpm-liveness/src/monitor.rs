@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use kpm_api::FileId;
 use kpm_api::constants::CSI_PLUGIN;
 use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent, PluginInfo};
@@ -75,7 +78,7 @@ struct Counters {
     probe_calls: AtomicU64,
     /// Counted by the kept connections themselves (see `probe::Kept`).
     probe_connections: Arc<AtomicUsize>,
-    /// Counted by the probe tasks (see `probe::check`).
+    /// Counted by the probes (see `probe::check`).
     probe_dials: Arc<AtomicU64>,
     failed_probes: AtomicU64,
     renewals: AtomicU64,
@@ -216,6 +219,7 @@ impl LivenessMonitor {
                         state.look_at_endpoint(&endpoint);
                     }
                 }
+                Some(done) = state.probes.next() => state.finish(done),
                 Some(done) = state.tasks.join_next() => {
                     // Aborted watches of processes nobody follows any more.
                     if let Ok(done) = done {
@@ -292,7 +296,7 @@ struct Watched {
     watch: AbortHandle,
 }
 
-/// What a task of the monitor found.
+/// What a probe or a task of the monitor found.
 #[derive(Debug)]
 enum Done {
     Probed {
@@ -334,6 +338,9 @@ struct State<'a> {
     served_at: HashMap<PathBuf, HashSet<PathBuf>>,
     /// The origin of the grid of probe ticks.
     origin: Instant,
+    /// The probes running, polled by the monitor's own task: a probe is a
+    /// PING and its acknowledgement, too little work for a task of its own.
+    probes: FuturesUnordered<BoxFuture<'static, Done>>,
     tasks: JoinSet<Done>,
     endpoints: EndpointWatch,
     /// Sockets held back because their endpoint is gone, by endpoint: each
@@ -354,6 +361,7 @@ impl<'a> State<'a> {
             schedule: DelayQueue::new(),
             served_at: HashMap::new(),
             origin: Instant::now(),
+            probes: FuturesUnordered::new(),
             tasks: JoinSet::new(),
             endpoints: EndpointWatch::new(),
             held: HashMap::new(),
@@ -694,13 +702,13 @@ impl<'a> State<'a> {
             })
             .collect();
         let connections = Arc::clone(&self.connections);
-        self.tasks.spawn(async move {
+        self.probes.push(Box::pin(async move {
             let mut checked = Vec::with_capacity(checks.len());
             for one in checks {
                 checked.push(check(one, timeout, &connections).await);
             }
             Done::Probed { socket, generation, checked }
-        });
+        }));
     }
 
     fn finish(&mut self, done: Done) {
