@@ -59,7 +59,7 @@ use kpm_cache::PluginInfo;
 use kpm_transport::UdsChannel;
 
 pub use monitor::{LivenessMonitor, LivenessStats};
-pub use probe::ProbeFailure;
+pub use probe::{MAX_KEPT_CONNECTIONS, ProbeFailure};
 
 /// The connections to plugins that handlers hold anyway, which probes share
 /// instead of dialling: a device plugin's `ListAndWatch` connection when

@@ -17,7 +17,7 @@ use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_transport::fd::FdBudget;
-use kpm_transport::{self as uds, PINGS_PER_CALL, UdsChannel};
+use kpm_transport::{self as uds, PINGS_PER_CALL, TransportError, UdsChannel};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,32 +115,42 @@ pub(crate) struct Check {
 /// How many connections the monitor keeps between probes, at most: each
 /// costs its fixed HTTP/2 buffers, and plugins no handler holds a
 /// connection to (CSI and DRA registration sockets, CSI drivers) are a
-/// handful per node. Beyond it, probes dial and hang up.
-const MAX_KEPT_CONNECTIONS: usize = 128;
+/// handful per node. Beyond it, probes dial and hang up: a PING on a bare
+/// connection ([`kpm_transport::bare_ping`]), a call on an HTTP/2 one.
+pub const MAX_KEPT_CONNECTIONS: usize = 128;
 
-/// A connection the monitor keeps between a socket's probes, counted in
-/// `LivenessStats::probe_connections` for as long as it lives.
+/// A connection the monitor keeps between a socket's probes.
 #[derive(Debug)]
 pub(crate) struct Kept {
     channel: UdsChannel,
-    count: Arc<AtomicUsize>,
+    _slot: Slot,
 }
 
 impl Kept {
-    /// Keeps `channel`, unless [`MAX_KEPT_CONNECTIONS`] are kept already.
-    fn keep(channel: UdsChannel, count: &Arc<AtomicUsize>) -> Option<Self> {
-        let under_cap = |kept: usize| (kept < MAX_KEPT_CONNECTIONS).then_some(kept + 1);
-        count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, under_cap).ok()?;
-        Some(Self { channel, count: Arc::clone(count) })
-    }
-
     /// Whether the plugin closed it (it exited or restarted, say).
     fn is_closed(&self) -> bool {
         self.channel.is_closed()
     }
 }
 
-impl Drop for Kept {
+/// One of the [`MAX_KEPT_CONNECTIONS`], taken before a connection to keep
+/// is dialled, counted in `LivenessStats::probe_connections` for as long
+/// as it is held.
+#[derive(Debug)]
+struct Slot {
+    count: Arc<AtomicUsize>,
+}
+
+impl Slot {
+    /// A slot, unless all are taken.
+    fn take(count: &Arc<AtomicUsize>) -> Option<Self> {
+        let under_cap = |kept: usize| (kept < MAX_KEPT_CONNECTIONS).then_some(kept + 1);
+        count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, under_cap).ok()?;
+        Some(Self { count: Arc::clone(count) })
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::Relaxed);
     }
@@ -181,7 +191,8 @@ pub(crate) struct Connections {
 /// it answered, the fd budget could spare an optional permit for it (a
 /// quarter of the budget stays free) and fewer than
 /// [`MAX_KEPT_CONNECTIONS`] are kept; otherwise it is closed after the
-/// check, as is a kept connection that failed.
+/// check, as is a kept connection that failed. A PING with no connection
+/// to keep goes on a bare one, which costs no HTTP/2 state.
 pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connections) -> Checked {
     let Check { socket, ask, via } = check;
     let asked = |outcome, keep| Checked { asked: Some(ask), outcome, keep };
@@ -192,17 +203,42 @@ pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connect
             let keep = outcome.is_ok().then_some(connection);
             asked(outcome, keep)
         }
-        Via::Dial => match dial(&socket, timeout, &connections.budget).await {
-            Ok((channel, keepable)) => {
-                connections.dials.fetch_add(1, Ordering::Relaxed);
-                let outcome = ask_on(&channel, ask, timeout).await;
-                let keep = keepable && outcome.is_ok();
-                let keep = keep.then(|| Kept::keep(channel, &connections.kept));
-                asked(outcome, keep.flatten())
+        Via::Dial => {
+            let slot = Slot::take(&connections.kept);
+            if slot.is_none() && ask == Ask::Ping {
+                return bare_ping(&socket, timeout, connections).await;
             }
-            Err(failure) => Checked { asked: None, outcome: Err(failure), keep: None },
-        },
+            match dial(&socket, timeout, &connections.budget).await {
+                Ok((channel, keepable)) => {
+                    connections.dials.fetch_add(1, Ordering::Relaxed);
+                    let outcome = ask_on(&channel, ask, timeout).await;
+                    let slot = slot.filter(|_| keepable && outcome.is_ok());
+                    asked(outcome, slot.map(|slot| Kept { channel, _slot: slot }))
+                }
+                Err(failure) => Checked { asked: None, outcome: Err(failure), keep: None },
+            }
+        }
     }
+}
+
+/// A PING on a bare connection to `socket`, dialled for it alone.
+async fn bare_ping(socket: &Path, timeout: Duration, connections: &Connections) -> Checked {
+    let permit = connections.budget.acquire().await;
+    match uds::within(timeout, uds::bare_ping(socket, permit)).await {
+        Err(Some(err @ TransportError::Connect { .. })) => {
+            Checked { asked: None, outcome: Err(dial_failure(&err)), keep: None }
+        }
+        outcome => {
+            connections.dials.fetch_add(1, Ordering::Relaxed);
+            let outcome = answered("HTTP/2 PING", timeout, outcome);
+            Checked { asked: Some(Ask::Ping), outcome, keep: None }
+        }
+    }
+}
+
+/// A dial's failure, as a probe tells it.
+fn dial_failure(err: &TransportError) -> ProbeFailure {
+    ProbeFailure { gone: err.is_gone(), reason: err.to_string() }
 }
 
 /// Dials `socket`; says whether the connection may be kept (its permit is
@@ -218,7 +254,7 @@ async fn dial(
     };
     let channel = UdsChannel::connect_with_permit(socket, timeout, Duration::ZERO, permit)
         .await
-        .map_err(|err| ProbeFailure { gone: err.is_gone(), reason: err.to_string() })?;
+        .map_err(|err| dial_failure(&err))?;
     Ok((channel, keepable))
 }
 
@@ -273,7 +309,7 @@ impl Failed for tonic::Status {
     }
 }
 
-impl Failed for kpm_transport::TransportError {
+impl Failed for TransportError {
     fn why(&self) -> String {
         self.to_string()
     }

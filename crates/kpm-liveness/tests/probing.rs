@@ -21,7 +21,9 @@ use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler,
     PluginInfo,
 };
-use kpm_liveness::{HeldConnections, LivenessConfig, LivenessError, LivenessMonitor};
+use kpm_liveness::{
+    HeldConnections, LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS,
+};
 use kpm_test_support::{lazy, wait_until, within};
 use kpm_transport::UdsChannel;
 use tokio::sync::broadcast;
@@ -253,6 +255,37 @@ async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every
         name: "test".into(),
     });
     wait_until("the kept connection let go", || h.monitor.stats().probe_connections == 0).await;
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_the_kept_connections_pings_go_on_bare_connections_and_are_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let count = MAX_KEPT_CONNECTIONS + 2;
+    let mut h = start(
+        LivenessConfig::default()
+            .period(Some(Duration::from_millis(500)))
+            .timeout(Duration::from_millis(400))
+            .watch_exits(false),
+    );
+    for n in 0..count {
+        let socket = dir.path().join(format!("p{n}.sock"));
+        serve(&socket, Plugin::default()).await;
+        h.registered(&socket, None);
+    }
+    let enough = 5 * count as u64;
+    wait_until(lazy(|| format!("{enough} probes, {:?} so far", h.monitor.stats())), || {
+        h.monitor.stats().probes >= enough
+    })
+    .await;
+    let stats = h.monitor.stats();
+    assert_eq!(stats.failed_probes, 0, "{stats:?}");
+    assert!(h.reported_unresponsive().is_empty());
+    assert_eq!(stats.probe_connections, MAX_KEPT_CONNECTIONS, "{stats:?}");
+    // The two plugins left without a kept connection are dialled at every
+    // probe: a bare connection for each PING, an HTTP/2 one for each call.
+    assert!(stats.probe_dials >= (MAX_KEPT_CONNECTIONS + 2 * 4) as u64, "{stats:?}");
+    assert!(stats.pings > stats.probe_calls, "{stats:?}");
     h.stop().await;
 }
 

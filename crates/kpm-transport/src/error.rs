@@ -56,6 +56,16 @@ pub enum TransportError {
         #[source]
         source: h2::Error,
     },
+    /// A [`bare_ping`](crate::bare_ping) got no acknowledgement: the server
+    /// closed the connection or said GOAWAY first, or writing failed.
+    #[error("ping {}: {source}", path.display())]
+    BarePing {
+        /// The socket.
+        path: PathBuf,
+        /// What came instead of the acknowledgement.
+        #[source]
+        source: io::Error,
+    },
     /// Connecting did not finish in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
     DialTimeout {

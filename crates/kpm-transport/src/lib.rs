@@ -7,6 +7,7 @@
 //! |---|---|
 //! | [`dial`], [`dial_patiently`], [`dial_with_peer`], [`dial_with_permit`] | a tonic `Channel` to the gRPC server on a socket path, for short-lived connections |
 //! | [`UdsChannel`], [`ResponseBody`], [`CallError`], [`PINGS_PER_CALL`], [`SmallBufferCodec`] | a plain HTTP/2 connection (h2, no hyper) held for long, one per plugin, that also answers PINGs; prost's codec with small buffers for its streams |
+//! | [`bare_ping`] | an HTTP/2 PING on a connection dialled for it alone, kept by nobody: a liveness probe without h2's buffers |
 //! | [`connect_stream`], [`connect_with_permit`], [`PermittedStream`] | a raw connected stream holding its permit, for a hyper client |
 //! | [`bind`], [`bind_with_mode`], [`Incoming`], [`Connection`], [`BoundSocket`] | serving tonic on a socket: connections that take any `:authority` grpc-go sends, and a socket file removed only while it is still ours |
 //! | [`Http1Incoming`], [`Listen`], [`TrackRequests`], [`ConnectionInfo`], [`DEFAULT_HANDSHAKE_TIMEOUT`] | the one accept path of every server: a budget permit per accepted connection, the handshake timeout, idle connections told from busy ones so that they can be shed |

@@ -67,12 +67,14 @@ macro_rules! write_through_io {
 }
 
 mod authority;
+mod bare_ping;
 mod client;
 mod incoming;
 mod server;
 mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
+pub use bare_ping::bare_ping;
 pub use client::{CallError, PINGS_PER_CALL, ResponseBody, SmallBufferCodec, UdsChannel};
 pub use incoming::{Connection, Incoming};
 pub use server::{

@@ -1,5 +1,6 @@
-//! `UdsChannel` against a real tonic server on a Unix socket: calls, a held
-//! stream, the server going away, and dialing nobody.
+//! `UdsChannel` and `bare_ping` against a real tonic server on a Unix
+//! socket: calls, a held stream, PINGs, the server going away, and dialing
+//! nobody.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::*;
+use crate::uds::bare_ping;
 use dp::device_plugin_client::DevicePluginClient;
 use dp::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kpm_api::deviceplugin::v1beta1 as dp;
@@ -258,4 +260,94 @@ fn count_frames(sent: &[u8], kind: u8) -> usize {
         rest = &rest[(9 + length).min(rest.len())..];
     }
     count
+}
+
+/// A budget of its own, to see every bare PING's connection closed.
+fn budget() -> crate::fd::FdBudget {
+    crate::fd::FdBudget::new(8, None)
+}
+
+#[tokio::test]
+async fn a_bare_ping_is_answered_by_the_servers_transport_and_leaves_no_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("bare.sock");
+    let server = serve(&socket);
+    let budget = budget();
+    // More than a held connection takes between calls: each is a new one.
+    for _ in 0..=PINGS_PER_CALL + 1 {
+        let permit = budget.acquire().await;
+        tokio::time::timeout(DEADLINE, bare_ping(&socket, permit)).await.unwrap().unwrap();
+    }
+    assert_eq!(budget.in_use(), 0);
+    server.shutdown_background();
+}
+
+#[tokio::test]
+async fn a_bare_ping_to_nobody_is_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.sock");
+    let err = bare_ping(&missing, budget().acquire().await).await.unwrap_err();
+    assert!(err.is_gone(), "{err:?}");
+    // A socket file nobody listens on: refused.
+    let closed = dir.path().join("closed.sock");
+    drop(std::os::unix::net::UnixListener::bind(&closed).unwrap());
+    let err = bare_ping(&closed, budget().acquire().await).await.unwrap_err();
+    assert!(err.is_gone(), "{err:?}");
+}
+
+/// A peer that takes the connection and never reads from it, as a stopped
+/// process: the PING waits; the client sent the preface, empty settings
+/// and one PING.
+#[tokio::test(start_paused = true)]
+async fn a_bare_ping_to_a_peer_that_never_answers_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("stopped.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let ping = tokio::spawn(async move {
+        let permit = budget().acquire().await;
+        tokio::time::timeout(Duration::from_secs(1), bare_ping(&socket, permit)).await
+    });
+    let (mut accepted, _) = listener.accept().await.unwrap();
+    assert!(ping.await.unwrap().is_err(), "no acknowledgement, no answer");
+    let mut sent = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut accepted, &mut sent).await.unwrap();
+    assert_eq!(count_frames(&sent, 0x4), 1, "{sent:?}");
+    assert_eq!(count_frames(&sent, PING), 1, "{sent:?}");
+}
+
+/// A peer that answers the preface with `answer` and nothing else, and
+/// holds the connection until the client closes it; with no answer, it
+/// hangs up.
+async fn bare_ping_answered_with(answer: &'static [u8]) -> TransportError {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("peer.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    tokio::spawn(async move {
+        let (mut accepted, _) = listener.accept().await.unwrap();
+        let mut preface = [0; 24];
+        tokio::io::AsyncReadExt::read_exact(&mut accepted, &mut preface).await.unwrap();
+        if !answer.is_empty() {
+            tokio::io::AsyncWriteExt::write_all(&mut accepted, answer).await.unwrap();
+            let _ = tokio::io::AsyncReadExt::read_to_end(&mut accepted, &mut Vec::new()).await;
+        }
+    });
+    let permit = budget().acquire().await;
+    let err =
+        tokio::time::timeout(DEADLINE, bare_ping(&socket, permit)).await.unwrap().unwrap_err();
+    assert!(matches!(err, TransportError::BarePing { .. }), "{err:?}");
+    assert!(err.to_string().contains("peer.sock"), "{err}");
+    err
+}
+
+#[tokio::test]
+async fn a_bare_ping_fails_with_the_servers_goaway_or_its_hang_up() {
+    // Settings (one, acknowledged on the way), then GOAWAY ENHANCE_YOUR_CALM.
+    let goaway: &[u8] = &[
+        0, 0, 6, 0x4, 0, 0, 0, 0, 0, 0, 0x3, 0, 0, 0, 100, //
+        0, 0, 8, 0x7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xb,
+    ];
+    let err = bare_ping_answered_with(goaway).await;
+    assert!(err.to_string().contains("GOAWAY (ENHANCE_YOUR_CALM)"), "{err}");
+    let err = bare_ping_answered_with(&[]).await;
+    assert!(err.to_string().contains("closed the connection before acknowledging"), "{err}");
 }
