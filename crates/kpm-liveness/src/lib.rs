@@ -22,8 +22,10 @@
 //!   handler holds a connection to the registration socket anyway (a
 //!   device plugin serving `ListAndWatch` on it), the probe goes over that
 //!   connection ([`HeldConnections`]); otherwise over a connection of the
-//!   monitor's own, kept between probes (at most 128, each an optional
-//!   holder of the fd budget; beyond that, probes dial and hang up).
+//!   monitor's own, kept between probes (at most [`MAX_KEPT_CONNECTIONS`],
+//!   each an optional holder of the fd budget; beyond that, probes dial and
+//!   hang up, a PING on a bare connection, [`kpm_transport::bare_ping`],
+//!   that holds no HTTP/2 state).
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`
 //! stream, a DRA driver's connection) gets the plugin's socket checked at
