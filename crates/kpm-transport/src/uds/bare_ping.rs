@@ -45,48 +45,19 @@ pub async fn bare_ping(path: &Path, permit: FdPermit) -> Result<(), TransportErr
     hello.extend_from_slice(&frame_header(8, PING, 0));
     hello.extend_from_slice(&OPAQUE);
     stream.write_all(&hello).await.map_err(failed)?;
-    acknowledged(&mut stream).await.map_err(failed)?;
-    // The answer is in; the goodbye is a courtesy (last stream 0, no error).
-    let mut goodbye = frame_header(8, GOAWAY, 0).to_vec();
+    let mut frames = Frames { stream: &mut stream, buf: [0; 512], start: 0, end: 0 };
+    let settings = frames.until_acknowledged().await.map_err(failed)?;
+    // The answer is in. The server's settings are acknowledged, as the
+    // protocol asks, with the goodbye (last stream 0, no error), in one
+    // write; it is a courtesy, so its failure is no probe's.
+    let mut goodbye = Vec::with_capacity(26);
+    if settings {
+        goodbye.extend_from_slice(&frame_header(0, SETTINGS, ACK));
+    }
+    goodbye.extend_from_slice(&frame_header(8, GOAWAY, 0));
     goodbye.extend_from_slice(&[0; 8]);
     let _ = stream.write_all(&goodbye).await;
     Ok(())
-}
-
-/// Reads frames until the acknowledgement of our PING; the server's
-/// settings are acknowledged on the way, as the protocol asks.
-async fn acknowledged(stream: &mut PermittedStream) -> io::Result<()> {
-    loop {
-        let mut header = [0; 9];
-        read_exact(stream, &mut header).await?;
-        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]);
-        let (kind, flags) = (header[3], header[4]);
-        match kind {
-            PING if flags & ACK != 0 && length == 8 => {
-                let mut opaque = [0; 8];
-                read_exact(stream, &mut opaque).await?;
-                if opaque == OPAQUE {
-                    return Ok(());
-                }
-            }
-            GOAWAY if length >= 8 => {
-                let mut payload = [0; 8];
-                read_exact(stream, &mut payload).await?;
-                let code = u32::from_be_bytes([payload[4], payload[5], payload[6], payload[7]]);
-                return Err(io::Error::new(
-                    io::ErrorKind::ConnectionAborted,
-                    format!("the server said GOAWAY ({:?})", Reason::from(code)),
-                ));
-            }
-            SETTINGS if flags & ACK == 0 => {
-                skip(stream, length).await?;
-                // Unwritten, it shows in the reads that follow: what the
-                // server said (GOAWAY) or that it hung up is what is told.
-                let _ = stream.write_all(&frame_header(0, SETTINGS, ACK)).await;
-            }
-            _ => skip(stream, length).await?,
-        }
-    }
 }
 
 /// A frame header on stream 0 (RFC 9113 §4.1).
@@ -95,29 +66,87 @@ fn frame_header(length: u32, kind: u8, flags: u8) -> [u8; 9] {
     [high, middle, low, kind, flags, 0, 0, 0, 0]
 }
 
-/// Fills `buf`; a connection closed first, or reset (closed with our PING
-/// unread), says so.
-async fn read_exact(stream: &mut PermittedStream, buf: &mut [u8]) -> io::Result<()> {
-    let closed = "the server closed the connection before acknowledging the PING";
-    match stream.read_exact(buf).await {
-        Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => {
-            Err(io::Error::new(err.kind(), closed))
-        }
-        Err(err) if err.kind() == io::ErrorKind::ConnectionReset => {
-            Err(io::Error::new(err.kind(), format!("{closed}: {err}")))
-        }
-        other => other.map(drop),
-    }
+/// The server's frames, read a buffer at a time: its settings, a window
+/// update and the PING's acknowledgement usually come in one read.
+struct Frames<'a> {
+    stream: &'a mut PermittedStream,
+    buf: [u8; 512],
+    /// What is read and not yet taken: `buf[start..end]`.
+    start: usize,
+    end: usize,
 }
 
-/// Reads and drops `length` bytes of a frame's payload.
-async fn skip(stream: &mut PermittedStream, length: u32) -> io::Result<()> {
-    let mut left = length as usize;
-    let mut buf = [0; 512];
-    while left > 0 {
-        let chunk = left.min(buf.len());
-        read_exact(stream, &mut buf[..chunk]).await?;
-        left -= chunk;
+impl Frames<'_> {
+    /// Reads frames until the acknowledgement of our PING; says whether the
+    /// server sent settings to acknowledge.
+    async fn until_acknowledged(&mut self) -> io::Result<bool> {
+        let mut settings = false;
+        loop {
+            let [high, middle, low, kind, flags, ..] = self.take::<9>().await?;
+            let length = u32::from_be_bytes([0, high, middle, low]);
+            match kind {
+                PING if flags & ACK != 0 && length == 8 => {
+                    if self.take::<8>().await? == OPAQUE {
+                        return Ok(settings);
+                    }
+                }
+                GOAWAY if length >= 8 => {
+                    let [.., a, b, c, d] = self.take::<8>().await?;
+                    let reason = Reason::from(u32::from_be_bytes([a, b, c, d]));
+                    return Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        format!("the server said GOAWAY ({reason:?})"),
+                    ));
+                }
+                _ => {
+                    settings |= kind == SETTINGS && flags & ACK == 0;
+                    self.skip(length).await?;
+                }
+            }
+        }
     }
-    Ok(())
+
+    /// The next `N` bytes.
+    async fn take<const N: usize>(&mut self) -> io::Result<[u8; N]> {
+        while self.end - self.start < N {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.end, self.start) = (self.end - self.start, 0);
+            self.read().await?;
+        }
+        let mut taken = [0; N];
+        taken.copy_from_slice(&self.buf[self.start..self.start + N]);
+        self.start += N;
+        Ok(taken)
+    }
+
+    /// Drops the next `length` bytes (a frame's payload).
+    async fn skip(&mut self, length: u32) -> io::Result<()> {
+        let mut left = usize::try_from(length).unwrap_or(usize::MAX);
+        loop {
+            let dropped = left.min(self.end - self.start);
+            (self.start, left) = (self.start + dropped, left - dropped);
+            if left == 0 {
+                return Ok(());
+            }
+            (self.start, self.end) = (0, 0);
+            self.read().await?;
+        }
+    }
+
+    /// Reads what is there into the free end of the buffer; a connection
+    /// closed first, or reset (closed with our PING unread), says so.
+    async fn read(&mut self) -> io::Result<()> {
+        let closed = "the server closed the connection before acknowledging the PING";
+        match self.stream.read(&mut self.buf[self.end..]).await {
+            Ok(0) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, closed)),
+            Ok(read) => {
+                self.end += read;
+                Ok(())
+            }
+            Err(err) if err.kind() == io::ErrorKind::ConnectionReset => {
+                Err(io::Error::new(err.kind(), format!("{closed}: {err}")))
+            }
+            Err(err) => Err(err),
+        }
+    }
 }
