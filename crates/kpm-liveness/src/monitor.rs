@@ -76,7 +76,7 @@ struct Counters {
     probes: AtomicU64,
     pings: AtomicU64,
     probe_calls: AtomicU64,
-    /// Counted by the kept connections themselves (see `probe::Kept`).
+    /// Counted by the slots of the kept connections (see `probe::Slot`).
     probe_connections: Arc<AtomicUsize>,
     /// Counted by the probes (see `probe::check`).
     probe_dials: Arc<AtomicU64>,
