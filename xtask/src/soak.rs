@@ -88,8 +88,6 @@ fn duration(options: &[&str]) -> Result<Duration> {
     parsed.filter(|duration| duration.as_secs() > 0).ok_or_else(|| USAGE.into())
 }
 
-/// A loopback address with a port that was free a moment ago, for kpm's
-/// metrics endpoint.
 #[cfg(test)]
 mod tests {
     use super::*;
