@@ -36,9 +36,7 @@ const OPAQUE: [u8; 8] = *b"kpm-live";
 /// that stands between the PING and its acknowledgement (the server closed
 /// the connection, said GOAWAY) a [`TransportError::BarePing`].
 pub async fn bare_ping(path: &Path, permit: FdPermit) -> Result<(), TransportError> {
-    let mut stream = stream::connect_with_permit(path, Duration::ZERO, permit)
-        .await
-        .map_err(|source| TransportError::Connect { path: path.to_path_buf(), source })?;
+    let mut stream = stream::dial_stream(path, Duration::ZERO, permit).await?;
     let failed = |source| TransportError::BarePing { path: path.to_path_buf(), source };
     let mut hello = PREFACE.to_vec();
     hello.extend_from_slice(&frame_header(0, SETTINGS, 0));

@@ -127,9 +127,7 @@ impl UdsChannel {
         T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
         let connect = async {
-            let stream = stream::connect_with_permit(path, refused_retry, permit)
-                .await
-                .map_err(|source| TransportError::Connect { path: path.to_path_buf(), source })?;
+            let stream = stream::dial_stream(path, refused_retry, permit).await?;
             let peer_pid = server_pid(stream.get_ref());
             Self::handshake_io(path, wrap(stream), peer_pid).await
         };

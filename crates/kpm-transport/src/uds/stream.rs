@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::{UnixSocket, UnixStream};
 
+use crate::TransportError;
 use crate::fd::{self, FdBudget, FdPermit};
 
 /// Pause between connection attempts refused during the `refused_retry` window.
@@ -53,6 +54,18 @@ pub async fn connect_with_permit(
 ) -> io::Result<PermittedStream> {
     let socket = new_socket(&permit.budget()).await?;
     connect_prepared(path, refused_retry, Prepared { permit, socket }).await
+}
+
+/// [`connect_with_permit`] for the crate's own clients: a failure is a
+/// [`TransportError::Connect`] naming `path`.
+pub(super) async fn dial_stream(
+    path: &Path,
+    refused_retry: Duration,
+    permit: FdPermit,
+) -> Result<PermittedStream, TransportError> {
+    connect_with_permit(path, refused_retry, permit)
+        .await
+        .map_err(|source| TransportError::Connect { path: path.to_path_buf(), source })
 }
 
 /// A permit and the socket it pays for, not yet connected.
