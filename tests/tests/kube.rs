@@ -399,6 +399,49 @@ async fn a_disabled_kinds_leftovers_are_left_alone() {
     assert!(requests.is_empty(), "{requests:#?}");
 }
 
+/// A writer of log lines into a shared buffer, for tests that read what
+/// kpm logged.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_a_node_without_managed_fields_no_resource_is_taken_for_a_leftover_and_one_warning_says_why()
+ {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    // The test's runtime has one thread, which every task of kpm runs on.
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let mut objects = Objects::leftovers();
+    if let Some(node) = &mut objects.node {
+        node["metadata"]["managedFields"] = Value::Null;
+    }
+    let requests = Node::run_for(objects, &[], DEVICE_GRACE * 2).await;
+    assert!(status_patches(&requests, GPU).is_empty(), "{requests:#?}");
+    // Both the device and the CSI leftovers read the Node.
+    let node_read = format!("GET {NODE_PATH}");
+    let node_reads = requests.iter().filter(|sent| sent.request == node_read).count();
+    assert!(node_reads >= 2, "{requests:#?}");
+    let logs = String::from_utf8(logs.0.lock().clone()).unwrap();
+    let warnings: Vec<_> = logs.lines().filter(|line| line.contains("no managedFields")).collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+}
+
 const CSINODE_PATCH: &str = "PATCH /apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
 
 /// An API server for one CSI driver: its CSIDriver sets

@@ -3,10 +3,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject, PatchParams, PostParams};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::status::{KubeStatus, ObjectKind, RequestCount, Stats};
 use crate::{FIELD_MANAGER, KubeConfig, KubeError};
@@ -17,6 +18,9 @@ pub(crate) struct NodeApi {
     pub(crate) node: String,
     pub(crate) config: KubeConfig,
     stats: Stats,
+    /// Whether a Node without managedFields was logged: every reader of
+    /// leftovers finds the same Node, and one warning says it.
+    untracked_node_logged: AtomicBool,
 }
 
 impl std::fmt::Debug for NodeApi {
@@ -30,7 +34,13 @@ impl std::fmt::Debug for NodeApi {
 
 impl NodeApi {
     pub(crate) fn new(client: kube::Client, node: String, config: KubeConfig) -> Arc<Self> {
-        Arc::new(Self { client, node, config, stats: Stats::default() })
+        Arc::new(Self {
+            client,
+            node,
+            config,
+            stats: Stats::default(),
+            untracked_node_logged: AtomicBool::new(false),
+        })
     }
 
     /// Sends `request`, at most for the request timeout, and counts it.
@@ -97,6 +107,25 @@ impl NodeApi {
         self.call("get", "nodes", &self.node, nodes.get(&self.node))
             .await
             .map_err(|err| self.on_node(err))
+    }
+
+    /// The Node, read to find what an earlier run published on it. The API
+    /// server starts tracking an object's owners at a create that sets some
+    /// field, or at an apply; a Node created bare and only updated since has
+    /// no managedFields, and gets none from kpm's updates either, so nothing
+    /// an earlier run published on it can be told apart. The kubelet's Nodes
+    /// always have some; a Node without is logged, once.
+    pub(crate) async fn get_node_for_leftovers(&self) -> Result<Node, KubeError> {
+        let node = self.get_node().await?;
+        let untracked = node.metadata.managed_fields.as_ref().is_none_or(Vec::is_empty);
+        if untracked && !self.untracked_node_logged.swap(true, Ordering::Relaxed) {
+            warn!(
+                node = self.node,
+                "the Node has no managedFields: the API server records no field owners on it, \
+                 so kpm cannot tell what an earlier run published there and leaves it alone"
+            );
+        }
+        Ok(node)
     }
 
     /// The error of a request on the Node: a 404 says that the Node is missing.

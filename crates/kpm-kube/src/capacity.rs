@@ -50,7 +50,7 @@ pub(crate) async fn publish(api: Arc<NodeApi>, devices: DeviceView) {
     let grace = devices.config().grace_period;
     let grace_end = Instant::now() + grace;
     let mut changes = devices.changes();
-    let read = || async { Ok(device_leftovers(&api.get_node().await?)) };
+    let read = || async { Ok(device_leftovers(&api.get_node_for_leftovers().await?)) };
     let mut published = leftovers::read(&api, "device resources", read).await.unwrap_or_default();
     // Leftovers kept as the Node shows them, then those past the grace.
     let mut waiting: BTreeSet<String> = published.keys().cloned().collect();

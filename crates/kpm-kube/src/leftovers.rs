@@ -118,7 +118,7 @@ pub(crate) async fn clean_up_csi(
 async fn read_csi_drivers(api: &NodeApi) -> Result<BTreeSet<String>, KubeError> {
     let csinodes: Api<CSINode> = Api::all(api.client.clone());
     let csinode = api.call("get", "csinodes", &api.node, csinodes.get_opt(&api.node)).await?;
-    let node = api.get_node().await?;
+    let node = api.get_node_for_leftovers().await?;
     Ok(csi_drivers(&node, csinode.as_ref()))
 }
 

@@ -10,25 +10,15 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde_json::Value;
-use tracing::warn;
 
 use crate::FIELD_MANAGER;
 
-/// The managedFields of `node`. The API server starts tracking an object's
-/// owners at a create that sets some field, or at an apply; a Node created
-/// bare and only updated since has none, and gets none from kpm's updates
-/// either, so nothing an earlier run published on it can be told apart.
-/// The kubelet's Nodes always have some; a Node without is logged.
+/// The managedFields of `node` (none when the API server tracks no owners
+/// on it: see [`NodeApi::get_node_for_leftovers`]).
+///
+/// [`NodeApi::get_node_for_leftovers`]: crate::api::NodeApi::get_node_for_leftovers
 pub(crate) fn of_node(node: &Node) -> &[ManagedFieldsEntry] {
-    let entries = node.metadata.managed_fields.as_deref().unwrap_or_default();
-    if entries.is_empty() {
-        warn!(
-            node = node.metadata.name,
-            "the Node has no managedFields: the API server records no field owners on it, \
-             so kpm cannot tell what an earlier run published there and leaves it alone"
-        );
-    }
-    entries
+    node.metadata.managed_fields.as_deref().unwrap_or_default()
 }
 
 /// The members of one field set (raw `fieldsV1` keys), by owner.
