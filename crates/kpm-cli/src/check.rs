@@ -7,6 +7,8 @@
 //! register again when the kubelet restarts, and on SIGTERM remove its
 //! sockets and be deregistered. Each step passes or fails with its reason
 //! and evidence; the run ends with `N passed, M failed`, exit 1 if any failed.
+//! For a CI, the report is also a JSON document (`-o json`) and a JUnit XML
+//! file (`--junit FILE`), each step a test case.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -19,7 +21,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::CliError;
+use crate::{CliError, OutputFormat};
 
 /// How often the run looks at the kubelet's state while it waits.
 const POLL: Duration = Duration::from_millis(10);
@@ -39,6 +41,13 @@ pub(crate) struct CheckArgs {
     /// `plugin.out` and `plugin.err`) instead of removing it.
     #[arg(long)]
     keep: bool,
+    /// `table`: the report as lines; `json`: one document, for scripts.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    output: OutputFormat,
+    /// Also write the report as JUnit XML to FILE (each step a test case),
+    /// for a CI's test report.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
     /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
     /// `{plugins}` in its arguments become the temporary kubelet root, its
     /// `plugins_registry`, `device-plugins` and `plugins` directories, also
@@ -169,11 +178,21 @@ impl Registered {
     }
 }
 
-/// How a step ended.
+/// How a step ended, with its evidence.
+#[derive(Debug, serde::Serialize)]
+#[serde(tag = "result", content = "detail", rename_all = "lowercase")]
 enum Outcome {
     Passed(String),
     Failed(String),
     Skipped(String),
+}
+
+/// One step's name and outcome: `{"step": …, "result": …, "detail": …}`.
+#[derive(Debug, serde::Serialize)]
+struct Checked {
+    step: &'static str,
+    #[serde(flatten)]
+    outcome: Outcome,
 }
 
 pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
@@ -189,6 +208,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
     let bound = Duration::from_secs(args.timeout);
     let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
 
+    let run_started = Instant::now();
     let mut node = Node::start(&dirs)?;
     let mut plugin = start_plugin(&args.command, &dirs)?;
     let started = Instant::now();
@@ -252,12 +272,21 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
     let _ = plugin.wait().await;
     node.stop().await?;
 
-    let report = report(&args.command, &dirs, &steps, args.keep);
+    let steps: Vec<Checked> =
+        steps.into_iter().map(|(step, outcome)| Checked { step, outcome }).collect();
+    let kept = args.keep.then_some(dirs.root.as_path());
+    let report = match args.output {
+        OutputFormat::Table => text(&args.command, &steps, kept),
+        OutputFormat::Json => json(&args.command, &steps, kept)?,
+    };
     std::io::stdout().lock().write_all(report.as_bytes()).map_err(CliError::Output)?;
+    if let Some(path) = &args.junit {
+        write_junit(path, &args.command, &steps, run_started.elapsed())?;
+    }
     if args.keep {
         let _ = temp.keep();
     }
-    Ok(steps.iter().all(|(_, outcome)| !matches!(outcome, Outcome::Failed(_))))
+    Ok(tally(&steps).failed == 0)
 }
 
 /// Starts the plugin with the placeholders replaced, the paths in its
@@ -515,33 +544,102 @@ fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()
     Ok(rustix::process::kill_process_group(pid, signal)?)
 }
 
-fn report(command: &[String], dirs: &Dirs, steps: &[(&str, Outcome)], kept: bool) -> String {
+/// How many steps passed, failed and were skipped.
+#[derive(Debug, serde::Serialize)]
+struct Tally {
+    passed: usize,
+    failed: usize,
+    skipped: usize,
+}
+
+fn tally(steps: &[Checked]) -> Tally {
+    let count = |wanted: fn(&Outcome) -> bool| steps.iter().filter(|c| wanted(&c.outcome)).count();
+    Tally {
+        passed: count(|outcome| matches!(outcome, Outcome::Passed(_))),
+        failed: count(|outcome| matches!(outcome, Outcome::Failed(_))),
+        skipped: count(|outcome| matches!(outcome, Outcome::Skipped(_))),
+    }
+}
+
+/// The report as lines: `PASS|FAIL|SKIP step evidence`, then the tally.
+fn text(command: &[String], steps: &[Checked], kept: Option<&Path>) -> String {
     let mut text = format!("kpm check -- {}\n", command.join(" "));
-    for (name, outcome) in steps {
+    for Checked { step, outcome } in steps {
         let (mark, detail) = match outcome {
             Outcome::Passed(detail) => ("PASS", detail),
             Outcome::Failed(detail) => ("FAIL", detail),
             Outcome::Skipped(detail) => ("SKIP", detail),
         };
-        let _ = writeln!(text, "{mark} {name:<20} {detail}");
+        let _ = writeln!(text, "{mark} {step:<20} {detail}");
     }
-    if kept {
+    if let Some(root) = kept {
         let _ = writeln!(
             text,
             "kept: {} (the plugin's output in plugin.out, plugin.err)",
-            dirs.root.display()
+            root.display()
         );
     }
-    let count = |passed: bool| {
-        steps
-            .iter()
-            .filter(|(_, outcome)| match outcome {
-                Outcome::Passed(_) => passed,
-                Outcome::Failed(_) => !passed,
-                Outcome::Skipped(_) => false,
-            })
-            .count()
-    };
-    let _ = writeln!(text, "{} passed, {} failed", count(true), count(false));
+    let tally = tally(steps);
+    let _ = writeln!(text, "{} passed, {} failed", tally.passed, tally.failed);
     text
+}
+
+/// The report as one JSON document: the command, each step with its
+/// result and evidence, the tally, and the kept root (`null` unless kept).
+fn json(command: &[String], steps: &[Checked], kept: Option<&Path>) -> Result<String, CliError> {
+    #[derive(serde::Serialize)]
+    struct Document<'a> {
+        command: &'a [String],
+        steps: &'a [Checked],
+        #[serde(flatten)]
+        tally: Tally,
+        kept: Option<&'a Path>,
+    }
+    let document = Document { command, steps, tally: tally(steps), kept };
+    let mut json = serde_json::to_string_pretty(&document)
+        .map_err(|err| CliError::Check(format!("encode the report as JSON: {err}")))?;
+    json.push('\n');
+    Ok(json)
+}
+
+/// Writes the report as JUnit XML to `path`: one test suite named after the
+/// command, each step a test case of class `kpm check`; a failure or a skip
+/// carries its evidence as the message, a pass as its output.
+fn write_junit(
+    path: &Path,
+    command: &[String],
+    steps: &[Checked],
+    took: Duration,
+) -> Result<(), CliError> {
+    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+    let cases = steps.iter().map(|Checked { step, outcome }| {
+        let status = match outcome {
+            Outcome::Passed(_) => TestCaseStatus::success(),
+            Outcome::Failed(detail) => {
+                let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                status.set_message(detail);
+                status
+            }
+            Outcome::Skipped(detail) => {
+                let mut status = TestCaseStatus::skipped();
+                status.set_message(detail);
+                status
+            }
+        };
+        let mut case = TestCase::new(*step, status);
+        case.set_classname("kpm check");
+        if let Outcome::Passed(detail) = outcome {
+            case.set_system_out(detail);
+        }
+        case
+    });
+    let mut suite = TestSuite::new(format!("kpm check -- {}", command.join(" ")));
+    suite.set_time(took).add_test_cases(cases);
+    let mut report = Report::new("kpm check");
+    report.set_time(took).add_test_suite(suite);
+    let failed = |err: &dyn std::fmt::Display| {
+        CliError::Check(format!("write the JUnit report {}: {err}", path.display()))
+    };
+    let xml = report.to_string().map_err(|err| failed(&err))?;
+    std::fs::write(path, xml).map_err(|err| failed(&err))
 }

@@ -11,6 +11,7 @@
 
 mod support;
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
@@ -34,7 +35,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 5] = [
+    let tests: [(&str, fn()); 6] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -52,6 +53,7 @@ fn main() {
             "a_plugin_that_does_not_register_again_after_a_restart_fails",
             a_plugin_that_does_not_register_again_after_a_restart_fails,
         ),
+        ("the_report_is_also_json_and_junit_for_a_ci", the_report_is_also_json_and_junit_for_a_ci),
     ];
     support::run_tests(&tests);
 }
@@ -59,9 +61,16 @@ fn main() {
 /// Runs `kpm check` on this binary in `role` with `misbehaviour` set;
 /// returns the exit code and the report.
 fn check(role: &str, misbehaviour: &[(&str, &str)]) -> (i32, String) {
+    check_with(&[], role, misbehaviour)
+}
+
+/// [`check`] with `kpm check`'s `options`.
+fn check_with(options: &[&OsStr], role: &str, misbehaviour: &[(&str, &str)]) -> (i32, String) {
     let me = std::env::current_exe().unwrap();
     let out = Command::new(support::KPM)
-        .args(["check", "--timeout", "5", "--"])
+        .args(["check", "--timeout", "5"])
+        .args(options)
+        .arg("--")
         .arg(me)
         .env(ROLE, role)
         .envs(misbehaviour.iter().copied())
@@ -140,6 +149,57 @@ fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
     assert_eq!(code, 1, "{report}");
     let restart = line(&report, "kubelet restart");
     assert!(restart.starts_with("FAIL") && restart.contains("not registered again"), "{report}");
+}
+
+fn the_report_is_also_json_and_junit_for_a_ci() {
+    let dir = tempfile::tempdir().unwrap();
+    let junit = dir.path().join("kpm-check.xml");
+    let options = [OsStr::new("-o"), OsStr::new("json"), OsStr::new("--junit"), junit.as_os_str()];
+    let (code, report) = check_with(&options, "registry", &[(NO_CLEANUP, "1")]);
+    assert_eq!(code, 1, "{report}");
+
+    let json: serde_json::Value = serde_json::from_str(&report).unwrap();
+    let results: Vec<(&str, &str)> = json["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|step| (step["step"].as_str().unwrap(), step["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        results,
+        [
+            ("registers", "passed"),
+            ("GetInfo within 1 s", "passed"),
+            ("type checks", "passed"),
+            ("socket names", "passed"),
+            ("kubelet restart", "passed"),
+            ("SIGTERM", "failed"),
+        ],
+        "{report}"
+    );
+    assert!(json["steps"][5]["detail"].as_str().unwrap().contains("but left"), "{report}");
+    assert_eq!(
+        (&json["passed"], &json["failed"], &json["skipped"]),
+        (&5.into(), &1.into(), &0.into())
+    );
+    assert!(json["kept"].is_null(), "{report}");
+
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    let junit = quick_junit::Report::deserialize_from_str(&xml).unwrap();
+    assert_eq!((junit.tests, junit.failures, junit.errors), (6, 1, 0), "{xml}");
+    let cases = &junit.test_suites[0].test_cases;
+    let names: Vec<&str> = cases.iter().map(|case| case.name.as_str()).collect();
+    assert_eq!(names, results.iter().map(|(step, _)| *step).collect::<Vec<_>>(), "{xml}");
+    match &cases[5].status {
+        quick_junit::TestCaseStatus::NonSuccess {
+            kind: quick_junit::NonSuccessKind::Failure,
+            message: Some(message),
+            ..
+        } => assert!(message.contains("vendor.com_gpu-reg.sock"), "{xml}"),
+        other => panic!("SIGTERM is {other:?}: {xml}"),
+    }
+    let registers = cases[0].system_out.as_deref().unwrap_or_default();
+    assert!(registers.contains("DevicePlugin vendor.com/gpu"), "{xml}");
 }
 
 // === The plugin ===
