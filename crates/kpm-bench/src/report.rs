@@ -29,22 +29,9 @@ pub(crate) fn machine() -> Value {
     json!({ "cpus": cpus, "cpu_model": model, "kernel": kernel, "mem_total_mb": mem_total_mb })
 }
 
-/// The scenarios, in the order they run.
-const SCENARIOS: [&str; 9] = [
-    "staggered",
-    "burst",
-    "burst-in-place",
-    "steady",
-    "steady-csi",
-    "churn",
-    "deregister",
-    "kill",
-    "hang",
-];
-
 /// One line of the table.
-struct Row {
-    scenario: &'static str,
+struct Row<'a> {
+    scenario: &'a str,
     measure: &'static str,
     value: String,
     target: &'static str,
@@ -77,22 +64,32 @@ pub(crate) fn table(file: &Path) -> Result<String> {
     Ok(columns(&headers, &rows))
 }
 
-fn rows(results: &Value) -> Vec<Row> {
+/// The scenarios in `results`, in the order they ran: xtask writes them
+/// so, and the map keeps its keys' order (`serde_json`'s `preserve_order`).
+fn scenarios(results: &Value) -> Vec<&str> {
+    results["scenarios"]
+        .as_object()
+        .map(|scenarios| scenarios.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn rows(results: &Value) -> Vec<Row<'_>> {
     let number = |pointer: &str| results.pointer(pointer).and_then(Value::as_f64);
     let mut rows = failure_rows(results);
     rows.extend(latency_rows(&number));
     rows.extend(resource_rows(&number));
     rows.push(hang_row(&number));
-    // Only the scenarios that ran, in the order they run.
-    rows.retain(|row| results.pointer(&format!("/scenarios/{}", row.scenario)).is_some());
-    rows.sort_by_key(|row| SCENARIOS.iter().position(|s| *s == row.scenario));
+    // Only the scenarios that ran, in the order they ran.
+    let ran = scenarios(results);
+    rows.retain(|row| ran.contains(&row.scenario));
+    rows.sort_by_key(|row| ran.iter().position(|scenario| *scenario == row.scenario));
     rows
 }
 
 /// A row for each scenario that failed or has plugins that never registered.
-fn failure_rows(results: &Value) -> Vec<Row> {
+fn failure_rows(results: &Value) -> Vec<Row<'_>> {
     let mut rows = Vec::new();
-    for scenario in SCENARIOS {
+    for scenario in scenarios(results) {
         let field = |name: &str| results.pointer(&format!("/scenarios/{scenario}/{name}"));
         if let Some(error) = field("error") {
             rows.push(Row {
@@ -204,7 +201,7 @@ const LATENCIES: &[Latency] = &[
     ("hang", "SIGSTOP → deregistered, p50", "/scenarios/hang/latency_ms/p50", None, "", ""),
 ];
 
-fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
+fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row<'static>> {
     LATENCIES
         .iter()
         .map(|&(scenario, measure, pointer, limit, target, kubelet)| Row {
@@ -220,7 +217,7 @@ fn latency_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
 
 /// The slowest deregistration of a stopped plugin, against the bound its
 /// liveness settings promise: `period × failures` plus one period.
-fn hang_row(number: &impl Fn(&str) -> Option<f64>) -> Row {
+fn hang_row(number: &impl Fn(&str) -> Option<f64>) -> Row<'static> {
     let max = number("/scenarios/hang/latency_ms/max");
     let bound = number("/scenarios/hang/bound_ms");
     Row {
@@ -234,7 +231,7 @@ fn hang_row(number: &impl Fn(&str) -> Option<f64>) -> Row {
 }
 
 /// kpm's CPU, memory and file descriptors in `steady` and `churn`.
-fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row> {
+fn resource_rows(number: &impl Fn(&str) -> Option<f64>) -> Vec<Row<'static>> {
     let shown = |value: Option<f64>, format: fn(f64) -> String| {
         value.map_or_else(|| "-".to_owned(), format)
     };
@@ -359,5 +356,9 @@ mod tests {
         assert_eq!(find("burst", "error").verdict, "FAILED");
         assert_eq!(find("burst", "1000 plugins: all notified").verdict, "no data");
         assert!(rows.iter().all(|row| row.scenario != "steady"));
+        // In the order the results hold them, which is the order they ran.
+        let mut order: Vec<&str> = rows.iter().map(|row| row.scenario).collect();
+        order.dedup();
+        assert_eq!(order, ["staggered", "churn", "burst"]);
     }
 }
