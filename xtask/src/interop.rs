@@ -547,13 +547,30 @@ fn check_real_plugins(env: &Env, _root: &Path) -> Result {
     run_check(env, "node-driver-registrar", &["sh", "-c", &csi], "6 passed, 0 failed")
 }
 
-/// Runs `kpm check -- COMMAND`, shows and keeps its report, and fails
-/// unless it succeeds with `expected` as its last line.
+/// Runs `kpm check --junit FILE -- COMMAND`, shows and keeps its report,
+/// and fails unless it succeeds with `expected` as its last line and a
+/// `--junit` report of its six steps, none failed.
 fn run_check(env: &Env, name: &str, command: &[&str], expected: &str) -> Result {
-    let out = std::process::Command::new(&env.kpm).arg("check").arg("--").args(command).output()?;
+    let junit = env.out.join(format!("check-{name}.xml"));
+    let out = std::process::Command::new(&env.kpm)
+        .arg("check")
+        .arg("--junit")
+        .arg(&junit)
+        .arg("--")
+        .args(command)
+        .output()?;
     let report = String::from_utf8_lossy(&out.stdout);
     eprintln!("{report}");
     fs::write(env.out.join(format!("check-{name}.out")), report.as_bytes())?;
+    let xml = fs::read_to_string(&junit).unwrap_or_default();
+    let suites = xml.lines().find(|line| line.starts_with("<testsuites ")).unwrap_or_default();
+    if !(suites.contains(r#" tests="6""#) && suites.contains(r#" failures="0""#)) {
+        return Err(format!(
+            "kpm check of {name}: the JUnit report {} begins {suites:?}",
+            junit.display()
+        )
+        .into());
+    }
     if out.status.success() && report.trim_end().ends_with(expected) {
         Ok(())
     } else {
