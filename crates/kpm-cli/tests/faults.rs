@@ -743,6 +743,10 @@ fn a_crashed_plugin_is_deregistered_once_by_liveness() {
     let served = plugin.serve(&socket);
     assert!(plugin.wait_for_status(1).plugin_registered);
     let registered = s.events.wait_first("registered", &socket);
+    // Probed once: the watch of its process is armed long before (it checks
+    // the socket as it starts, and would take a server stopped before then
+    // for an exit).
+    support::wait_until("a first probe", || s.metric("kpm_liveness_probes_total") >= 1.0);
 
     // The process dies, its socket file stays: connection refused means gone.
     served.stop();
