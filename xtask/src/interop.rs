@@ -11,6 +11,7 @@
 //! | `sample-device-plugin` | `sample-device-plugin` | the Kubernetes e2e device plugin, its socket in the registry: `kpm run` registers it through the plugin watcher, probes it over its `ListAndWatch` connection (`--liveness-period 1`) and deregisters it at once when it is killed with SIGKILL, its socket left behind |
 //! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
 //! | `kubelet-plugin-manager` | `kubelet-pluginmanager` | the kubelet's own plugin manager registers `kpm-registrar` plugins of all three types and deregisters them when they stop |
+//! | `doctor-device-manager` | `kubelet-devicemanager`, `generic-device-plugin` | `kpm doctor` beside the kubelet's own device manager: the plugin registered on its `kubelet.sock` is named `squat.ai/null` from the manager's checkpoint; a device plugin serving in `device-plugins/` that never registered is `not-registered` |
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -80,6 +81,11 @@ const SCENARIOS: &[Scenario] = &[
             "dra-kubeletplugin",
         ],
         run: doctor_beside_the_kubelet,
+    },
+    Scenario {
+        name: "doctor-device-manager",
+        programs: &["kubelet-devicemanager", "generic-device-plugin"],
+        run: doctor_beside_the_device_manager,
     },
 ];
 
@@ -524,6 +530,55 @@ fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
         "doctor: every verdict right; node-driver-registrar notified {before} time(s) before, none by the doctor"
     );
     kubelet_sock.stop()
+}
+
+/// `kpm doctor` beside the kubelet's own device manager (its test binary,
+/// run on `ROOT/device-plugins/kubelet.sock`): generic-device-plugin
+/// registers there, and the doctor names its socket's resource from the
+/// checkpoint the manager writes; kpm-registrar's example device plugin,
+/// serving in `device-plugins/` without registering, is `not-registered`.
+fn doctor_beside_the_device_manager(env: &Env, root: &Path) -> Result {
+    const SCENARIO: &str = "doctor-device-manager";
+    const NAME: &str = "kubelet-devicemanager";
+    let log = |suffix: &str| env.out.join(format!("{SCENARIO}-{NAME}.{suffix}"));
+    let mut manager = Process::spawn_command(
+        NAME,
+        std::process::Command::new(env.bin_dir.join(NAME))
+            .args(["-test.run", "TestKpmPeerDeviceManager", "-test.v"])
+            .env("KPM_PEER_ROOT", root),
+        &log("out"),
+        &log("err"),
+    )?;
+    manager.wait_for_line("it serves kubelet.sock", STEP_TIMEOUT, |line| line == "serving")?;
+    let _devices = null_devices(env, SCENARIO, root)?;
+    manager.wait_for_line("squat.ai/null is registered", STEP_TIMEOUT, |line| {
+        line.starts_with("capacity ") && line.contains("squat.ai/null=3")
+    })?;
+    let device_plugins = root.join("device-plugins");
+    let dir = device_plugins.display().to_string();
+    let args = ["--dir", &dir, "--type", "DevicePlugin", "--name", "vendor.com/gpu"];
+    let _unregistered = spawn(env, SCENARIO, "example_plugin", &env.example_plugin, &args)?;
+    let unregistered = device_plugins.join("vendor.com_gpu-reg.sock");
+    wait_until("the example plugin serves", STEP_TIMEOUT, || Ok(unregistered.exists()))?;
+
+    fs::create_dir_all(root.join("plugins_registry"))?;
+    let nowhere = root.join("no-other-root").display().to_string();
+    let report = scenario::doctor(
+        &env.kpm,
+        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+    )?;
+    let named = find(&report["plugins"], "name", "squat.ai/null")
+        .ok_or_else(|| format!("no row named squat.ai/null: {report}"))?;
+    if named["verdict"] != "ok" || named["found_in"] != "device-plugins" {
+        return Err(format!("generic-device-plugin's row: {named}").into());
+    }
+    scenario::expect_verdict(&report, &unregistered, "not-registered")?;
+    eprintln!(
+        "doctor: {} named squat.ai/null by the device manager's checkpoint; the unregistered \
+         plugin not-registered",
+        named["path"]
+    );
+    manager.stop(STOP_TIMEOUT)
 }
 
 /// `kpm check` on real plugins: generic-device-plugin (registers on

@@ -253,6 +253,19 @@ fn a_socket_file_deleted_while_its_plugin_listens_is_named() {
     assert_eq!(verdict(&report, &socket), "deleted-but-listening");
 }
 
+/// Writes the kubelet device manager's checkpoint in `device-plugins/` of
+/// `root`, with `registered` as its resources' healthy devices, as kubelet
+/// v1.36 writes it.
+fn write_checkpoint(root: &Path, registered: &Value) {
+    let checkpoint = serde_json::json!({
+        "Data": {"PodDeviceEntries": null, "RegisteredDevices": registered},
+        "Checksum": 2_166_136_261_u32,
+    });
+    let dir = root.join("device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("kubelet_internal_checkpoint"), checkpoint.to_string()).unwrap();
+}
+
 #[test]
 fn device_plugin_sockets_beside_kubelet_sock_are_judged_too() {
     let node = Node::new();
@@ -275,6 +288,46 @@ fn device_plugin_sockets_beside_kubelet_sock_are_judged_too() {
         rows.iter().all(|row| row["path"] != kubelet_sock.to_str().unwrap()),
         "the kubelet's own"
     );
+    // Without the kubelet's checkpoint, no resource is named, and that is said.
+    assert!(row(&report, &good).get("name").is_none(), "{report:#}");
+    let unseen = report["unseen"].to_string();
+    assert!(unseen.contains("kubelet_internal_checkpoint: missing"), "{unseen}");
+}
+
+#[test]
+fn the_kubelets_checkpoint_names_the_resource_of_a_plugin_on_kubelet_sock() {
+    let node = Node::new();
+    let dir = node.root.path().join("device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let serve = |name: &str, devices: &[(&str, &str)]| {
+        let socket = dir.join(name);
+        (support::serve(&socket, support::device_plugin(devices)), socket)
+    };
+    let (_gpu, gpu) = serve("gpu.sock", &[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")]);
+    let (_nic, nic) = serve("nic.sock", &[("nic-0", "Healthy"), ("nic-1", "Healthy")]);
+    let (_fpga, fpga) = serve("fpga.sock", &[("fpga-0", "Healthy")]);
+    let (_sick, sick) = serve("sick.sock", &[("x-0", "Unhealthy")]);
+    write_checkpoint(
+        node.root.path(),
+        &serde_json::json!({"vendor.com/gpu": ["gpu-0"], "example.com/nic": ["nic-0"],
+            "example.com/gone": null}),
+    );
+    let (code, report) = node.doctor(&[]);
+    assert_eq!(code, 1, "{report:#}");
+    let judged = |socket: &Path| {
+        let row = row(&report, socket);
+        (row["verdict"].as_str().unwrap().to_owned(), row["name"].as_str().map(str::to_owned))
+    };
+    assert_eq!(judged(&gpu), ("ok".into(), Some("vendor.com/gpu".into())));
+    // The kubelet holds one of its two healthy devices.
+    assert_eq!(judged(&nic), ("kubelet-mismatch".into(), Some("example.com/nic".into())));
+    let reason = row(&report, &nic)["reason"].as_str().unwrap();
+    assert!(reason.contains("lists 2 healthy") && reason.contains("holds 1"), "{reason}");
+    // The kubelet holds none of its devices: it did not register it.
+    assert_eq!(judged(&fpga), ("not-registered".into(), None));
+    // Nothing healthy to tell it by.
+    assert_eq!(judged(&sick), ("ok".into(), None));
+    assert!(report["unseen"].as_array().unwrap().is_empty(), "{report:#}");
 }
 
 #[test]
@@ -342,8 +395,8 @@ fn the_table_puts_the_verdict_first_and_explains_each_failure() {
 
 /// A stand-in API server that shows node `node1`: a CSINode listing
 /// `csi.example.com` (node id `n1`), `stale.csi.example.com` and
-/// `moved.example.com` (node id `old-id`), a Node
-/// with 2 `vendor.com/gpu` of which 1 allocatable, and ResourceSlices of
+/// `moved.example.com` (node id `old-id`), a Node with 2 `vendor.com/gpu`
+/// of which 1 allocatable and 1 `example.com/nic`, and ResourceSlices of
 /// driver `gone.example.com`; with `forbid_csinodes`, every CSINode read is 403.
 fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> String {
     use axum::routing::get;
@@ -375,7 +428,10 @@ fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> Stri
             "metadata": {"name": "node1", "annotations": {
                 "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"n1\",\"stale.csi.example.com\":\"node1\"}",
             }},
-            "status": {"capacity": {"vendor.com/gpu": "2", "cpu": "2"}, "allocatable": {"vendor.com/gpu": "1", "cpu": "2"}},
+            "status": {
+                "capacity": {"vendor.com/gpu": "2", "example.com/nic": "1", "cpu": "2"},
+                "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2"},
+            },
         }))
     };
     let slices = |query: axum::extract::RawQuery| async move {
@@ -424,6 +480,13 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
         Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
             .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")])),
     );
+    // Two device plugins on kubelet.sock: one the kubelet's checkpoint names,
+    // one it cannot (no healthy device), which has no capacity to look up.
+    write_checkpoint(node.root.path(), &serde_json::json!({"example.com/nic": ["nic-0"]}));
+    let nic = node.root.path().join("device-plugins/nic.sock");
+    let _nic = support::serve(&nic, support::device_plugin(&[("nic-0", "Healthy")]));
+    let sick = node.root.path().join("device-plugins/sick.sock");
+    let _sick = support::serve(&sick, support::device_plugin(&[("x-0", "Unhealthy")]));
     let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
     std::fs::create_dir_all(dra_socket.parent().unwrap()).unwrap();
     let _dra_service = support::serve(&dra_socket, kpm_registrar::stub::StubDraDriver.routes());
@@ -454,6 +517,13 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
         (&gpu["verdict"], &gpu["cluster"]),
         (&"ok".into(), &"Node capacity 2, allocatable 1".into())
     );
+    let nic = row(&report, &nic);
+    assert_eq!(
+        (&nic["verdict"], &nic["name"], &nic["cluster"]),
+        (&"ok".into(), &"example.com/nic".into(), &"Node capacity 1, allocatable 1".into())
+    );
+    let sick = row(&report, &sick);
+    assert_eq!((&sick["verdict"], sick.get("cluster")), (&"ok".into(), None), "{sick:#}");
     assert_eq!(verdict(&report, dra.socket_path()), "not-published");
     let findings: Vec<(&str, &str)> = report["findings"]
         .as_array()

@@ -11,7 +11,7 @@
 //! socket.
 
 use kpm_api::config::check_durations;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -439,13 +439,19 @@ impl DeviceManager {
             Ok(Ok(None)) => return Err(failed("the stream ended before the first list".into())),
             Ok(Ok(Some(list))) => list,
         };
-        let healthy = list.devices.iter().filter(|device| device.health == DEVICE_HEALTHY).count();
+        let healthy_ids: BTreeSet<String> = list
+            .devices
+            .iter()
+            .filter(|device| device.health == DEVICE_HEALTHY)
+            .map(|device| device.id.clone())
+            .collect();
         Ok(DevicePluginReport {
             server_pid,
             pre_start_required: options.pre_start_required,
             get_preferred_allocation_available: options.get_preferred_allocation_available,
             devices: list.devices.len(),
-            healthy,
+            healthy: healthy_ids.len(),
+            healthy_ids,
         })
     }
 
@@ -882,7 +888,7 @@ impl PluginHandler for DeviceManager {
 
 /// What a device plugin's `GetDevicePluginOptions` and first `ListAndWatch`
 /// list say ([`DeviceManager::inspect_endpoint`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DevicePluginReport {
     /// The process serving the socket (`SO_PEERCRED`), if visible from here.
@@ -895,6 +901,10 @@ pub struct DevicePluginReport {
     pub devices: usize,
     /// Of those, the healthy ones.
     pub healthy: usize,
+    /// The IDs of the healthy ones: the kubelet's device manager records a
+    /// resource's healthy devices by ID in its checkpoint, which tells which
+    /// resource a plugin on `kubelet.sock` serves.
+    pub healthy_ids: BTreeSet<String>,
 }
 
 /// `N devices, M healthy; pre_start_required=… get_preferred_allocation_available=…`.

@@ -157,13 +157,9 @@ fn check_csi(
 
 /// A live device plugin against the Node's capacity and allocatable.
 fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
-    let name = row.name.clone().unwrap_or_default();
-    let Some(report) = row
-        .service
-        .as_deref()
-        .and_then(|report| (report as &dyn Any).downcast_ref::<kpm::device::DevicePluginReport>())
-        .copied()
-    else {
+    // A plugin on kubelet.sock the checkpoint did not name has no resource
+    // to look up.
+    let (Some(name), Some(report)) = (row.name.clone(), row.device_report().cloned()) else {
         return;
     };
     let (capacity, allocatable) = (resources.capacity.get(&name), resources.allocatable.get(&name));

@@ -11,6 +11,7 @@ use kpm::transport::TransportError;
 use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
 
+use super::checkpoint::{self, Resource};
 use super::host::{self, ProcessInfo};
 use crate::inspect;
 
@@ -44,8 +45,12 @@ pub(crate) enum Verdict {
     Unreadable,
     /// A registry no running kubelet watches holds sockets.
     UnwatchedRegistry,
-    /// Fine on the node, but the cluster shows no registration of it.
+    /// Fine on the node, but the kubelet's device manager or the cluster
+    /// shows no registration of it.
     NotRegistered,
+    /// The kubelet's device manager holds other healthy devices of its
+    /// resource than the plugin lists.
+    KubeletMismatch,
     /// The cluster shows it otherwise than the plugin says.
     ClusterMismatch,
     /// CSINode lists a driver no live plugin serves.
@@ -73,6 +78,7 @@ impl Verdict {
             Self::Unreadable => "unreadable",
             Self::UnwatchedRegistry => "unwatched-registry",
             Self::NotRegistered => "not-registered",
+            Self::KubeletMismatch => "kubelet-mismatch",
             Self::ClusterMismatch => "cluster-mismatch",
             Self::StaleCsiNodeEntry => "stale-csi-node-entry",
             Self::NotPublished => "not-published",
@@ -127,6 +133,12 @@ pub(crate) struct StepTaken {
 }
 
 impl Row {
+    /// What a device plugin's service showed, when it is one that answered.
+    pub(crate) fn device_report(&self) -> Option<&kpm::device::DevicePluginReport> {
+        let report = self.service.as_deref()?;
+        (report as &dyn std::any::Any).downcast_ref()
+    }
+
     fn new(verdict: Verdict, path: &Path, found_in: &'static str, reason: String) -> Self {
         Self {
             verdict,
@@ -325,7 +337,7 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
 /// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
 /// endpoints of registry plugins already judged: device plugins that
 /// registered through `kubelet.sock`, inspected as the device manager
-/// would connect to them.
+/// would connect to them, and named by the kubelet's checkpoint.
 pub(crate) async fn device_plugins(
     kubelet: &Kubelet,
     root: &Path,
@@ -387,7 +399,57 @@ pub(crate) async fn device_plugins(
         rows.push(row);
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
+    if rows.iter().any(|row| row.verdict == Verdict::Ok) {
+        match checkpoint::read(&dir) {
+            Ok(Some(registered)) => {
+                for row in &mut rows {
+                    held_by_kubelet(row, &registered);
+                }
+            }
+            Ok(None) => unseen.push(format!(
+                "{}: missing (no kubelet's device manager wrote it); the resources of the \
+                 device plugins there are not named",
+                dir.join(checkpoint::FILE_NAME).display()
+            )),
+            Err(err) => unseen.push(err),
+        }
+    }
     rows
+}
+
+/// Names the resource a live plugin on `kubelet.sock` serves, by its healthy
+/// devices in the kubelet's checkpoint; says so when the kubelet holds none
+/// of them, or others.
+fn held_by_kubelet(row: &mut Row, registered: &checkpoint::RegisteredDevices) {
+    let Some(report) = row.device_report() else { return };
+    let (healthy, file) = (report.healthy, checkpoint::FILE_NAME);
+    match registered.resource_of(&report.healthy_ids) {
+        Resource::Same(resource) => row.name = Some(resource.to_owned()),
+        Resource::Differs(resource, held) => {
+            row.name = Some(resource.to_owned());
+            row.verdict = Verdict::KubeletMismatch;
+            row.reason = format!(
+                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds {} \
+                 healthy of {resource} ({file})",
+                held.len()
+            );
+            row.hint = "the kubelet's view lags the plugin's list: if it stays so, the kubelet \
+                        lost the plugin's ListAndWatch stream; restart the plugin"
+                .into();
+        }
+        Resource::NotHeld => {
+            row.verdict = Verdict::NotRegistered;
+            row.reason = format!(
+                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds \
+                 none of them ({file})"
+            );
+            row.hint = "the kubelet did not register it, or dropped it: see the kubelet's log \
+                        (device manager); the plugin registers again when it restarts, or when \
+                        kubelet.sock is created anew"
+                .into();
+        }
+        Resource::Unknown => {}
+    }
 }
 
 fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {

@@ -13,6 +13,7 @@
 //! never writes to the API server, and closes every connection when its
 //! call is done.
 
+mod checkpoint;
 mod cluster;
 mod host;
 mod judge;
