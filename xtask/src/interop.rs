@@ -7,6 +7,7 @@
 //! | scenario | programs in DIR | kpm's part |
 //! |---|---|---|
 //! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, probes the registrar and the driver a dozen times (`--liveness-period 1`: PINGs, every fourth a call) with no failure and no connection closed for too many PINGs, and deregisters it when the registrar exits |
+//! | `grpcio-driver` | `grpcio-csi-driver` | a CSI driver on Python grpcio (gRPC C-core), registration and CSI on one socket: `kpm run` registers it and probes it a dozen times (PINGs, every fourth a call) with no failure and its one connection never closed for too many PINGs |
 //! | `generic-device-plugin` | `generic-device-plugin` | `kpm run`'s `kubelet.sock` takes its `Register`; `squat.ai/null` has 3 healthy devices, unhealthy once it exits |
 //! | `sample-device-plugin` | `sample-device-plugin` | the Kubernetes e2e device plugin, its socket in the registry: `kpm run` registers it through the plugin watcher, probes it over its `ListAndWatch` connection (`--liveness-period 1`) and deregisters it at once when it is killed with SIGKILL, its socket left behind |
 //! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
@@ -46,6 +47,7 @@ const SCENARIOS: &[Scenario] = &[
         programs: &["node-driver-registrar", "hostpathplugin"],
         run: csi_endpoint,
     },
+    Scenario { name: "grpcio-driver", programs: &["grpcio-csi-driver"], run: grpcio_driver },
     Scenario {
         name: "generic-device-plugin",
         programs: &["generic-device-plugin"],
@@ -203,7 +205,7 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     eprintln!(
         "registered: node id node-1, topology {topology:?}, max volumes 10, CSINode {csinode}"
     );
-    probed_by_pings(&metrics)?;
+    probed_by_pings(&metrics, 2)?;
 
     registrar.stop(STOP_TIMEOUT)?;
     wait_for_list(&kpm, "the driver deregistered once the registrar exited", |list| {
@@ -216,13 +218,14 @@ fn node_driver_registrar(env: &Env, root: &Path) -> Result {
     kpm.stop()
 }
 
-/// Liveness against two grpc-go servers, node-driver-registrar and
-/// hostpathplugin: a dozen probes a second apart, each a PING to both
-/// sockets but every fourth, a call (`GetInfo`, `Identity/Probe`). None
-/// fails, and the two connections dialled for them are the only ones: a
-/// grpc-go server closes a connection at the fourth PING between two
-/// responses (`too_many_pings`), which would show as more dials.
-fn probed_by_pings(metrics: &str) -> Result {
+/// Liveness against real gRPC servers (grpc-go's node-driver-registrar and
+/// hostpathplugin, C-core's grpcio): a dozen probes a second apart, each a
+/// PING to every socket but every fourth, a call (`GetInfo`,
+/// `Identity/Probe`). None fails, and the `connections` dialled for them
+/// are the only ones: both grpc-go and C-core close a connection at the
+/// fourth PING between two responses (`too_many_pings`), which would show
+/// as more dials.
+fn probed_by_pings(metrics: &str, connections: u32) -> Result {
     // One scrape for all the figures, so that they agree with each other.
     let scraped = wait_for("12 liveness probes", STEP_TIMEOUT, || {
         let scraped = scenario::metrics(metrics)?;
@@ -237,10 +240,10 @@ fn probed_by_pings(metrics: &str) -> Result {
         "kpm_liveness_probe_dials_total",
     ]
     .map(|name| scraped.get(name).copied().unwrap_or_default());
-    if failures > 0 || dials != 2 || calls * 2 > pings {
+    if failures > 0 || dials != u64::from(connections) || calls * 2 > pings {
         return Err(format!(
             "{probes} probes: {pings} PINGs, {calls} calls, {failures} failures, {dials} dials \
-             (expected no failure, 2 dials, a call to 3 PINGs)"
+             (expected no failure, {connections} dials, a call to 3 PINGs)"
         )
         .into());
     }
@@ -248,6 +251,37 @@ fn probed_by_pings(metrics: &str) -> Result {
         "probed {probes} times: {pings} PINGs, {calls} calls, no failure, {dials} connections"
     );
     Ok(())
+}
+
+/// A CSI driver on Python grpcio, gRPC C-core's server (its ping policy:
+/// two strikes, a PING sooner than 5 min after the last one a strike, a
+/// response clears them), serving registration, CSI Identity and Node on
+/// one socket: registered with its node info, probed a dozen times over
+/// one connection with no failure, deregistered when it stops.
+fn grpcio_driver(env: &Env, root: &Path) -> Result {
+    const SCENARIO: &str = "grpcio-driver";
+    const DRIVER: &str = "grpcio.example.com";
+    let metrics = scenario::free_local_addr()?;
+    let args = ["--liveness-period", "1", "--metrics-addr", &metrics];
+    let kpm = start_kpm_with(env, root, SCENARIO, &args)?;
+    let registry = root.join("plugins_registry").display().to_string();
+    let mut driver =
+        peer(env, SCENARIO, "grpcio-csi-driver", &["--registry", &registry, "--name", DRIVER])?;
+    driver.wait_for_line("it was told registered", STEP_TIMEOUT, |line| {
+        line == format!("notified {DRIVER} true")
+    })?;
+    let registered = wait_for_list(&kpm, "its node info", |list| {
+        let driver = find(&list["csi_drivers"], "name", DRIVER);
+        Ok(driver.filter(|d| d["node_id"] == "node-1" && d["max_volumes"] == 3).cloned())
+    })?;
+    eprintln!("registered: {registered}");
+    probed_by_pings(&metrics, 1)?;
+    driver.stop(STOP_TIMEOUT)?;
+    wait_for_list(&kpm, "the driver deregistered once it stopped", |list| {
+        Ok(find(&list["plugins"], "name", DRIVER).is_none().then_some(()))
+    })?;
+    eprintln!("deregistered");
+    kpm.stop()
 }
 
 /// kubernetes #132660 under the real pair: hostpathplugin's `csi.sock` is
