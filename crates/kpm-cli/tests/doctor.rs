@@ -351,25 +351,42 @@ fn a_registry_of_another_root_that_no_kubelet_watches_is_named() {
 #[test]
 fn without_root_dir_the_running_kubelets_root_is_judged() {
     let node = Node::new();
+    let root = node.root.path().to_str().unwrap();
     let stale = node.registry().join("gone-reg.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-    // A process whose program is named `kubelet`, with a `--root-dir`.
+    // MicroK8s' kubelite reads the kubelet's flags from a file, with
+    // variables of its environment.
+    let kubelet_args = node.root.path().join("kubelet-args");
+    std::fs::write(&kubelet_args, "--kubeconfig=x\n--root-dir=${KPM_TEST_ROOT}\n").unwrap();
+    let kubelite_flag = format!("--kubelet-args-file={}", kubelet_args.display());
+    let root_flag = format!("--root-dir={root}");
+    // Processes whose program is named as each, one at a time: the doctor
+    // takes the first kubelet it finds. (k3s is known by its subcommand,
+    // `k3s server`, which a shell cannot stand in for: host.rs tests it.)
+    let cases: [(&str, &str, &str); 2] = [
+        ("kubelet", &root_flag, "the running kubelet"),
+        ("kubelite", &kubelite_flag, "the kubelet in the running kubelite"),
+    ];
     let bin = tempfile::tempdir().unwrap();
-    let kubelet = bin.path().join("kubelet");
-    std::os::unix::fs::symlink("/bin/sh", &kubelet).unwrap();
-    let root_flag = format!("--root-dir={}", node.root.path().display());
-    let mut running = std::process::Command::new(&kubelet)
-        .args(["-c", "sleep 60; exit 0", &root_flag])
-        .spawn()
-        .unwrap();
-    let nowhere = node.root.path().join("no-other-root");
-    let out = kpm(&["doctor", "-o", "json", "--other-root", nowhere.to_str().unwrap()]);
-    running.kill().unwrap();
-    running.wait().unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["root_dir"], node.root.path().to_str().unwrap(), "{report:#}");
-    assert_eq!(report["root_from"], format!("the running kubelet, pid {}", running.id()));
-    assert_eq!(verdict(&report, &stale), "stale");
+    for (program, flag, from) in cases {
+        let path = bin.path().join(program);
+        std::os::unix::fs::symlink("/bin/sh", &path).unwrap();
+        // `sh -c SCRIPT` keeps the arguments after the script in its command line.
+        let mut running = std::process::Command::new(&path)
+            .args(["-c", "sleep 60; exit 0", flag])
+            .env("KPM_TEST_ROOT", root)
+            .spawn()
+            .unwrap();
+        let nowhere = node.root.path().join("no-other-root");
+        let out = kpm(&["doctor", "-o", "json", "--other-root", nowhere.to_str().unwrap()]);
+        running.kill().unwrap();
+        running.wait().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["root_dir"], root, "{program}: {report:#}");
+        assert_eq!(report["root_from"], format!("{from}, pid {}", running.id()));
+        assert_eq!(report["kubelets"][0]["program"], program);
+        assert_eq!(verdict(&report, &stale), "stale");
+    }
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! What the host's `/proc` says: the kubelets running and their roots, the
 //! Unix sockets listening, and who a process is.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -14,39 +14,121 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) struct KubeletProcess {
     pub(crate) pid: u32,
+    /// What runs it: `kubelet`; `kubelite` (MicroK8s, the kubelet among
+    /// the other components in one process); `k3s` (`k3s server` or `k3s
+    /// agent`, the kubelet in-process).
+    pub(crate) program: &'static str,
     pub(crate) root_dir: PathBuf,
 }
 
-/// The processes whose program is named `kubelet`, with their
-/// `--root-dir` (`--root-dir=DIR` or `--root-dir DIR`; the default without).
+impl KubeletProcess {
+    /// How a report names it: `the running kubelet, pid 42`.
+    pub(crate) fn describe(&self) -> String {
+        match self.program {
+            "kubelet" => format!("the running kubelet, pid {}", self.pid),
+            program => format!("the kubelet in the running {program}, pid {}", self.pid),
+        }
+    }
+}
+
+/// Where MicroK8s' kubelite reads the kubelet's flags without
+/// `--kubelet-args-file`.
+const KUBELITE_KUBELET_ARGS: &str = "/var/snap/microk8s/current/args/kubelet";
+
+/// The processes that run a kubelet (see [`KubeletProcess::program`]), with
+/// its `--root-dir` (the default without).
 pub(crate) fn kubelets() -> Vec<KubeletProcess> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     let mut found: Vec<KubeletProcess> = entries
         .filter_map(|entry| {
             let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-            let args = cmdline(pid)?;
-            let program = Path::new(args.first()?).file_name()?;
-            (program == "kubelet").then(|| KubeletProcess { pid, root_dir: root_dir_of(&args) })
+            kubelet_of(pid, &cmdline(pid)?)
         })
         .collect();
     found.sort_by_key(|kubelet| kubelet.pid);
     found
 }
 
-/// The `--root-dir` a kubelet's arguments give.
-fn root_dir_of(args: &[String]) -> PathBuf {
+/// The kubelet that process `pid`, with command line `args`, runs, if any.
+fn kubelet_of(pid: u32, args: &[String]) -> Option<KubeletProcess> {
+    let program = Path::new(args.first()?).file_name()?.to_str()?;
+    let (program, flags) = match program {
+        "kubelet" => ("kubelet", args.to_vec()),
+        "kubelite" => {
+            let file = flag(args, "--kubelet-args-file").unwrap_or(KUBELITE_KUBELET_ARGS);
+            let text = std::fs::read_to_string(file).unwrap_or_default();
+            ("kubelite", kubelite_args(&text, &environ(pid)))
+        }
+        "k3s" if matches!(args.get(1).map(String::as_str), Some("server" | "agent")) => {
+            ("k3s", k3s_kubelet_args(args))
+        }
+        _ => return None,
+    };
+    let root_dir =
+        flag(&flags, "--root-dir").map_or_else(|| PathBuf::from(DEFAULT_ROOT), PathBuf::from);
+    Some(KubeletProcess { pid, program, root_dir })
+}
+
+/// The value of flag `name` in `args`: `--name=VALUE` or `--name VALUE`.
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     let mut args = args.iter();
     while let Some(arg) = args.next() {
-        if let Some(dir) = arg.strip_prefix("--root-dir=") {
-            return PathBuf::from(dir);
+        if let Some(value) = arg.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')) {
+            return Some(value);
         }
-        if arg == "--root-dir"
-            && let Some(dir) = args.next()
-        {
-            return PathBuf::from(dir);
+        if arg == name {
+            return args.next().map(String::as_str);
         }
     }
-    PathBuf::from(DEFAULT_ROOT)
+    None
+}
+
+/// The kubelet's flags in a kubelite args file, read as kubelite's
+/// `ReadArgsFromFile` does: lines trimmed, empty and `#` lines skipped,
+/// quotes removed, split on spaces, `$VAR` and `${VAR}` expanded from
+/// kubelite's environment (unset: empty, as Go's `os.ExpandEnv`).
+fn kubelite_args(text: &str, environment: &BTreeMap<String, String>) -> Vec<String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .flat_map(|line| {
+            line.replace(['"', '\''], "").split(' ').map(str::to_owned).collect::<Vec<_>>()
+        })
+        .map(|part| {
+            let value = |name: &str| Some(environment.get(name).map_or("", String::as_str));
+            shellexpand::env_with_context_no_errors(&part, value).into_owned()
+        })
+        .collect()
+}
+
+/// A process's environment; empty if it cannot be read.
+fn environ(pid: u32) -> BTreeMap<String, String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    raw.split(|&byte| byte == 0)
+        .filter_map(|entry| {
+            let (name, value) = std::str::from_utf8(entry).ok()?.split_once('=')?;
+            Some((name.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// The kubelet's flags k3s is given on its command line: each
+/// `--kubelet-arg KEY=VALUE` (or `--kubelet-arg=KEY=VALUE`) as
+/// `--KEY=VALUE`. Flags in k3s's config file are not read.
+fn k3s_kubelet_args(args: &[String]) -> Vec<String> {
+    let mut flags = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = match arg.strip_prefix("--kubelet-arg") {
+            Some("") => args.next().map(String::as_str),
+            Some(rest) => rest.strip_prefix('='),
+            None => None,
+        };
+        if let Some(value) = value {
+            flags.push(format!("--{}", value.trim_start_matches('-')));
+        }
+    }
+    flags
 }
 
 /// A process's arguments; `None` for a kernel thread or one that is gone.
@@ -136,18 +218,74 @@ fn running_for(pid: u32) -> Option<Duration> {
 mod tests {
     use super::*;
 
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(ToString::to_string).collect()
+    }
+
+    /// The root `kubelet_of` finds in a command line (no process behind it).
+    fn root_of(command: &[&str]) -> Option<(&'static str, PathBuf)> {
+        kubelet_of(0, &args(command)).map(|kubelet| (kubelet.program, kubelet.root_dir))
+    }
+
     #[test]
-    fn root_dir_comes_from_either_flag_form_or_the_default() {
-        let args = |list: &[&str]| list.iter().map(ToString::to_string).collect::<Vec<_>>();
+    fn a_kubelets_root_dir_comes_from_either_flag_form_or_the_default() {
+        let kubelet = |root: &str| Some(("kubelet", PathBuf::from(root)));
         assert_eq!(
-            root_dir_of(&args(&["kubelet", "--root-dir=/var/lib/k0s/kubelet"])),
-            PathBuf::from("/var/lib/k0s/kubelet")
+            root_of(&["/usr/bin/kubelet", "--root-dir=/var/lib/k0s/kubelet"]),
+            kubelet("/var/lib/k0s/kubelet")
+        );
+        assert_eq!(root_of(&["kubelet", "--v=2", "--root-dir", "/r"]), kubelet("/r"));
+        assert_eq!(root_of(&["kubelet", "--config=/c"]), kubelet(DEFAULT_ROOT));
+        assert_eq!(root_of(&["/usr/bin/kubectl", "--root-dir=/r"]), None);
+    }
+
+    #[test]
+    fn k3s_gives_the_kubelet_its_flags_with_kubelet_arg() {
+        let k3s = |root: &str| Some(("k3s", PathBuf::from(root)));
+        assert_eq!(root_of(&["/usr/local/bin/k3s", "server"]), k3s(DEFAULT_ROOT));
+        assert_eq!(
+            root_of(&["/usr/local/bin/k3s", "agent", "--kubelet-arg=root-dir=/data/kubelet"]),
+            k3s("/data/kubelet")
         );
         assert_eq!(
-            root_dir_of(&args(&["kubelet", "--v=2", "--root-dir", "/r"])),
-            PathBuf::from("/r")
+            root_of(&[
+                "k3s",
+                "server",
+                "--kubelet-arg",
+                "--max-pods=250",
+                "--kubelet-arg",
+                "root-dir=/r"
+            ]),
+            k3s("/r")
         );
-        assert_eq!(root_dir_of(&args(&["kubelet", "--config=/c"])), PathBuf::from(DEFAULT_ROOT));
+        // A one-off command runs no kubelet.
+        assert_eq!(root_of(&["/usr/local/bin/k3s", "kubectl", "get", "nodes"]), None);
+    }
+
+    #[test]
+    fn kubelites_args_file_is_read_as_kubelite_reads_it() {
+        // Lines of /var/snap/microk8s/current/args/kubelet on a MicroK8s node.
+        let text = "--kubeconfig=${SNAP_DATA}/credentials/kubelet.config\n\
+                    # a comment\n\n  --root-dir=${SNAP_COMMON}/var/lib/kubelet  \n\
+                    --eviction-hard=\"memory.available<100Mi,nodefs.available<1Gi\"\n\
+                    --node-labels=a=$UNSET --v=2\n";
+        let environment: BTreeMap<String, String> = [
+            ("SNAP_COMMON", "/var/snap/microk8s/common"),
+            ("SNAP_DATA", "/var/snap/microk8s/7964"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+        assert_eq!(
+            kubelite_args(text, &environment),
+            [
+                "--kubeconfig=/var/snap/microk8s/7964/credentials/kubelet.config",
+                "--root-dir=/var/snap/microk8s/common/var/lib/kubelet",
+                "--eviction-hard=memory.available<100Mi,nodefs.available<1Gi",
+                "--node-labels=a=",
+                "--v=2",
+            ]
+        );
     }
 
     #[test]

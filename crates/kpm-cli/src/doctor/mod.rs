@@ -2,10 +2,10 @@
 //! read-only, next to the real kubelet.
 //!
 //! It finds the kubelet's root (`--root-dir`, else a running kubelet's,
-//! else the default), judges every entry of its registry and every socket
-//! of `device-plugins/` (but `kubelet.sock`) with the inspection `kpm run`
-//! would register with (the kubelet's rules and its 1 s `GetInfo`
-//! timeout), names the registries of other well-known roots that hold
+//! MicroK8s' kubelite's or k3s's, else the default), judges every entry of
+//! its registry and every socket of `device-plugins/` (but `kubelet.sock`)
+//! with the inspection `kpm run` would register with (the kubelet's rules
+//! and its 1 s `GetInfo` timeout), names the registries of other well-known roots that hold
 //! sockets nobody watches, and the sockets still listening whose file is
 //! gone. With an API server (`--kubeconfig`, or in a pod), it holds the
 //! plugins against what the cluster shows of the node (`cluster.rs`). It
@@ -36,7 +36,7 @@ const WELL_KNOWN_ROOTS: &[&str] =
 #[derive(Debug, clap::Args)]
 pub(crate) struct DoctorArgs {
     /// The kubelet's root directory [default: the `--root-dir` of a running
-    /// kubelet, else /var/lib/kubelet].
+    /// kubelet (also inside MicroK8s' kubelite or k3s), else /var/lib/kubelet].
     #[arg(long, value_name = "DIR", env = "KPM_ROOT_DIR")]
     root_dir: Option<PathBuf>,
     /// Other kubelet roots to look for registries nobody watches; repeat for
@@ -93,9 +93,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     let kubelets = host::kubelets();
     let (root_dir, root_from) = match (&args.root_dir, kubelets.first()) {
         (Some(dir), _) => (dir.clone(), "--root-dir".to_owned()),
-        (None, Some(kubelet)) => {
-            (kubelet.root_dir.clone(), format!("the running kubelet, pid {}", kubelet.pid))
-        }
+        (None, Some(kubelet)) => (kubelet.root_dir.clone(), kubelet.describe()),
         (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
     };
     let timeout = args.judge.timeout();
