@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use kpm::kube::{NodeObjects, NodeResources};
 
 use super::Finding;
-use super::judge::{Row, Verdict};
+use super::judge::{self, Row, Verdict};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
 /// that no plugin of the node explains; what could not be read goes to
@@ -180,9 +180,6 @@ fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
             "the plugin lists {} devices, {} healthy; Node {node} shows capacity {capacity}, allocatable {allocatable}",
             report.devices, report.healthy
         );
-        row.hint =
-            "the kubelet's view lags the plugin's list: if it stays so, the kubelet lost the \
-                    plugin's ListAndWatch stream; restart the plugin"
-                .into();
+        row.hint = judge::LAGGING_DEVICES.into();
     }
 }

@@ -55,7 +55,8 @@ fn kubelet_of(pid: u32, args: &[String]) -> Option<KubeletProcess> {
     let (program, flags) = match program {
         "kubelet" => ("kubelet", args.to_vec()),
         "kubelite" => {
-            let file = flag(args, "--kubelet-args-file").unwrap_or(KUBELITE_KUBELET_ARGS);
+            let file =
+                flag_values(args, "--kubelet-args-file").last().unwrap_or(KUBELITE_KUBELET_ARGS);
             let text = std::fs::read_to_string(file).unwrap_or_default();
             ("kubelite", kubelite_args(&text, &environ(pid)))
         }
@@ -64,23 +65,24 @@ fn kubelet_of(pid: u32, args: &[String]) -> Option<KubeletProcess> {
         }
         _ => return None,
     };
-    let root_dir =
-        flag(&flags, "--root-dir").map_or_else(|| PathBuf::from(DEFAULT_ROOT), PathBuf::from);
+    let root_dir = flag_values(&flags, "--root-dir").last().unwrap_or(DEFAULT_ROOT).into();
     Some(KubeletProcess { pid, program, root_dir })
 }
 
-/// The value of flag `name` in `args`: `--name=VALUE` or `--name VALUE`.
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+/// The values flag `name` is given in `args`, `--name=VALUE` or `--name
+/// VALUE`, in order (Go's flag packages keep the last one).
+fn flag_values<'a>(args: &'a [String], name: &'a str) -> impl Iterator<Item = &'a str> {
     let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if let Some(value) = arg.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')) {
-            return Some(value);
+    std::iter::from_fn(move || {
+        while let Some(arg) = args.next() {
+            match arg.strip_prefix(name).map(|rest| (rest, rest.strip_prefix('='))) {
+                Some(("", _)) => return args.next().map(String::as_str),
+                Some((_, Some(value))) => return Some(value),
+                _ => {}
+            }
         }
-        if arg == name {
-            return args.next().map(String::as_str);
-        }
-    }
-    None
+        None
+    })
 }
 
 /// The kubelet's flags in a kubelite args file, read as kubelite's
@@ -116,19 +118,9 @@ fn environ(pid: u32) -> BTreeMap<String, String> {
 /// `--kubelet-arg KEY=VALUE` (or `--kubelet-arg=KEY=VALUE`) as
 /// `--KEY=VALUE`. Flags in k3s's config file are not read.
 fn k3s_kubelet_args(args: &[String]) -> Vec<String> {
-    let mut flags = Vec::new();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        let value = match arg.strip_prefix("--kubelet-arg") {
-            Some("") => args.next().map(String::as_str),
-            Some(rest) => rest.strip_prefix('='),
-            None => None,
-        };
-        if let Some(value) = value {
-            flags.push(format!("--{}", value.trim_start_matches('-')));
-        }
-    }
-    flags
+    flag_values(args, "--kubelet-arg")
+        .map(|value| format!("--{}", value.trim_start_matches('-')))
+        .collect()
 }
 
 /// A process's arguments; `None` for a kernel thread or one that is gone.
@@ -236,6 +228,8 @@ mod tests {
         );
         assert_eq!(root_of(&["kubelet", "--v=2", "--root-dir", "/r"]), kubelet("/r"));
         assert_eq!(root_of(&["kubelet", "--config=/c"]), kubelet(DEFAULT_ROOT));
+        assert_eq!(root_of(&["kubelet", "--root-dir=/a", "--root-dir", "/b"]), kubelet("/b"));
+        assert_eq!(root_of(&["kubelet", "--root-directory=/a"]), kubelet(DEFAULT_ROOT));
         assert_eq!(root_of(&["/usr/bin/kubectl", "--root-dir=/r"]), None);
     }
 

@@ -417,6 +417,11 @@ pub(crate) async fn device_plugins(
     rows
 }
 
+/// The fix when the kubelet's device manager, or the Node it updates, holds
+/// other devices than a device plugin lists.
+pub(crate) const LAGGING_DEVICES: &str = "the kubelet's view lags the plugin's list: if it stays \
+    so, the kubelet lost the plugin's ListAndWatch stream; restart the plugin";
+
 /// Names the resource a live plugin on `kubelet.sock` serves, by its healthy
 /// devices in the kubelet's checkpoint; says so when the kubelet holds none
 /// of them, or others.
@@ -433,9 +438,7 @@ fn held_by_kubelet(row: &mut Row, registered: &checkpoint::RegisteredDevices) {
                  healthy of {resource} ({file})",
                 held.len()
             );
-            row.hint = "the kubelet's view lags the plugin's list: if it stays so, the kubelet \
-                        lost the plugin's ListAndWatch stream; restart the plugin"
-                .into();
+            row.hint = LAGGING_DEVICES.into();
         }
         Resource::NotHeld => {
             row.verdict = Verdict::NotRegistered;
