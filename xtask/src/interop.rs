@@ -574,14 +574,13 @@ fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
 fn doctor_beside_the_device_manager(env: &Env, root: &Path) -> Result {
     const SCENARIO: &str = "doctor-device-manager";
     const NAME: &str = "kubelet-devicemanager";
-    let log = |suffix: &str| env.out.join(format!("{SCENARIO}-{NAME}.{suffix}"));
-    let mut manager = Process::spawn_command(
+    let mut manager = spawn_command(
+        env,
+        SCENARIO,
         NAME,
         std::process::Command::new(env.bin_dir.join(NAME))
             .args(["-test.run", "TestKpmPeerDeviceManager", "-test.v"])
             .env("KPM_PEER_ROOT", root),
-        &log("out"),
-        &log("err"),
     )?;
     manager.wait_for_line("it serves kubelet.sock", STEP_TIMEOUT, |line| line == "serving")?;
     let _devices = null_devices(env, SCENARIO, root)?;
@@ -707,14 +706,14 @@ fn sample_device_plugin(env: &Env, root: &Path) -> Result {
     // kubelet's own `kubelet.sock` (/var/lib/kubelet/device-plugins).
     let control = root.join("register-control");
     fs::write(&control, "")?;
-    let program = env.bin_dir.join("sample-device-plugin");
-    let mut command = std::process::Command::new(&program);
-    command
-        .env("PLUGIN_SOCK_DIR", root.join("plugins_registry"))
-        .env("REGISTER_CONTROL_FILE", &control);
-    let log = |suffix: &str| env.out.join(format!("sample-device-plugin-plugin.{suffix}"));
-    let mut plugin =
-        Process::spawn_command("sample-device-plugin", &mut command, &log("out"), &log("err"))?;
+    let mut plugin = spawn_command(
+        env,
+        "sample-device-plugin",
+        "sample-device-plugin",
+        std::process::Command::new(env.bin_dir.join("sample-device-plugin"))
+            .env("PLUGIN_SOCK_DIR", root.join("plugins_registry"))
+            .env("REGISTER_CONTROL_FILE", &control),
+    )?;
 
     let pid = wait_for_list(&kpm, "the plugin registered with 2 healthy devices", |list| {
         let plugin = find(&list["plugins"], "name", RESOURCE);
@@ -804,8 +803,18 @@ fn peer(env: &Env, scenario: &str, program: &str, args: &[&str]) -> Result<Proce
 
 /// Starts `bin`, naming it `name` in messages and in its log files in `target/interop`.
 fn spawn(env: &Env, scenario: &str, name: &str, bin: &Path, args: &[&str]) -> Result<Process> {
+    spawn_command(env, scenario, name, std::process::Command::new(bin).args(args))
+}
+
+/// [`spawn`] for a command given its arguments and environment already.
+fn spawn_command(
+    env: &Env,
+    scenario: &str,
+    name: &str,
+    command: &mut std::process::Command,
+) -> Result<Process> {
     let log = |suffix: &str| env.out.join(format!("{scenario}-{name}.{suffix}"));
-    Process::spawn(name, bin, args, &log("out"), &log("err"))
+    Process::spawn_command(name, command, &log("out"), &log("err"))
 }
 
 /// Waits until `kpm list -o json` shows what `found` looks for.
