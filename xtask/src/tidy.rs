@@ -61,8 +61,10 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kpm-kube",
         ],
     ),
+    // The diagnosis: the facade's inspection, read-only, and the API.
+    ("kpm-doctor", &["kpm"]),
     // The transport only through the facade's curated `kpm::transport`.
-    ("kpm-cli", &["kpm", "kpm-api", "kpm-registrar"]),
+    ("kpm-cli", &["kpm", "kpm-api", "kpm-doctor", "kpm-registrar"]),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
     ("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
     ("kpm-tests", &["kpm", "kpm-registrar"]),

@@ -24,6 +24,9 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Kubernetes(#[from] kpm::kube::KubeError),
 
+    #[error("{0}")]
+    Doctor(#[from] kpm_doctor::DoctorError),
+
     #[error("find the node name: {0} (set --node-name)")]
     NodeName(#[source] std::io::Error),
 

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kpm::{ExecutorConfig, Inspection, Kubelet, Step};
+use kpm::{Inspection, Kubelet, Step};
 
 use crate::CliError;
 use crate::run::PluginKind;
@@ -45,19 +45,8 @@ pub(crate) fn kubelet(
     timeout: Duration,
     get_info: Duration,
 ) -> Result<Kubelet, CliError> {
-    let executor = ExecutorConfig::default()
-        .dial_timeout(timeout)
-        .get_info_timeout(get_info)
-        .handler_timeout(timeout);
-    Ok(crate::run::kubelet(root_dir, disabled)
-        .liveness(None)
-        .executor_config(executor)
-        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
-        .device_config(
-            kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
-        )
-        .dra_config(kpm::dra::DraConfig::default().call_timeout(timeout))
-        .build()?)
+    let disabled: Vec<kpm::PluginKind> = disabled.iter().map(|kind| kind.kind()).collect();
+    Ok(kpm_doctor::judging_kubelet(root_dir, &disabled, timeout, get_info, None)?)
 }
 
 /// One step of an inspection as a report shows it.
@@ -103,12 +92,7 @@ fn detail(inspection: &Inspection, step: Step) -> String {
     }
 }
 
-/// Why a step failed, as one line: the cause (the handler's or the
-/// transport's error, the plugin's status) where the executor's error wraps
-/// one, the executor's error otherwise.
+/// Why a step failed, as one line (`kpm_doctor::reason`).
 pub(crate) fn reason(err: &kpm::ExecutorError) -> String {
-    match std::error::Error::source(err) {
-        Some(cause) => kpm::api::gotext::error_chain(cause),
-        None => err.to_string(),
-    }
+    kpm_doctor::reason(err)
 }

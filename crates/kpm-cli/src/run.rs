@@ -182,7 +182,7 @@ pub(crate) enum PluginKind {
 }
 
 impl PluginKind {
-    fn kind(self) -> kpm::PluginKind {
+    pub(crate) fn kind(self) -> kpm::PluginKind {
         match self {
             Self::Csi => kpm::PluginKind::Csi,
             Self::Device => kpm::PluginKind::Device,

@@ -44,6 +44,7 @@ impl PluginKind {
 pub struct KubeletBuilder {
     root_dir: PathBuf,
     registry_dir: Option<PathBuf>,
+    host_root: Option<PathBuf>,
     disabled: Vec<PluginKind>,
     manager: PluginManagerBuilder,
     fd_budget: FdBudget,
@@ -68,6 +69,7 @@ impl Default for KubeletBuilder {
         Self {
             root_dir: PathBuf::from(kpm_api::constants::DEFAULT_ROOT_DIR),
             registry_dir: None,
+            host_root: None,
             disabled: Vec::new(),
             manager: PluginManager::builder(),
             fd_budget: FdBudget::default(),
@@ -101,6 +103,17 @@ impl KubeletBuilder {
     /// The registry directory, if not `<root>/plugins_registry`.
     pub fn registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.registry_dir = Some(dir.into());
+        self
+    }
+
+    /// Where the host's `/` is in this process's file system, for a process
+    /// in a pod that mounts it elsewhere (`/host`, as `kubectl debug
+    /// node/NAME` does): every endpoint a plugin advertises, a path on the
+    /// host, is reached under it. The root and registry directories are
+    /// given as this process sees them (`/host/var/lib/kubelet`). Default:
+    /// the host's view, nothing moved.
+    pub fn host_root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.host_root = Some(dir.into());
         self
     }
 
@@ -313,7 +326,8 @@ impl KubeletBuilder {
 
         handlers.retain(|(kind, _)| enabled(*kind));
         for (kind, handler) in &handlers {
-            manager = manager.handler(kind.plugin_type(), Arc::clone(handler));
+            let handler = crate::host_root::seen_from(self.host_root.as_deref(), handler);
+            manager = manager.handler(kind.plugin_type(), handler);
         }
         let manager = manager.build_with_events(events)?;
         let handle = KubeletHandle {

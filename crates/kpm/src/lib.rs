@@ -52,6 +52,7 @@
 #![deny(missing_docs)]
 
 mod basic_handler;
+mod host_root;
 mod kubelet;
 mod manager;
 mod status;

@@ -1,5 +1,6 @@
 //! What the host's `/proc` says: the kubelets running and their roots, the
-//! Unix sockets listening, and who a process is.
+//! Unix sockets listening, and who a process is; read under the prefix
+//! where this process sees the host ([`Host`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -10,20 +11,154 @@ use serde::Serialize;
 /// The kubelet's root directory when it is given none.
 pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 
+/// Where this process sees the host's file system: `/` on the host itself,
+/// `/host` in a pod that mounts it there (`kubectl debug node/NAME`; the
+/// `--path.rootfs` of node-exporter). Paths in reports are the host's; a
+/// path is read at [`Host::path`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    root: PathBuf,
+}
+
+impl Default for Host {
+    /// The host's own view: nothing moved.
+    fn default() -> Self {
+        Self { root: PathBuf::from("/") }
+    }
+}
+
+impl Host {
+    /// The host seen with its `/` at `root`.
+    pub fn under(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// Where the host's `/` is in this process.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Whether the host is seen under a prefix.
+    fn is_prefixed(&self) -> bool {
+        self.root.as_os_str() != "/"
+    }
+
+    /// Where this process reads `on_host`, a path on the host.
+    pub fn path(&self, on_host: &Path) -> PathBuf {
+        match on_host.strip_prefix("/") {
+            Ok(relative) if self.is_prefixed() => self.root.join(relative),
+            _ => on_host.to_path_buf(),
+        }
+    }
+
+    /// The path on the host of `seen`, a path as this process reads it
+    /// (the inverse of [`path`](Self::path)); a path outside the prefix is
+    /// returned as it is.
+    pub fn on_host(&self, seen: &Path) -> PathBuf {
+        match seen.strip_prefix(&self.root) {
+            Ok(relative) if self.is_prefixed() => Path::new("/").join(relative),
+            _ => seen.to_path_buf(),
+        }
+    }
+
+    /// The host's `/proc/<rest>`.
+    fn proc(&self, rest: &str) -> PathBuf {
+        self.path(&Path::new("/proc").join(rest))
+    }
+
+    /// The processes that run a kubelet (see [`KubeletProcess::program`]),
+    /// with its `--root-dir` (the default without), by pid.
+    pub(crate) fn kubelets(&self) -> Vec<KubeletProcess> {
+        let Ok(entries) = std::fs::read_dir(self.proc("")) else { return Vec::new() };
+        let mut found: Vec<KubeletProcess> = entries
+            .filter_map(|entry| {
+                let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+                kubelet_of(self, pid, &self.cmdline(pid)?)
+            })
+            .collect();
+        found.sort_by_key(|kubelet| kubelet.pid);
+        found
+    }
+
+    /// A process's arguments; `None` for a kernel thread or one that is gone.
+    fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
+        let raw = std::fs::read(self.proc(&format!("{pid}/cmdline"))).ok()?;
+        let args: Vec<String> = raw
+            .split(|&byte| byte == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        (!args.is_empty()).then_some(args)
+    }
+
+    /// A process's environment; empty if it cannot be read.
+    fn environ(&self, pid: u32) -> BTreeMap<String, String> {
+        let raw = std::fs::read(self.proc(&format!("{pid}/environ"))).unwrap_or_default();
+        raw.split(|&byte| byte == 0)
+            .filter_map(|entry| {
+                let (name, value) = std::str::from_utf8(entry).ok()?.split_once('=')?;
+                Some((name.to_owned(), value.to_owned()))
+            })
+            .collect()
+    }
+
+    /// The paths of the Unix sockets listening in the host's network
+    /// namespace, deleted or not: the kernel keeps the name a socket was
+    /// bound to after its file is removed. On the host, this process's
+    /// `/proc/net/unix`; under a prefix, that of the host's pid 1 (which
+    /// takes a pod with `hostPID`). `None` if it cannot be read.
+    pub(crate) fn listening_unix_paths(&self) -> Option<BTreeSet<PathBuf>> {
+        let table =
+            if self.is_prefixed() { self.proc("1/net/unix") } else { self.proc("net/unix") };
+        let table = std::fs::read_to_string(table).ok()?;
+        Some(table.lines().skip(1).filter_map(listening_path).collect())
+    }
+
+    /// What the host's `/proc/<pid>` says of `pid`; fields it cannot read
+    /// are `None`.
+    pub(crate) fn process(&self, pid: u32) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            command: self.cmdline(pid).map(|args| args.join(" ")),
+            container_id: std::fs::read_to_string(self.proc(&format!("{pid}/cgroup")))
+                .ok()
+                .and_then(|cgroup| container_id(&cgroup)),
+            running_secs: self.running_for(pid).map(|running| running.as_secs()),
+        }
+    }
+
+    /// How long `pid` has run: the system's uptime less its start time
+    /// (`/proc/<pid>/stat` field 22, in clock ticks since boot).
+    fn running_for(&self, pid: u32) -> Option<Duration> {
+        let stat = std::fs::read_to_string(self.proc(&format!("{pid}/stat"))).ok()?;
+        // The command name (field 2) is in parentheses and may hold spaces.
+        let after_name = &stat[stat.rfind(')')? + 1..];
+        let started_ticks: u64 = after_name.split_whitespace().nth(19)?.parse().ok()?;
+        let uptime = std::fs::read_to_string(self.proc("uptime")).ok()?;
+        let uptime_secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+        let ticks = rustix::param::clock_ticks_per_second().max(1);
+        let started = Duration::from_millis(started_ticks.saturating_mul(1000) / ticks);
+        Duration::try_from_secs_f64(uptime_secs).ok()?.checked_sub(started)
+    }
+}
+
 /// A running kubelet and the root directory its command line gives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) struct KubeletProcess {
-    pub(crate) pid: u32,
-    /// What runs it: `kubelet`; `kubelite` (MicroK8s, the kubelet among
+#[non_exhaustive]
+pub struct KubeletProcess {
+    /// Its process id, as the host's `/proc` names it.
+    pub pid: u32,
+    /// What runs it: `kubelet`; `kubelite` (`MicroK8s`, the kubelet among
     /// the other components in one process); `k3s` (`k3s server` or `k3s
     /// agent`, the kubelet in-process).
-    pub(crate) program: &'static str,
-    pub(crate) root_dir: PathBuf,
+    pub program: &'static str,
+    /// Its `--root-dir`, a path on the host.
+    pub root_dir: PathBuf,
 }
 
 impl KubeletProcess {
     /// How a report names it: `the running kubelet, pid 42`.
-    pub(crate) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self.program {
             "kubelet" => format!("the running kubelet, pid {}", self.pid),
             program => format!("the kubelet in the running {program}, pid {}", self.pid),
@@ -31,34 +166,20 @@ impl KubeletProcess {
     }
 }
 
-/// Where MicroK8s' kubelite reads the kubelet's flags without
+/// Where `MicroK8s`' kubelite reads the kubelet's flags without
 /// `--kubelet-args-file`.
 const KUBELITE_KUBELET_ARGS: &str = "/var/snap/microk8s/current/args/kubelet";
 
-/// The processes that run a kubelet (see [`KubeletProcess::program`]), with
-/// its `--root-dir` (the default without).
-pub(crate) fn kubelets() -> Vec<KubeletProcess> {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    let mut found: Vec<KubeletProcess> = entries
-        .filter_map(|entry| {
-            let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-            kubelet_of(pid, &cmdline(pid)?)
-        })
-        .collect();
-    found.sort_by_key(|kubelet| kubelet.pid);
-    found
-}
-
 /// The kubelet that process `pid`, with command line `args`, runs, if any.
-fn kubelet_of(pid: u32, args: &[String]) -> Option<KubeletProcess> {
+fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> {
     let program = Path::new(args.first()?).file_name()?.to_str()?;
     let (program, flags) = match program {
         "kubelet" => ("kubelet", args.to_vec()),
         "kubelite" => {
             let file =
                 flag_values(args, "--kubelet-args-file").last().unwrap_or(KUBELITE_KUBELET_ARGS);
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            ("kubelite", kubelite_args(&text, &environ(pid)))
+            let text = std::fs::read_to_string(host.path(Path::new(file))).unwrap_or_default();
+            ("kubelite", kubelite_args(&text, &host.environ(pid)))
         }
         "k3s" if matches!(args.get(1).map(String::as_str), Some("server" | "agent")) => {
             ("k3s", k3s_kubelet_args(args))
@@ -103,17 +224,6 @@ fn kubelite_args(text: &str, environment: &BTreeMap<String, String>) -> Vec<Stri
         .collect()
 }
 
-/// A process's environment; empty if it cannot be read.
-fn environ(pid: u32) -> BTreeMap<String, String> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    raw.split(|&byte| byte == 0)
-        .filter_map(|entry| {
-            let (name, value) = std::str::from_utf8(entry).ok()?.split_once('=')?;
-            Some((name.to_owned(), value.to_owned()))
-        })
-        .collect()
-}
-
 /// The kubelet's flags k3s is given on its command line: each
 /// `--kubelet-arg KEY=VALUE` (or `--kubelet-arg=KEY=VALUE`) as
 /// `--KEY=VALUE`. Flags in k3s's config file are not read.
@@ -121,25 +231,6 @@ fn k3s_kubelet_args(args: &[String]) -> Vec<String> {
     flag_values(args, "--kubelet-arg")
         .map(|value| format!("--{}", value.trim_start_matches('-')))
         .collect()
-}
-
-/// A process's arguments; `None` for a kernel thread or one that is gone.
-fn cmdline(pid: u32) -> Option<Vec<String>> {
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|&byte| byte == 0)
-        .filter(|arg| !arg.is_empty())
-        .map(|arg| String::from_utf8_lossy(arg).into_owned())
-        .collect();
-    (!args.is_empty()).then_some(args)
-}
-
-/// The paths of the Unix sockets listening in this network namespace
-/// (`/proc/net/unix`), deleted or not: the kernel keeps the name a socket
-/// was bound to after its file is removed. `None` if it cannot be read.
-pub(crate) fn listening_unix_paths() -> Option<BTreeSet<PathBuf>> {
-    let table = std::fs::read_to_string("/proc/net/unix").ok()?;
-    Some(table.lines().skip(1).filter_map(listening_path).collect())
 }
 
 /// `Num RefCount Protocol Flags Type St Inode Path`: a listening socket has
@@ -154,29 +245,19 @@ fn listening_path(line: &str) -> Option<PathBuf> {
 
 /// Who a process is.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub(crate) struct ProcessInfo {
-    pub(crate) pid: u32,
+#[non_exhaustive]
+pub struct ProcessInfo {
+    /// Its process id.
+    pub pid: u32,
     /// Its command line, arguments joined by spaces.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) command: Option<String>,
+    pub command: Option<String>,
     /// The container it runs in, from its cgroup path.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) container_id: Option<String>,
+    pub container_id: Option<String>,
     /// How long it has run, in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) running_secs: Option<u64>,
-}
-
-/// What `/proc/<pid>` says of `pid`; fields it cannot read are `None`.
-pub(crate) fn process(pid: u32) -> ProcessInfo {
-    ProcessInfo {
-        pid,
-        command: cmdline(pid).map(|args| args.join(" ")),
-        container_id: std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|cgroup| container_id(&cgroup)),
-        running_secs: running_for(pid).map(|running| running.as_secs()),
-    }
+    pub running_secs: Option<u64>,
 }
 
 /// The container id in a cgroup file: the 64-hex-digit name containerd,
@@ -192,20 +273,6 @@ fn container_id(cgroup: &str) -> Option<String> {
     })
 }
 
-/// How long `pid` has run: the system's uptime less its start time
-/// (`/proc/<pid>/stat` field 22, in clock ticks since boot).
-fn running_for(pid: u32) -> Option<Duration> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) is in parentheses and may hold spaces.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    let started_ticks: u64 = after_name.split_whitespace().nth(19)?.parse().ok()?;
-    let uptime = std::fs::read_to_string("/proc/uptime").ok()?;
-    let uptime_secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
-    let ticks = rustix::param::clock_ticks_per_second().max(1);
-    let started = Duration::from_millis(started_ticks.saturating_mul(1000) / ticks);
-    Duration::try_from_secs_f64(uptime_secs).ok()?.checked_sub(started)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -216,7 +283,8 @@ mod tests {
 
     /// The root `kubelet_of` finds in a command line (no process behind it).
     fn root_of(command: &[&str]) -> Option<(&'static str, PathBuf)> {
-        kubelet_of(0, &args(command)).map(|kubelet| (kubelet.program, kubelet.root_dir))
+        kubelet_of(&Host::default(), 0, &args(command))
+            .map(|kubelet| (kubelet.program, kubelet.root_dir))
     }
 
     #[test]
@@ -307,7 +375,7 @@ mod tests {
 
     #[test]
     fn this_process_is_described() {
-        let me = process(std::process::id());
+        let me = Host::default().process(std::process::id());
         assert!(me.command.is_some_and(|command| !command.is_empty()));
         assert!(me.running_secs.is_some());
     }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use kpm::kube::{NodeObjects, NodeResources};
 
-use super::Finding;
-use super::judge::{self, Row, Verdict};
+use crate::Finding;
+use crate::judge::{self, Row, Verdict};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
 /// that no plugin of the node explains; what could not be read goes to

@@ -11,14 +11,15 @@ use kpm::transport::TransportError;
 use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
 
-use super::checkpoint::{self, Resource};
-use super::host::{self, ProcessInfo};
-use crate::inspect;
+use crate::checkpoint::{self, Resource};
+use crate::host::{Host, ProcessInfo};
 
-/// What a socket is to the kubelet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// What a socket is to the kubelet. The order is the order of severity a
+/// Node condition's reason is chosen by: the first failing verdict found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub(crate) enum Verdict {
+#[non_exhaustive]
+pub enum Verdict {
     /// It registers (or is registered) as it is.
     Ok,
     /// The kubelet ignores it (a hidden name, not a socket).
@@ -62,7 +63,31 @@ pub(crate) enum Verdict {
 }
 
 impl Verdict {
-    pub(crate) fn name(self) -> &'static str {
+    /// Every verdict, in order.
+    pub const ALL: [Self; 19] = [
+        Self::Ok,
+        Self::Ignored,
+        Self::Stale,
+        Self::NotARegistrationServer,
+        Self::SlowGetInfo,
+        Self::GetInfoFailed,
+        Self::Rejected,
+        Self::EndpointUnreachable,
+        Self::ServiceFailing,
+        Self::DeletedButListening,
+        Self::Unreachable,
+        Self::Unreadable,
+        Self::UnwatchedRegistry,
+        Self::NotRegistered,
+        Self::KubeletMismatch,
+        Self::ClusterMismatch,
+        Self::StaleCsiNodeEntry,
+        Self::NotPublished,
+        Self::OrphanedSlices,
+    ];
+
+    /// Its name in reports: `not-registered`.
+    pub fn name(self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::Ignored => "ignored",
@@ -87,38 +112,63 @@ impl Verdict {
     }
 
     /// Whether it makes the doctor exit 1: all but `ok` and `ignored`.
-    pub(crate) fn fails(self) -> bool {
+    pub fn fails(self) -> bool {
         !matches!(self, Self::Ok | Self::Ignored)
+    }
+
+    /// Its name in CamelCase, as a Kubernetes condition's or Event's
+    /// `reason`: `NotRegistered`.
+    pub fn reason(self) -> String {
+        self.name()
+            .split('-')
+            .map(|word| {
+                let mut chars = word.chars();
+                chars
+                    .next()
+                    .map(|first| first.to_ascii_uppercase())
+                    .into_iter()
+                    .chain(chars)
+                    .collect::<String>()
+            })
+            .collect()
     }
 }
 
 /// One socket or entry of the node.
 #[derive(Debug, Serialize)]
-pub(crate) struct Row {
-    pub(crate) verdict: Verdict,
-    pub(crate) path: PathBuf,
+#[non_exhaustive]
+pub struct Row {
+    /// What it is to the kubelet.
+    pub verdict: Verdict,
+    /// Its path on the host.
+    pub path: PathBuf,
     /// `registry`, `device-plugins` or `deleted`.
-    pub(crate) found_in: &'static str,
+    pub found_in: &'static str,
+    /// The plugin type it reported (or, in `device-plugins/`, `DevicePlugin`).
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub(crate) plugin_type: Option<String>,
+    pub plugin_type: Option<String>,
+    /// The plugin's name, or a device plugin's resource.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) name: Option<String>,
+    pub name: Option<String>,
+    /// The endpoint it advertised, a path on the host.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) endpoint: Option<String>,
+    pub endpoint: Option<String>,
+    /// The versions it advertised.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) versions: Vec<String>,
+    pub versions: Vec<String>,
     /// What was seen (the service's answer when ok), or why it fails.
-    pub(crate) reason: String,
+    pub reason: String,
     /// What fixes it; empty when nothing needs fixing.
-    pub(crate) hint: String,
+    pub hint: String,
     /// What the cluster shows of it, when it was asked.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cluster: Option<String>,
+    pub cluster: Option<String>,
+    /// The process serving its socket.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) served_by: Option<ProcessInfo>,
+    pub served_by: Option<ProcessInfo>,
     /// The inspection's steps, in milliseconds.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub(crate) steps: Vec<StepTaken>,
+    pub steps: Vec<StepTaken>,
     /// What the handler saw of the plugin's own service, for the cluster's
     /// comparison.
     #[serde(skip)]
@@ -127,9 +177,12 @@ pub(crate) struct Row {
 
 /// A step of an inspection and how long it took.
 #[derive(Debug, Serialize)]
-pub(crate) struct StepTaken {
-    step: &'static str,
-    ms: f64,
+#[non_exhaustive]
+pub struct StepTaken {
+    /// The step's name: `dial`, `get-info`, ...
+    pub step: &'static str,
+    /// How long it took, in milliseconds.
+    pub ms: f64,
 }
 
 impl Row {
@@ -164,7 +217,7 @@ impl Row {
 }
 
 /// `pid N COMMAND (container ID, up Ns)`, shortened for a table.
-pub(crate) fn served_by(process: &ProcessInfo) -> String {
+pub fn served_by(process: &ProcessInfo) -> String {
     let mut text = format!("pid {}", process.pid);
     if let Some(command) = &process.command {
         let program = command.split(' ').next().unwrap_or_default();
@@ -188,8 +241,14 @@ pub(crate) fn served_by(process: &ProcessInfo) -> String {
     text
 }
 
-/// Every entry of `root`'s registry, the sockets inspected concurrently.
-pub(crate) async fn registry(kubelet: &Kubelet, root: &Path, unseen: &mut Vec<String>) -> Vec<Row> {
+/// Every entry of the registry of `root` (as this process sees it), the
+/// sockets inspected concurrently.
+pub(crate) async fn registry(
+    kubelet: &Kubelet,
+    host: &Host,
+    root: &Path,
+    unseen: &mut Vec<String>,
+) -> Vec<Row> {
     let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
     let entries = match kpm::registry::survey(&registry) {
         Ok(entries) => entries,
@@ -216,7 +275,7 @@ pub(crate) async fn registry(kubelet: &Kubelet, root: &Path, unseen: &mut Vec<St
     }
     while let Some(joined) = inspections.join_next().await {
         match joined {
-            Ok(inspection) => rows.push(judge(inspection)),
+            Ok(inspection) => rows.push(judge(host, inspection)),
             Err(err) => unseen.push(format!("an inspection failed: {err}")),
         }
     }
@@ -236,14 +295,14 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 }
 
 /// The row of a registration socket, from its inspection.
-fn judge(inspection: Inspection) -> Row {
+fn judge(host: &Host, inspection: Inspection) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
     };
     let reason = match &inspection.outcome {
         Ok(()) => inspection.service.as_ref().map(ToString::to_string).unwrap_or_default(),
-        Err(err) => inspect::reason(err),
+        Err(err) => crate::reason(err),
     };
     let mut row = Row::new(verdict, &inspection.socket, "registry", reason).hint(hint);
     if let Some(info) = &inspection.info {
@@ -252,7 +311,7 @@ fn judge(inspection: Inspection) -> Row {
         row.versions.clone_from(&info.supported_versions);
     }
     row.endpoint.clone_from(&inspection.endpoint);
-    row.served_by = inspection.server_pid.map(host::process);
+    row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps
         .iter()
@@ -340,6 +399,7 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
 /// would connect to them, and named by the kubelet's checkpoint.
 pub(crate) async fn device_plugins(
     kubelet: &Kubelet,
+    host: &Host,
     root: &Path,
     judged: &[Row],
     unseen: &mut Vec<String>,
@@ -353,12 +413,17 @@ pub(crate) async fn device_plugins(
             return Vec::new();
         }
     };
-    let endpoints: BTreeSet<&str> =
-        judged.iter().filter_map(|row| row.endpoint.as_deref()).collect();
+    // The endpoints advertised are the host's paths, the entries this
+    // process's.
+    let endpoints: BTreeSet<PathBuf> = judged
+        .iter()
+        .filter_map(|row| row.endpoint.as_deref())
+        .map(|endpoint| host.path(kpm::transport::endpoint_path(endpoint)))
+        .collect();
     let sockets = entries.filter_map(Result::ok).filter(|entry| {
         entry.file_type().is_ok_and(|kind| std::os::unix::fs::FileTypeExt::is_socket(&kind))
             && entry.file_name() != kpm::api::KUBELET_SOCKET_NAME
-            && !endpoints.contains(entry.path().to_string_lossy().as_ref())
+            && !endpoints.contains(&entry.path())
     });
     let mut inspections = tokio::task::JoinSet::new();
     for entry in sockets {
@@ -376,7 +441,7 @@ pub(crate) async fn device_plugins(
         let row = match inspected {
             Ok(report) => {
                 let mut row = Row::new(Verdict::Ok, &path, "device-plugins", report.to_string());
-                row.served_by = report.server_pid.map(host::process);
+                row.served_by = report.server_pid.map(|pid| host.process(pid));
                 row.service = Some(Box::new(report));
                 row
             }
@@ -460,8 +525,8 @@ fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// The sockets still listening under `root`'s registry or `device-plugins/`
-/// whose file is gone.
-pub(crate) fn deleted(root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
+/// whose file is gone; `root` and `listening` are the host's paths.
+pub(crate) fn deleted(host: &Host, root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
     let dirs = [
         root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
         root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
@@ -469,7 +534,7 @@ pub(crate) fn deleted(root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
     listening
         .iter()
         .filter(|path| dirs.iter().any(|dir| path.starts_with(dir)))
-        .filter(|path| std::fs::symlink_metadata(path).is_err())
+        .filter(|path| std::fs::symlink_metadata(host.path(path)).is_err())
         .map(|path| {
             Row::new(
                 Verdict::DeletedButListening,

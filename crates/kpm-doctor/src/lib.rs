@@ -1,0 +1,407 @@
+//! Why each kubelet plugin of a node is or is not registered, judged
+//! read-only beside the real kubelet: the diagnosis of `kpm doctor`, as a
+//! library a node agent can embed.
+//!
+//! - [`Doctor`] finds the kubelet's root (a running kubelet's `--root-dir`,
+//!   also inside `MicroK8s`' kubelite or k3s, else the default) and
+//!   [`examine`](Doctor::examine)s the node: every entry of its registry and
+//!   every socket of `device-plugins/` is judged with the inspection `kpm
+//!   run` would register with (the kubelet's rules and its 1 s `GetInfo`),
+//!   the process serving it is named, and the sockets still listening whose
+//!   file is gone, the kubelet device manager's checkpoint and the
+//!   registries of other roots nobody watches are read. Given what the API
+//!   server shows of the node ([`kpm::kube::observe_node`]), it holds the
+//!   plugins against it. The outcome is a [`Report`], with serde, and
+//!   [`render_table`] shows it as `kpm doctor` prints it.
+//! - It never notifies a plugin, never creates, removes or renames a file,
+//!   and holds no connection once a call is done.
+//! - [`Host`] is where this process sees the host's file system: `/`, or a
+//!   prefix in a pod (`/host`); reports always name the host's paths.
+//!
+//! This crate leaves the choice of the k8s-openapi version feature to the
+//! binary, as kube-rs advises.
+
+#![deny(missing_docs)]
+
+mod checkpoint;
+mod cluster;
+mod host;
+mod judge;
+mod render;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kpm::{ExecutorConfig, Kubelet, PluginKind};
+use serde::Serialize;
+
+pub use crate::host::{Host, KubeletProcess, ProcessInfo};
+pub use crate::judge::{Row, StepTaken, Verdict, served_by};
+pub use crate::render::render_table;
+
+/// The roots other distributions give the kubelet, checked for registries
+/// that no running kubelet watches (the `DaemonSet` then mounts the wrong one).
+pub const WELL_KNOWN_ROOTS: &[&str] =
+    &["/var/lib/kubelet", "/var/lib/k0s/kubelet", "/var/snap/microk8s/common/var/lib/kubelet"];
+
+/// How long dialing and each call but `GetInfo` may take by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a [`Doctor`] could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DoctorError {
+    /// The kubelet the plugins are judged with could not be built (a
+    /// setting out of range).
+    #[error("set up the judging kubelet for {}: {source}", root.display())]
+    BuildKubelet {
+        /// The kubelet root, as this process sees it.
+        root: PathBuf,
+        /// What the builder refused.
+        #[source]
+        source: Box<kpm::Error>,
+    },
+}
+
+/// What a [`Doctor`] judges and how. Build it from [`Default`] with the
+/// setters; the fields are public to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DoctorConfig {
+    /// The kubelet's root on the host; `None`: the running kubelet's, else
+    /// `/var/lib/kubelet`.
+    pub root_dir: Option<PathBuf>,
+    /// Where this process sees the host. Default: the host's own view.
+    pub host: Host,
+    /// Other roots whose registries are looked at for sockets no kubelet
+    /// watches. Default: [`WELL_KNOWN_ROOTS`].
+    pub other_roots: Vec<PathBuf>,
+    /// Plugin types the kubelet runs without a handler.
+    pub disabled: Vec<PluginKind>,
+    /// How long dialing and each call may take (`GetInfo` gets the
+    /// kubelet's 1 s). Default [`DEFAULT_TIMEOUT`], 5 s.
+    pub timeout: Duration,
+}
+
+impl Default for DoctorConfig {
+    fn default() -> Self {
+        Self {
+            root_dir: None,
+            host: Host::default(),
+            other_roots: WELL_KNOWN_ROOTS.iter().map(PathBuf::from).collect(),
+            disabled: Vec::new(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl DoctorConfig {
+    /// Sets [`root_dir`](Self::root_dir) (default: found).
+    #[must_use]
+    pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.root_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets [`host`](Self::host) (default: the host's own view).
+    #[must_use]
+    pub fn host(mut self, host: Host) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Sets [`other_roots`](Self::other_roots) (default [`WELL_KNOWN_ROOTS`]).
+    #[must_use]
+    pub fn other_roots(mut self, roots: Vec<PathBuf>) -> Self {
+        self.other_roots = roots;
+        self
+    }
+
+    /// Sets [`disabled`](Self::disabled) (default none).
+    #[must_use]
+    pub fn disabled(mut self, kinds: Vec<PluginKind>) -> Self {
+        self.disabled = kinds;
+        self
+    }
+
+    /// Sets [`timeout`](Self::timeout) (default [`DEFAULT_TIMEOUT`], 5 s).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+}
+
+/// Judges one node's plugins. Set up once (the root found, the judging
+/// kubelet built), then [`examine`](Self::examine)d as often as wanted.
+#[derive(Debug)]
+pub struct Doctor {
+    config: DoctorConfig,
+    /// The kubelet root on the host, and how it was found.
+    root_dir: PathBuf,
+    root_from: String,
+    /// The kubelet `kpm run` would run on that root, not running: its
+    /// manager's inspection judges the registry's sockets.
+    kubelet: Kubelet,
+}
+
+impl Doctor {
+    /// A doctor for the node `config` describes: finds the kubelet's root
+    /// unless given.
+    pub fn new(config: DoctorConfig) -> Result<Self, DoctorError> {
+        let (root_dir, root_from) = match (&config.root_dir, config.host.kubelets().first()) {
+            (Some(dir), _) => (dir.clone(), "--root-dir".to_owned()),
+            (None, Some(kubelet)) => (kubelet.root_dir.clone(), kubelet.describe()),
+            (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
+        };
+        let seen = config.host.path(&root_dir);
+        let get_info = ExecutorConfig::default().get_info_timeout;
+        let kubelet = judging_kubelet(
+            &seen,
+            &config.disabled,
+            config.timeout,
+            get_info,
+            Some(config.host.root()),
+        )
+        .map_err(|source| DoctorError::BuildKubelet {
+            root: seen.clone(),
+            source: Box::new(source),
+        })?;
+        Ok(Self { config, root_dir, root_from, kubelet })
+    }
+
+    /// The kubelet root judged, a path on the host.
+    pub fn root_dir(&self) -> &Path {
+        &self.root_dir
+    }
+
+    /// What this doctor was set up with.
+    pub fn config(&self) -> &DoctorConfig {
+        &self.config
+    }
+
+    /// The directories whose changes can change a verdict, as this process
+    /// sees them: the registry (its whole tree) and `device-plugins/` (its
+    /// sockets and the device manager's checkpoint).
+    pub fn watched_dirs(&self) -> [PathBuf; 2] {
+        let root = self.config.host.path(&self.root_dir);
+        [
+            root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
+            root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
+        ]
+    }
+
+    /// Judges the node now; with `cluster`, what the API server showed of
+    /// it, the plugins are held against it too.
+    pub async fn examine(&self, cluster: Option<&kpm::kube::NodeObjects>) -> Report {
+        let host = &self.config.host;
+        let seen_root = host.path(&self.root_dir);
+        let kubelets = host.kubelets();
+        let mut unseen = Vec::new();
+        let mut plugins = judge::registry(&self.kubelet, host, &seen_root, &mut unseen).await;
+        let beside_kubelet_sock =
+            judge::device_plugins(&self.kubelet, host, &seen_root, &plugins, &mut unseen).await;
+        plugins.extend(beside_kubelet_sock);
+        for row in &mut plugins {
+            row.path = host.on_host(&row.path);
+        }
+        match host.listening_unix_paths() {
+            Some(listening) => plugins.extend(judge::deleted(host, &self.root_dir, &listening)),
+            None => {
+                unseen
+                    .push("/proc/net/unix: cannot be read; deleted sockets not looked for".into());
+            }
+        }
+        judge::mark_duplicates(&mut plugins);
+
+        let mut findings = Vec::new();
+        if let Some(objects) = cluster {
+            cluster::compare(objects, &mut plugins, &mut findings, &mut unseen);
+        }
+        findings.extend(unwatched_registries(
+            host,
+            &self.root_dir,
+            &self.config.other_roots,
+            &kubelets,
+        ));
+        let ok = plugins.iter().all(|row| !row.verdict.fails())
+            && findings.iter().all(|finding| !finding.verdict.fails());
+        Report {
+            root_dir: self.root_dir.clone(),
+            root_from: self.root_from.clone(),
+            kubelets,
+            node: cluster.map(|objects| objects.node.clone()),
+            plugins,
+            findings,
+            unseen,
+            ok,
+        }
+    }
+}
+
+/// What the doctor saw on the node.
+#[derive(Debug, Serialize)]
+#[non_exhaustive]
+pub struct Report {
+    /// The kubelet root judged, on the host.
+    pub root_dir: PathBuf,
+    /// How the root was found: `--root-dir`, `the running kubelet, pid 42`,
+    /// `the default`.
+    pub root_from: String,
+    /// The kubelets running on this host.
+    pub kubelets: Vec<KubeletProcess>,
+    /// The node the cluster was asked about, if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// One row per registry entry, device-plugin socket and deleted socket.
+    pub plugins: Vec<Row>,
+    /// Findings about the node rather than one socket.
+    pub findings: Vec<Finding>,
+    /// What could not be looked at, and why.
+    pub unseen: Vec<String>,
+    /// No plugin and no finding fails.
+    pub ok: bool,
+}
+
+impl Report {
+    /// Every failure of the report, rows then findings: its verdict, path
+    /// on the host, the plugin's type and name where known, and why.
+    pub fn failures(&self) -> impl Iterator<Item = Failure<'_>> {
+        let rows = self.plugins.iter().filter(|row| row.verdict.fails()).map(|row| Failure {
+            verdict: row.verdict,
+            path: &row.path,
+            plugin_type: row.plugin_type.as_deref(),
+            name: row.name.as_deref(),
+            reason: &row.reason,
+        });
+        let findings =
+            self.findings.iter().filter(|finding| finding.verdict.fails()).map(|finding| Failure {
+                verdict: finding.verdict,
+                path: &finding.path,
+                plugin_type: None,
+                name: None,
+                reason: &finding.reason,
+            });
+        rows.chain(findings)
+    }
+}
+
+/// One failing row or finding of a [`Report`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Failure<'a> {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The socket or object, a path on the host or `csinodes/NAME`.
+    pub path: &'a Path,
+    /// The plugin's type, when it told.
+    pub plugin_type: Option<&'a str>,
+    /// The plugin's name, when it told.
+    pub name: Option<&'a str>,
+    /// Why it fails.
+    pub reason: &'a str,
+}
+
+impl Failure<'_> {
+    /// How a message names the plugin: its name, else its file name.
+    pub fn subject(&self) -> String {
+        match self.name {
+            Some(name) => name.to_owned(),
+            None => self.path.file_name().map_or_else(
+                || self.path.display().to_string(),
+                |name| name.to_string_lossy().into_owned(),
+            ),
+        }
+    }
+}
+
+/// A finding about the node rather than one socket.
+#[derive(Debug, Serialize)]
+#[non_exhaustive]
+pub struct Finding {
+    /// What it is.
+    pub verdict: Verdict,
+    /// The directory or API object it is about (`csinodes/NAME`).
+    pub path: PathBuf,
+    /// What was seen.
+    pub reason: String,
+    /// What fixes it.
+    pub hint: String,
+}
+
+/// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,
+/// not running, to judge plugins with: `GetInfo` bounded by `get_info`,
+/// every other call by `timeout`; under `host_root` (where this process sees
+/// the host's `/`), the endpoints plugins advertise are reached there.
+pub fn judging_kubelet(
+    root_dir: &Path,
+    disabled: &[PluginKind],
+    timeout: Duration,
+    get_info: Duration,
+    host_root: Option<&Path>,
+) -> Result<Kubelet, kpm::Error> {
+    let executor = ExecutorConfig::default()
+        .dial_timeout(timeout)
+        .get_info_timeout(get_info)
+        .handler_timeout(timeout);
+    let mut builder = disabled
+        .iter()
+        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
+        .liveness(None)
+        .executor_config(executor)
+        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
+        .device_config(
+            kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
+        )
+        .dra_config(kpm::dra::DraConfig::default().call_timeout(timeout));
+    if let Some(host_root) = host_root {
+        builder = builder.host_root(host_root);
+    }
+    builder.build()
+}
+
+/// Why an inspection failed, as one line: the cause (the handler's or the
+/// transport's error, the plugin's status) where the executor's error wraps
+/// one, the executor's error otherwise.
+pub fn reason(err: &kpm::ExecutorError) -> String {
+    match std::error::Error::source(err) {
+        Some(cause) => kpm::api::gotext::error_chain(cause),
+        None => err.to_string(),
+    }
+}
+
+/// The registries of `roots` (but the one judged) that hold sockets while
+/// no running kubelet has that root.
+fn unwatched_registries(
+    host: &Host,
+    root_dir: &Path,
+    roots: &[PathBuf],
+    kubelets: &[KubeletProcess],
+) -> Vec<Finding> {
+    roots
+        .iter()
+        .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
+        .filter_map(|root| {
+            let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+            let entries = kpm::registry::survey(&host.path(&registry)).ok()?;
+            let sockets = entries
+                .iter()
+                .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
+                .count();
+            (sockets > 0).then(|| Finding {
+                verdict: Verdict::UnwatchedRegistry,
+                reason: format!(
+                    "{sockets} socket(s) in a registry no running kubelet watches (the kubelet's root is {})",
+                    root_dir.display()
+                ),
+                hint: format!(
+                    "the plugins' DaemonSets mount {} as the kubelet root: mount {} instead \
+                     (node-driver-registrar's --kubelet-registration-path too)",
+                    root.display(),
+                    root_dir.display()
+                ),
+                path: registry,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,58 @@
+//! A [`Report`] as `kpm doctor` prints it: a table, verdict first, then
+//! each failure's reason and fix.
+
+use std::fmt::Write as _;
+
+use crate::Report;
+use crate::judge::{self, Verdict};
+
+/// The report as a table, verdict first, then each failure's reason and
+/// fix, what could not be seen, and a count.
+pub fn render_table(report: &Report) -> String {
+    let mut text =
+        format!("kubelet root: {} (from {})\n", report.root_dir.display(), report.root_from);
+    let mut rows = comfy_table::Table::new();
+    rows.load_preset(comfy_table::presets::NOTHING);
+    rows.set_header(["VERDICT", "TYPE", "NAME", "SOCKET", "SERVED BY"]);
+    for row in &report.plugins {
+        let socket = row.path.strip_prefix(&report.root_dir).unwrap_or(&row.path);
+        rows.add_row([
+            row.verdict.name().to_owned(),
+            row.plugin_type.clone().unwrap_or_else(|| "-".into()),
+            row.name.clone().unwrap_or_else(|| "-".into()),
+            socket.display().to_string(),
+            row.served_by.as_ref().map_or_else(|| "-".into(), judge::served_by),
+        ]);
+    }
+    text.push_str(&rows.trim_fmt());
+    text.push('\n');
+    let explained = report
+        .plugins
+        .iter()
+        .filter(|row| row.verdict != Verdict::Ok)
+        .map(|row| (row.verdict, &row.path, &row.reason, &row.hint))
+        .chain(report.findings.iter().map(|f| (f.verdict, &f.path, &f.reason, &f.hint)));
+    for (verdict, path, reason, hint) in explained {
+        let _ = write!(text, "\n{}: {}\n  {reason}\n", verdict.name(), path.display());
+        if !hint.is_empty() {
+            let _ = writeln!(text, "  fix: {hint}");
+        }
+    }
+    for what in &report.unseen {
+        let _ = write!(text, "\nnot seen: {what}\n");
+    }
+    let failing = report.plugins.iter().filter(|row| row.verdict.fails()).count();
+    let _ = write!(
+        text,
+        "\n{} entries: {} ok, {failing} failing",
+        report.plugins.len(),
+        report.plugins.iter().filter(|row| row.verdict == Verdict::Ok).count(),
+    );
+    match report.findings.len() {
+        0 => text.push('\n'),
+        n => {
+            let _ = writeln!(text, "; {n} finding(s) about the node");
+        }
+    }
+    text
+}
