@@ -25,6 +25,7 @@
 
 mod checkpoint;
 mod cluster;
+mod condition;
 mod host;
 mod judge;
 mod render;
@@ -35,6 +36,10 @@ use std::time::Duration;
 use kpm::{ExecutorConfig, Kubelet, PluginKind};
 use serde::Serialize;
 
+pub use crate::condition::{
+    CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON, MAX_MESSAGE_BYTES,
+    PluginsCondition,
+};
 pub use crate::host::{Host, KubeletProcess, ProcessInfo};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::render::render_table;
