@@ -3,16 +3,22 @@
 //!
 //! With an API server (`--kubeconfig`, or in a pod), it holds the plugins
 //! against what the cluster shows of the node. It never notifies a plugin,
-//! never creates, removes or renames anything, never writes to the API
-//! server, and closes every connection when its call is done.
+//! never creates, removes or renames anything, and closes every connection
+//! when its call is done. Once, it never writes to the API server;
+//! `--watch` keeps judging and publishes the node's condition and Events.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use kpm_doctor::{Doctor, DoctorConfig, Host};
+use std::time::Duration;
+
+use kpm_doctor::{
+    ClusterLink, Doctor, DoctorConfig, Host, NodePublisher, PublishConfig, WatchConfig,
+};
 
 use crate::inspect::JudgeArgs;
-use crate::{CliError, OutputFormat};
+use crate::run::LogFormat;
+use crate::{CliError, MAX_PERIOD_SECS, OutputFormat};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DoctorArgs {
@@ -44,6 +50,40 @@ pub(crate) struct DoctorArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
     output: OutputFormat,
+    #[command(flatten)]
+    watch: WatchArgs,
+}
+
+/// `--watch`: judge on every change and publish, until SIGINT or SIGTERM.
+#[derive(Debug, clap::Args)]
+struct WatchArgs {
+    /// Keep judging the node (on every change of the registry,
+    /// device-plugins/ or the device manager's checkpoint, on a plugin's
+    /// exit, and every --period) and, with an API server, publish its
+    /// condition KubeletPluginsHealthy and Events on its Node; until SIGINT
+    /// or SIGTERM. Read-only on the node, as without.
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: a full pass at least this often, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+    period: u64,
+    /// With --watch: the condition is written again after this many seconds
+    /// without a change, to show that the doctor runs.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+    heartbeat: u64,
+    /// With --watch: a change of the failures is published once a second
+    /// pass this many milliseconds later agrees.
+    #[arg(long, value_name = "MILLISECONDS", default_value_t = 3000, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    confirm_ms: u64,
+    /// With --watch: serve Prometheus metrics (and /healthz) on this address.
+    #[arg(long, value_name = "HOST:PORT", env = "KPM_METRICS_ADDR", requires = "watch")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// With --watch: the log format; the level comes from RUST_LOG.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "KPM_LOG_FORMAT")]
+    log_format: LogFormat,
 }
 
 impl DoctorArgs {
@@ -64,6 +104,9 @@ impl DoctorArgs {
 }
 
 pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
+    if args.watch.watch {
+        return Box::pin(watch(args)).await.map(|()| true);
+    }
     let doctor = Doctor::new(args.config())?;
     let objects = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
         Some(client) => {
@@ -85,4 +128,51 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     };
     std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
     Ok(report.ok)
+}
+
+/// `kpm doctor --watch`: judges and publishes until SIGINT or SIGTERM.
+async fn watch(args: DoctorArgs) -> Result<(), CliError> {
+    crate::run::init_logging(args.watch.log_format)?;
+    let budget = crate::run::init_fd_budget().clone();
+    let shutdown = crate::run::shutdown_signal()?;
+    let doctor = Doctor::new(args.config())?;
+    tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
+    let timeout = args.judge.timeout();
+    let cluster = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
+        Some(client) => {
+            let node = crate::run::node_name(args.node_name.as_deref())?;
+            tracing::info!(node, "publishing to the Kubernetes API");
+            let config = PublishConfig::default()
+                .heartbeat(Duration::from_secs(args.watch.heartbeat))
+                .request_timeout(timeout);
+            let publisher = NodePublisher::new(client.clone(), node.clone(), config);
+            Some(ClusterLink::new(client, node, timeout, publisher))
+        }
+        None => None,
+    };
+    let metrics = kpm_doctor::DoctorMetrics::default();
+    let serving = match args.watch.metrics_addr {
+        Some(addr) => {
+            let mut registry = prometheus_client::registry::Registry::default();
+            metrics.register(&mut registry);
+            let render = move || {
+                let mut text = String::new();
+                if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &registry) {
+                    tracing::error!(error = %err, "cannot encode metrics");
+                }
+                text
+            };
+            let handshake = kpm::transport::DEFAULT_HANDSHAKE_TIMEOUT;
+            Some(crate::metrics::serve_registry(addr, render, budget, handshake).await?)
+        }
+        None => None,
+    };
+    let config = WatchConfig::default()
+        .period(Duration::from_secs(args.watch.period))
+        .confirm(Duration::from_millis(args.watch.confirm_ms));
+    let result = kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown).await;
+    if let Some(serving) = serving {
+        serving.abort();
+    }
+    Ok(result?)
 }

@@ -27,6 +27,9 @@ pub(crate) enum CliError {
     #[error("{0}")]
     Doctor(#[from] kpm_doctor::DoctorError),
 
+    #[error("{0}")]
+    DoctorWatch(#[from] kpm_doctor::WatchError),
+
     #[error("find the node name: {0} (set --node-name)")]
     NodeName(#[source] std::io::Error),
 

@@ -168,7 +168,7 @@ fn driver_period(value: &str) -> Result<(String, Duration), String> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -296,7 +296,7 @@ fn configured(args: &RunArgs) -> KubeletBuilder {
 }
 
 /// Completes on the first SIGINT or SIGTERM.
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> {
+pub(crate) fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> {
     let mut interrupt = signal(SignalKind::interrupt()).map_err(CliError::Signal)?;
     let mut terminate = signal(SignalKind::terminate()).map_err(CliError::Signal)?;
     Ok(async move {
@@ -310,7 +310,7 @@ fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, CliError> 
 
 /// Raises the soft open-files limit to the hard one, as the kubelet (a Go
 /// program) does, then sizes the fd budget every connection pays from; logged.
-fn init_fd_budget() -> &'static FdBudget {
+pub(crate) fn init_fd_budget() -> &'static FdBudget {
     match kpm::transport::fd::raise_soft_limit() {
         Ok(limit) => tracing::debug!(?limit, "open-files limit"),
         Err(err) => tracing::warn!(error = %err, "keeping the soft open-files limit"),
@@ -318,7 +318,7 @@ fn init_fd_budget() -> &'static FdBudget {
     kpm::transport::fd::init(kpm::transport::fd::DEFAULT_RESERVE)
 }
 
-fn init_logging(format: LogFormat) -> Result<(), CliError> {
+pub(crate) fn init_logging(format: LogFormat) -> Result<(), CliError> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

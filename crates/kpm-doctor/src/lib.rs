@@ -28,7 +28,10 @@ mod cluster;
 mod condition;
 mod host;
 mod judge;
+mod metrics;
+pub mod publish;
 mod render;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -42,7 +45,10 @@ pub use crate::condition::{
 };
 pub use crate::host::{Host, KubeletProcess, ProcessInfo};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
+pub use crate::metrics::DoctorMetrics;
+pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
 pub use crate::render::render_table;
+pub use crate::watch::{ClusterLink, NodeWatch, WatchConfig, WatchError};
 
 /// The roots other distributions give the kubelet, checked for registries
 /// that no running kubelet watches (the `DaemonSet` then mounts the wrong one).

@@ -129,31 +129,45 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `addr` until the task is aborted,
-/// closing connections that send no request within `handshake_timeout`.
+/// Serves `metrics`' `/metrics` and `/healthz` on `addr` until the task is
+/// aborted, closing connections that send no request within
+/// `handshake_timeout`.
 pub(crate) async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     handshake_timeout: std::time::Duration,
 ) -> Result<tokio::task::JoinHandle<()>, CliError> {
+    let budget = metrics.kubelet.manager().fd_budget().clone();
+    serve_registry(addr, move || metrics.render(), budget, handshake_timeout).await
+}
+
+/// Serves what `render` gives (the `OpenMetrics` text of a registry) on
+/// `addr`'s `/metrics`, and `/healthz`, until the task is aborted; each
+/// connection pays from `budget`.
+pub(crate) async fn serve_registry(
+    addr: SocketAddr,
+    render: impl Fn() -> String + Send + Sync + 'static,
+    budget: kpm::transport::fd::FdBudget,
+    handshake_timeout: std::time::Duration,
+) -> Result<tokio::task::JoinHandle<()>, CliError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| CliError::MetricsAddr { addr, source })?;
-    let budget = metrics.kubelet.manager().fd_budget().clone();
     let listener = crate::listener::HttpListener::new(
         kpm::transport::Http1Incoming::new(listener)
             .handshake_timeout(handshake_timeout)
             .budget(budget),
     );
+    let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(render);
     let router = axum::Router::new()
         .route(
             "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], m.render())
+            get(|State(render): State<Arc<dyn Fn() -> String + Send + Sync>>| async move {
+                ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE)], render())
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(metrics);
+        .with_state(render);
     tracing::info!(%addr, "metrics listening");
     Ok(tokio::spawn(async move {
         if let Err(err) = crate::listener::serve(listener, router).await {

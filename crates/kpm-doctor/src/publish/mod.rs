@@ -1,0 +1,514 @@
+//! What a node's doctor publishes through the Kubernetes API: its Node
+//! condition ([`CONDITION_TYPE`]) and Events on the Node.
+//!
+//! - **The condition** is written with server-side apply under
+//!   [`FIELD_MANAGER`], to `nodes/status`: the conditions are a list map
+//!   keyed by type, so the apply owns this one condition and never touches
+//!   the kubelet's (`Ready`, `MemoryPressure`) or anyone else's. It is
+//!   written when it changes, and otherwise once a heartbeat
+//!   ([`PublishConfig::heartbeat`], 30 min), which refreshes
+//!   `lastHeartbeatTime`; `lastTransitionTime` moves only when the status
+//!   does. At start the Node's own copy is read back, so that a restarted
+//!   doctor keeps both times and writes nothing new.
+//! - **Events** ([`events`]) are aggregated and rate-limited.
+//! - **Failures.** A write that fails (the API server down, a 403) is
+//!   logged once per kind of failure, naming what could not be written,
+//!   and tried again with backoff ([`PublishConfig::retry`], 1 s doubling
+//!   to 2 min); the doctor meanwhile keeps judging. Once the API server
+//!   answers, the current condition and the queued events go out.
+
+pub mod events;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, ObjectReference};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, PluginsCondition};
+use events::{EVENT_NAMESPACE, EventConfig, EventRecorder, Write};
+pub(crate) use events::{EventType, Occurrence};
+
+/// How a node's doctor publishes. Build it from [`Default`] with the
+/// setters; the fields are public to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PublishConfig {
+    /// How often the condition is written when nothing changes, to show
+    /// that the doctor still runs. Default 30 min.
+    pub heartbeat: Duration,
+    /// How long one request may take. Default 10 s.
+    pub request_timeout: Duration,
+    /// The first wait before a failed write is tried again; it doubles up
+    /// to 2 min. Default 1 s.
+    pub retry: Duration,
+    /// Aggregation and rate of the Events.
+    pub events: EventConfig,
+}
+
+/// The longest wait between two tries of a failed write.
+const MAX_RETRY: Duration = Duration::from_secs(120);
+
+impl Default for PublishConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat: Duration::from_secs(30 * 60),
+            request_timeout: Duration::from_secs(10),
+            retry: Duration::from_secs(1),
+            events: EventConfig::default(),
+        }
+    }
+}
+
+impl PublishConfig {
+    /// Sets [`heartbeat`](Self::heartbeat) (default 30 min).
+    #[must_use]
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout) (default 10 s).
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`retry`](Self::retry) (default 1 s).
+    #[must_use]
+    pub fn retry(mut self, retry: Duration) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Sets [`events`](Self::events).
+    #[must_use]
+    pub fn events(mut self, events: EventConfig) -> Self {
+        self.events = events;
+        self
+    }
+}
+
+/// Why a write to the API server failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// Reading the Node (its uid and the condition already there).
+    #[error("read Node {node}: {source}")]
+    ReadNode {
+        /// The node.
+        node: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The Node does not exist; the doctor never creates it.
+    #[error("Node {node} not found; the doctor waits for it and never creates it")]
+    NodeNotFound {
+        /// The node.
+        node: String,
+    },
+    /// Applying the condition to `nodes/status`.
+    #[error("write condition {CONDITION_TYPE} of Node {node}: {source}")]
+    WriteCondition {
+        /// The node.
+        node: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating an event or patching its series.
+    #[error("write event {name} of Node {node}: {source}")]
+    WriteEvent {
+        /// The node.
+        node: String,
+        /// The event's name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A request took longer than the request timeout.
+    #[error("{step} for Node {node}: no answer within {timeout:?}")]
+    Timeout {
+        /// What was asked: `read Node`, `write condition`, `write event`.
+        step: &'static str,
+        /// The node.
+        node: String,
+        /// The request timeout.
+        timeout: Duration,
+    },
+}
+
+impl PublishError {
+    /// Whether trying again cannot help: the API server refused the write
+    /// itself as invalid (an event whose series is gone, say).
+    fn is_permanent(&self) -> bool {
+        let (Self::WriteEvent { source, .. } | Self::WriteCondition { source, .. }) = self else {
+            return false;
+        };
+        matches!(source, kube::Error::Api(status) if matches!(status.code, 400 | 404 | 409 | 422))
+    }
+}
+
+/// What a publisher did: counts of API writes, read without a lock.
+#[derive(Debug, Default)]
+pub struct PublishStats {
+    condition_writes: AtomicU64,
+    event_writes: AtomicU64,
+    failed_writes: AtomicU64,
+    events_dropped: AtomicU64,
+    failing: AtomicBool,
+}
+
+impl PublishStats {
+    /// Condition writes the API server took.
+    pub fn condition_writes(&self) -> u64 {
+        self.condition_writes.load(Ordering::Relaxed)
+    }
+
+    /// Event creates and series patches the API server took.
+    pub fn event_writes(&self) -> u64 {
+        self.event_writes.load(Ordering::Relaxed)
+    }
+
+    /// Requests that failed.
+    pub fn failed_writes(&self) -> u64 {
+        self.failed_writes.load(Ordering::Relaxed)
+    }
+
+    /// Events dropped: refused as invalid, or pushed out of a full queue.
+    pub fn events_dropped(&self) -> u64 {
+        self.events_dropped.load(Ordering::Relaxed)
+    }
+
+    /// Whether the last attempt failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+}
+
+/// The condition as published.
+#[derive(Debug, Clone)]
+struct Published {
+    condition: PluginsCondition,
+    transition: Timestamp,
+    /// When it was last written, on the clock that schedules heartbeats.
+    written_at: Instant,
+}
+
+/// Publishes one node's condition and events; owned by the task that
+/// judges the node, which calls [`set`](Self::set), [`record`](Self::record)
+/// and [`sync`](Self::sync), and waits until [`next_due`](Self::next_due).
+#[derive(Debug)]
+pub struct NodePublisher {
+    node: String,
+    config: PublishConfig,
+    nodes: Api<Node>,
+    events_api: Api<Event>,
+    recorder: EventRecorder,
+    /// The Node's uid and condition have been read.
+    started: bool,
+    wanted: Option<(PluginsCondition, Timestamp)>,
+    published: Option<Published>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    /// The failure last logged: a new kind of failure is logged again.
+    logged_failure: Option<String>,
+    stats: Arc<PublishStats>,
+}
+
+impl NodePublisher {
+    /// A publisher for Node `node` through `client`.
+    pub fn new(client: kube::Client, node: impl Into<String>, config: PublishConfig) -> Self {
+        let node = node.into();
+        let regarding = ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(node.clone()),
+            ..ObjectReference::default()
+        };
+        let instance = format!("{FIELD_MANAGER}-{node}");
+        Self {
+            nodes: Api::all(client.clone()),
+            events_api: Api::namespaced(client, EVENT_NAMESPACE),
+            recorder: EventRecorder::new(config.events, regarding, bounded_name(&instance)),
+            node,
+            config,
+            started: false,
+            wanted: None,
+            published: None,
+            retry_at: None,
+            backoff: config.retry,
+            logged_failure: None,
+            stats: Arc::default(),
+        }
+    }
+
+    /// Its counts, shared.
+    pub fn stats(&self) -> Arc<PublishStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// The condition to publish; `lastTransitionTime` moves when its status
+    /// differs from the one before.
+    pub fn set(&mut self, condition: PluginsCondition) {
+        let transition = match &self.wanted {
+            Some((before, at)) if before.status == condition.status => *at,
+            _ => Timestamp::now(),
+        };
+        self.wanted = Some((condition, transition));
+    }
+
+    /// An event to publish.
+    pub(crate) fn record(&mut self, occurrence: Occurrence) {
+        self.recorder.record(occurrence);
+    }
+
+    /// When [`sync`](Self::sync) has something to do without a new
+    /// condition or event: a retry, a heartbeat, an event's turn.
+    pub fn next_due(&self) -> Option<Instant> {
+        if let Some(retry_at) = self.retry_at {
+            return Some(retry_at);
+        }
+        let heartbeat = self.published.as_ref().map(|p| p.written_at + self.config.heartbeat);
+        [heartbeat, self.recorder.next_due()].into_iter().flatten().min()
+    }
+
+    /// Makes the writes due now, unless a failure's backoff runs; a failure
+    /// is logged (once per kind) and tried again later.
+    pub async fn sync(&mut self) {
+        if self.retry_at.is_some_and(|at| Instant::now() < at) {
+            return;
+        }
+        match self.write().await {
+            Ok(()) => {
+                self.retry_at = None;
+                self.backoff = self.config.retry;
+                self.stats.failing.store(false, Ordering::Relaxed);
+                if self.logged_failure.take().is_some() {
+                    info!(node = %self.node, "publishing to the API server again");
+                }
+            }
+            Err(err) => {
+                self.stats.failed_writes.fetch_add(1, Ordering::Relaxed);
+                self.stats.failing.store(true, Ordering::Relaxed);
+                self.retry_at = Some(Instant::now() + self.backoff);
+                self.backoff = (self.backoff * 2).min(MAX_RETRY.max(self.config.retry));
+                let text = failure_kind(&err);
+                if self.logged_failure.as_deref() != Some(&text) {
+                    warn!(
+                        node = %self.node,
+                        error = %kpm::api::gotext::error_chain(&err),
+                        "cannot publish to the API server; judging goes on, and the current \
+                         state is published once it can be"
+                    );
+                    self.logged_failure = Some(text);
+                }
+            }
+        }
+    }
+
+    async fn write(&mut self) -> Result<(), PublishError> {
+        if !self.started {
+            self.adopt().await?;
+            self.started = true;
+        }
+        self.write_condition().await?;
+        self.write_events().await
+    }
+
+    /// Reads the Node: its uid, for events, and the condition an earlier
+    /// run published, taken as published when it says what is wanted.
+    async fn adopt(&mut self) -> Result<(), PublishError> {
+        let node = self.node.clone();
+        let read = self.within("read Node", self.nodes.get_opt(&node)).await?;
+        let found = read.map_err(|source| PublishError::ReadNode { node: node.clone(), source })?;
+        let Some(found) = found else { return Err(PublishError::NodeNotFound { node }) };
+        self.recorder.set_uid(found.metadata.uid);
+        let existing = found
+            .status
+            .and_then(|status| status.conditions)
+            .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE));
+        if let Some(existing) = existing {
+            self.adopt_condition(&existing);
+        }
+        Ok(())
+    }
+
+    fn adopt_condition(&mut self, existing: &NodeCondition) {
+        let (Some(transition), Some(heartbeat)) =
+            (&existing.last_transition_time, &existing.last_heartbeat_time)
+        else {
+            return;
+        };
+        let status = match existing.status.as_str() {
+            "True" => ConditionStatus::True,
+            "False" => ConditionStatus::False,
+            _ => ConditionStatus::Unknown,
+        };
+        let condition = PluginsCondition {
+            status,
+            reason: existing.reason.clone().unwrap_or_default(),
+            message: existing.message.clone().unwrap_or_default(),
+        };
+        // The heartbeat's age, on the wall clock, dates the write.
+        let age = Timestamp::now().duration_since(heartbeat.0);
+        let age = Duration::try_from(age).unwrap_or_default().min(self.config.heartbeat);
+        let written_at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        if let Some((wanted, at)) = &mut self.wanted
+            && wanted.status == condition.status
+        {
+            *at = transition.0;
+        }
+        self.published = Some(Published { condition, transition: transition.0, written_at });
+    }
+
+    async fn write_condition(&mut self) -> Result<(), PublishError> {
+        let Some((wanted, transition)) = self.wanted.clone() else { return Ok(()) };
+        let due = match &self.published {
+            None => true,
+            Some(published) => {
+                published.condition != wanted
+                    || published.transition != transition
+                    || Instant::now() >= published.written_at + self.config.heartbeat
+            }
+        };
+        if !due {
+            return Ok(());
+        }
+        let patch = condition_apply(&self.node, &wanted, transition, Timestamp::now());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let node = self.node.clone();
+        let written = self
+            .within(
+                "write condition",
+                self.nodes.patch_status(&node, &params, &Patch::Apply(&patch)),
+            )
+            .await?;
+        written.map_err(|source| PublishError::WriteCondition { node, source })?;
+        self.stats.condition_writes.fetch_add(1, Ordering::Relaxed);
+        self.published =
+            Some(Published { condition: wanted, transition, written_at: Instant::now() });
+        Ok(())
+    }
+
+    async fn write_events(&mut self) -> Result<(), PublishError> {
+        while let Some(write) = self.recorder.next_write().cloned() {
+            let name = write.name().to_owned();
+            let result = match &write {
+                Write::Create(event) => {
+                    let created = self
+                        .within(
+                            "write event",
+                            self.events_api.create(&PostParams::default(), event),
+                        )
+                        .await?;
+                    created.map(drop)
+                }
+                Write::Series { name, count, last_observed } => {
+                    let patch = Write::series_patch(*count, *last_observed);
+                    let patched = self
+                        .within(
+                            "write event",
+                            self.events_api.patch(
+                                name,
+                                &PatchParams::default(),
+                                &Patch::Merge(&patch),
+                            ),
+                        )
+                        .await?;
+                    patched.map(drop)
+                }
+            };
+            match result.map_err(|source| PublishError::WriteEvent {
+                node: self.node.clone(),
+                name,
+                source,
+            }) {
+                Ok(()) => {
+                    self.stats.event_writes.fetch_add(1, Ordering::Relaxed);
+                    self.recorder.sent();
+                }
+                Err(err) if err.is_permanent() => {
+                    warn!(node = %self.node, error = %kpm::api::gotext::error_chain(&err), "event refused; dropped");
+                    self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
+                    self.recorder.sent();
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        self.stats.events_dropped.fetch_max(self.recorder.dropped, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// `request`, or a timeout error naming `step`.
+    async fn within<T>(
+        &self,
+        step: &'static str,
+        request: impl Future<Output = T>,
+    ) -> Result<T, PublishError> {
+        let timeout = self.config.request_timeout;
+        tokio::time::timeout(timeout, request).await.map_err(|_| PublishError::Timeout {
+            step,
+            node: self.node.clone(),
+            timeout,
+        })
+    }
+}
+
+/// The server-side apply of the condition: this one entry of
+/// `status.conditions`, the list map's key being its type.
+pub(crate) fn condition_apply(
+    node: &str,
+    condition: &PluginsCondition,
+    transition: Timestamp,
+    heartbeat: Timestamp,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": node },
+        "status": { "conditions": [{
+            "type": CONDITION_TYPE,
+            "status": condition.status.as_str(),
+            "reason": condition.reason,
+            "message": condition.message,
+            "lastTransitionTime": Time(transition),
+            "lastHeartbeatTime": Time(heartbeat),
+        }]},
+    })
+}
+
+/// What makes two failures the same for the log: the step and the status
+/// code or the kind of error, not the details that change each time.
+fn failure_kind(err: &PublishError) -> String {
+    let source = match err {
+        PublishError::ReadNode { source, .. }
+        | PublishError::WriteCondition { source, .. }
+        | PublishError::WriteEvent { source, .. } => source,
+        PublishError::NodeNotFound { .. } => return "not found".to_owned(),
+        PublishError::Timeout { step, .. } => return format!("{step} timeout"),
+    };
+    let step = match err {
+        PublishError::ReadNode { .. } => "read",
+        PublishError::WriteCondition { .. } => "condition",
+        _ => "event",
+    };
+    match source {
+        kube::Error::Api(status) => format!("{step} {}", status.code),
+        _ => format!("{step} unreachable"),
+    }
+}
+
+/// A `reportingInstance` is at most 128 characters.
+fn bounded_name(name: &str) -> String {
+    name.chars().take(128).collect()
+}

@@ -1,0 +1,444 @@
+//! `kpm doctor --watch`: the node's diagnosis kept current, and published.
+//!
+//! [`NodeWatch::run`] judges the node again
+//! - right after a change in the registry (its whole tree), in
+//!   `device-plugins/` (its sockets, the device manager's checkpoint) or in
+//!   the root that holds them, seen through inotify;
+//! - right after a process serving one of the node's sockets exits (a
+//!   pidfd for each), since a crashed plugin leaves its socket behind and
+//!   the file system says nothing;
+//! - every [`WatchConfig::period`] (5 min), which also catches a plugin
+//!   that hangs and what changed in the cluster alone.
+//!
+//! A change of the failures (which sockets fail, with which verdict) is
+//! published only once a second pass, [`WatchConfig::confirm`] (3 s) later,
+//! agrees: a plugin that restarts, or a driver the kubelet registers a
+//! second after its socket appears, makes no Event. Then the condition is
+//! set and one Event goes out per plugin that entered a failing verdict
+//! (`Warning`, the verdict's reason) or left it (`Normal`,
+//! `PluginRecovered`). Between changes nothing is written but the
+//! publisher's heartbeat.
+//!
+//! It keeps every guarantee of [`Doctor::examine`]: it notifies no plugin,
+//! changes no file and holds no connection once a call is done (a pidfd is
+//! no connection).
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::condition::PluginsCondition;
+use crate::judge::Verdict;
+use crate::metrics::DoctorMetrics;
+use crate::publish::events::RECOVERED_REASON;
+use crate::publish::{EventType, NodePublisher, Occurrence};
+use crate::{Doctor, Failure, Report};
+
+/// When a node's doctor judges it again. Build it from [`Default`] with the
+/// setters; the fields are public to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WatchConfig {
+    /// A full pass at least this often. Default 5 min.
+    pub period: Duration,
+    /// How long after a pass that saw the failures change a second pass
+    /// checks them before they are published. Default 3 s.
+    pub confirm: Duration,
+    /// How long after a file-system change the pass waits, so that a burst
+    /// of changes makes one pass. Default 200 ms.
+    pub settle: Duration,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            period: Duration::from_secs(5 * 60),
+            confirm: Duration::from_secs(3),
+            settle: Duration::from_millis(200),
+        }
+    }
+}
+
+impl WatchConfig {
+    /// Sets [`period`](Self::period) (default 5 min).
+    #[must_use]
+    pub fn period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// Sets [`confirm`](Self::confirm) (default 3 s).
+    #[must_use]
+    pub fn confirm(mut self, confirm: Duration) -> Self {
+        self.confirm = confirm;
+        self
+    }
+
+    /// Sets [`settle`](Self::settle) (default 200 ms).
+    #[must_use]
+    pub fn settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
+    }
+}
+
+/// Where a node's doctor reads the cluster and publishes.
+pub struct ClusterLink {
+    client: kube::Client,
+    node: String,
+    request_timeout: Duration,
+    publisher: NodePublisher,
+}
+
+impl std::fmt::Debug for ClusterLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterLink")
+            .field("node", &self.node)
+            .field("request_timeout", &self.request_timeout)
+            .field("publisher", &self.publisher)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterLink {
+    /// Reads Node `node` and its objects through `client` (each request
+    /// bounded by `request_timeout`) and publishes through `publisher`.
+    pub fn new(
+        client: kube::Client,
+        node: impl Into<String>,
+        request_timeout: Duration,
+        publisher: NodePublisher,
+    ) -> Self {
+        Self { client, node: node.into(), request_timeout, publisher }
+    }
+}
+
+/// A failure as published: its verdict, and how an Event names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Failing {
+    verdict: Verdict,
+    subject: String,
+    reason: String,
+}
+
+/// What a pass found, as far as publishing goes: the entries judged and
+/// each failing socket's or object's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Outcome {
+    entries: usize,
+    failing: BTreeMap<PathBuf, Failing>,
+}
+
+impl Outcome {
+    fn of(report: &Report) -> Self {
+        let failing = report
+            .failures()
+            .map(|failure| {
+                let failing = Failing {
+                    verdict: failure.verdict,
+                    subject: failure.subject(),
+                    reason: failure.reason.to_owned(),
+                };
+                (failure.path.to_path_buf(), failing)
+            })
+            .collect();
+        Self { entries: report.plugins.len(), failing }
+    }
+
+    /// Whether `other` has the same entries and verdicts (reasons may
+    /// carry figures that change from pass to pass).
+    fn agrees(&self, other: &Self) -> bool {
+        self.entries == other.entries
+            && self.failing.len() == other.failing.len()
+            && self
+                .failing
+                .iter()
+                .zip(&other.failing)
+                .all(|((a, fa), (b, fb))| a == b && fa.verdict == fb.verdict)
+    }
+
+    fn condition(&self) -> PluginsCondition {
+        let failures = self.failing.iter().map(|(path, failing)| Failure {
+            verdict: failing.verdict,
+            path,
+            plugin_type: None,
+            name: Some(&failing.subject),
+            reason: &failing.reason,
+        });
+        PluginsCondition::of_failures(self.entries, failures)
+    }
+
+    /// The Events from `before` to `self`.
+    fn transitions(&self, before: &Self) -> Vec<Occurrence> {
+        let mut occurrences = Vec::new();
+        for (path, failing) in &self.failing {
+            if before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict) {
+                continue;
+            }
+            occurrences.push(Occurrence {
+                event_type: EventType::Warning,
+                reason: failing.verdict.reason(),
+                about: path.display().to_string(),
+                note: format!(
+                    "{} ({}) is {}: {}",
+                    failing.subject,
+                    path.display(),
+                    failing.verdict.name(),
+                    failing.reason
+                ),
+            });
+        }
+        for (path, was) in &before.failing {
+            if self.failing.contains_key(path) {
+                continue;
+            }
+            occurrences.push(Occurrence {
+                event_type: EventType::Normal,
+                reason: RECOVERED_REASON.to_owned(),
+                about: path.display().to_string(),
+                note: format!(
+                    "{} ({}) is no longer {}",
+                    was.subject,
+                    path.display(),
+                    was.verdict.name()
+                ),
+            });
+        }
+        occurrences
+    }
+}
+
+/// A node's doctor, judging it as it changes.
+#[derive(Debug)]
+pub struct NodeWatch {
+    doctor: Doctor,
+    cluster: Option<ClusterLink>,
+    config: WatchConfig,
+    metrics: DoctorMetrics,
+}
+
+/// Why watching could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WatchError {
+    /// The inotify watcher could not be created.
+    #[error("watch the kubelet root for changes: {0}")]
+    Inotify(#[source] notify::Error),
+}
+
+impl NodeWatch {
+    /// Watches the node `doctor` judges; with `cluster`, compares with the
+    /// API server and publishes there; each pass feeds `metrics`.
+    pub fn new(
+        doctor: Doctor,
+        cluster: Option<ClusterLink>,
+        config: WatchConfig,
+        metrics: DoctorMetrics,
+    ) -> Self {
+        if let Some(link) = &cluster {
+            metrics.publisher(link.publisher.stats());
+        }
+        Self { doctor, cluster, config, metrics }
+    }
+
+    /// Judges and publishes until `shutdown` completes.
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WatchError> {
+        let (wake, mut woken) = mpsc::channel::<()>(1);
+        let changed = wake.clone();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Opening and reading (the doctor's own) change nothing.
+                if event.is_ok_and(|event| !matches!(event.kind, EventKind::Access(_))) {
+                    let _ = changed.try_send(());
+                }
+            })
+            .map_err(WatchError::Inotify)?;
+        let mut armed = Armed::default();
+        let mut exits = Exits::new(wake);
+        let mut confirmed = Outcome::default();
+        let mut published = false;
+        let mut last: Option<Outcome> = None;
+        tokio::pin!(shutdown);
+        loop {
+            let report = self.pass().await;
+            armed.arm(&mut watcher, &self.doctor);
+            exits.follow(&report);
+            let outcome = Outcome::of(&report);
+            let mut confirm_at = None;
+            if published && outcome.agrees(&confirmed) {
+                // Nothing new.
+            } else if last.as_ref().is_some_and(|last| last.agrees(&outcome)) {
+                self.publish(&outcome, &confirmed);
+                confirmed = outcome.clone();
+                published = true;
+            } else {
+                confirm_at = Some(Instant::now() + self.config.confirm);
+            }
+            last = Some(outcome);
+            self.sync().await;
+            // Until the next reason to judge, the publisher's own work.
+            let period_at = Instant::now() + self.config.period;
+            loop {
+                let due = self.cluster.as_ref().and_then(|link| link.publisher.next_due());
+                let next = [Some(period_at), confirm_at, due].into_iter().flatten().min();
+                let next = next.unwrap_or(period_at);
+                tokio::select! {
+                    () = &mut shutdown => return Ok(()),
+                    Some(()) = woken.recv() => {
+                        tokio::time::sleep(self.config.settle).await;
+                        while woken.try_recv().is_ok() {}
+                        break;
+                    }
+                    () = tokio::time::sleep_until(next) => {
+                        let now = Instant::now();
+                        if now >= period_at || confirm_at.is_some_and(|at| now >= at) {
+                            break;
+                        }
+                        self.sync().await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn sync(&mut self) {
+        if let Some(link) = &mut self.cluster {
+            link.publisher.sync().await;
+        }
+    }
+
+    /// One pass: the cluster's view of the node, then the node.
+    async fn pass(&self) -> Report {
+        let objects = match &self.cluster {
+            Some(link) => {
+                let config = kpm::kube::KubeConfig::default().request_timeout(link.request_timeout);
+                Some(kpm::kube::observe_node(link.client.clone(), &link.node, config).await)
+            }
+            None => None,
+        };
+        let report = self.doctor.examine(objects.as_ref()).await;
+        self.metrics.observe(&report);
+        debug!(entries = report.plugins.len(), ok = report.ok, "node judged");
+        report
+    }
+
+    /// Sets the condition `outcome` comes to, and the Events from `before`.
+    fn publish(&mut self, outcome: &Outcome, before: &Outcome) {
+        let transitions = outcome.transitions(before);
+        for occurrence in &transitions {
+            match occurrence.event_type {
+                EventType::Warning => {
+                    warn!(about = %occurrence.about, reason = %occurrence.reason, "{}", occurrence.note);
+                }
+                EventType::Normal => {
+                    info!(about = %occurrence.about, reason = %occurrence.reason, "{}", occurrence.note);
+                }
+            }
+        }
+        let Some(link) = &mut self.cluster else { return };
+        link.publisher.set(outcome.condition());
+        for occurrence in transitions {
+            link.publisher.record(occurrence);
+        }
+    }
+}
+
+/// The directories inotify watches, armed as they appear.
+#[derive(Debug, Default)]
+struct Armed(Vec<PathBuf>);
+
+impl Armed {
+    /// Watches the registry's tree, `device-plugins/` and the root that
+    /// holds them (to see either appear), those that exist and are not
+    /// watched yet.
+    fn arm(&mut self, watcher: &mut RecommendedWatcher, doctor: &Doctor) {
+        let [registry, device_plugins] = doctor.watched_dirs();
+        let root = registry.parent().map(Path::to_path_buf);
+        let wanted = [
+            (Some(registry), RecursiveMode::Recursive),
+            (Some(device_plugins), RecursiveMode::NonRecursive),
+            (root, RecursiveMode::NonRecursive),
+        ];
+        for (dir, mode) in wanted {
+            let Some(dir) = dir else { continue };
+            if self.0.contains(&dir) || !dir.is_dir() {
+                continue;
+            }
+            match watcher.watch(&dir, mode) {
+                Ok(()) => self.0.push(dir),
+                Err(err) => debug!(dir = %dir.display(), error = %err, "cannot watch yet"),
+            }
+        }
+    }
+}
+
+/// A pidfd wait per process serving a socket of the node: its exit wakes
+/// the loop.
+#[derive(Debug)]
+struct Exits {
+    wake: mpsc::Sender<()>,
+    waiting: HashMap<u32, AbortHandle>,
+}
+
+impl Exits {
+    fn new(wake: mpsc::Sender<()>) -> Self {
+        Self { wake, waiting: HashMap::new() }
+    }
+
+    /// Waits for the exits of the processes `report` names, and no others.
+    fn follow(&mut self, report: &Report) {
+        let serving: Vec<u32> =
+            report.plugins.iter().filter_map(|row| row.served_by.as_ref()).map(|p| p.pid).collect();
+        self.waiting.retain(|pid, task| {
+            let keep = serving.contains(pid) && !task.is_finished();
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for pid in serving {
+            if self.waiting.contains_key(&pid) {
+                continue;
+            }
+            let Some(pidfd) = open_pidfd(pid) else { continue };
+            let wake = self.wake.clone();
+            let task = tokio::spawn(async move {
+                if pidfd.readable().await.is_ok() {
+                    debug!(pid, "a plugin's process exited");
+                    let _ = wake.try_send(());
+                }
+            });
+            self.waiting.insert(pid, task.abort_handle());
+        }
+    }
+}
+
+impl Drop for Exits {
+    fn drop(&mut self) {
+        for task in self.waiting.values() {
+            task.abort();
+        }
+    }
+}
+
+/// A pidfd of `pid`, readable once it exits; `None` where the kernel has no
+/// pidfds or the process is gone (the next pass sees it).
+fn open_pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
+    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+    // tokio deprecated its safe constructors because an arbitrary `AsRawFd`
+    // may change or close its descriptor behind the reactor's back; an
+    // `OwnedFd` cannot.
+    #[allow(deprecated)]
+    AsyncFd::with_interest(fd, Interest::READABLE).ok()
+}
