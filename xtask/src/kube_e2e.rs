@@ -22,6 +22,7 @@
 //! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
 //! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
 //! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
+//! | `fleet` | `kpm doctor --watch` on 20 nodes (`fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -35,6 +36,8 @@ use serde_json::{Value, json};
 
 use crate::Result;
 use crate::scenario::{self, Process, RunningKpm, find, wait_for, wait_until};
+
+mod fleet;
 
 /// How long any one step may take: kpm writes to the API server within
 /// milliseconds, but a 2-core machine shared with builds is slow at times.
@@ -58,6 +61,8 @@ const DRA_STAY_CHECK: Duration = Duration::from_secs(DRA_GRACE_SECS + 2);
 const ADMIN_TOKEN: &str = "kpm-e2e-admin-token";
 const KPM_TOKEN: &str = "kpm-e2e-kpm-token";
 const KPM_USER: &str = "system:serviceaccount:kube-system:kpm";
+const DOCTOR_TOKEN: &str = "kpm-e2e-doctor-token";
+const DOCTOR_USER: &str = "system:serviceaccount:kube-system:kpm-doctor";
 const KPM_GROUPS: &str =
     "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated";
 
@@ -81,6 +86,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario { name: "dra-test-driver", needs_kpm: true, run: dra_test_driver },
     Scenario { name: "apiserver-down", needs_kpm: true, run: apiserver_down },
     Scenario { name: "doctor", needs_kpm: true, run: doctor },
+    Scenario { name: "fleet", needs_kpm: true, run: fleet::fleet },
 ];
 
 /// The programs, the manifest and where the logs go.
@@ -92,6 +98,8 @@ struct Env {
     /// Kubernetes' e2e DRA test driver, if given.
     dra_test_driver: Option<PathBuf>,
     manifest: PathBuf,
+    /// `deploy/doctor-daemonset.yaml`, whose RBAC the doctors run with.
+    doctor_manifest: PathBuf,
     out: PathBuf,
 }
 
@@ -143,6 +151,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         etcd,
         dra_test_driver,
         manifest: manifest.unwrap_or_else(|| root.join("deploy/daemonset.yaml")),
+        doctor_manifest: root.join("deploy/doctor-daemonset.yaml"),
         out: binaries.out,
     };
 
@@ -730,6 +739,19 @@ fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
     Ok(())
 }
 
+/// The static tokens: admin, kpm's service account, the doctor's.
+fn tokens_csv() -> String {
+    format!(
+        "{ADMIN_TOKEN},admin,admin,\"system:masters\"\n{KPM_TOKEN},{KPM_USER},kpm,\"{KPM_GROUPS}\"\n\
+         {DOCTOR_TOKEN},{DOCTOR_USER},kpm-doctor,\"{KPM_GROUPS}\"\n"
+    )
+}
+
+/// Every write, by whom and when, in the audit log: the fleet scenario
+/// counts the doctors'.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n\
+    - level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: None\n";
+
 /// etcd and kube-apiserver of one scenario, in a temp dir under `/tmp`.
 // Fields drop in order: kube-apiserver, then etcd, then the dir.
 struct Cluster {
@@ -755,12 +777,8 @@ impl Cluster {
             ("apiserver.key", &pki.serving_key),
             ("sa.key", &pki.sa_key),
             ("sa.pub", &pki.sa_public_key),
-            (
-                "tokens.csv",
-                &format!(
-                    "{ADMIN_TOKEN},admin,admin,\"system:masters\"\n{KPM_TOKEN},{KPM_USER},kpm,\"{KPM_GROUPS}\"\n"
-                ),
-            ),
+            ("tokens.csv", &tokens_csv()),
+            ("audit-policy.yaml", &AUDIT_POLICY.to_owned()),
         ] {
             fs::write(path(name), contents)?;
         }
@@ -820,6 +838,10 @@ impl Cluster {
             "none",
             "--disable-admission-plugins",
             "ServiceAccount",
+            "--audit-policy-file",
+            &path("audit-policy.yaml"),
+            "--audit-log-path",
+            &path("audit.log"),
         ]
         .map(str::to_owned)
         .to_vec();
@@ -836,18 +858,29 @@ impl Cluster {
         };
         cluster.start_apiserver(env)?;
         cluster.apply_rbac(&env.manifest)?;
-        // Created as the kubelet creates its Node, with labels: the API
-        // server tracks field owners from a create that sets some field,
-        // and never from updates to an object it tracks none on.
+        cluster.apply_rbac(&env.doctor_manifest)?;
         for node in ["node1", "node2"] {
-            cluster.api.post(
-                "/api/v1/nodes?fieldManager=kubelet",
-                &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
-                    "kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}}}),
-            )?;
+            cluster.create_node(node)?;
         }
         eprintln!("cluster ready: {} (etcd pid {})", cluster.api.server, cluster.etcd.child.id());
         Ok(cluster)
+    }
+
+    /// Creates Node `node` as the kubelet creates its Node, with labels: the
+    /// API server tracks field owners from a create that sets some field,
+    /// and never from updates to an object it tracks none on.
+    fn create_node(&self, node: &str) -> Result {
+        self.api.post(
+            "/api/v1/nodes?fieldManager=kubelet",
+            &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {
+                "kubernetes.io/hostname": node, "kubernetes.io/os": "linux"}}}),
+        )?;
+        Ok(())
+    }
+
+    /// The API server's audit log: the writes made, by whom.
+    fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
     }
 
     /// Starts kube-apiserver (again) and waits for `/readyz`; a restart logs
@@ -1069,6 +1102,17 @@ impl Api {
     fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
         let content_type =
             if method == "PATCH" { "application/merge-patch+json" } else { "application/json" };
+        self.request_as(method, path, content_type, body)
+    }
+
+    /// [`request`](Self::request) with the body's content type given.
+    fn request_as(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
         let request = ureq::http::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.server))

@@ -8,12 +8,14 @@
 //!   pidfd for each), since a crashed plugin leaves its socket behind and
 //!   the file system says nothing;
 //! - every [`WatchConfig::period`] (5 min), which also catches a plugin
-//!   that hangs and what changed in the cluster alone.
+//!   that hangs and what changed in the cluster alone; while something
+//!   fails, sooner: a second after a change, then twice as long each time
+//!   nothing changed, up to the period.
 //!
-//! A change of the failures (which sockets fail, with which verdict) is
-//! published only once a second pass, [`WatchConfig::confirm`] (3 s) later,
-//! agrees: a plugin that restarts, or a driver the kubelet registers a
-//! second after its socket appears, makes no Event. Then the condition is
+//! A new failure (a socket that fails, or fails otherwise) is published only
+//! once a second pass, [`WatchConfig::confirm`] (3 s) later, agrees: a
+//! plugin that restarts, or a driver the kubelet registers a second after
+//! its socket appears, makes no Event. Recoveries are published at once. Then the condition is
 //! set and one Event goes out per plugin that entered a failing verdict
 //! (`Warning`, the verdict's reason) or left it (`Normal`,
 //! `PluginRecovered`). Between changes nothing is written but the
@@ -43,6 +45,10 @@ use crate::metrics::DoctorMetrics;
 use crate::publish::events::RECOVERED_REASON;
 use crate::publish::{EventType, NodePublisher, Occurrence};
 use crate::{Doctor, Failure, Report};
+
+/// The first wait before a failing node is judged again, doubled each time
+/// nothing changed.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// When a node's doctor judges it again. Build it from [`Default`] with the
 /// setters; the fields are public to read.
@@ -167,6 +173,14 @@ impl Outcome {
                 .all(|((a, fa), (b, fb))| a == b && fa.verdict == fb.verdict)
     }
 
+    /// Whether every failure here is one of `before`'s, with the same
+    /// verdict: only recoveries, which need no second look.
+    fn only_better_than(&self, before: &Self) -> bool {
+        self.failing.iter().all(|(path, failing)| {
+            before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict)
+        })
+    }
+
     fn condition(&self) -> PluginsCondition {
         let failures = self.failing.iter().map(|(path, failing)| Failure {
             verdict: failing.verdict,
@@ -253,61 +267,74 @@ impl NodeWatch {
 
     /// Judges and publishes until `shutdown` completes.
     pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), WatchError> {
-        let (wake, mut woken) = mpsc::channel::<()>(1);
-        let changed = wake.clone();
+        let (wake_up, mut wake_ups) = mpsc::channel::<()>(1);
+        let on_change = wake_up.clone();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 // Opening and reading (the doctor's own) change nothing.
                 if event.is_ok_and(|event| !matches!(event.kind, EventKind::Access(_))) {
-                    let _ = changed.try_send(());
+                    let _ = on_change.try_send(());
                 }
             })
             .map_err(WatchError::Inotify)?;
         let mut armed = Armed::default();
-        let mut exits = Exits::new(wake);
+        let mut exits = Exits::new(wake_up);
         let mut confirmed = Outcome::default();
         let mut published = false;
         let mut last: Option<Outcome> = None;
+        let mut recheck = RECHECK;
+        let mut after_wake_up = false;
         tokio::pin!(shutdown);
         loop {
             let report = self.pass().await;
             armed.arm(&mut watcher, &self.doctor);
             exits.follow(&report);
             let outcome = Outcome::of(&report);
+            let changed = !last.as_ref().is_some_and(|last| last.agrees(&outcome));
             let mut confirm_at = None;
             if published && outcome.agrees(&confirmed) {
                 // Nothing new.
-            } else if last.as_ref().is_some_and(|last| last.agrees(&outcome)) {
+            } else if !changed || outcome.only_better_than(&confirmed) {
                 self.publish(&outcome, &confirmed);
                 confirmed = outcome.clone();
                 published = true;
             } else {
                 confirm_at = Some(Instant::now() + self.config.confirm);
             }
+            // While something fails, the node is judged again sooner than the
+            // period, less often the longer nothing moves: a fix made in the
+            // cluster alone (a kubelet that registers a driver at last)
+            // changes no file here, or changes one before it is done.
+            recheck = if changed || after_wake_up {
+                RECHECK
+            } else {
+                (recheck * 2).min(self.config.period)
+            };
+            let recheck_at = (!outcome.failing.is_empty()).then(|| Instant::now() + recheck);
             last = Some(outcome);
             self.sync().await;
-            // Until the next reason to judge, the publisher's own work.
             let period_at = Instant::now() + self.config.period;
-            loop {
+            let judge_at = [Some(period_at), confirm_at, recheck_at].into_iter().flatten().min();
+            let judge_at = judge_at.unwrap_or(period_at);
+            // Until the next reason to judge, the publisher's own work.
+            after_wake_up = loop {
                 let due = self.cluster.as_ref().and_then(|link| link.publisher.next_due());
-                let next = [Some(period_at), confirm_at, due].into_iter().flatten().min();
-                let next = next.unwrap_or(period_at);
+                let next = due.map_or(judge_at, |due| due.min(judge_at));
                 tokio::select! {
                     () = &mut shutdown => return Ok(()),
-                    Some(()) = woken.recv() => {
+                    Some(()) = wake_ups.recv() => {
                         tokio::time::sleep(self.config.settle).await;
-                        while woken.try_recv().is_ok() {}
-                        break;
+                        while wake_ups.try_recv().is_ok() {}
+                        break true;
                     }
                     () = tokio::time::sleep_until(next) => {
-                        let now = Instant::now();
-                        if now >= period_at || confirm_at.is_some_and(|at| now >= at) {
-                            break;
+                        if Instant::now() >= judge_at {
+                            break false;
                         }
                         self.sync().await;
                     }
                 }
-            }
+            };
         }
     }
 

@@ -204,11 +204,6 @@ impl EventRecorder {
         }
     }
 
-    /// The Node's uid, once it is known: events name it.
-    pub(crate) fn set_uid(&mut self, uid: Option<String>) {
-        self.regarding.uid = uid;
-    }
-
     /// Records `occurrence`: a new event, a series' second occurrence or a
     /// count.
     pub(crate) fn record(&mut self, occurrence: Occurrence) {

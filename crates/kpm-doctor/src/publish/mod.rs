@@ -18,6 +18,10 @@
 //!   answers, the current condition and the queued events go out.
 
 pub mod events;
+#[cfg(test)]
+mod stand_in;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -216,6 +220,8 @@ pub struct NodePublisher {
     recorder: EventRecorder,
     /// The Node's uid and condition have been read.
     started: bool,
+    /// The Node's uid, which the Events name.
+    regarding_uid: Option<String>,
     wanted: Option<(PluginsCondition, Timestamp)>,
     published: Option<Published>,
     retry_at: Option<Instant>,
@@ -243,6 +249,7 @@ impl NodePublisher {
             node,
             config,
             started: false,
+            regarding_uid: None,
             wanted: None,
             published: None,
             retry_at: None,
@@ -332,7 +339,7 @@ impl NodePublisher {
         let read = self.within("read Node", self.nodes.get_opt(&node)).await?;
         let found = read.map_err(|source| PublishError::ReadNode { node: node.clone(), source })?;
         let Some(found) = found else { return Err(PublishError::NodeNotFound { node }) };
-        self.recorder.set_uid(found.metadata.uid);
+        self.regarding_uid = found.metadata.uid;
         let existing = found
             .status
             .and_then(|status| status.conditions)
@@ -401,8 +408,14 @@ impl NodePublisher {
     }
 
     async fn write_events(&mut self) -> Result<(), PublishError> {
-        while let Some(write) = self.recorder.next_write().cloned() {
+        while let Some(mut write) = self.recorder.next_write().cloned() {
             let name = write.name().to_owned();
+            // An event recorded before the Node was read names its uid now.
+            if let Write::Create(event) = &mut write
+                && let Some(regarding) = &mut event.regarding
+            {
+                regarding.uid.clone_from(&self.regarding_uid);
+            }
             let result = match &write {
                 Write::Create(event) => {
                     let created = self

@@ -1,0 +1,232 @@
+//! The publisher against the in-process stand-in API server, on paused time.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::events::EventConfig;
+use super::stand_in::{self, State};
+use super::*;
+use crate::condition::{CONDITION_TYPE, ConditionStatus, PluginsCondition};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn healthy() -> PluginsCondition {
+    PluginsCondition {
+        status: ConditionStatus::True,
+        reason: "PluginsHealthy".into(),
+        message: "all 2 plugin sockets of the node are ok".into(),
+    }
+}
+
+fn failing(reason: &str) -> PluginsCondition {
+    PluginsCondition {
+        status: ConditionStatus::False,
+        reason: reason.into(),
+        message: format!("1 failing: a ({reason})"),
+    }
+}
+
+fn occurrence(reason: &str, about: &str) -> Occurrence {
+    Occurrence {
+        event_type: EventType::Warning,
+        reason: reason.into(),
+        about: about.into(),
+        note: format!("{about} is {reason}"),
+    }
+}
+
+fn publisher(config: PublishConfig) -> (NodePublisher, std::sync::Arc<parking_lot::Mutex<State>>) {
+    let (client, state) = stand_in::client("node1");
+    (NodePublisher::new(client, "node1", config), state)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.set(healthy());
+    publisher.sync().await;
+    assert_eq!(state.lock().writes(), 1);
+    let condition = state.lock().condition(CONDITION_TYPE).unwrap();
+    assert_eq!(condition["status"], "True");
+    assert_eq!(condition["reason"], "PluginsHealthy");
+
+    // Ten idle minutes: the same condition set again and again, no write.
+    for _ in 0..10 {
+        tokio::time::advance(MINUTE).await;
+        publisher.set(healthy());
+        publisher.sync().await;
+    }
+    assert_eq!(state.lock().writes(), 1, "{:?}", state.lock().requests);
+    // The heartbeat is due 30 min after the write.
+    let due = publisher.next_due().unwrap();
+    tokio::time::sleep_until(due).await;
+    publisher.sync().await;
+    assert_eq!(state.lock().writes(), 2);
+    assert_eq!(stats_writes(&publisher), 2);
+
+    // A change is written at once.
+    publisher.set(failing("Stale"));
+    publisher.sync().await;
+    assert_eq!(state.lock().writes(), 3);
+    assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap()["reason"], "Stale");
+}
+
+fn stats_writes(publisher: &NodePublisher) -> u64 {
+    publisher.stats().condition_writes()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_transition_time_moves_with_the_status_only() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.set(failing("Stale"));
+    publisher.sync().await;
+    let first = state.lock().condition(CONDITION_TYPE).unwrap()["lastTransitionTime"].clone();
+    publisher.set(failing("Rejected"));
+    publisher.sync().await;
+    let condition = state.lock().condition(CONDITION_TYPE).unwrap();
+    assert_eq!(condition["reason"], "Rejected");
+    assert_eq!(condition["lastTransitionTime"], first);
+    assert_eq!(state.lock().writes(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_kubelets_condition_and_the_doctors_keep_each_other() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.set(healthy());
+    publisher.sync().await;
+    // The kubelet's status patch (a strategic merge patch) between two
+    // doctor writes.
+    let nodes = publisher.nodes.clone();
+    let ready = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "lastHeartbeatTime": "2026-11-25T00:00:00Z",
+        "lastTransitionTime": "2026-11-25T00:00:00Z"}]}});
+    let params = PatchParams { field_manager: Some("kubelet".into()), ..PatchParams::default() };
+    nodes.patch_status("node1", &params, &Patch::Strategic(&ready)).await.unwrap();
+    publisher.set(failing("Stale"));
+    publisher.sync().await;
+    let state = state.lock();
+    assert_eq!(state.condition("Ready").unwrap()["reason"], "KubeletReady");
+    assert_eq!(state.condition(CONDITION_TYPE).unwrap()["reason"], "Stale");
+    assert_eq!(state.owners["Ready"], "kubelet");
+    assert_eq!(state.owners[CONDITION_TYPE], FIELD_MANAGER);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_doctor_takes_the_published_condition_and_writes_nothing() {
+    let (mut first, state) = publisher(PublishConfig::default());
+    first.set(healthy());
+    first.sync().await;
+    let written = state.lock().condition(CONDITION_TYPE).unwrap();
+    let writes = state.lock().writes();
+    // A new publisher on the same API server: it reads the condition back.
+    let mut second =
+        NodePublisher::new(first.nodes.clone().into_client(), "node1", PublishConfig::default());
+    second.set(healthy());
+    second.sync().await;
+    assert_eq!(state.lock().writes(), writes, "{:?}", state.lock().requests);
+    assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap(), written);
+    // Its heartbeat is due when the first one's was.
+    let due = second.next_due().unwrap();
+    assert!(due > tokio::time::Instant::now() + Duration::from_secs(29 * 60), "{due:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn repeated_events_make_one_series_patched_at_its_refresh() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.record(occurrence("Stale", "/r/a.sock"));
+    publisher.sync().await;
+    assert_eq!(state.lock().events.len(), 1);
+    let name = state.lock().events.keys().next().unwrap().clone();
+    assert_eq!(state.lock().events[&name]["regarding"]["uid"], "uid-1");
+    // The second occurrence makes it a series at once.
+    publisher.record(occurrence("Stale", "/r/a.sock"));
+    publisher.sync().await;
+    assert_eq!(state.lock().events[&name]["series"]["count"], 2);
+    let writes = state.lock().writes();
+    // A flapping plugin: five more within the window cost no write...
+    for _ in 0..5 {
+        tokio::time::advance(MINUTE).await;
+        publisher.record(occurrence("Stale", "/r/a.sock"));
+        publisher.sync().await;
+    }
+    assert_eq!(state.lock().writes(), writes);
+    // ...until the series is finished (6 min without one) or refreshed.
+    let due = publisher.next_due().unwrap();
+    tokio::time::sleep_until(due).await;
+    publisher.sync().await;
+    assert_eq!(state.lock().events[&name]["series"]["count"], 7);
+    assert_eq!(state.lock().events.len(), 1);
+    assert_eq!(publisher.stats().event_writes(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_beyond_the_burst_wait_for_their_token() {
+    let config = PublishConfig::default().events(EventConfig::default().burst(3));
+    let (mut publisher, state) = publisher(config);
+    for n in 0..5 {
+        publisher.record(occurrence("Stale", &format!("/r/{n}.sock")));
+    }
+    publisher.sync().await;
+    assert_eq!(state.lock().events.len(), 3);
+    let due = publisher.next_due().unwrap();
+    assert_eq!(due - tokio::time::Instant::now(), Duration::from_secs(5 * 60));
+    tokio::time::sleep_until(due).await;
+    publisher.sync().await;
+    assert_eq!(state.lock().events.len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_403_is_tried_again_with_backoff_and_never_spins() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    state.lock().fail = Some(403);
+    publisher.set(failing("Stale"));
+    publisher.record(occurrence("Stale", "/r/a.sock"));
+    // An hour of syncs every 100 ms of a caller that keeps asking.
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(3600) {
+        publisher.sync().await;
+        tokio::time::advance(Duration::from_millis(100)).await;
+    }
+    let tries = state.lock().requests.len();
+    // 1 s doubling to 2 min: 1+2+...+64 (127 s) then every 2 min: about 35.
+    assert!((20..=40).contains(&tries), "{tries} tries in an hour");
+    assert!(publisher.stats().failing());
+    // Allowed again: the current state goes out at the next try.
+    state.lock().fail = None;
+    publisher.set(failing("Rejected"));
+    tokio::time::sleep_until(publisher.next_due().unwrap()).await;
+    publisher.sync().await;
+    let state = state.lock();
+    assert_eq!(state.condition(CONDITION_TYPE).unwrap()["reason"], "Rejected");
+    assert_eq!(state.events.len(), 1);
+    assert!(!publisher.stats().failing());
+}
+
+#[tokio::test(start_paused = true)]
+async fn while_the_api_server_is_down_nothing_is_lost() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.set(healthy());
+    publisher.sync().await;
+    state.lock().down = true;
+    publisher.set(failing("Stale"));
+    publisher.record(occurrence("Stale", "/r/a.sock"));
+    publisher.sync().await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+    publisher.set(healthy());
+    publisher.record(Occurrence {
+        event_type: EventType::Normal,
+        ..occurrence(events::RECOVERED_REASON, "/r/a.sock")
+    });
+    publisher.sync().await;
+    assert!(publisher.stats().failing());
+    state.lock().down = false;
+    tokio::time::sleep_until(publisher.next_due().unwrap()).await;
+    publisher.sync().await;
+    let state = state.lock();
+    assert_eq!(state.condition(CONDITION_TYPE).unwrap()["status"], "True");
+    let reasons: Vec<&Value> = state.events.values().map(|e| &e["reason"]).collect();
+    assert_eq!(reasons, ["Stale", events::RECOVERED_REASON]);
+}
