@@ -25,7 +25,7 @@ use crate::harness::{self, Binaries, stdout_of};
 /// The scenarios, in the order they run. `steady-csi` is `steady` with
 /// CSI drivers instead of device plugins: liveness probes each type its
 /// own way.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "staggered",
     "burst",
     "burst-in-place",
@@ -35,7 +35,15 @@ const SCENARIOS: [&str; 9] = [
     "deregister",
     "kill",
     "hang",
+    "doctor-idle",
 ];
+
+/// `doctor-idle`: `kpm doctor --watch` beside a `kpm run` with this many
+/// CSI drivers, judging every `DOCTOR_PERIOD_SECS` (a fifth of the default,
+/// so that the hold takes in full passes), held for `DOCTOR_HOLD_SECS`.
+const DOCTOR_PLUGINS: &str = "20";
+const DOCTOR_PERIOD_SECS: &str = "60";
+const DOCTOR_HOLD_SECS: &str = "180";
 
 /// The liveness settings of `hang` (kpm's default period is 30 s): a stopped
 /// plugin must be deregistered within `period × (failures + 1)`.
@@ -97,9 +105,20 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
 fn run_scenario(binaries: &Binaries, scenario: &str, quick: bool) -> Result<String> {
     let mut args = match scenario {
         "steady-csi" => vec!["--scenario", "steady", "--plugin-type", "csi"],
+        // The doctor's cost, measured as `steady` measures kpm's.
+        "doctor-idle" => vec![
+            "--scenario",
+            "steady",
+            "--plugin-type",
+            "csi",
+            "--plugins",
+            DOCTOR_PLUGINS,
+            "--duration-secs",
+            DOCTOR_HOLD_SECS,
+        ],
         _ => vec!["--scenario", scenario],
     };
-    if quick {
+    if quick && scenario != "doctor-idle" {
         args.extend(["--duration-secs", QUICK_DURATION_SECS]);
     }
     let kpm_args: &[&str] = if scenario == "hang" { &HANG_LIVENESS } else { &[] };
@@ -107,7 +126,12 @@ fn run_scenario(binaries: &Binaries, scenario: &str, quick: bool) -> Result<Stri
         args.extend(["--liveness-period-secs", HANG_LIVENESS[1]]);
         args.extend(["--liveness-failures", HANG_LIVENESS[3]]);
     }
-    let run = harness::against_fresh_kpm(binaries, scenario, kpm_args, &args)?;
+    let run = if scenario == "doctor-idle" {
+        let doctor = ["--period", DOCTOR_PERIOD_SECS];
+        harness::against_fresh_kpm_measuring_doctor(binaries, scenario, &doctor, &args)?
+    } else {
+        harness::against_fresh_kpm(binaries, scenario, kpm_args, &args)?
+    };
     if !run.loadgen.status.success() {
         return Err(format!("kpm-loadgen failed ({})", run.loadgen.status).into());
     }

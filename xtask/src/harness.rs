@@ -68,6 +68,27 @@ pub(crate) fn against_fresh_kpm(
     kpm_args: &[&str],
     loadgen_args: &[&str],
 ) -> Result<Run> {
+    against_fresh_kpm_measuring(binaries, name, kpm_args, loadgen_args, None)
+}
+
+/// [`against_fresh_kpm`], with `kpm doctor --watch <doctor_args>` on the
+/// same root beside it, which the load generator measures instead of kpm.
+pub(crate) fn against_fresh_kpm_measuring_doctor(
+    binaries: &Binaries,
+    name: &str,
+    doctor_args: &[&str],
+    loadgen_args: &[&str],
+) -> Result<Run> {
+    against_fresh_kpm_measuring(binaries, name, &[], loadgen_args, Some(doctor_args))
+}
+
+fn against_fresh_kpm_measuring(
+    binaries: &Binaries,
+    name: &str,
+    kpm_args: &[&str],
+    loadgen_args: &[&str],
+    doctor_args: Option<&[&str]>,
+) -> Result<Run> {
     let dir = tempfile::Builder::new().prefix("kpm-bench-").tempdir_in("/tmp")?;
     let root = dir.path();
     let log = binaries.out.join(format!("kpm-{name}.log"));
@@ -75,8 +96,22 @@ pub(crate) fn against_fresh_kpm(
         fs::File::create(&log).map_err(|err| format!("cannot create {}: {err}", log.display()))?;
     let mut kpm = Kpm::start(&binaries.kpm, root, kpm_args, log_file)?;
     kpm.wait_ready(&root.join("kpm.sock"))?;
-    let pid = kpm.pid().to_string();
+    let mut pid = kpm.pid().to_string();
     eprintln!("\n== {name}: kpm pid {pid} on {}", root.display());
+    let _doctor = match doctor_args {
+        Some(args) => {
+            let doctor = Doctor::start(
+                binaries,
+                root,
+                args,
+                &binaries.out.join(format!("doctor-{name}.log")),
+            )?;
+            pid = doctor.child.id().to_string();
+            eprintln!("{name}: kpm doctor --watch pid {pid} measured");
+            Some(doctor)
+        }
+        None => None,
+    };
 
     let output = with_fd_limit(&binaries.loadgen)
         .arg("run")
@@ -89,6 +124,38 @@ pub(crate) fn against_fresh_kpm(
         .map_err(|err| format!("cannot start {}: {err}", binaries.loadgen.display()))?;
     let kpm_exit = kpm.stop()?;
     Ok(Run { loadgen: output, kpm_exit, log })
+}
+
+/// `kpm doctor --watch --root-dir ROOT` (no other root, no API server), a
+/// child process killed when dropped.
+struct Doctor {
+    child: Child,
+}
+
+impl Doctor {
+    fn start(binaries: &Binaries, root: &Path, args: &[&str], log: &Path) -> Result<Self> {
+        let log = fs::File::create(log)
+            .map_err(|err| format!("cannot create {}: {err}", log.display()))?;
+        let child = Command::new(&binaries.kpm)
+            .args(["doctor", "--watch", "--root-dir"])
+            .arg(root)
+            .arg("--other-root")
+            .arg(root.join("no-other-root"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|err| format!("cannot start {}: {err}", binaries.kpm.display()))?;
+        Ok(Self { child })
+    }
+}
+
+impl Drop for Doctor {
+    fn drop(&mut self) {
+        kill(&mut self.child);
+    }
 }
 
 /// A `kpm run` child process; killed if dropped while running.

@@ -9,8 +9,9 @@
 //!   the file system says nothing;
 //! - every [`WatchConfig::period`] (5 min), which also catches a plugin
 //!   that hangs and what changed in the cluster alone; while something
-//!   fails, sooner: a second after a change, then twice as long each time
-//!   nothing changed, up to the period.
+//!   fails, sooner: [`WatchConfig::confirm`] after a change of the
+//!   failures, a second after a file-system change, then twice as long
+//!   each time nothing changed, up to the period.
 //!
 //! A new failure (a socket that fails, or fails otherwise) is published only
 //! once a second pass, [`WatchConfig::confirm`] (3 s) later, agrees: a
@@ -304,8 +305,12 @@ impl NodeWatch {
             // While something fails, the node is judged again sooner than the
             // period, less often the longer nothing moves: a fix made in the
             // cluster alone (a kubelet that registers a driver at last)
-            // changes no file here, or changes one before it is done.
-            recheck = if changed || after_wake_up {
+            // changes no file here, or changes one before it is done (a
+            // kubelet's socket, at its start). A change is looked at again
+            // after `confirm` only, so that the kubelet has had its time.
+            recheck = if changed {
+                self.config.confirm
+            } else if after_wake_up {
                 RECHECK
             } else {
                 (recheck * 2).min(self.config.period)

@@ -10,7 +10,9 @@
 //!   so that a test on paused time sees its timers fire at exact instants;
 //! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
 //!   runtime, so that stopping it closes its connections the way a process
-//!   exit does.
+//!   exit does;
+//! - [`api_server`] is a stand-in Kubernetes API server (a Node's
+//!   conditions and Events) for the doctor's publishing.
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
 //! the event itself and never assert an upper bound on real time.
@@ -26,6 +28,8 @@
     clippy::missing_panics_doc,
     reason = "a helper that can wait no longer fails the test that called it (crate docs)"
 )]
+
+pub mod api_server;
 
 use std::fmt::Display;
 use std::sync::Arc;

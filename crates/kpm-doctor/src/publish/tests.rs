@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::events::EventConfig;
-use super::stand_in::{self, State};
+use kpm_test_support::api_server::State;
+
+use super::stand_in;
 use super::*;
 use crate::condition::{CONDITION_TYPE, ConditionStatus, PluginsCondition};
 
