@@ -1,0 +1,264 @@
+//! `kpm doctor --watch` as a process, publishing to kpm-test-support's
+//! stand-in API server over TCP; and `kpm doctor --host-root` on a host
+//! seen under a prefix. Real sockets, real plugins, the real binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Metric samples are counts, exact as floats.
+#![allow(clippy::float_cmp)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use kpm_registrar::Registrar;
+use kpm_test_support::api_server::{ApiRequest, State};
+use kpm_test_support::blocking::wait_until;
+use parking_lot::Mutex;
+use serde_json::Value;
+use support::{free_port, http_get, kpm, kubeconfig, parse_prometheus};
+
+const CONDITION: &str = "KubeletPluginsHealthy";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+}
+
+/// Serves `state` on `port` of 127.0.0.1 over HTTP, as kube's client talks
+/// to an API server.
+fn serve_api(rt: &tokio::runtime::Runtime, port: u16, state: Arc<Mutex<State>>) {
+    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let state = Arc::clone(&state);
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+            let content_type = parts.headers.get(axum::http::header::CONTENT_TYPE);
+            let (code, answer) = state.lock().handle(&ApiRequest {
+                method: parts.method.as_str(),
+                path: parts.uri.path(),
+                query: parts.uri.query().unwrap_or_default(),
+                content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
+                body: &body,
+            });
+            let code = axum::http::StatusCode::from_u16(code).unwrap();
+            (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
+        }
+    });
+    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+}
+
+/// `kpm doctor --watch` on `root` for Node `node1` through the API server on
+/// `api_port`, its metrics on `metrics`; stderr to `root/doctor.log`.
+fn watch(root: &Path, api_port: u16, metrics: &str) -> Child {
+    let config = root.join("kubeconfig");
+    std::fs::write(&config, kubeconfig(&format!("http://127.0.0.1:{api_port}"))).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kpm"))
+        .args(["doctor", "--watch", "--root-dir"])
+        .arg(root)
+        .arg("--other-root")
+        .arg(root.join("no-other-root"))
+        .arg("--kubeconfig")
+        .arg(&config)
+        .args(["--node-name", "node1", "--confirm-ms", "200", "--timeout", "2"])
+        .args(["--metrics-addr", metrics])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(root.join("doctor.log")).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+fn stop(mut child: Child) {
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(child.wait().unwrap().success());
+}
+
+/// The doctor's metrics; none while its server does not listen yet.
+fn metrics(addr: &str) -> std::collections::HashMap<String, f64> {
+    if std::net::TcpStream::connect(addr).is_err() {
+        return std::collections::HashMap::new();
+    }
+    parse_prometheus(&http_get(addr, "/metrics"))
+}
+
+/// A registry with a socket nobody listens on: a plugin that crashed.
+fn stale_socket(registry: &Path) -> PathBuf {
+    std::fs::create_dir_all(registry).unwrap();
+    let socket = registry.join("crashed-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    socket
+}
+
+#[test]
+fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    let healthy = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .socket_dir(&registry)
+                .routes(support::device_plugin(&[("gpu-0", "Healthy")]))
+                .serve(),
+        )
+        .unwrap();
+    // The Node shows the plugin's device, as the kubelet published it.
+    let mut node = State::with_node("node1");
+    let status = &mut node.node.as_mut().unwrap()["status"];
+    status["capacity"] = serde_json::json!({"vendor.com/gpu": "1"});
+    status["allocatable"] = serde_json::json!({"vendor.com/gpu": "1"});
+    let state = Arc::new(Mutex::new(node));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let doctor = watch(root.path(), api_port, &metrics_addr);
+
+    wait_until("the condition True", || {
+        state.lock().condition(CONDITION).is_some_and(|c| c["status"] == "True")
+    });
+    // A plugin crashes, leaving its socket: Stale, and a Warning Event.
+    let crashed = stale_socket(&registry);
+    wait_until("the condition Stale", || {
+        state.lock().condition(CONDITION).is_some_and(|c| c["reason"] == "Stale")
+    });
+    let condition = state.lock().condition(CONDITION).unwrap();
+    assert_eq!(condition["status"], "False");
+    assert!(condition["message"].as_str().unwrap().contains("crashed-reg.sock"), "{condition}");
+    let warning = event(&state, "Stale");
+    assert_eq!(warning["type"], "Warning");
+    assert_eq!(warning["regarding"]["name"], "node1");
+    assert_eq!(warning["regarding"]["uid"], "uid-1");
+    assert!(warning["note"].as_str().unwrap().contains(crashed.to_str().unwrap()), "{warning}");
+
+    // Its socket removed: True again, and a Normal Event.
+    std::fs::remove_file(&crashed).unwrap();
+    wait_until("the condition True again", || {
+        state.lock().condition(CONDITION).is_some_and(|c| c["status"] == "True")
+    });
+    assert_eq!(event(&state, "PluginRecovered")["type"], "Normal");
+    // Every write was the doctor's own condition (server-side apply) or an
+    // Event: three condition writes, two Events.
+    let writes: Vec<String> =
+        state.lock().requests.iter().filter(|r| !r.starts_with("GET ")).cloned().collect();
+    assert_eq!(
+        writes.iter().filter(|w| w.ends_with("/nodes/node1/status")).count(),
+        3,
+        "{writes:?}"
+    );
+    assert_eq!(state.lock().owners[CONDITION], "kpm-doctor");
+    let samples = metrics(&metrics_addr);
+    assert_eq!(samples["kpm_doctor_api_writes_total{kind=\"condition\"}"], 3.0);
+    assert_eq!(samples["kpm_doctor_api_writes_total{kind=\"event\"}"], 2.0);
+    let ok = "kpm_doctor_plugins{verdict=\"ok\",type=\"DevicePlugin\"}";
+    assert_eq!(samples.get(ok), Some(&1.0), "{samples:?}");
+    assert!(samples["kpm_doctor_passes_total"] >= 3.0);
+    stop(doctor);
+    drop(healthy);
+}
+
+fn event(state: &Mutex<State>, reason: &str) -> Value {
+    let state = state.lock();
+    let found = state.events.values().find(|e| e["reason"] == reason);
+    found.cloned().unwrap_or_else(|| panic!("no {reason} Event in {:?}", state.events))
+}
+
+#[test]
+fn with_no_api_server_it_judges_on_says_so_once_and_publishes_once_it_can() {
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    stale_socket(&root.path().join("plugins_registry"));
+    let state = Arc::new(Mutex::new(State::with_node("node1")));
+    let api_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let doctor = watch(root.path(), api_port, &metrics_addr);
+
+    // Nothing listens on the API server's port: it keeps judging, counts
+    // the failed writes, and warns once.
+    wait_until("three failed writes", || {
+        let samples = metrics(&metrics_addr);
+        samples.get("kpm_doctor_api_write_failures_total").is_some_and(|n| *n >= 3.0)
+            && samples.get("kpm_doctor_api_failing") == Some(&1.0)
+            && samples.get("kpm_doctor_plugins{verdict=\"stale\",type=\"none\"}") == Some(&1.0)
+    });
+    let log = std::fs::read_to_string(root.path().join("doctor.log")).unwrap();
+    assert_eq!(log.matches("cannot publish to the API server").count(), 1, "{log}");
+
+    // The API server comes: the current state goes out, the Event too.
+    serve_api(&rt, api_port, Arc::clone(&state));
+    wait_until("the condition Stale published", || {
+        state.lock().condition(CONDITION).is_some_and(|c| c["reason"] == "Stale")
+    });
+    event(&state, "Stale");
+    wait_until("the failure cleared", || {
+        metrics(&metrics_addr).get("kpm_doctor_api_failing") == Some(&0.0)
+    });
+    stop(doctor);
+}
+
+#[test]
+fn a_403_is_said_once_and_judging_goes_on() {
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    stale_socket(&root.path().join("plugins_registry"));
+    let state = Arc::new(Mutex::new(State { fail: Some(403), ..State::with_node("node1") }));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let doctor = watch(root.path(), api_port, &metrics_addr);
+    let log = || std::fs::read_to_string(root.path().join("doctor.log")).unwrap();
+    wait_until("three refused writes", || {
+        metrics(&metrics_addr).get("kpm_doctor_api_write_failures_total").is_some_and(|n| *n >= 3.0)
+    });
+    let log = log();
+    assert_eq!(log.matches("cannot publish to the API server").count(), 1, "{log}");
+    assert!(log.contains("403"), "{log}");
+    assert_eq!(metrics(&metrics_addr)["kpm_doctor_api_failing"], 1.0);
+    // Allowed at last.
+    state.lock().fail = None;
+    wait_until("the condition published", || state.lock().condition(CONDITION).is_some());
+    stop(doctor);
+}
+
+#[test]
+fn under_a_host_root_the_kubelet_its_root_and_the_endpoints_are_read_there() {
+    let rt = runtime();
+    let host = tempfile::tempdir().unwrap();
+    let seen = |path: &str| host.path().join(path.trim_start_matches('/'));
+    // The host's /proc names a kubelet with another root than the default.
+    std::fs::create_dir_all(seen("/proc/4242")).unwrap();
+    std::fs::write(seen("/proc/4242/cmdline"), "/usr/bin/kubelet\0--root-dir=/data/kubelet\0")
+        .unwrap();
+    // A device plugin registered in that root, advertising its endpoint as
+    // a path on the host.
+    let endpoint = "/data/kubelet/plugins/gpu/gpu.sock";
+    std::fs::create_dir_all(seen("/data/kubelet/plugins/gpu")).unwrap();
+    let _served = support::serve(&seen(endpoint), support::device_plugin(&[("gpu-0", "Healthy")]));
+    let plugin = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .socket_dir(seen("/data/kubelet/plugins_registry"))
+                .endpoint(endpoint)
+                .serve(),
+        )
+        .unwrap();
+    let out = kpm(&[
+        "doctor",
+        "-o",
+        "json",
+        "--host-root",
+        host.path().to_str().unwrap(),
+        "--other-root",
+        "/nowhere",
+    ]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["root_dir"], "/data/kubelet", "{report:#}");
+    assert_eq!(report["root_from"], "the running kubelet, pid 4242");
+    let row = &report["plugins"][0];
+    let registration = plugin.socket_path().strip_prefix(host.path()).unwrap();
+    assert_eq!(row["path"], Path::new("/").join(registration).to_str().unwrap(), "{report:#}");
+    assert_eq!(row["verdict"], "ok", "{report:#}");
+    assert_eq!(row["endpoint"], endpoint);
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+}
