@@ -46,7 +46,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 /// on an idle machine).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a process may take to exit on SIGTERM.
-const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
 /// After the API server is back: kpm's retries back off, up to its cap.
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
 /// `kpm run --dra-cleanup-grace`, in seconds: how long a DRA driver that
@@ -909,6 +909,13 @@ impl Cluster {
         })?;
         eprintln!("kube-apiserver ready in {:?}", started.elapsed());
         self.apiserver = Some(apiserver);
+        Ok(())
+    }
+
+    /// SIGKILL to kube-apiserver: a crash, and an end that does not wait
+    /// for its many clients' watches to drain.
+    fn kill_apiserver(&mut self) -> Result {
+        self.apiserver.take().ok_or("kube-apiserver is not running")?.kill();
         Ok(())
     }
 
