@@ -22,6 +22,7 @@
 //! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
 //! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
 //! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
+//! | `fleet-scale` | `kpm doctor --cluster` over 5000 Nodes, 5000 CSINodes and 20,000 ResourceSlices: its time and peak RSS, printed (`fleet_scale.rs`) |
 //! | `fleet` | `kpm doctor --watch` on 20 nodes (`fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |
 
 use std::collections::BTreeSet;
@@ -38,6 +39,7 @@ use crate::Result;
 use crate::scenario::{self, Process, RunningKpm, find, wait_for, wait_until};
 
 mod fleet;
+mod fleet_scale;
 
 /// How long any one step may take: kpm writes to the API server within
 /// milliseconds, but a 2-core machine shared with builds is slow at times.
@@ -87,6 +89,7 @@ const SCENARIOS: &[Scenario] = &[
     Scenario { name: "apiserver-down", needs_kpm: true, run: apiserver_down },
     Scenario { name: "doctor", needs_kpm: true, run: doctor },
     Scenario { name: "fleet", needs_kpm: true, run: fleet::fleet },
+    Scenario { name: "fleet-scale", needs_kpm: true, run: fleet_scale::fleet_scale },
 ];
 
 /// The programs, the manifest and where the logs go.
