@@ -6,14 +6,17 @@
 //! never creates, removes or renames anything, and closes every connection
 //! when its call is done. Once, it never writes to the API server;
 //! `--watch` keeps judging and publishes the node's condition and Events.
+//!
+//! With `--cluster` it judges no node itself: it reads back, read-only,
+//! what every node's doctor published and what the API server shows of
+//! each driver, and prints the fleet view (`kpm_doctor::read_fleet`).
 
 use std::io::Write as _;
-use std::path::PathBuf;
-
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use kpm_doctor::{
-    ClusterLink, Doctor, DoctorConfig, Host, NodePublisher, PublishConfig, WatchConfig,
+    ClusterLink, Doctor, DoctorConfig, FleetConfig, Host, NodePublisher, PublishConfig, WatchConfig,
 };
 
 use crate::inspect::JudgeArgs;
@@ -50,6 +53,39 @@ pub(crate) struct DoctorArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
     output: OutputFormat,
+    /// Judge no node here: read, from the API server, what every node's
+    /// doctor (`kpm doctor --watch`) published, with CSIDrivers, CSINodes,
+    /// device capacity and ResourceSlices, and show for each driver the
+    /// nodes it is registered on and why not on the others, and for each
+    /// node its doctor's state. Exits 1 when a node's doctor reports a
+    /// failure or is silent. Reads only; needs `list` on nodes, csidrivers,
+    /// csinodes and resourceslices. Uses --kubeconfig, else the service
+    /// account in a pod, else ~/.kube/config.
+    #[arg(long)]
+    cluster: bool,
+    /// With --cluster: only the nodes this label selector selects
+    /// (`node-role.kubernetes.io/gpu`, `pool in (a,b)`).
+    #[arg(short = 'l', long, value_name = "SELECTOR", requires = "cluster")]
+    selector: Option<String>,
+    /// With --cluster: how many objects each list request asks for.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = kpm_doctor::DEFAULT_PAGE_SIZE,
+        value_parser = clap::value_parser!(u32).range(1..),
+        requires = "cluster"
+    )]
+    page_size: u32,
+    /// With --cluster: a doctor whose last heartbeat is older than this
+    /// many seconds is silent (two of its heartbeat periods by default).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = kpm_doctor::DEFAULT_STALE_AFTER.as_secs(),
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS),
+        requires = "cluster"
+    )]
+    stale_after: u64,
     #[command(flatten)]
     watch: WatchArgs,
 }
@@ -62,7 +98,7 @@ struct WatchArgs {
     /// exit, and every --period) and, with an API server, publish its
     /// condition KubeletPluginsHealthy and Events on its Node; until SIGINT
     /// or SIGTERM. Read-only on the node, as without.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     watch: bool,
     /// With --watch: a full pass at least this often, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "watch",
@@ -79,7 +115,7 @@ struct WatchArgs {
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     confirm_ms: u64,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
-    #[arg(long, value_name = "HOST:PORT", env = "KPM_METRICS_ADDR", requires = "watch")]
+    #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// With --watch: the log format; the level comes from RUST_LOG.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "KPM_LOG_FORMAT")]
@@ -107,6 +143,9 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     if args.watch.watch {
         return Box::pin(watch(args)).await.map(|()| true);
     }
+    if args.cluster {
+        return fleet(&args).await;
+    }
     let doctor = Doctor::new(args.config())?;
     let objects = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
         Some(client) => {
@@ -118,12 +157,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     };
     let report = doctor.examine(objects.as_ref()).await;
     let text = match args.output {
-        OutputFormat::Json => {
-            let mut json = serde_json::to_string_pretty(&report)
-                .map_err(|err| CliError::Output(std::io::Error::other(err)))?;
-            json.push('\n');
-            json
-        }
+        OutputFormat::Json => json(&report)?,
         OutputFormat::Table => kpm_doctor::render_table(&report),
     };
     std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
@@ -175,4 +209,47 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         serving.abort();
     }
     Ok(result?)
+}
+
+/// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor
+/// reports a failure or is silent.
+async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
+    let client = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
+        Some(client) => client,
+        // As kubectl does, for `kubectl kpm doctor --cluster`.
+        None => match home_kubeconfig() {
+            Some(path) => kpm::kube::client_from_kubeconfig(&path).await?,
+            None => return Err(CliError::NoApiServer),
+        },
+    };
+    let mut config = FleetConfig::default()
+        .page_size(args.page_size)
+        .request_timeout(args.judge.timeout())
+        .stale_after(Duration::from_secs(args.stale_after));
+    if let Some(selector) = &args.selector {
+        config = config.label_selector(selector);
+    }
+    let objects = kpm_doctor::read_fleet(&client, &config).await?;
+    tracing::debug!(nodes = objects.nodes.len(), requests = objects.requests, "read the fleet");
+    let fleet = kpm_doctor::judge_fleet(&objects, SystemTime::now(), config.stale_after);
+    drop(objects);
+    let text = match args.output {
+        OutputFormat::Json => json(&fleet)?,
+        OutputFormat::Table => kpm_doctor::render_fleet_table(&fleet),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
+    Ok(fleet.ok())
+}
+
+/// `~/.kube/config`, when it exists.
+fn home_kubeconfig() -> Option<PathBuf> {
+    let path = Path::new(&std::env::var_os("HOME")?).join(".kube/config");
+    path.is_file().then_some(path)
+}
+
+fn json(value: &impl serde::Serialize) -> Result<String, CliError> {
+    let mut json = serde_json::to_string_pretty(value)
+        .map_err(|err| CliError::Output(std::io::Error::other(err)))?;
+    json.push('\n');
+    Ok(json)
 }

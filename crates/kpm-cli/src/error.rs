@@ -30,6 +30,14 @@ pub(crate) enum CliError {
     #[error("{0}")]
     DoctorWatch(#[from] kpm_doctor::WatchError),
 
+    #[error("read the fleet: {0}")]
+    Fleet(#[from] kpm_doctor::FleetError),
+
+    #[error(
+        "find the API server: no --kubeconfig, KUBECONFIG, service account (not in a pod) or ~/.kube/config"
+    )]
+    NoApiServer,
+
     #[error("find the node name: {0} (set --node-name)")]
     NodeName(#[source] std::io::Error),
 

@@ -9,6 +9,9 @@
 //! - `kpm check -- PLUGIN-COMMAND…`: a plugin checked against what kubelets rely on.
 //! - `kpm demo`: a manager and example plugins of every type on a temp dir.
 //!
+//! Installed as `kubectl-kpm` (a link to `kpm` on the `PATH`), it is the
+//! kubectl plugin `kubectl kpm …`: the same commands, its help naming it so.
+//!
 //! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
 //! step), 2 usage error.
 
@@ -30,10 +33,10 @@ mod run;
 mod status_api;
 mod watch;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 
 pub(crate) use error::CliError;
 
@@ -117,8 +120,24 @@ enum OutputFormat {
     Json,
 }
 
+/// The file name kubectl runs a plugin named `kpm` by.
+const KUBECTL_PLUGIN: &str = "kubectl-kpm";
+
+/// The command line, parsed; when started as [`KUBECTL_PLUGIN`], help and
+/// usage name the command `kubectl kpm` (clap skips argv[0] either way).
+fn parse() -> Cli {
+    let as_plugin = std::env::args_os()
+        .next()
+        .is_some_and(|argv0| Path::new(&argv0).file_name() == Some(KUBECTL_PLUGIN.as_ref()));
+    if !as_plugin {
+        return Cli::parse();
+    }
+    let matches = Cli::command().name(KUBECTL_PLUGIN).bin_name("kubectl kpm").get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => return fail(&CliError::Runtime(err)),

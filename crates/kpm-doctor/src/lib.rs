@@ -15,6 +15,12 @@
 //!   [`render_table`] shows it as `kpm doctor` prints it.
 //! - It never notifies a plugin, never creates, removes or renames a file,
 //!   and holds no connection once a call is done.
+//! - For the whole cluster, [`read_fleet`] reads back the condition each
+//!   node's doctor publishes, with the CSIDrivers, CSINodes, extended
+//!   resources and ResourceSlices, read-only and page by page;
+//!   [`judge_fleet`] makes a [`Fleet`] of it: each node's doctor state, and
+//!   each driver's nodes (`47/50`) with why it is not on the others;
+//!   [`render_fleet_table`] prints it as `kpm doctor --cluster` does.
 //! - [`Host`] is where this process sees the host's file system: `/`, or a
 //!   prefix in a pod (`/host`); reports always name the host's paths.
 //!
@@ -26,6 +32,7 @@
 mod checkpoint;
 mod cluster;
 mod condition;
+mod fleet;
 mod host;
 mod judge;
 mod metrics;
@@ -42,6 +49,11 @@ use serde::Serialize;
 pub use crate::condition::{
     CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON, MAX_MESSAGE_BYTES,
     PluginsCondition,
+};
+pub use crate::fleet::{
+    DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
+    DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
+    NodeObject, NodeView, NotOn, judge_fleet, read_fleet, render_fleet_table,
 };
 pub use crate::host::{Host, KubeletProcess, ProcessInfo};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};

@@ -93,19 +93,21 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
         3 => Some(json!({"type": "KubeletPluginsHealthy", "status": "False", "reason": "Stale",
             "message": "1 failing: csi.example.com-reg.sock (stale): dial: Connection refused",
             "lastHeartbeatTime": now, "lastTransitionTime": now})),
-        _ => Some(json!({"type": "KubeletPluginsHealthy", "status": "True", "reason": "PluginsHealthy",
+        _ => Some(
+            json!({"type": "KubeletPluginsHealthy", "status": "True", "reason": "PluginsHealthy",
             "message": "all 2 plugin sockets of the node are ok",
-            "lastHeartbeatTime": now, "lastTransitionTime": now})),
+            "lastHeartbeatTime": now, "lastTransitionTime": now}),
+        ),
     };
     api.post(
         "/api/v1/nodes",
         &json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {
-                "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "vendor.com/gpu": "2"},
-                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "vendor.com/gpu": "2"},
-                "conditions": condition.into_iter().collect::<Vec<_>>(),
-            }}),
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "vendor.com/gpu": "2"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "vendor.com/gpu": "2"},
+            "conditions": condition.into_iter().collect::<Vec<_>>(),
+        }}),
     )?;
     let drivers = if n % 100 == 5 {
         json!([])

@@ -1,0 +1,670 @@
+//! `kpm doctor --cluster`, the fleet view, against a stand-in API server
+//! (axum on 127.0.0.1) that pages its lists as kube-apiserver does
+//! (`limit`, `continue`); and `kpm` run as the kubectl plugin `kubectl-kpm`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+use support::{KPM, kubeconfig};
+
+/// One collection of the stand-in: its items as JSON text, each with its
+/// labels (for a label selector).
+struct Collection {
+    path: &'static str,
+    kind: &'static str,
+    api_version: &'static str,
+    items: Vec<(String, Vec<(String, String)>)>,
+}
+
+impl Collection {
+    fn new(path: &'static str, kind: &'static str, api_version: &'static str) -> Self {
+        Self { path, kind, api_version, items: Vec::new() }
+    }
+
+    fn push(&mut self, item: &Value) {
+        let labels = item["metadata"]["labels"]
+            .as_object()
+            .map(|labels| {
+                labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect()
+            })
+            .unwrap_or_default();
+        self.items.push((item.to_string(), labels));
+    }
+
+    /// The page a list request asks for: at most `limit` items from the
+    /// offset its `continue` token names; `key=value` label selectors only.
+    fn page(&self, query: &str) -> String {
+        let param = |name: &str| {
+            query
+                .split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| percent_decode(value))
+        };
+        let selected: Vec<&String> = match param("labelSelector") {
+            None => self.items.iter().map(|(item, _)| item).collect(),
+            Some(selector) => {
+                let (key, value) = selector.split_once('=').expect("key=value selectors only");
+                self.items
+                    .iter()
+                    .filter(|(_, labels)| labels.iter().any(|(k, v)| k == key && v == value))
+                    .map(|(item, _)| item)
+                    .collect()
+            }
+        };
+        let start: usize = param("continue").map_or(0, |token| {
+            token.strip_prefix("offset-").expect("a token of ours").parse().unwrap()
+        });
+        let limit: usize = param("limit").map_or(selected.len(), |limit| limit.parse().unwrap());
+        let end = (start + limit).min(selected.len());
+        let token = if end < selected.len() { format!("offset-{end}") } else { String::new() };
+        let items: Vec<&str> = selected[start..end].iter().map(|item| item.as_str()).collect();
+        format!(
+            r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":"42","continue":"{token}"}},"items":[{}]}}"#,
+            self.kind,
+            self.api_version,
+            items.join(",")
+        )
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                out.push(u8::from_str_radix(&text[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            byte => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// The stand-in API server: it serves `collections` and records every
+/// request as `path?query`; anything else is a 404 `Status`.
+struct ApiServer {
+    url: String,
+    seen: Arc<Mutex<Vec<String>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl ApiServer {
+    fn serve(collections: Vec<Collection>) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut router = axum::Router::new();
+        for collection in collections {
+            let collection = Arc::new(collection);
+            let record = Arc::clone(&seen);
+            let path = collection.path;
+            router = router.route(
+                path,
+                axum::routing::get(move |query: axum::extract::RawQuery| {
+                    let query = query.0.unwrap_or_default();
+                    record.lock().unwrap().push(format!("{path}?{query}"));
+                    let page = collection.page(&query);
+                    async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], page) }
+                }),
+            );
+        }
+        let record = Arc::clone(&seen);
+        let router = router.fallback(move |request: axum::extract::Request| {
+            record.lock().unwrap().push(request.uri().to_string());
+            async {
+                let status = json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                    "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found",
+                });
+                (axum::http::StatusCode::NOT_FOUND, axum::Json(status))
+            }
+        });
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Self { url, seen, _rt: rt }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// A kubeconfig for it, in `dir`.
+    fn kubeconfig(&self, dir: &tempfile::TempDir) -> String {
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(&path, kubeconfig(&self.url)).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+/// `kpm ARGS` with no API server in its environment but what it is given.
+fn kpm(args: &[&str]) -> Output {
+    Command::new(KPM)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap()
+}
+
+fn ago(minutes: u64) -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now() - Duration::from_secs(60 * minutes))
+        .to_string()
+}
+
+fn node(name: &str, pool: &str, condition: Option<Value>, capacity: &Value) -> Value {
+    let mut conditions = vec![json!({
+        "type": "Ready", "status": "True", "reason": "KubeletReady",
+        "lastHeartbeatTime": ago(0), "lastTransitionTime": ago(600),
+    })];
+    conditions.extend(condition);
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"pool": pool, "kubernetes.io/hostname": name}},
+        "status": {"capacity": capacity, "conditions": conditions,
+                   "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 320_368}]},
+    })
+}
+
+fn plugins_condition(status: &str, reason: &str, message: &str, heartbeat: &str) -> Value {
+    json!({
+        "type": "KubeletPluginsHealthy", "status": status, "reason": reason, "message": message,
+        "lastHeartbeatTime": heartbeat, "lastTransitionTime": ago(300),
+    })
+}
+
+const STALE_MESSAGE: &str = "1 failing: csi.example.com-reg.sock (stale): dial \
+     /var/lib/kubelet/plugins_registry/csi.example.com-reg.sock: Connection refused (os error 111)";
+
+/// Seven nodes: four healthy (node-7 in pool b), node-4 failing with a stale
+/// registration socket of `csi.example.com`, node-5 without a doctor,
+/// node-6 with a doctor silent for two hours. `csi.example.com` (a
+/// CSIDriver object) is on nodes 1-3 and 7; `unused.example.com` (an object
+/// too) on none; `vendor.com/gpu` has capacity on nodes 1 and 2 and 0 on
+/// node 4; `gpu.example.com` published slices for nodes 1 and 3; one slice
+/// of a network-attached device names no node.
+fn fleet_of_seven() -> ApiServer {
+    let healthy = || {
+        Some(plugins_condition(
+            "True",
+            "PluginsHealthy",
+            "all 4 plugin sockets of the node are ok",
+            &ago(5),
+        ))
+    };
+    let gpus = |n: &str| json!({"cpu": "8", "memory": "32Gi", "vendor.com/gpu": n});
+    let cpus = json!({"cpu": "8", "memory": "32Gi", "hugepages-2Mi": "0"});
+    let stale = plugins_condition("False", "Stale", STALE_MESSAGE, &ago(2));
+    let silent = plugins_condition("True", "PluginsHealthy", "all ok", &ago(120));
+    let mut nodes = Collection::new("/api/v1/nodes", "Node", "v1");
+    for node in [
+        node("node-1", "a", healthy(), &gpus("2")),
+        node("node-2", "a", healthy(), &gpus("2")),
+        node("node-3", "a", healthy(), &cpus),
+        node("node-4", "a", Some(stale), &gpus("0")),
+        node("node-5", "a", None, &cpus),
+        node("node-6", "a", Some(silent), &cpus),
+        node("node-7", "b", healthy(), &cpus),
+    ] {
+        nodes.push(&node);
+    }
+    let mut drivers =
+        Collection::new("/apis/storage.k8s.io/v1/csidrivers", "CSIDriver", "storage.k8s.io/v1");
+    for name in ["csi.example.com", "unused.example.com"] {
+        drivers.push(&json!({"metadata": {"name": name}, "spec": {"attachRequired": false}}));
+    }
+    let mut csinodes =
+        Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
+    for i in 1..=7 {
+        let listed: &[&str] = if [1, 2, 3, 7].contains(&i) { &["csi.example.com"] } else { &[] };
+        let drivers: Vec<Value> = listed
+            .iter()
+            .map(|name| json!({"name": name, "nodeID": format!("node-{i}"), "topologyKeys": null}))
+            .collect();
+        csinodes.push(
+            &json!({"metadata": {"name": format!("node-{i}")}, "spec": {"drivers": drivers}}),
+        );
+    }
+    let mut slices = Collection::new(
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "ResourceSlice",
+        "resource.k8s.io/v1",
+    );
+    for (name, node) in
+        [("a", Some("node-1")), ("b", Some("node-1")), ("c", Some("node-3")), ("net", None)]
+    {
+        let mut spec = json!({
+            "driver": "gpu.example.com", "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-0", "attributes": {"model": {"string": "x"}}}],
+        });
+        match node {
+            Some(node) => spec["nodeName"] = node.into(),
+            None => spec["allNodes"] = true.into(),
+        }
+        slices.push(&json!({"metadata": {"name": format!("slice-{name}")}, "spec": spec}));
+    }
+    ApiServer::serve(vec![nodes, drivers, csinodes, slices])
+}
+
+fn driver<'a>(fleet: &'a Value, kind: &str, name: &str) -> &'a Value {
+    fleet["drivers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|driver| driver["kind"] == kind && driver["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {fleet:#}"))
+}
+
+fn not_on(driver: &Value) -> Vec<(String, String)> {
+    driver["not_on"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["node"].as_str().unwrap().to_owned(), n["why"].as_str().unwrap().to_owned()))
+        .collect()
+}
+
+#[test]
+fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missing_on() {
+    let server = fleet_of_seven();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+    let out = kpm(&[
+        "doctor",
+        "--cluster",
+        "-o",
+        "json",
+        "--kubeconfig",
+        &kubeconfig,
+        "--page-size",
+        "2",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let fleet: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("{err}: {}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
+    assert_eq!(out.status.code(), Some(1), "node-4 fails, node-6 is silent: {fleet:#}\n{stderr}");
+    assert_eq!(fleet["ok"], false);
+
+    // It paged: every list asked for 2, and followed the tokens to the end.
+    let requests = server.requests();
+    let pages = |path: &str| requests.iter().filter(|r| r.starts_with(&format!("{path}?"))).count();
+    assert!(requests.iter().all(|r| r.contains("limit=2")), "{requests:#?}");
+    assert_eq!(pages("/api/v1/nodes"), 4, "7 nodes, 2 a page: {requests:#?}");
+    assert_eq!(pages("/apis/storage.k8s.io/v1/csinodes"), 4, "{requests:#?}");
+    assert_eq!(pages("/apis/storage.k8s.io/v1/csidrivers"), 1, "{requests:#?}");
+    assert_eq!(pages("/apis/resource.k8s.io/v1/resourceslices"), 2, "{requests:#?}");
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.starts_with("/api/v1/nodes?") && r.ends_with("limit=2&continue=offset-6")),
+        "the last page, from the token of the one before: {requests:#?}"
+    );
+
+    let states: Vec<(&str, &str)> = fleet["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["doctor"]["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("node-1", "healthy"),
+            ("node-2", "healthy"),
+            ("node-3", "healthy"),
+            ("node-4", "failing"),
+            ("node-5", "no-doctor"),
+            ("node-6", "silent"),
+            ("node-7", "healthy"),
+        ]
+    );
+    let node4 = &fleet["nodes"][3];
+    assert_eq!(node4["doctor"]["reason"], "Stale");
+    assert_eq!(node4["failing_plugins"][0]["name"], "csi.example.com-reg.sock");
+    assert_eq!(node4["failing_plugins"][0]["verdict"], "stale");
+
+    let csi = driver(&fleet, "csi", "csi.example.com");
+    assert_eq!(
+        (&csi["registered"], &csi["nodes"], &csi["has_object"]),
+        (&4.into(), &7.into(), &true.into())
+    );
+    let missing = not_on(csi);
+    assert_eq!(missing.len(), 3, "{missing:?}");
+    assert_eq!(missing[0].0, "node-4");
+    assert!(missing[0].1.starts_with("csi.example.com-reg.sock (stale): dial "), "{missing:?}");
+    assert_eq!(missing[1], ("node-5".into(), "no doctor there".into()));
+    assert_eq!(missing[2].0, "node-6");
+    assert!(missing[2].1.starts_with("its doctor is silent since "), "{missing:?}");
+    let unused = driver(&fleet, "csi", "unused.example.com");
+    assert_eq!(
+        (&unused["registered"], not_on(unused).len()),
+        (&0.into(), 7),
+        "an object on no node"
+    );
+    let gpu = driver(&fleet, "device-plugin", "vendor.com/gpu");
+    assert_eq!(gpu["registered"], 2);
+    assert_eq!(
+        not_on(gpu)[0],
+        ("node-3".into(), "its doctor: all plugins ok, none of this name".into())
+    );
+    assert_eq!(not_on(gpu)[1], ("node-4".into(), "its doctor: Stale, not naming it".into()));
+    let dra = driver(&fleet, "dra", "gpu.example.com");
+    assert_eq!((&dra["registered"], not_on(dra).len()), (&2.into(), 5));
+    assert_eq!(
+        fleet["drivers"].as_array().unwrap().len(),
+        4,
+        "no hugepages, cpu or memory: {fleet:#}"
+    );
+}
+
+#[test]
+fn a_label_selector_narrows_the_nodes_and_a_healthy_fleet_exits_0() {
+    let server = fleet_of_seven();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+    let out =
+        kpm(&["doctor", "--cluster", "-o", "json", "--kubeconfig", &kubeconfig, "-l", "pool=b"]);
+    let fleet: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{fleet:#}");
+    assert_eq!(fleet["ok"], true);
+    assert_eq!(fleet["nodes"].as_array().unwrap().len(), 1);
+    assert_eq!(fleet["nodes"][0]["name"], "node-7");
+    let csi = driver(&fleet, "csi", "csi.example.com");
+    assert_eq!((&csi["registered"], &csi["nodes"]), (&1.into(), &1.into()));
+    assert!(
+        fleet["drivers"].as_array().unwrap().iter().all(|d| d["kind"] == "csi"),
+        "node-7 has no gpu and no slice: {fleet:#}"
+    );
+    let requests = server.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.starts_with("/api/v1/nodes?") && r.contains("labelSelector=pool%3Db")),
+        "{requests:#?}"
+    );
+    assert!(requests.iter().all(|r| r.contains("limit=500")), "the default page: {requests:#?}");
+}
+
+#[test]
+fn the_fleet_table_shows_drivers_then_nodes() {
+    let server = fleet_of_seven();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+    let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let words = |line: &str| line.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(words(lines[0]), ["KIND", "DRIVER", "/", "RESOURCE", "REGISTERED", "NOT", "ON"]);
+    assert_eq!(words(lines[1])[..4], ["csi", "csi.example.com", "4/7", "node-4:"]);
+    assert!(lines[1].contains("node-4: csi.example.com-reg.sock (stale): dial"), "{table}");
+    assert!(lines[2].trim() == "node-5: no doctor there", "{table}");
+    assert!(lines[3].trim().starts_with("node-6: its doctor is silent since"), "{table}");
+    let row = |first: &str, second: &str| {
+        lines
+            .iter()
+            .find(|line| {
+                words(line).first().map(String::as_str) == Some(first) && words(line)[1] == second
+            })
+            .unwrap_or_else(|| panic!("no row {first} {second} in\n{table}"))
+    };
+    assert_eq!(words(row("csi", "unused.example.com"))[2], "0/7");
+    assert!(row("csi", "unused.example.com").contains("node-1: its doctor: all plugins ok"));
+    assert_eq!(words(row("device", "vendor.com/gpu"))[2], "2/7");
+    assert_eq!(words(row("dra", "gpu.example.com"))[2], "2/7");
+    let header = lines
+        .iter()
+        .position(|line| words(line).first().map(String::as_str) == Some("NODE"))
+        .unwrap();
+    assert_eq!(words(lines[header]), ["NODE", "DOCTOR", "REASON", "FAILING", "PLUGINS"]);
+    assert_eq!(words(lines[header + 1]), ["node-1", "healthy", "-", "-"]);
+    assert_eq!(
+        words(lines[header + 4]),
+        ["node-4", "failing", "Stale", "csi.example.com-reg.sock", "(stale)"]
+    );
+    assert_eq!(words(lines[header + 5]), ["node-5", "no", "doctor", "-", "-"]);
+    assert_eq!(words(lines[header + 6])[..4], ["node-6", "silent", "no", "heartbeat"]);
+    assert!(
+        table.ends_with("\n7 nodes: 4 healthy, 1 failing, 1 silent, 1 without a doctor\n"),
+        "{table}"
+    );
+}
+
+#[test]
+fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(KPM)
+        .args(["doctor", "--cluster"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("kpm: error: find the API server: no --kubeconfig"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(out.stdout.is_empty());
+
+    // An API server that serves no Node list (every request a 404).
+    let server = ApiServer::serve(Vec::new());
+    let kubeconfig = server.kubeconfig(&home);
+    let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("kpm: error: read the fleet: list "), "{stderr}");
+    assert!(stderr.contains("(page 1): not found (404 NotFound)\n"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    // Nobody listening: the refused connection is named.
+    let closed = format!("http://127.0.0.1:{}", support::free_port());
+    std::fs::write(&kubeconfig, support::kubeconfig(&closed)).unwrap();
+    let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("kpm: error: read the fleet: list "), "{stderr}");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+
+    // The cluster-only flags need --cluster.
+    let out = kpm(&["doctor", "--page-size", "2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cluster"));
+}
+
+#[test]
+fn as_kubectl_kpm_it_is_a_kubectl_plugin() {
+    let bin = tempfile::tempdir().unwrap();
+    let plugin = bin.path().join("kubectl-kpm");
+    std::os::unix::fs::symlink(KPM, &plugin).unwrap();
+    let out = Command::new(&plugin).args(["doctor", "--help"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("Usage: kubectl kpm doctor [OPTIONS]"), "{help}");
+    assert!(help.contains("--cluster"), "{help}");
+    // Found on the PATH, as kubectl finds it, and working, not only helping.
+    let server = fleet_of_seven();
+    let kubeconfig = server.kubeconfig(&bin);
+    let out = Command::new("kubectl-kpm")
+        .env("PATH", bin.path())
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", &kubeconfig)
+        .args(["doctor", "--cluster", "-o", "json", "-l", "pool=b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let fleet: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fleet["nodes"][0]["name"], "node-7");
+    // As `kpm`, its help names `kpm`.
+    let help = String::from_utf8(kpm(&["doctor", "--help"]).stdout).unwrap();
+    assert!(help.contains("Usage: kpm doctor [OPTIONS]"), "{help}");
+}
+
+// === At scale ===
+
+/// A Node as big as real ones are (labels, annotations, managed fields,
+/// 40 images), with a doctor's condition and a GPU.
+fn big_node(i: usize, heartbeat: &str) -> Value {
+    let images: Vec<Value> = (0..40)
+        .map(|n| {
+            json!({"names": [format!("registry.example.com/team-{n}/service-{n}@sha256:{:064x}", n * i), format!("registry.example.com/team-{n}/service-{n}:v1.{n}.{i}")], "sizeBytes": 123_456_789})
+        })
+        .collect();
+    let labels: serde_json::Map<String, Value> = (0..15)
+        .map(|n| (format!("example.com/label-{n}"), format!("value-{n}-{i}").into()))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": format!("node-{i:05}"), "uid": format!("{i:032x}"), "resourceVersion": "12345",
+            "labels": labels,
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0", "volumes.kubernetes.io/controller-managed-attach-detach": "true", "csi.volume.kubernetes.io/nodeid": format!("{{\"csi.example.com\":\"node-{i}\"}}")},
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:status": {"f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:lastHeartbeatTime": {}, "f:message": {}, "f:reason": {}, "f:status": {}}}, "f:images": {}, "f:nodeInfo": {"f:bootID": {}}}}}],
+        },
+        "spec": {"podCIDR": "10.0.0.0/24", "providerID": format!("aws:///us-east-1a/i-{i:017x}")},
+        "status": {
+            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti", "hugepages-2Mi": "0", "vendor.com/gpu": if i.is_multiple_of(10) { "0" } else { "8" }},
+            "allocatable": {"cpu": "63", "memory": "250Gi", "pods": "110", "vendor.com/gpu": "8"},
+            "conditions": [
+                {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available", "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat},
+                {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure", "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat},
+                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat},
+                if i.is_multiple_of(10) {
+                    json!({"type": "KubeletPluginsHealthy", "status": "False", "reason": "NotRegistered", "message": "1 failing: vendor.com/gpu (not-registered): the kubelet holds none of its 8 healthy devices", "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat})
+                } else {
+                    json!({"type": "KubeletPluginsHealthy", "status": "True", "reason": "PluginsHealthy", "message": "all 5 plugin sockets of the node are ok", "lastHeartbeatTime": heartbeat, "lastTransitionTime": heartbeat})
+                },
+            ],
+            "nodeInfo": {"machineID": format!("{i:032x}"), "kernelVersion": "6.8.0", "osImage": "Ubuntu 24.04", "containerRuntimeVersion": "containerd://2.0.0", "kubeletVersion": "v1.34.0", "architecture": "amd64", "operatingSystem": "linux"},
+            "images": images,
+        },
+    })
+}
+
+/// Peak resident memory of a process so far, in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+#[test]
+fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
+    const NODES: usize = 5000;
+    let heartbeat = ago(1);
+    let mut nodes = Collection::new("/api/v1/nodes", "Node", "v1");
+    let mut csinodes =
+        Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
+    let mut slices = Collection::new(
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "ResourceSlice",
+        "resource.k8s.io/v1",
+    );
+    for i in 0..NODES {
+        let node = big_node(i, &heartbeat);
+        assert!(node.to_string().len() > 8000, "as big as a real Node");
+        nodes.push(&node);
+        let drivers: Vec<Value> = ["csi.example.com", "nfs.csi.k8s.io"]
+            .iter()
+            .filter(|_| i % 50 != 0)
+            .map(|name| json!({"name": name, "nodeID": format!("node-{i:05}"), "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 39}}))
+            .collect();
+        csinodes.push(
+            &json!({"metadata": {"name": format!("node-{i:05}")}, "spec": {"drivers": drivers}}),
+        );
+        for s in 0..4 {
+            let devices: Vec<Value> = (0..8)
+                .map(|d| json!({"name": format!("gpu-{d}"), "attributes": {"model": {"string": "A100"}, "uuid": {"string": format!("GPU-{i:08x}-{s}-{d}")}}, "capacity": {"memory": {"value": "80Gi"}}}))
+                .collect();
+            slices.push(&json!({
+                "metadata": {"name": format!("node-{i:05}-gpu.example.com-{s}")},
+                "spec": {"driver": "gpu.example.com", "nodeName": format!("node-{i:05}"),
+                         "pool": {"name": format!("node-{i:05}"), "generation": 1, "resourceSliceCount": 4},
+                         "devices": devices},
+            }));
+        }
+    }
+    let mut drivers =
+        Collection::new("/apis/storage.k8s.io/v1/csidrivers", "CSIDriver", "storage.k8s.io/v1");
+    drivers.push(&json!({"metadata": {"name": "csi.example.com"}}));
+    let server = ApiServer::serve(vec![nodes, drivers, csinodes, slices]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+
+    let started = Instant::now();
+    let mut child = Command::new(KPM)
+        .args(["doctor", "--cluster", "-o", "json", "--kubeconfig", &kubeconfig, "--timeout", "60"])
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut stdout, &mut out).unwrap();
+        out
+    });
+    // VmHWM only grows: the last reading before the exit is the peak but
+    // for what the process does after it, which is printing and exiting.
+    let mut peak = 0;
+    let deadline = Instant::now() + kpm_test_support::DEADLINE * 4;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "kpm doctor --cluster did not end");
+        peak = peak_rss(pid).unwrap_or(peak).max(peak);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let took = started.elapsed();
+    let status = child.wait().unwrap();
+    let out = reader.join().unwrap();
+    let fleet: Value = serde_json::from_slice(&out).unwrap_or_else(|err| {
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        panic!("{err}: {stderr}")
+    });
+    eprintln!("{NODES} nodes read and judged in {took:?}, peak RSS {} MiB", peak >> 20);
+    assert_eq!(status.code(), Some(1), "every tenth node fails");
+    assert_eq!(fleet["nodes"].as_array().unwrap().len(), NODES);
+    let gpu = driver(&fleet, "device-plugin", "vendor.com/gpu");
+    assert_eq!((&gpu["registered"], not_on(gpu).len()), (&4500.into(), 500));
+    assert!(
+        not_on(gpu)[0].1.starts_with("vendor.com/gpu (not-registered)"),
+        "{:?}",
+        not_on(gpu)[0]
+    );
+    assert_eq!(driver(&fleet, "csi", "csi.example.com")["registered"], 4900);
+    assert_eq!(driver(&fleet, "dra", "gpu.example.com")["registered"], NODES);
+    let requests = server.requests();
+    assert_eq!(requests.iter().filter(|r| r.starts_with("/api/v1/nodes?")).count(), NODES / 500);
+    assert_eq!(
+        requests
+            .iter()
+            .filter(|r| r.starts_with("/apis/resource.k8s.io/v1/resourceslices?"))
+            .count(),
+        4 * NODES / 500
+    );
+    assert!(peak > 0, "VmHWM was read");
+    assert!(peak <= 150 << 20, "peak RSS {} MiB, over 150 MiB", peak >> 20);
+}

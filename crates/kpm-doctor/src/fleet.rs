@@ -1,0 +1,393 @@
+//! The fleet view of `kpm doctor --cluster`: what every node's doctor
+//! published (the [`CONDITION_TYPE`](crate::CONDITION_TYPE) condition on
+//! its Node) and what the API server shows of each driver, read back for
+//! the whole cluster.
+//!
+//! - `read` lists Nodes, CSIDrivers, CSINodes and ResourceSlices, read-only,
+//!   page by page, and keeps of each page only what is judged
+//!   ([`FleetObjects`]), so that memory follows what is kept rather than the
+//!   size of the objects.
+//! - `judge` turns them into a [`Fleet`], without IO: each node's doctor
+//!   state and failing plugins, and for each CSI driver, device-plugin
+//!   resource and DRA driver, on how many nodes it is registered and why
+//!   not on the others.
+//! - `render` prints it as `kpm doctor --cluster` does.
+
+mod judge;
+mod read;
+mod render;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::ser::SerializeStruct as _;
+
+use crate::judge::Verdict;
+
+pub use self::judge::judge_fleet;
+pub use self::read::read_fleet;
+pub use self::render::render_fleet_table;
+
+/// How many objects one list request asks for by default.
+pub const DEFAULT_PAGE_SIZE: u32 = 500;
+
+/// How old a doctor's last heartbeat may be before it counts as silent by
+/// default: two of its heartbeat periods (30 min each).
+pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60 * 60);
+
+/// How long one list request may take by default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the fleet view reads and how. Build it from [`Default`] with the
+/// setters; the fields are public to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FleetConfig {
+    /// Only the Nodes this label selector selects; `None`: all.
+    pub label_selector: Option<String>,
+    /// How many objects each list request asks for (`limit`). Default
+    /// [`DEFAULT_PAGE_SIZE`], 500.
+    pub page_size: u32,
+    /// How long each list request may take. Default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s.
+    pub request_timeout: Duration,
+    /// How old a doctor's heartbeat may be before it is silent. Default
+    /// [`DEFAULT_STALE_AFTER`], 60 min.
+    pub stale_after: Duration,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            label_selector: None,
+            page_size: DEFAULT_PAGE_SIZE,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stale_after: DEFAULT_STALE_AFTER,
+        }
+    }
+}
+
+impl FleetConfig {
+    /// Sets [`label_selector`](Self::label_selector) (default: every Node).
+    #[must_use]
+    pub fn label_selector(mut self, selector: impl Into<String>) -> Self {
+        self.label_selector = Some(selector.into());
+        self
+    }
+
+    /// Sets [`page_size`](Self::page_size) (default [`DEFAULT_PAGE_SIZE`],
+    /// 500); 0 is taken as 1.
+    #[must_use]
+    pub fn page_size(mut self, size: u32) -> Self {
+        self.page_size = size.max(1);
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout) (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s).
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Sets [`stale_after`](Self::stale_after) (default
+    /// [`DEFAULT_STALE_AFTER`], 60 min).
+    #[must_use]
+    pub fn stale_after(mut self, after: Duration) -> Self {
+        self.stale_after = after;
+        self
+    }
+}
+
+/// Why the fleet could not be read; each names the resource and the page.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FleetError {
+    /// The list request could not be built (the selector, the token).
+    #[error("build the request to list {resource}: {source}")]
+    Request {
+        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
+        resource: &'static str,
+        /// kube-rs's error.
+        #[source]
+        source: kube::core::request::Error,
+    },
+    /// The API server refused a list request, or it failed on the way.
+    #[error("list {resource} (page {page}): {}", short(source))]
+    List {
+        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
+        resource: &'static str,
+        /// The page, from 1.
+        page: usize,
+        /// kube-rs's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A list request got no answer in time.
+    #[error("list {resource} (page {page}): no answer within {}", humantime::format_duration(*timeout))]
+    Timeout {
+        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
+        resource: &'static str,
+        /// The page, from 1.
+        page: usize,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// The API server gave the same `continue` token twice: following it
+    /// would never end.
+    #[error("list {resource} (page {page}): the API server repeated the continue token")]
+    Paging {
+        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
+        resource: &'static str,
+        /// The page, from 1.
+        page: usize,
+    },
+}
+
+/// kube-rs's error in one line an operator reads: an API server's refusal
+/// as its message and code (not the whole `Status`), any other error with
+/// its causes (a refused connection is in a source).
+fn short(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => kpm::api::gotext::error_chain(other),
+    }
+}
+
+/// What the API server shows of the fleet, reduced to what is judged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FleetObjects {
+    /// The selected Nodes, in the API server's order.
+    pub nodes: Vec<NodeObject>,
+    /// The names of the CSIDriver objects.
+    pub csi_drivers: BTreeSet<String>,
+    /// Each CSINode's drivers, by node name (all nodes, selected or not).
+    pub csi_nodes: BTreeMap<String, BTreeSet<String>>,
+    /// How many ResourceSlices each driver published for each node, by node
+    /// name then driver (slices without a node name are not counted).
+    pub slices: BTreeMap<String, BTreeMap<String, usize>>,
+    /// What could not be read, and why (the API server serves no
+    /// `resource.k8s.io/v1`).
+    pub unseen: Vec<String>,
+    /// How many list requests were made, all resources together.
+    pub requests: usize,
+}
+
+/// What one Node shows of its plugins.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeObject {
+    /// The node's name.
+    pub name: String,
+    /// Its doctor's condition, when it has one.
+    pub condition: Option<NodeCondition>,
+    /// Its extended resources' capacity (`vendor.com/gpu` → `2`), zero ones
+    /// included.
+    pub extended_resources: BTreeMap<String, String>,
+}
+
+impl NodeObject {
+    /// A node without a condition or extended resources.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self { name: name.into(), ..Self::default() }
+    }
+}
+
+/// A node doctor's condition, as the API server shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeCondition {
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// [`HEALTHY_REASON`](crate::HEALTHY_REASON), or the first failing verdict in CamelCase.
+    pub reason: String,
+    /// Which plugins fail and why.
+    pub message: String,
+    /// When the doctor last wrote it, RFC 3339.
+    pub last_heartbeat_time: Option<String>,
+    /// When its status last changed, RFC 3339.
+    pub last_transition_time: Option<String>,
+}
+
+impl NodeCondition {
+    /// A condition with this status, reason and message, without times.
+    pub fn new(
+        status: impl Into<String>,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// The fleet judged: each driver or resource, and each node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Fleet {
+    /// Every CSI driver, device-plugin resource and DRA driver seen, by
+    /// kind then name.
+    pub drivers: Vec<DriverView>,
+    /// Every selected node, by name.
+    pub nodes: Vec<NodeView>,
+    /// What could not be read, and why.
+    pub unseen: Vec<String>,
+}
+
+impl Fleet {
+    /// No node's doctor reports a failure or is silent. Nodes without a
+    /// doctor do not count: the doctor may be meant for some nodes only.
+    pub fn ok(&self) -> bool {
+        self.nodes.iter().all(|node| !node.doctor.fails())
+    }
+}
+
+// `ok` is a method, so that it cannot disagree with the nodes; JSON
+// readers get it as a field.
+impl Serialize for Fleet {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut fleet = serializer.serialize_struct("Fleet", 4)?;
+        fleet.serialize_field("ok", &self.ok())?;
+        fleet.serialize_field("drivers", &self.drivers)?;
+        fleet.serialize_field("nodes", &self.nodes)?;
+        fleet.serialize_field("unseen", &self.unseen)?;
+        fleet.end()
+    }
+}
+
+/// What registers a name on a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum DriverKind {
+    /// A CSI driver: its CSINode entry.
+    Csi,
+    /// A device plugin's extended resource: nonzero Node capacity.
+    DevicePlugin,
+    /// A DRA driver: ResourceSlices of the node.
+    Dra,
+}
+
+impl DriverKind {
+    /// Its name in the table: `csi`, `device`, `dra`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Csi => "csi",
+            Self::DevicePlugin => "device",
+            Self::Dra => "dra",
+        }
+    }
+}
+
+/// One CSI driver, device-plugin resource or DRA driver across the nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DriverView {
+    /// What it is.
+    pub kind: DriverKind,
+    /// The driver's or resource's name.
+    pub name: String,
+    /// A CSIDriver object of this name exists.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub has_object: bool,
+    /// On how many selected nodes it is registered.
+    pub registered: usize,
+    /// How many nodes were selected.
+    pub nodes: usize,
+    /// The nodes where it is not registered, and why, by node name; only
+    /// when it is registered somewhere or has a CSIDriver object (a driver
+    /// on no selected node is meant for other nodes).
+    pub not_on: Vec<NotOn>,
+}
+
+/// A node where a driver is not registered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct NotOn {
+    /// The node.
+    pub node: String,
+    /// Why, as far as its doctor tells.
+    pub why: String,
+}
+
+/// One node, as its doctor reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct NodeView {
+    /// The node's name.
+    pub name: String,
+    /// What its doctor says.
+    pub doctor: DoctorState,
+    /// The failing plugins its doctor names.
+    pub failing_plugins: Vec<FailingPlugin>,
+    /// How many more fail than the message names (it is bounded).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub more_failing: usize,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference.
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// What a node's doctor says, as far as the API server shows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum DoctorState {
+    /// Its condition is `True`: every plugin is ok.
+    Healthy,
+    /// Its condition is `False` (or `Unknown`): a plugin fails.
+    Failing {
+        /// The condition's reason: the first failing verdict in CamelCase.
+        reason: String,
+        /// The condition's message: which plugins fail and why.
+        message: String,
+    },
+    /// The Node has no condition of a doctor.
+    NoDoctor,
+    /// The doctor's last heartbeat is older than the bound: what it said
+    /// may no longer hold.
+    Silent {
+        /// Its last heartbeat, RFC 3339, when it wrote one.
+        since: Option<String>,
+    },
+}
+
+impl DoctorState {
+    /// Its name in the table: `healthy`, `failing`, `no doctor`, `silent`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Healthy => "healthy",
+            Self::Failing { .. } => "failing",
+            Self::NoDoctor => "no doctor",
+            Self::Silent { .. } => "silent",
+        }
+    }
+
+    /// Whether it makes the fleet fail: failing or silent.
+    pub fn fails(&self) -> bool {
+        matches!(self, Self::Failing { .. } | Self::Silent { .. })
+    }
+}
+
+/// A failing plugin a node's doctor names in its condition's message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct FailingPlugin {
+    /// The plugin's name, else its socket's file name.
+    pub name: String,
+    /// Its verdict.
+    pub verdict: Verdict,
+    /// Why it fails.
+    pub reason: String,
+}

@@ -1,0 +1,230 @@
+//! A [`Fleet`] as `kpm doctor --cluster` prints it: the drivers and
+//! resources, then the nodes, then a count.
+
+use std::fmt::Write as _;
+
+use super::{DoctorState, DriverView, Fleet};
+
+/// How many nodes a driver's row names where it is not registered; the
+/// others are counted (`-o json` lists them all).
+const NOT_ON_SHOWN: usize = 3;
+
+/// How long a reason may be in the table, in characters.
+const REASON_CHARS: usize = 80;
+
+/// The fleet as two tables: each driver or resource with the nodes it is
+/// registered on (`47/50`) and the first few it is not, with why; each
+/// node with its doctor's state, reason and failing plugins. Then what
+/// could not be read, and a count.
+pub fn render_fleet_table(fleet: &Fleet) -> String {
+    let mut text = String::new();
+    if fleet.drivers.is_empty() {
+        text.push_str("no CSI driver, device-plugin resource or DRA driver seen\n");
+    } else {
+        let mut drivers = table(["KIND", "DRIVER / RESOURCE", "REGISTERED", "NOT ON"]);
+        for driver in &fleet.drivers {
+            drivers.add_row([
+                driver.kind.name().to_owned(),
+                driver.name.clone(),
+                format!("{}/{}", driver.registered, driver.nodes),
+                not_on(driver),
+            ]);
+        }
+        text.push_str(&drivers.trim_fmt());
+        text.push('\n');
+    }
+    text.push('\n');
+    let mut nodes = table(["NODE", "DOCTOR", "REASON", "FAILING PLUGINS"]);
+    for node in &fleet.nodes {
+        let reason = match &node.doctor {
+            DoctorState::Failing { reason, .. } => reason.clone(),
+            DoctorState::Silent { since: Some(since) } => format!("no heartbeat since {since}"),
+            DoctorState::Silent { since: None } => "no heartbeat".to_owned(),
+            _ => "-".to_owned(),
+        };
+        let mut failing: Vec<String> = node
+            .failing_plugins
+            .iter()
+            .map(|plugin| format!("{} ({})", plugin.name, plugin.verdict.name()))
+            .collect();
+        if node.more_failing > 0 {
+            failing.push(format!("and {} more", node.more_failing));
+        }
+        let failing = if failing.is_empty() { "-".to_owned() } else { failing.join(", ") };
+        nodes.add_row([node.name.clone(), node.doctor.name().to_owned(), reason, failing]);
+    }
+    text.push_str(&nodes.trim_fmt());
+    text.push('\n');
+    for what in &fleet.unseen {
+        let _ = write!(text, "\nnot seen: {what}\n");
+    }
+    let count = |state: &str| fleet.nodes.iter().filter(|n| n.doctor.name() == state).count();
+    let _ = writeln!(
+        text,
+        "\n{} nodes: {} healthy, {} failing, {} silent, {} without a doctor",
+        fleet.nodes.len(),
+        count("healthy"),
+        count("failing"),
+        count("silent"),
+        count("no doctor"),
+    );
+    text
+}
+
+fn table(header: [&str; 4]) -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    table.set_header(header);
+    table
+}
+
+/// The first nodes a driver is not on, one a line, and how many more.
+fn not_on(driver: &DriverView) -> String {
+    if driver.not_on.is_empty() {
+        return "-".to_owned();
+    }
+    let mut lines: Vec<String> = driver
+        .not_on
+        .iter()
+        .take(NOT_ON_SHOWN)
+        .map(|missing| format!("{}: {}", missing.node, shortened(&missing.why)))
+        .collect();
+    if driver.not_on.len() > NOT_ON_SHOWN {
+        lines.push(format!("and {} more", driver.not_on.len() - NOT_ON_SHOWN));
+    }
+    lines.join("\n")
+}
+
+/// `text` cut to [`REASON_CHARS`] characters, `…` marking a cut.
+fn shortened(text: &str) -> String {
+    match text.char_indices().nth(REASON_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Verdict;
+    use crate::fleet::{DriverKind, FailingPlugin, NodeView, NotOn};
+
+    fn node(name: &str, doctor: DoctorState) -> NodeView {
+        NodeView { name: name.to_owned(), doctor, failing_plugins: Vec::new(), more_failing: 0 }
+    }
+
+    fn fleet() -> Fleet {
+        let failing = NodeView {
+            failing_plugins: vec![FailingPlugin {
+                name: "a-reg.sock".into(),
+                verdict: Verdict::Stale,
+                reason: "refused".into(),
+            }],
+            more_failing: 2,
+            ..node(
+                "n2",
+                DoctorState::Failing { reason: "Stale".into(), message: "3 failing: …".into() },
+            )
+        };
+        let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into() };
+        Fleet {
+            drivers: vec![
+                DriverView {
+                    kind: DriverKind::Csi,
+                    name: "csi.example.com".into(),
+                    has_object: true,
+                    registered: 1,
+                    nodes: 6,
+                    not_on: vec![
+                        why("n2", &"x".repeat(100)),
+                        why("n3", "no doctor there"),
+                        why("n4", "its doctor is silent since 2026-03-01T10:00:00Z"),
+                        why("n5", "no doctor there"),
+                        why("n6", "no doctor there"),
+                    ],
+                },
+                DriverView {
+                    kind: DriverKind::DevicePlugin,
+                    name: "vendor.com/gpu".into(),
+                    has_object: false,
+                    registered: 6,
+                    nodes: 6,
+                    not_on: Vec::new(),
+                },
+            ],
+            nodes: vec![
+                node("n1", DoctorState::Healthy),
+                failing,
+                node("n3", DoctorState::NoDoctor),
+                node("n4", DoctorState::Silent { since: Some("2026-03-01T10:00:00Z".into()) }),
+            ],
+            unseen: vec!["resourceslices: not served".into()],
+        }
+    }
+
+    #[test]
+    fn the_table_shows_drivers_then_nodes_then_a_count() {
+        let text = render_fleet_table(&fleet());
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(
+            lines[0].split_whitespace().collect::<Vec<_>>(),
+            ["KIND", "DRIVER", "/", "RESOURCE", "REGISTERED", "NOT", "ON"]
+        );
+        let csi: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(csi[..4], ["csi", "csi.example.com", "1/6", "n2:"]);
+        assert!(lines[1].ends_with(&format!("n2: {}…", "x".repeat(80))), "{text}");
+        assert!(lines[2].trim_start().starts_with("n3: no doctor there"), "{text}");
+        assert!(lines[3].trim_start().starts_with("n4: its doctor is silent since"), "{text}");
+        assert_eq!(lines[4].trim(), "and 2 more");
+        assert_eq!(
+            lines[5].split_whitespace().collect::<Vec<_>>(),
+            ["device", "vendor.com/gpu", "6/6", "-"]
+        );
+        assert_eq!(lines[6], "");
+        assert_eq!(
+            lines[7].split_whitespace().collect::<Vec<_>>(),
+            ["NODE", "DOCTOR", "REASON", "FAILING", "PLUGINS"]
+        );
+        assert_eq!(lines[8].split_whitespace().collect::<Vec<_>>(), ["n1", "healthy", "-", "-"]);
+        assert_eq!(
+            lines[9].split_whitespace().collect::<Vec<_>>(),
+            ["n2", "failing", "Stale", "a-reg.sock", "(stale),", "and", "2", "more"]
+        );
+        assert_eq!(
+            lines[10].split_whitespace().collect::<Vec<_>>(),
+            ["n3", "no", "doctor", "-", "-"]
+        );
+        assert!(lines[11].contains("no heartbeat since 2026-03-01T10:00:00Z"), "{text}");
+        assert!(text.contains("\nnot seen: resourceslices: not served\n"), "{text}");
+        assert!(
+            text.ends_with("\n4 nodes: 1 healthy, 1 failing, 1 silent, 1 without a doctor\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_json_has_ok_and_each_view() {
+        let json = serde_json::to_value(fleet()).unwrap();
+        assert_eq!(json["ok"], false);
+        assert_eq!(json["drivers"][0]["kind"], "csi");
+        assert_eq!(json["drivers"][0]["has_object"], true);
+        assert!(json["drivers"][1].get("has_object").is_none());
+        assert_eq!(json["drivers"][1]["kind"], "device-plugin");
+        assert_eq!(json["drivers"][0]["not_on"].as_array().unwrap().len(), 5, "all, in JSON");
+        assert_eq!(json["nodes"][1]["doctor"]["state"], "failing");
+        assert_eq!(json["nodes"][1]["doctor"]["reason"], "Stale");
+        assert_eq!(json["nodes"][1]["failing_plugins"][0]["verdict"], "stale");
+        assert_eq!(json["nodes"][1]["more_failing"], 2);
+        assert_eq!(json["nodes"][2]["doctor"]["state"], "no-doctor");
+        assert_eq!(json["nodes"][3]["doctor"]["since"], "2026-03-01T10:00:00Z");
+    }
+
+    #[test]
+    fn no_driver_is_said() {
+        let fleet = Fleet { drivers: Vec::new(), ..fleet() };
+        assert!(
+            render_fleet_table(&fleet)
+                .starts_with("no CSI driver, device-plugin resource or DRA driver seen\n\n")
+        );
+    }
+}
