@@ -148,9 +148,13 @@ fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
         "{writes:?}"
     );
     assert_eq!(state.lock().owners[CONDITION], "kpm-doctor");
+    // The metrics count a write once its answer is back.
+    wait_until("the metrics' write counts", || {
+        let samples = metrics(&metrics_addr);
+        samples.get("kpm_doctor_api_writes_total{kind=\"condition\"}") == Some(&3.0)
+            && samples.get("kpm_doctor_api_writes_total{kind=\"event\"}") == Some(&2.0)
+    });
     let samples = metrics(&metrics_addr);
-    assert_eq!(samples["kpm_doctor_api_writes_total{kind=\"condition\"}"], 3.0);
-    assert_eq!(samples["kpm_doctor_api_writes_total{kind=\"event\"}"], 2.0);
     let ok = "kpm_doctor_plugins{verdict=\"ok\",type=\"DevicePlugin\"}";
     assert_eq!(samples.get(ok), Some(&1.0), "{samples:?}");
     assert!(samples["kpm_doctor_passes_total"] >= 3.0);
@@ -158,10 +162,12 @@ fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
     drop(healthy);
 }
 
+/// The Event of `reason`, once the stand-in has it: the condition is
+/// written first, its Events right after.
 fn event(state: &Mutex<State>, reason: &str) -> Value {
-    let state = state.lock();
-    let found = state.events.values().find(|e| e["reason"] == reason);
-    found.cloned().unwrap_or_else(|| panic!("no {reason} Event in {:?}", state.events))
+    let found = || state.lock().events.values().find(|e| e["reason"] == reason).cloned();
+    wait_until(&format!("a {reason} Event"), || found().is_some());
+    found().unwrap()
 }
 
 #[test]
