@@ -36,8 +36,8 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 /// default: two of its heartbeat periods (30 min each).
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60 * 60);
 
-/// How long one list request may take by default.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one API request may take by default: kpm's, 10 s.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = kpm::kube::DEFAULT_REQUEST_TIMEOUT;
 
 /// What the fleet view reads and how. Build it from [`Default`] with the
 /// setters; the fields are public to read.

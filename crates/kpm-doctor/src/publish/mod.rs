@@ -47,7 +47,8 @@ pub struct PublishConfig {
     /// How often the condition is written when nothing changes, to show
     /// that the doctor still runs. Default 30 min.
     pub heartbeat: Duration,
-    /// How long one request may take. Default 10 s.
+    /// How long one request may take. Default
+    /// [`DEFAULT_REQUEST_TIMEOUT`](crate::DEFAULT_REQUEST_TIMEOUT), 10 s.
     pub request_timeout: Duration,
     /// The first wait before a failed write is tried again; it doubles up
     /// to 2 min. Default 1 s.
@@ -63,7 +64,7 @@ impl Default for PublishConfig {
     fn default() -> Self {
         Self {
             heartbeat: Duration::from_secs(30 * 60),
-            request_timeout: Duration::from_secs(10),
+            request_timeout: crate::DEFAULT_REQUEST_TIMEOUT,
             retry: Duration::from_secs(1),
             events: EventConfig::default(),
         }
@@ -267,8 +268,14 @@ impl NodePublisher {
     /// The condition to publish; `lastTransitionTime` moves when its status
     /// differs from the one before.
     pub fn set(&mut self, condition: PluginsCondition) {
-        let transition = match &self.wanted {
-            Some((before, at)) if before.status == condition.status => *at,
+        // The one before: the last set, else the one an earlier run published.
+        let before = self
+            .wanted
+            .as_ref()
+            .map(|(condition, at)| (condition.status, *at))
+            .or_else(|| self.published.as_ref().map(|p| (p.condition.status, p.transition)));
+        let transition = match before {
+            Some((status, at)) if status == condition.status => at,
             _ => Timestamp::now(),
         };
         self.wanted = Some((condition, transition));
