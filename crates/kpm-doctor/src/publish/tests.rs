@@ -61,7 +61,9 @@ async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
         publisher.set(healthy());
         publisher.sync().await;
     }
-    assert_eq!(state.lock().writes(), 1, "{:?}", state.lock().requests);
+    let seen = state.lock();
+    assert_eq!(seen.writes(), 1, "{:?}", seen.requests);
+    drop(seen);
     // The heartbeat is due 30 min after the write.
     let due = publisher.next_due().unwrap();
     tokio::time::sleep_until(due).await;
@@ -123,12 +125,16 @@ async fn a_restarted_doctor_takes_the_published_condition_and_writes_nothing() {
     first.sync().await;
     let written = state.lock().condition(CONDITION_TYPE).unwrap();
     let writes = state.lock().writes();
-    // A new publisher on the same API server: it reads the condition back.
+    // A new publisher on the same API server: it reads the condition back,
+    // before it has anything to say (its first pass waits for a second).
     let mut second =
         NodePublisher::new(first.nodes.clone().into_client(), "node1", PublishConfig::default());
+    second.sync().await;
     second.set(healthy());
     second.sync().await;
-    assert_eq!(state.lock().writes(), writes, "{:?}", state.lock().requests);
+    let seen = state.lock();
+    assert_eq!(seen.writes(), writes, "{:?}", seen.requests);
+    drop(seen);
     assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap(), written);
     // Its heartbeat is due when the first one's was.
     let due = second.next_due().unwrap();
