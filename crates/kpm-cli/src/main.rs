@@ -5,7 +5,8 @@
 //! - `kpm list`: print the plugins a running `kpm run` knows.
 //! - `kpm watch`: print what happens to plugins, as it happens.
 //! - `kpm probe SOCKET`: diagnose a registration socket without registering it.
-//! - `kpm doctor`: why each plugin of a live node is or is not registered.
+//! - `kpm doctor`: why each plugin of a live node is or is not registered;
+//!   `--watch` publishes it on the Node, `--cluster` reads the fleet back.
 //! - `kpm check -- PLUGIN-COMMAND…`: a plugin checked against what kubelets rely on.
 //! - `kpm demo`: a manager and example plugins of every type on a temp dir.
 //!
@@ -95,7 +96,10 @@ enum Command {
     /// Tell, read-only, why each plugin of a node with a running kubelet is
     /// or is not registered: every registry entry and device-plugin socket
     /// judged by the kubelet's rules, with what serves it and how to fix
-    /// it. Exits 0 when all are fine, 1 otherwise.
+    /// it. Exits 0 when all are fine, 1 otherwise. With --watch, keeps
+    /// judging and publishes the Node condition KubeletPluginsHealthy and
+    /// Events; with --cluster, reads back what every node's doctor
+    /// published.
     Doctor(doctor::DoctorArgs),
     /// Run a plugin against a kubelet on a temporary root and check what
     /// real kubelets rely on: it registers, answers GetInfo within 1 s, passes
