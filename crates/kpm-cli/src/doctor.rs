@@ -167,6 +167,9 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
 /// `kpm doctor --watch`: judges and publishes until SIGINT or SIGTERM.
 async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     crate::run::init_logging(args.watch.log_format)?;
+    // Each pass dials every plugin and frees it all again: without the
+    // allocator's own thread, an idle doctor would keep those pages.
+    crate::heap::purge_in_background();
     let budget = crate::run::init_fd_budget().clone();
     let shutdown = crate::run::shutdown_signal()?;
     let doctor = Doctor::new(args.config())?;
