@@ -166,7 +166,7 @@ fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
 /// written first, its Events right after.
 fn event(state: &Mutex<State>, reason: &str) -> Value {
     let found = || state.lock().events.values().find(|e| e["reason"] == reason).cloned();
-    wait_until(&format!("a {reason} Event"), || found().is_some());
+    wait_until(format!("a {reason} Event"), || found().is_some());
     found().unwrap()
 }
 

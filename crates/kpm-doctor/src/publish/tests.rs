@@ -61,9 +61,10 @@ async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
         publisher.set(healthy());
         publisher.sync().await;
     }
-    let seen = state.lock();
-    assert_eq!(seen.writes(), 1, "{:?}", seen.requests);
-    drop(seen);
+    {
+        let seen = state.lock();
+        assert_eq!(seen.writes(), 1, "{:?}", seen.requests);
+    }
     // The heartbeat is due 30 min after the write.
     let due = publisher.next_due().unwrap();
     tokio::time::sleep_until(due).await;
@@ -132,9 +133,10 @@ async fn a_restarted_doctor_takes_the_published_condition_and_writes_nothing() {
     second.sync().await;
     second.set(healthy());
     second.sync().await;
-    let seen = state.lock();
-    assert_eq!(seen.writes(), writes, "{:?}", seen.requests);
-    drop(seen);
+    {
+        let seen = state.lock();
+        assert_eq!(seen.writes(), writes, "{:?}", seen.requests);
+    }
     assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap(), written);
     // Its heartbeat is due when the first one's was.
     let due = second.next_due().unwrap();
