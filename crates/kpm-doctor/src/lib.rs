@@ -15,6 +15,11 @@
 //!   [`render_table`] shows it as `kpm doctor` prints it.
 //! - It never notifies a plugin, never creates, removes or renames a file,
 //!   and holds no connection once a call is done.
+//! - [`NodeWatch`] keeps the diagnosis current (`kpm doctor --watch`): it
+//!   judges again on every change of the node, and its [`NodePublisher`]
+//!   writes the Node condition [`CONDITION_TYPE`] (server-side apply, only
+//!   on change and at a heartbeat) and Events on the Node, aggregated and
+//!   rate-limited; [`DoctorMetrics`] serve what the last pass found.
 //! - For the whole cluster, [`read_fleet`] reads back the condition each
 //!   node's doctor publishes, with the CSIDrivers, CSINodes, extended
 //!   resources and ResourceSlices, read-only and page by page;
