@@ -210,8 +210,9 @@ struct Published {
 }
 
 /// Publishes one node's condition and events; owned by the task that
-/// judges the node, which calls [`set`](Self::set), [`record`](Self::record)
-/// and [`sync`](Self::sync), and waits until [`next_due`](Self::next_due).
+/// judges the node ([`NodeWatch`](crate::NodeWatch), which also records
+/// the Events of each change), which calls [`set`](Self::set) and
+/// [`sync`](Self::sync), and waits until [`next_due`](Self::next_due).
 #[derive(Debug)]
 pub struct NodePublisher {
     node: String,
