@@ -55,7 +55,7 @@ proptest! {
             "CSIPlugin" => {
                 Arc::new(CsiHandler::new(Arc::new(InMemoryNodeInfo::default()), CsiConfig::default()))
             }
-            "DevicePlugin" => DeviceManager::new(DeviceConfig::default()),
+            "DevicePlugin" => DeviceManager::try_new(DeviceConfig::default(), kpm::transport::fd::budget().clone()).unwrap(),
             _ => DraManager::new(DraConfig::default(), Arc::new(InMemoryCleanup::default())),
         };
         if kpm::check_info(&info).is_err() {

@@ -254,8 +254,14 @@ impl KubeletBuilder {
     pub fn build(self) -> Result<Kubelet> {
         #[cfg(feature = "csi")]
         crate::manager::invalid_if("csi_config", self.csi.validate())?;
+        // The device manager checks its config as it is made: made here, so
+        // that its setting is refused in the same order as the others.
         #[cfg(feature = "device")]
-        crate::manager::invalid_if("device_config", self.device.validate())?;
+        let devices = crate::device::DeviceManager::try_new(self.device, self.fd_budget.clone())
+            .map_err(|err| crate::Error::InvalidConfig {
+                setting: "device_config",
+                reason: err.to_string(),
+            })?;
         #[cfg(feature = "dra")]
         crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
@@ -295,8 +301,6 @@ impl KubeletBuilder {
 
         #[cfg(feature = "device")]
         let (devices, device_plugin_dir) = {
-            let devices =
-                crate::device::DeviceManager::with_fd_budget(self.device, self.fd_budget.clone());
             handlers.push((PluginKind::Device, devices.clone()));
             if enabled(PluginKind::Device) {
                 manager = manager.held_connections(Arc::new(DeviceConnections(devices.clone())));
