@@ -67,7 +67,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("kpm-cli", &["kpm", "kpm-api", "kpm-doctor", "kpm-registrar"]),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
     ("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
-    ("kpm-tests", &["kpm", "kpm-registrar"]),
+    ("kpm-tests", &["kpm", "kpm-api", "kpm-registrar"]),
     ("kpm-test-support", &["kpm-api"]),
     ("xtask", &[]),
 ];

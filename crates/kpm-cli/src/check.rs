@@ -431,7 +431,7 @@ async fn inspect(
             Ok(report) => checks.push(format!("{resource}: {report}")),
             Err(err) => {
                 failed.1 = true;
-                checks.push(format!("{resource}: {}", kpm::api::gotext::error_chain(&err)));
+                checks.push(format!("{resource}: {}", kpm_api::gotext::error_chain(&err)));
             }
         }
     }

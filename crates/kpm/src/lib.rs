@@ -15,7 +15,8 @@
 //! This crate composes the layers: [`kpm_watcher`] (filesystem →
 //! DesiredState), [`kpm_reconciler`] (DesiredState → operations),
 //! [`kpm_executor`] (operations over gRPC), [`kpm_cache`] (the states and the
-//! handler trait) and [`kpm_api`] (the wire types, as [`api`]); of
+//! handler trait) and [`kpm_api`] (the wire; its names and limits as
+//! [`api`]); of
 //! `kpm-transport`, the Unix-socket transport, [`transport`] has what a
 //! binary needs.
 //!
@@ -104,10 +105,19 @@ pub mod registry {
     pub use kpm_watcher::{Ignored, RegistryEntry, survey};
 }
 
-/// Wire types and constants of the plugin APIs (the `kpm-api` crate).
+/// The plugin APIs' names and limits a node agent needs: plugin types,
+/// the kubelet's directory and socket names, DRA service names, and how
+/// kpm renders an error chain. Named one by one, so that the facade's API
+/// does not grow with the wire crate; the generated gRPC types are in the
+/// `kpm-api` crate, for plugins and tests that speak the protocols.
 pub mod api {
-    pub use kpm_api::constants::*;
-    pub use kpm_api::*;
+    pub use kpm_api::constants::{
+        CSI_PLUGIN, DEFAULT_ROOT_DIR, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION,
+        DEVICE_PLUGINS_DIR_NAME, DRA_HEALTH_V1_SERVICE, DRA_HEALTH_V1ALPHA1_SERVICE, DRA_PLUGIN,
+        DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, KUBELET_SOCKET_NAME,
+        MAX_CONFIG_DURATION, MAX_SOCKET_PATH_BYTES, OWN_DIR_MODE, PLUGINS_REGISTRY_DIR_NAME,
+    };
+    pub use kpm_api::gotext::error_chain;
 }
 
 /// Errors of the plugin manager.
