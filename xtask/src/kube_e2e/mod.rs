@@ -24,7 +24,6 @@
 //! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
 //! | `fleet-scale` | `kpm doctor --cluster` over 5000 Nodes, 5000 CSINodes and 20,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
 //! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |
-
 //!
 //! The runner (this file: options, the programs, each scenario on a cluster
 //! of its own) sits on `cluster` (etcd and kube-apiserver, started and
