@@ -1,7 +1,8 @@
 //! The docs against what they describe, where drift is easy to miss:
 //!
-//! - `docs/operations.md` names every metric the CLI serves (the names
-//!   `crates/kpm-cli/src/metrics/` registers, a counter with its `_total`);
+//! - `docs/operations.md` names every metric kpm serves (the names
+//!   `crates/kpm-cli/src/metrics/` and kpm-doctor's `metrics.rs` register,
+//!   a counter with its `_total`);
 //! - the README's layout has a line per workspace crate and none for a
 //!   crate that is gone, and its `kpm-cli` line lists the CLI's subcommands
 //!   (read from the clap `enum Command` in `crates/kpm-cli/src/main.rs`), as
@@ -21,8 +22,9 @@ use crate::Result;
 const OPERATIONS: &str = "docs/operations.md";
 const README: &str = "README.md";
 const CLI_README: &str = "crates/kpm-cli/README.md";
-/// Where the CLI's metrics are registered.
-const METRICS: &str = "crates/kpm-cli/src/metrics";
+/// Where the metrics kpm serves are registered: the CLI's (`kpm run`) and
+/// the doctor's (`kpm doctor --watch`), files or directories.
+const METRICS: &[&str] = &["crates/kpm-cli/src/metrics", "crates/kpm-doctor/src/metrics.rs"];
 /// Where the CLI's clap `enum Command` is.
 const CLI_MAIN: &str = "crates/kpm-cli/src/main.rs";
 /// The crate whose subcommands the READMEs list.
@@ -36,7 +38,7 @@ pub(super) fn check(root: &Path, crates: &[Crate], problems: &mut Vec<String>) -
     };
     let mut metric_sources = Vec::new();
     let mut io_error = None;
-    walk(&root.join(METRICS), &mut |path| {
+    let mut read_source = |path: &Path| {
         if path.extension().is_some_and(|ext| ext == "rs") {
             let shown = path.strip_prefix(root).unwrap_or(path).display().to_string();
             match fs::read_to_string(path) {
@@ -44,7 +46,15 @@ pub(super) fn check(root: &Path, crates: &[Crate], problems: &mut Vec<String>) -
                 Err(err) => io_error = Some(format!("tidy: cannot read {shown}: {err}")),
             }
         }
-    })?;
+    };
+    for source in METRICS {
+        let path = root.join(source);
+        if path.is_file() {
+            read_source(&path);
+        } else {
+            walk(&path, &mut read_source)?;
+        }
+    }
     if let Some(err) = io_error {
         return Err(err.into());
     }
@@ -80,9 +90,10 @@ fn without_tests(text: &str) -> &str {
     text.find("#[cfg(test)]\nmod tests").map_or(text, |at| &text[..at])
 }
 
-/// A metric a source registers: its name as served (a counter's with
-/// `_total`).
-fn metric_names(text: &str) -> Vec<String> {
+/// A metric a source registers: its name as served, a counter's with
+/// `_total` where the source says so by calling a `counter…` helper
+/// (elsewhere either spelling passes).
+fn metric_names(text: &str) -> Vec<Metric> {
     let code = without_tests(text);
     let mut names = Vec::new();
     for prefix in ["\"kpm_", "\"plugin_manager_"] {
@@ -103,11 +114,30 @@ fn metric_names(text: &str) -> Vec<String> {
                     .map_or(0, |index| index + 1);
                 &head[start..]
             });
-            let suffix = if called.starts_with("counter") { "_total" } else { "" };
-            names.push(format!("{}{suffix}", &rest[..end]));
+            names.push(Metric {
+                name: rest[..end].to_owned(),
+                counter: called.starts_with("counter"),
+            });
         }
     }
     names
+}
+
+/// A metric name a source registers.
+#[derive(Debug, PartialEq)]
+struct Metric {
+    /// As registered, without `_total`.
+    name: String,
+    /// Registered through a `counter…` helper: served with `_total`.
+    counter: bool,
+}
+
+impl Metric {
+    /// How a document must spell it: with `_total` for a known counter.
+    fn spellings(&self) -> Vec<String> {
+        let total = format!("{}_total", self.name);
+        if self.counter { vec![total] } else { vec![self.name.clone(), total] }
+    }
 }
 
 /// The words of a document, as a metric or identifier is spelt.
@@ -119,8 +149,10 @@ fn words(text: &str) -> BTreeSet<&str> {
 fn check_metrics(sources: &[(String, String)], operations: &str, problems: &mut Vec<String>) {
     let named = words(operations);
     for (file, text) in sources {
-        for name in metric_names(text) {
-            if !named.contains(name.as_str()) {
+        for metric in metric_names(text) {
+            let spellings = metric.spellings();
+            if !spellings.iter().any(|spelling| named.contains(spelling.as_str())) {
+                let name = &spellings[0];
                 problems.push(format!(
                     "{OPERATIONS} does not name the metric `{name}` that {file} serves: add it, \
                      with what it counts, to the `--metrics-addr` paragraph"
@@ -328,12 +360,14 @@ mod tests {
 
     #[test]
     fn metric_names_are_the_registered_literals_counters_with_total() {
+        let spellings: Vec<Vec<String>> =
+            metric_names(SCRAPE).iter().map(Metric::spellings).collect();
         assert_eq!(
-            metric_names(SCRAPE),
+            spellings,
             [
-                "kpm_liveness_probes_total",
-                "kpm_liveness_watched_processes",
-                "kpm_registration_latency_seconds"
+                vec!["kpm_liveness_probes_total"],
+                vec!["kpm_liveness_watched_processes", "kpm_liveness_watched_processes_total"],
+                vec!["kpm_registration_latency_seconds", "kpm_registration_latency_seconds_total"],
             ]
         );
     }
