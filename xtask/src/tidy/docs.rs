@@ -309,11 +309,11 @@ fn workspace_rust_version(cargo_toml: &str) -> Option<String> {
     Some(line.split('"').nth(1)?.to_owned())
 }
 
-/// Each "X or newer" of the README says the workspace's `rust-version`, and
-/// there is one.
+/// Each "X or newer" on a line of the README that speaks of Rust says the
+/// workspace's `rust-version`, and there is one.
 fn check_rust_version(readme: &str, version: &str, problems: &mut Vec<String>) {
     let mut found = false;
-    for (number, line) in readme.lines().enumerate() {
+    for (number, line) in readme.lines().enumerate().filter(|(_, line)| line.contains("Rust")) {
         for (at, _) in line.match_indices(" or newer") {
             found = true;
             let stated = line[..at].rsplit([' ', '(']).next().unwrap_or_default();
@@ -518,7 +518,7 @@ enum OutputFormat {
                  or newer`"]
         );
         problems.clear();
-        check_rust_version("# kpm\n", "1.90", &mut problems);
+        check_rust_version("# kpm\n\nWith Go (1.22 or newer).\n", "1.90", &mut problems);
         assert_eq!(problems.len(), 1, "{problems:?}");
     }
 }
