@@ -1,6 +1,8 @@
 //! `LAYERS`: which workspace crates each crate may depend on, normal and dev
 //! dependencies apart, held against every manifest both ways: a dependency
 //! no layer allows is an error, and so is an allowance no manifest uses.
+//! Any crate may have `kpm-test-support` as a dev-dependency, and itself
+//! (for its `testing` feature), without a word in `LAYERS`.
 
 use super::workspace::Crate;
 
@@ -115,8 +117,13 @@ fn check_crate(krate: &Crate, layer: &Layer, problems: &mut Vec<String>) {
     let name = &krate.name;
     for dep in &krate.deps {
         let dep_name = dep.name.as_str();
+        // A dev-dependency on the crate itself turns on its `testing`
+        // feature for its own tests: no edge between crates.
         let allowed = layer.deps.contains(&dep_name)
-            || (dep.dev && (dep_name == TEST_SUPPORT || layer.dev.contains(&dep_name)));
+            || (dep.dev
+                && (dep_name == TEST_SUPPORT
+                    || dep_name == name.as_str()
+                    || layer.dev.contains(&dep_name)));
         if allowed {
             continue;
         }
@@ -200,6 +207,15 @@ mod tests {
         let mut problems = Vec::new();
         check_layers(&workspace("kpm-executor", Some(dep("kpm-api", true))), &mut problems);
         assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn a_crate_may_be_its_own_dev_dependency_only() {
+        let mut problems = Vec::new();
+        check_layers(&workspace("kpm-dra", Some(dep("kpm-dra", true))), &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        check_layers(&workspace("kpm-dra", Some(dep("kpm-dra", false))), &mut problems);
+        assert_eq!(problems.len(), 1, "{problems:?}");
     }
 
     #[test]

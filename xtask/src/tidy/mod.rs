@@ -9,7 +9,8 @@
 //! - `layers`: `LAYERS` names every workspace crate and nothing else, each
 //!   crate's kpm dependencies (normal and dev apart), as `cargo metadata`
 //!   reads them, follow it, and it allows nothing that no manifest uses
-//!   (`kpm-test-support` is allowed as a dev-dependency of any crate);
+//!   (`kpm-test-support` is allowed as a dev-dependency of any crate, and
+//!   so is the crate itself, for its `testing` feature);
 //! - `architecture`: `docs/ARCHITECTURE.md` has a `###` heading for each
 //!   crate and none for a crate that is not one, and its dependency list is
 //!   `LAYERS`, written out;
