@@ -221,8 +221,6 @@ impl KubeletBuilder {
     /// Checks every setting and creates the handlers and the manager;
     /// nothing is served or watched until [`Kubelet::run`].
     pub fn build(self) -> Result<Kubelet> {
-        #[cfg(feature = "csi")]
-        crate::manager::invalid_if("csi_config", self.csi.validate())?;
         #[cfg(feature = "device")]
         crate::manager::invalid_if("device_config", self.device.validate())?;
         #[cfg(feature = "dra")]
@@ -251,8 +249,11 @@ impl KubeletBuilder {
                     let memory = Arc::new(crate::csi::InMemoryNodeInfo::default());
                     (memory.clone(), Some(memory))
                 };
-            let csi =
-                crate::csi::CsiHandler::new(sink, self.csi).with_fd_budget(self.fd_budget.clone());
+            let csi = crate::csi::CsiHandler::try_new(sink, self.csi, self.fd_budget.clone())
+                .map_err(|err| crate::Error::InvalidConfig {
+                    setting: "csi_config",
+                    reason: err.to_string(),
+                })?;
             #[cfg(feature = "kube")]
             {
                 csi_periods = csi.allocatable_update_periods();
