@@ -95,7 +95,7 @@ struct Node {
 
 impl Node {
     fn start(dirs: &Dirs) -> Result<Self, CliError> {
-        let kubelet = crate::run::kubelet(&dirs.root, &[]).liveness(None).build()?;
+        let kubelet = crate::run::kubelet(&dirs.root, &[]).manager(|m| m.liveness(None)).build()?;
         let handle = kubelet.handle();
         let (stop, stopped) = oneshot::channel::<()>();
         let running = tokio::spawn(kubelet.run(async move {

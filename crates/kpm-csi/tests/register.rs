@@ -37,8 +37,12 @@ fn setup() -> Setup {
 
 fn setup_with_timeout(timeout: Duration) -> Setup {
     let sink = Arc::new(InMemoryNodeInfo::default());
-    let handler =
-        CsiHandler::new(sink.clone(), CsiConfig::default().node_get_info_timeout(timeout));
+    let handler = CsiHandler::try_new(
+        sink.clone(),
+        CsiConfig::default().node_get_info_timeout(timeout),
+        kpm_transport::fd::budget().clone(),
+    )
+    .unwrap();
     Setup { dir: tempfile::tempdir().unwrap(), sink, handler: Arc::new(handler) }
 }
 
