@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
-use kpm_transport::fd::FdBudget;
+use kpm_transport::fd::{self, FdBudget};
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
 
@@ -34,7 +34,7 @@ pub struct CsiHandler {
 impl CsiHandler {
     /// A handler with an empty drivers store that publishes node info to `sink`.
     pub fn new(sink: Arc<dyn NodeInfoSink>, config: CsiConfig) -> Self {
-        Self::with_parts(sink, config, FdBudget::default())
+        Self::with_parts(sink, config, fd::budget().clone())
     }
 
     fn with_parts(sink: Arc<dyn NodeInfoSink>, config: CsiConfig, budget: FdBudget) -> Self {

@@ -36,8 +36,8 @@ use crate::error::{DeviceError, go_code_name};
 use crate::validation::{validate_plugin, validate_register_request};
 use kpm_api::FileId;
 use kpm_transport as uds;
-use kpm_transport::UdsChannel;
 use kpm_transport::fd::FdBudget;
+use kpm_transport::{Dialer, UdsChannel};
 
 /// The gRPC path of `v1beta1.DevicePlugin/ListAndWatch`.
 const LIST_AND_WATCH: &str = "/v1beta1.DevicePlugin/ListAndWatch";
@@ -260,7 +260,7 @@ struct Target {
 impl DeviceManager {
     /// A manager without endpoints.
     pub fn new(config: DeviceConfig) -> Arc<Self> {
-        Self::with_fd_budget(config, FdBudget::default())
+        Self::with_fd_budget(config, kpm_transport::fd::budget().clone())
     }
 
     /// A manager without endpoints whose connections, dialled and accepted,
@@ -464,15 +464,8 @@ impl DeviceManager {
         // A connection of its own, without tonic's `Channel`: it is held for
         // as long as the plugin is registered, and its buffers are most of
         // kpm's memory with many plugins (docs/performance.md).
-        let permit = self.budget.acquire().await;
-        let channel = UdsChannel::connect_with_permit(
-            socket,
-            self.config.dial_timeout,
-            Duration::ZERO,
-            permit,
-        )
-        .await
-        .map_err(|source| DeviceError::Dial {
+        let dialer = Dialer::new(self.budget.clone(), self.config.dial_timeout);
+        let channel = dialer.kept(socket).await.map_err(|source| DeviceError::Dial {
             resource: resource.to_owned(),
             socket: socket.to_path_buf(),
             source,
@@ -1033,17 +1026,19 @@ fn timed_out(call: &'static str, resource: &str, socket: &Path, timeout: Duratio
     }
 }
 
-/// Awaits a call for at most `timeout`; see [`uds::within`].
+/// Awaits a call for at most `timeout`; see [`uds::timed_call`].
 async fn bounded<T>(
     call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     timeout: Duration,
     on_timeout: impl FnOnce() -> DeviceError,
     on_status: impl FnOnce(tonic::Status) -> DeviceError,
 ) -> Result<T, DeviceError> {
-    uds::within(timeout, call)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|failed| failed.map_or_else(on_timeout, on_status))
+    uds::timed_call(timeout, call).await.map(tonic::Response::into_inner).map_err(|failed| {
+        match failed {
+            uds::TimedCallError::Failed(status) => on_status(status),
+            uds::TimedCallError::TimedOut => on_timeout(),
+        }
+    })
 }
 
 #[cfg(test)]
