@@ -256,11 +256,11 @@ async fn dial(
     budget: &FdBudget,
 ) -> Result<(UdsChannel, bool), ProbeFailure> {
     let dialer = Dialer::new(budget.clone(), timeout);
-    let (dialed, keepable) = match dialer.clone().optional_holder().kept(socket).await {
+    let (connected, keepable) = match dialer.clone().optional_holder().kept(socket).await {
         Err(TransportError::NoSparePermit { .. }) => (dialer.kept(socket).await, false),
-        dialed => (dialed, true),
+        connected => (connected, true),
     };
-    let channel = dialed.map_err(|err| dial_failure(&err))?;
+    let channel = connected.map_err(|err| dial_failure(&err))?;
     Ok((channel, keepable))
 }
 

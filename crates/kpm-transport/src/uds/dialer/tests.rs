@@ -61,7 +61,7 @@ async fn a_connection_is_live_from_the_first_bytes_until_end_of_file() {
     let mut io = dialer.stream(&socket).await.unwrap();
     let (mut server, _) = listener.accept().await.unwrap();
     server.write_all(b"hello").await.unwrap();
-    io.read(&mut buf).await.unwrap();
+    assert_eq!(io.read(&mut buf).await.unwrap(), 5);
     assert_eq!(live.count(), 1);
     drop(io);
     assert_eq!(live.count(), 0, "dropped");
