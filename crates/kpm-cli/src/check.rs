@@ -124,7 +124,10 @@ impl Node {
             .status()
             .into_iter()
             .filter(|status| status.state == PluginState::Registered)
-            .map(|status| (status.socket_path, status.plugin_type, status.name))
+            .filter_map(|status| {
+                let registered = status.registration?;
+                Some((status.socket_path, registered.plugin_type, registered.plugin.name))
+            })
             .collect();
         let resources = self
             .handle

@@ -59,7 +59,8 @@ mod status;
 
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
-    DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler, ServiceReport,
+    DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEvent,
+    PluginHandler, Registration, ServiceReport,
 };
 pub use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep, Inspection, Step, check_info,
@@ -72,7 +73,7 @@ pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
 pub use manager::{
     MAX_EVENT_CAPACITY, ManagerHandle, ManagerStats, PluginManager, PluginManagerBuilder,
 };
-pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus, RegisteredPlugin};
+pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus};
 
 /// The CSI handler: version rules, the drivers store, NodeGetInfo and the
 /// node information the kubelet publishes.
