@@ -216,7 +216,7 @@ impl DraManager {
     /// A manager with no drivers. `cleanup` is called when a driver has had
     /// no connected instance for `config.cleanup_grace`.
     pub fn new(config: DraConfig, cleanup: Arc<dyn SliceCleanup>) -> Arc<Self> {
-        Self::with_fd_budget(config, cleanup, FdBudget::default())
+        Self::with_fd_budget(config, cleanup, kpm_transport::fd::budget().clone())
     }
 
     /// Like [`new`](Self::new), the connections to drivers taking permits of
@@ -859,14 +859,15 @@ async fn monitor(shared: Weak<Shared>, instance: Arc<Instance>, reported: bool) 
 }
 
 /// Runs `call`, failing with `DeadlineExceeded` when it does not finish
-/// within `timeout` (see [`kpm_transport::within`]).
+/// within `timeout` (see [`kpm_transport::timed_call`]).
 async fn call_with_deadline<T>(
     call: impl Future<Output = Result<T, tonic::Status>>,
     timeout: Duration,
 ) -> Result<T, tonic::Status> {
-    kpm_transport::within(timeout, call)
-        .await
-        .map_err(|failed| failed.unwrap_or_else(|| deadline_exceeded(timeout)))
+    kpm_transport::timed_call(timeout, call).await.map_err(|failed| match failed {
+        kpm_transport::TimedCallError::Failed(status) => status,
+        kpm_transport::TimedCallError::TimedOut => deadline_exceeded(timeout),
+    })
 }
 
 #[async_trait]

@@ -71,7 +71,7 @@ impl Default for KubeletBuilder {
             host_root: None,
             disabled: Vec::new(),
             manager: PluginManager::builder(),
-            fd_budget: FdBudget::default(),
+            fd_budget: kpm_transport::fd::budget().clone(),
             #[cfg(feature = "csi")]
             csi: crate::csi::CsiConfig::default(),
             #[cfg(feature = "csi")]

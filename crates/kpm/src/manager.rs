@@ -50,7 +50,7 @@ impl Default for PluginManagerBuilder {
             held_connections: None,
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
-            fd_budget: FdBudget::default(),
+            fd_budget: kpm_transport::fd::budget().clone(),
         }
     }
 }

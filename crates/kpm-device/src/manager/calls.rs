@@ -147,15 +147,17 @@ pub(super) fn timed_out(
     }
 }
 
-/// Awaits a call for at most `timeout`; see [`uds::within`].
+/// Awaits a call for at most `timeout`; see [`uds::timed_call`].
 pub(super) async fn bounded<T>(
     call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     timeout: Duration,
     on_timeout: impl FnOnce() -> DeviceError,
     on_status: impl FnOnce(tonic::Status) -> DeviceError,
 ) -> Result<T, DeviceError> {
-    uds::within(timeout, call)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|failed| failed.map_or_else(on_timeout, on_status))
+    uds::timed_call(timeout, call).await.map(tonic::Response::into_inner).map_err(|failed| {
+        match failed {
+            uds::TimedCallError::Failed(status) => on_status(status),
+            uds::TimedCallError::TimedOut => on_timeout(),
+        }
+    })
 }

@@ -8,13 +8,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
-use std::time::Duration;
 
 use kpm_api::constants::DEVICE_HEALTHY;
 use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kpm_api::deviceplugin::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse};
 use kpm_transport as uds;
-use kpm_transport::UdsChannel;
+use kpm_transport::{Dialer, UdsChannel};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -168,15 +167,8 @@ impl DeviceManager {
         // A connection of its own, without tonic's `Channel`: it is held for
         // as long as the plugin is registered, and its buffers are most of
         // kpm's memory with many plugins (docs/performance.md).
-        let permit = self.budget.acquire().await;
-        let channel = UdsChannel::connect_with_permit(
-            socket,
-            self.config.dial_timeout,
-            Duration::ZERO,
-            permit,
-        )
-        .await
-        .map_err(|source| DeviceError::Dial {
+        let dialer = Dialer::new(self.budget.clone(), self.config.dial_timeout);
+        let channel = dialer.kept(socket).await.map_err(|source| DeviceError::Dial {
             resource: resource.to_owned(),
             socket: socket.to_path_buf(),
             source,
