@@ -17,7 +17,6 @@
 mod report;
 mod runner;
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -68,11 +67,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
     let run_started = Instant::now();
     let steps = runner::run(&args.command, &dirs, Duration::from_secs(args.timeout)).await?;
     let report = Report::new(&args.command, steps, args.keep.then_some(temp.path()));
-    let text = match args.output {
-        OutputFormat::Table => report.text(),
-        OutputFormat::Json => report.json()?,
-    };
-    std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
+    crate::output::print(&args.output.render(&report, Report::text)?)?;
     if let Some(path) = &args.junit {
         report.write_junit(path, run_started.elapsed())?;
     }

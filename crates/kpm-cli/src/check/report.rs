@@ -128,14 +128,6 @@ impl<'a> Report<'a> {
         text
     }
 
-    /// The report as one pretty-printed JSON document.
-    pub(super) fn json(&self) -> Result<String, CliError> {
-        let mut json = serde_json::to_string_pretty(self)
-            .map_err(|err| CliError::Check(format!("encode the report as JSON: {err}")))?;
-        json.push('\n');
-        Ok(json)
-    }
-
     /// Writes the report as JUnit XML to `path`: one test suite named after
     /// the command, each step a test case of class `kpm check`; a failure or
     /// a skip carries its evidence as the message, a pass as its output.
