@@ -11,8 +11,8 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_cache::{
-    ActualState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler, PluginInfo,
-    ServiceReport,
+    ActualState, EventBus, Generation, HandlerError, PluginDetails, PluginEvent, PluginHandler,
+    Registered, Registration, ServiceReport,
 };
 use kpm_transport as uds;
 use tokio::time::Instant;
@@ -323,8 +323,8 @@ impl Register {
                 socket,
                 generation: self.generation,
                 plugin_type: info.plugin_type.clone(),
-                name: info.name.clone(),
-                endpoint: info.endpoint.clone(),
+                name: info.plugin.name.clone(),
+                endpoint: info.plugin.endpoint.clone(),
             },
             Err(err) => PluginEvent::Rejected {
                 socket,
@@ -336,23 +336,25 @@ impl Register {
         outcome.map(drop)
     }
 
-    async fn register(&self) -> Result<PluginInfo, ExecutorError> {
+    async fn register(&self) -> Result<Registration, ExecutorError> {
         let attempt = &self.attempt;
         let admitted = match attempt.admit(&mut Steps::default()).await {
             Ok(admitted) => admitted,
             Err(refusal) => return Err(attempt.tell(refusal).await),
         };
-        let registered = PluginInfo {
-            socket_path: attempt.socket.clone(),
-            generation: self.generation,
-            plugin_type: admitted.info.r#type.clone(),
-            name: admitted.info.name.clone(),
-            endpoint: admitted.endpoint.clone(),
-            versions: admitted.info.supported_versions.clone(),
-            registered_at: SystemTime::now(),
-            server_pid: admitted.connection.server_pid,
-            handler: Arc::clone(&admitted.handler),
-        };
+        let plugin = PluginDetails::new(
+            admitted.info.name.clone(),
+            admitted.endpoint.clone(),
+            admitted.info.supported_versions.clone(),
+        );
+        let registration = Registration::new(
+            attempt.socket.clone(),
+            self.generation,
+            admitted.info.r#type.clone(),
+            plugin,
+            admitted.connection.server_pid,
+        );
+        let mut registered = Registered::new(registration, Arc::clone(&admitted.handler));
         if let Err(failure) = attempt.call(&admitted, HandlerStep::Register).await {
             if failure.aborted {
                 // It may have stopped halfway: nothing may stay registered.
@@ -361,7 +363,7 @@ impl Register {
             let refusal = attempt.refuse(admitted, HandlerStep::Register, failure.error);
             return Err(attempt.tell(refusal).await);
         }
-        let registered = PluginInfo { registered_at: SystemTime::now(), ..registered };
+        registered.registration.registered_at = SystemTime::now();
 
         let recorded =
             attempt.notify(&admitted.connection, true, String::new()).await.and_then(|()| {
@@ -375,11 +377,12 @@ impl Register {
             return Err(err);
         }
         tracing::info!(
-            socket = %attempt.socket.display(), plugin = %registered.name,
-            plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
+            socket = %attempt.socket.display(), plugin = %registered.registration.plugin.name,
+            plugin_type = %registered.registration.plugin_type,
+            endpoint = %registered.registration.plugin.endpoint,
             generation = %self.generation, "plugin registered"
         );
-        Ok(registered)
+        Ok(registered.registration)
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
-use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, PluginInfo};
+use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, Registered};
 use kpm_transport::fd::FdBudget;
 use tokio::sync::Semaphore;
 
@@ -206,18 +206,18 @@ impl OperationExecutor {
         self.operations.start(socket, op.run())
     }
 
-    /// Starts unregistering `info`: it leaves `actual_state` first (so that a
+    /// Starts unregistering `old`: it leaves `actual_state` first (so that a
     /// socket re-created meanwhile is seen as a new registration), then its
     /// handler is told. The plugin itself is not contacted: its socket is gone.
     pub fn unregister(
         &self,
-        info: PluginInfo,
+        old: Registered,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
         let events = self.events.clone();
         let timeout = self.config.handler_timeout;
-        self.operations.start(&info.socket_path.clone(), async move {
-            deregister(&info, &actual_state, &events, timeout).await;
+        self.operations.start(&old.registration.socket_path.clone(), async move {
+            deregister(&old, &actual_state, &events, timeout).await;
             Ok(())
         })
     }
@@ -227,12 +227,12 @@ impl OperationExecutor {
     /// operation (the kubelet needed two reconcile passes for this).
     pub fn reregister(
         &self,
-        old: PluginInfo,
+        old: Registered,
         generation: Generation,
         handlers: Arc<Handlers>,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
-        let socket = old.socket_path.clone();
+        let socket = old.registration.socket_path.clone();
         let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state));
         let events = self.events.clone();
         let timeout = self.config.handler_timeout;
@@ -279,43 +279,44 @@ impl OperationExecutor {
     }
 }
 
-/// Removes `info` from `actual_state` and tells its handler. Only the call
+/// Removes `old` from `actual_state` and tells its handler. Only the call
 /// that removes that incarnation deregisters, so each registration is
 /// deregistered exactly once.
 async fn deregister(
-    info: &PluginInfo,
+    old: &Registered,
     actual_state: &ActualState,
     events: &EventBus,
     handler_timeout: Duration,
 ) {
+    let info = &old.registration;
     if actual_state.remove_generation(&info.socket_path, info.generation).is_none() {
         return;
     }
-    call_deregister(info, handler_timeout).await;
+    call_deregister(old, handler_timeout).await;
     tracing::info!(
-        socket = %info.socket_path.display(), plugin = %info.name,
+        socket = %info.socket_path.display(), plugin = %info.plugin.name,
         plugin_type = %info.plugin_type, "plugin deregistered"
     );
     events.publish(PluginEvent::Deregistered {
         socket: info.socket_path.clone(),
         generation: info.generation,
         plugin_type: info.plugin_type.clone(),
-        name: info.name.clone(),
+        name: info.plugin.name.clone(),
     });
 }
 
-/// Tells the handler to forget `info`, isolated: a deregister that hangs or
+/// Tells the handler to forget `old`, isolated: a deregister that hangs or
 /// panics is logged, and the plugin counts as deregistered all the same.
-pub(crate) async fn call_deregister(info: &PluginInfo, handler_timeout: Duration) {
-    let (handler, name, endpoint) =
-        (Arc::clone(&info.handler), info.name.clone(), info.endpoint.clone());
+pub(crate) async fn call_deregister(old: &Registered, handler_timeout: Duration) {
+    let info = &old.registration;
+    let (handler, plugin) = (Arc::clone(&old.handler), info.plugin.clone());
     let call = async move {
-        handler.deregister(&name, &endpoint).await;
+        handler.deregister(&plugin.name, &plugin.endpoint).await;
         Ok(())
     };
     if let Err(failure) = call_handler(&info.plugin_type, handler_timeout, call).await {
         tracing::error!(
-            socket = %info.socket_path.display(), plugin = %info.name, error = %failure.error,
+            socket = %info.socket_path.display(), plugin = %info.plugin.name, error = %failure.error,
             "handler failed to deregister the plugin; dropping it anyway"
         );
     }

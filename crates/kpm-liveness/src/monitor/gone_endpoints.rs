@@ -160,14 +160,14 @@ impl State<'_> {
         let Some(info) = awaiting else { return };
         self.monitor.counters.endpoints_gone.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            socket = %socket.display(), plugin = %info.plugin.name, plugin_type = %info.plugin_type,
             endpoint = %endpoint.display(), "the plugin's endpoint was removed; deregistering it"
         );
         self.monitor.events.publish(PluginEvent::Unresponsive {
             socket: socket.to_path_buf(),
             generation,
             plugin_type: info.plugin_type,
-            name: info.name,
+            name: info.plugin.name,
             failures: 0,
             reason,
         });

@@ -396,8 +396,8 @@ impl<'a> State<'a> {
             self.watch(pid, &socket);
         }
         self.stop_awaiting_endpoint(&socket);
-        let watched = watched_path(&info.endpoint, &socket);
-        let endpoint = kpm_transport::endpoint_path(&info.endpoint).to_path_buf();
+        let watched = watched_path(&info.plugin.endpoint, &socket);
+        let endpoint = kpm_transport::endpoint_path(&info.plugin.endpoint).to_path_buf();
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
         // Armed before the file is read: a change after the read is an event.
         if watched.is_some() {
@@ -477,14 +477,14 @@ impl<'a> State<'a> {
         }
         self.monitor.counters.renewals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            socket = %socket.display(), plugin = %info.plugin.name, plugin_type = %info.plugin_type,
             failures, %reason, "plugin is gone or stopped answering; registering it anew"
         );
         self.monitor.events.publish(PluginEvent::Unresponsive {
             socket: socket.to_path_buf(),
             generation,
             plugin_type: info.plugin_type,
-            name: info.name,
+            name: info.plugin.name,
             failures,
             reason,
         });

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kpm_api::constants::CSI_PLUGIN;
-use kpm_cache::{Generation, PluginInfo};
+use kpm_cache::{Generation, Registration};
 use tokio::time::Instant;
 
 use super::{Done, State};
@@ -25,8 +25,8 @@ pub(super) const PROBE_TICK: Duration = Duration::from_secs(2);
 /// asked `Identity/Probe` (the registration socket is node-driver-registrar's,
 /// which answers while the driver hangs). A driver serving both on one
 /// socket is one server, asked `GetInfo`.
-pub(super) fn targets(socket: &Path, info: &PluginInfo) -> Vec<Target> {
-    let driver = kpm_transport::endpoint_path(&info.endpoint);
+pub(super) fn targets(socket: &Path, info: &Registration) -> Vec<Target> {
+    let driver = kpm_transport::endpoint_path(&info.plugin.endpoint);
     if info.plugin_type != CSI_PLUGIN || driver.as_os_str().is_empty() || driver == socket {
         return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
     }
