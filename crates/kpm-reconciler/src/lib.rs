@@ -82,9 +82,10 @@ impl ReconcilerConfig {
     }
 
     /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is
-    /// allowed: no periodic pass). [`Reconciler::run`] does not panic on a
+    /// allowed: no periodic pass). [`Reconciler::run`] would not panic on a
     /// longer one (a period past the clock's range means no periodic pass),
-    /// but such a setting is a mistake worth reporting.
+    /// but such a setting is a mistake worth reporting:
+    /// [`Reconciler::try_new`] refuses it.
     pub fn validate(&self) -> Result<(), ReconcilerError> {
         Ok(check_durations(&[], &[("resync_period", self.resync_period)])?)
     }
@@ -122,7 +123,8 @@ pub struct Reconciler {
     /// Starts refused because the socket was backing off, for metrics.
     backoff_skips: AtomicU64,
     /// Full passes skipped because nothing could have changed since one
-    /// found every socket in sync.
+    /// found every socket in sync: only the tests look.
+    #[cfg(test)]
     full_passes_skipped: AtomicU64,
 }
 
@@ -183,18 +185,20 @@ impl std::fmt::Debug for Reconciler {
 }
 
 impl Reconciler {
-    /// A reconciler that drives `actual` towards `desired` through `executor`,
-    /// publishing on `events`. It has no handlers yet
-    /// ([`add_handler`](Self::add_handler)) and does nothing until
-    /// [`run`](Self::run).
-    pub fn new(
+    /// A reconciler with `config`, checked here once
+    /// ([`ReconcilerConfig::validate`]: the error names the field), that
+    /// drives `actual` towards `desired` through `executor`, publishing on
+    /// `events`. It has no handlers yet ([`add_handler`](Self::add_handler))
+    /// and does nothing until [`run`](Self::run).
+    pub fn try_new(
+        config: ReconcilerConfig,
         desired: Arc<DesiredState>,
         actual: Arc<ActualState>,
         executor: OperationExecutor,
         events: EventBus,
-        config: ReconcilerConfig,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ReconcilerError> {
+        config.validate()?;
+        Ok(Self {
             desired,
             actual,
             executor,
@@ -204,8 +208,9 @@ impl Reconciler {
             handlers_changed: ChangeSignal::default(),
             state: Mutex::new(State::default()),
             backoff_skips: AtomicU64::new(0),
+            #[cfg(test)]
             full_passes_skipped: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Adds the handler for `plugin_type`, before or after [`run`](Self::run)
@@ -268,7 +273,8 @@ impl Reconciler {
 
     /// How many full passes were skipped because neither state had changed
     /// since one that found every socket in sync.
-    pub fn full_passes_skipped(&self) -> u64 {
+    #[cfg(test)]
+    fn full_passes_skipped(&self) -> u64 {
         self.full_passes_skipped.load(Ordering::Relaxed)
     }
 
@@ -322,6 +328,7 @@ impl Reconciler {
         // listing or journaled for the next pass.
         let mut sockets = self.take_dirty(&mut state);
         if sockets.is_empty() && state.in_sync_at == Some(changes) {
+            #[cfg(test)]
             self.full_passes_skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }

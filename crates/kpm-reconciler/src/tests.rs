@@ -3,6 +3,7 @@
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{HandlerError, PluginDetails, Registration};
+use kpm_executor::ExecutorConfig;
 
 use super::*;
 
@@ -19,14 +20,21 @@ impl PluginHandler for NoopHandler {
     async fn deregister(&self, _: &str, _: &str) {}
 }
 
+/// An executor with the default config, dialling from the process-wide budget.
+fn executor() -> OperationExecutor {
+    let budget = kpm_transport::fd::budget().clone();
+    OperationExecutor::try_new(ExecutorConfig::default(), budget, EventBus::default()).unwrap()
+}
+
 fn reconciler(desired: &Arc<DesiredState>, actual: &Arc<ActualState>) -> Reconciler {
-    Reconciler::new(
+    Reconciler::try_new(
+        ReconcilerConfig::default(),
         Arc::clone(desired),
         Arc::clone(actual),
-        OperationExecutor::default(),
+        executor(),
         EventBus::default(),
-        ReconcilerConfig::default(),
     )
+    .unwrap()
 }
 
 fn registered(socket: &Path, generation: Generation) -> Registered {
@@ -151,6 +159,10 @@ fn resync_periods_beyond_the_bound_are_refused() {
             "{error}"
         );
         assert!(error.to_string().contains("resync_period"), "{error}");
+        let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
+        let config = ReconcilerConfig::default().resync_period(too_long);
+        let refused = Reconciler::try_new(config, desired, actual, executor(), EventBus::default());
+        assert_eq!(refused.map(drop).unwrap_err(), error);
     }
     for fine in [Duration::ZERO, Duration::from_secs(10), MAX_CONFIG_DURATION] {
         assert_eq!(ReconcilerConfig::default().resync_period(fine).validate(), Ok(()), "{fine:?}");
@@ -162,13 +174,11 @@ fn resync_periods_beyond_the_bound_are_refused() {
 /// it), lets `wait` pass and says whether the plugin was unregistered.
 async fn stray_found_after(resync_period: Duration, wait: Duration) -> bool {
     let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
-    let r = Arc::new(Reconciler::new(
-        Arc::clone(&desired),
-        Arc::clone(&actual),
-        OperationExecutor::default(),
-        EventBus::default(),
-        ReconcilerConfig::default().resync_period(resync_period),
-    ));
+    let mut r = reconciler(&desired, &actual);
+    // Set behind `try_new`'s back: `run` must not panic on a period that
+    // `validate` would refuse (past the clock's range) either.
+    r.config.resync_period = resync_period;
+    let r = Arc::new(r);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({
         let r = Arc::clone(&r);
