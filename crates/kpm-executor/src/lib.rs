@@ -16,7 +16,6 @@
 
 #![deny(missing_docs)]
 
-mod attempt;
 mod backoff;
 mod error;
 mod inspection;

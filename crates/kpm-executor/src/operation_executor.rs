@@ -1,6 +1,6 @@
 //! The register and unregister operations, run through an [`OperationMap`]
 //! keyed by socket path; the steps of one registration are in
-//! [`attempt`](crate::attempt).
+//! [`attempt`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,10 +12,13 @@ use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, R
 use kpm_transport::fd::FdBudget;
 use tokio::sync::Semaphore;
 
-use crate::attempt::{Attempt, Register};
 use crate::inspection::Inspection;
 use crate::isolation::call_handler;
 use crate::{ExecutorError, ExponentialBackoff, OperationMap};
+
+mod attempt;
+
+use attempt::{Attempt, Register};
 
 /// Handlers by plugin type, as the reconciler hands them to one operation.
 pub type Handlers = HashMap<String, Arc<dyn PluginHandler>>;

@@ -20,10 +20,11 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
+use super::ExecutorConfig;
+use super::{Handlers, RegistrationSlots, call_deregister};
 use crate::inspection::{Inspection, Step, Steps};
 use crate::isolation::{HandlerFailure, call_handler};
-use crate::operation_executor::{Handlers, RegistrationSlots, call_deregister};
-use crate::{ExecutorConfig, ExecutorError, check_info, plugin_endpoint};
+use crate::{ExecutorError, check_info, plugin_endpoint};
 
 /// How long after `GetInfo` its connection is trusted for the notification.
 const REUSE_CONNECTION_FOR: Duration = Duration::from_secs(1);
