@@ -89,7 +89,7 @@ impl PluginManagerBuilder {
 
     /// Period of the reconciler's safety-net pass (default 10 s).
     pub fn reconcile_period(mut self, period: Duration) -> Self {
-        self.reconciler = self.reconciler.resync_period(period);
+        self.reconciler = self.reconciler.reconcile_period(period);
         self
     }
 
