@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm::{
-    BasicHandler, ExecutorConfig, HandlerError, ManagerHandle, PluginEvent, PluginHandler,
-    PluginManager,
+    BasicHandler, ExecutorConfig, HandlerError, ManagerHandle, PluginDetails, PluginEvent,
+    PluginHandler, PluginManager,
 };
 use kpm_registrar::Registrar;
 use kpm_test_support::{DEADLINE, wait_until};
@@ -111,13 +111,16 @@ impl FaultyHandler {
 
 #[async_trait::async_trait]
 impl PluginHandler for FaultyHandler {
-    async fn validate(&self, name: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let name = plugin.name.as_str();
         self.act(Step::Validate, name).await
     }
-    async fn register(&self, name: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let name = plugin.name.as_str();
         self.act(Step::Register, name).await
     }
-    async fn deregister(&self, name: &str, _: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let name = plugin.name.as_str();
         let _ = self.act(Step::Deregister, name).await;
     }
 }

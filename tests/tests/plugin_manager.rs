@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use kpm::{HandlerError, PluginEvent, PluginHandler, PluginManager, PluginState};
+use kpm::{HandlerError, PluginDetails, PluginEvent, PluginHandler, PluginManager, PluginState};
 use kpm_registrar::Registrar;
 use kpm_test_support::{DEADLINE, wait_until};
 use parking_lot::Mutex;
@@ -23,15 +23,18 @@ impl RecordingHandler {
 
 #[async_trait::async_trait]
 impl PluginHandler for RecordingHandler {
-    async fn validate(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.0.lock().push(format!("validate {name} {endpoint}"));
         Ok(())
     }
-    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.0.lock().push(format!("register {name} {endpoint}"));
         Ok(())
     }
-    async fn deregister(&self, name: &str, endpoint: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.0.lock().push(format!("deregister {name} {endpoint}"));
     }
 }

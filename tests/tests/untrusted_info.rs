@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use kpm::PluginHandler;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
 use kpm::device::{DeviceConfig, DeviceManager};
 use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
+use kpm::{PluginDetails, PluginHandler};
 use kpm_api::registration::v1::PluginInfo;
 use proptest::prelude::*;
 
@@ -72,7 +72,8 @@ proptest! {
         } else {
             info.endpoint.clone()
         };
-        let verdict = runtime.block_on(handler.validate(&info.name, &endpoint, &info.supported_versions));
+        let plugin = PluginDetails::new(info.name.clone(), endpoint, info.supported_versions.clone());
+        let verdict = runtime.block_on(handler.validate(&plugin));
         if let Err(reason) = verdict {
             prop_assert!(!reason.to_string().is_empty());
         }

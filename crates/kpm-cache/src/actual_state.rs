@@ -166,13 +166,13 @@ mod tests {
 
     #[async_trait::async_trait]
     impl PluginHandler for NoopHandler {
-        async fn validate(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+        async fn validate(&self, _: &PluginDetails) -> Result<(), HandlerError> {
             Ok(())
         }
-        async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+        async fn register(&self, _: &PluginDetails) -> Result<(), HandlerError> {
             Ok(())
         }
-        async fn deregister(&self, _: &str, _: &str) {}
+        async fn deregister(&self, _: &PluginDetails) {}
     }
 
     /// A registration as the executor would record it; the generation comes

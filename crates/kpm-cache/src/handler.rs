@@ -2,6 +2,8 @@
 
 use async_trait::async_trait;
 
+use crate::PluginDetails;
+
 /// The error a handler returns; its text is sent to the plugin in
 /// `NotifyRegistrationStatus(false, ..)`, so it should say what is wrong.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -12,28 +14,21 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// `validate` → `register` → (later) `deregister`. Two sockets that report the
 /// same plugin name are independent registrations; a handler that keeps one
 /// instance per name (CSI) decides between them, one that keeps several (DRA,
-/// device plugins) tells them apart by `endpoint`.
+/// device plugins) tells them apart by [`PluginDetails::endpoint`]. The
+/// argument is a `#[non_exhaustive]` struct so that what a handler is told
+/// can grow without breaking handlers.
 #[async_trait]
 pub trait PluginHandler: Send + Sync + 'static {
-    /// Checks that the plugin can be registered. No side effects.
-    async fn validate(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError>;
+    /// Checks that `plugin` can be registered. No side effects.
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError>;
 
-    /// Registers the plugin. On error nothing may stay registered.
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError>;
+    /// Registers `plugin`. On error nothing may stay registered.
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError>;
 
-    /// Forgets the plugin registered under `name` at `endpoint`. Called exactly
-    /// once per successful `register`; cannot fail.
-    async fn deregister(&self, name: &str, endpoint: &str);
+    /// Forgets `plugin`, registered under its name at its endpoint. Called
+    /// exactly once per successful `register`, with what `register` was
+    /// given; cannot fail.
+    async fn deregister(&self, plugin: &PluginDetails);
 
     /// Looks, read-only, at the plugin's own service the way `register`
     /// would use it, and says what it saw: for diagnosis (`kpm probe`,
@@ -43,11 +38,9 @@ pub trait PluginHandler: Send + Sync + 'static {
     /// error as a source where there is one. Default: nothing to look at.
     async fn inspect(
         &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
+        plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let _ = (name, endpoint, versions);
+        let _ = plugin;
         Ok(None)
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
+use kpm_cache::{HandlerError, PluginDetails, PluginHandler, ServiceReport};
 use kpm_transport::fd::FdBudget;
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
@@ -233,37 +233,25 @@ impl Drop for CsiHandler {
 
 #[async_trait]
 impl PluginHandler for CsiHandler {
-    async fn validate(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
-        self.validate_driver(name, endpoint, versions)?;
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        self.validate_driver(&plugin.name, &plugin.endpoint, &plugin.versions)?;
         Ok(())
     }
 
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
-        Ok(self.register_driver(name, endpoint, versions).await?)
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        Ok(self.register_driver(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
-        self.deregister_driver(name, endpoint).await;
+    async fn deregister(&self, plugin: &PluginDetails) {
+        self.deregister_driver(&plugin.name, &plugin.endpoint).await;
     }
 
     /// The driver's NodeGetInfo, as registration would call and check it.
     async fn inspect(
         &self,
-        _name: &str,
-        endpoint: &str,
-        _versions: &[String],
+        plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        Ok(Some(Box::new(self.node_info(endpoint).await?)))
+        Ok(Some(Box::new(self.node_info(&plugin.endpoint).await?)))
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_csi::{
     CsiConfig, CsiHandler, DriverNodeInfo, InMemoryNodeInfo, NodeInfoError, NodeInfoSink,
@@ -85,7 +86,10 @@ impl Setup {
 
     async fn register(&self, served: &Served) {
         let versions = ["1.0.0".to_owned()];
-        self.handler.register(DRIVER, &served.endpoint(), &versions).await.unwrap();
+        self.handler
+            .register(&PluginDetails::new(DRIVER, served.endpoint(), versions))
+            .await
+            .unwrap();
     }
 
     fn sink_calls(&self) -> Vec<String> {
@@ -176,7 +180,10 @@ async fn a_deregistered_driver_is_not_refreshed() {
     let setup = refreshed_every_period();
     let served = setup.serve(Vec::new(), info("n1", 7, &[])).await;
     setup.register(&served).await;
-    setup.handler.deregister(DRIVER, &served.endpoint()).await;
+    setup
+        .handler
+        .deregister(&PluginDetails::new(DRIVER, served.endpoint(), Vec::<String>::new()))
+        .await;
 
     tokio::time::sleep(PERIOD * 5).await;
     assert_eq!(served.driver.calls(), 1, "only the registration's NodeGetInfo");

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_csi::{
     CsiConfig, CsiError, CsiHandler, CsiNode, CsiNodeDriver, DriverNodeInfo, InMemoryNodeInfo,
@@ -62,14 +63,16 @@ impl Setup {
         versions: &[&str],
     ) -> Result<(), String> {
         let handler: &dyn PluginHandler = &*self.handler;
-        let versions: Vec<String> = versions.iter().map(|v| (*v).to_owned()).collect();
-        handler.validate(name, endpoint, &versions).await.map_err(|err| err.to_string())?;
-        handler.register(name, endpoint, &versions).await.map_err(|err| err.to_string())
+        let plugin = PluginDetails::new(name, endpoint, versions.iter().copied());
+        handler.validate(&plugin).await.map_err(|err| err.to_string())?;
+        handler.register(&plugin).await.map_err(|err| err.to_string())
     }
 
     async fn deregister(&self, name: &str, served: &Served) {
         let handler: &dyn PluginHandler = &*self.handler;
-        handler.deregister(name, &served.endpoint()).await;
+        handler
+            .deregister(&PluginDetails::new(name, served.endpoint(), Vec::<String>::new()))
+            .await;
     }
 
     fn node(&self) -> NodeInfo {
@@ -188,7 +191,7 @@ async fn re_registering_a_name_needs_a_strictly_higher_version() {
         // RegisterPlugin re-runs the check and returns its error unwrapped.
         let err = setup
             .handler
-            .register(DRIVER, &new.endpoint(), &[versions[0].to_owned()])
+            .register(&PluginDetails::new(DRIVER, new.endpoint(), [versions[0].to_owned()]))
             .await
             .unwrap_err();
         assert_eq!(
@@ -256,8 +259,8 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
     // The driver never answers: registration gives up through the timeout,
     // never before it (no upper bound: `within` only stops a hang).
     let started = Instant::now();
-    let (endpoint, versions) = (served.endpoint(), ["1.0.0".into()]);
-    let register = setup.handler.register(DRIVER, &endpoint, &versions);
+    let plugin = PluginDetails::new(DRIVER, served.endpoint(), ["1.0.0"]);
+    let register = setup.handler.register(&plugin);
     let err = within("NodeGetInfo times out", register).await.unwrap_err();
     let err = *err.downcast::<CsiError>().unwrap();
     let elapsed = started.elapsed();
@@ -405,17 +408,15 @@ async fn registrations_of_one_name_run_one_at_a_time() {
 
     let handler = setup.handler.clone();
     let old_endpoint = old.endpoint();
-    let first =
-        tokio::spawn(
-            async move { handler.register(DRIVER, &old_endpoint, &["1.0.0".into()]).await },
-        );
+    let first = tokio::spawn(async move {
+        handler.register(&PluginDetails::new(DRIVER, &old_endpoint, ["1.0.0"])).await
+    });
     old.driver.wait_for_calls(1).await;
     let handler = setup.handler.clone();
     let new_endpoint = new.endpoint();
-    let second =
-        tokio::spawn(
-            async move { handler.register(DRIVER, &new_endpoint, &["1.1.0".into()]).await },
-        );
+    let second = tokio::spawn(async move {
+        handler.register(&PluginDetails::new(DRIVER, &new_endpoint, ["1.1.0"])).await
+    });
     gate.notify_one();
 
     assert!(first.await.unwrap().is_err());
@@ -432,8 +433,8 @@ async fn a_cancelled_registration_leaves_nothing_registered() {
     let hanging = setup.serve("new.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
     setup.register(DRIVER, &old, &["1.0.0"]).await.unwrap();
 
-    let (endpoint, versions) = (hanging.endpoint(), ["1.1.0".to_owned()]);
-    let register = setup.handler.register(DRIVER, &endpoint, &versions);
+    let plugin = PluginDetails::new(DRIVER, hanging.endpoint(), ["1.1.0"]);
+    let register = setup.handler.register(&plugin);
     let cancelled = async {
         hanging.driver.wait_for_calls(1).await;
     };

@@ -27,8 +27,9 @@ use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 /// ```
 /// # async fn owner(manager: std::sync::Arc<kpm_device::DeviceManager>) {
 /// use kpm_cache::PluginHandler as _;
-/// let _ = manager.register("vendor.com/gpu", "/run/gpu.sock", &["v1beta1".into()]).await;
-/// manager.deregister("vendor.com/gpu", "/run/gpu.sock").await;
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let _ = manager.register(&plugin).await;
+/// manager.deregister(&plugin).await;
 /// manager.shutdown().await;
 /// # }
 /// ```
@@ -38,14 +39,16 @@ use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 /// ```compile_fail
 /// # async fn holder(view: kpm_device::DeviceView) {
 /// use kpm_cache::PluginHandler as _;
-/// let _ = view.register("vendor.com/gpu", "/run/gpu.sock", &["v1beta1".into()]).await;
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let _ = view.register(&plugin).await;
 /// # }
 /// ```
 ///
 /// ```compile_fail
 /// # async fn holder(view: kpm_device::DeviceView) {
 /// use kpm_cache::PluginHandler as _;
-/// view.deregister("vendor.com/gpu", "/run/gpu.sock").await;
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// view.deregister(&plugin).await;
 /// # }
 /// ```
 ///

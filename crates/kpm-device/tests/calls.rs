@@ -8,6 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_device::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, DeviceConfig,
@@ -38,7 +39,10 @@ impl Setup {
     async fn plugin(&self, file: &str, behaviour: Behaviour) -> Served {
         let served = serve(self.dir.path(), file, healthy(&["d1", "d2"]), behaviour).await;
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.register(GPU, &served.endpoint(), &["v1beta1".to_owned()]).await.unwrap();
+        handler
+            .register(&PluginDetails::new(GPU, served.endpoint(), ["v1beta1".to_owned()]))
+            .await
+            .unwrap();
         wait_for_counts(&self.manager, GPU, 2, 0).await;
         served
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kpm_api::deviceplugin::v1beta1::Empty;
 use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_device::{DeviceConfig, DeviceError, DeviceManager, DeviceStatus, KubeletSocket};
 use support::{
@@ -49,13 +50,19 @@ impl Setup {
     async fn register(&self, name: &str, endpoint: &str) -> Result<(), String> {
         let handler: &dyn PluginHandler = &*self.manager;
         let versions = ["v1beta1".to_owned()];
-        handler.validate(name, endpoint, &versions).await.map_err(|err| err.to_string())?;
-        handler.register(name, endpoint, &versions).await.map_err(|err| err.to_string())
+        handler
+            .validate(&PluginDetails::new(name, endpoint, versions.clone()))
+            .await
+            .map_err(|err| err.to_string())?;
+        handler
+            .register(&PluginDetails::new(name, endpoint, versions.clone()))
+            .await
+            .map_err(|err| err.to_string())
     }
 
     async fn deregister(&self, name: &str, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(name, endpoint).await;
+        handler.deregister(&PluginDetails::new(name, endpoint, Vec::<String>::new())).await;
     }
 }
 
@@ -184,20 +191,26 @@ async fn invalid_plugins_are_rejected_by_validation_with_the_kubelets_texts() {
     let endpoint = plugin.endpoint();
 
     let versions = ["v1alpha1".to_owned(), "v1".to_owned()];
-    let err = handler.validate(GPU, &endpoint, &versions).await.unwrap_err();
+    let err =
+        handler.validate(&PluginDetails::new(GPU, &endpoint, versions.clone())).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "manager version, v1beta1, is not among plugin supported versions [v1alpha1 v1]"
     );
     let versions = ["v1beta1".to_owned()];
     for name in ["gpu", "kubernetes.io/gpu", "requests.vendor.com/gpu"] {
-        let err = handler.validate(name, &endpoint, &versions).await.unwrap_err();
+        let err = handler
+            .validate(&PluginDetails::new(name, &endpoint, versions.clone()))
+            .await
+            .unwrap_err();
         assert_eq!(
             err.to_string(),
             format!("invalid name of device plugin socket: the ResourceName \"{name}\" is invalid")
         );
         // Register checks again.
-        assert!(handler.register(name, &endpoint, &versions).await.is_err());
+        assert!(
+            handler.register(&PluginDetails::new(name, &endpoint, versions.clone())).await.is_err()
+        );
     }
     assert_eq!(plugin.plugin.options_calls(), 0);
     assert!(setup.manager.resources().is_empty());

@@ -9,6 +9,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_device::{AllocateRequest, DeviceConfig, DeviceError, DeviceManager, KubeletSocket};
 use support::{
@@ -52,12 +53,15 @@ impl Setup {
 
     async fn register(&self, served: &Served) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.register(GPU, &served.endpoint(), &["v1beta1".to_owned()]).await.unwrap();
+        handler
+            .register(&PluginDetails::new(GPU, served.endpoint(), ["v1beta1".to_owned()]))
+            .await
+            .unwrap();
     }
 
     async fn deregister(&self, served: &Served) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(GPU, &served.endpoint()).await;
+        handler.deregister(&PluginDetails::new(GPU, served.endpoint(), Vec::<String>::new())).await;
     }
 
     async fn wait_until_removed(&self) {
@@ -220,7 +224,10 @@ async fn shutdown_closes_every_endpoint_stream_and_refuses_new_registrations() {
     let nic = setup.serve("nic.sock", healthy(&["n"])).await;
     setup.register(&gpu).await;
     let handler: &dyn PluginHandler = &*setup.manager;
-    handler.register("example.org/nic", &nic.endpoint(), &["v1beta1".to_owned()]).await.unwrap();
+    handler
+        .register(&PluginDetails::new("example.org/nic", nic.endpoint(), ["v1beta1".to_owned()]))
+        .await
+        .unwrap();
     wait_until(&setup.manager, "both resources have a healthy device", |all| {
         all.len() == 2 && all.iter().all(|status| status.healthy == 1)
     })
@@ -233,6 +240,9 @@ async fn shutdown_closes_every_endpoint_stream_and_refuses_new_registrations() {
     for status in setup.manager.resources() {
         assert_eq!((status.endpoint.as_str(), status.healthy, status.unhealthy), ("", 0, 1));
     }
-    let err = handler.register(GPU, &gpu.endpoint(), &["v1beta1".to_owned()]).await.unwrap_err();
+    let err = handler
+        .register(&PluginDetails::new(GPU, gpu.endpoint(), ["v1beta1".to_owned()]))
+        .await
+        .unwrap_err();
     assert!(err.to_string().starts_with("device manager is shut down"), "{err}");
 }

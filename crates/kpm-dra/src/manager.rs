@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use kpm_api::dra::{v1, v1beta1};
 use kpm_api::gotext::error_chain;
-use kpm_cache::{EventBus, HandlerError, Hangups, PluginHandler, ServiceReport};
+use kpm_cache::{EventBus, HandlerError, Hangups, PluginDetails, PluginHandler, ServiceReport};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
@@ -872,35 +872,30 @@ async fn call_with_deadline<T>(
 
 #[async_trait]
 impl PluginHandler for DraManager {
-    async fn validate(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint, versions) =
+            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
         Ok(self.validate_plugin(name, endpoint, versions)?)
     }
 
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint, versions) =
+            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
         Ok(self.register_plugin(name, endpoint, versions).await?)
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.deregister_plugin(name, endpoint);
     }
 
     /// Its negotiated service answers ([`DraManager::inspect_endpoint`]).
     async fn inspect(
         &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
+        plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
+        let (name, endpoint, versions) =
+            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
         Ok(Some(Box::new(self.inspect_endpoint(name, endpoint, versions).await?)))
     }
 }

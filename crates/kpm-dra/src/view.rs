@@ -21,8 +21,9 @@ use crate::manager::{DraConfig, DraDriverStatus, DraManager};
 /// ```
 /// # async fn owner(manager: std::sync::Arc<kpm_dra::DraManager>) {
 /// use kpm_cache::PluginHandler as _;
-/// let _ = manager.register("gpu.example.com", "/run/dra.sock", &[]).await;
-/// manager.deregister("gpu.example.com", "/run/dra.sock").await;
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// let _ = manager.register(&plugin).await;
+/// manager.deregister(&plugin).await;
 /// manager.clean_up_leftovers().await;
 /// manager.shutdown().await;
 /// # }
@@ -33,14 +34,16 @@ use crate::manager::{DraConfig, DraDriverStatus, DraManager};
 /// ```compile_fail
 /// # async fn holder(view: kpm_dra::DraView) {
 /// use kpm_cache::PluginHandler as _;
-/// let _ = view.register("gpu.example.com", "/run/dra.sock", &[]).await;
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// let _ = view.register(&plugin).await;
 /// # }
 /// ```
 ///
 /// ```compile_fail
 /// # async fn holder(view: kpm_dra::DraView) {
 /// use kpm_cache::PluginHandler as _;
-/// view.deregister("gpu.example.com", "/run/dra.sock").await;
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// view.deregister(&plugin).await;
 /// # }
 /// ```
 ///

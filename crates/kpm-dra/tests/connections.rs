@@ -10,6 +10,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraDriverStatus, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_until};
@@ -44,13 +45,13 @@ impl Setup {
     async fn register(&self, endpoint: &str, services: &[&str]) {
         let handler: &dyn PluginHandler = &*self.manager;
         let services = strings(services);
-        handler.validate(DRIVER, endpoint, &services).await.unwrap();
-        handler.register(DRIVER, endpoint, &services).await.unwrap();
+        handler.validate(&PluginDetails::new(DRIVER, endpoint, services.clone())).await.unwrap();
+        handler.register(&PluginDetails::new(DRIVER, endpoint, services.clone())).await.unwrap();
     }
 
     async fn deregister(&self, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(DRIVER, endpoint).await;
+        handler.deregister(&PluginDetails::new(DRIVER, endpoint, Vec::<String>::new())).await;
     }
 
     fn status(&self) -> Option<DraDriverStatus> {
@@ -254,7 +255,7 @@ async fn shutdown_cancels_pending_cleanups_and_closes_connections() {
     let other = "other.example.com";
     let handler: &dyn PluginHandler = &*setup.manager;
     let down = setup.endpoint("down.sock");
-    handler.register(other, &down, &strings(&["v1.DRAPlugin"])).await.unwrap();
+    handler.register(&PluginDetails::new(other, &down, strings(&["v1.DRAPlugin"]))).await.unwrap();
     assert!(
         setup
             .manager

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::dra_health::v1::HealthStatus;
+use kpm_cache::PluginDetails;
 use kpm_cache::{EventBus, PluginEvent, PluginHandler};
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_with_clock_held, with_clock_held, within};
@@ -56,7 +57,13 @@ impl Setup {
         let served = serve(&self.dir.path().join(file), driver);
         let handler: &dyn PluginHandler = &*self.manager;
         let services = strings(services);
-        with_clock_held(handler.register(DRIVER, &served.endpoint(), &services)).await.unwrap();
+        with_clock_held(handler.register(&PluginDetails::new(
+            DRIVER,
+            served.endpoint(),
+            services.clone(),
+        )))
+        .await
+        .unwrap();
         served
     }
 
@@ -236,7 +243,9 @@ async fn a_timer_exists_only_while_a_device_health_can_expire() {
     let plain_served = setup.serve_and_register("plain.sock", &plain, &["v1.DRAPlugin"]).await;
     assert_eq!(setup.manager.health_timers(), 0);
     let handler: &dyn PluginHandler = &*setup.manager;
-    handler.deregister(DRIVER, &plain_served.endpoint()).await;
+    handler
+        .deregister(&PluginDetails::new(DRIVER, plain_served.endpoint(), Vec::<String>::new()))
+        .await;
 
     // A health stream with no devices reported yet: none either.
     let (driver, served) = setup.health_driver().await;
@@ -248,7 +257,7 @@ async fn a_timer_exists_only_while_a_device_health_can_expire() {
     assert_eq!(setup.manager.health_timers(), 1, "one for the device");
 
     // The driver goes: its devices, and their timer, go with it.
-    handler.deregister(DRIVER, &served.endpoint()).await;
+    handler.deregister(&PluginDetails::new(DRIVER, served.endpoint(), Vec::<String>::new())).await;
     assert!(setup.devices().is_empty());
     let manager = Arc::clone(&setup.manager);
     wait_with_clock_held("the stream's task and its timer are dropped", move || {

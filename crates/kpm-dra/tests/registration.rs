@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
+use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
 use kpm_dra::{DraConfig, DraError, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, within};
@@ -53,13 +54,19 @@ impl Setup {
     ) -> Result<(), String> {
         let handler: &dyn PluginHandler = &*self.manager;
         let services = strings(services);
-        handler.validate(driver, endpoint, &services).await.map_err(|err| err.to_string())?;
-        handler.register(driver, endpoint, &services).await.map_err(|err| err.to_string())
+        handler
+            .validate(&PluginDetails::new(driver, endpoint, services.clone()))
+            .await
+            .map_err(|err| err.to_string())?;
+        handler
+            .register(&PluginDetails::new(driver, endpoint, services.clone()))
+            .await
+            .map_err(|err| err.to_string())
     }
 
     async fn deregister(&self, driver: &str, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(driver, endpoint).await;
+        handler.deregister(&PluginDetails::new(driver, endpoint, Vec::<String>::new())).await;
     }
 
     /// (endpoint, version, connected) of each instance of `driver`.
@@ -253,9 +260,17 @@ async fn invalid_driver_names_and_endpoints_are_rejected_with_the_kubelets_reaso
         ),
     ];
     for (case, driver, endpoint, fragment) in cases {
-        let err = handler.register(driver, endpoint, &services).await.unwrap_err().to_string();
+        let err = handler
+            .register(&PluginDetails::new(driver, endpoint, services.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(fragment), "{case}: register: {err}");
-        let err = handler.validate(driver, endpoint, &services).await.unwrap_err().to_string();
+        let err = handler
+            .validate(&PluginDetails::new(driver, endpoint, services.clone()))
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(fragment), "{case}: validate: {err}");
     }
     assert!(manager.drivers().is_empty(), "nothing was registered");

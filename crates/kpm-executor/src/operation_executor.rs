@@ -314,7 +314,7 @@ pub(crate) async fn call_deregister(old: &Registered, handler_timeout: Duration)
     let info = &old.registration;
     let (handler, plugin) = (Arc::clone(&old.handler), info.plugin.clone());
     let call = async move {
-        handler.deregister(&plugin.name, &plugin.endpoint).await;
+        handler.deregister(&plugin).await;
         Ok(())
     };
     if let Err(failure) = call_handler(&info.plugin_type, handler_timeout, call).await {

@@ -13,7 +13,9 @@ use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
 };
-use kpm_cache::{ActualState, DesiredState, EventBus, Generation, HandlerError, PluginHandler};
+use kpm_cache::{
+    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginHandler,
+};
 use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
 };
@@ -121,7 +123,8 @@ struct RecordingHandler {
 
 #[async_trait::async_trait]
 impl PluginHandler for RecordingHandler {
-    async fn validate(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.events.lock().push(format!("validate {name} {endpoint}"));
         match self.reject_validation {
             Some(reason) => Err(reason.into()),
@@ -129,7 +132,8 @@ impl PluginHandler for RecordingHandler {
         }
     }
 
-    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.events.lock().push(format!("register {name} {endpoint}"));
         match self.misbehave {
             Some("panic") => panic!("boom"),
@@ -144,7 +148,8 @@ impl PluginHandler for RecordingHandler {
         Ok(())
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.events.lock().push(format!("deregister {name} {endpoint}"));
     }
 }

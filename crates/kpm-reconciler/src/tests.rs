@@ -11,13 +11,13 @@ struct NoopHandler;
 
 #[async_trait::async_trait]
 impl PluginHandler for NoopHandler {
-    async fn validate(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, _: &PluginDetails) -> Result<(), HandlerError> {
         Ok(())
     }
-    async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, _: &PluginDetails) -> Result<(), HandlerError> {
         Ok(())
     }
-    async fn deregister(&self, _: &str, _: &str) {}
+    async fn deregister(&self, _: &PluginDetails) {}
 }
 
 /// An executor with the default config, dialling from the process-wide budget.

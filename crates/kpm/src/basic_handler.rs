@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use kpm_cache::{HandlerError, PluginHandler};
+use kpm_cache::{HandlerError, PluginDetails, PluginHandler};
 use parking_lot::Mutex;
 
 /// A plugin the basic handler holds.
@@ -51,12 +51,8 @@ impl BasicHandler {
 
 #[async_trait]
 impl PluginHandler for BasicHandler {
-    async fn validate(
-        &self,
-        name: &str,
-        _endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, versions) = (plugin.name.as_str(), plugin.versions.as_slice());
         if name.is_empty() {
             return Err(format!("{} plugin reported an empty name", self.plugin_type).into());
         }
@@ -70,19 +66,15 @@ impl PluginHandler for BasicHandler {
         Ok(())
     }
 
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
-        self.validate(name, endpoint, versions).await?;
-        self.registered.lock().insert((name.to_owned(), endpoint.to_owned()), versions.to_vec());
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        self.validate(plugin).await?;
+        let key = (plugin.name.clone(), plugin.endpoint.clone());
+        self.registered.lock().insert(key, plugin.versions.clone());
         Ok(())
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
-        self.registered.lock().remove(&(name.to_owned(), endpoint.to_owned()));
+    async fn deregister(&self, plugin: &PluginDetails) {
+        self.registered.lock().remove(&(plugin.name.clone(), plugin.endpoint.clone()));
     }
 }
 
@@ -94,10 +86,11 @@ mod tests {
     async fn accepts_named_versioned_plugins_and_tracks_instances() {
         let handler = BasicHandler::new("DevicePlugin");
         let versions = vec!["v1beta1".to_owned()];
-        handler.register("vendor.com/gpu", "/a.sock", &versions).await.unwrap();
-        handler.register("vendor.com/gpu", "/b.sock", &versions).await.unwrap();
+        let gpu = |socket| PluginDetails::new("vendor.com/gpu", socket, versions.clone());
+        handler.register(&gpu("/a.sock")).await.unwrap();
+        handler.register(&gpu("/b.sock")).await.unwrap();
         assert_eq!(handler.registered().len(), 2);
-        handler.deregister("vendor.com/gpu", "/a.sock").await;
+        handler.deregister(&gpu("/a.sock")).await;
         assert_eq!(
             handler.registered(),
             [BasicRegistration {
@@ -111,9 +104,11 @@ mod tests {
     #[tokio::test]
     async fn rejects_an_empty_name_or_no_versions_with_a_reason() {
         let handler = BasicHandler::new("CSIPlugin");
-        let err = handler.validate("", "/s", &["1.0.0".into()]).await.unwrap_err();
+        let err = handler.validate(&PluginDetails::new("", "/s", ["1.0.0"])).await.unwrap_err();
         assert_eq!(err.to_string(), "CSIPlugin plugin reported an empty name");
-        let err = handler.validate("csi.example.com", "/s", &[]).await.unwrap_err();
+        let none: [&str; 0] = [];
+        let err =
+            handler.validate(&PluginDetails::new("csi.example.com", "/s", none)).await.unwrap_err();
         assert!(err.to_string().contains("no supported versions"), "{err}");
         assert!(handler.registered().is_empty());
     }

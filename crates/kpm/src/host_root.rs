@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
+use kpm_cache::{HandlerError, PluginDetails, PluginHandler, ServiceReport};
 
 /// Delegates to `inner` with every endpoint moved under `host_root`.
 struct UnderHostRoot {
@@ -45,41 +45,34 @@ pub(crate) fn under_host_root(host_root: &Path, endpoint: &str) -> String {
     }
 }
 
+impl UnderHostRoot {
+    /// `plugin` with its endpoint as this process reaches it.
+    fn moved(&self, plugin: &PluginDetails) -> PluginDetails {
+        let mut moved = plugin.clone();
+        moved.endpoint = under_host_root(&self.host_root, &plugin.endpoint);
+        moved
+    }
+}
+
 #[async_trait::async_trait]
 impl PluginHandler for UnderHostRoot {
-    async fn validate(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
-        let endpoint = under_host_root(&self.host_root, endpoint);
-        self.inner.validate(name, &endpoint, versions).await
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        self.inner.validate(&self.moved(plugin)).await
     }
 
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
-        let endpoint = under_host_root(&self.host_root, endpoint);
-        self.inner.register(name, &endpoint, versions).await
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        self.inner.register(&self.moved(plugin)).await
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
-        let endpoint = under_host_root(&self.host_root, endpoint);
-        self.inner.deregister(name, &endpoint).await;
+    async fn deregister(&self, plugin: &PluginDetails) {
+        self.inner.deregister(&self.moved(plugin)).await;
     }
 
     async fn inspect(
         &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
+        plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let endpoint = under_host_root(&self.host_root, endpoint);
-        self.inner.inspect(name, &endpoint, versions).await
+        self.inner.inspect(&self.moved(plugin)).await
     }
 }
 

@@ -493,7 +493,8 @@ async fn forward_hangups(
 /// ```compile_fail
 /// # async fn holder(handle: kpm::KubeletHandle) {
 /// use kpm::PluginHandler as _;
-/// let _ = handle.devices().register("vendor.com/gpu", "/run/gpu.sock", &[]).await;
+/// let plugin = kpm::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let _ = handle.devices().register(&plugin).await;
 /// # }
 /// ```
 ///

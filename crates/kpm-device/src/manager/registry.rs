@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use kpm_api::FileId;
 use kpm_api::constants::{DEVICE_HEALTHY, DEVICE_UNHEALTHY};
 use kpm_api::deviceplugin::v1beta1::{DevicePluginOptions, RegisterRequest};
-use kpm_cache::{HandlerError, PluginHandler, ServiceReport};
+use kpm_cache::{HandlerError, PluginDetails, PluginHandler, ServiceReport};
 use kpm_transport::UdsChannel;
 use tracing::{debug, info};
 
@@ -229,36 +229,30 @@ impl DeviceManager {
 
 #[async_trait]
 impl PluginHandler for DeviceManager {
-    async fn validate(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint, versions) =
+            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
         debug!(resource = name, socket = endpoint, ?versions, "validating device plugin");
         Ok(self.validate_plugin(name, versions)?)
     }
 
-    async fn register(
-        &self,
-        name: &str,
-        endpoint: &str,
-        versions: &[String],
-    ) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint, versions) =
+            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
         Ok(self.register_plugin(name, endpoint, versions).await?)
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.deregister_plugin(name, endpoint);
     }
 
     /// Its options and first device list ([`DeviceManager::inspect_endpoint`]).
     async fn inspect(
         &self,
-        name: &str,
-        endpoint: &str,
-        _versions: &[String],
+        plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         Ok(Some(Box::new(self.inspect_endpoint(name, Path::new(endpoint)).await?)))
     }
 }

@@ -67,21 +67,17 @@ pub(crate) struct Attempt {
 /// type, which validated it, and the connection it answered on.
 struct Admitted {
     info: WirePluginInfo,
-    endpoint: String,
+    /// What its handler is told: the name, versions and the endpoint it
+    /// serves (the registration socket when it gave none).
+    plugin: PluginDetails,
     handler: Arc<dyn PluginHandler>,
     connection: Connection,
 }
 
 impl Admitted {
-    /// What a handler call owns: the handler, and the plugin's name,
-    /// endpoint and versions.
-    fn handler_args(&self) -> (Arc<dyn PluginHandler>, String, String, Vec<String>) {
-        (
-            Arc::clone(&self.handler),
-            self.info.name.clone(),
-            self.endpoint.clone(),
-            self.info.supported_versions.clone(),
-        )
+    /// What a handler call owns: the handler and the plugin's details.
+    fn handler_args(&self) -> (Arc<dyn PluginHandler>, PluginDetails) {
+        (Arc::clone(&self.handler), self.plugin.clone())
     }
 }
 
@@ -128,7 +124,9 @@ impl Attempt {
             return Err(Refusal { error, info: Some(info), tell: Some((connection, message)) });
         };
         let endpoint = plugin_endpoint(&info, &self.socket);
-        let admitted = Admitted { info, endpoint, handler, connection };
+        let plugin =
+            PluginDetails::new(info.name.clone(), endpoint, info.supported_versions.clone());
+        let admitted = Admitted { info, plugin, handler, connection };
         let validated = steps.time(Step::Validate, self.call(&admitted, HandlerStep::Validate));
         if let Err(failure) = validated.await {
             return Err(self.refuse(admitted, HandlerStep::Validate, failure.error));
@@ -163,12 +161,12 @@ impl Attempt {
 
     /// Calls the handler of `admitted` for `step`, isolated (see [`call_handler`]).
     async fn call(&self, admitted: &Admitted, step: HandlerStep) -> Result<(), HandlerFailure> {
-        let (handler, name, endpoint, versions) = admitted.handler_args();
+        let (handler, plugin) = admitted.handler_args();
         let timeout = self.config.handler_timeout;
         call_handler(&admitted.info.r#type, timeout, async move {
             match step {
-                HandlerStep::Validate => handler.validate(&name, &endpoint, &versions).await,
-                HandlerStep::Register => handler.register(&name, &endpoint, &versions).await,
+                HandlerStep::Validate => handler.validate(&plugin).await,
+                HandlerStep::Register => handler.register(&plugin).await,
             }
         })
         .await
@@ -180,17 +178,15 @@ impl Attempt {
         &self,
         admitted: &Admitted,
     ) -> Result<Option<Box<dyn ServiceReport>>, ExecutorError> {
-        let (handler, name, endpoint, versions) = admitted.handler_args();
+        let (handler, plugin) = admitted.handler_args();
         let timeout = self.config.handler_timeout;
-        call_handler(&admitted.info.r#type, timeout, async move {
-            handler.inspect(&name, &endpoint, &versions).await
-        })
-        .await
-        .map_err(|failure| ExecutorError::InspectService {
-            socket: self.socket.clone(),
-            name: admitted.info.name.clone(),
-            source: failure.error,
-        })
+        call_handler(&admitted.info.r#type, timeout, async move { handler.inspect(&plugin).await })
+            .await
+            .map_err(|failure| ExecutorError::InspectService {
+                socket: self.socket.clone(),
+                name: admitted.info.name.clone(),
+                source: failure.error,
+            })
     }
 
     /// A registration client on a new connection, and the pid of the process
@@ -301,7 +297,7 @@ impl Attempt {
             steps: steps.taken,
             server_pid: admitted.connection.server_pid,
             info: Some(admitted.info),
-            endpoint: Some(admitted.endpoint),
+            endpoint: Some(admitted.plugin.endpoint),
             service,
             outcome,
         }
@@ -349,16 +345,11 @@ impl Register {
             Ok(admitted) => admitted,
             Err(refusal) => return Err(attempt.tell(refusal).await),
         };
-        let plugin = PluginDetails::new(
-            admitted.info.name.clone(),
-            admitted.endpoint.clone(),
-            admitted.info.supported_versions.clone(),
-        );
         let registration = Registration::new(
             attempt.socket.clone(),
             self.generation,
             admitted.info.r#type.clone(),
-            plugin,
+            admitted.plugin.clone(),
             admitted.connection.server_pid,
         );
         let mut registered = Registered::new(registration, Arc::clone(&admitted.handler));

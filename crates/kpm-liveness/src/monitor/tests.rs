@@ -19,13 +19,13 @@ struct NoHandler;
 
 #[async_trait::async_trait]
 impl PluginHandler for NoHandler {
-    async fn validate(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, _: &PluginDetails) -> Result<(), HandlerError> {
         Ok(())
     }
-    async fn register(&self, _: &str, _: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, _: &PluginDetails) -> Result<(), HandlerError> {
         Ok(())
     }
-    async fn deregister(&self, _: &str, _: &str) {}
+    async fn deregister(&self, _: &PluginDetails) {}
 }
 
 const PERIOD: Duration = Duration::from_secs(30);

@@ -13,7 +13,7 @@ use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
 };
-use kpm_cache::{ActualState, DesiredState, EventBus, HandlerError, PluginHandler};
+use kpm_cache::{ActualState, DesiredState, EventBus, HandlerError, PluginDetails, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use parking_lot::Mutex;
@@ -248,7 +248,8 @@ fn count(calls: &mut HashMap<String, usize>, name: &str) -> usize {
 
 #[async_trait::async_trait]
 impl PluginHandler for Handler {
-    async fn validate(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.enter("validate", name, endpoint, &[Phase::Idle]);
         tokio::task::yield_now().await;
         let call = count(&mut self.state.lock().validate_calls, name);
@@ -258,7 +259,8 @@ impl PluginHandler for Handler {
         if fail { Err(format!("{name} is not acceptable").into()) } else { Ok(()) }
     }
 
-    async fn register(&self, name: &str, endpoint: &str, _: &[String]) -> Result<(), HandlerError> {
+    async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.enter("register", name, endpoint, &[Phase::Validated]);
         tokio::task::yield_now().await;
         let call = count(&mut self.state.lock().register_calls, name);
@@ -267,7 +269,8 @@ impl PluginHandler for Handler {
         if fail { Err(format!("{name}: device manager not ready").into()) } else { Ok(()) }
     }
 
-    async fn deregister(&self, name: &str, endpoint: &str) {
+    async fn deregister(&self, plugin: &PluginDetails) {
+        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
         self.enter("deregister", name, endpoint, &[Phase::Registered]);
         tokio::task::yield_now().await;
         self.leave(endpoint, Phase::Idle);
