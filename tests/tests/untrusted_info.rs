@@ -56,7 +56,13 @@ proptest! {
                 Arc::new(CsiHandler::new(Arc::new(InMemoryNodeInfo::default()), CsiConfig::default()))
             }
             "DevicePlugin" => DeviceManager::new(DeviceConfig::default()),
-            _ => DraManager::new(DraConfig::default(), Arc::new(InMemoryCleanup::default())),
+            _ => DraManager::try_new(
+                DraConfig::default(),
+                kpm::transport::fd::budget().clone(),
+                Arc::new(InMemoryCleanup::default()),
+                None,
+            )
+            .unwrap(),
         };
         if kpm::check_info(&info).is_err() {
             return Ok(());

@@ -7,7 +7,8 @@
 //! - no gRPC server on a plain Unix listener stream outside `kpm_transport`;
 //! - `LAYERS` names every workspace crate and nothing else, and each crate's
 //!   kpm dependencies, as `cargo metadata` reads them, follow it
-//!   (`kpm-test-support` is allowed as a dev-dependency of any crate);
+//!   (`kpm-test-support` is allowed as a dev-dependency of any crate, and
+//!   so is the crate itself, for its `testing` feature);
 //! - `docs/ARCHITECTURE.md` has a `###` heading for each crate and none for a
 //!   crate that is not one, and its dependency list is `LAYERS`, written out;
 //! - within a crate, the top-level modules under `src/` form no cycle of
@@ -192,7 +193,9 @@ fn check_layers(crates: &[Crate], problems: &mut Vec<String>) {
             continue;
         };
         for dep in &krate.deps {
-            if dep.dev && dep.name == TEST_SUPPORT {
+            // A dev-dependency on the crate itself turns on its `testing`
+            // feature for its own tests: no edge between crates.
+            if dep.dev && (dep.name == TEST_SUPPORT || dep.name == krate.name) {
                 continue;
             }
             if !allowed.contains(&dep.name.as_str()) {

@@ -19,7 +19,6 @@ use kpm_api::dra_health::v1::HealthStatus;
 use kpm_cache::{EventBus, PluginEvent, PluginHandler};
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_with_clock_held, with_clock_held, within};
-use kpm_transport::fd::FdBudget;
 use support::{FakeDriver, Health, Served, Serves, serve, strings};
 use tempfile::TempDir;
 use tokio::sync::broadcast::{self, error::TryRecvError};
@@ -40,7 +39,8 @@ fn setup() -> Setup {
     let bus = EventBus::default();
     let events = bus.subscribe();
     let cleanup = Arc::new(InMemoryCleanup::default());
-    let manager = DraManager::with_events(config, cleanup, FdBudget::default(), bus.clone());
+    let budget = kpm_transport::fd::budget().clone();
+    let manager = DraManager::try_new(config, budget, cleanup, Some(bus.clone())).unwrap();
     Setup { dir, manager, bus, events }
 }
 

@@ -256,8 +256,6 @@ impl KubeletBuilder {
         crate::manager::invalid_if("csi_config", self.csi.validate())?;
         #[cfg(feature = "device")]
         crate::manager::invalid_if("device_config", self.device.validate())?;
-        #[cfg(feature = "dra")]
-        crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
         // One bus for the manager's events and the handlers' own.
         let events = self.manager.event_bus()?;
@@ -314,12 +312,16 @@ impl KubeletBuilder {
             let cleanup = self
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
-            let dra = crate::dra::DraManager::with_events(
+            let dra = crate::dra::DraManager::try_new(
                 config,
-                cleanup,
                 self.fd_budget.clone(),
-                events.clone(),
-            );
+                cleanup,
+                Some(events.clone()),
+            )
+            .map_err(|err| crate::Error::InvalidConfig {
+                setting: "dra_config",
+                reason: err.to_string(),
+            })?;
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };
