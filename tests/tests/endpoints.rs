@@ -83,7 +83,7 @@ impl Node {
     ) -> tokio::task::JoinHandle<()> {
         wait_until("the plugin is held for its endpoint", || {
             self.state(plugin).is_some_and(|(state, error)| {
-                state == PluginState::Held
+                state == PluginState::EndpointGone
                     && error.is_some_and(|e| e.contains(&endpoint.display().to_string()))
             })
         })

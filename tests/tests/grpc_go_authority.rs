@@ -15,9 +15,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kpm::api::deviceplugin::v1beta1::RegisterRequest;
-use kpm::api::registration::v1::{InfoRequest, PluginInfo};
 use kpm::device::{DeviceConfig, DeviceManager};
+use kpm_api::deviceplugin::v1beta1::RegisterRequest;
+use kpm_api::registration::v1::{InfoRequest, PluginInfo};
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::StubDevicePlugin;
 use prost::Message;
@@ -203,9 +203,9 @@ async fn a_registration_socket_answers_get_info_whatever_the_authority() {
     )
     .await;
     // The stub CSI driver served on the same socket.
-    let request = kpm::api::csi::v1::GetPluginInfoRequest {};
+    let request = kpm_api::csi::v1::GetPluginInfoRequest {};
     answers_alike(&socket, "/csi.v1.Identity/GetPluginInfo", &request, |message| {
-        let info = kpm::api::csi::v1::GetPluginInfoResponse::decode(message).unwrap();
+        let info = kpm_api::csi::v1::GetPluginInfoResponse::decode(message).unwrap();
         assert_eq!(info.name, "csi.example.com");
     })
     .await;
@@ -254,7 +254,7 @@ async fn h2_alone_still_refuses_a_path_as_authority() {
     tokio::spawn(
         tonic::transport::Server::builder().add_routes(routes).serve_with_incoming(incoming),
     );
-    let request = kpm::api::csi::v1::GetPluginInfoRequest {};
+    let request = kpm_api::csi::v1::GetPluginInfoRequest {};
     let path = socket.to_str().unwrap();
     let method = "/csi.v1.Identity/GetPluginInfo";
     let answer = call(&socket, method, &request, Some(path), Framing::OneFrame).await;

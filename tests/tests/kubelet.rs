@@ -122,12 +122,12 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
 struct OneHealthReport;
 
 #[tonic::async_trait]
-impl kpm::api::dra_health::v1::dra_resource_health_server::DraResourceHealth for OneHealthReport {
+impl kpm_api::dra_health::v1::dra_resource_health_server::DraResourceHealth for OneHealthReport {
     type NodeWatchResourcesStream = std::pin::Pin<
         Box<
             dyn tokio_stream::Stream<
                     Item = Result<
-                        kpm::api::dra_health::v1::NodeWatchResourcesResponse,
+                        kpm_api::dra_health::v1::NodeWatchResourcesResponse,
                         tonic::Status,
                     >,
                 > + Send,
@@ -136,9 +136,9 @@ impl kpm::api::dra_health::v1::dra_resource_health_server::DraResourceHealth for
 
     async fn node_watch_resources(
         &self,
-        _: tonic::Request<kpm::api::dra_health::v1::NodeWatchResourcesRequest>,
+        _: tonic::Request<kpm_api::dra_health::v1::NodeWatchResourcesRequest>,
     ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
-        use kpm::api::dra_health::v1 as health;
+        use kpm_api::dra_health::v1 as health;
         use tokio_stream::StreamExt as _;
         let report = health::NodeWatchResourcesResponse {
             devices: vec![health::DeviceHealth {
@@ -165,7 +165,7 @@ async fn dra_device_health_changes_reach_the_managers_events() {
     let node = Node::start(|builder| builder);
     let mut events = node.handle.manager().subscribe();
     let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
-    let health = kpm::api::dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(
+    let health = kpm_api::dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(
         OneHealthReport,
     );
     let _dra_service = serve_service(&dra_socket, StubDraDriver.routes().add_service(health)).await;

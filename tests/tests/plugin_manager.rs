@@ -74,8 +74,9 @@ async fn plugins_in_nested_directories_register_and_deregister() {
             [format!("validate {name} {socket}"), format!("register {name} {socket}")]
         );
         // The plugin is told before it is recorded as registered.
-        let registered =
-            |s: &kpm::PluginStatus| s.state == PluginState::Registered && s.name == name;
+        let registered = |s: &kpm::PluginStatus| {
+            s.state == PluginState::Registered && s.plugin().is_some_and(|p| p.name == name)
+        };
         wait_until(
             "it is listed registered",
             || matches!(handle.status().as_slice(), [s] if registered(s)),

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 
 use kpm::PluginHandler;
-use kpm::api::registration::v1::PluginInfo;
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
 use kpm::device::{DeviceConfig, DeviceManager};
 use kpm::dra::{DraConfig, DraManager, InMemoryCleanup};
+use kpm_api::registration::v1::PluginInfo;
 use proptest::prelude::*;
 
 /// Strings as a hostile or broken plugin might send them.

@@ -11,11 +11,11 @@
 //! - `soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]`: the soak test of
 //!   `docs/reliability.md`, 10 minutes by default (see `soak.rs`).
 //! - `interop --bin-dir DIR [--only SCENARIO]`: `kpm` and `kpm-registrar`
-//!   against real programs in DIR (see `interop.rs`); not part of `ci`.
+//!   against real programs in DIR (see `interop/mod.rs`); not part of `ci`.
 //! - `kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO]`:
-//!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e.rs`);
+//!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e/mod.rs`);
 //!   not part of `ci`.
-//! - `tidy`: source-tree rules (see `tidy.rs`); also runs as a test.
+//! - `tidy`: source-tree rules (see `tidy/mod.rs`); also runs as a test.
 
 mod bench;
 mod codegen;

@@ -4,59 +4,40 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use parking_lot::RwLock;
 
-use crate::{CacheError, ChangeSignal, Changes, Generation, PluginHandler};
+use crate::{CacheError, ChangeSignal, Changes, Generation, PluginHandler, Registration};
 
-/// A registered plugin: which incarnation of which socket, what it said about
-/// itself, and the handler that accepted it (so that deregistration reaches the
-/// same handler even if the handler table changed since).
+/// A registration and the handler that accepted it, so that deregistration
+/// reaches the same handler even if the handler table changed since.
 #[derive(Clone)]
-pub struct PluginInfo {
-    /// The registration socket, the key of the cache.
-    pub socket_path: PathBuf,
-    /// The incarnation of the socket that was registered.
-    pub generation: Generation,
-    /// The type the plugin reported in `GetInfo` (`CSIPlugin`, `DevicePlugin`,
-    /// `DRAPlugin`), which chose the handler.
-    pub plugin_type: String,
-    /// The plugin's name as it reported it in `GetInfo`.
-    pub name: String,
-    /// The plugin's service socket; the registration socket if it gave none.
-    pub endpoint: String,
-    /// The versions of the plugin's service that it said it supports.
-    pub versions: Vec<String>,
-    /// Wall-clock time of registration, for display only: identity is `generation`.
-    pub registered_at: SystemTime,
-    /// The process serving the registration socket when kpm registered it,
-    /// as the kernel named it (`SO_PEERCRED`); `None` when kpm cannot see it
-    /// (another pid namespace). Liveness watches it for exit.
-    pub server_pid: Option<u32>,
+#[non_exhaustive]
+pub struct Registered {
+    /// What was registered.
+    pub registration: Registration,
     /// The handler that registered the plugin and will deregister it.
     pub handler: Arc<dyn PluginHandler>,
 }
 
-impl fmt::Debug for PluginInfo {
+impl Registered {
+    /// `registration`, accepted by `handler`.
+    pub fn new(registration: Registration, handler: Arc<dyn PluginHandler>) -> Self {
+        Self { registration, handler }
+    }
+}
+
+impl fmt::Debug for Registered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PluginInfo")
-            .field("socket_path", &self.socket_path)
-            .field("generation", &self.generation)
-            .field("plugin_type", &self.plugin_type)
-            .field("name", &self.name)
-            .field("endpoint", &self.endpoint)
-            .field("versions", &self.versions)
-            .field("registered_at", &self.registered_at)
-            .field("server_pid", &self.server_pid)
-            .finish_non_exhaustive()
+        // Handlers are opaque: the registration says which plugin this is.
+        self.registration.fmt(f)
     }
 }
 
 /// The set of registered plugins, keyed by registration socket path.
 #[derive(Debug, Default)]
 pub struct ActualState {
-    plugins: RwLock<HashMap<PathBuf, PluginInfo>>,
+    plugins: RwLock<HashMap<PathBuf, Registered>>,
     changes: ChangeSignal,
 }
 
@@ -67,17 +48,18 @@ impl ActualState {
     }
 
     /// Records a registered plugin, replacing any entry for the same socket.
-    pub fn add(&self, info: PluginInfo) -> Result<(), CacheError> {
-        if info.socket_path.as_os_str().is_empty() {
+    pub fn add(&self, registered: Registered) -> Result<(), CacheError> {
+        let socket_path = &registered.registration.socket_path;
+        if socket_path.as_os_str().is_empty() {
             return Err(CacheError::EmptySocketPath);
         }
-        self.plugins.write().insert(info.socket_path.clone(), info);
+        self.plugins.write().insert(socket_path.clone(), registered);
         self.changes.bump();
         Ok(())
     }
 
     /// Forgets the plugin at `socket_path`, returning it if it was there.
-    pub fn remove(&self, socket_path: &Path) -> Option<PluginInfo> {
+    pub fn remove(&self, socket_path: &Path) -> Option<Registered> {
         let removed = self.plugins.write().remove(socket_path);
         if removed.is_some() {
             self.changes.bump();
@@ -91,11 +73,13 @@ impl ActualState {
         &self,
         socket_path: &Path,
         generation: Generation,
-    ) -> Option<PluginInfo> {
+    ) -> Option<Registered> {
         let removed = {
             let mut plugins = self.plugins.write();
             match plugins.get(socket_path) {
-                Some(info) if info.generation == generation => plugins.remove(socket_path),
+                Some(entry) if entry.registration.generation == generation => {
+                    plugins.remove(socket_path)
+                }
                 _ => None,
             }
         };
@@ -112,17 +96,26 @@ impl ActualState {
 
     /// Whether the plugin at `socket_path` is registered in that incarnation.
     pub fn contains_generation(&self, socket_path: &Path, generation: Generation) -> bool {
-        self.plugins.read().get(socket_path).is_some_and(|info| info.generation == generation)
+        self.plugins
+            .read()
+            .get(socket_path)
+            .is_some_and(|entry| entry.registration.generation == generation)
     }
 
     /// The registered incarnation at `socket_path`, without copying the
     /// plugin's details.
     pub fn generation(&self, socket_path: &Path) -> Option<Generation> {
-        self.plugins.read().get(socket_path).map(|info| info.generation)
+        self.plugins.read().get(socket_path).map(|entry| entry.registration.generation)
     }
 
     /// A copy of the plugin registered at `socket_path`, if any.
-    pub fn get(&self, socket_path: &Path) -> Option<PluginInfo> {
+    pub fn get(&self, socket_path: &Path) -> Option<Registration> {
+        self.plugins.read().get(socket_path).map(|entry| entry.registration.clone())
+    }
+
+    /// The plugin registered at `socket_path` with its handler, for the
+    /// one who will deregister it.
+    pub fn registered(&self, socket_path: &Path) -> Option<Registered> {
         self.plugins.read().get(socket_path).cloned()
     }
 
@@ -137,8 +130,9 @@ impl ActualState {
     }
 
     /// Every registered plugin, sorted by socket path.
-    pub fn snapshot(&self) -> Vec<PluginInfo> {
-        let mut plugins: Vec<PluginInfo> = self.plugins.read().values().cloned().collect();
+    pub fn snapshot(&self) -> Vec<Registration> {
+        let mut plugins: Vec<Registration> =
+            self.plugins.read().values().map(|entry| entry.registration.clone()).collect();
         plugins.sort_unstable_by(|a, b| a.socket_path.cmp(&b.socket_path));
         plugins
     }
@@ -166,7 +160,7 @@ impl ActualState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DesiredState, HandlerError};
+    use crate::{DesiredState, HandlerError, PluginDetails};
 
     struct NoopHandler;
 
@@ -181,32 +175,32 @@ mod tests {
         async fn deregister(&self, _: &str, _: &str) {}
     }
 
-    /// A plugin info as the executor would record it; the generation comes from
-    /// a real DesiredState so that it is a genuine incarnation id.
-    fn info(path: &str) -> PluginInfo {
+    /// A registration as the executor would record it; the generation comes
+    /// from a real DesiredState so that it is a genuine incarnation id.
+    fn info(path: &str) -> Registered {
         let generation = DesiredState::new().add_or_update(Path::new("/g")).unwrap();
-        PluginInfo {
-            socket_path: path.into(),
-            generation,
-            plugin_type: "DevicePlugin".into(),
-            name: "test".into(),
-            endpoint: path.into(),
-            versions: vec!["v1beta1".into()],
-            registered_at: SystemTime::now(),
-            server_pid: None,
-            handler: Arc::new(NoopHandler),
-        }
+        let plugin = PluginDetails::new("test", path, ["v1beta1"]);
+        Registered::new(
+            Registration::new(path, generation, "DevicePlugin", plugin, None),
+            Arc::new(NoopHandler),
+        )
+    }
+
+    fn incarnation(generation: Generation) -> Registered {
+        let mut registered = info("/p.sock");
+        registered.registration.generation = generation;
+        registered
     }
 
     #[test]
     fn add_new_plugin() {
         let asw = ActualState::new();
-        let plugin = info("/var/lib/kubelet/device-plugins/test-plugin.sock");
-        asw.add(plugin.clone()).unwrap();
+        let entry = info("/var/lib/kubelet/device-plugins/test-plugin.sock");
+        let plugin = entry.registration.clone();
+        asw.add(entry).unwrap();
         let snapshot = asw.snapshot();
-        assert_eq!(snapshot.len(), 1);
-        assert_eq!(snapshot[0].socket_path, plugin.socket_path);
-        assert_eq!(snapshot[0].name, "test");
+        assert_eq!(snapshot, std::slice::from_ref(&plugin));
+        assert_eq!(snapshot[0].plugin.name, "test");
         assert!(asw.contains_generation(&plugin.socket_path, plugin.generation));
         assert!(asw.contains(&plugin.socket_path));
     }
@@ -214,8 +208,9 @@ mod tests {
     #[test]
     fn empty_socket_path_is_rejected_with_the_kubelet_text() {
         let asw = ActualState::new();
-        let plugin = info("");
-        let err = asw.add(plugin.clone()).unwrap_err();
+        let entry = info("");
+        let plugin = entry.registration.clone();
+        let err = asw.add(entry).unwrap_err();
         assert_eq!(err.to_string(), "socket path is empty");
         assert!(asw.is_empty());
         assert!(!asw.contains_generation(Path::new(""), plugin.generation));
@@ -224,9 +219,11 @@ mod tests {
     #[test]
     fn remove_plugin() {
         let asw = ActualState::new();
-        let plugin = info("/p.sock");
-        asw.add(plugin.clone()).unwrap();
-        assert_eq!(asw.remove(&plugin.socket_path).map(|p| p.name), Some("test".into()));
+        let entry = info("/p.sock");
+        let plugin = entry.registration.clone();
+        asw.add(entry).unwrap();
+        let removed = asw.remove(&plugin.socket_path).map(|p| p.registration.plugin.name);
+        assert_eq!(removed, Some("test".into()));
         assert!(asw.is_empty());
         assert!(!asw.contains_generation(&plugin.socket_path, plugin.generation));
         assert!(!asw.contains(&plugin.socket_path));
@@ -239,7 +236,7 @@ mod tests {
         let dsw = DesiredState::new();
         let old = dsw.add_or_update(Path::new("/p.sock")).unwrap();
         let new = dsw.add_or_update(Path::new("/p.sock")).unwrap();
-        asw.add(PluginInfo { generation: new, ..info("/p.sock") }).unwrap();
+        asw.add(incarnation(new)).unwrap();
         assert!(asw.remove_generation(Path::new("/p.sock"), old).is_none());
         assert!(asw.contains_generation(Path::new("/p.sock"), new));
         assert!(asw.remove_generation(Path::new("/p.sock"), new).is_some());
@@ -252,7 +249,7 @@ mod tests {
         let dsw = DesiredState::new();
         let old = dsw.add_or_update(Path::new("/p.sock")).unwrap();
         let new = dsw.add_or_update(Path::new("/p.sock")).unwrap();
-        asw.add(PluginInfo { generation: old, ..info("/p.sock") }).unwrap();
+        asw.add(incarnation(old)).unwrap();
         assert!(asw.contains_generation(Path::new("/p.sock"), old));
         assert!(!asw.contains_generation(Path::new("/p.sock"), new));
         assert_eq!(asw.generation(Path::new("/p.sock")), Some(old));

@@ -21,6 +21,13 @@ impl Generation {
     pub fn get(self) -> u64 {
         self.0
     }
+
+    /// A made-up generation, for tests that build status documents by hand
+    /// (feature `testing`): it is no incarnation of any socket.
+    #[cfg(feature = "testing")]
+    pub fn for_tests(number: u64) -> Self {
+        Self(number)
+    }
 }
 
 impl fmt::Display for Generation {

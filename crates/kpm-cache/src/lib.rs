@@ -27,13 +27,15 @@ mod desired_state;
 mod events;
 mod handler;
 mod hangups;
+mod registration;
 
-pub use actual_state::{ActualState, PluginInfo};
+pub use actual_state::{ActualState, Registered};
 pub use change::{ChangeSignal, Changes};
 pub use desired_state::{DesiredPlugin, DesiredState, Generation};
 pub use events::{EventBus, EventCounts, PluginEvent};
 pub use handler::{HandlerError, PluginHandler, ServiceReport};
 pub use hangups::Hangups;
+pub use registration::{PluginDetails, Registration};
 
 /// Errors of the cache crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -124,7 +124,10 @@ impl Node {
             .status()
             .into_iter()
             .filter(|status| status.state == PluginState::Registered)
-            .map(|status| (status.socket_path, status.plugin_type, status.name))
+            .filter_map(|status| {
+                let registered = status.registration?;
+                Some((status.socket_path, registered.plugin_type, registered.plugin.name))
+            })
             .collect();
         let resources = self
             .handle
@@ -428,7 +431,7 @@ async fn inspect(
             Ok(report) => checks.push(format!("{resource}: {report}")),
             Err(err) => {
                 failed.1 = true;
-                checks.push(format!("{resource}: {}", kpm::api::gotext::error_chain(&err)));
+                checks.push(format!("{resource}: {}", kpm_api::gotext::error_chain(&err)));
             }
         }
     }

@@ -154,7 +154,7 @@ fn short(err: &kube::Error) -> String {
         kube::Error::Api(status) => {
             format!("{} ({} {})", status.message, status.code, status.reason)
         }
-        other => kpm::api::gotext::error_chain(other),
+        other => kpm::api::error_chain(other),
     }
 }
 

@@ -521,7 +521,7 @@ fn held_by_kubelet(row: &mut Row, registered: &checkpoint::RegisteredDevices) {
 }
 
 fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
-    kpm::api::gotext::error_chain(err)
+    kpm::api::error_chain(err)
 }
 
 /// The sockets still listening under `root`'s registry or `device-plugins/`

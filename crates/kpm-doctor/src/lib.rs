@@ -393,7 +393,7 @@ pub fn judging_kubelet(
 /// one, the executor's error otherwise.
 pub fn reason(err: &kpm::ExecutorError) -> String {
     match std::error::Error::source(err) {
-        Some(cause) => kpm::api::gotext::error_chain(cause),
+        Some(cause) => kpm::api::error_chain(cause),
         None => err.to_string(),
     }
 }

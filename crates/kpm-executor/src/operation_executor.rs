@@ -12,8 +12,8 @@ use kpm_api::constants::MAX_REGISTRATION_MESSAGE_BYTES;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_api::registration::v1::{InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus};
 use kpm_cache::{
-    ActualState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler, PluginInfo,
-    ServiceReport,
+    ActualState, EventBus, Generation, HandlerError, PluginDetails, PluginEvent, PluginHandler,
+    Registered, Registration, ServiceReport,
 };
 use kpm_transport as uds;
 use kpm_transport::fd::FdBudget;
@@ -229,18 +229,18 @@ impl OperationExecutor {
         self.operations.start(socket, op.run())
     }
 
-    /// Starts unregistering `info`: it leaves `actual_state` first (so that a
+    /// Starts unregistering `old`: it leaves `actual_state` first (so that a
     /// socket re-created meanwhile is seen as a new registration), then its
     /// handler is told. The plugin itself is not contacted: its socket is gone.
     pub fn unregister(
         &self,
-        info: PluginInfo,
+        old: Registered,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
         let events = self.events.clone();
         let timeout = self.config.handler_timeout;
-        self.operations.start(&info.socket_path.clone(), async move {
-            deregister(&info, &actual_state, &events, timeout).await;
+        self.operations.start(&old.registration.socket_path.clone(), async move {
+            deregister(&old, &actual_state, &events, timeout).await;
             Ok(())
         })
     }
@@ -251,12 +251,12 @@ impl OperationExecutor {
     /// like [`register`](Self::register) on an invalid config.
     pub fn reregister(
         &self,
-        old: PluginInfo,
+        old: Registered,
         generation: Generation,
         handlers: Arc<Handlers>,
         actual_state: Arc<ActualState>,
     ) -> Result<(), ExecutorError> {
-        let socket = old.socket_path.clone();
+        let socket = old.registration.socket_path.clone();
         let op = self.register_op(&socket, generation, handlers, Arc::clone(&actual_state))?;
         let events = self.events.clone();
         let timeout = self.config.handler_timeout;
@@ -316,43 +316,44 @@ impl OperationExecutor {
     }
 }
 
-/// Removes `info` from `actual_state` and tells its handler. Only the call
+/// Removes `old` from `actual_state` and tells its handler. Only the call
 /// that removes that incarnation deregisters, so each registration is
 /// deregistered exactly once.
 async fn deregister(
-    info: &PluginInfo,
+    old: &Registered,
     actual_state: &ActualState,
     events: &EventBus,
     handler_timeout: Duration,
 ) {
+    let info = &old.registration;
     if actual_state.remove_generation(&info.socket_path, info.generation).is_none() {
         return;
     }
-    call_deregister(info, handler_timeout).await;
+    call_deregister(old, handler_timeout).await;
     tracing::info!(
-        socket = %info.socket_path.display(), plugin = %info.name,
+        socket = %info.socket_path.display(), plugin = %info.plugin.name,
         plugin_type = %info.plugin_type, "plugin deregistered"
     );
     events.publish(PluginEvent::Deregistered {
         socket: info.socket_path.clone(),
         generation: info.generation,
         plugin_type: info.plugin_type.clone(),
-        name: info.name.clone(),
+        name: info.plugin.name.clone(),
     });
 }
 
-/// Tells the handler to forget `info`, isolated: a deregister that hangs or
+/// Tells the handler to forget `old`, isolated: a deregister that hangs or
 /// panics is logged, and the plugin counts as deregistered all the same.
-async fn call_deregister(info: &PluginInfo, handler_timeout: Duration) {
-    let (handler, name, endpoint) =
-        (Arc::clone(&info.handler), info.name.clone(), info.endpoint.clone());
+async fn call_deregister(old: &Registered, handler_timeout: Duration) {
+    let info = &old.registration;
+    let (handler, plugin) = (Arc::clone(&old.handler), info.plugin.clone());
     let call = async move {
-        handler.deregister(&name, &endpoint).await;
+        handler.deregister(&plugin.name, &plugin.endpoint).await;
         Ok(())
     };
     if let Err(failure) = call_handler(&info.plugin_type, handler_timeout, call).await {
         tracing::error!(
-            socket = %info.socket_path.display(), plugin = %info.name, error = %failure.error,
+            socket = %info.socket_path.display(), plugin = %info.plugin.name, error = %failure.error,
             "handler failed to deregister the plugin; dropping it anyway"
         );
     }
@@ -655,8 +656,8 @@ impl Register {
                 socket,
                 generation: self.generation,
                 plugin_type: info.plugin_type.clone(),
-                name: info.name.clone(),
-                endpoint: info.endpoint.clone(),
+                name: info.plugin.name.clone(),
+                endpoint: info.plugin.endpoint.clone(),
             },
             Err(err) => PluginEvent::Rejected {
                 socket,
@@ -668,23 +669,25 @@ impl Register {
         outcome.map(drop)
     }
 
-    async fn register(&self) -> Result<PluginInfo, ExecutorError> {
+    async fn register(&self) -> Result<Registration, ExecutorError> {
         let attempt = &self.attempt;
         let admitted = match attempt.admit(&mut Steps::default()).await {
             Ok(admitted) => admitted,
             Err(refusal) => return Err(attempt.tell(refusal).await),
         };
-        let registered = PluginInfo {
-            socket_path: attempt.socket.clone(),
-            generation: self.generation,
-            plugin_type: admitted.info.r#type.clone(),
-            name: admitted.info.name.clone(),
-            endpoint: admitted.endpoint.clone(),
-            versions: admitted.info.supported_versions.clone(),
-            registered_at: SystemTime::now(),
-            server_pid: admitted.connection.server_pid,
-            handler: Arc::clone(&admitted.handler),
-        };
+        let plugin = PluginDetails::new(
+            admitted.info.name.clone(),
+            admitted.endpoint.clone(),
+            admitted.info.supported_versions.clone(),
+        );
+        let registration = Registration::new(
+            attempt.socket.clone(),
+            self.generation,
+            admitted.info.r#type.clone(),
+            plugin,
+            admitted.connection.server_pid,
+        );
+        let mut registered = Registered::new(registration, Arc::clone(&admitted.handler));
         if let Err(failure) = attempt.call(&admitted, HandlerStep::Register).await {
             if failure.aborted {
                 // It may have stopped halfway: nothing may stay registered.
@@ -693,7 +696,7 @@ impl Register {
             let refusal = attempt.refuse(admitted, HandlerStep::Register, failure.error);
             return Err(attempt.tell(refusal).await);
         }
-        let registered = PluginInfo { registered_at: SystemTime::now(), ..registered };
+        registered.registration.registered_at = SystemTime::now();
 
         let recorded =
             attempt.notify(&admitted.connection, true, String::new()).await.and_then(|()| {
@@ -707,11 +710,12 @@ impl Register {
             return Err(err);
         }
         tracing::info!(
-            socket = %attempt.socket.display(), plugin = %registered.name,
-            plugin_type = %registered.plugin_type, endpoint = %registered.endpoint,
+            socket = %attempt.socket.display(), plugin = %registered.registration.plugin.name,
+            plugin_type = %registered.registration.plugin_type,
+            endpoint = %registered.registration.plugin.endpoint,
             generation = %self.generation, "plugin registered"
         );
-        Ok(registered)
+        Ok(registered.registration)
     }
 }
 

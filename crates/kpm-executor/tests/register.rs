@@ -272,9 +272,12 @@ async fn registration_succeeds_and_the_plugin_is_told() {
         [RegistrationStatus { plugin_registered: true, error: String::new() }]
     );
     let info = h.actual.get(&served.socket).expect("registered");
-    assert_eq!((info.name.as_str(), info.plugin_type.as_str()), ("vendor.com/gpu", "DevicePlugin"));
-    assert_eq!(info.endpoint, endpoint);
-    assert_eq!(info.versions, ["v1beta1"]);
+    assert_eq!(
+        (info.plugin.name.as_str(), info.plugin_type.as_str()),
+        ("vendor.com/gpu", "DevicePlugin")
+    );
+    assert_eq!(info.plugin.endpoint, endpoint);
+    assert_eq!(info.plugin.versions, ["v1beta1"]);
     assert!(h.actual.contains_generation(&served.socket, generation));
     assert!(h.executor.operations().is_empty(), "a success leaves no entry behind");
 }
@@ -287,7 +290,7 @@ async fn an_explicit_endpoint_is_passed_to_the_handler() {
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     h.register(&served.socket, h.generation(&served.socket)).await;
     assert_eq!(h.handler.events()[1], "register vendor.com/nic /run/nic/service.sock");
-    assert_eq!(h.actual.get(&served.socket).unwrap().endpoint, "/run/nic/service.sock");
+    assert_eq!(h.actual.get(&served.socket).unwrap().plugin.endpoint, "/run/nic/service.sock");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,7 +575,7 @@ async fn unregister_calls_the_handler_once_with_the_recorded_name_and_endpoint()
     let served = serve(dir.path(), "gpu.sock", info, false).await;
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     h.register(&served.socket, h.generation(&served.socket)).await;
-    let registered = h.actual.get(&served.socket).unwrap();
+    let registered = h.actual.registered(&served.socket).unwrap();
     drop(served); // the plugin is gone: unregistering must not need it
 
     h.executor.unregister(registered.clone(), h.actual.clone()).unwrap();

@@ -5,7 +5,7 @@
 //! #128696). The [`LivenessMonitor`] notices two things:
 //!
 //! - **A plugin process exits.** At registration kpm learned which process
-//!   serves the socket (`SO_PEERCRED`, [`PluginInfo::server_pid`]); the
+//!   serves the socket (`SO_PEERCRED`, [`Registration::server_pid`]); the
 //!   monitor watches it with a pidfd, so the kernel says when it is gone, in
 //!   milliseconds and at no cost meanwhile. The socket is then checked: if it
 //!   refuses connections or is gone, the plugin is renewed. A socket still
@@ -43,7 +43,7 @@
 //!
 //! [`DesiredState`]: kpm_cache::DesiredState
 //! [`DesiredState::renew`]: kpm_cache::DesiredState::renew
-//! [`PluginInfo::server_pid`]: kpm_cache::PluginInfo::server_pid
+//! [`Registration::server_pid`]: kpm_cache::Registration::server_pid
 //! [`PluginEvent::Unresponsive`]: kpm_cache::PluginEvent::Unresponsive
 
 #![deny(missing_docs)]
@@ -57,7 +57,7 @@ use std::fmt;
 use std::time::Duration;
 
 use kpm_api::config::check_durations;
-use kpm_cache::PluginInfo;
+use kpm_cache::Registration;
 use kpm_transport::UdsChannel;
 
 pub use monitor::{LivenessMonitor, LivenessStats};
@@ -70,9 +70,9 @@ pub use probe::{MAX_KEPT_CONNECTIONS, ProbeFailure};
 /// would cost its HTTP/2 buffers for every plugin, all the time.
 pub trait HeldConnections: Send + Sync + fmt::Debug {
     /// An open connection to `plugin`'s registration socket
-    /// ([`PluginInfo::socket_path`]), if one is held. Called once per probe,
+    /// ([`Registration::socket_path`]), if one is held. Called once per probe,
     /// on the monitor's loop: it must not block.
-    fn connection(&self, plugin: &PluginInfo) -> Option<UdsChannel>;
+    fn connection(&self, plugin: &Registration) -> Option<UdsChannel>;
 }
 
 /// Settings of liveness. Build it from [`Default`] with the setters; the

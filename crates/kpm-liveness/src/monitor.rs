@@ -13,7 +13,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use kpm_api::FileId;
 use kpm_api::constants::CSI_PLUGIN;
-use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent, PluginInfo};
+use kpm_cache::{ActualState, DesiredState, EventBus, Generation, PluginEvent, Registration};
 use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -278,8 +278,8 @@ struct Followed {
 /// asked `Identity/Probe` (the registration socket is node-driver-registrar's,
 /// which answers while the driver hangs). A driver serving both on one
 /// socket is one server, asked `GetInfo`.
-fn targets(socket: &Path, info: &PluginInfo) -> Vec<Target> {
-    let driver = kpm_transport::endpoint_path(&info.endpoint);
+fn targets(socket: &Path, info: &Registration) -> Vec<Target> {
+    let driver = kpm_transport::endpoint_path(&info.plugin.endpoint);
     if info.plugin_type != CSI_PLUGIN || driver.as_os_str().is_empty() || driver == socket {
         return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
     }
@@ -424,8 +424,8 @@ impl<'a> State<'a> {
             self.watch(pid, &socket);
         }
         self.unhold(&socket);
-        let watched = watched_path(&info.endpoint, &socket);
-        let endpoint = kpm_transport::endpoint_path(&info.endpoint).to_path_buf();
+        let watched = watched_path(&info.plugin.endpoint, &socket);
+        let endpoint = kpm_transport::endpoint_path(&info.plugin.endpoint).to_path_buf();
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
         // Armed before the file is read: a change after the read is an event.
         if watched.is_some() {
@@ -578,14 +578,14 @@ impl<'a> State<'a> {
         let Some(info) = held else { return };
         self.monitor.counters.endpoints_gone.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            socket = %socket.display(), plugin = %info.plugin.name, plugin_type = %info.plugin_type,
             endpoint = %endpoint.display(), "the plugin's endpoint was removed; deregistering it"
         );
         self.monitor.events.publish(PluginEvent::Unresponsive {
             socket: socket.to_path_buf(),
             generation,
             plugin_type: info.plugin_type,
-            name: info.name,
+            name: info.plugin.name,
             failures: 0,
             reason,
         });
@@ -869,14 +869,14 @@ impl<'a> State<'a> {
         }
         self.monitor.counters.renewals.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            socket = %socket.display(), plugin = %info.name, plugin_type = %info.plugin_type,
+            socket = %socket.display(), plugin = %info.plugin.name, plugin_type = %info.plugin_type,
             failures, %reason, "plugin is gone or stopped answering; registering it anew"
         );
         self.monitor.events.publish(PluginEvent::Unresponsive {
             socket: socket.to_path_buf(),
             generation,
             plugin_type: info.plugin_type,
-            name: info.name,
+            name: info.plugin.name,
             failures,
             reason,
         });

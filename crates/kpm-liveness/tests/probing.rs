@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::{CSI_PLUGIN, MAX_CONFIG_DURATION};
@@ -18,8 +18,8 @@ use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use kpm_cache::{
-    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginEvent, PluginHandler,
-    PluginInfo,
+    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginEvent,
+    PluginHandler, Registered,
 };
 use kpm_liveness::{
     HeldConnections, LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS,
@@ -173,17 +173,16 @@ impl Harness {
     ) -> Generation {
         let generation = self.desired.add_or_update(socket).unwrap();
         self.actual
-            .add(PluginInfo {
-                socket_path: socket.to_path_buf(),
-                generation,
-                plugin_type: plugin_type.into(),
-                name: "test".into(),
-                endpoint: endpoint.display().to_string(),
-                versions: vec!["v1".into()],
-                registered_at: SystemTime::now(),
-                server_pid,
-                handler: Arc::new(NoHandler),
-            })
+            .add(Registered::new(
+                kpm_cache::Registration::new(
+                    socket,
+                    generation,
+                    plugin_type,
+                    PluginDetails::new("test", endpoint.display().to_string(), ["v1"]),
+                    server_pid,
+                ),
+                Arc::new(NoHandler),
+            ))
             .unwrap();
         self.events.publish(PluginEvent::Registered {
             socket: socket.to_path_buf(),
@@ -475,7 +474,7 @@ struct OneHeld {
 }
 
 impl HeldConnections for OneHeld {
-    fn connection(&self, plugin: &PluginInfo) -> Option<UdsChannel> {
+    fn connection(&self, plugin: &kpm_cache::Registration) -> Option<UdsChannel> {
         (plugin.socket_path == self.socket && !self.channel.is_closed())
             .then(|| self.channel.clone())
     }

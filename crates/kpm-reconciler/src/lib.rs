@@ -47,7 +47,7 @@ use std::time::Duration;
 
 use kpm_cache::{
     ActualState, ChangeSignal, DesiredState, EventBus, Generation, PluginEvent, PluginHandler,
-    PluginInfo,
+    Registered,
 };
 use kpm_executor::{ExecutorError, Handlers, Inspection, OperationExecutor};
 use parking_lot::Mutex;
@@ -155,8 +155,8 @@ impl State {
 /// What one socket needs, as [`Reconciler::decide`] found it.
 #[derive(Debug)]
 enum Action {
-    Unregister(PluginInfo),
-    Reregister(PluginInfo, Generation),
+    Unregister(Registered),
+    Reregister(Registered, Generation),
     Register(Generation),
     Forget,
 }
@@ -396,12 +396,12 @@ impl Reconciler {
         let registered = match self.actual.generation(socket) {
             Some(generation) if Some(generation) == desired => return None,
             // Fetched only now: most sockets are in sync and need no copy.
-            Some(_) => self.actual.get(socket),
+            Some(_) => self.actual.registered(socket),
             None => None,
         };
         match (registered, desired) {
             // Registered in the desired incarnation since the look above.
-            (Some(info), Some(generation)) if info.generation == generation => None,
+            (Some(old), Some(generation)) if old.registration.generation == generation => None,
             (Some(info), Some(generation)) => Some(Action::Reregister(info, generation)),
             (Some(info), None) => Some(Action::Unregister(info)),
             (None, Some(generation)) => Some(Action::Register(generation)),

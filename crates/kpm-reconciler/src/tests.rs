@@ -1,10 +1,8 @@
 //! Unit tests of the per-socket decision and of the order of a batch; the
 //! behaviour over time is in `tests/`.
 
-use std::time::SystemTime;
-
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_cache::HandlerError;
+use kpm_cache::{HandlerError, PluginDetails, Registration};
 
 use super::*;
 
@@ -31,24 +29,18 @@ fn reconciler(desired: &Arc<DesiredState>, actual: &Arc<ActualState>) -> Reconci
     )
 }
 
-fn registered(socket: &Path, generation: Generation) -> PluginInfo {
-    PluginInfo {
-        socket_path: socket.to_path_buf(),
-        generation,
-        plugin_type: "DevicePlugin".into(),
-        name: "test".into(),
-        endpoint: socket.display().to_string(),
-        versions: vec!["v1beta1".into()],
-        registered_at: SystemTime::now(),
-        server_pid: None,
-        handler: Arc::new(NoopHandler),
-    }
+fn registered(socket: &Path, generation: Generation) -> Registered {
+    let plugin = PluginDetails::new("test", socket.display().to_string(), ["v1beta1"]);
+    Registered::new(
+        Registration::new(socket, generation, "DevicePlugin", plugin, None),
+        Arc::new(NoopHandler),
+    )
 }
 
 /// The action's kind and generation, comparable in assertions.
 fn kind(action: &Action) -> (&'static str, Option<Generation>) {
     match action {
-        Action::Unregister(info) => ("unregister", Some(info.generation)),
+        Action::Unregister(old) => ("unregister", Some(old.registration.generation)),
         Action::Reregister(_, generation) => ("reregister", Some(*generation)),
         Action::Register(generation) => ("register", Some(*generation)),
         Action::Forget => ("forget", None),
@@ -71,7 +63,7 @@ fn each_socket_is_decided_from_its_two_generations() {
     let second = desired.add_or_update(socket).unwrap();
     assert_eq!(r.decide(socket).as_ref().map(kind), Some(("reregister", Some(second))));
     match r.decide(socket) {
-        Some(Action::Reregister(old, _)) => assert_eq!(old.generation, first),
+        Some(Action::Reregister(old, _)) => assert_eq!(old.registration.generation, first),
         other => panic!("expected a re-registration, got {other:?}"),
     }
 

@@ -12,9 +12,9 @@ mod support;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use kpm_cache::{DesiredState, PluginEvent, PluginInfo};
+use kpm_cache::{DesiredState, PluginDetails, PluginEvent, Registered, Registration};
 use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 use kpm_reconciler::ReconcilerConfig;
 use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
@@ -163,18 +163,11 @@ async fn changes_between_two_passes_make_one_decision() {
 }
 
 /// A plugin as if registered by someone else: no event tells the reconciler.
-fn stray(socket: &Path, handler: &Arc<Handler>) -> PluginInfo {
-    PluginInfo {
-        socket_path: socket.to_path_buf(),
-        generation: DesiredState::new().add_or_update(socket).unwrap(),
-        plugin_type: "DevicePlugin".into(),
-        name: "stray".into(),
-        endpoint: socket.display().to_string(),
-        versions: vec!["v1beta1".into()],
-        registered_at: SystemTime::now(),
-        server_pid: None,
-        handler: Arc::clone(handler) as _,
-    }
+fn stray(socket: &Path, handler: &Arc<Handler>) -> Registered {
+    let generation = DesiredState::new().add_or_update(socket).unwrap();
+    let plugin = PluginDetails::new("stray", socket.display().to_string(), ["v1beta1"]);
+    let registration = Registration::new(socket, generation, "DevicePlugin", plugin, None);
+    Registered::new(registration, Arc::clone(handler) as _)
 }
 
 #[tokio::test(start_paused = true)]

@@ -486,11 +486,11 @@ struct DeviceConnections(Arc<crate::device::DeviceManager>);
 
 #[cfg(feature = "device")]
 impl crate::HeldConnections for DeviceConnections {
-    fn connection(&self, plugin: &kpm_cache::PluginInfo) -> Option<kpm_transport::UdsChannel> {
+    fn connection(&self, plugin: &kpm_cache::Registration) -> Option<kpm_transport::UdsChannel> {
         if plugin.plugin_type != kpm_api::constants::DEVICE_PLUGIN {
             return None;
         }
-        self.0.connection(&plugin.name, &plugin.socket_path)
+        self.0.connection(&plugin.plugin.name, &plugin.socket_path)
     }
 }
 

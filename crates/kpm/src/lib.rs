@@ -15,7 +15,8 @@
 //! This crate composes the layers: [`kpm_watcher`] (filesystem →
 //! DesiredState), [`kpm_reconciler`] (DesiredState → operations),
 //! [`kpm_executor`] (operations over gRPC), [`kpm_cache`] (the states and the
-//! handler trait) and [`kpm_api`] (the wire types, as [`api`]); of
+//! handler trait) and [`kpm_api`] (the wire; its names and limits as
+//! [`api`]); of
 //! `kpm-transport`, the Unix-socket transport, [`transport`] has what a
 //! binary needs.
 //!
@@ -59,7 +60,8 @@ mod status;
 
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
-    DesiredPlugin, EventCounts, Generation, HandlerError, PluginEvent, PluginHandler, ServiceReport,
+    DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEvent,
+    PluginHandler, Registration, ServiceReport,
 };
 pub use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep, Inspection, Step, check_info,
@@ -72,7 +74,7 @@ pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
 pub use manager::{
     MAX_EVENT_CAPACITY, ManagerHandle, ManagerStats, PluginManager, PluginManagerBuilder,
 };
-pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus, RegisteredPlugin};
+pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus};
 
 /// The CSI handler: version rules, the drivers store, NodeGetInfo and the
 /// node information the kubelet publishes.
@@ -103,10 +105,19 @@ pub mod registry {
     pub use kpm_watcher::{Ignored, RegistryEntry, survey};
 }
 
-/// Wire types and constants of the plugin APIs (the `kpm-api` crate).
+/// The plugin APIs' names and limits a node agent needs: plugin types,
+/// the kubelet's directory and socket names, DRA service names, and how
+/// kpm renders an error chain. Named one by one, so that the facade's API
+/// does not grow with the wire crate; the generated gRPC types are in the
+/// `kpm-api` crate, for plugins and tests that speak the protocols.
 pub mod api {
-    pub use kpm_api::constants::*;
-    pub use kpm_api::*;
+    pub use kpm_api::constants::{
+        CSI_PLUGIN, DEFAULT_ROOT_DIR, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION,
+        DEVICE_PLUGINS_DIR_NAME, DRA_HEALTH_V1_SERVICE, DRA_HEALTH_V1ALPHA1_SERVICE, DRA_PLUGIN,
+        DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, KUBELET_SOCKET_NAME,
+        MAX_CONFIG_DURATION, MAX_SOCKET_PATH_BYTES, OWN_DIR_MODE, PLUGINS_REGISTRY_DIR_NAME,
+    };
+    pub use kpm_api::gotext::error_chain;
 }
 
 /// Errors of the plugin manager.

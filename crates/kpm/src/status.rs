@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use kpm_cache::{ActualState, DesiredPlugin, DesiredState, Generation, PluginInfo};
+use kpm_cache::{
+    ActualState, DesiredPlugin, DesiredState, Generation, PluginDetails, Registration,
+};
 use kpm_executor::{OperationMap, OperationStatus};
 
 /// Where a socket is in its registration.
@@ -29,8 +31,8 @@ pub enum PluginState {
     Deregistering,
     /// Held back from registration while the endpoint its plugin reported
     /// is gone (`last_error` says which): deregistered, and registered
-    /// again as soon as the endpoint is back.
-    Held,
+    /// again as soon as the endpoint is back. Shown as `held`.
+    EndpointGone,
 }
 
 impl PluginState {
@@ -42,7 +44,7 @@ impl PluginState {
             Self::BackingOff { .. } => "backing_off",
             Self::Failed => "failed",
             Self::Deregistering => "deregistering",
-            Self::Held => "held",
+            Self::EndpointGone => "held",
         }
     }
 
@@ -55,9 +57,8 @@ impl PluginState {
     }
 }
 
-/// One registration socket as the manager sees it. `Default` is a pending
-/// socket with an empty path, for consumers to build one in their tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// One registration socket as the manager sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PluginStatus {
     /// The registration socket.
@@ -66,84 +67,82 @@ pub struct PluginStatus {
     pub state: PluginState,
     /// The incarnation: the desired one, or the registered one while the
     /// socket is leaving.
-    pub generation: u64,
-    /// What the plugin reported; empty until it is registered.
-    pub plugin_type: String,
-    /// The plugin's name; empty until it is registered.
-    pub name: String,
-    /// The plugin's service socket; empty until it is registered.
-    pub endpoint: String,
-    /// The versions the plugin supports; empty until it is registered.
-    pub versions: Vec<String>,
+    pub generation: Generation,
     /// Why the last attempt failed, while backing off or failed.
     pub last_error: Option<String>,
-    /// When the plugin was registered.
-    pub registered_at: Option<SystemTime>,
-    /// The process serving the registration socket when it was registered;
-    /// `None` until then, or when kpm cannot see it (another pid namespace).
-    pub server_pid: Option<u32>,
+    /// What is registered from the socket: `None` until it is registered.
+    pub registration: Option<Registration>,
+}
+
+impl PluginStatus {
+    /// A socket in `state`, incarnation `generation`, with nothing
+    /// registered and no error: for consumers to build statuses in their
+    /// tests (with [`Generation::for_tests`], feature `testing`).
+    pub fn new(
+        socket_path: impl Into<PathBuf>,
+        state: PluginState,
+        generation: Generation,
+    ) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            state,
+            generation,
+            last_error: None,
+            registration: None,
+        }
+    }
+
+    /// The registered plugin's name, endpoint and versions, once it is
+    /// registered.
+    pub fn plugin(&self) -> Option<&PluginDetails> {
+        self.registration.as_ref().map(|registered| &registered.plugin)
+    }
 }
 
 /// `{"socket_path", "type", "name", "endpoint", "versions", "state",
-/// "generation", "last_error", "registered_at", "retry_at", "server_pid"}`:
-/// `state` as [`PluginState::as_str`], `retry_at` from a
-/// [`PluginState::BackingOff`], times in RFC 3339; absent values are `null`.
+/// "generation", "last_error", "registered_at", "retry_at", "server_pid"}`,
+/// in that order (`kpm list -o json` prints the keys as they come): `state`
+/// as [`PluginState::as_str`], `retry_at` from a [`PluginState::BackingOff`],
+/// times in RFC 3339. Until the socket is registered, the plugin's strings
+/// are empty and its versions `[]`, as scripts written against the first
+/// status API expect; other absent values are `null`.
 #[cfg(feature = "serde")]
 impl serde::Serialize for PluginStatus {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use kpm_api::json::Rfc3339;
-        use serde::ser::SerializeStruct as _;
-        let mut fields = serializer.serialize_struct("PluginStatus", 11)?;
-        fields.serialize_field("socket_path", &self.socket_path.display().to_string())?;
-        fields.serialize_field("type", &self.plugin_type)?;
-        fields.serialize_field("name", &self.name)?;
-        fields.serialize_field("endpoint", &self.endpoint)?;
-        fields.serialize_field("versions", &self.versions)?;
-        fields.serialize_field("state", self.state.as_str())?;
-        fields.serialize_field("generation", &self.generation)?;
-        fields.serialize_field("last_error", &self.last_error)?;
-        fields.serialize_field("registered_at", &self.registered_at.map(Rfc3339))?;
-        fields.serialize_field("retry_at", &self.state.retry_at().map(Rfc3339))?;
-        fields.serialize_field("server_pid", &self.server_pid)?;
-        fields.end()
-    }
-}
 
-/// A registered plugin, as recorded in the actual state of the world.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RegisteredPlugin {
-    /// The registration socket.
-    pub socket_path: PathBuf,
-    /// The incarnation of the socket that was registered.
-    pub generation: Generation,
-    /// The plugin's type (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`, …).
-    pub plugin_type: String,
-    /// The plugin's name.
-    pub name: String,
-    /// The plugin's service socket; the registration socket if it gave none.
-    pub endpoint: String,
-    /// The versions the plugin supports.
-    pub versions: Vec<String>,
-    /// Wall-clock time of registration.
-    pub registered_at: SystemTime,
-    /// The process serving the registration socket when it was registered,
-    /// if kpm can see it.
-    pub server_pid: Option<u32>,
-}
-
-impl From<PluginInfo> for RegisteredPlugin {
-    fn from(info: PluginInfo) -> Self {
-        Self {
-            socket_path: info.socket_path,
-            generation: info.generation,
-            plugin_type: info.plugin_type,
-            name: info.name,
-            endpoint: info.endpoint,
-            versions: info.versions,
-            registered_at: info.registered_at,
-            server_pid: info.server_pid,
+        #[derive(serde::Serialize)]
+        struct Document<'a> {
+            socket_path: String,
+            #[serde(rename = "type")]
+            plugin_type: &'a str,
+            name: &'a str,
+            endpoint: &'a str,
+            versions: &'a [String],
+            state: &'static str,
+            generation: Generation,
+            last_error: Option<&'a str>,
+            registered_at: Option<Rfc3339>,
+            retry_at: Option<Rfc3339>,
+            server_pid: Option<u32>,
         }
+
+        let registration = self.registration.as_ref();
+        let plugin = registration.map(|registered| &registered.plugin);
+        Document {
+            socket_path: self.socket_path.display().to_string(),
+            plugin_type: registration.map_or("", |registered| &registered.plugin_type),
+            name: plugin.map_or("", |plugin| &plugin.name),
+            endpoint: plugin.map_or("", |plugin| &plugin.endpoint),
+            versions: plugin.map_or(&[], |plugin| &plugin.versions),
+            state: self.state.as_str(),
+            generation: self.generation,
+            last_error: self.last_error.as_deref(),
+            registered_at: registration.map(|registered| Rfc3339(registered.registered_at)),
+            retry_at: self.state.retry_at().map(Rfc3339),
+            server_pid: registration.and_then(|registered| registered.server_pid),
+        }
+        .serialize(serializer)
     }
 }
 
@@ -189,8 +188,8 @@ impl ActualStateView {
     }
 
     /// The plugin registered from `socket_path`.
-    pub fn get(&self, socket_path: &Path) -> Option<RegisteredPlugin> {
-        self.0.get(socket_path).map(RegisteredPlugin::from)
+    pub fn get(&self, socket_path: &Path) -> Option<Registration> {
+        self.0.get(socket_path)
     }
 
     /// The number of registered plugins.
@@ -204,8 +203,8 @@ impl ActualStateView {
     }
 
     /// Every registered plugin.
-    pub fn snapshot(&self) -> Vec<RegisteredPlugin> {
-        self.0.snapshot().into_iter().map(RegisteredPlugin::from).collect()
+    pub fn snapshot(&self) -> Vec<Registration> {
+        self.0.snapshot()
     }
 }
 
@@ -245,26 +244,18 @@ pub(crate) fn snapshot(
             let operation = operations.status(&plugin.socket_path);
             let (state, last_error) = match plugin.held {
                 Some(reason) if registered.is_some() => (PluginState::Deregistering, Some(reason)),
-                Some(reason) => (PluginState::Held, Some(reason)),
+                Some(reason) => (PluginState::EndpointGone, Some(reason)),
                 None => (
                     state_of(registered.is_some(), operation.as_ref()),
                     operation.and_then(|op| op.last_error),
                 ),
             };
-            match registered {
-                Some(info) => status_of(info, state, last_error),
-                None => PluginStatus {
-                    socket_path: plugin.socket_path,
-                    state,
-                    generation: plugin.generation.get(),
-                    plugin_type: String::new(),
-                    name: String::new(),
-                    endpoint: String::new(),
-                    versions: Vec::new(),
-                    last_error,
-                    registered_at: None,
-                    server_pid: None,
-                },
+            PluginStatus {
+                socket_path: plugin.socket_path,
+                state,
+                generation: plugin.generation,
+                last_error,
+                registration: registered,
             }
         })
         .collect();
@@ -273,24 +264,20 @@ pub(crate) fn snapshot(
             .snapshot()
             .into_iter()
             .filter(|info| !desired.contains(&info.socket_path))
-            .map(|info| status_of(info, PluginState::Deregistering, None)),
+            .map(leaving),
     );
     statuses.sort_by(|a, b| a.socket_path.cmp(&b.socket_path));
     statuses
 }
 
-fn status_of(info: PluginInfo, state: PluginState, last_error: Option<String>) -> PluginStatus {
+/// The status of `registration`, its socket gone: deregistering.
+fn leaving(registration: Registration) -> PluginStatus {
     PluginStatus {
-        socket_path: info.socket_path,
-        state,
-        generation: info.generation.get(),
-        plugin_type: info.plugin_type,
-        name: info.name,
-        endpoint: info.endpoint,
-        versions: info.versions,
-        last_error,
-        registered_at: Some(info.registered_at),
-        server_pid: info.server_pid,
+        socket_path: registration.socket_path.clone(),
+        state: PluginState::Deregistering,
+        generation: registration.generation,
+        last_error: None,
+        registration: Some(registration),
     }
 }
 

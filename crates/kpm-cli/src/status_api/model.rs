@@ -40,7 +40,7 @@ impl From<&KubeletHandle> for PluginList {
 /// `subscribed` first, once the stream is live.
 #[derive(Debug, Serialize)]
 pub(crate) struct EventLine<'a> {
-    #[serde(serialize_with = "kpm::api::json::rfc3339")]
+    #[serde(serialize_with = "kpm_api::json::rfc3339")]
     time: SystemTime,
     #[serde(flatten)]
     event: Event<'a>,

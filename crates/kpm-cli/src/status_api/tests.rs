@@ -9,7 +9,7 @@ use kpm::csi::{CsiDriver, CsiNode, CsiNodeDriver, DriverNodeInfo, NodeInfo, Vers
 use kpm::device::{DeviceStatus, ResourceStatus};
 use kpm::dra::{DeviceHealthStatus, DraDriverStatus, DraInstanceStatus};
 use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
-use kpm::{PluginEvent, PluginState, PluginStatus};
+use kpm::{Generation, PluginDetails, PluginEvent, PluginState, PluginStatus, Registration};
 use serde_json::{Value, json};
 
 use super::model::{EventLine, PluginList};
@@ -43,22 +43,17 @@ fn document(parts: Parts) -> Value {
 }
 
 fn plugin(socket: &str, state: PluginState, generation: u64) -> PluginStatus {
-    let mut status = PluginStatus::default();
-    status.socket_path = PathBuf::from(socket);
-    status.state = state;
-    status.generation = generation;
-    status
+    PluginStatus::new(socket, state, Generation::for_tests(generation))
 }
 
 /// A plugin in each state, with every field present and absent.
 fn plugins() -> Vec<PluginStatus> {
     let mut registered = plugin("/r/gpu.sock", PluginState::Registered, 3);
-    registered.plugin_type = "DevicePlugin".into();
-    registered.name = "vendor.com/gpu".into();
-    registered.endpoint = "/r/gpu.sock".into();
-    registered.versions = vec!["v1beta1".into()];
-    registered.registered_at = Some(at(1));
-    registered.server_pid = Some(4242);
+    let gpu = PluginDetails::new("vendor.com/gpu", "/r/gpu.sock", ["v1beta1"]);
+    let mut registration =
+        Registration::new("/r/gpu.sock", registered.generation, "DevicePlugin", gpu, Some(4242));
+    registration.registered_at = at(1);
+    registered.registration = Some(registration);
     let mut backing_off =
         plugin("/r/late.sock", PluginState::BackingOff { retry_at: at(8_250) }, 4);
     backing_off.last_error = Some("GetInfo: connection refused".into());
@@ -67,7 +62,9 @@ fn plugins() -> Vec<PluginStatus> {
     let mut leaving = registered.clone();
     leaving.socket_path = PathBuf::from("/r/old.sock");
     leaving.state = PluginState::Deregistering;
-    leaving.server_pid = None;
+    if let Some(registration) = &mut leaving.registration {
+        registration.server_pid = None;
+    }
 
     vec![registered, backing_off, failed, plugin("/r/new.sock", PluginState::Pending, 6), leaving]
 }

@@ -321,7 +321,7 @@ impl NodePublisher {
                 if self.logged_failure.as_deref() != Some(&text) {
                     warn!(
                         node = %self.node,
-                        error = %kpm::api::gotext::error_chain(&err),
+                        error = %kpm::api::error_chain(&err),
                         "cannot publish to the API server; judging goes on, and the current \
                          state is published once it can be"
                     );
@@ -459,7 +459,7 @@ impl NodePublisher {
                     self.recorder.sent();
                 }
                 Err(err) if err.is_permanent() => {
-                    warn!(node = %self.node, error = %kpm::api::gotext::error_chain(&err), "event refused; dropped");
+                    warn!(node = %self.node, error = %kpm::api::error_chain(&err), "event refused; dropped");
                     self.stats.events_dropped.fetch_add(1, Ordering::Relaxed);
                     self.recorder.sent();
                 }

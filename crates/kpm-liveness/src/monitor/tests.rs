@@ -4,9 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use kpm_cache::{ActualState, DesiredState, EventBus, HandlerError, PluginHandler, PluginInfo};
+use kpm_cache::{
+    ActualState, DesiredState, EventBus, HandlerError, PluginDetails, PluginHandler, Registered,
+    Registration,
+};
 use rustix::io::Errno;
 
 use super::*;
@@ -46,18 +49,9 @@ fn register_at(
     server_pid: Option<u32>,
 ) -> Generation {
     let generation = monitor.desired.add_or_update(socket).unwrap();
-    let info = PluginInfo {
-        socket_path: socket.to_path_buf(),
-        generation,
-        plugin_type: "TestPlugin".into(),
-        name: "test".into(),
-        endpoint: endpoint.to_owned(),
-        versions: vec!["v1".into()],
-        registered_at: SystemTime::now(),
-        server_pid,
-        handler: Arc::new(NoHandler),
-    };
-    monitor.actual.add(info).unwrap();
+    let plugin = PluginDetails::new("test", endpoint, ["v1"]);
+    let registration = Registration::new(socket, generation, "TestPlugin", plugin, server_pid);
+    monitor.actual.add(Registered::new(registration, Arc::new(NoHandler))).unwrap();
     generation
 }
 

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{ADMIN_TOKEN, Api, CSIDRIVERS, Cluster, Env, SLICES};
+use super::Cluster;
 use crate::Result;
+use crate::kube_e2e::api::{Api, CSIDRIVERS, SLICES, slice};
+use crate::kube_e2e::{ADMIN_TOKEN, Env};
 
 const NODES: usize = 5000;
 const SLICES_PER_NODE: usize = 4;
@@ -120,8 +122,8 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
         &json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
             "metadata": {"name": name}, "spec": {"drivers": drivers}}),
     )?;
-    for slice in 0..SLICES_PER_NODE {
-        api.post(SLICES, &super::slice(&format!("{name}-{slice}"), "gpu.example.com", &name, 4))?;
+    for index in 0..SLICES_PER_NODE {
+        api.post(SLICES, &slice(&format!("{name}-{index}"), "gpu.example.com", &name, 4))?;
     }
     Ok(())
 }

@@ -23,8 +23,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Cluster, DOCTOR_TOKEN, DOCTOR_USER, Env, KPM_TOKEN, STEP_TIMEOUT};
+use super::Cluster;
 use crate::Result;
+use crate::kube_e2e::api::Api;
+use crate::kube_e2e::{ADMIN_TOKEN, DOCTOR_TOKEN, DOCTOR_USER, Env, KPM_TOKEN, STEP_TIMEOUT};
 use crate::scenario::{Process, RunningKpm, wait_for, wait_until};
 
 /// Nodes of the fleet.
@@ -214,7 +216,7 @@ fn apiserver_restart(env: &Env, cluster: &mut Cluster, node: &mut Node) -> Resul
 
 /// The fleet (6) from anywhere with a kubeconfig.
 fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
-    let admin = cluster.kubeconfig("admin-kubeconfig", super::ADMIN_TOKEN)?;
+    let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?;
     let output = std::process::Command::new(&env.kpm)
         .args(["doctor", "--cluster", "--kubeconfig"])
         .arg(&admin)
@@ -298,7 +300,7 @@ fn start_doctor(
 }
 
 /// The doctor's condition on Node `node`.
-fn condition(api: &super::Api, node: &str) -> Result<Value> {
+fn condition(api: &Api, node: &str) -> Result<Value> {
     let node_object = api.get(&format!("/api/v1/nodes/{node}"))?;
     node_object["status"]["conditions"]
         .as_array()
@@ -308,14 +310,14 @@ fn condition(api: &super::Api, node: &str) -> Result<Value> {
 }
 
 /// Waits until `node`'s condition has `reason`; how long after `started`.
-fn expect_reason(api: &super::Api, node: &str, reason: &str, started: Instant) -> Result<Duration> {
+fn expect_reason(api: &Api, node: &str, reason: &str, started: Instant) -> Result<Duration> {
     wait_until(&format!("{node}: {CONDITION} {reason}"), STEP_TIMEOUT, || {
         Ok(condition(api, node).is_ok_and(|c| c["reason"] == reason))
     })?;
     within(node, reason, started.elapsed())
 }
 
-fn expect_status(api: &super::Api, node: &str, status: &str, started: Instant) -> Result<Duration> {
+fn expect_status(api: &Api, node: &str, status: &str, started: Instant) -> Result<Duration> {
     wait_until(&format!("{node}: {CONDITION} {status}"), STEP_TIMEOUT, || {
         Ok(condition(api, node).is_ok_and(|c| c["status"] == status))
     })?;
@@ -330,7 +332,7 @@ fn within(node: &str, what: &str, took: Duration) -> Result<Duration> {
 }
 
 /// The events.k8s.io Events regarding Node `node`.
-fn events(api: &super::Api, node: &str) -> Result<Vec<Value>> {
+fn events(api: &Api, node: &str) -> Result<Vec<Value>> {
     let list = api.get("/apis/events.k8s.io/v1/namespaces/default/events")?;
     Ok(list["items"]
         .as_array()

@@ -1,0 +1,166 @@
+//! `cargo xtask interop --bin-dir DIR [--only SCENARIO]`: `kpm run` and
+//! `kpm-registrar` against real programs found in DIR, built from their
+//! public sources (`docs/plugin-authors.md` says which and how). A scenario
+//! whose program is missing is skipped and named as skipped; one that fails
+//! says which step, and the logs of every process are in `target/interop`.
+//!
+//! | scenario | programs in DIR | kpm's part |
+//! |---|---|---|
+//! | `node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm run` registers the CSI driver with its node id, topology and max volumes, probes the registrar and the driver a dozen times (`--liveness-period 1`: PINGs, every fourth a call) with no failure and no connection closed for too many PINGs, and deregisters it when the registrar exits |
+//! | `grpcio-driver` | `grpcio-csi-driver` | a CSI driver on Python grpcio (gRPC C-core), registration and CSI on one socket: `kpm run` registers it and probes it a dozen times (PINGs, every fourth a call) with no failure and its one connection never closed for too many PINGs |
+//! | `generic-device-plugin` | `generic-device-plugin` | `kpm run`'s `kubelet.sock` takes its `Register`; `squat.ai/null` has 3 healthy devices, unhealthy once it exits |
+//! | `sample-device-plugin` | `sample-device-plugin` | the Kubernetes e2e device plugin, its socket in the registry: `kpm run` registers it through the plugin watcher, probes it over its `ListAndWatch` connection (`--liveness-period 1`) and deregisters it at once when it is killed with SIGKILL, its socket left behind |
+//! | `dra-rolling-update` | `dra-kubeletplugin` | two instances of a driver on `k8s.io/dynamic-resource-allocation/kubeletplugin` registered side by side; the newer exits, the older remains |
+//! | `kubelet-plugin-manager` | `kubelet-pluginmanager` | the kubelet's own plugin manager registers `kpm-registrar` plugins of all three types and deregisters them when they stop |
+//! | `doctor-device-manager` | `kubelet-devicemanager`, `generic-device-plugin` | `kpm doctor` beside the kubelet's own device manager: the plugin registered on its `kubelet.sock` is named `squat.ai/null` from the manager's checkpoint; a device plugin serving in `device-plugins/` that never registered is `not-registered` |
+//!
+//! The runner (this file: options, the table of scenarios, a temporary root
+//! for each) sits on `processes` (starting the programs with their logs,
+//! `kpm run`, waiting on `kpm list`); the scenarios are one file per
+//! subject: `csi`, `device`, `dra`, `kubelet` (its plugin manager),
+//! `doctor` (beside the kubelet's managers) and `check`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::Result;
+use crate::scenario;
+
+mod check;
+mod csi;
+mod device;
+mod doctor;
+mod dra;
+mod kubelet;
+mod processes;
+
+/// How long any one step may take: registrations take milliseconds, but the
+/// Go programs retry on their own schedules (generic-device-plugin every 5 s).
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// generic-device-plugin's `squat.ai/null`: 3 devices, all `/dev/null`.
+const NULL_DEVICES: &str =
+    r#"{"name": "null", "groups": [{"paths": [{"path": "/dev/null"}], "count": 3}]}"#;
+/// How long a program may take to exit on SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Scenario {
+    name: &'static str,
+    programs: &'static [&'static str],
+    run: fn(&Env, &Path) -> Result,
+}
+
+const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "node-driver-registrar",
+        programs: &["node-driver-registrar", "hostpathplugin"],
+        run: csi::node_driver_registrar,
+    },
+    Scenario {
+        name: "csi-endpoint",
+        programs: &["node-driver-registrar", "hostpathplugin"],
+        run: csi::csi_endpoint,
+    },
+    Scenario { name: "grpcio-driver", programs: &["grpcio-csi-driver"], run: csi::grpcio_driver },
+    Scenario {
+        name: "generic-device-plugin",
+        programs: &["generic-device-plugin"],
+        run: device::generic_device_plugin,
+    },
+    Scenario {
+        name: "sample-device-plugin",
+        programs: &["sample-device-plugin"],
+        run: device::sample_device_plugin,
+    },
+    Scenario {
+        name: "dra-rolling-update",
+        programs: &["dra-kubeletplugin"],
+        run: dra::dra_rolling_update,
+    },
+    Scenario {
+        name: "kubelet-plugin-manager",
+        programs: &["kubelet-pluginmanager"],
+        run: kubelet::kubelet_plugin_manager,
+    },
+    Scenario {
+        name: "check",
+        programs: &["generic-device-plugin", "node-driver-registrar", "hostpathplugin"],
+        run: check::check_real_plugins,
+    },
+    Scenario {
+        name: "doctor",
+        programs: &[
+            "kubelet-pluginmanager",
+            "node-driver-registrar",
+            "hostpathplugin",
+            "generic-device-plugin",
+            "dra-kubeletplugin",
+        ],
+        run: doctor::doctor_beside_the_kubelet,
+    },
+    Scenario {
+        name: "doctor-device-manager",
+        programs: &["kubelet-devicemanager", "generic-device-plugin"],
+        run: doctor::doctor_beside_the_device_manager,
+    },
+];
+
+/// The programs and where their logs go.
+struct Env {
+    kpm: PathBuf,
+    example_plugin: PathBuf,
+    bin_dir: PathBuf,
+    out: PathBuf,
+}
+
+pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    let usage = || format!("usage: cargo xtask interop --bin-dir DIR [--only {}]", names.join("|"));
+    let (mut bin_dir, mut only) = (None, None);
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match (*option, options.next()) {
+            ("--bin-dir", Some(dir)) => bin_dir = Some(PathBuf::from(dir)),
+            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
+            _ => return Err(usage().into()),
+        }
+    }
+    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let bin_dir = std::path::absolute(&bin_dir)?;
+
+    scenario::build(root)?;
+    let binaries = scenario::Binaries::locate(root, "interop")?;
+    let env = Env {
+        kpm: binaries.kpm,
+        example_plugin: binaries.example_plugin,
+        bin_dir,
+        out: binaries.out,
+    };
+
+    let mut outcomes = Vec::new();
+    for scenario in SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)) {
+        let missing: Vec<&str> =
+            scenario.programs.iter().copied().filter(|p| !env.bin_dir.join(p).is_file()).collect();
+        let outcome = if missing.is_empty() {
+            eprintln!("\n== {}", scenario.name);
+            let dir = tempfile::Builder::new().prefix("kpm-interop-").tempdir_in("/tmp")?;
+            match (scenario.run)(&env, dir.path()) {
+                Ok(()) => "passed".to_owned(),
+                Err(err) => format!("FAILED: {err}"),
+            }
+        } else {
+            format!("skipped: {} not in {}", missing.join(", "), env.bin_dir.display())
+        };
+        outcomes.push((scenario.name, outcome));
+    }
+
+    println!("\ninterop against {}:", env.bin_dir.display());
+    for (name, outcome) in &outcomes {
+        println!("  {name:<24} {outcome}");
+    }
+    println!("logs: {}", env.out.display());
+    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
+    if failed > 0 {
+        return Err(format!("{failed} interop scenario(s) failed").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! A blocking client of the API server, and the objects the scenarios read
+//! and create through it.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::NODE_ID_ANNOTATION;
+use crate::Result;
+use crate::scenario::find;
+
+/// A blocking client of the API server with one bearer token.
+pub(super) struct Api {
+    agent: ureq::Agent,
+    pub(super) server: String,
+    token: String,
+}
+
+impl Api {
+    /// Trusts only `ca_pem`.
+    pub(super) fn new(server: &str, ca_pem: &str, token: &str) -> Result<Self> {
+        let ca = ureq::tls::Certificate::from_pem(ca_pem.as_bytes())?;
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::new_with_certs(&[ca]))
+            .build();
+        let agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Ok(Self { agent, server: server.to_owned(), token: token.to_owned() })
+    }
+
+    /// The same server with another token.
+    pub(super) fn as_token(&self, token: &str) -> Self {
+        Self { agent: self.agent.clone(), server: self.server.clone(), token: token.to_owned() }
+    }
+
+    /// `method path` with `body` as JSON (a merge patch for PATCH): the
+    /// status code and the body (`null` when it is not JSON).
+    pub(super) fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
+        let content_type =
+            if method == "PATCH" { "application/merge-patch+json" } else { "application/json" };
+        self.request_as(method, path, content_type, body)
+    }
+
+    /// [`request`](Self::request) with the body's content type given.
+    pub(super) fn request_as(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.server))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Content-Type", content_type)
+            .body(body.map(Value::to_string).unwrap_or_default())?;
+        let mut response = self.agent.run(request)?;
+        let text = response.body_mut().read_to_string()?;
+        Ok((response.status().as_u16(), serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    pub(super) fn get(&self, path: &str) -> Result<Value> {
+        self.expect_ok("GET", path, None)
+    }
+
+    pub(super) fn post(&self, path: &str, body: &Value) -> Result<Value> {
+        self.expect_ok("POST", path, Some(body))
+    }
+
+    /// GET, with `None` for 404.
+    fn get_optional(&self, path: &str) -> Result<Option<Value>> {
+        match self.request("GET", path, None)? {
+            (404, _) => Ok(None),
+            (200, body) => Ok(Some(body)),
+            (code, body) => Err(format!("GET {path}: {code} {}", body["message"]).into()),
+        }
+    }
+
+    fn expect_ok(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        match self.request(method, path, body)? {
+            (200..300, body) => Ok(body),
+            (code, body) => Err(format!("{method} {path}: {code} {}", body["message"]).into()),
+        }
+    }
+}
+
+pub(super) const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+pub(super) const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
+
+/// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
+/// the node with `pool_slices` slices.
+pub(super) fn slice(name: &str, driver: &str, node: &str, pool_slices: u32) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": pool_slices},
+            "devices": [{"name": format!("{name}-dev")}],
+        },
+    })
+}
+
+pub(super) fn create_slice(
+    api: &Api,
+    name: &str,
+    driver: &str,
+    node: &str,
+    pool_slices: u32,
+) -> Result {
+    api.post(SLICES, &slice(name, driver, node, pool_slices)).map(drop)
+}
+
+/// The names of all `ResourceSlice`s.
+pub(super) fn slices(api: &Api) -> Result<BTreeSet<String>> {
+    let list = api.get(SLICES)?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|item| item["metadata"]["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// The ResourceSlices of `driver` on `node`.
+pub(super) fn slices_of(api: &Api, driver: &str, node: &str) -> Result<BTreeSet<String>> {
+    let list = api.get(SLICES)?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|item| item["spec"]["driver"] == driver && item["spec"]["nodeName"] == node)
+        .filter_map(|item| item["metadata"]["name"].as_str().map(str::to_owned))
+        .collect())
+}
+
+/// The entry of `driver` in `CSINode` `node1`, if both exist.
+pub(super) fn csinode_driver(api: &Api, driver: &str) -> Result<Option<Value>> {
+    let Some(csinode) = api.get_optional("/apis/storage.k8s.io/v1/csinodes/node1")? else {
+        return Ok(None);
+    };
+    Ok(find(&csinode["spec"]["drivers"], "name", driver).cloned())
+}
+
+/// The node-id annotation of `node`, parsed; `{}` when absent.
+pub(super) fn node_ids(node: &Value) -> Result<Value> {
+    match node["metadata"]["annotations"][NODE_ID_ANNOTATION].as_str() {
+        Some(ids) => Ok(serde_json::from_str(ids)?),
+        None => Ok(json!({})),
+    }
+}

@@ -1,0 +1,176 @@
+//! `cargo xtask kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only
+//! SCENARIO]`: `kpm run` against a real kube-apiserver and etcd on loopback.
+//! Without either program it says what it skipped and succeeds; a check that
+//! fails names its step, and the logs of every process are in
+//! `target/kube-e2e`.
+//!
+//! Each scenario gets a cluster of its own in `/tmp/kpm-kube-XXXX`: etcd,
+//! kube-apiserver with certificates made here (CA, serving certificate for
+//! 127.0.0.1 and localhost, service-account key), a static token file with an
+//! admin (`system:masters`) and kpm's service account, and RBAC authorization.
+//! The `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` of the manifest
+//! (`deploy/daemonset.yaml`) are applied; Nodes `node1` and `node2` are
+//! created. `kpm run --node-name node1` talks to the API server as its
+//! service account through a kubeconfig, so its RBAC is checked too. Every
+//! check reads the API server (as admin), never kpm, except the request
+//! count that kpm reports.
+//!
+//! | scenario | checked through the API server |
+//! |---|---|
+//! | `cluster` | without kpm: kpm's token may do what kpm needs and nothing else; kube-apiserver restarts on the same etcd with every object kept |
+//! | `csi` | a CSI driver's registration fills CSINode `node1` (owned by the Node), the Node's node-id annotation and topology label; its exit empties both but leaves the label |
+//! | `csi-allocatable` | a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10`: the CSINode entry's count follows the driver's changed volume limit within one period, in one patch (KEP-4876) |
+//! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
+//! | `device-leftovers` | after a restart, an earlier run's device capacity stays without a flap while its plugin is there, and goes after the device grace once it is not |
+//! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
+//! | `dra-test-driver` | Kubernetes' e2e DRA test driver (`--dra-test-driver`) registers and publishes its ResourceSlices; once it is killed kpm deletes them after the grace period |
+//! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
+//! | `doctor` | `kpm doctor --kubeconfig` with kpm's token: a registered CSI driver ok, a driver missing from CSINode `not-registered`, the entry of one that went stale |
+//! | `fleet-scale` | `kpm doctor --cluster` over 5000 Nodes, 5000 CSINodes and 20,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
+//! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |
+//!
+//! The runner (this file: options, the programs, each scenario on a cluster
+//! of its own) sits on `cluster` (etcd and kube-apiserver, started and
+//! stopped), `pki` (their certificates), `api` (a blocking client and the
+//! objects the checks read) and `scenarios` (one file per subject, the
+//! table of names).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::Result;
+use crate::scenario;
+
+mod api;
+mod cluster;
+mod pki;
+mod scenarios;
+
+use cluster::Cluster;
+use scenarios::{SCENARIOS, Scenario};
+
+/// How long any one step may take: kpm writes to the API server within
+/// milliseconds, but a 2-core machine shared with builds is slow at times.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long etcd and kube-apiserver may take to become ready (about 2.5 s
+/// on an idle machine).
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a process may take to exit on SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// After the API server is back: kpm's retries back off, up to its cap.
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(90);
+/// `kpm run --dra-cleanup-grace`, in seconds: how long a DRA driver that
+/// stopped keeps its ResourceSlices.
+const DRA_GRACE_SECS: u64 = 3;
+/// `kpm run --device-cleanup-grace`, in seconds.
+const DEVICE_GRACE_SECS: u64 = 10;
+/// How long the slices that must stay are watched after the others went.
+const DRA_STAY_CHECK: Duration = Duration::from_secs(DRA_GRACE_SECS + 2);
+
+/// The tokens of the static token file; loopback-only, gone with the run.
+const ADMIN_TOKEN: &str = "kpm-e2e-admin-token";
+const KPM_TOKEN: &str = "kpm-e2e-kpm-token";
+const KPM_USER: &str = "system:serviceaccount:kube-system:kpm";
+const DOCTOR_TOKEN: &str = "kpm-e2e-doctor-token";
+const DOCTOR_USER: &str = "system:serviceaccount:kube-system:kpm-doctor";
+const KPM_GROUPS: &str =
+    "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated";
+
+/// The Node annotation of CSI node ids, by driver.
+const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+
+/// The programs, the manifest and where the logs go.
+struct Env {
+    kpm: PathBuf,
+    example_plugin: PathBuf,
+    apiserver: PathBuf,
+    etcd: PathBuf,
+    /// Kubernetes' e2e DRA test driver, if given.
+    dra_test_driver: Option<PathBuf>,
+    manifest: PathBuf,
+    /// `deploy/doctor-daemonset.yaml`, whose RBAC the doctors run with.
+    doctor_manifest: PathBuf,
+    out: PathBuf,
+}
+
+pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    let usage = || {
+        format!(
+            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] [--only {}]",
+            names.join("|")
+        )
+    };
+    let (mut apiserver, mut etcd, mut manifest, mut only) = (None, None, None, None);
+    let mut dra_test_driver = None;
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match (*option, options.next()) {
+            ("--apiserver", Some(bin)) => apiserver = Some(std::path::absolute(bin)?),
+            ("--etcd", Some(bin)) => etcd = Some(std::path::absolute(bin)?),
+            ("--dra-test-driver", Some(bin)) => dra_test_driver = Some(std::path::absolute(bin)?),
+            ("--manifest", Some(file)) => manifest = Some(std::path::absolute(file)?),
+            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
+            _ => return Err(usage().into()),
+        }
+    }
+    let (apiserver, etcd) = (apiserver.ok_or_else(usage)?, etcd.ok_or_else(usage)?);
+    let selected: Vec<&Scenario> =
+        SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)).collect();
+    let missing: Vec<String> = [&apiserver, &etcd]
+        .iter()
+        .filter(|bin| !bin.is_file())
+        .map(|bin| bin.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        println!("\nkube-e2e: {} missing", missing.join(", "));
+        for scenario in &selected {
+            println!("  {:<16} skipped", scenario.name);
+        }
+        return Ok(());
+    }
+
+    if selected.iter().any(|s| s.needs_kpm) {
+        scenario::build(root)?;
+    }
+    let binaries = scenario::Binaries::locate(root, "kube-e2e")?;
+    let env = Env {
+        kpm: binaries.kpm,
+        example_plugin: binaries.example_plugin,
+        apiserver,
+        etcd,
+        dra_test_driver,
+        manifest: manifest.unwrap_or_else(|| root.join("deploy/daemonset.yaml")),
+        doctor_manifest: root.join("deploy/doctor-daemonset.yaml"),
+        out: binaries.out,
+    };
+
+    let mut outcomes = Vec::new();
+    for scenario in selected {
+        if scenario.name == "dra-test-driver"
+            && !env.dra_test_driver.as_ref().is_some_and(|bin| bin.is_file())
+        {
+            outcomes.push((scenario.name, "skipped (no --dra-test-driver)".to_owned()));
+            continue;
+        }
+        eprintln!("\n== {}", scenario.name);
+        let outcome = match Cluster::start(&env, scenario.name)
+            .and_then(|mut cluster| (scenario.run)(&env, &mut cluster))
+        {
+            Ok(()) => "passed".to_owned(),
+            Err(err) => format!("FAILED: {err}"),
+        };
+        outcomes.push((scenario.name, outcome));
+    }
+
+    println!("\nkube-e2e against {}:", env.apiserver.display());
+    for (name, outcome) in &outcomes {
+        println!("  {name:<16} {outcome}");
+    }
+    println!("logs: {}", env.out.display());
+    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
+    if failed > 0 {
+        return Err(format!("{failed} kube-e2e scenario(s) failed").into());
+    }
+    Ok(())
+}
