@@ -35,8 +35,11 @@ impl Node {
     fn start() -> Self {
         let root = tempfile::tempdir().unwrap();
         let liveness = kpm::LivenessConfig::default().period(Some(Duration::from_secs(3600)));
-        let kubelet =
-            Kubelet::builder().root_dir(root.path()).liveness(Some(liveness)).build().unwrap();
+        let kubelet = Kubelet::builder()
+            .root_dir(root.path())
+            .manager(|m| m.liveness(Some(liveness)))
+            .build()
+            .unwrap();
         let handle = kubelet.handle();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(kubelet.run(async { drop(stopped.await) }));

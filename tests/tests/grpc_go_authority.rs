@@ -214,7 +214,9 @@ async fn a_registration_socket_answers_get_info_whatever_the_authority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_sock_answers_register_whatever_the_authority() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = DeviceManager::new(DeviceConfig::default());
+    let manager =
+        DeviceManager::try_new(DeviceConfig::default(), kpm::transport::fd::budget().clone())
+            .unwrap();
     let _served = manager.serve_registration(dir.path()).await.unwrap();
     let kubelet_sock = dir.path().join("kubelet.sock");
     let (plugin, _devices) = StubDevicePlugin::new([("gpu-0", "Healthy")]);

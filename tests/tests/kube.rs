@@ -206,7 +206,7 @@ impl Node {
             .iter()
             .fold(Kubelet::builder(), |builder, kind| builder.disable(*kind))
             .root_dir(root.path())
-            .liveness(None)
+            .manager(|m| m.liveness(None))
             .dra_config(kpm::dra::DraConfig::default().cleanup_grace(GRACE))
             .device_config(kpm::device::DeviceConfig::default().grace_period(DEVICE_GRACE))
             .kubernetes(publisher);
@@ -501,7 +501,7 @@ async fn a_csidrivers_update_period_has_the_csinode_count_follow_the_driver() {
     let root = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::builder()
         .root_dir(root.path())
-        .liveness(None)
+        .manager(|m| m.liveness(None))
         .kubernetes(publisher)
         .build()
         .unwrap();

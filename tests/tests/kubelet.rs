@@ -28,7 +28,9 @@ impl Node {
     fn start(builder: impl FnOnce(kpm::KubeletBuilder) -> kpm::KubeletBuilder) -> Self {
         let root = tempfile::tempdir().unwrap();
         let kubelet =
-            builder(Kubelet::builder().root_dir(root.path()).liveness(None)).build().unwrap();
+            builder(Kubelet::builder().root_dir(root.path()).manager(|m| m.liveness(None)))
+                .build()
+                .unwrap();
         let handle = kubelet.handle();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(kubelet.run(async { drop(stopped.await) }));
@@ -202,7 +204,7 @@ async fn probes_share_the_device_plugins_connection_and_keep_two_for_a_csi_drive
     let liveness = kpm::LivenessConfig::default()
         .period(Some(Duration::from_millis(100)))
         .timeout(Duration::from_millis(100));
-    let node = Node::start(|builder| builder.liveness(Some(liveness)));
+    let node = Node::start(|builder| builder.manager(|m| m.liveness(Some(liveness))));
     let handle = node.handle.clone();
     let stats = move || handle.manager().stats().liveness.expect("liveness is on");
 
@@ -321,10 +323,14 @@ async fn a_handler_for_a_type_the_kubelet_serves_is_refused_and_the_kubelets_han
 fn a_builder_refuses_a_type_given_twice_or_one_the_kubelet_serves() {
     let basic = |plugin_type: &str| Arc::new(BasicHandler::new(plugin_type));
     let csi = kpm::api::CSI_PLUGIN;
-    let built = Kubelet::builder().handler(csi, basic(csi)).build();
+    let built = Kubelet::builder().manager(|m| m.handler(csi, basic(csi))).build();
     assert!(refused_as_taken(&built, csi));
     // A disabled kind's type is free for a handler of one's own.
-    Kubelet::builder().disable(PluginKind::Csi).handler(csi, basic(csi)).build().unwrap();
+    Kubelet::builder()
+        .disable(PluginKind::Csi)
+        .manager(|m| m.handler(csi, basic(csi)))
+        .build()
+        .unwrap();
 
     let built = kpm::PluginManager::builder()
         .handler("OtherPlugin", basic("OtherPlugin"))
@@ -400,16 +406,24 @@ async fn a_kubelet_given_an_fd_budget_pays_every_connection_from_it() {
 fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilder)> {
     let builder = || Kubelet::builder();
     vec![
-        ("watcher_config", builder().resync_period(value)),
+        ("watcher_config", builder().manager(|m| m.resync_period(value))),
         (
             "reconciler_config",
-            builder().reconciler_config(kpm::ReconcilerConfig::default().resync_period(value)),
+            builder().manager(|m| {
+                m.reconciler_config(kpm::ReconcilerConfig::default().resync_period(value))
+            }),
         ),
-        ("shutdown_grace", builder().shutdown_grace(value)),
-        ("liveness", builder().liveness(Some(kpm::LivenessConfig::default().period(Some(value))))),
+        ("shutdown_grace", builder().manager(|m| m.shutdown_grace(value))),
+        (
+            "liveness",
+            builder()
+                .manager(|m| m.liveness(Some(kpm::LivenessConfig::default().period(Some(value))))),
+        ),
         (
             "executor_config",
-            builder().executor_config(kpm::ExecutorConfig::default().handler_timeout(value)),
+            builder().manager(|m| {
+                m.executor_config(kpm::ExecutorConfig::default().handler_timeout(value))
+            }),
         ),
         (
             "csi_config",
@@ -426,13 +440,15 @@ fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilde
 #[test]
 fn settings_out_of_range_are_refused_naming_the_setting() {
     for capacity in [0, kpm::MAX_EVENT_CAPACITY + 1, usize::MAX] {
-        let err = Kubelet::builder().event_capacity(capacity).build().unwrap_err();
+        let err = Kubelet::builder().manager(|m| m.event_capacity(capacity)).build().unwrap_err();
         assert!(
             matches!(err, kpm::Error::InvalidConfig { setting: "event_capacity", .. }),
             "{err}"
         );
     }
-    assert!(Kubelet::builder().event_capacity(kpm::MAX_EVENT_CAPACITY).build().is_ok());
+    assert!(
+        Kubelet::builder().manager(|m| m.event_capacity(kpm::MAX_EVENT_CAPACITY)).build().is_ok()
+    );
 
     let longest = kpm::api::MAX_CONFIG_DURATION;
     for too_long in
@@ -459,10 +475,12 @@ async fn a_kubelet_with_the_longest_settings_runs_and_stops() {
     let longest = kpm::api::MAX_CONFIG_DURATION;
     let kubelet = Kubelet::builder()
         .root_dir(root.path())
-        .resync_period(longest)
-        .reconciler_config(kpm::ReconcilerConfig::default().resync_period(longest))
-        .shutdown_grace(longest)
-        .liveness(Some(kpm::LivenessConfig::default().period(Some(longest))))
+        .manager(|m| {
+            m.resync_period(longest)
+                .reconciler_config(kpm::ReconcilerConfig::default().resync_period(longest))
+                .shutdown_grace(longest)
+                .liveness(Some(kpm::LivenessConfig::default().period(Some(longest))))
+        })
         .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(longest))
         .device_config(kpm::device::DeviceConfig::default().grace_period(longest))
         .dra_config(kpm::dra::DraConfig::default().cleanup_grace(longest))

@@ -53,9 +53,14 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let handler: Arc<dyn PluginHandler> = match info.r#type.as_str() {
             "CSIPlugin" => {
-                Arc::new(CsiHandler::new(Arc::new(InMemoryNodeInfo::default()), CsiConfig::default()))
+                Arc::new(CsiHandler::try_new(
+                    Arc::new(InMemoryNodeInfo::default()),
+                    CsiConfig::default(),
+                    kpm::transport::fd::budget().clone(),
+                )
+                .unwrap())
             }
-            "DevicePlugin" => DeviceManager::new(DeviceConfig::default()),
+            "DevicePlugin" => DeviceManager::try_new(DeviceConfig::default(), kpm::transport::fd::budget().clone()).unwrap(),
             _ => DraManager::try_new(
                 DraConfig::default(),
                 kpm::transport::fd::budget().clone(),

@@ -462,7 +462,8 @@ mod tests {
     /// The answer to `GetInfo` on `socket`, as a gRPC code, within 500 ms.
     async fn get_info(socket: &std::path::Path) -> Option<Code> {
         let timeout = Duration::from_millis(500);
-        let channel = kpm_transport::dial(socket, timeout).await.ok()?;
+        let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), timeout);
+        let channel = dialer.grpc(socket).await.ok()?.channel;
         let mut client = RegistrationClient::new(channel);
         match tokio::time::timeout(timeout, client.get_info(InfoRequest {})).await {
             Ok(Ok(_)) => Some(Code::Ok),

@@ -11,7 +11,6 @@
 //! what every node's doctor published and what the API server shows of
 //! each driver, and prints the fleet view (`kpm_doctor::read_fleet`).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -156,11 +155,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
         None => None,
     };
     let report = doctor.examine(objects.as_ref()).await;
-    let text = match args.output {
-        OutputFormat::Json => json(&report)?,
-        OutputFormat::Table => kpm_doctor::render_table(&report),
-    };
-    std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
+    crate::output::print(&args.output.render(&report, kpm_doctor::render_table)?)?;
     Ok(report.ok)
 }
 
@@ -236,11 +231,7 @@ async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
     tracing::debug!(nodes = objects.nodes.len(), requests = objects.requests, "read the fleet");
     let fleet = kpm_doctor::judge_fleet(&objects, SystemTime::now(), config.stale_after);
     drop(objects);
-    let text = match args.output {
-        OutputFormat::Json => json(&fleet)?,
-        OutputFormat::Table => kpm_doctor::render_fleet_table(&fleet),
-    };
-    std::io::stdout().lock().write_all(text.as_bytes()).map_err(CliError::Output)?;
+    crate::output::print(&args.output.render(&fleet, kpm_doctor::render_fleet_table)?)?;
     Ok(fleet.ok())
 }
 
@@ -248,11 +239,4 @@ async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
 fn home_kubeconfig() -> Option<PathBuf> {
     let path = Path::new(&std::env::var_os("HOME")?).join(".kube/config");
     path.is_file().then_some(path)
-}
-
-fn json(value: &impl serde::Serialize) -> Result<String, CliError> {
-    let mut json = serde_json::to_string_pretty(value)
-        .map_err(|err| CliError::Output(std::io::Error::other(err)))?;
-    json.push('\n');
-    Ok(json)
 }

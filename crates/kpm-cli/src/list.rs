@@ -1,6 +1,5 @@
 //! `kpm list`: the plugins of a running `kpm run`, as a table or JSON.
 
-use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -15,17 +14,7 @@ pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(
         path: status_socket.to_path_buf(),
         message: format!("unexpected response: {err}"),
     })?;
-    let mut stdout = std::io::stdout().lock();
-    let text = match output {
-        OutputFormat::Json => {
-            let mut json = serde_json::to_string_pretty(&list)
-                .map_err(|err| CliError::Output(std::io::Error::other(err)))?;
-            json.push('\n');
-            json
-        }
-        OutputFormat::Table => table(&list),
-    };
-    stdout.write_all(text.as_bytes()).map_err(CliError::Output)
+    crate::output::print(&output.render(&list, table)?)
 }
 
 /// The string at `key` of `value`; empty when absent or not a string.

@@ -29,6 +29,7 @@ mod inspect;
 mod list;
 mod listener;
 mod metrics;
+mod output;
 mod probe;
 mod run;
 mod status_api;
@@ -37,9 +38,10 @@ mod watch;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 pub(crate) use error::CliError;
+pub(crate) use output::OutputFormat;
 
 #[derive(Debug, Parser)]
 #[command(name = "kpm", version, about = "The kubelet plugin manager, in Rust")]
@@ -116,12 +118,6 @@ enum Command {
         #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
         output: OutputFormat,
     },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum OutputFormat {
-    Table,
-    Json,
 }
 
 /// The file name kubectl runs a plugin named `kpm` by.

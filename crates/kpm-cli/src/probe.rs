@@ -7,7 +7,6 @@
 //! Exit 0 when it would register, 1 otherwise.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use crate::CliError;
@@ -46,6 +45,6 @@ pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
             let _ = writeln!(report, "verdict: would not register{at}: {}", inspect::reason(err));
         }
     }
-    std::io::stdout().lock().write_all(report.as_bytes()).map_err(CliError::Output)?;
+    crate::output::print(&report)?;
     Ok(inspection.outcome.is_ok())
 }

@@ -277,15 +277,15 @@ fn configured(args: &RunArgs) -> KubeletBuilder {
         .csi_config(csi)
         .dra_config(dra)
         .device_config(device)
-        .resync_period(Duration::from_secs(args.resync_period))
-        .liveness(Some(
-            LivenessConfig::default()
+        .manager(|manager| {
+            let liveness = LivenessConfig::default()
                 .period(
                     (args.liveness_period > 0).then(|| Duration::from_secs(args.liveness_period)),
                 )
                 .failure_threshold(args.liveness_failures)
-                .watch_exits(args.watch_plugin_exits),
-        ));
+                .watch_exits(args.watch_plugin_exits);
+            manager.resync_period(Duration::from_secs(args.resync_period)).liveness(Some(liveness))
+        });
     if let Some(dir) = &args.registry_dir {
         builder = builder.registry_dir(dir);
     }

@@ -37,7 +37,11 @@ async fn device_plugins_register_through_the_watcher_and_through_kubelet_sock() 
     // The kubelet.sock way: serve in the device-plugins directory, then Register.
     let nic_socket = root.path().join("device-plugins").join("nic.sock");
     let nic = support::serve(&nic_socket, support::device_plugin(&[("nic-0", "Healthy")]));
-    let channel = kpm::transport::dial(&kubelet_sock, DEADLINE).await.unwrap();
+    let channel = kpm::transport::Dialer::new(kpm::transport::fd::budget().clone(), DEADLINE)
+        .grpc(&kubelet_sock)
+        .await
+        .unwrap()
+        .channel;
     RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: "v1beta1".into(),
@@ -69,7 +73,11 @@ async fn device_plugins_register_through_the_watcher_and_through_kubelet_sock() 
     );
 
     // An endpoint that escapes the directory is refused with a reason.
-    let channel = kpm::transport::dial(&kubelet_sock, DEADLINE).await.unwrap();
+    let channel = kpm::transport::Dialer::new(kpm::transport::fd::budget().clone(), DEADLINE)
+        .grpc(&kubelet_sock)
+        .await
+        .unwrap()
+        .channel;
     let escape = RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: "v1beta1".into(),

@@ -80,7 +80,11 @@ fn registers_despite_silent_connections_to(socket: &str) {
         support::serve(&devices.join("nic.sock"), support::device_plugin(&[("nic-0", "Healthy")]));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let channel = kpm::transport::dial(&devices.join("kubelet.sock"), DEADLINE).await.unwrap();
+        let channel = kpm::transport::Dialer::new(kpm::transport::fd::budget().clone(), DEADLINE)
+            .grpc(&devices.join("kubelet.sock"))
+            .await
+            .unwrap()
+            .channel;
         let request = RegisterRequest {
             version: "v1beta1".into(),
             endpoint: "nic.sock".into(),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use kpm_api::csi::v1::NodeGetInfoRequest;
 use kpm_api::csi::v1::node_client::NodeClient;
 use kpm_transport::fd::FdBudget;
+use kpm_transport::{Dialer, TimedCallError};
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -33,14 +34,13 @@ pub async fn node_get_info(
     debug!(endpoint, "calling NodeGetInfo");
     let started = Instant::now();
     let call = async {
-        let permit = budget.acquire().await;
-        let (channel, _) =
-            kpm_transport::dial_with_permit(socket_path(endpoint), timeout, Duration::ZERO, permit)
-                .await
-                .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
+        let dialed = Dialer::new(budget.clone(), timeout)
+            .grpc(socket_path(endpoint))
+            .await
+            .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
         let left = timeout.saturating_sub(started.elapsed());
         let request = kpm_transport::timed_request(NodeGetInfoRequest {}, left);
-        NodeClient::new(channel)
+        NodeClient::new(dialed.channel)
             .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
             .node_get_info(request)
             .await
@@ -48,9 +48,11 @@ pub async fn node_get_info(
             .map_err(|status| CsiError::NodeGetInfo { endpoint: endpoint.to_owned(), status })
     };
     let timed_out = || CsiError::NodeGetInfoTimeout { endpoint: endpoint.to_owned(), timeout };
-    let response = kpm_transport::within(timeout, call)
-        .await
-        .map_err(|failed| failed.unwrap_or_else(timed_out))?;
+    let response =
+        kpm_transport::timed_call(timeout, call).await.map_err(|failed| match failed {
+            TimedCallError::Failed(err) => err,
+            TimedCallError::TimedOut => timed_out(),
+        })?;
     Ok(DriverNodeInfo {
         node_id: response.node_id,
         max_volumes_per_node: response.max_volumes_per_node,

@@ -32,12 +32,15 @@ pub struct CsiHandler {
 }
 
 impl CsiHandler {
-    /// A handler with an empty drivers store that publishes node info to `sink`.
-    pub fn new(sink: Arc<dyn NodeInfoSink>, config: CsiConfig) -> Self {
-        Self::with_parts(sink, config, FdBudget::default())
-    }
-
-    fn with_parts(sink: Arc<dyn NodeInfoSink>, config: CsiConfig, budget: FdBudget) -> Self {
+    /// A handler with an empty drivers store that publishes node info to
+    /// `sink` and calls `NodeGetInfo` with permits of `budget`. `config` is
+    /// checked here, once ([`CsiConfig::validate`]).
+    pub fn try_new(
+        sink: Arc<dyn NodeInfoSink>,
+        config: CsiConfig,
+        budget: FdBudget,
+    ) -> Result<Self, CsiError> {
+        config.validate()?;
         let drivers = Arc::<CsiDrivers>::default();
         let locks = Arc::<NameLocks>::default();
         let updater = Arc::new(Updater::new(
@@ -47,14 +50,7 @@ impl CsiHandler {
             budget.clone(),
             config.clone(),
         ));
-        Self { sink, config, drivers, locks, budget, updater }
-    }
-
-    /// Calls `NodeGetInfo` with permits of `budget` instead of the
-    /// process-wide [fd budget](kpm_transport::fd::budget).
-    #[must_use]
-    pub fn with_fd_budget(self, budget: FdBudget) -> Self {
-        Self::with_parts(Arc::clone(&self.sink), self.config.clone(), budget)
+        Ok(Self { sink, config, drivers, locks, budget, updater })
     }
 
     /// Where the cluster's allocatable update periods (CSIDriver
@@ -328,7 +324,12 @@ mod tests {
     const ENDPOINT: &str = "/var/log/kubelet/plugins_registry/myplugin/csi.sock";
 
     fn handler() -> CsiHandler {
-        CsiHandler::new(Arc::new(InMemoryNodeInfo::default()), CsiConfig::default())
+        CsiHandler::try_new(
+            Arc::new(InMemoryNodeInfo::default()),
+            CsiConfig::default(),
+            kpm_transport::fd::budget().clone(),
+        )
+        .unwrap()
     }
 
     fn list(csv: &str) -> Vec<String> {

@@ -65,7 +65,12 @@ struct Setup {
 
 fn setup(config: CsiConfig) -> Setup {
     let sink = Arc::new(RecordingSink::default());
-    let handler = CsiHandler::new(sink.clone(), config.node_get_info_timeout(DEADLINE));
+    let handler = CsiHandler::try_new(
+        sink.clone(),
+        config.node_get_info_timeout(DEADLINE),
+        kpm_transport::fd::budget().clone(),
+    )
+    .unwrap();
     Setup { dir: tempfile::tempdir().unwrap(), sink, handler }
 }
 

@@ -15,7 +15,6 @@ use kpm_csi::{
     NODE_ID_ANNOTATION, NodeInfo,
 };
 use kpm_test_support::{DEADLINE, within};
-use kpm_transport::fd::FdBudget;
 use support::{FakeDriver, Reply, Served, info, serve};
 use tempfile::TempDir;
 use tokio::sync::Notify;
@@ -37,8 +36,12 @@ fn setup() -> Setup {
 
 fn setup_with_timeout(timeout: Duration) -> Setup {
     let sink = Arc::new(InMemoryNodeInfo::default());
-    let handler =
-        CsiHandler::new(sink.clone(), CsiConfig::default().node_get_info_timeout(timeout));
+    let handler = CsiHandler::try_new(
+        sink.clone(),
+        CsiConfig::default().node_get_info_timeout(timeout),
+        kpm_transport::fd::budget().clone(),
+    )
+    .unwrap();
     Setup { dir: tempfile::tempdir().unwrap(), sink, handler: Arc::new(handler) }
 }
 
@@ -133,7 +136,9 @@ async fn node_get_info_returns_what_the_driver_reports_or_its_error() {
         .serve("err.sock", FakeDriver::always(DRIVER, Reply::Fail(Status::internal("grpc error"))))
         .await;
 
-    let got = kpm_csi::node_get_info(&ok.endpoint(), DEADLINE, &FdBudget::default()).await.unwrap();
+    let got = kpm_csi::node_get_info(&ok.endpoint(), DEADLINE, kpm_transport::fd::budget())
+        .await
+        .unwrap();
     assert_eq!(
         got,
         DriverNodeInfo {
@@ -142,7 +147,7 @@ async fn node_get_info_returns_what_the_driver_reports_or_its_error() {
             topology: strings(&topology),
         }
     );
-    let err = kpm_csi::node_get_info(&failing.endpoint(), DEADLINE, &FdBudget::default())
+    let err = kpm_csi::node_get_info(&failing.endpoint(), DEADLINE, kpm_transport::fd::budget())
         .await
         .unwrap_err();
     assert!(
@@ -462,7 +467,7 @@ async fn a_call_holds_one_connection_until_it_ends() {
     let served = setup.serve("csi.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
     let endpoint = served.endpoint();
     let call = tokio::spawn(async move {
-        kpm_csi::node_get_info(&endpoint, DEADLINE, &FdBudget::default()).await
+        kpm_csi::node_get_info(&endpoint, DEADLINE, kpm_transport::fd::budget()).await
     });
     served.driver.wait_for_calls(1).await;
     assert_eq!(served.open_connections(), 1);

@@ -1,5 +1,7 @@
-//! The one error type of the device-plugin crate, and the Go formatting
-//! helpers that make its texts read exactly like the kubelet's.
+//! The errors of the device-plugin crate: [`DeviceError`] for what a
+//! registration, a call or `kubelet.sock` can fail with, [`DeviceConfigError`]
+//! for a config refused at construction; and the Go formatting helpers that
+//! make their texts read exactly like the kubelet's.
 //!
 //! The validation texts are the kubelet's (spec B.3, B.5); every other text
 //! names the step, the resource and the socket, and a gRPC failure ends with
@@ -210,12 +212,6 @@ pub enum DeviceError {
         timeout: Duration,
     },
 
-    // === Config ===
-    /// A duration of the [`DeviceConfig`](crate::DeviceConfig) is out of
-    /// range; see [`DeviceConfig::validate`](crate::DeviceConfig::validate).
-    #[error("invalid device manager config: {0}")]
-    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
-
     // === Serving kubelet.sock ===
     /// The device-plugins directory could not be created.
     #[error("create device plugin directory {}: {source}", path.display())]
@@ -248,6 +244,19 @@ pub enum DeviceError {
         #[source]
         source: TransportError,
     },
+}
+
+/// Why [`DeviceManager::try_new`](crate::DeviceManager::try_new) refused a
+/// [`DeviceConfig`](crate::DeviceConfig): the error names the bad field.
+/// Checked once, at construction, so no operation of a manager fails on its
+/// config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeviceConfigError {
+    /// A duration is out of range; see
+    /// [`DeviceConfig::validate`](crate::DeviceConfig::validate).
+    #[error("invalid device manager config: {0}")]
+    DurationOutOfRange(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 impl DeviceError {

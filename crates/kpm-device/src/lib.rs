@@ -63,7 +63,9 @@
 //!
 //! # Owner and views
 //!
-//! Whoever creates the manager owns its lifecycle: it hands the manager to
+//! Whoever creates the manager ([`DeviceManager::try_new`], which checks the
+//! [`DeviceConfig`] once and takes the fd budget its connections pay from)
+//! owns its lifecycle: it hands the manager to
 //! the plugin manager as the `DevicePlugin` handler (registrations and
 //! deregistrations go only through that path and `kubelet.sock`), serves
 //! `kubelet.sock`, lends [`connection`](DeviceManager::connection)s to
@@ -105,18 +107,20 @@
 
 #![deny(missing_docs)]
 
+mod config;
 mod error;
 mod kubelet_socket;
 mod manager;
 mod validation;
 mod view;
 
-pub use error::DeviceError;
-pub use kubelet_socket::KubeletSocket;
-pub use manager::{
+pub use config::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD, DEFAULT_PRE_START_TIMEOUT,
-    DeviceConfig, DeviceManager, DevicePluginReport, DeviceStatus, ResourceStatus,
+    DeviceConfig,
 };
+pub use error::{DeviceConfigError, DeviceError};
+pub use kubelet_socket::KubeletSocket;
+pub use manager::{DeviceManager, DevicePluginReport, DeviceStatus, ResourceStatus};
 pub use validation::{is_extended_resource_name, validate_plugin, validate_register_request};
 pub use view::DeviceView;
 

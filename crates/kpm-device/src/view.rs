@@ -9,8 +9,9 @@ use kpm_api::deviceplugin::v1beta1::{
 };
 use tokio::sync::watch;
 
+use crate::config::DeviceConfig;
 use crate::error::DeviceError;
-use crate::manager::{DeviceConfig, DeviceManager, DevicePluginReport, ResourceStatus};
+use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 
 /// A cheap, cloneable, read-only view of a [`DeviceManager`], from
 /// [`DeviceManager::view`]: the resources, their devices and health, the

@@ -23,7 +23,10 @@ struct Setup {
 }
 
 fn setup(config: DeviceConfig) -> Setup {
-    Setup { dir: tempfile::tempdir().unwrap(), manager: DeviceManager::new(config) }
+    Setup {
+        dir: tempfile::tempdir().unwrap(),
+        manager: DeviceManager::try_new(config, kpm_transport::fd::budget().clone()).unwrap(),
+    }
 }
 
 fn fast() -> DeviceConfig {

@@ -26,7 +26,10 @@ struct Setup {
 
 fn setup() -> Setup {
     let config = DeviceConfig::default().dial_timeout(DEADLINE).call_timeout(DEADLINE);
-    Setup { dir: tempfile::tempdir().unwrap(), manager: DeviceManager::new(config) }
+    Setup {
+        dir: tempfile::tempdir().unwrap(),
+        manager: DeviceManager::try_new(config, kpm_transport::fd::budget().clone()).unwrap(),
+    }
 }
 
 impl Setup {
@@ -506,7 +509,9 @@ async fn serving_kubelet_sock_removes_the_plugins_sockets_and_nothing_else() {
 async fn a_kubelet_sock_a_live_process_answers_on_is_refused_with_an_error_naming_it() {
     let setup = setup();
     let kubelet = setup.kubelet_sock().await;
-    let other = DeviceManager::new(DeviceConfig::default());
+    let other =
+        DeviceManager::try_new(DeviceConfig::default(), kpm_transport::fd::budget().clone())
+            .unwrap();
 
     let err = other.serve_registration(setup.dir.path()).await.unwrap_err();
 

@@ -31,7 +31,10 @@ fn setup(grace_period: Duration) -> Setup {
         .dial_timeout(DEADLINE)
         .call_timeout(DEADLINE)
         .grace_period(grace_period);
-    Setup { dir: tempfile::tempdir().unwrap(), manager: DeviceManager::new(config) }
+    Setup {
+        dir: tempfile::tempdir().unwrap(),
+        manager: DeviceManager::try_new(config, kpm_transport::fd::budget().clone()).unwrap(),
+    }
 }
 
 impl Setup {

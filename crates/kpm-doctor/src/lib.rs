@@ -375,8 +375,7 @@ pub fn judging_kubelet(
     let mut builder = disabled
         .iter()
         .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
-        .liveness(None)
-        .executor_config(executor)
+        .manager(|manager| manager.liveness(None).executor_config(executor))
         .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
         .device_config(
             kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),

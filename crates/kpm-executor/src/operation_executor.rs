@@ -16,7 +16,8 @@ use kpm_cache::{
     Registered, Registration, ServiceReport,
 };
 use kpm_transport as uds;
-use kpm_transport::fd::FdBudget;
+use kpm_transport::fd::{self, FdBudget};
+use kpm_transport::{Dialer, GrpcChannel, TimedCallError};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -161,8 +162,9 @@ struct RegistrationSlots {
 }
 
 impl Default for RegistrationSlots {
+    /// Paid from the process-wide budget until the executor is given another.
     fn default() -> Self {
-        Self::new(FdBudget::default())
+        Self::new(fd::budget().clone())
     }
 }
 
@@ -529,15 +531,12 @@ impl Attempt {
     /// A registration client on a new connection, and the pid of the process
     /// serving the socket.
     async fn dial(&self) -> Result<(RegistrationClient<Channel>, Option<u32>), ExecutorError> {
-        let permit = self.slots.budget.acquire().await;
-        let (channel, server_pid) = uds::dial_with_permit(
-            &self.socket,
-            self.config.dial_timeout,
-            self.config.refused_retry,
-            permit,
-        )
-        .await
-        .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
+        let dialer = Dialer::new(self.slots.budget.clone(), self.config.dial_timeout)
+            .retry_refused_for(self.config.refused_retry);
+        let GrpcChannel { channel, server_pid, .. } = dialer
+            .grpc(&self.socket)
+            .await
+            .map_err(|source| ExecutorError::Dial { socket: self.socket.clone(), source })?;
         let client = RegistrationClient::new(channel)
             .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
         Ok((client, server_pid))
@@ -553,7 +552,7 @@ impl Attempt {
         let socket = || self.socket.clone();
         match with_deadline(timeout, InfoRequest {}, |req| client.get_info(req)).await {
             Ok(info) => Ok((info, Connection { client, opened, server_pid })),
-            Err(Some(status)) if status.code() == Code::Unimplemented => {
+            Err(TimedCallError::Failed(status)) if status.code() == Code::Unimplemented => {
                 Err(ExecutorError::NotARegistrationSocket {
                     socket: socket(),
                     message: status.message().to_owned(),
@@ -561,7 +560,7 @@ impl Attempt {
                 .into())
             }
             // An answer over the size limit: the plugin is there, tell it why.
-            Err(Some(source)) if source.code() == Code::OutOfRange => {
+            Err(TimedCallError::Failed(source)) if source.code() == Code::OutOfRange => {
                 let message = format!(
                     "RegisterPlugin error -- GetInfo answer rejected: {}",
                     source.message()
@@ -570,8 +569,12 @@ impl Attempt {
                 let error = ExecutorError::GetInfo { socket: socket(), source };
                 Err(Refusal { error, info: None, tell: Some((connection, message)) })
             }
-            Err(Some(source)) => Err(ExecutorError::GetInfo { socket: socket(), source }.into()),
-            Err(None) => Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }.into()),
+            Err(TimedCallError::Failed(source)) => {
+                Err(ExecutorError::GetInfo { socket: socket(), source }.into())
+            }
+            Err(TimedCallError::TimedOut) => {
+                Err(ExecutorError::GetInfoTimeout { socket: socket(), timeout }.into())
+            }
         }
     }
 
@@ -593,8 +596,12 @@ impl Attempt {
         let status = RegistrationStatus { plugin_registered: registered, error };
         match with_deadline(timeout, status, |req| client.notify_registration_status(req)).await {
             Ok(_) => Ok(()),
-            Err(Some(source)) => Err(ExecutorError::Notify { socket: self.socket.clone(), source }),
-            Err(None) => Err(ExecutorError::NotifyTimeout { socket: self.socket.clone(), timeout }),
+            Err(TimedCallError::Failed(source)) => {
+                Err(ExecutorError::Notify { socket: self.socket.clone(), source })
+            }
+            Err(TimedCallError::TimedOut) => {
+                Err(ExecutorError::NotifyTimeout { socket: self.socket.clone(), timeout })
+            }
         }
     }
 
@@ -720,18 +727,21 @@ impl Register {
 }
 
 /// Makes a unary call that must finish within `timeout` (sent to the plugin
-/// too, in case it ignores ours). `Err(None)` means the call ran out of time.
+/// too, in case it ignores ours); `DeadlineExceeded` from either side is
+/// [`TimedCallError::TimedOut`].
 async fn with_deadline<M, R, F>(
     timeout: Duration,
     message: M,
     call: impl FnOnce(Request<M>) -> F,
-) -> Result<R, Option<tonic::Status>>
+) -> Result<R, TimedCallError<tonic::Status>>
 where
     F: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
 {
-    match uds::within(timeout, call(uds::timed_request(message, timeout))).await {
+    match uds::timed_call(timeout, call(uds::timed_request(message, timeout))).await {
         Ok(response) => Ok(response.into_inner()),
-        Err(Some(status)) if status.code() == Code::DeadlineExceeded => Err(None),
+        Err(TimedCallError::Failed(status)) if status.code() == Code::DeadlineExceeded => {
+            Err(TimedCallError::TimedOut)
+        }
         Err(failed) => Err(failed),
     }
 }

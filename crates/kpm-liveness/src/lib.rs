@@ -24,7 +24,7 @@
 //!   connection ([`HeldConnections`]); otherwise over a connection of the
 //!   monitor's own, kept between probes (at most [`MAX_KEPT_CONNECTIONS`],
 //!   each an optional holder of the fd budget; beyond that, probes dial and
-//!   hang up, a PING on a bare connection, [`kpm_transport::bare_ping`],
+//!   hang up, a PING on a bare connection, [`kpm_transport::Dialer::bare_ping`],
 //!   that holds no HTTP/2 state).
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`

@@ -123,7 +123,7 @@ impl LivenessMonitor {
             config,
             open_pidfd: pidfd_open,
             held: None,
-            budget: FdBudget::default(),
+            budget: kpm_transport::fd::budget().clone(),
             counters: Counters::default(),
             suspects: Mutex::default(),
             suspected: Notify::new(),

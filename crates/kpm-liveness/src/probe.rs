@@ -17,7 +17,9 @@ use kpm_api::gotext::go_code_name;
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_transport::fd::FdBudget;
-use kpm_transport::{self as uds, PINGS_PER_CALL, TransportError, UdsChannel};
+use kpm_transport::{
+    self as uds, Dialer, PINGS_PER_CALL, TimedCallError, TransportError, UdsChannel,
+};
 
 /// Why a probe failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,7 +118,7 @@ pub(crate) struct Check {
 /// costs its fixed HTTP/2 buffers, and plugins no handler holds a
 /// connection to (CSI and DRA registration sockets, CSI drivers) are a
 /// handful per node. Beyond it, probes dial and hang up: a PING on a bare
-/// connection ([`kpm_transport::bare_ping`]), a call on an HTTP/2 one.
+/// connection ([`Dialer::bare_ping`]), a call on an HTTP/2 one.
 pub const MAX_KEPT_CONNECTIONS: usize = 128;
 
 /// A connection the monitor keeps between a socket's probes.
@@ -221,15 +223,20 @@ pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connect
     }
 }
 
-/// A PING on a bare connection to `socket`, dialled for it alone.
+/// A PING on a bare connection to `socket`, dialled for it alone; the
+/// dialer's timeout bounds the connection and the PING together.
 async fn bare_ping(socket: &Path, timeout: Duration, connections: &Connections) -> Checked {
-    let permit = connections.budget.acquire().await;
-    match uds::within(timeout, uds::bare_ping(socket, permit)).await {
-        Err(Some(err @ TransportError::Connect { .. })) => {
+    let dialer = Dialer::new(connections.budget.clone(), timeout);
+    match dialer.bare_ping(socket).await {
+        Err(err @ (TransportError::Connect { .. } | TransportError::Socket { .. })) => {
             Checked { asked: None, outcome: Err(dial_failure(&err)), keep: None }
         }
         outcome => {
             connections.dials.fetch_add(1, Ordering::Relaxed);
+            let outcome = outcome.map_err(|err| match err {
+                TransportError::DialTimeout { .. } => TimedCallError::TimedOut,
+                err => TimedCallError::Failed(err),
+            });
             let outcome = answered("HTTP/2 PING", timeout, outcome);
             Checked { asked: Some(Ask::Ping), outcome, keep: None }
         }
@@ -248,29 +255,31 @@ async fn dial(
     timeout: Duration,
     budget: &FdBudget,
 ) -> Result<(UdsChannel, bool), ProbeFailure> {
-    let (permit, keepable) = match budget.try_acquire() {
-        Some(permit) => (permit, true),
-        None => (budget.acquire().await, false),
+    let dialer = Dialer::new(budget.clone(), timeout);
+    let (connected, keepable) = match dialer.clone().optional_holder().kept(socket).await {
+        Err(TransportError::NoSparePermit { .. }) => (dialer.kept(socket).await, false),
+        connected => (connected, true),
     };
-    let channel = UdsChannel::connect_with_permit(socket, timeout, Duration::ZERO, permit)
-        .await
-        .map_err(|err| dial_failure(&err))?;
+    let channel = connected.map_err(|err| dial_failure(&err))?;
     Ok((channel, keepable))
 }
 
 async fn ask_on(channel: &UdsChannel, ask: Ask, timeout: Duration) -> Result<(), ProbeFailure> {
     match ask {
-        Ask::Ping => answered("HTTP/2 PING", timeout, uds::within(timeout, channel.ping()).await),
+        Ask::Ping => {
+            answered("HTTP/2 PING", timeout, uds::timed_call(timeout, channel.ping()).await)
+        }
         Ask::Call(Call::GetInfo) => {
             let mut client = RegistrationClient::new(channel.clone())
                 .max_decoding_message_size(MAX_REGISTRATION_MESSAGE_BYTES);
             let call = client.get_info(uds::timed_request(InfoRequest {}, timeout));
-            answered("GetInfo", timeout, uds::within(timeout, call).await).map(drop)
+            answered("GetInfo", timeout, uds::timed_call(timeout, call).await).map(drop)
         }
         Ask::Call(Call::CsiProbe) => {
             let mut client = IdentityClient::new(channel.clone());
             let call = client.probe(uds::timed_request(ProbeRequest {}, timeout));
-            let response = answered("Identity/Probe", timeout, uds::within(timeout, call).await)?;
+            let response =
+                answered("Identity/Probe", timeout, uds::timed_call(timeout, call).await)?;
             // Absent means ready (CSI spec); not ready fails, as the
             // livenessprobe sidecar has it.
             if response.get_ref().ready == Some(false) {
@@ -282,16 +291,16 @@ async fn ask_on(channel: &UdsChannel, ask: Ask, timeout: Duration) -> Result<(),
     }
 }
 
-/// What a PING or call `what` gave, within `timeout` ([`uds::within`]).
+/// What a PING or call `what` gave, within `timeout` ([`uds::timed_call`]).
 fn answered<T, E: Failed>(
     what: &str,
     timeout: Duration,
-    result: Result<T, Option<E>>,
+    result: Result<T, TimedCallError<E>>,
 ) -> Result<T, ProbeFailure> {
     result.map_err(|err| {
         let reason = match err {
-            Some(err) => format!("{what}: {}", err.why()),
-            None => format!("{what} timed out after {timeout:?}"),
+            TimedCallError::Failed(err) => format!("{what}: {}", err.why()),
+            TimedCallError::TimedOut => format!("{what} timed out after {timeout:?}"),
         };
         ProbeFailure { gone: false, reason }
     })
@@ -337,10 +346,13 @@ const RESET_WINDOW: Duration = Duration::from_millis(100);
 /// is waited out.
 pub(crate) async fn reach(socket: &Path, budget: &FdBudget) -> Reachability {
     let gone = |why: String| Reachability::Gone(format!("connect {}: {why}", socket.display()));
-    let permit = budget.acquire().await;
-    let stream = match uds::connect_with_permit(socket, Duration::ZERO, permit).await {
+    // A Unix socket's connect completes or fails at once: the timeout only
+    // guards.
+    let stream = match Dialer::new(budget.clone(), RESET_WINDOW).stream(socket).await {
         Ok(stream) => stream,
-        Err(err) if is_absence(&err) => return gone(err.to_string()),
+        Err(TransportError::Connect { source, .. }) if is_absence(&source) => {
+            return gone(source.to_string());
+        }
         Err(_) => return Reachability::Served,
     };
     let stream = stream.get_ref();
@@ -357,8 +369,7 @@ pub(crate) async fn reach(socket: &Path, budget: &FdBudget) -> Reachability {
 /// Whether `endpoint` accepts a connection within `window`, refusals
 /// retried (a server binds its socket file a moment before it listens).
 pub(crate) async fn accepts(endpoint: &Path, window: Duration, budget: &FdBudget) -> bool {
-    let permit = budget.acquire().await;
-    uds::connect_with_permit(endpoint, window, permit).await.is_ok()
+    Dialer::new(budget.clone(), window).retry_refused_for(window).stream(endpoint).await.is_ok()
 }
 
 fn is_absence(err: &io::Error) -> bool {

@@ -25,7 +25,7 @@ use kpm_liveness::{
     HeldConnections, LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS,
 };
 use kpm_test_support::{lazy, wait_until, within};
-use kpm_transport::UdsChannel;
+use kpm_transport::{Dialer, UdsChannel};
 use tokio::sync::broadcast;
 use tokio_stream::StreamExt as _;
 use tonic::{Request, Response, Status};
@@ -481,8 +481,8 @@ impl HeldConnections for OneHeld {
 }
 
 async fn hold(socket: &Path) -> Arc<dyn HeldConnections> {
-    let channel =
-        UdsChannel::connect(socket, Duration::from_secs(5), Duration::ZERO).await.unwrap();
+    let dialer = Dialer::new(kpm_transport::fd::budget().clone(), Duration::from_secs(5));
+    let channel = dialer.kept(socket).await.unwrap();
     Arc::new(OneHeld { socket: socket.to_path_buf(), channel })
 }
 

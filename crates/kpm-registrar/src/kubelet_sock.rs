@@ -14,7 +14,8 @@ use kpm_api::FileId;
 use kpm_api::constants::KUBELET_SOCKET_NAME;
 use kpm_api::deviceplugin::v1beta1::RegisterRequest;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
-use kpm_transport::{BoundSocket, file_id_at};
+use kpm_transport::fd;
+use kpm_transport::{BoundSocket, Dialer, TimedCallError, file_id_at};
 use tokio::sync::oneshot;
 use tonic::service::Routes;
 use tracing::{info, warn};
@@ -41,7 +42,8 @@ pub async fn register_device_plugin(
     timeout: Duration,
 ) -> Result<(), RegistrarError> {
     let socket = dir.join(KUBELET_SOCKET_NAME);
-    let channel = kpm_transport::dial(&socket, timeout).await?;
+    // A plugin process's one short call: the process-wide budget.
+    let channel = Dialer::new(fd::budget().clone(), timeout).grpc(&socket).await?.channel;
     let request = RegisterRequest {
         version: DEVICE_PLUGIN_VERSION.to_owned(),
         endpoint: endpoint.to_owned(),
@@ -50,12 +52,15 @@ pub async fn register_device_plugin(
     };
     let mut client = RegistrationClient::new(channel);
     let call = client.register(kpm_transport::timed_request(request, timeout));
-    match kpm_transport::within(timeout, call).await {
+    match kpm_transport::timed_call(timeout, call).await {
         Ok(_) => Ok(()),
-        Err(status) => Err(RegistrarError::RegisterDevicePlugin {
+        Err(failed) => Err(RegistrarError::RegisterDevicePlugin {
             socket,
             resource: resource.to_owned(),
-            status: status.unwrap_or_else(|| tonic::Status::deadline_exceeded("no answer in time")),
+            status: match failed {
+                TimedCallError::Failed(status) => status,
+                TimedCallError::TimedOut => tonic::Status::deadline_exceeded("no answer in time"),
+            },
         }),
     }
 }

@@ -32,7 +32,13 @@ fn gpu_plugin(dir: &Path) -> RegistrarBuilder {
 }
 
 async fn client(socket: &Path) -> RegistrationClient<Channel> {
-    RegistrationClient::new(kpm_transport::dial(socket, DEADLINE).await.unwrap())
+    RegistrationClient::new(dial(socket).await)
+}
+
+/// A channel to `socket`, paid from the process-wide fd budget.
+async fn dial(socket: &Path) -> Channel {
+    let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
+    dialer.grpc(socket).await.unwrap().channel
 }
 
 async fn get_info(socket: &Path) -> PluginInfo {
@@ -144,7 +150,7 @@ async fn extra_services_are_served_on_the_registration_socket() {
         .await
         .unwrap();
 
-    let channel = kpm_transport::dial(registrar.socket_path(), DEADLINE).await.unwrap();
+    let channel = dial(registrar.socket_path()).await;
     let driver = IdentityClient::new(channel).get_plugin_info(GetPluginInfoRequest {}).await;
 
     assert_eq!(driver.unwrap().into_inner().name, "csi.example.com");

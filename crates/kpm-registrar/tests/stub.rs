@@ -22,7 +22,8 @@ async fn node_get_info(driver: StubCsiDriver) -> NodeGetInfoResponse {
         .serve()
         .await
         .unwrap();
-    let channel = kpm_transport::dial(registrar.socket_path(), DEADLINE).await.unwrap();
+    let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
+    let channel = dialer.grpc(registrar.socket_path()).await.unwrap().channel;
     let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await.unwrap();
     registrar.shutdown().await.unwrap();
     info.into_inner()

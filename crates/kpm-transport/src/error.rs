@@ -28,7 +28,8 @@ pub enum TransportError {
         #[source]
         source: io::Error,
     },
-    /// Connecting a [`UdsChannel`](crate::UdsChannel) to the socket failed.
+    /// Connecting to the socket failed (a [`Dialer`](crate::Dialer)'s kept
+    /// connection, raw stream or bare PING).
     #[error("dial {}: {source}", path.display())]
     Connect {
         /// The socket.
@@ -56,7 +57,7 @@ pub enum TransportError {
         #[source]
         source: h2::Error,
     },
-    /// A [`bare_ping`](crate::bare_ping) got no acknowledgement: the server
+    /// A [`Dialer::bare_ping`](crate::Dialer::bare_ping) got no acknowledgement: the server
     /// closed the connection or said GOAWAY first, or writing failed.
     #[error("ping {}: {source}", path.display())]
     BarePing {
@@ -66,13 +67,22 @@ pub enum TransportError {
         #[source]
         source: io::Error,
     },
-    /// Connecting did not finish in time.
+    /// Connecting (for a bare PING, connecting and the PING) did not finish
+    /// in time.
     #[error("dial {}: timed out after {timeout:?}", path.display())]
     DialTimeout {
         /// The socket.
         path: PathBuf,
         /// The deadline that passed.
         timeout: Duration,
+    },
+    /// An [optional holder](crate::Dialer::optional_holder)'s dial found no
+    /// spare permit: taking one would leave a quarter or less of the budget
+    /// free. Nothing was dialled.
+    #[error("dial {}: no spare file descriptor for an optional connection", path.display())]
+    NoSparePermit {
+        /// The socket.
+        path: PathBuf,
     },
     /// A live server already answers on the socket; it is not ours to remove.
     #[error("bind {}: socket is in use by a live server", path.display())]

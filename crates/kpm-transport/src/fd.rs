@@ -20,11 +20,11 @@
 //!
 //! The process-wide budget is [`budget()`]; `kpm run` sizes it with
 //! [`init`] after [`raise_soft_limit`]. A library user who never calls
-//! [`init`] gets one sized from the current limit at first use. It is only
-//! the default: a connection dialled with a permit (`dial_with_permit`,
-//! `UdsChannel::connect_with_permit`, `connect_with_permit`) takes what it
-//! needs later, a reconnection or an fd shortage, from the permit's budget,
-//! and a server pays from the budget given to its `Incoming`.
+//! [`init`] gets one sized from the current limit at first use. Nothing
+//! pays from it unless its caller names it: a [`Dialer`](crate::Dialer) is
+//! made with the budget its connections pay from (a reconnection and an fd
+//! shortage included), and a server pays from the budget given to its
+//! `Incoming`.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -392,14 +392,6 @@ impl FdBudget {
             optional_refused: count(&self.inner.optional_refused),
             shed_connections: count(&self.inner.shed_connections),
         }
-    }
-}
-
-/// The process-wide [`budget()`], the one every part of kpm pays from
-/// unless given another.
-impl Default for FdBudget {
-    fn default() -> Self {
-        budget().clone()
     }
 }
 

@@ -5,13 +5,12 @@
 //!
 //! | item | what it is |
 //! |---|---|
-//! | [`dial`], [`dial_patiently`], [`dial_with_peer`], [`dial_with_permit`] | a tonic `Channel` to the gRPC server on a socket path, for short-lived connections |
-//! | [`UdsChannel`], [`ResponseBody`], [`CallError`], [`PINGS_PER_CALL`], [`SmallBufferCodec`] | a plain HTTP/2 connection (h2, no hyper) held for long, one per plugin, that also answers PINGs; prost's codec with small buffers for its streams |
-//! | [`bare_ping`] | an HTTP/2 PING on a connection dialled for it alone, kept by nobody: a liveness probe without h2's buffers |
-//! | [`connect_stream`], [`connect_with_permit`], [`PermittedStream`] | a raw connected stream holding its permit, for a hyper client |
+//! | [`Dialer`], [`GrpcChannel`], [`LiveConnections`] | the one way to dial a socket path: a fd budget, a connect timeout, refusals retried or not, and one method per kind of connection ([`Dialer::grpc`], [`Dialer::kept`], [`Dialer::stream`], [`Dialer::bare_ping`]); its connections counted while live |
+//! | [`UdsChannel`], [`ResponseBody`], [`CallError`], [`PINGS_PER_CALL`], [`SmallBufferCodec`] | a plain HTTP/2 connection (h2, no hyper) kept for long, one per plugin, that also answers PINGs; prost's codec with small buffers for its streams |
+//! | [`PermittedStream`] | a raw connected stream holding its permit, for a hyper client |
 //! | [`bind`], [`bind_with_mode`], [`Incoming`], [`Connection`], [`BoundSocket`] | serving tonic on a socket: connections that take any `:authority` grpc-go sends, and a socket file removed only while it is still ours |
 //! | [`Http1Incoming`], [`Listen`], [`TrackRequests`], [`ConnectionInfo`], [`DEFAULT_HANDSHAKE_TIMEOUT`] | the one accept path of every server: a budget permit per accepted connection, the handshake timeout, idle connections told from busy ones so that they can be shed |
-//! | [`timed_request`], [`within`] | every plugin call's deadline, sent along and enforced locally |
+//! | [`timed_request`], [`timed_call`], [`TimedCallError`] | every plugin call's deadline, sent along and enforced locally |
 //! | [`fd`] | the fd budget: [`fd::budget`], [`fd::init`], [`fd::raise_soft_limit`], [`fd::FdStats`], the permits of accepted connections ([`fd::ServerPermit`]) |
 //! | [`TransportError`] | the crate's one error |
 //!

@@ -45,7 +45,8 @@ async fn accepting_and_dialing_wait_out_a_shortage_of_fds() {
     assert!(before.shortage_waits < 100, "accept spins: {before:?}");
 
     let target = dir.path().join("other.sock");
-    let dial = tokio::spawn(async move { uds::connect_stream(&target, Duration::ZERO).await });
+    let dialer = uds::Dialer::new(fd::budget().clone(), DEADLINE);
+    let dial = tokio::spawn(async move { dialer.stream(&target).await });
     tokio::time::sleep(SETTLE).await;
     assert!(!dial.is_finished(), "the dial did not wait for an fd");
 

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use kpm_transport::fd::FdBudget;
+
 #[tokio::test]
 async fn bind_refuses_a_live_socket_and_replaces_a_stale_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -20,13 +22,14 @@ async fn bind_refuses_a_live_socket_and_replaces_a_stale_one() {
 async fn dial_names_the_socket_when_nobody_listens() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("missing.sock");
-    let err = kpm_transport::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
+    let dialer = kpm_transport::Dialer::new(FdBudget::new(4, None), Duration::from_secs(1));
+    let err = dialer.grpc(&socket).await.unwrap_err();
     assert!(matches!(err, kpm_transport::TransportError::Dial { .. }), "{err}");
     assert!(err.to_string().contains("missing.sock"), "{err}");
     assert!(err.is_gone(), "a missing socket file is gone: {err:?}");
 
     // A file nobody listens on refuses connections: gone too.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let err = kpm_transport::dial(&socket, Duration::from_secs(1)).await.unwrap_err();
+    let err = dialer.grpc(&socket).await.unwrap_err();
     assert!(err.is_gone(), "a refused connection is gone: {err:?}");
 }

@@ -4,13 +4,12 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kpm_cache::PluginHandler;
 use kpm_transport::fd::FdBudget;
 
+use crate::Result;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
-use crate::{ExecutorConfig, LivenessConfig, ReconcilerConfig, Result, WatcherConfig};
 
 /// The plugin types the kubelet has handlers for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,7 +71,7 @@ impl Default for KubeletBuilder {
             host_root: None,
             disabled: Vec::new(),
             manager: PluginManager::builder(),
-            fd_budget: FdBudget::default(),
+            fd_budget: kpm_transport::fd::budget().clone(),
             #[cfg(feature = "csi")]
             csi: crate::csi::CsiConfig::default(),
             #[cfg(feature = "csi")]
@@ -124,58 +123,28 @@ impl KubeletBuilder {
         self
     }
 
-    /// A handler for another plugin type, beside the kubelet's. A type the
-    /// kubelet serves itself (an enabled [`PluginKind`]), or one given
-    /// twice, makes [`build`](Self::build) fail with [`Error::AddHandler`](crate::Error::AddHandler);
-    /// to serve a kind with a handler of your own, [`disable`](Self::disable) it.
-    pub fn handler(
+    /// Configures the plugin manager underneath with every setting of
+    /// [`PluginManagerBuilder`]: executor, reconciler, watcher, liveness,
+    /// shutdown grace, event capacity, and handlers for other plugin types.
+    /// A handler for a type the kubelet serves itself (an enabled
+    /// [`PluginKind`]), or one given twice, makes [`build`](Self::build) fail
+    /// with [`Error::AddHandler`](crate::Error::AddHandler); to serve a kind
+    /// with a handler of your own, [`disable`](Self::disable) it. The
+    /// registry directory and the fd budget are the kubelet's own
+    /// ([`registry_dir`](Self::registry_dir), [`fd_budget`](Self::fd_budget)):
+    /// `build` sets them on the manager over what `configure` set.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// let kubelet = kpm::Kubelet::builder()
+    ///     .manager(|manager| manager.reconcile_period(Duration::from_secs(30)).event_capacity(64))
+    ///     .build();
+    /// ```
+    pub fn manager(
         mut self,
-        plugin_type: impl Into<String>,
-        handler: Arc<dyn PluginHandler>,
+        configure: impl FnOnce(PluginManagerBuilder) -> PluginManagerBuilder,
     ) -> Self {
-        self.manager = self.manager.handler(plugin_type, handler);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::executor_config`].
-    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
-        self.manager = self.manager.executor_config(config);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::reconciler_config`].
-    pub fn reconciler_config(mut self, config: ReconcilerConfig) -> Self {
-        self.manager = self.manager.reconciler_config(config);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::watcher_config`].
-    pub fn watcher_config(mut self, config: WatcherConfig) -> Self {
-        self.manager = self.manager.watcher_config(config);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::resync_period`].
-    pub fn resync_period(mut self, period: Duration) -> Self {
-        self.manager = self.manager.resync_period(period);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::liveness`].
-    pub fn liveness(mut self, config: Option<LivenessConfig>) -> Self {
-        self.manager = self.manager.liveness(config);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::shutdown_grace`].
-    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
-        self.manager = self.manager.shutdown_grace(grace);
-        self
-    }
-
-    /// See [`PluginManagerBuilder::event_capacity`].
-    pub fn event_capacity(mut self, capacity: usize) -> Self {
-        self.manager = self.manager.event_capacity(capacity);
+        self.manager = configure(self.manager);
         self
     }
 
@@ -252,10 +221,13 @@ impl KubeletBuilder {
     /// Checks every setting and creates the handlers and the manager;
     /// nothing is served or watched until [`Kubelet::run`].
     pub fn build(self) -> Result<Kubelet> {
-        #[cfg(feature = "csi")]
-        crate::manager::invalid_if("csi_config", self.csi.validate())?;
+        // `try_new` is where the device manager's config is checked.
         #[cfg(feature = "device")]
-        crate::manager::invalid_if("device_config", self.device.validate())?;
+        let devices = crate::device::DeviceManager::try_new(self.device, self.fd_budget.clone())
+            .map_err(|err| crate::Error::InvalidConfig {
+                setting: "device_config",
+                reason: err.to_string(),
+            })?;
         let enabled = |kind| !self.disabled.contains(&kind);
         // One bus for the manager's events and the handlers' own.
         let events = self.manager.event_bus()?;
@@ -280,8 +252,11 @@ impl KubeletBuilder {
                     let memory = Arc::new(crate::csi::InMemoryNodeInfo::default());
                     (memory.clone(), Some(memory))
                 };
-            let csi =
-                crate::csi::CsiHandler::new(sink, self.csi).with_fd_budget(self.fd_budget.clone());
+            let csi = crate::csi::CsiHandler::try_new(sink, self.csi, self.fd_budget.clone())
+                .map_err(|err| crate::Error::InvalidConfig {
+                    setting: "csi_config",
+                    reason: err.to_string(),
+                })?;
             #[cfg(feature = "kube")]
             {
                 csi_periods = csi.allocatable_update_periods();
@@ -293,8 +268,6 @@ impl KubeletBuilder {
 
         #[cfg(feature = "device")]
         let (devices, device_plugin_dir) = {
-            let devices =
-                crate::device::DeviceManager::with_fd_budget(self.device, self.fd_budget.clone());
             handlers.push((PluginKind::Device, devices.clone()));
             if enabled(PluginKind::Device) {
                 manager = manager.held_connections(Arc::new(DeviceConnections(devices.clone())));
@@ -312,16 +285,10 @@ impl KubeletBuilder {
             let cleanup = self
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
-            let dra = crate::dra::DraManager::try_new(
-                config,
-                self.fd_budget.clone(),
-                cleanup,
-                Some(events.clone()),
-            )
-            .map_err(|err| crate::Error::InvalidConfig {
-                setting: "dra_config",
-                reason: err.to_string(),
-            })?;
+            let health_events = Some(events.clone());
+            let budget = self.fd_budget.clone();
+            let dra = crate::dra::DraManager::try_new(config, budget, cleanup, health_events);
+            let dra = crate::manager::invalid_if("dra_config", dra)?;
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };
@@ -512,10 +479,12 @@ async fn forward_hangups(
 }
 
 /// A cheap, cloneable handle on a [`Kubelet`]: the manager's
-/// [`ManagerHandle`] and read-only views of the handlers. Nothing reached
-/// through it registers, deregisters, connects, serves or shuts down: the
-/// device and DRA views make the calls a node agent makes on a registered
-/// plugin (allocate, prepare...), which change no registration.
+/// [`ManagerHandle`] and read-only views of the handlers. The one change it
+/// can make is [`ManagerHandle::add_handler`], a handler for a plugin type
+/// the kubelet does not serve, whose waiting plugins then register. Nothing
+/// else reached through it registers, deregisters, connects, serves or shuts
+/// down: the device and DRA views make the calls a node agent makes on a
+/// registered plugin (allocate, prepare...), which change no registration.
 ///
 /// ```compile_fail
 /// # async fn holder(handle: kpm::KubeletHandle) {

@@ -58,6 +58,10 @@ mod kubelet;
 mod manager;
 mod status;
 
+/// The attribute a [`PluginHandler`] implementation carries
+/// (`#[kpm::async_trait]`), re-exported so that writing a handler needs no
+/// dependency of its own.
+pub use async_trait::async_trait;
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_cache::{
     DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEvent,

@@ -198,8 +198,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let registry = root.path().join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         // A stream that keeps one event: every burst makes its readers lag.
-        let kubelet =
-            kpm::Kubelet::builder().root_dir(root.path()).event_capacity(1).build().unwrap();
+        let kubelet = kpm::Kubelet::builder()
+            .root_dir(root.path())
+            .manager(|m| m.event_capacity(1))
+            .build()
+            .unwrap();
         let handle = kubelet.handle();
         handle.manager().add_handler(TEST_TYPE, Arc::new(BasicHandler::new(TEST_TYPE))).unwrap();
         let metrics = Metrics::new(handle.clone());

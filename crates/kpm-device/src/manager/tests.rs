@@ -2,17 +2,28 @@
 //! are installed with a channel on a socket pair that is never used, and stream events
 //! are fed in directly, as the `ListAndWatch` task would.
 
+use std::time::{Duration, SystemTime};
+
+use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_api::deviceplugin::v1beta1::{Device, NumaNode, TopologyInfo};
+use kpm_api::deviceplugin::v1beta1::{
+    AllocateRequest, Device, ListAndWatchResponse, NumaNode, TopologyInfo,
+};
 use tokio::time::sleep;
 
 use super::*;
+use crate::config::tests::longest;
 
 const GPU: &str = "vendor.com/gpu";
 const GRACE: Duration = Duration::from_secs(300);
 
+/// A manager on `config`, paying from the process-wide fd budget.
+fn manager_with(config: DeviceConfig) -> Arc<DeviceManager> {
+    DeviceManager::try_new(config, kpm_transport::fd::budget().clone()).unwrap()
+}
+
 fn manager() -> Arc<DeviceManager> {
-    DeviceManager::new(DeviceConfig::default().grace_period(GRACE))
+    manager_with(DeviceConfig::default().grace_period(GRACE))
 }
 
 /// A channel on one end of a socket pair, which these tests never call.
@@ -232,79 +243,22 @@ async fn every_change_is_signalled() {
 }
 
 #[test]
-fn the_defaults_are_the_kubelets() {
-    let config = DeviceConfig::default();
-    assert_eq!(config.dial_timeout, Duration::from_secs(10));
-    assert_eq!(config.grace_period, Duration::from_secs(300));
-    assert_eq!(config.call_timeout, Duration::from_secs(30));
-    assert_eq!(config.pre_start_timeout, Duration::from_secs(30));
-}
-
-/// Every duration of the config at [`MAX_CONFIG_DURATION`].
-fn longest() -> DeviceConfig {
-    DeviceConfig::default()
-        .dial_timeout(MAX_CONFIG_DURATION)
-        .grace_period(MAX_CONFIG_DURATION)
-        .call_timeout(MAX_CONFIG_DURATION)
-        .pre_start_timeout(MAX_CONFIG_DURATION)
-        .handshake_timeout(MAX_CONFIG_DURATION)
-}
-
-#[test]
-fn durations_out_of_range_are_refused_naming_the_field() {
-    type Field = fn(&mut DeviceConfig) -> &mut Duration;
-    assert!(DeviceConfig::default().validate().is_ok());
-    assert!(longest().validate().is_ok(), "the bound itself is accepted");
-    assert!(longest().grace_period(Duration::ZERO).validate().is_ok());
-    let fields: [(&str, Field); 5] = [
-        ("dial_timeout", |c| &mut c.dial_timeout),
-        ("grace_period", |c| &mut c.grace_period),
-        ("call_timeout", |c| &mut c.call_timeout),
-        ("pre_start_timeout", |c| &mut c.pre_start_timeout),
-        ("handshake_timeout", |c| &mut c.handshake_timeout),
-    ];
-    for (name, field) in fields {
-        let mut refused = vec![
-            Duration::MAX,
-            Duration::from_secs(u64::MAX),
-            MAX_CONFIG_DURATION + Duration::from_nanos(1),
-        ];
-        if name != "grace_period" {
-            refused.push(Duration::ZERO);
-        }
-        for value in refused {
-            let mut config = DeviceConfig::default();
-            *field(&mut config) = value;
-            let error = config.validate().unwrap_err();
-            assert!(
-                matches!(error, DeviceError::InvalidConfig(kpm_api::config::DurationOutOfRange { field, value: v, .. }) if field == name && v == value),
-                "{name} = {value:?}: {error:?}"
-            );
-            assert!(error.to_string().contains(name), "{error}");
-        }
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_invalid_config_connects_nothing() {
-    let manager = DeviceManager::new(DeviceConfig::default().grace_period(Duration::MAX));
-    let refused = manager.connect(GPU, Path::new("/dp/a.sock")).await.unwrap_err();
+fn an_invalid_config_makes_no_manager() {
+    let config = DeviceConfig::default().grace_period(Duration::MAX);
+    let refused = DeviceManager::try_new(config, kpm_transport::fd::budget().clone()).unwrap_err();
     assert!(
         matches!(
             refused,
-            DeviceError::InvalidConfig(kpm_api::config::DurationOutOfRange {
-                field: "grace_period",
-                ..
-            })
+            DeviceConfigError::DurationOutOfRange(DurationOutOfRange { field: "grace_period", .. })
         ),
         "{refused:?}"
     );
-    assert_eq!(manager.resource(GPU), None);
+    assert!(refused.to_string().contains("grace_period"), "{refused}");
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_longest_grace_period_removes_the_resource_after_it() {
-    let manager = DeviceManager::new(longest());
+    let manager = manager_with(longest());
     for round in 0..3 {
         let id = install(&manager, &format!("/dp/{round}.sock")).await;
         manager.endpoint_gone(GPU, id, "stream ended");

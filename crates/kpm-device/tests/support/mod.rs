@@ -289,7 +289,8 @@ pub fn request(version: &str, resource: &str, endpoint: &str) -> RegisterRequest
 
 /// Calls `v1beta1.Registration/Register` on `kubelet_sock`.
 pub async fn register(kubelet_sock: &Path, request: RegisterRequest) -> Result<(), Status> {
-    let channel = kpm_transport::dial(kubelet_sock, DEADLINE).await.unwrap();
+    let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
+    let channel = dialer.grpc(kubelet_sock).await.unwrap().channel;
     RegistrationClient::new(channel).register(request).await.map(|_| ())
 }
 

@@ -151,7 +151,7 @@ impl DraManager {
     /// gRPC deadline, goes to `v1` or to `v1beta1` with that version's
     /// client, which makes the call and converts to and from its messages.
     /// Fails with `DeadlineExceeded` when the call does not finish within
-    /// the timeout (see [`kpm_transport::within`]), whatever the driver does
+    /// the timeout (see [`kpm_transport::timed_call`]), whatever the driver does
     /// with the deadline.
     async fn dispatch<I, T, V1, V1beta1>(
         &self,
@@ -187,12 +187,13 @@ impl DraManager {
 }
 
 /// Runs `call`, failing with `DeadlineExceeded` when it does not finish
-/// within `timeout` (see [`kpm_transport::within`]).
+/// within `timeout` (see [`kpm_transport::timed_call`]).
 async fn call_with_deadline<T>(
     call: impl Future<Output = Result<T, tonic::Status>>,
     timeout: Duration,
 ) -> Result<T, tonic::Status> {
-    kpm_transport::within(timeout, call)
-        .await
-        .map_err(|failed| failed.unwrap_or_else(|| deadline_exceeded(timeout)))
+    kpm_transport::timed_call(timeout, call).await.map_err(|failed| match failed {
+        kpm_transport::TimedCallError::Failed(status) => status,
+        kpm_transport::TimedCallError::TimedOut => deadline_exceeded(timeout),
+    })
 }

@@ -7,14 +7,12 @@
 
 use std::io;
 use std::path::Path;
-use std::time::Duration;
 
 use h2::Reason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::stream::{self, PermittedStream};
+use super::stream::PermittedStream;
 use crate::TransportError;
-use crate::fd::FdPermit;
 
 /// The client connection preface (RFC 9113 §3.4).
 const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -28,15 +26,10 @@ const ACK: u8 = 0x1;
 /// The PING's opaque data, which its acknowledgement echoes.
 const OPAQUE: [u8; 8] = *b"kpm-live";
 
-/// Dials `path` (no retry of a refusal: the socket is expected to be
-/// served), the connection holding `permit`, and sends an HTTP/2 PING;
-/// returns once the server acknowledged it. Unbounded in time: wrap it in
-/// [`within`](super::within). A refused or missing socket is a
-/// [`TransportError::Connect`] ([`TransportError::is_gone`]); anything else
-/// that stands between the PING and its acknowledgement (the server closed
-/// the connection, said GOAWAY) a [`TransportError::BarePing`].
-pub async fn bare_ping(path: &Path, permit: FdPermit) -> Result<(), TransportError> {
-    let mut stream = stream::dial_stream(path, Duration::ZERO, permit).await?;
+/// Sends an HTTP/2 PING on `stream`, just connected to `path`, and
+/// returns once the server acknowledged it, then says GOAWAY. Unbounded in
+/// time: [`Dialer::bare_ping`](super::Dialer::bare_ping) bounds it.
+pub(super) async fn ping(path: &Path, mut stream: PermittedStream) -> Result<(), TransportError> {
     let failed = |source| TransportError::BarePing { path: path.to_path_buf(), source };
     let mut hello = PREFACE.to_vec();
     hello.extend_from_slice(&frame_header(0, SETTINGS, 0));

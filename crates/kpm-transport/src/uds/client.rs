@@ -18,7 +18,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::{Connection, SendRequest};
@@ -31,9 +30,7 @@ use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 use tracing::debug;
 
-use super::stream::{self, PermittedStream};
 use super::{TransportError, server_pid};
-use crate::fd::{self, FdPermit};
 
 /// Initial size of [`SmallBufferCodec`]'s buffers: a device list of a few
 /// devices fits, a larger message grows the buffer to its size.
@@ -53,7 +50,8 @@ const MAX_HEADER_LIST_SIZE: u32 = 16 << 10;
 pub const PINGS_PER_CALL: u32 = 3;
 
 /// A gRPC client connection to one Unix socket, for tonic's generated
-/// clients (`DevicePluginClient::new(channel)`). Cheap to clone; clones share
+/// clients (`DevicePluginClient::new(channel)`), made by
+/// [`Dialer::kept`](super::Dialer::kept). Cheap to clone; clones share
 /// the connection, which closes when the last clone and the last response
 /// stream on it are dropped.
 ///
@@ -86,57 +84,6 @@ struct Pings {
 }
 
 impl UdsChannel {
-    /// Connects to the gRPC server on the Unix socket `path` and completes
-    /// the HTTP/2 handshake, within `timeout`. A refused connection is
-    /// retried every few milliseconds for up to `refused_retry` (see
-    /// [`dial_patiently`](super::dial_patiently)). The connection holds a
-    /// permit of the [fd budget](crate::fd), waited for before the timeout
-    /// starts.
-    pub async fn connect(
-        path: &Path,
-        timeout: Duration,
-        refused_retry: Duration,
-    ) -> Result<Self, TransportError> {
-        let permit = fd::budget().acquire().await;
-        Self::connect_with_permit(path, timeout, refused_retry, permit).await
-    }
-
-    /// Like [`connect`](Self::connect), the connection holding `permit`: an
-    /// optional holder's from
-    /// [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire), say.
-    pub async fn connect_with_permit(
-        path: &Path,
-        timeout: Duration,
-        refused_retry: Duration,
-        permit: FdPermit,
-    ) -> Result<Self, TransportError> {
-        Self::connect_with(path, timeout, refused_retry, permit, |stream| stream).await
-    }
-
-    /// Like [`connect_with_permit`](Self::connect_with_permit), with the
-    /// connected stream wrapped by `wrap` before HTTP/2 runs on it (to watch
-    /// the connection's reads, say).
-    pub async fn connect_with<T>(
-        path: &Path,
-        timeout: Duration,
-        refused_retry: Duration,
-        permit: FdPermit,
-        wrap: impl FnOnce(PermittedStream) -> T,
-    ) -> Result<Self, TransportError>
-    where
-        T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
-    {
-        let connect = async {
-            let stream = stream::dial_stream(path, refused_retry, permit).await?;
-            let peer_pid = server_pid(stream.get_ref());
-            Self::handshake_io(path, wrap(stream), peer_pid).await
-        };
-        match tokio::time::timeout(timeout, connect).await {
-            Ok(connected) => connected,
-            Err(_) => Err(TransportError::DialTimeout { path: path.to_path_buf(), timeout }),
-        }
-    }
-
     /// Runs HTTP/2 on a stream already connected to `path` (one end of a
     /// socket pair, say). The handshake only writes: it never waits for the
     /// server.
@@ -145,7 +92,8 @@ impl UdsChannel {
         Self::handshake_io(path, stream, peer_pid).await
     }
 
-    async fn handshake_io<T>(
+    /// Runs HTTP/2 on `io`, connected to `path` and served by `peer_pid`.
+    pub(super) async fn handshake_io<T>(
         path: &Path,
         io: T,
         peer_pid: Option<u32>,
@@ -187,7 +135,7 @@ impl UdsChannel {
     /// stopped or wedged process never does. A PING whose caller gave up
     /// waiting is still the one in flight (h2 allows one): the next call
     /// waits for its acknowledgement instead of sending another. Put a
-    /// deadline on it ([`within`](super::within)). Fails once the
+    /// deadline on it ([`timed_call`](super::timed_call)). Fails once the
     /// connection is closed.
     ///
     /// gRPC servers count PINGs that come less than five minutes apart with

@@ -4,25 +4,22 @@
 //! Every gRPC server kpm runs on a Unix socket accepts through [`bind`] (or
 //! [`Incoming::new`]), whose connections take any `:authority` grpc-go sends,
 //! the socket's path included (see [`Connection`]), and never stop nor spin
-//! on a shortage of fds. Every connection kpm dials holds a permit of the
-//! [fd budget](crate::fd) for as long as it is open ([`PermittedStream`]),
+//! on a shortage of fds. Every connection kpm dials, through a [`Dialer`],
+//! holds a permit of the dialer's [fd budget](crate::fd) for as long as it
+//! is open ([`PermittedStream`]),
 //! and so does every connection its servers accept ([`Incoming`],
 //! [`Http1Incoming`]): those must complete their handshake in time, and
 //! the idle ones are shed when the budget runs short.
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
-use tonic::transport::{Channel, Endpoint, Uri};
 
 use kpm_api::FileId;
 
 use crate::error::TransportError;
-use crate::fd::{self, FdPermit};
 
 /// `AsyncWrite` for a stream type whose writes all go, unchanged, to its
 /// `io` field (reads may not: see [`Connection`]).
@@ -69,102 +66,20 @@ macro_rules! write_through_io {
 mod authority;
 mod bare_ping;
 mod client;
+mod dialer;
 mod incoming;
 mod server;
 mod stream;
 
 pub use authority::MAX_HEADER_BLOCK;
-pub use bare_ping::bare_ping;
 pub use client::{CallError, PINGS_PER_CALL, ResponseBody, SmallBufferCodec, UdsChannel};
+pub use dialer::{Dialer, GrpcChannel};
 pub use incoming::{Connection, Incoming};
 pub use server::{
     ConnectionInfo, DEFAULT_HANDSHAKE_TIMEOUT, Http1Connection, Http1Incoming, Listen,
     TrackRequests, TrackRequestsService, Tracked,
 };
-pub use stream::{PermittedStream, connect_stream, connect_with_permit};
-
-/// Connects to the gRPC server on the Unix socket `path`, waiting at most
-/// `timeout` for the connection (including the HTTP/2 handshake).
-///
-/// The connection holds a permit of the [fd budget](crate::fd), waited for
-/// before the timeout starts, as is an fd shortage: kpm's own lack of fds
-/// is never a plugin's failure.
-pub async fn dial(path: &Path, timeout: Duration) -> Result<Channel, TransportError> {
-    dial_patiently(path, timeout, Duration::ZERO).await
-}
-
-/// Like [`dial`], but a refused connection is retried every few milliseconds
-/// for up to `refused_retry`. A socket file appears at `bind()`, before the
-/// server calls `listen()`; plugins built on gRPC's C core leave a visible gap
-/// there, and a refusal in it says nothing about the plugin's health.
-pub async fn dial_patiently(
-    path: &Path,
-    timeout: Duration,
-    refused_retry: Duration,
-) -> Result<Channel, TransportError> {
-    dial_with_peer(path, timeout, refused_retry).await.map(|(channel, _)| channel)
-}
-
-/// Like [`dial_patiently`], and also says which process serves the socket:
-/// the pid the kernel recorded when the server called `listen()`
-/// (`SO_PEERCRED`), in kpm's pid namespace. `None` when the kernel reports 0:
-/// the server runs in a pid namespace kpm cannot see into.
-pub async fn dial_with_peer(
-    path: &Path,
-    timeout: Duration,
-    refused_retry: Duration,
-) -> Result<(Channel, Option<u32>), TransportError> {
-    let permit = fd::budget().acquire().await;
-    dial_with_permit(path, timeout, refused_retry, permit).await
-}
-
-/// Like [`dial_with_peer`], with a permit the caller took: from a budget of
-/// its own, or an optional holder's from
-/// [`FdBudget::try_acquire`](crate::fd::FdBudget::try_acquire). Should the
-/// channel reconnect later, the new connection waits for a permit of its
-/// own from the same budget.
-pub async fn dial_with_permit(
-    path: &Path,
-    timeout: Duration,
-    refused_retry: Duration,
-    permit: FdPermit,
-) -> Result<(Channel, Option<u32>), TransportError> {
-    let budget = permit.budget();
-    let socket = stream::new_socket(&budget)
-        .await
-        .map_err(|source| TransportError::Socket { path: path.to_path_buf(), source })?;
-    // Taken by the first connection; a reconnection prepares its own.
-    let first = Arc::new(Mutex::new(Some(stream::Prepared { permit, socket })));
-    let target: Arc<Path> = Arc::from(path);
-    let peer = Arc::new(OnceLock::new());
-    let seen = Arc::clone(&peer);
-    // The URI is never resolved, the connector below ignores it; `localhost`
-    // becomes the `:authority`, as with the kubelet's dialer.
-    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
-    let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
-        let (target, first, seen) = (Arc::clone(&target), Arc::clone(&first), Arc::clone(&seen));
-        let budget = budget.clone();
-        async move {
-            let prepared = first.lock().unwrap_or_else(PoisonError::into_inner).take();
-            let prepared = match prepared {
-                Some(prepared) => prepared,
-                None => stream::Prepared {
-                    permit: budget.acquire().await,
-                    socket: stream::new_socket(&budget).await?,
-                },
-            };
-            let stream = stream::connect_prepared(&target, refused_retry, prepared).await?;
-            // The first connection's answer; a reconnection keeps it.
-            let _ = seen.set(server_pid(stream.get_ref()));
-            Ok::<_, io::Error>(TokioIo::new(stream))
-        }
-    }));
-    match tokio::time::timeout(timeout, connect).await {
-        Ok(Ok(channel)) => Ok((channel, peer.get().copied().flatten())),
-        Ok(Err(source)) => Err(TransportError::Dial { path: path.to_path_buf(), source }),
-        Err(_) => Err(TransportError::DialTimeout { path: path.to_path_buf(), timeout }),
-    }
-}
+pub use stream::{LiveConnections, PermittedStream};
 
 /// The process serving the other end of `stream`, from `SO_PEERCRED`: the
 /// one that called `listen()`, in kpm's pid namespace. `None` when the
@@ -277,20 +192,31 @@ pub fn timed_request<M>(message: M, timeout: Duration) -> tonic::Request<M> {
     request
 }
 
-/// Awaits `call` for at most `timeout`; `Err(None)` means it ran out of time.
-/// The deadline sent along with the call can fire a moment before ours, with
-/// whatever code the client or server picks: any failure once the time is up
-/// counts as running out of time.
-pub async fn within<T, E>(
+/// Why a call bounded by [`timed_call`] gave no value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TimedCallError<E> {
+    /// The call did not finish in time, or failed once its time was up.
+    #[error("timed out")]
+    TimedOut,
+    /// The call failed before its time was up.
+    #[error(transparent)]
+    Failed(E),
+}
+
+/// Awaits `call` for at most `timeout`. The deadline sent along with the
+/// call ([`timed_request`]) can fire a moment before ours, with whatever
+/// code the client or server picks: any failure once the time is up counts
+/// as [`TimedCallError::TimedOut`].
+pub async fn timed_call<T, E>(
     timeout: Duration,
     call: impl Future<Output = Result<T, E>>,
-) -> Result<T, Option<E>> {
+) -> Result<T, TimedCallError<E>> {
     let started = tokio::time::Instant::now();
     match tokio::time::timeout(timeout, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(_)) if started.elapsed() >= timeout => Err(None),
-        Ok(Err(err)) => Err(Some(err)),
-        Err(_) => Err(None),
+        Ok(Err(_)) if started.elapsed() >= timeout => Err(TimedCallError::TimedOut),
+        Ok(Err(err)) => Err(TimedCallError::Failed(err)),
+        Err(_) => Err(TimedCallError::TimedOut),
     }
 }
 
@@ -299,18 +225,19 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn within_tells_running_out_of_time_from_failing() {
+    async fn timed_call_tells_running_out_of_time_from_failing() {
         let second = Duration::from_secs(1);
-        assert_eq!(within(second, async { Ok::<_, &str>(7) }).await, Ok(7));
-        assert_eq!(within(second, async { Err::<(), _>("refused") }).await, Err(Some("refused")));
-        let hang = within(second, std::future::pending::<Result<(), &str>>());
-        assert_eq!(hang.await, Err(None));
+        assert_eq!(timed_call(second, async { Ok::<_, &str>(7) }).await, Ok(7));
+        let refused = timed_call(second, async { Err::<(), _>("refused") }).await;
+        assert_eq!(refused, Err(TimedCallError::Failed("refused")));
+        let hang = timed_call(second, std::future::pending::<Result<(), &str>>());
+        assert_eq!(hang.await, Err(TimedCallError::TimedOut));
         // A failure that arrives only when the time is up is the timeout.
-        let late = within(second, async {
+        let late = timed_call(second, async {
             tokio::time::sleep(second).await;
             Err::<(), _>("cancelled by the client's own deadline")
         });
-        assert_eq!(late.await, Err(None));
+        assert_eq!(late.await, Err(TimedCallError::TimedOut));
         assert!(timed_request((), second).metadata().get("grpc-timeout").is_some());
     }
 }

@@ -1,6 +1,6 @@
-//! `UdsChannel` and `bare_ping` against a real tonic server on a Unix
-//! socket: calls, a held stream, PINGs, the server going away, and dialing
-//! nobody.
+//! `Dialer::kept`'s `UdsChannel` and `Dialer::bare_ping` against a real
+//! tonic server on a Unix socket: calls, a held stream, PINGs, the server
+//! going away, and dialing nobody.
 
 use std::time::Duration;
 
@@ -9,7 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::*;
-use crate::uds::bare_ping;
+use crate::uds::Dialer;
 use dp::device_plugin_client::DevicePluginClient;
 use dp::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use kpm_api::deviceplugin::v1beta1 as dp;
@@ -121,7 +121,7 @@ async fn calls_and_streams_until_the_server_goes_then_reports_it_closed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("dp.sock");
     let server = serve(&socket);
-    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let channel = dialer(Duration::ZERO).kept(&socket).await.unwrap();
     assert_eq!(channel.peer_pid(), Some(std::process::id()));
     assert!(!channel.is_closed());
 
@@ -145,11 +145,24 @@ async fn calls_and_streams_until_the_server_goes_then_reports_it_closed() {
 }
 
 #[tokio::test]
+async fn a_grpc_channel_names_its_server_and_calls_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("dp.sock");
+    let server = serve(&socket);
+    let dialed = dialer(Duration::ZERO).grpc(&socket).await.unwrap();
+    assert_eq!(dialed.server_pid, Some(std::process::id()));
+    let mut client = DevicePluginClient::new(dialed.channel);
+    let options = client.get_device_plugin_options(dp::Empty {}).await.unwrap().into_inner();
+    assert!(options.pre_start_required);
+    server.shutdown_background();
+}
+
+#[tokio::test]
 async fn a_server_that_closes_the_connection_is_seen_closed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("raw.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let channel = dialer(Duration::ZERO).kept(&socket).await.unwrap();
     let (accepted, _) = listener.accept().await.unwrap();
     assert!(!channel.is_closed());
     drop(accepted);
@@ -160,7 +173,7 @@ async fn a_server_that_closes_the_connection_is_seen_closed() {
 async fn nobody_there_is_gone_and_names_the_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("missing.sock");
-    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap_err();
+    let err = dialer(Duration::ZERO).kept(&socket).await.unwrap_err();
     assert!(matches!(err, TransportError::Connect { .. }), "{err:?}");
     assert!(err.to_string().contains("missing.sock"), "{err}");
     assert!(err.is_gone(), "a missing socket file is gone: {err:?}");
@@ -168,9 +181,9 @@ async fn nobody_there_is_gone_and_names_the_socket() {
     // A file nobody listens on refuses connections: gone too, also after
     // the refused-retry window.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap_err();
+    let err = dialer(Duration::ZERO).kept(&socket).await.unwrap_err();
     assert!(err.is_gone(), "a refused connection is gone: {err:?}");
-    let err = UdsChannel::connect(&socket, TIMEOUT, Duration::from_millis(20)).await.unwrap_err();
+    let err = dialer(Duration::from_millis(20)).kept(&socket).await.unwrap_err();
     assert!(err.is_gone(), "refused all through the window: {err:?}");
 }
 
@@ -179,7 +192,8 @@ async fn a_refused_connection_is_retried_until_the_server_listens() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("late.sock");
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let dial = UdsChannel::connect(&socket, TIMEOUT, TIMEOUT);
+    let dialer = dialer(TIMEOUT);
+    let dial = dialer.kept(&socket);
     let listen = async {
         tokio::time::sleep(Duration::from_millis(20)).await;
         // Bound elsewhere and moved in: the path never goes missing.
@@ -199,7 +213,7 @@ async fn a_ping_is_answered_by_the_servers_transport_with_no_call() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ping.sock");
     let server = serve(&socket);
-    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let channel = dialer(Duration::ZERO).kept(&socket).await.unwrap();
     for _ in 0..3 {
         tokio::time::timeout(DEADLINE, channel.ping()).await.unwrap().unwrap();
     }
@@ -222,7 +236,7 @@ async fn a_ping_to_a_peer_that_never_answers_waits_and_the_next_waits_for_the_sa
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("stopped.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let channel = UdsChannel::connect(&socket, TIMEOUT, Duration::ZERO).await.unwrap();
+    let channel = dialer(Duration::ZERO).kept(&socket).await.unwrap();
     let (mut accepted, _) = listener.accept().await.unwrap();
 
     let timeout = Duration::from_secs(1);
@@ -267,6 +281,11 @@ fn budget() -> crate::fd::FdBudget {
     crate::fd::FdBudget::new(8, None)
 }
 
+/// A dialer on a budget of its own, refusals retried for `refused_retry`.
+fn dialer(refused_retry: Duration) -> Dialer {
+    Dialer::new(budget(), TIMEOUT).retry_refused_for(refused_retry)
+}
+
 #[tokio::test]
 async fn a_bare_ping_is_answered_by_the_servers_transport_and_leaves_no_connection() {
     let dir = tempfile::tempdir().unwrap();
@@ -274,9 +293,9 @@ async fn a_bare_ping_is_answered_by_the_servers_transport_and_leaves_no_connecti
     let server = serve(&socket);
     let budget = budget();
     // More than a held connection takes between calls: each is a new one.
+    let dialer = Dialer::new(budget.clone(), TIMEOUT);
     for _ in 0..=PINGS_PER_CALL + 1 {
-        let permit = budget.acquire().await;
-        tokio::time::timeout(DEADLINE, bare_ping(&socket, permit)).await.unwrap().unwrap();
+        tokio::time::timeout(DEADLINE, dialer.bare_ping(&socket)).await.unwrap().unwrap();
     }
     assert_eq!(budget.in_use(), 0);
     server.shutdown_background();
@@ -286,29 +305,29 @@ async fn a_bare_ping_is_answered_by_the_servers_transport_and_leaves_no_connecti
 async fn a_bare_ping_to_nobody_is_gone() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.sock");
-    let err = bare_ping(&missing, budget().acquire().await).await.unwrap_err();
+    let err = dialer(Duration::ZERO).bare_ping(&missing).await.unwrap_err();
     assert!(err.is_gone(), "{err:?}");
     // A socket file nobody listens on: refused.
     let closed = dir.path().join("closed.sock");
     drop(std::os::unix::net::UnixListener::bind(&closed).unwrap());
-    let err = bare_ping(&closed, budget().acquire().await).await.unwrap_err();
+    let err = dialer(Duration::ZERO).bare_ping(&closed).await.unwrap_err();
     assert!(err.is_gone(), "{err:?}");
 }
 
 /// A peer that takes the connection and never reads from it, as a stopped
-/// process: the PING waits; the client sent the preface, empty settings
-/// and one PING.
+/// process: the PING waits until the dialer's timeout; the client sent the
+/// preface, empty settings and one PING.
 #[tokio::test(start_paused = true)]
-async fn a_bare_ping_to_a_peer_that_never_answers_waits() {
+async fn a_bare_ping_to_a_peer_that_never_answers_times_out() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("stopped.sock");
     let listener = tokio::net::UnixListener::bind(&socket).unwrap();
     let ping = tokio::spawn(async move {
-        let permit = budget().acquire().await;
-        tokio::time::timeout(Duration::from_secs(1), bare_ping(&socket, permit)).await
+        Dialer::new(budget(), Duration::from_secs(1)).bare_ping(&socket).await
     });
     let (mut accepted, _) = listener.accept().await.unwrap();
-    assert!(ping.await.unwrap().is_err(), "no acknowledgement, no answer");
+    let err = ping.await.unwrap().unwrap_err();
+    assert!(matches!(err, TransportError::DialTimeout { .. }), "no acknowledgement: {err:?}");
     let mut sent = Vec::new();
     tokio::io::AsyncReadExt::read_to_end(&mut accepted, &mut sent).await.unwrap();
     assert_eq!(count_frames(&sent, 0x4), 1, "{sent:?}");
@@ -331,9 +350,8 @@ async fn bare_ping_answered_with(answer: &'static [u8]) -> TransportError {
             let _ = tokio::io::AsyncReadExt::read_to_end(&mut accepted, &mut Vec::new()).await;
         }
     });
-    let permit = budget().acquire().await;
-    let err =
-        tokio::time::timeout(DEADLINE, bare_ping(&socket, permit)).await.unwrap().unwrap_err();
+    let dialer = dialer(Duration::ZERO);
+    let err = tokio::time::timeout(DEADLINE, dialer.bare_ping(&socket)).await.unwrap().unwrap_err();
     assert!(matches!(err, TransportError::BarePing { .. }), "{err:?}");
     assert!(err.to_string().contains("peer.sock"), "{err}");
     err

@@ -1,17 +1,7 @@
-//! `kpm check -- PLUGIN-COMMAND…`: a conformance run for a plugin's author,
-//! without a cluster. A kubelet (the one `kpm run` runs) serves a temporary
-//! root; the plugin is started with that root and driven through what real
-//! kubelets do to plugins: it must register within the bound, answer
-//! `GetInfo` within the kubelet's second, pass its type's checks (the
-//! inspection `kpm probe` shows), name its sockets as the conventions say,
-//! register again when the kubelet restarts, and on SIGTERM remove its
-//! sockets and be deregistered. Each step passes or fails with its reason
-//! and evidence; the run ends with `N passed, M failed`, exit 1 if any failed.
-//! For a CI, the report is also a JSON document (`-o json`) and a JUnit XML
-//! file (`--junit FILE`), each step a test case.
+//! `kpm check`'s run: the temporary kubelet root, the kubelet on it, the
+//! plugin's process group, and the steps that judge the plugin, each ending
+//! in an [`Outcome`] for the [`report`](super::report).
 
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -21,44 +11,22 @@ use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::{CliError, OutputFormat};
+use super::report::Outcome;
+use crate::CliError;
 
 /// How often the run looks at the kubelet's state while it waits.
 const POLL: Duration = Duration::from_millis(10);
 
-#[derive(Debug, clap::Args)]
-pub(crate) struct CheckArgs {
-    /// How long the plugin may take to register, to register again after a
-    /// restart, and to go after SIGTERM, in seconds.
-    #[arg(
-        long,
-        value_name = "SECONDS",
-        default_value_t = 30,
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
-    )]
-    timeout: u64,
-    /// Keep the temporary kubelet root (with the plugin's output in
-    /// `plugin.out` and `plugin.err`) instead of removing it.
-    #[arg(long)]
-    keep: bool,
-    /// `table`: the report as lines; `json`: one document, for scripts.
-    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
-    output: OutputFormat,
-    /// Also write the report as JUnit XML to FILE (each step a test case),
-    /// for a CI's test report.
-    #[arg(long, value_name = "FILE")]
-    junit: Option<PathBuf>,
-    /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
-    /// `{plugins}` in its arguments become the temporary kubelet root, its
-    /// `plugins_registry`, `device-plugins` and `plugins` directories, also
-    /// given as KPM_CHECK_ROOT, KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS
-    /// and KPM_CHECK_PLUGINS.
-    #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
-    command: Vec<String>,
-}
+// The steps' names, in the order they run: what the report shows.
+const REGISTERS: &str = "registers";
+const GET_INFO: &str = "GetInfo within 1 s";
+const TYPE_CHECKS: &str = "type checks";
+const SOCKET_NAMES: &str = "socket names";
+const KUBELET_RESTART: &str = "kubelet restart";
+const SIGTERM: &str = "SIGTERM";
 
 /// The temporary kubelet root and its directories.
-struct Dirs {
+pub(super) struct Dirs {
     root: PathBuf,
     registry: PathBuf,
     device_plugins: PathBuf,
@@ -66,13 +34,24 @@ struct Dirs {
 }
 
 impl Dirs {
-    fn new(root: &Path) -> Self {
-        Self {
+    /// The kubelet's directories under `root`, created.
+    pub(super) fn create(root: &Path) -> Result<Self, CliError> {
+        let dirs = Self {
             root: root.to_path_buf(),
             registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
             device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
             plugins: root.join("plugins"),
+        };
+        for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins] {
+            std::fs::create_dir_all(dir)
+                .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
         }
+        Ok(dirs)
+    }
+
+    /// `path` as the report shows it: relative to the root.
+    fn shown(&self, path: &Path) -> String {
+        path.strip_prefix(&self.root).unwrap_or(path).display().to_string()
     }
 
     /// `(placeholder, environment variable, path)`.
@@ -95,7 +74,7 @@ struct Node {
 
 impl Node {
     fn start(dirs: &Dirs) -> Result<Self, CliError> {
-        let kubelet = crate::run::kubelet(&dirs.root, &[]).liveness(None).build()?;
+        let kubelet = crate::run::kubelet(&dirs.root, &[]).manager(|m| m.liveness(None)).build()?;
         let handle = kubelet.handle();
         let (stop, stopped) = oneshot::channel::<()>();
         let running = tokio::spawn(kubelet.run(async move {
@@ -169,68 +148,44 @@ impl Registered {
         if self.is_empty() {
             return "nothing registered".into();
         }
-        let shown =
-            |path: &Path| path.strip_prefix(&dirs.root).unwrap_or(path).display().to_string();
         let sockets = self.sockets.iter().map(|(socket, plugin_type, name)| {
-            format!("{plugin_type} {name} at {}", shown(socket))
+            format!("{plugin_type} {name} at {}", dirs.shown(socket))
         });
         let resources = self.resources.iter().map(|(resource, endpoint)| {
-            format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", shown(endpoint))
+            format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", dirs.shown(endpoint))
         });
         sockets.chain(resources).collect::<Vec<_>>().join("; ")
     }
 }
 
-/// How a step ended, with its evidence.
-#[derive(Debug, serde::Serialize)]
-#[serde(tag = "result", content = "detail", rename_all = "lowercase")]
-enum Outcome {
-    Passed(String),
-    Failed(String),
-    Skipped(String),
-}
-
-/// One step's name and outcome: `{"step": …, "result": …, "detail": …}`.
-#[derive(Debug, serde::Serialize)]
-struct Checked {
-    step: &'static str,
-    #[serde(flatten)]
-    outcome: Outcome,
-}
-
-pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
-    let temp = tempfile::Builder::new()
-        .prefix("kpm-check-")
-        .tempdir()
-        .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
-    let dirs = Dirs::new(temp.path());
-    for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins] {
-        std::fs::create_dir_all(dir)
-            .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
-    }
-    let bound = Duration::from_secs(args.timeout);
+/// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
+/// each wait bounded by `bound`; the steps that cannot run once the plugin
+/// failed to register are skipped.
+pub(super) async fn run(
+    command: &[String],
+    dirs: &Dirs,
+    bound: Duration,
+) -> Result<Vec<(&'static str, Outcome)>, CliError> {
     let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
-
-    let run_started = Instant::now();
-    let mut node = Node::start(&dirs)?;
-    let mut plugin = start_plugin(&args.command, &dirs)?;
+    let mut node = Node::start(dirs)?;
+    let mut plugin = start_plugin(command, dirs)?;
     let started = Instant::now();
-    let registered = wait_registered(&node, &dirs, &mut plugin, bound).await;
+    let registered = wait_registered(&node, dirs, &mut plugin, bound).await;
     let registered = match registered {
         Ok(registered) => {
             let took = started.elapsed();
             steps.push((
-                "registers",
+                REGISTERS,
                 Outcome::Passed(format!(
                     "{} ({} ms after start)",
-                    registered.describe(&dirs),
+                    registered.describe(dirs),
                     took.as_millis()
                 )),
             ));
             Some(registered)
         }
         Err(reason) => {
-            steps.push(("registers", Outcome::Failed(reason)));
+            steps.push((REGISTERS, Outcome::Failed(reason)));
             None
         }
     };
@@ -239,15 +194,15 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
         // CSI handler would refuse the driver it holds as a duplicate.
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
         let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
-        steps.extend(inspect(&judge.handle(), &dirs, registered).await);
-        steps.push(("socket names", names(registered)));
+        steps.extend(inspect(&judge.handle(), dirs, registered).await);
+        steps.push((SOCKET_NAMES, names(registered)));
         node.stop().await?;
         let restarted = Instant::now();
-        node = Node::start(&dirs)?;
+        node = Node::start(dirs)?;
         let again =
-            wait_for(bound, || node.registered(&dirs).same_plugins(registered).then_some(())).await;
+            wait_for(bound, || node.registered(dirs).same_plugins(registered).then_some(())).await;
         steps.push((
-            "kubelet restart",
+            KUBELET_RESTART,
             match again {
                 Some(()) => Outcome::Passed(format!(
                     "registered again {} ms after the kubelet started anew (kubelet.sock re-created)",
@@ -255,16 +210,14 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
                 )),
                 None => Outcome::Failed(format!(
                     "not registered again within {bound:?} of the kubelet's restart (now: {}); {}",
-                    node.registered(&dirs).describe(&dirs),
-                    evidence(&dirs),
+                    node.registered(dirs).describe(dirs),
+                    evidence(dirs),
                 )),
             },
         ));
-        steps.push(("SIGTERM", terminate(&node, &dirs, &mut plugin, registered, bound).await));
+        steps.push((SIGTERM, terminate(&node, dirs, &mut plugin, registered, bound).await));
     } else {
-        for name in
-            ["GetInfo within 1 s", "type checks", "socket names", "kubelet restart", "SIGTERM"]
-        {
+        for name in [GET_INFO, TYPE_CHECKS, SOCKET_NAMES, KUBELET_RESTART, SIGTERM] {
             steps.push((name, Outcome::Skipped("the plugin never registered".into())));
         }
     }
@@ -275,21 +228,7 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
     let _ = plugin.wait().await;
     node.stop().await?;
 
-    let steps: Vec<Checked> =
-        steps.into_iter().map(|(step, outcome)| Checked { step, outcome }).collect();
-    let kept = args.keep.then_some(dirs.root.as_path());
-    let report = match args.output {
-        OutputFormat::Table => text(&args.command, &steps, kept),
-        OutputFormat::Json => json(&args.command, &steps, kept)?,
-    };
-    std::io::stdout().lock().write_all(report.as_bytes()).map_err(CliError::Output)?;
-    if let Some(path) = &args.junit {
-        write_junit(path, &args.command, &steps, run_started.elapsed())?;
-    }
-    if args.keep {
-        let _ = temp.keep();
-    }
-    Ok(tally(&steps).failed == 0)
+    Ok(steps)
 }
 
 /// Starts the plugin with the placeholders replaced, the paths in its
@@ -396,7 +335,7 @@ async fn inspect(
     let (mut get_info, mut checks) = (Vec::new(), Vec::new());
     let mut failed = (false, false);
     for (socket, _, _) in &registered.sockets {
-        let shown = socket.strip_prefix(&dirs.root).unwrap_or(socket).display().to_string();
+        let shown = dirs.shown(socket);
         let inspection = handle.manager().inspect(socket).await;
         match (inspection.took(Step::GetInfo), &inspection.outcome) {
             (_, Err(ExecutorError::GetInfoTimeout { .. })) => {
@@ -435,28 +374,22 @@ async fn inspect(
             }
         }
     }
-    let outcome = |failed: bool, lines: Vec<String>, none: &str| match (failed, lines.is_empty()) {
-        (true, _) => Outcome::Failed(lines.join("; ")),
-        (false, true) => Outcome::Skipped(none.to_owned()),
-        (false, false) => Outcome::Passed(lines.join("; ")),
-    };
     vec![
         (
-            "GetInfo within 1 s",
-            outcome(failed.0, get_info, "registered through kubelet.sock only: no GetInfo"),
+            GET_INFO,
+            Outcome::judged(
+                failed.0,
+                &get_info,
+                "registered through kubelet.sock only: no GetInfo",
+            ),
         ),
-        ("type checks", outcome(failed.1, checks, "nothing to check")),
+        (TYPE_CHECKS, Outcome::judged(failed.1, &checks, "nothing to check")),
     ]
 }
 
 /// Registration sockets named `<name>-reg.sock` (a name's `/` as `_`), or
 /// `<name>-<uid>-reg.sock` for one instance of several (DRA rolling updates).
 fn names(registered: &Registered) -> Outcome {
-    if registered.sockets.is_empty() {
-        return Outcome::Skipped(
-            "registered through kubelet.sock only: no registration socket".into(),
-        );
-    }
     let mut lines = Vec::new();
     let mut failed = false;
     for (socket, _, name) in &registered.sockets {
@@ -475,7 +408,7 @@ fn names(registered: &Registered) -> Outcome {
             ));
         }
     }
-    if failed { Outcome::Failed(lines.join("; ")) } else { Outcome::Passed(lines.join("; ")) }
+    Outcome::judged(failed, &lines, "registered through kubelet.sock only: no registration socket")
 }
 
 /// SIGTERM: the plugin exits within the bound, having removed its
@@ -545,104 +478,4 @@ fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()
     let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
     let pid = pid.ok_or_else(|| std::io::Error::other("pid out of range"))?;
     Ok(rustix::process::kill_process_group(pid, signal)?)
-}
-
-/// How many steps passed, failed and were skipped.
-#[derive(Debug, serde::Serialize)]
-struct Tally {
-    passed: usize,
-    failed: usize,
-    skipped: usize,
-}
-
-fn tally(steps: &[Checked]) -> Tally {
-    let count = |wanted: fn(&Outcome) -> bool| steps.iter().filter(|c| wanted(&c.outcome)).count();
-    Tally {
-        passed: count(|outcome| matches!(outcome, Outcome::Passed(_))),
-        failed: count(|outcome| matches!(outcome, Outcome::Failed(_))),
-        skipped: count(|outcome| matches!(outcome, Outcome::Skipped(_))),
-    }
-}
-
-/// The report as lines: `PASS|FAIL|SKIP step evidence`, then the tally.
-fn text(command: &[String], steps: &[Checked], kept: Option<&Path>) -> String {
-    let mut text = format!("kpm check -- {}\n", command.join(" "));
-    for Checked { step, outcome } in steps {
-        let (mark, detail) = match outcome {
-            Outcome::Passed(detail) => ("PASS", detail),
-            Outcome::Failed(detail) => ("FAIL", detail),
-            Outcome::Skipped(detail) => ("SKIP", detail),
-        };
-        let _ = writeln!(text, "{mark} {step:<20} {detail}");
-    }
-    if let Some(root) = kept {
-        let _ = writeln!(
-            text,
-            "kept: {} (the plugin's output in plugin.out, plugin.err)",
-            root.display()
-        );
-    }
-    let tally = tally(steps);
-    let _ = writeln!(text, "{} passed, {} failed", tally.passed, tally.failed);
-    text
-}
-
-/// The report as one JSON document: the command, each step with its
-/// result and evidence, the tally, and the kept root (`null` unless kept).
-fn json(command: &[String], steps: &[Checked], kept: Option<&Path>) -> Result<String, CliError> {
-    #[derive(serde::Serialize)]
-    struct Document<'a> {
-        command: &'a [String],
-        steps: &'a [Checked],
-        #[serde(flatten)]
-        tally: Tally,
-        kept: Option<&'a Path>,
-    }
-    let document = Document { command, steps, tally: tally(steps), kept };
-    let mut json = serde_json::to_string_pretty(&document)
-        .map_err(|err| CliError::Check(format!("encode the report as JSON: {err}")))?;
-    json.push('\n');
-    Ok(json)
-}
-
-/// Writes the report as JUnit XML to `path`: one test suite named after the
-/// command, each step a test case of class `kpm check`; a failure or a skip
-/// carries its evidence as the message, a pass as its output.
-fn write_junit(
-    path: &Path,
-    command: &[String],
-    steps: &[Checked],
-    took: Duration,
-) -> Result<(), CliError> {
-    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
-    let cases = steps.iter().map(|Checked { step, outcome }| {
-        let status = match outcome {
-            Outcome::Passed(_) => TestCaseStatus::success(),
-            Outcome::Failed(detail) => {
-                let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
-                status.set_message(detail);
-                status
-            }
-            Outcome::Skipped(detail) => {
-                let mut status = TestCaseStatus::skipped();
-                status.set_message(detail);
-                status
-            }
-        };
-        let mut case = TestCase::new(*step, status);
-        case.set_classname("kpm check");
-        if let Outcome::Passed(detail) = outcome {
-            case.set_system_out(detail);
-        }
-        case
-    });
-    let mut suite = TestSuite::new(format!("kpm check -- {}", command.join(" ")));
-    suite.set_time(took).add_test_cases(cases);
-    let mut report = Report::new("kpm check");
-    report.set_time(took).add_test_suite(suite);
-    let failed = |err: &dyn std::fmt::Display| {
-        CliError::Check(format!("write the JUnit report {}: {err}", path.display()))
-    };
-    let xml = report.to_string().map_err(|err| failed(&err))?;
-    std::fs::write(path, xml).map_err(|err| failed(&err))
 }

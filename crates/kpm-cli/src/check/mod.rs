@@ -1,0 +1,79 @@
+//! `kpm check -- PLUGIN-COMMAND…`: a conformance run for a plugin's author,
+//! without a cluster. A kubelet (the one `kpm run` runs) serves a temporary
+//! root; the plugin is started with that root and driven through what real
+//! kubelets do to plugins: it must register within the bound, answer
+//! `GetInfo` within the kubelet's second, pass its type's checks (the
+//! inspection `kpm probe` shows), name its sockets as the conventions say,
+//! register again when the kubelet restarts, and on SIGTERM remove its
+//! sockets and be deregistered. Each step passes or fails with its reason
+//! and evidence; the run ends with `N passed, M failed`, exit 1 if any failed.
+//! For a CI, the report is also a JSON document (`-o json`) and a JUnit XML
+//! file (`--junit FILE`), each step a test case.
+//!
+//! [`runner`] drives the kubelet and the plugin through the steps, each
+//! ending in an outcome with its evidence; [`report`] gathers the outcomes
+//! into the one report all three formats render.
+
+mod report;
+mod runner;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use self::report::Report;
+use self::runner::Dirs;
+use crate::{CliError, OutputFormat};
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckArgs {
+    /// How long the plugin may take to register, to register again after a
+    /// restart, and to go after SIGTERM, in seconds.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+    )]
+    timeout: u64,
+    /// Keep the temporary kubelet root (with the plugin's output in
+    /// `plugin.out` and `plugin.err`) instead of removing it.
+    #[arg(long)]
+    keep: bool,
+    /// `table`: the report as lines; `json`: one document, for scripts.
+    #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Table)]
+    output: OutputFormat,
+    /// Also write the report as JUnit XML to FILE (each step a test case),
+    /// for a CI's test report.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
+    /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
+    /// `{plugins}` in its arguments become the temporary kubelet root, its
+    /// `plugins_registry`, `device-plugins` and `plugins` directories, also
+    /// given as KPM_CHECK_ROOT, KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS
+    /// and KPM_CHECK_PLUGINS.
+    #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
+    command: Vec<String>,
+}
+
+/// Runs `kpm check`: `Ok(false)` when a step failed.
+pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
+    let temp = tempfile::Builder::new()
+        .prefix("kpm-check-")
+        .tempdir()
+        .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
+    let dirs = Dirs::create(temp.path())?;
+    let run_started = Instant::now();
+    let steps = runner::run(&args.command, &dirs, Duration::from_secs(args.timeout)).await?;
+    let report = Report::new(&args.command, steps, args.keep.then_some(temp.path()));
+    crate::output::print(&args.output.render(&report, Report::text)?)?;
+    if let Some(path) = &args.junit {
+        report.write_junit(path, run_started.elapsed())?;
+    }
+    let passed = report.passed();
+    if args.keep {
+        let _ = temp.keep();
+    }
+    Ok(passed)
+}
