@@ -410,7 +410,7 @@ fn with_every_duration(value: Duration) -> Vec<(&'static str, kpm::KubeletBuilde
         (
             "reconciler_config",
             builder().manager(|m| {
-                m.reconciler_config(kpm::ReconcilerConfig::default().resync_period(value))
+                m.reconciler_config(kpm::ReconcilerConfig::default().reconcile_period(value))
             }),
         ),
         ("shutdown_grace", builder().manager(|m| m.shutdown_grace(value))),
@@ -477,7 +477,7 @@ async fn a_kubelet_with_the_longest_settings_runs_and_stops() {
         .root_dir(root.path())
         .manager(|m| {
             m.resync_period(longest)
-                .reconciler_config(kpm::ReconcilerConfig::default().resync_period(longest))
+                .reconciler_config(kpm::ReconcilerConfig::default().reconcile_period(longest))
                 .shutdown_grace(longest)
                 .liveness(Some(kpm::LivenessConfig::default().period(Some(longest))))
         })

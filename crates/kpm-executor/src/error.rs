@@ -203,7 +203,9 @@ pub enum ExecutorError {
 
     /// A duration of the [`ExecutorConfig`](crate::ExecutorConfig) or the
     /// backoff is out of range; see
-    /// [`ExecutorConfig::validate`](crate::ExecutorConfig::validate).
+    /// [`ExecutorConfig::validate`](crate::ExecutorConfig::validate) and
+    /// [`OperationExecutor::try_new`](crate::OperationExecutor::try_new),
+    /// which refuses such a config.
     #[error("invalid executor config: {0}")]
     InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 }

@@ -5,6 +5,8 @@
 //! - [`OperationExecutor`]: the register and unregister operations: dial the
 //!   registration socket, `GetInfo`, hand the plugin to the handler of its
 //!   type, `NotifyRegistrationStatus`, update [`kpm_cache::ActualState`].
+//!   Its config is checked once, by [`OperationExecutor::try_new`]; the
+//!   steps of one registration are in the `attempt` module.
 //! - [`check_info`]: the bounds every `GetInfo` answer must keep.
 //! - [`OperationExecutor::inspect`]: the register operation's steps on a
 //!   socket, timed, registering nothing: an [`Inspection`].

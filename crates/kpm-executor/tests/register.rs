@@ -13,7 +13,7 @@ use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
     registration_server::{Registration, RegistrationServer},
 };
-use kpm_cache::{ActualState, DesiredState, Generation, HandlerError, PluginHandler};
+use kpm_cache::{ActualState, DesiredState, EventBus, Generation, HandlerError, PluginHandler};
 use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
 };
@@ -169,7 +169,12 @@ fn harness(handler: RecordingHandler, config: ExecutorConfig) -> Harness {
     let handler = Arc::new(handler);
     let dyn_handler: Arc<dyn PluginHandler> = handler.clone();
     Harness {
-        executor: OperationExecutor::new(config),
+        executor: OperationExecutor::try_new(
+            config,
+            kpm_transport::fd::budget().clone(),
+            EventBus::default(),
+        )
+        .unwrap(),
         actual: Arc::new(ActualState::new()),
         desired: DesiredState::new(),
         handler,
@@ -649,13 +654,13 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_registration_with_an_invalid_config_is_refused_not_started() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("gpu.sock");
+#[test]
+fn an_executor_with_an_invalid_config_is_refused_at_construction() {
     let config = ExecutorConfig::default().get_info_timeout(Duration::MAX);
-    let h = harness(RecordingHandler::default(), config);
-    let refused = h.refusal(&socket, h.generation(&socket));
+    let budget = kpm_transport::fd::budget().clone();
+    let Err(refused) = OperationExecutor::try_new(config, budget, EventBus::default()) else {
+        panic!("an executor was made with an invalid config");
+    };
     assert!(
         matches!(
             refused,
@@ -666,7 +671,6 @@ async fn a_registration_with_an_invalid_config_is_refused_not_started() {
         ),
         "{refused:?}"
     );
-    assert!(h.executor.operations().is_empty(), "nothing was started");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

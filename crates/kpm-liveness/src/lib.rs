@@ -21,7 +21,7 @@
 //!   a row, or whose socket refuses connections, is renewed. Where a
 //!   handler holds a connection to the registration socket anyway (a
 //!   device plugin serving `ListAndWatch` on it), the probe goes over that
-//!   connection ([`HeldConnections`]); otherwise over a connection of the
+//!   connection ([`SharedConnections`]); otherwise over a connection of the
 //!   monitor's own, kept between probes (at most [`MAX_KEPT_CONNECTIONS`],
 //!   each an optional holder of the fd budget; beyond that, probes dial and
 //!   hang up, a PING on a bare connection, [`kpm_transport::Dialer::bare_ping`],
@@ -64,14 +64,16 @@ pub use monitor::{LivenessMonitor, LivenessStats};
 pub use probe::{MAX_KEPT_CONNECTIONS, ProbeFailure};
 
 /// The connections to plugins that handlers hold anyway, which probes share
-/// instead of dialling: a device plugin's `ListAndWatch` connection when
-/// its endpoint is its registration socket. A probe over it costs a PING
-/// (or a request), no socket and no handshake; a connection kept for probes alone
-/// would cost its HTTP/2 buffers for every plugin, all the time.
-pub trait HeldConnections: Send + Sync + fmt::Debug {
+/// instead of dialling: a device plugin's `ListAndWatch` connection when its
+/// endpoint is its registration socket. A probe over it costs a PING (or a
+/// request), no socket and no handshake; a connection kept for probes alone
+/// would cost its HTTP/2 buffers for every plugin, all the time. (The
+/// monitor's own connections, kept between probes, are for the plugins no
+/// handler shares one to.)
+pub trait SharedConnections: Send + Sync + fmt::Debug {
     /// An open connection to `plugin`'s registration socket
-    /// ([`Registration::socket_path`]), if one is held. Called once per probe,
-    /// on the monitor's loop: it must not block.
+    /// ([`Registration::socket_path`]), if a handler has one to share.
+    /// Called once per probe, on the monitor's loop: it must not block.
     fn connection(&self, plugin: &Registration) -> Option<UdsChannel>;
 }
 
@@ -162,7 +164,7 @@ impl LivenessConfig {
         self
     }
 
-    /// Checks the ranges [`LivenessMonitor::new`] relies on: a non-zero period
+    /// Checks the ranges [`LivenessMonitor::try_new`] relies on: a non-zero period
     /// of at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION), a threshold of at least 1, and a
     /// non-zero timeout of at most the period.
     pub fn validate(&self) -> Result<(), LivenessError> {

@@ -58,15 +58,15 @@ impl Target {
         Self { socket, call, pings: 0, kept: None }
     }
 
-    /// The next check of this socket, over `held` if a handler holds a
+    /// The next check of this socket, over `shared` if a handler shares a
     /// connection there: a PING, unless the plugin failed its last probe
     /// (a call tells more) or the server has taken as many PINGs as it
     /// takes between two responses.
-    pub(crate) fn next_check(&mut self, failing: bool, held: Option<UdsChannel>) -> Check {
+    pub(crate) fn next_check(&mut self, failing: bool, shared: Option<UdsChannel>) -> Check {
         let ask =
             if failing || self.pings >= PINGS_PER_CALL { Ask::Call(self.call) } else { Ask::Ping };
-        let via = match (held, self.kept.take().filter(|kept| !kept.is_closed())) {
-            (Some(held), _) => Via::Handler(held),
+        let via = match (shared, self.kept.take().filter(|kept| !kept.is_closed())) {
+            (Some(shared), _) => Via::Shared(shared),
             (None, Some(kept)) => Via::Kept(kept),
             (None, None) => Via::Dial,
         };
@@ -98,8 +98,9 @@ pub(crate) enum Ask {
 /// The connection a check goes over.
 #[derive(Debug)]
 pub(crate) enum Via {
-    /// A handler's connection to the socket, shared.
-    Handler(UdsChannel),
+    /// A handler's connection to the socket, shared (see
+    /// [`SharedConnections`](crate::SharedConnections)).
+    Shared(UdsChannel),
     /// The monitor's own, kept from the socket's last probe.
     Kept(Kept),
     /// A new connection.
@@ -137,7 +138,7 @@ impl Kept {
 
 /// One of the [`MAX_KEPT_CONNECTIONS`], taken before a connection to keep
 /// is dialled, counted in `LivenessStats::probe_connections` for as long
-/// as it is held.
+/// as it is kept.
 #[derive(Debug)]
 struct Slot {
     count: Arc<AtomicUsize>,
@@ -199,7 +200,7 @@ pub(crate) async fn check(check: Check, timeout: Duration, connections: &Connect
     let Check { socket, ask, via } = check;
     let asked = |outcome, keep| Checked { asked: Some(ask), outcome, keep };
     match via {
-        Via::Handler(channel) => asked(ask_on(&channel, ask, timeout).await, None),
+        Via::Shared(channel) => asked(ask_on(&channel, ask, timeout).await, None),
         Via::Kept(connection) => {
             let outcome = ask_on(&connection.channel, ask, timeout).await;
             let keep = outcome.is_ok().then_some(connection);

@@ -22,7 +22,7 @@ use kpm_cache::{
     PluginHandler, Registered,
 };
 use kpm_liveness::{
-    HeldConnections, LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS,
+    LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS, SharedConnections,
 };
 use kpm_test_support::{lazy, wait_until, within};
 use kpm_transport::{Dialer, UdsChannel};
@@ -115,17 +115,23 @@ fn start(config: LivenessConfig) -> Harness {
     start_sharing(config, None)
 }
 
-/// Like [`start`], probing over the connections `held` has.
-fn start_sharing(config: LivenessConfig, held: Option<Arc<dyn HeldConnections>>) -> Harness {
+/// Like [`start`], probing over the connections `shared` has.
+fn start_sharing(config: LivenessConfig, shared: Option<Arc<dyn SharedConnections>>) -> Harness {
     let desired = Arc::new(DesiredState::new());
     let actual = Arc::new(ActualState::new());
     let events = EventBus::default();
     let reported = events.subscribe();
-    let monitor =
-        LivenessMonitor::new(Arc::clone(&desired), Arc::clone(&actual), events.clone(), config)
-            .unwrap();
-    let monitor = Arc::new(match held {
-        Some(held) => monitor.with_held_connections(held),
+    let budget = kpm_transport::fd::budget().clone();
+    let monitor = LivenessMonitor::try_new(
+        config,
+        budget,
+        Arc::clone(&desired),
+        Arc::clone(&actual),
+        events.clone(),
+    )
+    .unwrap();
+    let monitor = Arc::new(match shared {
+        Some(shared) => monitor.with_shared_connections(shared),
         None => monitor,
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -466,32 +472,32 @@ async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     h.stop().await;
 }
 
-/// One connection held to one socket, as a device manager holds a plugin's.
+/// One connection to one socket, shared as a device manager shares a plugin's.
 #[derive(Debug)]
-struct OneHeld {
+struct OneShared {
     socket: std::path::PathBuf,
     channel: UdsChannel,
 }
 
-impl HeldConnections for OneHeld {
+impl SharedConnections for OneShared {
     fn connection(&self, plugin: &kpm_cache::Registration) -> Option<UdsChannel> {
         (plugin.socket_path == self.socket && !self.channel.is_closed())
             .then(|| self.channel.clone())
     }
 }
 
-async fn hold(socket: &Path) -> Arc<dyn HeldConnections> {
+async fn share(socket: &Path) -> Arc<dyn SharedConnections> {
     let dialer = Dialer::new(kpm_transport::fd::budget().clone(), Duration::from_secs(5));
     let channel = dialer.kept(socket).await.unwrap();
-    Arc::new(OneHeld { socket: socket.to_path_buf(), channel })
+    Arc::new(OneShared { socket: socket.to_path_buf(), channel })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_whose_connection_is_held_is_probed_over_it() {
+async fn a_plugin_whose_connection_is_shared_is_probed_over_it() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("held.sock");
+    let socket = dir.path().join("shared.sock");
     let plugin = serve(&socket, Plugin::default()).await;
-    let mut h = start_sharing(quick(), Some(hold(&socket).await));
+    let mut h = start_sharing(quick(), Some(share(&socket).await));
     let generation = h.registered(&socket, None);
     wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
         .await;
@@ -502,11 +508,11 @@ async fn a_plugin_whose_connection_is_held_is_probed_over_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_hanging_on_a_held_connection_is_renewed() {
+async fn a_plugin_hanging_on_a_shared_connection_is_renewed() {
     let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("held-hang.sock");
+    let socket = dir.path().join("shared-hang.sock");
     let plugin = serve(&socket, Plugin { hang: Some(|_| true), ..Plugin::default() }).await;
-    let mut h = start_sharing(quick(), Some(hold(&socket).await));
+    let mut h = start_sharing(quick(), Some(share(&socket).await));
     let generation = h.registered(&socket, None);
     let PluginEvent::Unresponsive { failures, reason, .. } = h.unresponsive().await else {
         unreachable!()
@@ -714,11 +720,12 @@ fn periods_beyond_the_bound_are_refused_and_the_bound_accepted() {
             "{error}"
         );
         assert!(error.to_string().contains("period"), "{error}");
-        let refused = LivenessMonitor::new(
+        let refused = LivenessMonitor::try_new(
+            config,
+            kpm_transport::fd::budget().clone(),
             Arc::new(DesiredState::new()),
             Arc::new(ActualState::new()),
             EventBus::default(),
-            config,
         );
         assert_eq!(refused.map(|_| ()), Err(error));
     }

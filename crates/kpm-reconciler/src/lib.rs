@@ -10,7 +10,7 @@
 //! and the paths whose backoff, recorded when a start was refused, has
 //! expired. The work per event is O(changed sockets). A full pass over every
 //! desired, registered or attempted socket runs when a handler is added and
-//! every [`ReconcilerConfig::resync_period`] as a safety net.
+//! every [`ReconcilerConfig::reconcile_period`] as a safety net.
 //!
 //! Each socket is decided alone, from its desired generation, its registered
 //! generation and its executor entry:
@@ -63,30 +63,31 @@ pub struct ReconcilerConfig {
     /// [`Duration::ZERO`] turns the periodic pass off (passes still run on
     /// events and when a handler is added). At most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION)
     /// (365 days); see [`validate`](Self::validate).
-    pub resync_period: Duration,
+    pub reconcile_period: Duration,
 }
 
 impl Default for ReconcilerConfig {
     fn default() -> Self {
-        Self { resync_period: Duration::from_secs(10) }
+        Self { reconcile_period: Duration::from_secs(10) }
     }
 }
 
 impl ReconcilerConfig {
-    /// Sets [`resync_period`](Self::resync_period) (default 10 s; zero: no
+    /// Sets [`reconcile_period`](Self::reconcile_period) (default 10 s; zero: no
     /// periodic pass).
     #[must_use]
-    pub fn resync_period(mut self, period: Duration) -> Self {
-        self.resync_period = period;
+    pub fn reconcile_period(mut self, period: Duration) -> Self {
+        self.reconcile_period = period;
         self
     }
 
-    /// Checks `resync_period` is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is
-    /// allowed: no periodic pass). [`Reconciler::run`] does not panic on a
+    /// Checks `reconcile_period` is at most [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION) (zero is
+    /// allowed: no periodic pass). [`Reconciler::run`] would not panic on a
     /// longer one (a period past the clock's range means no periodic pass),
-    /// but such a setting is a mistake worth reporting.
+    /// but such a setting is a mistake worth reporting:
+    /// [`Reconciler::try_new`] refuses it.
     pub fn validate(&self) -> Result<(), ReconcilerError> {
-        Ok(check_durations(&[], &[("resync_period", self.resync_period)])?)
+        Ok(check_durations(&[], &[("reconcile_period", self.reconcile_period)])?)
     }
 }
 
@@ -122,7 +123,8 @@ pub struct Reconciler {
     /// Starts refused because the socket was backing off, for metrics.
     backoff_skips: AtomicU64,
     /// Full passes skipped because nothing could have changed since one
-    /// found every socket in sync.
+    /// found every socket in sync: only the tests look.
+    #[cfg(test)]
     full_passes_skipped: AtomicU64,
 }
 
@@ -183,18 +185,20 @@ impl std::fmt::Debug for Reconciler {
 }
 
 impl Reconciler {
-    /// A reconciler that drives `actual` towards `desired` through `executor`,
-    /// publishing on `events`. It has no handlers yet
-    /// ([`add_handler`](Self::add_handler)) and does nothing until
-    /// [`run`](Self::run).
-    pub fn new(
+    /// A reconciler with `config`, checked here once
+    /// ([`ReconcilerConfig::validate`]: the error names the field), that
+    /// drives `actual` towards `desired` through `executor`, publishing on
+    /// `events`. It has no handlers yet ([`add_handler`](Self::add_handler))
+    /// and does nothing until [`run`](Self::run).
+    pub fn try_new(
+        config: ReconcilerConfig,
         desired: Arc<DesiredState>,
         actual: Arc<ActualState>,
         executor: OperationExecutor,
         events: EventBus,
-        config: ReconcilerConfig,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, ReconcilerError> {
+        config.validate()?;
+        Ok(Self {
             desired,
             actual,
             executor,
@@ -204,8 +208,9 @@ impl Reconciler {
             handlers_changed: ChangeSignal::default(),
             state: Mutex::new(State::default()),
             backoff_skips: AtomicU64::new(0),
+            #[cfg(test)]
             full_passes_skipped: AtomicU64::new(0),
-        }
+        })
     }
 
     /// Adds the handler for `plugin_type`, before or after [`run`](Self::run)
@@ -268,13 +273,14 @@ impl Reconciler {
 
     /// How many full passes were skipped because neither state had changed
     /// since one that found every socket in sync.
-    pub fn full_passes_skipped(&self) -> u64 {
+    #[cfg(test)]
+    fn full_passes_skipped(&self) -> u64 {
         self.full_passes_skipped.load(Ordering::Relaxed)
     }
 
     /// Runs until `shutdown` completes: a full pass first, then a pass over
     /// the changed sockets after every wake-up, and a full pass when a
-    /// handler is added and every `resync_period`. Returns without waiting
+    /// handler is added and every `reconcile_period`. Returns without waiting
     /// for running operations; see [`OperationExecutor::operations`] for that.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) {
         // Subscribe before the first pass so that no change is missed.
@@ -322,6 +328,7 @@ impl Reconciler {
         // listing or journaled for the next pass.
         let mut sockets = self.take_dirty(&mut state);
         if sockets.is_empty() && state.in_sync_at == Some(changes) {
+            #[cfg(test)]
             self.full_passes_skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -354,7 +361,7 @@ impl Reconciler {
     /// there is none: the period is zero, or too long for the clock to
     /// represent (checked, as [`run`](Self::run) takes any config).
     fn next_full_pass(&self, now: Instant) -> Option<Instant> {
-        let period = self.config.resync_period;
+        let period = self.config.reconcile_period;
         if period.is_zero() {
             return None;
         }

@@ -3,6 +3,7 @@
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::{HandlerError, PluginDetails, Registration};
+use kpm_executor::ExecutorConfig;
 
 use super::*;
 
@@ -19,14 +20,21 @@ impl PluginHandler for NoopHandler {
     async fn deregister(&self, _: &str, _: &str) {}
 }
 
+/// An executor with the default config, dialling from the process-wide budget.
+fn executor() -> OperationExecutor {
+    let budget = kpm_transport::fd::budget().clone();
+    OperationExecutor::try_new(ExecutorConfig::default(), budget, EventBus::default()).unwrap()
+}
+
 fn reconciler(desired: &Arc<DesiredState>, actual: &Arc<ActualState>) -> Reconciler {
-    Reconciler::new(
+    Reconciler::try_new(
+        ReconcilerConfig::default(),
         Arc::clone(desired),
         Arc::clone(actual),
-        OperationExecutor::default(),
+        executor(),
         EventBus::default(),
-        ReconcilerConfig::default(),
     )
+    .unwrap()
 }
 
 fn registered(socket: &Path, generation: Generation) -> Registered {
@@ -139,36 +147,42 @@ fn due_retries_are_taken_once_and_later_ones_stay() {
 }
 
 #[test]
-fn resync_periods_beyond_the_bound_are_refused() {
+fn reconcile_periods_beyond_the_bound_are_refused() {
     for too_long in [
         Duration::MAX,
         Duration::from_secs(u64::MAX),
         MAX_CONFIG_DURATION + Duration::from_nanos(1),
     ] {
-        let error = ReconcilerConfig::default().resync_period(too_long).validate().unwrap_err();
+        let error = ReconcilerConfig::default().reconcile_period(too_long).validate().unwrap_err();
         assert!(
-            matches!(error, ReconcilerError::InvalidConfig(kpm_api::config::DurationOutOfRange { field: "resync_period", value, .. }) if value == too_long),
+            matches!(error, ReconcilerError::InvalidConfig(kpm_api::config::DurationOutOfRange { field: "reconcile_period", value, .. }) if value == too_long),
             "{error}"
         );
-        assert!(error.to_string().contains("resync_period"), "{error}");
+        assert!(error.to_string().contains("reconcile_period"), "{error}");
+        let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
+        let config = ReconcilerConfig::default().reconcile_period(too_long);
+        let refused = Reconciler::try_new(config, desired, actual, executor(), EventBus::default());
+        assert_eq!(refused.map(drop).unwrap_err(), error);
     }
     for fine in [Duration::ZERO, Duration::from_secs(10), MAX_CONFIG_DURATION] {
-        assert_eq!(ReconcilerConfig::default().resync_period(fine).validate(), Ok(()), "{fine:?}");
+        assert_eq!(
+            ReconcilerConfig::default().reconcile_period(fine).validate(),
+            Ok(()),
+            "{fine:?}"
+        );
     }
 }
 
-/// Runs a reconciler with `resync_period` on paused time, registers a plugin
+/// Runs a reconciler with `reconcile_period` on paused time, registers a plugin
 /// behind its back (no event reports it: only a periodic full pass finds
 /// it), lets `wait` pass and says whether the plugin was unregistered.
-async fn stray_found_after(resync_period: Duration, wait: Duration) -> bool {
+async fn stray_found_after(reconcile_period: Duration, wait: Duration) -> bool {
     let (desired, actual) = (Arc::new(DesiredState::new()), Arc::new(ActualState::new()));
-    let r = Arc::new(Reconciler::new(
-        Arc::clone(&desired),
-        Arc::clone(&actual),
-        OperationExecutor::default(),
-        EventBus::default(),
-        ReconcilerConfig::default().resync_period(resync_period),
-    ));
+    let mut r = reconciler(&desired, &actual);
+    // Set behind `try_new`'s back: `run` must not panic on a period that
+    // `validate` would refuse (past the clock's range) either.
+    r.config.reconcile_period = reconcile_period;
+    let r = Arc::new(r);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running = tokio::spawn({
         let r = Arc::clone(&r);
@@ -195,7 +209,7 @@ async fn stray_found_after(resync_period: Duration, wait: Duration) -> bool {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_longest_resync_period_runs_its_full_pass() {
+async fn the_longest_reconcile_period_runs_its_full_pass() {
     assert!(stray_found_after(MAX_CONFIG_DURATION, MAX_CONFIG_DURATION).await);
 }
 

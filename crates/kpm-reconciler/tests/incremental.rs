@@ -25,7 +25,7 @@ const INITIAL: Duration = ExponentialBackoff::DEFAULT_INITIAL;
 const MILLI: Duration = Duration::from_millis(1);
 
 fn resync() -> Duration {
-    ReconcilerConfig::default().resync_period
+    ReconcilerConfig::default().reconcile_period
 }
 
 fn started_manager() -> Manager {

@@ -194,7 +194,7 @@ proptest! {
             .start_paused(true)
             .build()
             .unwrap();
-        let config = ReconcilerConfig::default().resync_period(NO_RESYNC);
+        let config = ReconcilerConfig::default().reconcile_period(NO_RESYNC);
         runtime.block_on(scenario(actions, handler_script, config))?;
     }
 }

@@ -270,7 +270,7 @@ impl KubeletBuilder {
         let (devices, device_plugin_dir) = {
             handlers.push((PluginKind::Device, devices.clone()));
             if enabled(PluginKind::Device) {
-                manager = manager.held_connections(Arc::new(DeviceConnections(devices.clone())));
+                manager = manager.shared_connections(Arc::new(DeviceConnections(devices.clone())));
             }
             let dir = self
                 .device_plugin_dir
@@ -452,7 +452,7 @@ impl Kubelet {
 struct DeviceConnections(Arc<crate::device::DeviceManager>);
 
 #[cfg(feature = "device")]
-impl crate::HeldConnections for DeviceConnections {
+impl crate::SharedConnections for DeviceConnections {
     fn connection(&self, plugin: &kpm_cache::Registration) -> Option<kpm_transport::UdsChannel> {
         if plugin.plugin_type != kpm_api::constants::DEVICE_PLUGIN {
             return None;

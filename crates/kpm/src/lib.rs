@@ -71,7 +71,7 @@ pub use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep, Inspection, Step, check_info,
     plugin_endpoint,
 };
-pub use kpm_liveness::{HeldConnections, LivenessConfig, LivenessStats};
+pub use kpm_liveness::{LivenessConfig, LivenessStats, SharedConnections};
 pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};
 pub use kpm_watcher::WatcherConfig;
 pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};

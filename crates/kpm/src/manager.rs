@@ -8,7 +8,7 @@ use std::time::Duration;
 use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, DesiredState, EventBus, EventCounts, PluginEvent, PluginHandler};
 use kpm_executor::{ExecutorConfig, Inspection, OperationExecutor};
-use kpm_liveness::{HeldConnections, LivenessConfig, LivenessMonitor, LivenessStats};
+use kpm_liveness::{LivenessConfig, LivenessMonitor, LivenessStats, SharedConnections};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_transport::fd::FdBudget;
 use kpm_watcher::{Watcher, WatcherConfig, WatcherStats};
@@ -31,7 +31,7 @@ pub struct PluginManagerBuilder {
     reconciler: ReconcilerConfig,
     watcher: WatcherConfig,
     liveness: Option<LivenessConfig>,
-    held_connections: Option<Arc<dyn HeldConnections>>,
+    shared_connections: Option<Arc<dyn SharedConnections>>,
     shutdown_grace: Duration,
     event_capacity: usize,
     fd_budget: FdBudget,
@@ -47,7 +47,7 @@ impl Default for PluginManagerBuilder {
             reconciler: ReconcilerConfig::default(),
             watcher: WatcherConfig::default(),
             liveness: Some(LivenessConfig::default()),
-            held_connections: None,
+            shared_connections: None,
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
             fd_budget: kpm_transport::fd::budget().clone(),
@@ -89,7 +89,7 @@ impl PluginManagerBuilder {
 
     /// Period of the reconciler's safety-net pass (default 10 s).
     pub fn reconcile_period(mut self, period: Duration) -> Self {
-        self.reconciler = self.reconciler.resync_period(period);
+        self.reconciler = self.reconciler.reconcile_period(period);
         self
     }
 
@@ -117,10 +117,10 @@ impl PluginManagerBuilder {
     }
 
     /// Connections to plugins that handlers hold anyway, which liveness
-    /// probes share instead of dialling (see [`HeldConnections`]).
+    /// probes share instead of dialling (see [`SharedConnections`]).
     /// [`Kubelet`](crate::Kubelet) hands over the device plugins'.
-    pub fn held_connections(mut self, held: Arc<dyn HeldConnections>) -> Self {
-        self.held_connections = Some(held);
+    pub fn shared_connections(mut self, shared: Arc<dyn SharedConnections>) -> Self {
+        self.shared_connections = Some(shared);
         self
     }
 
@@ -173,39 +173,48 @@ impl PluginManagerBuilder {
             "shutdown_grace",
             check_durations(&[], &[("shutdown_grace", self.shutdown_grace)]),
         )?;
-        invalid_if("executor_config", self.executor.validate())?;
-        invalid_if("reconciler_config", self.reconciler.validate())?;
-        invalid_if("watcher_config", self.watcher.validate())?;
-
+        // In the order the settings were always checked: the first invalid
+        // one is the one reported.
+        let executor =
+            OperationExecutor::try_new(self.executor, self.fd_budget.clone(), events.clone())
+                .map_err(|err| Error::InvalidConfig {
+                    setting: "executor_config",
+                    reason: err.to_string(),
+                })?;
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
-        let held = self.held_connections;
+        let reconciler = Reconciler::try_new(
+            self.reconciler,
+            Arc::clone(&desired),
+            Arc::clone(&actual),
+            executor,
+            events.clone(),
+        )
+        .map_err(|err| Error::InvalidConfig {
+            setting: "reconciler_config",
+            reason: err.to_string(),
+        })?;
+        let reconciler = Arc::new(reconciler);
+        invalid_if("watcher_config", self.watcher.validate())?;
+
+        let shared = self.shared_connections;
         let liveness = self
             .liveness
             .map(|config| {
-                let monitor = LivenessMonitor::new(
+                let monitor = LivenessMonitor::try_new(
+                    config,
+                    self.fd_budget.clone(),
                     Arc::clone(&desired),
                     Arc::clone(&actual),
                     events.clone(),
-                    config,
-                )?
-                .with_fd_budget(self.fd_budget.clone());
-                Ok::<_, kpm_liveness::LivenessError>(Arc::new(match held {
-                    Some(held) => monitor.with_held_connections(held),
+                )?;
+                Ok::<_, kpm_liveness::LivenessError>(Arc::new(match shared {
+                    Some(shared) => monitor.with_shared_connections(shared),
                     None => monitor,
                 }))
             })
             .transpose()
             .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;
-        let executor = OperationExecutor::with_events(self.executor, events.clone())
-            .with_fd_budget(self.fd_budget.clone());
-        let reconciler = Arc::new(Reconciler::new(
-            Arc::clone(&desired),
-            Arc::clone(&actual),
-            executor,
-            events.clone(),
-            self.reconciler,
-        ));
         for (plugin_type, handler) in self.handlers {
             add_handler(&reconciler, plugin_type, handler)?;
         }

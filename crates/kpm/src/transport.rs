@@ -3,9 +3,10 @@
 //! reading its stats ([`fd`]), binding a socket with a mode and serving
 //! tonic or HTTP/1 on it within the budget ([`bind_with_mode`], [`Incoming`],
 //! [`Http1Incoming`], [`TrackRequests`], [`BoundSocket`]), and dialing a
-//! plugin once ([`Dialer::grpc`], paid from the budget the caller names;
-//! [`endpoint_path`] reads the socket path out of an endpoint a plugin
-//! advertised).
+//! plugin ([`Dialer`], paid from the budget the caller names, with the
+//! types its methods give: [`GrpcChannel`], [`UdsChannel`],
+//! [`PermittedStream`], [`LiveConnections`]; [`endpoint_path`] reads the
+//! socket path out of an endpoint a plugin advertised).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), kpm::transport::TransportError> {
@@ -24,8 +25,8 @@
 
 pub use kpm_transport::{
     BoundSocket, Connection, DEFAULT_HANDSHAKE_TIMEOUT, Dialer, GrpcChannel, Http1Connection,
-    Http1Incoming, Incoming, Listen, OWNER_ONLY, TrackRequests, TransportError, bind,
-    bind_with_mode, endpoint_path,
+    Http1Incoming, Incoming, Listen, LiveConnections, OWNER_ONLY, PermittedStream, TrackRequests,
+    TransportError, UdsChannel, bind, bind_with_mode, endpoint_path,
 };
 
 /// The process's file descriptors as a budget every connection kpm dials

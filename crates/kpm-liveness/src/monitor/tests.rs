@@ -12,6 +12,7 @@ use kpm_cache::{
 };
 use rustix::io::Errno;
 
+use super::probes::PROBE_TICK;
 use super::*;
 
 struct NoHandler;
@@ -33,7 +34,8 @@ fn monitor() -> LivenessMonitor {
     let config = LivenessConfig::default().period(Some(PERIOD));
     let desired = Arc::new(DesiredState::new());
     let actual = Arc::new(ActualState::new());
-    LivenessMonitor::new(desired, actual, EventBus::default(), config).unwrap()
+    let budget = kpm_transport::fd::budget().clone();
+    LivenessMonitor::try_new(config, budget, desired, actual, EventBus::default()).unwrap()
 }
 
 /// Records `socket` as registered, served by `server_pid`.
@@ -133,7 +135,7 @@ async fn without_pidfds_exits_are_left_to_the_probes_and_said_once() {
 async fn a_dropped_endpoint_gets_the_sockets_of_its_plugins_checked_and_no_others() {
     let monitor = monitor();
     let mut state = State::new(&monitor);
-    // A socket there: a missing endpoint would have its plugins held.
+    // A socket there: a missing endpoint would have its plugins deregistered.
     let dir = tempfile::tempdir().unwrap();
     let endpoint = dir.path().join("dra.sock");
     let _listener = std::os::unix::net::UnixListener::bind(&endpoint).unwrap();

@@ -297,14 +297,18 @@ impl Manager {
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let events = EventBus::default();
-        let executor = OperationExecutor::with_events(config, events.clone());
-        let reconciler = Arc::new(Reconciler::new(
-            Arc::clone(&desired),
-            Arc::clone(&actual),
-            executor,
-            events.clone(),
-            reconciler,
-        ));
+        let budget = kpm_transport::fd::budget().clone();
+        let executor = OperationExecutor::try_new(config, budget, events.clone()).unwrap();
+        let reconciler = Arc::new(
+            Reconciler::try_new(
+                reconciler,
+                Arc::clone(&desired),
+                Arc::clone(&actual),
+                executor,
+                events.clone(),
+            )
+            .unwrap(),
+        );
         Self { desired, actual, reconciler, events, stop: None, task: None }
     }
 
