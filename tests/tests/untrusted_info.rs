@@ -61,7 +61,13 @@ proptest! {
                 .unwrap())
             }
             "DevicePlugin" => DeviceManager::try_new(DeviceConfig::default(), kpm::transport::fd::budget().clone()).unwrap(),
-            _ => DraManager::new(DraConfig::default(), Arc::new(InMemoryCleanup::default())),
+            _ => DraManager::try_new(
+                DraConfig::default(),
+                kpm::transport::fd::budget().clone(),
+                Arc::new(InMemoryCleanup::default()),
+                None,
+            )
+            .unwrap(),
         };
         if kpm::check_info(&info).is_err() {
             return Ok(());

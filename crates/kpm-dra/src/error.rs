@@ -1,5 +1,6 @@
-//! The one error type of the DRA crate, and the Go formatting helpers that
-//! make its texts read like the kubelet's.
+//! The error types of the DRA crate (a refused config, [`DraConfigError`];
+//! everything else, [`DraError`]), and the Go formatting helpers that make
+//! their texts read like the kubelet's.
 //!
 //! Where the kubelet has a text for the same failure (spec C.2-C.4), it is
 //! reproduced; the texts of the call errors name the driver, the endpoint and
@@ -176,12 +177,20 @@ pub enum DraError {
         #[source]
         status: tonic::Status,
     },
+}
 
-    // === Config ===
-    /// A duration of the [`DraConfig`](crate::DraConfig) is out of range;
-    /// see [`DraConfig::validate`](crate::DraConfig::validate).
+/// Why a [`DraConfig`](crate::DraConfig) was refused, by
+/// [`DraConfig::validate`](crate::DraConfig::validate) or
+/// [`DraManager::try_new`](crate::DraManager::try_new). Each variant names
+/// the bad field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DraConfigError {
+    /// A duration is out of range: `call_timeout` zero, or either duration
+    /// longer than [`MAX_CONFIG_DURATION`](kpm_api::constants::MAX_CONFIG_DURATION).
+    /// Its `field` is the config field's name.
     #[error("invalid DRA manager config: {0}")]
-    InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
+    DurationOutOfRange(#[from] kpm_api::config::DurationOutOfRange),
 }
 
 impl DraError {

@@ -292,6 +292,8 @@ pub(crate) trait DeviceHealthSink: Send + Sync + 'static {
 pub(crate) struct TimerCount(Arc<AtomicUsize>);
 
 impl TimerCount {
+    /// Read only by tests (`DraManager::health_timers`).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }

@@ -79,11 +79,11 @@
 //! reported it. At that deadline it becomes `Unknown` and its message is
 //! cleared, by a timer: one per driver, set to its devices' earliest
 //! deadline and moved by every message, held by the health stream's task
-//! and gone with it ([`DraManager::health_timers`] counts them; a driver
-//! without a health stream or without devices has none). Every change of a
-//! device's health (its first report, another health, an expiry) is
-//! published as a [`PluginEvent::DeviceHealthChanged`] on the bus given to
-//! [`DraManager::with_events`].
+//! and gone with it (a driver without a health stream or without devices
+//! has none; `DraManager::health_timers`, for tests, counts them). Every
+//! change of a device's health (its first report, another health, an
+//! expiry) is published as a [`PluginEvent::DeviceHealthChanged`] on the
+//! bus given to [`DraManager::try_new`].
 //!
 //! [`PluginEvent::DeviceHealthChanged`]: kpm_cache::PluginEvent::DeviceHealthChanged
 //!
@@ -121,6 +121,14 @@
 //!   `internal error: unsupported chosen service` cannot happen.
 //! - No metrics yet (`DRAGRPCOperationsDuration`).
 
+//!
+//! # Features
+//!
+//! - `serde`: `Serialize` for the status types, as kpm's status API shows
+//!   them.
+//! - `testing`: accessors for tests only (`DraManager::health_timers`);
+//!   the crate's own integration tests turn it on.
+
 #![deny(missing_docs)]
 
 mod cleanup;
@@ -133,7 +141,7 @@ mod validate;
 mod view;
 
 pub use cleanup::{InMemoryCleanup, SliceCleanup};
-pub use error::DraError;
+pub use error::{DraConfigError, DraError};
 pub use health::{DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus};
 pub use manager::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DraConfig, DraDriverStatus, DraEndpointReport,

@@ -33,7 +33,8 @@ fn setup(cleanup_grace: Duration) -> Setup {
         .call_timeout(DEADLINE)
         .cleanup_grace(cleanup_grace)
         .root_dir(Some(dir.path().to_path_buf()));
-    let manager = DraManager::new(config, cleanup.clone());
+    let budget = kpm_transport::fd::budget().clone();
+    let manager = DraManager::try_new(config, budget, cleanup.clone(), None).unwrap();
     Setup { dir, cleanup, manager }
 }
 

@@ -20,7 +20,6 @@ use kpm_cache::PluginDetails;
 use kpm_cache::{EventBus, PluginEvent, PluginHandler};
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_with_clock_held, with_clock_held, within};
-use kpm_transport::fd;
 use support::{FakeDriver, Health, Served, Serves, serve, strings};
 use tempfile::TempDir;
 use tokio::sync::broadcast::{self, error::TryRecvError};
@@ -41,7 +40,8 @@ fn setup() -> Setup {
     let bus = EventBus::default();
     let events = bus.subscribe();
     let cleanup = Arc::new(InMemoryCleanup::default());
-    let manager = DraManager::with_events(config, cleanup, fd::budget().clone(), bus.clone());
+    let budget = kpm_transport::fd::budget().clone();
+    let manager = DraManager::try_new(config, budget, cleanup, Some(bus.clone())).unwrap();
     Setup { dir, manager, bus, events }
 }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::PluginDetails;
 use kpm_cache::PluginHandler;
-use kpm_dra::{DraConfig, DraError, DraManager, InMemoryCleanup};
+use kpm_dra::{DraConfig, DraConfigError, DraError, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, within};
 use support::{FakeDriver, Serves, claim, serve, strings};
 use tempfile::TempDir;
@@ -30,13 +30,19 @@ fn setup() -> Setup {
     setup_with(DEADLINE)
 }
 
+/// A manager with `config`, on the process-wide fd budget, publishing to no one.
+fn manager(config: DraConfig) -> Arc<DraManager> {
+    let budget = kpm_transport::fd::budget().clone();
+    DraManager::try_new(config, budget, Arc::new(InMemoryCleanup::default()), None).unwrap()
+}
+
 fn setup_with(call_timeout: Duration) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let config = DraConfig::default()
         .call_timeout(call_timeout)
         .cleanup_grace(Duration::from_secs(30))
         .root_dir(Some(dir.path().to_path_buf()));
-    let manager = DraManager::new(config, Arc::new(InMemoryCleanup::default()));
+    let manager = manager(config);
     Setup { dir, manager }
 }
 
@@ -226,7 +232,7 @@ async fn concurrent_calls_share_the_instances_one_connection() {
 
 fn kubelet_manager() -> Arc<DraManager> {
     let config = DraConfig::default().root_dir(Some("/var/lib/kubelet".into()));
-    DraManager::new(config, Arc::new(InMemoryCleanup::default()))
+    manager(config)
 }
 
 #[tokio::test]
@@ -294,7 +300,7 @@ async fn endpoints_that_clean_to_a_path_inside_the_root_are_accepted() {
 
 #[tokio::test]
 async fn any_absolute_endpoint_is_accepted_without_a_root() {
-    let manager = DraManager::new(DraConfig::default(), Arc::new(InMemoryCleanup::default()));
+    let manager = manager(DraConfig::default());
     let services = strings(&["v1.DRAPlugin"]);
     manager.validate_plugin("example.com", "/run/some-other/socket.sock", &services).unwrap();
     let err = manager.validate_plugin("example.com", "socket.sock", &services).unwrap_err();
@@ -445,21 +451,30 @@ fn durations_out_of_range_are_refused_naming_the_field() {
     for (name, config) in refused {
         let error = config.validate().unwrap_err();
         assert!(
-            matches!(error, DraError::InvalidConfig(kpm_api::config::DurationOutOfRange { field, .. }) if field == name),
+            matches!(error, DraConfigError::DurationOutOfRange(kpm_api::config::DurationOutOfRange { field, .. }) if field == name),
             "{config:?}: {error:?}"
         );
         assert!(error.to_string().contains(name), "{error}");
     }
 }
 
-#[tokio::test]
-async fn an_invalid_config_registers_no_driver() {
-    let s = setup_with(Duration::MAX);
-    let driver = FakeDriver::new(Serves::V1);
-    let served = serve(&s.dir.path().join("dra.sock"), &driver);
-    let refused = s.register(DRIVER, &served.endpoint(), &["v1.DRAPlugin"]).await.unwrap_err();
-    assert!(refused.contains("call_timeout"), "{refused}");
-    assert!(s.manager.drivers().is_empty());
+#[test]
+fn an_invalid_config_makes_no_manager() {
+    let budget = kpm_transport::fd::budget().clone();
+    let config = DraConfig::default().call_timeout(Duration::MAX);
+    let cleanup = Arc::new(InMemoryCleanup::default());
+    let refused = DraManager::try_new(config, budget, cleanup, None).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            DraConfigError::DurationOutOfRange(kpm_api::config::DurationOutOfRange {
+                field: "call_timeout",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("call_timeout"), "{refused}");
 }
 
 #[tokio::test]

@@ -228,8 +228,6 @@ impl KubeletBuilder {
                 setting: "device_config",
                 reason: err.to_string(),
             })?;
-        #[cfg(feature = "dra")]
-        crate::manager::invalid_if("dra_config", self.dra.validate())?;
         let enabled = |kind| !self.disabled.contains(&kind);
         // One bus for the manager's events and the handlers' own.
         let events = self.manager.event_bus()?;
@@ -287,12 +285,10 @@ impl KubeletBuilder {
             let cleanup = self
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
-            let dra = crate::dra::DraManager::with_events(
-                config,
-                cleanup,
-                self.fd_budget.clone(),
-                events.clone(),
-            );
+            let health_events = Some(events.clone());
+            let budget = self.fd_budget.clone();
+            let dra = crate::dra::DraManager::try_new(config, budget, cleanup, health_events);
+            let dra = crate::manager::invalid_if("dra_config", dra)?;
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };

@@ -243,11 +243,12 @@ fn add_handler(
         .map_err(|source| Error::AddHandler { plugin_type, source })
 }
 
-/// `Err(InvalidConfig)` for `setting` if `checked` says it is invalid.
-pub(crate) fn invalid_if<E: std::fmt::Display>(
+/// `Err(InvalidConfig)` for `setting` if `checked` says it is invalid (a
+/// `validate()`, or a `try_new` that validates), else what it made.
+pub(crate) fn invalid_if<T, E: std::fmt::Display>(
     setting: &'static str,
-    checked: std::result::Result<(), E>,
-) -> Result<()> {
+    checked: std::result::Result<T, E>,
+) -> Result<T> {
     checked.map_err(|err| Error::InvalidConfig { setting, reason: err.to_string() })
 }
 
