@@ -109,7 +109,9 @@ mod tests {
         assert!(architecture().contains(
             "- `kpm-reconciler` → kpm-api, kpm-cache, kpm-executor; dev: kpm-transport\n"
         ));
-        assert!(architecture().contains("- `kpm-tests` → none; dev: kpm, kpm-registrar\n"));
+        assert!(
+            architecture().contains("- `kpm-tests` → none; dev: kpm, kpm-api, kpm-registrar\n")
+        );
     }
 
     #[test]

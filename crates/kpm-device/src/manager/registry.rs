@@ -237,14 +237,11 @@ impl PluginHandler for DeviceManager {
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint, versions) =
-            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
-        Ok(self.register_plugin(name, endpoint, versions).await?)
+        Ok(self.register_plugin(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
-        self.deregister_plugin(name, endpoint);
+        self.deregister_plugin(&plugin.name, &plugin.endpoint);
     }
 
     /// Its options and first device list ([`DeviceManager::inspect_endpoint`]).
@@ -252,8 +249,8 @@ impl PluginHandler for DeviceManager {
         &self,
         plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
-        Ok(Some(Box::new(self.inspect_endpoint(name, Path::new(endpoint)).await?)))
+        let report = self.inspect_endpoint(&plugin.name, Path::new(&plugin.endpoint));
+        Ok(Some(Box::new(report.await?)))
     }
 }
 

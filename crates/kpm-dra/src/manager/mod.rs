@@ -228,20 +228,15 @@ impl Shared {
 #[async_trait]
 impl PluginHandler for DraManager {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint, versions) =
-            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
-        Ok(self.validate_plugin(name, endpoint, versions)?)
+        Ok(self.validate_plugin(&plugin.name, &plugin.endpoint, &plugin.versions)?)
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint, versions) =
-            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
-        Ok(self.register_plugin(name, endpoint, versions).await?)
+        Ok(self.register_plugin(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
-        self.deregister_plugin(name, endpoint);
+        self.deregister_plugin(&plugin.name, &plugin.endpoint);
     }
 
     /// Its negotiated service answers ([`DraManager::inspect_endpoint`]).
@@ -249,8 +244,7 @@ impl PluginHandler for DraManager {
         &self,
         plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let (name, endpoint, versions) =
-            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
-        Ok(Some(Box::new(self.inspect_endpoint(name, endpoint, versions).await?)))
+        let report = self.inspect_endpoint(&plugin.name, &plugin.endpoint, &plugin.versions);
+        Ok(Some(Box::new(report.await?)))
     }
 }
