@@ -24,6 +24,10 @@ pub(crate) struct Sample {
     /// Time on a CPU of the live threads, from schedstat.
     pub(crate) sched_ns: u64,
     pub(crate) rss_kb: u64,
+    /// Of the RSS, anonymous pages (the heap, stacks: `RssAnon`) and pages
+    /// of mapped files (the binary's code and data: `RssFile`).
+    pub(crate) rss_anon_kb: u64,
+    pub(crate) rss_file_kb: u64,
     /// Peak RSS (`VmHWM`).
     pub(crate) hwm_kb: u64,
     pub(crate) fds: u64,
@@ -57,6 +61,7 @@ pub(crate) fn sample(pid: &str) -> Result<Sample> {
     };
     let rss_kb = kb("VmRSS:")?;
     let hwm_kb = kb("VmHWM:")?;
+    let (rss_anon_kb, rss_file_kb) = (kb("RssAnon:")?, kb("RssFile:")?);
     let mut fds = 0;
     for entry in fs::read_dir(format!("{dir}/fd"))? {
         entry?;
@@ -69,7 +74,7 @@ pub(crate) fn sample(pid: &str) -> Result<Sample> {
         sched_ns +=
             text.split_whitespace().next().and_then(|ns| ns.parse::<u64>().ok()).unwrap_or(0);
     }
-    Ok(Sample { at, ticks, sched_ns, rss_kb, hwm_kb, fds, threads })
+    Ok(Sample { at, ticks, sched_ns, rss_kb, rss_anon_kb, rss_file_kb, hwm_kb, fds, threads })
 }
 
 /// Whether process `pid` is running: it exists and is neither a zombie
@@ -136,6 +141,8 @@ mod tests {
         let sample = sample("self").unwrap();
         assert!(sample.rss_kb > 0);
         assert!(sample.hwm_kb >= sample.rss_kb);
+        assert!(sample.rss_anon_kb > 0 && sample.rss_file_kb > 0);
+        assert!(sample.rss_anon_kb + sample.rss_file_kb <= sample.rss_kb);
         assert!(sample.fds >= 3);
         assert!(sample.threads >= 1);
         assert!(clock_ticks_per_second() > 0);

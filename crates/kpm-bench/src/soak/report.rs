@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::stats::{float, round};
+use crate::stats::{Fit, fit, float, round};
 use crate::{columns::columns, procfs};
 
 /// Allowed growth of RSS and of the live heap, in percent of the baseline.
@@ -20,8 +20,13 @@ pub(super) struct Sample {
     /// `load`, `pause`, `baseline` or `final`.
     pub(super) phase: &'static str,
     pub(super) rss_kb: u64,
+    /// Of the RSS, anonymous pages and pages of mapped files (the binary).
+    pub(super) rss_anon_kb: u64,
+    pub(super) rss_file_kb: u64,
     /// kpm's live heap (`kpm_heap_allocated_bytes`), in KiB.
     pub(super) heap_kb: Option<u64>,
+    /// What kpm's allocator holds beside its live heap.
+    pub(super) allocator: Allocator,
     pub(super) fds: u64,
     pub(super) threads: u64,
     pub(super) tasks: Option<u64>,
@@ -42,6 +47,38 @@ pub(super) struct Sample {
     pub(super) loadgen_fds: u64,
 }
 
+/// kpm's allocator's own accounting (its `kpm_heap_*` metrics), in KiB;
+/// `None` where kpm did not report it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Allocator {
+    pub(super) active_kb: Option<u64>,
+    pub(super) metadata_kb: Option<u64>,
+    pub(super) resident_kb: Option<u64>,
+    pub(super) mapped_kb: Option<u64>,
+    pub(super) retained_kb: Option<u64>,
+    /// Freed pages not returned yet, summed over the arenas.
+    pub(super) dirty_kb: Option<u64>,
+    pub(super) muzzy_kb: Option<u64>,
+    /// Arenas with pages of their own.
+    pub(super) arenas: u64,
+}
+
+impl Allocator {
+    fn json(&self) -> Value {
+        let mb = |kb: Option<u64>| kb.map(procfs::mb);
+        json!({
+            "active_mb": mb(self.active_kb),
+            "metadata_mb": mb(self.metadata_kb),
+            "resident_mb": mb(self.resident_kb),
+            "mapped_mb": mb(self.mapped_kb),
+            "retained_mb": mb(self.retained_kb),
+            "dirty_mb": mb(self.dirty_kb),
+            "muzzy_mb": mb(self.muzzy_kb),
+            "arenas": self.arenas,
+        })
+    }
+}
+
 impl Sample {
     pub(super) fn json(&self) -> Value {
         json!({
@@ -49,8 +86,11 @@ impl Sample {
             "phase": self.phase,
             "rss_mb": procfs::mb(self.rss_kb),
             "rss_kb": self.rss_kb,
+            "rss_anon_mb": procfs::mb(self.rss_anon_kb),
+            "rss_file_mb": procfs::mb(self.rss_file_kb),
             "heap_mb": self.heap_kb.map(procfs::mb),
             "heap_kb": self.heap_kb,
+            "allocator": self.allocator.json(),
             "fds": self.fds,
             "threads": self.threads,
             "tokio_tasks": self.tasks,
@@ -74,6 +114,8 @@ pub(super) struct Verdict<'a> {
     pub(super) kpm_alive: bool,
     pub(super) baseline: Option<&'a Sample>,
     pub(super) last: Option<&'a Sample>,
+    /// Every sample, in order.
+    pub(super) samples: &'a [Sample],
     pub(super) churn_failures: usize,
     pub(super) bad_errors: usize,
 }
@@ -85,6 +127,37 @@ pub(super) struct Verdict<'a> {
 /// plugin (400 in ten minutes) or per kind-round (30) is far above it.
 fn slack(baseline: u64) -> u64 {
     (baseline / 50).max(10)
+}
+
+/// The least-squares slope of kpm's RSS, in MB per hour, over the samples
+/// under load in the second half of the time under load. A leak climbs
+/// steadily, and its slope stands above the scatter; a plateau reached
+/// earlier has a slope within its bound of zero. The pauses are left out:
+/// they are quieter than the load around them.
+pub(super) fn rss_slope(samples: &[Sample]) -> Option<Fit> {
+    let loaded: Vec<&Sample> = samples.iter().filter(|sample| sample.phase == "load").collect();
+    let (first, last) = (loaded.first()?.at, loaded.last()?.at);
+    let half = first + last.saturating_sub(first) / 2;
+    let hours = |at: Duration| at.as_secs_f64() / 3600.0;
+    let points: Vec<(f64, f64)> = loaded
+        .iter()
+        .filter(|sample| sample.at >= half)
+        .map(|sample| (hours(sample.at), procfs::mb(sample.rss_kb)))
+        .collect();
+    fit(&points)
+}
+
+/// The check of [`rss_slope`]: the slope must not stand above zero by more
+/// than its bound.
+fn slope_check(samples: &[Sample]) -> Value {
+    let fit = rss_slope(samples);
+    json!({
+        "check": "kpm RSS slope, last half of the load (MB/h)",
+        "baseline": Value::Null,
+        "final": fit.map(|fit| format!("{:+.2} ± {:.2} ({} samples)", fit.slope, fit.bound, fit.points)),
+        "limit": if fit.is_some() { "≤ 0 within its bound" } else { "3 samples or more" },
+        "pass": fit.is_some_and(|fit| fit.slope - fit.bound <= 0.0),
+    })
 }
 
 /// The checks of the verdict, each `{check, baseline, final, limit, pass}`.
@@ -141,6 +214,7 @@ pub(super) fn checks(verdict: &Verdict<'_>) -> Vec<Value> {
     };
     checks.push(memory("kpm RSS (MB)", Some(base.rss_kb), Some(last.rss_kb)));
     checks.push(memory("kpm live heap (MB)", base.heap_kb, last.heap_kb));
+    checks.push(slope_check(verdict.samples));
     let plugins = u64::try_from(verdict.plugins).unwrap_or(u64::MAX);
     checks.push(check(
         "well-behaved plugins registered",
@@ -250,6 +324,7 @@ pub(crate) fn table(results: &Value) -> String {
         .map(|sample| keys.iter().map(|key| field(sample, key)).collect())
         .collect();
     out.push_str(&columns(&headers, &rows));
+    out.push_str(&memory_table(&list("samples")));
 
     out.push_str("\n\nregistration latency of the re-created plugins, by minute (ms):\n");
     let rows: Vec<Vec<String>> = list("latency_by_minute")
@@ -288,6 +363,39 @@ pub(crate) fn table(results: &Value) -> String {
     out
 }
 
+/// Where kpm's RSS goes over time: anonymous and file pages, and what its
+/// allocator holds (jemalloc's own accounting).
+fn memory_table(samples: &[Value]) -> String {
+    let headers = [
+        "T (S)", "PHASE", "RSS", "ANON", "FILE", "HEAP", "ACTIVE", "METADATA", "RESIDENT", "DIRTY",
+        "MUZZY", "MAPPED", "RETAINED", "ARENAS",
+    ];
+    let rows: Vec<Vec<String>> = samples
+        .iter()
+        .map(|sample| {
+            let top = ["t_s", "phase", "rss_mb", "rss_anon_mb", "rss_file_mb", "heap_mb"];
+            let allocator = [
+                "active_mb",
+                "metadata_mb",
+                "resident_mb",
+                "dirty_mb",
+                "muzzy_mb",
+                "mapped_mb",
+                "retained_mb",
+                "arenas",
+            ];
+            top.iter()
+                .map(|key| cell(&sample[key]))
+                .chain(allocator.iter().map(|key| cell(&sample["allocator"][key])))
+                .collect()
+        })
+        .collect();
+    format!(
+        "\n\nkpm's memory (MB): RSS, its anonymous and file pages, and its allocator's figures:\n{}",
+        columns(&headers, &rows)
+    )
+}
+
 /// The verdict and its checks.
 fn verdict_table(verdict: &Value) -> String {
     let field = |value: &Value, key: &str| cell(&value[key]);
@@ -321,7 +429,10 @@ mod tests {
             at: Duration::from_secs(60),
             phase: "baseline",
             rss_kb,
+            rss_anon_kb: rss_kb / 2,
+            rss_file_kb: rss_kb / 4,
             heap_kb: Some(rss_kb / 2),
+            allocator: Allocator::default(),
             fds,
             threads: 3,
             tasks: Some(tasks),
@@ -341,15 +452,31 @@ mod tests {
         checks.iter().filter(|c| c["pass"] != true).map(|c| c["check"].to_string()).collect()
     }
 
+    /// Samples under load every 10 s for 20 minutes, RSS in KiB by time in seconds.
+    fn loaded(rss_kb: impl Fn(u64) -> u64) -> Vec<Sample> {
+        (1..=120)
+            .map(|tick| {
+                let at = tick * 10;
+                Sample {
+                    at: Duration::from_secs(at),
+                    phase: "load",
+                    ..sample(230, 700, rss_kb(at))
+                }
+            })
+            .collect()
+    }
+
     #[test]
     fn the_verdict_allows_small_noise_and_catches_growth() {
         let base = sample(230, 700, 20_000);
+        let flat = loaded(|_| 20_000);
         let verdict = |last: &Sample| {
             checks(&Verdict {
                 plugins: 200,
                 kpm_alive: true,
                 baseline: Some(&base),
                 last: Some(last),
+                samples: &flat,
                 churn_failures: 0,
                 bad_errors: 0,
             })
@@ -381,9 +508,30 @@ mod tests {
             kpm_alive: false,
             baseline: Some(&base),
             last: None,
+            samples: &[],
             churn_failures: 0,
             bad_errors: 0,
         });
         assert_eq!(failed(&died), ["\"kpm alive to the end\"", "\"quiescent samples\""]);
+    }
+
+    #[test]
+    fn the_slope_tells_a_plateau_from_a_leak() {
+        let slope = |rss_kb: &dyn Fn(u64) -> u64| rss_slope(&loaded(rss_kb)).expect("a fit");
+        // Climbing 5 MB in the first minutes, then a saw-tooth of 1 MB around 25 MB.
+        let plateau =
+            slope(&|at| if at < 300 { 20_000 + at * 16 } else { 24_500 + (at / 10 % 2) * 1000 });
+        assert!(plateau.slope - plateau.bound <= 0.0, "{plateau:?}");
+        assert_eq!(plateau.points, 60, "the second half of the load only: 610 s to 1200 s");
+        // The same saw-tooth over a leak of 10 MiB an hour (2.8 KiB a second),
+        // which ten minutes tell from the saw-tooth: the issue-36 soak grew
+        // 1.7 MB in its last 5.5 minutes (18 MB an hour).
+        let leak = slope(&|at| 20_000 + at * 10_000 / 3600 + (at / 10 % 2) * 1000);
+        assert!(leak.slope - leak.bound > 0.0, "{leak:?}");
+        assert!((leak.slope - 10.24).abs() < 1.0, "MB (10^6) per hour: {leak:?}");
+        // Pause samples are left out, and too few samples give no fit.
+        let mut paused = loaded(|_| 20_000);
+        paused.iter_mut().skip(2).for_each(|sample| sample.phase = "pause");
+        assert!(rss_slope(&paused).is_none());
     }
 }

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
-use super::report::{Sample, Verdict, checks};
+use super::report::{Allocator, Sample, Verdict, checks};
 use crate::misbehave::{self, Counters, Misbehaviour};
 use crate::plugins::{self, Plugin, Timing};
 use crate::scenarios::{Context, register_all, socket_of};
@@ -117,11 +117,25 @@ impl Probe {
             (Err(err), _) | (_, Err(err)) => return Err(err),
         };
         let plugins = "plugin_manager_total_plugins";
+        let kib =
+            |figure: &str| scrape.sum(&format!("kpm_heap_{figure}_bytes"), None).map(|b| b / 1024);
         Ok(Some(Sample {
             at: self.begin.elapsed(),
             phase,
             rss_kb: kpm.rss_kb,
-            heap_kb: scrape.sum("kpm_heap_allocated_bytes", None).map(|bytes| bytes / 1024),
+            rss_anon_kb: kpm.rss_anon_kb,
+            rss_file_kb: kpm.rss_file_kb,
+            heap_kb: kib("allocated"),
+            allocator: Allocator {
+                active_kb: kib("active"),
+                metadata_kb: kib("metadata"),
+                resident_kb: kib("resident"),
+                mapped_kb: kib("mapped"),
+                retained_kb: kib("retained"),
+                dirty_kb: kib("dirty"),
+                muzzy_kb: kib("muzzy"),
+                arenas: scrape.count("kpm_heap_dirty_bytes", None),
+            },
             fds: kpm.fds,
             threads: kpm.threads,
             tasks: scrape.sum("kpm_tokio_tasks", None),
@@ -415,6 +429,7 @@ impl Soak<'_> {
             kpm_alive: !self.kpm_gone,
             baseline,
             last,
+            samples: &self.samples,
             churn_failures: self.churn_failures.len(),
             bad_errors: self.bad_errors.len(),
         });

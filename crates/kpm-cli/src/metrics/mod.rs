@@ -20,7 +20,9 @@
 //!   `kpm_liveness_endpoints_gone_total`;
 //! - `kpm_operations` (the executor's entries), `kpm_tokio_tasks` (tasks
 //!   alive in the runtime) and `kpm_heap_allocated_bytes` (the live heap),
-//!   which must stay flat under churn, and `kpm_heap_resident_bytes`;
+//!   which must stay flat under churn; beside it the allocator's
+//!   `kpm_heap_{active,metadata,resident,mapped,retained}_bytes` and, per
+//!   arena, `kpm_heap_dirty_bytes{arena}` and `kpm_heap_muzzy_bytes{arena}`;
 //! - `kpm_device_plugin_devices{resource, health}` and
 //!   `kpm_dra_driver_instances{driver, connected}`;
 //! - `kpm_fd_budget{state}` (`limit`, `budget`, `in_use`, `open`),

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use kpm::transport::fd::{FdBudget, FdStats};
 
-use crate::heap::{self, HeapStats};
+use crate::heap::{self, ArenaPages, HeapStats};
 use kpm::kube::KubeStatus;
 use kpm::{EventCounts, KubeletHandle, LivenessStats};
 
@@ -251,19 +251,8 @@ impl Reading {
         if let Some(tasks) = self.tasks {
             gauge(encoder, "kpm_tokio_tasks", "Tasks alive in kpm's async runtime.", tasks)?;
         }
-        if let Some(heap) = self.heap {
-            gauge(
-                encoder,
-                "kpm_heap_allocated_bytes",
-                "Bytes kpm has allocated and not freed (the allocator's live heap).",
-                heap.allocated,
-            )?;
-            gauge(
-                encoder,
-                "kpm_heap_resident_bytes",
-                "Bytes in pages kpm's allocator keeps resident (live heap, metadata, freed pages not returned yet).",
-                heap.resident,
-            )?;
+        if let Some(heap) = &self.heap {
+            encode_heap(heap, encoder)?;
         }
         gauge_family(
             encoder,
@@ -295,6 +284,51 @@ impl Reading {
             None => Ok(()),
         }
     }
+}
+
+/// The allocator's figures: jemalloc's totals, and the freed pages each of
+/// its arenas still holds (where RSS goes that the live heap does not show).
+fn encode_heap(heap: &HeapStats, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+    let totals = [
+        (
+            "kpm_heap_allocated_bytes",
+            "Bytes kpm has allocated and not freed (the allocator's live heap).",
+            heap.allocated,
+        ),
+        (
+            "kpm_heap_active_bytes",
+            "Bytes in the allocator's pages that hold live allocations (live heap and the room between them).",
+            heap.active,
+        ),
+        ("kpm_heap_metadata_bytes", "Bytes of the allocator's own bookkeeping.", heap.metadata),
+        (
+            "kpm_heap_resident_bytes",
+            "Bytes in pages kpm's allocator keeps resident (live heap, metadata, freed pages not returned yet).",
+            heap.resident,
+        ),
+        ("kpm_heap_mapped_bytes", "Bytes the allocator has mapped for use.", heap.mapped),
+        (
+            "kpm_heap_retained_bytes",
+            "Bytes of address space the allocator returned to the system and keeps for reuse (not resident).",
+            heap.retained,
+        ),
+    ];
+    for (name, help, bytes) in totals {
+        gauge(encoder, name, help, bytes)?;
+    }
+    let arena = |arena: &ArenaPages| [("arena", arena.arena.to_string())];
+    gauge_family(
+        encoder,
+        "kpm_heap_dirty_bytes",
+        "Bytes of freed pages an allocator arena keeps resident until its dirty decay returns them.",
+        heap.arenas.iter().map(|a| (arena(a), a.dirty)),
+    )?;
+    gauge_family(
+        encoder,
+        "kpm_heap_muzzy_bytes",
+        "Bytes of freed pages an allocator arena returned lazily (MADV_FREE): resident until the kernel takes them.",
+        heap.arenas.iter().map(|a| (arena(a), a.muzzy)),
+    )
 }
 
 /// One `{type}` sample per plugin type.
