@@ -258,3 +258,24 @@ pub(crate) fn stdout_of(command: &mut Command) -> Result<String> {
     }
     Ok(String::from_utf8(output.stdout)?.trim().to_owned())
 }
+
+/// Prints what each scenario of a suite (`interop`, `kube-e2e`) came to,
+/// `passed`, `skipped: …` or `FAILED: …`, and fails if one failed.
+pub(crate) fn report_outcomes(
+    suite: &str,
+    against: &Path,
+    outcomes: &[(&str, String)],
+    logs: &Path,
+) -> Result {
+    println!("\n{suite} against {}:", against.display());
+    let width = outcomes.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    for (name, outcome) in outcomes {
+        println!("  {name:<width$}  {outcome}");
+    }
+    println!("logs: {}", logs.display());
+    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
+    if failed > 0 {
+        return Err(format!("{failed} {suite} scenario(s) failed").into());
+    }
+    Ok(())
+}

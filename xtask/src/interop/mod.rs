@@ -153,14 +153,5 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         outcomes.push((scenario.name, outcome));
     }
 
-    println!("\ninterop against {}:", env.bin_dir.display());
-    for (name, outcome) in &outcomes {
-        println!("  {name:<24} {outcome}");
-    }
-    println!("logs: {}", env.out.display());
-    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
-    if failed > 0 {
-        return Err(format!("{failed} interop scenario(s) failed").into());
-    }
-    Ok(())
+    crate::harness::report_outcomes("interop", &env.bin_dir, &outcomes, &env.out)
 }

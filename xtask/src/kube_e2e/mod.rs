@@ -163,14 +163,5 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         outcomes.push((scenario.name, outcome));
     }
 
-    println!("\nkube-e2e against {}:", env.apiserver.display());
-    for (name, outcome) in &outcomes {
-        println!("  {name:<16} {outcome}");
-    }
-    println!("logs: {}", env.out.display());
-    let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();
-    if failed > 0 {
-        return Err(format!("{failed} kube-e2e scenario(s) failed").into());
-    }
-    Ok(())
+    crate::harness::report_outcomes("kube-e2e", &env.apiserver, &outcomes, &env.out)
 }
