@@ -162,9 +162,9 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
 /// `kpm doctor --watch`: judges and publishes until SIGINT or SIGTERM.
 async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     crate::run::init_logging(args.watch.log_format)?;
-    // Each pass dials every plugin and frees it all again: without the
-    // allocator's own thread, an idle doctor would keep those pages.
-    crate::heap::purge_in_background();
+    // Each pass dials every plugin and frees it all again: returned at once,
+    // none of it stays with an idle doctor.
+    crate::heap::return_freed_pages_at_once();
     let budget = crate::run::init_fd_budget().clone();
     let shutdown = crate::run::shutdown_signal()?;
     let doctor = Doctor::new(args.config())?;

@@ -1,29 +1,48 @@
 //! kpm's memory allocator, jemalloc, and its statistics for `/metrics`.
 //!
 //! jemalloc hands pages freed by churning connections back to the system
-//! within seconds, from a background thread of its own once `kpm run`
-//! starts it; with glibc's malloc kpm's RSS kept growing under churn while
-//! its live heap stayed flat (`docs/reliability.md`, soak).
+//! (at once, from `kpm run` and `kpm doctor --watch` on); with glibc's
+//! malloc kpm's RSS kept growing under churn while its live heap stayed
+//! flat (`docs/reliability.md`, soak).
 
-use serde::Deserialize;
-use tikv_jemalloc_ctl::stats_print::{self, Options};
-use tikv_jemalloc_ctl::{background_thread, epoch, stats};
+use tikv_jemalloc_ctl::{Access as _, AsName as _, arenas, epoch, stats};
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// Has a jemalloc thread of its own hand freed pages back to the system on
-/// time. Without it jemalloc purges only while kpm allocates, and an idle
-/// kpm kept what its start-up burst freed: 45 MB instead of 30 MB at rest
-/// with 1000 CSI drivers (docs/performance.md, issue 27).
-pub(crate) fn purge_in_background() {
-    if let Err(error) = background_thread::write(true) {
+/// Has jemalloc return pages to the system as soon as they are free
+/// (`dirty_decay_ms` 0, in the arenas in use and in those to come) rather
+/// than keep them for ten seconds to reuse.
+///
+/// Under churn a freed page is reused within milliseconds by whatever asks
+/// next. h2 sizes each connection's buffers for the worst case (16 KiB to
+/// write, 8 KiB to read) and a plugin's connection touches a few hundred
+/// bytes of them: a fresh page never touched takes no memory, but a page
+/// reused dirty is resident already. So under churn RSS crept up towards
+/// all that jemalloc holds while the live heap stayed flat: +6 % in four
+/// minutes of the soak at 1000 plugins, 50 re-created a second, and still
+/// climbing. Returned at once, RSS stays at what is touched, and falls as
+/// it settles (issue 36, docs/performance.md). Nothing stays dirty for a
+/// background thread to purge once kpm idles.
+pub(crate) fn return_freed_pages_at_once() {
+    if let Err(error) = no_dirty_decay() {
         tracing::warn!(
             %error,
-            "cannot start the allocator's background thread; freed memory goes back to the \
-             system only while kpm allocates"
+            "cannot have the allocator return freed pages at once; under churn RSS may grow \
+             up to what it holds"
         );
     }
+}
+
+fn no_dirty_decay() -> tikv_jemalloc_ctl::Result<()> {
+    const AT_ONCE: isize = 0;
+    // The default for arenas created later, then each arena in use.
+    b"arenas.dirty_decay_ms\0".name().write(AT_ONCE)?;
+    for arena in 0..arenas::narenas::read()? {
+        // An arena no thread has used yet does not exist: it will take the default.
+        let _ = format!("arena.{arena}.dirty_decay_ms\0").name().write(AT_ONCE);
+    }
+    Ok(())
 }
 
 /// What the allocator holds, in bytes: jemalloc's `stats.*`.
@@ -52,7 +71,7 @@ pub(crate) struct HeapStats {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ArenaPages {
     /// The arena's index: threads are spread over arenas.
-    pub(crate) arena: usize,
+    pub(crate) arena: u32,
     /// Freed and still resident; returned after `dirty_decay_ms`.
     pub(crate) dirty: usize,
     /// Returned lazily (`MADV_FREE`): resident, and counted in RSS, until the
@@ -75,64 +94,24 @@ pub(crate) fn stats() -> Option<HeapStats> {
     })
 }
 
-/// The dirty and muzzy pages of every arena in use. jemalloc's control
-/// interface reads one arena's figures only by a name built at run time,
-/// which the safe wrapper does not offer, so they come from its statistics
-/// report, as JSON, without the per-size-class tables.
+/// The dirty and muzzy pages of every arena in use. An arena's figures are
+/// read by a name with its index in it; an arena no thread has used yet
+/// has none.
 fn arena_pages() -> Option<Vec<ArenaPages>> {
-    let mut options = Options::default();
-    options.json_format = true;
-    options.skip_merged_arenas = true;
-    options.skip_bin_size_classes = true;
-    options.skip_large_size_classes = true;
-    options.skip_mutex_statistics = true;
-    let mut json = Vec::new();
-    stats_print::stats_print(&mut json, options).ok()?;
-    parse_arena_pages(&json)
-}
-
-/// jemalloc's report, the parts read here.
-#[derive(Deserialize)]
-struct Report {
-    jemalloc: Jemalloc,
-}
-
-#[derive(Deserialize)]
-struct Jemalloc {
-    arenas: Constants,
-    #[serde(rename = "stats.arenas")]
-    arenas_stats: std::collections::BTreeMap<String, ArenaReport>,
-}
-
-#[derive(Deserialize)]
-struct Constants {
-    page: usize,
-}
-
-#[derive(Deserialize)]
-struct ArenaReport {
-    pdirty: usize,
-    pmuzzy: usize,
-}
-
-/// The per-arena figures of a report; keys other than an arena's index
-/// (merged or destroyed arenas) are left out.
-fn parse_arena_pages(json: &[u8]) -> Option<Vec<ArenaPages>> {
-    let report: Report = serde_json::from_slice(json).ok()?;
-    let page = report.jemalloc.arenas.page;
-    let mut arenas: Vec<ArenaPages> = report
-        .jemalloc
-        .arenas_stats
-        .into_iter()
-        .filter_map(|(key, arena)| {
+    let page: usize = b"arenas.page\0".name().read().ok()?;
+    let pages = |arena: u32, figure: &str| -> Option<usize> {
+        let pages: usize = format!("stats.arenas.{arena}.{figure}\0").name().read().ok()?;
+        Some(pages.saturating_mul(page))
+    };
+    let arenas = (0..arenas::narenas::read().ok()?)
+        .filter_map(|arena| {
             Some(ArenaPages {
-                arena: key.parse().ok()?,
-                dirty: arena.pdirty.saturating_mul(page),
-                muzzy: arena.pmuzzy.saturating_mul(page),
+                arena,
+                dirty: pages(arena, "pdirty")?,
+                muzzy: pages(arena, "pmuzzy")?,
             })
         })
         .collect();
-    arenas.sort_by_key(|arena| arena.arena);
     Some(arenas)
 }
 
@@ -152,17 +131,17 @@ mod tests {
         assert!(heap.metadata > 0);
         assert!(!heap.arenas.is_empty(), "at least this thread's arena is in use");
         assert!(heap.arenas.windows(2).all(|pair| pair[0].arena < pair[1].arena));
+        assert!(heap.arenas.iter().all(|arena| arena.dirty % 4096 == 0 && arena.muzzy % 4096 == 0));
     }
 
     #[test]
-    fn a_report_gives_each_arena_in_bytes_and_skips_merged_ones() {
-        let json = br#"{"jemalloc": {"version": "5.3.0", "arenas": {"narenas": 8, "page": 4096},
-            "stats.arenas": {"merged": {"pdirty": 9, "pmuzzy": 9},
-                             "2": {"nthreads": 1, "pdirty": 3, "pmuzzy": 1},
-                             "0": {"nthreads": 2, "pdirty": 10, "pmuzzy": 0}}}}"#;
-        let arenas = parse_arena_pages(json).expect("parsed");
-        let pages: Vec<_> = arenas.iter().map(|a| (a.arena, a.dirty, a.muzzy)).collect();
-        assert_eq!(pages, [(0, 40_960, 0), (2, 12_288, 4096)]);
-        assert!(parse_arena_pages(b"not json").is_none());
+    fn freed_pages_go_back_at_once() {
+        return_freed_pages_at_once();
+        // Beyond the thread's cache, below the size jemalloc always returns at once.
+        const FREED: usize = 2 << 20;
+        drop(std::hint::black_box(vec![1_u8; FREED]));
+        let heap = stats().expect("jemalloc's statistics");
+        let dirty: usize = heap.arenas.iter().map(|arena| arena.dirty).sum();
+        assert!(dirty < FREED, "{dirty} bytes kept dirty: {heap:?}");
     }
 }

@@ -193,7 +193,7 @@ impl PluginKind {
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     init_logging(args.log_format)?;
-    crate::heap::purge_in_background();
+    crate::heap::return_freed_pages_at_once();
     let mut builder = configured(&args).fd_budget(init_fd_budget().clone());
     if let Some(publisher) = kubernetes(&args).await? {
         tracing::info!(node = publisher.node_name(), "publishing to the Kubernetes API");

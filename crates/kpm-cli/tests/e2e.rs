@@ -241,6 +241,12 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     let heap = |name: &str| samples.get(name).copied().unwrap_or_default();
     let (allocated, resident) = (heap("kpm_heap_allocated_bytes"), heap("kpm_heap_resident_bytes"));
     assert!(allocated > 0.0 && allocated <= resident, "{samples:?}");
+    assert!(allocated <= heap("kpm_heap_active_bytes") && heap("kpm_heap_metadata_bytes") > 0.0);
+    assert!(heap("kpm_heap_active_bytes") <= heap("kpm_heap_mapped_bytes"), "{samples:?}");
+    assert!(samples.contains_key("kpm_heap_retained_bytes"), "{samples:?}");
+    // Freed pages kept, by arena.
+    assert!(samples.keys().any(|series| series.starts_with("kpm_heap_dirty_bytes{arena=")));
+    assert!(samples.keys().any(|series| series.starts_with("kpm_heap_muzzy_bytes{arena=")));
     wait_until("the device is counted", || {
         let samples = parse_prometheus(&http_get(&addr, "/metrics"));
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")
