@@ -136,9 +136,9 @@ mod tests {
 
     #[test]
     fn freed_pages_go_back_at_once() {
-        return_freed_pages_at_once();
         // Beyond the thread's cache, below the size jemalloc always returns at once.
         const FREED: usize = 2 << 20;
+        return_freed_pages_at_once();
         drop(std::hint::black_box(vec![1_u8; FREED]));
         let heap = stats().expect("jemalloc's statistics");
         let dirty: usize = heap.arenas.iter().map(|arena| arena.dirty).sum();
