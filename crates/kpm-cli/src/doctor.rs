@@ -20,7 +20,7 @@ use kpm_doctor::{
 
 use crate::inspect::JudgeArgs;
 use crate::run::LogFormat;
-use crate::{CliError, MAX_PERIOD_SECS, OutputFormat};
+use crate::{CliError, MAX_PERIOD_SECS, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DoctorArgs {
@@ -138,12 +138,12 @@ impl DoctorArgs {
     }
 }
 
-pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
+pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     if args.watch.watch {
-        return Box::pin(watch(args)).await.map(|()| true);
+        return Box::pin(watch(args)).await.map(|()| Outcome::Ok);
     }
     if args.cluster {
-        return fleet(&args).await;
+        return fleet(&args).await.map(Outcome::from);
     }
     let doctor = Doctor::new(args.config())?;
     let objects = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
@@ -156,7 +156,16 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<bool, CliError> {
     };
     let report = doctor.examine(objects.as_ref()).await;
     crate::output::print(&args.output.render(&report, kpm_doctor::render_table)?)?;
-    Ok(report.ok)
+    match &report.blind {
+        Some(blind) => {
+            // The table ends with it; a script reading JSON finds it in its log too.
+            if args.output == OutputFormat::Json {
+                eprintln!("kpm doctor: cannot judge this node: {}; try: {}", blind.why, blind.hint);
+            }
+            Ok(Outcome::CannotJudge)
+        }
+        None => Ok(Outcome::from(report.ok)),
+    }
 }
 
 /// `kpm doctor --watch`: judges and publishes until SIGINT or SIGTERM.

@@ -98,16 +98,26 @@ enum Command {
     /// Tell, read-only, why each plugin of a node with a running kubelet is
     /// or is not registered: every registry entry and device-plugin socket
     /// judged by the kubelet's rules, with what serves it and how to fix
-    /// it. Exits 0 when all are fine, 1 otherwise. With --watch, keeps
-    /// judging and publishes the Node condition KubeletPluginsHealthy and
-    /// Events; with --cluster, reads back what every node's doctor
-    /// published.
+    /// it. With --watch, keeps judging and publishes the Node condition
+    /// KubeletPluginsHealthy and Events; with --cluster, reads back what
+    /// every node's doctor published.
+    ///
+    /// Exit status: 0 when everything it should judge was judged and is
+    /// fine; 1 when something fails; 2 when it could not look: the
+    /// registry missing or unreadable (a wrong --root-dir or --host-root, no
+    /// kubelet found to take the root from), the API server not read at all,
+    /// a kubeconfig that cannot be read, or a bad command line. The last
+    /// line says why and what to try.
     Doctor(doctor::DoctorArgs),
     /// Run a plugin against a kubelet on a temporary root and check what
     /// real kubelets rely on: it registers, answers GetInfo within 1 s, passes
     /// its type's checks, names its sockets by the conventions, registers
     /// again after a kubelet restart, removes its sockets on SIGTERM. Ends
-    /// with `N passed, M failed`; exits 1 if any failed.
+    /// with `N passed, M failed`.
+    ///
+    /// Exit status: 0 when every step passed; 1 when a step failed; 2 when
+    /// the check could not run (the plugin's command did not start, the
+    /// temporary kubelet could not be set up, a bad command line).
     Check(check::CheckArgs),
     /// Print what happens to plugins (seen, registered, rejected,
     /// deregistered, retry scheduled), one line each, until interrupted.
@@ -142,29 +152,59 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(err) => return fail(&CliError::Runtime(err)),
     };
-    // Ok(false): the command ran and its answer is "no" (a probe verdict).
+    // Failing: the command ran and its answer is "no" (a probe verdict).
+    // A command that judges cannot say "no" when it could not look: its
+    // error has an exit status of its own.
+    let judges = matches!(cli.command, Command::Doctor(_) | Command::Check(_));
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run(args) => run::run(args).await.map(|()| true),
+            Command::Run(args) => run::run(args).await.map(|()| Outcome::Ok),
             Command::List { root, output } => {
-                list::list(&root.status_socket(), output).await.map(|()| true)
+                list::list(&root.status_socket(), output).await.map(|()| Outcome::Ok)
             }
             Command::Watch { root, output } => {
-                watch::watch(&root.status_socket(), output).await.map(|()| true)
+                watch::watch(&root.status_socket(), output).await.map(|()| Outcome::Ok)
             }
-            Command::Probe(args) => probe::probe(args).await,
+            Command::Probe(args) => probe::probe(args).await.map(Outcome::from),
             Command::Doctor(args) => doctor::doctor(args).await,
-            Command::Check(args) => check::check(args).await,
+            Command::Check(args) => check::check(args).await.map(Outcome::from),
             #[cfg(feature = "demo")]
-            Command::Demo => demo::demo().await.map(|()| true),
+            Command::Demo => demo::demo().await.map(|()| Outcome::Ok),
         }
     });
     match result {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::FAILURE,
+        Ok(Outcome::Ok) => ExitCode::SUCCESS,
+        Ok(Outcome::Failing) => ExitCode::FAILURE,
+        Ok(Outcome::CannotJudge) => ExitCode::from(CANNOT_JUDGE),
+        Err(err) if judges => {
+            eprintln!("kpm: error: {err}");
+            ExitCode::from(CANNOT_JUDGE)
+        }
         Err(err) => fail(&err),
     }
 }
+
+/// What a command came to, as its exit status says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// 0: done; what it judged is fine.
+    Ok,
+    /// 1: what it judged fails (a probe, a doctor's or a check's verdict).
+    Failing,
+    /// [`CANNOT_JUDGE`]: it could not look where it was asked to.
+    CannotJudge,
+}
+
+impl From<bool> for Outcome {
+    fn from(ok: bool) -> Self {
+        if ok { Self::Ok } else { Self::Failing }
+    }
+}
+
+/// The exit status of `kpm doctor` and `kpm check` when they could not look
+/// where they were asked to, as clap's for a bad command line: nothing was
+/// judged, so neither 0 nor 1 would be true.
+const CANNOT_JUDGE: u8 = 2;
 
 fn fail(err: &CliError) -> ExitCode {
     eprintln!("kpm: error: {err}");

@@ -35,7 +35,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 6] = [
+    let tests: [(&str, fn()); 7] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -54,6 +54,10 @@ fn main() {
             a_plugin_that_does_not_register_again_after_a_restart_fails,
         ),
         ("the_report_is_also_json_and_junit_for_a_ci", the_report_is_also_json_and_junit_for_a_ci),
+        (
+            "a_plugin_command_that_does_not_start_cannot_be_checked",
+            a_plugin_command_that_does_not_start_cannot_be_checked,
+        ),
     ];
     support::run_tests(&tests);
 }
@@ -85,6 +89,16 @@ fn line<'a>(report: &'a str, step: &str) -> &'a str {
         .lines()
         .find(|line| line.get(5..).is_some_and(|rest| rest.starts_with(step)))
         .unwrap_or_else(|| panic!("no {step} line in {report}"))
+}
+
+/// Nothing was checked: neither "passed" (0) nor "failed" (1).
+fn a_plugin_command_that_does_not_start_cannot_be_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-plugin");
+    let out = Command::new(support::KPM).arg("check").arg("--").arg(&missing).output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("start {}", missing.display())), "{stderr}");
 }
 
 fn a_good_plugin_passes_every_step() {

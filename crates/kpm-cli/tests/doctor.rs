@@ -389,6 +389,100 @@ fn without_root_dir_the_running_kubelets_root_is_judged() {
     }
 }
 
+/// `kpm doctor` on `root`, as a table; its exit code and output.
+fn doctor_table(root: &Path) -> (i32, String) {
+    let nowhere = root.join("no-other-root");
+    let out = kpm(&[
+        "doctor",
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--other-root",
+        nowhere.to_str().unwrap(),
+    ]);
+    (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+}
+
+#[test]
+fn a_root_without_a_registry_cannot_be_judged_and_says_what_to_try() {
+    let wrong = tempfile::tempdir().unwrap();
+    let (code, table) = doctor_table(wrong.path());
+    assert_eq!(code, 2, "{table}");
+    let registry = wrong.path().join("plugins_registry");
+    let last = table.lines().rev().take(2).collect::<Vec<_>>();
+    assert_eq!(
+        last[1],
+        format!(
+            "cannot judge this node: {}: cannot be listed: No such file or directory (os error 2)",
+            registry.display()
+        ),
+        "{table}"
+    );
+    assert!(last[0].starts_with("  try: ") && last[0].contains("--root-dir"), "{table}");
+    assert!(last[0].contains("--host-root"), "{table}");
+    assert!(!table.contains("0 ok"), "no all-clear: {table}");
+    // The same as JSON: not ok, and why.
+    let out = kpm(&["doctor", "-o", "json", "--root-dir", wrong.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert!(report["blind"]["why"].as_str().unwrap().contains("cannot be listed"), "{report:#}");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.starts_with("kpm doctor: cannot judge this node: "), "{stderr}");
+}
+
+#[test]
+fn a_registry_that_cannot_be_listed_cannot_be_judged() {
+    // A file where the registry should be: its listing fails, as an
+    // unreadable directory's does for a user other than root.
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("plugins_registry"), b"").unwrap();
+    let (code, table) = doctor_table(root.path());
+    assert_eq!(code, 2, "{table}");
+    assert!(
+        table.contains("cannot judge this node: ") && table.contains("Not a directory"),
+        "{table}"
+    );
+}
+
+#[test]
+fn an_empty_registry_is_judged_and_fine() {
+    let node = Node::new();
+    let (code, table) = doctor_table(node.root.path());
+    assert_eq!(code, 0, "{table}");
+    assert!(table.ends_with("0 entries: 0 ok, 0 failing\n"), "{table}");
+}
+
+#[test]
+fn a_kubeconfig_that_cannot_be_read_cannot_be_judged() {
+    let node = Node::new();
+    let missing = node.root.path().join("no-kubeconfig");
+    let out = kpm(&[
+        "doctor",
+        "--root-dir",
+        node.root.path().to_str().unwrap(),
+        "--kubeconfig",
+        missing.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(missing.to_str().unwrap()), "{stderr}");
+}
+
+#[test]
+fn an_api_server_that_cannot_be_reached_cannot_be_judged() {
+    let node = Node::new();
+    // A port nobody listens on: every read of the cluster fails.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let kubeconfig = node.root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://{closed}"))).unwrap();
+    let (code, report) =
+        node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+    assert_eq!(code, 2, "{report:#}");
+    let why = report["blind"]["why"].as_str().unwrap();
+    assert!(why.starts_with("the API server could not be read about node node1: "), "{why}");
+    assert!(report["blind"]["hint"].as_str().unwrap().contains("--kubeconfig"));
+}
+
 #[test]
 fn the_table_puts_the_verdict_first_and_explains_each_failure() {
     let node = Node::new();

@@ -460,7 +460,7 @@ fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
         .env("HOME", home.path())
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "nothing could be judged");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("kpm: error: find the API server: no --kubeconfig"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -470,7 +470,7 @@ fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
     let server = ApiServer::serve(Vec::new());
     let kubeconfig = server.kubeconfig(&home);
     let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "nothing could be judged");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("kpm: error: read the fleet: list "), "{stderr}");
     assert!(stderr.contains("(page 1): not found (404 NotFound)\n"), "{stderr}");
@@ -480,7 +480,7 @@ fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
     let closed = format!("http://127.0.0.1:{}", support::free_port());
     std::fs::write(&kubeconfig, support::kubeconfig(&closed)).unwrap();
     let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2), "nothing could be judged");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("kpm: error: read the fleet: list "), "{stderr}");
     assert!(stderr.contains("Connection refused"), "{stderr}");

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use kpm::kube::{NodeObjects, NodeResources};
 
-use crate::Finding;
 use crate::judge::{self, Row, Verdict};
+use crate::{Blind, Finding};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
 /// that no plugin of the node explains; what could not be read goes to
@@ -97,6 +97,23 @@ pub(crate) fn compare(
         }
         Err(err) => unseen.push(format!("ResourceSlices of node {node}: {err}")),
     }
+}
+
+/// Why nothing of the cluster could be read, when nothing could: the
+/// doctor was asked to hold the plugins against it and could not.
+pub(crate) fn unread(objects: &NodeObjects) -> Option<Blind> {
+    let (Err(csi), Err(_), Err(_)) =
+        (&objects.csi_drivers, &objects.resources, &objects.slice_drivers)
+    else {
+        return None;
+    };
+    Some(Blind {
+        why: format!("the API server could not be read about node {}: {csi}", objects.node),
+        hint: "check that the API server is reachable with --kubeconfig (or the pod's service \
+               account), that the node's name is right (--node-name), and that the account may \
+               get nodes and csinodes and list resourceslices"
+            .to_owned(),
+    })
 }
 
 fn is_live(row: &Row, plugin_type: &str) -> bool {

@@ -23,6 +23,10 @@ pub const FIELD_MANAGER: &str = "kpm-doctor";
 /// The reason of the condition when every plugin is ok.
 pub const HEALTHY_REASON: &str = "PluginsHealthy";
 
+/// The reason of the condition when the doctor could not look where the
+/// kubelet's plugins live (its registry unreadable, the API server not read).
+pub const CANNOT_JUDGE_REASON: &str = "CannotJudge";
+
 /// The longest `message`, in bytes: enough for a dozen failing plugins, far
 /// below what the API server takes (32 KiB), so that a node with many
 /// failures keeps its Node object small.
@@ -65,9 +69,17 @@ pub struct PluginsCondition {
 }
 
 impl PluginsCondition {
-    /// The condition `report` comes to.
+    /// The condition `report` comes to: `Unknown` when the doctor could
+    /// not look ([`CANNOT_JUDGE_REASON`]).
     pub fn of(report: &Report) -> Self {
-        Self::of_failures(report.plugins.len(), report.failures())
+        match &report.blind {
+            Some(blind) => Self {
+                status: ConditionStatus::Unknown,
+                reason: CANNOT_JUDGE_REASON.to_owned(),
+                message: truncated(&blind.why, MAX_MESSAGE_BYTES).to_owned(),
+            },
+            None => Self::of_failures(report.plugins.len(), report.failures()),
+        }
     }
 
     /// The condition of a node with `entries` entries judged, of which
@@ -136,6 +148,28 @@ mod tests {
         reason: &'a str,
     ) -> Failure<'a> {
         Failure { verdict, path, plugin_type: None, name, reason }
+    }
+
+    #[test]
+    fn a_node_the_doctor_could_not_look_at_is_unknown() {
+        let report = Report {
+            root_dir: PathBuf::from("/nonexistent"),
+            root_from: "--root-dir".to_owned(),
+            kubelets: Vec::new(),
+            node: None,
+            plugins: Vec::new(),
+            findings: Vec::new(),
+            unseen: Vec::new(),
+            blind: Some(crate::Blind {
+                why: "/nonexistent/plugins_registry: cannot be listed".to_owned(),
+                hint: "--root-dir".to_owned(),
+            }),
+            ok: false,
+        };
+        let condition = PluginsCondition::of(&report);
+        assert_eq!(condition.status, ConditionStatus::Unknown);
+        assert_eq!(condition.reason, "CannotJudge");
+        assert_eq!(condition.message, "/nonexistent/plugins_registry: cannot be listed");
     }
 
     #[test]

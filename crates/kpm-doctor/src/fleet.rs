@@ -346,7 +346,8 @@ fn is_zero(n: &usize) -> bool {
 pub enum DoctorState {
     /// Its condition is `True`: every plugin is ok.
     Healthy,
-    /// Its condition is `False` (or `Unknown`): a plugin fails.
+    /// Its condition is `False` (a plugin fails) or `Unknown` (the doctor
+    /// could not look: [`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)).
     Failing {
         /// The condition's reason: the first failing verdict in CamelCase.
         reason: String,

@@ -242,21 +242,16 @@ pub fn served_by(process: &ProcessInfo) -> String {
 }
 
 /// Every entry of the registry of `root` (as this process sees it), the
-/// sockets inspected concurrently.
+/// sockets inspected concurrently; the error if the registry cannot be
+/// listed at all.
 pub(crate) async fn registry(
     kubelet: &Kubelet,
     host: &Host,
     root: &Path,
     unseen: &mut Vec<String>,
-) -> Vec<Row> {
+) -> io::Result<Vec<Row>> {
     let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
-    let entries = match kpm::registry::survey(&registry) {
-        Ok(entries) => entries,
-        Err(err) => {
-            unseen.push(format!("{}: cannot be listed: {err}", registry.display()));
-            return Vec::new();
-        }
-    };
+    let entries = kpm::registry::survey(&registry)?;
     let mut rows = Vec::new();
     let mut inspections = tokio::task::JoinSet::new();
     for (path, entry) in entries {
@@ -280,7 +275,7 @@ pub(crate) async fn registry(
         }
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
-    rows
+    Ok(rows)
 }
 
 fn ignored(path: &Path, why: Ignored) -> Row {

@@ -52,8 +52,8 @@ use kpm::{ExecutorConfig, Kubelet, PluginKind};
 use serde::Serialize;
 
 pub use crate::condition::{
-    CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON, MAX_MESSAGE_BYTES,
-    PluginsCondition,
+    CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON,
+    MAX_MESSAGE_BYTES, PluginsCondition,
 };
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
@@ -226,7 +226,14 @@ impl Doctor {
         let seen_root = host.path(&self.root_dir);
         let kubelets = host.kubelets();
         let mut unseen = Vec::new();
-        let mut plugins = judge::registry(&self.kubelet, host, &seen_root, &mut unseen).await;
+        let registry = seen_root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+        let (mut plugins, mut blind) =
+            match judge::registry(&self.kubelet, host, &seen_root, &mut unseen).await {
+                Ok(rows) => (rows, None),
+                Err(err) => {
+                    (Vec::new(), Some(self.cannot_list_registry(&registry, &err, &kubelets)))
+                }
+            };
         let beside_kubelet_sock =
             judge::device_plugins(&self.kubelet, host, &seen_root, &plugins, &mut unseen).await;
         plugins.extend(beside_kubelet_sock);
@@ -245,6 +252,7 @@ impl Doctor {
         let mut findings = Vec::new();
         if let Some(objects) = cluster {
             cluster::compare(objects, &mut plugins, &mut findings, &mut unseen);
+            blind = blind.or_else(|| cluster::unread(objects));
         }
         findings.extend(unwatched_registries(
             host,
@@ -252,7 +260,8 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
-        let ok = plugins.iter().all(|row| !row.verdict.fails())
+        let ok = blind.is_none()
+            && plugins.iter().all(|row| !row.verdict.fails())
             && findings.iter().all(|finding| !finding.verdict.fails());
         Report {
             root_dir: self.root_dir.clone(),
@@ -262,9 +271,51 @@ impl Doctor {
             plugins,
             findings,
             unseen,
+            blind,
             ok,
         }
     }
+
+    /// Why a registry that cannot be listed leaves nothing to judge, and
+    /// where to look instead.
+    fn cannot_list_registry(
+        &self,
+        registry: &Path,
+        err: &std::io::Error,
+        kubelets: &[KubeletProcess],
+    ) -> Blind {
+        let why = format!("{}: cannot be listed: {err}", registry.display());
+        let hint = match (err.kind(), kubelets.first()) {
+            (std::io::ErrorKind::PermissionDenied, _) => {
+                "run kpm doctor as the user the kubelet runs as (root)".to_owned()
+            }
+            (_, Some(kubelet)) if kubelet.root_dir != self.root_dir => format!(
+                "the running kubelet ({}) has root {}: give that to --root-dir, or leave --root-dir out",
+                kubelet.describe(),
+                kubelet.root_dir.display()
+            ),
+            (_, Some(_)) => "the kubelet creates it when it starts: is it running, and does kpm \
+                             doctor see the host's file system (--host-root)?"
+                .to_owned(),
+            (_, None) => "no running kubelet was found to take its root from: pass the \
+                          kubelet's --root-dir as --root-dir; in a pod that mounts the host's / \
+                          elsewhere, pass --host-root too (kubectl debug node/NAME mounts it at \
+                          /host)"
+                .to_owned(),
+        };
+        Blind { why, hint }
+    }
+}
+
+/// Why the doctor could not look where it was asked to: nothing of the
+/// report can be read as healthy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Blind {
+    /// What could not be read, in one line.
+    pub why: String,
+    /// What to try.
+    pub hint: String,
 }
 
 /// What the doctor saw on the node.
@@ -287,7 +338,12 @@ pub struct Report {
     pub findings: Vec<Finding>,
     /// What could not be looked at, and why.
     pub unseen: Vec<String>,
-    /// No plugin and no finding fails.
+    /// Set when the doctor could not look where a kubelet's plugins live
+    /// (the registry cannot be listed), or at a part it was asked to hold
+    /// them against (the API server, not read at all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blind: Option<Blind>,
+    /// It could look, and no plugin and no finding fails.
     pub ok: bool,
 }
 

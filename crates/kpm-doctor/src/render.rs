@@ -11,6 +11,36 @@ use crate::judge::{self, Verdict};
 pub fn render_table(report: &Report) -> String {
     let mut text =
         format!("kubelet root: {} (from {})\n", report.root_dir.display(), report.root_from);
+    // Nothing judged: no table to show empty.
+    if report.blind.is_none() || !report.plugins.is_empty() {
+        rows_and_explanations(report, &mut text);
+    }
+    for what in &report.unseen {
+        let _ = write!(text, "\nnot seen: {what}\n");
+    }
+    if let Some(blind) = &report.blind {
+        let _ = write!(text, "\ncannot judge this node: {}\n  try: {}\n", blind.why, blind.hint);
+        return text;
+    }
+    let failing = report.plugins.iter().filter(|row| row.verdict.fails()).count();
+    let _ = write!(
+        text,
+        "\n{} entries: {} ok, {failing} failing",
+        report.plugins.len(),
+        report.plugins.iter().filter(|row| row.verdict == Verdict::Ok).count(),
+    );
+    match report.findings.len() {
+        0 => text.push('\n'),
+        n => {
+            let _ = writeln!(text, "; {n} finding(s) about the node");
+        }
+    }
+    text
+}
+
+/// One line per row, then each one that is not ok and each finding
+/// explained with its fix.
+fn rows_and_explanations(report: &Report, text: &mut String) {
     let mut rows = comfy_table::Table::new();
     rows.load_preset(comfy_table::presets::NOTHING);
     rows.set_header(["VERDICT", "TYPE", "NAME", "SOCKET", "SERVED BY"]);
@@ -38,21 +68,4 @@ pub fn render_table(report: &Report) -> String {
             let _ = writeln!(text, "  fix: {hint}");
         }
     }
-    for what in &report.unseen {
-        let _ = write!(text, "\nnot seen: {what}\n");
-    }
-    let failing = report.plugins.iter().filter(|row| row.verdict.fails()).count();
-    let _ = write!(
-        text,
-        "\n{} entries: {} ok, {failing} failing",
-        report.plugins.len(),
-        report.plugins.iter().filter(|row| row.verdict == Verdict::Ok).count(),
-    );
-    match report.findings.len() {
-        0 => text.push('\n'),
-        n => {
-            let _ = writeln!(text, "; {n} finding(s) about the node");
-        }
-    }
-    text
 }
