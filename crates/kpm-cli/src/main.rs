@@ -22,6 +22,8 @@
 mod check;
 #[cfg(feature = "demo")]
 mod demo;
+#[cfg(test)]
+mod doc_commands;
 mod doctor;
 mod error;
 mod heap;
