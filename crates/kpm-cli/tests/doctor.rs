@@ -391,14 +391,21 @@ fn without_root_dir_the_running_kubelets_root_is_judged() {
 
 /// `kpm doctor` on `root`, as a table; its exit code and output.
 fn doctor_table(root: &Path) -> (i32, String) {
+    doctor_table_with(root, &[])
+}
+
+/// [`doctor_table`] with more arguments.
+fn doctor_table_with(root: &Path, extra: &[&str]) -> (i32, String) {
     let nowhere = root.join("no-other-root");
-    let out = kpm(&[
+    let mut args = vec![
         "doctor",
         "--root-dir",
         root.to_str().unwrap(),
         "--other-root",
         nowhere.to_str().unwrap(),
-    ]);
+    ];
+    args.extend(extra);
+    let out = kpm(&args);
     (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
 }
 
@@ -647,7 +654,69 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
         findings.contains(&("orphaned-slices", "resourceslices/gone.example.com")),
         "{findings:?}"
     );
+    // No socket left behind: an entry removed while the kubelet was down.
+    let entry = finding(&report, "resourceslices/gone.example.com", "gone.example.com");
+    assert!(entry.get("cause").is_none(), "{entry:#}");
+    let entry = finding(&report, "csinodes/node1", "stale.csi.example.com");
+    assert!(entry["hint"].as_str().unwrap().contains("restart the kubelet"), "{entry:#}");
     assert!(report["unseen"].as_array().unwrap().is_empty(), "{report:#}");
+}
+
+/// The report's finding about `path` and driver `driver`.
+fn finding<'a>(report: &'a Value, path: &str, driver: &str) -> &'a Value {
+    report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|finding| {
+            finding["path"] == path
+                && finding["reason"].as_str().unwrap().contains(&format!("driver {driver}"))
+        })
+        .unwrap_or_else(|| panic!("no finding about {driver} in {path}: {report:#}"))
+}
+
+#[test]
+fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix() {
+    // A registrar killed with SIGKILL leaves its socket behind, and the
+    // kubelet keeps the driver registered: CSINode lists it, its
+    // ResourceSlices stay.
+    let node = Node::new();
+    let kubeconfig = node.root.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, false))).unwrap();
+    let csi = node.registry().join("stale.csi.example.com-reg.sock");
+    let dra = node.registry().join("gone.example.com-1111-reg.sock");
+    for socket in [&csi, &dra] {
+        drop(std::os::unix::net::UnixListener::bind(socket).unwrap());
+    }
+    let (code, report) =
+        node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+    assert_eq!(code, 1);
+    assert_eq!((verdict(&report, &csi), verdict(&report, &dra)), ("stale".into(), "stale".into()));
+    let cases = [
+        ("csinodes/node1", "stale.csi.example.com", &csi),
+        ("resourceslices/gone.example.com", "gone.example.com", &dra),
+    ];
+    for (path, driver, socket) in cases {
+        let entry = finding(&report, path, driver);
+        let socket = socket.to_str().unwrap();
+        assert_eq!(entry["cause"], socket, "{entry:#}");
+        let (reason, hint) = (entry["reason"].as_str().unwrap(), entry["hint"].as_str().unwrap());
+        assert!(
+            reason.contains(&format!("its registration socket {socket} is still in the registry")),
+            "{reason}"
+        );
+        assert!(hint.contains(&format!("remove {socket}")), "{hint}");
+        assert!(!hint.contains("restart the kubelet"), "not the kubelet's doing: {hint}");
+    }
+    // The table says so too.
+    let (_, table) = doctor_table_with(
+        node.root.path(),
+        &["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"],
+    );
+    assert!(
+        table.contains("restart the driver's registrar (node-driver-registrar), or remove"),
+        "{table}"
+    );
 }
 
 #[test]

@@ -47,13 +47,34 @@ pub(crate) fn compare(
             }
             let served = live(rows, kpm::api::CSI_PLUGIN);
             for name in drivers.keys().filter(|name| !served.contains(*name)) {
-                findings.push(Finding {
-                    verdict: Verdict::StaleCsiNodeEntry,
-                    path: PathBuf::from(format!("csinodes/{node}")),
-                    reason: format!("CSINode {node} lists driver {name}, but no live plugin of this node serves it"),
-                    hint: "the kubelet drops the entry when the driver deregisters; one removed while the \
-                           kubelet was down stays: restart the kubelet, or remove the entry"
-                        .into(),
+                let entry = format!(
+                    "CSINode {node} lists driver {name}, but no live plugin of this node serves it"
+                );
+                findings.push(match stale_socket_of(rows, name) {
+                    Some(socket) => Finding {
+                        verdict: Verdict::StaleCsiNodeEntry,
+                        path: PathBuf::from(format!("csinodes/{node}")),
+                        reason: format!(
+                            "{entry}: its registration socket {} is still in the registry with \
+                             nobody listening (stale), so the kubelet keeps the driver registered",
+                            socket.display()
+                        ),
+                        hint: format!(
+                            "restart the driver's registrar (node-driver-registrar), or remove {}: \
+                             the kubelet then drops the entry by itself",
+                            socket.display()
+                        ),
+                        cause: Some(socket),
+                    },
+                    None => Finding {
+                        verdict: Verdict::StaleCsiNodeEntry,
+                        path: PathBuf::from(format!("csinodes/{node}")),
+                        reason: entry,
+                        hint: "the kubelet drops the entry when the driver deregisters; one removed while \
+                               the kubelet was down stays: restart the kubelet, or remove the entry"
+                            .into(),
+                        cause: None,
+                    },
                 });
             }
         }
@@ -85,13 +106,35 @@ pub(crate) fn compare(
             }
             let served = live(rows, kpm::api::DRA_PLUGIN);
             for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
-                findings.push(Finding {
-                    verdict: Verdict::OrphanedSlices,
-                    path: PathBuf::from(format!("resourceslices/{driver}")),
-                    reason: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"),
-                    hint: "the kubelet wipes them once the driver has been gone for its grace period (30 s): \
-                           start the driver if it should be here"
-                        .into(),
+                let slices = format!(
+                    "{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"
+                );
+                let path = PathBuf::from(format!("resourceslices/{driver}"));
+                findings.push(match stale_socket_of(rows, driver) {
+                    Some(socket) => Finding {
+                        verdict: Verdict::OrphanedSlices,
+                        path,
+                        reason: format!(
+                            "{slices}: its registration socket {} is still in the registry with \
+                             nobody listening (stale), so the kubelet has not deregistered it",
+                            socket.display()
+                        ),
+                        hint: format!(
+                            "restart the driver, or remove {}: the kubelet then deregisters it and \
+                             wipes its slices after its grace period (30 s)",
+                            socket.display()
+                        ),
+                        cause: Some(socket),
+                    },
+                    None => Finding {
+                        verdict: Verdict::OrphanedSlices,
+                        path,
+                        reason: slices,
+                        hint: "the kubelet wipes them once the driver has been gone for its grace period \
+                               (30 s): start the driver if it should be here"
+                            .into(),
+                        cause: None,
+                    },
                 });
             }
         }
@@ -114,6 +157,21 @@ pub(crate) fn unread(objects: &NodeObjects) -> Option<Blind> {
                get nodes and csinodes and list resourceslices"
             .to_owned(),
     })
+}
+
+/// The stale registration socket of `driver`, the one a plugin that died
+/// left behind: node-driver-registrar and the DRA kubelet-plugin helper name
+/// theirs `<driver>-reg.sock` (`<driver>-<uid>-reg.sock` for a rolling
+/// update). The kubelet keeps a plugin registered as long as its socket
+/// stays, so what it published stays too.
+fn stale_socket_of(rows: &[Row], driver: &str) -> Option<PathBuf> {
+    rows.iter()
+        .filter(|row| row.verdict == Verdict::Stale)
+        .find(|row| {
+            let name = row.path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+            name.strip_prefix(driver).is_some_and(|rest| rest.starts_with('-'))
+        })
+        .map(|row| row.path.clone())
 }
 
 fn is_live(row: &Row, plugin_type: &str) -> bool {

@@ -411,6 +411,10 @@ pub struct Finding {
     pub reason: String,
     /// What fixes it.
     pub hint: String,
+    /// The row that explains it, a path on the host: a stale registration
+    /// socket that keeps the kubelet's registration of the driver alive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<PathBuf>,
 }
 
 /// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,
@@ -484,6 +488,7 @@ fn unwatched_registries(
                     root_dir.display()
                 ),
                 path: registry,
+                cause: None,
             })
         })
         .collect()
