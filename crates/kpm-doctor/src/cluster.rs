@@ -47,35 +47,19 @@ pub(crate) fn compare(
             }
             let served = live(rows, kpm::api::CSI_PLUGIN);
             for name in drivers.keys().filter(|name| !served.contains(*name)) {
-                let entry = format!(
-                    "CSINode {node} lists driver {name}, but no live plugin of this node serves it"
-                );
-                findings.push(match stale_socket_of(rows, name) {
-                    Some(socket) => Finding {
+                findings.push(kept_for(
+                    rows,
+                    name,
+                    Kept {
                         verdict: Verdict::StaleCsiNodeEntry,
                         path: PathBuf::from(format!("csinodes/{node}")),
-                        reason: format!(
-                            "{entry}: its registration socket {} is still in the registry with \
-                             nobody listening (stale), so the kubelet keeps the driver registered",
-                            socket.display()
-                        ),
-                        hint: format!(
-                            "restart the driver's registrar (node-driver-registrar), or remove {}: \
-                             the kubelet then drops the entry by itself",
-                            socket.display()
-                        ),
-                        cause: Some(socket),
+                        what: format!("CSINode {node} lists driver {name}, but no live plugin of this node serves it"),
+                        restart: "the driver's registrar (node-driver-registrar)",
+                        then: "drops the entry by itself",
+                        otherwise: "the kubelet drops the entry when the driver deregisters; one removed \
+                                    while the kubelet was down stays: restart the kubelet, or remove the entry",
                     },
-                    None => Finding {
-                        verdict: Verdict::StaleCsiNodeEntry,
-                        path: PathBuf::from(format!("csinodes/{node}")),
-                        reason: entry,
-                        hint: "the kubelet drops the entry when the driver deregisters; one removed while \
-                               the kubelet was down stays: restart the kubelet, or remove the entry"
-                            .into(),
-                        cause: None,
-                    },
-                });
+                ));
             }
         }
         Err(err) => unseen.push(format!("CSINode {node}: {err}")),
@@ -106,36 +90,19 @@ pub(crate) fn compare(
             }
             let served = live(rows, kpm::api::DRA_PLUGIN);
             for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
-                let slices = format!(
-                    "{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"
-                );
-                let path = PathBuf::from(format!("resourceslices/{driver}"));
-                findings.push(match stale_socket_of(rows, driver) {
-                    Some(socket) => Finding {
+                findings.push(kept_for(
+                    rows,
+                    driver,
+                    Kept {
                         verdict: Verdict::OrphanedSlices,
-                        path,
-                        reason: format!(
-                            "{slices}: its registration socket {} is still in the registry with \
-                             nobody listening (stale), so the kubelet has not deregistered it",
-                            socket.display()
-                        ),
-                        hint: format!(
-                            "restart the driver, or remove {}: the kubelet then deregisters it and \
-                             wipes its slices after its grace period (30 s)",
-                            socket.display()
-                        ),
-                        cause: Some(socket),
+                        path: PathBuf::from(format!("resourceslices/{driver}")),
+                        what: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"),
+                        restart: "the driver",
+                        then: "deregisters it and wipes its slices after its grace period (30 s)",
+                        otherwise: "the kubelet wipes them once the driver has been gone for its grace \
+                                    period (30 s): start the driver if it should be here",
                     },
-                    None => Finding {
-                        verdict: Verdict::OrphanedSlices,
-                        path,
-                        reason: slices,
-                        hint: "the kubelet wipes them once the driver has been gone for its grace period \
-                               (30 s): start the driver if it should be here"
-                            .into(),
-                        cause: None,
-                    },
-                });
+                ));
             }
         }
         Err(err) => unseen.push(format!("ResourceSlices of node {node}: {err}")),
@@ -157,6 +124,44 @@ pub(crate) fn unread(objects: &NodeObjects) -> Option<Blind> {
                get nodes and csinodes and list resourceslices"
             .to_owned(),
     })
+}
+
+/// What the cluster keeps of a driver no live plugin serves, and how each
+/// case is fixed.
+struct Kept {
+    verdict: Verdict,
+    path: PathBuf,
+    /// What the cluster shows.
+    what: String,
+    /// What to restart when the driver's socket is stale.
+    restart: &'static str,
+    /// What the kubelet does once that socket is gone.
+    then: &'static str,
+    /// The fix when no socket of the driver is left.
+    otherwise: &'static str,
+}
+
+/// The finding of `kept`: explained by `driver`'s stale registration
+/// socket when one is left, as `kept.otherwise` says when not.
+fn kept_for(rows: &[Row], driver: &str, kept: Kept) -> Finding {
+    let Kept { verdict, path, what, restart, then, otherwise } = kept;
+    match stale_socket_of(rows, driver) {
+        Some(socket) => Finding {
+            verdict,
+            path,
+            reason: format!(
+                "{what}: its registration socket {} is still in the registry with nobody \
+                 listening (stale), so the kubelet keeps the driver registered",
+                socket.display()
+            ),
+            hint: format!(
+                "restart {restart}, or remove {}: the kubelet then {then}",
+                socket.display()
+            ),
+            cause: Some(socket),
+        },
+        None => Finding { verdict, path, reason: what, hint: otherwise.to_owned(), cause: None },
+    }
 }
 
 /// The stale registration socket of `driver`, the one a plugin that died
