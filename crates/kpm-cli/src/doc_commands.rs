@@ -151,10 +151,14 @@ fn mentions(name: &str, first: usize, prose: &str) -> Vec<Found> {
         // `kpm` alone names the program.
         let Some(args) = span.strip_prefix("kpm ") else { continue };
         let synopsis = args.replace(['[', ']', '…'], "");
-        let args = synopsis
+        let args: Vec<String> = synopsis
             .split_whitespace()
             .map(|word| word.split('|').next().unwrap_or(word).to_owned())
             .collect();
+        // `kpm …` names the program and any command of it.
+        if args.is_empty() {
+            continue;
+        }
         let line = first + prose[..at].matches('\n').count();
         found.push(Found { at: format!("{name}:{line}"), line, args, mention: true });
     }
@@ -240,7 +244,7 @@ mod tests {
 
     #[test]
     fn synopses_and_mentions_that_stop_short_are_read_as_the_text_means() {
-        let text = "`kpm list [-o table|json]`, `kpm check -- PLUGIN-COMMAND…`, `kpm check`, \
+        let text = "`kpm list [-o table|json]`, `kpm check -- PLUGIN-COMMAND…`, `kpm check`, `kpm …`, \
                     `kpm doctor --kubeconfig`, `sudo kpm run`, `kpm probe SOCKET`\n\
                     ```\n\
                     echo 40 > /tmp/limit   # within 10 s, kpm list shows 40\n\
