@@ -92,8 +92,7 @@ fn command_lines(name: &str, text: &str) -> Vec<Found> {
     found
 }
 
-/// The shell words that separate one command from the next, and those
-/// after which the rest of a command is not kpm's (redirections).
+/// The shell words that separate one command from the next.
 const SEPARATORS: [&str; 5] = ["&&", "||", "|", ";", "&"];
 
 /// kpm's arguments in each command of a shell line run as kpm.
@@ -102,6 +101,7 @@ fn invocations(line: &str) -> Vec<Vec<String>> {
     let Some(words) = shlex::split(line) else { return Vec::new() };
     let mut commands = Vec::new();
     for command in words.split(|word| SEPARATORS.contains(&word.as_str())) {
+        // A redirection ends what is kpm's.
         let command: Vec<&str> = command
             .iter()
             .map(String::as_str)
