@@ -241,17 +241,16 @@ pub fn served_by(process: &ProcessInfo) -> String {
     text
 }
 
-/// Every entry of the registry of `root` (as this process sees it), the
-/// sockets inspected concurrently; the error if the registry cannot be
-/// listed at all.
+/// Every entry of `registry` (as this process sees it), the sockets
+/// inspected concurrently; the error if the registry cannot be listed at
+/// all.
 pub(crate) async fn registry(
     kubelet: &Kubelet,
     host: &Host,
-    root: &Path,
+    registry: &Path,
     unseen: &mut Vec<String>,
 ) -> io::Result<Vec<Row>> {
-    let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
-    let entries = kpm::registry::survey(&registry)?;
+    let entries = kpm::registry::survey(registry)?;
     let mut rows = Vec::new();
     let mut inspections = tokio::task::JoinSet::new();
     for (path, entry) in entries {

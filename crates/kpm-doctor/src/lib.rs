@@ -228,7 +228,7 @@ impl Doctor {
         let mut unseen = Vec::new();
         let registry = seen_root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let (mut plugins, mut blind) =
-            match judge::registry(&self.kubelet, host, &seen_root, &mut unseen).await {
+            match judge::registry(&self.kubelet, host, &registry, &mut unseen).await {
                 Ok(rows) => (rows, None),
                 Err(err) => {
                     (Vec::new(), Some(self.cannot_list_registry(&registry, &err, &kubelets)))
