@@ -152,7 +152,7 @@ fn main() -> ExitCode {
     let cli = parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
-        Err(err) => return fail(&CliError::Runtime(err)),
+        Err(err) => return fail(&CliError::Runtime(err), Outcome::Failing),
     };
     // Failing: the command ran and its answer is "no" (a probe verdict).
     // A command that judges cannot say "no" when it could not look: its
@@ -175,14 +175,9 @@ fn main() -> ExitCode {
         }
     });
     match result {
-        Ok(Outcome::Ok) => ExitCode::SUCCESS,
-        Ok(Outcome::Failing) => ExitCode::FAILURE,
-        Ok(Outcome::CannotJudge) => ExitCode::from(CANNOT_JUDGE),
-        Err(err) if judges => {
-            eprintln!("kpm: error: {err}");
-            ExitCode::from(CANNOT_JUDGE)
-        }
-        Err(err) => fail(&err),
+        Ok(outcome) => outcome.into(),
+        Err(err) if judges => fail(&err, Outcome::CannotJudge),
+        Err(err) => fail(&err, Outcome::Failing),
     }
 }
 
@@ -208,7 +203,18 @@ impl From<bool> for Outcome {
 /// judged, so neither 0 nor 1 would be true.
 const CANNOT_JUDGE: u8 = 2;
 
-fn fail(err: &CliError) -> ExitCode {
+impl From<Outcome> for ExitCode {
+    fn from(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Ok => Self::SUCCESS,
+            Outcome::Failing => Self::FAILURE,
+            Outcome::CannotJudge => Self::from(CANNOT_JUDGE),
+        }
+    }
+}
+
+/// Says why a command stopped, and exits as `outcome`.
+fn fail(err: &CliError, outcome: Outcome) -> ExitCode {
     eprintln!("kpm: error: {err}");
-    ExitCode::FAILURE
+    outcome.into()
 }
