@@ -514,7 +514,9 @@ fn the_table_puts_the_verdict_first_and_explains_each_failure() {
 /// A stand-in API server that shows node `node1`: a CSINode listing
 /// `csi.example.com` (node id `n1`), `stale.csi.example.com` and
 /// `moved.example.com` (node id `old-id`), a Node with 2 `vendor.com/gpu`
-/// of which 1 allocatable and 1 `example.com/nic`, and ResourceSlices of
+/// of which 1 allocatable, 1 `example.com/nic`, 4 `example.com/fpga` none
+/// allocatable (a plugin that stopped), 1 `example.com/dongle` (advertised
+/// by hand) and 0 `example.com/retired` (dropped), and ResourceSlices of
 /// driver `gone.example.com`; with `forbid_csinodes`, every CSINode read is 403.
 fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> String {
     use axum::routing::get;
@@ -547,8 +549,10 @@ fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> Stri
                 "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"n1\",\"stale.csi.example.com\":\"node1\"}",
             }},
             "status": {
-                "capacity": {"vendor.com/gpu": "2", "example.com/nic": "1", "cpu": "2"},
-                "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2"},
+                "capacity": {"vendor.com/gpu": "2", "example.com/nic": "1", "cpu": "2",
+                    "example.com/fpga": "4", "example.com/dongle": "1", "example.com/retired": "0"},
+                "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2",
+                    "example.com/fpga": "0", "example.com/dongle": "1", "example.com/retired": "0"},
             },
         }))
     };
@@ -655,24 +659,29 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
         "{findings:?}"
     );
     // No socket left behind: an entry removed while the kubelet was down.
-    let entry = finding(&report, "resourceslices/gone.example.com", "gone.example.com");
+    let entry = finding(&report, "resourceslices/gone.example.com", "driver gone.example.com");
     assert!(entry.get("cause").is_none(), "{entry:#}");
-    let entry = finding(&report, "csinodes/node1", "stale.csi.example.com");
+    let entry = finding(&report, "csinodes/node1", "driver stale.csi.example.com");
     assert!(entry["hint"].as_str().unwrap().contains("restart the kubelet"), "{entry:#}");
-    assert!(report["unseen"].as_array().unwrap().is_empty(), "{report:#}");
+    // The FPGAs none of which is allocatable may be the sick plugin's,
+    // whose resource is not known: not held against anything.
+    let unseen = report["unseen"].as_array().unwrap();
+    assert_eq!(unseen.len(), 1, "{report:#}");
+    let unseen = unseen[0].as_str().unwrap();
+    assert!(unseen.contains("example.com/fpga") && unseen.contains("sick.sock"), "{unseen}");
+    assert!(!findings.iter().any(|(verdict, _)| *verdict == "orphaned-capacity"), "{findings:?}");
 }
 
-/// The report's finding about `path` and driver `driver`.
-fn finding<'a>(report: &'a Value, path: &str, driver: &str) -> &'a Value {
+/// The report's finding about `path` whose reason names `what`.
+fn finding<'a>(report: &'a Value, path: &str, what: &str) -> &'a Value {
     report["findings"]
         .as_array()
         .unwrap()
         .iter()
         .find(|finding| {
-            finding["path"] == path
-                && finding["reason"].as_str().unwrap().contains(&format!("driver {driver}"))
+            finding["path"] == path && finding["reason"].as_str().unwrap().contains(what)
         })
-        .unwrap_or_else(|| panic!("no finding about {driver} in {path}: {report:#}"))
+        .unwrap_or_else(|| panic!("no finding about {what} in {path}: {report:#}"))
 }
 
 #[test]
@@ -697,7 +706,7 @@ fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix()
         ("resourceslices/gone.example.com", "gone.example.com", &dra),
     ];
     for (path, driver, socket) in cases {
-        let entry = finding(&report, path, driver);
+        let entry = finding(&report, path, &format!("driver {driver}"));
         let socket = socket.to_str().unwrap();
         assert_eq!(entry["cause"], socket, "{entry:#}");
         let (reason, hint) = (entry["reason"].as_str().unwrap(), entry["hint"].as_str().unwrap());
@@ -708,6 +717,17 @@ fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix()
         assert!(hint.contains(&format!("remove {socket}")), "{hint}");
         assert!(!hint.contains("restart the kubelet"), "not the kubelet's doing: {hint}");
     }
+    // The FPGAs of a device plugin that stopped: kept for the kubelet's
+    // grace period, whatever its socket. A resource advertised by hand
+    // (allocatable) or dropped (0) is no finding.
+    let kept = finding(&report, "nodes/node1", "resource example.com/fpga");
+    assert_eq!(kept["verdict"], "orphaned-capacity", "{kept:#}");
+    assert!(kept.get("cause").is_none(), "{kept:#}");
+    let hint = kept["hint"].as_str().unwrap();
+    assert!(hint.contains("start the device plugin") && hint.contains("within 5m"), "{hint}");
+    let capacity_findings =
+        report["findings"].as_array().unwrap().iter().filter(|f| f["path"] == "nodes/node1");
+    assert_eq!(capacity_findings.count(), 1, "{report:#}");
     // The table says so too.
     let (_, table) = doctor_table_with(
         node.root.path(),

@@ -69,6 +69,7 @@ pub(crate) fn compare(
             for row in rows.iter_mut().filter(|row| is_live(row, kpm::api::DEVICE_PLUGIN)) {
                 check_capacity(node, row, resources);
             }
+            kept_capacity(node, rows, resources, findings, unseen);
         }
         Ok(None) => unseen.push(format!("Node {node}: not found; device capacity not compared")),
         Err(err) => unseen.push(format!("Node {node}: {err}")),
@@ -106,6 +107,66 @@ pub(crate) fn compare(
             }
         }
         Err(err) => unseen.push(format!("ResourceSlices of node {node}: {err}")),
+    }
+}
+
+/// Device resources the Node still counts, none allocatable, that no live
+/// device plugin of the node serves: what the kubelet (and `kpm run`)
+/// keeps of a plugin that stopped. Its devices stay in the capacity,
+/// unhealthy, for the grace period (`endpointStopGracePeriod`, 5 min), and
+/// come back when the plugin registers again; the capacity drops to 0 once
+/// the grace period is over. Its socket plays no part: the kubelet learns
+/// of the stop from the plugin's `ListAndWatch` stream. A resource with
+/// allocatable devices and no plugin is one advertised by hand, which is
+/// allowed, and a capacity of 0 is what the kubelet leaves of a resource
+/// it dropped.
+fn kept_capacity(
+    node: &str,
+    rows: &[Row],
+    resources: &NodeResources,
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
+    let live: Vec<&Row> = rows.iter().filter(|row| is_live(row, kpm::api::DEVICE_PLUGIN)).collect();
+    let kept = resources.capacity.iter().filter(|(resource, capacity)| {
+        kpm::device::is_extended_resource_name(resource)
+            && capacity.as_str() != "0"
+            && resources.allocatable.get(*resource).is_none_or(|allocatable| allocatable == "0")
+            && !live.iter().any(|row| row.name.as_ref() == Some(*resource))
+    });
+    // A live plugin whose resource is not known may be the one: all its
+    // devices unhealthy look the same from the Node.
+    let unnamed: Vec<String> = live
+        .iter()
+        .filter(|row| row.name.is_none())
+        .map(|row| row.path.display().to_string())
+        .collect();
+    let grace = humantime::format_duration(kpm::device::DEFAULT_GRACE_PERIOD);
+    for (resource, capacity) in kept {
+        if !unnamed.is_empty() {
+            unseen.push(format!(
+                "Node {node}: capacity {capacity} of {resource}, none allocatable, not held \
+                 against a plugin: the resource of {} is not known",
+                unnamed.join(", ")
+            ));
+            continue;
+        }
+        findings.push(Finding {
+            verdict: Verdict::OrphanedCapacity,
+            path: PathBuf::from(format!("nodes/{node}")),
+            reason: format!(
+                "Node {node} counts {capacity} device(s) of resource {resource}, none \
+                 allocatable, and no live device plugin of this node serves it: its plugin \
+                 stopped, and the kubelet keeps its devices, unhealthy, for {grace}"
+            ),
+            hint: format!(
+                "start the device plugin if it should run here: its devices come back when it \
+                 registers; if not, the kubelet sets the capacity to 0 within {grace} of the \
+                 plugin's stop. If it stays longer, something else set it (a patch of the \
+                 Node's status): remove it the same way"
+            ),
+            cause: None,
+        });
     }
 }
 

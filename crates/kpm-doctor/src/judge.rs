@@ -60,11 +60,14 @@ pub enum Verdict {
     NotPublished,
     /// ResourceSlices of the node from a driver no live plugin serves.
     OrphanedSlices,
+    /// Device capacity of the node, none allocatable, that no live device
+    /// plugin serves.
+    OrphanedCapacity,
 }
 
 impl Verdict {
     /// Every verdict, in order.
-    pub const ALL: [Self; 19] = [
+    pub const ALL: [Self; 20] = [
         Self::Ok,
         Self::Ignored,
         Self::Stale,
@@ -84,6 +87,7 @@ impl Verdict {
         Self::StaleCsiNodeEntry,
         Self::NotPublished,
         Self::OrphanedSlices,
+        Self::OrphanedCapacity,
     ];
 
     /// Its name in reports: `not-registered`.
@@ -108,6 +112,7 @@ impl Verdict {
             Self::StaleCsiNodeEntry => "stale-csi-node-entry",
             Self::NotPublished => "not-published",
             Self::OrphanedSlices => "orphaned-slices",
+            Self::OrphanedCapacity => "orphaned-capacity",
         }
     }
 
