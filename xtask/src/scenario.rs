@@ -242,8 +242,9 @@ pub(crate) fn find<'a>(array: &'a Value, key: &str, value: &str) -> Option<&'a V
 }
 
 /// Runs `kpm doctor ARGS` twice: as a table, shown on stderr for the log,
-/// and with `-o json`, whose report is returned.
-pub(crate) fn doctor(bin: &Path, args: &[&str]) -> Result<Value> {
+/// and with `-o json`, whose report is returned; both must exit with
+/// `exit` (0 all ok, 1 something failing, 2 it could not judge).
+pub(crate) fn doctor(bin: &Path, args: &[&str], exit: i32) -> Result<Value> {
     let table = Command::new(bin).arg("doctor").args(args).stderr(Stdio::inherit()).output()?;
     eprintln!("$ kpm doctor {}\n{}", args.join(" "), String::from_utf8_lossy(&table.stdout));
     let json = Command::new(bin)
@@ -252,6 +253,11 @@ pub(crate) fn doctor(bin: &Path, args: &[&str]) -> Result<Value> {
         .args(["-o", "json"])
         .stderr(Stdio::inherit())
         .output()?;
+    for (output, run) in [(&table, "kpm doctor"), (&json, "kpm doctor -o json")] {
+        if output.status.code() != Some(exit) {
+            return Err(format!("{run} exited with {}, expected {exit}", output.status).into());
+        }
+    }
     Ok(serde_json::from_slice(&json.stdout)?)
 }
 

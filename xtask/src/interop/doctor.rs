@@ -93,6 +93,7 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     let report = scenario::doctor(
         &env.kpm,
         &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+        1,
     )?;
     expect_doctor_verdicts(&report, &registry, &stale, &misplaced)?;
     let after = notified(&registrar)?;
@@ -142,6 +143,7 @@ pub(super) fn doctor_beside_the_device_manager(env: &Env, root: &Path) -> Result
     let report = scenario::doctor(
         &env.kpm,
         &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+        1,
     )?;
     let named = find(&report["plugins"], "name", "squat.ai/null")
         .ok_or_else(|| format!("no row named squat.ai/null: {report}"))?;

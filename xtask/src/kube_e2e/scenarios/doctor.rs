@@ -3,17 +3,22 @@
 
 use std::fs;
 
+use serde_json::{Value, json};
+
 use super::{Cluster, plugin};
 use crate::Result;
-use crate::kube_e2e::api::csinode_driver;
+use crate::kube_e2e::api::{Api, csinode_driver};
 use crate::kube_e2e::{Env, STEP_TIMEOUT};
 use crate::scenario;
-use crate::scenario::{Process, find, wait_for};
+use crate::scenario::{Process, wait_for, wait_until};
 
 /// `kpm doctor --kubeconfig` against the real API server, with kpm's own
 /// token: a CSI driver kpm registered is ok; once kpm (the node's kubelet)
 /// is gone, a driver whose registrar started meanwhile is missing from
-/// CSINode, and the entry of a driver that went with it is stale.
+/// CSINode, the entry of a driver that went with its socket is stale, the
+/// entry of one killed with its socket left names that socket, and the
+/// devices of a device plugin that stopped within the grace are orphaned
+/// capacity. Exit 1; pointed at a root that does not exist, exit 2.
 pub(super) fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
     fn csi(name: &str) -> [&str; 6] {
         ["--type", "CSIPlugin", "--name", name, "--node-id", "node1-id"]
@@ -22,16 +27,22 @@ pub(super) fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
     let root = kpm.root.clone();
     let _registered = plugin(&kpm, env, "doctor-registered", &csi("csi.example.com"))?;
     let mut gone = plugin(&kpm, env, "doctor-gone", &csi("gone.example.com"))?;
+    let mut killed = plugin(&kpm, env, "doctor-killed", &csi("killed.example.com"))?;
+    let fpga = ["--type", "DevicePlugin", "--name", "example.com/fpga", "--devices", "2"];
+    let devices = plugin(&kpm, env, "doctor-fpga", &fpga)?;
     let api = &cluster.api;
-    for driver in ["csi.example.com", "gone.example.com"] {
+    for driver in ["csi.example.com", "gone.example.com", "killed.example.com"] {
         wait_for(&format!("CSINode node1 lists {driver}"), STEP_TIMEOUT, || {
             csinode_driver(api, driver)
         })?;
     }
-    // The node's kubelet stops; then one driver goes with its socket (a
-    // deleted pod), and another one's registrar starts with none to see it.
+    stop_within_the_grace(api, devices)?;
     kpm.stop()?;
+    // Then one driver goes with its socket (a deleted pod), one is killed
+    // and leaves its socket, and another one's registrar starts with none
+    // to see it.
     gone.kill();
+    killed.kill();
     let registry = root.join("plugins_registry");
     fs::remove_file(registry.join("gone.example.com-reg.sock"))?;
     let missing = Process::spawn(
@@ -68,6 +79,7 @@ pub(super) fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
             "--other-root",
             &nowhere,
         ],
+        1,
     )?;
     scenario::expect_verdict(&report, &registry.join("csi.example.com-reg.sock"), "ok")?;
     scenario::expect_verdict(
@@ -75,11 +87,19 @@ pub(super) fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
         &registry.join("missing.example.com-reg.sock"),
         "not-registered",
     )?;
-    let stale = find(&report["findings"], "verdict", "stale-csi-node-entry")
-        .filter(|finding| {
-            finding["reason"].as_str().is_some_and(|r| r.contains("gone.example.com"))
-        })
-        .ok_or_else(|| format!("no stale CSINode entry for gone.example.com: {report}"))?;
+    let stale = find_finding(&report, "stale-csi-node-entry", "gone.example.com")?;
+    if stale.get("cause").is_some() {
+        return Err(format!("the entry of gone.example.com names a cause: {stale}").into());
+    }
+    let killed = registry.join("killed.example.com-reg.sock");
+    scenario::expect_verdict(&report, &killed, "stale")?;
+    let kept = find_finding(&report, "stale-csi-node-entry", "killed.example.com")?;
+    if kept["cause"] != killed.display().to_string() {
+        return Err(
+            format!("the entry of killed.example.com does not name its socket: {kept}").into()
+        );
+    }
+    let orphaned = find_finding(&report, "orphaned-capacity", "example.com/fpga")?;
     if !report["unseen"].as_array().is_some_and(Vec::is_empty) {
         return Err(format!(
             "kpm doctor could not see everything with kpm's token: {}",
@@ -88,8 +108,61 @@ pub(super) fn doctor(env: &Env, cluster: &mut Cluster) -> Result {
         .into());
     }
     eprintln!(
-        "doctor: csi.example.com ok, missing.example.com not-registered, {}",
-        stale["reason"]
+        "doctor: csi.example.com ok, missing.example.com not-registered, {}; {}; {}",
+        stale["reason"], kept["hint"], orphaned["reason"]
     );
+
+    wrong_root_is_blind(env, cluster, &kubeconfig)
+}
+
+/// The report's finding of `verdict` whose reason names `what`.
+fn find_finding<'a>(report: &'a Value, verdict: &str, what: &str) -> Result<&'a Value> {
+    report["findings"]
+        .as_array()
+        .and_then(|findings| {
+            findings.iter().find(|finding| {
+                finding["verdict"] == verdict
+                    && finding["reason"].as_str().is_some_and(|reason| reason.contains(what))
+            })
+        })
+        .ok_or_else(|| format!("no {verdict} finding about {what}: {report}").into())
+}
+
+/// The devices of `plugin`, a device plugin kpm registered (2
+/// `example.com/fpga`), once it is killed: kept, none allocatable, for the
+/// grace.
+fn stop_within_the_grace(api: &Api, mut plugin: Process) -> Result {
+    let fpgas = || -> Result<(Value, Value)> {
+        let status = api.get("/api/v1/nodes/node1")?["status"].clone();
+        Ok((
+            status["capacity"]["example.com/fpga"].clone(),
+            status["allocatable"]["example.com/fpga"].clone(),
+        ))
+    };
+    wait_until("Node node1 with 2 example.com/fpga", STEP_TIMEOUT, || {
+        Ok(fpgas()? == (json!("2"), json!("2")))
+    })?;
+    // The device plugin dies: its devices stay, none allocatable, for the
+    // grace; the node's kubelet stops within it.
+    plugin.kill();
+    wait_until("2 example.com/fpga, none allocatable", STEP_TIMEOUT, || {
+        Ok(fpgas()? == (json!("2"), json!("0")))
+    })?;
+    Ok(())
+}
+
+/// `kpm doctor` pointed at a root with no kubelet: nothing to judge, so it
+/// says why and exits 2.
+fn wrong_root_is_blind(env: &Env, cluster: &Cluster, kubeconfig: &str) -> Result {
+    let wrong = cluster.dir.path().join("no-kubelet-here").display().to_string();
+    let blind = scenario::doctor(
+        &env.kpm,
+        &["--root-dir", &wrong, "--kubeconfig", kubeconfig, "--node-name", "node1"],
+        2,
+    )?;
+    if !blind["blind"]["why"].as_str().is_some_and(|why| why.contains(&wrong)) {
+        return Err(format!("with a wrong root, the report is not blind: {blind}").into());
+    }
+    eprintln!("doctor --root-dir {wrong}: exit 2, {}", blind["blind"]["why"]);
     Ok(())
 }
