@@ -150,7 +150,11 @@ fn parse() -> Cli {
 
 fn main() -> ExitCode {
     let cli = parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(heap::flush_thread_cache_when_idle)
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(err) => return fail(&CliError::Runtime(err), Outcome::Failing),
     };

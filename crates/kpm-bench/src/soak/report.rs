@@ -59,6 +59,8 @@ pub(super) struct Allocator {
     /// Freed pages not returned yet, summed over the arenas.
     pub(super) dirty_kb: Option<u64>,
     pub(super) muzzy_kb: Option<u64>,
+    /// Freed blocks kept in the threads' caches, summed over the arenas.
+    pub(super) cached_kb: Option<u64>,
     /// Arenas with pages of their own.
     pub(super) arenas: u64,
 }
@@ -74,6 +76,7 @@ impl Allocator {
             "retained_mb": mb(self.retained_kb),
             "dirty_mb": mb(self.dirty_kb),
             "muzzy_mb": mb(self.muzzy_kb),
+            "cached_mb": mb(self.cached_kb),
             "arenas": self.arenas,
         })
     }
@@ -368,7 +371,7 @@ pub(crate) fn table(results: &Value) -> String {
 fn memory_table(samples: &[Value]) -> String {
     let headers = [
         "T (S)", "PHASE", "RSS", "ANON", "FILE", "HEAP", "ACTIVE", "METADATA", "RESIDENT", "DIRTY",
-        "MUZZY", "MAPPED", "RETAINED", "ARENAS",
+        "MUZZY", "CACHED", "MAPPED", "RETAINED", "ARENAS",
     ];
     let rows: Vec<Vec<String>> = samples
         .iter()
@@ -380,6 +383,7 @@ fn memory_table(samples: &[Value]) -> String {
                 "resident_mb",
                 "dirty_mb",
                 "muzzy_mb",
+                "cached_mb",
                 "mapped_mb",
                 "retained_mb",
                 "arenas",

@@ -134,6 +134,7 @@ impl Probe {
                 retained_kb: kib("retained"),
                 dirty_kb: kib("dirty"),
                 muzzy_kb: kib("muzzy"),
+                cached_kb: kib("thread_cache"),
                 arenas: scrape.count("kpm_heap_dirty_bytes", None),
             },
             fds: kpm.fds,

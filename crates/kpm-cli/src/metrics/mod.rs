@@ -22,7 +22,8 @@
 //!   alive in the runtime) and `kpm_heap_allocated_bytes` (the live heap),
 //!   which must stay flat under churn; beside it the allocator's
 //!   `kpm_heap_{active,metadata,resident,mapped,retained}_bytes` and, per
-//!   arena, `kpm_heap_dirty_bytes{arena}` and `kpm_heap_muzzy_bytes{arena}`;
+//!   arena, `kpm_heap_dirty_bytes{arena}`, `kpm_heap_muzzy_bytes{arena}` and
+//!   `kpm_heap_thread_cache_bytes{arena}`;
 //! - `kpm_device_plugin_devices{resource, health}` and
 //!   `kpm_dra_driver_instances{driver, connected}`;
 //! - `kpm_fd_budget{state}` (`limit`, `budget`, `in_use`, `open`),

@@ -328,6 +328,12 @@ fn encode_heap(heap: &HeapStats, encoder: &mut DescriptorEncoder<'_>) -> fmt::Re
         "kpm_heap_muzzy_bytes",
         "Bytes of freed pages an allocator arena returned lazily (MADV_FREE): resident until the kernel takes them.",
         heap.arenas.iter().map(|a| (arena(a), a.muzzy)),
+    )?;
+    gauge_family(
+        encoder,
+        "kpm_heap_thread_cache_bytes",
+        "Bytes of freed blocks the threads of an allocator arena keep cached for their next allocations.",
+        heap.arenas.iter().map(|a| (arena(a), a.cached)),
     )
 }
 
