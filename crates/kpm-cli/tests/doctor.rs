@@ -253,6 +253,22 @@ fn a_socket_file_deleted_while_its_plugin_listens_is_named() {
     assert_eq!(verdict(&report, &socket), "deleted-but-listening");
 }
 
+#[test]
+fn a_socket_listening_where_the_doctor_cannot_see_is_not_called_deleted() {
+    // The kubelet and its plugins in another mount namespace: their sockets
+    // listen, but their directories are not there to look in. Moving the
+    // root away shows the same to the doctor.
+    let node = Node::new();
+    let socket = node.registry().join("elsewhere-reg.sock");
+    let _listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let moved = node.root.path().with_extension("moved");
+    std::fs::rename(node.root.path(), &moved).unwrap();
+    let (code, report) = node.doctor(&[]);
+    std::fs::rename(&moved, node.root.path()).unwrap();
+    assert_eq!(code, 2, "{report:#}");
+    assert_eq!(report["plugins"], serde_json::json!([]), "{report:#}");
+}
+
 /// Writes the kubelet device manager's checkpoint in `device-plugins/` of
 /// `root`, with `registered` as its resources' healthy devices, as kubelet
 /// v1.36 writes it.

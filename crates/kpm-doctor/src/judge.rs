@@ -525,15 +525,25 @@ fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
 
 /// The sockets still listening under `root`'s registry or `device-plugins/`
 /// whose file is gone; `root` and `listening` are the host's paths.
+///
+/// Gone means missing from a directory this process sees. A socket whose
+/// directory it does not see at all tells nothing: the kubelet and its
+/// plugins may run in another mount namespace, or the host be mounted
+/// elsewhere than `--host-root` says, and the socket be where it belongs.
 pub(crate) fn deleted(host: &Host, root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
     let dirs = [
         root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
         root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
     ];
+    let gone = |path: &Path| {
+        let seen = host.path(path);
+        matches!(std::fs::symlink_metadata(&seen), Err(err) if err.kind() == io::ErrorKind::NotFound)
+            && seen.parent().is_some_and(Path::is_dir)
+    };
     listening
         .iter()
         .filter(|path| dirs.iter().any(|dir| path.starts_with(dir)))
-        .filter(|path| std::fs::symlink_metadata(host.path(path)).is_err())
+        .filter(|path| gone(path))
         .map(|path| {
             Row::new(
                 Verdict::DeletedButListening,

@@ -290,7 +290,7 @@ impl Doctor {
                 "run kpm doctor as the user the kubelet runs as (root)".to_owned()
             }
             (_, Some(kubelet)) if kubelet.root_dir != self.root_dir => format!(
-                "the running kubelet ({}) has root {}: give that to --root-dir, or leave --root-dir out",
+                "{} has root {}: give that to --root-dir, or leave --root-dir out",
                 kubelet.describe(),
                 kubelet.root_dir.display()
             ),
