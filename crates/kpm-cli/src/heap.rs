@@ -1,9 +1,10 @@
 //! kpm's memory allocator, jemalloc, and its statistics for `/metrics`.
 //!
 //! jemalloc hands pages freed by churning connections back to the system
-//! (at once, from `kpm run` and `kpm doctor --watch` on); with glibc's
-//! malloc kpm's RSS kept growing under churn while its live heap stayed
-//! flat (`docs/reliability.md`, soak).
+//! (at once, from `kpm run` and `kpm doctor --watch` on), and each runtime
+//! thread that goes idle hands back the blocks its cache keeps; with
+//! glibc's malloc kpm's RSS kept growing under churn while its live heap
+//! stayed flat (`docs/reliability.md`, soak).
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -39,8 +40,8 @@ pub(crate) fn return_freed_pages_at_once() {
 
 /// How often a runtime thread that goes idle may hand back the blocks its
 /// cache keeps: soon enough that an idle kpm holds no more than it uses
-/// well within a minute of a burst, seldom enough that a busy thread keeps
-/// its cache (at once a second, kpm's CPU under churn rose by a tenth).
+/// well within a minute of a burst, seldom enough that a thread that parks
+/// between every two registrations under churn keeps its cache.
 const THREAD_CACHE_FLUSH_PERIOD: Duration = Duration::from_secs(10);
 
 thread_local! {
@@ -136,9 +137,9 @@ pub(crate) fn stats() -> Option<HeapStats> {
     })
 }
 
-/// The dirty and muzzy pages and the cached blocks of every arena in use. An arena's figures are
-/// read by a name with its index in it; an arena no thread has used yet
-/// has none.
+/// The dirty and muzzy pages and the cached blocks of every arena in use.
+/// An arena's figures are read by a name with its index in it; an arena no
+/// thread has used yet has none.
 fn arena_pages() -> Option<Vec<ArenaPages>> {
     let page: usize = b"arenas.page\0".name().read().ok()?;
     let pages = |arena: u32, figure: &str| -> Option<usize> {
