@@ -15,7 +15,8 @@ use crate::scenario::{self, Process, find, wait_until};
 /// generic-device-plugin registered on a `kubelet.sock` (served by a `kpm
 /// run` whose registry is elsewhere), a stale socket and a CSI driver's own
 /// socket placed in the registry. Every verdict must be right, and the
-/// doctor must not have notified anyone.
+/// doctor must not have notified anyone. Then the registrar is killed
+/// ([`registrar_killed`]).
 pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     const SCENARIO: &str = "doctor";
     let registry = root.join("plugins_registry");
@@ -107,7 +108,65 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     eprintln!(
         "doctor: every verdict right; node-driver-registrar notified {before} time(s) before, none by the doctor"
     );
+    registrar_killed(env, &manager, registrar, &registry, root)?;
     kubelet_sock.stop()
+}
+
+/// node-driver-registrar killed with SIGKILL beside the kubelet's plugin
+/// manager: its registration socket stays, and so does the registration
+/// (the manager deregisters on the socket's removal only, issue 37); `kpm
+/// doctor` calls the socket `stale`.
+fn registrar_killed(
+    env: &Env,
+    manager: &Process,
+    mut registrar: Process,
+    registry: &Path,
+    root: &Path,
+) -> Result {
+    const SCENARIO: &str = "doctor";
+    let socket = registry.join("hostpath.csi.k8s.io-reg.sock");
+    registrar.kill();
+    if !socket.exists() {
+        return Err(format!("{} went with its registrar's SIGKILL", socket.display()).into());
+    }
+    // A plugin registered after the kill: the manager's reconciler has
+    // passed over the killed driver's socket by the time it registers it.
+    let args = [
+        "--dir",
+        &registry.display().to_string(),
+        "--type",
+        "CSIPlugin",
+        "--name",
+        "after.example.com",
+    ];
+    let _after = spawn(env, SCENARIO, "example_plugin", &env.example_plugin, &args)?;
+    manager.wait_for_line(
+        "the kubelet registered a plugin after the kill",
+        STEP_TIMEOUT,
+        |line| line.starts_with("register CSIPlugin after.example.com "),
+    )?;
+    let deregistered = manager
+        .lines()?
+        .into_iter()
+        .find(|line| line.starts_with("deregister CSIPlugin hostpath.csi.k8s.io "));
+    if let Some(line) = deregistered {
+        return Err(
+            format!("the kubelet deregistered the killed registrar's driver: {line}").into()
+        );
+    }
+    let nowhere = root.join("no-other-root").display().to_string();
+    let report = scenario::doctor(
+        &env.kpm,
+        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+        1,
+    )?;
+    scenario::expect_verdict(&report, &socket, "stale")?;
+    eprintln!(
+        "doctor: node-driver-registrar killed, the kubelet keeps hostpath.csi.k8s.io registered and \
+         kpm doctor calls {} stale",
+        socket.display()
+    );
+    Ok(())
 }
 
 /// `kpm doctor` beside the kubelet's own device manager (its test binary,
