@@ -325,9 +325,10 @@ fn classify(err: &ExecutorError) -> (Verdict, String) {
     match err {
         ExecutorError::Dial { source, .. } if source.is_gone() => (
             Verdict::Stale,
-            "nothing listens on it: a leftover of a plugin that is gone (a reboot, a crashed \
-             registrar). Remove it if its plugin is not running: the kubelet retries it with \
-             backoff up to 2m2s and logs an error each time"
+            "nothing listens on it: a leftover of a plugin that is gone (a reboot, a registrar \
+             that crashed or was killed). Remove it if its plugin is not running: until then the \
+             kubelet keeps the plugin registered if it registered it before it went, or else \
+             retries the socket with backoff up to 2m2s, logging an error each time"
                 .into(),
         ),
         ExecutorError::Dial { .. } if io_kind(err) == Some(io::ErrorKind::PermissionDenied) => (

@@ -90,12 +90,7 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
             .count())
     };
     let before = notified(&registrar)?;
-    let nowhere = root.join("no-other-root").display().to_string();
-    let report = scenario::doctor(
-        &env.kpm,
-        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
-        1,
-    )?;
+    let report = doctor_failing(env, root)?;
     expect_doctor_verdicts(&report, &registry, &stale, &misplaced)?;
     let after = notified(&registrar)?;
     if after != before {
@@ -154,12 +149,7 @@ fn registrar_killed(
             format!("the kubelet deregistered the killed registrar's driver: {line}").into()
         );
     }
-    let nowhere = root.join("no-other-root").display().to_string();
-    let report = scenario::doctor(
-        &env.kpm,
-        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
-        1,
-    )?;
+    let report = doctor_failing(env, root)?;
     scenario::expect_verdict(&report, &socket, "stale")?;
     eprintln!(
         "doctor: node-driver-registrar killed, the kubelet keeps hostpath.csi.k8s.io registered and \
@@ -198,12 +188,7 @@ pub(super) fn doctor_beside_the_device_manager(env: &Env, root: &Path) -> Result
     wait_until("the example plugin serves", STEP_TIMEOUT, || Ok(unregistered.exists()))?;
 
     fs::create_dir_all(root.join("plugins_registry"))?;
-    let nowhere = root.join("no-other-root").display().to_string();
-    let report = scenario::doctor(
-        &env.kpm,
-        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
-        1,
-    )?;
+    let report = doctor_failing(env, root)?;
     let named = find(&report["plugins"], "name", "squat.ai/null")
         .ok_or_else(|| format!("no row named squat.ai/null: {report}"))?;
     if named["verdict"] != "ok" || named["found_in"] != "device-plugins" {
@@ -216,6 +201,17 @@ pub(super) fn doctor_beside_the_device_manager(env: &Env, root: &Path) -> Result
         named["path"]
     );
     manager.stop(STOP_TIMEOUT)
+}
+
+/// `kpm doctor -o json` of the kubelet at `root` (and of no other), which
+/// must find something failing (exit 1).
+fn doctor_failing(env: &Env, root: &Path) -> Result<serde_json::Value> {
+    let nowhere = root.join("no-other-root").display().to_string();
+    scenario::doctor(
+        &env.kpm,
+        &["--root-dir", &root.display().to_string(), "--other-root", &nowhere],
+        1,
+    )
 }
 
 /// The verdicts [`doctor_beside_the_kubelet`] expects of `kpm doctor`.
