@@ -10,6 +10,10 @@ use super::{Env, STEP_TIMEOUT, STOP_TIMEOUT};
 use crate::Result;
 use crate::scenario::{self, Process, find, wait_until};
 
+/// The scenario of [`doctor_beside_the_kubelet`] and [`registrar_killed`],
+/// which name its programs' logs.
+const BESIDE_THE_KUBELET: &str = "doctor";
+
 /// `kpm doctor` beside the kubelet's own plugin manager: node-driver-registrar
 /// with hostpathplugin and a DRA kubelet-plugin registered with it,
 /// generic-device-plugin registered on a `kubelet.sock` (served by a `kpm
@@ -18,12 +22,11 @@ use crate::scenario::{self, Process, find, wait_until};
 /// doctor must not have notified anyone. Then the registrar is killed
 /// ([`registrar_killed`]).
 pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
-    const SCENARIO: &str = "doctor";
     let registry = root.join("plugins_registry");
     fs::create_dir_all(&registry)?;
     let manager = peer(
         env,
-        SCENARIO,
+        BESIDE_THE_KUBELET,
         "kubelet-pluginmanager",
         &["--registry-dir", &registry.display().to_string()],
     )?;
@@ -31,17 +34,17 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     let kubelet_sock = start_kpm_with(
         env,
         root,
-        SCENARIO,
+        BESIDE_THE_KUBELET,
         &["--registry-dir", &root.join("kpm-registry").display().to_string()],
     )?;
 
     let csi_sock = root.join("plugins/csi-hostpath/csi.sock");
     fs::create_dir_all(csi_sock.parent().ok_or("no parent")?)?;
-    let _driver = hostpath(env, SCENARIO, root, "hostpath.csi.k8s.io", &csi_sock, &[])?;
+    let _driver = hostpath(env, BESIDE_THE_KUBELET, root, "hostpath.csi.k8s.io", &csi_sock, &[])?;
     wait_until("hostpathplugin serves its socket", STEP_TIMEOUT, || Ok(csi_sock.exists()))?;
     let registrar = peer(
         env,
-        SCENARIO,
+        BESIDE_THE_KUBELET,
         "node-driver-registrar",
         &[
             &format!("--csi-address={}", csi_sock.display()),
@@ -54,7 +57,7 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     })?;
     let dra = peer(
         env,
-        SCENARIO,
+        BESIDE_THE_KUBELET,
         "dra-kubeletplugin",
         &[
             "--driver-name",
@@ -70,7 +73,7 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     dra.wait_for_line("the helper told registered", STEP_TIMEOUT, |line| {
         line == "registration status: true"
     })?;
-    let _devices = null_devices(env, SCENARIO, root)?;
+    let _devices = null_devices(env, BESIDE_THE_KUBELET, root)?;
     wait_for_list(&kubelet_sock, "squat.ai/null registered on kubelet.sock", |list| {
         Ok(find(&list["device_resources"], "resource", "squat.ai/null")
             .filter(|r| r["healthy"] == 3)
@@ -79,7 +82,8 @@ pub(super) fn doctor_beside_the_kubelet(env: &Env, root: &Path) -> Result {
     let stale = registry.join("gone.example.com-reg.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale)?);
     let misplaced = registry.join("csi.sock");
-    let _misplaced_driver = hostpath(env, SCENARIO, root, "misplaced.csi.k8s.io", &misplaced, &[])?;
+    let _misplaced_driver =
+        hostpath(env, BESIDE_THE_KUBELET, root, "misplaced.csi.k8s.io", &misplaced, &[])?;
     wait_until("the misplaced driver serves its socket", STEP_TIMEOUT, || Ok(misplaced.exists()))?;
 
     let notified = |registrar: &Process| -> Result<usize> {
@@ -118,7 +122,6 @@ fn registrar_killed(
     registry: &Path,
     root: &Path,
 ) -> Result {
-    const SCENARIO: &str = "doctor";
     let socket = registry.join("hostpath.csi.k8s.io-reg.sock");
     registrar.kill();
     if !socket.exists() {
@@ -134,7 +137,7 @@ fn registrar_killed(
         "--name",
         "after.example.com",
     ];
-    let _after = spawn(env, SCENARIO, "example_plugin", &env.example_plugin, &args)?;
+    let _after = spawn(env, BESIDE_THE_KUBELET, "example_plugin", &env.example_plugin, &args)?;
     manager.wait_for_line(
         "the kubelet registered a plugin after the kill",
         STEP_TIMEOUT,
