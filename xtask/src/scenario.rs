@@ -58,9 +58,8 @@ pub(crate) fn build(root: &Path) -> Result {
 }
 
 /// A free loopback address (`127.0.0.1:PORT`), for kpm's `--metrics-addr`.
-pub(crate) fn free_local_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
+pub(crate) fn free_local_addr() -> String {
+    format!("127.0.0.1:{}", kpm_test_support::free_port())
 }
 
 /// The value of each series with a whole value kpm serves on `/metrics` at

@@ -38,7 +38,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     };
     let duration = duration(options)?;
     let binaries = harness::build(root)?;
-    let metrics = scenario::free_local_addr()?;
+    let metrics = scenario::free_local_addr();
     let secs = duration.as_secs().to_string();
     let mut loadgen_args =
         vec!["--scenario", "soak", "--duration-secs", &secs, "--metrics-addr", &metrics];

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use kpm_registrar::Registrar;
 use kpm_test_support::api_server::{ApiRequest, State};
 use kpm_test_support::blocking::wait_until;
+use kpm_test_support::free_port;
 use parking_lot::Mutex;
 use serde_json::Value;
-use support::{free_port, http_get, kpm, kubeconfig, parse_prometheus};
+use support::{http_get, kpm, kubeconfig, parse_prometheus};
 
 const CONDITION: &str = "KubeletPluginsHealthy";
 

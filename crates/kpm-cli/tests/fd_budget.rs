@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
-use kpm_test_support::OwnRuntime;
-use support::{Kpm, free_port, http_get, parse_prometheus, wait_until};
+use kpm_test_support::{OwnRuntime, free_port};
+use support::{Kpm, http_get, parse_prometheus, wait_until};
 
 const PLUGINS: usize = 300;
 const NOFILE: u32 = 128;

@@ -16,8 +16,8 @@ use kpm_api::deviceplugin::v1beta1::RegisterRequest;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
-use kpm_test_support::{DEADLINE, OwnRuntime};
-use support::{Kpm, free_port, http_get, parse_prometheus, wait_until};
+use kpm_test_support::{DEADLINE, OwnRuntime, free_port};
+use support::{Kpm, http_get, parse_prometheus, wait_until};
 
 const NOFILE: u32 = 64;
 /// Far more than kpm's budget under [`NOFILE`].

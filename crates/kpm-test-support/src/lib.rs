@@ -11,6 +11,8 @@
 //! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
 //!   runtime, so that stopping it closes its connections the way a process
 //!   exit does;
+//! - [`free_port`] gives a port for a server that binds it later, one no
+//!   outgoing connection can take meanwhile;
 //! - [`api_server`] is a stand-in Kubernetes API server (a Node's
 //!   conditions and Events) for the doctor's publishing.
 //!
@@ -33,6 +35,7 @@ pub mod api_server;
 
 use std::fmt::Display;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -56,6 +59,41 @@ pub async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool)
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// A loopback TCP port free a moment ago, for a server that binds it later:
+/// a child process's `--metrics-addr`, an API server that comes up late,
+/// etcd's and kube-apiserver's ports.
+///
+/// Port 0 would hand out one of the kernel's ephemeral ports, and any
+/// outgoing TCP connection made in the meantime (a test running beside,
+/// kube-apiserver dialing etcd) may take it as its local port before the
+/// server binds it: CI saw `AddrInUse`. So the port is taken below the
+/// ephemeral range, where the kernel never picks one by itself, and a
+/// counter keeps the calls of one process apart.
+///
+/// # Panics
+///
+/// When no port below the ephemeral range can be bound.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral.saturating_sub(LOWEST).max(1);
+    // Other programs may hold ports here too: start where this process's id
+    // points, and skip the busy ones.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let Ok(port) = u16::try_from(LOWEST + offset) else { continue };
+        if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOWEST}..{ephemeral}");
 }
 
 /// A description computed only when shown: `what` for [`wait_until`] that
@@ -235,6 +273,19 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use super::*;
+
+    #[test]
+    fn free_ports_differ_lie_below_the_ephemeral_range_and_can_be_bound() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let ephemeral: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for port in ports {
+            assert!((10_000..ephemeral).contains(&port), "{port} not below {ephemeral}");
+            drop(std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).unwrap());
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn wait_until_returns_once_the_condition_holds() {

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -65,7 +64,7 @@ impl Cluster {
             fs::write(path(name), contents)?;
         }
 
-        let [client_port, peer_port, secure_port] = free_ports()?;
+        let [client_port, peer_port, secure_port] = [(); 3].map(|()| kpm_test_support::free_port());
         let etcd_log = env.out.join(format!("{scenario}-etcd.log"));
         let etcd = Process::spawn(
             "etcd",
@@ -302,18 +301,4 @@ impl Cluster {
             &log,
         )
     }
-}
-
-/// Three free loopback ports: bound at once so that they differ, then freed.
-fn free_ports() -> Result<[u16; 3]> {
-    let listeners = [
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-    ];
-    let mut ports = [0; 3];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
-    }
-    Ok(ports)
 }

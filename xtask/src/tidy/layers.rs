@@ -78,11 +78,12 @@ pub(super) const LAYERS: &[Layer] = &[
     // End-to-end tests: nothing but tests, so every dependency is a dev one.
     Layer { name: "kpm-tests", deps: &[], dev: &["kpm", "kpm-api", "kpm-registrar"] },
     normal("kpm-test-support", &[]),
-    normal("xtask", &[]),
+    // The tools' scenarios start servers on ports taken as the tests take them.
+    normal("xtask", &["kpm-test-support"]),
 ];
 
 /// The shared test helpers: any crate may have them as a dev-dependency, and
-/// none as a normal one.
+/// only the one its layer names (xtask) as a normal one.
 pub(super) const TEST_SUPPORT: &str = "kpm-test-support";
 
 /// Every crate's dependencies against `LAYERS`, and `LAYERS` against the

@@ -16,13 +16,13 @@ use kpm_api::registration::v1::registration_server::{Registration, RegistrationS
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use kpm_test_support::Stopper;
 use kpm_test_support::blocking::eventually;
+use kpm_test_support::{Stopper, free_port};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tonic::{Code, Request, Response, Status};
 
-use super::{KPM, Kpm, Served, free_port, http_get, parse_prometheus, serve, wait_until};
+use super::{KPM, Kpm, Served, http_get, parse_prometheus, serve, wait_until};
 
 // === A scripted plugin ===
 

@@ -248,35 +248,6 @@ pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
     samples
 }
 
-/// A loopback TCP port free a moment ago, for a server that binds it later
-/// (`--metrics-addr`, an API server that comes up late).
-///
-/// Port 0 would hand out one of the kernel's ephemeral ports, and then any
-/// outgoing connection of a test running beside this one may take it as
-/// its local port before the server binds it (CI saw `AddrInUse`). So the
-/// port is taken below the ephemeral range, where the kernel never picks
-/// one by itself, and a counter keeps this process's tests apart.
-pub fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    const LOWEST: u32 = 10_000;
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
-    let span = ephemeral.saturating_sub(LOWEST).max(1);
-    // Test binaries run one after another, but other programs may hold
-    // ports here: start where this process's id points and skip busy ones.
-    let start = std::process::id().wrapping_mul(7919) % span;
-    for _ in 0..span {
-        let offset = (start + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) % span;
-        let port = u16::try_from(LOWEST + offset).unwrap();
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {LOWEST}..{ephemeral}");
-}
-
 // === Plugin services ===
 
 /// The routes of a stub device plugin reporting `(id, health)` devices.
