@@ -65,12 +65,18 @@ pub async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool)
 /// a child process's `--metrics-addr`, an API server that comes up late,
 /// etcd's and kube-apiserver's ports.
 ///
-/// Port 0 would hand out one of the kernel's ephemeral ports, and any
-/// outgoing TCP connection made in the meantime (a test running beside,
-/// kube-apiserver dialing etcd) may take it as its local port before the
-/// server binds it: CI saw `AddrInUse`. So the port is taken below the
-/// ephemeral range, where the kernel never picks one by itself, and a
-/// counter keeps the calls of one process apart.
+/// Two races made CI see `AddrInUse` when the server came to bind:
+/// - Port 0 hands out one of the kernel's ephemeral ports, which any
+///   outgoing TCP connection made meanwhile (a test running beside,
+///   kube-apiserver dialing etcd) may take as its local port. So the port
+///   is taken below the ephemeral range, where the kernel never picks one
+///   by itself, and a counter keeps the calls of one process apart.
+/// - A listener opened only to see whether the port is free lives on in any
+///   child another test thread forks at that instant, until the child
+///   execs. So the port is tried with a bound socket that never listens,
+///   with `SO_REUSEADDR` as every server here sets it: a busy port fails
+///   that bind, and a copy left in a child stops no server from binding
+///   and listening.
 ///
 /// # Panics
 ///
@@ -89,11 +95,20 @@ pub fn free_port() -> u16 {
     for _ in 0..span {
         let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let Ok(port) = u16::try_from(LOWEST + offset) else { continue };
-        if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
+        if bindable(port).is_ok() {
             return port;
         }
     }
     panic!("no free port in {LOWEST}..{ephemeral}");
+}
+
+/// Whether a server could bind `port` on loopback now, asked without
+/// listening on it (see [`free_port`]).
+fn bindable(port: u16) -> std::io::Result<()> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)).into())
 }
 
 /// A description computed only when shown: `what` for [`wait_until`] that
