@@ -11,8 +11,9 @@
 //! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
 //!   runtime, so that stopping it closes its connections the way a process
 //!   exit does;
-//! - [`free_port`] gives a port for a server that binds it later, one no
-//!   outgoing connection can take meanwhile;
+//! - [`free_port`] gives a port for a server that binds it later, one that
+//!   neither an outgoing connection nor another test's child can hold
+//!   meanwhile;
 //! - [`api_server`] is a stand-in Kubernetes API server (a Node's
 //!   conditions and Events) for the doctor's publishing.
 //!
@@ -95,20 +96,21 @@ pub fn free_port() -> u16 {
     for _ in 0..span {
         let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
         let Ok(port) = u16::try_from(LOWEST + offset) else { continue };
-        if bindable(port).is_ok() {
+        if try_port(port).is_ok() {
             return port;
         }
     }
     panic!("no free port in {LOWEST}..{ephemeral}");
 }
 
-/// Whether a server could bind `port` on loopback now, asked without
-/// listening on it (see [`free_port`]).
-fn bindable(port: u16) -> std::io::Result<()> {
+/// A socket bound to `port` on loopback and not listening: it binds when a
+/// server could bind the port now (see [`free_port`]).
+fn try_port(port: u16) -> std::io::Result<socket2::Socket> {
     use socket2::{Domain, Socket, Type};
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
     socket.set_reuse_address(true)?;
-    socket.bind(&std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)).into())
+    socket.bind(&std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)).into())?;
+    Ok(socket)
 }
 
 /// A description computed only when shown: `what` for [`wait_until`] that
@@ -300,6 +302,17 @@ mod tests {
             assert!((10_000..ephemeral).contains(&port), "{port} not below {ephemeral}");
             drop(std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).unwrap());
         }
+    }
+
+    #[test]
+    fn a_port_tried_and_still_held_elsewhere_can_be_bound_and_listened_on() {
+        // As if the try's socket had been copied into a child forked by
+        // another thread and not yet exec'd.
+        let port = free_port();
+        let copy = try_port(port).unwrap();
+        let server = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).unwrap();
+        std::net::TcpStream::connect(server.local_addr().unwrap()).unwrap();
+        drop(copy);
     }
 
     #[tokio::test(start_paused = true)]
