@@ -57,11 +57,6 @@ pub(crate) fn build(root: &Path) -> Result {
     )
 }
 
-/// A free loopback address (`127.0.0.1:PORT`), for kpm's `--metrics-addr`.
-pub(crate) fn free_local_addr() -> String {
-    format!("127.0.0.1:{}", kpm_test_support::free_port())
-}
-
 /// The value of each series with a whole value kpm serves on `/metrics` at
 /// `addr` (counters under their `_total` name), labels left in the name.
 pub(crate) fn metrics(addr: &str) -> Result<std::collections::BTreeMap<String, u64>> {

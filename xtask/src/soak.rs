@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use crate::Result;
 use crate::harness::{self, stdout_of};
-use crate::scenario;
 
 /// The soak's length unless told otherwise.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10 * 60);
@@ -38,7 +37,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     };
     let duration = duration(options)?;
     let binaries = harness::build(root)?;
-    let metrics = scenario::free_local_addr();
+    let metrics = kpm_test_support::free_local_addr();
     let secs = duration.as_secs().to_string();
     let mut loadgen_args =
         vec!["--scenario", "soak", "--duration-secs", &secs, "--metrics-addr", &metrics];

@@ -495,7 +495,7 @@ fn a_kubeconfig_that_cannot_be_read_cannot_be_judged() {
 fn an_api_server_that_cannot_be_reached_cannot_be_judged() {
     let node = Node::new();
     // A port nobody listens on: every read of the cluster fails.
-    let closed = format!("127.0.0.1:{}", kpm_test_support::free_port());
+    let closed = kpm_test_support::free_local_addr();
     let kubeconfig = node.root.path().join("kubeconfig");
     std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://{closed}"))).unwrap();
     let (code, report) =

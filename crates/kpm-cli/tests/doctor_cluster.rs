@@ -477,7 +477,7 @@ fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 
     // Nobody listening: the refused connection is named.
-    let closed = format!("http://127.0.0.1:{}", kpm_test_support::free_port());
+    let closed = format!("http://{}", kpm_test_support::free_local_addr());
     std::fs::write(&kubeconfig, support::kubeconfig(&closed)).unwrap();
     let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
     assert_eq!(out.status.code(), Some(2), "nothing could be judged");

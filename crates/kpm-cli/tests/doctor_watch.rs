@@ -15,7 +15,7 @@ use std::sync::Arc;
 use kpm_registrar::Registrar;
 use kpm_test_support::api_server::{ApiRequest, State};
 use kpm_test_support::blocking::wait_until;
-use kpm_test_support::free_port;
+use kpm_test_support::{free_local_addr, free_port};
 use parking_lot::Mutex;
 use serde_json::Value;
 use support::{http_get, kpm, kubeconfig, parse_prometheus};
@@ -113,7 +113,7 @@ fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
     let state = Arc::new(Mutex::new(node));
     let api_port = free_port();
     serve_api(&rt, api_port, Arc::clone(&state));
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let metrics_addr = free_local_addr();
     let doctor = watch(root.path(), api_port, &metrics_addr);
 
     wait_until("the condition True", || {
@@ -178,7 +178,7 @@ fn with_no_api_server_it_judges_on_says_so_once_and_publishes_once_it_can() {
     stale_socket(&root.path().join("plugins_registry"));
     let state = Arc::new(Mutex::new(State::with_node("node1")));
     let api_port = free_port();
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let metrics_addr = free_local_addr();
     let doctor = watch(root.path(), api_port, &metrics_addr);
 
     // Nothing listens on the API server's port: it keeps judging, counts
@@ -212,7 +212,7 @@ fn a_403_is_said_once_and_judging_goes_on() {
     let state = Arc::new(Mutex::new(State { fail: Some(403), ..State::with_node("node1") }));
     let api_port = free_port();
     serve_api(&rt, api_port, Arc::clone(&state));
-    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let metrics_addr = free_local_addr();
     let doctor = watch(root.path(), api_port, &metrics_addr);
     let log = || std::fs::read_to_string(root.path().join("doctor.log")).unwrap();
     wait_until("three refused writes", || {

@@ -208,7 +208,7 @@ fn demo_runs_every_scene_and_exits_cleanly() {
 
 #[test]
 fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
-    let addr = format!("127.0.0.1:{}", kpm_test_support::free_port());
+    let addr = kpm_test_support::free_local_addr();
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start_with(root.path(), &["--metrics-addr", &addr]);
     let rt = runtime();

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
-use kpm_test_support::{OwnRuntime, free_port};
+use kpm_test_support::{OwnRuntime, free_local_addr};
 use support::{Kpm, http_get, parse_prometheus, wait_until};
 
 const PLUGINS: usize = 300;
@@ -23,7 +23,7 @@ fn three_hundred_csi_plugins_register_under_128_open_files() {
     // This process serves the 300 plugins: it needs more than kpm is given.
     kpm::transport::fd::raise_soft_limit().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_local_addr();
     let kpm = Kpm::start_with_nofile(dir.path(), NOFILE, &["--metrics-addr", &addr]);
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", kpm.pid())).unwrap();
     let open_files = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();

@@ -54,7 +54,7 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("kubeconfig");
     std::fs::write(&config, kubeconfig(&server)).unwrap();
-    let metrics = format!("127.0.0.1:{}", kpm_test_support::free_port());
+    let metrics = kpm_test_support::free_local_addr();
     let kpm_run = Kpm::start_with(
         root.path(),
         &[

@@ -148,7 +148,7 @@ impl Drop for StopOnDrop<'_> {
 
 #[test]
 fn concurrent_scrapes_during_churn_are_whole_monotone_and_consistent() {
-    let addr = format!("127.0.0.1:{}", kpm_test_support::free_port());
+    let addr = kpm_test_support::free_local_addr();
     let root = tempfile::tempdir().unwrap();
     let kpm = Kpm::start_with(root.path(), &["--metrics-addr", &addr]);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();

@@ -16,7 +16,7 @@ use kpm_api::deviceplugin::v1beta1::RegisterRequest;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
-use kpm_test_support::{DEADLINE, OwnRuntime, free_port};
+use kpm_test_support::{DEADLINE, OwnRuntime, free_local_addr};
 use support::{Kpm, http_get, parse_prometheus, wait_until};
 
 const NOFILE: u32 = 64;
@@ -39,7 +39,7 @@ fn registers_despite_silent_connections_to(socket: &str) {
     kpm::transport::fd::raise_soft_limit().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = free_local_addr();
     let args = ["--metrics-addr", &addr, "--handshake-timeout", HANDSHAKE_TIMEOUT];
     let kpm = Kpm::start_with_nofile(root, NOFILE, &args);
     kpm.kubelet_sock();

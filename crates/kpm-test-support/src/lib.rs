@@ -11,7 +11,7 @@
 //! - [`OwnRuntime`] runs a fake plugin or driver on its own thread and tokio
 //!   runtime, so that stopping it closes its connections the way a process
 //!   exit does;
-//! - [`free_port`] gives a port for a server that binds it later, one that
+//! - [`free_port`] (and [`free_local_addr`]) gives a port for a server that binds it later, one that
 //!   neither an outgoing connection nor another test's child can hold
 //!   meanwhile;
 //! - [`api_server`] is a stand-in Kubernetes API server (a Node's
@@ -85,10 +85,7 @@ pub async fn wait_until(what: impl Display, mut condition: impl FnMut() -> bool)
 pub fn free_port() -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const LOWEST: u32 = 10_000;
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
-        .unwrap_or(32_768);
+    let ephemeral = ephemeral_start();
     let span = ephemeral.saturating_sub(LOWEST).max(1);
     // Other programs may hold ports here too: start where this process's id
     // points, and skip the busy ones.
@@ -101,6 +98,20 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port in {LOWEST}..{ephemeral}");
+}
+
+/// [`free_port`] as the address `127.0.0.1:PORT`, for a `--metrics-addr`.
+pub fn free_local_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it
+/// cannot be read).
+fn ephemeral_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A socket bound to `port` on loopback and not listening: it binds when a
@@ -293,13 +304,12 @@ mod tests {
 
     #[test]
     fn free_ports_differ_lie_below_the_ephemeral_range_and_can_be_bound() {
-        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
-        let ephemeral: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        let ephemeral = ephemeral_start();
         let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len(), "{ports:?}");
         for port in ports {
-            assert!((10_000..ephemeral).contains(&port), "{port} not below {ephemeral}");
+            assert!((10_000..ephemeral).contains(&u32::from(port)), "{port} not below {ephemeral}");
             drop(std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).unwrap());
         }
     }

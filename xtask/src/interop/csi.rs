@@ -11,7 +11,7 @@ use crate::Result;
 use crate::scenario::{self, find, wait_for, wait_until};
 
 pub(super) fn node_driver_registrar(env: &Env, root: &Path) -> Result {
-    let metrics = scenario::free_local_addr();
+    let metrics = kpm_test_support::free_local_addr();
     let args = ["--liveness-period", "1", "--metrics-addr", &metrics];
     let kpm = start_kpm_with(env, root, "node-driver-registrar", &args)?;
     let csi_dir = root.join("plugins/csi-hostpath");
@@ -117,7 +117,7 @@ fn probed_by_pings(metrics: &str, connections: u32) -> Result {
 pub(super) fn grpcio_driver(env: &Env, root: &Path) -> Result {
     const SCENARIO: &str = "grpcio-driver";
     const DRIVER: &str = "grpcio.example.com";
-    let metrics = scenario::free_local_addr();
+    let metrics = kpm_test_support::free_local_addr();
     let args = ["--liveness-period", "1", "--metrics-addr", &metrics];
     let kpm = start_kpm_with(env, root, SCENARIO, &args)?;
     let registry = root.join("plugins_registry").display().to_string();

@@ -17,7 +17,7 @@ use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use kpm_test_support::blocking::eventually;
-use kpm_test_support::{Stopper, free_port};
+use kpm_test_support::{Stopper, free_local_addr};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tonic::{Code, Request, Response, Status};
@@ -405,7 +405,7 @@ impl Scenario {
         let registry = root.path().join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME);
         std::fs::create_dir(&registry).unwrap();
         let prepared = prepare(&registry);
-        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let metrics_addr = free_local_addr();
         let mut all_args = vec!["--metrics-addr", metrics_addr.as_str()];
         all_args.extend_from_slice(args);
         let (kpm, unprivileged) = match how {
