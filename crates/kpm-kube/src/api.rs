@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject, PatchParams, PostParams};
 use tracing::{debug, warn};
 
-use crate::status::{KubeStatus, ObjectKind, RequestCount, Stats};
+use crate::status::{KubeStatus, ObjectKind, PendingPublication, RequestCount, Stats};
 use crate::{FIELD_MANAGER, KubeConfig, KubeError};
 
 /// The client, the node's name and the books.
@@ -97,8 +97,8 @@ impl NodeApi {
         Api::all_with(self.client.clone(), &resource)
     }
 
-    pub(crate) fn status(&self) -> KubeStatus {
-        self.stats.snapshot(&self.node)
+    pub(crate) fn status(&self, pending: Vec<PendingPublication>) -> KubeStatus {
+        self.stats.snapshot(&self.node, pending)
     }
 
     /// The Node; a 404 becomes [`KubeError::NodeNotFound`].

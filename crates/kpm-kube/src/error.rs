@@ -69,6 +69,11 @@ pub enum KubeError {
     #[error("invalid Kubernetes publisher config: {0}")]
     InvalidConfig(#[from] kpm_api::config::DurationOutOfRange),
 
+    /// The publishers were created outside a tokio runtime, where their
+    /// reconcile loop cannot run.
+    #[error("start the reconcile loop: {0}")]
+    NoRuntime(#[source] tokio::runtime::TryCurrentError),
+
     /// The node name is not a valid Kubernetes object name.
     #[error("invalid node name {name:?}: {reason}")]
     InvalidNodeName {

@@ -4,9 +4,10 @@
 //! kpm reads what its field manager owns at start (`managed_fields`) and
 //! removes what no plugin registers within a grace period.
 //!
-//! This module reads at start for both kinds and withdraws the CSI
-//! drivers; the device resources are the capacity publisher's
-//! (`capacity`), which starts out knowing them.
+//! This module reads at start (the device resources, the CSI drivers, the
+//! DRA drivers' slices) and withdraws the CSI drivers; the device resources
+//! are the capacity publisher's (`capacity`), which starts out knowing
+//! them, and the slices the DRA manager's.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -15,21 +16,21 @@ use std::sync::Arc;
 use backon::Retryable;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
-use kpm_csi::{CsiDrivers, CsiError, NODE_ID_ANNOTATION, parse_node_id_annotation};
+use kpm_csi::{CsiDrivers, NODE_ID_ANNOTATION, parse_node_id_annotation};
 use kube::api::Api;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::KubeError;
 use crate::api::NodeApi;
-use crate::backoff::KubeletBackoff;
+use crate::backoff::Backoff;
 use crate::managed_fields::{self, Owners};
 use crate::node_info::KubeNodeInfo;
 use crate::status::ObjectKind;
 
-/// Reads `what` an earlier run left with `read`, retrying failures with the
-/// capacity publisher's backoff for as long as it takes (each shows in the
-/// status), but two: a missing Node holds nothing (empty), and without the
+/// Reads `what` an earlier run left with `read`, retrying failures with
+/// [`Backoff::RETRY`] for as long as it takes (each shows in the status),
+/// but two: a missing Node holds nothing (empty), and without the
 /// permission there is nothing kpm may clean up, which is logged once
 /// (`None`).
 pub(crate) async fn read<T, Fut>(
@@ -42,7 +43,7 @@ where
     Fut: Future<Output = Result<T, KubeError>>,
 {
     let result = read
-        .retry(KubeletBackoff::CAPACITY)
+        .retry(Backoff::RETRY)
         .when(|err| !err.is_forbidden() && !matches!(err, KubeError::NodeNotFound { .. }))
         .notify(|err, wait| {
             let _shown = api.record(ObjectKind::Leftovers, Err::<(), _>(err));
@@ -81,17 +82,8 @@ pub(crate) async fn clean_up_csi(
     info!(node = api.node, drivers = ?leftovers, ?grace, "CSI drivers an earlier run published; withdrawing those not registered within the grace period");
     tokio::time::sleep_until(end).await;
     for driver in &leftovers {
-        let withdraw = || sink.uninstall_unregistered(driver, &drivers);
-        let result = withdraw
-            .retry(KubeletBackoff::CAPACITY)
-            // A rule's failure (an unparsable annotation) stays as it is.
-            .when(|err| {
-                matches!(err, CsiError::UninstallFromCsiNode { .. } | CsiError::UninstallFromNode { .. })
-            })
-            .notify(|err, wait| {
-                warn!(node = api.node, plugin = driver, error = %err, ?wait, "withdrawing a CSI driver an earlier run published failed; retrying");
-            })
-            .await;
+        // Waits until the API server agrees, however long it is away.
+        let result = sink.uninstall_unregistered(driver, &drivers).await;
         match api.record(ObjectKind::Leftovers, result) {
             Ok(true) => info!(
                 node = api.node,
@@ -109,7 +101,7 @@ pub(crate) async fn clean_up_csi(
                 node = api.node,
                 plugin = driver,
                 error = %err,
-                "withdrawing a CSI driver an earlier run published failed; leaving it"
+                "withdrawing a CSI driver an earlier run published is refused; leaving it"
             ),
         }
     }

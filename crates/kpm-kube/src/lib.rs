@@ -63,11 +63,13 @@ mod api;
 mod backoff;
 mod capacity;
 mod csi_drivers;
+mod desired;
 mod error;
 mod leftovers;
 mod managed_fields;
 mod node_info;
 mod observe;
+mod reconcile;
 mod slices;
 mod status;
 
@@ -79,12 +81,17 @@ use std::time::Duration;
 use kpm_api::config::check_durations;
 use kpm_device::DeviceView;
 
+use tokio_util::task::AbortOnDropHandle;
+
 use crate::api::NodeApi;
+use crate::desired::Books;
 pub use crate::error::KubeError;
 pub use crate::node_info::KubeNodeInfo;
 pub use crate::observe::{NodeObjects, NodeResources, observe_node};
 pub use crate::slices::KubeSliceCleanup;
-pub use crate::status::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
+pub use crate::status::{
+    KubeStatus, ObjectKind, ObjectSync, PendingPublication, RequestCount, SyncError,
+};
 pub use kube::Client;
 
 /// The field manager of every write kpm makes.
@@ -169,18 +176,22 @@ impl KubeConfig {
     }
 }
 
-/// The Kubernetes publishers of one node, sharing one client and one set
-/// of books. Cheap to clone.
+/// The Kubernetes publishers of one node, sharing one client, one desired
+/// state and the one reconcile loop that writes it. Cheap to clone; the
+/// loop stops when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct KubePublisher {
     api: Arc<NodeApi>,
-    /// One sink, so that every CSI write of the node is serialised.
+    books: Arc<Books>,
     node_info: Arc<KubeNodeInfo>,
+    _reconciler: Arc<AbortOnDropHandle<()>>,
 }
 
 impl KubePublisher {
-    /// Publishers for Node `node_name` through `client`. Fails on an invalid
-    /// config or a node name that is not a Kubernetes object name.
+    /// Publishers for Node `node_name` through `client`, and their
+    /// reconcile loop, spawned on the current tokio runtime. Fails on an
+    /// invalid config, a node name that is not a Kubernetes object name, or
+    /// outside a tokio runtime.
     pub fn new(
         client: Client,
         node_name: impl Into<String>,
@@ -189,8 +200,16 @@ impl KubePublisher {
         config.validate()?;
         let node = node_name.into();
         check_node_name(&node)?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(KubeError::NoRuntime)?;
         let api = NodeApi::new(client, node, config);
-        Ok(Self { node_info: Arc::new(KubeNodeInfo::new(Arc::clone(&api))), api })
+        let books = Arc::new(Books::default());
+        let reconciler = runtime.spawn(reconcile::run(Arc::clone(&api), Arc::clone(&books)));
+        Ok(Self {
+            node_info: Arc::new(KubeNodeInfo::new(Arc::clone(&books))),
+            _reconciler: Arc::new(AbortOnDropHandle::new(reconciler)),
+            api,
+            books,
+        })
     }
 
     /// The Node's name.
@@ -220,7 +239,7 @@ impl KubePublisher {
 
     /// The DRA manager's cleanup: the node's ResourceSlices of gone drivers.
     pub fn slice_cleanup(&self) -> Arc<KubeSliceCleanup> {
-        Arc::new(KubeSliceCleanup::new(Arc::clone(&self.api)))
+        Arc::new(KubeSliceCleanup::new(Arc::clone(&self.api), Arc::clone(&self.books)))
     }
 
     /// Publishes the resources of `devices` on the Node's status for as
@@ -232,7 +251,7 @@ impl KubePublisher {
         &self,
         devices: DeviceView,
     ) -> impl Future<Output = ()> + Send + 'static {
-        capacity::publish(Arc::clone(&self.api), devices)
+        capacity::publish(Arc::clone(&self.api), Arc::clone(&self.books), devices)
     }
 
     /// Follows the cluster's CSIDriver objects for as long as the returned
@@ -246,9 +265,10 @@ impl KubePublisher {
         csi_drivers::follow(Arc::clone(&self.api), periods)
     }
 
-    /// What the publishers did so far.
+    /// What the publishers did so far, and what the API server does not
+    /// hold yet.
     pub fn status(&self) -> KubeStatus {
-        self.api.status()
+        self.api.status(self.books.last_progress().pending)
     }
 }
 

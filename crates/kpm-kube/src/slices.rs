@@ -1,87 +1,74 @@
 //! [`KubeSliceCleanup`]: the DRA manager's [`SliceCleanup`] on the API
-//! server, as the kubelet does it (spec C.5): one `DeleteCollection` of
-//! `resource.k8s.io/v1` ResourceSlices per wipe, with field selector
-//! `spec.nodeName=<node>,spec.driver=<driver>`, retried with the kubelet's
-//! backoff until it succeeds or the collection is not found.
+//! server, as the kubelet does it (spec C.5): a wipe of a driver's
+//! ResourceSlices of this node is set in the desired state, and the
+//! reconcile loop deletes them, retrying until it has; the drivers with
+//! slices of this node at start are listed, retrying until it answers.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use backon::Retryable;
 use kpm_dra::SliceCleanup;
-use kube::api::{DeleteParams, ListParams};
-use tracing::{info, warn};
+use kube::api::ListParams;
 
-use crate::KubeError;
 use crate::api::NodeApi;
-use crate::backoff::KubeletBackoff;
-use crate::status::ObjectKind;
+use crate::desired::{Books, Waited};
+use crate::leftovers;
 
 /// Removes a DRA driver's ResourceSlices of this node once it is gone for
 /// good, and names the drivers that have slices of this node at start.
 #[derive(Debug)]
 pub struct KubeSliceCleanup {
     api: Arc<NodeApi>,
+    books: Arc<Books>,
 }
 
 impl KubeSliceCleanup {
-    pub(crate) fn new(api: Arc<NodeApi>) -> Self {
-        Self { api }
+    pub(crate) fn new(api: Arc<NodeApi>, books: Arc<Books>) -> Self {
+        Self { api, books }
     }
+}
 
-    async fn delete(&self, selector: &str) -> Result<(), KubeError> {
-        let slices = self.api.resource_slices();
-        let params = ListParams::default().fields(selector);
-        let delete = DeleteParams::default();
-        let deleted = self.api.call(
-            "deletecollection",
-            "resourceslices",
-            selector,
-            slices.delete_collection(&delete, &params),
-        );
-        match deleted.await {
-            Err(err) if !err.is_not_found() => Err(err),
-            _ => Ok(()),
-        }
+/// Calls a wipe off when its caller stops waiting for it: the DRA manager
+/// drops the wipe of a driver that connected again, and what the driver
+/// publishes from then on must stay.
+struct CallOff<'a> {
+    books: &'a Books,
+    driver: &'a str,
+    revision: u64,
+}
+
+impl Drop for CallOff<'_> {
+    fn drop(&mut self) {
+        self.books.change(|desired| {
+            if desired.wipes.get(self.driver).is_some_and(|wipe| wipe.revision == self.revision) {
+                desired.wipes.remove(self.driver);
+            }
+        });
     }
 }
 
 #[async_trait]
 impl SliceCleanup for KubeSliceCleanup {
     async fn wipe_driver(&self, driver: &str) {
-        let selector = format!("spec.nodeName={},spec.driver={driver}", self.api.node);
-        let result = (|| self.delete(&selector))
-            .retry(KubeletBackoff::SLICE_WIPE)
-            .notify(|err, wait| warn!(driver, error = %err, ?wait, "deleting ResourceSlices failed; retrying"))
-            .await;
-        if self.api.record(ObjectKind::ResourceSlice, result).is_ok() {
-            info!(driver, node = self.api.node, "deleted the driver's ResourceSlices of this node");
-        }
+        let revision = self.books.change(|desired| desired.add_wipe(driver));
+        let _call_off = CallOff { books: &self.books, driver, revision };
+        self.books.settled(Waited::Wipe, driver, revision, u32::MAX).await;
     }
 
     async fn published_drivers(&self) -> Vec<String> {
-        let selector = format!("spec.nodeName={}", self.api.node);
-        let list = || async {
-            let slices = self.api.resource_slices();
+        let api = &self.api;
+        let selector = format!("spec.nodeName={}", api.node);
+        let read = || async {
             let params = ListParams::default().fields(&selector);
-            self.api.call("list", "resourceslices", &selector, slices.list(&params)).await
+            let slices = api.resource_slices();
+            let slices =
+                api.call("list", "resourceslices", &selector, slices.list(&params)).await?;
+            let drivers =
+                slices.items.iter().filter_map(|slice| slice.data["spec"]["driver"].as_str());
+            Ok(drivers.map(str::to_owned).collect::<BTreeSet<_>>())
         };
-        let listed = list
-            .retry(KubeletBackoff::SLICE_WIPE)
-            .notify(
-                |err, wait| warn!(error = %err, ?wait, "listing ResourceSlices failed; retrying"),
-            )
-            .await;
-        match self.api.record(ObjectKind::ResourceSlice, listed) {
-            Ok(slices) => slices
-                .items
-                .iter()
-                .filter_map(|slice| slice.data["spec"]["driver"].as_str().map(str::to_owned))
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect(),
-            Err(_) => Vec::new(),
-        }
+        let drivers = leftovers::read(api, "DRA drivers' ResourceSlices", read).await;
+        drivers.unwrap_or_default().into_iter().collect()
     }
 }

@@ -122,6 +122,44 @@ impl RequestCount {
     }
 }
 
+/// Something kpm wants the API server to hold and it does not yet: a
+/// difference the reconcile loop is working on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct PendingPublication {
+    /// The object it is pending on.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kind"))]
+    pub kind: ObjectKind,
+    /// The CSI driver, device resource or DRA driver.
+    pub name: String,
+    /// What kpm wants there, e.g. `capacity 4, allocatable 3`.
+    pub want: String,
+    /// When kpm started to want it.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339"))]
+    pub since: SystemTime,
+    /// Why the last attempt failed; none while the next step is under way.
+    pub last_error: Option<String>,
+}
+
+impl PendingPublication {
+    /// `name` of `kind`, wanted as `want` since `since`.
+    pub fn new(
+        kind: ObjectKind,
+        name: impl Into<String>,
+        want: impl Into<String>,
+        since: SystemTime,
+    ) -> Self {
+        Self { kind, name: name.into(), want: want.into(), since, last_error: None }
+    }
+}
+
+#[cfg(feature = "serde")]
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's `serialize_with` passes a reference")]
+fn kind<S: serde::Serializer>(kind: &ObjectKind, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(kind.as_str())
+}
+
 /// A snapshot of what the publishers did, for the status API and metrics.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -135,6 +173,9 @@ pub struct KubeStatus {
     pub objects: Vec<(ObjectKind, ObjectSync)>,
     /// Every (verb, resource, outcome) seen, sorted.
     pub requests: Vec<RequestCount>,
+    /// What the API server does not hold yet, oldest first: empty when it
+    /// holds all kpm publishes.
+    pub pending: Vec<PendingPublication>,
 }
 
 /// `objects` as a list of `{"kind", "last_success", "last_error"}`.
@@ -174,7 +215,7 @@ impl Stats {
             Some(SyncError { at: SystemTime::now(), message });
     }
 
-    pub(crate) fn snapshot(&self, node: &str) -> KubeStatus {
+    pub(crate) fn snapshot(&self, node: &str, pending: Vec<PendingPublication>) -> KubeStatus {
         let objects = self.objects.lock();
         KubeStatus {
             node: node.to_owned(),
@@ -193,6 +234,7 @@ impl Stats {
                     count: *count,
                 })
                 .collect(),
+            pending,
         }
     }
 }

@@ -49,17 +49,37 @@ fn node(resource_version: &str, annotations: &Value, labels: &Value) -> Value {
 }
 
 /// Answers kpm's requests by `script`, checking each; returns the content
-/// types kpm sent.
+/// types kpm sent. The reconcile loop's watches of the Node and the CSINode
+/// (a list, then a watch, by name) are refused: their requests are
+/// checked once and left out of the scripts.
 async fn serve(
     mut handle: Handle<Request<Body>, Response<Body>>,
     script: Vec<Step>,
 ) -> Vec<String> {
     let mut content_types = Vec::new();
     for (i, step) in script.into_iter().enumerate() {
-        let (request, reply) = handle.next_request().await.expect("kpm sent fewer requests");
+        let (request, reply) = loop {
+            let (request, reply) = handle.next_request().await.expect("kpm sent fewer requests");
+            if !is_watch(&request) {
+                break (request, reply);
+            }
+            let refused = serde_json::to_vec(&failure(403, "Forbidden")).unwrap();
+            reply.send_response(Response::builder().status(403).body(Body::from(refused)).unwrap());
+        };
         content_types.extend(answer(request, reply, step, i).await);
     }
     content_types
+}
+
+/// A request of the watches of the Node and the CSINode named `node1`.
+fn is_watch(request: &Request<Body>) -> bool {
+    let uri = request.uri().to_string();
+    let watched = ["/api/v1/nodes?", "/apis/storage.k8s.io/v1/csinodes?"];
+    let is = request.method() == "GET" && watched.iter().any(|prefix| uri.starts_with(prefix));
+    if is {
+        assert!(uri.contains("fieldSelector=metadata.name%3Dnode1"), "{uri}");
+    }
+    is
 }
 
 /// Answers kpm's `i`th request by `step`, checking it; returns its content type.
@@ -113,6 +133,7 @@ async fn a_csi_driver_sets_the_annotation_and_label_then_creates_the_csinode_own
     let (publisher, handle) = publisher();
     let script = vec![
         step("GET", NODE, 200, node("5", &json!({}), &json!({"kubernetes.io/hostname": "node1"}))),
+        step("GET", CSINODE, 404, failure(404, "NotFound")),
         with_body(
             step("PATCH", NODE_PATCH, 200, node("6", &json!({}), &json!({}))),
             json!({"metadata": {
@@ -120,7 +141,6 @@ async fn a_csi_driver_sets_the_annotation_and_label_then_creates_the_csinode_own
                 "annotations": {"csi.volume.kubernetes.io/nodeid": IDS},
                 "labels": {"topology.example.com/zone": "z1"}}}),
         ),
-        step("GET", CSINODE, 404, failure(404, "NotFound")),
         with_body(
             step("POST", "/apis/storage.k8s.io/v1/csinodes?&fieldManager=kpm", 201, json!({})),
             json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
@@ -154,6 +174,7 @@ async fn a_conflict_starts_again_from_a_fresh_read_keeping_the_other_writers_ent
             "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 7}}]}});
     let script = vec![
         step("GET", NODE, 200, node("5", &json!({}), &labels)),
+        step("GET", CSINODE, 200, csinode.clone()),
         step("PATCH", NODE_PATCH, 409, failure(409, "Conflict")),
         step(
             "GET",
@@ -161,14 +182,14 @@ async fn a_conflict_starts_again_from_a_fresh_read_keeping_the_other_writers_ent
             200,
             node("7", &json!({"csi.volume.kubernetes.io/nodeid": other}), &labels),
         ),
+        // The CSINode entry is up to date: no write.
+        step("GET", CSINODE, 200, csinode),
         with_body(
             step("PATCH", NODE_PATCH, 200, json!({})),
             json!({"metadata": {"resourceVersion": "7",
                 "annotations": {"csi.volume.kubernetes.io/nodeid": both},
-                "labels": {"topology.example.com/zone": "z1"}}}),
+                "labels": {}}}),
         ),
-        // The CSINode entry is up to date: no write.
-        step("GET", CSINODE, 200, csinode),
     ];
     let server = tokio::spawn(serve(handle, script));
     publisher.node_info().install_driver("csi.example.com", &csi_info()).await.unwrap();
@@ -182,7 +203,7 @@ async fn a_conflict_starts_again_from_a_fresh_read_keeping_the_other_writers_ent
     assert_eq!(
         requests,
         [
-            ("get", "csinodes", "success".to_owned(), 1),
+            ("get", "csinodes", "success".to_owned(), 2),
             ("get", "nodes", "success".to_owned(), 2),
             ("patch", "nodes", "409".to_owned(), 1),
             ("patch", "nodes", "success".to_owned(), 1),
@@ -237,22 +258,28 @@ async fn a_request_without_an_answer_times_out() {
         }
     });
     let err = publisher.node_info().uninstall_driver("csi.example.com").await.unwrap_err();
-    assert!(err.to_string().contains(r#"get csinodes "node1": no answer within 3s"#), "{err}");
+    assert!(err.to_string().contains(r#"get nodes "node1": no answer within 3s"#), "{err}");
     let requests = publisher.status().requests;
     assert_eq!(requests.len(), 1);
-    assert_eq!((requests[0].outcome.as_str(), requests[0].count), ("timeout", 4));
+    assert_eq!((requests[0].resource, requests[0].outcome.as_str()), ("nodes", "timeout"));
+    assert!(requests[0].count >= 4, "{requests:?}");
     server.abort();
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_dra_wipe_deletes_the_drivers_slices_of_this_node_retrying_until_it_succeeds() {
+async fn a_dra_wipe_lists_then_deletes_the_drivers_slices_of_this_node_retrying_until_it_succeeds()
+{
     let (publisher, handle) = publisher();
     let uri = "/apis/resource.k8s.io/v1/resourceslices?&fieldSelector=spec.nodeName%3Dnode1%2Cspec.driver%3Da.example.com";
-    let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": []});
+    let list = |items: Value| json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": items});
+    let slice = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node1-a"}, "spec": {"driver": "a.example.com", "nodeName": "node1"}});
     let script = vec![
-        step("DELETE", uri, 500, failure(500, "InternalError")),
+        step("GET", uri, 500, failure(500, "InternalError")),
+        step("GET", uri, 200, list(json!([slice]))),
         step("DELETE", uri, 503, failure(503, "ServiceUnavailable")),
-        step("DELETE", uri, 200, list),
+        step("GET", uri, 200, list(json!([slice]))),
+        step("DELETE", uri, 200, list(json!([]))),
     ];
     let server = tokio::spawn(serve(handle, script));
     publisher.slice_cleanup().wipe_driver("a.example.com").await;
@@ -284,27 +311,37 @@ async fn the_drivers_with_slices_of_this_node_are_listed_once() {
 }
 
 #[tokio::test]
-async fn a_refreshed_count_is_one_strategic_merge_patch_of_the_drivers_entry() {
+async fn a_refreshed_count_rewrites_the_drivers_csinode_entry_alone() {
     let (publisher, handle) = publisher();
-    let patch = "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
+    let labels = json!({"topology.example.com/zone": "z1"});
+    let entry = |count: Value| {
+        json!({"name": "csi.example.com", "nodeID": "node1-id",
+            "topologyKeys": ["topology.example.com/zone"], "allocatable": count})
+    };
+    let csinode = |count: Value| {
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": "node1", "resourceVersion": "9", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": "node1", "uid": "uid-1"}]},
+            "spec": {"drivers": [{"name": "other.example.com", "nodeID": "x"}, entry(count)]}})
+    };
     let script = vec![
-        with_body(
-            step("PATCH", patch, 200, json!({})),
-            json!({"spec": {"drivers": [{"name": "csi.example.com", "allocatable": {"count": 9}}]}}),
+        step(
+            "GET",
+            NODE,
+            200,
+            node("5", &json!({"csi.volume.kubernetes.io/nodeid": IDS}), &labels),
         ),
+        step("GET", CSINODE, 200, csinode(json!({"count": 7}))),
         with_body(
-            step("PATCH", patch, 200, json!({})),
-            json!({"spec": {"drivers": [{"name": "csi.example.com", "allocatable": null}]}}),
+            step("PUT", "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm", 200, json!({})),
+            csinode(json!({"count": 9})),
         ),
     ];
     let server = tokio::spawn(serve(handle, script));
-    let sink = publisher.node_info();
     let nine = DriverNodeInfo { max_volumes_per_node: 9, ..csi_info() };
-    sink.update_allocatable("csi.example.com", &nine).await.unwrap();
-    let unlimited = DriverNodeInfo { max_volumes_per_node: 0, ..csi_info() };
-    sink.update_allocatable("csi.example.com", &unlimited).await.unwrap();
+    publisher.node_info().update_allocatable("csi.example.com", &nine).await.unwrap();
     let content_types = server.await.unwrap();
-    assert_eq!(content_types, ["application/strategic-merge-patch+json"; 2]);
+    assert_eq!(content_types, ["application/json"]);
 }
 
 /// The CSINode an earlier run left: kpm's entry of `csi.example.com`.
@@ -325,7 +362,9 @@ async fn an_earlier_runs_csi_driver_is_read_retrying_and_withdrawn_after_the_gra
         step("GET", CSINODE, 500, failure(500, "InternalError")),
         step("GET", CSINODE, 200, leftover_csinode()),
         step("GET", NODE, 200, node("5", &ids, &json!({}))),
-        // After the grace: the deregistration's requests.
+        // After the grace: the deregistration's passes, the CSINode entry
+        // first, then the annotation entry.
+        step("GET", NODE, 200, node("5", &ids, &json!({}))),
         step("GET", CSINODE, 200, leftover_csinode()),
         with_body(
             step("PUT", "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm", 200, json!({})),
@@ -333,10 +372,17 @@ async fn an_earlier_runs_csi_driver_is_read_retrying_and_withdrawn_after_the_gra
                 "metadata": leftover_csinode()["metadata"], "spec": {"drivers": []}}),
         ),
         step("GET", NODE, 200, node("6", &ids, &json!({}))),
+        step(
+            "GET",
+            CSINODE,
+            200,
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": "node1", "resourceVersion": "10"}, "spec": {"drivers": []}}),
+        ),
         with_body(
             step("PATCH", NODE_PATCH, 200, json!({})),
             json!({"metadata": {"resourceVersion": "6",
-                "annotations": {"csi.volume.kubernetes.io/nodeid": null}}}),
+                "annotations": {"csi.volume.kubernetes.io/nodeid": null}, "labels": {}}}),
         ),
     ];
     let server = tokio::spawn(serve(handle, script));
@@ -364,55 +410,4 @@ async fn without_the_permission_to_read_the_clean_up_is_skipped_and_shown() {
     assert_eq!(kind, ObjectKind::Leftovers);
     let error = leftovers.last_error.expect("the refusal shows").message;
     assert!(error.starts_with(r#"get csinodes "node1": "#), "{error}");
-}
-
-/// A registration that comes while the withdrawal runs waits for it, then
-/// publishes its entries again: the two share the sink's lock.
-#[tokio::test(start_paused = true)]
-async fn a_registration_during_a_withdrawal_publishes_after_it() {
-    let (publisher, mut handle) =
-        publisher_with(KubeConfig::default().csi_cleanup_grace(Duration::ZERO));
-    let ids = json!({"csi.volume.kubernetes.io/nodeid": IDS});
-    let cleanup = tokio::spawn(publisher.clean_up_csi_leftovers(Arc::default()));
-    let reads = [
-        step("GET", CSINODE, 200, leftover_csinode()),
-        step("GET", NODE, 200, node("5", &ids, &json!({}))),
-        // The withdrawal's first request.
-        step("GET", CSINODE, 200, leftover_csinode()),
-    ];
-    for (i, read) in reads.into_iter().enumerate() {
-        let (request, reply) = handle.next_request().await.unwrap();
-        if i == 2 {
-            let sink = publisher.node_info();
-            tokio::spawn(async move { sink.install_driver("csi.example.com", &csi_info()).await });
-            // On paused time: the registration goes as far as it can.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        answer(request, reply, read, i).await;
-    }
-    let csinodes = "/apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
-    let rest = vec![
-        step("PUT", csinodes, 200, json!({})),
-        step("GET", NODE, 200, node("6", &ids, &json!({}))),
-        step("PATCH", NODE_PATCH, 200, json!({})),
-        // The registration, after the withdrawal.
-        step("GET", NODE, 200, node("7", &json!({}), &json!({}))),
-        step("PATCH", NODE_PATCH, 200, json!({})),
-        step(
-            "GET",
-            CSINODE,
-            200,
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-                "metadata": {"name": "node1", "resourceVersion": "10"}, "spec": {"drivers": []}}),
-        ),
-        with_body(
-            step("PUT", csinodes, 200, json!({})),
-            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
-                "metadata": {"name": "node1", "resourceVersion": "10"},
-                "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1-id",
-                    "topologyKeys": ["topology.example.com/zone"], "allocatable": {"count": 7}}]}}),
-        ),
-    ];
-    serve(handle, rest).await;
-    cleanup.await.unwrap();
 }

@@ -6,7 +6,14 @@
 //! It holds one Node whose `status.conditions` follow the API server's
 //! rules for a list map keyed by type: a server-side apply owns the
 //! conditions it names and removes those its manager owned and no longer
-//! names; a strategic merge patch (the kubelet's) upserts. It takes
+//! names; a strategic merge patch (the kubelet's) upserts. A JSON merge
+//! patch of the Node or its status (kpm's node info and device capacity)
+//! is applied as RFC 7386 says, refused with 409 when it names a
+//! `resourceVersion` that is not the Node's. It holds one CSINode (create,
+//! update with the same precondition) and ResourceSlices (list and
+//! delete-collection by field selector), lists the Node and the CSINode by
+//! name and streams their changes to watches ([`State::watch`]). Every
+//! write of the Node or the CSINode sets a new `resourceVersion`. It takes
 //! `events.k8s.io/v1` Events with the fields the API server requires and
 //! patches their series. It can be down, or answer everything with one
 //! status code. Everything else is a 404.
@@ -14,12 +21,22 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 /// What the stand-in holds and saw.
 #[derive(Debug, Default)]
 pub struct State {
     /// The Node, if there is one.
     pub node: Option<Value>,
+    /// The CSINode, if there is one.
+    pub csinode: Option<Value>,
+    /// The ResourceSlices.
+    pub slices: Vec<Value>,
+    /// The last `resourceVersion` given out.
+    pub resource_version: u64,
+    /// The open watches: the resource (`nodes`, `csinodes`) and where its
+    /// events go, one JSON line each.
+    pub watches: Vec<(String, mpsc::UnboundedSender<Vec<u8>>)>,
     /// The field manager owning each condition type.
     pub owners: HashMap<String, String>,
     /// The Events, by name.
@@ -53,9 +70,93 @@ impl State {
     pub fn with_node(node: &str) -> Self {
         Self {
             node: Some(json!({"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": node, "uid": "uid-1"}, "status": {"conditions": []}})),
+                "metadata": {"name": node, "uid": "uid-1", "resourceVersion": "1"},
+                "status": {"conditions": []}})),
+            resource_version: 1,
             ..Self::default()
         }
+    }
+
+    /// Opens a watch of `resource` (`nodes`, `csinodes`): the lines of its
+    /// events from now on, until the stand-in goes [`down`](Self::go_down).
+    pub fn watch(&mut self, resource: &str) -> mpsc::UnboundedReceiver<Vec<u8>> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        self.watches.push((resource.to_owned(), sender));
+        receiver
+    }
+
+    /// Whether a request with `query` is a watch, and of which resource;
+    /// the adapter answers it with [`watch`](Self::watch)'s lines.
+    pub fn watched(path: &str, query: &str) -> Option<String> {
+        let watch = query.split('&').any(|pair| pair == "watch=true" || pair == "watch=1");
+        let resource = path.trim_start_matches('/').split('/').nth(match path {
+            p if p.starts_with("/api/") => 2,
+            _ => 3,
+        })?;
+        watch.then(|| resource.to_owned())
+    }
+
+    /// Stops answering, as a killed API server does: every request is
+    /// refused and every watch ends.
+    pub fn go_down(&mut self) {
+        self.down = true;
+        self.watches.clear();
+    }
+
+    /// The CSINode's drivers, by name.
+    pub fn csinode_drivers(&self) -> Vec<String> {
+        let drivers = self
+            .csinode
+            .as_ref()
+            .and_then(|csinode| csinode["spec"]["drivers"].as_array().cloned());
+        drivers
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// The Node's annotation `key`.
+    pub fn annotation(&self, key: &str) -> Option<String> {
+        self.node.as_ref()?["metadata"]["annotations"][key].as_str().map(str::to_owned)
+    }
+
+    /// The Node's capacity and allocatable of `resource`, as written.
+    pub fn counts(&self, resource: &str) -> (Option<String>, Option<String>) {
+        let status = self.node.as_ref().map(|node| &node["status"]);
+        let count = |field: &str| {
+            status.and_then(|status| status[field][resource].as_str()).map(str::to_owned)
+        };
+        (count("capacity"), count("allocatable"))
+    }
+
+    /// Changes the Node with `change`, as another writer would: a new
+    /// `resourceVersion`, and an event to its watches.
+    pub fn change_node(&mut self, change: impl FnOnce(&mut Value)) {
+        if let Some(mut node) = self.node.take() {
+            change(&mut node);
+            self.node = Some(self.stored("nodes", "MODIFIED", node));
+        }
+    }
+
+    /// Changes the CSINode with `change`, as another writer would.
+    pub fn change_csinode(&mut self, change: impl FnOnce(&mut Value)) {
+        if let Some(mut csinode) = self.csinode.take() {
+            change(&mut csinode);
+            self.csinode = Some(self.stored("csinodes", "MODIFIED", csinode));
+        }
+    }
+
+    /// `object` of `resource` with a new `resourceVersion`, sent to the
+    /// resource's watches as an event of `kind`.
+    fn stored(&mut self, resource: &str, kind: &str, mut object: Value) -> Value {
+        self.resource_version += 1;
+        object["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+        let mut line = json!({"type": kind, "object": object}).to_string().into_bytes();
+        line.push(b'\n');
+        self.watches
+            .retain(|(watched, sender)| watched != resource || sender.send(line.clone()).is_ok());
+        object
     }
 
     /// Requests that wrote (not GET).
@@ -97,9 +198,55 @@ impl State {
                 Some(node) => (200, node.clone()),
                 None => status(404, "nodes not found"),
             },
+            ("GET", ["api", "v1", "nodes"]) => self.list("NodeList", "v1", self.node.clone()),
+            ("GET", ["apis", "storage.k8s.io", "v1", "csinodes"]) => {
+                self.list("CSINodeList", "storage.k8s.io/v1", self.csinode.clone())
+            }
+            ("PATCH", ["api", "v1", "nodes", _, "status"])
+                if request.content_type.starts_with("application/merge-patch") =>
+            {
+                self.merge_node(&body)
+            }
+            ("PATCH", ["api", "v1", "nodes", _]) => self.merge_node(&body),
             ("PATCH", ["api", "v1", "nodes", _, "status"]) => {
                 let apply = request.content_type.starts_with("application/apply-patch");
                 self.patch_conditions(&body, &manager, apply)
+            }
+            ("GET", ["apis", "storage.k8s.io", "v1", "csinodes", _]) => match &self.csinode {
+                Some(csinode) => (200, csinode.clone()),
+                None => status(404, "csinodes not found"),
+            },
+            ("POST", ["apis", "storage.k8s.io", "v1", "csinodes"]) => {
+                if self.csinode.is_some() {
+                    return status(409, "csinodes already exists");
+                }
+                let csinode = self.stored("csinodes", "ADDED", body);
+                self.csinode = Some(csinode.clone());
+                (201, csinode)
+            }
+            ("PUT", ["apis", "storage.k8s.io", "v1", "csinodes", _]) => {
+                let Some(current) = &self.csinode else { return status(404, "csinodes not found") };
+                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
+                    return status(409, "the object has been modified");
+                }
+                let csinode = self.stored("csinodes", "MODIFIED", body);
+                self.csinode = Some(csinode.clone());
+                (200, csinode)
+            }
+            ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+                let items: Vec<Value> =
+                    self.slices.iter().filter(|s| selected(s, request.query)).cloned().collect();
+                (
+                    200,
+                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": items}),
+                )
+            }
+            ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+                self.slices.retain(|slice| !selected(slice, request.query));
+                (
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+                )
             }
             ("POST", ["apis", "events.k8s.io", "v1", "namespaces", "default", "events"]) => {
                 let required = [
@@ -135,6 +282,31 @@ impl State {
         }
     }
 
+    /// A list of `object`, if any, at the last `resourceVersion`.
+    fn list(&self, kind: &str, api_version: &str, object: Option<Value>) -> (u16, Value) {
+        let items: Vec<Value> = object.into_iter().collect();
+        let metadata = json!({"resourceVersion": self.resource_version.to_string()});
+        (
+            200,
+            json!({"kind": kind, "apiVersion": api_version, "metadata": metadata, "items": items}),
+        )
+    }
+
+    /// A JSON merge patch of the Node, refused when it names another
+    /// `resourceVersion`.
+    fn merge_node(&mut self, patch: &Value) -> (u16, Value) {
+        let Some(node) = &self.node else { return status(404, "nodes not found") };
+        let precondition = &patch["metadata"]["resourceVersion"];
+        if !precondition.is_null() && *precondition != node["metadata"]["resourceVersion"] {
+            return status(409, "the object has been modified");
+        }
+        let mut node = node.clone();
+        merge(&mut node, patch);
+        let node = self.stored("nodes", "MODIFIED", node);
+        self.node = Some(node.clone());
+        (200, node)
+    }
+
     fn patch_conditions(&mut self, body: &Value, manager: &str, apply: bool) -> (u16, Value) {
         let Some(mut node) = self.node.take() else { return status(404, "nodes not found") };
         let given: Vec<Value> =
@@ -162,14 +334,76 @@ impl State {
             }
             self.owners.insert(kind, manager.to_owned());
         }
+        let node = self.stored("nodes", "MODIFIED", node);
         self.node = Some(node.clone());
         (200, node)
     }
 }
 
-/// A `Status` answer.
+/// RFC 7386: `patch`'s members replace `target`'s, objects merge, `null`
+/// removes.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(members) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (key, value) in members {
+        if value.is_null() {
+            if let Some(object) = target.as_object_mut() {
+                object.remove(key);
+            }
+        } else {
+            merge(&mut target[key.as_str()], value);
+        }
+    }
+}
+
+/// Whether `slice` matches the `fieldSelector` of `query`
+/// (`spec.nodeName=…,spec.driver=…`, percent-encoded).
+fn selected(slice: &Value, query: &str) -> bool {
+    let selector = query.split('&').find_map(|pair| pair.strip_prefix("fieldSelector="));
+    let selector = decode(selector.unwrap_or_default());
+    selector.split(',').filter(|term| !term.is_empty()).all(|term| {
+        let (field, value) = term.split_once('=').unwrap_or((term, ""));
+        let path = field.split('.').fold(slice, |value, key| &value[key]);
+        path.as_str() == Some(value)
+    })
+}
+
+/// Percent-decodes a query value.
+fn decode(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|hex| std::str::from_utf8(hex).ok());
+        match (bytes[i], hex.and_then(|hex| u8::from_str_radix(hex, 16).ok())) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&decoded).into_owned()
+}
+
+/// A `Status` answer, with the reason the API server gives the code
+/// (kube's `get_opt` reads a 404 as missing only with `NotFound`).
 fn status(code: u16, message: &str) -> (u16, Value) {
+    let reason = match code {
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        _ => "InternalError",
+    };
     let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "message": message, "code": code});
+        "status": "Failure", "message": message, "reason": reason, "code": code});
     (code, body)
 }

@@ -1,0 +1,251 @@
+//! The one loop that brings the API server to the desired state: CSI
+//! drivers on the Node and the CSINode (`csi`), device resources on the
+//! Node's status (`devices`), the ResourceSlice wipes that are due
+//! (`slices`).
+//!
+//! Level-triggered, as Kubernetes' controllers and kube-runtime's
+//! `Controller` are: each pass reads the objects, compares them with the
+//! desired state and writes only the difference, so a pass that finds
+//! nothing to do writes nothing. While they differ, passes repeat with
+//! [`Backoff::RETRY`], without end: a write that falls in an API server
+//! outage is only late. A change of the desired state starts a pass at
+//! once (and the backoff afresh), and so does a watch event on the Node or
+//! the CSINode, so that another writer's change, or the API server's
+//! return, is seen at once.
+
+mod csi;
+mod devices;
+mod slices;
+
+use std::collections::BTreeMap;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::Api;
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use tokio::time::Instant;
+use tokio_stream::{Stream, StreamExt as _};
+use tracing::{debug, info, warn};
+
+use crate::api::NodeApi;
+use crate::backoff::Backoff;
+use crate::desired::{Books, Desired, Outcome, Progress, State};
+use crate::status::{ObjectKind, PendingPublication};
+
+/// How many passes in a row may end with a write that left more to do
+/// before the next one waits for the backoff: a withdrawal takes two (the
+/// CSINode entry, then the annotation entry), a gone resource two (zero,
+/// then removed); more means another writer undoes what kpm writes.
+const QUICK_PASSES: u32 = 4;
+
+/// Runs passes until the future is dropped.
+pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
+    let mut events = pin!(owned_objects_changed(&api));
+    let mut loop_state = LoopState::default();
+    let mut changes = books.changes();
+    loop {
+        changes.borrow_and_update();
+        let desired = books.desired();
+        let pass = if desired.is_empty() {
+            Pass::default()
+        } else {
+            Pass::run(&api, &desired, &mut loop_state).await
+        };
+        books.forget_done(&desired, &pass.progress, &pass.gone);
+        loop_state.log(&api, &pass.progress);
+        books.report(pass.progress);
+        let retry_at = if pass.failed {
+            loop_state.quick_passes = 0;
+            let wait = loop_state.backoff.get_or_insert(Backoff::RETRY).next();
+            wait.map(|wait| Instant::now() + wait)
+        } else if pass.again && loop_state.quick_passes < QUICK_PASSES {
+            loop_state.quick_passes += 1;
+            continue;
+        } else {
+            loop_state.backoff = None;
+            loop_state.quick_passes = 0;
+            pass.status_wait
+        };
+        let retry = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Ok(()) = changes.changed() => loop_state.backoff = None,
+            Some(()) = events.next() => debug!(node = api.node, "an owned object changed"),
+            () = retry => {}
+        }
+    }
+}
+
+/// What the loop keeps between passes.
+#[derive(Debug, Default)]
+struct LoopState {
+    /// Set while passes fail.
+    backoff: Option<Backoff>,
+    /// Passes in a row that wrote and left more to do.
+    quick_passes: u32,
+    /// Failed passes in a row per CSI driver or wipe, at the target's
+    /// revision.
+    attempts: BTreeMap<(ObjectKind, String), (u64, u32)>,
+    /// The revision of each target (by family: `CsiNode` for CSI drivers,
+    /// `NodeStatus` for device resources) the API server was last seen to
+    /// agree with: one the API server cannot be asked about is not called
+    /// pending while it has not changed.
+    agreed: BTreeMap<(ObjectKind, String), u64>,
+    /// The earliest next patch of the Node's status.
+    status_not_before: Option<Instant>,
+    /// The error last logged per pending target, so that a retry that
+    /// fails the same way is not logged again.
+    logged: BTreeMap<(ObjectKind, String), String>,
+}
+
+impl LoopState {
+    fn agree(&mut self, family: ObjectKind, name: &str, revision: u64) {
+        self.agreed.insert((family, name.to_owned()), revision);
+    }
+
+    fn agreed_at(&self, family: ObjectKind, name: &str, revision: u64) -> bool {
+        self.agreed.get(&(family, name.to_owned())) == Some(&revision)
+    }
+
+    /// Counts a failed pass for the target `name` of `kind` at `revision`;
+    /// returns the passes failed in a row.
+    fn failed(&mut self, kind: ObjectKind, name: &str, revision: u64) -> u32 {
+        let entry = self.attempts.entry((kind, name.to_owned())).or_insert((revision, 0));
+        if entry.0 != revision {
+            *entry = (revision, 0);
+        }
+        entry.1 += 1;
+        entry.1
+    }
+
+    /// Logs the pending publications whose error is new, and those that
+    /// are no longer pending.
+    fn log(&mut self, api: &NodeApi, progress: &Progress) {
+        let mut still = BTreeMap::new();
+        for pending in &progress.pending {
+            let key = (pending.kind, pending.name.clone());
+            let Some(error) = &pending.last_error else { continue };
+            if self.logged.get(&key) != Some(error) {
+                warn!(node = api.node, kind = %pending.kind, name = pending.name, want = pending.want, error, "the API server does not hold what kpm publishes yet; retrying");
+            }
+            still.insert(key, error.clone());
+        }
+        for (kind, name) in self.logged.keys().filter(|key| !still.contains_key(*key)) {
+            info!(node = api.node, %kind, name, "the API server holds what kpm publishes again");
+        }
+        self.logged = still;
+        self.attempts.retain(|(kind, name), _| {
+            let outcomes =
+                if *kind == ObjectKind::ResourceSlice { &progress.wipes } else { &progress.csi };
+            outcomes.get(name).is_some_and(|outcome| !matches!(outcome.state, State::Agreed))
+        });
+    }
+}
+
+/// What one pass found and did.
+#[derive(Debug, Default)]
+struct Pass {
+    progress: Progress,
+    /// Gone device resources the Node no longer shows.
+    gone: Vec<String>,
+    /// A request failed: wait for the backoff.
+    failed: bool,
+    /// Writes succeeded and left a next step (see [`QUICK_PASSES`]).
+    again: bool,
+    /// The Node's status differs, but its next patch must wait until then.
+    status_wait: Option<Instant>,
+}
+
+impl Pass {
+    async fn run(api: &NodeApi, desired: &Desired, loop_state: &mut LoopState) -> Self {
+        let mut pass = Self::default();
+        // One read of the Node serves the CSI and the device steps.
+        let node = if desired.csi.is_empty() && desired.devices.is_empty() {
+            None
+        } else {
+            Some(api.get_node().await.map_err(Arc::new))
+        };
+        if let Some(node) = &node {
+            if !desired.csi.is_empty() {
+                csi::pass(api, desired, node, &mut pass, loop_state).await;
+            }
+            if !desired.devices.is_empty() {
+                devices::pass(api, desired, node, &mut pass, loop_state).await;
+            }
+        }
+        if !desired.wipes.is_empty() {
+            slices::pass(api, desired, &mut pass, loop_state).await;
+        }
+        loop_state.agreed.retain(|(family, name), _| match family {
+            ObjectKind::NodeStatus => desired.devices.contains_key(name),
+            _ => desired.csi.contains_key(name),
+        });
+        pass.progress.pending.sort_by_key(|pending| pending.since);
+        pass
+    }
+
+    /// Records the outcome of a CSI driver's or a wipe's target, and its
+    /// publication as pending unless agreed, or unread (the objects could
+    /// not be read) while the API server agreed with it before.
+    fn outcome(
+        &mut self,
+        kind: ObjectKind,
+        name: &str,
+        revision: u64,
+        state: State,
+        (agreed_before, unread): (bool, bool),
+        pending: impl FnOnce() -> PendingPublication,
+    ) {
+        let last_error = match &state {
+            State::Agreed => None,
+            State::Writing => Some(None),
+            State::Failing { error, .. } => {
+                self.failed = true;
+                Some(Some(kpm_api::gotext::error_chain(error.as_ref())))
+            }
+            State::Refused(error) => Some(Some(error.to_string())),
+        };
+        if let Some(last_error) = last_error.filter(|_| !(agreed_before && unread)) {
+            self.progress.pending.push(PendingPublication { last_error, ..pending() });
+        }
+        let outcomes = match kind {
+            ObjectKind::ResourceSlice => &mut self.progress.wipes,
+            _ => &mut self.progress.csi,
+        };
+        outcomes.insert(name.to_owned(), Outcome { revision, kind, state, agreed_before });
+    }
+}
+
+/// A publication that is not there yet, set at `since`.
+fn pending(kind: ObjectKind, name: &str, want: String, since: SystemTime) -> PendingPublication {
+    PendingPublication { kind, name: name.to_owned(), want, since, last_error: None }
+}
+
+/// One item each time the Node or the CSINode of this node changes (or is
+/// listed again after the watch was lost): a change by another writer, or
+/// the API server back. Watch errors are left to the watcher's backoff:
+/// the loop's own passes find out whether the API server answers.
+fn owned_objects_changed(api: &NodeApi) -> impl Stream<Item = ()> + use<> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", api.node));
+    let nodes = watcher::watcher(Api::<Node>::all(api.client.clone()), config.clone())
+        .default_backoff()
+        .filter_map(|event| changed(&event));
+    let csinodes = watcher::watcher(Api::<CSINode>::all(api.client.clone()), config)
+        .default_backoff()
+        .filter_map(|event| changed(&event));
+    nodes.merge(csinodes)
+}
+
+/// Whether a watch event says that the object may differ from what the
+/// last pass read: every event but the list's single items and errors.
+fn changed<K>(event: &Result<Event<K>, watcher::Error>) -> Option<()> {
+    matches!(event, Ok(Event::Apply(_) | Event::Delete(_) | Event::InitDone)).then_some(())
+}
