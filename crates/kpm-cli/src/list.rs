@@ -112,7 +112,8 @@ fn device_health(devices: &[Value]) -> [String; 3] {
 }
 
 /// The node published for, per kind of object when it last synced and the
-/// error that followed, if any; then the API requests made and failed.
+/// error that followed, if any; what the API server does not hold yet;
+/// then the API requests made and failed.
 fn kubernetes(kube: &Value, now: SystemTime) -> String {
     let objects = items(kube, "objects").iter().map(|object| {
         vec![
@@ -129,8 +130,23 @@ fn kubernetes(kube: &Value, now: SystemTime) -> String {
         .filter(|r| r["outcome"] != kpm::kube::RequestCount::SUCCESS)
         .map(count)
         .sum();
+    let pending = items(kube, "pending");
+    let pending = if pending.is_empty() {
+        "Pending: none: the API server holds all kpm publishes\n".to_owned()
+    } else {
+        let rows = pending.iter().map(|publication| {
+            vec![
+                text(publication, "kind"),
+                text(publication, "name"),
+                text(publication, "want"),
+                ago(&text(publication, "since"), now),
+                publication["last_error"].as_str().unwrap_or("-").to_owned(),
+            ]
+        });
+        format!("Pending:\n{}", columns(&["KIND", "NAME", "WANT", "SINCE", "LAST ERROR"], rows))
+    };
     format!(
-        "Kubernetes (node {})\n{}API requests: {total}, failed: {failed}\n",
+        "Kubernetes (node {})\n{}{pending}API requests: {total}, failed: {failed}\n",
         text(kube, "node"),
         columns(&["KIND", "LAST SYNC", "LAST ERROR"], objects)
     )
@@ -369,6 +385,9 @@ mod tests {
                 request("patch", "nodes/status", "success", 3),
                 request("patch", "nodes/status", "timeout", 1),
             ],
+            "pending": [{"kind": "Node status", "name": "vendor.com/gpu",
+                "want": "capacity 2, allocatable 2", "since": "2026-11-21T11:59:18Z",
+                "last_error": missing}],
         });
         assert_eq!(
             kubernetes(&kube, now),
@@ -379,6 +398,9 @@ mod tests {
                  CSINode        30s ago    -\n\
                  Node status    1h ago     timeout (42s ago)\n\
                  ResourceSlice  never      -\n\
+                 Pending:\n\
+                 KIND         NAME            WANT                       SINCE    LAST ERROR\n\
+                 Node status  vendor.com/gpu  capacity 2, allocatable 2  42s ago  {missing}\n\
                  API requests: 6, failed: 3\n"
             )
         );
@@ -397,6 +419,7 @@ mod tests {
              Kubernetes (node node1)\n\
              KIND  LAST SYNC  LAST ERROR\n\
              Node  never      -\n\
+             Pending: none: the API server holds all kpm publishes\n\
              API requests: 0, failed: 0\n"
         );
     }

@@ -1,6 +1,7 @@
 //! `kpm run --kubeconfig` against a stand-in API server that answers 404 to
 //! everything, as one does before the node's Node exists: the status API,
-//! `kpm list` and the metrics tell the operator that kpm waits for the Node.
+//! `kpm list` and the metrics tell the operator that kpm waits for the Node,
+//! and what it will publish there once it exists.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -93,19 +94,22 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     let status = object(kubernetes, "Node status");
     assert!(status["last_success"].is_null(), "{status}");
     assert!(status["last_error"]["at"].as_str().unwrap().ends_with('Z'), "{status}");
-    let patches = kubernetes["requests"].as_array().unwrap().iter().find(|request| {
-        request["verb"] == "patch"
-            && request["resource"] == "nodes/status"
-            && request["outcome"] == "404"
+    let reads = kubernetes["requests"].as_array().unwrap().iter().find(|request| {
+        request["verb"] == "get" && request["resource"] == "nodes" && request["outcome"] == "404"
     });
-    assert!(patches.is_some_and(|p| p["count"].as_u64().unwrap() >= 1), "{kubernetes}");
-    // Each patch names kpm's field manager.
+    assert!(reads.is_some_and(|p| p["count"].as_u64().unwrap() >= 1), "{kubernetes}");
+    // The device capacity is pending, since the plugin registered.
+    let pending = kubernetes["pending"].as_array().unwrap();
+    assert_eq!(pending.len(), 1, "{kubernetes}");
+    assert_eq!(pending[0]["kind"], "Node status");
+    assert_eq!(pending[0]["name"], "vendor.com/gpu");
+    assert_eq!(pending[0]["want"], "capacity 1, allocatable 1");
+    assert_eq!(pending[0]["last_error"], NODE_MISSING);
+    assert!(pending[0]["since"].as_str().unwrap().ends_with('Z'), "{kubernetes}");
+    // A missing Node is read, never written.
     let requests = seen.lock().unwrap().clone();
-    assert!(
-        requests.iter().any(|r| r.starts_with("PATCH /api/v1/nodes/node1/status?")
-            && r.contains("fieldManager=kpm")),
-        "{requests:?}"
-    );
+    assert!(requests.iter().any(|r| r.starts_with("GET /api/v1/nodes/node1")), "{requests:?}");
+    assert!(!requests.iter().any(|r| r.starts_with("PATCH ")), "{requests:?}");
 
     // `kpm list` tells the operator.
     let out = kpm(&["list", "--root-dir", root.path().to_str().unwrap()]);
@@ -114,15 +118,23 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     assert!(table.contains("\nKubernetes (node node1)\n"), "{table}");
     let row = table.lines().find(|line| line.starts_with("Node status")).unwrap();
     assert!(row.contains("never") && row.contains(NODE_MISSING), "{table}");
+    let pending =
+        table.lines().find(|line| line.starts_with("Node status  vendor.com/gpu")).unwrap();
+    assert!(
+        pending.contains("capacity 1, allocatable 1") && pending.contains(NODE_MISSING),
+        "{table}"
+    );
     assert!(table.lines().any(|line| line.starts_with("API requests: ")), "{table}");
 
     // So do the metrics: failed requests are counted by their status code.
-    let series =
-        "kpm_kube_requests_total{verb=\"patch\",resource=\"nodes/status\",outcome=\"404\"}";
-    wait_until("the failed patches are counted", || {
+    let series = "kpm_kube_requests_total{verb=\"get\",resource=\"nodes\",outcome=\"404\"}";
+    wait_until("the failed reads are counted", || {
         let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
         samples.get(series).is_some_and(|count| *count >= 1.0)
     });
+    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    assert_eq!(samples.get("kpm_kube_pending_publications{kind=\"Node status\"}"), Some(&1.0));
+    assert!(samples.contains_key("kpm_kube_oldest_pending_publication_timestamp_seconds"));
     // Nothing written yet: no timestamp but the CSIDrivers' list, a read.
     let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
     let synced = |s: &&String| s.starts_with("kpm_kube_last_sync_timestamp_seconds");

@@ -134,6 +134,10 @@ pub(super) struct KubeReading {
     requests: Vec<(&'static str, &'static str, String, u64)>,
     /// `(kind, seconds since the epoch)` of the kinds that synced.
     last_sync: Vec<(&'static str, f64)>,
+    /// What the API server does not hold yet: how many, per kind.
+    pending: Vec<(&'static str, i64)>,
+    /// Since when the oldest of them is wanted, in seconds since the epoch.
+    oldest_pending_since: Option<f64>,
 }
 
 impl From<KubeStatus> for KubeReading {
@@ -149,6 +153,18 @@ impl From<KubeStatus> for KubeReading {
                 .into_iter()
                 .filter_map(|(kind, sync)| Some((kind.as_str(), unix_seconds(sync.last_success?))))
                 .collect(),
+            pending: kpm::kube::ObjectKind::ALL
+                .iter()
+                .map(|kind| {
+                    let count = status.pending.iter().filter(|p| p.kind == *kind).count();
+                    (kind.as_str(), i64::try_from(count).unwrap_or(i64::MAX))
+                })
+                .collect(),
+            oldest_pending_since: status
+                .pending
+                .iter()
+                .map(|p| unix_seconds(p.since))
+                .reduce(f64::min),
         }
     }
 }
@@ -168,7 +184,22 @@ impl KubeReading {
             "kpm_kube_last_sync_timestamp_seconds",
             "When kpm last wrote (or found up to date) an object of this kind, in seconds since the epoch.",
             self.last_sync.iter().map(|(kind, at)| ([("kind", *kind)], *at)),
-        )
+        )?;
+        gauge_family(
+            encoder,
+            "kpm_kube_pending_publications",
+            "What kpm wants the API server to hold and it does not yet (a CSI driver, a device resource, a ResourceSlice wipe), by the kind of object it is pending on.",
+            self.pending.iter().map(|(kind, count)| ([("kind", *kind)], *count)),
+        )?;
+        match self.oldest_pending_since {
+            Some(since) => gauge(
+                encoder,
+                "kpm_kube_oldest_pending_publication_timestamp_seconds",
+                "Since when kpm wants the oldest pending publication, in seconds since the epoch; absent when none is pending (alert on time() minus it).",
+                since,
+            ),
+            None => Ok(()),
+        }
     }
 }
 
@@ -526,13 +557,15 @@ mod tests {
     }
 
     #[test]
-    fn kube_requests_are_counters_and_syncs_timestamps() {
+    fn kube_requests_are_counters_and_syncs_and_pending_publications_gauges() {
         let reading = KubeReading {
             requests: vec![
                 ("get", "nodes", "404".to_owned(), 2),
                 ("patch", "nodes/status", "success".to_owned(), 3),
             ],
             last_sync: vec![("Node status", 1_700_000_000.5)],
+            pending: vec![("CSINode", 0), ("Node status", 2)],
+            oldest_pending_since: Some(1_700_000_100.25),
         };
         let text = render(reading);
         for line in [
@@ -541,6 +574,9 @@ mod tests {
             "kpm_kube_requests_total{verb=\"patch\",resource=\"nodes/status\",outcome=\"success\"} 3",
             "# TYPE kpm_kube_last_sync_timestamp_seconds gauge",
             "kpm_kube_last_sync_timestamp_seconds{kind=\"Node status\"} 1700000000.5",
+            "kpm_kube_pending_publications{kind=\"CSINode\"} 0",
+            "kpm_kube_pending_publications{kind=\"Node status\"} 2",
+            "kpm_kube_oldest_pending_publication_timestamp_seconds 1700000100.25",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
         }
