@@ -260,9 +260,6 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
-        let ok = blind.is_none()
-            && plugins.iter().all(|row| !row.verdict.fails())
-            && findings.iter().all(|finding| !finding.verdict.fails());
         Report {
             root_dir: self.root_dir.clone(),
             root_from: self.root_from.clone(),
@@ -272,8 +269,9 @@ impl Doctor {
             findings,
             unseen,
             blind,
-            ok,
+            ok: false,
         }
+        .judged()
     }
 
     /// Why a registry that cannot be listed leaves nothing to judge, and
@@ -343,7 +341,8 @@ pub struct Report {
     /// them against (the API server, not read at all).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blind: Option<Blind>,
-    /// It could look, and no plugin and no finding fails.
+    /// It could look, and no plugin and no finding fails: the condition is
+    /// `True`.
     pub ok: bool,
 }
 
@@ -359,14 +358,40 @@ impl Report {
             reason: &row.reason,
         });
         let findings =
-            self.findings.iter().filter(|finding| finding.verdict.fails()).map(|finding| Failure {
-                verdict: finding.verdict,
-                path: &finding.path,
-                plugin_type: None,
-                name: None,
-                reason: &finding.reason,
-            });
+            self.findings.iter().filter(|finding| finding.verdict.fails()).map(Finding::failure);
         rows.chain(findings)
+    }
+
+    /// The report with [`ok`](Self::ok) set as the condition `--watch`
+    /// publishes says, so that `ok`, `kpm doctor`'s exit status and the
+    /// condition cannot disagree.
+    fn judged(mut self) -> Self {
+        self.ok = PluginsCondition::of(&self).status == ConditionStatus::True;
+        self
+    }
+}
+
+#[cfg(test)]
+impl Report {
+    /// A report of `plugins` and `findings` on root `/r`, `ok` as
+    /// [`Doctor::examine`] sets it.
+    pub(crate) fn of_parts(
+        plugins: Vec<Row>,
+        findings: Vec<Finding>,
+        blind: Option<Blind>,
+    ) -> Self {
+        Self {
+            root_dir: PathBuf::from("/r"),
+            root_from: "--root-dir".to_owned(),
+            kubelets: Vec::new(),
+            node: None,
+            plugins,
+            findings,
+            unseen: Vec::new(),
+            blind,
+            ok: false,
+        }
+        .judged()
     }
 }
 
@@ -415,6 +440,19 @@ pub struct Finding {
     /// socket that keeps the kubelet's registration of the driver alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<PathBuf>,
+}
+
+impl Finding {
+    /// The finding as a [`Failure`]: it names no plugin.
+    pub(crate) fn failure(&self) -> Failure<'_> {
+        Failure {
+            verdict: self.verdict,
+            path: &self.path,
+            plugin_type: None,
+            name: None,
+            reason: &self.reason,
+        }
+    }
 }
 
 /// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,
