@@ -3,10 +3,11 @@
 //! serves in process (a tower service for kube's client, on paused time)
 //! or over TCP (axum, for the `kpm` binary).
 //!
-//! It holds one Node whose `status.conditions` follow the API server's
-//! rules for a list map keyed by type: a server-side apply owns the
-//! conditions it names and removes those its manager owned and no longer
-//! names; a strategic merge patch (the kubelet's) upserts. It takes
+//! It holds one Node, and the node's CSINode if a test gives it one. The
+//! Node's `status.conditions` follow the API server's rules for a list map
+//! keyed by type: a server-side apply owns the conditions it names and
+//! removes those its manager owned and no longer names; a strategic merge
+//! patch (the kubelet's) upserts. It takes
 //! `events.k8s.io/v1` Events with the fields the API server requires and
 //! patches their series. It can be down, or answer everything with one
 //! status code. Everything else is a 404.
@@ -20,6 +21,9 @@ use serde_json::{Value, json};
 pub struct State {
     /// The Node, if there is one.
     pub node: Option<Value>,
+    /// The Node's CSINode, if there is one: read-only, as kpm's doctor
+    /// only reads it.
+    pub csinode: Option<Value>,
     /// The field manager owning each condition type.
     pub owners: HashMap<String, String>,
     /// The Events, by name.
@@ -96,6 +100,10 @@ impl State {
             ("GET", ["api", "v1", "nodes", _]) => match &self.node {
                 Some(node) => (200, node.clone()),
                 None => status(404, "nodes not found"),
+            },
+            ("GET", ["apis", "storage.k8s.io", "v1", "csinodes", _]) => match &self.csinode {
+                Some(csinode) => (200, csinode.clone()),
+                None => status(404, "csinodes not found"),
             },
             ("PATCH", ["api", "v1", "nodes", _, "status"]) => {
                 let apply = request.content_type.starts_with("application/apply-patch");
