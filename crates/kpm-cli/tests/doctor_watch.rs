@@ -378,3 +378,64 @@ fn a_registry_that_is_not_the_running_kubelets_is_published_unknown() {
     event(&state, "CannotJudge");
     stop(doctor);
 }
+
+// === One cause, one failure ===
+
+#[test]
+fn a_csinode_entry_kept_for_a_stale_socket_is_one_failure_with_two_events() {
+    // A registrar killed with SIGKILL leaves its socket, and the kubelet
+    // keeps its driver in CSINode.
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let socket = registry.join("stale.csi.example.com-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut node = State::with_node("node1");
+    node.csinode = Some(serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": "node1"},
+        "spec": {"drivers": [{"name": "stale.csi.example.com", "nodeID": "node1"}]},
+    }));
+    let state = Arc::new(Mutex::new(node));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let doctor = watch(root.path(), api_port, &free_local_addr());
+
+    let condition = published(&state, "False");
+    assert_eq!(condition["reason"], "Stale");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("1 failing: stale.csi.example.com-reg.sock (stale): "),
+        "{message}"
+    );
+    assert!(!message.contains("stale-csi-node-entry"), "{message}");
+    // The entry still has its Event, naming the socket that keeps it.
+    assert_eq!(event(&state, "Stale")["type"], "Warning");
+    let entry = event(&state, "StaleCsiNodeEntry");
+    assert_eq!(entry["type"], "Warning");
+    assert!(entry["note"].as_str().unwrap().contains(socket.to_str().unwrap()), "{entry}");
+    stop(doctor);
+
+    // A single `kpm doctor` counts it the same, and shows the entry under
+    // the socket's row.
+    let config = root.path().join("kubeconfig");
+    let out = support::kpm(&[
+        "doctor",
+        "--root-dir",
+        root.path().to_str().unwrap(),
+        "--other-root",
+        root.path().join("no-other-root").to_str().unwrap(),
+        "--kubeconfig",
+        config.to_str().unwrap(),
+        "--node-name",
+        "node1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.ends_with("\n1 entries: 0 ok, 1 failing\n"), "{table}");
+    let row = format!("stale: {}\n", socket.display());
+    let explained = table.split(&row).nth(1).and_then(|rest| rest.split("\n\n").next());
+    let kept = "\n  kept for it: stale-csi-node-entry: csinodes/node1\n    CSINode node1 lists driver \
+                stale.csi.example.com";
+    assert!(explained.is_some_and(|block| block.contains(kept)), "{table}");
+}

@@ -7,7 +7,8 @@
 //! doctor could not look. When `False`, its `reason` is the first failing
 //! verdict, in the order of [`Verdict`], in CamelCase (`Stale`,
 //! `NotRegistered`), and its `message` names each failing plugin and why,
-//! at most [`MAX_MESSAGE_BYTES`] long.
+//! at most [`MAX_MESSAGE_BYTES`] long; a finding caused by a failing row
+//! counts with that row.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -102,24 +103,35 @@ pub(crate) struct Failing {
     pub(crate) verdict: Verdict,
     pub(crate) subject: String,
     pub(crate) reason: String,
+    /// The failing row it is part of ([`Report::cause_of`]): it has its
+    /// Event, but is not counted again.
+    pub(crate) cause: Option<PathBuf>,
 }
 
 impl Failing {
-    fn of(failure: &Failure<'_>) -> Self {
+    fn of(failure: &Failure<'_>, cause: Option<PathBuf>) -> Self {
         Self {
             verdict: failure.verdict,
             subject: failure.subject(),
             reason: failure.reason.to_owned(),
+            cause,
         }
     }
 }
 
 impl Outcome {
     pub(crate) fn of(report: &Report) -> Self {
-        let failing = report
+        let caused = report.plugins.iter().flat_map(|row| {
+            report.caused_by(row).map(|finding| {
+                (finding.path.clone(), Failing::of(&finding.failure(), Some(row.path.clone())))
+            })
+        });
+        let own = report
             .failures()
-            .map(|failure| (failure.path.to_path_buf(), Failing::of(&failure)))
-            .collect();
+            .map(|failure| (failure.path.to_path_buf(), Failing::of(&failure, None)));
+        // Findings about one object share its path (`csinodes/NAME`): one
+        // that counts is put in last, so that it wins.
+        let failing = caused.chain(own).collect();
         Self { entries: report.plugins.len(), failing, blind: report.blind.clone() }
     }
 
@@ -139,7 +151,8 @@ impl Outcome {
                 message: truncated(&blind.why, MAX_MESSAGE_BYTES).to_owned(),
             };
         }
-        let mut failures: Vec<&Failing> = self.failing.values().collect();
+        let mut failures: Vec<&Failing> =
+            self.failing.values().filter(|failing| failing.cause.is_none()).collect();
         if failures.is_empty() {
             return PluginsCondition {
                 status: ConditionStatus::True,
@@ -191,11 +204,11 @@ fn truncated(text: &str, bytes: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::Blind;
     use crate::judge::Row;
+    use crate::{Blind, Finding};
 
     fn row(verdict: Verdict, path: &str, name: Option<&str>, reason: &str) -> Row {
         let mut row = Row::new(verdict, Path::new(path), "registry", reason.to_owned());
@@ -205,6 +218,16 @@ mod tests {
 
     fn ok(path: &str) -> Row {
         row(Verdict::Ok, path, None, "fine")
+    }
+
+    fn finding(verdict: Verdict, path: &str, reason: &str, cause: Option<&str>) -> Finding {
+        Finding {
+            verdict,
+            path: PathBuf::from(path),
+            reason: reason.to_owned(),
+            hint: String::new(),
+            cause: cause.map(PathBuf::from),
+        }
     }
 
     #[test]
@@ -261,6 +284,40 @@ mod tests {
              vendor.com/gpu (not-registered): the kubelet holds none"
         );
         assert!(!report.ok);
+    }
+
+    #[test]
+    fn a_finding_caused_by_a_failing_row_counts_with_it() {
+        let stale = "/r/plugins_registry/csi.example.com-reg.sock";
+        let rows = vec![row(Verdict::Stale, stale, None, "connection refused")];
+        let findings = vec![
+            finding(Verdict::StaleCsiNodeEntry, "csinodes/node1", "kept for it", Some(stale)),
+            // A cause that names no failing row explains nothing: it counts.
+            finding(
+                Verdict::OrphanedSlices,
+                "resourceslices/gone.example.com",
+                "gone",
+                Some("/r/plugins_registry/nowhere-reg.sock"),
+            ),
+        ];
+        let report = Report::of_parts(rows, findings, None);
+        assert_eq!(report.failures().count(), 2);
+        assert_eq!(report.cause_of(&report.findings[0]).map(|row| &row.path), Some(&stale.into()));
+        assert!(report.cause_of(&report.findings[1]).is_none());
+        let caused: Vec<&Path> =
+            report.caused_by(&report.plugins[0]).map(|f| f.path.as_path()).collect();
+        assert_eq!(caused, [Path::new("csinodes/node1")]);
+        let condition = PluginsCondition::of(&report);
+        assert_eq!(condition.reason, "Stale");
+        assert_eq!(
+            condition.message,
+            "2 failing: csi.example.com-reg.sock (stale): connection refused; \
+             gone.example.com (orphaned-slices): gone"
+        );
+        // The caused finding is still there, for its Event.
+        let outcome = Outcome::of(&report);
+        let entry = &outcome.failing[Path::new("csinodes/node1")];
+        assert_eq!(entry.cause.as_deref(), Some(Path::new(stale)));
     }
 
     #[test]

@@ -347,8 +347,10 @@ pub struct Report {
 }
 
 impl Report {
-    /// Every failure of the report, rows then findings: its verdict, path
-    /// on the host, the plugin's type and name where known, and why.
+    /// The failures of the report, rows then findings: its verdict, path
+    /// on the host, the plugin's type and name where known, and why. A
+    /// finding caused by a failing row ([`cause_of`](Self::cause_of)) is
+    /// part of that row's failure, not one of its own, and is left out.
     pub fn failures(&self) -> impl Iterator<Item = Failure<'_>> {
         let rows = self.plugins.iter().filter(|row| row.verdict.fails()).map(|row| Failure {
             verdict: row.verdict,
@@ -357,9 +359,34 @@ impl Report {
             name: row.name.as_deref(),
             reason: &row.reason,
         });
-        let findings =
-            self.findings.iter().filter(|finding| finding.verdict.fails()).map(Finding::failure);
+        let findings = self
+            .findings_of_their_own()
+            .filter(|finding| finding.verdict.fails())
+            .map(Finding::failure);
         rows.chain(findings)
+    }
+
+    /// The failing row `finding` is part of: the one its
+    /// [`cause`](Finding::cause) names, a stale registration socket for
+    /// which the kubelet keeps the driver's CSINode entry or ResourceSlices.
+    /// One cause is one failure: the finding is shown under that row and
+    /// not counted again, though `--watch` writes its Event.
+    pub fn cause_of(&self, finding: &Finding) -> Option<&Row> {
+        let cause = finding.cause.as_deref()?;
+        self.plugins.iter().find(|row| row.path == cause && row.verdict.fails())
+    }
+
+    /// The findings no failing row causes ([`cause_of`](Self::cause_of)):
+    /// each is a failure of its own.
+    pub fn findings_of_their_own(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|finding| self.cause_of(finding).is_none())
+    }
+
+    /// The findings `row` causes, as [`cause_of`](Self::cause_of) tells.
+    pub fn caused_by<'a>(&'a self, row: &'a Row) -> impl Iterator<Item = &'a Finding> {
+        self.findings.iter().filter(move |finding| {
+            self.cause_of(finding).is_some_and(|cause| std::ptr::eq(cause, row))
+        })
     }
 
     /// The report with [`ok`](Self::ok) set as the condition `--watch`
@@ -438,6 +465,8 @@ pub struct Finding {
     pub hint: String,
     /// The row that explains it, a path on the host: a stale registration
     /// socket that keeps the kubelet's registration of the driver alive.
+    /// The finding is then part of that row's failure
+    /// ([`Report::cause_of`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<PathBuf>,
 }

@@ -21,11 +21,12 @@
 //! by the builder a single `kpm doctor` is judged with
 //! ([`PluginsCondition::of`](crate::PluginsCondition::of)), and one Event
 //! goes out per plugin that entered a failing verdict (`Warning`, the
-//! verdict's reason) or left it (`Normal`, `PluginRecovered`). A node the
-//! doctor cannot judge is `Unknown`, with a `Warning` `CannotJudge` when
-//! it goes blind and a `Normal` `CanJudge` when it sees again; a blind
-//! pass calls nothing recovered. Between changes nothing is written but
-//! the publisher's heartbeat.
+//! verdict's reason) or left it (`Normal`, `PluginRecovered`); a finding
+//! caused by a failing row has its own Event, though the condition counts
+//! it with that row. A node the doctor cannot judge is `Unknown`, with a
+//! `Warning` `CannotJudge` when it goes blind and a `Normal` `CanJudge`
+//! when it sees again; a blind pass calls nothing recovered. Between
+//! changes nothing is written but the publisher's heartbeat.
 //!
 //! It keeps every guarantee of [`Doctor::examine`]: it notifies no plugin,
 //! changes no file and holds no connection once a call is done (a pidfd is
@@ -470,8 +471,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::Blind;
     use crate::judge::{Row, Verdict};
+    use crate::{Blind, Finding};
 
     const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
 
@@ -514,6 +515,30 @@ mod tests {
         assert_eq!(
             reasons(&failing.transitions(&blind)),
             [(EventType::Normal, CAN_JUDGE_REASON), (EventType::Warning, "Stale")]
+        );
+    }
+
+    #[test]
+    fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
+        let entry = Finding {
+            verdict: Verdict::StaleCsiNodeEntry,
+            path: "csinodes/node1".into(),
+            reason: format!("kept for {SOCKET}"),
+            hint: String::new(),
+            cause: Some(SOCKET.into()),
+        };
+        let outcome = Outcome::of(&Report::of_parts(vec![stale()], vec![entry], None));
+        assert_eq!(
+            reasons(&outcome.transitions(&Outcome::default())),
+            [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
+        );
+        let condition = outcome.condition();
+        assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
+        // Both go when the socket does.
+        let gone = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+        assert_eq!(
+            reasons(&gone.transitions(&outcome)),
+            [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
         );
     }
 }
