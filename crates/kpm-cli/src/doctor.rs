@@ -15,7 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use kpm_doctor::{
-    ClusterLink, Doctor, DoctorConfig, FleetConfig, Host, NodePublisher, PublishConfig, WatchConfig,
+    ClusterLink, ConditionStatus, Doctor, DoctorConfig, FleetConfig, Host, NodePublisher,
+    PluginsCondition, PublishConfig, WatchConfig,
 };
 
 use crate::inspect::JudgeArgs;
@@ -156,15 +157,19 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     };
     let report = doctor.examine(objects.as_ref()).await;
     crate::output::print(&args.output.render(&report, kpm_doctor::render_table)?)?;
-    match &report.blind {
-        Some(blind) => {
+    // The exit status is the condition `--watch` would publish, built the
+    // same way, so that the two cannot disagree.
+    match PluginsCondition::of(&report).status {
+        ConditionStatus::True => Ok(Outcome::Ok),
+        ConditionStatus::False => Ok(Outcome::Failing),
+        // `Unknown`, and whatever a later kpm-doctor adds: never read as healthy.
+        _ => {
             // The table ends with it; a script reading JSON finds it in its log too.
-            if args.output == OutputFormat::Json {
+            if let (Some(blind), OutputFormat::Json) = (&report.blind, args.output) {
                 eprintln!("kpm doctor: cannot judge this node: {}; try: {}", blind.why, blind.hint);
             }
             Ok(Outcome::CannotJudge)
         }
-        None => Ok(Outcome::from(report.ok)),
     }
 }
 

@@ -744,13 +744,31 @@ fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix()
     let capacity_findings =
         report["findings"].as_array().unwrap().iter().filter(|f| f["path"] == "nodes/node1");
     assert_eq!(capacity_findings.count(), 1, "{report:#}");
-    // The table says so too.
+    // The JSON keeps every finding, the caused ones with their cause.
+    assert_eq!(report["findings"].as_array().unwrap().len(), 5, "{report:#}");
+    // The table shows what is kept for a socket under its row, as part of
+    // its failure: two sockets fail, and three findings stand on their own
+    // (two CSINode entries and the FPGAs no socket explains).
     let (_, table) = doctor_table_with(
         node.root.path(),
         &["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"],
     );
     assert!(
-        table.contains("restart the driver's registrar (node-driver-registrar), or remove"),
+        table.ends_with("\n2 entries: 0 ok, 2 failing; 3 finding(s) about the node\n"),
+        "{table}"
+    );
+    for (socket, kept) in [
+        (&csi, "stale-csi-node-entry: csinodes/node1"),
+        (&dra, "orphaned-slices: resourceslices/gone.example.com"),
+    ] {
+        let row = format!("stale: {}\n", socket.display());
+        let explained = table.split(&row).nth(1).and_then(|rest| rest.split("\n\n").next());
+        let kept = format!("\n  kept for it: {kept}\n    ");
+        assert!(explained.is_some_and(|block| block.contains(&kept)), "{kept} in {table}");
+    }
+    assert!(
+        table
+            .contains("    fix: restart the driver's registrar (node-driver-registrar), or remove"),
         "{table}"
     );
 }

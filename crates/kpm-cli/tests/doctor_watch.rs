@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -53,19 +54,29 @@ fn serve_api(rt: &tokio::runtime::Runtime, port: u16, state: Arc<Mutex<State>>) 
 /// `kpm doctor --watch` on `root` for Node `node1` through the API server on
 /// `api_port`, its metrics on `metrics`; stderr to `root/doctor.log`.
 fn watch(root: &Path, api_port: u16, metrics: &str) -> Child {
-    let config = root.join("kubeconfig");
+    watch_with(root, api_port, metrics, &root_args(root))
+}
+
+/// `--root-dir root`, and no other root looked at.
+fn root_args(root: &Path) -> [OsString; 4] {
+    ["--root-dir".into(), root.into(), "--other-root".into(), root.join("no-other-root").into()]
+}
+
+/// `kpm doctor --watch ARGS` for Node `node1` through the API server on
+/// `api_port`, its metrics on `metrics`; its kubeconfig in `dir`, stderr to
+/// `dir/doctor.log`.
+fn watch_with(dir: &Path, api_port: u16, metrics: &str, args: &[OsString]) -> Child {
+    let config = dir.join("kubeconfig");
     std::fs::write(&config, kubeconfig(&format!("http://127.0.0.1:{api_port}"))).unwrap();
     Command::new(env!("CARGO_BIN_EXE_kpm"))
-        .args(["doctor", "--watch", "--root-dir"])
-        .arg(root)
-        .arg("--other-root")
-        .arg(root.join("no-other-root"))
+        .args(["doctor", "--watch"])
+        .args(args)
         .arg("--kubeconfig")
         .arg(&config)
         .args(["--node-name", "node1", "--confirm-ms", "200", "--timeout", "2"])
         .args(["--metrics-addr", metrics])
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(root.join("doctor.log")).unwrap())
+        .stderr(std::fs::File::create(dir.join("doctor.log")).unwrap())
         .spawn()
         .unwrap()
 }
@@ -268,4 +279,163 @@ fn under_a_host_root_the_kubelet_its_root_and_the_endpoints_are_read_there() {
     assert_eq!(row["verdict"], "ok", "{report:#}");
     assert_eq!(row["endpoint"], endpoint);
     assert_eq!(out.status.code(), Some(0), "{report:#}");
+}
+
+// === A doctor that cannot look ===
+
+/// The condition, once the doctor has published it as `status`.
+fn published(state: &Mutex<State>, status: &str) -> Value {
+    wait_until(format!("the condition {status}"), || {
+        state.lock().condition(CONDITION).is_some_and(|c| c["status"] == status)
+    });
+    state.lock().condition(CONDITION).unwrap()
+}
+
+#[test]
+fn a_root_without_a_registry_is_published_unknown_not_healthy() {
+    let rt = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("nonexistent");
+    let state = Arc::new(Mutex::new(State::with_node("node1")));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let metrics_addr = free_local_addr();
+    let doctor = watch_with(dir.path(), api_port, &metrics_addr, &root_args(&root));
+
+    // What a single `kpm doctor` exits 2 for.
+    let condition = published(&state, "Unknown");
+    assert_eq!(condition["reason"], "CannotJudge", "{condition}");
+    let registry = root.join("plugins_registry");
+    let message = condition["message"].as_str().unwrap();
+    assert!(message.starts_with(&format!("{}: cannot be listed", registry.display())), "{message}");
+    let warning = event(&state, "CannotJudge");
+    assert_eq!(warning["type"], "Warning");
+    let note = warning["note"].as_str().unwrap();
+    assert!(note.starts_with("cannot judge this node: ") && note.contains("; try: "), "{note}");
+    wait_until("the metric of a doctor that cannot judge", || {
+        metrics(&metrics_addr).get("kpm_doctor_cannot_judge") == Some(&1.0)
+    });
+    let nowhere = dir.path().join("no-other-root");
+    let once = support::kpm(&[
+        "doctor",
+        "--root-dir",
+        root.to_str().unwrap(),
+        "--other-root",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert_eq!(once.status.code(), Some(2), "the one-shot doctor agrees");
+
+    // The kubelet creates its registry: judged again, and healthy.
+    std::fs::create_dir_all(&registry).unwrap();
+    let condition = published(&state, "True");
+    assert_eq!(condition["reason"], "PluginsHealthy");
+    assert_eq!(event(&state, "CanJudge")["type"], "Normal");
+    assert!(event_reasons(&state).iter().all(|r| r != "PluginRecovered"), "nothing had failed");
+    wait_until("the metric cleared", || {
+        metrics(&metrics_addr).get("kpm_doctor_cannot_judge") == Some(&0.0)
+    });
+    stop(doctor);
+}
+
+/// The reasons of the Events the stand-in holds.
+fn event_reasons(state: &Mutex<State>) -> Vec<String> {
+    state.lock().events.values().map(|e| e["reason"].as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn a_registry_that_is_not_the_running_kubelets_is_published_unknown() {
+    // As the DaemonSet runs it, the host under --host-root and no
+    // --root-dir, beside a kubelet whose root is not /var/lib/kubelet, on a
+    // host where an empty /var/lib/kubelet/plugins_registry exists.
+    let rt = runtime();
+    let host = tempfile::tempdir().unwrap();
+    let seen = |path: &str| host.path().join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(seen("/proc/4242")).unwrap();
+    std::fs::write(seen("/proc/4242/cmdline"), "/usr/bin/kubelet\0--root-dir=/data/kubelet\0")
+        .unwrap();
+    for dir in ["/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins"] {
+        std::fs::create_dir_all(seen(dir)).unwrap();
+    }
+    let args: [OsString; 2] = ["--host-root".into(), host.path().into()];
+    // A single `kpm doctor` judges the running kubelet's root, whose
+    // registry it cannot see: it cannot judge the node.
+    let once =
+        support::kpm(&["doctor", "-o", "json", "--host-root", host.path().to_str().unwrap()]);
+    assert_eq!(once.status.code(), Some(2));
+    let report: Value = serde_json::from_slice(&once.stdout).unwrap();
+    assert_eq!(report["root_dir"], "/data/kubelet", "{report:#}");
+    let why = report["blind"]["why"].as_str().unwrap();
+    assert!(why.contains("data/kubelet/plugins_registry: cannot be listed"), "{why}");
+
+    let state = Arc::new(Mutex::new(State::with_node("node1")));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let logs = tempfile::tempdir().unwrap();
+    let doctor = watch_with(logs.path(), api_port, &free_local_addr(), &args);
+    let condition = published(&state, "Unknown");
+    assert_eq!(condition["reason"], "CannotJudge");
+    assert_eq!(condition["message"], why, "the same words as the one-shot's");
+    event(&state, "CannotJudge");
+    stop(doctor);
+}
+
+// === One cause, one failure ===
+
+#[test]
+fn a_csinode_entry_kept_for_a_stale_socket_is_one_failure_with_two_events() {
+    // A registrar killed with SIGKILL leaves its socket, and the kubelet
+    // keeps its driver in CSINode.
+    let rt = runtime();
+    let root = tempfile::tempdir().unwrap();
+    let registry = root.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let socket = registry.join("stale.csi.example.com-reg.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut node = State::with_node("node1");
+    node.csinode = Some(serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": "node1"},
+        "spec": {"drivers": [{"name": "stale.csi.example.com", "nodeID": "node1"}]},
+    }));
+    let state = Arc::new(Mutex::new(node));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let doctor = watch(root.path(), api_port, &free_local_addr());
+
+    let condition = published(&state, "False");
+    assert_eq!(condition["reason"], "Stale");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("1 failing: stale.csi.example.com-reg.sock (stale): "),
+        "{message}"
+    );
+    assert!(!message.contains("stale-csi-node-entry"), "{message}");
+    // The entry still has its Event, naming the socket that keeps it.
+    assert_eq!(event(&state, "Stale")["type"], "Warning");
+    let entry = event(&state, "StaleCsiNodeEntry");
+    assert_eq!(entry["type"], "Warning");
+    assert!(entry["note"].as_str().unwrap().contains(socket.to_str().unwrap()), "{entry}");
+    stop(doctor);
+
+    // A single `kpm doctor` counts it the same, and shows the entry under
+    // the socket's row.
+    let config = root.path().join("kubeconfig");
+    let out = support::kpm(&[
+        "doctor",
+        "--root-dir",
+        root.path().to_str().unwrap(),
+        "--other-root",
+        root.path().join("no-other-root").to_str().unwrap(),
+        "--kubeconfig",
+        config.to_str().unwrap(),
+        "--node-name",
+        "node1",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.ends_with("\n1 entries: 0 ok, 1 failing\n"), "{table}");
+    let row = format!("stale: {}\n", socket.display());
+    let explained = table.split(&row).nth(1).and_then(|rest| rest.split("\n\n").next());
+    let kept = "\n  kept for it: stale-csi-node-entry: csinodes/node1\n    CSINode node1 lists driver \
+                stale.csi.example.com";
+    assert!(explained.is_some_and(|block| block.contains(kept)), "{table}");
 }

@@ -3,15 +3,19 @@
 //!
 //! Its type is [`CONDITION_TYPE`], `KubeletPluginsHealthy`, positive like
 //! the kubelet's `Ready`: `True` when every plugin of the node is ok,
-//! `False` when one fails. Its `reason` is then the first failing verdict,
-//! in the order of [`Verdict`], in CamelCase (`Stale`, `NotRegistered`),
-//! and its `message` names each failing plugin and why, at most
-//! [`MAX_MESSAGE_BYTES`] long.
+//! `False` when one fails, `Unknown` ([`CANNOT_JUDGE_REASON`]) when the
+//! doctor could not look. When `False`, its `reason` is the first failing
+//! verdict, in the order of [`Verdict`], in CamelCase (`Stale`,
+//! `NotRegistered`), and its `message` names each failing plugin and why,
+//! at most [`MAX_MESSAGE_BYTES`] long; a finding caused by a failing row
+//! counts with that row.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use crate::judge::Verdict;
-use crate::{Failure, Report};
+use crate::{Blind, Failure, Report};
 
 /// The condition's type on the Node.
 pub const CONDITION_TYPE: &str = "KubeletPluginsHealthy";
@@ -70,27 +74,90 @@ pub struct PluginsCondition {
 
 impl PluginsCondition {
     /// The condition `report` comes to: `Unknown` when the doctor could
-    /// not look ([`CANNOT_JUDGE_REASON`]).
+    /// not look ([`CANNOT_JUDGE_REASON`]). `kpm doctor`'s exit status and
+    /// [`Report::ok`] follow it too.
     pub fn of(report: &Report) -> Self {
-        match &report.blind {
-            Some(blind) => Self {
+        Outcome::of(report).condition()
+    }
+}
+
+/// What a report comes to, as far as the condition and the Events go,
+/// owned: `--watch` holds the one it published, compares each pass with
+/// it, and publishes [`condition`](Self::condition); a single pass is
+/// [`PluginsCondition::of`]. One builder for both, so that a node's
+/// doctor, watching or not, cannot tell it two ways.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Outcome {
+    /// The entries judged (the report's rows).
+    pub(crate) entries: usize,
+    /// Each failing socket's or object's verdict, by path.
+    pub(crate) failing: BTreeMap<PathBuf, Failing>,
+    /// Why the doctor could not look, when it could not.
+    pub(crate) blind: Option<Blind>,
+}
+
+/// A failure as published: its verdict, and how the message and an Event
+/// name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failing {
+    pub(crate) verdict: Verdict,
+    pub(crate) subject: String,
+    pub(crate) reason: String,
+    /// The failing row it is part of ([`Report::cause_of`]): it has its
+    /// Event, but is not counted again.
+    pub(crate) cause: Option<PathBuf>,
+}
+
+impl Failing {
+    fn of(failure: &Failure<'_>, cause: Option<PathBuf>) -> Self {
+        Self {
+            verdict: failure.verdict,
+            subject: failure.subject(),
+            reason: failure.reason.to_owned(),
+            cause,
+        }
+    }
+}
+
+impl Outcome {
+    pub(crate) fn of(report: &Report) -> Self {
+        let caused = report.plugins.iter().flat_map(|row| {
+            report.caused_by(row).map(|finding| {
+                (finding.path.clone(), Failing::of(&finding.failure(), Some(row.path.clone())))
+            })
+        });
+        let own = report
+            .failures()
+            .map(|failure| (failure.path.to_path_buf(), Failing::of(&failure, None)));
+        // Findings about one object share its path (`csinodes/NAME`): one
+        // that counts is put in last, so that it wins.
+        let failing = caused.chain(own).collect();
+        Self { entries: report.plugins.len(), failing, blind: report.blind.clone() }
+    }
+
+    /// Whether the node fails or could not be judged: either way, it is
+    /// not healthy.
+    pub(crate) fn fails(&self) -> bool {
+        self.blind.is_some() || !self.failing.is_empty()
+    }
+
+    /// The condition: `Unknown` when the doctor could not look, `True` when
+    /// nothing fails, else `False` with the first failing verdict.
+    pub(crate) fn condition(&self) -> PluginsCondition {
+        if let Some(blind) = &self.blind {
+            return PluginsCondition {
                 status: ConditionStatus::Unknown,
                 reason: CANNOT_JUDGE_REASON.to_owned(),
                 message: truncated(&blind.why, MAX_MESSAGE_BYTES).to_owned(),
-            },
-            None => Self::of_failures(report.plugins.len(), report.failures()),
+            };
         }
-    }
-
-    /// The condition of a node with `entries` entries judged, of which
-    /// `failures` fail.
-    pub fn of_failures<'a>(entries: usize, failures: impl Iterator<Item = Failure<'a>>) -> Self {
-        let mut failures: Vec<Failure<'a>> = failures.collect();
+        let mut failures: Vec<&Failing> =
+            self.failing.values().filter(|failing| failing.cause.is_none()).collect();
         if failures.is_empty() {
-            return Self {
+            return PluginsCondition {
                 status: ConditionStatus::True,
                 reason: HEALTHY_REASON.to_owned(),
-                message: format!("all {entries} plugin sockets of the node are ok"),
+                message: format!("all {} plugin sockets of the node are ok", self.entries),
             };
         }
         failures.sort_by_key(|failure| failure.verdict);
@@ -100,7 +167,7 @@ impl PluginsCondition {
             let item = format!(
                 "{}{} ({}): {}",
                 if i == 0 { "" } else { "; " },
-                failure.subject(),
+                failure.subject,
                 failure.verdict.name(),
                 failure.reason
             );
@@ -121,7 +188,7 @@ impl PluginsCondition {
             }
             message.push_str(&item);
         }
-        Self { status: ConditionStatus::False, reason, message }
+        PluginsCondition { status: ConditionStatus::False, reason, message }
     }
 }
 
@@ -140,55 +207,75 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
+    use crate::judge::Row;
+    use crate::{Blind, Finding};
 
-    fn failure<'a>(
-        verdict: Verdict,
-        path: &'a Path,
-        name: Option<&'a str>,
-        reason: &'a str,
-    ) -> Failure<'a> {
-        Failure { verdict, path, plugin_type: None, name, reason }
+    fn row(verdict: Verdict, path: &str, name: Option<&str>, reason: &str) -> Row {
+        let mut row = Row::new(verdict, Path::new(path), "registry", reason.to_owned());
+        row.name = name.map(str::to_owned);
+        row
+    }
+
+    fn ok(path: &str) -> Row {
+        row(Verdict::Ok, path, None, "fine")
+    }
+
+    fn finding(verdict: Verdict, path: &str, reason: &str, cause: Option<&str>) -> Finding {
+        Finding {
+            verdict,
+            path: PathBuf::from(path),
+            reason: reason.to_owned(),
+            hint: String::new(),
+            cause: cause.map(PathBuf::from),
+        }
     }
 
     #[test]
     fn a_node_the_doctor_could_not_look_at_is_unknown() {
-        let report = Report {
-            root_dir: PathBuf::from("/nonexistent"),
-            root_from: "--root-dir".to_owned(),
-            kubelets: Vec::new(),
-            node: None,
-            plugins: Vec::new(),
-            findings: Vec::new(),
-            unseen: Vec::new(),
-            blind: Some(crate::Blind {
-                why: "/nonexistent/plugins_registry: cannot be listed".to_owned(),
-                hint: "--root-dir".to_owned(),
-            }),
-            ok: false,
+        let blind = Blind {
+            why: "/nonexistent/plugins_registry: cannot be listed".to_owned(),
+            hint: "--root-dir".to_owned(),
         };
+        // What was judged before the doctor went blind (the API server not
+        // read) does not make it True or False.
+        let report = Report::of_parts(vec![ok("/r/a.sock")], Vec::new(), Some(blind));
         let condition = PluginsCondition::of(&report);
         assert_eq!(condition.status, ConditionStatus::Unknown);
         assert_eq!(condition.reason, "CannotJudge");
         assert_eq!(condition.message, "/nonexistent/plugins_registry: cannot be listed");
+        assert!(!report.ok);
     }
 
     #[test]
     fn a_healthy_node_is_true() {
-        let condition = PluginsCondition::of_failures(3, std::iter::empty());
+        let report = Report::of_parts(
+            vec![ok("/r/a.sock"), ok("/r/b.sock"), ok("/r/c.sock")],
+            Vec::new(),
+            None,
+        );
+        let condition = PluginsCondition::of(&report);
         assert_eq!(condition.status, ConditionStatus::True);
         assert_eq!(condition.reason, "PluginsHealthy");
         assert_eq!(condition.message, "all 3 plugin sockets of the node are ok");
+        assert!(report.ok);
     }
 
     #[test]
     fn the_reason_is_the_first_failing_verdict_and_the_message_names_each_plugin() {
-        let (stale, gpu) =
-            (PathBuf::from("/r/plugins_registry/a-reg.sock"), PathBuf::from("/r/x.sock"));
-        let failures = [
-            failure(Verdict::NotRegistered, &gpu, Some("vendor.com/gpu"), "the kubelet holds none"),
-            failure(Verdict::Stale, &stale, None, "connection refused"),
+        let rows = vec![
+            row(
+                Verdict::NotRegistered,
+                "/r/x.sock",
+                Some("vendor.com/gpu"),
+                "the kubelet holds none",
+            ),
+            row(Verdict::Stale, "/r/plugins_registry/a-reg.sock", None, "connection refused"),
+            ok("/r/b.sock"),
+            ok("/r/c.sock"),
+            ok("/r/d.sock"),
         ];
-        let condition = PluginsCondition::of_failures(5, failures.into_iter());
+        let report = Report::of_parts(rows, Vec::new(), None);
+        let condition = PluginsCondition::of(&report);
         assert_eq!(condition.status, ConditionStatus::False);
         assert_eq!(condition.reason, "Stale");
         assert_eq!(
@@ -196,22 +283,59 @@ mod tests {
             "2 failing: a-reg.sock (stale): connection refused; \
              vendor.com/gpu (not-registered): the kubelet holds none"
         );
+        assert!(!report.ok);
+    }
+
+    #[test]
+    fn a_finding_caused_by_a_failing_row_counts_with_it() {
+        let stale = "/r/plugins_registry/csi.example.com-reg.sock";
+        let rows = vec![row(Verdict::Stale, stale, None, "connection refused")];
+        let findings = vec![
+            finding(Verdict::StaleCsiNodeEntry, "csinodes/node1", "kept for it", Some(stale)),
+            // A cause that names no failing row explains nothing: it counts.
+            finding(
+                Verdict::OrphanedSlices,
+                "resourceslices/gone.example.com",
+                "gone",
+                Some("/r/plugins_registry/nowhere-reg.sock"),
+            ),
+        ];
+        let report = Report::of_parts(rows, findings, None);
+        assert_eq!(report.failures().count(), 2);
+        assert_eq!(report.cause_of(&report.findings[0]).map(|row| &row.path), Some(&stale.into()));
+        assert!(report.cause_of(&report.findings[1]).is_none());
+        let caused: Vec<&Path> =
+            report.caused_by(&report.plugins[0]).map(|f| f.path.as_path()).collect();
+        assert_eq!(caused, [Path::new("csinodes/node1")]);
+        let condition = PluginsCondition::of(&report);
+        assert_eq!(condition.reason, "Stale");
+        assert_eq!(
+            condition.message,
+            "2 failing: csi.example.com-reg.sock (stale): connection refused; \
+             gone.example.com (orphaned-slices): gone"
+        );
+        // The caused finding is still there, for its Event.
+        let outcome = Outcome::of(&report);
+        let entry = &outcome.failing[Path::new("csinodes/node1")];
+        assert_eq!(entry.cause.as_deref(), Some(Path::new(stale)));
     }
 
     #[test]
     fn the_message_is_bounded_and_says_how_many_more() {
-        let path = PathBuf::from("/r/plugins_registry/x.sock");
-        let long = "é".repeat(2000);
-        let many: Vec<Failure<'_>> = (0..50)
-            .map(|_| failure(Verdict::Rejected, &path, Some("csi.example.com"), "too old"))
+        let many = (0..50)
+            .map(|i| {
+                let path = format!("/r/plugins_registry/p{i:02}-reg.sock");
+                row(Verdict::Rejected, &path, Some("csi.example.com"), "too old")
+            })
             .collect();
-        let condition = PluginsCondition::of_failures(50, many.into_iter());
+        let condition = PluginsCondition::of(&Report::of_parts(many, Vec::new(), None));
         assert!(condition.message.len() <= MAX_MESSAGE_BYTES, "{}", condition.message.len());
         assert!(condition.message.starts_with("50 failing: csi.example.com (rejected): too old; "));
         assert!(condition.message.ends_with(" more"), "{}", condition.message);
         // One failure longer than the bound alone is cut on a character.
-        let one = [failure(Verdict::Rejected, &path, None, &long)];
-        let condition = PluginsCondition::of_failures(1, one.into_iter());
+        let long = "é".repeat(2000);
+        let one = vec![row(Verdict::Rejected, "/r/plugins_registry/x.sock", None, &long)];
+        let condition = PluginsCondition::of(&Report::of_parts(one, Vec::new(), None));
         assert!(condition.message.len() <= MAX_MESSAGE_BYTES);
         assert!(condition.message.ends_with('…'));
     }

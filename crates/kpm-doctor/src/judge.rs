@@ -197,7 +197,12 @@ impl Row {
         (report as &dyn std::any::Any).downcast_ref()
     }
 
-    fn new(verdict: Verdict, path: &Path, found_in: &'static str, reason: String) -> Self {
+    pub(crate) fn new(
+        verdict: Verdict,
+        path: &Path,
+        found_in: &'static str,
+        reason: String,
+    ) -> Self {
         Self {
             verdict,
             path: path.to_path_buf(),
@@ -215,7 +220,7 @@ impl Row {
         }
     }
 
-    fn hint(mut self, hint: impl Into<String>) -> Self {
+    pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = hint.into();
         self
     }

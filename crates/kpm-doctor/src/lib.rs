@@ -260,9 +260,6 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
-        let ok = blind.is_none()
-            && plugins.iter().all(|row| !row.verdict.fails())
-            && findings.iter().all(|finding| !finding.verdict.fails());
         Report {
             root_dir: self.root_dir.clone(),
             root_from: self.root_from.clone(),
@@ -272,8 +269,9 @@ impl Doctor {
             findings,
             unseen,
             blind,
-            ok,
+            ok: false,
         }
+        .judged()
     }
 
     /// Why a registry that cannot be listed leaves nothing to judge, and
@@ -343,13 +341,16 @@ pub struct Report {
     /// them against (the API server, not read at all).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blind: Option<Blind>,
-    /// It could look, and no plugin and no finding fails.
+    /// It could look, and no plugin and no finding fails: the condition is
+    /// `True`.
     pub ok: bool,
 }
 
 impl Report {
-    /// Every failure of the report, rows then findings: its verdict, path
-    /// on the host, the plugin's type and name where known, and why.
+    /// The failures of the report, rows then findings: its verdict, path
+    /// on the host, the plugin's type and name where known, and why. A
+    /// finding caused by a failing row ([`cause_of`](Self::cause_of)) is
+    /// part of that row's failure, not one of its own, and is left out.
     pub fn failures(&self) -> impl Iterator<Item = Failure<'_>> {
         let rows = self.plugins.iter().filter(|row| row.verdict.fails()).map(|row| Failure {
             verdict: row.verdict,
@@ -358,15 +359,66 @@ impl Report {
             name: row.name.as_deref(),
             reason: &row.reason,
         });
-        let findings =
-            self.findings.iter().filter(|finding| finding.verdict.fails()).map(|finding| Failure {
-                verdict: finding.verdict,
-                path: &finding.path,
-                plugin_type: None,
-                name: None,
-                reason: &finding.reason,
-            });
+        let findings = self
+            .findings_of_their_own()
+            .filter(|finding| finding.verdict.fails())
+            .map(Finding::failure);
         rows.chain(findings)
+    }
+
+    /// The failing row `finding` is part of: the one its
+    /// [`cause`](Finding::cause) names, a stale registration socket for
+    /// which the kubelet keeps the driver's CSINode entry or ResourceSlices.
+    /// One cause is one failure: the finding is shown under that row and
+    /// not counted again, though `--watch` writes its Event.
+    pub fn cause_of(&self, finding: &Finding) -> Option<&Row> {
+        let cause = finding.cause.as_deref()?;
+        self.plugins.iter().find(|row| row.path == cause && row.verdict.fails())
+    }
+
+    /// The findings no failing row causes ([`cause_of`](Self::cause_of)):
+    /// each is a failure of its own.
+    pub fn findings_of_their_own(&self) -> impl Iterator<Item = &Finding> {
+        self.findings.iter().filter(|finding| self.cause_of(finding).is_none())
+    }
+
+    /// The findings `row` causes, as [`cause_of`](Self::cause_of) tells.
+    pub fn caused_by<'a>(&'a self, row: &'a Row) -> impl Iterator<Item = &'a Finding> {
+        self.findings.iter().filter(move |finding| {
+            self.cause_of(finding).is_some_and(|cause| std::ptr::eq(cause, row))
+        })
+    }
+
+    /// The report with [`ok`](Self::ok) set as the condition `--watch`
+    /// publishes says, so that `ok`, `kpm doctor`'s exit status and the
+    /// condition cannot disagree.
+    fn judged(mut self) -> Self {
+        self.ok = PluginsCondition::of(&self).status == ConditionStatus::True;
+        self
+    }
+}
+
+#[cfg(test)]
+impl Report {
+    /// A report of `plugins` and `findings` on root `/r`, `ok` as
+    /// [`Doctor::examine`] sets it.
+    pub(crate) fn of_parts(
+        plugins: Vec<Row>,
+        findings: Vec<Finding>,
+        blind: Option<Blind>,
+    ) -> Self {
+        Self {
+            root_dir: PathBuf::from("/r"),
+            root_from: "--root-dir".to_owned(),
+            kubelets: Vec::new(),
+            node: None,
+            plugins,
+            findings,
+            unseen: Vec::new(),
+            blind,
+            ok: false,
+        }
+        .judged()
     }
 }
 
@@ -413,8 +465,23 @@ pub struct Finding {
     pub hint: String,
     /// The row that explains it, a path on the host: a stale registration
     /// socket that keeps the kubelet's registration of the driver alive.
+    /// The finding is then part of that row's failure
+    /// ([`Report::cause_of`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<PathBuf>,
+}
+
+impl Finding {
+    /// The finding as a [`Failure`]: it names no plugin.
+    pub(crate) fn failure(&self) -> Failure<'_> {
+        Failure {
+            verdict: self.verdict,
+            path: &self.path,
+            plugin_type: None,
+            name: None,
+            reason: &self.reason,
+        }
+    }
 }
 
 /// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,

@@ -7,6 +7,9 @@
 //!   told: a stale socket, a finding about the node); so the family has at
 //!   most 19 × 5 series, however many sockets a node has: there is no label
 //!   per socket.
+//! - `kpm_doctor_cannot_judge`: 1 while the last pass could not look
+//!   (the condition `Unknown`), when `kpm_doctor_plugins` may be empty: no
+//!   entry failing is then no all-clear.
 //! - `kpm_doctor_last_pass_timestamp_seconds`, `kpm_doctor_passes_total`;
 //! - `kpm_doctor_api_writes_total{kind}` (`condition`, `event`),
 //!   `kpm_doctor_api_write_failures_total`, `kpm_doctor_events_dropped_total`
@@ -31,6 +34,7 @@ use crate::publish::PublishStats;
 #[derive(Debug, Default, Clone)]
 struct LastPass {
     counts: BTreeMap<(Verdict, &'static str), u64>,
+    blind: bool,
     at_seconds: f64,
     passes: u64,
 }
@@ -62,6 +66,7 @@ impl DoctorMetrics {
             .map_or(0.0, |since| since.as_secs_f64());
         let mut last = self.last.lock();
         last.counts = counts;
+        last.blind = report.blind.is_some();
         last.at_seconds = at_seconds;
         last.passes += 1;
     }
@@ -99,6 +104,13 @@ impl Collector for DoctorMetrics {
                     .encode(family.encode_family(&labels)?)?;
             }
         }
+        let blind = ConstGauge::new(i64::from(last.blind));
+        blind.encode(encoder.encode_descriptor(
+            "kpm_doctor_cannot_judge",
+            "1 while the last pass could not look where the node's plugins live (the condition Unknown).",
+            None,
+            blind.metric_type(),
+        )?)?;
         let gauge = ConstGauge::new(last.at_seconds);
         gauge.encode(encoder.encode_descriptor(
             "kpm_doctor_last_pass_timestamp_seconds",

@@ -1,5 +1,6 @@
 //! A [`Report`] as `kpm doctor` prints it: a table, verdict first, then
-//! each failure's reason and fix.
+//! each failure's reason and fix (with what the cluster keeps for a row
+//! under that row, as part of it).
 
 use std::fmt::Write as _;
 
@@ -29,7 +30,7 @@ pub fn render_table(report: &Report) -> String {
         report.plugins.len(),
         report.plugins.iter().filter(|row| row.verdict == Verdict::Ok).count(),
     );
-    match report.findings.len() {
+    match report.findings_of_their_own().count() {
         0 => text.push('\n'),
         n => {
             let _ = writeln!(text, "; {n} finding(s) about the node");
@@ -56,16 +57,26 @@ fn rows_and_explanations(report: &Report, text: &mut String) {
     }
     text.push_str(&rows.trim_fmt());
     text.push('\n');
-    let explained = report
-        .plugins
-        .iter()
-        .filter(|row| row.verdict != Verdict::Ok)
-        .map(|row| (row.verdict, &row.path, &row.reason, &row.hint))
-        .chain(report.findings.iter().map(|f| (f.verdict, &f.path, &f.reason, &f.hint)));
-    for (verdict, path, reason, hint) in explained {
-        let _ = write!(text, "\n{}: {}\n  {reason}\n", verdict.name(), path.display());
-        if !hint.is_empty() {
-            let _ = writeln!(text, "  fix: {hint}");
+    for row in report.plugins.iter().filter(|row| row.verdict != Verdict::Ok) {
+        let heading = format!("\n{}: {}", row.verdict.name(), row.path.display());
+        explain(text, &heading, "  ", &row.reason, &row.hint);
+        // What the cluster keeps for this row, under it: one cause.
+        for finding in report.caused_by(row) {
+            let heading =
+                format!("  kept for it: {}: {}", finding.verdict.name(), finding.path.display());
+            explain(text, &heading, "    ", &finding.reason, &finding.hint);
         }
+    }
+    for finding in report.findings_of_their_own() {
+        let heading = format!("\n{}: {}", finding.verdict.name(), finding.path.display());
+        explain(text, &heading, "  ", &finding.reason, &finding.hint);
+    }
+}
+
+/// A heading, then the reason and the fix, `indent`ed under it.
+fn explain(text: &mut String, heading: &str, indent: &str, reason: &str, hint: &str) {
+    let _ = write!(text, "{heading}\n{indent}{reason}\n");
+    if !hint.is_empty() {
+        let _ = writeln!(text, "{indent}fix: {hint}");
     }
 }

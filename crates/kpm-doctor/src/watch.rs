@@ -13,20 +13,26 @@
 //!   failures, a second after a file-system change, then twice as long
 //!   each time nothing changed, up to the period.
 //!
-//! A new failure (a socket that fails, or fails otherwise) is published only
-//! once a second pass, [`WatchConfig::confirm`] (3 s) later, agrees: a
-//! plugin that restarts, or a driver the kubelet registers a second after
-//! its socket appears, makes no Event. Recoveries are published at once. Then the condition is
-//! set and one Event goes out per plugin that entered a failing verdict
-//! (`Warning`, the verdict's reason) or left it (`Normal`,
-//! `PluginRecovered`). Between changes nothing is written but the
-//! publisher's heartbeat.
+//! A new failure (a socket that fails, or fails otherwise), and a node the
+//! doctor cannot judge, is published only once a second pass,
+//! [`WatchConfig::confirm`] (3 s) later, agrees: a plugin that restarts, or
+//! a driver the kubelet registers a second after its socket appears, makes
+//! no Event. Recoveries are published at once. Then the condition is set,
+//! by the builder a single `kpm doctor` is judged with
+//! ([`PluginsCondition::of`](crate::PluginsCondition::of)), and one Event
+//! goes out per plugin that entered a failing verdict (`Warning`, the
+//! verdict's reason) or left it (`Normal`, `PluginRecovered`); a finding
+//! caused by a failing row has its own Event, though the condition counts
+//! it with that row. A node the doctor cannot judge is `Unknown`, with a
+//! `Warning` `CannotJudge` when it goes blind and a `Normal` `CanJudge`
+//! when it sees again; a blind pass calls nothing recovered. Between
+//! changes nothing is written but the publisher's heartbeat.
 //!
 //! It keeps every guarantee of [`Doctor::examine`]: it notifies no plugin,
 //! changes no file and holds no connection once a call is done (a pidfd is
 //! no connection).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -40,16 +46,19 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::condition::PluginsCondition;
-use crate::judge::Verdict;
+use crate::condition::{CANNOT_JUDGE_REASON, Outcome};
 use crate::metrics::DoctorMetrics;
-use crate::publish::events::RECOVERED_REASON;
+use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON};
 use crate::publish::{EventType, NodePublisher, Occurrence};
-use crate::{Doctor, Failure, Report};
+use crate::{Doctor, Report};
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
 const RECHECK: Duration = Duration::from_secs(1);
+
+/// What the Events about the whole node are about, rather than a socket or
+/// an object: with the reason, it makes them isomorphic.
+const NODE: &str = "node";
 
 /// When a node's doctor judges it again. Build it from [`Default`] with the
 /// setters; the fields are public to read.
@@ -130,42 +139,14 @@ impl ClusterLink {
     }
 }
 
-/// A failure as published: its verdict, and how an Event names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Failing {
-    verdict: Verdict,
-    subject: String,
-    reason: String,
-}
-
-/// What a pass found, as far as publishing goes: the entries judged and
-/// each failing socket's or object's verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Outcome {
-    entries: usize,
-    failing: BTreeMap<PathBuf, Failing>,
-}
-
+/// How `--watch` compares its passes and what it tells of a change.
 impl Outcome {
-    fn of(report: &Report) -> Self {
-        let failing = report
-            .failures()
-            .map(|failure| {
-                let failing = Failing {
-                    verdict: failure.verdict,
-                    subject: failure.subject(),
-                    reason: failure.reason.to_owned(),
-                };
-                (failure.path.to_path_buf(), failing)
-            })
-            .collect();
-        Self { entries: report.plugins.len(), failing }
-    }
-
-    /// Whether `other` has the same entries and verdicts (reasons may
-    /// carry figures that change from pass to pass).
+    /// Whether `other` has the same entries and verdicts, and is as blind
+    /// (reasons may carry figures that change from pass to pass, as may
+    /// why the doctor cannot look).
     fn agrees(&self, other: &Self) -> bool {
         self.entries == other.entries
+            && self.blind.is_some() == other.blind.is_some()
             && self.failing.len() == other.failing.len()
             && self
                 .failing
@@ -175,27 +156,34 @@ impl Outcome {
     }
 
     /// Whether every failure here is one of `before`'s, with the same
-    /// verdict: only recoveries, which need no second look.
+    /// verdict: only recoveries, which need no second look. Going blind is
+    /// none: a blind pass sees no failure because it sees nothing.
     fn only_better_than(&self, before: &Self) -> bool {
-        self.failing.iter().all(|(path, failing)| {
-            before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict)
-        })
+        (self.blind.is_none() || before.blind.is_some())
+            && self.failing.iter().all(|(path, failing)| {
+                before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict)
+            })
     }
 
-    fn condition(&self) -> PluginsCondition {
-        let failures = self.failing.iter().map(|(path, failing)| Failure {
-            verdict: failing.verdict,
-            path,
-            plugin_type: None,
-            name: Some(&failing.subject),
-            reason: &failing.reason,
-        });
-        PluginsCondition::of_failures(self.entries, failures)
-    }
-
-    /// The Events from `before` to `self`.
+    /// The Events from `before` to `self`. A blind pass tells of no
+    /// recovery: what it does not see, it cannot call fixed.
     fn transitions(&self, before: &Self) -> Vec<Occurrence> {
         let mut occurrences = Vec::new();
+        match (&before.blind, &self.blind) {
+            (None, Some(blind)) => occurrences.push(Occurrence {
+                event_type: EventType::Warning,
+                reason: CANNOT_JUDGE_REASON.to_owned(),
+                about: NODE.to_owned(),
+                note: format!("cannot judge this node: {}; try: {}", blind.why, blind.hint),
+            }),
+            (Some(was), None) => occurrences.push(Occurrence {
+                event_type: EventType::Normal,
+                reason: CAN_JUDGE_REASON.to_owned(),
+                about: NODE.to_owned(),
+                note: format!("the node is judged again; before: {}", was.why),
+            }),
+            _ => {}
+        }
         for (path, failing) in &self.failing {
             if before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict) {
                 continue;
@@ -212,6 +200,9 @@ impl Outcome {
                     failing.reason
                 ),
             });
+        }
+        if self.blind.is_some() {
+            return occurrences;
         }
         for (path, was) in &before.failing {
             if self.failing.contains_key(path) {
@@ -315,7 +306,7 @@ impl NodeWatch {
             } else {
                 (recheck * 2).min(self.config.period)
             };
-            let recheck_at = (!outcome.failing.is_empty()).then(|| Instant::now() + recheck);
+            let recheck_at = outcome.fails().then(|| Instant::now() + recheck);
             last = Some(outcome);
             self.sync().await;
             let period_at = Instant::now() + self.config.period;
@@ -473,4 +464,81 @@ fn open_pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
     // `OwnedFd` cannot.
     #[allow(deprecated)]
     AsyncFd::with_interest(fd, Interest::READABLE).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::judge::{Row, Verdict};
+    use crate::{Blind, Finding};
+
+    const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
+
+    fn stale() -> Row {
+        Row::new(Verdict::Stale, Path::new(SOCKET), "registry", "connection refused".to_owned())
+    }
+
+    fn blind() -> Blind {
+        Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "look".into() }
+    }
+
+    fn reasons(occurrences: &[Occurrence]) -> Vec<(EventType, &str)> {
+        occurrences.iter().map(|o| (o.event_type, o.reason.as_str())).collect()
+    }
+
+    #[test]
+    fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
+        let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+        let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+        assert!(!blind.only_better_than(&failing), "no failure seen is no recovery");
+        assert!(!blind.only_better_than(&Outcome::default()));
+        assert!(!blind.agrees(&Outcome::default()));
+        assert!(blind.fails());
+        assert_eq!(
+            reasons(&blind.transitions(&failing)),
+            [(EventType::Warning, CANNOT_JUDGE_REASON)]
+        );
+        assert_eq!(blind.condition().status, crate::ConditionStatus::Unknown);
+    }
+
+    #[test]
+    fn seeing_again_is_published_at_once_with_its_own_event() {
+        let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+        let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+        assert!(healthy.only_better_than(&blind));
+        assert_eq!(reasons(&healthy.transitions(&blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
+        // A failure seen on the way back is new: it waits for a second look.
+        let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+        assert!(!failing.only_better_than(&blind));
+        assert_eq!(
+            reasons(&failing.transitions(&blind)),
+            [(EventType::Normal, CAN_JUDGE_REASON), (EventType::Warning, "Stale")]
+        );
+    }
+
+    #[test]
+    fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
+        let entry = Finding {
+            verdict: Verdict::StaleCsiNodeEntry,
+            path: "csinodes/node1".into(),
+            reason: format!("kept for {SOCKET}"),
+            hint: String::new(),
+            cause: Some(SOCKET.into()),
+        };
+        let outcome = Outcome::of(&Report::of_parts(vec![stale()], vec![entry], None));
+        assert_eq!(
+            reasons(&outcome.transitions(&Outcome::default())),
+            [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
+        );
+        let condition = outcome.condition();
+        assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
+        // Both go when the socket does.
+        let gone = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+        assert_eq!(
+            reasons(&gone.transitions(&outcome)),
+            [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
+        );
+    }
 }

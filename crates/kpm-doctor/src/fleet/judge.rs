@@ -213,7 +213,8 @@ fn nonzero(quantity: &str) -> bool {
 mod tests {
     use super::*;
     use crate::fleet::NodeCondition;
-    use crate::{Failure, PluginsCondition};
+    use crate::judge::Row;
+    use crate::{PluginsCondition, Report};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -475,23 +476,18 @@ mod tests {
     #[test]
     fn the_message_a_node_doctor_writes_is_read_back() {
         // Written by the node's doctor (condition.rs), read back here.
-        let paths: Vec<std::path::PathBuf> =
-            (0..40).map(|i| format!("/r/plugins_registry/p{i}-reg.sock").into()).collect();
-        let failures: Vec<Failure<'_>> = paths
-            .iter()
-            .map(|path| Failure {
-                verdict: Verdict::Rejected,
-                path,
-                plugin_type: None,
-                name: None,
-                reason: "needs v1.x; got 0.3.0",
+        let rows = (0..40)
+            .map(|i| {
+                let path =
+                    std::path::PathBuf::from(format!("/r/plugins_registry/p{i:02}-reg.sock"));
+                Row::new(Verdict::Rejected, &path, "registry", "needs v1.x; got 0.3.0".to_owned())
             })
             .collect();
-        let written = PluginsCondition::of_failures(40, failures.into_iter());
+        let written = PluginsCondition::of(&Report::of_parts(rows, Vec::new(), None));
         let (plugins, more) = failing_plugins(&written.message);
         assert!(!plugins.is_empty() && more > 0, "{}", written.message);
         assert_eq!(plugins.len() + more, 40);
-        assert_eq!(plugins[1].name, "p1-reg.sock");
+        assert_eq!(plugins[1].name, "p01-reg.sock");
         assert_eq!(plugins[1].verdict, Verdict::Rejected);
         assert_eq!(plugins[1].reason, "needs v1.x; got 0.3.0", "a reason with its own \"; \"");
         assert_eq!(failing_plugins("all 3 plugin sockets of the node are ok"), (Vec::new(), 0));

@@ -1,5 +1,6 @@
 //! Events on the Node (`events.k8s.io/v1`), one for each plugin that enters
-//! a failing verdict and one when it recovers, aggregated and rate-limited
+//! a failing verdict and one when it recovers (and for the node when the
+//! doctor cannot judge it, and when it can again), aggregated and rate-limited
 //! as client-go's event broadcaster and correlator do, so that a flapping
 //! plugin cannot flood the API server:
 //!
@@ -38,6 +39,10 @@ pub const ACTION: &str = "Judge";
 
 /// The reason of the event a plugin recovers with.
 pub const RECOVERED_REASON: &str = "PluginRecovered";
+
+/// The reason of the event a doctor that could not look at its node
+/// ([`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)) sees it again with.
+pub const CAN_JUDGE_REASON: &str = "CanJudge";
 
 /// The most actions kept while the API server cannot be reached; the
 /// oldest goes first when more come.
