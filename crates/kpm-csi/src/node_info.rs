@@ -44,7 +44,9 @@ pub trait NodeInfoSink: Send + Sync + 'static {
     ) -> Result<(), NodeInfoError>;
 
     /// Withdraws `driver` (`UninstallCSIDriver`): its CSINode entry and its
-    /// annotation entry. Labels stay.
+    /// annotation entry. Labels stay. An error says the withdrawal is not
+    /// done yet: the kubelet gives up there, a sink that keeps what it
+    /// publishes true (kpm-kube's) goes on until it is.
     async fn uninstall_driver(&self, driver: &str) -> Result<(), NodeInfoError>;
 
     /// Publishes a refreshed `info` of an installed `driver` whose

@@ -1,5 +1,5 @@
 //! Publishes what the kubelet publishes about a node's plugins through the
-//! Kubernetes API, with kube-rs:
+//! Kubernetes API, with kube-rs, and keeps it true:
 //!
 //! - **CSI** ([`KubeNodeInfo`], a `kpm_csi::NodeInfoSink`): the Node's
 //!   `csi.volume.kubernetes.io/nodeid` annotation and topology labels, and
@@ -9,13 +9,14 @@
 //! - **Device plugins** ([`KubePublisher::publish_capacity`]): the Node's
 //!   `status.capacity` (all devices) and `status.allocatable` (healthy
 //!   ones) per extended resource; a resource removed after its grace period
-//!   is published as zero, then removed. Patches are coalesced and rate
-//!   limited; a failure never fails a registration.
+//!   is published as zero, then removed. Patches are at most one per
+//!   [`KubeConfig::capacity_interval`]; a failure never fails a
+//!   registration.
 //! - **DRA** ([`KubeSliceCleanup`], a `kpm_dra::SliceCleanup`): the
-//!   `DeleteCollection` of a driver's ResourceSlices on this node once no
-//!   instance has stayed connected for the grace period, and the drivers
-//!   with slices of this node at start, whose slices go the same way unless
-//!   they register within the grace period.
+//!   deletion of a driver's ResourceSlices on this node once no instance
+//!   has stayed connected for the grace period, and the drivers with slices
+//!   of this node at start, whose slices go the same way unless they
+//!   register within the grace period.
 //! - **An earlier run's leftovers.** After a restart the kubelet restores
 //!   its device resources from its checkpoint (published at zero until
 //!   their plugins register again), and a CSINode entry whose driver never
@@ -41,15 +42,27 @@
 //!   (CSINode drivers, the node-id annotation, capacity and allocatable,
 //!   the drivers with ResourceSlices there), for `kpm doctor`.
 //!
-//! Every write names [`FIELD_MANAGER`]. Objects shared with other writers
-//! are read, changed by the kubelet's rules and written back with the
-//! `resourceVersion` read, so that a concurrent write makes kpm start again
-//! from a fresh read instead of losing the other writer's entries; the
-//! device capacity patch names only kpm's resources. kpm never creates the
-//! Node: while it is missing, each step fails with
-//! [`KubeError::NodeNotFound`] and is retried.
+//! # Kept true
 //!
-//! [`KubePublisher::status`] reports, per [`ObjectKind`], the last
+//! The publishers only set what each object should hold; one reconcile
+//! loop, spawned by [`KubePublisher::new`], compares it with what the API
+//! server holds and writes the difference, and nothing when there is none.
+//! While the two differ it tries again, at most 5 s apart, without end, and
+//! a watch of the Node and the CSINode wakes it when another writer changes
+//! them or the API server is back. The kubelet gives up after four attempts
+//! (its `updateBackoff`), so a deregistration during an API server outage is
+//! lost; kpm keeps those four attempts for a CSI registration's answer, and
+//! goes on after them. [`KubePublisher::status`] lists what is still
+//! pending ([`PendingPublication`]).
+//!
+//! Every write names [`FIELD_MANAGER`]. Objects shared with other writers
+//! are written back with the `resourceVersion` read, so that a concurrent
+//! write makes kpm start again from a fresh read instead of losing the
+//! other writer's entries; the device capacity patch names only kpm's
+//! resources. kpm never creates the Node: while it is missing, what kpm
+//! would publish there waits.
+//!
+//! [`KubePublisher::status`] also reports, per [`ObjectKind`], the last
 //! successful sync and the last error, and counts API requests by verb,
 //! resource and outcome.
 //!
@@ -112,10 +125,11 @@ pub const DEFAULT_CSI_CLEANUP_GRACE: Duration = Duration::from_secs(30);
 #[non_exhaustive]
 pub struct KubeConfig {
     /// How long one API request may take (a CSI registration waits for up
-    /// to four of each step). Default 10 s.
+    /// to four passes of the reconcile loop, each of a few requests).
+    /// Default 10 s.
     pub request_timeout: Duration,
     /// The shortest time between two device-capacity patches: changes in
-    /// between are coalesced into the next one. Default 500 ms.
+    /// between are published together by the next one. Default 500 ms.
     pub capacity_interval: Duration,
     /// How long after the start a CSI driver an earlier run published has
     /// to register before kpm withdraws it as a deregistration would
