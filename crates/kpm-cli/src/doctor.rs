@@ -12,11 +12,13 @@
 //! each driver, and prints the fleet view (`kpm_doctor::read_fleet`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use kpm::kube::{ObjectKind, PendingPublication};
 use kpm_doctor::{
     ClusterLink, ConditionStatus, Doctor, DoctorConfig, FleetConfig, Host, NodePublisher,
-    PluginsCondition, PublishConfig, WatchConfig,
+    PendingReader, PluginsCondition, PublishConfig, WatchConfig,
 };
 
 use crate::inspect::JudgeArgs;
@@ -146,7 +148,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     if args.cluster {
         return fleet(&args).await.map(Outcome::from);
     }
-    let doctor = Doctor::new(args.config())?;
+    let doctor = beside_kpm_run(Doctor::new(args.config())?, args.judge.timeout());
     let objects = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
         Some(client) => {
             let name = crate::run::node_name(args.node_name.as_deref())?;
@@ -181,9 +183,9 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     crate::heap::return_freed_pages_at_once();
     let budget = crate::run::init_fd_budget().clone();
     let shutdown = crate::run::shutdown_signal()?;
-    let doctor = Doctor::new(args.config())?;
-    tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
     let timeout = args.judge.timeout();
+    let doctor = beside_kpm_run(Doctor::new(args.config())?, timeout);
+    tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
     let cluster = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
         Some(client) => {
             let node = crate::run::node_name(args.node_name.as_deref())?;
@@ -221,6 +223,45 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         serving.abort();
     }
     Ok(result?)
+}
+
+/// The doctor, reading what a `kpm run` serving the status API on the
+/// judged root (`kpm.sock`) has not got to the API server yet: the node's
+/// plugin manager is then kpm, not the kubelet's. None when nothing answers
+/// there within `timeout`.
+fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
+    let root = doctor.config().host.path(doctor.root_dir());
+    let socket = Arc::new(root.join(crate::STATUS_SOCKET_NAME));
+    doctor.beside_kpm_run(PendingReader::new(move || {
+        let socket = Arc::clone(&socket);
+        async move {
+            let read =
+                crate::status_api::client::get_json(&socket, crate::status_api::PLUGINS_PATH);
+            match tokio::time::timeout(timeout, read).await {
+                Ok(Ok(body)) => pending_publications(&body),
+                _ => Vec::new(),
+            }
+        }
+    }))
+}
+
+/// `kubernetes.pending` of the status API's plugins document.
+fn pending_publications(body: &[u8]) -> Vec<PendingPublication> {
+    let Ok(list) = serde_json::from_slice::<serde_json::Value>(body) else { return Vec::new() };
+    let pending = list["kubernetes"]["pending"].as_array().cloned().unwrap_or_default();
+    pending
+        .iter()
+        .filter_map(|entry| {
+            let kind = ObjectKind::from_name(entry["kind"].as_str()?)?;
+            let since = humantime::parse_rfc3339(entry["since"].as_str()?).ok()?;
+            let text = |field: &str| entry[field].as_str().unwrap_or_default().to_owned();
+            let removes = entry["removes"].as_bool()?;
+            let mut publication =
+                PendingPublication::new(kind, text("name"), text("want"), removes, since);
+            publication.last_error = entry["last_error"].as_str().map(str::to_owned);
+            Some(publication)
+        })
+        .collect()
 }
 
 /// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor

@@ -74,7 +74,7 @@ impl RootArgs {
 const MAX_PERIOD_SECS: u64 = kpm::api::MAX_CONFIG_DURATION.as_secs();
 
 /// Name of the status API socket in the root directory.
-const STATUS_SOCKET_NAME: &str = "kpm.sock";
+pub(crate) const STATUS_SOCKET_NAME: &str = "kpm.sock";
 
 #[derive(Debug, Subcommand)]
 enum Command {

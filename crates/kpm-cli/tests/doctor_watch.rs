@@ -439,3 +439,60 @@ fn a_csinode_entry_kept_for_a_stale_socket_is_one_failure_with_two_events() {
                 stale.csi.example.com";
     assert!(explained.is_some_and(|block| block.contains(kept)), "{table}");
 }
+
+/// `kpm doctor` beside `kpm run`, the node's plugin manager, while the API
+/// server takes no writes: the capacity kpm run has not got there yet is
+/// `publishing`, not a failure of the plugin; once kpm run is gone, the same
+/// lag is a failure again.
+#[test]
+fn what_kpm_run_is_still_publishing_is_not_a_failure_of_the_plugin() {
+    let rt = runtime();
+    let port = free_port();
+    let state = Arc::new(Mutex::new(State::with_node("node1")));
+    serve_api(&rt, port, Arc::clone(&state));
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("kubeconfig");
+    std::fs::write(&config, kubeconfig(&format!("http://127.0.0.1:{port}"))).unwrap();
+    let config = config.to_str().unwrap();
+    let kpm_run =
+        support::Kpm::start_with(root.path(), &["--kubeconfig", config, "--node-name", "node1"]);
+    state.lock().read_only = true;
+    let plugin = Registrar::builder(kpm_registrar::DEVICE_PLUGIN, "vendor.com/gpu")
+        .socket_dir(kpm_run.registry())
+        .routes(support::device_plugin(&[("dev-0", "Healthy")]));
+    let plugin = rt.block_on(plugin.serve()).unwrap();
+    assert!(
+        rt.block_on(plugin.wait_for_status(kpm_test_support::DEADLINE)).unwrap().plugin_registered
+    );
+    kpm_run.wait_for("the capacity pending", |list| {
+        list["kubernetes"]["pending"].as_array().is_some_and(|pending| !pending.is_empty())
+    });
+
+    let doctor = || {
+        let mut args: Vec<OsString> = vec!["doctor".into(), "-o".into(), "json".into()];
+        args.extend(root_args(root.path()));
+        args.extend(["--kubeconfig".into(), config.into(), "--node-name".into(), "node1".into()]);
+        let out = Command::new(env!("CARGO_BIN_EXE_kpm")).args(&args).output().unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let row = report["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|row| row["name"] == "vendor.com/gpu")
+            .cloned()
+            .unwrap_or_else(|| panic!("no row of vendor.com/gpu: {report}"));
+        (out.status.code(), row)
+    };
+    let (code, row) = doctor();
+    assert_eq!((code, row["verdict"].as_str()), (Some(0), Some("publishing")), "{row}");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(reason.contains("kpm run has not got it to the API server yet"), "{reason}");
+    assert!(reason.contains("capacity 1, allocatable 1") && reason.contains("500"), "{reason}");
+
+    // Without kpm run, nothing explains the lag.
+    let (status, log) = kpm_run.terminate();
+    assert!(status.success(), "{log}");
+    let (code, row) = doctor();
+    assert_eq!((code, row["verdict"].as_str()), (Some(1), Some("not-registered")), "{row}");
+    rt.block_on(plugin.shutdown()).unwrap();
+}

@@ -5,15 +5,53 @@ use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use kpm::kube::{NodeObjects, NodeResources};
+use kpm::kube::{NodeObjects, NodeResources, ObjectKind};
 
 use crate::judge::{self, Row, Verdict};
+use crate::publishing::Publishing;
 use crate::{Blind, Finding};
 
+/// The objects a CSI driver's publication is pending on.
+const CSI_OBJECTS: [ObjectKind; 2] = [ObjectKind::Node, ObjectKind::CsiNode];
+
 /// Marks the rows the cluster contradicts and adds what the cluster shows
-/// that no plugin of the node explains; what could not be read goes to
-/// `unseen`.
+/// that no plugin of the node explains, but what `kpm run` is still
+/// `publishing`; what could not be read goes to `unseen`.
 pub(crate) fn compare(
+    objects: &NodeObjects,
+    publishing: &Publishing,
+    rows: &mut [Row],
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
+    let first_finding = findings.len();
+    compare_all(objects, rows, findings, unseen);
+    for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
+        let kinds: &[ObjectKind] = match row.plugin_type.as_deref() {
+            Some(kpm::api::CSI_PLUGIN) => &CSI_OBJECTS,
+            Some(kpm::api::DEVICE_PLUGIN) => &[ObjectKind::NodeStatus],
+            _ => continue,
+        };
+        if let Some(name) = row.name.clone() {
+            let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
+            publishing.excuse((kinds, false), &name, parts);
+        }
+    }
+    for finding in &mut findings[first_finding..] {
+        let kinds: &[ObjectKind] = match finding.verdict {
+            Verdict::StaleCsiNodeEntry => &CSI_OBJECTS,
+            Verdict::OrphanedCapacity => &[ObjectKind::NodeStatus],
+            Verdict::OrphanedSlices => &[ObjectKind::ResourceSlice],
+            _ => continue,
+        };
+        if let Some(name) = finding.name.clone() {
+            let parts = (&mut finding.verdict, &mut finding.reason, &mut finding.hint);
+            publishing.excuse((kinds, true), &name, parts);
+        }
+    }
+}
+
+fn compare_all(
     objects: &NodeObjects,
     rows: &mut [Row],
     findings: &mut Vec<Finding>,
@@ -154,6 +192,7 @@ fn kept_capacity(
         findings.push(Finding {
             verdict: Verdict::OrphanedCapacity,
             path: PathBuf::from(format!("nodes/{node}")),
+            name: Some(resource.clone()),
             reason: format!(
                 "Node {node} counts {capacity} device(s) of resource {resource}, none \
                  allocatable, and no live device plugin of this node serves it: its plugin \
@@ -210,6 +249,7 @@ fn kept_for(rows: &[Row], driver: &str, kept: Kept) -> Finding {
         Some(socket) => Finding {
             verdict,
             path,
+            name: Some(driver.to_owned()),
             reason: format!(
                 "{what}: its registration socket {} is still in the registry with nobody \
                  listening (stale), so the kubelet keeps the driver registered",
@@ -221,7 +261,14 @@ fn kept_for(rows: &[Row], driver: &str, kept: Kept) -> Finding {
             ),
             cause: Some(socket),
         },
-        None => Finding { verdict, path, reason: what, hint: otherwise.to_owned(), cause: None },
+        None => Finding {
+            verdict,
+            path,
+            name: Some(driver.to_owned()),
+            reason: what,
+            hint: otherwise.to_owned(),
+            cause: None,
+        },
     }
 }
 

@@ -222,6 +222,7 @@ mod tests {
 
     fn finding(verdict: Verdict, path: &str, reason: &str, cause: Option<&str>) -> Finding {
         Finding {
+            name: None,
             verdict,
             path: PathBuf::from(path),
             reason: reason.to_owned(),

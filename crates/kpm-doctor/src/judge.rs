@@ -63,11 +63,14 @@ pub enum Verdict {
     /// Device capacity of the node, none allocatable, that no live device
     /// plugin serves.
     OrphanedCapacity,
+    /// The cluster lags what `kpm run`, the node's plugin manager, has
+    /// registered, and kpm run is still publishing it: not a failure.
+    Publishing,
 }
 
 impl Verdict {
     /// Every verdict, in order.
-    pub const ALL: [Self; 20] = [
+    pub const ALL: [Self; 21] = [
         Self::Ok,
         Self::Ignored,
         Self::Stale,
@@ -88,6 +91,7 @@ impl Verdict {
         Self::NotPublished,
         Self::OrphanedSlices,
         Self::OrphanedCapacity,
+        Self::Publishing,
     ];
 
     /// Its name in reports: `not-registered`.
@@ -113,12 +117,14 @@ impl Verdict {
             Self::NotPublished => "not-published",
             Self::OrphanedSlices => "orphaned-slices",
             Self::OrphanedCapacity => "orphaned-capacity",
+            Self::Publishing => "publishing",
         }
     }
 
-    /// Whether it makes the doctor exit 1: all but `ok` and `ignored`.
+    /// Whether it makes the doctor exit 1: all but `ok`, `ignored` and
+    /// `publishing`.
     pub fn fails(self) -> bool {
-        !matches!(self, Self::Ok | Self::Ignored)
+        !matches!(self, Self::Ok | Self::Ignored | Self::Publishing)
     }
 
     /// Its name in CamelCase, as a Kubernetes condition's or Event's

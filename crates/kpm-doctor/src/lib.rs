@@ -42,6 +42,7 @@ mod host;
 mod judge;
 mod metrics;
 pub mod publish;
+mod publishing;
 mod render;
 mod watch;
 
@@ -64,6 +65,7 @@ pub use crate::host::{Host, KubeletProcess, ProcessInfo};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
+pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
 pub use crate::watch::{ClusterLink, NodeWatch, WatchConfig, WatchError};
 
@@ -171,6 +173,8 @@ pub struct Doctor {
     /// The kubelet `kpm run` would run on that root, not running: its
     /// manager's inspection judges the registry's sockets.
     kubelet: Kubelet,
+    /// The `kpm run` of the node, when it is the node's plugin manager.
+    kpm_run: Option<PendingReader>,
 }
 
 impl Doctor {
@@ -195,7 +199,16 @@ impl Doctor {
             root: seen.clone(),
             source: Box::new(source),
         })?;
-        Ok(Self { config, root_dir, root_from, kubelet })
+        Ok(Self { config, root_dir, root_from, kubelet, kpm_run: None })
+    }
+
+    /// Reads, at each examination with a cluster, what `kpm run` has not
+    /// got to the API server yet: what the cluster lags for that reason is
+    /// [`Verdict::Publishing`], not a failure.
+    #[must_use]
+    pub fn beside_kpm_run(mut self, pending: PendingReader) -> Self {
+        self.kpm_run = Some(pending);
+        self
     }
 
     /// The kubelet root judged, a path on the host.
@@ -251,7 +264,11 @@ impl Doctor {
 
         let mut findings = Vec::new();
         if let Some(objects) = cluster {
-            cluster::compare(objects, &mut plugins, &mut findings, &mut unseen);
+            let publishing = match &self.kpm_run {
+                Some(reader) => reader.read().await,
+                None => publishing::Publishing::default(),
+            };
+            cluster::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
             blind = blind.or_else(|| cluster::unread(objects));
         }
         findings.extend(unwatched_registries(
@@ -459,6 +476,9 @@ pub struct Finding {
     pub verdict: Verdict,
     /// The directory or API object it is about (`csinodes/NAME`).
     pub path: PathBuf,
+    /// The driver or resource it is about, when it is about one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// What was seen.
     pub reason: String,
     /// What fixes it.
@@ -543,6 +563,7 @@ fn unwatched_registries(
                 .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
                 .count();
             (sockets > 0).then(|| Finding {
+                name: None,
                 verdict: Verdict::UnwatchedRegistry,
                 reason: format!(
                     "{sockets} socket(s) in a registry no running kubelet watches (the kubelet's root is {})",

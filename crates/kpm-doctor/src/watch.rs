@@ -521,6 +521,7 @@ mod tests {
     #[test]
     fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
         let entry = Finding {
+            name: None,
             verdict: Verdict::StaleCsiNodeEntry,
             path: "csinodes/node1".into(),
             reason: format!("kept for {SOCKET}"),

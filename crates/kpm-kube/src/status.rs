@@ -40,6 +40,11 @@ impl ObjectKind {
         Self::Leftovers,
     ];
 
+    /// The kind [`as_str`](Self::as_str) names, as the status API shows it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
     /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for
     /// the subresource, `Leftovers` for the clean-up of an earlier run's.
     pub fn as_str(self) -> &'static str {
@@ -135,6 +140,9 @@ pub struct PendingPublication {
     pub name: String,
     /// What kpm wants there, e.g. `capacity 4, allocatable 3`.
     pub want: String,
+    /// Whether kpm wants it gone: a withdrawn CSI driver, a device resource
+    /// whose plugin went away, a DRA driver's slices.
+    pub removes: bool,
     /// When kpm started to want it.
     #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339"))]
     pub since: SystemTime,
@@ -143,14 +151,16 @@ pub struct PendingPublication {
 }
 
 impl PendingPublication {
-    /// `name` of `kind`, wanted as `want` since `since`.
+    /// `name` of `kind`, wanted as `want` (gone, when it `removes`) since
+    /// `since`.
     pub fn new(
         kind: ObjectKind,
         name: impl Into<String>,
         want: impl Into<String>,
+        removes: bool,
         since: SystemTime,
     ) -> Self {
-        Self { kind, name: name.into(), want: want.into(), since, last_error: None }
+        Self { kind, name: name.into(), want: want.into(), removes, since, last_error: None }
     }
 }
 

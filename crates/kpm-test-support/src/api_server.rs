@@ -45,6 +45,10 @@ pub struct State {
     pub requests: Vec<String>,
     /// When set, every request is answered with this code.
     pub fail: Option<u16>,
+    /// When set, every write is answered 500, as by an API server whose
+    /// storage is away (kube's client retries a 503 by itself); reads are
+    /// served.
+    pub read_only: bool,
     /// When set, no request gets through: the adapter refuses the
     /// connection.
     pub down: bool,
@@ -186,6 +190,9 @@ impl State {
         if let Some(code) = self.fail {
             return status(code, "refused by the test");
         }
+        if self.read_only && request.method != "GET" {
+            return status(500, "the storage is away (read-only by the test)");
+        }
         let manager = request
             .query
             .split('&')
@@ -217,21 +224,10 @@ impl State {
                 None => status(404, "csinodes not found"),
             },
             ("POST", ["apis", "storage.k8s.io", "v1", "csinodes"]) => {
-                if self.csinode.is_some() {
-                    return status(409, "csinodes already exists");
-                }
-                let csinode = self.stored("csinodes", "ADDED", body);
-                self.csinode = Some(csinode.clone());
-                (201, csinode)
+                self.write_csinode(body, true)
             }
             ("PUT", ["apis", "storage.k8s.io", "v1", "csinodes", _]) => {
-                let Some(current) = &self.csinode else { return status(404, "csinodes not found") };
-                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                    return status(409, "the object has been modified");
-                }
-                let csinode = self.stored("csinodes", "MODIFIED", body);
-                self.csinode = Some(csinode.clone());
-                (200, csinode)
+                self.write_csinode(body, false)
             }
             ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
                 let items: Vec<Value> =
@@ -280,6 +276,26 @@ impl State {
             }
             _ => status(404, "not served by the stand-in"),
         }
+    }
+
+    /// Creates the CSINode (409 if there is one), or updates it (409 when
+    /// `csinode` names another `resourceVersion`).
+    fn write_csinode(&mut self, csinode: Value, create: bool) -> (u16, Value) {
+        match (&self.csinode, create) {
+            (Some(_), true) => return status(409, "csinodes already exists"),
+            (None, false) => return status(404, "csinodes not found"),
+            (Some(current), false)
+                if csinode["metadata"]["resourceVersion"]
+                    != current["metadata"]["resourceVersion"] =>
+            {
+                return status(409, "the object has been modified");
+            }
+            _ => {}
+        }
+        let (code, event) = if create { (201, "ADDED") } else { (200, "MODIFIED") };
+        let csinode = self.stored("csinodes", event, csinode);
+        self.csinode = Some(csinode.clone());
+        (code, csinode)
     }
 
     /// A list of `object`, if any, at the last `resourceVersion`.

@@ -289,7 +289,8 @@ fn finish(
             loop_state.agree(ObjectKind::CsiNode, driver, target.revision);
         }
         pass.outcome(kind, driver, target.revision, state, (agreed_before, unread), || {
-            pending(kind, driver, want, target.since)
+            let removes = matches!(target.value, CsiTarget::Withdrawn);
+            pending(kind, driver, want, removes, target.since)
         });
     }
 }

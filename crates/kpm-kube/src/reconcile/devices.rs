@@ -108,7 +108,9 @@ pub(super) async fn pass(
             }
             DeviceTarget::Gone => "removed".to_owned(),
         };
-        let mut publication = pending(ObjectKind::NodeStatus, resource, want, target.since);
+        let removes = target.value == DeviceTarget::Gone;
+        let mut publication =
+            pending(ObjectKind::NodeStatus, resource, want, removes, target.since);
         publication.last_error.clone_from(&error);
         pass.progress.pending.push(publication);
     }

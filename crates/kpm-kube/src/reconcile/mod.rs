@@ -224,9 +224,16 @@ impl Pass {
     }
 }
 
-/// A publication that is not there yet, set at `since`.
-fn pending(kind: ObjectKind, name: &str, want: String, since: SystemTime) -> PendingPublication {
-    PendingPublication { kind, name: name.to_owned(), want, since, last_error: None }
+/// A publication that is not there yet, wanted (gone, when it `removes`)
+/// since `since`.
+fn pending(
+    kind: ObjectKind,
+    name: &str,
+    want: String,
+    removes: bool,
+    since: SystemTime,
+) -> PendingPublication {
+    PendingPublication::new(kind, name, want, removes, since)
 }
 
 /// One item each time the Node or the CSINode of this node changes (or is

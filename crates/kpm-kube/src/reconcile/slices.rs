@@ -39,7 +39,7 @@ pub(super) async fn pass(
             target.revision,
             state,
             (false, false),
-            || pending(ObjectKind::ResourceSlice, driver, want, target.since),
+            || pending(ObjectKind::ResourceSlice, driver, want, true, target.since),
         );
     }
 }
