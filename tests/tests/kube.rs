@@ -18,6 +18,7 @@ use kpm::kube::{KubeConfig, KubePublisher};
 use kpm::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin};
+use kpm_test_support::api_server::{ApiRequest, State};
 use kpm_test_support::{DEADLINE, wait_until};
 use kube::client::Body;
 use parking_lot::Mutex;
@@ -141,37 +142,42 @@ struct Sent {
     body: Value,
 }
 
-fn not_found() -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404})
-}
-
-/// An API server holding `objects`, whose writes succeed and change
-/// nothing; records every request.
+/// An API server holding `objects` (kpm-test-support's stand-in, whose
+/// writes change them); records every request. The watches of the Node and
+/// the CSINode are held open and never answered.
 async fn api_server(
     mut handle: Handle<Request<Body>, Response<Body>>,
     objects: Objects,
     seen: Arc<Mutex<Vec<Sent>>>,
 ) {
     let start = Instant::now();
+    let mut state = State {
+        node: objects.node,
+        csinode: objects.csinode,
+        slices: objects.slices["items"].as_array().cloned().unwrap_or_default(),
+        resource_version: 7,
+        ..State::default()
+    };
+    let mut watches = Vec::new();
     while let Some((request, reply)) = handle.next_request().await {
         let line = format!("{} {}", request.method(), request.uri());
-        let (method, path) = (request.method().to_string(), request.uri().path().to_owned());
+        let (method, uri) = (request.method().to_string(), request.uri().clone());
+        let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
         let body = request.into_body().collect_bytes().await.unwrap();
-        let body =
+        let value =
             if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap() };
-        let found =
-            |object: &Option<Value>| object.clone().map_or((404, not_found()), |o| (200, o));
-        let (status, answer) = match (method.as_str(), path.as_str()) {
-            ("DELETE", _) => {
-                (200, json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}))
-            }
-            ("GET", "/apis/resource.k8s.io/v1/resourceslices") => (200, objects.slices.clone()),
-            (_, NODE_PATH | NODE_STATUS_PATH) => found(&objects.node),
-            (_, CSINODE_PATH) => found(&objects.csinode),
-            _ => (404, not_found()),
-        };
-        seen.lock().push(Sent { at: start.elapsed(), request: line, body });
-        let answer = serde_json::to_vec(&answer).unwrap();
+        seen.lock().push(Sent { at: start.elapsed(), request: line, body: value });
+        if State::watched(uri.path(), uri.query().unwrap_or_default()).is_some() {
+            watches.push(reply);
+            continue;
+        }
+        let (status, answer) = state.handle(&ApiRequest {
+            method: &method,
+            path: uri.path(),
+            query: uri.query().unwrap_or_default(),
+            content_type: content_type.as_ref().and_then(|v| v.to_str().ok()).unwrap_or_default(),
+            body: &body,
+        });
         reply.send_response(Response::builder().status(status).body(Body::from(answer)).unwrap());
     }
 }
@@ -442,54 +448,57 @@ async fn on_a_node_without_managed_fields_no_resource_is_taken_for_a_leftover_an
     assert_eq!(warnings.len(), 1, "{logs}");
 }
 
-const CSINODE_PATCH: &str = "PATCH /apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
+const CSINODE_UPDATE: &str = "PUT /apis/storage.k8s.io/v1/csinodes/node1?&fieldManager=kpm";
 
 /// An API server for one CSI driver: its CSIDriver sets
 /// `nodeAllocatableUpdatePeriodSeconds: 10` (the watch that follows the
-/// list never answers), the Node exists, the CSINode is created; every
-/// other read finds nothing. Records every request as `METHOD uri`, with
-/// the body of each CSINode patch.
+/// list never answers), the Node exists, and kpm-test-support's stand-in
+/// holds it and the CSINode kpm creates. Records every request as `METHOD
+/// uri`, with the body of each CSINode update.
 async fn csi_api_server(
     mut handle: Handle<Request<Body>, Response<Body>>,
     seen: Arc<Mutex<Vec<String>>>,
 ) {
-    let node = r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1",
-        "uid": "uid-1", "resourceVersion": "5"}}"#;
     let csidrivers = r#"{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriverList",
         "metadata": {"resourceVersion": "7"}, "items": [{"apiVersion": "storage.k8s.io/v1",
         "kind": "CSIDriver", "metadata": {"name": "csi.example.com", "resourceVersion": "7"},
         "spec": {"nodeAllocatableUpdatePeriodSeconds": 10}}]}"#;
-    let not_found = r#"{"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}"#;
+    let mut state = State::with_node("node1");
     let mut watches = Vec::new();
     while let Some((request, reply)) = handle.next_request().await {
-        let (method, uri) = (request.method().to_string(), request.uri().to_string());
+        let (method, uri) = (request.method().to_string(), request.uri().clone());
+        let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
         let body = request.into_body().collect_bytes().await.unwrap();
         let mut line = format!("{method} {uri}");
-        if line.starts_with(CSINODE_PATCH) {
+        if line.starts_with(CSINODE_UPDATE) {
             line = format!("{line} {}", String::from_utf8_lossy(&body));
         }
         seen.lock().push(line);
-        if uri.contains("watch=true") {
+        if uri.query().unwrap_or_default().contains("watch=true") {
             watches.push(reply);
             continue;
         }
-        let (status, answer) = match (method.as_str(), uri.split('?').next().unwrap_or_default()) {
-            (_, "/api/v1/nodes/node1") => (200, node.to_owned()),
-            ("GET", "/apis/storage.k8s.io/v1/csidrivers") => (200, csidrivers.to_owned()),
-            ("POST", "/apis/storage.k8s.io/v1/csinodes") => {
-                (201, String::from_utf8_lossy(&body).into_owned())
-            }
-            ("PATCH", "/apis/storage.k8s.io/v1/csinodes/node1") => (200, "{}".to_owned()),
-            _ => (404, not_found.to_owned()),
+        let (status, answer) = if uri.path() == "/apis/storage.k8s.io/v1/csidrivers" {
+            (200, csidrivers.as_bytes().to_vec())
+        } else {
+            state.handle(&ApiRequest {
+                method: &method,
+                path: uri.path(),
+                query: uri.query().unwrap_or_default(),
+                content_type: content_type
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default(),
+                body: &body,
+            })
         };
-        reply.send_response(
-            Response::builder().status(status).body(Body::from(answer.into_bytes())).unwrap(),
-        );
+        reply.send_response(Response::builder().status(status).body(Body::from(answer)).unwrap());
     }
 }
 
 /// KEP-4876 through the facade: the CSIDriver's period has the driver's
-/// count refreshed, and a changed count is one patch of its CSINode entry.
+/// count refreshed, and a changed count is one update of the CSINode,
+/// changing its entry alone.
 #[tokio::test(start_paused = true)]
 async fn a_csidrivers_update_period_has_the_csinode_count_follow_the_driver() {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
@@ -522,25 +531,24 @@ async fn a_csidrivers_update_period_has_the_csinode_count_follow_the_driver() {
     // The bodies of the CSINode patches.
     let patches = || -> Vec<serde_json::Value> {
         let seen = seen.lock();
-        let bodies = seen.iter().filter_map(|r| r.strip_prefix(CSINODE_PATCH));
-        bodies.map(|body| serde_json::from_str(body).unwrap()).collect()
+        let bodies = seen.iter().filter_map(|r| r.strip_prefix(CSINODE_UPDATE));
+        bodies.map(|body| serde_json::from_str::<Value>(body).unwrap()["spec"].clone()).collect()
     };
 
-    // Three periods with the same count: no patch.
+    // Three periods with the same count: no update.
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(patches(), Vec::<serde_json::Value>::new());
     std::fs::write(&limit, "40").unwrap();
     let changed = tokio::time::Instant::now();
-    wait_until("the new count is patched", || !patches().is_empty()).await;
+    wait_until("the new count is written", || !patches().is_empty()).await;
     assert!(changed.elapsed() <= Duration::from_secs(10), "within one period");
     assert_eq!(
         patches(),
-        [
-            serde_json::json!({"spec": {"drivers": [{"name": CSI_DRIVER, "allocatable": {"count": 40}}]}})
-        ]
+        [serde_json::json!({"drivers": [{"name": CSI_DRIVER, "nodeID": "node-1-id",
+            "allocatable": {"count": 40}}]})]
     );
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(patches().len(), 1, "one patch per change");
+    assert_eq!(patches().len(), 1, "one update per change");
 
     plugin.shutdown().await.unwrap();
     stop.send(()).unwrap();

@@ -187,8 +187,7 @@ async fn a_conflict_starts_again_from_a_fresh_read_keeping_the_other_writers_ent
         with_body(
             step("PATCH", NODE_PATCH, 200, json!({})),
             json!({"metadata": {"resourceVersion": "7",
-                "annotations": {"csi.volume.kubernetes.io/nodeid": both},
-                "labels": {}}}),
+                "annotations": {"csi.volume.kubernetes.io/nodeid": both}}}),
         ),
     ];
     let server = tokio::spawn(serve(handle, script));
@@ -382,7 +381,7 @@ async fn an_earlier_runs_csi_driver_is_read_retrying_and_withdrawn_after_the_gra
         with_body(
             step("PATCH", NODE_PATCH, 200, json!({})),
             json!({"metadata": {"resourceVersion": "6",
-                "annotations": {"csi.volume.kubernetes.io/nodeid": null}, "labels": {}}}),
+                "annotations": {"csi.volume.kubernetes.io/nodeid": null}}}),
         ),
     ];
     let server = tokio::spawn(serve(handle, script));

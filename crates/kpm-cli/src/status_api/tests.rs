@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use kpm::csi::{CsiDriver, CsiNode, CsiNodeDriver, DriverNodeInfo, NodeInfo, Version};
 use kpm::device::{DeviceStatus, ResourceStatus};
 use kpm::dra::{DeviceHealthStatus, DraDriverStatus, DraInstanceStatus};
-use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, RequestCount, SyncError};
+use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, PendingPublication, RequestCount, SyncError};
 use kpm::{Generation, PluginDetails, PluginEvent, PluginState, PluginStatus, Registration};
 use serde_json::{Value, json};
 
@@ -69,7 +69,8 @@ fn plugins() -> Vec<PluginStatus> {
     vec![registered, backing_off, failed, plugin("/r/new.sock", PluginState::Pending, 6), leaving]
 }
 
-/// A publisher with a sync that succeeded and one that failed.
+/// A publisher with a sync that succeeded, one that failed, and a
+/// publication the API server does not hold yet.
 fn kubernetes() -> KubeStatus {
     let mut kube = KubeStatus::default();
     kube.node = "node1".into();
@@ -79,7 +80,15 @@ fn kubernetes() -> KubeStatus {
     failing.last_error = Some(SyncError::new(at(3), "boom"));
     kube.objects = vec![(ObjectKind::Node, synced), (ObjectKind::NodeStatus, failing)];
     kube.requests = vec![RequestCount::new("patch", "nodes/status", "success", 3)];
-
+    let mut pending = PendingPublication::new(
+        ObjectKind::NodeStatus,
+        "vendor.com/gpu",
+        "capacity 2, allocatable 1",
+        false,
+        at(3),
+    );
+    pending.last_error = Some("boom".into());
+    kube.pending = vec![pending];
     kube
 }
 
@@ -303,6 +312,11 @@ fn the_plugin_list_keeps_its_schema() {
             ],
             "requests": [
                 {"verb": "patch", "resource": "nodes/status", "outcome": "success", "count": 3},
+            ],
+            "pending": [
+                {"kind": "Node status", "name": "vendor.com/gpu",
+                 "want": "capacity 2, allocatable 1", "removes": false,
+                 "since": "2026-11-21T12:00:00.003Z", "last_error": "boom"},
             ],
         },
     });

@@ -152,11 +152,13 @@ async fn update_node<'a>(
         .filter(|(key, value)| old_labels.get(key) != Some(value))
         .map(|(key, value)| (key, Value::String(value)))
         .collect();
-    let patch = json!({"metadata": {
+    let mut patch = json!({"metadata": {
         "resourceVersion": node.metadata.resource_version,
         "annotations": { NODE_ID_ANNOTATION: annotations.get(NODE_ID_ANNOTATION) },
-        "labels": new_labels,
     }});
+    if !new_labels.is_empty() {
+        patch["metadata"]["labels"] = Value::Object(new_labels);
+    }
     let nodes: Api<Node> = Api::all(api.client.clone());
     let params = NodeApi::patch_params();
     let sent = api

@@ -18,7 +18,6 @@ mod devices;
 mod slices;
 
 use std::collections::BTreeMap;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -42,14 +41,18 @@ use crate::status::{ObjectKind, PendingPublication};
 /// then removed); more means another writer undoes what kpm writes.
 const QUICK_PASSES: u32 = 4;
 
-/// Runs passes until the future is dropped.
+/// Runs passes until the future is dropped. The watches start with the
+/// first target: a publisher with nothing to publish sends nothing.
 pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
-    let mut events = pin!(owned_objects_changed(&api));
+    let mut events = None;
     let mut loop_state = LoopState::default();
     let mut changes = books.changes();
     loop {
         changes.borrow_and_update();
         let desired = books.desired();
+        if events.is_none() && !desired.is_empty() {
+            events = Some(Box::pin(owned_objects_changed(&api)));
+        }
         let pass = if desired.is_empty() {
             Pass::default()
         } else {
@@ -76,9 +79,15 @@ pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
                 None => std::future::pending().await,
             }
         };
+        let event = async {
+            match &mut events {
+                Some(events) => events.next().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             Ok(()) = changes.changed() => loop_state.backoff = None,
-            Some(()) = events.next() => debug!(node = api.node, "an owned object changed"),
+            Some(()) = event => debug!(node = api.node, "an owned object changed"),
             () = retry => {}
         }
     }
@@ -134,12 +143,12 @@ impl LoopState {
             let key = (pending.kind, pending.name.clone());
             let Some(error) = &pending.last_error else { continue };
             if self.logged.get(&key) != Some(error) {
-                warn!(node = api.node, kind = %pending.kind, name = pending.name, want = pending.want, error, "the API server does not hold what kpm publishes yet; retrying");
+                warn!(node = api.node, kind = %pending.kind, plugin = pending.name, want = pending.want, error, "the API server does not hold what kpm publishes yet; retrying");
             }
             still.insert(key, error.clone());
         }
         for (kind, name) in self.logged.keys().filter(|key| !still.contains_key(*key)) {
-            info!(node = api.node, %kind, name, "the API server holds what kpm publishes again");
+            info!(node = api.node, %kind, plugin = name, "the API server holds what kpm publishes again");
         }
         self.logged = still;
         self.attempts.retain(|(kind, name), _| {
