@@ -161,23 +161,16 @@ async fn api_server(
     let mut watches = Vec::new();
     while let Some((request, reply)) = handle.next_request().await {
         let line = format!("{} {}", request.method(), request.uri());
-        let (method, uri) = (request.method().to_string(), request.uri().clone());
-        let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
-        let body = request.into_body().collect_bytes().await.unwrap();
+        let (parts, body) = request.into_parts();
+        let body = body.collect_bytes().await.unwrap();
         let value =
             if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).unwrap() };
         seen.lock().push(Sent { at: start.elapsed(), request: line, body: value });
-        if State::watched(uri.path(), uri.query().unwrap_or_default()).is_some() {
+        if State::watched(parts.uri.path(), parts.uri.query().unwrap_or_default()).is_some() {
             watches.push(reply);
             continue;
         }
-        let (status, answer) = state.handle(&ApiRequest {
-            method: &method,
-            path: uri.path(),
-            query: uri.query().unwrap_or_default(),
-            content_type: content_type.as_ref().and_then(|v| v.to_str().ok()).unwrap_or_default(),
-            body: &body,
-        });
+        let (status, answer) = state.handle(&ApiRequest::of(&parts, &body));
         reply.send_response(Response::builder().status(status).body(Body::from(answer)).unwrap());
     }
 }
@@ -466,31 +459,21 @@ async fn csi_api_server(
     let mut state = State::with_node("node1");
     let mut watches = Vec::new();
     while let Some((request, reply)) = handle.next_request().await {
-        let (method, uri) = (request.method().to_string(), request.uri().clone());
-        let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
-        let body = request.into_body().collect_bytes().await.unwrap();
-        let mut line = format!("{method} {uri}");
+        let (parts, body) = request.into_parts();
+        let body = body.collect_bytes().await.unwrap();
+        let mut line = format!("{} {}", parts.method, parts.uri);
         if line.starts_with(CSINODE_UPDATE) {
             line = format!("{line} {}", String::from_utf8_lossy(&body));
         }
         seen.lock().push(line);
-        if uri.query().unwrap_or_default().contains("watch=true") {
+        if parts.uri.query().unwrap_or_default().contains("watch=true") {
             watches.push(reply);
             continue;
         }
-        let (status, answer) = if uri.path() == "/apis/storage.k8s.io/v1/csidrivers" {
+        let (status, answer) = if parts.uri.path() == "/apis/storage.k8s.io/v1/csidrivers" {
             (200, csidrivers.as_bytes().to_vec())
         } else {
-            state.handle(&ApiRequest {
-                method: &method,
-                path: uri.path(),
-                query: uri.query().unwrap_or_default(),
-                content_type: content_type
-                    .as_ref()
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default(),
-                body: &body,
-            })
+            state.handle(&ApiRequest::of(&parts, &body))
         };
         reply.send_response(Response::builder().status(status).body(Body::from(answer)).unwrap());
     }

@@ -35,14 +35,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, port: u16, state: Arc<Mutex<State>>) 
         async move {
             let (parts, body) = request.into_parts();
             let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-            let content_type = parts.headers.get(axum::http::header::CONTENT_TYPE);
-            let (code, answer) = state.lock().handle(&ApiRequest {
-                method: parts.method.as_str(),
-                path: parts.uri.path(),
-                query: parts.uri.query().unwrap_or_default(),
-                content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
-                body: &body,
-            });
+            let (code, answer) = state.lock().handle(&ApiRequest::of(&parts, &body));
             let code = axum::http::StatusCode::from_u16(code).unwrap();
             (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
         }

@@ -69,6 +69,21 @@ pub struct ApiRequest<'a> {
     pub body: &'a [u8],
 }
 
+impl<'a> ApiRequest<'a> {
+    /// The request of `parts` with `body`, as a server (a tower service for
+    /// kube's client, axum) received it.
+    pub fn of(parts: &'a http::request::Parts, body: &'a [u8]) -> Self {
+        let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+        Self {
+            method: parts.method.as_str(),
+            path: parts.uri.path(),
+            query: parts.uri.query().unwrap_or_default(),
+            content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
+            body,
+        }
+    }
+}
+
 impl State {
     /// A stand-in holding Node `node`, uid `uid-1`, without conditions.
     pub fn with_node(node: &str) -> Self {

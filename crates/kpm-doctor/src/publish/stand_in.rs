@@ -23,14 +23,7 @@ pub(crate) fn client(node: &str) -> (kube::Client, Arc<Mutex<State>>) {
             if state.down {
                 return Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "down"));
             }
-            let content_type = parts.headers.get(http::header::CONTENT_TYPE);
-            let (code, answer) = state.handle(&ApiRequest {
-                method: parts.method.as_str(),
-                path: parts.uri.path(),
-                query: parts.uri.query().unwrap_or_default(),
-                content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
-                body: &body,
-            });
+            let (code, answer) = state.handle(&ApiRequest::of(&parts, &body));
             Ok(Response::builder().status(code).body(Body::from(answer)).unwrap())
         }
     });

@@ -40,14 +40,7 @@ pub(crate) fn client() -> (kube::Client, Shared) {
                 let body = BoxBody::new(StreamBody::new(lines));
                 return Ok(Response::builder().status(200).body(body).unwrap());
             }
-            let content_type = parts.headers.get(http::header::CONTENT_TYPE);
-            let (code, answer) = state.handle(&ApiRequest {
-                method: parts.method.as_str(),
-                path: parts.uri.path(),
-                query,
-                content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
-                body: &body,
-            });
+            let (code, answer) = state.handle(&ApiRequest::of(&parts, &body));
             Ok(Response::builder()
                 .status(code)
                 .body(BoxBody::new(Full::new(Bytes::from(answer))))
