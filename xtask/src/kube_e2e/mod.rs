@@ -19,7 +19,7 @@
 //! |---|---|
 //! | `cluster` | without kpm: kpm's token may do what kpm needs and nothing else; kube-apiserver restarts on the same etcd with every object kept |
 //! | `csi` | a CSI driver's registration fills CSINode `node1` (owned by the Node), the Node's node-id annotation and topology label; its exit empties both but leaves the label |
-//! | `csi-allocatable` | a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10`: the CSINode entry's count follows the driver's changed volume limit within one period, in one patch (KEP-4876) |
+//! | `csi-allocatable` | a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10`: the CSINode entry's count follows the driver's changed volume limit within one period, in one update (KEP-4876; kpm may not patch CSINodes) |
 //! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
 //! | `device-leftovers` | after a restart, an earlier run's device capacity stays without a flap while its plugin is there, and goes after the device grace once it is not |
 //! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
