@@ -18,7 +18,7 @@ use super::{
     KPM_TOKEN, KPM_USER, START_TIMEOUT, STEP_TIMEOUT, STOP_TIMEOUT,
 };
 use crate::Result;
-use crate::scenario::{Process, RunningKpm, wait_until};
+use crate::scenario::{Process, RunningKpm, wait_for, wait_until};
 
 /// The static tokens: admin, kpm's service account, the doctor's.
 fn tokens_csv() -> String {
@@ -32,6 +32,28 @@ fn tokens_csv() -> String {
 /// counts the doctors'.
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n\
     - level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n- level: None\n";
+
+/// A write in the audit log.
+#[derive(Debug)]
+pub(super) struct Write {
+    /// `verb resource[/subresource]`.
+    pub(super) what: String,
+    /// The object's name; empty for a collection.
+    pub(super) name: String,
+    /// When it completed, in seconds since the epoch.
+    pub(super) at: f64,
+    /// The HTTP status code of the answer.
+    pub(super) code: u64,
+}
+
+/// Seconds since the epoch of an RFC 3339 time, as the audit log writes
+/// it (microseconds, `Z`).
+fn seconds_of(time: &str) -> f64 {
+    humantime::parse_rfc3339_weak(time)
+        .ok()
+        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0.0, |since| since.as_secs_f64())
+}
 
 /// etcd and kube-apiserver of one scenario, in a temp dir under `/tmp`.
 // Fields drop in order: kube-apiserver, then etcd, then the dir.
@@ -164,9 +186,47 @@ impl Cluster {
         self.dir.path().join("audit.log")
     }
 
+    /// How long the audit log is now: where [`writes_by`](Self::writes_by)
+    /// starts to count from.
+    pub(super) fn audit_offset(&self) -> u64 {
+        fs::metadata(self.audit_log()).map_or(0, |meta| meta.len())
+    }
+
+    /// The writes `user` made, from byte `from` of the audit log (a
+    /// restarted kube-apiserver appends to it).
+    pub(super) fn writes_by(&self, user: &str, from: u64) -> Result<Vec<Write>> {
+        let text = fs::read(self.audit_log())?;
+        let text =
+            String::from_utf8_lossy(&text[usize::try_from(from)?.min(text.len())..]).into_owned();
+        let mut writes = Vec::new();
+        for line in text.lines() {
+            let Ok(entry) = serde_json::from_str::<Value>(line) else { continue };
+            if entry["stage"] != "ResponseComplete" || entry["user"]["username"] != user {
+                continue;
+            }
+            let verb = entry["verb"].as_str().unwrap_or_default();
+            if !matches!(verb, "create" | "update" | "patch" | "delete" | "deletecollection") {
+                continue;
+            }
+            let object = &entry["objectRef"];
+            let resource = match object["subresource"].as_str() {
+                Some(sub) => format!("{}/{sub}", object["resource"].as_str().unwrap_or_default()),
+                None => object["resource"].as_str().unwrap_or_default().to_owned(),
+            };
+            writes.push(Write {
+                what: format!("{verb} {resource}"),
+                name: object["name"].as_str().unwrap_or_default().to_owned(),
+                at: entry["stageTimestamp"].as_str().map_or(0.0, seconds_of),
+                code: entry["responseStatus"]["code"].as_u64().unwrap_or_default(),
+            });
+        }
+        Ok(writes)
+    }
+
     /// Starts kube-apiserver (again) and waits for `/readyz`; a restart logs
-    /// to `<scenario>-kube-apiserver-2.log` and so on.
-    pub(super) fn start_apiserver(&mut self, env: &Env) -> Result {
+    /// to `<scenario>-kube-apiserver-2.log` and so on. Returns when `/readyz`
+    /// first answered 200.
+    pub(super) fn start_apiserver(&mut self, env: &Env) -> Result<Instant> {
         let started = Instant::now();
         let args: Vec<&str> = self.apiserver_args.iter().map(String::as_str).collect();
         self.apiserver_starts += 1;
@@ -178,7 +238,7 @@ impl Cluster {
             |suffix: &str| env.out.join(format!("{}-kube-apiserver{run}.{suffix}", self.scenario));
         let mut apiserver =
             Process::spawn("kube-apiserver", &env.apiserver, &args, &log("out"), &log("log"))?;
-        wait_until("kube-apiserver /readyz", START_TIMEOUT, || {
+        let ready = wait_for("kube-apiserver /readyz", START_TIMEOUT, || {
             if let Some(status) = apiserver.child.try_wait()? {
                 return Err(format!(
                     "kube-apiserver exited ({status}), see {}",
@@ -186,11 +246,12 @@ impl Cluster {
                 )
                 .into());
             }
-            Ok(self.api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200))
+            let ready = self.api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200);
+            Ok(ready.then(Instant::now))
         })?;
-        eprintln!("kube-apiserver ready in {:?}", started.elapsed());
+        eprintln!("kube-apiserver ready in {:?}", ready - started);
         self.apiserver = Some(apiserver);
-        Ok(())
+        Ok(ready)
     }
 
     /// SIGKILL to kube-apiserver: a crash, and an end that does not wait
@@ -277,6 +338,17 @@ impl Cluster {
     /// Writes the kubeconfig for kpm's token and starts `kpm run` on a root
     /// in the cluster's dir.
     pub(super) fn start_kpm(&self, env: &Env, scenario: &str) -> Result<RunningKpm> {
+        self.start_kpm_with_device_grace(env, scenario, DEVICE_GRACE_SECS)
+    }
+
+    /// [`start_kpm`](Self::start_kpm) with `--device-cleanup-grace
+    /// device_grace_secs`.
+    pub(super) fn start_kpm_with_device_grace(
+        &self,
+        env: &Env,
+        scenario: &str,
+        device_grace_secs: u64,
+    ) -> Result<RunningKpm> {
         let kubeconfig = self.kubeconfig("kubeconfig", KPM_TOKEN)?;
         let root = self.dir.path().join("kpm");
         fs::create_dir_all(root.join("plugins_registry"))?;
@@ -292,7 +364,7 @@ impl Cluster {
                 "--dra-cleanup-grace",
                 &DRA_GRACE_SECS.to_string(),
                 "--device-cleanup-grace",
-                &DEVICE_GRACE_SECS.to_string(),
+                &device_grace_secs.to_string(),
                 // A killed plugin's socket refuses the next probe: it is
                 // noticed within a second, not within the default 10.
                 "--liveness-period",

@@ -19,12 +19,13 @@
 //! |---|---|
 //! | `cluster` | without kpm: kpm's token may do what kpm needs and nothing else; kube-apiserver restarts on the same etcd with every object kept |
 //! | `csi` | a CSI driver's registration fills CSINode `node1` (owned by the Node), the Node's node-id annotation and topology label; its exit empties both but leaves the label |
-//! | `csi-allocatable` | a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10`: the CSINode entry's count follows the driver's changed volume limit within one period, in one patch (KEP-4876) |
+//! | `csi-allocatable` | a CSIDriver with `nodeAllocatableUpdatePeriodSeconds: 10`: the CSINode entry's count follows the driver's changed volume limit within one period, in one update (KEP-4876; kpm may not patch CSINodes) |
 //! | `device-plugin` | a device plugin's 3 devices become capacity and allocatable of Node `node1`; one unhealthy device lowers allocatable only; prints kpm's request count |
 //! | `device-leftovers` | after a restart, an earlier run's device capacity stays without a flap while its plugin is there, and goes after the device grace once it is not |
 //! | `dra` | a DRA driver killed without deregistering loses its ResourceSlices on `node1` once the grace period passes; other drivers' and other nodes' stay |
 //! | `dra-test-driver` | Kubernetes' e2e DRA test driver (`--dra-test-driver`) registers and publishes its ResourceSlices; once it is killed kpm deletes them after the grace period |
 //! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
+//! | `outage` | issue 43: the API server killed for 20 s while a CSI driver leaves and one registers (rejected, retried), a device plugin stops and one registers, a DRA driver's slice wipe falls due; within 10 s of `/readyz` CSINode, the node-id annotation, labels, capacity, allocatable and slices are what the kubelet's rules say, the stopped plugin's capacity kept (none allocatable) for its grace and removed after; then an idle minute with no write by kpm (the audit log); prints the times and counts |
 //! | `doctor` | `kpm doctor --kubeconfig` with kpm's token: a registered CSI driver ok, a driver missing from CSINode `not-registered`, the entry of one that went stale |
 //! | `fleet-scale` | `kpm doctor --cluster` over 5000 Nodes, 5000 CSINodes and 20,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
 //! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |

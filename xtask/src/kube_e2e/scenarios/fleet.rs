@@ -131,16 +131,16 @@ fn fail_and_recover(
 /// An idle minute (3): the doctors' writes are their heartbeats, no less
 /// apart than the heartbeat, and nothing else.
 fn idle_minute(cluster: &Cluster) -> Result {
-    let audit = cluster.audit_log();
-    let from = fs::metadata(&audit).map_or(0, |meta| meta.len());
+    let from = cluster.audit_offset();
     std::thread::sleep(Duration::from_secs(60));
-    let writes = doctor_writes(&audit, from)?;
+    let writes = cluster.writes_by(DOCTOR_USER, from)?;
     let mut per_node: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    for (what, node, at) in &writes {
+    for write in &writes {
+        let (what, node) = (&write.what, &write.name);
         if what != "patch nodes/status" {
             return Err(format!("a doctor wrote {what} on {node} during the idle minute").into());
         }
-        per_node.entry(node.clone()).or_default().push(*at);
+        per_node.entry(node.clone()).or_default().push(write.at);
     }
     for (node, times) in &per_node {
         if times.windows(2).any(|pair| pair[1] - pair[0] < f64::from(HEARTBEAT_SECS) - 1.0) {
@@ -359,41 +359,4 @@ fn kubelet_ready(cluster: &Cluster, node: &str) -> Result {
         return Err(format!("kubelet-style patch of {node}: {code} {}", body["message"]).into());
     }
     Ok(())
-}
-
-/// The writes the doctors' user made, from byte `from` of the audit log:
-/// (`verb resource[/subresource]`, object name, seconds since the epoch).
-fn doctor_writes(audit: &std::path::Path, from: u64) -> Result<Vec<(String, String, f64)>> {
-    let text = fs::read(audit)?;
-    let text =
-        String::from_utf8_lossy(&text[usize::try_from(from)?.min(text.len())..]).into_owned();
-    let mut writes = Vec::new();
-    for line in text.lines() {
-        let Ok(entry) = serde_json::from_str::<Value>(line) else { continue };
-        if entry["stage"] != "ResponseComplete" || entry["user"]["username"] != DOCTOR_USER {
-            continue;
-        }
-        let verb = entry["verb"].as_str().unwrap_or_default();
-        if !matches!(verb, "create" | "update" | "patch" | "delete" | "deletecollection") {
-            continue;
-        }
-        let object = &entry["objectRef"];
-        let resource = match object["subresource"].as_str() {
-            Some(sub) => format!("{}/{sub}", object["resource"].as_str().unwrap_or_default()),
-            None => object["resource"].as_str().unwrap_or_default().to_owned(),
-        };
-        let name = object["name"].as_str().unwrap_or_default().to_owned();
-        let at = entry["stageTimestamp"].as_str().map_or(0.0, seconds_of);
-        writes.push((format!("{verb} {resource}"), name, at));
-    }
-    Ok(writes)
-}
-
-/// Seconds since the epoch of an RFC 3339 time, as the audit log writes
-/// it (microseconds, `Z`).
-fn seconds_of(time: &str) -> f64 {
-    humantime::parse_rfc3339_weak(time)
-        .ok()
-        .and_then(|at| at.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0.0, |since| since.as_secs_f64())
 }

@@ -35,6 +35,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario { name: "dra", needs_kpm: true, run: dra::dra },
     Scenario { name: "dra-test-driver", needs_kpm: true, run: dra::dra_test_driver },
     Scenario { name: "apiserver-down", needs_kpm: true, run: outage::apiserver_down },
+    Scenario { name: "outage", needs_kpm: true, run: outage::outage },
     Scenario { name: "doctor", needs_kpm: true, run: doctor::doctor },
     Scenario { name: "fleet", needs_kpm: true, run: fleet::fleet },
     Scenario { name: "fleet-scale", needs_kpm: true, run: fleet_scale::fleet_scale },
