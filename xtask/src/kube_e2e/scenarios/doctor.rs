@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::{Cluster, plugin};
 use crate::Result;
 use crate::kube_e2e::api::{Api, csinode_driver};
-use crate::kube_e2e::{Env, STEP_TIMEOUT};
+use crate::kube_e2e::{DOCTOR_TOKEN, Env, STEP_TIMEOUT};
 use crate::scenario;
 use crate::scenario::{Process, wait_for, wait_until};
 
@@ -152,7 +152,8 @@ fn stop_within_the_grace(api: &Api, mut plugin: Process) -> Result {
 }
 
 /// `kpm doctor` pointed at a root with no kubelet: nothing to judge, so it
-/// says why and exits 2.
+/// says why and exits 2; `--watch`, with the doctor's own token, publishes
+/// `Unknown`/`CannotJudge`, never an all-clear.
 fn wrong_root_is_blind(env: &Env, cluster: &Cluster, kubeconfig: &str) -> Result {
     let wrong = cluster.dir.path().join("no-kubelet-here").display().to_string();
     let blind = scenario::doctor(
@@ -164,5 +165,41 @@ fn wrong_root_is_blind(env: &Env, cluster: &Cluster, kubeconfig: &str) -> Result
         return Err(format!("with a wrong root, the report is not blind: {blind}").into());
     }
     eprintln!("doctor --root-dir {wrong}: exit 2, {}", blind["blind"]["why"]);
+
+    let doctor_config = cluster.kubeconfig("doctor-kubeconfig", DOCTOR_TOKEN)?;
+    let nowhere = cluster.dir.path().join("no-other-root").display().to_string();
+    let args = [
+        "doctor",
+        "--watch",
+        "--root-dir",
+        &wrong,
+        "--other-root",
+        &nowhere,
+        "--kubeconfig",
+        &doctor_config.display().to_string(),
+        "--node-name",
+        "node1",
+    ];
+    let log = |suffix: &str| env.out.join(format!("doctor-blind-watch.{suffix}"));
+    let mut watch = Process::spawn("doctor --watch", &env.kpm, &args, &log("out"), &log("err"))?;
+    let started = std::time::Instant::now();
+    let condition = wait_for("KubeletPluginsHealthy Unknown on node1", STEP_TIMEOUT, || {
+        let node = cluster.api.get("/api/v1/nodes/node1")?;
+        let conditions = node["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        Ok(conditions
+            .into_iter()
+            .find(|c| c["type"] == "KubeletPluginsHealthy" && c["status"] == "Unknown"))
+    })?;
+    watch.kill();
+    if condition["reason"] != "CannotJudge" {
+        return Err(format!("doctor --watch with a wrong root published {condition}").into());
+    }
+    eprintln!(
+        "doctor --watch --root-dir {wrong}: {} {} after {:.1?}: {}",
+        condition["status"],
+        condition["reason"],
+        started.elapsed(),
+        condition["message"]
+    );
     Ok(())
 }
