@@ -20,8 +20,69 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+/// The stand-in's state, shared by its server and the test.
+pub type Shared = Arc<Mutex<State>>;
+
+/// An answer of [`service`]: a whole body, or a watch's stream of events.
+pub type Answer = http::Response<BoxBody<Bytes, Infallible>>;
+
+/// `state` served in process, as a tower service kube's client takes
+/// (`kube::Client::new(service(state), "default")`), so that paused time
+/// holds: watches stream their events; while `down`, every request is
+/// refused as a connection is.
+pub fn service<B>(
+    state: Shared,
+) -> impl tower::Service<
+    http::Request<B>,
+    Response = Answer,
+    Error = std::io::Error,
+    Future = impl Future<Output = std::io::Result<Answer>> + Send,
+> + Clone
++ Send
++ 'static
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::fmt::Debug,
+{
+    tower::service_fn(move |request: http::Request<B>| {
+        let state = Arc::clone(&state);
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = body.collect().await.map_err(|err| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{err:?}"))
+            })?;
+            let body = body.to_bytes();
+            let mut state = state.lock();
+            if state.down {
+                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "down"));
+            }
+            let query = parts.uri.query().unwrap_or_default();
+            let (code, body) = if let Some(resource) = State::watched(parts.uri.path(), query) {
+                let lines = UnboundedReceiverStream::new(state.watch(&resource))
+                    .map(|line| Ok(http_body::Frame::data(Bytes::from(line))));
+                (200, BoxBody::new(StreamBody::new(lines)))
+            } else {
+                let (code, answer) = state.handle(&ApiRequest::of(&parts, &body));
+                (code, BoxBody::new(Full::new(Bytes::from(answer))))
+            };
+            let response = http::Response::builder().status(code).body(body);
+            response.map_err(|err| std::io::Error::other(err.to_string()))
+        }
+    })
+}
 
 /// What the stand-in holds and saw.
 #[derive(Debug, Default)]
