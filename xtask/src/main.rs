@@ -21,7 +21,9 @@ mod bench;
 mod codegen;
 mod harness;
 mod interop;
+mod image;
 mod kube_e2e;
+mod node_e2e;
 mod scenario;
 mod soak;
 mod tidy;
@@ -49,6 +51,7 @@ fn main() -> ExitCode {
         ["soak", options @ ..] => soak::run(&project_root(), options),
         ["interop", options @ ..] => interop::run(&project_root(), options),
         ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
+        ["node-e2e", options @ ..] => node_e2e::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         ["--help" | "-h" | "help"] => {
             println!("{USAGE}");

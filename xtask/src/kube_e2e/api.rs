@@ -11,15 +11,15 @@ use crate::Result;
 use crate::scenario::find;
 
 /// A blocking client of the API server with one bearer token.
-pub(super) struct Api {
+pub(crate) struct Api {
     agent: ureq::Agent,
-    pub(super) server: String,
+    pub(crate) server: String,
     token: String,
 }
 
 impl Api {
     /// Trusts only `ca_pem`.
-    pub(super) fn new(server: &str, ca_pem: &str, token: &str) -> Result<Self> {
+    pub(crate) fn new(server: &str, ca_pem: &str, token: &str) -> Result<Self> {
         let ca = ureq::tls::Certificate::from_pem(ca_pem.as_bytes())?;
         let tls = ureq::tls::TlsConfig::builder()
             .root_certs(ureq::tls::RootCerts::new_with_certs(&[ca]))
@@ -34,13 +34,13 @@ impl Api {
     }
 
     /// The same server with another token.
-    pub(super) fn as_token(&self, token: &str) -> Self {
+    pub(crate) fn as_token(&self, token: &str) -> Self {
         Self { agent: self.agent.clone(), server: self.server.clone(), token: token.to_owned() }
     }
 
     /// `method path` with `body` as JSON (a merge patch for PATCH): the
     /// status code and the body (`null` when it is not JSON).
-    pub(super) fn request(
+    pub(crate) fn request(
         &self,
         method: &str,
         path: &str,
@@ -52,7 +52,7 @@ impl Api {
     }
 
     /// [`request`](Self::request) with the body's content type given.
-    pub(super) fn request_as(
+    pub(crate) fn request_as(
         &self,
         method: &str,
         path: &str,
@@ -70,11 +70,11 @@ impl Api {
         Ok((response.status().as_u16(), serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
-    pub(super) fn get(&self, path: &str) -> Result<Value> {
+    pub(crate) fn get(&self, path: &str) -> Result<Value> {
         self.expect_ok("GET", path, None)
     }
 
-    pub(super) fn post(&self, path: &str, body: &Value) -> Result<Value> {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.expect_ok("POST", path, Some(body))
     }
 

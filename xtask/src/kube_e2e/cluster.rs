@@ -72,7 +72,7 @@ pub(super) struct Cluster {
 impl Cluster {
     pub(super) fn start(env: &Env, scenario: &'static str) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("kpm-kube-").tempdir_in("/tmp")?;
-        let pki = Pki::generate()?;
+        let pki = Pki::generate(&[])?;
         let path = |name: &str| dir.path().join(name).display().to_string();
         for (name, contents) in [
             ("ca.crt", &pki.ca),

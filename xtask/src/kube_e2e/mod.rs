@@ -42,9 +42,9 @@ use std::time::Duration;
 use crate::Result;
 use crate::scenario;
 
-mod api;
+pub(crate) mod api;
 mod cluster;
-mod pki;
+pub(crate) mod pki;
 mod scenarios;
 
 use cluster::Cluster;

@@ -3,16 +3,17 @@
 use crate::Result;
 
 /// The certificates and keys of a cluster, PEM-encoded.
-pub(super) struct Pki {
-    pub(super) ca: String,
-    pub(super) serving_cert: String,
-    pub(super) serving_key: String,
-    pub(super) sa_key: String,
-    pub(super) sa_public_key: String,
+pub(crate) struct Pki {
+    pub(crate) ca: String,
+    pub(crate) serving_cert: String,
+    pub(crate) serving_key: String,
+    pub(crate) sa_key: String,
+    pub(crate) sa_public_key: String,
 }
 
 impl Pki {
-    pub(super) fn generate() -> Result<Self> {
+    /// The serving certificate names 127.0.0.1, localhost and `extra_names`.
+    pub(crate) fn generate(extra_names: &[&str]) -> Result<Self> {
         use rcgen::{
             BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
             IsCa, KeyPair, KeyUsagePurpose,
@@ -23,8 +24,8 @@ impl Pki {
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
         // An IP address among the names becomes an IP SAN.
-        let mut serving =
-            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])?;
+        let names = ["127.0.0.1", "localhost"].iter().chain(extra_names);
+        let mut serving = CertificateParams::new(names.map(|name| (*name).to_owned()).collect::<Vec<_>>())?;
         serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_key = KeyPair::generate()?;

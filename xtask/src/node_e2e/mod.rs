@@ -1,0 +1,174 @@
+//! `cargo xtask node-e2e --bin-dir DIR [--only SCENARIO]`: kpm as operators
+//! run it, on a real node: kpm's image built here (`cargo xtask image`), its
+//! kustomize bases applied with `kubectl apply -k` as a user applies them,
+//! real drivers in pods, the real kubelet with containerd and runc, and the
+//! control plane that makes DaemonSets work (etcd, kube-apiserver with RBAC,
+//! kube-controller-manager, kube-scheduler). Not part of `ci`: CI has no
+//! kubelet.
+//!
+//! DIR holds the Kubernetes programs and the drivers, built from public
+//! source (`docs/operations.md` says how); containerd, runc, the CNI plugins
+//! and gcc come from Debian (`xtask/node-e2e-host.sh` installs them). A
+//! scenario whose program is missing is skipped and named as skipped. The
+//! logs of every process are in `target/node-e2e`.
+//!
+//! The node runs in a private mount and network namespace and a cgroup of
+//! its own (`host.rs`), which are emptied and removed at the end: the host is
+//! left as it was found.
+//!
+//! | scenario | what a user would see |
+//! |---|---|
+//! | `csi-driver` | hostpathplugin with the node-driver-registrar sidecar, as a DaemonSet with its sockets in hostPath volumes: the kubelet registers it and CSINode lists it |
+//! | `doctor` | `deploy/doctor` applied with an overlay (namespace, image): the pod runs, finds the kubelet through `/host/proc`, publishes `KubeletPluginsHealthy=True`, serves `/metrics` and `/healthz`, names host paths, and the audit log shows no request of its service account refused |
+//!
+//! The runner (this file: options, programs, images, the table of
+//! scenarios, the summary) sits on `host` (namespaces, cgroups), `node` (the
+//! daemons), `images` (the images the pods run) and `scenarios`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::Result;
+
+mod host;
+mod images;
+mod node;
+mod scenarios;
+
+use node::Node;
+use scenarios::SCENARIOS;
+
+/// The Node's name, as the kubelet registers it.
+const NODE_NAME: &str = "kpm-node";
+/// How long the daemons and a pod may take to start on a loaded 2-core machine.
+const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long a daemon may take to exit on SIGTERM.
+const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+/// The kubelet's root of most scenarios, as on most nodes.
+const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
+/// Another kubelet root, as k0s has.
+const OTHER_KUBELET_ROOT: &str = "/var/lib/k0s/kubelet";
+
+/// What the scenarios share.
+struct Env {
+    root: PathBuf,
+    bin_dir: PathBuf,
+    /// The cargo target directory.
+    target: PathBuf,
+    /// `target/node-e2e`: logs, images, overlays.
+    out: PathBuf,
+}
+
+pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    let usage =
+        || format!("usage: cargo xtask node-e2e --bin-dir DIR [--only {}]", names.join("|"));
+    let (mut bin_dir, mut only) = (None, None);
+    let mut options = options.iter();
+    while let Some(option) = options.next() {
+        match (*option, options.next()) {
+            ("--bin-dir", Some(dir)) => bin_dir = Some(std::path::absolute(dir)?),
+            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
+            _ => return Err(usage().into()),
+        }
+    }
+    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    let env = Env { root: root.to_path_buf(), bin_dir, out: target.join("node-e2e"), target };
+
+    let selected: Vec<_> =
+        SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)).collect();
+    let missing = |programs: &[&str]| -> Vec<String> {
+        programs
+            .iter()
+            .filter(|program| !env.bin_dir.join(program).is_file())
+            .map(|program| (*program).to_owned())
+            .collect()
+    };
+
+    if host::inside() {
+        return inside(&env, &selected, &missing);
+    }
+    let node_missing = missing(node::PROGRAMS);
+    let host_missing = images::missing_host_programs();
+    if !node_missing.is_empty() || !host_missing.is_empty() {
+        println!("\nnode-e2e: no node can run here");
+        if !node_missing.is_empty() {
+            println!("  missing in {}: {}", env.bin_dir.display(), node_missing.join(", "));
+        }
+        if !host_missing.is_empty() {
+            println!("  missing on the host: {} (xtask/node-e2e-host.sh installs them)", host_missing.join(", "));
+        }
+        for scenario in &selected {
+            println!("  {:<16} skipped", scenario.name);
+        }
+        return Ok(());
+    }
+    std::fs::create_dir_all(&env.out)?;
+    // What an interrupted run left: its node's processes and cgroups.
+    host::clean_up_cgroups()?;
+    images::build(&env)?;
+    // One node per kubelet root, each in namespaces of its own.
+    let mut roots: Vec<&str> = selected.iter().map(|s| s.kubelet_root).collect();
+    roots.dedup();
+    let mut outcomes: Vec<(&str, String)> = Vec::new();
+    for kubelet_root in roots {
+        let group: Vec<&str> =
+            selected.iter().filter(|s| s.kubelet_root == kubelet_root).map(|s| s.name).collect();
+        let state = tempfile::Builder::new().prefix("kpm-node-").tempdir_in("/tmp")?.keep();
+        let outcomes_file = state.join(OUTCOMES);
+        let node_outcomes = host::reexec_in_namespaces(&state, kubelet_root, || {
+            Ok(std::fs::read_to_string(&outcomes_file).ok())
+        });
+        let node_outcomes: Vec<(String, String)> = match node_outcomes {
+            Ok((_, Some(text))) => serde_json::from_str(&text)?,
+            Ok((status, None)) => group
+                .iter()
+                .map(|name| ((*name).to_owned(), format!("FAILED: the node on {kubelet_root} ended ({status}) before it")))
+                .collect(),
+            Err(err) => group.iter().map(|name| ((*name).to_owned(), format!("FAILED: {err}"))).collect(),
+        };
+        for (name, outcome) in node_outcomes {
+            let name = group.iter().find(|n| **n == name).copied().unwrap_or("?");
+            outcomes.push((name, outcome));
+        }
+    }
+    crate::harness::report_outcomes("node-e2e", &env.bin_dir, &outcomes, &env.out)
+}
+
+/// The file, in the state folder, where the node inside the namespaces
+/// writes its scenarios' outcomes for the runner outside.
+const OUTCOMES: &str = "outcomes.json";
+
+/// Inside the namespaces: the node on the kubelet root it was given, then
+/// each scenario of that root on it; their outcomes go to the state
+/// folder's [`OUTCOMES`].
+fn inside(
+    env: &Env,
+    selected: &[&scenarios::Scenario],
+    missing: &dyn Fn(&[&str]) -> Vec<String>,
+) -> Result {
+    let state = host::state_dir()?;
+    let kubelet_root = host::kubelet_root()?;
+    host::prepare(&state)?;
+    let mut node = Node::start(env, &kubelet_root, &images::archives(env))?;
+    let mut outcomes = Vec::new();
+    for scenario in selected.iter().filter(|s| Path::new(s.kubelet_root) == kubelet_root) {
+        let absent = missing(scenario.programs);
+        let outcome = if absent.is_empty() {
+            eprintln!("\n== {}", scenario.name);
+            match (scenario.run)(env, &mut node) {
+                Ok(summary) => format!("passed: {summary}"),
+                Err(err) => format!("FAILED: {err}"),
+            }
+        } else {
+            format!("skipped: {} not in {}", absent.join(", "), env.bin_dir.display())
+        };
+        eprintln!("{}: {outcome}", scenario.name);
+        outcomes.push((scenario.name, outcome));
+    }
+    drop(node);
+    std::fs::write(state.join(OUTCOMES), serde_json::to_string(&outcomes)?)?;
+    Ok(())
+}

@@ -1,0 +1,443 @@
+//! The node: etcd, kube-apiserver with RBAC, kube-controller-manager and
+//! kube-scheduler (so DaemonSets, ServiceAccounts and their tokens and the
+//! garbage collector work as in a cluster), containerd with runc, and the
+//! real kubelet, all in the namespaces of `host`. Started in that order,
+//! stopped in the reverse one.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+
+use super::host::{self, CGROUP_ROOT, NODE_IP, POD_SUBNET, SERVICE_IP, SERVICE_RANGE};
+use super::{Env, NODE_NAME, START_TIMEOUT, STOP_TIMEOUT};
+use crate::Result;
+use crate::kube_e2e::api::Api;
+use crate::kube_e2e::pki::Pki;
+use crate::scenario::{Process, wait_for, wait_until};
+
+/// The static tokens: loopback and namespace only, gone with the run.
+const ADMIN_TOKEN: &str = "kpm-node-e2e-admin";
+const TOKENS: &[(&str, &str, &str)] = &[
+    (ADMIN_TOKEN, "admin", "system:masters"),
+    ("kpm-node-e2e-kcm", "system:kube-controller-manager", ""),
+    ("kpm-node-e2e-scheduler", "system:kube-scheduler", ""),
+    ("kpm-node-e2e-kubelet", "system:node:kpm-node", "system:nodes"),
+];
+
+/// containerd's socket in the node's `/run`.
+const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// The pause image every pod sandbox runs (`images.rs` builds it).
+pub(super) const PAUSE_IMAGE: &str = "kpm.local/pause:e2e";
+
+/// Every write, and every refused request, in the audit log.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+    rules:\n- level: Metadata\n  verbs: [create, update, patch, delete, deletecollection]\n\
+    - level: Metadata\n  users: [\"system:serviceaccount:kpm-system:kpm-doctor\", \"system:serviceaccount:kpm-system:kpm\"]\n\
+    - level: None\n";
+
+/// The programs of a node, in the folder given to `--bin-dir`.
+pub(super) const PROGRAMS: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "kubectl",
+];
+
+/// A running node. Fields drop in order: the kubelet first, etcd last.
+pub(super) struct Node {
+    kubelet: Option<Process>,
+    kubelet_starts: u32,
+    _containerd: Process,
+    _scheduler: Process,
+    _controller_manager: Process,
+    _apiserver: Process,
+    _etcd: Process,
+    /// As admin.
+    pub(super) api: Api,
+    pub(super) admin_kubeconfig: PathBuf,
+    pub(super) audit_log: PathBuf,
+    /// The kubelet's `--root-dir`, a host path of the node.
+    pub(super) kubelet_root: PathBuf,
+    state: PathBuf,
+    bin_dir: PathBuf,
+    out: PathBuf,
+}
+
+impl Node {
+    /// Starts every daemon, imports `images` into containerd, and waits
+    /// until the Node is Ready.
+    pub(super) fn start(env: &Env, kubelet_root: &Path, images: &[PathBuf]) -> Result<Self> {
+        let started = Instant::now();
+        let state = host::state_dir()?;
+        let pki = Pki::generate(&[SERVICE_IP, NODE_IP, "kubernetes.default.svc"])?;
+        let file = |name: &str| state.join(name);
+        let tokens: String = TOKENS
+            .iter()
+            .map(|(token, user, groups)| format!("{token},{user},{user},\"{groups}\"\n"))
+            .collect();
+        for (name, contents) in [
+            ("ca.crt", pki.ca.as_str()),
+            ("apiserver.crt", &pki.serving_cert),
+            ("apiserver.key", &pki.serving_key),
+            ("sa.key", &pki.sa_key),
+            ("sa.pub", &pki.sa_public_key),
+            ("tokens.csv", &tokens),
+            ("audit-policy.yaml", AUDIT_POLICY),
+        ] {
+            fs::write(file(name), contents)?;
+        }
+        let path = |name: &str| file(name).display().to_string();
+        let bin = |name: &str| env.bin_dir.join(name);
+        let log = |name: &str, ext: &str| env.out.join(format!("{name}.{ext}"));
+        let spawn = |name: &str, program: &Path, args: &[&str]| {
+            Process::spawn(name, program, args, &log(name, "out"), &log(name, "log"))
+        };
+
+        let etcd_url = "http://127.0.0.1:2379";
+        let etcd = spawn(
+            "etcd",
+            &bin("etcd"),
+            &["--data-dir", &path("etcd"), "--listen-client-urls", etcd_url,
+              "--advertise-client-urls", etcd_url, "--listen-peer-urls", "http://127.0.0.1:2380"],
+        )?;
+        let mut etcd = etcd;
+        wait_serving(&mut etcd, || {
+            let health = ureq::get(&format!("{etcd_url}/health")).call();
+            Ok(health.is_ok_and(|mut response| {
+                response.body_mut().read_to_string().is_ok_and(|body| body.contains(r#""health":"true""#))
+            }))
+        })?;
+        let server = format!("https://{SERVICE_IP}:443");
+        let api = Api::new(&server, &pki.ca, ADMIN_TOKEN)?;
+        let mut apiserver = spawn(
+            "kube-apiserver",
+            &bin("kube-apiserver"),
+            &[
+                "--etcd-servers", etcd_url,
+                // On every address of the node: 10.0.0.1:443 is where a
+                // pod's in-cluster config points.
+                "--bind-address", "0.0.0.0",
+                "--secure-port", "443",
+                "--advertise-address", NODE_IP,
+                "--tls-cert-file", &path("apiserver.crt"),
+                "--tls-private-key-file", &path("apiserver.key"),
+                "--client-ca-file", &path("ca.crt"),
+                "--token-auth-file", &path("tokens.csv"),
+                "--authorization-mode", "Node,RBAC",
+                "--allow-privileged=true",
+                "--service-account-issuer", "https://kubernetes.default.svc",
+                "--service-account-key-file", &path("sa.pub"),
+                "--service-account-signing-key-file", &path("sa.key"),
+                "--service-cluster-ip-range", SERVICE_RANGE,
+                "--kubelet-preferred-address-types", "InternalIP",
+                "--audit-policy-file", &path("audit-policy.yaml"),
+                "--audit-log-path", &path("audit.log"),
+            ],
+        )?;
+        wait_serving(&mut apiserver, || {
+            Ok(api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200))
+        })?;
+
+        let kubeconfig = |name: &str, token: &str| -> Result<PathBuf> {
+            let file = file(&format!("{name}.kubeconfig"));
+            write_kubeconfig(&file, &server, &pki.ca, token)?;
+            Ok(file)
+        };
+        let token_of = |user: &str| {
+            TOKENS.iter().find(|(_, u, _)| *u == user).map(|(token, ..)| *token).unwrap_or_default()
+        };
+        let admin_kubeconfig = kubeconfig("admin", ADMIN_TOKEN)?;
+        let kcm_kubeconfig = kubeconfig("kcm", token_of("system:kube-controller-manager"))?;
+        let controller_manager = spawn(
+            "kube-controller-manager",
+            &bin("kube-controller-manager"),
+            &[
+                "--kubeconfig", &kcm_kubeconfig.display().to_string(),
+                "--authentication-kubeconfig", &kcm_kubeconfig.display().to_string(),
+                "--authorization-kubeconfig", &kcm_kubeconfig.display().to_string(),
+                // Each controller with a token of its own service account,
+                // so their RBAC is the cluster's.
+                "--use-service-account-credentials",
+                "--service-account-private-key-file", &path("sa.key"),
+                "--root-ca-file", &path("ca.crt"),
+                "--leader-elect=false",
+                "--bind-address", "127.0.0.1",
+            ],
+        )?;
+        let scheduler_kubeconfig = kubeconfig("scheduler", token_of("system:kube-scheduler"))?;
+        let scheduler = spawn(
+            "kube-scheduler",
+            &bin("kube-scheduler"),
+            &[
+                "--kubeconfig", &scheduler_kubeconfig.display().to_string(),
+                "--authentication-kubeconfig", &scheduler_kubeconfig.display().to_string(),
+                "--authorization-kubeconfig", &scheduler_kubeconfig.display().to_string(),
+                "--leader-elect=false",
+                "--bind-address", "127.0.0.1",
+            ],
+        )?;
+
+        let containerd = start_containerd(&state, env)?;
+        for image in images {
+            let image = image.display().to_string();
+            host::run("ctr", &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "images", "import", &image])?;
+        }
+
+        let kubelet_kubeconfig = kubeconfig("kubelet", token_of("system:node:kpm-node"))?;
+        let config = file("kubelet-config.json");
+        fs::write(&config, serde_json::to_string_pretty(&kubelet_config())?)?;
+        let mut node = Self {
+            kubelet: None,
+            kubelet_starts: 0,
+            _containerd: containerd,
+            _scheduler: scheduler,
+            _controller_manager: controller_manager,
+            _apiserver: apiserver,
+            _etcd: etcd,
+            api,
+            admin_kubeconfig,
+            audit_log: file("audit.log"),
+            kubelet_root: kubelet_root.to_path_buf(),
+            state: state.clone(),
+            bin_dir: env.bin_dir.clone(),
+            out: env.out.clone(),
+        };
+        node.start_kubelet(&kubelet_kubeconfig, &config)?;
+        node.wait_ready()?;
+        eprintln!("node {NODE_NAME} Ready {:.1?} after the start", started.elapsed());
+        Ok(node)
+    }
+
+    fn start_kubelet(&mut self, kubeconfig: &Path, config: &Path) -> Result {
+        fs::create_dir_all(&self.kubelet_root)?;
+        self.kubelet_starts += 1;
+        let name = match self.kubelet_starts {
+            1 => "kubelet".to_owned(),
+            n => format!("kubelet-{n}"),
+        };
+        let (out, log) = (self.out.join(format!("{name}.out")), self.out.join(format!("{name}.log")));
+        let args = [
+            "--config", &config.display().to_string(),
+            "--kubeconfig", &kubeconfig.display().to_string(),
+            "--root-dir", &self.kubelet_root.display().to_string(),
+            "--hostname-override", NODE_NAME,
+            "--node-ip", NODE_IP,
+            "-v", "2",
+        ];
+        self.kubelet = Some(Process::spawn(&name, &self.bin_dir.join("kubelet"), &args, &out, &log)?);
+        Ok(())
+    }
+
+    /// Stops the kubelet (SIGTERM) and starts it again with the same
+    /// arguments, as a node's service manager restarts it; its pods run on.
+    pub(super) fn restart_kubelet(&mut self) -> Result {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kubelet.stop(STOP_TIMEOUT)?;
+        }
+        let (kubeconfig, config) =
+            (self.state.join("kubelet.kubeconfig"), self.state.join("kubelet-config.json"));
+        self.start_kubelet(&kubeconfig, &config)
+    }
+
+    /// Waits until the Node's `Ready` condition is `True`.
+    pub(super) fn wait_ready(&mut self) -> Result {
+        let kubelet = self.kubelet.as_mut().ok_or("the kubelet is not running")?;
+        let api = &self.api;
+        wait_serving(kubelet, || {
+            let (code, node) = api.request("GET", &format!("/api/v1/nodes/{NODE_NAME}"), None)?;
+            Ok(code == 200 && condition(&node, "Ready") == Some("True"))
+        })
+    }
+
+    /// `kubectl ARGS` as admin; its stdout.
+    pub(super) fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let output = std::process::Command::new(self.bin_dir.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .output()?;
+        if output.status.success() {
+            Ok(String::from_utf8(output.stdout)?)
+        } else {
+            Err(format!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )
+            .into())
+        }
+    }
+
+    /// `kubectl apply -f -` of `manifest` as admin.
+    pub(super) fn apply(&self, manifest: &str) -> Result {
+        use std::io::Write as _;
+        let mut kubectl = std::process::Command::new(self.bin_dir.join("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(["apply", "--validate=false", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        kubectl.stdin.take().ok_or("kubectl: no stdin")?.write_all(manifest.as_bytes())?;
+        let output = kubectl.wait_with_output()?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!("kubectl apply: {}", String::from_utf8_lossy(&output.stderr).trim()).into())
+        }
+    }
+
+    /// `kubectl get ARGS -o json`, parsed.
+    pub(super) fn get(&self, args: &[&str]) -> Result<Value> {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        let mut get = vec!["get"];
+        get.extend(args);
+        Ok(serde_json::from_str(&self.kubectl(&get)?)?)
+    }
+
+    /// Waits until every pod matching `selector` in `namespace` is Running
+    /// with all its containers ready; returns when.
+    pub(super) fn wait_pods_ready(&self, namespace: &str, selector: &str) -> Result<Instant> {
+        wait_for(&format!("pods {selector} in {namespace} ready"), START_TIMEOUT, || {
+            let pods = self.get(&["pods", "-n", namespace, "-l", selector])?;
+            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            let ready = !items.is_empty()
+                && items.iter().all(|pod| condition(pod, "Ready") == Some("True"));
+            Ok(ready.then(Instant::now))
+        })
+    }
+}
+
+/// Waits until `ready` holds; fails at once, naming its log, if `process`
+/// exits first.
+fn wait_serving(process: &mut Process, mut ready: impl FnMut() -> Result<bool>) -> Result {
+    wait_until(&format!("{} ready", process.name), START_TIMEOUT, || {
+        if let Some(status) = process.child.try_wait()? {
+            return Err(format!("{} exited ({status}), see target/node-e2e/{}.log", process.name, process.name).into());
+        }
+        ready()
+    })
+}
+
+/// The status of condition `kind` of an object (a Node, a Pod).
+pub(super) fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a str> {
+    object["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|condition| condition["type"] == kind)?["status"]
+        .as_str()
+}
+
+/// The kubelet's configuration for this machine (`real-node.md`).
+fn kubelet_config() -> Value {
+    json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        // kube-apiserver reaches logs and exec anonymously, in the
+        // namespace only.
+        "authentication": {"anonymous": {"enabled": true}, "webhook": {"enabled": false}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": format!("/{CGROUP_ROOT}"),
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        "containerRuntimeEndpoint": format!("unix://{CONTAINERD_SOCKET}"),
+        // Images are imported, never pulled: keep them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        // A shared build machine's disk: no eviction of the test's pods.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "clusterDomain": "cluster.local",
+        "readOnlyPort": 0,
+    })
+}
+
+/// containerd's configuration (`real-node.md`), the CNI bridge, and the
+/// daemon started and answering.
+fn start_containerd(state: &Path, env: &Env) -> Result<Process> {
+    let dir = state.join("containerd");
+    let cni = state.join("cni");
+    fs::create_dir_all(&cni)?;
+    fs::write(
+        cni.join("10-kpm-node.conflist"),
+        serde_json::to_string_pretty(&json!({
+            "cniVersion": "0.4.0",
+            "name": "kpm-node",
+            "plugins": [
+                {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
+                 "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET, "gateway": NODE_IP}]],
+                          "routes": [{"dst": "0.0.0.0/0"}]}},
+                {"type": "portmap", "capabilities": {"portMappings": true}},
+            ],
+        }))?,
+    )?;
+    fs::create_dir_all(&dir)?;
+    let config = format!(
+        r#"version = 2
+root = "{root}"
+state = "{state}"
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  disable_apparmor = true
+  # No CAP_SYS_RESOURCE in this VM: runc cannot raise oom_score_adj.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{runc}"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "{cni}"
+"#,
+        root = dir.join("root").display(),
+        state = dir.join("state").display(),
+        runc = dir.join("runc").display(),
+        cni = cni.display(),
+    );
+    let file = dir.join("config.toml");
+    fs::write(&file, config)?;
+    let containerd = Process::spawn(
+        "containerd",
+        Path::new("containerd"),
+        &["--config", &file.display().to_string()],
+        &env.out.join("containerd.out"),
+        &env.out.join("containerd.log"),
+    )?;
+    let mut containerd = containerd;
+    wait_serving(&mut containerd, || {
+        Ok(host::run("ctr", &["--address", CONTAINERD_SOCKET, "version"]).is_ok())
+    })?;
+    Ok(containerd)
+}
+
+/// A kubeconfig for `token` against `server`.
+pub(super) fn write_kubeconfig(file: &Path, server: &str, ca_pem: &str, token: &str) -> Result {
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    // JSON is YAML: any kubeconfig reader takes it.
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "node-e2e", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": "user", "user": {"token": token}}],
+        "contexts": [{"name": "node-e2e", "context": {"cluster": "node-e2e", "user": "user"}}],
+        "current-context": "node-e2e",
+    });
+    fs::write(file, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
+}
+

@@ -1,0 +1,115 @@
+//! `registrar-killed`: breakage as it happens in the field, seen by the
+//! doctor's DaemonSet of `doctor`: the CSI driver's registrar container
+//! killed once (the kubelet heals it at once: not reported), then twice
+//! (the kubelet backs off: reported, then recovered).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::super::node::Node;
+use super::super::{Env, NODE_NAME, START_TIMEOUT};
+use super::csi::{CSI_NAMESPACE, CSI_SELECTOR};
+use super::doctor::{CONDITION, node_condition, node_events};
+use super::secs;
+use crate::Result;
+use crate::scenario::{wait_for, wait_until};
+
+/// How long the doctor may take to publish a failure or a recovery: its
+/// `--confirm-ms` (3 s) and a pass.
+const PUBLISH_WITHIN: Duration = Duration::from_secs(5);
+/// How long a single kill is watched for a report that must not come.
+const QUIET_FOR: Duration = Duration::from_secs(8);
+
+/// Kills the registrar once, then twice in a row, checking the doctor's
+/// condition and Events on the Node each time.
+pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
+    let restarts = registrar_restarts(node)?;
+    let killed = Instant::now();
+    kill_program("node-driver-registrar")?;
+    let healed = wait_for("the registrar restarted", START_TIMEOUT, || {
+        Ok((registrar_restarts(node)? > restarts && registrar_ready(node)?).then(Instant::now))
+    })?;
+    // Healed within a second: the doctor must not have said otherwise.
+    let quiet_until = Instant::now() + QUIET_FOR;
+    while Instant::now() < quiet_until {
+        if let Some(status) = node_condition(node)?.filter(|(status, _)| status != "True") {
+            return Err(format!("a registrar the kubelet healed in {} was reported: {status:?}", secs(healed - killed)).into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Killed again as soon as it is back: the kubelet waits 10 s before
+    // the next restart.
+    let restarts = registrar_restarts(node)?;
+    kill_program("node-driver-registrar")?;
+    wait_until("the registrar restarted", START_TIMEOUT, || Ok(registrar_restarts(node)? > restarts))?;
+    let second_kill = Instant::now();
+    kill_program("node-driver-registrar")?;
+    let (reported, reason) = wait_for(&format!("{CONDITION} False"), START_TIMEOUT, || {
+        Ok(node_condition(node)?
+            .filter(|(status, _)| status == "False")
+            .map(|(_, reason)| (Instant::now(), reason)))
+    })?;
+    let report_time = reported - second_kill;
+    if report_time > PUBLISH_WITHIN {
+        return Err(format!("the registrar's back-off was reported {} after the kill", secs(report_time)).into());
+    }
+    let event = wait_for(&format!("an Event {reason} on Node {NODE_NAME}"), START_TIMEOUT, || {
+        Ok(node_events(node)?.into_iter().find(|event| event["reason"] == reason.as_str()))
+    })?;
+    let back = wait_for("the registrar back after its back-off", START_TIMEOUT, || {
+        Ok(registrar_ready(node)?.then(Instant::now))
+    })?;
+    let recovered = wait_for(&format!("{CONDITION} True again"), START_TIMEOUT, || {
+        Ok(node_condition(node)?.filter(|(status, _)| status == "True").map(|_| Instant::now()))
+    })?;
+    let recovery_time = recovered.saturating_duration_since(back);
+    if recovery_time > PUBLISH_WITHIN {
+        return Err(format!("the recovery was published {} after the registrar was back", secs(recovery_time)).into());
+    }
+    Ok(format!(
+        "one kill healed in {} and not reported; two kills: False/{reason} {} after the second, Event {:?}; \
+         back after {} of back-off, True {} later",
+        secs(healed - killed),
+        secs(report_time),
+        event["note"].as_str().unwrap_or_default(),
+        secs(back - second_kill),
+        secs(recovery_time),
+    ))
+}
+
+/// The registrar container's status in the CSI driver's pod.
+fn registrar_status(node: &Node) -> Result<Value> {
+    let pods = node.get(&["pods", "-n", CSI_NAMESPACE, "-l", CSI_SELECTOR])?;
+    pods["items"][0]["status"]["containerStatuses"]
+        .as_array()
+        .and_then(|statuses| statuses.iter().find(|s| s["name"] == "node-driver-registrar"))
+        .cloned()
+        .ok_or_else(|| "the CSI driver's pod has no registrar container".into())
+}
+
+pub(super) fn registrar_restarts(node: &Node) -> Result<u64> {
+    Ok(registrar_status(node)?["restartCount"].as_u64().unwrap_or_default())
+}
+
+fn registrar_ready(node: &Node) -> Result<bool> {
+    Ok(registrar_status(node)?["ready"] == true)
+}
+
+/// SIGKILL to every process of the node running `program` (containers'
+/// processes are the host's too: no PID namespace hides them from here).
+pub(super) fn kill_program(program: &str) -> Result {
+    let mut killed = 0;
+    for entry in std::fs::read_dir("/proc")? {
+        let path = entry?.path();
+        let Ok(exe) = std::fs::read_link(path.join("exe")) else { continue };
+        if exe.file_name().is_some_and(|name| name == program) {
+            let pid = path.file_name().and_then(|pid| pid.to_str()).unwrap_or_default();
+            if super::super::host::run("kill", &["-KILL", pid]).is_ok() {
+                killed += 1;
+            }
+        }
+    }
+    if killed == 0 { Err(format!("no {program} process to kill").into()) } else { Ok(()) }
+}

@@ -1,0 +1,84 @@
+//! `device-plugin` and `kubelet-restart`: a device plugin pod on
+//! `kubelet.sock` that loses its socket, and the kubelet itself restarted,
+//! seen by the doctor's DaemonSet of `doctor`.
+
+use std::time::Instant;
+
+use super::super::node::Node;
+use super::super::{Env, NODE_NAME, START_TIMEOUT};
+use super::doctor::{CONDITION, node_condition};
+use super::secs;
+use crate::Result;
+use crate::scenario::wait_for;
+
+/// generic-device-plugin's resource, as `manifests/generic-device-plugin.yaml` configures it.
+const RESOURCE: &str = "squat.ai/null";
+/// The kubelet's device plugins dir: hard-coded, whatever its root.
+const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+
+/// generic-device-plugin deployed: its 3 devices become the Node's
+/// capacity and the doctor stays healthy; then its socket is removed from
+/// the host, as a wiped `device-plugins/` does, and the doctor says so.
+pub(super) fn device_plugin_socket_lost(_env: &Env, node: &mut Node) -> Result<String> {
+    let applied = Instant::now();
+    node.apply(include_str!("../manifests/generic-device-plugin.yaml"))?;
+    let capacity = wait_for(&format!("{RESOURCE}: 3 on Node {NODE_NAME}"), START_TIMEOUT, || {
+        Ok((capacity(node)?.as_deref() == Some("3")).then(Instant::now))
+    })?;
+    wait_for(&format!("{CONDITION} True with the device plugin"), START_TIMEOUT, || {
+        Ok(node_condition(node)?.filter(|(status, _)| status == "True"))
+    })?;
+
+    let socket = plugin_socket()?;
+    std::fs::remove_file(&socket)?;
+    let removed = Instant::now();
+    let (reported, reason) = wait_for(&format!("{CONDITION} False once {} is gone", socket.display()), START_TIMEOUT, || {
+        Ok(node_condition(node)?
+            .filter(|(status, _)| status == "False")
+            .map(|(_, reason)| (Instant::now(), reason)))
+    })?;
+    Ok(format!(
+        "{RESOURCE}: 3 on the Node {} after apply; its socket removed: False/{reason} {} later",
+        secs(capacity - applied),
+        secs(reported - removed)
+    ))
+}
+
+/// The kubelet restarted (SIGTERM, then started again): the Node Ready
+/// again, the device plugin registered anew on the new `kubelet.sock`, and
+/// the doctor's condition True again.
+pub(super) fn kubelet_restart(_env: &Env, node: &mut Node) -> Result<String> {
+    let restarted = Instant::now();
+    node.restart_kubelet()?;
+    node.wait_ready()?;
+    let ready = restarted.elapsed();
+    let healthy = wait_for(&format!("{CONDITION} True after the restart"), START_TIMEOUT, || {
+        Ok(node_condition(node)?.filter(|(status, _)| status == "True").map(|_| Instant::now()))
+    })?;
+    let devices = wait_for(&format!("{RESOURCE} back on the Node"), START_TIMEOUT, || {
+        Ok((capacity(node)?.as_deref() == Some("3")).then(Instant::now))
+    })?;
+    Ok(format!(
+        "Node Ready {} after the restart, {CONDITION} True {}, {RESOURCE} registered again {}",
+        secs(ready),
+        secs(healthy - restarted),
+        secs(devices - restarted)
+    ))
+}
+
+/// The Node's allocatable count of [`RESOURCE`].
+fn capacity(node: &Node) -> Result<Option<String>> {
+    let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+    Ok(object["status"]["allocatable"][RESOURCE].as_str().map(str::to_owned))
+}
+
+/// The socket generic-device-plugin serves in the device plugins dir.
+fn plugin_socket() -> Result<std::path::PathBuf> {
+    std::fs::read_dir(DEVICE_PLUGINS)?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .find(|path| {
+            path.extension().is_some_and(|ext| ext == "sock")
+                && path.file_name().is_some_and(|name| name != "kubelet.sock")
+        })
+        .ok_or_else(|| format!("no device plugin socket in {DEVICE_PLUGINS}").into())
+}

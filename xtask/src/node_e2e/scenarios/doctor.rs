@@ -1,0 +1,130 @@
+//! `doctor`: the doctor's DaemonSet as a user applies it, beside the real
+//! kubelet and the CSI driver of `csi-driver`.
+
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::super::node::{Node, condition};
+use super::super::{Env, NODE_NAME, START_TIMEOUT};
+use super::{namespace_and_image, overlay, secs};
+use crate::Result;
+use crate::scenario::wait_for;
+
+/// The namespace the scenarios' overlays put kpm in: not the base's, so
+/// that the overlay's namespace is checked to move everything.
+pub(in super::super) const NAMESPACE: &str = "kpm-system";
+pub(super) const DOCTOR_SELECTOR: &str = "app.kubernetes.io/name=kpm-doctor";
+const DOCTOR_USER: &str = "system:serviceaccount:kpm-system:kpm-doctor";
+/// The doctor's condition on the Node.
+pub(super) const CONDITION: &str = "KubeletPluginsHealthy";
+
+/// `deploy/doctor` with an overlay that sets the namespace and the image
+/// and nothing else: the pod runs, judges the node healthy and says so on
+/// the Node, serves its metrics, names host paths, and none of its requests
+/// is refused.
+pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
+    let overlay = overlay(
+        env,
+        "doctor",
+        &format!("resources:\n  - @DEPLOY@/doctor\n{}", namespace_and_image()?),
+    )?;
+    let audit_from = std::fs::metadata(&node.audit_log).map_or(0, |meta| meta.len());
+    // As a user would: the namespace first, then the overlay.
+    node.kubectl(&["create", "namespace", NAMESPACE])?;
+    let applied = Instant::now();
+    node.kubectl(&["apply", "--validate=false", "-k", &overlay.display().to_string()])?;
+    let ready = node.wait_pods_ready(NAMESPACE, DOCTOR_SELECTOR)?;
+    let healthy = wait_for(&format!("{CONDITION}=True on Node {NODE_NAME}"), START_TIMEOUT, || {
+        let node = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+        Ok((condition(&node, CONDITION) == Some("True")).then(Instant::now))
+    })?;
+
+    let pods = node.get(&["pods", "-n", NAMESPACE, "-l", DOCTOR_SELECTOR])?;
+    let pod = &pods["items"][0];
+    let pod_name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
+    let pod_ip = pod["status"]["podIP"].as_str().ok_or("doctor pod without an IP")?;
+    for path in ["/healthz", "/metrics"] {
+        let url = format!("http://{pod_ip}:9465{path}");
+        let code = ureq::get(&url).call().map(|response| response.status().as_u16())?;
+        if code != 200 {
+            return Err(format!("GET {url}: {code}").into());
+        }
+    }
+
+    // What an operator reads names paths of the node, never the pod's
+    // view of them under /host.
+    let report = node.kubectl(&["exec", "-n", NAMESPACE, pod_name, "--", "kpm", "doctor", "--host-root", "/host", "-o", "json"]);
+    let report: Value = match report {
+        Ok(text) => serde_json::from_str(&text)?,
+        // Exit 1 (a plugin failing) still prints the report.
+        Err(err) => return Err(format!("kpm doctor in the pod: {err}").into()),
+    };
+    let logs = node.kubectl(&["logs", "-n", NAMESPACE, pod_name])?;
+    let message = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+    for (what, text) in [
+        ("the report", report.to_string()),
+        ("the log", logs),
+        ("the Node's conditions", message["status"]["conditions"].to_string()),
+    ] {
+        if text.contains("/host/") {
+            return Err(format!("{what} names a path under /host: {text}").into());
+        }
+    }
+    let kubelet_root = node.kubelet_root.display().to_string();
+    if !report.to_string().contains(&kubelet_root) {
+        return Err(format!("the doctor's report does not name {kubelet_root}: {report}").into());
+    }
+
+    let refused = refused_requests(node, DOCTOR_USER, audit_from)?;
+    if !refused.is_empty() {
+        return Err(format!("requests of {DOCTOR_USER} refused: {}", refused.join(", ")).into());
+    }
+    Ok(format!(
+        "pod ready {} after apply -k, {CONDITION}=True {} after that; /metrics and /healthz served; no request refused",
+        secs(ready - applied),
+        secs(healthy - ready)
+    ))
+}
+
+/// The requests of `user` the API server answered with 401 or 403, from
+/// byte `from` of its audit log.
+pub(super) fn refused_requests(node: &Node, user: &str, from: u64) -> Result<Vec<String>> {
+    let text = std::fs::read(&node.audit_log)?;
+    let from = usize::try_from(from)?.min(text.len());
+    let mut refused = Vec::new();
+    for line in String::from_utf8_lossy(&text[from..]).lines() {
+        let Ok(entry) = serde_json::from_str::<Value>(line) else { continue };
+        let code = entry["responseStatus"]["code"].as_u64().unwrap_or_default();
+        if entry["user"]["username"] == user && matches!(code, 401 | 403) {
+            refused.push(format!("{} {} ({code})", entry["verb"], entry["requestURI"]));
+        }
+    }
+    Ok(refused)
+}
+
+
+/// The status and reason of the doctor's condition on the Node.
+pub(super) fn node_condition(node: &Node) -> Result<Option<(String, String)>> {
+    let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+    let found = object["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == CONDITION))
+        .map(|c| {
+            (c["status"].as_str().unwrap_or_default().to_owned(), c["reason"].as_str().unwrap_or_default().to_owned())
+        });
+    Ok(found)
+}
+
+/// The Events about the Node.
+pub(super) fn node_events(node: &Node) -> Result<Vec<Value>> {
+    let list = node.api.get("/apis/events.k8s.io/v1/events")?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|event| event["regarding"]["kind"] == "Node" && event["regarding"]["name"] == NODE_NAME)
+        .cloned()
+        .collect())
+}
+

@@ -1,0 +1,135 @@
+//! The scenarios, in the order they run on one node: each leaves what it
+//! deployed for the next (the doctor judges the CSI driver deployed before
+//! it), and says in one line what it measured.
+
+use std::path::{Path, PathBuf};
+
+use super::{DEFAULT_KUBELET_ROOT, Env, OTHER_KUBELET_ROOT};
+use super::node::Node;
+use crate::Result;
+
+mod alert;
+mod breakage;
+mod csi;
+mod device;
+mod doctor;
+mod fleet;
+mod run;
+
+pub(super) struct Scenario {
+    pub(super) name: &'static str,
+    /// The programs it needs in the folder of real programs, besides the node's.
+    pub(super) programs: &'static [&'static str],
+    /// The kubelet's root directory: one node runs per root.
+    pub(super) kubelet_root: &'static str,
+    /// Runs it; the summary line on success.
+    pub(super) run: fn(&Env, &mut Node) -> Result<String>,
+}
+
+pub(super) const SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "csi-driver",
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: csi::hostpath_driver,
+    },
+    Scenario {
+        name: "doctor",
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: doctor::doctor_daemonset,
+    },
+    Scenario {
+        name: "registrar-killed",
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: breakage::registrar_killed,
+    },
+    Scenario {
+        name: "alert",
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: alert::alert_fires,
+    },
+    Scenario {
+        name: "device-plugin",
+        programs: &["generic-device-plugin"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: device::device_plugin_socket_lost,
+    },
+    Scenario {
+        name: "kubelet-restart",
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: device::kubelet_restart,
+    },
+    Scenario { name: "cluster", programs: &[], kubelet_root: DEFAULT_KUBELET_ROOT, run: fleet::doctor_cluster },
+    Scenario {
+        name: "kpm-run",
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: run::kpm_run_daemonset,
+    },
+    Scenario {
+        name: "footprint",
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: fleet::doctor_footprint,
+    },
+    Scenario {
+        name: "kubelet-root",
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: OTHER_KUBELET_ROOT,
+        run: other_kubelet_root,
+    },
+];
+
+/// `kubelet-root`: on a kubelet whose root is not `/var/lib/kubelet`, the
+/// CSI driver deployed for that root, and the doctor's DaemonSet applied as
+/// on any other node: it runs and judges the node healthy.
+fn other_kubelet_root(env: &Env, node: &mut Node) -> Result<String> {
+    let csi = csi::hostpath_driver(env, node)?;
+    let doctor = doctor::doctor_daemonset(env, node)?;
+    Ok(format!("{}: {csi}; doctor: {doctor}", node.kubelet_root.display()))
+}
+
+/// A kustomize overlay in `target/node-e2e/overlays/NAME`, as a user writes
+/// one: `kustomization` is its body, with `@DEPLOY@` standing for the
+/// relative path to the repository's `deploy/`.
+pub(super) fn overlay(env: &Env, name: &str, kustomization: &str) -> Result<PathBuf> {
+    let dir = env.out.join("overlays").join(name);
+    std::fs::create_dir_all(&dir)?;
+    let deploy = relative(&dir, &env.root.join("deploy"));
+    std::fs::write(
+        dir.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n{}",
+            kustomization.replace("@DEPLOY@", &deploy.display().to_string())
+        ),
+    )?;
+    Ok(dir)
+}
+
+/// The part of an overlay that sets the namespace and kpm's image.
+pub(super) fn namespace_and_image() -> Result<String> {
+    let (name, tag) = super::images::KPM.rsplit_once(':').ok_or("image without a tag")?;
+    Ok(format!(
+        "namespace: {}\nimages:\n  - name: ghcr.io/kpm-rs/kpm\n    newName: {name}\n    newTag: {tag}\n",
+        doctor::NAMESPACE
+    ))
+}
+
+/// `to` as a path relative to `from` (both absolute): kustomize takes bases
+/// by relative path.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), to.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path: PathBuf = std::iter::repeat_n("..", from.len() - common).collect();
+    path.extend(&to[common..]);
+    path
+}
+
+/// Seconds, for the summary lines.
+pub(super) fn secs(duration: std::time::Duration) -> String {
+    format!("{:.1} s", duration.as_secs_f64())
+}
