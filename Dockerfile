@@ -1,12 +1,13 @@
 # syntax=docker/dockerfile:1
 #
 # The `kpm` binary (crate kpm-cli) in a small runtime image, as
-# deploy/daemonset.yaml runs it. From the repository root:
+# deploy/run and deploy/doctor run it. From the repository root:
 #
 #   docker build -t ghcr.io/kpm-rs/kpm:0.1.0 .
 #
 # The tag is the workspace version (Cargo.toml); update the image of
-# deploy/daemonset.yaml with it. The build needs crates.io and nothing else:
+# deploy/run/daemonset.yaml and deploy/doctor/daemonset.yaml with it
+# (`cargo xtask deploy` checks it). The build needs crates.io and nothing else:
 # the gRPC code is checked in (crates/kpm-api/src/gen), so no protoc.
 
 # rust-version in Cargo.toml; the full image has the C toolchain and make

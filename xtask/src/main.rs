@@ -16,9 +16,12 @@
 //!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e/mod.rs`);
 //!   not part of `ci`.
 //! - `tidy`: source-tree rules (see `tidy/mod.rs`); also runs as a test.
+//! - `deploy`: `deploy/` rendered by `kubectl kustomize` and read back, and the
+//!   alerting rules checked and tested by promtool (see `deploy/mod.rs`).
 
 mod bench;
 mod codegen;
+mod deploy;
 mod harness;
 mod interop;
 mod image;
@@ -37,7 +40,7 @@ type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | package | bench [--quick] [--only SCENARIO] \
                      | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
                      | interop --bin-dir DIR [--only SCENARIO] \
-                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy>";
+                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy | deploy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
         ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
         ["node-e2e", options @ ..] => node_e2e::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
+        ["deploy"] => deploy::check(&project_root()),
         ["--help" | "-h" | "help"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -127,6 +131,8 @@ fn ci_steps(root: &Path, tally: &mut TestTally) -> Result {
     codegen::run(root, codegen::Mode::Check)?;
     println!("$ cargo xtask tidy");
     tidy::check(root)?;
+    println!("$ cargo xtask deploy");
+    deploy::check(root)?;
     cargo(root, &["build", "--workspace", "--all-targets", "--all-features"], &[])?;
     cargo_test(
         root,

@@ -9,7 +9,7 @@
 //! 127.0.0.1 and localhost, service-account key), a static token file with an
 //! admin (`system:masters`) and kpm's service account, and RBAC authorization.
 //! The `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` of the manifest
-//! (`deploy/daemonset.yaml`) are applied; Nodes `node1` and `node2` are
+//! (`deploy/run/daemonset.yaml`) are applied; Nodes `node1` and `node2` are
 //! created. `kpm run --node-name node1` talks to the API server as its
 //! service account through a kubeconfig, so its RBAC is checked too. Every
 //! check reads the API server (as admin), never kpm, except the request
@@ -89,7 +89,7 @@ struct Env {
     /// Kubernetes' e2e DRA test driver, if given.
     dra_test_driver: Option<PathBuf>,
     manifest: PathBuf,
-    /// `deploy/doctor-daemonset.yaml`, whose RBAC the doctors run with.
+    /// `deploy/doctor/daemonset.yaml`, whose RBAC the doctors run with.
     doctor_manifest: PathBuf,
     out: PathBuf,
 }
@@ -141,8 +141,8 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         apiserver,
         etcd,
         dra_test_driver,
-        manifest: manifest.unwrap_or_else(|| root.join("deploy/daemonset.yaml")),
-        doctor_manifest: root.join("deploy/doctor-daemonset.yaml"),
+        manifest: manifest.unwrap_or_else(|| root.join("deploy/run/daemonset.yaml")),
+        doctor_manifest: root.join("deploy/doctor/daemonset.yaml"),
         out: binaries.out,
     };
 

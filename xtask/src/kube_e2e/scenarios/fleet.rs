@@ -3,7 +3,7 @@
 //!
 //! Each node has a root of its own, a `kpm run` as its kubelet (it fills
 //! the node's CSINode), a CSI driver and a doctor publishing with the
-//! doctor's service account (`deploy/doctor-daemonset.yaml`'s RBAC).
+//! doctor's service account (`deploy/doctor/daemonset.yaml`'s RBAC).
 //! Checked through the API server, as admin, and its audit log:
 //! 1. failures show with the right verdict within 5 s: a stale socket (a
 //!    driver killed), a rejected version, a driver missing from CSINode (its
