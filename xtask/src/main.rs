@@ -15,11 +15,15 @@
 //! - `kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO]`:
 //!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e/mod.rs`);
 //!   not part of `ci`.
+//! - `image [--out FILE] [--name NAME:TAG]`: kpm's image as one archive
+//!   that `ctr images import`, `podman load` and `docker load` take, no
+//!   registry or Docker needed (see `image/mod.rs`); not part of `ci`.
 //! - `tidy`: source-tree rules (see `tidy/mod.rs`); also runs as a test.
 
 mod bench;
 mod codegen;
 mod harness;
+mod image;
 mod interop;
 mod kube_e2e;
 mod scenario;
@@ -35,7 +39,8 @@ type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | package | bench [--quick] [--only SCENARIO] \
                      | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
                      | interop --bin-dir DIR [--only SCENARIO] \
-                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy>";
+                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] \
+                     | image [--out FILE] [--name NAME:TAG] | tidy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
         ["soak", options @ ..] => soak::run(&project_root(), options),
         ["interop", options @ ..] => interop::run(&project_root(), options),
         ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
+        ["image", options @ ..] => image::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         ["--help" | "-h" | "help"] => {
             println!("{USAGE}");
