@@ -15,6 +15,12 @@
 //! - `kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO]`:
 //!   `kpm run` against a real kube-apiserver and etcd (see `kube_e2e/mod.rs`);
 //!   not part of `ci`.
+//! - `image [--out FILE] [--name NAME:TAG]`: kpm's image as one archive
+//!   that `ctr images import`, `podman load` and `docker load` take, no
+//!   registry or Docker needed (see `image/mod.rs`); not part of `ci`.
+//! - `node-e2e --bin-dir DIR [--only SCENARIO]`: kpm's image and manifests
+//!   on a real node: containerd, the real kubelet and a control plane (see
+//!   `node_e2e/mod.rs`); not part of `ci`.
 //! - `tidy`: source-tree rules (see `tidy/mod.rs`); also runs as a test.
 //! - `deploy`: `deploy/` rendered by `kubectl kustomize` and read back, and the
 //!   alerting rules checked and tested by promtool (see `deploy/mod.rs`).
@@ -23,8 +29,8 @@ mod bench;
 mod codegen;
 mod deploy;
 mod harness;
-mod interop;
 mod image;
+mod interop;
 mod kube_e2e;
 mod node_e2e;
 mod scenario;
@@ -40,7 +46,9 @@ type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | package | bench [--quick] [--only SCENARIO] \
                      | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
                      | interop --bin-dir DIR [--only SCENARIO] \
-                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] | tidy | deploy>";
+                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] \
+                     | node-e2e --bin-dir DIR [--only SCENARIO] \
+                     | image [--out FILE] [--name NAME:TAG] | tidy | deploy>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -55,6 +63,7 @@ fn main() -> ExitCode {
         ["interop", options @ ..] => interop::run(&project_root(), options),
         ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
         ["node-e2e", options @ ..] => node_e2e::run(&project_root(), options),
+        ["image", options @ ..] => image::run(&project_root(), options),
         ["tidy"] => tidy::check(&project_root()),
         ["deploy"] => deploy::check(&project_root()),
         ["--help" | "-h" | "help"] => {

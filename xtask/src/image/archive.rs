@@ -7,10 +7,11 @@
 //! The archive depends on its inputs alone, so that the same files give the
 //! same bytes and digests: entries sorted, owned by 0:0, every mtime and the
 //! config's `created` the image's `timestamp`, JSON written from structs
-//! (their key order does not follow serde_json's `preserve_order`, which
+//! (their key order does not follow `serde_json`'s `preserve_order`, which
 //! another crate of the workspace turns on).
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -142,7 +143,7 @@ fn source_date_epoch() -> Result<u64> {
 /// once the archive is complete.
 pub(crate) fn write_archive(image: &Image, out: &Path) -> Result<Archive> {
     let layer = Blob::new(layer_tar(image)?);
-    let config = Blob::new(serde_json::to_vec(&Config::of(image, &layer))?);
+    let config = Blob::new(serde_json::to_vec(&ImageConfig::of(image, &layer))?);
     let manifest = Blob::new(serde_json::to_vec(&Manifest {
         schema_version: 2,
         media_type: MANIFEST_MEDIA_TYPE,
@@ -180,8 +181,10 @@ pub(crate) fn write_archive(image: &Image, out: &Path) -> Result<Archive> {
     fs::create_dir_all(dir).map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
     let mut file = tempfile::NamedTempFile::new_in(dir)
         .map_err(|err| format!("cannot create a file in {}: {err}", dir.display()))?;
-    write_tar(file.as_file_mut(), &entries, image.timestamp)?;
-    file.as_file_mut().flush()?;
+    let mut writer = std::io::BufWriter::new(file.as_file_mut());
+    write_tar(&mut writer, &entries, image.timestamp)?;
+    writer.flush()?;
+    drop(writer);
     // A temp file is private; an image archive is for anyone to load.
     fs::set_permissions(file.path(), fs::Permissions::from_mode(0o644))?;
     let size = file.as_file().metadata()?.len();
@@ -197,7 +200,11 @@ struct Blob {
 
 impl Blob {
     fn new(bytes: Vec<u8>) -> Self {
-        let hex = Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect();
+        let hex = Sha256::digest(&bytes).iter().fold(String::new(), |mut hex, byte| {
+            // Writing to a String cannot fail.
+            let _ = write!(hex, "{byte:02x}");
+            hex
+        });
         Self { bytes, hex }
     }
 
@@ -258,7 +265,7 @@ struct DockerManifest {
 
 /// The OCI image config.
 #[derive(Serialize)]
-struct Config<'a> {
+struct ImageConfig<'a> {
     created: String,
     architecture: &'a str,
     os: &'static str,
@@ -293,7 +300,7 @@ struct History {
     created_by: &'static str,
 }
 
-impl<'a> Config<'a> {
+impl<'a> ImageConfig<'a> {
     fn of(image: &'a Image, layer: &Blob) -> Self {
         let created = humantime::format_rfc3339_seconds(
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(image.timestamp),

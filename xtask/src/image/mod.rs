@@ -22,7 +22,7 @@ mod elf;
 
 use std::path::{Path, PathBuf};
 
-pub(crate) use archive::{Archive, Image, ImageFile, write_archive};
+pub(crate) use archive::{Image, ImageFile, write_archive};
 pub(crate) use elf::runtime_files;
 
 use crate::Result;
@@ -75,8 +75,9 @@ pub(crate) fn kpm_image(root: &Path, name: &str) -> Result<Image> {
     Ok(image)
 }
 
-/// An image named `name` of one program: `binary` at `path`, its entrypoint,
-/// with the loader and libraries it links (none for a static one).
+/// An image named `name` of one program: `binary` at `path`, its
+/// entrypoint, with the loader and libraries it links (none for a static
+/// one): the node tests' images of the drivers and of pause.
 pub(crate) fn program_image(name: &str, binary: &Path, path: &str) -> Result<Image> {
     let mut image = Image::new(name)?;
     image.files.push(ImageFile { source: binary.to_path_buf(), path: path.to_owned(), mode: 0o755 });

@@ -77,8 +77,15 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         .map_or_else(|| root.join("target"), |dir| root.join(dir));
     let env = Env { root: root.to_path_buf(), bin_dir, out: target.join("node-e2e"), target };
 
-    let selected: Vec<_> =
-        SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)).collect();
+    // `--only` runs the scenario and those whose deployments it works on.
+    let wanted: Vec<&str> = match only {
+        Some(name) => {
+            let scenario = SCENARIOS.iter().find(|s| s.name == name).ok_or_else(usage)?;
+            scenario.builds_on.iter().copied().chain([name]).collect()
+        }
+        None => names.clone(),
+    };
+    let selected: Vec<_> = SCENARIOS.iter().filter(|s| wanted.contains(&s.name)).collect();
     let missing = |programs: &[&str]| -> Vec<String> {
         programs
             .iter()

@@ -307,7 +307,7 @@ fn check_named_subcommands(
 }
 
 /// The `rust-version` of `[workspace.package]`.
-fn workspace_rust_version(cargo_toml: &str) -> Option<String> {
+pub(super) fn workspace_rust_version(cargo_toml: &str) -> Option<String> {
     let section = cargo_toml.split("[workspace.package]").nth(1)?;
     let section = section.split("\n[").next()?;
     let line = section.lines().find(|line| line.trim_start().starts_with("rust-version"))?;

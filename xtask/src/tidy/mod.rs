@@ -22,6 +22,7 @@
 //!   README's layout lists the workspace's crates and the CLI's subcommands
 //!   (as does `crates/kpm-cli/README.md`), and its Rust version is the
 //!   workspace's `rust-version`;
+//! - `dockerfile`: the Dockerfile's `FROM rust:X` is that `rust-version` too;
 //! - `size`: no file of library code is over 600 lines, tests and generated
 //!   code left out.
 
@@ -31,6 +32,7 @@ use std::path::{Path, PathBuf};
 use crate::Result;
 
 mod architecture;
+mod dockerfile;
 mod docs;
 mod layers;
 mod modules;
@@ -64,6 +66,7 @@ pub(crate) fn check(root: &Path) -> Result {
     }
     modules::check_cycles(&cycles, &mut problems);
     docs::check(root, &crates, &mut problems)?;
+    dockerfile::check(root, &mut problems)?;
     size::check(root, &crates, &mut problems)?;
     if problems.is_empty() {
         println!("tidy: ok");

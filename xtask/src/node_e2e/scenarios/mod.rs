@@ -20,6 +20,8 @@ pub(super) struct Scenario {
     pub(super) name: &'static str,
     /// The programs it needs in the folder of real programs, besides the node's.
     pub(super) programs: &'static [&'static str],
+    /// The scenarios whose deployments it works on: `--only` runs them first.
+    pub(super) builds_on: &'static [&'static str],
     /// The kubelet's root directory: one node runs per root.
     pub(super) kubelet_root: &'static str,
     /// Runs it; the summary line on success.
@@ -29,55 +31,65 @@ pub(super) struct Scenario {
 pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "csi-driver",
+        builds_on: &[],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: csi::hostpath_driver,
     },
     Scenario {
         name: "doctor",
+        builds_on: &[],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: doctor::doctor_daemonset,
     },
     Scenario {
         name: "registrar-killed",
+        builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: breakage::registrar_killed,
     },
     Scenario {
         name: "alert",
+        builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: alert::alert_fires,
     },
     Scenario {
         name: "device-plugin",
+        builds_on: &["doctor"],
         programs: &["generic-device-plugin"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: device::device_plugin_socket_lost,
     },
     Scenario {
         name: "kubelet-restart",
+        builds_on: &["doctor", "device-plugin"],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: device::kubelet_restart,
     },
-    Scenario { name: "cluster", programs: &[], kubelet_root: DEFAULT_KUBELET_ROOT, run: fleet::doctor_cluster },
+    Scenario { name: "cluster",
+        builds_on: &["doctor"], programs: &[], kubelet_root: DEFAULT_KUBELET_ROOT, run: fleet::doctor_cluster },
     Scenario {
         name: "kpm-run",
+        builds_on: &[],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: run::kpm_run_daemonset,
     },
     Scenario {
         name: "footprint",
+        builds_on: &["doctor"],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: fleet::doctor_footprint,
     },
     Scenario {
         name: "kubelet-root",
+        builds_on: &[],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: OTHER_KUBELET_ROOT,
         run: other_kubelet_root,
