@@ -27,6 +27,7 @@
 
 mod bench;
 mod codegen;
+mod debian;
 mod deploy;
 mod harness;
 mod image;

@@ -76,7 +76,8 @@ struct Expected {
 
 /// Renders each base and the example overlay and checks what comes out.
 fn manifests(root: &Path) -> Result {
-    let Some(kubectl) = std::env::var_os("KUBECTL").map(PathBuf::from).or_else(|| find("kubectl"))
+    let Some(kubectl) =
+        std::env::var_os("KUBECTL").map(PathBuf::from).or_else(|| crate::debian::find("kubectl"))
     else {
         println!("deploy: skipped, kubectl not found (the manifests are not rendered)");
         return Ok(());
@@ -294,13 +295,6 @@ fn check_daemonset(name: &str, pod: &Value, expected: &Expected, problems: &mut 
 /// The items of a YAML sequence; none for anything else.
 fn items(value: &Value) -> impl Iterator<Item = &Value> {
     value.as_array().into_iter().flatten()
-}
-
-/// `name` on `$PATH`.
-fn find(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
 }
 
 #[cfg(test)]

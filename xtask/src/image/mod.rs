@@ -47,7 +47,8 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         .map(|package| package.version.to_string())
         .ok_or("the workspace has no kpm-cli package")?;
     let target = metadata.target_directory.as_std_path();
-    let image = kpm_image(root, &options.name.unwrap_or_else(|| format!("{REPOSITORY}:{version}")))?;
+    let image =
+        kpm_image(root, &options.name.unwrap_or_else(|| format!("{REPOSITORY}:{version}")))?;
 
     let out =
         options.out.unwrap_or_else(|| target.join("image").join(format!("kpm-{version}.oci.tar")));
@@ -80,7 +81,11 @@ pub(crate) fn kpm_image(root: &Path, name: &str) -> Result<Image> {
 /// one): the node tests' images of the drivers and of pause.
 pub(crate) fn program_image(name: &str, binary: &Path, path: &str) -> Result<Image> {
     let mut image = Image::new(name)?;
-    image.files.push(ImageFile { source: binary.to_path_buf(), path: path.to_owned(), mode: 0o755 });
+    image.files.push(ImageFile {
+        source: binary.to_path_buf(),
+        path: path.to_owned(),
+        mode: 0o755,
+    });
     image.files.extend(runtime_files(binary)?);
     image.entrypoint = vec![path.to_owned()];
     Ok(image)

@@ -25,7 +25,8 @@ impl Pki {
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate()?)?;
         // An IP address among the names becomes an IP SAN.
         let names = ["127.0.0.1", "localhost"].iter().chain(extra_names);
-        let mut serving = CertificateParams::new(names.map(|name| (*name).to_owned()).collect::<Vec<_>>())?;
+        let mut serving =
+            CertificateParams::new(names.map(|name| (*name).to_owned()).collect::<Vec<_>>())?;
         serving.distinguished_name.push(DnType::CommonName, "kube-apiserver");
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_key = KeyPair::generate()?;

@@ -17,35 +17,40 @@ pub(super) const EXAMPLE_PLUGIN: &str = "kpm.local/example-plugin:e2e";
 
 /// The Go programs of the folder of real programs that run in pods, each in
 /// an image `kpm.local/<program>:e2e` holding only it (they are static).
-pub(super) const DRIVERS: &[&str] = &["hostpathplugin", "node-driver-registrar", "generic-device-plugin"];
+pub(super) const DRIVERS: &[&str] =
+    &["hostpathplugin", "node-driver-registrar", "generic-device-plugin"];
 
 /// The image of a program of the folder of real programs.
 pub(super) fn driver(program: &str) -> String {
     format!("kpm.local/{program}:e2e")
 }
 
-/// What the node needs from the host, and is not there: Debian's packages
-/// `containerd`, `runc`, `containernetworking-plugins` and `gcc`, and
-/// util-linux's `unshare`.
-pub(super) fn missing_host_programs() -> Vec<String> {
-    let on_path = |program: &str| {
-        std::env::var_os("PATH").is_some_and(|path| {
-            std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
-        })
-    };
-    let mut missing: Vec<String> = ["containerd", "ctr", "runc", "gcc", "unshare", "ip"]
-        .into_iter()
-        .filter(|program| !on_path(program))
-        .map(str::to_owned)
+/// What the node needs from the host: each program, and the Debian
+/// package that has it.
+const HOST_PACKAGES: &[(&str, &str)] = &[
+    ("/usr/bin/containerd", "containerd"),
+    ("/usr/bin/ctr", "containerd"),
+    ("/usr/sbin/runc", "runc"),
+    ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+    ("/usr/lib/cni/host-local", "containernetworking-plugins"),
+    ("/usr/lib/cni/portmap", "containernetworking-plugins"),
+    // The pause program, linked statically.
+    ("/usr/bin/gcc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
+    // The `alert` scenario's.
+    ("/usr/bin/prometheus", "prometheus"),
+];
+
+/// Installs the Debian packages of [`HOST_PACKAGES`] whose programs are
+/// missing.
+pub(super) fn install_host_packages() -> Result {
+    let mut missing: Vec<&str> = HOST_PACKAGES
+        .iter()
+        .filter(|(program, _)| !Path::new(program).exists())
+        .map(|(_, package)| *package)
         .collect();
-    missing.extend(
-        ["bridge", "host-local", "portmap"]
-            .into_iter()
-            .map(|plugin| Path::new("/usr/lib/cni").join(plugin))
-            .filter(|plugin| !plugin.is_file())
-            .map(|plugin| plugin.display().to_string()),
-    );
-    missing
+    missing.dedup();
+    if missing.is_empty() { Ok(()) } else { crate::debian::install(&missing, "node-e2e") }
 }
 
 /// Where the images' archives are written.
@@ -75,17 +80,33 @@ pub(super) fn build(env: &Env) -> Result {
 
     crate::cargo(
         &env.root,
-        &["build", "--release", "-p", "kpm-registrar", "--features", "kpm-registrar/stub", "--example", "example_plugin"],
+        &[
+            "build",
+            "--release",
+            "-p",
+            "kpm-registrar",
+            "--features",
+            "kpm-registrar/stub",
+            "--example",
+            "example_plugin",
+        ],
         &[],
     )?;
     let example = env.target.join("release/examples/example_plugin");
-    images.push(crate::image::program_image(EXAMPLE_PLUGIN, &example, "/usr/local/bin/example_plugin")?);
+    images.push(crate::image::program_image(
+        EXAMPLE_PLUGIN,
+        &example,
+        "/usr/local/bin/example_plugin",
+    )?);
 
     for program in DRIVERS {
         let bin = env.bin_dir.join(program);
         if bin.is_file() {
-            let mut image =
-                crate::image::program_image(&driver(program), &bin, &format!("/usr/local/bin/{program}"))?;
+            let mut image = crate::image::program_image(
+                &driver(program),
+                &bin,
+                &format!("/usr/local/bin/{program}"),
+            )?;
             // hostpathplugin keeps temporary files.
             image.tmp_dir = true;
             images.push(image);

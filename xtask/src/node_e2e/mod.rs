@@ -7,8 +7,9 @@
 //! kubelet.
 //!
 //! DIR holds the Kubernetes programs and the drivers, built from public
-//! source (`docs/operations.md` says how); containerd, runc, the CNI plugins
-//! and gcc come from Debian (`xtask/node-e2e-host.sh` installs them). A
+//! source (`docs/operations.md` says how); containerd, runc, the CNI plugins,
+//! gcc and Prometheus come from Debian, installed when missing
+//! (`crate::debian`). A
 //! scenario whose program is missing is skipped and named as skipped. The
 //! logs of every process are in `target/node-e2e`.
 //!
@@ -98,20 +99,18 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         return inside(&env, &selected, &missing);
     }
     let node_missing = missing(node::PROGRAMS);
-    let host_missing = images::missing_host_programs();
-    if !node_missing.is_empty() || !host_missing.is_empty() {
-        println!("\nnode-e2e: no node can run here");
-        if !node_missing.is_empty() {
-            println!("  missing in {}: {}", env.bin_dir.display(), node_missing.join(", "));
-        }
-        if !host_missing.is_empty() {
-            println!("  missing on the host: {} (xtask/node-e2e-host.sh installs them)", host_missing.join(", "));
-        }
+    if !node_missing.is_empty() {
+        println!(
+            "\nnode-e2e: no node without {} in {}",
+            node_missing.join(", "),
+            env.bin_dir.display()
+        );
         for scenario in &selected {
             println!("  {:<16} skipped", scenario.name);
         }
         return Ok(());
     }
+    images::install_host_packages()?;
     std::fs::create_dir_all(&env.out)?;
     // What an interrupted run left: its node's processes and cgroups.
     host::clean_up_cgroups()?;
@@ -132,9 +131,16 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
             Ok((_, Some(text))) => serde_json::from_str(&text)?,
             Ok((status, None)) => group
                 .iter()
-                .map(|name| ((*name).to_owned(), format!("FAILED: the node on {kubelet_root} ended ({status}) before it")))
+                .map(|name| {
+                    (
+                        (*name).to_owned(),
+                        format!("FAILED: the node on {kubelet_root} ended ({status}) before it"),
+                    )
+                })
                 .collect(),
-            Err(err) => group.iter().map(|name| ((*name).to_owned(), format!("FAILED: {err}"))).collect(),
+            Err(err) => {
+                group.iter().map(|name| ((*name).to_owned(), format!("FAILED: {err}"))).collect()
+            }
         };
         for (name, outcome) in node_outcomes {
             let name = group.iter().find(|n| **n == name).copied().unwrap_or("?");
@@ -174,6 +180,9 @@ fn inside(
         };
         eprintln!("{}: {outcome}", scenario.name);
         outcomes.push((scenario.name, outcome));
+    }
+    if let Err(err) = node.save_pod_logs() {
+        eprintln!("node-e2e: the pods' logs not saved: {err}");
     }
     drop(node);
     std::fs::write(state.join(OUTCOMES), serde_json::to_string(&outcomes)?)?;

@@ -39,14 +39,8 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
     - level: None\n";
 
 /// The programs of a node, in the folder given to `--bin-dir`.
-pub(super) const PROGRAMS: &[&str] = &[
-    "etcd",
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "kubectl",
-];
+pub(super) const PROGRAMS: &[&str] =
+    &["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
 
 /// A running node. Fields drop in order: the kubelet first, etcd last.
 pub(super) struct Node {
@@ -102,14 +96,25 @@ impl Node {
         let etcd = spawn(
             "etcd",
             &bin("etcd"),
-            &["--data-dir", &path("etcd"), "--listen-client-urls", etcd_url,
-              "--advertise-client-urls", etcd_url, "--listen-peer-urls", "http://127.0.0.1:2380"],
+            &[
+                "--data-dir",
+                &path("etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+            ],
         )?;
         let mut etcd = etcd;
         wait_serving(&mut etcd, || {
             let health = ureq::get(&format!("{etcd_url}/health")).call();
             Ok(health.is_ok_and(|mut response| {
-                response.body_mut().read_to_string().is_ok_and(|body| body.contains(r#""health":"true""#))
+                response
+                    .body_mut()
+                    .read_to_string()
+                    .is_ok_and(|body| body.contains(r#""health":"true""#))
             }))
         })?;
         let server = format!("https://{SERVICE_IP}:443");
@@ -118,25 +123,41 @@ impl Node {
             "kube-apiserver",
             &bin("kube-apiserver"),
             &[
-                "--etcd-servers", etcd_url,
+                "--etcd-servers",
+                etcd_url,
                 // On every address of the node: 10.0.0.1:443 is where a
                 // pod's in-cluster config points.
-                "--bind-address", "0.0.0.0",
-                "--secure-port", "443",
-                "--advertise-address", NODE_IP,
-                "--tls-cert-file", &path("apiserver.crt"),
-                "--tls-private-key-file", &path("apiserver.key"),
-                "--client-ca-file", &path("ca.crt"),
-                "--token-auth-file", &path("tokens.csv"),
-                "--authorization-mode", "Node,RBAC",
+                "--bind-address",
+                "0.0.0.0",
+                "--secure-port",
+                "443",
+                "--advertise-address",
+                NODE_IP,
+                "--tls-cert-file",
+                &path("apiserver.crt"),
+                "--tls-private-key-file",
+                &path("apiserver.key"),
+                "--client-ca-file",
+                &path("ca.crt"),
+                "--token-auth-file",
+                &path("tokens.csv"),
+                "--authorization-mode",
+                "Node,RBAC",
                 "--allow-privileged=true",
-                "--service-account-issuer", "https://kubernetes.default.svc",
-                "--service-account-key-file", &path("sa.pub"),
-                "--service-account-signing-key-file", &path("sa.key"),
-                "--service-cluster-ip-range", SERVICE_RANGE,
-                "--kubelet-preferred-address-types", "InternalIP",
-                "--audit-policy-file", &path("audit-policy.yaml"),
-                "--audit-log-path", &path("audit.log"),
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                &path("sa.pub"),
+                "--service-account-signing-key-file",
+                &path("sa.key"),
+                "--service-cluster-ip-range",
+                SERVICE_RANGE,
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--audit-policy-file",
+                &path("audit-policy.yaml"),
+                "--audit-log-path",
+                &path("audit.log"),
             ],
         )?;
         wait_serving(&mut apiserver, || {
@@ -157,16 +178,22 @@ impl Node {
             "kube-controller-manager",
             &bin("kube-controller-manager"),
             &[
-                "--kubeconfig", &kcm_kubeconfig.display().to_string(),
-                "--authentication-kubeconfig", &kcm_kubeconfig.display().to_string(),
-                "--authorization-kubeconfig", &kcm_kubeconfig.display().to_string(),
+                "--kubeconfig",
+                &kcm_kubeconfig.display().to_string(),
+                "--authentication-kubeconfig",
+                &kcm_kubeconfig.display().to_string(),
+                "--authorization-kubeconfig",
+                &kcm_kubeconfig.display().to_string(),
                 // Each controller with a token of its own service account,
                 // so their RBAC is the cluster's.
                 "--use-service-account-credentials",
-                "--service-account-private-key-file", &path("sa.key"),
-                "--root-ca-file", &path("ca.crt"),
+                "--service-account-private-key-file",
+                &path("sa.key"),
+                "--root-ca-file",
+                &path("ca.crt"),
                 "--leader-elect=false",
-                "--bind-address", "127.0.0.1",
+                "--bind-address",
+                "127.0.0.1",
             ],
         )?;
         let scheduler_kubeconfig = kubeconfig("scheduler", token_of("system:kube-scheduler"))?;
@@ -174,18 +201,25 @@ impl Node {
             "kube-scheduler",
             &bin("kube-scheduler"),
             &[
-                "--kubeconfig", &scheduler_kubeconfig.display().to_string(),
-                "--authentication-kubeconfig", &scheduler_kubeconfig.display().to_string(),
-                "--authorization-kubeconfig", &scheduler_kubeconfig.display().to_string(),
+                "--kubeconfig",
+                &scheduler_kubeconfig.display().to_string(),
+                "--authentication-kubeconfig",
+                &scheduler_kubeconfig.display().to_string(),
+                "--authorization-kubeconfig",
+                &scheduler_kubeconfig.display().to_string(),
                 "--leader-elect=false",
-                "--bind-address", "127.0.0.1",
+                "--bind-address",
+                "127.0.0.1",
             ],
         )?;
 
         let containerd = start_containerd(&state, env)?;
         for image in images {
             let image = image.display().to_string();
-            host::run("ctr", &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "images", "import", &image])?;
+            host::run(
+                "ctr",
+                &["--address", CONTAINERD_SOCKET, "-n", "k8s.io", "images", "import", &image],
+            )?;
         }
 
         let kubelet_kubeconfig = kubeconfig("kubelet", token_of("system:node:kpm-node"))?;
@@ -220,16 +254,24 @@ impl Node {
             1 => "kubelet".to_owned(),
             n => format!("kubelet-{n}"),
         };
-        let (out, log) = (self.out.join(format!("{name}.out")), self.out.join(format!("{name}.log")));
+        let (out, log) =
+            (self.out.join(format!("{name}.out")), self.out.join(format!("{name}.log")));
         let args = [
-            "--config", &config.display().to_string(),
-            "--kubeconfig", &kubeconfig.display().to_string(),
-            "--root-dir", &self.kubelet_root.display().to_string(),
-            "--hostname-override", NODE_NAME,
-            "--node-ip", NODE_IP,
-            "-v", "2",
+            "--config",
+            &config.display().to_string(),
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--root-dir",
+            &self.kubelet_root.display().to_string(),
+            "--hostname-override",
+            NODE_NAME,
+            "--node-ip",
+            NODE_IP,
+            "-v",
+            "2",
         ];
-        self.kubelet = Some(Process::spawn(&name, &self.bin_dir.join("kubelet"), &args, &out, &log)?);
+        self.kubelet =
+            Some(Process::spawn(&name, &self.bin_dir.join("kubelet"), &args, &out, &log)?);
         Ok(())
     }
 
@@ -293,6 +335,42 @@ impl Node {
         }
     }
 
+    /// Every pod's logs, all containers and their previous runs, to
+    /// `target/node-e2e/pods/NAMESPACE_POD.log`: what is left to read once
+    /// the node is gone.
+    pub(super) fn save_pod_logs(&self) -> Result {
+        let dir = self.out.join("pods");
+        std::fs::create_dir_all(&dir)?;
+        let pods = self.get(&["pods", "--all-namespaces"])?;
+        for pod in pods["items"].as_array().into_iter().flatten() {
+            let (namespace, name) = (
+                pod["metadata"]["namespace"].as_str().unwrap_or_default(),
+                pod["metadata"]["name"].as_str().unwrap_or_default(),
+            );
+            let mut text = String::new();
+            for previous in [true, false] {
+                let mut args = vec![
+                    "logs",
+                    "-n",
+                    namespace,
+                    name,
+                    "--all-containers",
+                    "--prefix",
+                    "--timestamps",
+                ];
+                if previous {
+                    args.push("--previous");
+                }
+                // A container that never restarted has no previous logs.
+                if let Ok(logs) = self.kubectl(&args) {
+                    text.push_str(&logs);
+                }
+            }
+            std::fs::write(dir.join(format!("{namespace}_{name}.log")), text)?;
+        }
+        Ok(())
+    }
+
     /// `kubectl get ARGS -o json`, parsed.
     pub(super) fn get(&self, args: &[&str]) -> Result<Value> {
         let mut args = args.to_vec();
@@ -302,12 +380,29 @@ impl Node {
         Ok(serde_json::from_str(&self.kubectl(&get)?)?)
     }
 
-    /// Waits until every pod matching `selector` in `namespace` is Running
-    /// with all its containers ready; returns when.
+    /// The pods matching `selector` in `namespace` on this node.
+    pub(super) fn pods(&self, namespace: &str, selector: &str) -> Result<Vec<Value>> {
+        let on_node = format!("spec.nodeName={NODE_NAME}");
+        let pods =
+            self.get(&["pods", "-n", namespace, "-l", selector, "--field-selector", &on_node])?;
+        Ok(pods["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// The one pod matching `selector` in `namespace` on this node (a
+    /// DaemonSet's).
+    pub(super) fn pod(&self, namespace: &str, selector: &str) -> Result<Value> {
+        self.pods(namespace, selector)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| format!("no pod {selector} in {namespace} on {NODE_NAME}").into())
+    }
+
+    /// Waits until every pod matching `selector` in `namespace` on this
+    /// node is Running with all its containers ready (a DaemonSet's pods for
+    /// Nodes without a kubelet stay Pending); returns when.
     pub(super) fn wait_pods_ready(&self, namespace: &str, selector: &str) -> Result<Instant> {
         wait_for(&format!("pods {selector} in {namespace} ready"), START_TIMEOUT, || {
-            let pods = self.get(&["pods", "-n", namespace, "-l", selector])?;
-            let items = pods["items"].as_array().cloned().unwrap_or_default();
+            let items = self.pods(namespace, selector)?;
             let ready = !items.is_empty()
                 && items.iter().all(|pod| condition(pod, "Ready") == Some("True"));
             Ok(ready.then(Instant::now))
@@ -320,7 +415,11 @@ impl Node {
 fn wait_serving(process: &mut Process, mut ready: impl FnMut() -> Result<bool>) -> Result {
     wait_until(&format!("{} ready", process.name), START_TIMEOUT, || {
         if let Some(status) = process.child.try_wait()? {
-            return Err(format!("{} exited ({status}), see target/node-e2e/{}.log", process.name, process.name).into());
+            return Err(format!(
+                "{} exited ({status}), see target/node-e2e/{}.log",
+                process.name, process.name
+            )
+            .into());
         }
         ready()
     })
@@ -440,4 +539,3 @@ pub(super) fn write_kubeconfig(file: &Path, server: &str, ca_pem: &str, token: &
     fs::write(file, serde_json::to_string_pretty(&config)?)?;
     Ok(())
 }
-

@@ -27,8 +27,8 @@ const FIRE_TIMEOUT: Duration = Duration::from_secs(6 * 60);
 /// header says (job `kpm-doctor`, a `node` label); then the registrar
 /// killed at each restart until the alert fires.
 pub(super) fn alert_fires(env: &Env, node: &mut Node) -> Result<String> {
-    let pods = node.get(&["pods", "-n", NAMESPACE, "-l", DOCTOR_SELECTOR])?;
-    let pod_ip = pods["items"][0]["status"]["podIP"].as_str().ok_or("no doctor pod IP")?.to_owned();
+    let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
+    let pod_ip = pod["status"]["podIP"].as_str().ok_or("no doctor pod IP")?.to_owned();
     let dir = env.out.join("prometheus");
     if dir.exists() {
         fs::remove_dir_all(&dir)?;
@@ -54,7 +54,9 @@ pub(super) fn alert_fires(env: &Env, node: &mut Node) -> Result<String> {
         &env.out.join("prometheus.log"),
     )?;
     wait_until("Prometheus scraping the doctor", Duration::from_secs(60), || {
-        Ok(query("up{job=\"kpm-doctor\"}")?.iter().any(|sample| sample["value"][1] == "1"))
+        // Refused until Prometheus listens.
+        let up = query("up{job=\"kpm-doctor\"}").unwrap_or_default();
+        Ok(up.iter().any(|sample| sample["value"][1] == "1"))
     })?;
     if alert_state()?.is_some() {
         return Err(format!("{ALERT} is already pending or firing before the kill").into());
@@ -68,7 +70,10 @@ pub(super) fn alert_fires(env: &Env, node: &mut Node) -> Result<String> {
             break;
         }
         if started.elapsed() > FIRE_TIMEOUT {
-            return Err(format!("{ALERT} did not fire within {FIRE_TIMEOUT:?} of the first kill ({kills} kills)").into());
+            return Err(format!(
+                "{ALERT} did not fire within {FIRE_TIMEOUT:?} of the first kill ({kills} kills)"
+            )
+            .into());
         }
         // Killed whenever the kubelet brings it back: it stays failing.
         let now = registrar_restarts(node)?;
@@ -80,7 +85,10 @@ pub(super) fn alert_fires(env: &Env, node: &mut Node) -> Result<String> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    Ok(format!("{ALERT} firing {} after the first of {kills} kills of the registrar", secs(started.elapsed())))
+    Ok(format!(
+        "{ALERT} firing {} after the first of {kills} kills of the registrar",
+        secs(started.elapsed())
+    ))
 }
 
 /// The state of [`ALERT`] for the node, if pending or firing.
@@ -97,7 +105,8 @@ fn alert_state() -> Result<Option<String>> {
 
 /// The samples of an instant query.
 fn query(expr: &str) -> Result<Vec<Value>> {
-    let mut response = ureq::get(&format!("http://{PROMETHEUS}/api/v1/query")).query("query", expr).call()?;
+    let mut response =
+        ureq::get(&format!("http://{PROMETHEUS}/api/v1/query")).query("query", expr).call()?;
     let body: Value = serde_json::from_str(&response.body_mut().read_to_string()?)?;
     Ok(body["data"]["result"].as_array().cloned().unwrap_or_default())
 }

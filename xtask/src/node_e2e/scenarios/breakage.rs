@@ -34,7 +34,11 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
     let quiet_until = Instant::now() + QUIET_FOR;
     while Instant::now() < quiet_until {
         if let Some(status) = node_condition(node)?.filter(|(status, _)| status != "True") {
-            return Err(format!("a registrar the kubelet healed in {} was reported: {status:?}", secs(healed - killed)).into());
+            return Err(format!(
+                "a registrar the kubelet healed in {} was reported: {status:?}",
+                secs(healed - killed)
+            )
+            .into());
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -43,7 +47,10 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
     // the next restart.
     let restarts = registrar_restarts(node)?;
     kill_program("node-driver-registrar")?;
-    wait_until("the registrar restarted", START_TIMEOUT, || Ok(registrar_restarts(node)? > restarts))?;
+    wait_until("the registrar restarted", START_TIMEOUT, || {
+        Ok(registrar_restarts(node)? > restarts)
+    })?;
+    let restarts = registrar_restarts(node)?;
     let second_kill = Instant::now();
     kill_program("node-driver-registrar")?;
     let (reported, reason) = wait_for(&format!("{CONDITION} False"), START_TIMEOUT, || {
@@ -53,20 +60,30 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
     })?;
     let report_time = reported - second_kill;
     if report_time > PUBLISH_WITHIN {
-        return Err(format!("the registrar's back-off was reported {} after the kill", secs(report_time)).into());
+        return Err(format!(
+            "the registrar's back-off was reported {} after the kill",
+            secs(report_time)
+        )
+        .into());
     }
     let event = wait_for(&format!("an Event {reason} on Node {NODE_NAME}"), START_TIMEOUT, || {
         Ok(node_events(node)?.into_iter().find(|event| event["reason"] == reason.as_str()))
     })?;
+    // Ready again only once restarted: until the kubelet sees the kill, the
+    // killed container still reads as ready.
     let back = wait_for("the registrar back after its back-off", START_TIMEOUT, || {
-        Ok(registrar_ready(node)?.then(Instant::now))
+        Ok((registrar_restarts(node)? > restarts && registrar_ready(node)?).then(Instant::now))
     })?;
     let recovered = wait_for(&format!("{CONDITION} True again"), START_TIMEOUT, || {
         Ok(node_condition(node)?.filter(|(status, _)| status == "True").map(|_| Instant::now()))
     })?;
     let recovery_time = recovered.saturating_duration_since(back);
     if recovery_time > PUBLISH_WITHIN {
-        return Err(format!("the recovery was published {} after the registrar was back", secs(recovery_time)).into());
+        return Err(format!(
+            "the recovery was published {} after the registrar was back",
+            secs(recovery_time)
+        )
+        .into());
     }
     Ok(format!(
         "one kill healed in {} and not reported; two kills: False/{reason} {} after the second, Event {:?}; \
@@ -81,8 +98,8 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
 
 /// The registrar container's status in the CSI driver's pod.
 fn registrar_status(node: &Node) -> Result<Value> {
-    let pods = node.get(&["pods", "-n", CSI_NAMESPACE, "-l", CSI_SELECTOR])?;
-    pods["items"][0]["status"]["containerStatuses"]
+    let pod = node.pod(CSI_NAMESPACE, CSI_SELECTOR)?;
+    pod["status"]["containerStatuses"]
         .as_array()
         .and_then(|statuses| statuses.iter().find(|s| s["name"] == "node-driver-registrar"))
         .cloned()

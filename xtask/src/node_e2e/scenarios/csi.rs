@@ -23,9 +23,11 @@ pub(super) fn hostpath_driver(_env: &Env, node: &mut Node) -> Result<String> {
     node.apply(&manifest)?;
     let ready = node.wait_pods_ready(CSI_NAMESPACE, CSI_SELECTOR)?;
     wait_until(&format!("CSINode {NODE_NAME} lists {HOSTPATH_DRIVER}"), START_TIMEOUT, || {
-        let (code, csinode) = node
-            .api
-            .request("GET", &format!("/apis/storage.k8s.io/v1/csinodes/{NODE_NAME}"), None)?;
+        let (code, csinode) = node.api.request(
+            "GET",
+            &format!("/apis/storage.k8s.io/v1/csinodes/{NODE_NAME}"),
+            None,
+        )?;
         Ok(code == 200 && find(&csinode["spec"]["drivers"], "name", HOSTPATH_DRIVER).is_some())
     })?;
     Ok(format!(

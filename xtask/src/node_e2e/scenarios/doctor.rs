@@ -35,13 +35,13 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
     let applied = Instant::now();
     node.kubectl(&["apply", "--validate=false", "-k", &overlay.display().to_string()])?;
     let ready = node.wait_pods_ready(NAMESPACE, DOCTOR_SELECTOR)?;
-    let healthy = wait_for(&format!("{CONDITION}=True on Node {NODE_NAME}"), START_TIMEOUT, || {
-        let node = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
-        Ok((condition(&node, CONDITION) == Some("True")).then(Instant::now))
-    })?;
+    let healthy =
+        wait_for(&format!("{CONDITION}=True on Node {NODE_NAME}"), START_TIMEOUT, || {
+            let node = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+            Ok((condition(&node, CONDITION) == Some("True")).then(Instant::now))
+        })?;
 
-    let pods = node.get(&["pods", "-n", NAMESPACE, "-l", DOCTOR_SELECTOR])?;
-    let pod = &pods["items"][0];
+    let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
     let pod_name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
     let pod_ip = pod["status"]["podIP"].as_str().ok_or("doctor pod without an IP")?;
     for path in ["/healthz", "/metrics"] {
@@ -54,7 +54,19 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
 
     // What an operator reads names paths of the node, never the pod's
     // view of them under /host.
-    let report = node.kubectl(&["exec", "-n", NAMESPACE, pod_name, "--", "kpm", "doctor", "--host-root", "/host", "-o", "json"]);
+    let report = node.kubectl(&[
+        "exec",
+        "-n",
+        NAMESPACE,
+        pod_name,
+        "--",
+        "kpm",
+        "doctor",
+        "--host-root",
+        "/host",
+        "-o",
+        "json",
+    ]);
     let report: Value = match report {
         Ok(text) => serde_json::from_str(&text)?,
         // Exit 1 (a plugin failing) still prints the report.
@@ -67,8 +79,10 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
         ("the log", logs),
         ("the Node's conditions", message["status"]["conditions"].to_string()),
     ] {
-        if text.contains("/host/") {
-            return Err(format!("{what} names a path under /host: {text}").into());
+        let inside: Vec<&str> =
+            text.lines().filter(|line| line.contains("/host/")).take(3).collect();
+        if !inside.is_empty() {
+            return Err(format!("{what} names paths under /host: {}", inside.join(" | ")).into());
         }
     }
     let kubelet_root = node.kubelet_root.display().to_string();
@@ -103,7 +117,6 @@ pub(super) fn refused_requests(node: &Node, user: &str, from: u64) -> Result<Vec
     Ok(refused)
 }
 
-
 /// The status and reason of the doctor's condition on the Node.
 pub(super) fn node_condition(node: &Node) -> Result<Option<(String, String)>> {
     let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
@@ -111,7 +124,10 @@ pub(super) fn node_condition(node: &Node) -> Result<Option<(String, String)>> {
         .as_array()
         .and_then(|conditions| conditions.iter().find(|c| c["type"] == CONDITION))
         .map(|c| {
-            (c["status"].as_str().unwrap_or_default().to_owned(), c["reason"].as_str().unwrap_or_default().to_owned())
+            (
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["reason"].as_str().unwrap_or_default().to_owned(),
+            )
         });
     Ok(found)
 }
@@ -123,8 +139,9 @@ pub(super) fn node_events(node: &Node) -> Result<Vec<Value>> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|event| event["regarding"]["kind"] == "Node" && event["regarding"]["name"] == NODE_NAME)
+        .filter(|event| {
+            event["regarding"]["kind"] == "Node" && event["regarding"]["name"] == NODE_NAME
+        })
         .cloned()
         .collect())
 }
-

@@ -24,8 +24,12 @@ pub(super) fn doctor_cluster(env: &Env, node: &mut Node) -> Result<String> {
         .arg(&node.admin_kubeconfig)
         .output()?;
     let took = started.elapsed();
-    let report: Value = serde_json::from_slice(&output.stdout)
-        .map_err(|err| format!("kpm doctor --cluster printed no JSON ({err}): {}", String::from_utf8_lossy(&output.stderr)))?;
+    let report: Value = serde_json::from_slice(&output.stdout).map_err(|err| {
+        format!(
+            "kpm doctor --cluster printed no JSON ({err}): {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })?;
     if output.status.code() != Some(0) {
         return Err(format!("kpm doctor --cluster exited with {}: {report}", output.status).into());
     }
@@ -39,9 +43,9 @@ pub(super) fn doctor_cluster(env: &Env, node: &mut Node) -> Result<String> {
 /// `/stats/summary` (through the API server): its CPU and working set,
 /// against the DaemonSet's requests.
 pub(super) fn doctor_footprint(_env: &Env, node: &mut Node) -> Result<String> {
-    let pods = node.get(&["pods", "-n", NAMESPACE, "-l", DOCTOR_SELECTOR])?;
-    let pod = pods["items"][0]["metadata"]["name"].as_str().ok_or("no doctor pod")?.to_owned();
-    let requests = &pods["items"][0]["spec"]["containers"][0]["resources"]["requests"];
+    let doctor = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
+    let pod = doctor["metadata"]["name"].as_str().ok_or("no doctor pod")?.to_owned();
+    let requests = &doctor["spec"]["containers"][0]["resources"]["requests"];
     let (mut cpu, mut memory) = (Vec::new(), Vec::new());
     let end = Instant::now() + IDLE;
     while Instant::now() < end {

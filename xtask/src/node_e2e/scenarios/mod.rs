@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DEFAULT_KUBELET_ROOT, Env, OTHER_KUBELET_ROOT};
 use super::node::Node;
+use super::{DEFAULT_KUBELET_ROOT, Env, OTHER_KUBELET_ROOT};
 use crate::Result;
 
 mod alert;
@@ -71,8 +71,13 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: device::kubelet_restart,
     },
-    Scenario { name: "cluster",
-        builds_on: &["doctor"], programs: &[], kubelet_root: DEFAULT_KUBELET_ROOT, run: fleet::doctor_cluster },
+    Scenario {
+        name: "cluster",
+        builds_on: &["doctor"],
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: fleet::doctor_cluster,
+    },
     Scenario {
         name: "kpm-run",
         builds_on: &[],

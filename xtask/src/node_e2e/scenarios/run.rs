@@ -57,9 +57,11 @@ pub(super) fn kpm_run_daemonset(env: &Env, node: &mut Node) -> Result<String> {
     let plugin_started = Instant::now();
     node.apply(&plugin)?;
     wait_until(&format!("CSINode {SECOND_NODE} lists {EXAMPLE_DRIVER}"), START_TIMEOUT, || {
-        let (code, csinode) = node
-            .api
-            .request("GET", &format!("/apis/storage.k8s.io/v1/csinodes/{SECOND_NODE}"), None)?;
+        let (code, csinode) = node.api.request(
+            "GET",
+            &format!("/apis/storage.k8s.io/v1/csinodes/{SECOND_NODE}"),
+            None,
+        )?;
         Ok(code == 200 && find(&csinode["spec"]["drivers"], "name", EXAMPLE_DRIVER).is_some())
     })?;
     let published = plugin_started.elapsed();
