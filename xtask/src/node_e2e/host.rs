@@ -36,7 +36,7 @@ pub(super) const CGROUP_ROOT: &str = "kpm-node-e2e";
 pub(super) const NODE_IP: &str = "10.88.0.1";
 /// The pods' subnet on the bridge `cni0`.
 pub(super) const POD_SUBNET: &str = "10.88.0.0/16";
-/// The `kubernetes` Service's ClusterIP, the first of the service range. No
+/// The `kubernetes` Service's cluster IP, the first of the service range. No
 /// kube-proxy runs: the address is the node's own, and kube-apiserver
 /// serves on it at port 443, so in-cluster clients reach it as in a cluster.
 pub(super) const SERVICE_IP: &str = "10.0.0.1";

@@ -1,5 +1,5 @@
 //! The node: etcd, kube-apiserver with RBAC, kube-controller-manager and
-//! kube-scheduler (so DaemonSets, ServiceAccounts and their tokens and the
+//! kube-scheduler (so DaemonSets, service accounts and their tokens and the
 //! garbage collector work as in a cluster), containerd with runc, and the
 //! real kubelet, all in the namespaces of `host`. Started in that order,
 //! stopped in the reverse one.
@@ -69,11 +69,11 @@ impl Node {
         let started = Instant::now();
         let state = host::state_dir()?;
         let pki = Pki::generate(&[SERVICE_IP, NODE_IP, "kubernetes.default.svc"])?;
-        let file = |name: &str| state.join(name);
-        let tokens: String = TOKENS
+        let tokens: Vec<String> = TOKENS
             .iter()
             .map(|(token, user, groups)| format!("{token},{user},{user},\"{groups}\"\n"))
             .collect();
+        let tokens = tokens.concat();
         for (name, contents) in [
             ("ca.crt", pki.ca.as_str()),
             ("apiserver.crt", &pki.serving_cert),
@@ -83,135 +83,24 @@ impl Node {
             ("tokens.csv", &tokens),
             ("audit-policy.yaml", AUDIT_POLICY),
         ] {
-            fs::write(file(name), contents)?;
+            fs::write(state.join(name), contents)?;
         }
-        let path = |name: &str| file(name).display().to_string();
-        let bin = |name: &str| env.bin_dir.join(name);
-        let log = |name: &str, ext: &str| env.out.join(format!("{name}.{ext}"));
-        let spawn = |name: &str, program: &Path, args: &[&str]| {
-            Process::spawn(name, program, args, &log(name, "out"), &log(name, "log"))
-        };
-
-        let etcd_url = "http://127.0.0.1:2379";
-        let etcd = spawn(
-            "etcd",
-            &bin("etcd"),
-            &[
-                "--data-dir",
-                &path("etcd"),
-                "--listen-client-urls",
-                etcd_url,
-                "--advertise-client-urls",
-                etcd_url,
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-            ],
-        )?;
-        let mut etcd = etcd;
-        wait_serving(&mut etcd, || {
-            let health = ureq::get(&format!("{etcd_url}/health")).call();
-            Ok(health.is_ok_and(|mut response| {
-                response
-                    .body_mut()
-                    .read_to_string()
-                    .is_ok_and(|body| body.contains(r#""health":"true""#))
-            }))
-        })?;
+        let launcher = Launcher { env, state: &state };
         let server = format!("https://{SERVICE_IP}:443");
         let api = Api::new(&server, &pki.ca, ADMIN_TOKEN)?;
-        let mut apiserver = spawn(
-            "kube-apiserver",
-            &bin("kube-apiserver"),
-            &[
-                "--etcd-servers",
-                etcd_url,
-                // On every address of the node: 10.0.0.1:443 is where a
-                // pod's in-cluster config points.
-                "--bind-address",
-                "0.0.0.0",
-                "--secure-port",
-                "443",
-                "--advertise-address",
-                NODE_IP,
-                "--tls-cert-file",
-                &path("apiserver.crt"),
-                "--tls-private-key-file",
-                &path("apiserver.key"),
-                "--client-ca-file",
-                &path("ca.crt"),
-                "--token-auth-file",
-                &path("tokens.csv"),
-                "--authorization-mode",
-                "Node,RBAC",
-                "--allow-privileged=true",
-                "--service-account-issuer",
-                "https://kubernetes.default.svc",
-                "--service-account-key-file",
-                &path("sa.pub"),
-                "--service-account-signing-key-file",
-                &path("sa.key"),
-                "--service-cluster-ip-range",
-                SERVICE_RANGE,
-                "--kubelet-preferred-address-types",
-                "InternalIP",
-                "--audit-policy-file",
-                &path("audit-policy.yaml"),
-                "--audit-log-path",
-                &path("audit.log"),
-            ],
-        )?;
-        wait_serving(&mut apiserver, || {
-            Ok(api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200))
-        })?;
-
-        let kubeconfig = |name: &str, token: &str| -> Result<PathBuf> {
-            let file = file(&format!("{name}.kubeconfig"));
+        let etcd = launcher.etcd()?;
+        let apiserver = launcher.apiserver(&api)?;
+        let kubeconfig = |name: &str, user: &str| -> Result<PathBuf> {
+            let token =
+                TOKENS.iter().find(|(_, u, _)| *u == user).map_or(ADMIN_TOKEN, |(t, ..)| *t);
+            let file = state.join(format!("{name}.kubeconfig"));
             write_kubeconfig(&file, &server, &pki.ca, token)?;
             Ok(file)
         };
-        let token_of = |user: &str| {
-            TOKENS.iter().find(|(_, u, _)| *u == user).map(|(token, ..)| *token).unwrap_or_default()
-        };
-        let admin_kubeconfig = kubeconfig("admin", ADMIN_TOKEN)?;
-        let kcm_kubeconfig = kubeconfig("kcm", token_of("system:kube-controller-manager"))?;
-        let controller_manager = spawn(
-            "kube-controller-manager",
-            &bin("kube-controller-manager"),
-            &[
-                "--kubeconfig",
-                &kcm_kubeconfig.display().to_string(),
-                "--authentication-kubeconfig",
-                &kcm_kubeconfig.display().to_string(),
-                "--authorization-kubeconfig",
-                &kcm_kubeconfig.display().to_string(),
-                // Each controller with a token of its own service account,
-                // so their RBAC is the cluster's.
-                "--use-service-account-credentials",
-                "--service-account-private-key-file",
-                &path("sa.key"),
-                "--root-ca-file",
-                &path("ca.crt"),
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-            ],
-        )?;
-        let scheduler_kubeconfig = kubeconfig("scheduler", token_of("system:kube-scheduler"))?;
-        let scheduler = spawn(
-            "kube-scheduler",
-            &bin("kube-scheduler"),
-            &[
-                "--kubeconfig",
-                &scheduler_kubeconfig.display().to_string(),
-                "--authentication-kubeconfig",
-                &scheduler_kubeconfig.display().to_string(),
-                "--authorization-kubeconfig",
-                &scheduler_kubeconfig.display().to_string(),
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-            ],
-        )?;
+        let admin_kubeconfig = kubeconfig("admin", "admin")?;
+        let controller_manager =
+            launcher.controller_manager(&kubeconfig("kcm", "system:kube-controller-manager")?)?;
+        let scheduler = launcher.scheduler(&kubeconfig("scheduler", "system:kube-scheduler")?)?;
 
         let containerd = start_containerd(&state, env)?;
         for image in images {
@@ -222,8 +111,8 @@ impl Node {
             )?;
         }
 
-        let kubelet_kubeconfig = kubeconfig("kubelet", token_of("system:node:kpm-node"))?;
-        let config = file("kubelet-config.json");
+        let kubelet_kubeconfig = kubeconfig("kubelet", "system:node:kpm-node")?;
+        let config = state.join("kubelet-config.json");
         fs::write(&config, serde_json::to_string_pretty(&kubelet_config())?)?;
         let mut node = Self {
             kubelet: None,
@@ -235,7 +124,7 @@ impl Node {
             _etcd: etcd,
             api,
             admin_kubeconfig,
-            audit_log: file("audit.log"),
+            audit_log: state.join("audit.log"),
             kubelet_root: kubelet_root.to_path_buf(),
             state: state.clone(),
             bin_dir: env.bin_dir.clone(),
@@ -321,7 +210,7 @@ impl Node {
         let mut kubectl = std::process::Command::new(self.bin_dir.join("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.admin_kubeconfig)
-            .args(["apply", "--validate=false", "-f", "-"])
+            .args(["apply", "-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
@@ -407,6 +296,145 @@ impl Node {
                 && items.iter().all(|pod| condition(pod, "Ready") == Some("True"));
             Ok(ready.then(Instant::now))
         })
+    }
+}
+
+/// Starts the control plane's daemons of a node, each logging to
+/// `target/node-e2e/NAME.log`, its files in the state folder.
+struct Launcher<'a> {
+    env: &'a Env,
+    state: &'a Path,
+}
+
+/// etcd's client URL, on the node's loopback.
+const ETCD_URL: &str = "http://127.0.0.1:2379";
+
+impl Launcher<'_> {
+    fn path(&self, name: &str) -> String {
+        self.state.join(name).display().to_string()
+    }
+
+    fn spawn(&self, name: &str, args: &[&str]) -> Result<Process> {
+        let log = |ext: &str| self.env.out.join(format!("{name}.{ext}"));
+        Process::spawn(name, &self.env.bin_dir.join(name), args, &log("out"), &log("log"))
+    }
+
+    fn etcd(&self) -> Result<Process> {
+        let data = self.path("etcd");
+        let mut etcd = self.spawn(
+            "etcd",
+            &[
+                "--data-dir",
+                &data,
+                "--listen-client-urls",
+                ETCD_URL,
+                "--advertise-client-urls",
+                ETCD_URL,
+                "--listen-peer-urls",
+                "http://127.0.0.1:2380",
+            ],
+        )?;
+        wait_serving(&mut etcd, || {
+            let health = ureq::get(&format!("{ETCD_URL}/health")).call();
+            Ok(health.is_ok_and(|mut response| {
+                response
+                    .body_mut()
+                    .read_to_string()
+                    .is_ok_and(|body| body.contains(r#""health":"true""#))
+            }))
+        })?;
+        Ok(etcd)
+    }
+
+    fn apiserver(&self, api: &Api) -> Result<Process> {
+        let path = |name: &str| self.path(name);
+        let mut apiserver = self.spawn(
+            "kube-apiserver",
+            &[
+                "--etcd-servers",
+                ETCD_URL,
+                // On every address of the node: 10.0.0.1:443 is where a
+                // pod's in-cluster config points.
+                "--bind-address",
+                "0.0.0.0",
+                "--secure-port",
+                "443",
+                "--advertise-address",
+                NODE_IP,
+                "--tls-cert-file",
+                &path("apiserver.crt"),
+                "--tls-private-key-file",
+                &path("apiserver.key"),
+                "--client-ca-file",
+                &path("ca.crt"),
+                "--token-auth-file",
+                &path("tokens.csv"),
+                "--authorization-mode",
+                "Node,RBAC",
+                "--allow-privileged=true",
+                "--service-account-issuer",
+                "https://kubernetes.default.svc",
+                "--service-account-key-file",
+                &path("sa.pub"),
+                "--service-account-signing-key-file",
+                &path("sa.key"),
+                "--service-cluster-ip-range",
+                SERVICE_RANGE,
+                "--kubelet-preferred-address-types",
+                "InternalIP",
+                "--audit-policy-file",
+                &path("audit-policy.yaml"),
+                "--audit-log-path",
+                &path("audit.log"),
+            ],
+        )?;
+        wait_serving(&mut apiserver, || {
+            Ok(api.request("GET", "/readyz", None).is_ok_and(|(code, _)| code == 200))
+        })?;
+        Ok(apiserver)
+    }
+
+    fn controller_manager(&self, kubeconfig: &Path) -> Result<Process> {
+        let kubeconfig = kubeconfig.display().to_string();
+        self.spawn(
+            "kube-controller-manager",
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--authentication-kubeconfig",
+                &kubeconfig,
+                "--authorization-kubeconfig",
+                &kubeconfig,
+                // Each controller with a token of its own service account,
+                // so their RBAC is the cluster's.
+                "--use-service-account-credentials",
+                "--service-account-private-key-file",
+                &self.path("sa.key"),
+                "--root-ca-file",
+                &self.path("ca.crt"),
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+            ],
+        )
+    }
+
+    fn scheduler(&self, kubeconfig: &Path) -> Result<Process> {
+        let kubeconfig = kubeconfig.display().to_string();
+        self.spawn(
+            "kube-scheduler",
+            &[
+                "--kubeconfig",
+                &kubeconfig,
+                "--authentication-kubeconfig",
+                &kubeconfig,
+                "--authorization-kubeconfig",
+                &kubeconfig,
+                "--leader-elect=false",
+                "--bind-address",
+                "127.0.0.1",
+            ],
+        )
     }
 }
 

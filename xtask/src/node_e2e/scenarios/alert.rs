@@ -77,11 +77,9 @@ pub(super) fn alert_fires(env: &Env, node: &mut Node) -> Result<String> {
         }
         // Killed whenever the kubelet brings it back: it stays failing.
         let now = registrar_restarts(node)?;
-        if kills == 0 || now > restarts {
-            if kill_program("node-driver-registrar").is_ok() {
-                kills += 1;
-                restarts = now;
-            }
+        if (kills == 0 || now > restarts) && kill_program("node-driver-registrar").is_ok() {
+            kills += 1;
+            restarts = now;
         }
         std::thread::sleep(Duration::from_millis(200));
     }

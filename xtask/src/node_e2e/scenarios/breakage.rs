@@ -124,6 +124,9 @@ pub(super) fn kill_program(program: &str) -> Result {
         if exe.file_name().is_some_and(|name| name == program) {
             let pid = path.file_name().and_then(|pid| pid.to_str()).unwrap_or_default();
             if super::super::host::run("kill", &["-KILL", pid]).is_ok() {
+                // To set beside the doctor's log, whose times are the same clock's.
+                let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+                eprintln!("{now} killed {program} (pid {pid})");
                 killed += 1;
             }
         }

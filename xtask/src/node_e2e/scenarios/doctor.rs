@@ -33,7 +33,7 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
     // As a user would: the namespace first, then the overlay.
     node.kubectl(&["create", "namespace", NAMESPACE])?;
     let applied = Instant::now();
-    node.kubectl(&["apply", "--validate=false", "-k", &overlay.display().to_string()])?;
+    node.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
     let ready = node.wait_pods_ready(NAMESPACE, DOCTOR_SELECTOR)?;
     let healthy =
         wait_for(&format!("{CONDITION}=True on Node {NODE_NAME}"), START_TIMEOUT, || {

@@ -46,7 +46,7 @@ pub(super) fn kpm_run_daemonset(env: &Env, node: &mut Node) -> Result<String> {
     )?;
     let audit_from = std::fs::metadata(&node.audit_log).map_or(0, |meta| meta.len());
     let applied = Instant::now();
-    node.kubectl(&["apply", "--validate=false", "-k", &overlay.display().to_string()])?;
+    node.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
     let ready = node.wait_pods_ready(NAMESPACE, RUN_SELECTOR)?;
 
     let plugin = include_str!("../manifests/example-plugin.yaml")
