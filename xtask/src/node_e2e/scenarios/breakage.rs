@@ -13,7 +13,7 @@ use super::csi::{CSI_NAMESPACE, CSI_SELECTOR};
 use super::doctor::{CONDITION, node_condition, node_events};
 use super::secs;
 use crate::Result;
-use crate::scenario::{wait_for, wait_until};
+use crate::scenario::wait_for;
 
 /// How long the doctor may take to publish a failure or a recovery: its
 /// `--confirm-ms` (3 s) and a pass.
