@@ -150,3 +150,22 @@ fn relative(from: &Path, to: &Path) -> PathBuf {
 pub(super) fn secs(duration: std::time::Duration) -> String {
     format!("{:.1} s", duration.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overlay_names_deploy_by_a_path_relative_to_itself() {
+        let overlay = Path::new("/work/kpm/target/node-e2e/overlays/doctor");
+        assert_eq!(
+            relative(overlay, Path::new("/work/kpm/deploy")),
+            Path::new("../../../../deploy")
+        );
+        // A target directory outside the repository.
+        assert_eq!(
+            relative(Path::new("/tmp/t/node-e2e/overlays/run"), Path::new("/work/kpm/deploy")),
+            Path::new("../../../../../work/kpm/deploy")
+        );
+    }
+}
