@@ -61,12 +61,15 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
         )
         .into());
     }
-    let event = wait_for(&format!("an Event {reason} on Node {NODE_NAME}"), START_TIMEOUT, || {
-        Ok(node_events(node)?.into_iter().find(|event| event["reason"] == reason.as_str()))
-    })?;
-    let note = event["note"].as_str().unwrap_or_default().to_owned();
-    if note.contains("/host/") {
-        return Err(format!("the Event names a path under /host: {note}").into());
+    let event_note =
+        wait_for(&format!("an Event {reason} on Node {NODE_NAME}"), START_TIMEOUT, || {
+            Ok(node_events(node)?
+                .into_iter()
+                .find(|event| event["reason"] == reason.as_str())
+                .map(|event| event["note"].as_str().unwrap_or_default().to_owned()))
+        })?;
+    if event_note.contains("/host/") {
+        return Err(format!("the Event names a path under /host: {event_note}").into());
     }
     // Ready again only once restarted: until the kubelet sees the kill, the
     // killed container still reads as ready.
@@ -89,7 +92,7 @@ pub(super) fn registrar_killed(_env: &Env, node: &mut Node) -> Result<String> {
          back after {} of back-off, True {} later",
         secs(healed - killed),
         secs(report_time),
-        note,
+        event_note,
         secs(back - second_kill),
         secs(recovery_time),
     ))
