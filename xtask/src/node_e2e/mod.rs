@@ -17,10 +17,12 @@
 //! its own (`host.rs`), which are emptied and removed at the end: the host is
 //! left as it was found.
 //!
-//! | scenario | what a user would see |
-//! |---|---|
-//! | `csi-driver` | hostpathplugin with the node-driver-registrar sidecar, as a DaemonSet with its sockets in hostPath volumes: the kubelet registers it and CSINode lists it |
-//! | `doctor` | `deploy/doctor` applied with an overlay (namespace, image): the pod runs, finds the kubelet through `/host/proc`, publishes `KubeletPluginsHealthy=True`, serves `/metrics` and `/healthz`, names host paths, and the audit log shows no request of its service account refused |
+//! The scenarios (`scenarios/`, in the order they run, each on what the
+//! earlier ones deployed) are described in `docs/operations.md` ("A real
+//! node"): `csi-driver`, `doctor`, `registrar-killed`, `alert`,
+//! `device-plugin`, `kubelet-restart`, `cluster`, `kpm-run`, `footprint` on
+//! a kubelet rooted at `/var/lib/kubelet`, then `kubelet-root` on a second
+//! node whose kubelet's root is `/var/lib/k0s/kubelet`.
 //!
 //! The runner (this file: options, programs, images, the table of
 //! scenarios, the summary) sits on `host` (namespaces, cgroups), `node` (the
