@@ -34,7 +34,8 @@ pub(crate) struct DoctorArgs {
     root_dir: Option<PathBuf>,
     /// Where the host's `/` is in this process's file system, in a pod that
     /// mounts it elsewhere (`kubectl debug node/NAME` puts it at /host):
-    /// /proc, the kubelet root and the plugins' sockets are read under it.
+    /// /proc, the kubelet root and the plugins' sockets are read under it;
+    /// what it shows names the host's paths.
     #[arg(long, value_name = "DIR", default_value = "/", env = "KPM_HOST_ROOT")]
     host_root: PathBuf,
     /// Other kubelet roots to look for registries nobody watches; repeat for
@@ -235,8 +236,10 @@ fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
     doctor.beside_kpm_run(PendingReader::new(move || {
         let socket = Arc::clone(&socket);
         async move {
-            let read =
-                crate::status_api::client::get_json(&socket, crate::status_api::PLUGINS_PATH);
+            let read = crate::status_api::client::get_json(
+                socket.as_ref().as_ref(),
+                crate::status_api::PLUGINS_PATH,
+            );
             match tokio::time::timeout(timeout, read).await {
                 Ok(Ok(body)) => pending_publications(&body),
                 _ => Vec::new(),

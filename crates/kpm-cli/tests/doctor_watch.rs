@@ -274,6 +274,106 @@ fn under_a_host_root_the_kubelet_its_root_and_the_endpoints_are_read_there() {
     assert_eq!(out.status.code(), Some(0), "{report:#}");
 }
 
+/// Every path in `text` is the host's: the prefix the doctor reads the host
+/// under (`host`) appears nowhere in it.
+fn assert_host_paths(what: &str, text: &str, host: &Path) {
+    let prefix = host.to_str().unwrap();
+    assert!(!text.contains(prefix), "{what} names {prefix}, not the host's paths:\n{text}");
+}
+
+#[test]
+fn under_a_host_root_every_message_names_the_hosts_paths() {
+    // The DaemonSet's view: the host under --host-root, a kubelet on the
+    // default root, and what goes wrong on a node.
+    let rt = runtime();
+    let host = tempfile::tempdir().unwrap();
+    let seen = |path: &str| host.path().join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(seen("/proc/4242")).unwrap();
+    std::fs::write(seen("/proc/4242/cmdline"), "/usr/bin/kubelet\0--v=2\0").unwrap();
+    // A registrar that crashed; a CSI driver whose endpoint is gone; a
+    // device plugin serving on its registration socket (no endpoint).
+    let registry = "/var/lib/kubelet/plugins_registry";
+    stale_socket(&seen(registry));
+    let csi = rt
+        .block_on(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["1.0.0"])
+                .socket_dir(seen(registry))
+                .endpoint("/var/lib/kubelet/plugins/csi.example.com/csi.sock")
+                .serve(),
+        )
+        .unwrap();
+    let device = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .socket_dir(seen(registry))
+                .routes(support::device_plugin(&[("gpu-0", "Healthy")]))
+                .serve(),
+        )
+        .unwrap();
+    // Beside kubelet.sock: a live device plugin (and no device manager
+    // checkpoint to name it) and one that is gone.
+    std::fs::create_dir_all(seen("/var/lib/kubelet/device-plugins")).unwrap();
+    let _served = support::serve(
+        &seen("/var/lib/kubelet/device-plugins/fpga.sock"),
+        support::device_plugin(&[("fpga-0", "Healthy")]),
+    );
+    drop(std::os::unix::net::UnixListener::bind(seen("/var/lib/kubelet/device-plugins/old.sock")));
+    let on_host = |socket: &Path| Path::new("/").join(socket.strip_prefix(host.path()).unwrap());
+    let dial_crashed = "dial /var/lib/kubelet/plugins_registry/crashed-reg.sock";
+    let flags = ["--host-root", host.path().to_str().unwrap(), "--other-root", "/nowhere"];
+
+    let out = kpm(&[&["doctor", "-o", "json", "--timeout", "2"][..], &flags].concat());
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert_host_paths("the JSON report", &json, host.path());
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let row = |path: &str| {
+        report["plugins"].as_array().unwrap().iter().find(|row| row["path"] == path).cloned()
+    };
+    let crashed = row("/var/lib/kubelet/plugins_registry/crashed-reg.sock").unwrap();
+    assert_eq!(crashed["verdict"], "stale", "{report:#}");
+    let reason = crashed["reason"].as_str().unwrap();
+    assert!(reason.starts_with(dial_crashed), "{reason}");
+    let unreachable = row(on_host(csi.socket_path()).to_str().unwrap()).unwrap();
+    assert_eq!(unreachable["verdict"], "endpoint-unreachable", "{report:#}");
+    let reason = unreachable["reason"].as_str().unwrap();
+    assert!(reason.contains("/var/lib/kubelet/plugins/csi.example.com/csi.sock"), "{reason}");
+    let serving = row(on_host(device.socket_path()).to_str().unwrap()).unwrap();
+    assert_eq!(serving["verdict"], "ok", "{report:#}");
+    assert_eq!(serving["endpoint"], on_host(device.socket_path()).to_str().unwrap());
+    let old = row("/var/lib/kubelet/device-plugins/old.sock").unwrap();
+    assert!(old["reason"].as_str().unwrap().contains(" /var/lib/kubelet/device-plugins/old.sock"));
+    let unseen = report["unseen"].to_string();
+    assert!(
+        unseen.contains("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"),
+        "{unseen}"
+    );
+
+    let out = kpm(&[&["doctor", "--timeout", "2"][..], &flags].concat());
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert_host_paths("the table", &table, host.path());
+    assert!(table.contains(dial_crashed), "{table}");
+
+    let state = Arc::new(Mutex::new(State::with_node("node1")));
+    let api_port = free_port();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let logs = tempfile::tempdir().unwrap();
+    let args: Vec<OsString> = flags.iter().map(OsString::from).collect();
+    let doctor = watch_with(logs.path(), api_port, &free_local_addr(), &args);
+    let condition = published(&state, "False");
+    let message = condition["message"].as_str().unwrap();
+    assert_host_paths("the condition's message", message, host.path());
+    assert!(message.contains(dial_crashed), "{message}");
+    wait_until("the crashed registrar's Event", || {
+        state.lock().events.values().any(|e| e["note"].as_str().unwrap().contains(dial_crashed))
+    });
+    stop(doctor);
+    let events = serde_json::to_string(&state.lock().events).unwrap();
+    assert_host_paths("the Events", &events, host.path());
+    let log = std::fs::read_to_string(logs.path().join("doctor.log")).unwrap();
+    assert_host_paths("the log", &log, host.path());
+}
+
 // === A doctor that cannot look ===
 
 /// The condition, once the doctor has published it as `status`.
@@ -358,7 +458,8 @@ fn a_registry_that_is_not_the_running_kubelets_is_published_unknown() {
     let report: Value = serde_json::from_slice(&once.stdout).unwrap();
     assert_eq!(report["root_dir"], "/data/kubelet", "{report:#}");
     let why = report["blind"]["why"].as_str().unwrap();
-    assert!(why.contains("data/kubelet/plugins_registry: cannot be listed"), "{why}");
+    // The host's path, which an operator can look at on the node.
+    assert!(why.starts_with("/data/kubelet/plugins_registry: cannot be listed"), "{why}");
 
     let state = Arc::new(Mutex::new(State::with_node("node1")));
     let api_port = free_port();

@@ -10,9 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
-use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::host::Seen;
 
 /// The checkpoint's file name in `device-plugins/`.
 pub(crate) const FILE_NAME: &str = "kubelet_internal_checkpoint";
@@ -54,18 +55,17 @@ pub(crate) enum Resource<'a> {
 }
 
 /// The checkpoint of `device_plugins` (the directory); `Ok(None)` when there
-/// is none (no kubelet ran its device manager there); `Err` names the file
-/// and what failed.
-pub(crate) fn read(device_plugins: &Path) -> Result<Option<RegisteredDevices>, String> {
-    let path: PathBuf = device_plugins.join(FILE_NAME);
-    let text = match std::fs::read_to_string(&path) {
+/// is none (no kubelet ran its device manager there); `Err` names the file,
+/// on the host, and what failed.
+pub(crate) fn read(device_plugins: &Seen) -> Result<Option<RegisteredDevices>, String> {
+    let file = device_plugins.join(FILE_NAME);
+    let shown = file.on_host().display();
+    let text = match std::fs::read_to_string(&file) {
         Ok(text) => text,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(err) => return Err(format!("{}: cannot be read: {err}", path.display())),
+        Err(err) => return Err(format!("{shown}: cannot be read: {err}")),
     };
-    parse(&text)
-        .map(Some)
-        .map_err(|err| format!("{}: not a device manager checkpoint: {err}", path.display()))
+    parse(&text).map(Some).map_err(|err| format!("{shown}: not a device manager checkpoint: {err}"))
 }
 
 fn parse(text: &str) -> serde_json::Result<RegisteredDevices> {
@@ -151,13 +151,15 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_file_is_none_and_a_broken_one_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(read(dir.path()), Ok(None));
-        std::fs::write(dir.path().join(FILE_NAME), "{").unwrap();
-        let err = read(dir.path()).unwrap_err();
+    fn a_missing_file_is_none_and_a_broken_one_is_named_on_the_host() {
+        let host = tempfile::tempdir().unwrap();
+        let dir = crate::Host::under(host.path()).path(std::path::Path::new("/device-plugins"));
+        std::fs::create_dir(&dir).unwrap();
+        assert_eq!(read(&dir), Ok(None));
+        std::fs::write(dir.join(FILE_NAME), "{").unwrap();
+        let err = read(&dir).unwrap_err();
         assert!(
-            err.contains(FILE_NAME) && err.contains("not a device manager checkpoint"),
+            err.starts_with("/device-plugins/kubelet_internal_checkpoint: not a device manager"),
             "{err}"
         );
     }

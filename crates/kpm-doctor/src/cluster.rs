@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use kpm::kube::{NodeObjects, NodeResources, ObjectKind};
 
-use crate::judge::{self, Row, Verdict};
+use crate::device_plugins::LAGGING_DEVICES;
+use crate::judge::{Row, Verdict};
 use crate::publishing::Publishing;
 use crate::{Blind, Finding};
 
@@ -368,6 +369,6 @@ fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
             "the plugin lists {} devices, {} healthy; Node {node} shows capacity {capacity}, allocatable {allocatable}",
             report.devices, report.healthy
         );
-        row.hint = judge::LAGGING_DEVICES.into();
+        row.hint = LAGGING_DEVICES.into();
     }
 }

@@ -13,8 +13,14 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 
 /// Where this process sees the host's file system: `/` on the host itself,
 /// `/host` in a pod that mounts it there (`kubectl debug node/NAME`; the
-/// `--path.rootfs` of node-exporter). Paths in reports are the host's; a
-/// path is read at [`Host::path`].
+/// `--path.rootfs` of node-exporter).
+///
+/// The doctor keeps every path as the host's, the path the kubelet and the
+/// plugins use and an operator can paste into a shell on the node; a path
+/// is resolved under the prefix only to be read ([`Host::path`], a
+/// [`Seen`], which cannot be shown). What the judging kubelet reads it is
+/// given as [`Seen`] paths too, and its words come back through
+/// `Host::as_on_host`, the one place they are mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     root: PathBuf,
@@ -24,6 +30,46 @@ impl Default for Host {
     /// The host's own view: nothing moved.
     fn default() -> Self {
         Self { root: PathBuf::from("/") }
+    }
+}
+
+/// A path on the host and where this process reads it, made by
+/// [`Host::path`]. It is read through [`AsRef<Path>`] (`std::fs`, a dial,
+/// inotify) and has no `Display` and no `Serialize`: a message or report
+/// names [`on_host`](Self::on_host), so that none can carry the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    on_host: PathBuf,
+    read_at: PathBuf,
+}
+
+impl Seen {
+    /// The path on the host, the one to show.
+    pub fn on_host(&self) -> &Path {
+        &self.on_host
+    }
+
+    /// `name` below this path, on the host and where it is read.
+    #[must_use]
+    pub fn join(&self, name: impl AsRef<Path>) -> Self {
+        let name = name.as_ref();
+        Self { on_host: self.on_host.join(name), read_at: self.read_at.join(name) }
+    }
+
+    /// The path on the host of `entry`, a path read below this one (an
+    /// entry of its listing); this path itself for one that is not below
+    /// it, which a listing never gives.
+    pub fn on_host_of(&self, entry: &Path) -> PathBuf {
+        entry
+            .strip_prefix(&self.read_at)
+            .map_or_else(|_| self.on_host.clone(), |below| self.on_host.join(below))
+    }
+}
+
+impl AsRef<Path> for Seen {
+    /// Where the path is read: never to be shown.
+    fn as_ref(&self) -> &Path {
+        &self.read_at
     }
 }
 
@@ -43,26 +89,60 @@ impl Host {
         self.root.as_os_str() != "/"
     }
 
-    /// Where this process reads `on_host`, a path on the host.
-    pub fn path(&self, on_host: &Path) -> PathBuf {
-        match on_host.strip_prefix("/") {
+    /// `on_host`, a path on the host, and where this process reads it.
+    pub fn path(&self, on_host: &Path) -> Seen {
+        let read_at = match on_host.strip_prefix("/") {
             Ok(relative) if self.is_prefixed() => self.root.join(relative),
             _ => on_host.to_path_buf(),
-        }
+        };
+        Seen { on_host: on_host.to_path_buf(), read_at }
     }
 
-    /// The path on the host of `seen`, a path as this process reads it
-    /// (the inverse of [`path`](Self::path)); a path outside the prefix is
-    /// returned as it is.
-    pub fn on_host(&self, seen: &Path) -> PathBuf {
-        match seen.strip_prefix(&self.root) {
-            Ok(relative) if self.is_prefixed() => Path::new("/").join(relative),
-            _ => seen.to_path_buf(),
+    /// `text`, words of the judging kubelet (an error, an endpoint, a
+    /// service's report), with every path it names under the prefix named
+    /// as on the host. That kubelet is given [`Seen`] paths to read and its
+    /// messages name what it read (`dial /host/var/lib/kubelet/…`); the
+    /// doctor cannot type another crate's words, so they are mapped here,
+    /// where they come back, and nowhere else. A path starts the text or
+    /// follows a space, a quote, a bracket, `=`, `:` or `,`.
+    pub(crate) fn as_on_host(&self, text: &str) -> String {
+        let root = self.root.to_string_lossy();
+        let root = root.trim_end_matches('/');
+        if !self.is_prefixed() || root.is_empty() {
+            return text.to_owned();
         }
+        let starts_path = |before: &str| {
+            before.chars().next_back().is_none_or(|c| c.is_whitespace() || "\"'([<{=:,".contains(c))
+        };
+        let mut shown = String::with_capacity(text.len());
+        let mut copied = 0;
+        for (at, _) in text.match_indices(root) {
+            let after = &text[at + root.len()..];
+            if at < copied || !starts_path(&text[..at]) {
+                continue;
+            }
+            // `/host/var/…` is `/var/…`; `/host` alone is `/`; `/hostile` is
+            // no path under `/host`.
+            let alone = match after.chars().next() {
+                Some('/') => false,
+                None => true,
+                Some(c) => c.is_whitespace() || "\"')]>},:;".contains(c),
+            };
+            if !alone && !after.starts_with('/') {
+                continue;
+            }
+            shown.push_str(&text[copied..at]);
+            if alone {
+                shown.push('/');
+            }
+            copied = at + root.len();
+        }
+        shown.push_str(&text[copied..]);
+        shown
     }
 
     /// The host's `/proc/<rest>`.
-    fn proc(&self, rest: &str) -> PathBuf {
+    fn proc(&self, rest: &str) -> Seen {
         self.path(&Path::new("/proc").join(rest))
     }
 
@@ -371,6 +451,51 @@ mod tests {
         assert_eq!(listening_path(listening), Some(PathBuf::from("/run/a.sock")));
         assert_eq!(listening_path(connected), None);
         assert_eq!(listening_path(abstract_), None);
+    }
+
+    #[test]
+    fn a_host_path_is_read_under_the_prefix_and_shown_as_on_the_host() {
+        let registry = Path::new("/var/lib/kubelet/plugins_registry");
+        let seen = Host::under("/host").path(registry);
+        assert_eq!(seen.as_ref(), Path::new("/host/var/lib/kubelet/plugins_registry"));
+        assert_eq!(seen.on_host(), registry);
+        let socket = seen.join("a-reg.sock");
+        assert_eq!(socket.on_host(), registry.join("a-reg.sock"));
+        let entry = Path::new("/host/var/lib/kubelet/plugins_registry/sub/b.sock");
+        assert_eq!(seen.on_host_of(entry), registry.join("sub/b.sock"));
+        assert_eq!(seen.on_host_of(Path::new("/elsewhere/c.sock")), registry);
+        // The host's own view moves nothing.
+        assert_eq!(Host::default().path(registry).as_ref(), registry);
+    }
+
+    #[test]
+    fn the_judging_kubelets_words_name_the_hosts_paths() {
+        let host = Host::under("/host/");
+        let cases = [
+            (
+                "dial /host/var/lib/kubelet/plugins_registry/a.sock: Connection refused",
+                "dial /var/lib/kubelet/plugins_registry/a.sock: Connection refused",
+            ),
+            (
+                "NodeGetInfo on /host/csi.sock: dial /host/csi.sock: gone",
+                "NodeGetInfo on /csi.sock: dial /csi.sock: gone",
+            ),
+            (
+                "endpoint \"/host/r/d.sock\" not in \"/host/r\"",
+                "endpoint \"/r/d.sock\" not in \"/r\"",
+            ),
+            ("/host/var/x", "/var/x"),
+            ("unix:/host/var/x", "unix:/var/x"),
+            ("the root /host: unreadable", "the root /: unreadable"),
+            ("/host", "/"),
+            // Not paths under the prefix.
+            ("/hostile/x and /var/host/x and x/host/y", "/hostile/x and /var/host/x and x/host/y"),
+        ];
+        for (said, shown) in cases {
+            assert_eq!(host.as_on_host(said), shown, "{said}");
+        }
+        let on_the_host = "dial /host/a.sock";
+        assert_eq!(Host::default().as_on_host(on_the_host), on_the_host);
     }
 
     #[test]

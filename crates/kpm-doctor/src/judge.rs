@@ -10,9 +10,9 @@ use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
 use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
+use tracing::instrument::WithSubscriber as _;
 
-use crate::checkpoint::{self, Resource};
-use crate::host::{Host, ProcessInfo};
+use crate::host::{Host, ProcessInfo, Seen};
 
 /// What a socket is to the kubelet. The order is the order of severity a
 /// Node condition's reason is chosen by: the first failing verdict found.
@@ -257,23 +257,24 @@ pub fn served_by(process: &ProcessInfo) -> String {
     text
 }
 
-/// Every entry of `registry` (as this process sees it), the sockets
-/// inspected concurrently; the error if the registry cannot be listed at
-/// all.
+/// Every entry of `registry`, the sockets inspected concurrently; the error
+/// if the registry cannot be listed at all.
 pub(crate) async fn registry(
     kubelet: &Kubelet,
     host: &Host,
-    registry: &Path,
+    registry: &Seen,
     unseen: &mut Vec<String>,
 ) -> io::Result<Vec<Row>> {
-    let entries = kpm::registry::survey(registry)?;
+    let entries = kpm::registry::survey(registry.as_ref())?;
     let mut rows = Vec::new();
     let mut inspections = tokio::task::JoinSet::new();
-    for (path, entry) in entries {
+    for (read_at, entry) in entries {
+        let path = registry.on_host_of(&read_at);
         match entry {
             RegistryEntry::Socket => {
                 let manager = kubelet.handle().manager().clone();
-                inspections.spawn(async move { manager.inspect(&path).await });
+                let inspection = quietly(async move { manager.inspect(&read_at).await });
+                inspections.spawn(async move { (path, inspection.await) });
             }
             RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
             RegistryEntry::Unreadable(err) => rows.push(
@@ -285,12 +286,22 @@ pub(crate) async fn registry(
     }
     while let Some(joined) = inspections.join_next().await {
         match joined {
-            Ok(inspection) => rows.push(judge(host, inspection)),
+            Ok((path, inspection)) => rows.push(judge(host, &path, inspection)),
             Err(err) => unseen.push(format!("an inspection failed: {err}")),
         }
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(rows)
+}
+
+/// `inspection` without the judging kubelet's own log. It registers
+/// nothing, so its lines would mislead (`validating CSI driver`, every
+/// pass), what it finds is the row, and they name the paths it read, under
+/// the host root, which nothing the doctor says may.
+pub(crate) fn quietly<F: std::future::Future>(
+    inspection: F,
+) -> tracing::instrument::WithDispatch<F> {
+    inspection.with_subscriber(tracing::subscriber::NoSubscriber::default())
 }
 
 fn ignored(path: &Path, why: Ignored) -> Row {
@@ -304,8 +315,9 @@ fn ignored(path: &Path, why: Ignored) -> Row {
         .hint(hint)
 }
 
-/// The row of a registration socket, from its inspection.
-fn judge(host: &Host, inspection: Inspection) -> Row {
+/// The row of the registration socket at `path` on the host, from its
+/// inspection, whose words name the paths it read.
+fn judge(host: &Host, path: &Path, inspection: Inspection) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
@@ -314,13 +326,14 @@ fn judge(host: &Host, inspection: Inspection) -> Row {
         Ok(()) => inspection.service.as_ref().map(ToString::to_string).unwrap_or_default(),
         Err(err) => crate::reason(err),
     };
-    let mut row = Row::new(verdict, &inspection.socket, "registry", reason).hint(hint);
+    let mut row = Row::new(verdict, path, "registry", host.as_on_host(&reason)).hint(hint);
     if let Some(info) = &inspection.info {
         row.plugin_type = Some(info.r#type.clone());
         row.name = Some(info.name.clone());
         row.versions.clone_from(&info.supported_versions);
     }
-    row.endpoint.clone_from(&inspection.endpoint);
+    // An empty endpoint is the registration socket, as it was read.
+    row.endpoint = inspection.endpoint.as_deref().map(|endpoint| host.as_on_host(endpoint));
     row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps
@@ -404,137 +417,6 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
         .map(io::Error::kind)
 }
 
-/// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
-/// endpoints of registry plugins already judged: device plugins that
-/// registered through `kubelet.sock`, inspected as the device manager
-/// would connect to them, and named by the kubelet's checkpoint.
-pub(crate) async fn device_plugins(
-    kubelet: &Kubelet,
-    host: &Host,
-    root: &Path,
-    judged: &[Row],
-    unseen: &mut Vec<String>,
-) -> Vec<Row> {
-    let dir = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
-        Err(err) => {
-            unseen.push(format!("{}: cannot be listed: {err}", dir.display()));
-            return Vec::new();
-        }
-    };
-    // The endpoints advertised are the host's paths, the entries this
-    // process's.
-    let endpoints: BTreeSet<PathBuf> = judged
-        .iter()
-        .filter_map(|row| row.endpoint.as_deref())
-        .map(|endpoint| host.path(kpm::transport::endpoint_path(endpoint)))
-        .collect();
-    let sockets = entries.filter_map(Result::ok).filter(|entry| {
-        entry.file_type().is_ok_and(|kind| std::os::unix::fs::FileTypeExt::is_socket(&kind))
-            && entry.file_name() != kpm::api::KUBELET_SOCKET_NAME
-            && !endpoints.contains(&entry.path())
-    });
-    let mut inspections = tokio::task::JoinSet::new();
-    for entry in sockets {
-        let (devices, path) = (kubelet.handle().devices().clone(), entry.path());
-        inspections.spawn(async move {
-            let name =
-                path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            let inspected = devices.inspect_endpoint(&name, &path).await;
-            (path, inspected)
-        });
-    }
-    let mut rows = Vec::new();
-    while let Some(joined) = inspections.join_next().await {
-        let Ok((path, inspected)) = joined else { continue };
-        let row = match inspected {
-            Ok(report) => {
-                let mut row = Row::new(Verdict::Ok, &path, "device-plugins", report.to_string());
-                row.served_by = report.server_pid.map(|pid| host.process(pid));
-                row.service = Some(Box::new(report));
-                row
-            }
-            Err(kpm::device::DeviceError::Dial { source, .. }) if source.is_gone() => Row::new(
-                Verdict::Stale,
-                &path,
-                "device-plugins",
-                inspect_reason(&source),
-            )
-            .hint(
-                "nothing listens on it: a device plugin that is gone left it; it no longer counts",
-            ),
-            Err(err) => {
-                Row::new(Verdict::ServiceFailing, &path, "device-plugins", inspect_reason(&err))
-                    .hint("the device plugin's service fails: see its logs")
-            }
-        };
-        let mut row = row;
-        row.plugin_type = Some(kpm::api::DEVICE_PLUGIN.to_owned());
-        rows.push(row);
-    }
-    rows.sort_by(|a, b| a.path.cmp(&b.path));
-    if rows.iter().any(|row| row.verdict == Verdict::Ok) {
-        match checkpoint::read(&dir) {
-            Ok(Some(registered)) => {
-                for row in &mut rows {
-                    held_by_kubelet(row, &registered);
-                }
-            }
-            Ok(None) => unseen.push(format!(
-                "{}: missing (no kubelet's device manager wrote it); the resources of the \
-                 device plugins there are not named",
-                dir.join(checkpoint::FILE_NAME).display()
-            )),
-            Err(err) => unseen.push(err),
-        }
-    }
-    rows
-}
-
-/// The fix when the kubelet's device manager, or the Node it updates, holds
-/// other devices than a device plugin lists.
-pub(crate) const LAGGING_DEVICES: &str = "the kubelet's view lags the plugin's list: if it stays \
-    so, the kubelet lost the plugin's ListAndWatch stream; restart the plugin";
-
-/// Names the resource a live plugin on `kubelet.sock` serves, by its healthy
-/// devices in the kubelet's checkpoint; says so when the kubelet holds none
-/// of them, or others.
-fn held_by_kubelet(row: &mut Row, registered: &checkpoint::RegisteredDevices) {
-    let Some(report) = row.device_report() else { return };
-    let (healthy, file) = (report.healthy, checkpoint::FILE_NAME);
-    match registered.resource_of(&report.healthy_ids) {
-        Resource::Same(resource) => row.name = Some(resource.to_owned()),
-        Resource::Differs(resource, held) => {
-            row.name = Some(resource.to_owned());
-            row.verdict = Verdict::KubeletMismatch;
-            row.reason = format!(
-                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds {} \
-                 healthy of {resource} ({file})",
-                held.len()
-            );
-            row.hint = LAGGING_DEVICES.into();
-        }
-        Resource::NotHeld => {
-            row.verdict = Verdict::NotRegistered;
-            row.reason = format!(
-                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds \
-                 none of them ({file})"
-            );
-            row.hint = "the kubelet did not register it, or dropped it: see the kubelet's log \
-                        (device manager); the plugin registers again when it restarts, or when \
-                        kubelet.sock is created anew"
-                .into();
-        }
-        Resource::Unknown => {}
-    }
-}
-
-fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
-    kpm::api::error_chain(err)
-}
-
 /// The sockets still listening under `root`'s registry or `device-plugins/`
 /// whose file is gone; `root` and `listening` are the host's paths.
 ///
@@ -549,7 +431,8 @@ pub(crate) fn deleted(host: &Host, root: &Path, listening: &BTreeSet<PathBuf>) -
     ];
     let gone = |path: &Path| {
         let seen = host.path(path);
-        matches!(std::fs::symlink_metadata(&seen), Err(err) if err.kind() == io::ErrorKind::NotFound)
+        let seen = seen.as_ref();
+        matches!(std::fs::symlink_metadata(seen), Err(err) if err.kind() == io::ErrorKind::NotFound)
             && seen.parent().is_some_and(Path::is_dir)
     };
     listening

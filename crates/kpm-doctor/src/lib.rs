@@ -27,7 +27,9 @@
 //!   each driver's nodes (`47/50`) with why it is not on the others;
 //!   [`render_fleet_table`] prints it as `kpm doctor --cluster` does.
 //! - [`Host`] is where this process sees the host's file system: `/`, or a
-//!   prefix in a pod (`/host`); reports always name the host's paths.
+//!   prefix in a pod (`/host`); reports, conditions, Events and logs always
+//!   name the host's paths, and a path is resolved under the prefix only
+//!   to be read (a [`Seen`], which cannot be shown).
 //!
 //! This crate leaves the choice of the k8s-openapi version feature to the
 //! binary, as kube-rs advises.
@@ -37,6 +39,7 @@
 mod checkpoint;
 mod cluster;
 mod condition;
+mod device_plugins;
 mod fleet;
 mod host;
 mod judge;
@@ -61,7 +64,7 @@ pub use crate::fleet::{
     DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
     NodeObject, NodeView, NotOn, judge_fleet, read_fleet, render_fleet_table,
 };
-pub use crate::host::{Host, KubeletProcess, ProcessInfo};
+pub use crate::host::{Host, KubeletProcess, ProcessInfo, Seen};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
@@ -85,7 +88,7 @@ pub enum DoctorError {
     /// setting out of range).
     #[error("set up the judging kubelet for {}: {source}", root.display())]
     BuildKubelet {
-        /// The kubelet root, as this process sees it.
+        /// The kubelet root, on the host.
         root: PathBuf,
         /// What the builder refused.
         #[source]
@@ -186,17 +189,19 @@ impl Doctor {
             (None, Some(kubelet)) => (kubelet.root_dir.clone(), kubelet.describe()),
             (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
         };
+        // The judging kubelet reads the root it is given: where this
+        // process sees it.
         let seen = config.host.path(&root_dir);
         let get_info = ExecutorConfig::default().get_info_timeout;
         let kubelet = judging_kubelet(
-            &seen,
+            seen.as_ref(),
             &config.disabled,
             config.timeout,
             get_info,
             Some(config.host.root()),
         )
         .map_err(|source| DoctorError::BuildKubelet {
-            root: seen.clone(),
+            root: root_dir.clone(),
             source: Box::new(source),
         })?;
         Ok(Self { config, root_dir, root_from, kubelet, kpm_run: None })
@@ -221,10 +226,10 @@ impl Doctor {
         &self.config
     }
 
-    /// The directories whose changes can change a verdict, as this process
-    /// sees them: the registry (its whole tree) and `device-plugins/` (its
-    /// sockets and the device manager's checkpoint).
-    pub fn watched_dirs(&self) -> [PathBuf; 2] {
+    /// The directories whose changes can change a verdict: the registry
+    /// (its whole tree) and `device-plugins/` (its sockets and the device
+    /// manager's checkpoint).
+    pub fn watched_dirs(&self) -> [Seen; 2] {
         let root = self.config.host.path(&self.root_dir);
         [
             root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
@@ -236,23 +241,21 @@ impl Doctor {
     /// it, the plugins are held against it too.
     pub async fn examine(&self, cluster: Option<&kpm::kube::NodeObjects>) -> Report {
         let host = &self.config.host;
-        let seen_root = host.path(&self.root_dir);
+        let root = host.path(&self.root_dir);
         let kubelets = host.kubelets();
         let mut unseen = Vec::new();
-        let registry = seen_root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+        let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let (mut plugins, mut blind) =
             match judge::registry(&self.kubelet, host, &registry, &mut unseen).await {
                 Ok(rows) => (rows, None),
-                Err(err) => {
-                    (Vec::new(), Some(self.cannot_list_registry(&registry, &err, &kubelets)))
-                }
+                Err(err) => (
+                    Vec::new(),
+                    Some(self.cannot_list_registry(registry.on_host(), &err, &kubelets)),
+                ),
             };
         let beside_kubelet_sock =
-            judge::device_plugins(&self.kubelet, host, &seen_root, &plugins, &mut unseen).await;
+            device_plugins::judge(&self.kubelet, host, &root, &plugins, &mut unseen).await;
         plugins.extend(beside_kubelet_sock);
-        for row in &mut plugins {
-            row.path = host.on_host(&row.path);
-        }
         match host.listening_unix_paths() {
             Some(listening) => plugins.extend(judge::deleted(host, &self.root_dir, &listening)),
             None => {
@@ -557,7 +560,7 @@ fn unwatched_registries(
         .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
         .filter_map(|root| {
             let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
-            let entries = kpm::registry::survey(&host.path(&registry)).ok()?;
+            let entries = kpm::registry::survey(host.path(&registry).as_ref()).ok()?;
             let sockets = entries
                 .iter()
                 .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))

@@ -35,7 +35,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
@@ -50,7 +49,7 @@ use crate::condition::{CANNOT_JUDGE_REASON, Outcome};
 use crate::metrics::DoctorMetrics;
 use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON};
 use crate::publish::{EventType, NodePublisher, Occurrence};
-use crate::{Doctor, Report};
+use crate::{Doctor, Report, Seen};
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
@@ -378,7 +377,7 @@ impl NodeWatch {
 
 /// The directories inotify watches, armed as they appear.
 #[derive(Debug, Default)]
-struct Armed(Vec<PathBuf>);
+struct Armed(Vec<Seen>);
 
 impl Armed {
     /// Watches the registry's tree, `device-plugins/` and the root that
@@ -386,20 +385,21 @@ impl Armed {
     /// watched yet.
     fn arm(&mut self, watcher: &mut RecommendedWatcher, doctor: &Doctor) {
         let [registry, device_plugins] = doctor.watched_dirs();
-        let root = registry.parent().map(Path::to_path_buf);
+        let root = doctor.config().host.path(doctor.root_dir());
         let wanted = [
-            (Some(registry), RecursiveMode::Recursive),
-            (Some(device_plugins), RecursiveMode::NonRecursive),
+            (registry, RecursiveMode::Recursive),
+            (device_plugins, RecursiveMode::NonRecursive),
             (root, RecursiveMode::NonRecursive),
         ];
         for (dir, mode) in wanted {
-            let Some(dir) = dir else { continue };
-            if self.0.contains(&dir) || !dir.is_dir() {
+            if self.0.contains(&dir) || !dir.as_ref().is_dir() {
                 continue;
             }
-            match watcher.watch(&dir, mode) {
+            match watcher.watch(dir.as_ref(), mode) {
                 Ok(()) => self.0.push(dir),
-                Err(err) => debug!(dir = %dir.display(), error = %err, "cannot watch yet"),
+                Err(err) => {
+                    debug!(dir = %dir.on_host().display(), error = %err, "cannot watch yet");
+                }
             }
         }
     }

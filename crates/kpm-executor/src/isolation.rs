@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kpm_cache::HandlerError;
 use tokio::task::JoinError;
+use tracing::instrument::WithSubscriber as _;
 
 /// The text of a panic caught by joining its task.
 pub(crate) fn panic_message(join: JoinError) -> String {
@@ -40,7 +41,10 @@ where
     F: Future<Output = Result<T, HandlerError>> + Send + 'static,
     T: Send + 'static,
 {
-    let task = tokio::spawn(call);
+    // The call logs where its caller does: a task does not inherit the
+    // caller's subscriber, and one that set its own (kpm doctor silences
+    // the kubelet it judges with) must keep it.
+    let task = tokio::spawn(call.with_current_subscriber());
     let abort = task.abort_handle();
     let aborted = |error: String| HandlerFailure { error: error.into(), aborted: true };
     match tokio::time::timeout(timeout, task).await {

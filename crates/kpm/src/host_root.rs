@@ -36,9 +36,14 @@ pub(crate) fn seen_from(
 /// `endpoint`, a path on the host (a `unix://` or `unix:` prefix, as some
 /// drivers report it, stripped), as a process that sees the host's `/` at
 /// `host_root` reaches it. A relative endpoint is left as it is, for the
-/// handler to judge.
+/// handler to judge, and so is one already under `host_root`: a plugin
+/// that advertises no endpoint is served on its registration socket, which
+/// the executor hands over as it reached it, under the prefix.
 pub(crate) fn under_host_root(host_root: &Path, endpoint: &str) -> String {
     let on_host = kpm_transport::endpoint_path(endpoint);
+    if on_host.starts_with(host_root) {
+        return on_host.to_string_lossy().into_owned();
+    }
     match on_host.strip_prefix("/") {
         Ok(relative) => host_root.join(relative).to_string_lossy().into_owned(),
         Err(_) => endpoint.to_owned(),
@@ -98,5 +103,10 @@ mod tests {
         // handler's to refuse.
         assert_eq!(under_host_root(Path::new("/"), "/run/a.sock"), "/run/a.sock");
         assert_eq!(under_host_root(host, "dra.sock"), "dra.sock");
+        // The registration socket of a plugin with no endpoint of its own,
+        // as the executor reached it.
+        let socket = "/host/var/lib/kubelet/plugins_registry/gpu-reg.sock";
+        assert_eq!(under_host_root(host, socket), socket);
+        assert_eq!(under_host_root(host, "/hostile/a.sock"), "/host/hostile/a.sock");
     }
 }

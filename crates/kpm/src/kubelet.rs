@@ -109,8 +109,10 @@ impl KubeletBuilder {
     /// in a pod that mounts it elsewhere (`/host`, as `kubectl debug
     /// node/NAME` does): every endpoint a plugin advertises, a path on the
     /// host, is reached under it. The root and registry directories are
-    /// given as this process sees them (`/host/var/lib/kubelet`). Default:
-    /// the host's view, nothing moved.
+    /// given as this process sees them (`/host/var/lib/kubelet`), and so is
+    /// the registration socket a plugin without an endpoint is served on.
+    /// Errors name the paths as they were reached. Default: the host's
+    /// view, nothing moved.
     pub fn host_root(mut self, dir: impl Into<PathBuf>) -> Self {
         self.host_root = Some(dir.into());
         self

@@ -1,0 +1,148 @@
+//! The sockets beside `kubelet.sock` in `device-plugins/`: device plugins
+//! that registered through `kubelet.sock` rather than the registry, judged
+//! as the device manager would connect to them and named by the kubelet's
+//! checkpoint.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::path::Path;
+
+use kpm::Kubelet;
+
+use crate::checkpoint::{self, Resource};
+use crate::host::{Host, Seen};
+use crate::judge::{Row, Verdict, quietly};
+
+/// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
+/// endpoints of registry plugins already judged: device plugins that
+/// registered through `kubelet.sock`, inspected as the device manager
+/// would connect to them, and named by the kubelet's checkpoint.
+pub(crate) async fn judge(
+    kubelet: &Kubelet,
+    host: &Host,
+    root: &Seen,
+    judged: &[Row],
+    unseen: &mut Vec<String>,
+) -> Vec<Row> {
+    let dir = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(err) => {
+            unseen.push(format!("{}: cannot be listed: {err}", dir.on_host().display()));
+            return Vec::new();
+        }
+    };
+    // The endpoints advertised, paths on the host as the rows are.
+    let endpoints: BTreeSet<&Path> = judged
+        .iter()
+        .filter_map(|row| row.endpoint.as_deref())
+        .map(kpm::transport::endpoint_path)
+        .collect();
+    let sockets = entries.filter_map(Result::ok).filter(|entry| {
+        entry.file_type().is_ok_and(|kind| std::os::unix::fs::FileTypeExt::is_socket(&kind))
+            && entry.file_name() != kpm::api::KUBELET_SOCKET_NAME
+            && !endpoints.contains(dir.on_host_of(&entry.path()).as_path())
+    });
+    let mut inspections = tokio::task::JoinSet::new();
+    for entry in sockets {
+        let socket = dir.join(entry.file_name());
+        let devices = kubelet.handle().devices().clone();
+        inspections.spawn(quietly(async move {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let inspected = devices.inspect_endpoint(&name, socket.as_ref()).await;
+            (socket.on_host().to_path_buf(), inspected)
+        }));
+    }
+    let mut rows = Vec::new();
+    while let Some(joined) = inspections.join_next().await {
+        let Ok((path, inspected)) = joined else { continue };
+        let row = match inspected {
+            Ok(report) => {
+                let reason = host.as_on_host(&report.to_string());
+                let mut row = Row::new(Verdict::Ok, &path, "device-plugins", reason);
+                row.served_by = report.server_pid.map(|pid| host.process(pid));
+                row.service = Some(Box::new(report));
+                row
+            }
+            Err(kpm::device::DeviceError::Dial { source, .. }) if source.is_gone() => Row::new(
+                Verdict::Stale,
+                &path,
+                "device-plugins",
+                host.as_on_host(&inspect_reason(&source)),
+            )
+            .hint(
+                "nothing listens on it: a device plugin that is gone left it; it no longer counts",
+            ),
+            Err(err) => Row::new(
+                Verdict::ServiceFailing,
+                &path,
+                "device-plugins",
+                host.as_on_host(&inspect_reason(&err)),
+            )
+            .hint("the device plugin's service fails: see its logs"),
+        };
+        let mut row = row;
+        row.plugin_type = Some(kpm::api::DEVICE_PLUGIN.to_owned());
+        rows.push(row);
+    }
+    rows.sort_by(|a, b| a.path.cmp(&b.path));
+    if rows.iter().any(|row| row.verdict == Verdict::Ok) {
+        match checkpoint::read(&dir) {
+            Ok(Some(registered)) => {
+                for row in &mut rows {
+                    held_by_kubelet(row, &registered);
+                }
+            }
+            Ok(None) => unseen.push(format!(
+                "{}: missing (no kubelet's device manager wrote it); the resources of the \
+                 device plugins there are not named",
+                dir.on_host().join(checkpoint::FILE_NAME).display()
+            )),
+            Err(err) => unseen.push(err),
+        }
+    }
+    rows
+}
+
+/// The fix when the kubelet's device manager, or the Node it updates, holds
+/// other devices than a device plugin lists.
+pub(crate) const LAGGING_DEVICES: &str = "the kubelet's view lags the plugin's list: if it stays \
+    so, the kubelet lost the plugin's ListAndWatch stream; restart the plugin";
+
+/// Names the resource a live plugin on `kubelet.sock` serves, by its healthy
+/// devices in the kubelet's checkpoint; says so when the kubelet holds none
+/// of them, or others.
+fn held_by_kubelet(row: &mut Row, registered: &checkpoint::RegisteredDevices) {
+    let Some(report) = row.device_report() else { return };
+    let (healthy, file) = (report.healthy, checkpoint::FILE_NAME);
+    match registered.resource_of(&report.healthy_ids) {
+        Resource::Same(resource) => row.name = Some(resource.to_owned()),
+        Resource::Differs(resource, held) => {
+            row.name = Some(resource.to_owned());
+            row.verdict = Verdict::KubeletMismatch;
+            row.reason = format!(
+                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds {} \
+                 healthy of {resource} ({file})",
+                held.len()
+            );
+            row.hint = LAGGING_DEVICES.into();
+        }
+        Resource::NotHeld => {
+            row.verdict = Verdict::NotRegistered;
+            row.reason = format!(
+                "the plugin lists {healthy} healthy devices; the kubelet's device manager holds \
+                 none of them ({file})"
+            );
+            row.hint = "the kubelet did not register it, or dropped it: see the kubelet's log \
+                        (device manager); the plugin registers again when it restarts, or when \
+                        kubelet.sock is created anew"
+                .into();
+        }
+        Resource::Unknown => {}
+    }
+}
+
+fn inspect_reason(err: &(dyn std::error::Error + 'static)) -> String {
+    kpm::api::error_chain(err)
+}
