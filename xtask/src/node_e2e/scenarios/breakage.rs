@@ -135,3 +135,51 @@ pub(super) fn kill_program(program: &str) -> Result {
     }
     if killed == 0 { Err(format!("no {program} process to kill").into()) } else { Ok(()) }
 }
+
+/// The CSI driver's pod deleted, as `kubectl delete pod` or a drain does:
+/// the registrar is stopped (it removes its socket), the DaemonSet's new
+/// pod registers the driver again, CSINode lists it, and the doctor's
+/// condition ends `True`; what it said in between is reported.
+pub(super) fn driver_pod_deleted(_env: &Env, node: &mut Node) -> Result<String> {
+    let old = node.pod(CSI_NAMESPACE, CSI_SELECTOR)?;
+    let old_name =
+        old["metadata"]["name"].as_str().ok_or("the CSI driver's pod has no name")?.to_owned();
+    let deleted = Instant::now();
+    node.kubectl(&["delete", "pod", "-n", CSI_NAMESPACE, &old_name, "--wait=true"])?;
+    let gone = deleted.elapsed();
+    let mut said = vec!["True".to_owned()];
+    let mut remember = |condition: Option<(String, String)>| {
+        let now = match condition {
+            Some((status, reason)) if status != "True" => format!("{status}/{reason}"),
+            Some(_) => "True".to_owned(),
+            None => "none".to_owned(),
+        };
+        if said.last() != Some(&now) {
+            said.push(now);
+        }
+    };
+    let ready = wait_for("the DaemonSet's new CSI driver pod ready", START_TIMEOUT, || {
+        remember(node_condition(node)?);
+        let pods = node.pods(CSI_NAMESPACE, CSI_SELECTOR)?;
+        let ready = pods.iter().any(|pod| {
+            pod["metadata"]["name"] != old_name.as_str()
+                && pod["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|statuses| statuses.iter().all(|s| s["ready"] == true))
+        });
+        Ok(ready.then(Instant::now))
+    })?;
+    let healthy = wait_for(&format!("{CONDITION} True with the new pod"), START_TIMEOUT, || {
+        let condition = node_condition(node)?;
+        let healthy = condition.as_ref().is_some_and(|(status, _)| status == "True");
+        remember(condition);
+        Ok(healthy.then(Instant::now))
+    })?;
+    Ok(format!(
+        "old pod gone {} after the delete, new pod ready {} after it; {CONDITION} {} (True {} after the new pod was ready)",
+        secs(gone),
+        secs(ready - deleted),
+        said.join(" → "),
+        secs(healthy.saturating_duration_since(ready))
+    ))
+}

@@ -51,6 +51,13 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         run: breakage::registrar_killed,
     },
     Scenario {
+        name: "driver-pod-deleted",
+        builds_on: &["csi-driver", "doctor"],
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: breakage::driver_pod_deleted,
+    },
+    Scenario {
         name: "alert",
         builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
