@@ -35,26 +35,17 @@ impl Binaries {
     }
 }
 
+/// The cargo arguments that select the registrar's example plugin, with
+/// its stub services.
+pub(crate) const EXAMPLE_PLUGIN: &[&str] =
+    &["-p", "kpm-registrar", "--features", "kpm-registrar/stub", "--example", "example_plugin"];
+
 /// Builds `kpm` and the registrar's example plugin (debug).
 pub(crate) fn build(root: &Path) -> Result {
     // Both targets named: a lone `--example` would leave the `kpm` binary out.
-    crate::cargo(
-        root,
-        &[
-            "build",
-            "-p",
-            "kpm-cli",
-            "--bin",
-            "kpm",
-            "-p",
-            "kpm-registrar",
-            "--features",
-            "kpm-registrar/stub",
-            "--example",
-            "example_plugin",
-        ],
-        &[],
-    )
+    let mut args = vec!["build", "-p", "kpm-cli", "--bin", "kpm"];
+    args.extend(EXAMPLE_PLUGIN);
+    crate::cargo(root, &args, &[])
 }
 
 /// The value of each series with a whole value kpm serves on `/metrics` at

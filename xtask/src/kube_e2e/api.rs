@@ -2,8 +2,11 @@
 //! and create through it.
 
 use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
 use std::time::Duration;
 
+use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::NODE_ID_ANNOTATION;
@@ -93,6 +96,22 @@ impl Api {
             (code, body) => Err(format!("{method} {path}: {code} {}", body["message"]).into()),
         }
     }
+}
+
+/// A kubeconfig for `token` against `server`.
+pub(crate) fn write_kubeconfig(file: &Path, server: &str, ca_pem: &str, token: &str) -> Result {
+    let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    // JSON is YAML: any kubeconfig reader takes it.
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
+        "users": [{"name": "user", "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "user"}}],
+        "current-context": "e2e",
+    });
+    fs::write(file, serde_json::to_string_pretty(&config)?)?;
+    Ok(())
 }
 
 pub(super) const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";

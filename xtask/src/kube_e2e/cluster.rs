@@ -7,7 +7,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use base64::Engine as _;
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
@@ -321,17 +320,7 @@ impl Cluster {
     /// Writes a kubeconfig for `token` to `file` in the cluster's dir.
     pub(super) fn kubeconfig(&self, file: &str, token: &str) -> Result<PathBuf> {
         let kubeconfig = self.dir.path().join(file);
-        let ca_data = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
-        // JSON is YAML: any kubeconfig reader takes it.
-        let config = json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "kube-e2e", "cluster": {"server": self.api.server, "certificate-authority-data": ca_data}}],
-            "users": [{"name": "user", "user": {"token": token}}],
-            "contexts": [{"name": "kube-e2e", "context": {"cluster": "kube-e2e", "user": "user"}}],
-            "current-context": "kube-e2e",
-        });
-        fs::write(&kubeconfig, serde_json::to_string_pretty(&config)?)?;
+        super::api::write_kubeconfig(&kubeconfig, &self.api.server, &self.ca_pem, token)?;
         Ok(kubeconfig)
     }
 

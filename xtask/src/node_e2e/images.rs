@@ -78,20 +78,9 @@ pub(super) fn build(env: &Env) -> Result {
     pause.user = Some("65535:65535".to_owned());
     let mut images = vec![pause, crate::image::kpm_image(&env.root, KPM)?];
 
-    crate::cargo(
-        &env.root,
-        &[
-            "build",
-            "--release",
-            "-p",
-            "kpm-registrar",
-            "--features",
-            "kpm-registrar/stub",
-            "--example",
-            "example_plugin",
-        ],
-        &[],
-    )?;
+    let mut build = vec!["build", "--release"];
+    build.extend(crate::scenario::EXAMPLE_PLUGIN);
+    crate::cargo(&env.root, &build, &[])?;
     let example = env.target.join("release/examples/example_plugin");
     images.push(crate::image::program_image(
         EXAMPLE_PLUGIN,

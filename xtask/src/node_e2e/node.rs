@@ -8,7 +8,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use base64::Engine as _;
 use serde_json::{Value, json};
 
 use super::host::{self, CGROUP_ROOT, NODE_IP, POD_SUBNET, SERVICE_IP, SERVICE_RANGE};
@@ -94,7 +93,7 @@ impl Node {
             let token =
                 TOKENS.iter().find(|(_, u, _)| *u == user).map_or(ADMIN_TOKEN, |(t, ..)| *t);
             let file = state.join(format!("{name}.kubeconfig"));
-            write_kubeconfig(&file, &server, &pki.ca, token)?;
+            crate::kube_e2e::api::write_kubeconfig(&file, &server, &pki.ca, token)?;
             Ok(file)
         };
         let admin_kubeconfig = kubeconfig("admin", "admin")?;
@@ -319,6 +318,22 @@ impl Launcher<'_> {
         Process::spawn(name, &self.env.bin_dir.join(name), args, &log("out"), &log("log"))
     }
 
+    /// A control plane component with `kubeconfig` for its client, and for
+    /// delegating its own endpoints' authentication and authorization.
+    fn spawn_as(&self, name: &str, kubeconfig: &Path, args: &[&str]) -> Result<Process> {
+        let kubeconfig = kubeconfig.display().to_string();
+        let mut all = vec![
+            "--kubeconfig",
+            &kubeconfig,
+            "--authentication-kubeconfig",
+            &kubeconfig,
+            "--authorization-kubeconfig",
+            &kubeconfig,
+        ];
+        all.extend(args);
+        self.spawn(name, &all)
+    }
+
     fn etcd(&self) -> Result<Process> {
         let data = self.path("etcd");
         let mut etcd = self.spawn(
@@ -395,23 +410,18 @@ impl Launcher<'_> {
     }
 
     fn controller_manager(&self, kubeconfig: &Path) -> Result<Process> {
-        let kubeconfig = kubeconfig.display().to_string();
-        self.spawn(
+        let (key, ca) = (self.path("sa.key"), self.path("ca.crt"));
+        self.spawn_as(
             "kube-controller-manager",
+            kubeconfig,
             &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--authentication-kubeconfig",
-                &kubeconfig,
-                "--authorization-kubeconfig",
-                &kubeconfig,
                 // Each controller with a token of its own service account,
                 // so their RBAC is the cluster's.
                 "--use-service-account-credentials",
                 "--service-account-private-key-file",
-                &self.path("sa.key"),
+                &key,
                 "--root-ca-file",
-                &self.path("ca.crt"),
+                &ca,
                 "--leader-elect=false",
                 "--bind-address",
                 "127.0.0.1",
@@ -420,20 +430,10 @@ impl Launcher<'_> {
     }
 
     fn scheduler(&self, kubeconfig: &Path) -> Result<Process> {
-        let kubeconfig = kubeconfig.display().to_string();
-        self.spawn(
+        self.spawn_as(
             "kube-scheduler",
-            &[
-                "--kubeconfig",
-                &kubeconfig,
-                "--authentication-kubeconfig",
-                &kubeconfig,
-                "--authorization-kubeconfig",
-                &kubeconfig,
-                "--leader-elect=false",
-                "--bind-address",
-                "127.0.0.1",
-            ],
+            kubeconfig,
+            &["--leader-elect=false", "--bind-address", "127.0.0.1"],
         )
     }
 }
@@ -550,20 +550,4 @@ state = "{state}"
         Ok(host::run("ctr", &["--address", CONTAINERD_SOCKET, "version"]).is_ok())
     })?;
     Ok(containerd)
-}
-
-/// A kubeconfig for `token` against `server`.
-pub(super) fn write_kubeconfig(file: &Path, server: &str, ca_pem: &str, token: &str) -> Result {
-    let ca_data = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    // JSON is YAML: any kubeconfig reader takes it.
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "node-e2e", "cluster": {"server": server, "certificate-authority-data": ca_data}}],
-        "users": [{"name": "user", "user": {"token": token}}],
-        "contexts": [{"name": "node-e2e", "context": {"cluster": "node-e2e", "user": "user"}}],
-        "current-context": "node-e2e",
-    });
-    fs::write(file, serde_json::to_string_pretty(&config)?)?;
-    Ok(())
 }
