@@ -74,7 +74,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "kubelet-restart",
         builds_on: &["doctor", "device-plugin"],
-        programs: &[],
+        programs: &["generic-device-plugin"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: device::kubelet_restart,
     },
