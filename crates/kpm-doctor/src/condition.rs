@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use crate::judge::Verdict;
+use crate::plugin_report::KubeletStatus;
 use crate::{Blind, Failure, Report};
 
 /// The condition's type on the Node.
@@ -88,12 +89,24 @@ impl PluginsCondition {
 /// doctor, watching or not, cannot tell it two ways.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Outcome {
-    /// The entries judged (the report's rows).
-    pub(crate) entries: usize,
+    /// Every socket judged (the report's rows), by path: what the typed
+    /// report lists.
+    pub(crate) sockets: BTreeMap<PathBuf, Socket>,
     /// Each failing socket's or object's verdict, by path.
     pub(crate) failing: BTreeMap<PathBuf, Failing>,
     /// Why the doctor could not look, when it could not.
     pub(crate) blind: Option<Blind>,
+    /// The kubelet judged.
+    pub(crate) kubelet: KubeletStatus,
+}
+
+/// A socket as published: what the plugin told of itself and its verdict.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Socket {
+    pub(crate) plugin_type: Option<String>,
+    pub(crate) name: Option<String>,
+    pub(crate) verdict: Verdict,
+    pub(crate) reason: String,
 }
 
 /// A failure as published: its verdict, and how the message and an Event
@@ -102,6 +115,8 @@ pub(crate) struct Outcome {
 pub(crate) struct Failing {
     pub(crate) verdict: Verdict,
     pub(crate) subject: String,
+    /// The plugin, driver or resource it is about, when it names one.
+    pub(crate) name: Option<String>,
     pub(crate) reason: String,
     /// The failing row it is part of ([`Report::cause_of`]): it has its
     /// Event, but is not counted again.
@@ -109,10 +124,11 @@ pub(crate) struct Failing {
 }
 
 impl Failing {
-    fn of(failure: &Failure<'_>, cause: Option<PathBuf>) -> Self {
+    fn of(failure: &Failure<'_>, name: Option<&str>, cause: Option<PathBuf>) -> Self {
         Self {
             verdict: failure.verdict,
             subject: failure.subject(),
+            name: name.map(str::to_owned),
             reason: failure.reason.to_owned(),
             cause,
         }
@@ -123,16 +139,47 @@ impl Outcome {
     pub(crate) fn of(report: &Report) -> Self {
         let caused = report.plugins.iter().flat_map(|row| {
             report.caused_by(row).map(|finding| {
-                (finding.path.clone(), Failing::of(&finding.failure(), Some(row.path.clone())))
+                let failing = Failing::of(
+                    &finding.failure(),
+                    finding.name.as_deref(),
+                    Some(row.path.clone()),
+                );
+                (finding.path.clone(), failing)
             })
         });
-        let own = report
-            .failures()
-            .map(|failure| (failure.path.to_path_buf(), Failing::of(&failure, None)));
+        let rows = report
+            .failing_rows()
+            .map(|row| (row.path.clone(), Failing::of(&row.failure(), row.name.as_deref(), None)));
+        let own = report.findings_of_their_own().filter(|finding| finding.verdict.fails()).map(
+            |finding| {
+                (
+                    finding.path.clone(),
+                    Failing::of(&finding.failure(), finding.name.as_deref(), None),
+                )
+            },
+        );
         // Findings about one object share its path (`csinodes/NAME`): one
         // that counts is put in last, so that it wins.
-        let failing = caused.chain(own).collect();
-        Self { entries: report.plugins.len(), failing, blind: report.blind.clone() }
+        let failing = caused.chain(rows).chain(own).collect();
+        let sockets = report
+            .plugins
+            .iter()
+            .map(|row| {
+                let socket = Socket {
+                    plugin_type: row.plugin_type.clone(),
+                    name: row.name.clone(),
+                    verdict: row.verdict,
+                    reason: row.reason.clone(),
+                };
+                (row.path.clone(), socket)
+            })
+            .collect();
+        let kubelet = KubeletStatus {
+            root_dir: report.root_dir.display().to_string(),
+            found_by: report.root_from.clone(),
+            version: report.kubelet_version.clone(),
+        };
+        Self { sockets, failing, blind: report.blind.clone(), kubelet }
     }
 
     /// Whether the node fails or could not be judged: either way, it is
@@ -157,7 +204,7 @@ impl Outcome {
             return PluginsCondition {
                 status: ConditionStatus::True,
                 reason: HEALTHY_REASON.to_owned(),
-                message: format!("all {} plugin sockets of the node are ok", self.entries),
+                message: format!("all {} plugin sockets of the node are ok", self.sockets.len()),
             };
         }
         failures.sort_by_key(|failure| failure.verdict);
@@ -194,7 +241,7 @@ impl Outcome {
 
 /// The longest prefix of `text` of at most `bytes` bytes that ends on a
 /// character boundary.
-fn truncated(text: &str, bytes: usize) -> &str {
+pub(crate) fn truncated(text: &str, bytes: usize) -> &str {
     let mut end = bytes.min(text.len());
     while !text.is_char_boundary(end) {
         end -= 1;

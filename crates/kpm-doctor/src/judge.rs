@@ -226,6 +226,17 @@ impl Row {
         }
     }
 
+    /// The row as a [`Failure`](crate::Failure), whatever its verdict.
+    pub(crate) fn failure(&self) -> crate::Failure<'_> {
+        crate::Failure {
+            verdict: self.verdict,
+            path: &self.path,
+            plugin_type: self.plugin_type.as_deref(),
+            name: self.name.as_deref(),
+            reason: &self.reason,
+        }
+    }
+
     pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = hint.into();
         self

@@ -44,6 +44,7 @@ mod fleet;
 mod host;
 mod judge;
 mod metrics;
+mod plugin_report;
 pub mod publish;
 mod publishing;
 mod render;
@@ -67,6 +68,11 @@ pub use crate::fleet::{
 pub use crate::host::{Host, KubeletProcess, ProcessInfo, Seen};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::metrics::DoctorMetrics;
+pub use crate::plugin_report::{
+    BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,
+    KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
+    REPORT_GROUP,
+};
 pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
 pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
@@ -285,6 +291,9 @@ impl Doctor {
             root_from: self.root_from.clone(),
             kubelets,
             node: cluster.map(|objects| objects.node.clone()),
+            kubelet_version: cluster.and_then(|objects| {
+                objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone()
+            }),
             plugins,
             findings,
             unseen,
@@ -350,6 +359,10 @@ pub struct Report {
     /// The node the cluster was asked about, if it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The kubelet's version, as its Node reports it, when the cluster was
+    /// asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
     /// One row per registry entry, device-plugin socket and deleted socket.
     pub plugins: Vec<Row>,
     /// Findings about the node rather than one socket.
@@ -372,18 +385,16 @@ impl Report {
     /// finding caused by a failing row ([`cause_of`](Self::cause_of)) is
     /// part of that row's failure, not one of its own, and is left out.
     pub fn failures(&self) -> impl Iterator<Item = Failure<'_>> {
-        let rows = self.plugins.iter().filter(|row| row.verdict.fails()).map(|row| Failure {
-            verdict: row.verdict,
-            path: &row.path,
-            plugin_type: row.plugin_type.as_deref(),
-            name: row.name.as_deref(),
-            reason: &row.reason,
-        });
         let findings = self
             .findings_of_their_own()
             .filter(|finding| finding.verdict.fails())
             .map(Finding::failure);
-        rows.chain(findings)
+        self.failing_rows().map(Row::failure).chain(findings)
+    }
+
+    /// The rows whose verdict fails.
+    pub(crate) fn failing_rows(&self) -> impl Iterator<Item = &Row> {
+        self.plugins.iter().filter(|row| row.verdict.fails())
     }
 
     /// The failing row `finding` is part of: the one its
@@ -432,6 +443,7 @@ impl Report {
             root_from: "--root-dir".to_owned(),
             kubelets: Vec::new(),
             node: None,
+            kubelet_version: None,
             plugins,
             findings,
             unseen: Vec::new(),

@@ -120,12 +120,16 @@ impl Collector for DoctorMetrics {
         )?)?;
         counter(&mut encoder, "kpm_doctor_passes", "Passes over the node.", last.passes)?;
         let Some(publish) = self.publish.lock().clone() else { return Ok(()) };
-        let writes = [("condition", publish.condition_writes()), ("event", publish.event_writes())];
+        let writes = [
+            ("condition", publish.condition_writes()),
+            ("report", publish.report_writes()),
+            ("event", publish.event_writes()),
+        ];
         let counter_type = ConstCounter::new(0_u64).metric_type();
         {
             let mut family = encoder.encode_descriptor(
                 "kpm_doctor_api_writes",
-                "Writes the API server took: the Node condition, Events (creates and series).",
+                "Writes the API server took: the Node condition, the KubeletPluginReport, Events (creates and series).",
                 None,
                 counter_type,
             )?;

@@ -39,6 +39,9 @@ pub struct NodeResources {
     pub capacity: BTreeMap<String, String>,
     /// `status.allocatable`, as quantities.
     pub allocatable: BTreeMap<String, String>,
+    /// `status.nodeInfo.kubeletVersion`, as the kubelet reports itself
+    /// (`v1.36.2`).
+    pub kubelet_version: Option<String>,
 }
 
 /// Reads what the API server shows of `node` through `client`, each
@@ -80,6 +83,10 @@ async fn node_resources(api: &Arc<NodeApi>) -> Result<Option<NodeResources>, Kub
         csi_node_ids,
         capacity: quantities(status.capacity),
         allocatable: quantities(status.allocatable),
+        kubelet_version: status
+            .node_info
+            .map(|info| info.kubelet_version)
+            .filter(|version| !version.is_empty()),
     }))
 }
 

@@ -102,6 +102,9 @@ pub struct State {
     pub owners: HashMap<String, String>,
     /// The Events, by name.
     pub events: BTreeMap<String, Value>,
+    /// The doctor's `KubeletPluginReports`, by name; `None`: their CRD is
+    /// not installed (every request about them is a 404).
+    pub reports: Option<BTreeMap<String, Value>>,
     /// `METHOD path` of each request, in order.
     pub requests: Vec<String>,
     /// When set, every request is answered with this code.
@@ -153,8 +156,14 @@ impl State {
                 "metadata": {"name": node, "uid": "uid-1", "resourceVersion": "1"},
                 "status": {"conditions": []}})),
             resource_version: 1,
+            reports: Some(BTreeMap::new()),
             ..Self::default()
         }
+    }
+
+    /// The `KubeletPluginReport` `name`, when there is one.
+    pub fn report(&self, name: &str) -> Option<&Value> {
+        self.reports.as_ref()?.get(name)
     }
 
     /// Opens a watch of `resource` (`nodes`, `csinodes`): the lines of its
@@ -350,8 +359,53 @@ impl State {
                     None => status(404, "events not found"),
                 }
             }
+            ("GET", ["apis", REPORT_GROUP, REPORT_VERSION, REPORTS, name]) => self.get_report(name),
+            ("PATCH", ["apis", REPORT_GROUP, REPORT_VERSION, REPORTS, name, rest @ ..]) => {
+                self.apply_report(name, &body, rest == ["status"])
+            }
             _ => status(404, "not served by the stand-in"),
         }
+    }
+
+    fn get_report(&self, name: &str) -> (u16, Value) {
+        match self.reports.as_ref().map(|reports| reports.get(name)) {
+            Some(Some(report)) => (200, report.clone()),
+            Some(None) => status(404, "kubeletpluginreports not found"),
+            None => status(404, "the server could not find the requested resource"),
+        }
+    }
+
+    /// A server-side apply of a report: of its metadata and spec, creating
+    /// it, or of its status (404 when there is no report).
+    fn apply_report(&mut self, name: &str, body: &Value, status_only: bool) -> (u16, Value) {
+        self.resource_version += 1;
+        let version = self.resource_version.to_string();
+        let Some(reports) = &mut self.reports else {
+            return status(404, "the server could not find the requested resource");
+        };
+        let report = match (reports.get_mut(name), status_only) {
+            (Some(report), true) => {
+                report["status"] = body["status"].clone();
+                report
+            }
+            (None, true) => return status(404, "kubeletpluginreports not found"),
+            (existing, false) => {
+                let report = existing.map_or_else(
+                    || body.clone(),
+                    |existing| {
+                        let mut report = existing.clone();
+                        report["metadata"] = body["metadata"].clone();
+                        report["spec"] = body["spec"].clone();
+                        report
+                    },
+                );
+                reports.insert(name.to_owned(), report);
+                let Some(report) = reports.get_mut(name) else { return status(500, "lost") };
+                report
+            }
+        };
+        report["metadata"]["resourceVersion"] = json!(version);
+        (200, report.clone())
     }
 
     /// Creates the CSINode (409 if there is one), or updates it (409 when
@@ -431,6 +485,11 @@ impl State {
         (200, node)
     }
 }
+
+/// The doctor's reports: their group, version and plural.
+const REPORT_GROUP: &str = "doctor.kpm.io";
+const REPORT_VERSION: &str = "v1alpha1";
+const REPORTS: &str = "kubeletpluginreports";
 
 /// RFC 7386: `patch`'s members replace `target`'s, objects merge, `null`
 /// removes.

@@ -10,6 +10,10 @@
 //!   `lastHeartbeatTime`; `lastTransitionTime` moves only when the status
 //!   does. At start the Node's own copy is read back, so that a restarted
 //!   doctor keeps both times and writes nothing new.
+//! - **The report**, the node's [`KubeletPluginReport`](crate::KubeletPluginReport),
+//!   says the same typed, one entry per socket: created with the Node as
+//!   owner, its status applied when it changes and at the heartbeat
+//!   (`report`).
 //! - **Events** ([`events`]) are aggregated and rate-limited.
 //! - **Failures.** A write that fails (the API server down, a 403) is
 //!   logged once per kind of failure, naming what could not be written,
@@ -18,6 +22,7 @@
 //!   answers, the current condition and the queued events go out.
 
 pub mod events;
+mod report;
 #[cfg(test)]
 mod stand_in;
 #[cfg(test)]
@@ -35,7 +40,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, PluginsCondition};
+use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, Outcome, PluginsCondition};
+use crate::plugin_report::{KubeletPluginReport, status_of};
 use events::{EVENT_NAMESPACE, EventConfig, EventRecorder, Write};
 pub(crate) use events::{EventType, Occurrence};
 
@@ -129,6 +135,24 @@ pub enum PublishError {
         #[source]
         source: kube::Error,
     },
+    /// Reading the node's report an earlier run wrote.
+    #[error("read KubeletPluginReport {node}: {source}")]
+    ReadReport {
+        /// The node.
+        node: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating the node's report or applying its status.
+    #[error("write KubeletPluginReport {node}: {source}")]
+    WriteReport {
+        /// The node.
+        node: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
     /// Creating an event or patching its series.
     #[error("write event {name} of Node {node}: {source}")]
     WriteEvent {
@@ -143,7 +167,8 @@ pub enum PublishError {
     /// A request took longer than the request timeout.
     #[error("{step} for Node {node}: no answer within {timeout:?}")]
     Timeout {
-        /// What was asked: `read Node`, `write condition`, `write event`.
+        /// What was asked: `read Node`, `write condition`, `write event`,
+        /// `read report`, `create report`, `write report`.
         step: &'static str,
         /// The node.
         node: String,
@@ -167,6 +192,7 @@ impl PublishError {
 #[derive(Debug, Default)]
 pub struct PublishStats {
     condition_writes: AtomicU64,
+    report_writes: AtomicU64,
     event_writes: AtomicU64,
     failed_writes: AtomicU64,
     events_dropped: AtomicU64,
@@ -177,6 +203,11 @@ impl PublishStats {
     /// Condition writes the API server took.
     pub fn condition_writes(&self) -> u64 {
         self.condition_writes.load(Ordering::Relaxed)
+    }
+
+    /// Report creates and status applies the API server took.
+    pub fn report_writes(&self) -> u64 {
+        self.report_writes.load(Ordering::Relaxed)
     }
 
     /// Event creates and series patches the API server took.
@@ -218,6 +249,7 @@ pub struct NodePublisher {
     node: String,
     config: PublishConfig,
     nodes: Api<Node>,
+    reports: Api<KubeletPluginReport>,
     events_api: Api<Event>,
     recorder: EventRecorder,
     /// The Node's uid and condition have been read.
@@ -226,6 +258,7 @@ pub struct NodePublisher {
     regarding_uid: Option<String>,
     wanted: Option<(PluginsCondition, Timestamp)>,
     published: Option<Published>,
+    report: report::ReportState,
     retry_at: Option<Instant>,
     backoff: Duration,
     /// The failure last logged: a new kind of failure is logged again.
@@ -246,6 +279,7 @@ impl NodePublisher {
         let instance = format!("{FIELD_MANAGER}-{node}");
         Self {
             nodes: Api::all(client.clone()),
+            reports: Api::all(client.clone()),
             events_api: Api::namespaced(client, EVENT_NAMESPACE),
             recorder: EventRecorder::new(config.events, regarding, bounded_name(&instance)),
             node,
@@ -254,6 +288,7 @@ impl NodePublisher {
             regarding_uid: None,
             wanted: None,
             published: None,
+            report: report::ReportState::default(),
             retry_at: None,
             backoff: config.retry,
             logged_failure: None,
@@ -266,9 +301,21 @@ impl NodePublisher {
         Arc::clone(&self.stats)
     }
 
+    /// What `outcome` comes to, to publish: the condition, and the report
+    /// from the same outcome.
+    pub(crate) fn set(&mut self, outcome: &Outcome) {
+        let condition = outcome.condition();
+        let mut status = status_of(outcome, &condition, &Time(Timestamp::now()));
+        if let Some(before) = self.report.latest() {
+            status.keep_since(before);
+        }
+        self.report.wanted = Some(status);
+        self.set_condition(condition);
+    }
+
     /// The condition to publish; `lastTransitionTime` moves when its status
     /// differs from the one before.
-    pub fn set(&mut self, condition: PluginsCondition) {
+    pub(crate) fn set_condition(&mut self, condition: PluginsCondition) {
         // The one before: the last set, else the one an earlier run published.
         let before = self
             .wanted
@@ -294,7 +341,8 @@ impl NodePublisher {
             return Some(retry_at);
         }
         let heartbeat = self.published.as_ref().map(|p| p.written_at + self.config.heartbeat);
-        [heartbeat, self.recorder.next_due()].into_iter().flatten().min()
+        let report = self.report.next_due(self.config.heartbeat);
+        [heartbeat, report, self.recorder.next_due()].into_iter().flatten().min()
     }
 
     /// Makes the writes due now, unless a failure's backoff runs; a failure
@@ -334,10 +382,12 @@ impl NodePublisher {
     async fn write(&mut self) -> Result<(), PublishError> {
         if !self.started {
             self.adopt().await?;
+            self.adopt_report().await?;
             self.started = true;
         }
         self.write_condition().await?;
-        self.write_events().await
+        self.write_events().await?;
+        self.write_report().await
     }
 
     /// Reads the Node: its uid, for events, and the condition an earlier
@@ -514,6 +564,8 @@ fn failure_kind(err: &PublishError) -> String {
     let source = match err {
         PublishError::ReadNode { source, .. }
         | PublishError::WriteCondition { source, .. }
+        | PublishError::ReadReport { source, .. }
+        | PublishError::WriteReport { source, .. }
         | PublishError::WriteEvent { source, .. } => source,
         PublishError::NodeNotFound { .. } => return "not found".to_owned(),
         PublishError::Timeout { step, .. } => return format!("{step} timeout"),
@@ -521,6 +573,7 @@ fn failure_kind(err: &PublishError) -> String {
     let step = match err {
         PublishError::ReadNode { .. } => "read",
         PublishError::WriteCondition { .. } => "condition",
+        PublishError::ReadReport { .. } | PublishError::WriteReport { .. } => "report",
         _ => "event",
     };
     match source {

@@ -48,7 +48,7 @@ fn publisher(config: PublishConfig) -> (NodePublisher, std::sync::Arc<parking_lo
 #[tokio::test(start_paused = true)]
 async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
     let (mut publisher, state) = publisher(PublishConfig::default());
-    publisher.set(healthy());
+    publisher.set_condition(healthy());
     publisher.sync().await;
     assert_eq!(state.lock().writes(), 1);
     let condition = state.lock().condition(CONDITION_TYPE).unwrap();
@@ -58,7 +58,7 @@ async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
     // Ten idle minutes: the same condition set again and again, no write.
     for _ in 0..10 {
         tokio::time::advance(MINUTE).await;
-        publisher.set(healthy());
+        publisher.set_condition(healthy());
         publisher.sync().await;
     }
     {
@@ -73,7 +73,7 @@ async fn the_condition_is_written_on_change_and_at_each_heartbeat_only() {
     assert_eq!(stats_writes(&publisher), 2);
 
     // A change is written at once.
-    publisher.set(failing("Stale"));
+    publisher.set_condition(failing("Stale"));
     publisher.sync().await;
     assert_eq!(state.lock().writes(), 3);
     assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap()["reason"], "Stale");
@@ -86,10 +86,10 @@ fn stats_writes(publisher: &NodePublisher) -> u64 {
 #[tokio::test(start_paused = true)]
 async fn the_transition_time_moves_with_the_status_only() {
     let (mut publisher, state) = publisher(PublishConfig::default());
-    publisher.set(failing("Stale"));
+    publisher.set_condition(failing("Stale"));
     publisher.sync().await;
     let first = state.lock().condition(CONDITION_TYPE).unwrap()["lastTransitionTime"].clone();
-    publisher.set(failing("Rejected"));
+    publisher.set_condition(failing("Rejected"));
     publisher.sync().await;
     let condition = state.lock().condition(CONDITION_TYPE).unwrap();
     assert_eq!(condition["reason"], "Rejected");
@@ -100,7 +100,7 @@ async fn the_transition_time_moves_with_the_status_only() {
 #[tokio::test(start_paused = true)]
 async fn the_kubelets_condition_and_the_doctors_keep_each_other() {
     let (mut publisher, state) = publisher(PublishConfig::default());
-    publisher.set(healthy());
+    publisher.set_condition(healthy());
     publisher.sync().await;
     // The kubelet's status patch (a strategic merge patch) between two
     // doctor writes.
@@ -110,7 +110,7 @@ async fn the_kubelets_condition_and_the_doctors_keep_each_other() {
         "lastTransitionTime": "2026-11-25T00:00:00Z"}]}});
     let params = PatchParams { field_manager: Some("kubelet".into()), ..PatchParams::default() };
     nodes.patch_status("node1", &params, &Patch::Strategic(&ready)).await.unwrap();
-    publisher.set(failing("Stale"));
+    publisher.set_condition(failing("Stale"));
     publisher.sync().await;
     let state = state.lock();
     assert_eq!(state.condition("Ready").unwrap()["reason"], "KubeletReady");
@@ -122,7 +122,7 @@ async fn the_kubelets_condition_and_the_doctors_keep_each_other() {
 #[tokio::test(start_paused = true)]
 async fn a_restarted_doctor_takes_the_published_condition_and_writes_nothing() {
     let (mut first, state) = publisher(PublishConfig::default());
-    first.set(healthy());
+    first.set_condition(healthy());
     first.sync().await;
     let written = state.lock().condition(CONDITION_TYPE).unwrap();
     let writes = state.lock().writes();
@@ -131,7 +131,7 @@ async fn a_restarted_doctor_takes_the_published_condition_and_writes_nothing() {
     let mut second =
         NodePublisher::new(first.nodes.clone().into_client(), "node1", PublishConfig::default());
     second.sync().await;
-    second.set(healthy());
+    second.set_condition(healthy());
     second.sync().await;
     {
         let seen = state.lock();
@@ -192,7 +192,7 @@ async fn events_beyond_the_burst_wait_for_their_token() {
 async fn a_403_is_tried_again_with_backoff_and_never_spins() {
     let (mut publisher, state) = publisher(PublishConfig::default());
     state.lock().fail = Some(403);
-    publisher.set(failing("Stale"));
+    publisher.set_condition(failing("Stale"));
     publisher.record(occurrence("Stale", "/r/a.sock"));
     // An hour of syncs every 100 ms of a caller that keeps asking.
     let start = tokio::time::Instant::now();
@@ -206,7 +206,7 @@ async fn a_403_is_tried_again_with_backoff_and_never_spins() {
     assert!(publisher.stats().failing());
     // Allowed again: the current state goes out at the next try.
     state.lock().fail = None;
-    publisher.set(failing("Rejected"));
+    publisher.set_condition(failing("Rejected"));
     tokio::time::sleep_until(publisher.next_due().unwrap()).await;
     publisher.sync().await;
     let state = state.lock();
@@ -218,14 +218,14 @@ async fn a_403_is_tried_again_with_backoff_and_never_spins() {
 #[tokio::test(start_paused = true)]
 async fn while_the_api_server_is_down_nothing_is_lost() {
     let (mut publisher, state) = publisher(PublishConfig::default());
-    publisher.set(healthy());
+    publisher.set_condition(healthy());
     publisher.sync().await;
     state.lock().down = true;
-    publisher.set(failing("Stale"));
+    publisher.set_condition(failing("Stale"));
     publisher.record(occurrence("Stale", "/r/a.sock"));
     publisher.sync().await;
     tokio::time::advance(Duration::from_secs(10)).await;
-    publisher.set(healthy());
+    publisher.set_condition(healthy());
     publisher.record(Occurrence {
         event_type: EventType::Normal,
         ..occurrence(events::RECOVERED_REASON, "/r/a.sock")
@@ -239,4 +239,101 @@ async fn while_the_api_server_is_down_nothing_is_lost() {
     assert_eq!(state.condition(CONDITION_TYPE).unwrap()["status"], "True");
     let reasons: Vec<&Value> = state.events.values().map(|e| &e["reason"]).collect();
     assert_eq!(reasons, ["Stale", events::RECOVERED_REASON]);
+}
+
+/// The outcome of a node with `rows`.
+fn outcome(rows: Vec<crate::Row>) -> Outcome {
+    Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None))
+}
+
+fn stale_row() -> crate::Row {
+    crate::Row::new(
+        crate::Verdict::Stale,
+        std::path::Path::new("/r/plugins_registry/a-reg.sock"),
+        "registry",
+        "connection refused".to_owned(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_report_says_what_the_condition_says_owned_by_the_node() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    publisher.set(&outcome(vec![stale_row()]));
+    publisher.sync().await;
+    let report = state.lock().report("node1").cloned().unwrap();
+    assert_eq!(report["spec"]["nodeName"], "node1");
+    let owner = &report["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (&owner["kind"], &owner["name"], &owner["uid"]),
+        (&"Node".into(), &"node1".into(), &"uid-1".into())
+    );
+    let status = &report["status"];
+    assert_eq!(status["health"], "Failing");
+    assert_eq!(status["reason"], state.lock().condition(CONDITION_TYPE).unwrap()["reason"]);
+    assert_eq!(status["plugins"][0]["socket"], "/r/plugins_registry/a-reg.sock");
+    assert_eq!(status["plugins"][0]["verdict"], "stale");
+    assert_eq!(status["counts"]["failing"], 1);
+    assert!(status["heartbeatTime"].is_string());
+    assert_eq!(publisher.stats().report_writes(), 1);
+
+    // The same outcome again and again: nothing written, until the heartbeat.
+    let writes = state.lock().writes();
+    for _ in 0..10 {
+        tokio::time::advance(MINUTE).await;
+        publisher.set(&outcome(vec![stale_row()]));
+        publisher.sync().await;
+    }
+    assert_eq!(state.lock().writes(), writes);
+    tokio::time::sleep_until(publisher.next_due().unwrap()).await;
+    publisher.sync().await;
+    assert_eq!(publisher.stats().report_writes(), 2);
+    // Its entry is still dated from the first write.
+    let report = state.lock().report("node1").cloned().unwrap();
+    assert_eq!(report["status"]["plugins"][0]["since"], status["plugins"][0]["since"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_crd_the_condition_and_events_go_out_alone() {
+    let (mut publisher, state) = publisher(PublishConfig::default());
+    state.lock().reports = None;
+    publisher.set(&outcome(vec![stale_row()]));
+    publisher.record(occurrence("Stale", "/r/plugins_registry/a-reg.sock"));
+    publisher.sync().await;
+    assert_eq!(state.lock().condition(CONDITION_TYPE).unwrap()["reason"], "Stale");
+    assert_eq!(state.lock().events.len(), 1);
+    assert!(!publisher.stats().failing());
+    assert_eq!(publisher.stats().report_writes(), 0);
+    // The CRD installed: the report follows at the next try.
+    state.lock().reports = Some(std::collections::BTreeMap::new());
+    tokio::time::sleep_until(publisher.next_due().unwrap()).await;
+    publisher.sync().await;
+    assert_eq!(state.lock().report("node1").unwrap()["status"]["reason"], "Stale");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_doctor_keeps_the_reports_dates_and_writes_nothing() {
+    let (mut first, state) = publisher(PublishConfig::default());
+    first.set(&outcome(vec![stale_row()]));
+    first.sync().await;
+    let written = state.lock().report("node1").cloned().unwrap();
+    let writes = state.lock().writes();
+    tokio::time::advance(MINUTE).await;
+    let mut second =
+        NodePublisher::new(first.nodes.clone().into_client(), "node1", PublishConfig::default());
+    second.set(&outcome(vec![stale_row()]));
+    second.sync().await;
+    assert_eq!(state.lock().writes(), writes, "{:?}", state.lock().requests);
+    assert_eq!(state.lock().report("node1").cloned().unwrap(), written);
+    // Deleted behind its back: made again at the next change, after a try
+    // that finds it gone.
+    state.lock().reports = Some(std::collections::BTreeMap::new());
+    second.set(&outcome(Vec::new()));
+    second.sync().await;
+    assert!(state.lock().report("node1").is_none());
+    second.set(&outcome(vec![stale_row()]));
+    tokio::time::sleep_until(second.next_due().unwrap()).await;
+    second.sync().await;
+    let again = state.lock().report("node1").cloned().unwrap();
+    assert_eq!(again["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+    assert_eq!(again["status"]["plugins"][0]["verdict"], "stale");
 }

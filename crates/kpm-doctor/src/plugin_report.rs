@@ -1,0 +1,440 @@
+//! `KubeletPluginReport`: what a node's doctor found, typed, one object per
+//! node, for the fleet to read without parsing a message.
+//!
+//! The object is cluster-scoped and named after its Node, which owns it
+//! (the garbage collector removes it with the Node). Its `status` holds the
+//! kubelet judged (root, version), one entry per socket of the node and one
+//! per failing finding, each with its verdict, a bounded reason and since
+//! when it holds, the counts, and the doctor's heartbeat. `--watch` writes
+//! it beside the Node condition, from the same outcome, so that the two
+//! cannot disagree ([`publish`](crate::publish)); `--cluster` reads it back
+//! ([`read_fleet`](crate::read_fleet)).
+//!
+//! Verdicts are written by name (`stale`) and read back by name, not as an
+//! enumeration of the schema: a doctor newer than the CRD, or a fleet view
+//! older than the doctors, still reads and writes every report.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::condition::{ConditionStatus, Outcome, PluginsCondition, truncated};
+
+/// The API group of [`KubeletPluginReport`].
+pub const REPORT_GROUP: &str = "doctor.kpm.io";
+
+/// The longest reason an entry keeps, in bytes: the table's column, not the
+/// whole error chain (`kpm doctor` on the node shows that).
+pub const MAX_REASON_BYTES: usize = 256;
+
+/// The most entries a report lists, sockets and findings each: failing ones
+/// first, the rest counted in [`Counts::omitted`]. A node has a handful; the
+/// bound keeps a pathological one far below etcd's 1.5 MiB object limit.
+pub const MAX_ENTRIES: usize = 256;
+
+/// The node a report is about; the object bears its name too.
+#[derive(
+    CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema,
+)]
+#[kube(
+    group = "doctor.kpm.io",
+    version = "v1alpha1",
+    kind = "KubeletPluginReport",
+    plural = "kubeletpluginreports",
+    shortname = "kpr",
+    status = "KubeletPluginReportStatus",
+    derive = "PartialEq",
+    doc = "What the kpm doctor of a node found of its kubelet plugins: one per node, named after it.",
+    printcolumn = r#"{"name":"Health","type":"string","jsonPath":".status.health"}"#,
+    printcolumn = r#"{"name":"Failing","type":"integer","jsonPath":".status.counts.failing"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
+    printcolumn = r#"{"name":"Kubelet","type":"string","jsonPath":".status.kubelet.version"}"#,
+    printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.heartbeatTime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct KubeletPluginReportSpec {
+    /// The Node reported on.
+    pub node_name: String,
+}
+
+/// What the node's doctor found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct KubeletPluginReportStatus {
+    /// `Healthy`, `Failing` or `CannotJudge`: the Node condition's `True`,
+    /// `False` or `Unknown`.
+    pub health: Health,
+    /// The condition's reason: `PluginsHealthy`, `CannotJudge`, or the
+    /// first failing verdict in CamelCase (`Stale`).
+    pub reason: String,
+    /// Why the doctor could not look, and what to try.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blind: Option<BlindStatus>,
+    /// The kubelet judged.
+    pub kubelet: KubeletStatus,
+    /// How many entries, and how many fail.
+    pub counts: Counts,
+    /// One entry per socket of the node (its registry, `device-plugins/`,
+    /// sockets deleted but listening), failing ones first.
+    #[serde(default)]
+    pub plugins: Vec<PluginEntry>,
+    /// One entry per failing finding about the node or an API object
+    /// rather than one socket (a CSINode entry no plugin serves).
+    #[serde(default)]
+    pub findings: Vec<FindingEntry>,
+    /// When the doctor last wrote the report: it writes on every change
+    /// and at least once a heartbeat period (30 min).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<Time>,
+    /// The version of the kpm doctor that wrote it.
+    pub doctor_version: String,
+}
+
+/// What the report comes to, as the Node condition's status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub enum Health {
+    /// Every plugin of the node is ok.
+    #[default]
+    Healthy,
+    /// A plugin or finding fails.
+    Failing,
+    /// The doctor could not look where the kubelet's plugins live.
+    CannotJudge,
+}
+
+impl From<ConditionStatus> for Health {
+    fn from(status: ConditionStatus) -> Self {
+        match status {
+            ConditionStatus::True => Self::Healthy,
+            ConditionStatus::False => Self::Failing,
+            ConditionStatus::Unknown => Self::CannotJudge,
+        }
+    }
+}
+
+/// Why the doctor could not look.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct BlindStatus {
+    /// What could not be read, in one line.
+    pub why: String,
+    /// What to try.
+    pub hint: String,
+}
+
+/// The kubelet a report is about.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct KubeletStatus {
+    /// Its root directory on the host.
+    pub root_dir: String,
+    /// How the doctor found the root: `--root-dir`, `the running kubelet,
+    /// pid 42`, `the default`.
+    pub found_by: String,
+    /// Its version, as its Node reports it (`v1.36.2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+/// The report's counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[non_exhaustive]
+pub struct Counts {
+    /// Sockets judged.
+    pub plugins: u32,
+    /// Failures, as the condition counts them: failing sockets, and
+    /// findings no failing socket explains.
+    pub failing: u32,
+    /// Entries left out by the bound ([`MAX_ENTRIES`]).
+    #[serde(default)]
+    pub omitted: u32,
+}
+
+/// One socket of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct PluginEntry {
+    /// Its path on the host.
+    pub socket: String,
+    /// The plugin type it told (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub plugin_type: Option<String>,
+    /// Its name (a CSI or DRA driver, a device plugin's resource), when it
+    /// told.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its verdict's name: `ok`, `stale`, `not-registered`, …
+    pub verdict: String,
+    /// Why, at most [`MAX_REASON_BYTES`] long.
+    pub reason: String,
+    /// Since when the doctor has seen this verdict.
+    pub since: Time,
+}
+
+/// A failing finding about the node or an API object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct FindingEntry {
+    /// The directory on the host or the API object (`csinodes/NAME`) it is
+    /// about.
+    pub object: String,
+    /// The driver or resource it is about, when it is about one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its verdict's name: `stale-csi-node-entry`, `orphaned-slices`, …
+    pub verdict: String,
+    /// Why, at most [`MAX_REASON_BYTES`] long.
+    pub reason: String,
+    /// The failing socket that explains it, when one does: it is counted
+    /// with that socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// Since when the doctor has seen it.
+    pub since: Time,
+}
+
+impl KubeletPluginReportStatus {
+    /// Each entry's `since` taken from `before` where `before` has the
+    /// same socket or object with the same verdict: the verdict has held
+    /// since then.
+    pub(crate) fn keep_since(&mut self, before: &Self) {
+        let since: BTreeMap<(&str, &str), &Time> = before
+            .plugins
+            .iter()
+            .map(|entry| ((entry.socket.as_str(), entry.verdict.as_str()), &entry.since))
+            .chain(
+                before
+                    .findings
+                    .iter()
+                    .map(|entry| ((entry.object.as_str(), entry.verdict.as_str()), &entry.since)),
+            )
+            .collect();
+        for entry in &mut self.plugins {
+            if let Some(at) = since.get(&(entry.socket.as_str(), entry.verdict.as_str())) {
+                entry.since = (*at).clone();
+            }
+        }
+        for entry in &mut self.findings {
+            if let Some(at) = since.get(&(entry.object.as_str(), entry.verdict.as_str())) {
+                entry.since = (*at).clone();
+            }
+        }
+    }
+}
+
+/// The status `outcome` comes to, its condition being `condition`, every
+/// entry since `now` ([`keep_since`](KubeletPluginReportStatus::keep_since)
+/// dates them). No heartbeat: the writer sets it.
+pub(crate) fn status_of(
+    outcome: &Outcome,
+    condition: &PluginsCondition,
+    now: &Time,
+) -> KubeletPluginReportStatus {
+    let mut plugins: Vec<PluginEntry> = outcome
+        .sockets
+        .iter()
+        .map(|(path, socket)| PluginEntry {
+            socket: path.display().to_string(),
+            plugin_type: socket.plugin_type.clone(),
+            name: socket.name.clone(),
+            verdict: socket.verdict.name().to_owned(),
+            reason: bounded(&socket.reason),
+            since: now.clone(),
+        })
+        .collect();
+    // Failing first, the most severe first, so that the bound drops healthy
+    // ones; the sort is stable, and the sockets come by path.
+    plugins.sort_by_key(|entry| {
+        let failing = outcome.failing.get(Path::new(&entry.socket));
+        (failing.is_none(), failing.map(|failing| failing.verdict))
+    });
+    let mut findings: Vec<FindingEntry> = outcome
+        .failing
+        .iter()
+        .filter(|(path, _)| !outcome.sockets.contains_key(*path))
+        .map(|(path, failing)| FindingEntry {
+            object: path.display().to_string(),
+            name: failing.name.clone(),
+            verdict: failing.verdict.name().to_owned(),
+            reason: bounded(&failing.reason),
+            cause: failing.cause.as_ref().map(|cause| cause.display().to_string()),
+            since: now.clone(),
+        })
+        .collect();
+    let omitted =
+        plugins.len().saturating_sub(MAX_ENTRIES) + findings.len().saturating_sub(MAX_ENTRIES);
+    plugins.truncate(MAX_ENTRIES);
+    findings.truncate(MAX_ENTRIES);
+    let failing = outcome.failing.values().filter(|failing| failing.cause.is_none()).count();
+    KubeletPluginReportStatus {
+        health: condition.status.into(),
+        reason: condition.reason.clone(),
+        blind: outcome
+            .blind
+            .as_ref()
+            .map(|blind| BlindStatus { why: bounded(&blind.why), hint: bounded(&blind.hint) }),
+        kubelet: outcome.kubelet.clone(),
+        counts: Counts {
+            plugins: count(outcome.sockets.len()),
+            failing: count(failing),
+            omitted: count(omitted),
+        },
+        plugins,
+        findings,
+        heartbeat_time: None,
+        doctor_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+/// `text` cut to [`MAX_REASON_BYTES`] on a character, marked when cut.
+fn bounded(text: &str) -> String {
+    if text.len() <= MAX_REASON_BYTES {
+        return text.to_owned();
+    }
+    let mut cut = truncated(text, MAX_REASON_BYTES - '…'.len_utf8()).to_owned();
+    cut.push('…');
+    cut
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::PathBuf;
+
+    use kube::CustomResourceExt as _;
+
+    use super::*;
+    use crate::judge::{Row, Verdict};
+    use crate::{Blind, Finding, Report};
+
+    /// What `deploy/doctor/crd.yaml` starts with, before the generated CRD.
+    const HEADER: &str = "\
+# The KubeletPluginReport CRD: one report per node, written by its kpm doctor
+# (--watch) and read by `kpm doctor --cluster` and `kubectl get kpr`.
+# Generated from kpm-doctor's plugin_report.rs: do not edit; run
+# `UPDATE_EXPECT=1 cargo test -p kpm-doctor crd` after changing the types.
+";
+
+    #[test]
+    fn the_crd_in_deploy_is_the_one_the_code_defines() {
+        let crd = serde_norway::to_string(&KubeletPluginReport::crd()).unwrap();
+        expect_test::expect_file!["../../../deploy/doctor/crd.yaml"]
+            .assert_eq(&format!("{HEADER}{crd}"));
+    }
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap())
+    }
+
+    fn row(verdict: Verdict, path: &str, reason: &str) -> Row {
+        let mut row = Row::new(verdict, std::path::Path::new(path), "registry", reason.to_owned());
+        row.plugin_type = Some("CSIPlugin".to_owned());
+        row.name = Some("csi.example.com".to_owned());
+        row
+    }
+
+    fn status(report: &Report, now: &Time) -> KubeletPluginReportStatus {
+        let outcome = Outcome::of(report);
+        status_of(&outcome, &outcome.condition(), now)
+    }
+
+    #[test]
+    fn every_socket_is_an_entry_failing_first_with_the_conditions_reason() {
+        let stale_csi_node = Finding {
+            name: Some("gone.example.com".to_owned()),
+            verdict: Verdict::StaleCsiNodeEntry,
+            path: PathBuf::from("csinodes/node1"),
+            reason: "no live plugin of this node serves it".to_owned(),
+            hint: String::new(),
+            cause: None,
+        };
+        let report = Report::of_parts(
+            vec![
+                row(Verdict::Ok, "/r/plugins_registry/a-reg.sock", "registered"),
+                row(Verdict::Stale, "/r/plugins_registry/b-reg.sock", "connection refused"),
+            ],
+            vec![stale_csi_node],
+            None,
+        );
+        let status = status(&report, &at(100));
+        assert_eq!(status.health, Health::Failing);
+        assert_eq!(status.reason, "Stale");
+        assert_eq!(status.counts, Counts { plugins: 2, failing: 2, omitted: 0 });
+        let sockets: Vec<(&str, &str)> =
+            status.plugins.iter().map(|e| (e.socket.as_str(), e.verdict.as_str())).collect();
+        assert_eq!(
+            sockets,
+            [("/r/plugins_registry/b-reg.sock", "stale"), ("/r/plugins_registry/a-reg.sock", "ok")]
+        );
+        assert_eq!(status.plugins[0].plugin_type.as_deref(), Some("CSIPlugin"));
+        assert_eq!(status.plugins[0].name.as_deref(), Some("csi.example.com"));
+        assert_eq!(status.findings.len(), 1);
+        assert_eq!(status.findings[0].object, "csinodes/node1");
+        assert_eq!(status.findings[0].name.as_deref(), Some("gone.example.com"));
+        assert_eq!(status.findings[0].verdict, "stale-csi-node-entry");
+        assert_eq!(status.kubelet.root_dir, "/r");
+        assert_eq!(status.kubelet.found_by, "--root-dir");
+    }
+
+    #[test]
+    fn a_blind_report_cannot_judge_and_says_why() {
+        let blind = Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "x".into() };
+        let status = status(&Report::of_parts(Vec::new(), Vec::new(), Some(blind)), &at(1));
+        assert_eq!(status.health, Health::CannotJudge);
+        assert_eq!(status.reason, "CannotJudge");
+        assert_eq!(status.blind.unwrap().why, "/r/plugins_registry: cannot be listed");
+    }
+
+    #[test]
+    fn reasons_and_entries_are_bounded() {
+        let long = "é".repeat(MAX_REASON_BYTES);
+        let rows = (0..MAX_ENTRIES + 3)
+            .map(|i| row(Verdict::Rejected, &format!("/r/plugins_registry/p{i:04}.sock"), &long))
+            .collect();
+        let status = status(&Report::of_parts(rows, Vec::new(), None), &at(1));
+        assert_eq!(status.plugins.len(), MAX_ENTRIES);
+        assert_eq!(status.counts.omitted, 3);
+        assert_eq!(usize::try_from(status.counts.plugins).unwrap(), MAX_ENTRIES + 3);
+        let reason = &status.plugins[0].reason;
+        assert!(reason.len() <= MAX_REASON_BYTES && reason.ends_with('…'), "{reason}");
+    }
+
+    #[test]
+    fn an_entry_keeps_its_since_while_its_verdict_holds() {
+        let path = "/r/plugins_registry/a-reg.sock";
+        let before = status(
+            &Report::of_parts(vec![row(Verdict::Stale, path, "refused")], Vec::new(), None),
+            &at(100),
+        );
+        // Still stale, with other words: since 100.
+        let mut still = status(
+            &Report::of_parts(vec![row(Verdict::Stale, path, "refused again")], Vec::new(), None),
+            &at(200),
+        );
+        still.keep_since(&before);
+        assert_eq!(still.plugins[0].since, at(100));
+        // Registered now: since 300.
+        let mut fixed = status(
+            &Report::of_parts(vec![row(Verdict::Ok, path, "registered")], Vec::new(), None),
+            &at(300),
+        );
+        fixed.keep_since(&still);
+        assert_eq!(fixed.plugins[0].since, at(300));
+    }
+}
