@@ -219,7 +219,9 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let config = WatchConfig::default()
         .period(Duration::from_secs(args.watch.period))
         .confirm(Duration::from_millis(args.watch.confirm_ms));
-    let result = kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown).await;
+    // Boxed: the watch holds its publisher's whole state across awaits.
+    let result =
+        Box::pin(kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown)).await;
     if let Some(serving) = serving {
         serving.abort();
     }

@@ -196,9 +196,41 @@ fn plugins_condition(status: &str, reason: &str, message: &str, heartbeat: &str)
 const STALE_MESSAGE: &str = "1 failing: csi.example.com-reg.sock (stale): dial \
      /var/lib/kubelet/plugins_registry/csi.example.com-reg.sock: Connection refused (os error 111)";
 
+const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
+
+/// Node `name`'s `KubeletPluginReport`, as its doctor writes it: `health`,
+/// `reason`, and `plugins`, each `(socket, name, verdict, reason)`.
+fn report(
+    name: &str,
+    health: &str,
+    reason: &str,
+    plugins: &[(&str, Option<&str>, &str, &str)],
+    heartbeat: &str,
+) -> Value {
+    let entries: Vec<Value> = plugins
+        .iter()
+        .map(|(socket, name, verdict, reason)| {
+            json!({"socket": socket, "name": name, "verdict": verdict, "reason": reason,
+                   "since": ago(300)})
+        })
+        .collect();
+    let failing = plugins.iter().filter(|(_, _, verdict, _)| *verdict != "ok").count();
+    json!({
+        "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
+        "metadata": {"name": name}, "spec": {"nodeName": name},
+        "status": {
+            "health": health, "reason": reason,
+            "kubelet": {"rootDir": "/var/lib/kubelet", "foundBy": "the default", "version": "v1.36.2"},
+            "counts": {"plugins": plugins.len(), "failing": failing, "omitted": 0},
+            "plugins": entries, "findings": [], "heartbeatTime": heartbeat, "doctorVersion": "0.1.0",
+        },
+    })
+}
+
 /// Seven nodes: four healthy (node-7 in pool b), node-4 failing with a stale
 /// registration socket of `csi.example.com`, node-5 without a doctor,
-/// node-6 with a doctor silent for two hours. `csi.example.com` (a
+/// node-6 with a doctor silent for two hours. Every doctor writes a report
+/// but node-3's, an older doctor that publishes its condition only. `csi.example.com` (a
 /// CSIDriver object) is on nodes 1-3 and 7; `unused.example.com` (an object
 /// too) on none; `vendor.com/gpu` has capacity on nodes 1 and 2 and 0 on
 /// node 4; `gpu.example.com` published slices for nodes 1 and 3; one slice
@@ -263,7 +295,22 @@ fn fleet_of_seven() -> ApiServer {
         }
         slices.push(&json!({"metadata": {"name": format!("slice-{name}")}, "spec": spec}));
     }
-    ApiServer::serve(vec![nodes, drivers, csinodes, slices])
+    let mut reports = Collection::new(REPORTS, "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    let ok = |socket| (socket, Some("csi.example.com"), "ok", "registered");
+    for name in ["node-1", "node-2", "node-7"] {
+        let plugins = [ok("/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock")];
+        reports.push(&report(name, "Healthy", "PluginsHealthy", &plugins, &ago(5)));
+    }
+    let stale = (
+        "/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock",
+        None,
+        "stale",
+        "dial /var/lib/kubelet/plugins_registry/csi.example.com-reg.sock: Connection refused \
+         (os error 111)",
+    );
+    reports.push(&report("node-4", "Failing", "Stale", &[stale], &ago(2)));
+    reports.push(&report("node-6", "Healthy", "PluginsHealthy", &[], &ago(120)));
+    ApiServer::serve(vec![reports, nodes, drivers, csinodes, slices])
 }
 
 fn driver<'a>(fleet: &'a Value, kind: &str, name: &str) -> &'a Value {
@@ -313,6 +360,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(pages("/apis/storage.k8s.io/v1/csinodes"), 4, "{requests:#?}");
     assert_eq!(pages("/apis/storage.k8s.io/v1/csidrivers"), 1, "{requests:#?}");
     assert_eq!(pages("/apis/resource.k8s.io/v1/resourceslices"), 2, "{requests:#?}");
+    assert_eq!(pages(REPORTS), 3, "5 reports: {requests:#?}");
     assert!(
         requests
             .iter()
@@ -340,8 +388,11 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     );
     let node4 = &fleet["nodes"][3];
     assert_eq!(node4["doctor"]["reason"], "Stale");
-    assert_eq!(node4["failing_plugins"][0]["name"], "csi.example.com-reg.sock");
+    assert_eq!(node4["source"], "report");
+    assert_eq!(node4["kubelet_version"], "v1.36.2");
+    assert_eq!(node4["failing_plugins"][0]["subject"], "csi.example.com-reg.sock");
     assert_eq!(node4["failing_plugins"][0]["verdict"], "stale");
+    assert_eq!(fleet["nodes"][2]["source"], "condition", "node-3's doctor writes no report");
 
     let csi = driver(&fleet, "csi", "csi.example.com");
     assert_eq!(
@@ -351,7 +402,13 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     let missing = not_on(csi);
     assert_eq!(missing.len(), 3, "{missing:?}");
     assert_eq!(missing[0].0, "node-4");
-    assert!(missing[0].1.starts_with("csi.example.com-reg.sock (stale): dial "), "{missing:?}");
+    assert!(
+        missing[0].1.starts_with(
+            "its doctor names no plugin so; a failing socket it cannot name: \
+             csi.example.com-reg.sock (stale): dial "
+        ),
+        "{missing:?}"
+    );
     assert_eq!(missing[1], ("node-5".into(), "no doctor there".into()));
     assert_eq!(missing[2].0, "node-6");
     assert!(missing[2].1.starts_with("its doctor is silent since "), "{missing:?}");
@@ -367,7 +424,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
         not_on(gpu)[0],
         ("node-3".into(), "its doctor: all plugins ok, none of this name".into())
     );
-    assert_eq!(not_on(gpu)[1], ("node-4".into(), "its doctor: Stale, not naming it".into()));
+    assert!(not_on(gpu)[1].1.starts_with("its doctor names no plugin so; "), "{:?}", not_on(gpu));
     let dra = driver(&fleet, "dra", "gpu.example.com");
     assert_eq!((&dra["registered"], not_on(dra).len()), (&2.into(), 5));
     assert_eq!(
@@ -417,7 +474,7 @@ fn the_fleet_table_shows_drivers_then_nodes() {
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(words(lines[0]), ["KIND", "DRIVER", "/", "RESOURCE", "REGISTERED", "NOT", "ON"]);
     assert_eq!(words(lines[1])[..4], ["csi", "csi.example.com", "4/7", "node-4:"]);
-    assert!(lines[1].contains("node-4: csi.example.com-reg.sock (stale): dial"), "{table}");
+    assert!(lines[1].contains("node-4: its doctor names no plugin so; a failing"), "{table}");
     assert!(lines[2].trim() == "node-5: no doctor there", "{table}");
     assert!(lines[3].trim().starts_with("node-6: its doctor is silent since"), "{table}");
     let row = |first: &str, second: &str| {
@@ -429,23 +486,26 @@ fn the_fleet_table_shows_drivers_then_nodes() {
             .unwrap_or_else(|| panic!("no row {first} {second} in\n{table}"))
     };
     assert_eq!(words(row("csi", "unused.example.com"))[2], "0/7");
-    assert!(row("csi", "unused.example.com").contains("node-1: its doctor: all plugins ok"));
+    assert!(row("csi", "unused.example.com").contains("node-1: its doctor finds no plugin"));
     assert_eq!(words(row("device", "vendor.com/gpu"))[2], "2/7");
     assert_eq!(words(row("dra", "gpu.example.com"))[2], "2/7");
     let header = lines
         .iter()
         .position(|line| words(line).first().map(String::as_str) == Some("NODE"))
         .unwrap();
-    assert_eq!(words(lines[header]), ["NODE", "DOCTOR", "REASON", "FAILING", "PLUGINS"]);
-    assert_eq!(words(lines[header + 1]), ["node-1", "healthy", "-", "-"]);
+    assert_eq!(words(lines[header]), ["NODE", "DOCTOR", "KUBELET", "REASON", "FAILING", "PLUGINS"]);
+    assert_eq!(words(lines[header + 1]), ["node-1", "healthy", "v1.36.2", "-", "-"]);
+    assert_eq!(words(lines[header + 3]), ["node-3", "healthy", "-", "-", "-"]);
     assert_eq!(
         words(lines[header + 4]),
-        ["node-4", "failing", "Stale", "csi.example.com-reg.sock", "(stale)"]
+        ["node-4", "failing", "v1.36.2", "Stale", "csi.example.com-reg.sock", "(stale)"]
     );
-    assert_eq!(words(lines[header + 5]), ["node-5", "no", "doctor", "-", "-"]);
-    assert_eq!(words(lines[header + 6])[..4], ["node-6", "silent", "no", "heartbeat"]);
+    assert_eq!(words(lines[header + 5]), ["node-5", "no", "doctor", "-", "-", "-"]);
+    assert_eq!(words(lines[header + 6])[..5], ["node-6", "silent", "-", "no", "heartbeat"]);
     assert!(
-        table.ends_with("\n7 nodes: 4 healthy, 1 failing, 1 silent, 1 without a doctor\n"),
+        table.ends_with(
+            "\n7 nodes: 4 healthy, 1 failing, 0 cannot judge, 1 silent, 1 without a doctor\n"
+        ),
         "{table}"
     );
 }
@@ -562,6 +622,30 @@ fn big_node(i: usize, heartbeat: &str) -> Value {
     })
 }
 
+/// The report of `big_node(i)`'s doctor: four plugins, the GPU's failing on
+/// every tenth node.
+fn big_report(i: usize, heartbeat: &str) -> Value {
+    let registry = "/var/lib/kubelet/plugins_registry";
+    let csi = format!("{registry}/csi.example.com-reg.sock");
+    let nfs = format!("{registry}/nfs.csi.k8s.io-reg.sock");
+    let dra = format!("{registry}/gpu.example.com-reg.sock");
+    let failing = i.is_multiple_of(10);
+    let gpu = if failing {
+        ("not-registered", "the kubelet holds none of its 8 healthy devices")
+    } else {
+        ("ok", "8 healthy")
+    };
+    let plugins = [
+        (csi.as_str(), Some("csi.example.com"), "ok", "registered"),
+        (nfs.as_str(), Some("nfs.csi.k8s.io"), "ok", "registered"),
+        (dra.as_str(), Some("gpu.example.com"), "ok", "registered"),
+        ("/var/lib/kubelet/device-plugins/gpu.sock", Some("vendor.com/gpu"), gpu.0, gpu.1),
+    ];
+    let (health, reason) =
+        if failing { ("Failing", "NotRegistered") } else { ("Healthy", "PluginsHealthy") };
+    report(&format!("node-{i:05}"), health, reason, &plugins, heartbeat)
+}
+
 /// Peak resident memory of a process so far, in bytes (`VmHWM`).
 fn peak_rss(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -605,10 +689,14 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
             }));
         }
     }
+    let mut reports = Collection::new(REPORTS, "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    for i in 0..NODES {
+        reports.push(&big_report(i, &heartbeat));
+    }
     let mut drivers =
         Collection::new("/apis/storage.k8s.io/v1/csidrivers", "CSIDriver", "storage.k8s.io/v1");
     drivers.push(&json!({"metadata": {"name": "csi.example.com"}}));
-    let server = ApiServer::serve(vec![nodes, drivers, csinodes, slices]);
+    let server = ApiServer::serve(vec![reports, nodes, drivers, csinodes, slices]);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = server.kubeconfig(&dir);
 

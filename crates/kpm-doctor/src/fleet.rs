@@ -1,12 +1,14 @@
 //! The fleet view of `kpm doctor --cluster`: what every node's doctor
-//! published (the [`CONDITION_TYPE`](crate::CONDITION_TYPE) condition on
-//! its Node) and what the API server shows of each driver, read back for
-//! the whole cluster.
+//! published (its [`KubeletPluginReport`](crate::KubeletPluginReport), else
+//! the status and reason of its [`CONDITION_TYPE`](crate::CONDITION_TYPE)
+//! condition) and what the API server shows of each driver, read back for
+//! the whole cluster. No message is parsed: a doctor's findings are read
+//! typed, from its report.
 //!
-//! - `read` lists Nodes, CSIDrivers, CSINodes and ResourceSlices, read-only,
-//!   page by page, and keeps of each page only what is judged
-//!   ([`FleetObjects`]), so that memory follows what is kept rather than the
-//!   size of the objects.
+//! - `read` lists `KubeletPluginReports`, Nodes, CSIDrivers, CSINodes and
+//!   ResourceSlices, read-only, page by page, and keeps of each page only
+//!   what is judged ([`FleetObjects`]), so that memory follows what is kept
+//!   rather than the size of the objects.
 //! - `judge` turns them into a [`Fleet`], without IO: each node's doctor
 //!   state and failing plugins, and for each CSI driver, device-plugin
 //!   resource and DRA driver, on how many nodes it is registered and why
@@ -22,8 +24,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
-
-use crate::judge::Verdict;
 
 pub use self::judge::judge_fleet;
 pub use self::read::read_fleet;
@@ -184,6 +184,8 @@ pub struct FleetObjects {
 pub struct NodeObject {
     /// The node's name.
     pub name: String,
+    /// Its doctor's report, when it has one.
+    pub report: Option<NodeReport>,
     /// Its doctor's condition, when it has one.
     pub condition: Option<NodeCondition>,
     /// Its extended resources' capacity (`vendor.com/gpu` → `2`), zero ones
@@ -228,6 +230,30 @@ impl NodeCondition {
             ..Self::default()
         }
     }
+}
+
+/// A node doctor's [`KubeletPluginReport`](crate::KubeletPluginReport),
+/// reduced to what the fleet judges. Read leniently: a report of a newer
+/// doctor (a health or verdict this one does not know) is still read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeReport {
+    /// `Healthy`, `Failing` or `CannotJudge`.
+    pub health: String,
+    /// The condition's reason: the first failing verdict in CamelCase.
+    pub reason: String,
+    /// Why the doctor could not look, when it could not.
+    pub blind: Option<String>,
+    /// When the doctor last wrote it, RFC 3339.
+    pub heartbeat_time: Option<String>,
+    /// The kubelet's version.
+    pub kubelet_version: Option<String>,
+    /// The failing sockets and findings it lists.
+    pub failing: Vec<FailingPlugin>,
+    /// How many fail, as the condition counts them.
+    pub failing_count: usize,
+    /// The names of the plugins it finds ok.
+    pub ok: BTreeSet<String>,
 }
 
 /// The fleet judged: each driver or resource, and each node.
@@ -327,11 +353,33 @@ pub struct NodeView {
     pub name: String,
     /// What its doctor says.
     pub doctor: DoctorState,
-    /// The failing plugins its doctor names.
+    /// Where that was read: its report, or the condition only (a doctor
+    /// that writes no report, or whose report is older).
+    pub source: Source,
+    /// The kubelet's version, as the report tells.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_version: Option<String>,
+    /// The failing plugins and findings its doctor's report lists.
     pub failing_plugins: Vec<FailingPlugin>,
-    /// How many more fail than the message names (it is bounded).
+    /// How many more fail than the report lists (it is bounded).
     #[serde(skip_serializing_if = "is_zero")]
     pub more_failing: usize,
+    /// The names of the plugins its doctor finds ok.
+    #[serde(skip)]
+    pub(crate) ok: BTreeSet<String>,
+}
+
+/// Where a node's doctor state was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Source {
+    /// Its `KubeletPluginReport`.
+    Report,
+    /// Its Node condition's status and reason.
+    Condition,
+    /// Neither: no doctor.
+    None,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference.
@@ -344,17 +392,20 @@ fn is_zero(n: &usize) -> bool {
 #[serde(tag = "state", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum DoctorState {
-    /// Its condition is `True`: every plugin is ok.
+    /// Every plugin is ok (the condition `True`).
     Healthy,
-    /// Its condition is `False` (a plugin fails) or `Unknown` (the doctor
-    /// could not look: [`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)).
+    /// A plugin or finding fails (the condition `False`).
     Failing {
-        /// The condition's reason: the first failing verdict in CamelCase.
+        /// The first failing verdict in CamelCase.
         reason: String,
-        /// The condition's message: which plugins fail and why.
-        message: String,
     },
-    /// The Node has no condition of a doctor.
+    /// The doctor could not look (the condition `Unknown`,
+    /// [`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)).
+    CannotJudge {
+        /// Why, as its report tells; empty from a condition only.
+        why: String,
+    },
+    /// The Node has no report and no condition of a doctor.
     NoDoctor,
     /// The doctor's last heartbeat is older than the bound: what it said
     /// may no longer hold.
@@ -365,30 +416,37 @@ pub enum DoctorState {
 }
 
 impl DoctorState {
-    /// Its name in the table: `healthy`, `failing`, `no doctor`, `silent`.
+    /// Its name in the table: `healthy`, `failing`, `cannot judge`, `no
+    /// doctor`, `silent`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Healthy => "healthy",
             Self::Failing { .. } => "failing",
+            Self::CannotJudge { .. } => "cannot judge",
             Self::NoDoctor => "no doctor",
             Self::Silent { .. } => "silent",
         }
     }
 
-    /// Whether it makes the fleet fail: failing or silent.
+    /// Whether it makes the fleet fail: failing, blind or silent.
     pub fn fails(&self) -> bool {
-        matches!(self, Self::Failing { .. } | Self::Silent { .. })
+        matches!(self, Self::Failing { .. } | Self::CannotJudge { .. } | Self::Silent { .. })
     }
 }
 
-/// A failing plugin a node's doctor names in its condition's message.
+/// A failing socket or finding a node's doctor lists in its report.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct FailingPlugin {
-    /// The plugin's name, else its socket's file name.
-    pub name: String,
-    /// Its verdict.
-    pub verdict: Verdict,
+    /// How it is shown: the plugin's name, else its socket's file name or
+    /// the object.
+    pub subject: String,
+    /// The plugin, driver or resource it is about, when the report names
+    /// one: the fleet's drivers are matched by it, exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its verdict's name (`stale`), as the report writes it.
+    pub verdict: String,
     /// Why it fails.
     pub reason: String,
 }

@@ -121,6 +121,11 @@ impl Verdict {
         }
     }
 
+    /// The verdict named `name` ([`name`](Self::name)), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|verdict| verdict.name() == name)
+    }
+
     /// Whether it makes the doctor exit 1: all but `ok`, `ignored` and
     /// `publishing`.
     pub fn fails(self) -> bool {

@@ -63,7 +63,7 @@ pub use crate::condition::{
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
     DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
-    NodeObject, NodeView, NotOn, judge_fleet, read_fleet, render_fleet_table,
+    NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet, render_fleet_table,
 };
 pub use crate::host::{Host, KubeletProcess, ProcessInfo, Seen};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};

@@ -7,10 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    DoctorState, DriverKind, DriverView, FailingPlugin, Fleet, FleetObjects, NodeObject, NodeView,
-    NotOn,
+    DoctorState, DriverKind, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, Source,
 };
-use crate::judge::Verdict;
 
 /// Judges `objects` as of `now`: a doctor whose last heartbeat is older
 /// than `stale_after` is silent. Drivers come by kind then name, nodes by
@@ -101,12 +99,11 @@ fn driver_view(
 }
 
 /// Why `driver` is not registered on `node`, as far as its doctor tells:
-/// the failing plugin of its message that names the driver, else the
-/// message if it names it, else the doctor's reason, else that there is no
-/// doctor or it is silent.
+/// the failing plugin or finding its report names the driver by, else
+/// what the report says of the driver's absence, else the state of the
+/// doctor. A driver is matched by its exact name, never a part of it.
 fn why_not(node: &NodeView, driver: &str) -> String {
     match &node.doctor {
-        DoctorState::Healthy | DoctorState::Failing { .. } => {}
         DoctorState::NoDoctor => return "no doctor there".to_owned(),
         DoctorState::Silent { since: Some(since) } => {
             return format!("its doctor is silent since {since}");
@@ -114,89 +111,108 @@ fn why_not(node: &NodeView, driver: &str) -> String {
         DoctorState::Silent { since: None } => {
             return "its doctor is silent (no heartbeat)".to_owned();
         }
+        DoctorState::CannotJudge { why } if why.is_empty() => {
+            return "its doctor cannot judge the node".to_owned();
+        }
+        DoctorState::CannotJudge { why } => {
+            return format!("its doctor cannot judge the node: {why}");
+        }
+        DoctorState::Healthy | DoctorState::Failing { .. } => {}
     }
-    let named = |exact: bool| {
-        node.failing_plugins
-            .iter()
-            .find(|plugin| if exact { plugin.name == driver } else { plugin.name.contains(driver) })
-    };
-    if let Some(plugin) = named(true).or_else(|| named(false)) {
-        return format!("{} ({}): {}", plugin.name, plugin.verdict.name(), plugin.reason);
+    let named = node.failing_plugins.iter().find(|plugin| plugin.name.as_deref() == Some(driver));
+    if let Some(plugin) = named {
+        return format!("{} ({}): {}", plugin.subject, plugin.verdict, plugin.reason);
     }
-    match &node.doctor {
-        DoctorState::Failing { message, .. } if message.contains(driver) => message.clone(),
-        DoctorState::Failing { reason, .. } => format!("its doctor: {reason}, not naming it"),
+    let mut unnamed = node.failing_plugins.iter().filter(|plugin| plugin.name.is_none());
+    match (node.source, &node.doctor) {
+        (Source::Report, _) if node.ok.contains(driver) => {
+            "its doctor finds the plugin ok: the cluster does not show its registration yet"
+                .to_owned()
+        }
+        (Source::Report, _) if node.more_failing > 0 => format!(
+            "its doctor lists no plugin of this name, and {} failures more than it lists",
+            node.more_failing
+        ),
+        (Source::Report, _) => match unnamed.next() {
+            // A socket that cannot tell its name (a stale one) may be the
+            // driver's: shown, never guessed from its file name.
+            Some(plugin) => {
+                let more = unnamed.count();
+                format!(
+                    "its doctor names no plugin so; a failing socket it cannot name: {} ({}): {}{}",
+                    plugin.subject,
+                    plugin.verdict,
+                    plugin.reason,
+                    if more > 0 { format!(" (and {more} more)") } else { String::new() }
+                )
+            }
+            None => "its doctor finds no plugin of this name on the node".to_owned(),
+        },
+        (_, DoctorState::Failing { reason }) => format!(
+            "its doctor: {reason}; it writes no KubeletPluginReport to tell which plugin \
+             (upgrade it)"
+        ),
         _ => "its doctor: all plugins ok, none of this name".to_owned(),
     }
 }
 
-/// What `node`'s doctor says as of `now`.
+/// What `node`'s doctor says as of `now`: from its report, unless its
+/// condition is fresher (a doctor that writes no report, or no longer
+/// may); from the condition, only its status and reason.
 fn node_view(node: &NodeObject, now: SystemTime, stale_after: Duration) -> NodeView {
-    let view = |doctor| NodeView {
+    let view = |doctor, source| NodeView {
         name: node.name.clone(),
         doctor,
+        source,
+        kubelet_version: None,
         failing_plugins: Vec::new(),
         more_failing: 0,
+        ok: BTreeSet::new(),
     };
-    let Some(condition) = &node.condition else {
-        return view(DoctorState::NoDoctor);
-    };
-    let heartbeat = condition
-        .last_heartbeat_time
-        .as_deref()
-        .and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+    let heartbeat =
+        |time: &Option<String>| time.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
     // A heartbeat ahead of this clock (skew) is fresh.
-    let silent = heartbeat
-        .is_none_or(|heartbeat| now.duration_since(heartbeat).is_ok_and(|age| age > stale_after));
-    if silent {
-        return view(DoctorState::Silent { since: condition.last_heartbeat_time.clone() });
-    }
-    if condition.status == "True" {
-        return view(DoctorState::Healthy);
-    }
-    // `False`, or `Unknown` (nobody could tell): not healthy either way.
-    let (failing_plugins, more_failing) = failing_plugins(&condition.message);
-    NodeView {
-        failing_plugins,
-        more_failing,
-        ..view(DoctorState::Failing {
-            reason: condition.reason.clone(),
-            message: condition.message.clone(),
-        })
-    }
-}
-
-/// The failing plugins a doctor's message names (`2 failing: a-reg.sock
-/// (stale): refused; vendor.com/gpu (not-registered): …; and 3 more`),
-/// and how many more it counts than it names.
-fn failing_plugins(message: &str) -> (Vec<FailingPlugin>, usize) {
-    let Some((count, list)) = message.split_once(" failing: ") else {
-        return (Vec::new(), 0);
+    let silent = |time: &Option<String>| {
+        heartbeat(time).is_none_or(|at| now.duration_since(at).is_ok_and(|age| age > stale_after))
     };
-    let mut plugins: Vec<FailingPlugin> = Vec::new();
-    let pieces: Vec<&str> = list.split("; ").collect();
-    for (i, piece) in pieces.iter().enumerate() {
-        if let Some(plugin) = failing_plugin(piece) {
-            plugins.push(plugin);
-        } else if i + 1 == pieces.len() && piece.starts_with("and ") && piece.ends_with(" more") {
-            // The count below says how many.
-        } else if let Some(last) = plugins.last_mut() {
-            // A reason with "; " of its own.
-            last.reason.push_str("; ");
-            last.reason.push_str(piece);
+    let report = node.report.as_ref().filter(|report| {
+        node.condition.as_ref().is_none_or(|condition| {
+            heartbeat(&report.heartbeat_time) >= heartbeat(&condition.last_heartbeat_time)
+        })
+    });
+    if let Some(report) = report {
+        if silent(&report.heartbeat_time) {
+            let since = report.heartbeat_time.clone();
+            return view(DoctorState::Silent { since }, Source::Report);
         }
+        let doctor = match report.health.as_str() {
+            "Healthy" => DoctorState::Healthy,
+            "CannotJudge" => {
+                DoctorState::CannotJudge { why: report.blind.clone().unwrap_or_default() }
+            }
+            _ => DoctorState::Failing { reason: report.reason.clone() },
+        };
+        return NodeView {
+            kubelet_version: report.kubelet_version.clone(),
+            failing_plugins: report.failing.clone(),
+            more_failing: report.failing_count.saturating_sub(report.failing.len()),
+            ok: report.ok.clone(),
+            ..view(doctor, Source::Report)
+        };
     }
-    let total = count.parse::<usize>().unwrap_or(plugins.len());
-    let more = total.saturating_sub(plugins.len());
-    (plugins, more)
-}
-
-/// `SUBJECT (VERDICT): REASON`, with a verdict of the doctor's.
-fn failing_plugin(piece: &str) -> Option<FailingPlugin> {
-    let (head, reason) = piece.split_once("): ")?;
-    let (name, verdict) = head.rsplit_once(" (")?;
-    let verdict = Verdict::ALL.into_iter().find(|known| known.name() == verdict)?;
-    Some(FailingPlugin { name: name.to_owned(), verdict, reason: reason.to_owned() })
+    let Some(condition) = &node.condition else {
+        return view(DoctorState::NoDoctor, Source::None);
+    };
+    if silent(&condition.last_heartbeat_time) {
+        let since = condition.last_heartbeat_time.clone();
+        return view(DoctorState::Silent { since }, Source::Condition);
+    }
+    let doctor = match condition.status.as_str() {
+        "True" => DoctorState::Healthy,
+        "False" => DoctorState::Failing { reason: condition.reason.clone() },
+        _ => DoctorState::CannotJudge { why: String::new() },
+    };
+    view(doctor, Source::Condition)
 }
 
 /// Whether a quantity is not zero: some digit of its number is not `0`
@@ -212,9 +228,7 @@ fn nonzero(quantity: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::NodeCondition;
-    use crate::judge::Row;
-    use crate::{PluginsCondition, Report};
+    use crate::fleet::{FailingPlugin, NodeCondition, NodeReport};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -226,14 +240,11 @@ mod tests {
         humantime::format_rfc3339_seconds(now() - Duration::from_secs(60 * minutes_ago)).to_string()
     }
 
-    fn node(
-        name: &str,
-        condition: Option<NodeCondition>,
-        resources: &[(&str, &str)],
-    ) -> NodeObject {
+    fn node(name: &str, report: Option<NodeReport>, resources: &[(&str, &str)]) -> NodeObject {
         NodeObject {
             name: name.to_owned(),
-            condition,
+            report,
+            condition: None,
             extended_resources: resources
                 .iter()
                 .map(|(name, quantity)| ((*name).to_owned(), (*quantity).to_owned()))
@@ -241,16 +252,47 @@ mod tests {
         }
     }
 
-    fn condition(status: &str, reason: &str, message: &str, minutes_ago: u64) -> NodeCondition {
+    fn with_condition(node: NodeObject, condition: NodeCondition) -> NodeObject {
+        NodeObject { condition: Some(condition), ..node }
+    }
+
+    fn condition(status: &str, reason: &str, minutes_ago: u64) -> NodeCondition {
         NodeCondition {
             last_heartbeat_time: Some(at(minutes_ago)),
             last_transition_time: Some(at(minutes_ago + 100)),
-            ..NodeCondition::new(status, reason, message)
+            ..NodeCondition::new(status, reason, "a message no one parses")
         }
     }
 
-    fn healthy(minutes_ago: u64) -> NodeCondition {
-        condition("True", "PluginsHealthy", "all 3 plugin sockets of the node are ok", minutes_ago)
+    /// A failing entry: `subject`, the name it tells, the verdict, why.
+    fn failing(subject: &str, name: Option<&str>, verdict: &str, reason: &str) -> FailingPlugin {
+        FailingPlugin {
+            subject: subject.into(),
+            name: name.map(str::to_owned),
+            verdict: verdict.into(),
+            reason: reason.into(),
+        }
+    }
+
+    #[allow(clippy::unnecessary_wraps)] // A node's report, as `node` takes it.
+    fn healthy(minutes_ago: u64) -> Option<NodeReport> {
+        Some(NodeReport {
+            health: "Healthy".into(),
+            reason: "PluginsHealthy".into(),
+            heartbeat_time: Some(at(minutes_ago)),
+            kubelet_version: Some("v1.36.2".into()),
+            ..NodeReport::default()
+        })
+    }
+
+    fn failing_report(reason: &str, entries: Vec<FailingPlugin>) -> Option<NodeReport> {
+        Some(NodeReport {
+            health: "Failing".into(),
+            reason: reason.into(),
+            failing_count: entries.len(),
+            failing: entries,
+            ..healthy(1)?
+        })
     }
 
     fn driver<'a>(fleet: &'a Fleet, kind: DriverKind, name: &str) -> &'a DriverView {
@@ -266,62 +308,77 @@ mod tests {
     }
 
     #[test]
-    fn each_nodes_doctor_is_healthy_failing_absent_or_silent() {
-        let message = "2 failing: a-reg.sock (stale): connection refused; \
-                       vendor.com/gpu (not-registered): the kubelet holds none";
-        let ahead = NodeCondition {
-            last_heartbeat_time: Some(humantime::format_rfc3339_seconds(now() + HOUR).to_string()),
-            ..healthy(0)
+    fn each_nodes_doctor_is_read_from_its_report_else_its_conditions_status() {
+        let stale = failing("a-reg.sock", None, "stale", "connection refused");
+        let blind = NodeReport {
+            health: "CannotJudge".into(),
+            reason: "CannotJudge".into(),
+            blind: Some("/var/lib/kubelet/plugins_registry: cannot be listed".into()),
+            ..healthy(1).unwrap()
+        };
+        let ahead = NodeReport {
+            heartbeat_time: Some(humantime::format_rfc3339_seconds(now() + HOUR).to_string()),
+            ..healthy(0).unwrap()
         };
         let objects = FleetObjects {
             nodes: vec![
-                node("d-silent", Some(condition("True", "PluginsHealthy", "", 61)), &[]),
-                node("a-healthy", Some(healthy(59)), &[]),
-                node("b-failing", Some(condition("False", "Stale", message, 1)), &[]),
+                node("d-silent", healthy(61), &[]),
+                node("a-healthy", healthy(59), &[]),
+                node("b-failing", failing_report("Stale", vec![stale.clone()]), &[]),
                 node("c-none", None, &[]),
-                node("e-no-heartbeat", Some(NodeCondition::new("True", "PluginsHealthy", "")), &[]),
-                node("f-unknown", Some(condition("Unknown", "Unknown", "no report", 1)), &[]),
+                node("e-no-heartbeat", Some(NodeReport::default()), &[]),
+                node("f-blind", Some(blind), &[]),
                 node("g-ahead", Some(ahead), &[]),
+                with_condition(node("h-old-doctor", None, &[]), condition("False", "Stale", 1)),
+                with_condition(node("i-old-unknown", None, &[]), condition("Unknown", "X", 1)),
+                // A report older than the condition: the doctor no longer
+                // writes it; the condition is newer.
+                with_condition(
+                    node("j-stale-report", healthy(30), &[]),
+                    condition("False", "Rejected", 1),
+                ),
             ],
             ..FleetObjects::default()
         };
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let states: Vec<(&str, &DoctorState)> =
-            fleet.nodes.iter().map(|n| (n.name.as_str(), &n.doctor)).collect();
+        let states: Vec<(&str, &DoctorState, Source)> =
+            fleet.nodes.iter().map(|n| (n.name.as_str(), &n.doctor, n.source)).collect();
         assert_eq!(
             states,
             [
-                ("a-healthy", &DoctorState::Healthy),
+                ("a-healthy", &DoctorState::Healthy, Source::Report),
+                ("b-failing", &DoctorState::Failing { reason: "Stale".into() }, Source::Report),
+                ("c-none", &DoctorState::NoDoctor, Source::None),
+                ("d-silent", &DoctorState::Silent { since: Some(at(61)) }, Source::Report),
+                ("e-no-heartbeat", &DoctorState::Silent { since: None }, Source::Report),
                 (
-                    "b-failing",
-                    &DoctorState::Failing { reason: "Stale".into(), message: message.into() }
+                    "f-blind",
+                    &DoctorState::CannotJudge {
+                        why: "/var/lib/kubelet/plugins_registry: cannot be listed".into()
+                    },
+                    Source::Report
                 ),
-                ("c-none", &DoctorState::NoDoctor),
-                ("d-silent", &DoctorState::Silent { since: Some(at(61)) }),
-                ("e-no-heartbeat", &DoctorState::Silent { since: None }),
+                ("g-ahead", &DoctorState::Healthy, Source::Report),
                 (
-                    "f-unknown",
-                    &DoctorState::Failing { reason: "Unknown".into(), message: "no report".into() }
+                    "h-old-doctor",
+                    &DoctorState::Failing { reason: "Stale".into() },
+                    Source::Condition
                 ),
-                ("g-ahead", &DoctorState::Healthy),
+                (
+                    "i-old-unknown",
+                    &DoctorState::CannotJudge { why: String::new() },
+                    Source::Condition
+                ),
+                (
+                    "j-stale-report",
+                    &DoctorState::Failing { reason: "Rejected".into() },
+                    Source::Condition
+                ),
             ]
         );
-        let failing = &fleet.nodes[1].failing_plugins;
-        assert_eq!(
-            failing,
-            &[
-                FailingPlugin {
-                    name: "a-reg.sock".into(),
-                    verdict: Verdict::Stale,
-                    reason: "connection refused".into()
-                },
-                FailingPlugin {
-                    name: "vendor.com/gpu".into(),
-                    verdict: Verdict::NotRegistered,
-                    reason: "the kubelet holds none".into()
-                },
-            ]
-        );
+        assert_eq!(fleet.nodes[1].failing_plugins, [stale]);
+        assert_eq!(fleet.nodes[0].kubelet_version.as_deref(), Some("v1.36.2"));
+        assert!(fleet.nodes[7].failing_plugins.is_empty(), "no message is parsed");
         assert!(!fleet.ok());
         // The bound is settable: with two hours, d is no longer silent.
         let fleet = judge_fleet(&objects, now(), 2 * HOUR);
@@ -331,14 +388,14 @@ mod tests {
     #[test]
     fn the_fleet_is_ok_with_healthy_nodes_and_nodes_without_a_doctor() {
         let mut objects = FleetObjects {
-            nodes: vec![node("a", Some(healthy(1)), &[]), node("b", None, &[])],
+            nodes: vec![node("a", healthy(1), &[]), node("b", None, &[])],
             ..FleetObjects::default()
         };
         assert!(judge_fleet(&objects, now(), HOUR).ok());
-        objects.nodes.push(node("c", Some(healthy(90)), &[]));
+        objects.nodes.push(node("c", healthy(90), &[]));
         assert!(!judge_fleet(&objects, now(), HOUR).ok(), "a silent doctor fails the fleet");
         objects.nodes.pop();
-        objects.nodes.push(node("c", Some(condition("False", "Rejected", "1 failing: x", 1)), &[]));
+        objects.nodes.push(node("c", failing_report("Rejected", Vec::new()), &[]));
         assert!(!judge_fleet(&objects, now(), HOUR).ok(), "a failing node fails the fleet");
     }
 
@@ -348,18 +405,21 @@ mod tests {
         objects.csi_drivers.insert("csi.example.com".into());
         for i in 0..50 {
             let name = format!("node-{i:02}");
-            let condition = match i {
-                3 => Some(condition(
-                    "False",
+            let report = match i {
+                3 => failing_report(
                     "NotRegistered",
-                    "1 failing: csi.example.com (not-registered): CSINode does not list it",
-                    5,
-                )),
+                    vec![failing(
+                        "csi.example.com",
+                        Some("csi.example.com"),
+                        "not-registered",
+                        "CSINode does not list it",
+                    )],
+                ),
                 7 => None,
-                9 => Some(healthy(120)),
-                _ => Some(healthy(5)),
+                9 => healthy(120),
+                _ => healthy(5),
             };
-            objects.nodes.push(node(&name, condition, &[]));
+            objects.nodes.push(node(&name, report, &[]));
             if ![3, 7, 9].contains(&i) {
                 objects.csi_nodes.insert(name, ["csi.example.com".to_owned()].into());
             }
@@ -378,9 +438,71 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_is_matched_by_its_exact_name_and_the_report_tells_what_it_knows() {
+        let gpu_x = failing("vendor.com/gpu-x", Some("vendor.com/gpu-x"), "stale", "refused");
+        let mut ok_gpu = healthy(1).unwrap();
+        ok_gpu.ok.insert("vendor.com/gpu".into());
+        let bounded = NodeReport {
+            failing_count: 300,
+            ..failing_report("Stale", vec![gpu_x.clone()]).unwrap()
+        };
+        let objects = FleetObjects {
+            nodes: vec![
+                node("a", healthy(1), &[("vendor.com/gpu", "2")]),
+                node("b", failing_report("Stale", vec![gpu_x]), &[("vendor.com/gpu", "0")]),
+                node("c", Some(ok_gpu), &[("vendor.com/gpu", "0")]),
+                node("d", Some(bounded), &[]),
+                with_condition(node("e", None, &[]), condition("False", "Stale", 1)),
+                with_condition(node("f", None, &[]), condition("True", "PluginsHealthy", 1)),
+                node(
+                    "g",
+                    failing_report(
+                        "Stale",
+                        vec![
+                            failing("gpu.sock", None, "stale", "refused"),
+                            failing("x.sock", None, "stale", "refused"),
+                        ],
+                    ),
+                    &[],
+                ),
+            ],
+            ..FleetObjects::default()
+        };
+        let fleet = judge_fleet(&objects, now(), HOUR);
+        let gpu = driver(&fleet, DriverKind::DevicePlugin, "vendor.com/gpu");
+        assert_eq!((gpu.registered, gpu.nodes), (1, 7));
+        assert_eq!(
+            not_on(gpu),
+            [
+                ("b", "its doctor finds no plugin of this name on the node"),
+                (
+                    "c",
+                    "its doctor finds the plugin ok: the cluster does not show its registration yet"
+                ),
+                (
+                    "d",
+                    "its doctor lists no plugin of this name, and 299 failures more than it lists"
+                ),
+                (
+                    "e",
+                    "its doctor: Stale; it writes no KubeletPluginReport to tell which plugin \
+                     (upgrade it)"
+                ),
+                ("f", "its doctor: all plugins ok, none of this name"),
+                (
+                    "g",
+                    "its doctor names no plugin so; a failing socket it cannot name: gpu.sock \
+                     (stale): refused (and 1 more)"
+                ),
+            ]
+        );
+        assert_eq!(fleet.nodes[3].more_failing, 299);
+    }
+
+    #[test]
     fn a_driver_object_on_no_node_lists_every_node_and_one_meant_for_others_lists_none() {
         let mut objects = FleetObjects {
-            nodes: vec![node("a", Some(healthy(1)), &[]), node("b", None, &[])],
+            nodes: vec![node("a", healthy(1), &[]), node("b", None, &[])],
             ..FleetObjects::default()
         };
         objects.csi_drivers.insert("nowhere.example.com".into());
@@ -391,7 +513,10 @@ mod tests {
         assert_eq!(nowhere.registered, 0);
         assert_eq!(
             not_on(nowhere),
-            [("a", "its doctor: all plugins ok, none of this name"), ("b", "no doctor there")]
+            [
+                ("a", "its doctor finds no plugin of this name on the node"),
+                ("b", "no doctor there")
+            ]
         );
         assert!(
             fleet.drivers.iter().all(|d| d.name != "elsewhere.example.com"),
@@ -401,15 +526,10 @@ mod tests {
 
     #[test]
     fn device_resources_count_where_their_capacity_is_not_zero() {
-        let message = "2 failing: gpu.sock (stale): refused; nic-reg.sock (rejected): old";
         let objects = FleetObjects {
             nodes: vec![
-                node("a", Some(healthy(1)), &[("vendor.com/gpu", "2"), ("example.com/nic", "1")]),
-                node(
-                    "b",
-                    Some(condition("False", "Stale", message, 1)),
-                    &[("vendor.com/gpu", "0")],
-                ),
+                node("a", healthy(1), &[("vendor.com/gpu", "2"), ("example.com/nic", "1")]),
+                node("b", failing_report("Stale", Vec::new()), &[("vendor.com/gpu", "0")]),
                 node("c", None, &[("example.com/fpga", "0")]),
             ],
             ..FleetObjects::default()
@@ -420,24 +540,21 @@ mod tests {
         assert_eq!((fpga.registered, fpga.nodes, fpga.not_on.len()), (0, 3, 0));
         let gpu = driver(&fleet, DriverKind::DevicePlugin, "vendor.com/gpu");
         assert_eq!((gpu.registered, gpu.nodes), (1, 3));
-        assert_eq!(
-            not_on(gpu),
-            [("b", "its doctor: Stale, not naming it"), ("c", "no doctor there")]
-        );
-        let nic = driver(&fleet, DriverKind::DevicePlugin, "example.com/nic");
-        assert_eq!(nic.registered, 1);
-        // The message names a socket whose file name holds the resource's
-        // name; nic-reg.sock does not hold "example.com/nic".
-        assert_eq!(nic.not_on[0].why, "its doctor: Stale, not naming it");
+        assert_eq!(not_on(gpu)[1], ("c", "no doctor there"));
     }
 
     #[test]
     fn dra_drivers_count_the_nodes_they_published_slices_for() {
-        let message = "1 failing: gpu.example.com (not-published): no ResourceSlice";
+        let not_published = failing(
+            "gpu.example.com",
+            Some("gpu.example.com"),
+            "not-published",
+            "no ResourceSlice",
+        );
         let mut objects = FleetObjects {
             nodes: vec![
-                node("a", Some(healthy(1)), &[]),
-                node("b", Some(condition("False", "NotPublished", message, 1)), &[]),
+                node("a", healthy(1), &[]),
+                node("b", failing_report("NotPublished", vec![not_published]), &[]),
             ],
             ..FleetObjects::default()
         };
@@ -453,7 +570,7 @@ mod tests {
     #[test]
     fn drivers_come_by_kind_then_name() {
         let mut objects = FleetObjects {
-            nodes: vec![node("a", Some(healthy(1)), &[("z.com/x", "1"), ("a.com/y", "1")])],
+            nodes: vec![node("a", healthy(1), &[("z.com/x", "1"), ("a.com/y", "1")])],
             ..FleetObjects::default()
         };
         objects.csi_drivers.extend(["b.csi".to_owned(), "a.csi".to_owned()]);
@@ -471,27 +588,6 @@ mod tests {
                 (DriverKind::Dra, "dra.x"),
             ]
         );
-    }
-
-    #[test]
-    fn the_message_a_node_doctor_writes_is_read_back() {
-        // Written by the node's doctor (condition.rs), read back here.
-        let rows = (0..40)
-            .map(|i| {
-                let path =
-                    std::path::PathBuf::from(format!("/r/plugins_registry/p{i:02}-reg.sock"));
-                Row::new(Verdict::Rejected, &path, "registry", "needs v1.x; got 0.3.0".to_owned())
-            })
-            .collect();
-        let written = PluginsCondition::of(&Report::of_parts(rows, Vec::new(), None));
-        let (plugins, more) = failing_plugins(&written.message);
-        assert!(!plugins.is_empty() && more > 0, "{}", written.message);
-        assert_eq!(plugins.len() + more, 40);
-        assert_eq!(plugins[1].name, "p01-reg.sock");
-        assert_eq!(plugins[1].verdict, Verdict::Rejected);
-        assert_eq!(plugins[1].reason, "needs v1.x; got 0.3.0", "a reason with its own \"; \"");
-        assert_eq!(failing_plugins("all 3 plugin sockets of the node are ok"), (Vec::new(), 0));
-        assert_eq!(failing_plugins("1 failing: garbled"), (Vec::new(), 1));
     }
 
     #[test]

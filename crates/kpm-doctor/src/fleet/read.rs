@@ -1,6 +1,6 @@
-//! Reading the fleet, read-only: Nodes, CSIDrivers, CSINodes and
-//! ResourceSlices, each listed page by page (`limit`, `continue`), the four
-//! lists at once. Each page is parsed into types that hold only what is
+//! Reading the fleet, read-only: `KubeletPluginReports`, Nodes, CSIDrivers,
+//! CSINodes and ResourceSlices, each listed page by page (`limit`,
+//! `continue`), the five lists at once. Each page is parsed into types that hold only what is
 //! judged (serde skips the rest: a Node's images, a slice's devices), folded
 //! into [`FleetObjects`] and dropped before the next is asked for, so that
 //! 5000 Nodes and 20,000 ResourceSlices take a few megabytes, not the
@@ -13,14 +13,22 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::debug;
 
-use super::{FleetConfig, FleetError, FleetObjects, NodeCondition, NodeObject};
+use super::{
+    FailingPlugin, FleetConfig, FleetError, FleetObjects, NodeCondition, NodeObject, NodeReport,
+};
 use crate::condition::CONDITION_TYPE;
+use crate::judge::Verdict;
 
 const NODES: Resource = Resource { name: "nodes", path: "/api/v1/nodes", optional: false };
 const CSI_DRIVERS: Resource =
     Resource { name: "csidrivers", path: "/apis/storage.k8s.io/v1/csidrivers", optional: false };
 const CSI_NODES: Resource =
     Resource { name: "csinodes", path: "/apis/storage.k8s.io/v1/csinodes", optional: false };
+const REPORTS: Resource = Resource {
+    name: "kubeletpluginreports",
+    path: "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports",
+    optional: true,
+};
 const RESOURCE_SLICES: Resource = Resource {
     name: "resourceslices",
     path: "/apis/resource.k8s.io/v1/resourceslices",
@@ -34,55 +42,78 @@ struct Resource {
     name: &'static str,
     /// The collection's path.
     path: &'static str,
-    /// A cluster may not serve it (a 404 on the first page): it is then
-    /// empty, not a failure.
+    /// A cluster may not serve it, or the reader may not be allowed to
+    /// list it (a 404 or 403 on the first page): it is then unseen, not a
+    /// failure.
     optional: bool,
 }
 
-/// Reads the fleet through `client`: the Nodes `config` selects, every
-/// CSIDriver, CSINode and ResourceSlice, each list paged by
-/// `config.page_size` and every request bounded by
-/// `config.request_timeout`. It never writes. An API server without
-/// `resource.k8s.io/v1` (DRA off, or older than 1.34) shows no slices, and
-/// says so in [`FleetObjects::unseen`]; any other failure ends the read.
+/// How a list went.
+enum Listed {
+    /// Every page was read, in this many requests.
+    Pages(usize),
+    /// An optional resource, not served (404) or not allowed (403).
+    Unseen(Box<kube::core::Status>),
+}
+
+/// Reads the fleet through `client`: the Nodes `config` selects with their
+/// doctors' reports, every CSIDriver, CSINode and ResourceSlice, each list
+/// paged by `config.page_size` and every request bounded by
+/// `config.request_timeout`. It never writes. A cluster without the
+/// report's CRD, or an API server without `resource.k8s.io/v1` (DRA off, or
+/// older than 1.34), shows no reports or no slices, and says so in
+/// [`FleetObjects::unseen`], as does a reader not allowed to list them;
+/// any other failure ends the read.
 pub async fn read_fleet(
     client: &kube::Client,
     config: &FleetConfig,
 ) -> Result<FleetObjects, FleetError> {
-    let (nodes, csi_drivers, csi_nodes, slices) = tokio::try_join!(
+    let (reports, nodes, csi_drivers, csi_nodes, slices) = tokio::try_join!(
+        read_reports(client, config),
         read_nodes(client, config),
         read_csi_drivers(client, config),
         read_csi_nodes(client, config),
         read_slices(client, config),
     )?;
     let mut objects = FleetObjects {
-        requests: nodes.1 + csi_drivers.1 + csi_nodes.1 + slices.1,
+        requests: reports.1 + nodes.1 + csi_drivers.1 + csi_nodes.1 + slices.1,
         nodes: nodes.0,
         csi_drivers: csi_drivers.0,
         csi_nodes: csi_nodes.0,
         ..FleetObjects::default()
     };
+    match reports.0 {
+        Ok(mut reports) => {
+            for node in &mut objects.nodes {
+                node.report = reports.remove(&node.name);
+            }
+        }
+        Err(status) => objects.unseen.push(format!(
+            "kubeletpluginreports: {} ({} {}): nodes are judged by their doctor's condition \
+             alone; install the CRD (kubectl apply -k deploy/doctor) and let the reader list \
+             kubeletpluginreports (the kpm-doctor-fleet-reader ClusterRole)",
+            status.message, status.code, status.reason
+        )),
+    }
     match slices.0 {
-        Some(slices) => objects.slices = slices,
-        None => objects.unseen.push(
-            "resourceslices: the API server does not serve resource.k8s.io/v1 \
-             (DRA is off, or Kubernetes is older than 1.34): no DRA driver is judged"
-                .to_owned(),
-        ),
+        Ok(slices) => objects.slices = slices,
+        Err(status) => objects.unseen.push(format!(
+            "resourceslices: {} ({} {}): no DRA driver is judged (DRA is off, Kubernetes is \
+             older than 1.34, or the reader may not list resource.k8s.io/v1 resourceslices)",
+            status.message, status.code, status.reason
+        )),
     }
     Ok(objects)
 }
 
-/// Lists `resource` page by page, handing each page's items to `fold`;
-/// returns how many requests it made. `Ok(None)`: the collection is
-/// optional and not served (404 on the first page).
+/// Lists `resource` page by page, handing each page's items to `fold`.
 async fn list_pages<T: DeserializeOwned>(
     client: &kube::Client,
     resource: Resource,
     config: &FleetConfig,
     label_selector: Option<&str>,
     mut fold: impl FnMut(Vec<T>),
-) -> Result<Option<usize>, FleetError> {
+) -> Result<Listed, FleetError> {
     let request = kube::core::Request::new(resource.path);
     let mut params = ListParams::default().limit(config.page_size);
     if let Some(selector) = label_selector {
@@ -98,10 +129,10 @@ async fn list_pages<T: DeserializeOwned>(
             match tokio::time::timeout(config.request_timeout, client.request(http)).await {
                 Ok(Ok(listed)) => listed,
                 Ok(Err(kube::Error::Api(status)))
-                    if resource.optional && page == 1 && status.code == 404 =>
+                    if resource.optional && page == 1 && matches!(status.code, 403 | 404) =>
                 {
-                    debug!(resource = resource.name, "not served");
-                    return Ok(None);
+                    debug!(resource = resource.name, code = status.code, "not seen");
+                    return Ok(Listed::Unseen(status));
                 }
                 Ok(Err(source)) => {
                     return Err(FleetError::List { resource: resource.name, page, source });
@@ -117,7 +148,7 @@ async fn list_pages<T: DeserializeOwned>(
         debug!(resource = resource.name, page, items = listed.items.len(), "listed a page");
         fold(listed.items);
         match listed.metadata.continue_token.filter(|token| !token.is_empty()) {
-            None => return Ok(Some(page)),
+            None => return Ok(Listed::Pages(page)),
             Some(token) if params.continue_token.as_ref() == Some(&token) => {
                 return Err(FleetError::Paging { resource: resource.name, page });
             }
@@ -175,6 +206,71 @@ struct Condition {
     last_transition_time: Option<String>,
 }
 
+/// A `KubeletPluginReport`, every field but the name optional, strings
+/// where the doctor's types are enums: a report of another version is read
+/// all the same.
+#[derive(Debug, Deserialize)]
+struct Report {
+    metadata: Meta,
+    status: Option<ReportStatus>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReportStatus {
+    #[serde(default)]
+    health: String,
+    #[serde(default)]
+    reason: String,
+    blind: Option<ReportBlind>,
+    kubelet: Option<ReportKubelet>,
+    counts: Option<ReportCounts>,
+    #[serde(default)]
+    plugins: Vec<ReportPlugin>,
+    #[serde(default)]
+    findings: Vec<ReportFinding>,
+    heartbeat_time: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportBlind {
+    #[serde(default)]
+    why: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportKubelet {
+    version: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportCounts {
+    #[serde(default)]
+    failing: usize,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportPlugin {
+    #[serde(default)]
+    socket: String,
+    name: Option<String>,
+    #[serde(default)]
+    verdict: String,
+    #[serde(default)]
+    reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReportFinding {
+    #[serde(default)]
+    object: String,
+    name: Option<String>,
+    #[serde(default)]
+    verdict: String,
+    #[serde(default)]
+    reason: String,
+}
+
 #[derive(Debug, Deserialize)]
 struct CsiNode {
     metadata: Meta,
@@ -206,6 +302,86 @@ struct SliceSpec {
 
 type Read<T> = Result<(T, usize), FleetError>;
 
+/// An optional resource's objects, or why they were not seen.
+type Optional<T> = Result<T, Box<kube::core::Status>>;
+
+impl Listed {
+    /// How many requests it took.
+    fn count(&self) -> usize {
+        match self {
+            Self::Pages(pages) => *pages,
+            Self::Unseen(_) => 1,
+        }
+    }
+
+    /// `objects`, or why they were not seen.
+    fn seen<T>(self, objects: T) -> Optional<T> {
+        match self {
+            Self::Pages(_) => Ok(objects),
+            Self::Unseen(status) => Err(status),
+        }
+    }
+}
+
+async fn read_reports(
+    client: &kube::Client,
+    config: &FleetConfig,
+) -> Read<Optional<BTreeMap<String, NodeReport>>> {
+    let mut reports = BTreeMap::new();
+    let listed = list_pages(client, REPORTS, config, None, |page: Vec<Report>| {
+        reports.extend(page.into_iter().filter_map(reduce_report));
+    })
+    .await?;
+    let count = listed.count();
+    Ok((listed.seen(reports), count))
+}
+
+/// What is judged of a report: its health, reason and heartbeat, the
+/// kubelet's version, its failing entries and the names of its ok ones.
+fn reduce_report(report: Report) -> Option<(String, NodeReport)> {
+    let status = report.status?;
+    let fails = |verdict: &str| Verdict::from_name(verdict).is_none_or(Verdict::fails);
+    let mut ok = BTreeSet::new();
+    let mut failing = Vec::new();
+    for entry in status.plugins {
+        if fails(&entry.verdict) {
+            let subject = entry.name.clone().unwrap_or_else(|| file_name(&entry.socket));
+            failing.push(FailingPlugin {
+                subject,
+                name: entry.name,
+                verdict: entry.verdict,
+                reason: entry.reason,
+            });
+        } else if let Some(name) = entry.name {
+            ok.insert(name);
+        }
+    }
+    failing.extend(status.findings.into_iter().filter(|f| fails(&f.verdict)).map(|finding| {
+        FailingPlugin {
+            subject: finding.name.clone().unwrap_or_else(|| finding.object.clone()),
+            name: finding.name,
+            verdict: finding.verdict,
+            reason: finding.reason,
+        }
+    }));
+    let node = NodeReport {
+        health: status.health,
+        reason: status.reason,
+        blind: status.blind.map(|blind| blind.why),
+        heartbeat_time: status.heartbeat_time,
+        kubelet_version: status.kubelet.and_then(|kubelet| kubelet.version),
+        failing_count: status.counts.map_or(failing.len(), |counts| counts.failing),
+        failing,
+        ok,
+    };
+    Some((report.metadata.name, node))
+}
+
+/// The last component of a socket's path.
+fn file_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
 async fn read_nodes(client: &kube::Client, config: &FleetConfig) -> Read<Vec<NodeObject>> {
     let mut nodes = Vec::new();
     let selector = config.label_selector.as_deref();
@@ -213,7 +389,7 @@ async fn read_nodes(client: &kube::Client, config: &FleetConfig) -> Read<Vec<Nod
         nodes.extend(page.into_iter().map(reduce_node));
     })
     .await?;
-    Ok((nodes, requests.unwrap_or_default()))
+    Ok((nodes, requests.count()))
 }
 
 /// What is judged of a Node: its name, its doctor's condition and its
@@ -238,7 +414,7 @@ fn reduce_node(node: Node) -> NodeObject {
         .into_iter()
         .filter(|(name, _)| is_extended_resource(name))
         .collect();
-    NodeObject { name: node.metadata.name, condition, extended_resources }
+    NodeObject { name: node.metadata.name, report: None, condition, extended_resources }
 }
 
 /// Whether `name` is an extended resource, as Kubernetes tells
@@ -255,7 +431,7 @@ async fn read_csi_drivers(client: &kube::Client, config: &FleetConfig) -> Read<B
         drivers.extend(page.into_iter().map(|driver| driver.metadata.name));
     })
     .await?;
-    Ok((drivers, requests.unwrap_or_default()))
+    Ok((drivers, requests.count()))
 }
 
 async fn read_csi_nodes(
@@ -273,13 +449,13 @@ async fn read_csi_nodes(
         }
     })
     .await?;
-    Ok((nodes, requests.unwrap_or_default()))
+    Ok((nodes, requests.count()))
 }
 
 async fn read_slices(
     client: &kube::Client,
     config: &FleetConfig,
-) -> Read<Option<BTreeMap<String, BTreeMap<String, usize>>>> {
+) -> Read<Optional<BTreeMap<String, BTreeMap<String, usize>>>> {
     let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
     let requests = list_pages(client, RESOURCE_SLICES, config, None, |page: Vec<Slice>| {
         for spec in page.into_iter().filter_map(|slice| slice.spec) {
@@ -291,10 +467,8 @@ async fn read_slices(
         }
     })
     .await?;
-    Ok(match requests {
-        Some(requests) => (Some(counts), requests),
-        None => (None, 1),
-    })
+    let count = requests.count();
+    Ok((requests.seen(counts), count))
 }
 
 #[cfg(test)]
@@ -319,6 +493,77 @@ mod tests {
         ] {
             assert!(!is_extended_resource(name), "{name}");
         }
+    }
+
+    #[test]
+    fn the_report_a_node_doctor_writes_is_read_back_typed() {
+        use crate::judge::Row;
+        // Written by the node's doctor (plugin_report.rs), read back here.
+        let mut rows: Vec<Row> = (0..300)
+            .map(|i| {
+                let path =
+                    std::path::PathBuf::from(format!("/r/plugins_registry/p{i:03}-reg.sock"));
+                Row::new(Verdict::Rejected, &path, "registry", "needs v1.x; got 0.3.0".to_owned())
+            })
+            .collect();
+        let mut ok = Row::new(
+            Verdict::Ok,
+            std::path::Path::new("/r/plugins_registry/gpu.sock"),
+            "registry",
+            "registered".to_owned(),
+        );
+        ok.name = Some("vendor.com/gpu".to_owned());
+        rows.push(ok);
+        let outcome =
+            crate::condition::Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None));
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let mut status = crate::plugin_report::status_of(&outcome, &outcome.condition(), &now);
+        status.heartbeat_time = Some(now);
+        let written = serde_json::json!({
+            "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
+            "metadata": {"name": "n1", "uid": "u"}, "spec": {"nodeName": "n1"},
+            "status": status,
+        });
+        let (name, report) = reduce_report(serde_json::from_value(written).unwrap()).unwrap();
+        assert_eq!(name, "n1");
+        assert_eq!((report.health.as_str(), report.reason.as_str()), ("Failing", "Rejected"));
+        assert_eq!(report.failing_count, 300);
+        assert_eq!(report.failing.len(), crate::MAX_ENTRIES, "the bound");
+        assert_eq!(report.failing[1].subject, "p001-reg.sock");
+        assert_eq!(report.failing[1].verdict, "rejected");
+        assert_eq!(report.failing[1].reason, "needs v1.x; got 0.3.0");
+        assert!(report.heartbeat_time.is_some());
+        // The ok entry was left out by the bound: failing ones come first.
+        assert!(report.ok.is_empty());
+    }
+
+    #[test]
+    fn a_report_of_another_version_is_read_all_the_same() {
+        let page: List<Report> = serde_json::from_value(serde_json::json!({
+            "items": [
+                {"metadata": {"name": "newer"}, "status": {
+                    "health": "Wobbly", "reason": "SomeFutureVerdict", "future": {"x": 1},
+                    "plugins": [
+                        {"socket": "/r/a.sock", "name": "a.example.com", "verdict": "some-future-verdict",
+                         "reason": "4 changes in 2m", "since": "2026-01-01T00:00:00Z"},
+                        {"socket": "/r/b.sock", "name": "b.example.com", "verdict": "ok",
+                         "reason": "fine", "since": "2026-01-01T00:00:00Z"},
+                    ]}},
+                {"metadata": {"name": "no-status"}},
+            ],
+        }))
+        .unwrap();
+        let reports: Vec<(String, NodeReport)> =
+            page.items.into_iter().filter_map(reduce_report).collect();
+        assert_eq!(reports.len(), 1);
+        let (_, newer) = &reports[0];
+        assert_eq!(newer.health, "Wobbly");
+        // A verdict this reader does not know fails: it is not `ok`.
+        assert_eq!(newer.failing[0].verdict, "some-future-verdict");
+        assert_eq!(newer.failing_count, 1);
+        assert!(newer.ok.contains("b.example.com"));
     }
 
     #[test]

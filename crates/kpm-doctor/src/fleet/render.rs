@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{DoctorState, DriverView, Fleet};
+use crate::CANNOT_JUDGE_REASON;
 
 /// How many nodes a driver's row names where it is not registered; the
 /// others are counted (`-o json` lists them all).
@@ -34,24 +35,27 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
         text.push('\n');
     }
     text.push('\n');
-    let mut nodes = table(["NODE", "DOCTOR", "REASON", "FAILING PLUGINS"]);
+    let mut nodes = table(["NODE", "DOCTOR", "KUBELET", "REASON", "FAILING PLUGINS"]);
     for node in &fleet.nodes {
         let reason = match &node.doctor {
-            DoctorState::Failing { reason, .. } => reason.clone(),
+            DoctorState::Failing { reason } => reason.clone(),
+            DoctorState::CannotJudge { why } if !why.is_empty() => shortened(why),
+            DoctorState::CannotJudge { .. } => CANNOT_JUDGE_REASON.to_owned(),
             DoctorState::Silent { since: Some(since) } => format!("no heartbeat since {since}"),
             DoctorState::Silent { since: None } => "no heartbeat".to_owned(),
-            _ => "-".to_owned(),
+            DoctorState::Healthy | DoctorState::NoDoctor => "-".to_owned(),
         };
         let mut failing: Vec<String> = node
             .failing_plugins
             .iter()
-            .map(|plugin| format!("{} ({})", plugin.name, plugin.verdict.name()))
+            .map(|plugin| format!("{} ({})", plugin.subject, plugin.verdict))
             .collect();
         if node.more_failing > 0 {
             failing.push(format!("and {} more", node.more_failing));
         }
         let failing = if failing.is_empty() { "-".to_owned() } else { failing.join(", ") };
-        nodes.add_row([node.name.clone(), node.doctor.name().to_owned(), reason, failing]);
+        let kubelet = node.kubelet_version.clone().unwrap_or_else(|| "-".to_owned());
+        nodes.add_row([node.name.clone(), node.doctor.name().to_owned(), kubelet, reason, failing]);
     }
     text.push_str(&nodes.trim_fmt());
     text.push('\n');
@@ -61,17 +65,18 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
     let count = |state: &str| fleet.nodes.iter().filter(|n| n.doctor.name() == state).count();
     let _ = writeln!(
         text,
-        "\n{} nodes: {} healthy, {} failing, {} silent, {} without a doctor",
+        "\n{} nodes: {} healthy, {} failing, {} cannot judge, {} silent, {} without a doctor",
         fleet.nodes.len(),
         count("healthy"),
         count("failing"),
+        count("cannot judge"),
         count("silent"),
         count("no doctor"),
     );
     text
 }
 
-fn table(header: [&str; 4]) -> comfy_table::Table {
+fn table<const N: usize>(header: [&str; N]) -> comfy_table::Table {
     let mut table = comfy_table::Table::new();
     table.load_preset(comfy_table::presets::NOTHING);
     table.set_header(header);
@@ -106,25 +111,31 @@ fn shortened(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Verdict;
-    use crate::fleet::{DriverKind, FailingPlugin, NodeView, NotOn};
+    use crate::fleet::{DriverKind, FailingPlugin, NodeView, NotOn, Source};
 
     fn node(name: &str, doctor: DoctorState) -> NodeView {
-        NodeView { name: name.to_owned(), doctor, failing_plugins: Vec::new(), more_failing: 0 }
+        NodeView {
+            name: name.to_owned(),
+            doctor,
+            source: Source::Report,
+            kubelet_version: None,
+            failing_plugins: Vec::new(),
+            more_failing: 0,
+            ok: std::collections::BTreeSet::new(),
+        }
     }
 
     fn fleet() -> Fleet {
         let failing = NodeView {
             failing_plugins: vec![FailingPlugin {
-                name: "a-reg.sock".into(),
-                verdict: Verdict::Stale,
+                subject: "a-reg.sock".into(),
+                name: None,
+                verdict: "stale".into(),
                 reason: "refused".into(),
             }],
             more_failing: 2,
-            ..node(
-                "n2",
-                DoctorState::Failing { reason: "Stale".into(), message: "3 failing: …".into() },
-            )
+            kubelet_version: Some("v1.33.13".into()),
+            ..node("n2", DoctorState::Failing { reason: "Stale".into() })
         };
         let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into() };
         Fleet {
@@ -157,6 +168,7 @@ mod tests {
                 failing,
                 node("n3", DoctorState::NoDoctor),
                 node("n4", DoctorState::Silent { since: Some("2026-03-01T10:00:00Z".into()) }),
+                node("n5", DoctorState::CannotJudge { why: "/r/plugins_registry: gone".into() }),
             ],
             unseen: vec!["resourceslices: not served".into()],
         }
@@ -183,21 +195,28 @@ mod tests {
         assert_eq!(lines[6], "");
         assert_eq!(
             lines[7].split_whitespace().collect::<Vec<_>>(),
-            ["NODE", "DOCTOR", "REASON", "FAILING", "PLUGINS"]
+            ["NODE", "DOCTOR", "KUBELET", "REASON", "FAILING", "PLUGINS"]
         );
-        assert_eq!(lines[8].split_whitespace().collect::<Vec<_>>(), ["n1", "healthy", "-", "-"]);
+        assert_eq!(
+            lines[8].split_whitespace().collect::<Vec<_>>(),
+            ["n1", "healthy", "-", "-", "-"]
+        );
         assert_eq!(
             lines[9].split_whitespace().collect::<Vec<_>>(),
-            ["n2", "failing", "Stale", "a-reg.sock", "(stale),", "and", "2", "more"]
+            ["n2", "failing", "v1.33.13", "Stale", "a-reg.sock", "(stale),", "and", "2", "more"]
         );
         assert_eq!(
             lines[10].split_whitespace().collect::<Vec<_>>(),
-            ["n3", "no", "doctor", "-", "-"]
+            ["n3", "no", "doctor", "-", "-", "-"]
         );
         assert!(lines[11].contains("no heartbeat since 2026-03-01T10:00:00Z"), "{text}");
+        assert!(lines[12].contains("cannot judge"), "{text}");
+        assert!(lines[12].contains("/r/plugins_registry: gone"), "{text}");
         assert!(text.contains("\nnot seen: resourceslices: not served\n"), "{text}");
         assert!(
-            text.ends_with("\n4 nodes: 1 healthy, 1 failing, 1 silent, 1 without a doctor\n"),
+            text.ends_with(
+                "\n5 nodes: 1 healthy, 1 failing, 1 cannot judge, 1 silent, 1 without a doctor\n"
+            ),
             "{text}"
         );
     }
@@ -217,6 +236,9 @@ mod tests {
         assert_eq!(json["nodes"][1]["more_failing"], 2);
         assert_eq!(json["nodes"][2]["doctor"]["state"], "no-doctor");
         assert_eq!(json["nodes"][3]["doctor"]["since"], "2026-03-01T10:00:00Z");
+        assert_eq!(json["nodes"][4]["doctor"]["state"], "cannot-judge");
+        assert_eq!(json["nodes"][1]["source"], "report");
+        assert_eq!(json["nodes"][1]["kubelet_version"], "v1.33.13");
     }
 
     #[test]
