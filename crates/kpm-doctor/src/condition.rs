@@ -4,8 +4,8 @@
 //! Its type is [`CONDITION_TYPE`], `KubeletPluginsHealthy`, positive like
 //! the kubelet's `Ready`: `True` when every plugin of the node is ok,
 //! `False` when one fails, `Unknown` ([`CANNOT_JUDGE_REASON`]) when the
-//! doctor could not look. When `False`, its `reason` is the first failing
-//! verdict, in the order of [`Verdict`], in CamelCase (`Stale`,
+//! doctor could not look. When `False`, its `reason` is the most severe
+//! failing verdict ([`Verdict::severity`]), in CamelCase (`Stale`,
 //! `NotRegistered`), and its `message` names each failing plugin and why,
 //! at most [`MAX_MESSAGE_BYTES`] long; a finding caused by a failing row
 //! counts with that row.
@@ -207,7 +207,7 @@ impl Outcome {
                 message: format!("all {} plugin sockets of the node are ok", self.sockets.len()),
             };
         }
-        failures.sort_by_key(|failure| failure.verdict);
+        failures.sort_by_key(|failure| std::cmp::Reverse(failure.verdict.severity()));
         let reason = failures.first().map_or(Verdict::Unreachable, |first| first.verdict).reason();
         let mut message = format!("{} failing: ", failures.len());
         for (i, failure) in failures.iter().enumerate() {
@@ -392,7 +392,7 @@ mod tests {
     fn every_verdict_has_a_camel_case_reason() {
         assert_eq!(Verdict::NotARegistrationServer.reason(), "NotARegistrationServer");
         assert_eq!(Verdict::StaleCsiNodeEntry.reason(), "StaleCsiNodeEntry");
-        for verdict in Verdict::ALL {
+        for verdict in Verdict::all() {
             let reason = verdict.reason();
             assert!(reason.chars().all(|c| c.is_ascii_alphanumeric()), "{reason}");
             assert!(reason.starts_with(|c: char| c.is_ascii_uppercase()), "{reason}");

@@ -14,10 +14,26 @@ use tracing::instrument::WithSubscriber as _;
 
 use crate::host::{Host, ProcessInfo, Seen};
 
-/// What a socket is to the kubelet. The order is the order of severity a
-/// Node condition's reason is chosen by: the first failing verdict found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// What a socket is to the kubelet. Its name (`not-registered`) is its
+/// variant's in kebab case, its reason (`NotRegistered`) in CamelCase, and
+/// its [`severity`](Self::severity) chooses a Node condition's reason.
+/// The derived order is the declaration's, for maps only.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    strum::EnumIter,
+    strum::IntoStaticStr,
+    strum::EnumString,
+)]
 #[serde(rename_all = "kebab-case")]
+#[strum(serialize_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Verdict {
     /// It registers (or is registered) as it is.
@@ -26,6 +42,9 @@ pub enum Verdict {
     Ignored,
     /// Nothing listens on it.
     Stale,
+    /// Its verdict or its presence changed more often than the watch's
+    /// bound within its window (`kpm doctor --watch` only).
+    Flapping,
     /// It answers gRPC, but not the registration service.
     NotARegistrationServer,
     /// `GetInfo` takes longer than the kubelet waits.
@@ -69,67 +88,54 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Every verdict, in order.
-    pub const ALL: [Self; 21] = [
-        Self::Ok,
-        Self::Ignored,
-        Self::Stale,
-        Self::NotARegistrationServer,
-        Self::SlowGetInfo,
-        Self::GetInfoFailed,
-        Self::Rejected,
-        Self::EndpointUnreachable,
-        Self::ServiceFailing,
-        Self::DeletedButListening,
-        Self::Unreachable,
-        Self::Unreadable,
-        Self::UnwatchedRegistry,
-        Self::NotRegistered,
-        Self::KubeletMismatch,
-        Self::ClusterMismatch,
-        Self::StaleCsiNodeEntry,
-        Self::NotPublished,
-        Self::OrphanedSlices,
-        Self::OrphanedCapacity,
-        Self::Publishing,
-    ];
+    /// Every verdict.
+    pub fn all() -> impl Iterator<Item = Self> {
+        <Self as strum::IntoEnumIterator>::iter()
+    }
 
     /// Its name in reports: `not-registered`.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Ignored => "ignored",
-            Self::Stale => "stale",
-            Self::NotARegistrationServer => "not-a-registration-server",
-            Self::SlowGetInfo => "slow-get-info",
-            Self::GetInfoFailed => "get-info-failed",
-            Self::Rejected => "rejected",
-            Self::EndpointUnreachable => "endpoint-unreachable",
-            Self::ServiceFailing => "service-failing",
-            Self::DeletedButListening => "deleted-but-listening",
-            Self::Unreachable => "unreachable",
-            Self::Unreadable => "unreadable",
-            Self::UnwatchedRegistry => "unwatched-registry",
-            Self::NotRegistered => "not-registered",
-            Self::KubeletMismatch => "kubelet-mismatch",
-            Self::ClusterMismatch => "cluster-mismatch",
-            Self::StaleCsiNodeEntry => "stale-csi-node-entry",
-            Self::NotPublished => "not-published",
-            Self::OrphanedSlices => "orphaned-slices",
-            Self::OrphanedCapacity => "orphaned-capacity",
-            Self::Publishing => "publishing",
-        }
+        self.into()
     }
 
     /// The verdict named `name` ([`name`](Self::name)), if any.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|verdict| verdict.name() == name)
+        name.parse().ok()
+    }
+
+    /// How grave it is, 0 for none: a Node condition's reason is its most
+    /// severe failure. A socket nothing serves comes first, then one that
+    /// serves but not as the kubelet needs, then what the kubelet and the
+    /// cluster show; a finding about other objects last.
+    pub fn severity(self) -> u8 {
+        match self {
+            Self::Ok | Self::Ignored | Self::Publishing => 0,
+            Self::OrphanedCapacity => 1,
+            Self::OrphanedSlices => 2,
+            Self::NotPublished => 3,
+            Self::StaleCsiNodeEntry => 4,
+            Self::ClusterMismatch => 5,
+            Self::KubeletMismatch => 6,
+            Self::NotRegistered => 7,
+            Self::UnwatchedRegistry => 8,
+            Self::Unreadable => 9,
+            Self::Unreachable => 10,
+            Self::DeletedButListening => 11,
+            Self::ServiceFailing => 12,
+            Self::EndpointUnreachable => 13,
+            Self::Rejected => 14,
+            Self::GetInfoFailed => 15,
+            Self::SlowGetInfo => 16,
+            Self::NotARegistrationServer => 17,
+            Self::Flapping => 18,
+            Self::Stale => 19,
+        }
     }
 
     /// Whether it makes the doctor exit 1: all but `ok`, `ignored` and
     /// `publishing`.
     pub fn fails(self) -> bool {
-        !matches!(self, Self::Ok | Self::Ignored | Self::Publishing)
+        self.severity() > 0
     }
 
     /// Its name in CamelCase, as a Kubernetes condition's or Event's

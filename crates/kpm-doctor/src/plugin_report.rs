@@ -257,7 +257,7 @@ pub(crate) fn status_of(
     // ones; the sort is stable, and the sockets come by path.
     plugins.sort_by_key(|entry| {
         let failing = outcome.failing.get(Path::new(&entry.socket));
-        (failing.is_none(), failing.map(|failing| failing.verdict))
+        std::cmp::Reverse(failing.map_or(0, |failing| failing.verdict.severity()))
     });
     let mut findings: Vec<FindingEntry> = outcome
         .failing
