@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 
 use kpm::kube::{ObjectKind, PendingPublication};
 use kpm_doctor::{
-    ClusterLink, ConditionStatus, Doctor, DoctorConfig, FleetConfig, Host, NodePublisher,
-    PendingReader, PluginsCondition, PublishConfig, WatchConfig,
+    ClusterLink, ConditionStatus, Doctor, DoctorConfig, FlapConfig, FleetConfig, Host,
+    NodePublisher, PendingReader, PluginsCondition, PublishConfig, WatchConfig,
 };
 
 use crate::inspect::JudgeArgs;
@@ -117,6 +117,21 @@ struct WatchArgs {
     #[arg(long, value_name = "MILLISECONDS", default_value_t = 3000, requires = "watch",
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     confirm_ms: u64,
+    /// With --watch: a plugin whose verdict or presence changes this many
+    /// times within --flap-window is flapping, a failure, until it holds
+    /// still for --flap-hold; 0 turns damping off.
+    #[arg(long, value_name = "CHANGES", default_value_t = 4, requires = "watch",
+          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    flap_changes: u32,
+    /// With --watch: how far back a plugin's changes count, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+    flap_window: u64,
+    /// With --watch: how long a flapping plugin must hold still before it is
+    /// judged as it is again, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+    flap_hold: u64,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -216,9 +231,15 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         }
         None => None,
     };
+    let flaps = FlapConfig::try_new(
+        Duration::from_secs(args.watch.flap_window),
+        args.watch.flap_changes,
+        Duration::from_secs(args.watch.flap_hold),
+    )?;
     let config = WatchConfig::default()
         .period(Duration::from_secs(args.watch.period))
-        .confirm(Duration::from_millis(args.watch.confirm_ms));
+        .confirm(Duration::from_millis(args.watch.confirm_ms))
+        .flaps(flaps);
     // Boxed: the watch holds its publisher's whole state across awaits.
     let result =
         Box::pin(kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown)).await;

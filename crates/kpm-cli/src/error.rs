@@ -30,6 +30,9 @@ pub(crate) enum CliError {
     #[error("{0}")]
     DoctorWatch(#[from] kpm_doctor::WatchError),
 
+    #[error("configure the doctor: {0}")]
+    DoctorConfig(#[from] kpm_doctor::ConfigError),
+
     #[error("read the fleet: {0}")]
     Fleet(#[from] kpm_doctor::FleetError),
 

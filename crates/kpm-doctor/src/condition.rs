@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::judge::Verdict;
 use crate::plugin_report::KubeletStatus;
@@ -107,6 +107,24 @@ pub(crate) struct Socket {
     pub(crate) name: Option<String>,
     pub(crate) verdict: Verdict,
     pub(crate) reason: String,
+}
+
+impl Socket {
+    /// How a message names it at `path`.
+    pub(crate) fn subject(&self, path: &Path) -> String {
+        subject(self.name.as_deref(), path)
+    }
+}
+
+/// How a message names a plugin: its `name`, else the file name of its
+/// `path`.
+pub(crate) fn subject(name: Option<&str>, path: &Path) -> String {
+    match name {
+        Some(name) => name.to_owned(),
+        None => path
+            .file_name()
+            .map_or_else(|| path.display().to_string(), |name| name.to_string_lossy().into_owned()),
+    }
 }
 
 /// A failure as published: its verdict, and how the message and an Event

@@ -76,7 +76,7 @@ pub use crate::plugin_report::{
 pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
 pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
-pub use crate::watch::{ClusterLink, NodeWatch, WatchConfig, WatchError};
+pub use crate::watch::{ClusterLink, FlapConfig, NodeWatch, WatchConfig, WatchError};
 
 /// The roots other distributions give the kubelet, checked for registries
 /// that no running kubelet watches (the `DaemonSet` then mounts the wrong one).
@@ -99,6 +99,22 @@ pub enum DoctorError {
         /// What the builder refused.
         #[source]
         source: Box<kpm::Error>,
+    },
+}
+
+/// A doctor's setting out of range, named by its field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The value is outside what the field takes.
+    #[error("{field} = {value} is out of range: it must be {expected}")]
+    OutOfRange {
+        /// The field, as `config.field`.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What it must be.
+        expected: &'static str,
     },
 }
 
@@ -473,13 +489,7 @@ pub struct Failure<'a> {
 impl Failure<'_> {
     /// How a message names the plugin: its name, else its file name.
     pub fn subject(&self) -> String {
-        match self.name {
-            Some(name) => name.to_owned(),
-            None => self.path.file_name().map_or_else(
-                || self.path.display().to_string(),
-                |name| name.to_string_lossy().into_owned(),
-            ),
-        }
+        condition::subject(self.name, self.path)
     }
 }
 

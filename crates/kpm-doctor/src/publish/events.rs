@@ -44,6 +44,10 @@ pub const RECOVERED_REASON: &str = "PluginRecovered";
 /// ([`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)) sees it again with.
 pub const CAN_JUDGE_REASON: &str = "CanJudge";
 
+/// The reason of the `Normal` Event when a flapping plugin holds still
+/// again.
+pub const STABLE_REASON: &str = "PluginStable";
+
 /// The most actions kept while the API server cannot be reached; the
 /// oldest goes first when more come.
 pub const MAX_QUEUED: usize = 64;

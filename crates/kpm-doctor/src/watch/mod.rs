@@ -46,10 +46,18 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::condition::{CANNOT_JUDGE_REASON, Outcome};
+use crate::judge::Verdict;
 use crate::metrics::DoctorMetrics;
-use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON};
+use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::publish::{EventType, NodePublisher, Occurrence};
 use crate::{Doctor, Report, Seen};
+
+mod flaps;
+#[cfg(test)]
+mod tests;
+
+pub use self::flaps::FlapConfig;
+use self::flaps::Flaps;
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
@@ -72,6 +80,8 @@ pub struct WatchConfig {
     /// How long after a file-system change the pass waits, so that a burst
     /// of changes makes one pass. Default 200 ms.
     pub settle: Duration,
+    /// When a plugin that comes and goes is flapping, and for how long.
+    pub flaps: FlapConfig,
 }
 
 impl Default for WatchConfig {
@@ -80,6 +90,7 @@ impl Default for WatchConfig {
             period: Duration::from_secs(5 * 60),
             confirm: Duration::from_secs(3),
             settle: Duration::from_millis(200),
+            flaps: FlapConfig::default(),
         }
     }
 }
@@ -103,6 +114,13 @@ impl WatchConfig {
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {
         self.settle = settle;
+        self
+    }
+
+    /// Sets [`flaps`](Self::flaps) (default [`FlapConfig::default`]).
+    #[must_use]
+    pub fn flaps(mut self, flaps: FlapConfig) -> Self {
+        self.flaps = flaps;
         self
     }
 }
@@ -156,12 +174,15 @@ impl Outcome {
     }
 
     /// Whether every failure here is one of `before`'s, with the same
-    /// verdict: only recoveries, which need no second look. Going blind is
-    /// none: a blind pass sees no failure because it sees nothing.
+    /// verdict, or what a flapping one settled to: only recoveries and
+    /// what held still for the flap hold, which need no second look. Going
+    /// blind is none: a blind pass sees no failure because it sees nothing.
     fn only_better_than(&self, before: &Self) -> bool {
         (self.blind.is_none() || before.blind.is_some())
             && self.failing.iter().all(|(path, failing)| {
-                before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict)
+                before.failing.get(path).is_some_and(|was| {
+                    was.verdict == failing.verdict || was.verdict == Verdict::Flapping
+                })
             })
     }
 
@@ -205,7 +226,26 @@ impl Outcome {
             return occurrences;
         }
         for (path, was) in &before.failing {
-            if self.failing.contains_key(path) {
+            let now = self.failing.get(path).map(|failing| failing.verdict);
+            if was.verdict == Verdict::Flapping && now != Some(Verdict::Flapping) {
+                let now = match (now, self.sockets.get(path)) {
+                    (Some(verdict), _) => verdict.name(),
+                    (None, Some(socket)) => socket.verdict.name(),
+                    (None, None) => "gone",
+                };
+                occurrences.push(Occurrence {
+                    event_type: EventType::Normal,
+                    reason: STABLE_REASON.to_owned(),
+                    about: path.display().to_string(),
+                    note: format!(
+                        "{} ({}) holds still again after flapping: {now}",
+                        was.subject,
+                        path.display()
+                    ),
+                });
+                continue;
+            }
+            if now.is_some() {
                 continue;
             }
             occurrences.push(Occurrence {
@@ -221,6 +261,85 @@ impl Outcome {
             });
         }
         occurrences
+    }
+}
+
+/// What `--watch` publishes after each pass, and when it judges again:
+/// the decisions of its loop, without IO, on tokio's clock (so that they
+/// are tested on paused time).
+#[derive(Debug)]
+struct Publication {
+    config: WatchConfig,
+    flaps: Flaps,
+    /// What was published last; before the first, nothing fails.
+    confirmed: Outcome,
+    published: bool,
+    /// The pass before, damped.
+    last: Option<Outcome>,
+    /// The wait before a failing node is judged again.
+    recheck: Duration,
+}
+
+/// What to do after a pass.
+#[derive(Debug)]
+struct Next {
+    /// An outcome to publish, and the one published before it.
+    publish: Option<(Outcome, Outcome)>,
+    /// When to judge again, if nothing wakes the loop before.
+    judge_at: Instant,
+}
+
+impl Publication {
+    fn new(config: WatchConfig) -> Self {
+        Self {
+            config,
+            flaps: Flaps::new(config.flaps),
+            confirmed: Outcome::default(),
+            published: false,
+            last: None,
+            recheck: RECHECK,
+        }
+    }
+
+    /// Takes the pass that saw `seen`, run after a wake-up (a file-system
+    /// change, a plugin's exit) when `woken`.
+    fn after_pass(&mut self, seen: &Outcome, woken: bool) -> Next {
+        let now = Instant::now();
+        self.flaps.observe(seen, now);
+        let outcome = self.flaps.damp(seen.clone());
+        let changed = !self.last.as_ref().is_some_and(|last| last.agrees(&outcome));
+        let mut confirm_at = None;
+        let mut publish = None;
+        if self.published && outcome.agrees(&self.confirmed) {
+            // Nothing new.
+        } else if !changed || outcome.only_better_than(&self.confirmed) {
+            let before = std::mem::replace(&mut self.confirmed, outcome.clone());
+            publish = Some((outcome.clone(), before));
+            self.published = true;
+        } else {
+            confirm_at = Some(now + self.config.confirm);
+        }
+        // While something fails, the node is judged again sooner than the
+        // period, less often the longer nothing moves: a fix made in the
+        // cluster alone (a kubelet that registers a driver at last)
+        // changes no file here, or changes one before it is done (a
+        // kubelet's socket, at its start). A change is looked at again
+        // after `confirm` only, so that the kubelet has had its time.
+        self.recheck = if changed {
+            self.config.confirm
+        } else if woken {
+            RECHECK
+        } else {
+            (self.recheck * 2).min(self.config.period)
+        };
+        let recheck_at = outcome.fails().then(|| now + self.recheck);
+        self.last = Some(outcome);
+        let period_at = now + self.config.period;
+        let judge_at = [confirm_at, recheck_at, self.flaps.next_stable()]
+            .into_iter()
+            .flatten()
+            .fold(period_at, Instant::min);
+        Next { publish, judge_at }
     }
 }
 
@@ -271,47 +390,19 @@ impl NodeWatch {
             .map_err(WatchError::Inotify)?;
         let mut armed = Armed::default();
         let mut exits = Exits::new(wake_up);
-        let mut confirmed = Outcome::default();
-        let mut published = false;
-        let mut last: Option<Outcome> = None;
-        let mut recheck = RECHECK;
+        let mut publication = Publication::new(self.config);
         let mut after_wake_up = false;
         tokio::pin!(shutdown);
         loop {
             let report = self.pass().await;
             armed.arm(&mut watcher, &self.doctor);
             exits.follow(&report);
-            let outcome = Outcome::of(&report);
-            let changed = !last.as_ref().is_some_and(|last| last.agrees(&outcome));
-            let mut confirm_at = None;
-            if published && outcome.agrees(&confirmed) {
-                // Nothing new.
-            } else if !changed || outcome.only_better_than(&confirmed) {
-                self.publish(&outcome, &confirmed);
-                confirmed = outcome.clone();
-                published = true;
-            } else {
-                confirm_at = Some(Instant::now() + self.config.confirm);
+            let next = publication.after_pass(&Outcome::of(&report), after_wake_up);
+            if let Some((outcome, before)) = next.publish {
+                self.publish(&outcome, &before);
             }
-            // While something fails, the node is judged again sooner than the
-            // period, less often the longer nothing moves: a fix made in the
-            // cluster alone (a kubelet that registers a driver at last)
-            // changes no file here, or changes one before it is done (a
-            // kubelet's socket, at its start). A change is looked at again
-            // after `confirm` only, so that the kubelet has had its time.
-            recheck = if changed {
-                self.config.confirm
-            } else if after_wake_up {
-                RECHECK
-            } else {
-                (recheck * 2).min(self.config.period)
-            };
-            let recheck_at = outcome.fails().then(|| Instant::now() + recheck);
-            last = Some(outcome);
             self.sync().await;
-            let period_at = Instant::now() + self.config.period;
-            let judge_at = [Some(period_at), confirm_at, recheck_at].into_iter().flatten().min();
-            let judge_at = judge_at.unwrap_or(period_at);
+            let judge_at = next.judge_at;
             // Until the next reason to judge, the publisher's own work.
             after_wake_up = loop {
                 let due = self.cluster.as_ref().and_then(|link| link.publisher.next_due());
@@ -465,82 +556,4 @@ fn open_pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
     // `OwnedFd` cannot.
     #[allow(deprecated)]
     AsyncFd::with_interest(fd, Interest::READABLE).ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use super::*;
-    use crate::judge::{Row, Verdict};
-    use crate::{Blind, Finding};
-
-    const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
-
-    fn stale() -> Row {
-        Row::new(Verdict::Stale, Path::new(SOCKET), "registry", "connection refused".to_owned())
-    }
-
-    fn blind() -> Blind {
-        Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "look".into() }
-    }
-
-    fn reasons(occurrences: &[Occurrence]) -> Vec<(EventType, &str)> {
-        occurrences.iter().map(|o| (o.event_type, o.reason.as_str())).collect()
-    }
-
-    #[test]
-    fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
-        let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-        let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
-        assert!(!blind.only_better_than(&failing), "no failure seen is no recovery");
-        assert!(!blind.only_better_than(&Outcome::default()));
-        assert!(!blind.agrees(&Outcome::default()));
-        assert!(blind.fails());
-        assert_eq!(
-            reasons(&blind.transitions(&failing)),
-            [(EventType::Warning, CANNOT_JUDGE_REASON)]
-        );
-        assert_eq!(blind.condition().status, crate::ConditionStatus::Unknown);
-    }
-
-    #[test]
-    fn seeing_again_is_published_at_once_with_its_own_event() {
-        let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
-        let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
-        assert!(healthy.only_better_than(&blind));
-        assert_eq!(reasons(&healthy.transitions(&blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
-        // A failure seen on the way back is new: it waits for a second look.
-        let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-        assert!(!failing.only_better_than(&blind));
-        assert_eq!(
-            reasons(&failing.transitions(&blind)),
-            [(EventType::Normal, CAN_JUDGE_REASON), (EventType::Warning, "Stale")]
-        );
-    }
-
-    #[test]
-    fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
-        let entry = Finding {
-            name: None,
-            verdict: Verdict::StaleCsiNodeEntry,
-            path: "csinodes/node1".into(),
-            reason: format!("kept for {SOCKET}"),
-            hint: String::new(),
-            cause: Some(SOCKET.into()),
-        };
-        let outcome = Outcome::of(&Report::of_parts(vec![stale()], vec![entry], None));
-        assert_eq!(
-            reasons(&outcome.transitions(&Outcome::default())),
-            [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
-        );
-        let condition = outcome.condition();
-        assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
-        // Both go when the socket does.
-        let gone = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
-        assert_eq!(
-            reasons(&gone.transitions(&outcome)),
-            [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
-        );
-    }
 }

@@ -1,0 +1,247 @@
+//! The watch's decisions, on paused time.
+
+use std::path::Path;
+
+use super::*;
+use crate::judge::{Row, Verdict};
+use crate::{Blind, Finding};
+
+const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
+
+fn stale() -> Row {
+    Row::new(Verdict::Stale, Path::new(SOCKET), "registry", "connection refused".to_owned())
+}
+
+fn blind() -> Blind {
+    Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "look".into() }
+}
+
+fn reasons(occurrences: &[Occurrence]) -> Vec<(EventType, &str)> {
+    occurrences.iter().map(|o| (o.event_type, o.reason.as_str())).collect()
+}
+
+#[test]
+fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
+    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    assert!(!blind.only_better_than(&failing), "no failure seen is no recovery");
+    assert!(!blind.only_better_than(&Outcome::default()));
+    assert!(!blind.agrees(&Outcome::default()));
+    assert!(blind.fails());
+    assert_eq!(reasons(&blind.transitions(&failing)), [(EventType::Warning, CANNOT_JUDGE_REASON)]);
+    assert_eq!(blind.condition().status, crate::ConditionStatus::Unknown);
+}
+
+#[test]
+fn seeing_again_is_published_at_once_with_its_own_event() {
+    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    assert!(healthy.only_better_than(&blind));
+    assert_eq!(reasons(&healthy.transitions(&blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
+    // A failure seen on the way back is new: it waits for a second look.
+    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    assert!(!failing.only_better_than(&blind));
+    assert_eq!(
+        reasons(&failing.transitions(&blind)),
+        [(EventType::Normal, CAN_JUDGE_REASON), (EventType::Warning, "Stale")]
+    );
+}
+
+#[test]
+fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
+    let entry = Finding {
+        name: None,
+        verdict: Verdict::StaleCsiNodeEntry,
+        path: "csinodes/node1".into(),
+        reason: format!("kept for {SOCKET}"),
+        hint: String::new(),
+        cause: Some(SOCKET.into()),
+    };
+    let outcome = Outcome::of(&Report::of_parts(vec![stale()], vec![entry], None));
+    assert_eq!(
+        reasons(&outcome.transitions(&Outcome::default())),
+        [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
+    );
+    let condition = outcome.condition();
+    assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
+    // Both go when the socket does.
+    let gone = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    assert_eq!(
+        reasons(&gone.transitions(&outcome)),
+        [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
+    );
+}
+
+/// A socket of the node that comes and goes: present (with `verdict`) for
+/// `present`, gone for `gone`, over and over until `until`, then gone.
+struct Coming {
+    verdict: Verdict,
+    present: Duration,
+    gone: Duration,
+    until: Duration,
+}
+
+impl Coming {
+    /// Whether the socket is there `at` from the start.
+    fn there(&self, at: Duration) -> bool {
+        let cycle = self.present + self.gone;
+        at < self.until
+            && Duration::from_nanos(
+                u64::try_from(at.as_nanos() % cycle.as_nanos()).unwrap_or_default(),
+            ) < self.present
+    }
+
+    /// When it next appears or goes after `at`.
+    fn next_change(&self, at: Duration) -> Option<Duration> {
+        let step = Duration::from_millis(10);
+        let mut t = at + step;
+        while t <= self.until {
+            if self.there(t) != self.there(at) {
+                return Some(t);
+            }
+            t += step;
+        }
+        None
+    }
+
+    fn outcome(&self, at: Duration) -> Outcome {
+        let rows = if self.there(at) {
+            let path = Path::new(SOCKET);
+            vec![Row::new(self.verdict, path, "registry", "judged".to_owned())]
+        } else {
+            Vec::new()
+        };
+        Outcome::of(&Report::of_parts(rows, Vec::new(), None))
+    }
+}
+
+/// What `--watch` published while `world` ran for `run`, each with the
+/// time since the start: a pass after each change (200 ms of settling)
+/// and whenever the loop asked.
+async fn published(
+    config: WatchConfig,
+    world: &Coming,
+    run: Duration,
+) -> Vec<(Duration, Outcome, Outcome)> {
+    let start = Instant::now();
+    let mut publication = Publication::new(config);
+    let mut published = Vec::new();
+    let mut woken = false;
+    loop {
+        let at = start.elapsed();
+        let next = publication.after_pass(&world.outcome(at), woken);
+        if let Some((outcome, before)) = next.publish {
+            published.push((at, outcome, before));
+        }
+        let change = world.next_change(at).map(|change| start + change + config.settle);
+        woken = change.is_some_and(|change| change <= next.judge_at);
+        let wake = change.map_or(next.judge_at, |change| change.min(next.judge_at));
+        if wake.duration_since(start) > run {
+            return published;
+        }
+        tokio::time::sleep_until(wake).await;
+    }
+}
+
+const FOUR_ONE: Coming = Coming {
+    verdict: Verdict::NotRegistered,
+    present: Duration::from_secs(4),
+    gone: Duration::from_secs(1),
+    until: Duration::from_secs(600),
+};
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_flapping_four_seconds_on_one_off_is_written_a_handful_of_times() {
+    let run = Duration::from_secs(120);
+    let undamped = WatchConfig::default().flaps(FlapConfig { changes: 0, ..FlapConfig::default() });
+    let writes_before = published(undamped, &FOUR_ONE, run).await.len();
+    let damped = published(WatchConfig::default(), &FOUR_ONE, run).await;
+    eprintln!(
+        "2 min of a 4 s / 1 s flap: {writes_before} publications undamped, {} damped",
+        damped.len()
+    );
+    assert!(writes_before >= 40, "undamped, each cycle is published twice: {writes_before}");
+    assert!(
+        damped.len() <= 5,
+        "{:?}",
+        damped.iter().map(|(at, o, _)| (at, o.condition())).collect::<Vec<_>>()
+    );
+    let (at, last, before) = damped.last().unwrap();
+    assert!(*at < Duration::from_secs(20), "flapping is told within a few cycles: {at:?}");
+    let condition = last.condition();
+    assert_eq!(condition.reason, "Flapping");
+    assert!(condition.message.contains("it changed 4 times within 2m"), "{}", condition.message);
+    assert_eq!(reasons(&last.transitions(before)).last(), Some(&(EventType::Warning, "Flapping")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_flapping_every_second_shows_as_failing_within_the_window() {
+    // Present and ok a second, gone a second: no two passes 3 s apart agree.
+    let world = Coming {
+        verdict: Verdict::Ok,
+        present: Duration::from_secs(1),
+        gone: Duration::from_secs(1),
+        ..FOUR_ONE
+    };
+    let published = published(WatchConfig::default(), &world, Duration::from_secs(120)).await;
+    let failing = published.iter().find(|(_, outcome, _)| outcome.fails());
+    let (at, outcome, _) = failing.expect("the flapping is published");
+    assert!(*at < FlapConfig::default().window, "{at:?}");
+    assert_eq!(outcome.condition().reason, "Flapping");
+    // Shown as when it was there, whether it is there or not.
+    assert_eq!(outcome.sockets[Path::new(SOCKET)].verdict, Verdict::Flapping);
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_still_for_the_hold_it_is_published_at_once_with_its_event() {
+    let world = Coming { until: Duration::from_secs(30), ..FOUR_ONE };
+    let published = published(WatchConfig::default(), &world, Duration::from_secs(300)).await;
+    let (at, last, before) = published.last().unwrap();
+    assert!(!last.fails(), "{:?}", last.condition());
+    // It went at 29 s, the last change (cycles of 5 s end at 30 s): stable a
+    // hold after the pass that saw it, published then.
+    let hold = FlapConfig::default().hold;
+    let settled = Duration::from_secs(29) + WatchConfig::default().settle + hold;
+    assert!(*at >= settled && *at < settled + Duration::from_millis(50), "{at:?}");
+    assert_eq!(reasons(&last.transitions(before)), [(EventType::Normal, STABLE_REASON)]);
+    assert!(last.transitions(before)[0].note.ends_with("holds still again after flapping: gone"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_restarting_once_is_not_flapping() {
+    let world = Coming {
+        verdict: Verdict::Ok,
+        present: Duration::from_secs(50),
+        gone: Duration::from_secs(2),
+        until: Duration::from_secs(102),
+    };
+    let published = published(WatchConfig::default(), &world, Duration::from_secs(100)).await;
+    assert!(
+        published.iter().all(|(_, outcome, _)| !outcome.fails()),
+        "{:?}",
+        published.iter().map(|(at, o, _)| (at, o.condition())).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_failure_waits_for_a_second_look_and_a_recovery_does_not() {
+    let mut publication = Publication::new(WatchConfig::default());
+    let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    assert!(publication.after_pass(&healthy, false).publish.is_some(), "the first pass");
+    let next = publication.after_pass(&failing, true);
+    assert!(next.publish.is_none());
+    assert_eq!(next.judge_at - Instant::now(), WatchConfig::default().confirm);
+    tokio::time::sleep_until(next.judge_at).await;
+    let next = publication.after_pass(&failing, false);
+    assert_eq!(next.judge_at - Instant::now(), Duration::from_secs(6));
+    assert!(next.publish.is_some_and(|(outcome, _)| outcome.fails()));
+    // Still failing: looked at again sooner than the period, less often each
+    // time, up to the period.
+    let waits: Vec<Duration> =
+        (0..5).map(|_| publication.after_pass(&failing, false).judge_at - Instant::now()).collect();
+    assert_eq!(waits, [12, 24, 48, 96, 192].map(Duration::from_secs));
+    let capped = publication.after_pass(&failing, false).judge_at - Instant::now();
+    assert_eq!(capped, WatchConfig::default().period);
+    assert!(publication.after_pass(&healthy, true).publish.is_some(), "recovered at once");
+}
