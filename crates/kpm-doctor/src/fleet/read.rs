@@ -236,17 +236,9 @@ fn reduce_node(node: Node) -> NodeObject {
         .capacity
         .unwrap_or_default()
         .into_iter()
-        .filter(|(name, _)| is_extended_resource(name))
+        .filter(|(name, _)| kpm::device::is_extended_resource_name(name))
         .collect();
     NodeObject { name: node.metadata.name, condition, extended_resources }
-}
-
-/// Whether `name` is an extended resource, as Kubernetes tells
-/// (`IsExtendedResourceName`): a name with a domain outside
-/// `kubernetes.io/`, not a quota's `requests.` one. `cpu`, `memory`,
-/// `hugepages-2Mi` and `kubernetes.io/…` are native.
-pub(super) fn is_extended_resource(name: &str) -> bool {
-    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
 }
 
 async fn read_csi_drivers(client: &kube::Client, config: &FleetConfig) -> Read<BTreeSet<String>> {
@@ -300,26 +292,6 @@ async fn read_slices(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn extended_resources_are_those_with_a_domain_outside_kubernetes_io() {
-        for name in ["vendor.com/gpu", "example.com/nic", "nvidia.com/mig-1g.5gb"] {
-            assert!(is_extended_resource(name), "{name}");
-        }
-        for name in [
-            "cpu",
-            "memory",
-            "pods",
-            "ephemeral-storage",
-            "hugepages-2Mi",
-            "attachable-volumes-aws-ebs",
-            "kubernetes.io/batch-cpu",
-            "scheduling.kubernetes.io/x",
-            "requests.vendor.com/gpu",
-        ] {
-            assert!(!is_extended_resource(name), "{name}");
-        }
-    }
 
     #[test]
     fn a_node_page_keeps_the_doctors_condition_and_extended_resources_only() {
