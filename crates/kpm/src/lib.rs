@@ -102,6 +102,12 @@ pub use kpm_kube as kube;
 
 pub mod transport;
 
+/// Watching a plugin process for its exit the way kpm's liveness monitor
+/// does: [`liveness::open_pidfd`].
+pub mod liveness {
+    pub use kpm_liveness::open_pidfd;
+}
+
 /// What the watcher makes of a registry directory: every entry, the
 /// registration sockets and what it ignores and why ([`registry::survey`],
 /// the walk the watcher lists the directory with).
