@@ -8,98 +8,27 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 
-use kpm_api::csi::v1::{
-    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-    GetPluginInfoResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
-    NodeGetInfoRequest, NodeGetInfoResponse, ProbeRequest, ProbeResponse, Topology,
-    identity_server::{Identity, IdentityServer},
-    node_server::{Node, NodeServer},
-};
 use kpm_registrar::Registrar;
 use kpm_test_support::DEADLINE;
+use kpm_test_support::csi::{FakeCsiDriver, Reply, Served, info, serve};
 use serde_json::json;
 use support::Kpm;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 const DRIVER: &str = "csi.example.com";
 const ZONE_KEY: &str = "topology.csi.example.com/zone";
 
-/// A CSI driver whose NodeGetInfo fails its first `failures` calls, then
-/// reports `max_volumes`.
-struct FakeDriver {
-    failures: usize,
-    calls: AtomicUsize,
-    max_volumes: AtomicI64,
+/// What the driver's NodeGetInfo answers once it works: `max_volumes`.
+fn node_info(max_volumes: i64) -> Reply {
+    info("node-1", max_volumes, &[(ZONE_KEY, "zone-a")])
 }
 
-#[tonic::async_trait]
-impl Identity for FakeDriver {
-    async fn get_plugin_info(
-        &self,
-        _: Request<GetPluginInfoRequest>,
-    ) -> Result<Response<GetPluginInfoResponse>, Status> {
-        Ok(Response::new(GetPluginInfoResponse {
-            name: DRIVER.into(),
-            vendor_version: "0.1.0".into(),
-            manifest: std::collections::HashMap::new(),
-        }))
-    }
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-        Ok(Response::new(GetPluginCapabilitiesResponse::default()))
-    }
-    async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        Ok(Response::new(ProbeResponse { ready: Some(true) }))
-    }
-}
-
-#[tonic::async_trait]
-impl Node for FakeDriver {
-    async fn node_get_capabilities(
-        &self,
-        _: Request<NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        Ok(Response::new(NodeGetCapabilitiesResponse::default()))
-    }
-    async fn node_get_info(
-        &self,
-        _: Request<NodeGetInfoRequest>,
-    ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) < self.failures {
-            return Err(Status::unavailable("topology not ready yet"));
-        }
-        Ok(Response::new(NodeGetInfoResponse {
-            node_id: "node-1".into(),
-            max_volumes_per_node: self.max_volumes.load(Ordering::SeqCst),
-            accessible_topology: Some(Topology {
-                segments: [(ZONE_KEY.to_owned(), "zone-a".to_owned())].into(),
-            }),
-        }))
-    }
-}
-
-async fn serve_driver(socket: &Path, failures: usize) -> tokio::task::JoinHandle<()> {
-    serve(socket, Arc::new(FakeDriver::new(failures))).await
-}
-
-impl FakeDriver {
-    fn new(failures: usize) -> Self {
-        Self { failures, calls: AtomicUsize::new(0), max_volumes: AtomicI64::new(16) }
-    }
-}
-
-async fn serve(socket: &Path, driver: Arc<FakeDriver>) -> tokio::task::JoinHandle<()> {
-    let incoming = kpm::transport::bind(socket).await.unwrap();
-    let server = tonic::transport::Server::builder()
-        .add_service(IdentityServer::from_arc(driver.clone()))
-        .add_service(NodeServer::from_arc(driver))
-        .serve_with_incoming(incoming);
-    tokio::spawn(async move { server.await.unwrap() })
+/// Serves a CSI driver whose NodeGetInfo fails its first `failures` calls,
+/// then reports 16 volumes.
+async fn serve_driver(socket: &Path, failures: usize) -> Served {
+    let script = vec![Reply::Fail(Status::unavailable("topology not ready yet")); failures];
+    serve(socket, FakeCsiDriver::new(DRIVER, script, node_info(16))).await
 }
 
 /// Registers the driver the way node-driver-registrar does.
@@ -175,7 +104,7 @@ async fn a_csi_driver_registers_publishes_node_info_and_cleans_up() {
     });
     assert_eq!(list["node"]["annotations"], json!({}));
     assert_eq!(list["node"]["labels"], json!({ ZONE_KEY: "zone-a" }));
-    driver.abort();
+    drop(driver);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +131,7 @@ async fn a_failing_node_get_info_is_reported_then_retried() {
         l["csi_drivers"][0]["node_id"] == "node-1"
     });
     plugin.shutdown().await.unwrap();
-    driver.abort();
+    drop(driver);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,14 +141,13 @@ async fn with_an_update_period_the_allocatable_count_follows_the_driver() {
     let kpm =
         Kpm::start_with(root.path(), &["--csi-allocatable-update-period", "csi.example.com=3"]);
     let driver_socket = root.path().join("csi.sock");
-    let driver = Arc::new(FakeDriver::new(0));
-    let server = serve(&driver_socket, Arc::clone(&driver)).await;
+    let server = serve_driver(&driver_socket, 0).await;
     let plugin = register(&root.path().join("plugins_registry"), &driver_socket, "a").await;
     assert!(plugin.wait_for_status(DEADLINE).await.unwrap().plugin_registered);
     let list = kpm.wait_for("the driver is listed", |l| l["csi_drivers"][0]["max_volumes"] == 16);
     assert_eq!(list["csi_drivers"][0]["allocatable_update_period_s"], 10);
 
-    driver.max_volumes.store(40, Ordering::SeqCst);
+    server.driver.set_fallback(node_info(40));
     let list = kpm.wait_for("the new count is published", |l| {
         l["node"]["csinode"]["drivers"][0]["allocatable"]["count"] == 40
     });
@@ -229,5 +157,5 @@ async fn with_an_update_period_the_allocatable_count_follows_the_driver() {
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.contains("every 10s, "), "{table}");
     plugin.shutdown().await.unwrap();
-    server.abort();
+    drop(server);
 }

@@ -4,8 +4,6 @@
 //! refresh once the driver is gone or its period is.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,9 +13,9 @@ use kpm_cache::PluginHandler;
 use kpm_csi::{
     CsiConfig, CsiHandler, DriverNodeInfo, InMemoryNodeInfo, NodeInfoError, NodeInfoSink,
 };
+use kpm_test_support::csi::{FakeCsiDriver as FakeDriver, Reply, Served, info, serve};
 use kpm_test_support::{DEADLINE, wait_until};
 use parking_lot::Mutex;
-use support::{FakeDriver, Reply, Served, info, serve};
 use tempfile::TempDir;
 use tokio::time::Instant;
 use tonic::Status;
@@ -81,7 +79,7 @@ fn refreshed_every_period() -> Setup {
 
 impl Setup {
     async fn serve(&self, script: Vec<Reply>, fallback: Reply) -> Served {
-        serve(self.dir.path(), "csi.sock", FakeDriver::new(DRIVER, script, fallback)).await
+        serve(&self.dir.path().join("csi.sock"), FakeDriver::new(DRIVER, script, fallback)).await
     }
 
     async fn register(&self, served: &Served) {

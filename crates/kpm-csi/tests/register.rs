@@ -3,8 +3,6 @@
 //! failures and their cleanup, deregistration.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +13,8 @@ use kpm_csi::{
     CsiConfig, CsiError, CsiHandler, CsiNode, CsiNodeDriver, DriverNodeInfo, InMemoryNodeInfo,
     NODE_ID_ANNOTATION, NodeInfo,
 };
+use kpm_test_support::csi::{FakeCsiDriver as FakeDriver, Reply, Served, info, serve};
 use kpm_test_support::{DEADLINE, within};
-use support::{FakeDriver, Reply, Served, info, serve};
 use tempfile::TempDir;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -48,7 +46,7 @@ fn setup_with_timeout(timeout: Duration) -> Setup {
 
 impl Setup {
     async fn serve(&self, file: &str, driver: FakeDriver) -> Served {
-        serve(self.dir.path(), file, driver).await
+        serve(&self.dir.path().join(file), driver).await
     }
 
     /// Validates, then registers, like the plugin manager.

@@ -126,21 +126,38 @@ fn is_socket_file_name(endpoint: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// Upstream's `IsExtendedResourceName` (pkg/apis/core/helper): not
+    /// native (no `/`, or `kubernetes.io/` anywhere in the name), not a
+    /// quota's `requests.` name, and `requests.<name>` a qualified name. The
+    /// one rule for device registration, capacity and `kpm doctor`.
     #[test]
     fn extended_resource_names_follow_the_kubelets_rules() {
         let long_domain = |len: usize| format!("{}.com", "a".repeat(len - 4));
         let cases: Vec<(String, bool, &str)> = vec![
             ("vendor.com/gpu".into(), true, "domain and name"),
+            ("example.com/gpu".into(), true, "domain and name"),
+            ("example.com/nic".into(), true, "domain and name"),
             ("nvidia.com/gpu".into(), true, "a real one"),
+            ("nvidia.com/mig-1g.5gb".into(), true, "a real one with . and -"),
             ("example.com/dev-1_a.b".into(), true, "name part with - _ ."),
             ("vendor.com/GPU".into(), true, "the name part may have capitals"),
             ("a/b".into(), true, "one-letter parts"),
             ("sub.domain.vendor.io/x".into(), true, "deep domain"),
             ("gpu".into(), false, "no domain"),
+            ("cpu".into(), false, "native resource"),
+            ("memory".into(), false, "native resource"),
+            ("pods".into(), false, "native resource"),
+            ("ephemeral-storage".into(), false, "native resource"),
             ("hugepages-2Mi".into(), false, "native resource"),
+            ("attachable-volumes-aws-ebs".into(), false, "native resource, no domain"),
+            ("attachable-volumes-csi-ebs.csi.aws.com".into(), false, "no / though dotted"),
             ("kubernetes.io/gpu".into(), false, "kubernetes.io domain"),
+            ("kubernetes.io/x".into(), false, "kubernetes.io domain"),
+            ("kubernetes.io/batch-cpu".into(), false, "kubernetes.io domain"),
             ("foo.kubernetes.io/gpu".into(), false, "contains kubernetes.io/"),
+            ("scheduling.kubernetes.io/x".into(), false, "contains kubernetes.io/"),
             ("requests.vendor.com/gpu".into(), false, "starts with requests."),
+            ("requests.example.com/x".into(), false, "starts with requests."),
             ("Vendor.com/gpu".into(), false, "capital in the domain"),
             ("vendor_com/gpu".into(), false, "underscore in the domain"),
             ("vendor..com/gpu".into(), false, "empty domain label"),

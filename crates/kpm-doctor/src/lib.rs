@@ -39,11 +39,13 @@
 mod checkpoint;
 mod cluster;
 mod condition;
+mod config;
 mod device_plugins;
 mod fleet;
 mod host;
 mod judge;
 mod metrics;
+mod outcome;
 mod plugin_report;
 pub mod publish;
 mod publishing;
@@ -60,6 +62,7 @@ pub use crate::condition::{
     CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON,
     MAX_MESSAGE_BYTES, PluginsCondition,
 };
+pub use crate::config::ConfigError;
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
     DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
@@ -99,22 +102,6 @@ pub enum DoctorError {
         /// What the builder refused.
         #[source]
         source: Box<kpm::Error>,
-    },
-}
-
-/// A doctor's setting out of range, named by its field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The value is outside what the field takes.
-    #[error("{field} = {value} is out of range: it must be {expected}")]
-    OutOfRange {
-        /// The field, as `config.field`.
-        field: &'static str,
-        /// The value given.
-        value: String,
-        /// What it must be.
-        expected: &'static str,
     },
 }
 
@@ -489,7 +476,7 @@ pub struct Failure<'a> {
 impl Failure<'_> {
     /// How a message names the plugin: its name, else its file name.
     pub fn subject(&self) -> String {
-        condition::subject(self.name, self.path)
+        outcome::subject(self.name, self.path)
     }
 }
 

@@ -15,14 +15,11 @@
 //! older than the doctors, still reads and writes every report.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-
-use crate::condition::{ConditionStatus, Outcome, PluginsCondition, truncated};
 
 /// The API group of [`KubeletPluginReport`].
 pub const REPORT_GROUP: &str = "doctor.kpm.io";
@@ -108,16 +105,6 @@ pub enum Health {
     Failing,
     /// The doctor could not look where the kubelet's plugins live.
     CannotJudge,
-}
-
-impl From<ConditionStatus> for Health {
-    fn from(status: ConditionStatus) -> Self {
-        match status {
-            ConditionStatus::True => Self::Healthy,
-            ConditionStatus::False => Self::Failing,
-            ConditionStatus::Unknown => Self::CannotJudge,
-        }
-    }
 }
 
 /// Why the doctor could not look.
@@ -233,95 +220,13 @@ impl KubeletPluginReportStatus {
     }
 }
 
-/// The status `outcome` comes to, its condition being `condition`, every
-/// entry since `now` ([`keep_since`](KubeletPluginReportStatus::keep_since)
-/// dates them). No heartbeat: the writer sets it.
-pub(crate) fn status_of(
-    outcome: &Outcome,
-    condition: &PluginsCondition,
-    now: &Time,
-) -> KubeletPluginReportStatus {
-    let mut plugins: Vec<PluginEntry> = outcome
-        .sockets
-        .iter()
-        .map(|(path, socket)| PluginEntry {
-            socket: path.display().to_string(),
-            plugin_type: socket.plugin_type.clone(),
-            name: socket.name.clone(),
-            verdict: socket.verdict.name().to_owned(),
-            reason: bounded(&socket.reason),
-            since: now.clone(),
-        })
-        .collect();
-    // Failing first, the most severe first, so that the bound drops healthy
-    // ones; the sort is stable, and the sockets come by path.
-    plugins.sort_by_key(|entry| {
-        let failing = outcome.failing.get(Path::new(&entry.socket));
-        std::cmp::Reverse(failing.map_or(0, |failing| failing.verdict.severity()))
-    });
-    let mut findings: Vec<FindingEntry> = outcome
-        .failing
-        .iter()
-        .filter(|(path, _)| !outcome.sockets.contains_key(*path))
-        .map(|(path, failing)| FindingEntry {
-            object: path.display().to_string(),
-            name: failing.name.clone(),
-            verdict: failing.verdict.name().to_owned(),
-            reason: bounded(&failing.reason),
-            cause: failing.cause.as_ref().map(|cause| cause.display().to_string()),
-            since: now.clone(),
-        })
-        .collect();
-    let omitted =
-        plugins.len().saturating_sub(MAX_ENTRIES) + findings.len().saturating_sub(MAX_ENTRIES);
-    plugins.truncate(MAX_ENTRIES);
-    findings.truncate(MAX_ENTRIES);
-    let failing = outcome.failing.values().filter(|failing| failing.cause.is_none()).count();
-    KubeletPluginReportStatus {
-        health: condition.status.into(),
-        reason: condition.reason.clone(),
-        blind: outcome
-            .blind
-            .as_ref()
-            .map(|blind| BlindStatus { why: bounded(&blind.why), hint: bounded(&blind.hint) }),
-        kubelet: outcome.kubelet.clone(),
-        counts: Counts {
-            plugins: count(outcome.sockets.len()),
-            failing: count(failing),
-            omitted: count(omitted),
-        },
-        plugins,
-        findings,
-        heartbeat_time: None,
-        doctor_version: env!("CARGO_PKG_VERSION").to_owned(),
-    }
-}
-
-/// `text` cut to [`MAX_REASON_BYTES`] on a character, marked when cut.
-fn bounded(text: &str) -> String {
-    if text.len() <= MAX_REASON_BYTES {
-        return text.to_owned();
-    }
-    let mut cut = truncated(text, MAX_REASON_BYTES - '…'.len_utf8()).to_owned();
-    cut.push('…');
-    cut
-}
-
-fn count(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use std::path::PathBuf;
-
     use kube::CustomResourceExt as _;
 
     use super::*;
-    use crate::judge::{Row, Verdict};
-    use crate::{Blind, Finding, Report};
 
     /// What `deploy/doctor/crd.yaml` starts with, before the generated CRD.
     const HEADER: &str = "\
@@ -336,105 +241,5 @@ mod tests {
         let crd = serde_norway::to_string(&KubeletPluginReport::crd()).unwrap();
         expect_test::expect_file!["../../../deploy/doctor/crd.yaml"]
             .assert_eq(&format!("{HEADER}{crd}"));
-    }
-
-    fn at(seconds: i64) -> Time {
-        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).unwrap())
-    }
-
-    fn row(verdict: Verdict, path: &str, reason: &str) -> Row {
-        let mut row = Row::new(verdict, std::path::Path::new(path), "registry", reason.to_owned());
-        row.plugin_type = Some("CSIPlugin".to_owned());
-        row.name = Some("csi.example.com".to_owned());
-        row
-    }
-
-    fn status(report: &Report, now: &Time) -> KubeletPluginReportStatus {
-        let outcome = Outcome::of(report);
-        status_of(&outcome, &outcome.condition(), now)
-    }
-
-    #[test]
-    fn every_socket_is_an_entry_failing_first_with_the_conditions_reason() {
-        let stale_csi_node = Finding {
-            name: Some("gone.example.com".to_owned()),
-            verdict: Verdict::StaleCsiNodeEntry,
-            path: PathBuf::from("csinodes/node1"),
-            reason: "no live plugin of this node serves it".to_owned(),
-            hint: String::new(),
-            cause: None,
-        };
-        let report = Report::of_parts(
-            vec![
-                row(Verdict::Ok, "/r/plugins_registry/a-reg.sock", "registered"),
-                row(Verdict::Stale, "/r/plugins_registry/b-reg.sock", "connection refused"),
-            ],
-            vec![stale_csi_node],
-            None,
-        );
-        let status = status(&report, &at(100));
-        assert_eq!(status.health, Health::Failing);
-        assert_eq!(status.reason, "Stale");
-        assert_eq!(status.counts, Counts { plugins: 2, failing: 2, omitted: 0 });
-        let sockets: Vec<(&str, &str)> =
-            status.plugins.iter().map(|e| (e.socket.as_str(), e.verdict.as_str())).collect();
-        assert_eq!(
-            sockets,
-            [("/r/plugins_registry/b-reg.sock", "stale"), ("/r/plugins_registry/a-reg.sock", "ok")]
-        );
-        assert_eq!(status.plugins[0].plugin_type.as_deref(), Some("CSIPlugin"));
-        assert_eq!(status.plugins[0].name.as_deref(), Some("csi.example.com"));
-        assert_eq!(status.findings.len(), 1);
-        assert_eq!(status.findings[0].object, "csinodes/node1");
-        assert_eq!(status.findings[0].name.as_deref(), Some("gone.example.com"));
-        assert_eq!(status.findings[0].verdict, "stale-csi-node-entry");
-        assert_eq!(status.kubelet.root_dir, "/r");
-        assert_eq!(status.kubelet.found_by, "--root-dir");
-    }
-
-    #[test]
-    fn a_blind_report_cannot_judge_and_says_why() {
-        let blind = Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "x".into() };
-        let status = status(&Report::of_parts(Vec::new(), Vec::new(), Some(blind)), &at(1));
-        assert_eq!(status.health, Health::CannotJudge);
-        assert_eq!(status.reason, "CannotJudge");
-        assert_eq!(status.blind.unwrap().why, "/r/plugins_registry: cannot be listed");
-    }
-
-    #[test]
-    fn reasons_and_entries_are_bounded() {
-        let long = "é".repeat(MAX_REASON_BYTES);
-        let rows = (0..MAX_ENTRIES + 3)
-            .map(|i| row(Verdict::Rejected, &format!("/r/plugins_registry/p{i:04}.sock"), &long))
-            .collect();
-        let status = status(&Report::of_parts(rows, Vec::new(), None), &at(1));
-        assert_eq!(status.plugins.len(), MAX_ENTRIES);
-        assert_eq!(status.counts.omitted, 3);
-        assert_eq!(usize::try_from(status.counts.plugins).unwrap(), MAX_ENTRIES + 3);
-        let reason = &status.plugins[0].reason;
-        assert!(reason.len() <= MAX_REASON_BYTES && reason.ends_with('…'), "{reason}");
-    }
-
-    #[test]
-    fn an_entry_keeps_its_since_while_its_verdict_holds() {
-        let path = "/r/plugins_registry/a-reg.sock";
-        let before = status(
-            &Report::of_parts(vec![row(Verdict::Stale, path, "refused")], Vec::new(), None),
-            &at(100),
-        );
-        // Still stale, with other words: since 100.
-        let mut still = status(
-            &Report::of_parts(vec![row(Verdict::Stale, path, "refused again")], Vec::new(), None),
-            &at(200),
-        );
-        still.keep_since(&before);
-        assert_eq!(still.plugins[0].since, at(100));
-        // Registered now: since 300.
-        let mut fixed = status(
-            &Report::of_parts(vec![row(Verdict::Ok, path, "registered")], Vec::new(), None),
-            &at(300),
-        );
-        fixed.keep_since(&still);
-        assert_eq!(fixed.plugins[0].since, at(300));
     }
 }

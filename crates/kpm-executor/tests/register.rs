@@ -531,39 +531,11 @@ async fn socket_file_with_nobody_listening_fails_at_dial() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
-    use kpm_api::csi::v1::{
-        GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-        GetPluginInfoResponse, ProbeRequest, ProbeResponse,
-        identity_server::{Identity, IdentityServer},
-    };
-    struct Driver;
-    #[tonic::async_trait]
-    impl Identity for Driver {
-        async fn get_plugin_info(
-            &self,
-            _: Request<GetPluginInfoRequest>,
-        ) -> Result<Response<GetPluginInfoResponse>, Status> {
-            Ok(Response::new(GetPluginInfoResponse::default()))
-        }
-        async fn get_plugin_capabilities(
-            &self,
-            _: Request<GetPluginCapabilitiesRequest>,
-        ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-            Ok(Response::new(GetPluginCapabilitiesResponse::default()))
-        }
-        async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-            Ok(Response::new(ProbeResponse::default()))
-        }
-    }
+    use kpm_test_support::csi::{FakeCsiDriver, Reply, serve};
 
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("csi.sock");
-    let incoming = kpm_transport::bind(&socket).await.unwrap();
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(IdentityServer::new(Driver))
-            .serve_with_incoming(incoming),
-    );
+    let server = serve(&socket, FakeCsiDriver::always("", Reply::Hang)).await;
     let h = harness(RecordingHandler::default(), fast_config());
     let generation = h.generation(&socket);
 
@@ -575,7 +547,7 @@ async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
     h.executor.operations().reset_backoff(&socket);
     h.start_register(&socket, h.generation(&socket)).unwrap();
     h.settle().await;
-    server.abort();
+    drop(server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

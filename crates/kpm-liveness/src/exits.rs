@@ -13,13 +13,36 @@ use tokio::io::unix::AsyncFd;
 
 use crate::probe::{Reachability, reach};
 
-/// Opens a pidfd; the real `pidfd_open(2)` except in tests that force a
-/// kernel without it.
-pub(crate) type OpenPidfd = fn(Pid) -> Result<OwnedFd, Errno>;
+/// Opens a pidfd; the real [`open_pidfd`] except in tests that force a
+/// kernel without pidfds.
+pub(crate) type OpenPidfd = fn(u32) -> io::Result<AsyncFd<OwnedFd>>;
 
-/// `pidfd_open(2)` with no flags.
-pub(crate) fn pidfd_open(pid: Pid) -> Result<OwnedFd, Errno> {
-    rustix::process::pidfd_open(pid, PidfdFlags::empty())
+/// A pidfd of process `pid` (`pidfd_open(2)`, Linux 5.3), registered with
+/// tokio's reactor: readable once the process has exited, at once if it
+/// already had. kpm's liveness monitor and `kpm doctor --watch` wait for
+/// plugin exits with it; holding it costs one file descriptor and nothing
+/// else. Must be called within a tokio runtime with IO enabled.
+///
+/// A pid is only a number: the process may be gone and the number reused
+/// before this call. A caller that must know it is the same process checks
+/// something the process held (liveness checks the plugin's socket).
+///
+/// # Errors
+///
+/// `InvalidInput` for pid 0 or one beyond `i32`; otherwise the kernel's
+/// error, whose [`io::Error::raw_os_error`] tells: `ESRCH` the process is
+/// gone, `ENOSYS` the kernel has no pidfds, `EMFILE`/`ENFILE` no file
+/// descriptor left, `EPERM`/`EACCES` not allowed.
+pub fn open_pidfd(pid: u32) -> io::Result<AsyncFd<OwnedFd>> {
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("pid {pid} out of range")));
+    };
+    let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())?;
+    // tokio deprecated its safe constructors because an arbitrary `AsRawFd`
+    // may change or close its descriptor behind the reactor's back; an
+    // `OwnedFd` cannot, which is the promise the unsafe replacement asks for.
+    #[allow(deprecated)]
+    AsyncFd::with_interest(pidfd, Interest::READABLE)
 }
 
 /// How watching a process ended.
@@ -49,33 +72,24 @@ pub(crate) async fn wait_for_exit(
     socket: &Path,
     budget: &FdBudget,
 ) -> Exit {
-    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
-        let error = io::Error::new(io::ErrorKind::InvalidInput, format!("pid {pid} out of range"));
-        return Exit::Unwatchable(error);
-    };
     let Some(_permit) = budget.try_acquire() else {
         let error = io::Error::other("no file descriptor to spare for a pidfd");
         return Exit::Unwatchable(error);
     };
     let pidfd = match open(pid) {
         Ok(fd) => fd,
-        Err(Errno::SRCH) => return Exit::Exited,
-        Err(Errno::NOSYS) => return Exit::Unsupported,
-        Err(errno) => {
-            let error = io::Error::from(errno);
-            if fd::is_shortage(&error) {
-                budget.shortage("pidfd");
-            }
-            return Exit::Unwatchable(error);
+        Err(error) => {
+            return match Errno::from_io_error(&error) {
+                Some(Errno::SRCH) => Exit::Exited,
+                Some(Errno::NOSYS) => Exit::Unsupported,
+                _ => {
+                    if fd::is_shortage(&error) {
+                        budget.shortage("pidfd");
+                    }
+                    Exit::Unwatchable(error)
+                }
+            };
         }
-    };
-    // tokio deprecated its safe constructors because an arbitrary `AsRawFd`
-    // may change or close its descriptor behind the reactor's back; an
-    // `OwnedFd` cannot, which is the promise the unsafe replacement asks for.
-    #[allow(deprecated)]
-    let pidfd = match AsyncFd::with_interest(pidfd, Interest::READABLE) {
-        Ok(fd) => fd,
-        Err(err) => return Exit::Unwatchable(err),
     };
     if let Reachability::Gone(_) = reach(socket, budget).await {
         return Exit::Exited;
@@ -84,4 +98,35 @@ pub(crate) async fn wait_for_exit(
     // nothing more will come from this pidfd.
     let _ = pidfd.readable().await;
     Exit::Exited
+}
+
+#[cfg(test)]
+mod tests {
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pidfd_is_readable_once_its_process_exits() {
+        for pid in [0, u32::MAX] {
+            let error = open_pidfd(pid).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{pid}: {error}");
+        }
+        let mut child = Command::new("sleep").arg("60").stdin(Stdio::null()).spawn().unwrap();
+        let pidfd = match open_pidfd(child.id()) {
+            Err(error) if Errno::from_io_error(&error) == Some(Errno::NOSYS) => {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                return;
+            }
+            opened => opened.unwrap(),
+        };
+        child.kill().unwrap();
+        let mut ready = pidfd.readable().await.unwrap();
+        ready.retain_ready();
+        // Reaped, the pid names nobody: the kernel says so.
+        child.wait().unwrap();
+        let error = open_pidfd(child.id()).unwrap_err();
+        assert_eq!(Errno::from_io_error(&error), Some(Errno::SRCH), "{error}");
+    }
 }

@@ -60,6 +60,7 @@ use kpm_api::config::check_durations;
 use kpm_cache::Registration;
 use kpm_transport::UdsChannel;
 
+pub use exits::open_pidfd;
 pub use monitor::{LivenessMonitor, LivenessStats};
 pub use probe::{MAX_KEPT_CONNECTIONS, ProbeFailure};
 

@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::{CSI_PLUGIN, MAX_CONFIG_DURATION};
-use kpm_api::csi::v1 as csi;
-use kpm_api::csi::v1::identity_server::{Identity, IdentityServer};
 use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -24,6 +22,7 @@ use kpm_cache::{
 use kpm_liveness::{
     LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS, SharedConnections,
 };
+use kpm_test_support::csi;
 use kpm_test_support::{lazy, wait_until, within};
 use kpm_transport::{Dialer, UdsChannel};
 use tokio::sync::broadcast;
@@ -379,49 +378,11 @@ async fn a_plugin_whose_transport_stops_answering_pings_is_found_by_a_ping() {
     h.stop().await;
 }
 
-/// A CSI driver's Identity service whose `Probe` answers as `ready` says,
-/// or hangs (`None`), counting the calls.
-struct Driver {
-    ready: Option<bool>,
-    probes: AtomicUsize,
-}
-
-#[tonic::async_trait]
-impl Identity for Driver {
-    async fn get_plugin_info(
-        &self,
-        _: Request<csi::GetPluginInfoRequest>,
-    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
-        Err(Status::unimplemented("not asked"))
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<csi::GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<csi::GetPluginCapabilitiesResponse>, Status> {
-        Err(Status::unimplemented("not asked"))
-    }
-
-    async fn probe(
-        &self,
-        _: Request<csi::ProbeRequest>,
-    ) -> Result<Response<csi::ProbeResponse>, Status> {
-        self.probes.fetch_add(1, Ordering::SeqCst);
-        let Some(ready) = self.ready else { return std::future::pending().await };
-        Ok(Response::new(csi::ProbeResponse { ready: Some(ready) }))
-    }
-}
-
-/// Serves a [`Driver`] answering `ready` on `endpoint`.
-async fn serve_driver(endpoint: &Path, ready: Option<bool>) -> Arc<Driver> {
-    let driver = Arc::new(Driver { ready, probes: AtomicUsize::new(0) });
-    let incoming = kpm_transport::bind(endpoint).await.unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(IdentityServer::from_arc(Arc::clone(&driver)))
-            .serve_with_incoming(incoming),
-    );
-    driver
+/// Serves a CSI driver on `endpoint` whose `Probe` answers as `ready`
+/// says, or hangs (`None`), counting the calls.
+async fn serve_driver(endpoint: &Path, ready: Option<bool>) -> csi::Served {
+    let driver = csi::FakeCsiDriver::always("csi.example.com", csi::Reply::Hang).probe(ready);
+    csi::serve(endpoint, driver).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,7 +404,7 @@ async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_an
         assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
         // Found by three Probe calls, after the PINGs a driver takes; the
         // registrar answered every probe.
-        assert!(driver.probes.load(Ordering::SeqCst) >= 3);
+        assert!(driver.driver.probes() >= 3);
         assert!(registrar.calls() >= 1, "the registrar was asked too");
         h.stop().await;
     }
@@ -464,7 +425,7 @@ async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     let stats = h.monitor.stats();
     // Both sockets: PINGs, and a call on each every fourth probe.
     assert_eq!(stats.probe_calls, 2 * (stats.probes / 4), "{stats:?}");
-    assert!(driver.probes.load(Ordering::SeqCst) >= 2);
+    assert!(driver.driver.probes() >= 2);
     assert!(registrar.calls() >= 2);
     assert_eq!(stats.probe_connections, 2, "one kept to each");
     assert_eq!(h.desired.generation(&socket), Some(generation));

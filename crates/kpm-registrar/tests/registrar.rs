@@ -8,12 +8,8 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kpm_api::csi::v1::GetPluginInfoRequest;
 use kpm_api::csi::v1::identity_client::IdentityClient;
-use kpm_api::csi::v1::identity_server::{Identity, IdentityServer};
-use kpm_api::csi::v1::{
-    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
-    GetPluginInfoResponse, ProbeRequest, ProbeResponse,
-};
 use kpm_api::registration::v1::InfoRequest;
 use kpm_api::registration::v1::registration_client::RegistrationClient;
 use kpm_registrar::{
@@ -21,9 +17,9 @@ use kpm_registrar::{
     RegistrarBuilder, RegistrarError, RegistrationStatus, default_versions, socket_file_name,
 };
 use kpm_test_support::DEADLINE;
+use kpm_test_support::csi::{FakeCsiDriver, Reply};
 use kpm_transport::TransportError;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
 
 // === Helpers ===
 
@@ -121,31 +117,11 @@ async fn versions_can_be_set_to_none() {
 
 #[tokio::test]
 async fn extra_services_are_served_on_the_registration_socket() {
-    struct Driver;
-    #[tonic::async_trait]
-    impl Identity for Driver {
-        async fn get_plugin_info(
-            &self,
-            _: Request<GetPluginInfoRequest>,
-        ) -> Result<Response<GetPluginInfoResponse>, Status> {
-            let info =
-                GetPluginInfoResponse { name: "csi.example.com".into(), ..Default::default() };
-            Ok(Response::new(info))
-        }
-        async fn get_plugin_capabilities(
-            &self,
-            _: Request<GetPluginCapabilitiesRequest>,
-        ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
-            Ok(Response::new(GetPluginCapabilitiesResponse::default()))
-        }
-        async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-            Ok(Response::new(ProbeResponse { ready: Some(true) }))
-        }
-    }
+    let driver = std::sync::Arc::new(FakeCsiDriver::always("csi.example.com", Reply::Hang));
     let dir = tempfile::tempdir().unwrap();
     let registrar = Registrar::builder(CSI_PLUGIN, "csi.example.com")
         .socket_dir(dir.path())
-        .routes(tonic::service::Routes::new(IdentityServer::new(Driver)))
+        .routes(driver.routes())
         .serve()
         .await
         .unwrap();

@@ -15,7 +15,9 @@
 //!   neither an outgoing connection nor another test's child can hold
 //!   meanwhile;
 //! - [`api_server`] is a stand-in Kubernetes API server (a Node's
-//!   conditions and Events) for the doctor's publishing.
+//!   conditions and Events) for the doctor's publishing;
+//! - `csi` (feature `csi`) is the fake CSI driver every crate's tests
+//!   serve on a real Unix socket, its answers set by the test.
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
 //! the event itself and never assert an upper bound on real time.
@@ -33,6 +35,8 @@
 )]
 
 pub mod api_server;
+#[cfg(feature = "csi")]
+pub mod csi;
 
 use std::fmt::Display;
 use std::sync::Arc;

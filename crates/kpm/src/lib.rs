@@ -81,26 +81,69 @@ pub use manager::{
 pub use status::{ActualStateView, DesiredStateView, PluginState, PluginStatus};
 
 /// The CSI handler: version rules, the drivers store, NodeGetInfo and the
-/// node information the kubelet publishes.
+/// node information the kubelet publishes. Named one by one, as
+/// [`crate::api`]: what a node agent configures, implements and reads, not the
+/// handler's helpers (its client, the annotation's parsing).
 #[cfg(feature = "csi")]
-pub use kpm_csi as csi;
+pub mod csi {
+    pub use kpm_csi::{
+        AllocatableUpdatePeriods, BoxError, CsiConfig, CsiDriver, CsiDrivers, CsiError, CsiHandler,
+        CsiNode, CsiNodeDriver, DEFAULT_NODE_GET_INFO_TIMEOUT, DriverNodeInfo, InMemoryNodeInfo,
+        MIN_ALLOCATABLE_UPDATE_PERIOD, NODE_ID_ANNOTATION, NodeInfo, NodeInfoError, NodeInfoSink,
+        Version, highest_supported_version,
+    };
+}
 
 /// The device-plugin manager: both registration paths (plugin watcher and
 /// `kubelet.sock`), `ListAndWatch` device tracking and allocation access.
+/// Named one by one, as [`crate::api`]; the allocation calls' request and response
+/// types are the device plugin API's.
 #[cfg(feature = "device")]
-pub use kpm_device as device;
+pub mod device {
+    pub use kpm_device::{
+        AllocateRequest, AllocateResponse, ContainerAllocateRequest, ContainerAllocateResponse,
+        ContainerPreferredAllocationRequest, ContainerPreferredAllocationResponse,
+        DEFAULT_CALL_TIMEOUT, DEFAULT_DIAL_TIMEOUT, DEFAULT_GRACE_PERIOD,
+        DEFAULT_PRE_START_TIMEOUT, DeviceConfig, DeviceConfigError, DeviceError, DeviceManager,
+        DevicePluginOptions, DevicePluginReport, DeviceStatus, DeviceView,
+        PreferredAllocationRequest, PreferredAllocationResponse, ResourceStatus,
+        is_extended_resource_name,
+    };
+}
 
 /// The DRA driver manager: instances per driver, service versions,
 /// connection monitoring with a cleanup grace period, prepare / unprepare.
+/// Named one by one, as [`crate::api`]: not the handler's validation steps.
 #[cfg(feature = "dra")]
-pub use kpm_dra as dra;
+pub mod dra {
+    pub use kpm_dra::{
+        DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus,
+        DraConfig, DraConfigError, DraDriverStatus, DraEndpointReport, DraError, DraInstanceStatus,
+        DraManager, DraService, DraView, InMemoryCleanup, SliceCleanup,
+    };
+}
 
 /// Publishing to the Kubernetes API: CSINode and the Node's CSI annotation
 /// and labels, device capacity, ResourceSlice cleanup (feature `kube`).
+/// Named one by one, as [`crate::api`]: the publisher, its settings and status,
+/// the reads of the node's objects, and the kube-rs client they take.
 #[cfg(feature = "kube")]
-pub use kpm_kube as kube;
+pub mod kube {
+    pub use kpm_kube::{
+        Client, DEFAULT_CAPACITY_INTERVAL, DEFAULT_CSI_CLEANUP_GRACE, DEFAULT_REQUEST_TIMEOUT,
+        KubeConfig, KubeError, KubePublisher, KubeStatus, NodeObjects, NodeResources, ObjectKind,
+        ObjectSync, PendingPublication, RequestCount, SyncError, client_from_kubeconfig,
+        in_cluster_client, observe_node,
+    };
+}
 
 pub mod transport;
+
+/// Watching a plugin process for its exit the way kpm's liveness monitor
+/// does: [`liveness::open_pidfd`].
+pub mod liveness {
+    pub use kpm_liveness::open_pidfd;
+}
 
 /// What the watcher makes of a registry directory: every entry, the
 /// registration sockets and what it ignores and why ([`registry::survey`],

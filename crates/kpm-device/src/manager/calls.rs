@@ -2,12 +2,9 @@
 //! `Allocate`, `GetPreferredAllocation` and `PreStartContainer`, each within
 //! its timeout and honouring the options the plugin reported. They use a
 //! registration without changing it, which is why a
-//! [`DeviceView`](crate::DeviceView) may make them. Also the bounded-call
-//! helper every unary call of the manager goes through.
+//! [`DeviceView`](crate::DeviceView) may make them.
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
 use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kpm_api::deviceplugin::v1beta1::{
@@ -19,7 +16,7 @@ use kpm_transport::UdsChannel;
 use tracing::debug;
 
 use super::DeviceManager;
-use super::connection::plugin_client;
+use super::rpc::{bounded, plugin_client, timed_out};
 use crate::error::DeviceError;
 
 /// What a call needs of the current endpoint, taken out of the lock.
@@ -130,34 +127,4 @@ impl DeviceManager {
             client: plugin_client(current.channel.clone()),
         })
     }
-}
-
-/// The error of a `call` that got no answer within `timeout`.
-pub(super) fn timed_out(
-    call: &'static str,
-    resource: &str,
-    socket: &Path,
-    timeout: Duration,
-) -> DeviceError {
-    DeviceError::Timeout {
-        call,
-        resource: resource.to_owned(),
-        socket: socket.to_path_buf(),
-        timeout,
-    }
-}
-
-/// Awaits a call for at most `timeout`; see [`uds::timed_call`].
-pub(super) async fn bounded<T>(
-    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    timeout: Duration,
-    on_timeout: impl FnOnce() -> DeviceError,
-    on_status: impl FnOnce(tonic::Status) -> DeviceError,
-) -> Result<T, DeviceError> {
-    uds::timed_call(timeout, call).await.map(tonic::Response::into_inner).map_err(|failed| {
-        match failed {
-            uds::TimedCallError::Failed(status) => on_status(status),
-            uds::TimedCallError::TimedOut => on_timeout(),
-        }
-    })
 }

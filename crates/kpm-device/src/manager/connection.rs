@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Weak;
 
 use kpm_api::constants::DEVICE_HEALTHY;
-use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kpm_api::deviceplugin::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse};
 use kpm_transport as uds;
 use kpm_transport::{Dialer, UdsChannel};
@@ -18,7 +17,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::calls::{bounded, timed_out};
+use super::rpc::{bounded, plugin_client, timed_out};
 use super::{DeviceManager, DeviceStatus, shut_down};
 use crate::error::{DeviceError, go_code_name};
 
@@ -262,13 +261,6 @@ impl DeviceManager {
         self.hangups.report(endpoint.socket);
         self.changed();
     }
-}
-
-/// A `DevicePlugin` client on `channel` that accepts plugin messages up to
-/// kpm's limit.
-pub(super) fn plugin_client(channel: UdsChannel) -> DevicePluginClient<UdsChannel> {
-    DevicePluginClient::new(channel)
-        .max_decoding_message_size(kpm_api::constants::MAX_PLUGIN_MESSAGE_BYTES)
 }
 
 /// Follows endpoint `id`'s `ListAndWatch` stream until it ends or the

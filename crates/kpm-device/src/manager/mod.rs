@@ -21,12 +21,15 @@
 //!   `GetDevicePluginOptions` through its `ListAndWatch` stream to its end;
 //! - `calls`: `Allocate`, `GetPreferredAllocation` and `PreStartContainer`
 //!   on the current endpoint, within their timeouts;
-//! - `removal`: the grace timer of a resource whose endpoint went away.
+//! - `removal`: the grace timer of a resource whose endpoint went away;
+//! - `rpc`: the plugin client and the bounded unary call that `connection`
+//!   and `calls` both use (they do not use each other).
 
 mod calls;
 mod connection;
 mod registry;
 mod removal;
+mod rpc;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -412,17 +412,9 @@ fn reduce_node(node: Node) -> NodeObject {
         .capacity
         .unwrap_or_default()
         .into_iter()
-        .filter(|(name, _)| is_extended_resource(name))
+        .filter(|(name, _)| kpm::device::is_extended_resource_name(name))
         .collect();
     NodeObject { name: node.metadata.name, report: None, condition, extended_resources }
-}
-
-/// Whether `name` is an extended resource, as Kubernetes tells
-/// (`IsExtendedResourceName`): a name with a domain outside
-/// `kubernetes.io/`, not a quota's `requests.` one. `cpu`, `memory`,
-/// `hugepages-2Mi` and `kubernetes.io/…` are native.
-pub(super) fn is_extended_resource(name: &str) -> bool {
-    name.contains('/') && !name.contains("kubernetes.io/") && !name.starts_with("requests.")
 }
 
 async fn read_csi_drivers(client: &kube::Client, config: &FleetConfig) -> Read<BTreeSet<String>> {
@@ -476,26 +468,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn extended_resources_are_those_with_a_domain_outside_kubernetes_io() {
-        for name in ["vendor.com/gpu", "example.com/nic", "nvidia.com/mig-1g.5gb"] {
-            assert!(is_extended_resource(name), "{name}");
-        }
-        for name in [
-            "cpu",
-            "memory",
-            "pods",
-            "ephemeral-storage",
-            "hugepages-2Mi",
-            "attachable-volumes-aws-ebs",
-            "kubernetes.io/batch-cpu",
-            "scheduling.kubernetes.io/x",
-            "requests.vendor.com/gpu",
-        ] {
-            assert!(!is_extended_resource(name), "{name}");
-        }
-    }
-
-    #[test]
     fn the_report_a_node_doctor_writes_is_read_back_typed() {
         use crate::judge::Row;
         // Written by the node's doctor (plugin_report.rs), read back here.
@@ -514,12 +486,11 @@ mod tests {
         );
         ok.name = Some("vendor.com/gpu".to_owned());
         rows.push(ok);
-        let outcome =
-            crate::condition::Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None));
+        let outcome = crate::outcome::Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None));
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::now(),
         );
-        let mut status = crate::plugin_report::status_of(&outcome, &outcome.condition(), &now);
+        let mut status = crate::outcome::status_of(&outcome, &outcome.condition(), &now);
         status.heartbeat_time = Some(now);
         let written = serde_json::json!({
             "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",

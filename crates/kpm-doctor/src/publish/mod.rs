@@ -40,8 +40,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, Outcome, PluginsCondition};
-use crate::plugin_report::{KubeletPluginReport, status_of};
+use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, PluginsCondition};
+use crate::outcome::{Outcome, status_of};
+use crate::plugin_report::KubeletPluginReport;
 use events::{EVENT_NAMESPACE, EventConfig, EventRecorder, Write};
 pub(crate) use events::{EventType, Occurrence};
 

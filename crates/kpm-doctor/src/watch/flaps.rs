@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
-use crate::condition::{Failing, Outcome, Socket};
 use crate::judge::Verdict;
+use crate::outcome::{Failing, Outcome, Socket};
 
 /// How a flapping plugin is told and damped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

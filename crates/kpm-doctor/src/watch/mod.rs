@@ -34,20 +34,18 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
-use tokio::io::Interest;
-use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::condition::{CANNOT_JUDGE_REASON, Outcome};
+use crate::condition::CANNOT_JUDGE_REASON;
 use crate::judge::Verdict;
 use crate::metrics::DoctorMetrics;
+use crate::outcome::Outcome;
 use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::publish::{EventType, NodePublisher, Occurrence};
 use crate::{Doctor, Report, Seen};
@@ -525,7 +523,9 @@ impl Exits {
             if self.waiting.contains_key(&pid) {
                 continue;
             }
-            let Some(pidfd) = open_pidfd(pid) else { continue };
+            // No pidfd (the kernel has none, or the process is gone): the
+            // next pass sees it.
+            let Ok(pidfd) = kpm::liveness::open_pidfd(pid) else { continue };
             let wake = self.wake.clone();
             let task = tokio::spawn(async move {
                 if pidfd.readable().await.is_ok() {
@@ -544,16 +544,4 @@ impl Drop for Exits {
             task.abort();
         }
     }
-}
-
-/// A pidfd of `pid`, readable once it exits; `None` where the kernel has no
-/// pidfds or the process is gone (the next pass sees it).
-fn open_pidfd(pid: u32) -> Option<AsyncFd<OwnedFd>> {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).ok()?)?;
-    let fd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
-    // tokio deprecated its safe constructors because an arbitrary `AsRawFd`
-    // may change or close its descriptor behind the reactor's back; an
-    // `OwnedFd` cannot.
-    #[allow(deprecated)]
-    AsyncFd::with_interest(fd, Interest::READABLE).ok()
 }

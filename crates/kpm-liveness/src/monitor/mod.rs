@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::endpoints::{EndpointWatch, socket_at, watched_path};
-use crate::exits::{Exit, OpenPidfd, pidfd_open};
+use crate::exits::{Exit, OpenPidfd, open_pidfd};
 use crate::probe::{Checked, Connections, Reachability, Target};
 use crate::{LivenessConfig, LivenessError, SharedConnections};
 
@@ -137,7 +137,7 @@ impl LivenessMonitor {
             actual,
             events,
             config,
-            open_pidfd: pidfd_open,
+            open_pidfd,
             shared: None,
             budget,
             counters: Counters::default(),

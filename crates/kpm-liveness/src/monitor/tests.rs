@@ -111,7 +111,7 @@ async fn a_plugin_in_another_pid_namespace_is_left_to_the_probes() {
 #[tokio::test(start_paused = true)]
 async fn without_pidfds_exits_are_left_to_the_probes_and_said_once() {
     let mut monitor = monitor();
-    monitor.open_pidfd = |_| Err(Errno::NOSYS);
+    monitor.open_pidfd = |_| Err(Errno::NOSYS.into());
     let mut state = State::new(&monitor);
     let (first, second) = (PathBuf::from("/registry/a.sock"), PathBuf::from("/registry/b.sock"));
     let generation = register(&monitor, &first, Some(std::process::id()));

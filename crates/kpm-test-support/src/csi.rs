@@ -1,16 +1,19 @@
-//! A fake CSI driver: `csi.v1` Identity and Node served by tonic on a Unix
-//! socket in a temp dir, with NodeGetInfo answers scripted call by call, and
-//! a count of the connections it has open.
+//! A fake CSI driver (feature `csi`): `csi.v1` Identity and Node served by
+//! tonic on a real Unix socket, the one every crate's tests use.
+//!
+//! What a test can set: the driver's name; its `NodeGetInfo` answers, call
+//! by call ([`Reply`]: node information, a failure, no answer, or an answer
+//! held back until the test lets it go), then a fallback that the test may
+//! change while the driver runs; and its `Probe` answer (ready, not ready,
+//! or none). What it can read: the `NodeGetInfo` and `Probe` calls so far,
+//! and the connections the served driver has open.
 
-// A failed setup fails the test.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-#![allow(dead_code, reason = "each test binary uses a part of the fake driver")]
-
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use kpm_api::csi::v1::{
@@ -20,18 +23,28 @@ use kpm_api::csi::v1::{
     identity_server::{Identity, IdentityServer},
     node_server::{Node, NodeServer},
 };
-use kpm_test_support::within;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
 use tokio_stream::StreamExt as _;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
-/// How the fake driver answers one NodeGetInfo call.
-#[derive(Clone)]
-pub(crate) enum Reply {
-    /// Answers with this node id, volume limit and topology.
-    Info { node_id: String, max_volumes: i64, topology: BTreeMap<String, String> },
+use crate::within;
+
+/// How the fake driver answers one `NodeGetInfo` call.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Answers with this node id, volume limit and topology (no topology
+    /// is sent as an absent field, as CSI wants).
+    Info {
+        /// `node_id`.
+        node_id: String,
+        /// `max_volumes_per_node`.
+        max_volumes: i64,
+        /// The accessible topology's segments.
+        topology: BTreeMap<String, String>,
+    },
     /// Fails with this status.
     Fail(Status),
     /// Never answers.
@@ -40,8 +53,8 @@ pub(crate) enum Reply {
     After(Arc<Notify>, Box<Reply>),
 }
 
-/// An `Info` reply.
-pub(crate) fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -> Reply {
+/// An [`Reply::Info`] reply.
+pub fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -> Reply {
     Reply::Info {
         node_id: node_id.into(),
         max_volumes,
@@ -49,44 +62,82 @@ pub(crate) fn info(node_id: &str, max_volumes: i64, topology: &[(&str, &str)]) -
     }
 }
 
-/// The driver: answers scripted replies in order, then `fallback` forever.
-pub(crate) struct FakeDriver {
+/// The driver: answers its scripted `NodeGetInfo` replies in order, then its
+/// fallback for every later call.
+#[derive(Debug)]
+pub struct FakeCsiDriver {
     name: String,
     script: Mutex<VecDeque<Reply>>,
-    fallback: Reply,
+    fallback: Mutex<Reply>,
+    /// `Probe`'s `ready`; `None` never answers.
+    ready: Option<bool>,
     calls: watch::Sender<usize>,
+    probes: AtomicUsize,
 }
 
-impl FakeDriver {
-    pub(crate) fn new(name: &str, script: Vec<Reply>, fallback: Reply) -> Self {
+impl FakeCsiDriver {
+    /// A driver called `name` that answers `script` in order, then
+    /// `fallback`; its `Probe` says ready.
+    pub fn new(name: &str, script: Vec<Reply>, fallback: Reply) -> Self {
         Self {
             name: name.into(),
             script: Mutex::new(script.into()),
-            fallback,
+            fallback: Mutex::new(fallback),
+            ready: Some(true),
             calls: watch::Sender::new(0),
+            probes: AtomicUsize::new(0),
         }
     }
 
-    /// A driver that always answers with `reply`.
-    pub(crate) fn always(name: &str, reply: Reply) -> Self {
+    /// A driver that always answers `NodeGetInfo` with `reply`.
+    pub fn always(name: &str, reply: Reply) -> Self {
         Self::new(name, Vec::new(), reply)
     }
 
-    /// The number of NodeGetInfo calls so far.
-    pub(crate) fn calls(&self) -> usize {
+    /// `Probe` answers `ready: Some(ready)`, or never answers (`None`).
+    #[must_use]
+    pub fn probe(mut self, ready: Option<bool>) -> Self {
+        self.ready = ready;
+        self
+    }
+
+    /// The driver's name, as `GetPluginInfo` says it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// From now on, `NodeGetInfo` answers `reply` once the script is done:
+    /// a driver whose answer changes while it runs.
+    pub fn set_fallback(&self, reply: Reply) {
+        *self.fallback.lock() = reply;
+    }
+
+    /// The number of `NodeGetInfo` calls so far.
+    pub fn calls(&self) -> usize {
         *self.calls.borrow()
     }
 
-    /// Waits until at least `n` NodeGetInfo calls have arrived.
-    pub(crate) async fn wait_for_calls(&self, n: usize) {
+    /// The number of `Probe` calls so far.
+    pub fn probes(&self) -> usize {
+        self.probes.load(Ordering::SeqCst)
+    }
+
+    /// Waits until at least `n` `NodeGetInfo` calls have arrived.
+    pub async fn wait_for_calls(&self, n: usize) {
         let mut calls = self.calls.subscribe();
         within(format_args!("{n} NodeGetInfo calls arrive"), calls.wait_for(|calls| *calls >= n))
             .await
-            .unwrap();
+            .expect("the driver is alive while borrowed");
     }
 
-    async fn answer(reply: Reply) -> Result<Response<NodeGetInfoResponse>, Status> {
-        let mut reply = reply;
+    /// The driver's Identity and Node services, to serve next to others
+    /// (a registration service on the same socket).
+    pub fn routes(self: Arc<Self>) -> Routes {
+        Routes::new(IdentityServer::from_arc(Arc::clone(&self)))
+            .add_service(NodeServer::from_arc(self))
+    }
+
+    async fn answer(mut reply: Reply) -> Result<Response<NodeGetInfoResponse>, Status> {
         loop {
             match reply {
                 Reply::Info { node_id, max_volumes, topology } => {
@@ -109,7 +160,7 @@ impl FakeDriver {
 }
 
 #[tonic::async_trait]
-impl Identity for FakeDriver {
+impl Identity for FakeCsiDriver {
     async fn get_plugin_info(
         &self,
         _: Request<GetPluginInfoRequest>,
@@ -117,7 +168,7 @@ impl Identity for FakeDriver {
         Ok(Response::new(GetPluginInfoResponse {
             name: self.name.clone(),
             vendor_version: "0.1.0".into(),
-            manifest: std::collections::HashMap::new(),
+            manifest: HashMap::new(),
         }))
     }
 
@@ -129,12 +180,14 @@ impl Identity for FakeDriver {
     }
 
     async fn probe(&self, _: Request<ProbeRequest>) -> Result<Response<ProbeResponse>, Status> {
-        Ok(Response::new(ProbeResponse { ready: Some(true) }))
+        self.probes.fetch_add(1, Ordering::SeqCst);
+        let Some(ready) = self.ready else { return std::future::pending().await };
+        Ok(Response::new(ProbeResponse { ready: Some(ready) }))
     }
 }
 
 #[tonic::async_trait]
-impl Node for FakeDriver {
+impl Node for FakeCsiDriver {
     async fn node_get_capabilities(
         &self,
         _: Request<NodeGetCapabilitiesRequest>,
@@ -146,16 +199,20 @@ impl Node for FakeDriver {
         &self,
         _: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
-        let reply = self.script.lock().pop_front().unwrap_or_else(|| self.fallback.clone());
+        let scripted = self.script.lock().pop_front();
+        let reply = scripted.unwrap_or_else(|| self.fallback.lock().clone());
         self.calls.send_modify(|calls| *calls += 1);
         Self::answer(reply).await
     }
 }
 
 /// A served fake driver; the server stops when this is dropped.
-pub(crate) struct Served {
-    pub(crate) driver: Arc<FakeDriver>,
-    pub(crate) socket: PathBuf,
+#[derive(Debug)]
+pub struct Served {
+    /// The driver, to read its calls or change its answers.
+    pub driver: Arc<FakeCsiDriver>,
+    /// Where it is served.
+    pub socket: PathBuf,
     open: Arc<watch::Sender<usize>>,
     server: tokio::task::JoinHandle<()>,
 }
@@ -167,45 +224,47 @@ impl Drop for Served {
 }
 
 impl Served {
-    /// The socket path as a string, the way a plugin reports its endpoint.
-    pub(crate) fn endpoint(&self) -> String {
+    /// The socket path as a string, the way a registration reports an
+    /// endpoint.
+    pub fn endpoint(&self) -> String {
         self.socket.display().to_string()
     }
 
     /// Waits until every connection to the driver has been closed.
-    pub(crate) async fn wait_until_no_connection_is_open(&self) {
+    pub async fn wait_until_no_connection_is_open(&self) {
         let mut open = self.open.subscribe();
-        within("every connection is closed", open.wait_for(|open| *open == 0)).await.unwrap();
+        within("every connection is closed", open.wait_for(|open| *open == 0))
+            .await
+            .expect("the counter lives as long as `self`");
     }
 
     /// The number of connections accepted and not yet closed.
-    pub(crate) fn open_connections(&self) -> usize {
+    pub fn open_connections(&self) -> usize {
         *self.open.borrow()
     }
 }
 
-/// Serves `driver` on `dir/file`.
-pub(crate) async fn serve(dir: &Path, file: &str, driver: FakeDriver) -> Served {
-    let socket = dir.join(file);
+/// Serves `driver` on `socket` (bound on return), on the current runtime.
+pub async fn serve(socket: &Path, driver: FakeCsiDriver) -> Served {
     let driver = Arc::new(driver);
     let open = Arc::new(watch::Sender::new(0_usize));
     let counter = Arc::clone(&open);
-    let incoming = kpm_transport::bind(&socket).await.unwrap().map(move |stream| {
-        stream.map(|inner| {
-            counter.send_modify(|open| *open += 1);
-            Tracked { inner, open: Arc::clone(&counter) }
-        })
-    });
-    let identity = IdentityServer::from_arc(Arc::clone(&driver));
-    let node = NodeServer::from_arc(Arc::clone(&driver));
+    let incoming = kpm_transport::bind(socket).await.expect("bind the fake driver's socket").map(
+        move |stream| {
+            stream.map(|inner| {
+                counter.send_modify(|open| *open += 1);
+                Tracked { inner, open: Arc::clone(&counter) }
+            })
+        },
+    );
+    let routes = Arc::clone(&driver).routes();
     let server = tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
-            .add_service(identity)
-            .add_service(node)
+            .add_routes(routes)
             .serve_with_incoming(incoming)
             .await;
     });
-    Served { driver, socket, open, server }
+    Served { driver, socket: socket.to_path_buf(), open, server }
 }
 
 /// A server-side connection that counts itself out when the server drops it.
