@@ -3,7 +3,9 @@
 //! library a node agent can embed.
 //!
 //! - [`Doctor`] finds the kubelet's root (a running kubelet's `--root-dir`,
-//!   also inside `MicroK8s`' kubelite or k3s, else the default) and
+//!   also inside `MicroK8s`' kubelite or k3s, else the default; of several
+//!   kubelets on one host, the one of the node asked about, else the first
+//!   whose registry can be read, the others named) and
 //!   [`examine`](Doctor::examine)s the node: every entry of its registry and
 //!   every socket of `device-plugins/` is judged with the inspection `kpm
 //!   run` would register with (the kubelet's rules and its 1 s `GetInfo`),
@@ -27,8 +29,11 @@
 //!   each driver's nodes (`47/50`) with why it is not on the others;
 //!   [`render_fleet_table`] prints it as `kpm doctor --cluster` does.
 //! - [`Host`] is where this process sees the host's file system: `/`, or a
-//!   prefix in a pod (`/host`); reports, conditions, Events and logs always
-//!   name the host's paths, and a path is resolved under the prefix only
+//!   prefix in a pod (`/host`). A kubelet's files are read as that kubelet
+//!   sees them, its [`View`]: the host's, or `<host-root>/proc/PID/root`
+//!   for one in a mount namespace of its own (kind, k3d, a kubelet in a
+//!   container). Reports, conditions, Events and logs always name the paths
+//!   as the kubelet does, and a path is resolved under a view's prefix only
 //!   to be read (a [`Seen`], which cannot be shown).
 //!
 //! This crate leaves the choice of the k8s-openapi version feature to the
@@ -50,6 +55,7 @@ mod render;
 mod watch;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kpm::{ExecutorConfig, Kubelet, PluginKind};
@@ -64,7 +70,7 @@ pub use crate::fleet::{
     DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
     NodeObject, NodeView, NotOn, judge_fleet, read_fleet, render_fleet_table,
 };
-pub use crate::host::{Host, KubeletProcess, ProcessInfo, Seen};
+pub use crate::host::{Host, KubeletProcess, NodeNameFrom, ProcessInfo, ReadThrough, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
@@ -104,6 +110,10 @@ pub struct DoctorConfig {
     /// The kubelet's root on the host; `None`: the running kubelet's, else
     /// `/var/lib/kubelet`.
     pub root_dir: Option<PathBuf>,
+    /// The name of the node judged, when known (`--node-name`, a
+    /// kubeconfig's node): of several kubelets on the host, the one that
+    /// is this node is judged. `None`: see [`Doctor`] for the rule.
+    pub node_name: Option<String>,
     /// Where this process sees the host. Default: the host's own view.
     pub host: Host,
     /// Other roots whose registries are looked at for sockets no kubelet
@@ -120,6 +130,7 @@ impl Default for DoctorConfig {
     fn default() -> Self {
         Self {
             root_dir: None,
+            node_name: None,
             host: Host::default(),
             other_roots: WELL_KNOWN_ROOTS.iter().map(PathBuf::from).collect(),
             disabled: Vec::new(),
@@ -133,6 +144,13 @@ impl DoctorConfig {
     #[must_use]
     pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.root_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets [`node_name`](Self::node_name) (default: not known).
+    #[must_use]
+    pub fn node_name(mut self, name: impl Into<String>) -> Self {
+        self.node_name = Some(name.into());
         self
     }
 
@@ -167,44 +185,64 @@ impl DoctorConfig {
 
 /// Judges one node's plugins. Set up once (the root found, the judging
 /// kubelet built), then [`examine`](Self::examine)d as often as wanted.
+///
+/// Which kubelet it judges, of those running on the host
+/// ([`Report::kubelets`]), is chosen again at every examination, so that a
+/// kubelet that restarts (a new pid) or starts late is followed:
+/// - with [`DoctorConfig::root_dir`], that root, read as the running
+///   kubelet with that root sees it (of several, as below), else at its
+///   path on the host;
+/// - with [`DoctorConfig::node_name`], the kubelet that is that node: by
+///   its `--hostname-override` or its config file's `hostnameOverride`,
+///   else by its hostname;
+/// - else, or when none is that node, the first (by pid) whose registry
+///   can be read, else the first; none running: `/var/lib/kubelet`.
+///
+/// A kubelet's files are read as it sees them: at their host paths when it
+/// shares the host's mount namespace, else through `/proc/PID/root` (kind,
+/// k3d, a kubelet in a container); what is shown names them as it does.
+/// When several run, [`Report::choice`] says which was judged and names
+/// the others.
 #[derive(Debug)]
 pub struct Doctor {
     config: DoctorConfig,
-    /// The kubelet root on the host, and how it was found.
-    root_dir: PathBuf,
-    root_from: String,
-    /// The kubelet `kpm run` would run on that root, not running: its
-    /// manager's inspection judges the registry's sockets.
-    kubelet: Kubelet,
+    /// The kubelet judged, as last chosen.
+    judged: parking_lot::Mutex<Arc<Judged>>,
     /// The `kpm run` of the node, when it is the node's plugin manager.
     kpm_run: Option<PendingReader>,
+}
+
+/// The kubelet a pass judges, and the one `kpm run` would run on its root.
+#[derive(Debug)]
+struct Judged {
+    choice: Choice,
+    /// The kubelet `kpm run` would run on that root, not running: its
+    /// manager's inspection judges the registry's sockets.
+    kubelet: Arc<Kubelet>,
+}
+
+/// Which kubelet is judged, and how it was chosen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Choice {
+    /// The kubelet root, as the kubelet sees it.
+    root_dir: PathBuf,
+    /// How the root was found.
+    root_from: String,
+    /// The running kubelet judged, when one has that root.
+    kubelet: Option<KubeletProcess>,
+    /// Where the root is read.
+    view: View,
+    /// Which was judged among several, the others, and how to pick one.
+    note: Option<String>,
 }
 
 impl Doctor {
     /// A doctor for the node `config` describes: finds the kubelet's root
     /// unless given.
     pub fn new(config: DoctorConfig) -> Result<Self, DoctorError> {
-        let (root_dir, root_from) = match (&config.root_dir, config.host.kubelets().first()) {
-            (Some(dir), _) => (dir.clone(), "--root-dir".to_owned()),
-            (None, Some(kubelet)) => (kubelet.root_dir.clone(), kubelet.describe()),
-            (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
-        };
-        // The judging kubelet reads the root it is given: where this
-        // process sees it.
-        let seen = config.host.path(&root_dir);
-        let get_info = ExecutorConfig::default().get_info_timeout;
-        let kubelet = judging_kubelet(
-            seen.as_ref(),
-            &config.disabled,
-            config.timeout,
-            get_info,
-            Some(config.host.root()),
-        )
-        .map_err(|source| DoctorError::BuildKubelet {
-            root: root_dir.clone(),
-            source: Box::new(source),
-        })?;
-        Ok(Self { config, root_dir, root_from, kubelet, kpm_run: None })
+        let choice = choose(&config, &config.host.kubelets());
+        let judged = Judged::new(&config, choice)?;
+        Ok(Self { config, judged: parking_lot::Mutex::new(Arc::new(judged)), kpm_run: None })
     }
 
     /// Reads, at each examination with a cluster, what `kpm run` has not
@@ -216,9 +254,15 @@ impl Doctor {
         self
     }
 
-    /// The kubelet root judged, a path on the host.
-    pub fn root_dir(&self) -> &Path {
-        &self.root_dir
+    /// The kubelet root judged, as the kubelet sees it (a path on the host).
+    pub fn root_dir(&self) -> PathBuf {
+        self.judged.lock().choice.root_dir.clone()
+    }
+
+    /// The kubelet root judged, and where it is read.
+    pub fn root(&self) -> Seen {
+        let judged = Arc::clone(&self.judged.lock());
+        judged.choice.view.path(&judged.choice.root_dir)
     }
 
     /// What this doctor was set up with.
@@ -230,38 +274,82 @@ impl Doctor {
     /// (its whole tree) and `device-plugins/` (its sockets and the device
     /// manager's checkpoint).
     pub fn watched_dirs(&self) -> [Seen; 2] {
-        let root = self.config.host.path(&self.root_dir);
+        let root = self.root();
         [
             root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
             root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
         ]
     }
 
+    /// The kubelet to judge now, chosen again among `kubelets`: the one
+    /// judged before unless the choice changed (a kubelet restarted, one
+    /// started); `unseen` says why a new choice could not be taken.
+    fn judged_now(&self, kubelets: &[KubeletProcess], unseen: &mut Vec<String>) -> Arc<Judged> {
+        let choice = choose(&self.config, kubelets);
+        let mut judged = self.judged.lock();
+        if judged.choice == choice {
+            return Arc::clone(&judged);
+        }
+        if judged.choice.root_dir == choice.root_dir && judged.choice.view == choice.view {
+            // The same files (another pid, other kubelets beside): the
+            // judging kubelet reads them as before.
+            let kubelet = Arc::clone(&judged.kubelet);
+            *judged = Arc::new(Judged { choice, kubelet });
+            return Arc::clone(&judged);
+        }
+        tracing::info!(
+            root = %choice.root_dir.display(),
+            from = %choice.root_from,
+            "judging another kubelet"
+        );
+        // Its words name the paths it was given, under the new view.
+        let view = choice.view.clone();
+        match Judged::new(&self.config, choice) {
+            Ok(chosen) => *judged = Arc::new(chosen),
+            Err(err) => unseen.push(format!(
+                "{}; the kubelet judged before is judged",
+                view.as_on_host(&err.to_string())
+            )),
+        }
+        Arc::clone(&judged)
+    }
+
     /// Judges the node now; with `cluster`, what the API server showed of
     /// it, the plugins are held against it too.
     pub async fn examine(&self, cluster: Option<&kpm::kube::NodeObjects>) -> Report {
         let host = &self.config.host;
-        let root = host.path(&self.root_dir);
         let kubelets = host.kubelets();
         let mut unseen = Vec::new();
+        let judged = self.judged_now(&kubelets, &mut unseen);
+        let choice = &judged.choice;
+        let view = &choice.view;
+        if let Some(why) = choice.kubelet.as_ref().and_then(KubeletProcess::unreadable) {
+            unseen.push(format!(
+                "{why}: the kubelet's files are read at their paths on the host, which are its \
+                 own only if it shares the host's mount namespace"
+            ));
+        }
+        let root = view.path(&choice.root_dir);
         let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let (mut plugins, mut blind) =
-            match judge::registry(&self.kubelet, host, &registry, &mut unseen).await {
+            match judge::registry(&judged.kubelet, host, view, &registry, &mut unseen).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
-                    Some(self.cannot_list_registry(registry.on_host(), &err, &kubelets)),
+                    Some(cannot_list_registry(choice, registry.on_host(), &err, &kubelets)),
                 ),
             };
         let beside_kubelet_sock =
-            device_plugins::judge(&self.kubelet, host, &root, &plugins, &mut unseen).await;
+            device_plugins::judge(&judged.kubelet, host, view, &root, &plugins, &mut unseen).await;
         plugins.extend(beside_kubelet_sock);
-        match host.listening_unix_paths() {
-            Some(listening) => plugins.extend(judge::deleted(host, &self.root_dir, &listening)),
-            None => {
-                unseen
-                    .push("/proc/net/unix: cannot be read; deleted sockets not looked for".into());
+        match host.listening_unix_paths(choice.kubelet.as_ref()) {
+            Ok(listening) => {
+                plugins.extend(judge::deleted(view, &choice.root_dir, &listening));
             }
+            Err(table) => unseen.push(format!(
+                "{}: cannot be read; deleted sockets not looked for",
+                table.display()
+            )),
         }
         judge::mark_duplicates(&mut plugins);
 
@@ -275,14 +363,16 @@ impl Doctor {
             blind = blind.or_else(|| cluster::unread(objects));
         }
         findings.extend(unwatched_registries(
-            host,
-            &self.root_dir,
+            view,
+            &choice.root_dir,
             &self.config.other_roots,
             &kubelets,
         ));
         Report {
-            root_dir: self.root_dir.clone(),
-            root_from: self.root_from.clone(),
+            root_dir: choice.root_dir.clone(),
+            root_from: choice.root_from.clone(),
+            judged_pid: choice.kubelet.as_ref().map(|kubelet| kubelet.pid),
+            choice: choice.note.clone(),
             kubelets,
             node: cluster.map(|objects| objects.node.clone()),
             plugins,
@@ -293,36 +383,151 @@ impl Doctor {
         }
         .judged()
     }
+}
 
-    /// Why a registry that cannot be listed leaves nothing to judge, and
-    /// where to look instead.
-    fn cannot_list_registry(
-        &self,
-        registry: &Path,
-        err: &std::io::Error,
-        kubelets: &[KubeletProcess],
-    ) -> Blind {
-        let why = format!("{}: cannot be listed: {err}", registry.display());
-        let hint = match (err.kind(), kubelets.first()) {
-            (std::io::ErrorKind::PermissionDenied, _) => {
-                "run kpm doctor as the user the kubelet runs as (root)".to_owned()
-            }
-            (_, Some(kubelet)) if kubelet.root_dir != self.root_dir => format!(
-                "{} has root {}: give that to --root-dir, or leave --root-dir out",
-                kubelet.describe(),
-                kubelet.root_dir.display()
-            ),
-            (_, Some(_)) => "the kubelet creates it when it starts: is it running, and does kpm \
-                             doctor see the host's file system (--host-root)?"
-                .to_owned(),
-            (_, None) => "no running kubelet was found to take its root from: pass the \
-                          kubelet's --root-dir as --root-dir; in a pod that mounts the host's / \
-                          elsewhere, pass --host-root too (kubectl debug node/NAME mounts it at \
-                          /host)"
-                .to_owned(),
-        };
-        Blind { why, hint }
+impl Judged {
+    /// The judging kubelet for `choice`.
+    fn new(config: &DoctorConfig, choice: Choice) -> Result<Self, DoctorError> {
+        // The judging kubelet reads the root where this process sees it as
+        // the kubelet does, and reaches the endpoints plugins advertise
+        // (paths as the kubelet sees them) under the same prefix.
+        let seen = choice.view.path(&choice.root_dir);
+        let get_info = ExecutorConfig::default().get_info_timeout;
+        let kubelet = judging_kubelet(
+            seen.as_ref(),
+            &config.disabled,
+            config.timeout,
+            get_info,
+            Some(choice.view.root()),
+        )
+        .map_err(|source| DoctorError::BuildKubelet {
+            root: choice.root_dir.clone(),
+            source: Box::new(source),
+        })?;
+        Ok(Self { choice, kubelet: Arc::new(kubelet) })
     }
+}
+
+/// The kubelet `config` asks to judge among `kubelets` (the rule is
+/// [`Doctor`]'s), a registry readable when it can be listed.
+fn choose(config: &DoctorConfig, kubelets: &[KubeletProcess]) -> Choice {
+    choose_among(config, kubelets, |kubelet| {
+        let registry = kubelet.root_dir.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+        std::fs::read_dir(kubelet.view().path(&registry)).is_ok()
+    })
+}
+
+/// [`choose`], with `readable` telling whether a kubelet's registry can be
+/// listed.
+fn choose_among(
+    config: &DoctorConfig,
+    kubelets: &[KubeletProcess],
+    readable: impl Fn(&KubeletProcess) -> bool,
+) -> Choice {
+    let given = config.root_dir.as_deref();
+    let candidates: Vec<&KubeletProcess> = kubelets
+        .iter()
+        .filter(|kubelet| given.is_none_or(|root| kubelet.root_dir == root))
+        .collect();
+    let asked = config.node_name.as_deref().map(|name| name.trim().to_lowercase());
+    // The node's own kubelet: by what its settings name it, else by its
+    // hostname, the name a kubelet without an override takes.
+    let of_node = |by_hostname: bool| -> Vec<&KubeletProcess> {
+        let Some(asked) = &asked else { return Vec::new() };
+        candidates
+            .iter()
+            .copied()
+            .filter(|kubelet| {
+                kubelet.node_name.as_ref() == Some(asked)
+                    && (kubelet.node_name_from == Some(NodeNameFrom::Hostname)) == by_hostname
+            })
+            .collect()
+    };
+    let named = [of_node(false), of_node(true)].into_iter().find(|found| !found.is_empty());
+    let pool = named.as_ref().unwrap_or(&candidates);
+    let chosen = pool.iter().copied().find(|kubelet| readable(kubelet)).or(pool.first().copied());
+    let Some(chosen) = chosen else {
+        let (root_dir, root_from) = match given {
+            Some(root) => (root.to_path_buf(), "--root-dir".to_owned()),
+            None => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
+        };
+        return Choice {
+            root_dir,
+            root_from,
+            kubelet: None,
+            view: config.host.view().clone(),
+            note: None,
+        };
+    };
+    let others: Vec<String> = kubelets
+        .iter()
+        .filter(|kubelet| kubelet.pid != chosen.pid)
+        .map(KubeletProcess::summary)
+        .collect();
+    let by_node = named.is_some();
+    let unknown_node = match (&asked, by_node) {
+        (Some(node), false) => Some(format!("no kubelet on this host is node {node}: ")),
+        _ => None,
+    };
+    let choice_note = (!others.is_empty() || unknown_node.is_some()).then(|| {
+        let how = match (&asked, by_node, given.is_some()) {
+            (Some(node), true, _) => format!("judged as node {node}"),
+            (_, _, true) => "judged as the kubelet with that root".to_owned(),
+            _ if readable(chosen) => "judged as the first whose registry can be read".to_owned(),
+            _ => "judged as the first (no registry can be read)".to_owned(),
+        };
+        let mut text = format!("{}{how}: {}", unknown_node.unwrap_or_default(), chosen.summary());
+        if !others.is_empty() {
+            text.push_str("; other kubelets on this host: ");
+            text.push_str(&others.join(", "));
+            text.push_str("; pick one with --node-name or --root-dir");
+        }
+        text
+    });
+    Choice {
+        root_dir: chosen.root_dir.clone(),
+        root_from: if given.is_some() { "--root-dir".to_owned() } else { chosen.describe() },
+        kubelet: Some(chosen.clone()),
+        view: chosen.view().clone(),
+        note: choice_note,
+    }
+}
+
+/// Why a registry that cannot be listed leaves nothing to judge, and where
+/// to look instead.
+fn cannot_list_registry(
+    choice: &Choice,
+    registry: &Path,
+    err: &std::io::Error,
+    kubelets: &[KubeletProcess],
+) -> Blind {
+    let why = format!("{}: cannot be listed: {err}", registry.display());
+    let elsewhere = kubelets.iter().find(|kubelet| kubelet.root_dir != choice.root_dir);
+    let hint = match (err.kind(), &choice.kubelet, elsewhere) {
+        (std::io::ErrorKind::PermissionDenied, _, _) => {
+            "run kpm doctor as the user the kubelet runs as (root)".to_owned()
+        }
+        (_, Some(kubelet), _) if kubelet.files == ReadThrough::HostFallback => format!(
+            "{} runs where its files cannot be read (its /proc/{}/root): run kpm doctor as \
+             root, in a pod with hostPID",
+            kubelet.describe(),
+            kubelet.pid
+        ),
+        (_, None, Some(kubelet)) => format!(
+            "{} has root {}: give that to --root-dir, or leave --root-dir out",
+            kubelet.describe(),
+            kubelet.root_dir.display()
+        ),
+        (_, Some(_), _) => "the kubelet creates it when it starts: is it running, and does kpm \
+                         doctor see the host's file system (--host-root)?"
+            .to_owned(),
+        (_, None, None) => "no running kubelet was found to take its root from: pass the \
+                      kubelet's --root-dir as --root-dir; in a pod that mounts the host's / \
+                      elsewhere, pass --host-root too (kubectl debug node/NAME mounts it at \
+                      /host)"
+            .to_owned(),
+    };
+    Blind { why, hint }
 }
 
 /// Why the doctor could not look where it was asked to: nothing of the
@@ -345,6 +550,13 @@ pub struct Report {
     /// How the root was found: `--root-dir`, `the running kubelet, pid 42`,
     /// `the default`.
     pub root_from: String,
+    /// The running kubelet judged, by pid, when the root is one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged_pid: Option<u32>,
+    /// With several kubelets on the host (or none that is the node asked
+    /// about): which was judged and how, the others, and how to pick one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
     /// The kubelets running on this host.
     pub kubelets: Vec<KubeletProcess>,
     /// The node the cluster was asked about, if it was.
@@ -430,6 +642,8 @@ impl Report {
         Self {
             root_dir: PathBuf::from("/r"),
             root_from: "--root-dir".to_owned(),
+            judged_pid: None,
+            choice: None,
             kubelets: Vec::new(),
             node: None,
             plugins,
@@ -550,7 +764,7 @@ pub fn reason(err: &kpm::ExecutorError) -> String {
 /// The registries of `roots` (but the one judged) that hold sockets while
 /// no running kubelet has that root.
 fn unwatched_registries(
-    host: &Host,
+    view: &View,
     root_dir: &Path,
     roots: &[PathBuf],
     kubelets: &[KubeletProcess],
@@ -560,7 +774,7 @@ fn unwatched_registries(
         .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
         .filter_map(|root| {
             let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
-            let entries = kpm::registry::survey(host.path(&registry).as_ref()).ok()?;
+            let entries = kpm::registry::survey(view.path(&registry).as_ref()).ok()?;
             let sockets = entries
                 .iter()
                 .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
@@ -583,4 +797,97 @@ fn unwatched_registries(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::FakeHost;
+
+    /// A host with two kubelets on the default root: pid 10 in the host's
+    /// mount namespace, node `node-a`, whose registry is not there; pid 20
+    /// in a container (kind), node `kind-worker` by its hostname, whose
+    /// registry is there, under its `/proc/20/root` only.
+    fn two_kubelets() -> (FakeHost, tempfile::TempDir) {
+        let fake = FakeHost::new();
+        fake.process(10, &["/usr/bin/kubelet", "--hostname-override=node-a"], None);
+        let kind = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(kind.path().join("var/lib/kubelet/plugins_registry")).unwrap();
+        std::fs::create_dir_all(kind.path().join("etc")).unwrap();
+        std::fs::write(kind.path().join("etc/hostname"), "kind-worker\n").unwrap();
+        fake.process(20, &["/usr/bin/kubelet"], Some(kind.path()));
+        (fake, kind)
+    }
+
+    fn chosen(config: &DoctorConfig) -> Choice {
+        choose(config, &config.host.kubelets())
+    }
+
+    #[test]
+    fn without_a_node_name_the_kubelet_whose_registry_can_be_read_is_judged() {
+        let (fake, _kind) = two_kubelets();
+        let choice = chosen(&DoctorConfig::default().host(fake.host()));
+        assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
+        assert_eq!(choice.root_from, "the running kubelet, pid 20");
+        assert_eq!(choice.view.root(), fake.at("/proc/20/root"));
+        let note = choice.note.unwrap();
+        assert!(
+            note.starts_with("judged as the first whose registry can be read: pid 20"),
+            "{note}"
+        );
+        assert!(
+            note.contains(
+                "other kubelets on this host: pid 10 (kubelet) root /var/lib/kubelet node node-a"
+            ),
+            "{note}"
+        );
+        assert!(note.ends_with("pick one with --node-name or --root-dir"), "{note}");
+    }
+
+    #[test]
+    fn with_a_node_name_that_nodes_kubelet_is_judged() {
+        let (fake, _kind) = two_kubelets();
+        let config = DoctorConfig::default().host(fake.host());
+        // By its override, even though its registry cannot be read: it is
+        // the node asked about.
+        let choice = chosen(&config.clone().node_name("Node-A"));
+        assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(10));
+        assert_eq!(choice.view.root(), fake.dir.path());
+        assert!(choice.note.unwrap().starts_with("judged as node node-a: pid 10"));
+        // By its hostname.
+        let choice = chosen(&config.clone().node_name("kind-worker"));
+        assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
+        // No such node here: as without a name, and said.
+        let choice = chosen(&config.node_name("elsewhere"));
+        assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
+        let note = choice.note.unwrap();
+        assert!(note.starts_with("no kubelet on this host is node elsewhere: judged as"), "{note}");
+    }
+
+    #[test]
+    fn a_root_dir_given_is_read_as_the_kubelet_with_that_root_sees_it() {
+        let (fake, _kind) = two_kubelets();
+        let config = DoctorConfig::default().host(fake.host());
+        let choice = chosen(&config.clone().root_dir("/var/lib/kubelet"));
+        assert_eq!(
+            (choice.root_from.as_str(), choice.kubelet.map(|k| k.pid)),
+            ("--root-dir", Some(20))
+        );
+        // A root no kubelet has: at its path on the host, no other named.
+        let choice = chosen(&config.root_dir("/data/kubelet"));
+        assert_eq!(choice.kubelet, None);
+        assert_eq!(choice.view.root(), fake.dir.path());
+        assert_eq!(choice.note, None);
+    }
+
+    #[test]
+    fn no_kubelet_running_is_the_default_root_on_the_host() {
+        let fake = FakeHost::new();
+        let choice = chosen(&DoctorConfig::default().host(fake.host()).node_name("n"));
+        assert_eq!(
+            (choice.root_dir.as_path(), choice.root_from.as_str()),
+            (Path::new(host::DEFAULT_ROOT), "the default")
+        );
+        assert_eq!(choice.note, None);
+    }
 }
