@@ -880,6 +880,26 @@ mod tests {
         assert_eq!(choice.note, None);
     }
 
+    #[tokio::test]
+    async fn a_kubelet_that_restarts_in_a_new_container_is_followed() {
+        let (fake, _kind) = two_kubelets();
+        let config = DoctorConfig::default().host(fake.host()).node_name("kind-worker");
+        let doctor = Doctor::new(config).unwrap();
+        assert_eq!(doctor.root().as_ref(), fake.at("/proc/20/root/var/lib/kubelet"));
+        // Its container restarted: another pid, another `/`.
+        std::fs::remove_dir_all(fake.at("/proc/20")).unwrap();
+        let restarted = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(restarted.path().join("var/lib/kubelet/plugins_registry")).unwrap();
+        std::fs::create_dir_all(restarted.path().join("etc")).unwrap();
+        std::fs::write(restarted.path().join("etc/hostname"), "kind-worker\n").unwrap();
+        fake.process(21, &["kubelet"], Some(restarted.path()));
+        let report = doctor.examine(None).await;
+        assert_eq!(report.judged_pid, Some(21));
+        assert_eq!(report.root_from, "the running kubelet, pid 21");
+        assert!(report.blind.is_none(), "{:?}", report.blind);
+        assert_eq!(doctor.root().as_ref(), fake.at("/proc/21/root/var/lib/kubelet"));
+    }
+
     #[test]
     fn no_kubelet_running_is_the_default_root_on_the_host() {
         let fake = FakeHost::new();
