@@ -12,7 +12,9 @@ use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
+use crate::Finding;
 use crate::host::{Host, ProcessInfo, Seen, View};
+use crate::kubelets::KubeletProcess;
 
 /// What a socket is to the kubelet. The order is the order of severity a
 /// Node condition's reason is chosen by: the first failing verdict found.
@@ -456,6 +458,44 @@ pub(crate) fn deleted(view: &View, root: &Path, listening: &BTreeSet<PathBuf>) -
                     .into(),
             )
             .hint("restart the plugin (or its registrar) so that it binds its socket again")
+        })
+        .collect()
+}
+
+/// The registries of `roots` (but the one judged) that hold sockets while
+/// no running kubelet has that root.
+pub(crate) fn unwatched_registries(
+    view: &View,
+    root_dir: &Path,
+    roots: &[PathBuf],
+    kubelets: &[KubeletProcess],
+) -> Vec<Finding> {
+    roots
+        .iter()
+        .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
+        .filter_map(|root| {
+            let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+            let entries = kpm::registry::survey(view.path(&registry).as_ref()).ok()?;
+            let sockets = entries
+                .iter()
+                .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
+                .count();
+            (sockets > 0).then(|| Finding {
+                name: None,
+                verdict: Verdict::UnwatchedRegistry,
+                reason: format!(
+                    "{sockets} socket(s) in a registry no running kubelet watches (the kubelet's root is {})",
+                    root_dir.display()
+                ),
+                hint: format!(
+                    "the plugins' DaemonSets mount {} as the kubelet root: mount {} instead \
+                     (node-driver-registrar's --kubelet-registration-path too)",
+                    root.display(),
+                    root_dir.display()
+                ),
+                path: registry,
+                cause: None,
+            })
         })
         .collect()
 }
