@@ -61,7 +61,7 @@ impl Judged {
 }
 
 /// The kubelet `config` asks to judge among `kubelets` (the rule is
-/// [`Doctor`]'s), a registry readable when it can be listed.
+/// [`Doctor`](crate::Doctor)'s), a registry readable when it can be listed.
 pub(crate) fn choose(config: &DoctorConfig, kubelets: &[KubeletProcess]) -> Choice {
     choose_among(config, kubelets, |kubelet| {
         let registry = kubelet.root_dir.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
