@@ -50,7 +50,11 @@ pub(crate) struct DoctorArgs {
     #[arg(long, value_name = "PATH", env = "KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// The node's name in the cluster [default: the hostname, lower-cased,
-    /// as with the kubelet].
+    /// as with the kubelet]. Of several kubelets on the host (kind, k3d, a
+    /// kubelet in a container), the one that is this node is judged: by its
+    /// --hostname-override or its config's hostnameOverride, else by its
+    /// hostname. Without it and without an API server, the first whose
+    /// registry can be read.
     #[arg(long, value_name = "NAME", env = "KPM_NODE_NAME")]
     node_name: Option<String>,
     /// Output format.
@@ -141,8 +145,8 @@ struct WatchArgs {
 }
 
 impl DoctorArgs {
-    /// The doctor these flags describe.
-    fn config(&self) -> DoctorConfig {
+    /// The doctor these flags describe, for node `node` when it is known.
+    fn config(&self, node: Option<&str>) -> DoctorConfig {
         let mut config = DoctorConfig::default()
             .host(Host::under(&self.host_root))
             .disabled(self.judge.disable.iter().map(|kind| kind.kind()).collect())
@@ -153,7 +157,20 @@ impl DoctorArgs {
         if !self.other_roots.is_empty() {
             config = config.other_roots(self.other_roots.clone());
         }
+        if let Some(node) = node {
+            config = config.node_name(node);
+        }
         config
+    }
+
+    /// The node judged: `--node-name`, else, with an API server to ask
+    /// about it, the hostname, as the kubelet names its Node.
+    fn node(&self, client: Option<&kpm::kube::Client>) -> Result<Option<String>, CliError> {
+        match (client, &self.node_name) {
+            (_, Some(name)) => Ok(Some(name.clone())),
+            (Some(_), None) => crate::run::node_name(None).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 }
 
@@ -164,14 +181,15 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     if args.cluster {
         return fleet(&args).await.map(Outcome::from);
     }
-    let doctor = beside_kpm_run(Doctor::new(args.config())?, args.judge.timeout());
-    let objects = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
-        Some(client) => {
-            let name = crate::run::node_name(args.node_name.as_deref())?;
+    let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
+    let node = args.node(client.as_ref())?;
+    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref()))?, args.judge.timeout());
+    let objects = match (client, node) {
+        (Some(client), Some(name)) => {
             let config = kpm::kube::KubeConfig::default().request_timeout(args.judge.timeout());
             Some(kpm::kube::observe_node(client, &name, config).await)
         }
-        None => None,
+        _ => None,
     };
     let report = doctor.examine(objects.as_ref()).await;
     crate::output::print(&args.output.render(&report, kpm_doctor::render_table)?)?;
@@ -200,11 +218,12 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let budget = crate::run::init_fd_budget().clone();
     let shutdown = crate::run::shutdown_signal()?;
     let timeout = args.judge.timeout();
-    let doctor = beside_kpm_run(Doctor::new(args.config())?, timeout);
+    let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
+    let node = args.node(client.as_ref())?;
+    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref()))?, timeout);
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
-    let cluster = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
-        Some(client) => {
-            let node = crate::run::node_name(args.node_name.as_deref())?;
+    let cluster = match (client, node) {
+        (Some(client), Some(node)) => {
             tracing::info!(node, "publishing to the Kubernetes API");
             let config = PublishConfig::default()
                 .heartbeat(Duration::from_secs(args.watch.heartbeat))
@@ -212,7 +231,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
             let publisher = NodePublisher::new(client.clone(), node.clone(), config);
             Some(ClusterLink::new(client, node, timeout, publisher))
         }
-        None => None,
+        _ => None,
     };
     let metrics = kpm_doctor::DoctorMetrics::default();
     let serving = match args.watch.metrics_addr {
@@ -254,7 +273,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
 /// plugin manager is then kpm, not the kubelet's. None when nothing answers
 /// there within `timeout`.
 fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
-    let root = doctor.config().host.path(doctor.root_dir());
+    let root = doctor.root();
     let socket = Arc::new(root.join(crate::STATUS_SOCKET_NAME));
     doctor.beside_kpm_run(PendingReader::new(move || {
         let socket = Arc::clone(&socket);

@@ -364,45 +364,296 @@ fn a_registry_of_another_root_that_no_kubelet_watches_is_named() {
     assert!(finding["hint"].as_str().unwrap().contains(node.root.path().to_str().unwrap()));
 }
 
+/// A host's file system and `/proc` made of files, given to the doctor
+/// with `--host-root`: nothing of this machine's processes is read.
+struct FakeHost {
+    dir: tempfile::TempDir,
+}
+
+impl FakeHost {
+    /// A host whose `/proc` holds pid 1, in mount namespace 1.
+    fn new() -> Self {
+        let fake = Self { dir: tempfile::tempdir().unwrap() };
+        fake.namespace(1, "mnt:[1]");
+        fake
+    }
+
+    /// Where `on_host` is in this process.
+    fn at(&self, on_host: &str) -> PathBuf {
+        self.dir.path().join(on_host.trim_start_matches('/'))
+    }
+
+    fn namespace(&self, pid: u32, namespace: &str) {
+        let ns = self.at(&format!("/proc/{pid}/ns"));
+        std::fs::create_dir_all(&ns).unwrap();
+        std::os::unix::fs::symlink(namespace, ns.join("mnt")).unwrap();
+    }
+
+    /// Process `pid` running `args` with `environ`: in the host's mount
+    /// namespace when `files` is `None`, else in its own, its `/` at `files`.
+    fn process(&self, pid: u32, args: &[&str], environ: &[&str], files: Option<&Path>) {
+        let dir = self.at(&format!("/proc/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let nul_separated =
+            |list: &[&str]| list.iter().flat_map(|arg| [*arg, "\0"]).collect::<String>();
+        std::fs::write(dir.join("cmdline"), nul_separated(args)).unwrap();
+        std::fs::write(dir.join("environ"), nul_separated(environ)).unwrap();
+        match files {
+            None => self.namespace(pid, "mnt:[1]"),
+            Some(files) => {
+                self.namespace(pid, &format!("mnt:[{pid}]"));
+                std::os::unix::fs::symlink(files, dir.join("root")).unwrap();
+            }
+        }
+    }
+
+    /// `kpm doctor --host-root HOST ARGS`, no other root looked at: its
+    /// exit code and output.
+    fn doctor(&self, args: &[&str]) -> (i32, String) {
+        let host = self.dir.path().to_str().unwrap();
+        let mut all =
+            vec!["doctor", "--host-root", host, "--other-root", "/nowhere", "--timeout", "2"];
+        all.extend(args);
+        let out = kpm(&all);
+        (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+    }
+
+    /// [`doctor`](Self::doctor) with `-o json`: the exit code, the
+    /// report, and the report's text.
+    fn report(&self, args: &[&str]) -> (i32, Value, String) {
+        let (code, json) = self.doctor(&[&["-o", "json"][..], args].concat());
+        let report = serde_json::from_str(&json).unwrap_or_else(|err| panic!("{err}: {json}"));
+        (code, report, json)
+    }
+}
+
 #[test]
 fn without_root_dir_the_running_kubelets_root_is_judged() {
-    let node = Node::new();
-    let root = node.root.path().to_str().unwrap();
-    let stale = node.registry().join("gone-reg.sock");
-    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    let fake = FakeHost::new();
+    let registry = fake.at("/data/kubelet/plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(registry.join("gone-reg.sock")).unwrap());
     // MicroK8s' kubelite reads the kubelet's flags from a file, with
     // variables of its environment.
-    let kubelet_args = node.root.path().join("kubelet-args");
-    std::fs::write(&kubelet_args, "--kubeconfig=x\n--root-dir=${KPM_TEST_ROOT}\n").unwrap();
-    let kubelite_flag = format!("--kubelet-args-file={}", kubelet_args.display());
-    let root_flag = format!("--root-dir={root}");
-    // Processes whose program is named as each, one at a time: the doctor
-    // takes the first kubelet it finds. (k3s is known by its subcommand,
-    // `k3s server`, which a shell cannot stand in for: host.rs tests it.)
-    let cases: [(&str, &str, &str); 2] = [
-        ("kubelet", &root_flag, "the running kubelet"),
-        ("kubelite", &kubelite_flag, "the kubelet in the running kubelite"),
+    std::fs::write(fake.at("/kubelet-args"), "--kubeconfig=x\n--root-dir=${KPM_TEST_ROOT}\n")
+        .unwrap();
+    // One kubelet at a time, in the host's mount namespace: the doctor
+    // takes its root.
+    let cases = [
+        ("kubelet", "/usr/bin/kubelet", "--root-dir=/data/kubelet", "the running kubelet"),
+        (
+            "kubelite",
+            "/snap/microk8s/current/kubelite",
+            "--kubelet-args-file=/kubelet-args",
+            "the kubelet in the running kubelite",
+        ),
+        ("k3s", "/usr/local/bin/k3s", "agent", "the kubelet in the running k3s"),
     ];
-    let bin = tempfile::tempdir().unwrap();
-    for (program, flag, from) in cases {
-        let path = bin.path().join(program);
-        std::os::unix::fs::symlink("/bin/sh", &path).unwrap();
-        // `sh -c SCRIPT` keeps the arguments after the script in its command line.
-        let mut running = std::process::Command::new(&path)
-            .args(["-c", "sleep 60; exit 0", flag])
-            .env("KPM_TEST_ROOT", root)
-            .spawn()
-            .unwrap();
-        let nowhere = node.root.path().join("no-other-root");
-        let out = kpm(&["doctor", "-o", "json", "--other-root", nowhere.to_str().unwrap()]);
-        running.kill().unwrap();
-        running.wait().unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(report["root_dir"], root, "{program}: {report:#}");
-        assert_eq!(report["root_from"], format!("{from}, pid {}", running.id()));
+    for (pid, (program, command, flag, from)) in (4242..).zip(cases) {
+        let mut args = vec![command, flag];
+        if program == "k3s" {
+            args.extend(["--kubelet-arg", "root-dir=/data/kubelet"]);
+        }
+        fake.process(pid, &args, &["KPM_TEST_ROOT=/data/kubelet"], None);
+        let (_, report, _) = fake.report(&[]);
+        std::fs::remove_dir_all(fake.at(&format!("/proc/{pid}"))).unwrap();
+        assert_eq!(report["root_dir"], "/data/kubelet", "{program}: {report:#}");
+        assert_eq!(report["root_from"], format!("{from}, pid {pid}"));
+        assert_eq!(report["judged_pid"], pid);
         assert_eq!(report["kubelets"][0]["program"], program);
-        assert_eq!(verdict(&report, &stale), "stale");
+        assert_eq!(report["kubelets"][0]["files"], "host");
+        assert_eq!(
+            verdict(&report, Path::new("/data/kubelet/plugins_registry/gone-reg.sock")),
+            "stale"
+        );
+        assert!(report.get("choice").is_none(), "one kubelet, no choice: {report:#}");
     }
+}
+
+/// A host with two kubelets on `/var/lib/kubelet`: pid 10 in the host's
+/// mount namespace, `--hostname-override=node-a`, with no registry; pid 20
+/// in a container (kind), node `kind-worker` by its hostname, whose root
+/// exists only under its `/proc/20/root`, with a registrar that crashed, a
+/// CSI driver whose endpoint is gone, and a device plugin that serves on its
+/// registration socket (no endpoint), and a DRA driver with no endpoint
+/// either. Returns the host, the container's
+/// `/`, the runtime that serves the plugins and the plugins.
+fn two_kubelets() -> (FakeHost, tempfile::TempDir, tokio::runtime::Runtime, Vec<Registrar>) {
+    let fake = FakeHost::new();
+    fake.process(10, &["/usr/bin/kubelet", "--hostname-override=node-a"], &[], None);
+    let kind = tempfile::tempdir().unwrap();
+    let registry = kind.path().join("var/lib/kubelet/plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    std::fs::create_dir_all(kind.path().join("etc")).unwrap();
+    std::fs::write(kind.path().join("etc/hostname"), "kind-worker\n").unwrap();
+    fake.process(
+        20,
+        &["/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml"],
+        &[],
+        Some(kind.path()),
+    );
+    drop(std::os::unix::net::UnixListener::bind(registry.join("crashed-reg.sock")).unwrap());
+    let rt = runtime();
+    let csi = rt
+        .block_on(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                .versions(["1.0.0"])
+                .socket_dir(&registry)
+                .endpoint("/var/lib/kubelet/plugins/csi.example.com/csi.sock")
+                .serve(),
+        )
+        .unwrap();
+    let device = rt
+        .block_on(
+            Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
+                .socket_dir(&registry)
+                .routes(support::device_plugin(&[("gpu-0", "Healthy")]))
+                .serve(),
+        )
+        .unwrap();
+    // A DRA driver with no endpoint either, whose registration socket
+    // serves no DRA service.
+    let dra = rt
+        .block_on(
+            Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                .versions([kpm::api::DRA_V1_SERVICE])
+                .socket_dir(&registry)
+                .serve(),
+        )
+        .unwrap();
+    (fake, kind, rt, vec![csi, device, dra])
+}
+
+/// Every path in `text` is as the kubelet names it: neither the prefix the
+/// doctor reads the host under nor a `/proc/PID/root` appears in it.
+fn assert_kubelets_paths(what: &str, text: &str, fake: &FakeHost) {
+    let prefix = fake.dir.path().to_str().unwrap();
+    assert!(!text.contains(prefix), "{what} names {prefix}:\n{text}");
+    assert!(!text.contains("/root/var/lib"), "{what} names a /proc/PID/root:\n{text}");
+}
+
+#[test]
+fn of_two_kubelets_the_one_of_the_node_is_judged_through_its_proc_root() {
+    let (fake, _kind, _rt, plugins) = two_kubelets();
+    let (code, report, json) = fake.report(&["--node-name", "kind-worker"]);
+    assert_kubelets_paths("the JSON report", &json, &fake);
+    assert_eq!(code, 1, "{report:#}");
+    assert_eq!(
+        (&report["root_dir"], &report["judged_pid"]),
+        (&"/var/lib/kubelet".into(), &20.into())
+    );
+    let kubelets: Vec<_> = report["kubelets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["pid"].clone(), k["files"].clone(), k["node_name"].clone()))
+        .collect();
+    assert_eq!(
+        kubelets,
+        [
+            (10.into(), "host".into(), "node-a".into()),
+            (20.into(), "proc-root".into(), "kind-worker".into())
+        ]
+    );
+    let choice = report["choice"].as_str().unwrap();
+    assert!(choice.starts_with("judged as node kind-worker: pid 20"), "{choice}");
+    assert!(
+        choice.contains(
+            "other kubelets on this host: pid 10 (kubelet) root /var/lib/kubelet node node-a"
+        ),
+        "{choice}"
+    );
+    // Each row, reason and endpoint names the kubelet's paths.
+    let crashed = row(&report, Path::new("/var/lib/kubelet/plugins_registry/crashed-reg.sock"));
+    assert_eq!(crashed["verdict"], "stale");
+    assert!(
+        crashed["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("dial /var/lib/kubelet/plugins_registry/crashed-reg.sock"),
+        "{crashed:#}"
+    );
+    let on_host = |plugin: &Registrar| {
+        let name = plugin.socket_path().file_name().unwrap();
+        Path::new("/var/lib/kubelet/plugins_registry").join(name)
+    };
+    let csi = row(&report, &on_host(&plugins[0]));
+    assert_eq!(csi["verdict"], "endpoint-unreachable", "{csi:#}");
+    assert!(
+        csi["reason"]
+            .as_str()
+            .unwrap()
+            .contains(" /var/lib/kubelet/plugins/csi.example.com/csi.sock"),
+        "{csi:#}"
+    );
+    // No endpoint of its own: it is served on its registration socket.
+    let device = row(&report, &on_host(&plugins[1]));
+    assert_eq!(device["verdict"], "ok", "{device:#}");
+    assert_eq!(device["endpoint"], on_host(&plugins[1]).to_str().unwrap());
+    let dra = row(&report, &on_host(&plugins[2]));
+    assert_eq!(dra["endpoint"], on_host(&plugins[2]).to_str().unwrap(), "{dra:#}");
+
+    let (code, table) = fake.doctor(&["--node-name", "kind-worker"]);
+    assert_eq!(code, 1, "{table}");
+    assert_kubelets_paths("the table", &table, &fake);
+    let mut lines = table.lines();
+    assert_eq!(
+        lines.next(),
+        Some("kubelet root: /var/lib/kubelet (from the running kubelet, pid 20)")
+    );
+    assert!(lines.next().unwrap().starts_with("judged as node kind-worker: pid 20"), "{table}");
+    assert!(
+        table.contains(
+            "stale: /var/lib/kubelet/plugins_registry/crashed-reg.sock\n  dial /var/lib/kubelet/"
+        ),
+        "{table}"
+    );
+}
+
+#[test]
+fn without_a_node_name_the_kubelet_whose_registry_can_be_read_is_judged_and_the_others_named() {
+    let (fake, _kind, _rt, _plugins) = two_kubelets();
+    let (code, report, json) = fake.report(&[]);
+    assert_kubelets_paths("the JSON report", &json, &fake);
+    assert_eq!(code, 1, "judged, not blind: {report:#}");
+    assert_eq!(report["judged_pid"], 20, "{report:#}");
+    let choice = report["choice"].as_str().unwrap();
+    assert!(
+        choice.starts_with("judged as the first whose registry can be read: pid 20"),
+        "{choice}"
+    );
+    assert!(choice.ends_with("pick one with --node-name or --root-dir"), "{choice}");
+    assert_eq!(
+        verdict(&report, Path::new("/var/lib/kubelet/plugins_registry/crashed-reg.sock")),
+        "stale"
+    );
+    // Asked for the other, it judges that one: whose registry is not there.
+    let (code, report, json) = fake.report(&["--node-name", "node-a"]);
+    assert_kubelets_paths("the JSON report", &json, &fake);
+    assert_eq!(code, 2, "{report:#}");
+    assert_eq!(report["judged_pid"], 10, "{report:#}");
+    let why = report["blind"]["why"].as_str().unwrap();
+    assert!(why.starts_with("/var/lib/kubelet/plugins_registry: cannot be listed"), "{why}");
+}
+
+#[test]
+fn a_kubelet_whose_proc_root_cannot_be_read_is_read_on_the_host_and_that_is_said() {
+    let fake = FakeHost::new();
+    // Its namespace and /proc/PID/root unreadable, as for another user's
+    // process; its root is on the host.
+    let dir = fake.at("/proc/30");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("cmdline"), "kubelet\0--root-dir=/data/kubelet\0").unwrap();
+    std::fs::create_dir_all(fake.at("/data/kubelet/plugins_registry")).unwrap();
+    let (code, report, json) = fake.report(&[]);
+    assert_kubelets_paths("the JSON report", &json, &fake);
+    assert_eq!(code, 0, "{report:#}");
+    assert_eq!(report["kubelets"][0]["files"], "host-fallback");
+    let unseen = report["unseen"].to_string();
+    assert!(
+        unseen.contains("/proc/30/root: cannot be read: No such file or directory"),
+        "{unseen}"
+    );
 }
 
 /// `kpm doctor` on `root`, as a table; its exit code and output.
@@ -427,30 +678,40 @@ fn doctor_table_with(root: &Path, extra: &[&str]) -> (i32, String) {
 
 #[test]
 fn a_root_without_a_registry_cannot_be_judged_and_says_what_to_try() {
-    let wrong = tempfile::tempdir().unwrap();
-    let (code, table) = doctor_table(wrong.path());
+    // A host where no kubelet runs.
+    let fake = FakeHost::new();
+    let (code, table) = fake.doctor(&["--root-dir", "/wrong"]);
     assert_eq!(code, 2, "{table}");
-    let registry = wrong.path().join("plugins_registry");
     let last = table.lines().rev().take(2).collect::<Vec<_>>();
     assert_eq!(
         last[1],
-        format!(
-            "cannot judge this node: {}: cannot be listed: No such file or directory (os error 2)",
-            registry.display()
-        ),
+        "cannot judge this node: /wrong/plugins_registry: cannot be listed: No such file or \
+         directory (os error 2)",
         "{table}"
     );
     assert!(last[0].starts_with("  try: ") && last[0].contains("--root-dir"), "{table}");
     assert!(last[0].contains("--host-root"), "{table}");
     assert!(!table.contains("0 ok"), "no all-clear: {table}");
     // The same as JSON: not ok, and why.
-    let out = kpm(&["doctor", "-o", "json", "--root-dir", wrong.path().to_str().unwrap()]);
+    let host = fake.dir.path().to_str().unwrap();
+    let out = kpm(&["doctor", "-o", "json", "--host-root", host, "--root-dir", "/wrong"]);
     assert_eq!(out.status.code(), Some(2));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["ok"], false);
     assert!(report["blind"]["why"].as_str().unwrap().contains("cannot be listed"), "{report:#}");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("kpm doctor: cannot judge this node: "), "{stderr}");
+    // A kubelet with another root is named.
+    fake.process(4242, &["kubelet", "--root-dir=/data/kubelet"], &[], None);
+    let (code, table) = fake.doctor(&["--root-dir", "/wrong"]);
+    assert_eq!(code, 2, "{table}");
+    assert!(
+        table.ends_with(
+            "  try: the running kubelet, pid 4242 has root /data/kubelet: give that to \
+             --root-dir, or leave --root-dir out\n"
+        ),
+        "{table}"
+    );
 }
 
 #[test]

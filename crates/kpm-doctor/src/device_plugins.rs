@@ -10,16 +10,19 @@ use std::path::Path;
 use kpm::Kubelet;
 
 use crate::checkpoint::{self, Resource};
-use crate::host::{Host, Seen};
+use crate::host::{Host, Seen, View};
 use crate::judge::{Row, Verdict, quietly};
 
 /// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
 /// endpoints of registry plugins already judged: device plugins that
 /// registered through `kubelet.sock`, inspected as the device manager
-/// would connect to them, and named by the kubelet's checkpoint.
+/// would connect to them, and named by the kubelet's checkpoint. `root` is
+/// read in `view`, the kubelet's, whose prefix the inspections' words are
+/// cleared of.
 pub(crate) async fn judge(
     kubelet: &Kubelet,
     host: &Host,
+    view: &View,
     root: &Seen,
     judged: &[Row],
     unseen: &mut Vec<String>,
@@ -59,7 +62,7 @@ pub(crate) async fn judge(
         let Ok((path, inspected)) = joined else { continue };
         let row = match inspected {
             Ok(report) => {
-                let reason = host.as_on_host(&report.to_string());
+                let reason = view.as_on_host(&report.to_string());
                 let mut row = Row::new(Verdict::Ok, &path, "device-plugins", reason);
                 row.served_by = report.server_pid.map(|pid| host.process(pid));
                 row.service = Some(Box::new(report));
@@ -69,7 +72,7 @@ pub(crate) async fn judge(
                 Verdict::Stale,
                 &path,
                 "device-plugins",
-                host.as_on_host(&inspect_reason(&source)),
+                view.as_on_host(&inspect_reason(&source)),
             )
             .hint(
                 "nothing listens on it: a device plugin that is gone left it; it no longer counts",
@@ -78,7 +81,7 @@ pub(crate) async fn judge(
                 Verdict::ServiceFailing,
                 &path,
                 "device-plugins",
-                host.as_on_host(&inspect_reason(&err)),
+                view.as_on_host(&inspect_reason(&err)),
             )
             .hint("the device plugin's service fails: see its logs"),
         };

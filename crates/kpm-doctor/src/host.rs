@@ -1,6 +1,7 @@
-//! What the host's `/proc` says: the kubelets running and their roots, the
-//! Unix sockets listening, and who a process is; read under the prefix
-//! where this process sees the host ([`Host`]).
+//! What the host's `/proc` says: the kubelets running (`kubelets.rs` reads
+//! each) and where each sees its files ([`View`]), the Unix sockets
+//! listening, and who a process is; read under the prefix where this
+//! process sees the host ([`Host`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -13,28 +14,40 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 
 /// Where this process sees the host's file system: `/` on the host itself,
 /// `/host` in a pod that mounts it there (`kubectl debug node/NAME`; the
-/// `--path.rootfs` of node-exporter).
+/// `--path.rootfs` of node-exporter). The host's `/proc` is read there.
 ///
 /// The doctor keeps every path as the host's, the path the kubelet and the
 /// plugins use and an operator can paste into a shell on the node; a path
-/// is resolved under the prefix only to be read ([`Host::path`], a
-/// [`Seen`], which cannot be shown). What the judging kubelet reads it is
+/// is resolved under a [`View`]'s prefix only to be read ([`View::path`], a
+/// [`Seen`], which cannot be shown). The host's own view is
+/// [`Host::view`]; a running kubelet's is where its files are as it sees
+/// them ([`KubeletProcess::view`]: `<host-root>/proc/PID/root` when it runs
+/// in a mount namespace of its own). What the judging kubelet reads it is
 /// given as [`Seen`] paths too, and its words come back through
-/// `Host::as_on_host`, the one place they are mapped.
+/// `View::as_on_host`, the one place they are mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
-    root: PathBuf,
+    view: View,
 }
 
 impl Default for Host {
     /// The host's own view: nothing moved.
     fn default() -> Self {
-        Self { root: PathBuf::from("/") }
+        Self { view: View { root: PathBuf::from("/") } }
     }
 }
 
+/// A file system as one process sees it, and where this process reads it:
+/// a prefix (`/`, `/host`, `/host/proc/42/root`) under which a path of
+/// that file system is read. Paths are named as that process names them
+/// (the host's, for a kubelet), never with the prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct View {
+    root: PathBuf,
+}
+
 /// A path on the host and where this process reads it, made by
-/// [`Host::path`]. It is read through [`AsRef<Path>`] (`std::fs`, a dial,
+/// [`View::path`]. It is read through [`AsRef<Path>`] (`std::fs`, a dial,
 /// inotify) and has no `Display` and no `Serialize`: a message or report
 /// names [`on_host`](Self::on_host), so that none can carry the prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,23 +86,24 @@ impl AsRef<Path> for Seen {
     }
 }
 
-impl Host {
-    /// The host seen with its `/` at `root`.
-    pub fn under(root: impl Into<PathBuf>) -> Self {
+impl View {
+    /// The file system whose `/` this process reads at `root`.
+    pub(crate) fn at(root: impl Into<PathBuf>) -> Self {
         Self { root: root.into() }
     }
 
-    /// Where the host's `/` is in this process.
+    /// Where this view's `/` is in this process: the prefix paths are read
+    /// under (a judging kubelet's `host_root`).
     pub fn root(&self) -> &Path {
         &self.root
     }
 
-    /// Whether the host is seen under a prefix.
+    /// Whether paths are read under a prefix.
     fn is_prefixed(&self) -> bool {
         self.root.as_os_str() != "/"
     }
 
-    /// `on_host`, a path on the host, and where this process reads it.
+    /// `on_host`, a path of this view, and where this process reads it.
     pub fn path(&self, on_host: &Path) -> Seen {
         let read_at = match on_host.strip_prefix("/") {
             Ok(relative) if self.is_prefixed() => self.root.join(relative),
@@ -101,10 +115,11 @@ impl Host {
     /// `text`, words of the judging kubelet (an error, an endpoint, a
     /// service's report), with every path it names under the prefix named
     /// as on the host. That kubelet is given [`Seen`] paths to read and its
-    /// messages name what it read (`dial /host/var/lib/kubelet/…`); the
-    /// doctor cannot type another crate's words, so they are mapped here,
-    /// where they come back, and nowhere else. A path starts the text or
-    /// follows a space, a quote, a bracket, `=`, `:` or `,`.
+    /// messages name what it read (`dial /host/var/lib/kubelet/…`,
+    /// `dial /proc/42/root/var/lib/kubelet/…`); the doctor cannot type
+    /// another crate's words, so they are mapped here, where they come
+    /// back, and nowhere else. A path starts the text or follows a space, a
+    /// quote, a bracket, `=`, `:`, `,` or `/` (`unix:///host/…`).
     pub(crate) fn as_on_host(&self, text: &str) -> String {
         let root = self.root.to_string_lossy();
         let root = root.trim_end_matches('/');
@@ -113,6 +128,8 @@ impl Host {
         }
         let starts_path = |before: &str| {
             before.chars().next_back().is_none_or(|c| c.is_whitespace() || "\"'([<{=:,".contains(c))
+                // `unix:///host/…`: the scheme's slashes, not a directory.
+                || before.ends_with("unix://")
         };
         let mut shown = String::with_capacity(text.len());
         let mut copied = 0;
@@ -140,28 +157,42 @@ impl Host {
         shown.push_str(&text[copied..]);
         shown
     }
+}
+
+impl Host {
+    /// The host seen with its `/` at `root`.
+    pub fn under(root: impl Into<PathBuf>) -> Self {
+        Self { view: View { root: root.into() } }
+    }
+
+    /// Where the host's `/` is in this process.
+    pub fn root(&self) -> &Path {
+        &self.view.root
+    }
+
+    /// The host's file system as this process sees it: where a process
+    /// that shares the host's mount namespace has its files.
+    pub fn view(&self) -> &View {
+        &self.view
+    }
+
+    /// Whether the host is seen under a prefix.
+    pub(crate) fn is_prefixed(&self) -> bool {
+        self.view.is_prefixed()
+    }
+
+    /// `on_host`, a path on the host, and where this process reads it.
+    pub fn path(&self, on_host: &Path) -> Seen {
+        self.view.path(on_host)
+    }
 
     /// The host's `/proc/<rest>`.
-    fn proc(&self, rest: &str) -> Seen {
+    pub(crate) fn proc(&self, rest: &str) -> Seen {
         self.path(&Path::new("/proc").join(rest))
     }
 
-    /// The processes that run a kubelet (see [`KubeletProcess::program`]),
-    /// with its `--root-dir` (the default without), by pid.
-    pub(crate) fn kubelets(&self) -> Vec<KubeletProcess> {
-        let Ok(entries) = std::fs::read_dir(self.proc("")) else { return Vec::new() };
-        let mut found: Vec<KubeletProcess> = entries
-            .filter_map(|entry| {
-                let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-                kubelet_of(self, pid, &self.cmdline(pid)?)
-            })
-            .collect();
-        found.sort_by_key(|kubelet| kubelet.pid);
-        found
-    }
-
     /// A process's arguments; `None` for a kernel thread or one that is gone.
-    fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
+    pub(crate) fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
         let raw = std::fs::read(self.proc(&format!("{pid}/cmdline"))).ok()?;
         let args: Vec<String> = raw
             .split(|&byte| byte == 0)
@@ -172,7 +203,7 @@ impl Host {
     }
 
     /// A process's environment; empty if it cannot be read.
-    fn environ(&self, pid: u32) -> BTreeMap<String, String> {
+    pub(crate) fn environ(&self, pid: u32) -> BTreeMap<String, String> {
         let raw = std::fs::read(self.proc(&format!("{pid}/environ"))).unwrap_or_default();
         raw.split(|&byte| byte == 0)
             .filter_map(|entry| {
@@ -182,16 +213,24 @@ impl Host {
             .collect()
     }
 
-    /// The paths of the Unix sockets listening in the host's network
-    /// namespace, deleted or not: the kernel keeps the name a socket was
-    /// bound to after its file is removed. On the host, this process's
-    /// `/proc/net/unix`; under a prefix, that of the host's pid 1 (which
-    /// takes a pod with `hostPID`). `None` if it cannot be read.
-    pub(crate) fn listening_unix_paths(&self) -> Option<BTreeSet<PathBuf>> {
-        let table =
-            if self.is_prefixed() { self.proc("1/net/unix") } else { self.proc("net/unix") };
-        let table = std::fs::read_to_string(table).ok()?;
-        Some(table.lines().skip(1).filter_map(listening_path).collect())
+    /// The paths of the Unix sockets listening in a network namespace,
+    /// deleted or not: the kernel keeps the name a socket was bound to
+    /// after its file is removed. With `own`, the pid of a kubelet whose
+    /// files are read through its `/proc/PID/root`, its `/proc/PID/net/unix`;
+    /// else the host's: on the host, this process's `/proc/net/unix`; under
+    /// a prefix, that of the host's pid 1 (which takes a pod with
+    /// `hostPID`). The table's path on the host if it cannot be read.
+    pub(crate) fn listening_unix_paths(
+        &self,
+        own: Option<u32>,
+    ) -> Result<BTreeSet<PathBuf>, PathBuf> {
+        let table = match own {
+            Some(pid) => self.proc(&format!("{pid}/net/unix")),
+            None if self.is_prefixed() => self.proc("1/net/unix"),
+            None => self.proc("net/unix"),
+        };
+        let text = std::fs::read_to_string(&table).map_err(|_| table.on_host().to_path_buf())?;
+        Ok(text.lines().skip(1).filter_map(listening_path).collect())
     }
 
     /// What the host's `/proc/<pid>` says of `pid`; fields it cannot read
@@ -220,97 +259,6 @@ impl Host {
         let started = Duration::from_millis(started_ticks.saturating_mul(1000) / ticks);
         Duration::try_from_secs_f64(uptime_secs).ok()?.checked_sub(started)
     }
-}
-
-/// A running kubelet and the root directory its command line gives.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct KubeletProcess {
-    /// Its process id, as the host's `/proc` names it.
-    pub pid: u32,
-    /// What runs it: `kubelet`; `kubelite` (`MicroK8s`, the kubelet among
-    /// the other components in one process); `k3s` (`k3s server` or `k3s
-    /// agent`, the kubelet in-process).
-    pub program: &'static str,
-    /// Its `--root-dir`, a path on the host.
-    pub root_dir: PathBuf,
-}
-
-impl KubeletProcess {
-    /// How a report names it: `the running kubelet, pid 42`.
-    pub fn describe(&self) -> String {
-        match self.program {
-            "kubelet" => format!("the running kubelet, pid {}", self.pid),
-            program => format!("the kubelet in the running {program}, pid {}", self.pid),
-        }
-    }
-}
-
-/// Where `MicroK8s`' kubelite reads the kubelet's flags without
-/// `--kubelet-args-file`.
-const KUBELITE_KUBELET_ARGS: &str = "/var/snap/microk8s/current/args/kubelet";
-
-/// The kubelet that process `pid`, with command line `args`, runs, if any.
-fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> {
-    let program = Path::new(args.first()?).file_name()?.to_str()?;
-    let (program, flags) = match program {
-        "kubelet" => ("kubelet", args.to_vec()),
-        "kubelite" => {
-            let file =
-                flag_values(args, "--kubelet-args-file").last().unwrap_or(KUBELITE_KUBELET_ARGS);
-            let text = std::fs::read_to_string(host.path(Path::new(file))).unwrap_or_default();
-            ("kubelite", kubelite_args(&text, &host.environ(pid)))
-        }
-        "k3s" if matches!(args.get(1).map(String::as_str), Some("server" | "agent")) => {
-            ("k3s", k3s_kubelet_args(args))
-        }
-        _ => return None,
-    };
-    let root_dir = flag_values(&flags, "--root-dir").last().unwrap_or(DEFAULT_ROOT).into();
-    Some(KubeletProcess { pid, program, root_dir })
-}
-
-/// The values flag `name` is given in `args`, `--name=VALUE` or `--name
-/// VALUE`, in order (Go's flag packages keep the last one).
-fn flag_values<'a>(args: &'a [String], name: &'a str) -> impl Iterator<Item = &'a str> {
-    let mut args = args.iter();
-    std::iter::from_fn(move || {
-        while let Some(arg) = args.next() {
-            match arg.strip_prefix(name).map(|rest| (rest, rest.strip_prefix('='))) {
-                Some(("", _)) => return args.next().map(String::as_str),
-                Some((_, Some(value))) => return Some(value),
-                _ => {}
-            }
-        }
-        None
-    })
-}
-
-/// The kubelet's flags in a kubelite args file, read as kubelite's
-/// `ReadArgsFromFile` does: lines trimmed, empty and `#` lines skipped,
-/// quotes removed, split on spaces, `$VAR` and `${VAR}` expanded from
-/// kubelite's environment (unset: empty, as Go's `os.ExpandEnv`).
-fn kubelite_args(text: &str, environment: &BTreeMap<String, String>) -> Vec<String> {
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .flat_map(|line| {
-            line.replace(['"', '\''], "").split(' ').map(str::to_owned).collect::<Vec<_>>()
-        })
-        .map(|part| {
-            let value = |name: &str| Some(environment.get(name).map_or("", String::as_str));
-            shellexpand::env_with_context_no_errors(&part, value).into_owned()
-        })
-        .collect()
-}
-
-/// The kubelet's flags k3s is given on its command line: each
-/// `--kubelet-arg KEY=VALUE` (or `--kubelet-arg=KEY=VALUE`) as
-/// `--KEY=VALUE`. Flags in k3s's config file are not read.
-fn k3s_kubelet_args(args: &[String]) -> Vec<String> {
-    flag_values(args, "--kubelet-arg")
-        .map(|value| format!("--{}", value.trim_start_matches('-')))
-        .collect()
 }
 
 /// `Num RefCount Protocol Flags Type St Inode Path`: a listening socket has
@@ -353,82 +301,68 @@ fn container_id(cgroup: &str) -> Option<String> {
     })
 }
 
+/// A host's `/proc` made of files, for tests: kubelets in the host's mount
+/// namespace, in their own (`proc/PID/root` a directory of their files),
+/// or whose `proc/PID/root` cannot be read.
+#[cfg(test)]
+pub(crate) struct FakeHost {
+    pub(crate) dir: tempfile::TempDir,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+impl FakeHost {
+    /// A host with a `/proc` whose pid 1 is in mount namespace 1.
+    pub(crate) fn new() -> Self {
+        let fake = Self { dir: tempfile::tempdir().unwrap() };
+        fake.namespace(1, "mnt:[1]");
+        fake
+    }
+
+    /// The host seen under this one's directory.
+    pub(crate) fn host(&self) -> Host {
+        Host::under(self.dir.path())
+    }
+
+    /// Where `on_host` is in this process.
+    pub(crate) fn at(&self, on_host: &str) -> PathBuf {
+        self.dir.path().join(on_host.trim_start_matches('/'))
+    }
+
+    fn namespace(&self, pid: u32, namespace: &str) {
+        let ns = self.at(&format!("/proc/{pid}/ns"));
+        std::fs::create_dir_all(&ns).unwrap();
+        std::os::unix::fs::symlink(namespace, ns.join("mnt")).unwrap();
+    }
+
+    /// Process `pid` running `args`: in the host's mount namespace when
+    /// `files` is `None`, else in its own, its `/` at `files`.
+    pub(crate) fn process(&self, pid: u32, args: &[&str], files: Option<&Path>) {
+        let dir = self.at(&format!("/proc/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cmdline = args.join("\0") + "\0";
+        std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+        match files {
+            None => self.namespace(pid, "mnt:[1]"),
+            Some(files) => {
+                self.namespace(pid, &format!("mnt:[{pid}]"));
+                std::os::unix::fs::symlink(files, dir.join("root")).unwrap();
+            }
+        }
+    }
+
+    /// Process `pid` running `args`, whose namespace and `/` cannot be read.
+    pub(crate) fn hidden_process(&self, pid: u32, args: &[&str]) {
+        let dir = self.at(&format!("/proc/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cmdline = args.join("\0") + "\0";
+        std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(ToString::to_string).collect()
-    }
-
-    /// The root `kubelet_of` finds in a command line (no process behind it).
-    fn root_of(command: &[&str]) -> Option<(&'static str, PathBuf)> {
-        kubelet_of(&Host::default(), 0, &args(command))
-            .map(|kubelet| (kubelet.program, kubelet.root_dir))
-    }
-
-    #[test]
-    fn a_kubelets_root_dir_comes_from_either_flag_form_or_the_default() {
-        let kubelet = |root: &str| Some(("kubelet", PathBuf::from(root)));
-        assert_eq!(
-            root_of(&["/usr/bin/kubelet", "--root-dir=/var/lib/k0s/kubelet"]),
-            kubelet("/var/lib/k0s/kubelet")
-        );
-        assert_eq!(root_of(&["kubelet", "--v=2", "--root-dir", "/r"]), kubelet("/r"));
-        assert_eq!(root_of(&["kubelet", "--config=/c"]), kubelet(DEFAULT_ROOT));
-        assert_eq!(root_of(&["kubelet", "--root-dir=/a", "--root-dir", "/b"]), kubelet("/b"));
-        assert_eq!(root_of(&["kubelet", "--root-directory=/a"]), kubelet(DEFAULT_ROOT));
-        assert_eq!(root_of(&["/usr/bin/kubectl", "--root-dir=/r"]), None);
-    }
-
-    #[test]
-    fn k3s_gives_the_kubelet_its_flags_with_kubelet_arg() {
-        let k3s = |root: &str| Some(("k3s", PathBuf::from(root)));
-        assert_eq!(root_of(&["/usr/local/bin/k3s", "server"]), k3s(DEFAULT_ROOT));
-        assert_eq!(
-            root_of(&["/usr/local/bin/k3s", "agent", "--kubelet-arg=root-dir=/data/kubelet"]),
-            k3s("/data/kubelet")
-        );
-        assert_eq!(
-            root_of(&[
-                "k3s",
-                "server",
-                "--kubelet-arg",
-                "--max-pods=250",
-                "--kubelet-arg",
-                "root-dir=/r"
-            ]),
-            k3s("/r")
-        );
-        // A one-off command runs no kubelet.
-        assert_eq!(root_of(&["/usr/local/bin/k3s", "kubectl", "get", "nodes"]), None);
-    }
-
-    #[test]
-    fn kubelites_args_file_is_read_as_kubelite_reads_it() {
-        // Lines of /var/snap/microk8s/current/args/kubelet on a MicroK8s node.
-        let text = "--kubeconfig=${SNAP_DATA}/credentials/kubelet.config\n\
-                    # a comment\n\n  --root-dir=${SNAP_COMMON}/var/lib/kubelet  \n\
-                    --eviction-hard=\"memory.available<100Mi,nodefs.available<1Gi\"\n\
-                    --node-labels=a=$UNSET --v=2\n";
-        let environment: BTreeMap<String, String> = [
-            ("SNAP_COMMON", "/var/snap/microk8s/common"),
-            ("SNAP_DATA", "/var/snap/microk8s/7964"),
-        ]
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value.to_owned()))
-        .collect();
-        assert_eq!(
-            kubelite_args(text, &environment),
-            [
-                "--kubeconfig=/var/snap/microk8s/7964/credentials/kubelet.config",
-                "--root-dir=/var/snap/microk8s/common/var/lib/kubelet",
-                "--eviction-hard=memory.available<100Mi,nodefs.available<1Gi",
-                "--node-labels=a=",
-                "--v=2",
-            ]
-        );
-    }
 
     #[test]
     fn a_container_id_is_read_from_each_runtimes_cgroup_name() {
@@ -492,10 +426,28 @@ mod tests {
             ("/hostile/x and /var/host/x and x/host/y", "/hostile/x and /var/host/x and x/host/y"),
         ];
         for (said, shown) in cases {
-            assert_eq!(host.as_on_host(said), shown, "{said}");
+            assert_eq!(host.view().as_on_host(said), shown, "{said}");
         }
         let on_the_host = "dial /host/a.sock";
-        assert_eq!(Host::default().as_on_host(on_the_host), on_the_host);
+        assert_eq!(Host::default().view().as_on_host(on_the_host), on_the_host);
+    }
+
+    #[test]
+    fn words_read_through_a_kubelets_proc_root_name_its_paths() {
+        let view = Host::under("/host").path(Path::new("/proc/42/root"));
+        let view = View { root: view.as_ref().to_path_buf() };
+        let cases = [
+            (
+                "dial /host/proc/42/root/var/lib/kubelet/plugins_registry/a.sock: refused",
+                "dial /var/lib/kubelet/plugins_registry/a.sock: refused",
+            ),
+            ("unix:///host/proc/42/root/csi/csi.sock", "unix:///csi/csi.sock"),
+            // Another kubelet's, or the host's, are not this one's.
+            ("/host/proc/421/root/x and /host/var/x", "/host/proc/421/root/x and /host/var/x"),
+        ];
+        for (said, shown) in cases {
+            assert_eq!(view.as_on_host(said), shown, "{said}");
+        }
     }
 
     #[test]

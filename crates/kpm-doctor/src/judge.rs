@@ -12,7 +12,9 @@ use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
-use crate::host::{Host, ProcessInfo, Seen};
+use crate::Finding;
+use crate::host::{Host, ProcessInfo, Seen, View};
+use crate::kubelets::KubeletProcess;
 
 /// What a socket is to the kubelet. Its name (`not-registered`) is its
 /// variant's in kebab case, its reason (`NotRegistered`) in CamelCase, and
@@ -280,10 +282,12 @@ pub fn served_by(process: &ProcessInfo) -> String {
 }
 
 /// Every entry of `registry`, the sockets inspected concurrently; the error
-/// if the registry cannot be listed at all.
+/// if the registry cannot be listed at all. `view` is the kubelet's, where
+/// the judging kubelet read what its words name; `host` names the processes.
 pub(crate) async fn registry(
     kubelet: &Kubelet,
     host: &Host,
+    view: &View,
     registry: &Seen,
     unseen: &mut Vec<String>,
 ) -> io::Result<Vec<Row>> {
@@ -300,15 +304,20 @@ pub(crate) async fn registry(
             }
             RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
             RegistryEntry::Unreadable(err) => rows.push(
-                Row::new(Verdict::Unreadable, &path, "registry", format!("cannot be read: {err}"))
-                    .hint("run kpm doctor as the user the kubelet runs as (root)"),
+                Row::new(
+                    Verdict::Unreadable,
+                    &path,
+                    "registry",
+                    view.as_on_host(&format!("cannot be read: {err}")),
+                )
+                .hint("run kpm doctor as the user the kubelet runs as (root)"),
             ),
             _ => {}
         }
     }
     while let Some(joined) = inspections.join_next().await {
         match joined {
-            Ok((path, inspection)) => rows.push(judge(host, &path, inspection)),
+            Ok((path, inspection)) => rows.push(judge(host, view, &path, inspection)),
             Err(err) => unseen.push(format!("an inspection failed: {err}")),
         }
     }
@@ -338,8 +347,8 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 }
 
 /// The row of the registration socket at `path` on the host, from its
-/// inspection, whose words name the paths it read.
-fn judge(host: &Host, path: &Path, inspection: Inspection) -> Row {
+/// inspection, whose words name the paths it read in `view`.
+fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
@@ -348,14 +357,14 @@ fn judge(host: &Host, path: &Path, inspection: Inspection) -> Row {
         Ok(()) => inspection.service.as_ref().map(ToString::to_string).unwrap_or_default(),
         Err(err) => crate::reason(err),
     };
-    let mut row = Row::new(verdict, path, "registry", host.as_on_host(&reason)).hint(hint);
+    let mut row = Row::new(verdict, path, "registry", view.as_on_host(&reason)).hint(hint);
     if let Some(info) = &inspection.info {
         row.plugin_type = Some(info.r#type.clone());
         row.name = Some(info.name.clone());
         row.versions.clone_from(&info.supported_versions);
     }
     // An empty endpoint is the registration socket, as it was read.
-    row.endpoint = inspection.endpoint.as_deref().map(|endpoint| host.as_on_host(endpoint));
+    row.endpoint = inspection.endpoint.as_deref().map(|endpoint| view.as_on_host(endpoint));
     row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps
@@ -440,19 +449,20 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
 }
 
 /// The sockets still listening under `root`'s registry or `device-plugins/`
-/// whose file is gone; `root` and `listening` are the host's paths.
+/// whose file is gone; `root` and `listening` are paths as the kubelet
+/// sees them, read in its `view`.
 ///
 /// Gone means missing from a directory this process sees. A socket whose
 /// directory it does not see at all tells nothing: the kubelet and its
 /// plugins may run in another mount namespace, or the host be mounted
 /// elsewhere than `--host-root` says, and the socket be where it belongs.
-pub(crate) fn deleted(host: &Host, root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
+pub(crate) fn deleted(view: &View, root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
     let dirs = [
         root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
         root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
     ];
     let gone = |path: &Path| {
-        let seen = host.path(path);
+        let seen = view.path(path);
         let seen = seen.as_ref();
         matches!(std::fs::symlink_metadata(seen), Err(err) if err.kind() == io::ErrorKind::NotFound)
             && seen.parent().is_some_and(Path::is_dir)
@@ -470,6 +480,44 @@ pub(crate) fn deleted(host: &Host, root: &Path, listening: &BTreeSet<PathBuf>) -
                     .into(),
             )
             .hint("restart the plugin (or its registrar) so that it binds its socket again")
+        })
+        .collect()
+}
+
+/// The registries of `roots` (but the one judged) that hold sockets while
+/// no running kubelet has that root.
+pub(crate) fn unwatched_registries(
+    view: &View,
+    root_dir: &Path,
+    roots: &[PathBuf],
+    kubelets: &[KubeletProcess],
+) -> Vec<Finding> {
+    roots
+        .iter()
+        .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
+        .filter_map(|root| {
+            let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+            let entries = kpm::registry::survey(view.path(&registry).as_ref()).ok()?;
+            let sockets = entries
+                .iter()
+                .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
+                .count();
+            (sockets > 0).then(|| Finding {
+                name: None,
+                verdict: Verdict::UnwatchedRegistry,
+                reason: format!(
+                    "{sockets} socket(s) in a registry no running kubelet watches (the kubelet's root is {})",
+                    root_dir.display()
+                ),
+                hint: format!(
+                    "the plugins' DaemonSets mount {} as the kubelet root: mount {} instead \
+                     (node-driver-registrar's --kubelet-registration-path too)",
+                    root.display(),
+                    root_dir.display()
+                ),
+                path: registry,
+                cause: None,
+            })
         })
         .collect()
 }

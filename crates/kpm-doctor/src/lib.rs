@@ -3,7 +3,9 @@
 //! library a node agent can embed.
 //!
 //! - [`Doctor`] finds the kubelet's root (a running kubelet's `--root-dir`,
-//!   also inside `MicroK8s`' kubelite or k3s, else the default) and
+//!   also inside `MicroK8s`' kubelite or k3s, else the default; of several
+//!   kubelets on one host, the one of the node asked about, else the first
+//!   whose registry can be read, the others named) and
 //!   [`examine`](Doctor::examine)s the node: every entry of its registry and
 //!   every socket of `device-plugins/` is judged with the inspection `kpm
 //!   run` would register with (the kubelet's rules and its 1 s `GetInfo`),
@@ -27,8 +29,11 @@
 //!   each driver's nodes (`47/50`) with why it is not on the others;
 //!   [`render_fleet_table`] prints it as `kpm doctor --cluster` does.
 //! - [`Host`] is where this process sees the host's file system: `/`, or a
-//!   prefix in a pod (`/host`); reports, conditions, Events and logs always
-//!   name the host's paths, and a path is resolved under the prefix only
+//!   prefix in a pod (`/host`). A kubelet's files are read as that kubelet
+//!   sees them, its [`View`]: the host's, or `<host-root>/proc/PID/root`
+//!   for one in a mount namespace of its own (kind, k3d, a kubelet in a
+//!   container). Reports, conditions, Events and logs always name the paths
+//!   as the kubelet does, and a path is resolved under a view's prefix only
 //!   to be read (a [`Seen`], which cannot be shown).
 //!
 //! This crate leaves the choice of the k8s-openapi version feature to the
@@ -44,6 +49,8 @@ mod device_plugins;
 mod fleet;
 mod host;
 mod judge;
+mod judged;
+mod kubelets;
 mod metrics;
 mod outcome;
 mod plugin_report;
@@ -53,10 +60,13 @@ mod render;
 mod watch;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kpm::{ExecutorConfig, Kubelet, PluginKind};
+use kpm::PluginKind;
 use serde::Serialize;
+
+use crate::judged::{Judged, cannot_list_registry, choose};
 
 pub use crate::condition::{
     CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON,
@@ -68,8 +78,10 @@ pub use crate::fleet::{
     DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
     NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet, render_fleet_table,
 };
-pub use crate::host::{Host, KubeletProcess, ProcessInfo, Seen};
+pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
+pub use crate::judged::judging_kubelet;
+pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::plugin_report::{
     BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,
@@ -113,6 +125,10 @@ pub struct DoctorConfig {
     /// The kubelet's root on the host; `None`: the running kubelet's, else
     /// `/var/lib/kubelet`.
     pub root_dir: Option<PathBuf>,
+    /// The name of the node judged, when known (`--node-name`, a
+    /// kubeconfig's node): of several kubelets on the host, the one that
+    /// is this node is judged. `None`: see [`Doctor`] for the rule.
+    pub node_name: Option<String>,
     /// Where this process sees the host. Default: the host's own view.
     pub host: Host,
     /// Other roots whose registries are looked at for sockets no kubelet
@@ -129,6 +145,7 @@ impl Default for DoctorConfig {
     fn default() -> Self {
         Self {
             root_dir: None,
+            node_name: None,
             host: Host::default(),
             other_roots: WELL_KNOWN_ROOTS.iter().map(PathBuf::from).collect(),
             disabled: Vec::new(),
@@ -142,6 +159,13 @@ impl DoctorConfig {
     #[must_use]
     pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.root_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets [`node_name`](Self::node_name) (default: not known).
+    #[must_use]
+    pub fn node_name(mut self, name: impl Into<String>) -> Self {
+        self.node_name = Some(name.into());
         self
     }
 
@@ -176,15 +200,29 @@ impl DoctorConfig {
 
 /// Judges one node's plugins. Set up once (the root found, the judging
 /// kubelet built), then [`examine`](Self::examine)d as often as wanted.
+///
+/// Which kubelet it judges, of those running on the host
+/// ([`Report::kubelets`]), is chosen again at every examination, so that a
+/// kubelet that restarts (a new pid) or starts late is followed:
+/// - with [`DoctorConfig::root_dir`], that root, read as the running
+///   kubelet with that root sees it (of several, as below), else at its
+///   path on the host;
+/// - with [`DoctorConfig::node_name`], the kubelet that is that node: by
+///   its `--hostname-override` or its config file's `hostnameOverride`,
+///   else by its hostname;
+/// - else, or when none is that node, the first (by pid) whose registry
+///   can be read, else the first; none running: `/var/lib/kubelet`.
+///
+/// A kubelet's files are read as it sees them: at their host paths when it
+/// shares the host's mount namespace, else through `/proc/PID/root` (kind,
+/// k3d, a kubelet in a container); what is shown names them as it does.
+/// When several run, [`Report::choice`] says which was judged and names
+/// the others.
 #[derive(Debug)]
 pub struct Doctor {
     config: DoctorConfig,
-    /// The kubelet root on the host, and how it was found.
-    root_dir: PathBuf,
-    root_from: String,
-    /// The kubelet `kpm run` would run on that root, not running: its
-    /// manager's inspection judges the registry's sockets.
-    kubelet: Kubelet,
+    /// The kubelet judged, as last chosen.
+    judged: parking_lot::Mutex<Arc<Judged>>,
     /// The `kpm run` of the node, when it is the node's plugin manager.
     kpm_run: Option<PendingReader>,
 }
@@ -193,27 +231,9 @@ impl Doctor {
     /// A doctor for the node `config` describes: finds the kubelet's root
     /// unless given.
     pub fn new(config: DoctorConfig) -> Result<Self, DoctorError> {
-        let (root_dir, root_from) = match (&config.root_dir, config.host.kubelets().first()) {
-            (Some(dir), _) => (dir.clone(), "--root-dir".to_owned()),
-            (None, Some(kubelet)) => (kubelet.root_dir.clone(), kubelet.describe()),
-            (None, None) => (PathBuf::from(host::DEFAULT_ROOT), "the default".to_owned()),
-        };
-        // The judging kubelet reads the root it is given: where this
-        // process sees it.
-        let seen = config.host.path(&root_dir);
-        let get_info = ExecutorConfig::default().get_info_timeout;
-        let kubelet = judging_kubelet(
-            seen.as_ref(),
-            &config.disabled,
-            config.timeout,
-            get_info,
-            Some(config.host.root()),
-        )
-        .map_err(|source| DoctorError::BuildKubelet {
-            root: root_dir.clone(),
-            source: Box::new(source),
-        })?;
-        Ok(Self { config, root_dir, root_from, kubelet, kpm_run: None })
+        let choice = choose(&config, &config.host.kubelets());
+        let judged = Judged::new(&config, choice)?;
+        Ok(Self { config, judged: parking_lot::Mutex::new(Arc::new(judged)), kpm_run: None })
     }
 
     /// Reads, at each examination with a cluster, what `kpm run` has not
@@ -225,9 +245,15 @@ impl Doctor {
         self
     }
 
-    /// The kubelet root judged, a path on the host.
-    pub fn root_dir(&self) -> &Path {
-        &self.root_dir
+    /// The kubelet root judged, as the kubelet sees it (a path on the host).
+    pub fn root_dir(&self) -> PathBuf {
+        self.judged.lock().choice.root_dir.clone()
+    }
+
+    /// The kubelet root judged, and where it is read.
+    pub fn root(&self) -> Seen {
+        let judged = Arc::clone(&self.judged.lock());
+        judged.choice.view.path(&judged.choice.root_dir)
     }
 
     /// What this doctor was set up with.
@@ -239,38 +265,83 @@ impl Doctor {
     /// (its whole tree) and `device-plugins/` (its sockets and the device
     /// manager's checkpoint).
     pub fn watched_dirs(&self) -> [Seen; 2] {
-        let root = self.config.host.path(&self.root_dir);
+        let root = self.root();
         [
             root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
             root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
         ]
     }
 
+    /// The kubelet to judge now, chosen again among `kubelets`: the one
+    /// judged before unless the choice changed (a kubelet restarted, one
+    /// started); `unseen` says why a new choice could not be taken.
+    fn judged_now(&self, kubelets: &[KubeletProcess], unseen: &mut Vec<String>) -> Arc<Judged> {
+        let choice = choose(&self.config, kubelets);
+        let mut judged = self.judged.lock();
+        if judged.choice == choice {
+            return Arc::clone(&judged);
+        }
+        if judged.choice.root_dir == choice.root_dir && judged.choice.view == choice.view {
+            // The same files (another pid, other kubelets beside): the
+            // judging kubelet reads them as before.
+            let kubelet = Arc::clone(&judged.kubelet);
+            *judged = Arc::new(Judged { choice, kubelet });
+            return Arc::clone(&judged);
+        }
+        tracing::info!(
+            root = %choice.root_dir.display(),
+            from = %choice.root_from,
+            "judging another kubelet"
+        );
+        // Its words name the paths it was given, under the new view.
+        let view = choice.view.clone();
+        match Judged::new(&self.config, choice) {
+            Ok(chosen) => *judged = Arc::new(chosen),
+            Err(err) => unseen.push(format!(
+                "{}; the kubelet judged before is judged",
+                view.as_on_host(&err.to_string())
+            )),
+        }
+        Arc::clone(&judged)
+    }
+
     /// Judges the node now; with `cluster`, what the API server showed of
     /// it, the plugins are held against it too.
     pub async fn examine(&self, cluster: Option<&kpm::kube::NodeObjects>) -> Report {
         let host = &self.config.host;
-        let root = host.path(&self.root_dir);
         let kubelets = host.kubelets();
         let mut unseen = Vec::new();
+        let judged = self.judged_now(&kubelets, &mut unseen);
+        let choice = &judged.choice;
+        let view = &choice.view;
+        if let Some(why) = choice.kubelet.as_ref().and_then(KubeletProcess::unreadable) {
+            unseen.push(format!(
+                "{why}: the kubelet's files are read at their paths on the host, which are its \
+                 own only if it shares the host's mount namespace"
+            ));
+        }
+        let root = view.path(&choice.root_dir);
         let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let (mut plugins, mut blind) =
-            match judge::registry(&self.kubelet, host, &registry, &mut unseen).await {
+            match judge::registry(&judged.kubelet, host, view, &registry, &mut unseen).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
-                    Some(self.cannot_list_registry(registry.on_host(), &err, &kubelets)),
+                    Some(cannot_list_registry(choice, registry.on_host(), &err, &kubelets)),
                 ),
             };
         let beside_kubelet_sock =
-            device_plugins::judge(&self.kubelet, host, &root, &plugins, &mut unseen).await;
+            device_plugins::judge(&judged.kubelet, host, view, &root, &plugins, &mut unseen).await;
         plugins.extend(beside_kubelet_sock);
-        match host.listening_unix_paths() {
-            Some(listening) => plugins.extend(judge::deleted(host, &self.root_dir, &listening)),
-            None => {
-                unseen
-                    .push("/proc/net/unix: cannot be read; deleted sockets not looked for".into());
+        let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
+        match host.listening_unix_paths(own_namespace.map(|kubelet| kubelet.pid)) {
+            Ok(listening) => {
+                plugins.extend(judge::deleted(view, &choice.root_dir, &listening));
             }
+            Err(table) => unseen.push(format!(
+                "{}: cannot be read; deleted sockets not looked for",
+                table.display()
+            )),
         }
         judge::mark_duplicates(&mut plugins);
 
@@ -283,15 +354,17 @@ impl Doctor {
             cluster::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
             blind = blind.or_else(|| cluster::unread(objects));
         }
-        findings.extend(unwatched_registries(
-            host,
-            &self.root_dir,
+        findings.extend(judge::unwatched_registries(
+            view,
+            &choice.root_dir,
             &self.config.other_roots,
             &kubelets,
         ));
         Report {
-            root_dir: self.root_dir.clone(),
-            root_from: self.root_from.clone(),
+            root_dir: choice.root_dir.clone(),
+            root_from: choice.root_from.clone(),
+            judged_pid: choice.kubelet.as_ref().map(|kubelet| kubelet.pid),
+            choice: choice.note.clone(),
             kubelets,
             node: cluster.map(|objects| objects.node.clone()),
             kubelet_version: cluster.and_then(|objects| {
@@ -304,36 +377,6 @@ impl Doctor {
             ok: false,
         }
         .judged()
-    }
-
-    /// Why a registry that cannot be listed leaves nothing to judge, and
-    /// where to look instead.
-    fn cannot_list_registry(
-        &self,
-        registry: &Path,
-        err: &std::io::Error,
-        kubelets: &[KubeletProcess],
-    ) -> Blind {
-        let why = format!("{}: cannot be listed: {err}", registry.display());
-        let hint = match (err.kind(), kubelets.first()) {
-            (std::io::ErrorKind::PermissionDenied, _) => {
-                "run kpm doctor as the user the kubelet runs as (root)".to_owned()
-            }
-            (_, Some(kubelet)) if kubelet.root_dir != self.root_dir => format!(
-                "{} has root {}: give that to --root-dir, or leave --root-dir out",
-                kubelet.describe(),
-                kubelet.root_dir.display()
-            ),
-            (_, Some(_)) => "the kubelet creates it when it starts: is it running, and does kpm \
-                             doctor see the host's file system (--host-root)?"
-                .to_owned(),
-            (_, None) => "no running kubelet was found to take its root from: pass the \
-                          kubelet's --root-dir as --root-dir; in a pod that mounts the host's / \
-                          elsewhere, pass --host-root too (kubectl debug node/NAME mounts it at \
-                          /host)"
-                .to_owned(),
-        };
-        Blind { why, hint }
     }
 }
 
@@ -357,6 +400,13 @@ pub struct Report {
     /// How the root was found: `--root-dir`, `the running kubelet, pid 42`,
     /// `the default`.
     pub root_from: String,
+    /// The running kubelet judged, by pid, when the root is one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged_pid: Option<u32>,
+    /// With several kubelets on the host (or none that is the node asked
+    /// about): which was judged and how, the others, and how to pick one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choice: Option<String>,
     /// The kubelets running on this host.
     pub kubelets: Vec<KubeletProcess>,
     /// The node the cluster was asked about, if it was.
@@ -444,6 +494,8 @@ impl Report {
         Self {
             root_dir: PathBuf::from("/r"),
             root_from: "--root-dir".to_owned(),
+            judged_pid: None,
+            choice: None,
             kubelets: Vec::new(),
             node: None,
             kubelet_version: None,
@@ -516,36 +568,6 @@ impl Finding {
     }
 }
 
-/// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,
-/// not running, to judge plugins with: `GetInfo` bounded by `get_info`,
-/// every other call by `timeout`; under `host_root` (where this process sees
-/// the host's `/`), the endpoints plugins advertise are reached there.
-pub fn judging_kubelet(
-    root_dir: &Path,
-    disabled: &[PluginKind],
-    timeout: Duration,
-    get_info: Duration,
-    host_root: Option<&Path>,
-) -> Result<Kubelet, kpm::Error> {
-    let executor = ExecutorConfig::default()
-        .dial_timeout(timeout)
-        .get_info_timeout(get_info)
-        .handler_timeout(timeout);
-    let mut builder = disabled
-        .iter()
-        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
-        .manager(|manager| manager.liveness(None).executor_config(executor))
-        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
-        .device_config(
-            kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
-        )
-        .dra_config(kpm::dra::DraConfig::default().call_timeout(timeout));
-    if let Some(host_root) = host_root {
-        builder = builder.host_root(host_root);
-    }
-    builder.build()
-}
-
 /// Why an inspection failed, as one line: the cause (the handler's or the
 /// transport's error, the plugin's status) where the executor's error wraps
 /// one, the executor's error otherwise.
@@ -554,42 +576,4 @@ pub fn reason(err: &kpm::ExecutorError) -> String {
         Some(cause) => kpm::api::error_chain(cause),
         None => err.to_string(),
     }
-}
-
-/// The registries of `roots` (but the one judged) that hold sockets while
-/// no running kubelet has that root.
-fn unwatched_registries(
-    host: &Host,
-    root_dir: &Path,
-    roots: &[PathBuf],
-    kubelets: &[KubeletProcess],
-) -> Vec<Finding> {
-    roots
-        .iter()
-        .filter(|root| *root != root_dir && kubelets.iter().all(|k| &k.root_dir != *root))
-        .filter_map(|root| {
-            let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
-            let entries = kpm::registry::survey(host.path(&registry).as_ref()).ok()?;
-            let sockets = entries
-                .iter()
-                .filter(|(_, entry)| matches!(entry, kpm::registry::RegistryEntry::Socket))
-                .count();
-            (sockets > 0).then(|| Finding {
-                name: None,
-                verdict: Verdict::UnwatchedRegistry,
-                reason: format!(
-                    "{sockets} socket(s) in a registry no running kubelet watches (the kubelet's root is {})",
-                    root_dir.display()
-                ),
-                hint: format!(
-                    "the plugins' DaemonSets mount {} as the kubelet root: mount {} instead \
-                     (node-driver-registrar's --kubelet-registration-path too)",
-                    root.display(),
-                    root_dir.display()
-                ),
-                path: registry,
-                cause: None,
-            })
-        })
-        .collect()
 }

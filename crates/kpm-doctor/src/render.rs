@@ -12,6 +12,10 @@ use crate::judge::{self, Verdict};
 pub fn render_table(report: &Report) -> String {
     let mut text =
         format!("kubelet root: {} (from {})\n", report.root_dir.display(), report.root_from);
+    // Several kubelets on the host: which one, and how to pick another.
+    if let Some(choice) = &report.choice {
+        let _ = writeln!(text, "{choice}");
+    }
     // Nothing judged: no table to show empty.
     if report.blind.is_none() || !report.plugins.is_empty() {
         rows_and_explanations(report, &mut text);

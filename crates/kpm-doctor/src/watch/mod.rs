@@ -475,7 +475,7 @@ impl Armed {
     /// watched yet.
     fn arm(&mut self, watcher: &mut RecommendedWatcher, doctor: &Doctor) {
         let [registry, device_plugins] = doctor.watched_dirs();
-        let root = doctor.config().host.path(doctor.root_dir());
+        let root = doctor.root();
         let wanted = [
             (registry, RecursiveMode::Recursive),
             (device_plugins, RecursiveMode::NonRecursive),
