@@ -77,6 +77,67 @@ impl Api {
         self.expect_ok("GET", path, None)
     }
 
+    /// The collection at `path` as the API server prints it for `kubectl
+    /// get`: its printer columns (server-side printing, a `meta.k8s.io`
+    /// Table), laid out as kubectl lays them out.
+    pub(crate) fn get_table(&self, path: &str) -> Result<String> {
+        let request = ureq::http::Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.server))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+            .body(String::new())?;
+        let mut response = self.agent.run(request)?;
+        let text = response.body_mut().read_to_string()?;
+        let table: Value = serde_json::from_str(&text)?;
+        if response.status().as_u16() != 200 {
+            return Err(format!(
+                "GET {path} as a Table: {} {}",
+                response.status(),
+                table["message"]
+            )
+            .into());
+        }
+        let columns: Vec<(usize, String)> = table["columnDefinitions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .filter(|(_, column)| column["priority"].as_u64().unwrap_or_default() == 0)
+            .map(|(i, column)| (i, column["name"].as_str().unwrap_or_default().to_uppercase()))
+            .collect();
+        let mut lines = vec![columns.iter().map(|(_, name)| name.clone()).collect::<Vec<_>>()];
+        for row in table["rows"].as_array().into_iter().flatten() {
+            let cells = row["cells"].as_array().cloned().unwrap_or_default();
+            lines.push(
+                columns
+                    .iter()
+                    .map(|(i, _)| match cells.get(*i) {
+                        Some(Value::String(text)) => text.clone(),
+                        Some(Value::Null) | None => "<none>".to_owned(),
+                        Some(other) => other.to_string(),
+                    })
+                    .collect(),
+            );
+        }
+        let widths: Vec<usize> = (0..columns.len())
+            .map(|i| lines.iter().map(|line| line[i].len()).max().unwrap_or_default())
+            .collect();
+        let text = lines
+            .iter()
+            .map(|line| {
+                let cells: Vec<String> = line
+                    .iter()
+                    .zip(&widths)
+                    .map(|(cell, width)| format!("{cell:<width$}"))
+                    .collect();
+                cells.join("   ").trim_end().to_owned()
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok(text)
+    }
+
     pub(crate) fn post(&self, path: &str, body: &Value) -> Result<Value> {
         self.expect_ok("POST", path, Some(body))
     }
@@ -119,6 +180,14 @@ pub(super) const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
 
 /// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
 /// the node with `pool_slices` slices.
+/// The doctors' `KubeletPluginReports`.
+pub(super) const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
+
+/// Node `node`'s `KubeletPluginReport`, if its doctor wrote one.
+pub(super) fn report(api: &Api, node: &str) -> Result<Option<Value>> {
+    api.get_optional(&format!("{REPORTS}/{node}"))
+}
+
 pub(super) fn slice(name: &str, driver: &str, node: &str, pool_slices: u32) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",

@@ -161,6 +161,7 @@ impl Cluster {
         cluster.start_apiserver(env)?;
         cluster.apply_rbac(&env.manifest)?;
         cluster.apply_rbac(&env.doctor_manifest)?;
+        cluster.apply_crd(&env.doctor_crd)?;
         for node in ["node1", "node2"] {
             cluster.create_node(node)?;
         }
@@ -263,6 +264,27 @@ impl Cluster {
     /// SIGTERM to kube-apiserver, and waits for it to exit.
     pub(super) fn stop_apiserver(&mut self) -> Result {
         self.apiserver.take().ok_or("kube-apiserver is not running")?.stop(STOP_TIMEOUT)
+    }
+
+    /// POSTs the `CustomResourceDefinition` of `manifest` as admin, and
+    /// waits until its resource is served.
+    fn apply_crd(&self, manifest: &Path) -> Result {
+        let text = fs::read_to_string(manifest)
+            .map_err(|err| format!("cannot read {}: {err}", manifest.display()))?;
+        let crd: Value = serde_norway::from_str(&text)
+            .map_err(|err| format!("{}: {err}", manifest.display()))?;
+        self.api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", &crd)?;
+        let (group, plural) = (&crd["spec"]["group"], &crd["spec"]["names"]["plural"]);
+        let version = &crd["spec"]["versions"][0]["name"];
+        let (group, plural, version) = (
+            group.as_str().ok_or("a CRD without spec.group")?,
+            plural.as_str().ok_or("a CRD without spec.names.plural")?,
+            version.as_str().ok_or("a CRD without a version")?,
+        );
+        let collection = format!("/apis/{group}/{version}/{plural}");
+        wait_until(&format!("{collection} served"), STEP_TIMEOUT, || {
+            Ok(self.api.request("GET", &collection, None)?.0 == 200)
+        })
     }
 
     /// POSTs the `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` documents

@@ -9,7 +9,8 @@
 //! 127.0.0.1 and localhost, service-account key), a static token file with an
 //! admin (`system:masters`) and kpm's service account, and RBAC authorization.
 //! The `ServiceAccount`, `ClusterRole` and `ClusterRoleBinding` of the manifest
-//! (`deploy/run/daemonset.yaml`) are applied; Nodes `node1` and `node2` are
+//! (`deploy/run/daemonset.yaml`) and of the doctor's, and the doctor's
+//! `KubeletPluginReport` CRD (`deploy/doctor/crd.yaml`), are applied; Nodes `node1` and `node2` are
 //! created. `kpm run --node-name node1` talks to the API server as its
 //! service account through a kubeconfig, so its RBAC is checked too. Every
 //! check reads the API server (as admin), never kpm, except the request
@@ -27,8 +28,9 @@
 //! | `apiserver-down` | plugins register locally while the API server is down (CSI reports the failed Node update), and everything converges once it is back |
 //! | `outage` | issue 43: the API server killed for 20 s while a CSI driver leaves and one registers (rejected, retried), a device plugin stops and one registers, a DRA driver's slice wipe falls due; within 10 s of `/readyz` CSINode, the node-id annotation, labels, capacity, allocatable and slices are what the kubelet's rules say, the stopped plugin's capacity kept (none allocatable) for its grace and removed after; then an idle minute with no write by kpm (the audit log); prints the times and counts |
 //! | `doctor` | `kpm doctor --kubeconfig` with kpm's token: a registered CSI driver ok, a driver missing from CSINode `not-registered`, the entry of one that went stale |
-//! | `fleet-scale` | `kpm doctor --cluster` over 5000 Nodes, 5000 CSINodes and 20,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
-//! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` |
+//! | `fleet-scale` | `kpm doctor --cluster` over 20,000 Nodes with their doctors' `KubeletPluginReports`, 20,000 CSINodes and 80,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
+//! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, in the condition and the typed report (owned by the Node), an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` read from the reports, `kubectl get kubeletpluginreports` as the API server prints it |
+//! | `flapping` | a driver present 4 s and gone 1 s for 2 min beside a doctor without and with flap damping, and one present 1 s and gone 1 s: each doctor's writes (audit log) printed, the damped one's a handful; the fast one shown `Flapping` within the window; healthy again a hold after, with its Events (`scenarios/flapping.rs`) |
 //!
 //! The runner (this file: options, the programs, each scenario on a cluster
 //! of its own) sits on `cluster` (etcd and kube-apiserver, started and
@@ -91,6 +93,8 @@ struct Env {
     manifest: PathBuf,
     /// `deploy/doctor/daemonset.yaml`, whose RBAC the doctors run with.
     doctor_manifest: PathBuf,
+    /// `deploy/doctor/crd.yaml`, the doctors' `KubeletPluginReport`.
+    doctor_crd: PathBuf,
     out: PathBuf,
 }
 
@@ -143,6 +147,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         dra_test_driver,
         manifest: manifest.unwrap_or_else(|| root.join("deploy/run/daemonset.yaml")),
         doctor_manifest: root.join("deploy/doctor/daemonset.yaml"),
+        doctor_crd: root.join("deploy/doctor/crd.yaml"),
         out: binaries.out,
     };
 

@@ -14,7 +14,10 @@
 //!    conditions;
 //! 5. the API server killed and started again: a failure that began
 //!    meanwhile is published, its Event included;
-//! 6. `kpm doctor --cluster` shows the fleet.
+//! 6. `kpm doctor --cluster` shows the fleet, read from the doctors'
+//!    `KubeletPluginReports`: each written beside its condition, owned by
+//!    its Node, with the failing plugin's verdict, and shown by the API
+//!    server's own printer columns (`kubectl get kubeletpluginreports`).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -25,7 +28,7 @@ use serde_json::{Value, json};
 
 use super::Cluster;
 use crate::Result;
-use crate::kube_e2e::api::Api;
+use crate::kube_e2e::api::{Api, REPORTS, report};
 use crate::kube_e2e::{ADMIN_TOKEN, DOCTOR_TOKEN, DOCTOR_USER, Env, KPM_TOKEN, STEP_TIMEOUT};
 use crate::scenario::{Process, RunningKpm, wait_for, wait_until};
 
@@ -60,7 +63,7 @@ pub(super) fn fleet(env: &Env, cluster: &mut Cluster) -> Result {
         fs::create_dir_all(root.join("plugins_registry"))?;
         let kubelet = start_kubelet(env, &root, &name, &kpm_config)?;
         let mut node = Node {
-            doctor: start_doctor(env, cluster, &root, &name, &doctor_config)?,
+            doctor: start_doctor(env, cluster, &root, &name, &doctor_config, &[])?,
             name,
             root,
             kubelet: Some(kubelet),
@@ -74,6 +77,7 @@ pub(super) fn fleet(env: &Env, cluster: &mut Cluster) -> Result {
         Ok(nodes.iter().all(|node| condition(api, &node.name).is_ok_and(|c| c["status"] == "True")))
     })?;
     eprintln!("{NODES} nodes, each with kpm run, {DRIVER} and kpm doctor --watch: all True");
+    reports_owned_and_healthy(cluster, &nodes)?;
     fail_and_recover(env, cluster, &mut nodes, &kpm_config)?;
     idle_minute(cluster)?;
     kubelet_between_writes(cluster, &nodes[0].name)?;
@@ -107,6 +111,27 @@ fn fail_and_recover(
             Ok(events(api, &nodes[node].name)?.into_iter().find(|e| e["reason"] == reason))
         })?;
     }
+    // The reports say the same, typed.
+    let failing = [
+        (2, "stale", None),
+        (4, "rejected", Some("old.example.com")),
+        (6, "not-registered", Some("late.example.com")),
+    ];
+    for (node, verdict, name) in failing {
+        let node = &nodes[node].name;
+        wait_for(&format!("{node}'s report lists a {verdict} plugin"), STEP_TIMEOUT, || {
+            let Some(report) = report(api, node)? else { return Ok(None) };
+            let status = &report["status"];
+            let entry = status["plugins"].as_array().into_iter().flatten().find(|entry| {
+                entry["verdict"] == verdict && name.is_none_or(|name| entry["name"] == name)
+            });
+            Ok(entry.filter(|_| status["health"] == "Failing").cloned())
+        })?;
+    }
+    eprintln!(
+        "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
+        api.get_table(REPORTS)?
+    );
 
     // 2. Each fixed.
     let started = Instant::now();
@@ -137,10 +162,10 @@ fn idle_minute(cluster: &Cluster) -> Result {
     let mut per_node: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for write in &writes {
         let (what, node) = (&write.what, &write.name);
-        if what != "patch nodes/status" {
+        if what != "patch nodes/status" && what != "patch kubeletpluginreports/status" {
             return Err(format!("a doctor wrote {what} on {node} during the idle minute").into());
         }
-        per_node.entry(node.clone()).or_default().push(write.at);
+        per_node.entry(format!("{node} {what}")).or_default().push(write.at);
     }
     for (node, times) in &per_node {
         if times.windows(2).any(|pair| pair[1] - pair[0] < f64::from(HEARTBEAT_SECS) - 1.0) {
@@ -150,11 +175,12 @@ fn idle_minute(cluster: &Cluster) -> Result {
         }
     }
     let most = usize::try_from(60 / HEARTBEAT_SECS + 1)?;
-    if per_node.len() != NODES || per_node.values().any(|times| times.len() > most) {
+    // Each node's condition and report, each at its heartbeat.
+    if per_node.len() != 2 * NODES || per_node.values().any(|times| times.len() > most) {
         return Err(format!("heartbeats over the idle minute: {per_node:?}").into());
     }
     eprintln!(
-        "idle minute: {} writes by the doctors, all heartbeats (patch nodes/status, {}-{} a node, >= {HEARTBEAT_SECS}s apart), no Event",
+        "idle minute: {} writes by the doctors, all heartbeats (patch nodes/status and kubeletpluginreports/status, {}-{} each a node, >= {HEARTBEAT_SECS}s apart), no Event",
         writes.len(),
         per_node.values().map(Vec::len).min().unwrap_or(0),
         per_node.values().map(Vec::len).max().unwrap_or(0),
@@ -214,18 +240,60 @@ fn apiserver_restart(env: &Env, cluster: &mut Cluster, node: &mut Node) -> Resul
     Ok(())
 }
 
-/// The fleet (6) from anywhere with a kubeconfig.
+/// The fleet (6) from anywhere with a kubeconfig, read from the reports.
 fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
     let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?;
-    let output = std::process::Command::new(&env.kpm)
-        .args(["doctor", "--cluster", "--kubeconfig"])
-        .arg(&admin)
-        .output()?;
+    let run = |json: bool| {
+        let mut command = std::process::Command::new(&env.kpm);
+        command.args(["doctor", "--cluster", "--kubeconfig"]).arg(&admin);
+        if json {
+            command.args(["-o", "json"]);
+        }
+        command.output()
+    };
+    let output = run(false)?;
     let table = String::from_utf8_lossy(&output.stdout);
     eprintln!("kpm doctor --cluster (exit {}):\n{table}", output.status.code().unwrap_or(-1));
     if output.status.code() != Some(1) || !table.contains(failing) {
         return Err(format!("kpm doctor --cluster does not show {failing}'s failure").into());
     }
+    let fleet: Value = serde_json::from_slice(&run(true)?.stdout)?;
+    let node = fleet["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == failing);
+    let node = node.ok_or_else(|| format!("{failing} is not in the fleet's JSON"))?;
+    let typed = node["source"] == "report"
+        && node["failing_plugins"][0]["verdict"] == "stale"
+        && node["failing_plugins"][0]["subject"] == format!("{DRIVER}-reg.sock");
+    if !typed {
+        return Err(format!("{failing} is not read from its report: {node}").into());
+    }
+    eprintln!(
+        "kpm doctor --cluster -o json: {failing} read from its report: {}",
+        node["failing_plugins"]
+    );
+    eprintln!(
+        "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
+        cluster.api.get_table(REPORTS)?
+    );
+    Ok(())
+}
+
+/// (1, 6) Each doctor's report is there once its condition is True,
+/// `Healthy`, and owned by its Node, so that the garbage collector removes
+/// it with the Node.
+fn reports_owned_and_healthy(cluster: &Cluster, nodes: &[Node]) -> Result {
+    let api = &cluster.api;
+    for node in nodes {
+        let name = &node.name;
+        let report = wait_for(&format!("{name}'s report Healthy"), STEP_TIMEOUT, || {
+            Ok(report(api, name)?.filter(|r| r["status"]["health"] == "Healthy"))
+        })?;
+        let uid = api.get(&format!("/api/v1/nodes/{name}"))?["metadata"]["uid"].clone();
+        let owner = &report["metadata"]["ownerReferences"][0];
+        if owner["kind"] != "Node" || owner["name"] != name.as_str() || owner["uid"] != uid {
+            return Err(format!("{name}'s report is not owned by its Node: {owner}").into());
+        }
+    }
+    eprintln!("{NODES} KubeletPluginReports, each Healthy and owned by its Node");
     Ok(())
 }
 
@@ -253,7 +321,7 @@ impl Drop for Node {
     }
 }
 
-fn start_kubelet(
+pub(super) fn start_kubelet(
     env: &Env,
     root: &std::path::Path,
     node: &str,
@@ -269,12 +337,13 @@ fn start_kubelet(
     )
 }
 
-fn start_doctor(
+pub(super) fn start_doctor(
     env: &Env,
     cluster: &Cluster,
     root: &std::path::Path,
     node: &str,
     kubeconfig: &std::path::Path,
+    extra: &[&str],
 ) -> Result<Process> {
     let nowhere = cluster.dir.path().join("no-other-root").display().to_string();
     let (root, kubeconfig) = (root.display().to_string(), kubeconfig.display().to_string());
@@ -295,12 +364,13 @@ fn start_doctor(
         "--timeout",
         "2",
     ];
+    let args: Vec<&str> = args.iter().chain(extra).copied().collect();
     let log = |suffix: &str| env.out.join(format!("fleet-{node}-doctor.{suffix}"));
     Process::spawn(&format!("doctor {node}"), &env.kpm, &args, &log("out"), &log("err"))
 }
 
 /// The doctor's condition on Node `node`.
-fn condition(api: &Api, node: &str) -> Result<Value> {
+pub(super) fn condition(api: &Api, node: &str) -> Result<Value> {
     let node_object = api.get(&format!("/api/v1/nodes/{node}"))?;
     node_object["status"]["conditions"]
         .as_array()
@@ -332,7 +402,7 @@ fn within(node: &str, what: &str, took: Duration) -> Result<Duration> {
 }
 
 /// The events.k8s.io Events regarding Node `node`.
-fn events(api: &Api, node: &str) -> Result<Vec<Value>> {
+pub(super) fn events(api: &Api, node: &str) -> Result<Vec<Value>> {
     let list = api.get("/apis/events.k8s.io/v1/namespaces/default/events")?;
     Ok(list["items"]
         .as_array()

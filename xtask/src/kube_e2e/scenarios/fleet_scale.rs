@@ -1,7 +1,10 @@
-//! The `fleet-scale` scenario: `kpm doctor --cluster` over 5000 Nodes with
-//! the doctor's condition, 5000 `CSINodes` and 20,000 `ResourceSlices` on the
-//! real kube-apiserver; its wall time and peak RSS are printed (a timed
-//! scenario, not a test: the targets are 3 s and 150 MB).
+//! The `fleet-scale` scenario: `kpm doctor --cluster` over 20,000 Nodes
+//! (as many as a large managed cluster), each with its doctor's condition
+//! and `KubeletPluginReport` but for a few without a doctor and a few whose
+//! doctor writes its condition only, 20,000 `CSINodes` and 80,000
+//! `ResourceSlices` on the real kube-apiserver; its wall time and peak RSS
+//! are printed (a timed scenario, not a test: the targets are 3 s and
+//! 150 MB).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,13 +13,13 @@ use serde_json::{Value, json};
 
 use super::Cluster;
 use crate::Result;
-use crate::kube_e2e::api::{Api, CSIDRIVERS, SLICES, slice};
+use crate::kube_e2e::api::{Api, CSIDRIVERS, REPORTS, SLICES, slice};
 use crate::kube_e2e::{ADMIN_TOKEN, Env};
 
-const NODES: usize = 5000;
+const NODES: usize = 20_000;
 const SLICES_PER_NODE: usize = 4;
 /// Threads creating the objects.
-const WRITERS: usize = 4;
+const WRITERS: usize = 8;
 
 pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
     let started = Instant::now();
@@ -44,7 +47,7 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
         Ok(())
     })?;
     eprintln!(
-        "created {NODES} Nodes with the doctor's condition, {NODES} CSINodes and {} ResourceSlices in {:?}",
+        "created {NODES} Nodes with their doctors' conditions and reports, {NODES} CSINodes and {} ResourceSlices in {:?}",
         NODES * SLICES_PER_NODE,
         started.elapsed()
     );
@@ -82,14 +85,31 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
         if nodes < NODES {
             return Err(format!("kpm doctor --cluster saw {nodes} nodes, not {NODES}").into());
         }
+        let from = |source: &str| {
+            fleet["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["source"] == source)
+                .count()
+        };
+        // 1 in 50 without a doctor, 1 in 50 whose doctor writes no report.
+        let (reports, conditions) = (from("report"), from("condition"));
+        if reports != NODES - 2 * NODES / 50 || conditions != NODES / 50 {
+            return Err(format!(
+                "{reports} nodes read from their reports and {conditions} from their conditions"
+            )
+            .into());
+        }
     }
     Ok(())
 }
 
 /// Node `fleet-scale-N` with a condition (1 in 10 failing, 1 in 50 without
-/// a doctor), its CSINode (1 in 100 without the driver) and its slices.
+/// a doctor) and its doctor's report (but 1 in 50 whose doctor writes none),
+/// its CSINode (1 in 100 without the driver) and its slices.
 fn create_node_objects(api: &Api, n: usize) -> Result {
-    let name = format!("fleet-scale-{n:04}");
+    let name = format!("fleet-scale-{n:05}");
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let condition = match n % 10 {
         _ if n % 50 == 7 => None,
@@ -124,6 +144,45 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
     )?;
     for index in 0..SLICES_PER_NODE {
         api.post(SLICES, &slice(&format!("{name}-{index}"), "gpu.example.com", &name, 4))?;
+    }
+    if n % 50 != 7 && n % 50 != 9 {
+        create_report(api, &name, n % 10 == 3, &now)?;
+    }
+    Ok(())
+}
+
+/// Node `name`'s `KubeletPluginReport` as its doctor writes it: created, then
+/// its status (a subresource, which a create leaves out).
+fn create_report(api: &Api, name: &str, failing: bool, now: &str) -> Result {
+    api.post(
+        REPORTS,
+        &json!({"apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
+            "metadata": {"name": name}, "spec": {"nodeName": name}}),
+    )?;
+    let registry = "/var/lib/kubelet/plugins_registry";
+    let entry = |socket: &str, name: Option<&str>, verdict: &str, reason: &str| {
+        json!({"socket": format!("{registry}/{socket}"), "type": "CSIPlugin", "name": name,
+               "verdict": verdict, "reason": reason, "since": now})
+    };
+    let (health, reason, csi) = if failing {
+        let refused = format!("dial {registry}/csi.example.com-reg.sock: Connection refused");
+        ("Failing", "Stale", entry("csi.example.com-reg.sock", None, "stale", &refused))
+    } else {
+        let ok = entry("csi.example.com-reg.sock", Some("csi.example.com"), "ok", "registered");
+        ("Healthy", "PluginsHealthy", ok)
+    };
+    let dra = entry("gpu.example.com-reg.sock", Some("gpu.example.com"), "ok", "registered");
+    let status = json!({"status": {
+        "health": health, "reason": reason,
+        "kubelet": {"rootDir": "/var/lib/kubelet", "foundBy": "the running kubelet, pid 1042",
+                    "version": "v1.36.2"},
+        "counts": {"plugins": 2, "failing": u32::from(failing), "omitted": 0},
+        "plugins": [csi, dra], "findings": [],
+        "heartbeatTime": now, "doctorVersion": "0.1.0",
+    }});
+    let (code, body) = api.request("PATCH", &format!("{REPORTS}/{name}/status"), Some(&status))?;
+    if !(200..300).contains(&code) {
+        return Err(format!("PATCH {REPORTS}/{name}/status: {code} {}", body["message"]).into());
     }
     Ok(())
 }

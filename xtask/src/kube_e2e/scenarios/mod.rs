@@ -13,6 +13,7 @@ mod csi;
 mod device;
 mod doctor;
 mod dra;
+mod flapping;
 mod fleet;
 mod fleet_scale;
 mod outage;
@@ -39,6 +40,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario { name: "doctor", needs_kpm: true, run: doctor::doctor },
     Scenario { name: "fleet", needs_kpm: true, run: fleet::fleet },
     Scenario { name: "fleet-scale", needs_kpm: true, run: fleet_scale::fleet_scale },
+    Scenario { name: "flapping", needs_kpm: true, run: flapping::flapping },
 ];
 
 /// The API requests kpm has made so far: the sum of `kubernetes.requests[].count`
