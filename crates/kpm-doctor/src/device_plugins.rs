@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::io;
 use std::path::Path;
+use std::time::Duration;
 
 use kpm::Kubelet;
 
@@ -18,13 +19,14 @@ use crate::judge::{Row, Verdict, quietly};
 /// registered through `kubelet.sock`, inspected as the device manager
 /// would connect to them, and named by the kubelet's checkpoint. `root` is
 /// read in `view`, the kubelet's, whose prefix the inspections' words are
-/// cleared of.
+/// cleared of; each inspection is bounded by `bound`.
 pub(crate) async fn judge(
     kubelet: &Kubelet,
     host: &Host,
     view: &View,
     root: &Seen,
     judged: &[Row],
+    bound: Duration,
     unseen: &mut Vec<String>,
 ) -> Vec<Row> {
     let dir = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
@@ -47,19 +49,25 @@ pub(crate) async fn judge(
             && entry.file_name() != kpm::api::KUBELET_SOCKET_NAME
             && !endpoints.contains(dir.on_host_of(&entry.path()).as_path())
     });
-    let mut inspections = tokio::task::JoinSet::new();
-    for entry in sockets {
+    let inspections = sockets.map(|entry| {
         let socket = dir.join(entry.file_name());
         let devices = kubelet.handle().devices().clone();
-        inspections.spawn(quietly(async move {
+        let path = socket.on_host().to_path_buf();
+        let inspection = quietly(async move {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let inspected = devices.inspect_endpoint(&name, socket.as_ref()).await;
-            (socket.on_host().to_path_buf(), inspected)
-        }));
-    }
+            devices.inspect_endpoint(&name, socket.as_ref()).await
+        });
+        (path, inspection)
+    });
     let mut rows = Vec::new();
-    while let Some(joined) = inspections.join_next().await {
-        let Ok((path, inspected)) = joined else { continue };
+    for (path, inspected) in crate::inspections::each(inspections, bound).await {
+        let inspected = match inspected {
+            Ok(inspected) => inspected,
+            Err(lost) => {
+                rows.push(lost.row(&path, "device-plugins"));
+                continue;
+            }
+        };
         let row = match inspected {
             Ok(report) => {
                 let reason = view.as_on_host(&report.to_string());

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
@@ -281,26 +282,26 @@ pub fn served_by(process: &ProcessInfo) -> String {
     text
 }
 
-/// Every entry of `registry`, the sockets inspected concurrently; the error
-/// if the registry cannot be listed at all. `view` is the kubelet's, where
-/// the judging kubelet read what its words name; `host` names the processes.
+/// Every entry of `registry`, the sockets inspected concurrently, each
+/// within `bound`; the error if the registry cannot be listed at all.
+/// `view` is the kubelet's, where the judging kubelet read what its words
+/// name; `host` names the processes.
 pub(crate) async fn registry(
     kubelet: &Kubelet,
     host: &Host,
     view: &View,
     registry: &Seen,
-    unseen: &mut Vec<String>,
+    bound: Duration,
 ) -> io::Result<Vec<Row>> {
     let entries = kpm::registry::survey(registry.as_ref())?;
     let mut rows = Vec::new();
-    let mut inspections = tokio::task::JoinSet::new();
+    let mut inspections = Vec::new();
     for (read_at, entry) in entries {
         let path = registry.on_host_of(&read_at);
         match entry {
             RegistryEntry::Socket => {
                 let manager = kubelet.handle().manager().clone();
-                let inspection = quietly(async move { manager.inspect(&read_at).await });
-                inspections.spawn(async move { (path, inspection.await) });
+                inspections.push((path, quietly(async move { manager.inspect(&read_at).await })));
             }
             RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
             RegistryEntry::Unreadable(err) => rows.push(
@@ -315,11 +316,11 @@ pub(crate) async fn registry(
             _ => {}
         }
     }
-    while let Some(joined) = inspections.join_next().await {
-        match joined {
-            Ok((path, inspection)) => rows.push(judge(host, view, &path, inspection)),
-            Err(err) => unseen.push(format!("an inspection failed: {err}")),
-        }
+    for (path, inspection) in crate::inspections::each(inspections, bound).await {
+        rows.push(match inspection {
+            Ok(inspection) => judge(host, view, &path, inspection),
+            Err(lost) => lost.row(&path, "registry"),
+        });
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(rows)

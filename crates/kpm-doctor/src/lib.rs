@@ -48,6 +48,7 @@ mod config;
 mod device_plugins;
 mod fleet;
 mod host;
+mod inspections;
 mod judge;
 mod judged;
 mod kubelets;
@@ -322,8 +323,9 @@ impl Doctor {
         }
         let root = view.path(&choice.root_dir);
         let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
+        let bound = inspection_bound(self.config.timeout);
         let (mut plugins, mut blind) =
-            match judge::registry(&judged.kubelet, host, view, &registry, &mut unseen).await {
+            match judge::registry(&judged.kubelet, host, view, &registry, bound).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
@@ -331,7 +333,8 @@ impl Doctor {
                 ),
             };
         let beside_kubelet_sock =
-            device_plugins::judge(&judged.kubelet, host, view, &root, &plugins, &mut unseen).await;
+            device_plugins::judge(&judged.kubelet, host, view, &root, &plugins, bound, &mut unseen)
+                .await;
         plugins.extend(beside_kubelet_sock);
         let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
         match host.listening_unix_paths(own_namespace.map(|kubelet| kubelet.pid)) {
@@ -566,6 +569,18 @@ impl Finding {
             reason: &self.reason,
         }
     }
+}
+
+/// How long one socket's inspection may take in all: dialing, the
+/// handler's calls and notifying it, each bounded by `timeout`, and
+/// `GetInfo`'s second, with as much again to spare. A plugin that accepts
+/// and never answers is caught by those bounds; this one catches what they
+/// miss.
+fn inspection_bound(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(3)
+        .saturating_add(kpm::ExecutorConfig::default().get_info_timeout)
+        .saturating_mul(2)
 }
 
 /// Why an inspection failed, as one line: the cause (the handler's or the

@@ -73,8 +73,17 @@ pub(super) fn flapping(env: &Env, cluster: &mut Cluster) -> Result {
         let root = cluster.dir.path().join(flapper.node);
         fs::create_dir_all(root.join("plugins_registry"))?;
         let kubelet = start_kubelet(env, &root, flapper.node, &kpm_config)?;
-        let doctor =
-            start_doctor(env, cluster, &root, flapper.node, &doctor_config, flapper.doctor)?;
+        // The shipped heartbeat: every write counted is one the flapping made.
+        let heartbeat = Duration::from_secs(30 * 60);
+        let doctor = start_doctor(
+            env,
+            cluster,
+            &root,
+            flapper.node,
+            &doctor_config,
+            heartbeat,
+            flapper.doctor,
+        )?;
         running.push((kubelet, doctor, root));
     }
     let api = &cluster.api;

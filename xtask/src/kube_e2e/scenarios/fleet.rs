@@ -36,6 +36,7 @@ use crate::scenario::{Process, RunningKpm, wait_for, wait_until};
 const NODES: usize = 20;
 /// The doctors' heartbeat, short so that an idle minute holds some.
 const HEARTBEAT_SECS: u32 = 20;
+const HEARTBEAT: Duration = Duration::from_secs(HEARTBEAT_SECS as u64);
 /// How long after a change a failure or a recovery must show on the Node.
 const WITHIN: Duration = Duration::from_secs(5);
 /// The condition the doctors publish.
@@ -63,7 +64,7 @@ pub(super) fn fleet(env: &Env, cluster: &mut Cluster) -> Result {
         fs::create_dir_all(root.join("plugins_registry"))?;
         let kubelet = start_kubelet(env, &root, &name, &kpm_config)?;
         let mut node = Node {
-            doctor: start_doctor(env, cluster, &root, &name, &doctor_config, &[])?,
+            doctor: start_doctor(env, cluster, &root, &name, &doctor_config, HEARTBEAT, &[])?,
             name,
             root,
             kubelet: Some(kubelet),
@@ -343,11 +344,12 @@ pub(super) fn start_doctor(
     root: &std::path::Path,
     node: &str,
     kubeconfig: &std::path::Path,
+    heartbeat: Duration,
     extra: &[&str],
 ) -> Result<Process> {
     let nowhere = cluster.dir.path().join("no-other-root").display().to_string();
     let (root, kubeconfig) = (root.display().to_string(), kubeconfig.display().to_string());
-    let heartbeat = HEARTBEAT_SECS.to_string();
+    let heartbeat = heartbeat.as_secs().to_string();
     let args = [
         "doctor",
         "--watch",
