@@ -42,6 +42,16 @@ pub enum ConditionStatus {
 }
 
 impl ConditionStatus {
+    /// A condition's `status` as the API server shows it: anything but
+    /// `True` and `False` is `Unknown`, never read as healthy.
+    pub fn from_api(status: &str) -> Self {
+        match status {
+            "True" => Self::True,
+            "False" => Self::False,
+            _ => Self::Unknown,
+        }
+    }
+
     /// As the API writes it.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -1,5 +1,6 @@
 //! Judging the fleet, without IO: what each node's doctor says (healthy,
-//! failing, silent, none), which plugins it names as failing, and for each
+//! failing, cannot judge, silent, none), which plugins its report names as
+//! failing, and for each
 //! CSI driver, device-plugin resource and DRA driver, the nodes where it is
 //! registered and why it is not on the others.
 
@@ -9,6 +10,7 @@ use std::time::{Duration, SystemTime};
 use super::{
     DoctorState, DriverKind, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, Source,
 };
+use crate::ConditionStatus;
 
 /// Judges `objects` as of `now`: a doctor whose last heartbeat is older
 /// than `stale_after` is silent. Drivers come by kind then name, nodes by
@@ -207,9 +209,9 @@ fn node_view(node: &NodeObject, now: SystemTime, stale_after: Duration) -> NodeV
         let since = condition.last_heartbeat_time.clone();
         return view(DoctorState::Silent { since }, Source::Condition);
     }
-    let doctor = match condition.status.as_str() {
-        "True" => DoctorState::Healthy,
-        "False" => DoctorState::Failing { reason: condition.reason.clone() },
+    let doctor = match ConditionStatus::from_api(&condition.status) {
+        ConditionStatus::True => DoctorState::Healthy,
+        ConditionStatus::False => DoctorState::Failing { reason: condition.reason.clone() },
         _ => DoctorState::CannotJudge { why: String::new() },
     };
     view(doctor, Source::Condition)

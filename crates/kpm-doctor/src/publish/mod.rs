@@ -415,11 +415,7 @@ impl NodePublisher {
         else {
             return;
         };
-        let status = match existing.status.as_str() {
-            "True" => ConditionStatus::True,
-            "False" => ConditionStatus::False,
-            _ => ConditionStatus::Unknown,
-        };
+        let status = ConditionStatus::from_api(&existing.status);
         let condition = PluginsCondition {
             status,
             reason: existing.reason.clone().unwrap_or_default(),
