@@ -121,10 +121,11 @@ struct WatchArgs {
     #[arg(long, value_name = "MILLISECONDS", default_value_t = 3000, requires = "watch",
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     confirm_ms: u64,
-    /// With --watch: a plugin whose verdict or presence changes this many
-    /// times within --flap-window is flapping, a failure, until it holds
-    /// still for --flap-hold; 0 turns damping off.
-    #[arg(long, value_name = "CHANGES", default_value_t = 4, requires = "watch",
+    /// With --watch: a plugin that comes back to a state it was in (ok,
+    /// stale, gone, ...) this many times within --flap-window is flapping,
+    /// a failure, until it holds still for --flap-hold; a restart counts 2
+    /// at most; 0 turns damping off.
+    #[arg(long, value_name = "CHANGES", default_value_t = 3, requires = "watch",
           value_parser = clap::value_parser!(u32).range(0..=1000))]
     flap_changes: u32,
     /// With --watch: how far back a plugin's changes count, in seconds.

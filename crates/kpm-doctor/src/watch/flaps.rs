@@ -1,7 +1,11 @@
-//! Flap damping: a socket or finding whose verdict, or presence, changes
-//! more than [`FlapConfig::changes`] times within [`FlapConfig::window`] is
+//! Flap damping: a socket or finding that comes back to a state it was
+//! in within [`FlapConfig::window`] [`FlapConfig::changes`] times is
 //! [`Verdict::Flapping`], a failure, until it has held still for
-//! [`FlapConfig::hold`]. Alerting does the same with hysteresis
+//! [`FlapConfig::hold`]. Coming back is what is counted, not every change:
+//! a plugin that restarts once passes through stale, gone and not yet
+//! registered on its way back to ok, and comes back twice at most (to not
+//! registered and to ok), whatever it passed through; one that comes and
+//! goes comes back on every cycle. Alerting does the same with hysteresis
 //! (Prometheus' `for:`, Nagios' flap detection): a plugin that comes and
 //! goes every few seconds is neither a storm of writes nor invisible, and
 //! once flapping, what is published stays put until it is stable again.
@@ -22,9 +26,10 @@ use crate::outcome::{Failing, Outcome, Socket};
 pub struct FlapConfig {
     /// How far back changes are counted. Default 2 min.
     pub window: Duration,
-    /// How many changes within the window make it flapping; 0 turns
-    /// damping off. Default 4: a plugin restarting once (gone, back) is
-    /// not flapping, one restarting twice within the window is.
+    /// How many times coming back to a state it was in within the window
+    /// make it flapping; 0 turns damping off. Default 3: a plugin
+    /// restarting once (2 at most) is not flapping, one restarting again
+    /// within the window is.
     pub changes: u32,
     /// How long it must hold still before it is judged as it is again.
     /// Default 1 min.
@@ -33,7 +38,7 @@ pub struct FlapConfig {
 
 impl Default for FlapConfig {
     fn default() -> Self {
-        Self { window: Duration::from_secs(120), changes: 4, hold: Duration::from_secs(60) }
+        Self { window: Duration::from_secs(120), changes: 3, hold: Duration::from_secs(60) }
     }
 }
 
@@ -71,7 +76,9 @@ type State = Option<Verdict>;
 #[derive(Debug)]
 struct History {
     state: State,
-    /// When its state changed, within the window.
+    /// When it was last in each state.
+    visited: BTreeMap<State, Instant>,
+    /// When it came back to a state, within the window.
     changes: VecDeque<Instant>,
     /// When its state last changed, counted or not.
     last_change: Option<Instant>,
@@ -114,6 +121,7 @@ impl Flaps {
             let state = socket.map(|s| s.verdict).or_else(|| failing.map(|f| f.verdict));
             let history = self.paths.entry(path).or_insert_with(|| History {
                 state: None,
+                visited: BTreeMap::new(),
                 changes: VecDeque::new(),
                 last_change: None,
                 socket: None,
@@ -126,12 +134,17 @@ impl Flaps {
             if let Some(failing) = failing {
                 history.failing = Some(failing.clone());
             }
+            let window = self.config.window;
             if history.state != state {
+                history.visited.insert(history.state, now);
+                if history.visited.get(&state).is_some_and(|at| now.duration_since(*at) <= window) {
+                    history.changes.push_back(now);
+                }
                 history.state = state;
-                history.changes.push_back(now);
                 history.last_change = Some(now);
             }
-            let window = self.config.window;
+            history.visited.insert(state, now);
+            history.visited.retain(|_, at| now.duration_since(*at) <= window);
             while history.changes.front().is_some_and(|at| now.duration_since(*at) > window) {
                 history.changes.pop_front();
             }
@@ -162,7 +175,7 @@ impl Flaps {
         for (path, history) in &self.paths {
             let Some(changes) = history.flapping else { continue };
             let reason = format!(
-                "it changed {changes} times within {}; judged as it is once it holds still for {}",
+                "it came back to a state it was in {changes} times within {}; judged as it is once it holds still for {}",
                 humantime::format_duration(self.config.window),
                 humantime::format_duration(self.config.hold),
             );
@@ -193,5 +206,66 @@ impl Flaps {
             .filter(|history| history.flapping.is_some())
             .filter_map(|history| history.last_change.map(|at| at + self.config.hold))
             .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::Report;
+    use crate::judge::Row;
+
+    const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
+
+    fn seen(verdict: Option<Verdict>) -> Outcome {
+        let rows = verdict
+            .map(|verdict| Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned()))
+            .into_iter()
+            .collect();
+        Outcome::of(&Report::of_parts(rows, Vec::new(), None))
+    }
+
+    fn flapping(flaps: &Flaps) -> bool {
+        flaps.damp(seen(None)).failing.values().any(|f| f.verdict == Verdict::Flapping)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_through_stale_and_not_registered_is_not_flapping_two_are() {
+        let mut flaps = Flaps::new(FlapConfig::default());
+        let restart = [
+            Some(Verdict::Ok),
+            Some(Verdict::Stale),
+            None,
+            Some(Verdict::NotRegistered),
+            Some(Verdict::Ok),
+        ];
+        for state in restart {
+            flaps.observe(&seen(state), Instant::now());
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(!flapping(&flaps), "one restart comes back twice");
+        for state in restart.into_iter().skip(1) {
+            flaps.observe(&seen(state), Instant::now());
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(flapping(&flaps), "a second within the window makes it flapping");
+        // Still for the hold: judged as it is again.
+        tokio::time::advance(FlapConfig::default().hold).await;
+        flaps.observe(&seen(Some(Verdict::Ok)), Instant::now());
+        assert!(!flapping(&flaps));
+    }
+
+    #[test]
+    fn out_of_range_settings_are_refused_by_name() {
+        let second = Duration::from_secs(1);
+        assert!(FlapConfig::try_new(second, 3, second).is_ok());
+        let refused = |window, hold| match FlapConfig::try_new(window, 4, hold) {
+            Err(ConfigError::OutOfRange { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(refused(Duration::ZERO, second), "flaps.window");
+        assert_eq!(refused(second, Duration::from_secs(2 * 24 * 3600)), "flaps.hold");
     }
 }
