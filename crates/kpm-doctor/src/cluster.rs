@@ -59,10 +59,15 @@ fn compare_all(
     unseen: &mut Vec<String>,
 ) {
     let node = &objects.node;
-    let live = |rows: &[Row], plugin_type: &str| -> BTreeSet<String> {
+    // The drivers the kubelet holds a registration of: those whose plugin
+    // answered `GetInfo` (a name told), ok or failing otherwise. A driver
+    // that hangs behind a live registrar is registered still: its CSINode
+    // entry and slices are its own, not another's leftovers.
+    let registered = |rows: &[Row], plugin_type: &str| -> BTreeSet<String> {
         rows.iter()
             .filter(|row| {
-                row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(plugin_type)
+                row.plugin_type.as_deref() == Some(plugin_type)
+                    && !matches!(row.verdict, Verdict::Stale | Verdict::DeletedButListening)
             })
             .filter_map(|row| row.name.clone())
             .collect()
@@ -84,7 +89,7 @@ fn compare_all(
                     objects.csi_drivers.as_ref().is_ok_and(Option::is_some),
                 );
             }
-            let served = live(rows, kpm::api::CSI_PLUGIN);
+            let served = registered(rows, kpm::api::CSI_PLUGIN);
             for name in drivers.keys().filter(|name| !served.contains(*name)) {
                 findings.push(kept_for(
                     rows,
@@ -92,7 +97,7 @@ fn compare_all(
                     Kept {
                         verdict: Verdict::StaleCsiNodeEntry,
                         path: PathBuf::from(format!("csinodes/{node}")),
-                        what: format!("CSINode {node} lists driver {name}, but no live plugin of this node serves it"),
+                        what: format!("CSINode {node} lists driver {name}, but no plugin of this node registers it"),
                         restart: "the driver's registrar (node-driver-registrar)",
                         then: "drops the entry by itself",
                         otherwise: "the kubelet drops the entry when the driver deregisters; one removed \
@@ -128,7 +133,7 @@ fn compare_all(
                         .into();
                 }
             }
-            let served = live(rows, kpm::api::DRA_PLUGIN);
+            let served = registered(rows, kpm::api::DRA_PLUGIN);
             for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
                 findings.push(kept_for(
                     rows,
@@ -136,7 +141,7 @@ fn compare_all(
                     Kept {
                         verdict: Verdict::OrphanedSlices,
                         path: PathBuf::from(format!("resourceslices/{driver}")),
-                        what: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no live plugin of this node serves"),
+                        what: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no plugin of this node registers"),
                         restart: "the driver",
                         then: "deregisters it and wipes its slices after its grace period (30 s)",
                         otherwise: "the kubelet wipes them once the driver has been gone for its grace \
@@ -370,5 +375,68 @@ fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
             report.devices, report.healthy
         );
         row.hint = LAGGING_DEVICES.into();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::publish::stand_in;
+
+    const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
+
+    /// What the stand-in API server shows of `node1` whose CSINode lists
+    /// `csi.example.com`.
+    async fn listed() -> NodeObjects {
+        let (client, state) = stand_in::client("node1");
+        state.lock().csinode = Some(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+            "metadata": {"name": "node1", "resourceVersion": "1"},
+            "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1", "topologyKeys": null}]},
+        }));
+        kpm::kube::observe_node(client, "node1", kpm::kube::KubeConfig::default()).await
+    }
+
+    fn csi_row(verdict: Verdict, name: Option<&str>) -> Row {
+        let mut row = Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned());
+        row.plugin_type = Some(kpm::api::CSI_PLUGIN.to_owned());
+        row.name = name.map(str::to_owned);
+        row
+    }
+
+    fn findings_of(objects: &NodeObjects, mut rows: Vec<Row>) -> Vec<Finding> {
+        let (mut findings, mut unseen) = (Vec::new(), Vec::new());
+        compare(objects, &Publishing::default(), &mut rows, &mut findings, &mut unseen);
+        findings
+    }
+
+    #[tokio::test]
+    async fn a_driver_that_hangs_behind_its_registrar_keeps_its_csinode_entry() {
+        let objects = listed().await;
+        // The registrar answered GetInfo; the driver's own service hangs.
+        let hung = csi_row(Verdict::ServiceFailing, Some("csi.example.com"));
+        let findings = findings_of(&objects, vec![hung]);
+        assert!(findings.iter().all(|f| f.verdict != Verdict::StaleCsiNodeEntry), "{findings:?}");
+    }
+
+    #[tokio::test]
+    async fn an_entry_kept_for_a_stale_socket_names_it_as_its_cause() {
+        let objects = listed().await;
+        let findings = findings_of(&objects, vec![csi_row(Verdict::Stale, None)]);
+        let entry = findings.iter().find(|f| f.verdict == Verdict::StaleCsiNodeEntry).unwrap();
+        assert_eq!(entry.cause.as_deref(), Some(Path::new(SOCKET)));
+        assert_eq!(entry.name.as_deref(), Some("csi.example.com"));
+        assert!(entry.reason.starts_with("CSINode node1 lists driver csi.example.com, but no plugin of this node registers it: its registration socket"), "{}", entry.reason);
+        // With no socket left at all, the entry is the kubelet's to drop.
+        let findings = findings_of(&objects, Vec::new());
+        let entry = findings.iter().find(|f| f.verdict == Verdict::StaleCsiNodeEntry).unwrap();
+        assert!(entry.cause.is_none());
+        assert!(entry.hint.starts_with("the kubelet drops the entry when the driver deregisters"));
     }
 }

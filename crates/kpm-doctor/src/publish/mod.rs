@@ -24,7 +24,7 @@
 pub mod events;
 mod report;
 #[cfg(test)]
-mod stand_in;
+pub(crate) mod stand_in;
 #[cfg(test)]
 mod tests;
 
