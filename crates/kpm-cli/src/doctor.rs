@@ -137,6 +137,12 @@ struct WatchArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "watch",
           value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
     flap_hold: u64,
+    /// With --watch: every this many seconds, send each plugin socket found
+    /// ok a PING on a connection of its own, and judge at once when one
+    /// does not answer (a plugin alive but hung); 0: never.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(0..=MAX_PERIOD_SECS))]
+    look_every: u64,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -259,7 +265,8 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let config = WatchConfig::default()
         .period(Duration::from_secs(args.watch.period))
         .confirm(Duration::from_millis(args.watch.confirm_ms))
-        .flaps(flaps);
+        .flaps(flaps)
+        .look((args.watch.look_every > 0).then(|| Duration::from_secs(args.watch.look_every)));
     // Boxed: the watch holds its publisher's whole state across awaits.
     let result =
         Box::pin(kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown)).await;

@@ -257,6 +257,12 @@ impl Doctor {
         judged.choice.view.path(&judged.choice.root_dir)
     }
 
+    /// `path`, a path as the judged kubelet names it, and where this
+    /// process reads it.
+    pub fn seen(&self, path: &Path) -> Seen {
+        self.judged.lock().choice.view.path(path)
+    }
+
     /// What this doctor was set up with.
     pub fn config(&self) -> &DoctorConfig {
         &self.config

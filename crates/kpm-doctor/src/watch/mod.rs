@@ -7,8 +7,11 @@
 //! - right after a process serving one of the node's sockets exits (a
 //!   pidfd for each), since a crashed plugin leaves its socket behind and
 //!   the file system says nothing;
-//! - every [`WatchConfig::period`] (5 min), which also catches a plugin
-//!   that hangs and what changed in the cluster alone; while something
+//! - right after a socket found ok does not answer a PING on a
+//!   connection of its own, sent every [`WatchConfig::look`] (30 s): a
+//!   plugin alive but hung is named within a minute ([`looks`]);
+//! - every [`WatchConfig::period`] (5 min), which also catches what
+//!   changed in the cluster alone; while something
 //!   fails, sooner: [`WatchConfig::confirm`] after a change of the
 //!   failures, a second after a file-system change, then twice as long
 //!   each time nothing changed, up to the period.
@@ -51,11 +54,13 @@ use crate::publish::{EventType, NodePublisher, Occurrence};
 use crate::{Doctor, Report, Seen};
 
 mod flaps;
+mod looks;
 #[cfg(test)]
 mod tests;
 
 pub use self::flaps::FlapConfig;
 use self::flaps::Flaps;
+use self::looks::Looks;
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
@@ -80,6 +85,11 @@ pub struct WatchConfig {
     pub settle: Duration,
     /// When a plugin that comes and goes is flapping, and for how long.
     pub flaps: FlapConfig,
+    /// How often, between passes, each socket found ok is sent a PING on a
+    /// connection of its own ([`looks`](self::looks)): a plugin alive but
+    /// hung is judged within this and the doctor's timeout, not the period.
+    /// `None`: never. Default 30 s.
+    pub look: Option<Duration>,
 }
 
 impl Default for WatchConfig {
@@ -89,6 +99,7 @@ impl Default for WatchConfig {
             confirm: Duration::from_secs(3),
             settle: Duration::from_millis(200),
             flaps: FlapConfig::default(),
+            look: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -112,6 +123,13 @@ impl WatchConfig {
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {
         self.settle = settle;
+        self
+    }
+
+    /// Sets [`look`](Self::look) (default 30 s).
+    #[must_use]
+    pub fn look(mut self, look: Option<Duration>) -> Self {
+        self.look = look;
         self
     }
 
@@ -389,22 +407,27 @@ impl NodeWatch {
         let mut armed = Armed::default();
         let mut exits = Exits::new(wake_up);
         let mut publication = Publication::new(self.config);
+        let mut looks = Looks::new(self.doctor.config().timeout);
         let mut after_wake_up = false;
         tokio::pin!(shutdown);
         loop {
             let report = self.pass().await;
             armed.arm(&mut watcher, &self.doctor);
             exits.follow(&report);
+            looks.follow(&report, &self.doctor);
             let next = publication.after_pass(&Outcome::of(&report), after_wake_up);
             if let Some((outcome, before)) = next.publish {
                 self.publish(&outcome, &before);
             }
             self.sync().await;
             let judge_at = next.judge_at;
-            // Until the next reason to judge, the publisher's own work.
+            let mut look_at =
+                self.config.look.filter(|_| looks.any()).map(|look| Instant::now() + look);
+            // Until the next reason to judge, the publisher's own work, and
+            // the looks.
             after_wake_up = loop {
                 let due = self.cluster.as_ref().and_then(|link| link.publisher.next_due());
-                let next = due.map_or(judge_at, |due| due.min(judge_at));
+                let next = [due, look_at].into_iter().flatten().fold(judge_at, Instant::min);
                 tokio::select! {
                     () = &mut shutdown => return Ok(()),
                     Some(()) = wake_ups.recv() => {
@@ -413,8 +436,16 @@ impl NodeWatch {
                         break true;
                     }
                     () = tokio::time::sleep_until(next) => {
-                        if Instant::now() >= judge_at {
+                        let now = Instant::now();
+                        if now >= judge_at {
                             break false;
+                        }
+                        if look_at.is_some_and(|at| now >= at) {
+                            if !looks.all_answer().await {
+                                debug!("a socket found ok does not answer: judging now");
+                                break true;
+                            }
+                            look_at = self.config.look.map(|look| Instant::now() + look);
                         }
                         self.sync().await;
                     }
