@@ -30,6 +30,7 @@
 //! | `doctor` | `kpm doctor --kubeconfig` with kpm's token: a registered CSI driver ok, a driver missing from CSINode `not-registered`, the entry of one that went stale |
 //! | `fleet-scale` | `kpm doctor --cluster` over 20,000 Nodes with their doctors' `KubeletPluginReports`, 20,000 CSINodes and 80,000 ResourceSlices: its time and peak RSS, printed (`scenarios/fleet_scale.rs`) |
 //! | `fleet` | `kpm doctor --watch` on 20 nodes (`scenarios/fleet.rs`): failures and recoveries published within 5 s, in the condition and the typed report (owned by the Node), an idle minute of heartbeats only (the audit log), the kubelet's Ready kept beside the doctor's condition, publishing resumed after an API server restart, `kpm doctor --cluster` read from the reports, `kubectl get kubeletpluginreports` as the API server prints it |
+//! | `hang` | a CSI driver stopped with SIGSTOP beside `kpm doctor --watch` as shipped: the Node's condition False within 60 s (its looks, not its 5 min period), True again after SIGCONT; the times printed (`scenarios/hang.rs`) |
 //! | `flapping` | a driver present 4 s and gone 1 s for 2 min beside a doctor without and with flap damping, and one present 1 s and gone 1 s: each doctor's writes (audit log) printed, the damped one's a handful; the fast one shown `Flapping` within the window; healthy again a hold after, with its Events (`scenarios/flapping.rs`) |
 //!
 //! The runner (this file: options, the programs, each scenario on a cluster

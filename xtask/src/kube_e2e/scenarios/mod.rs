@@ -16,6 +16,7 @@ mod dra;
 mod flapping;
 mod fleet;
 mod fleet_scale;
+mod hang;
 mod outage;
 
 /// A scenario: its name for `--only`, and what it runs on a fresh cluster.
@@ -41,6 +42,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario { name: "fleet", needs_kpm: true, run: fleet::fleet },
     Scenario { name: "fleet-scale", needs_kpm: true, run: fleet_scale::fleet_scale },
     Scenario { name: "flapping", needs_kpm: true, run: flapping::flapping },
+    Scenario { name: "hang", needs_kpm: true, run: hang::hang },
 ];
 
 /// The API requests kpm has made so far: the sum of `kubernetes.requests[].count`
