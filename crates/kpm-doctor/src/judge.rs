@@ -552,3 +552,76 @@ pub(crate) fn mark_duplicates(rows: &mut [Row]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn csi(path: &str, name: &str, versions: &[&str]) -> Row {
+        let mut row = Row::new(Verdict::Ok, Path::new(path), "registry", "ok".to_owned());
+        row.plugin_type = Some(kpm::api::CSI_PLUGIN.to_owned());
+        row.name = Some(name.to_owned());
+        row.versions = versions.iter().map(|v| (*v).to_owned()).collect();
+        row
+    }
+
+    #[test]
+    fn of_two_registrars_of_one_driver_the_kubelet_keeps_the_higher_version() {
+        let mut rows = vec![
+            csi("/r/plugins_registry/a-reg.sock", "csi.example.com", &["1.0.0"]),
+            csi("/r/plugins_registry/b-reg.sock", "csi.example.com", &["1.2.0"]),
+            csi("/r/plugins_registry/c-reg.sock", "other.example.com", &["1.0.0"]),
+        ];
+        mark_duplicates(&mut rows);
+        let verdicts: Vec<Verdict> = rows.iter().map(|row| row.verdict).collect();
+        assert_eq!(verdicts, [Verdict::Rejected, Verdict::Ok, Verdict::Ok]);
+        assert!(rows[0].reason.starts_with("/r/plugins_registry/b-reg.sock registers the same"));
+        // Equal versions: the first path is kept, the other refused.
+        let mut rows = vec![
+            csi("/r/plugins_registry/a-reg.sock", "csi.example.com", &["1.0.0"]),
+            csi("/r/plugins_registry/b-reg.sock", "csi.example.com", &["1.0.0"]),
+        ];
+        mark_duplicates(&mut rows);
+        assert_eq!((rows[0].verdict, rows[1].verdict), (Verdict::Ok, Verdict::Rejected));
+    }
+
+    #[test]
+    fn a_socket_listening_whose_file_is_gone_from_a_seen_directory_is_deleted_but_listening() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("plugins_registry")).unwrap();
+        let present = root.join("plugins_registry/here.sock");
+        std::fs::write(&present, "").unwrap();
+        let listening: BTreeSet<PathBuf> = [
+            root.join("plugins_registry/gone.sock"),
+            present,
+            // Its directory is not seen at all: nothing can be told.
+            root.join("device-plugins/elsewhere.sock"),
+            // Not a plugin directory.
+            root.join("pods/x.sock"),
+        ]
+        .into();
+        let rows = deleted(&View::at("/"), root, &listening);
+        let paths: Vec<&Path> = rows.iter().map(|row| row.path.as_path()).collect();
+        assert_eq!(paths, [root.join("plugins_registry/gone.sock")]);
+        assert_eq!(rows[0].verdict, Verdict::DeletedButListening);
+    }
+
+    #[test]
+    fn the_process_serving_a_socket_is_named_short() {
+        let process = ProcessInfo {
+            pid: 42,
+            command: Some("/usr/bin/csi-node-driver-registrar --v=5".to_owned()),
+            container_id: Some("0123456789abcdef0123".to_owned()),
+            running_secs: Some(90),
+        };
+        assert_eq!(
+            served_by(&process),
+            "pid 42 csi-node-driver-registrar (container 0123456789ab, up 1m 30s)"
+        );
+        let bare = ProcessInfo { pid: 7, command: None, container_id: None, running_secs: None };
+        assert_eq!(served_by(&bare), "pid 7");
+    }
+}
