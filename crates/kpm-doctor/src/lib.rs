@@ -75,8 +75,9 @@ pub use crate::condition::{
 pub use crate::config::ConfigError;
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
-    DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
-    NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet, render_fleet_table,
+    DriverView, FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects,
+    MAX_PAGE_SIZE, NodeCondition, NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet,
+    read_fleet, render_fleet_table,
 };
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
@@ -88,10 +89,15 @@ pub use crate::plugin_report::{
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
     REPORT_GROUP,
 };
-pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
+pub use crate::publish::{
+    NodePublisher, PublishConfig, PublishConfigBuilder, PublishError, PublishStats,
+};
 pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
-pub use crate::watch::{ClusterLink, FlapConfig, NodeWatch, WatchConfig, WatchError};
+pub use crate::watch::{
+    ClusterLink, FlapConfig, FlapConfigBuilder, NodeWatch, WatchConfig, WatchConfigBuilder,
+    WatchError,
+};
 
 /// The roots other distributions give the kubelet, checked for registries
 /// that no running kubelet watches (the `DaemonSet` then mounts the wrong one).
@@ -117,28 +123,18 @@ pub enum DoctorError {
     },
 }
 
-/// What a [`Doctor`] judges and how. Build it from [`Default`] with the
-/// setters; the fields are public to read.
+/// What a [`Doctor`] judges and how. [`Default`], else made by
+/// [`builder`](Self::builder), whose [`build`](DoctorConfigBuilder::build)
+/// checks each field once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DoctorConfig {
-    /// The kubelet's root on the host; `None`: the running kubelet's, else
-    /// `/var/lib/kubelet`.
-    pub root_dir: Option<PathBuf>,
-    /// The name of the node judged, when known (`--node-name`, a
-    /// kubeconfig's node): of several kubelets on the host, the one that
-    /// is this node is judged. `None`: see [`Doctor`] for the rule.
-    pub node_name: Option<String>,
-    /// Where this process sees the host. Default: the host's own view.
-    pub host: Host,
-    /// Other roots whose registries are looked at for sockets no kubelet
-    /// watches. Default: [`WELL_KNOWN_ROOTS`].
-    pub other_roots: Vec<PathBuf>,
-    /// Plugin types the kubelet runs without a handler.
-    pub disabled: Vec<PluginKind>,
-    /// How long dialing and each call may take (`GetInfo` gets the
-    /// kubelet's 1 s). Default [`DEFAULT_TIMEOUT`], 5 s.
-    pub timeout: Duration,
+    root_dir: Option<PathBuf>,
+    node_name: Option<String>,
+    host: Host,
+    other_roots: Vec<PathBuf>,
+    disabled: Vec<PluginKind>,
+    timeout: Duration,
 }
 
 impl Default for DoctorConfig {
@@ -155,46 +151,106 @@ impl Default for DoctorConfig {
 }
 
 impl DoctorConfig {
-    /// Sets [`root_dir`](Self::root_dir) (default: found).
+    /// A builder from the defaults.
+    pub fn builder() -> DoctorConfigBuilder {
+        DoctorConfigBuilder(Self::default())
+    }
+
+    /// The kubelet's root on the host; `None`: the running kubelet's, else
+    /// `/var/lib/kubelet`.
+    pub fn root_dir(&self) -> Option<&Path> {
+        self.root_dir.as_deref()
+    }
+
+    /// The name of the node judged, when known (`--node-name`, a
+    /// kubeconfig's node): of several kubelets on the host, the one that
+    /// is this node is judged. `None`: see [`Doctor`] for the rule.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.as_deref()
+    }
+
+    /// Where this process sees the host. Default: the host's own view.
+    pub fn host(&self) -> &Host {
+        &self.host
+    }
+
+    /// Other roots whose registries are looked at for sockets no kubelet
+    /// watches. Default: [`WELL_KNOWN_ROOTS`].
+    pub fn other_roots(&self) -> &[PathBuf] {
+        &self.other_roots
+    }
+
+    /// Plugin types the kubelet runs without a handler.
+    pub fn disabled(&self) -> &[PluginKind] {
+        &self.disabled
+    }
+
+    /// How long dialing and each call may take (`GetInfo` gets the
+    /// kubelet's 1 s): 1 ms (a zero deadline fails every call) to 10 min.
+    /// Default [`DEFAULT_TIMEOUT`], 5 s.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// A [`DoctorConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoctorConfigBuilder(DoctorConfig);
+
+impl DoctorConfigBuilder {
+    /// Sets [`DoctorConfig::root_dir`] (default: found).
     #[must_use]
     pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.root_dir = Some(dir.into());
+        self.0.root_dir = Some(dir.into());
         self
     }
 
-    /// Sets [`node_name`](Self::node_name) (default: not known).
+    /// Sets [`DoctorConfig::node_name`] (default: not known).
     #[must_use]
     pub fn node_name(mut self, name: impl Into<String>) -> Self {
-        self.node_name = Some(name.into());
+        self.0.node_name = Some(name.into());
         self
     }
 
-    /// Sets [`host`](Self::host) (default: the host's own view).
+    /// Sets [`DoctorConfig::host`] (default: the host's own view).
     #[must_use]
     pub fn host(mut self, host: Host) -> Self {
-        self.host = host;
+        self.0.host = host;
         self
     }
 
-    /// Sets [`other_roots`](Self::other_roots) (default [`WELL_KNOWN_ROOTS`]).
+    /// Sets [`DoctorConfig::other_roots`] (default [`WELL_KNOWN_ROOTS`]).
     #[must_use]
     pub fn other_roots(mut self, roots: Vec<PathBuf>) -> Self {
-        self.other_roots = roots;
+        self.0.other_roots = roots;
         self
     }
 
-    /// Sets [`disabled`](Self::disabled) (default none).
+    /// Sets [`DoctorConfig::disabled`] (default none).
     #[must_use]
     pub fn disabled(mut self, kinds: Vec<PluginKind>) -> Self {
-        self.disabled = kinds;
+        self.0.disabled = kinds;
         self
     }
 
-    /// Sets [`timeout`](Self::timeout) (default [`DEFAULT_TIMEOUT`], 5 s).
+    /// Sets [`DoctorConfig::timeout`] (default [`DEFAULT_TIMEOUT`], 5 s).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.0.timeout = timeout;
         self
+    }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<DoctorConfig, ConfigError> {
+        let mut config = self.0;
+        config.timeout = config::bounded(
+            "doctor.timeout",
+            config.timeout,
+            &config::REQUEST_TIMEOUT,
+            config::REQUEST_TIMEOUT_TEXT,
+        )?;
+        Ok(config)
     }
 }
 

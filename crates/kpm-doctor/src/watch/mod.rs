@@ -42,20 +42,23 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use kpm::ExponentialBackoff;
+
 use crate::condition::CANNOT_JUDGE_REASON;
+use crate::config::{MAX_PERIOD, bounded};
 use crate::judge::Verdict;
 use crate::metrics::DoctorMetrics;
 use crate::outcome::Outcome;
 use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::publish::{EventType, NodePublisher, Occurrence};
-use crate::{Doctor, Report, Seen};
+use crate::{ConfigError, Doctor, Report, Seen};
 
 mod flaps;
 #[cfg(test)]
 mod tests;
 
-pub use self::flaps::FlapConfig;
 use self::flaps::Flaps;
+pub use self::flaps::{FlapConfig, FlapConfigBuilder};
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
@@ -65,61 +68,137 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// an object: with the reason, it makes them isomorphic.
 const NODE: &str = "node";
 
-/// When a node's doctor judges it again. Build it from [`Default`] with the
-/// setters; the fields are public to read.
+/// The default [`WatchConfig::period`].
+const DEFAULT_PERIOD: Duration = Duration::from_secs(5 * 60);
+
+/// The rechecks of a failing node under the default period: kpm's one
+/// backoff, from [`RECHECK`] doubling up to the period.
+// A const, evaluated when the crate is compiled: a refused policy fails
+// the build, never a run.
+#[allow(clippy::panic)]
+const DEFAULT_RECHECKS: ExponentialBackoff =
+    match ExponentialBackoff::try_new(RECHECK, DEFAULT_PERIOD) {
+        Ok(policy) => policy,
+        Err(_) => panic!("the default rechecks"),
+    };
+
+/// When a node's doctor judges it again. [`Default`], else made by
+/// [`builder`](Self::builder), whose [`build`](WatchConfigBuilder::build)
+/// checks each field once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WatchConfig {
-    /// A full pass at least this often. Default 5 min.
-    pub period: Duration,
-    /// How long after a pass that saw the failures change a second pass
-    /// checks them before they are published. Default 3 s.
-    pub confirm: Duration,
-    /// How long after a file-system change the pass waits, so that a burst
-    /// of changes makes one pass. Default 200 ms.
-    pub settle: Duration,
-    /// When a plugin that comes and goes is flapping, and for how long.
-    pub flaps: FlapConfig,
+    period: Duration,
+    confirm: Duration,
+    settle: Duration,
+    flaps: FlapConfig,
+    /// The waits before a failing node is judged again while nothing
+    /// changes: from [`RECHECK`], doubling, up to the period.
+    rechecks: ExponentialBackoff,
 }
 
 impl Default for WatchConfig {
     fn default() -> Self {
         Self {
-            period: Duration::from_secs(5 * 60),
+            period: DEFAULT_PERIOD,
             confirm: Duration::from_secs(3),
             settle: Duration::from_millis(200),
             flaps: FlapConfig::default(),
+            rechecks: DEFAULT_RECHECKS,
         }
     }
 }
 
 impl WatchConfig {
-    /// Sets [`period`](Self::period) (default 5 min).
+    /// A builder from the defaults.
+    pub fn builder() -> WatchConfigBuilder {
+        WatchConfigBuilder(Self::default())
+    }
+
+    /// A full pass at least this often: 1 s (a zero period would judge
+    /// without pause) to a day. Default 5 min.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// How long after a pass that saw the failures change a second pass
+    /// checks them before they are published: 0 (at once) to 1 min.
+    /// Default 3 s.
+    pub fn confirm(&self) -> Duration {
+        self.confirm
+    }
+
+    /// How long after a file-system change the pass waits, so that a burst
+    /// of changes makes one pass: 0 to 10 s. Default 200 ms.
+    pub fn settle(&self) -> Duration {
+        self.settle
+    }
+
+    /// When a plugin that comes and goes is flapping, and for how long.
+    pub fn flaps(&self) -> FlapConfig {
+        self.flaps
+    }
+}
+
+/// A [`WatchConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchConfigBuilder(WatchConfig);
+
+impl WatchConfigBuilder {
+    /// Sets [`WatchConfig::period`] (default 5 min).
     #[must_use]
     pub fn period(mut self, period: Duration) -> Self {
-        self.period = period;
+        self.0.period = period;
         self
     }
 
-    /// Sets [`confirm`](Self::confirm) (default 3 s).
+    /// Sets [`WatchConfig::confirm`] (default 3 s).
     #[must_use]
     pub fn confirm(mut self, confirm: Duration) -> Self {
-        self.confirm = confirm;
+        self.0.confirm = confirm;
         self
     }
 
-    /// Sets [`settle`](Self::settle) (default 200 ms).
+    /// Sets [`WatchConfig::settle`] (default 200 ms).
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {
-        self.settle = settle;
+        self.0.settle = settle;
         self
     }
 
-    /// Sets [`flaps`](Self::flaps) (default [`FlapConfig::default`]).
+    /// Sets [`WatchConfig::flaps`] (default [`FlapConfig::default`]),
+    /// checked when it was made.
     #[must_use]
     pub fn flaps(mut self, flaps: FlapConfig) -> Self {
-        self.flaps = flaps;
+        self.0.flaps = flaps;
         self
+    }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<WatchConfig, ConfigError> {
+        let WatchConfig { period, confirm, settle, flaps, .. } = self.0;
+        let period = bounded(
+            "watch.period",
+            period,
+            &(Duration::from_secs(1)..=MAX_PERIOD),
+            "between 1s and 24h",
+        )?;
+        let confirm = bounded(
+            "watch.confirm",
+            confirm,
+            &(Duration::ZERO..=Duration::from_secs(60)),
+            "between 0s and 1m",
+        )?;
+        let settle = bounded(
+            "watch.settle",
+            settle,
+            &(Duration::ZERO..=Duration::from_secs(10)),
+            "between 0s and 10s",
+        )?;
+        let rechecks = ExponentialBackoff::try_new(RECHECK, period)
+            .map_err(|source| ConfigError::Backoff { field: "watch.period", source })?;
+        Ok(WatchConfig { period, confirm, settle, flaps, rechecks })
     }
 }
 
@@ -142,14 +221,12 @@ impl std::fmt::Debug for ClusterLink {
 }
 
 impl ClusterLink {
-    /// Reads Node `node` and its objects through `client` (each request
-    /// bounded by `request_timeout`) and publishes through `publisher`.
-    pub fn new(
-        client: kube::Client,
-        node: impl Into<String>,
-        request_timeout: Duration,
-        publisher: NodePublisher,
-    ) -> Self {
+    /// Reads Node `node` and its objects through `client` and publishes
+    /// through `publisher`; each read is bounded by the publisher's
+    /// [`PublishConfig::request_timeout`](crate::PublishConfig::request_timeout),
+    /// checked when its config was built.
+    pub fn new(client: kube::Client, node: impl Into<String>, publisher: NodePublisher) -> Self {
+        let request_timeout = publisher.config().request_timeout();
         Self { client, node: node.into(), request_timeout, publisher }
     }
 }
@@ -323,12 +400,14 @@ impl Publication {
         // changes no file here, or changes one before it is done (a
         // kubelet's socket, at its start). A change is looked at again
         // after `confirm` only, so that the kubelet has had its time.
+        // The waits are kpm's one backoff (`rechecks`), restarted at
+        // `confirm` by a change and at its first wait by a wake-up.
         self.recheck = if changed {
             self.config.confirm
         } else if woken {
-            RECHECK
+            self.config.rechecks.next(None)
         } else {
-            (self.recheck * 2).min(self.config.period)
+            self.config.rechecks.next(Some(self.recheck))
         };
         let recheck_at = outcome.fails().then(|| now + self.recheck);
         self.last = Some(outcome);
