@@ -17,7 +17,8 @@
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`gotext`] (Go's renderings of values in error texts),
-//! [`config`] (the bounds on configured durations), [`FileId`] (the
+//! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
+//! exponential backoff, validated where it is made), [`FileId`] (the
 //! identity of a socket file, built from metadata the caller read) and, with
 //! feature `serde`, `json` (how the status types write times in JSON).
 //!
@@ -26,6 +27,7 @@
 
 #![deny(missing_docs)]
 
+pub mod backoff;
 pub mod config;
 pub mod constants;
 mod file_id;

@@ -23,7 +23,7 @@ use kpm_doctor::{
 
 use crate::inspect::JudgeArgs;
 use crate::run::LogFormat;
-use crate::{CliError, MAX_PERIOD_SECS, Outcome, OutputFormat};
+use crate::{CliError, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DoctorArgs {
@@ -79,7 +79,7 @@ pub(crate) struct DoctorArgs {
         long,
         value_name = "N",
         default_value_t = kpm_doctor::DEFAULT_PAGE_SIZE,
-        value_parser = clap::value_parser!(u32).range(1..),
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(kpm_doctor::MAX_PAGE_SIZE)),
         requires = "cluster"
     )]
     page_size: u32,
@@ -89,13 +89,18 @@ pub(crate) struct DoctorArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm_doctor::DEFAULT_STALE_AFTER.as_secs(),
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(1..=7 * DAY_SECS),
         requires = "cluster"
     )]
     stale_after: u64,
     #[command(flatten)]
     watch: WatchArgs,
 }
+
+/// The longest --period, --heartbeat, --flap-window and --flap-hold: a
+/// day, as the doctor's configs take (`kpm_doctor::ConfigError` refuses
+/// more), so that clap says so at once.
+const DAY_SECS: u64 = 24 * 60 * 60;
 
 /// `--watch`: judge on every change and publish, until SIGINT or SIGTERM.
 #[derive(Debug, clap::Args)]
@@ -109,12 +114,12 @@ struct WatchArgs {
     watch: bool,
     /// With --watch: a full pass at least this often, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
     period: u64,
     /// With --watch: the condition is written again after this many seconds
     /// without a change, to show that the doctor runs.
     #[arg(long, value_name = "SECONDS", default_value_t = 1800, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
     heartbeat: u64,
     /// With --watch: a change of the failures is published once a second
     /// pass this many milliseconds later agrees.
@@ -130,18 +135,18 @@ struct WatchArgs {
     flap_changes: u32,
     /// With --watch: how far back a plugin's changes count, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 120, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
     flap_window: u64,
     /// With --watch: how long a flapping plugin must hold still before it is
     /// judged as it is again, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD_SECS))]
+          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
     flap_hold: u64,
     /// With --watch: every this many seconds, send each plugin socket found
     /// ok a PING on a connection of its own, and judge at once when one
     /// does not answer (a plugin alive but hung); 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(0..=MAX_PERIOD_SECS))]
+          value_parser = clap::value_parser!(u64).range(0..=DAY_SECS))]
     look_every: u64,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
@@ -153,8 +158,8 @@ struct WatchArgs {
 
 impl DoctorArgs {
     /// The doctor these flags describe, for node `node` when it is known.
-    fn config(&self, node: Option<&str>) -> DoctorConfig {
-        let mut config = DoctorConfig::default()
+    fn config(&self, node: Option<&str>) -> Result<DoctorConfig, CliError> {
+        let mut config = DoctorConfig::builder()
             .host(Host::under(&self.host_root))
             .disabled(self.judge.disable.iter().map(|kind| kind.kind()).collect())
             .timeout(self.judge.timeout());
@@ -167,7 +172,7 @@ impl DoctorArgs {
         if let Some(node) = node {
             config = config.node_name(node);
         }
-        config
+        Ok(config.build()?)
     }
 
     /// The node judged: `--node-name`, else, with an API server to ask
@@ -190,7 +195,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     }
     let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref()))?, args.judge.timeout());
+    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, args.judge.timeout());
     let objects = match (client, node) {
         (Some(client), Some(name)) => {
             let config = kpm::kube::KubeConfig::default().request_timeout(args.judge.timeout());
@@ -227,16 +232,17 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let timeout = args.judge.timeout();
     let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref()))?, timeout);
+    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, timeout);
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
     let cluster = match (client, node) {
         (Some(client), Some(node)) => {
             tracing::info!(node, "publishing to the Kubernetes API");
-            let config = PublishConfig::default()
+            let config = PublishConfig::builder()
                 .heartbeat(Duration::from_secs(args.watch.heartbeat))
-                .request_timeout(timeout);
+                .request_timeout(timeout)
+                .build()?;
             let publisher = NodePublisher::new(client.clone(), node.clone(), config);
-            Some(ClusterLink::new(client, node, timeout, publisher))
+            Some(ClusterLink::new(client, node, publisher))
         }
         _ => None,
     };
@@ -262,11 +268,12 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         args.watch.flap_changes,
         Duration::from_secs(args.watch.flap_hold),
     )?;
-    let config = WatchConfig::default()
+    let config = WatchConfig::builder()
         .period(Duration::from_secs(args.watch.period))
         .confirm(Duration::from_millis(args.watch.confirm_ms))
         .flaps(flaps)
-        .look((args.watch.look_every > 0).then(|| Duration::from_secs(args.watch.look_every)));
+        .look((args.watch.look_every > 0).then(|| Duration::from_secs(args.watch.look_every)))
+        .build()?;
     // Boxed: the watch holds its publisher's whole state across awaits.
     let result =
         Box::pin(kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown)).await;
@@ -328,16 +335,17 @@ async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
             None => return Err(CliError::NoApiServer),
         },
     };
-    let mut config = FleetConfig::default()
+    let mut config = FleetConfig::builder()
         .page_size(args.page_size)
         .request_timeout(args.judge.timeout())
         .stale_after(Duration::from_secs(args.stale_after));
     if let Some(selector) = &args.selector {
         config = config.label_selector(selector);
     }
+    let config = config.build()?;
     let objects = kpm_doctor::read_fleet(&client, &config).await?;
     tracing::debug!(nodes = objects.nodes.len(), requests = objects.requests, "read the fleet");
-    let fleet = kpm_doctor::judge_fleet(&objects, SystemTime::now(), config.stale_after);
+    let fleet = kpm_doctor::judge_fleet(&objects, SystemTime::now(), config.stale_after());
     drop(objects);
     crate::output::print(&args.output.render(&fleet, kpm_doctor::render_fleet_table)?)?;
     Ok(fleet.ok())

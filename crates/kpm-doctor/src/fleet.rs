@@ -25,6 +25,9 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
+use crate::ConfigError;
+use crate::config::{REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT, bounded};
+
 pub use self::judge::judge_fleet;
 pub use self::read::read_fleet;
 pub use self::render::render_fleet_table;
@@ -39,22 +42,19 @@ pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60 * 60);
 /// How long one API request may take by default: kpm's, 10 s.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = kpm::kube::DEFAULT_REQUEST_TIMEOUT;
 
-/// What the fleet view reads and how. Build it from [`Default`] with the
-/// setters; the fields are public to read.
+/// The largest [`FleetConfig::page_size`].
+pub const MAX_PAGE_SIZE: u32 = 10_000;
+
+/// What the fleet view reads and how. [`Default`], else made by
+/// [`builder`](Self::builder), whose [`build`](FleetConfigBuilder::build)
+/// checks each field once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FleetConfig {
-    /// Only the Nodes this label selector selects; `None`: all.
-    pub label_selector: Option<String>,
-    /// How many objects each list request asks for (`limit`). Default
-    /// [`DEFAULT_PAGE_SIZE`], 500.
-    pub page_size: u32,
-    /// How long each list request may take. Default
-    /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s.
-    pub request_timeout: Duration,
-    /// How old a doctor's heartbeat may be before it is silent. Default
-    /// [`DEFAULT_STALE_AFTER`], 60 min.
-    pub stale_after: Duration,
+    label_selector: Option<String>,
+    page_size: u32,
+    request_timeout: Duration,
+    stale_after: Duration,
 }
 
 impl Default for FleetConfig {
@@ -69,37 +69,101 @@ impl Default for FleetConfig {
 }
 
 impl FleetConfig {
-    /// Sets [`label_selector`](Self::label_selector) (default: every Node).
+    /// A builder from the defaults.
+    pub fn builder() -> FleetConfigBuilder {
+        FleetConfigBuilder(Self::default())
+    }
+
+    /// Only the Nodes this label selector selects; `None`: all.
+    pub fn label_selector(&self) -> Option<&str> {
+        self.label_selector.as_deref()
+    }
+
+    /// How many objects each list request asks for (`limit`): 1 (0 would
+    /// ask for everything at once) to [`MAX_PAGE_SIZE`]. Default
+    /// [`DEFAULT_PAGE_SIZE`], 500.
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// How long each list request may take: 1 ms to 10 min. Default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How old a doctor's heartbeat may be before it is silent: 1 s to 7
+    /// days. Default [`DEFAULT_STALE_AFTER`], 60 min.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+}
+
+/// A [`FleetConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetConfigBuilder(FleetConfig);
+
+impl FleetConfigBuilder {
+    /// Sets [`FleetConfig::label_selector`] (default: every Node).
     #[must_use]
     pub fn label_selector(mut self, selector: impl Into<String>) -> Self {
-        self.label_selector = Some(selector.into());
+        self.0.label_selector = Some(selector.into());
         self
     }
 
-    /// Sets [`page_size`](Self::page_size) (default [`DEFAULT_PAGE_SIZE`],
-    /// 500); 0 is taken as 1.
+    /// Sets [`FleetConfig::page_size`] (default [`DEFAULT_PAGE_SIZE`], 500).
     #[must_use]
     pub fn page_size(mut self, size: u32) -> Self {
-        self.page_size = size.max(1);
+        self.0.page_size = size;
         self
     }
 
-    /// Sets [`request_timeout`](Self::request_timeout) (default
+    /// Sets [`FleetConfig::request_timeout`] (default
     /// [`DEFAULT_REQUEST_TIMEOUT`], 10 s).
     #[must_use]
     pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
+        self.0.request_timeout = timeout;
         self
     }
 
-    /// Sets [`stale_after`](Self::stale_after) (default
-    /// [`DEFAULT_STALE_AFTER`], 60 min).
+    /// Sets [`FleetConfig::stale_after`] (default [`DEFAULT_STALE_AFTER`],
+    /// 60 min).
     #[must_use]
     pub fn stale_after(mut self, after: Duration) -> Self {
-        self.stale_after = after;
+        self.0.stale_after = after;
         self
     }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<FleetConfig, ConfigError> {
+        let FleetConfig { label_selector, page_size, request_timeout, stale_after } = self.0;
+        Ok(FleetConfig {
+            label_selector,
+            page_size: bounded(
+                "fleet.page_size",
+                page_size,
+                &(1..=MAX_PAGE_SIZE),
+                "between 1 and 10000",
+            )?,
+            request_timeout: bounded(
+                "fleet.request_timeout",
+                request_timeout,
+                &REQUEST_TIMEOUT,
+                REQUEST_TIMEOUT_TEXT,
+            )?,
+            stale_after: bounded(
+                "fleet.stale_after",
+                stale_after,
+                &(Duration::from_secs(1)..=MAX_STALE_AFTER),
+                "between 1s and 7 days",
+            )?,
+        })
+    }
 }
+
+/// The longest [`FleetConfig::stale_after`]: a week.
+const MAX_STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 
 /// Why the fleet could not be read; each names the resource and the page.
 #[derive(Debug, thiserror::Error)]

@@ -4,12 +4,10 @@
 //! would then look healthy.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::task::{Id, JoinSet};
-
-use crate::judge::{Row, Verdict};
 
 /// Why an inspection has no outcome.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,31 +17,6 @@ pub(crate) enum Lost {
     /// It took longer than the bound: a hang the inspection's own timeouts
     /// did not catch.
     TimedOut(Duration),
-}
-
-impl Lost {
-    /// The socket at `path`, found in `found_in`, as a failing row.
-    pub(crate) fn row(&self, path: &Path, found_in: &'static str) -> Row {
-        match self {
-            Self::Panicked(message) => Row::new(
-                Verdict::Unreachable,
-                path,
-                found_in,
-                format!("the doctor's inspection of it panicked: {message}"),
-            )
-            .hint("a kpm bug: report it with this socket's plugin; the kubelet may judge it otherwise"),
-            Self::TimedOut(bound) => Row::new(
-                Verdict::Unreachable,
-                path,
-                found_in,
-                format!(
-                    "its inspection did not end within {}: a plugin that accepts and never answers",
-                    humantime::format_duration(*bound)
-                ),
-            )
-            .hint("a hung plugin: look at its process (served by) and restart it"),
-        }
-    }
 }
 
 /// Runs each of `inspections`, a socket's path and its inspection, at once,
@@ -117,11 +90,5 @@ mod tests {
                 ("/r/panics.sock".into(), Err(Lost::Panicked("an index out of bounds".into()))),
             ]
         );
-        let row = Lost::Panicked("x".into()).row(Path::new("/r/panics.sock"), "registry");
-        assert!(row.verdict.fails());
-        assert_eq!(row.reason, "the doctor's inspection of it panicked: x");
-        let row = Lost::TimedOut(bound).row(Path::new("/r/hangs.sock"), "registry");
-        assert!(row.verdict.fails());
-        assert!(row.reason.starts_with("its inspection did not end within 12s"), "{}", row.reason);
     }
 }

@@ -159,6 +159,31 @@ impl Verdict {
     }
 }
 
+impl crate::inspections::Lost {
+    /// The socket at `path`, found in `found_in`, as a failing row.
+    pub(crate) fn row(&self, path: &Path, found_in: &'static str) -> Row {
+        match self {
+            Self::Panicked(message) => Row::new(
+                Verdict::Unreachable,
+                path,
+                found_in,
+                format!("the doctor's inspection of it panicked: {message}"),
+            )
+            .hint("a kpm bug: report it with this socket's plugin; the kubelet may judge it otherwise"),
+            Self::TimedOut(bound) => Row::new(
+                Verdict::Unreachable,
+                path,
+                found_in,
+                format!(
+                    "its inspection did not end within {}: a plugin that accepts and never answers",
+                    humantime::format_duration(*bound)
+                ),
+            )
+            .hint("a hung plugin: look at its process (served by) and restart it"),
+        }
+    }
+}
+
 /// One socket or entry of the node.
 #[derive(Debug, Serialize)]
 #[non_exhaustive]
@@ -607,6 +632,18 @@ mod tests {
         let paths: Vec<&Path> = rows.iter().map(|row| row.path.as_path()).collect();
         assert_eq!(paths, [root.join("plugins_registry/gone.sock")]);
         assert_eq!(rows[0].verdict, Verdict::DeletedButListening);
+    }
+
+    #[test]
+    fn a_lost_inspection_is_a_failing_row() {
+        use crate::inspections::Lost;
+        let bound = std::time::Duration::from_secs(12);
+        let row = Lost::Panicked("x".into()).row(Path::new("/r/panics.sock"), "registry");
+        assert!(row.verdict.fails());
+        assert_eq!(row.reason, "the doctor's inspection of it panicked: x");
+        let row = Lost::TimedOut(bound).row(Path::new("/r/hangs.sock"), "registry");
+        assert!(row.verdict.fails());
+        assert!(row.reason.starts_with("its inspection did not end within 12s"), "{}", row.reason);
     }
 
     #[test]

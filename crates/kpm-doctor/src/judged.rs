@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn without_a_node_name_the_kubelet_whose_registry_can_be_read_is_judged() {
         let (fake, _kind) = two_kubelets();
-        let choice = chosen(&DoctorConfig::default().host(fake.host()));
+        let choice = chosen(&DoctorConfig::builder().host(fake.host()).build().unwrap());
         assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
         assert_eq!(choice.root_from, "the running kubelet, pid 20");
         assert_eq!(choice.view.root(), fake.at("/proc/20/root"));
@@ -261,18 +261,18 @@ mod tests {
     #[test]
     fn with_a_node_name_that_nodes_kubelet_is_judged() {
         let (fake, _kind) = two_kubelets();
-        let config = DoctorConfig::default().host(fake.host());
+        let config = DoctorConfig::builder().host(fake.host());
         // By its override, even though its registry cannot be read: it is
         // the node asked about.
-        let choice = chosen(&config.clone().node_name("Node-A"));
+        let choice = chosen(&config.clone().node_name("Node-A").build().unwrap());
         assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(10));
         assert_eq!(choice.view.root(), fake.dir.path());
         assert!(choice.note.unwrap().starts_with("judged as node node-a: pid 10"));
         // By its hostname.
-        let choice = chosen(&config.clone().node_name("kind-worker"));
+        let choice = chosen(&config.clone().node_name("kind-worker").build().unwrap());
         assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
         // No such node here: as without a name, and said.
-        let choice = chosen(&config.node_name("elsewhere"));
+        let choice = chosen(&config.node_name("elsewhere").build().unwrap());
         assert_eq!(choice.kubelet.as_ref().map(|k| k.pid), Some(20));
         let note = choice.note.unwrap();
         assert!(note.starts_with("no kubelet on this host is node elsewhere: judged as"), "{note}");
@@ -281,14 +281,14 @@ mod tests {
     #[test]
     fn a_root_dir_given_is_read_as_the_kubelet_with_that_root_sees_it() {
         let (fake, _kind) = two_kubelets();
-        let config = DoctorConfig::default().host(fake.host());
-        let choice = chosen(&config.clone().root_dir("/var/lib/kubelet"));
+        let config = DoctorConfig::builder().host(fake.host());
+        let choice = chosen(&config.clone().root_dir("/var/lib/kubelet").build().unwrap());
         assert_eq!(
             (choice.root_from.as_str(), choice.kubelet.map(|k| k.pid)),
             ("--root-dir", Some(20))
         );
         // A root no kubelet has: at its path on the host, no other named.
-        let choice = chosen(&config.root_dir("/data/kubelet"));
+        let choice = chosen(&config.root_dir("/data/kubelet").build().unwrap());
         assert_eq!(choice.kubelet, None);
         assert_eq!(choice.view.root(), fake.dir.path());
         assert_eq!(choice.note, None);
@@ -297,7 +297,8 @@ mod tests {
     #[tokio::test]
     async fn a_kubelet_that_restarts_in_a_new_container_is_followed() {
         let (fake, _kind) = two_kubelets();
-        let config = DoctorConfig::default().host(fake.host()).node_name("kind-worker");
+        let config =
+            DoctorConfig::builder().host(fake.host()).node_name("kind-worker").build().unwrap();
         let doctor = Doctor::new(config).unwrap();
         assert_eq!(doctor.root().as_ref(), fake.at("/proc/20/root/var/lib/kubelet"));
         // Its container restarted: another pid, another `/`.
@@ -317,7 +318,8 @@ mod tests {
     #[test]
     fn no_kubelet_running_is_the_default_root_on_the_host() {
         let fake = FakeHost::new();
-        let choice = chosen(&DoctorConfig::default().host(fake.host()).node_name("n"));
+        let choice =
+            chosen(&DoctorConfig::builder().host(fake.host()).node_name("n").build().unwrap());
         assert_eq!(
             (choice.root_dir.as_path(), choice.root_from.as_str()),
             (Path::new(host::DEFAULT_ROOT), "the default")

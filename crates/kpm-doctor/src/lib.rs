@@ -64,7 +64,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm::PluginKind;
 use serde::Serialize;
 
 use crate::judged::{Judged, cannot_list_registry, choose};
@@ -73,11 +72,12 @@ pub use crate::condition::{
     CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON,
     MAX_MESSAGE_BYTES, PluginsCondition,
 };
-pub use crate::config::ConfigError;
+pub use crate::config::{ConfigError, DoctorConfig, DoctorConfigBuilder};
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
-    DriverView, FailingPlugin, Fleet, FleetConfig, FleetError, FleetObjects, NodeCondition,
-    NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet, render_fleet_table,
+    DriverView, FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects,
+    MAX_PAGE_SIZE, NodeCondition, NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet,
+    read_fleet, render_fleet_table,
 };
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
@@ -89,10 +89,16 @@ pub use crate::plugin_report::{
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
     REPORT_GROUP,
 };
-pub use crate::publish::{NodePublisher, PublishConfig, PublishError, PublishStats};
+pub use crate::publish::events::{EventConfig, EventConfigBuilder};
+pub use crate::publish::{
+    NodePublisher, PublishConfig, PublishConfigBuilder, PublishError, PublishStats,
+};
 pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
-pub use crate::watch::{ClusterLink, FlapConfig, NodeWatch, WatchConfig, WatchError};
+pub use crate::watch::{
+    ClusterLink, FlapConfig, FlapConfigBuilder, NodeWatch, WatchConfig, WatchConfigBuilder,
+    WatchError,
+};
 
 /// The roots other distributions give the kubelet, checked for registries
 /// that no running kubelet watches (the `DaemonSet` then mounts the wrong one).
@@ -116,87 +122,6 @@ pub enum DoctorError {
         #[source]
         source: Box<kpm::Error>,
     },
-}
-
-/// What a [`Doctor`] judges and how. Build it from [`Default`] with the
-/// setters; the fields are public to read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DoctorConfig {
-    /// The kubelet's root on the host; `None`: the running kubelet's, else
-    /// `/var/lib/kubelet`.
-    pub root_dir: Option<PathBuf>,
-    /// The name of the node judged, when known (`--node-name`, a
-    /// kubeconfig's node): of several kubelets on the host, the one that
-    /// is this node is judged. `None`: see [`Doctor`] for the rule.
-    pub node_name: Option<String>,
-    /// Where this process sees the host. Default: the host's own view.
-    pub host: Host,
-    /// Other roots whose registries are looked at for sockets no kubelet
-    /// watches. Default: [`WELL_KNOWN_ROOTS`].
-    pub other_roots: Vec<PathBuf>,
-    /// Plugin types the kubelet runs without a handler.
-    pub disabled: Vec<PluginKind>,
-    /// How long dialing and each call may take (`GetInfo` gets the
-    /// kubelet's 1 s). Default [`DEFAULT_TIMEOUT`], 5 s.
-    pub timeout: Duration,
-}
-
-impl Default for DoctorConfig {
-    fn default() -> Self {
-        Self {
-            root_dir: None,
-            node_name: None,
-            host: Host::default(),
-            other_roots: WELL_KNOWN_ROOTS.iter().map(PathBuf::from).collect(),
-            disabled: Vec::new(),
-            timeout: DEFAULT_TIMEOUT,
-        }
-    }
-}
-
-impl DoctorConfig {
-    /// Sets [`root_dir`](Self::root_dir) (default: found).
-    #[must_use]
-    pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.root_dir = Some(dir.into());
-        self
-    }
-
-    /// Sets [`node_name`](Self::node_name) (default: not known).
-    #[must_use]
-    pub fn node_name(mut self, name: impl Into<String>) -> Self {
-        self.node_name = Some(name.into());
-        self
-    }
-
-    /// Sets [`host`](Self::host) (default: the host's own view).
-    #[must_use]
-    pub fn host(mut self, host: Host) -> Self {
-        self.host = host;
-        self
-    }
-
-    /// Sets [`other_roots`](Self::other_roots) (default [`WELL_KNOWN_ROOTS`]).
-    #[must_use]
-    pub fn other_roots(mut self, roots: Vec<PathBuf>) -> Self {
-        self.other_roots = roots;
-        self
-    }
-
-    /// Sets [`disabled`](Self::disabled) (default none).
-    #[must_use]
-    pub fn disabled(mut self, kinds: Vec<PluginKind>) -> Self {
-        self.disabled = kinds;
-        self
-    }
-
-    /// Sets [`timeout`](Self::timeout) (default [`DEFAULT_TIMEOUT`], 5 s).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
 }
 
 /// Judges one node's plugins. Set up once (the root found, the judging

@@ -191,15 +191,11 @@ pub enum ExecutorError {
     },
 
     // === Config ===
-    /// The [`ExponentialBackoff`](crate::ExponentialBackoff) bounds are
-    /// inconsistent.
-    #[error("invalid backoff: initial {initial:?} must be non-zero and at most max {max:?}")]
-    InvalidBackoff {
-        /// The first wait.
-        initial: Duration,
-        /// The longest wait.
-        max: Duration,
-    },
+    /// The [`ExponentialBackoff`](crate::ExponentialBackoff) was refused
+    /// where it was made (its first wait zero or above its longest, a
+    /// factor or jitter out of range); the error names the field.
+    #[error("invalid backoff: {0}")]
+    InvalidBackoff(#[from] kpm_api::backoff::BackoffError),
 
     /// A duration of the [`ExecutorConfig`](crate::ExecutorConfig) or the
     /// backoff is out of range; see

@@ -16,7 +16,6 @@
 
 #![deny(missing_docs)]
 
-mod backoff;
 mod error;
 mod inspection;
 mod isolation;
@@ -24,9 +23,11 @@ mod operation_executor;
 mod operation_map;
 mod plugin_info;
 
-pub use backoff::ExponentialBackoff;
 pub use error::ExecutorError;
 pub use inspection::{InspectedStep, Inspection, Step};
+/// The one backoff of kpm, which lives in `kpm-api` so that every crate
+/// (kpm-kube, kpm-doctor) shares it.
+pub use kpm_api::backoff::{Backoff, BackoffError, ExponentialBackoff};
 pub use operation_executor::{ExecutorConfig, Handlers, OperationExecutor};
 pub use operation_map::{OperationMap, OperationStatus};
 pub use plugin_info::{check_info, plugin_endpoint};

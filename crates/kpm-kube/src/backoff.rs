@@ -1,33 +1,39 @@
-//! The one retry schedule of kpm-kube, as apimachinery's `wait.Backoff`
-//! computes one, as a [`backon`] backoff.
+//! The one retry schedule of kpm-kube, apimachinery's `wait.Backoff`
+//! without its step limit, as a [`backon`] backoff: kpm's one backoff
+//! ([`ExponentialBackoff`], validated where it is made) with a factor and a
+//! jitter, the random share drawn here with `fastrand`. backon only runs
+//! the schedule (`retry`, `when`, `notify`); the waits are the one type's.
 
 use std::time::Duration;
 
-/// apimachinery's `wait.Backoff` without its step limit: the first retry
-/// waits `duration`, each next one `factor` times longer (at most `cap`),
-/// each wait stretched by a random fraction of at most `jitter`.
+use kpm_api::backoff::{self, ExponentialBackoff};
+
+/// How kpm retries the API server: the kubelet's nodeinfomanager
+/// `updateBackoff` (spec A.8: 10 ms, factor 5, jitter 0.1), so that a
+/// CSI registration fails after the kubelet's four attempts, about
+/// 310 ms of waiting. The kubelet then gives up for good, and a
+/// deregistration that falls in an API server outage is lost; kpm goes
+/// on, every 5 s at most, until the API server holds what kpm
+/// publishes (`docs/ARCHITECTURE.md`, kpm-kube).
+// A const, evaluated when kpm-kube is compiled: a refused policy fails
+// the build, never a run.
+#[allow(clippy::panic)]
+const RETRY_POLICY: ExponentialBackoff = {
+    let policy = ExponentialBackoff::try_new(Duration::from_millis(10), Duration::from_secs(5));
+    let Ok(policy) = policy else { panic!("kpm-kube's retry policy") };
+    let Ok(policy) = policy.with_factor(5) else { panic!("kpm-kube's retry factor") };
+    let Ok(policy) = policy.with_jitter(10) else { panic!("kpm-kube's retry jitter") };
+    policy
+};
+
+/// The waits of [`RETRY_POLICY`] after consecutive failures, each
+/// stretched by a random share of at most its jitter.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
-    duration: Duration,
-    factor: f64,
-    jitter: f64,
-    cap: Duration,
-}
+pub(crate) struct Backoff(backoff::Backoff);
 
 impl Backoff {
-    /// How kpm retries the API server: the kubelet's nodeinfomanager
-    /// `updateBackoff` (spec A.8: 10 ms, factor 5, jitter 0.1), so that a
-    /// CSI registration fails after the kubelet's four attempts, about
-    /// 310 ms of waiting. The kubelet then gives up for good, and a
-    /// deregistration that falls in an API server outage is lost; kpm goes
-    /// on, every 5 s at most, until the API server holds what kpm
-    /// publishes (`docs/ARCHITECTURE.md`, kpm-kube).
-    pub(crate) const RETRY: Self = Self {
-        duration: Duration::from_millis(10),
-        factor: 5.0,
-        jitter: 0.1,
-        cap: Duration::from_secs(5),
-    };
+    /// Before the first retry of the API server.
+    pub(crate) const RETRY: Self = Self(backoff::Backoff::new(RETRY_POLICY));
 }
 
 impl Iterator for Backoff {
@@ -35,9 +41,8 @@ impl Iterator for Backoff {
 
     /// The wait before the next attempt; never `None`.
     fn next(&mut self) -> Option<Duration> {
-        let wait = self.duration;
-        self.duration = self.duration.mul_f64(self.factor).min(self.cap);
-        Some(wait.mul_f64(1.0 + self.jitter * fastrand::f64()).min(self.cap))
+        let wait = self.0.next_delay();
+        Some(self.0.policy().jittered(wait, fastrand::f64()))
     }
 }
 
@@ -47,11 +52,12 @@ mod tests {
 
     #[test]
     fn retries_start_as_the_kubelets_and_go_on_every_five_seconds_at_most() {
-        let low = Backoff { jitter: 0.0, ..Backoff::RETRY };
-        let waits: Vec<u128> = low.take(8).map(|wait| wait.as_millis()).collect();
+        let mut low = backoff::Backoff::new(RETRY_POLICY.with_jitter(0).unwrap());
+        let waits: Vec<u128> = (0..8).map(|_| low.next_delay().as_millis()).collect();
         assert_eq!(waits, [10, 50, 250, 1250, 5000, 5000, 5000, 5000]);
-        let low = Backoff { jitter: 0.0, ..Backoff::RETRY };
-        for (low, wait) in low.zip(Backoff::RETRY).take(100) {
+        let mut low = backoff::Backoff::new(RETRY_POLICY.with_jitter(0).unwrap());
+        for wait in Backoff::RETRY.take(100) {
+            let low = low.next_delay();
             assert!(
                 wait >= low && wait <= (low + low / 10).min(Duration::from_secs(5)),
                 "{wait:?} for {low:?}"

@@ -68,8 +68,8 @@ pub use kpm_cache::{
     PluginHandler, Registration, ServiceReport,
 };
 pub use kpm_executor::{
-    ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep, Inspection, Step, check_info,
-    plugin_endpoint,
+    Backoff, BackoffError, ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep,
+    Inspection, Step, check_info, plugin_endpoint,
 };
 pub use kpm_liveness::{LivenessConfig, LivenessStats, SharedConnections};
 pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};

@@ -27,6 +27,9 @@ use k8s_openapi::jiff::Timestamp;
 use std::time::Duration;
 use tokio::time::Instant;
 
+use crate::ConfigError;
+use crate::config::{self, MAX_PERIOD};
+
 /// The namespace of events about a cluster-scoped object such as a Node,
 /// as the kubelet records them.
 pub const EVENT_NAMESPACE: &str = "default";
@@ -55,21 +58,16 @@ pub const MAX_QUEUED: usize = 64;
 /// The longest note the API server accepts (1 kB).
 const MAX_NOTE_BYTES: usize = 1024;
 
-/// How events are aggregated and rate-limited. Build it from [`Default`]
-/// with the setters; the fields are public to read.
+/// How events are aggregated and rate-limited. [`Default`], else made by
+/// [`builder`](Self::builder), whose [`build`](EventConfigBuilder::build)
+/// checks each field once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EventConfig {
-    /// How long after its last occurrence an event still takes repeats into
-    /// its series. Default 6 min (client-go's `finishTime`).
-    pub series_window: Duration,
-    /// How often a series' count is patched. Default 30 min (client-go's
-    /// `refreshTime`).
-    pub series_refresh: Duration,
-    /// Writes allowed at once. Default 25 (client-go's spam filter).
-    pub burst: u32,
-    /// Time for one more write to be allowed. Default 5 min.
-    pub refill: Duration,
+    series_window: Duration,
+    series_refresh: Duration,
+    burst: u32,
+    refill: Duration,
 }
 
 impl Default for EventConfig {
@@ -84,32 +82,94 @@ impl Default for EventConfig {
 }
 
 impl EventConfig {
-    /// Sets [`series_window`](Self::series_window) (default 6 min).
+    /// A builder from the defaults.
+    pub fn builder() -> EventConfigBuilder {
+        EventConfigBuilder(Self::default())
+    }
+
+    /// How long after its last occurrence an event still takes repeats into
+    /// its series: 1 s to a day. Default 6 min (client-go's `finishTime`).
+    pub fn series_window(&self) -> Duration {
+        self.series_window
+    }
+
+    /// How often a series' count is patched: 1 s to a day. Default 30 min
+    /// (client-go's `refreshTime`).
+    pub fn series_refresh(&self) -> Duration {
+        self.series_refresh
+    }
+
+    /// Writes allowed at once: 1 (none would never write) to
+    /// [`MAX_BURST`]. Default 25 (client-go's spam filter).
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    /// Time for one more write to be allowed: 1 ms (a zero refill would
+    /// be no limit) to a day. Default 5 min.
+    pub fn refill(&self) -> Duration {
+        self.refill
+    }
+}
+
+/// The largest [`EventConfig::burst`].
+pub const MAX_BURST: u32 = 10_000;
+
+/// An [`EventConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventConfigBuilder(EventConfig);
+
+impl EventConfigBuilder {
+    /// Sets [`EventConfig::series_window`] (default 6 min).
     #[must_use]
     pub fn series_window(mut self, window: Duration) -> Self {
-        self.series_window = window;
+        self.0.series_window = window;
         self
     }
 
-    /// Sets [`series_refresh`](Self::series_refresh) (default 30 min).
+    /// Sets [`EventConfig::series_refresh`] (default 30 min).
     #[must_use]
     pub fn series_refresh(mut self, refresh: Duration) -> Self {
-        self.series_refresh = refresh;
+        self.0.series_refresh = refresh;
         self
     }
 
-    /// Sets [`burst`](Self::burst) (default 25).
+    /// Sets [`EventConfig::burst`] (default 25).
     #[must_use]
     pub fn burst(mut self, burst: u32) -> Self {
-        self.burst = burst;
+        self.0.burst = burst;
         self
     }
 
-    /// Sets [`refill`](Self::refill) (default 5 min).
+    /// Sets [`EventConfig::refill`] (default 5 min).
     #[must_use]
     pub fn refill(mut self, refill: Duration) -> Self {
-        self.refill = refill;
+        self.0.refill = refill;
         self
+    }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<EventConfig, ConfigError> {
+        let EventConfig { series_window, series_refresh, burst, refill } = self.0;
+        let periods = Duration::from_secs(1)..=MAX_PERIOD;
+        let day = "between 1s and 24h";
+        Ok(EventConfig {
+            series_window: config::bounded("events.series_window", series_window, &periods, day)?,
+            series_refresh: config::bounded(
+                "events.series_refresh",
+                series_refresh,
+                &periods,
+                day,
+            )?,
+            burst: config::bounded("events.burst", burst, &(1..=MAX_BURST), "between 1 and 10000")?,
+            refill: config::bounded(
+                "events.refill",
+                refill,
+                &(Duration::from_millis(1)..=MAX_PERIOD),
+                "between 1ms and 24h",
+            )?,
+        })
     }
 }
 

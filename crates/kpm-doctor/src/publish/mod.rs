@@ -21,6 +21,7 @@
 //!   to 2 min); the doctor meanwhile keeps judging. Once the API server
 //!   answers, the current condition and the queued events go out.
 
+mod config;
 pub mod events;
 mod report;
 #[cfg(test)]
@@ -40,73 +41,15 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use kpm::Backoff;
+
 use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, PluginsCondition};
 use crate::outcome::{Outcome, status_of};
 use crate::plugin_report::KubeletPluginReport;
-use events::{EVENT_NAMESPACE, EventConfig, EventRecorder, Write};
+use config::MAX_RETRY;
+pub use config::{PublishConfig, PublishConfigBuilder};
+use events::{EVENT_NAMESPACE, EventRecorder, Write};
 pub(crate) use events::{EventType, Occurrence};
-
-/// How a node's doctor publishes. Build it from [`Default`] with the
-/// setters; the fields are public to read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PublishConfig {
-    /// How often the condition is written when nothing changes, to show
-    /// that the doctor still runs. Default 30 min.
-    pub heartbeat: Duration,
-    /// How long one request may take. Default
-    /// [`DEFAULT_REQUEST_TIMEOUT`](crate::DEFAULT_REQUEST_TIMEOUT), 10 s.
-    pub request_timeout: Duration,
-    /// The first wait before a failed write is tried again; it doubles up
-    /// to 2 min. Default 1 s.
-    pub retry: Duration,
-    /// Aggregation and rate of the Events.
-    pub events: EventConfig,
-}
-
-/// The longest wait between two tries of a failed write.
-const MAX_RETRY: Duration = Duration::from_secs(120);
-
-impl Default for PublishConfig {
-    fn default() -> Self {
-        Self {
-            heartbeat: Duration::from_secs(30 * 60),
-            request_timeout: crate::DEFAULT_REQUEST_TIMEOUT,
-            retry: Duration::from_secs(1),
-            events: EventConfig::default(),
-        }
-    }
-}
-
-impl PublishConfig {
-    /// Sets [`heartbeat`](Self::heartbeat) (default 30 min).
-    #[must_use]
-    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
-        self.heartbeat = heartbeat;
-        self
-    }
-
-    /// Sets [`request_timeout`](Self::request_timeout) (default 10 s).
-    #[must_use]
-    pub fn request_timeout(mut self, timeout: Duration) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Sets [`retry`](Self::retry) (default 1 s).
-    #[must_use]
-    pub fn retry(mut self, retry: Duration) -> Self {
-        self.retry = retry;
-        self
-    }
-
-    /// Sets [`events`](Self::events).
-    #[must_use]
-    pub fn events(mut self, events: EventConfig) -> Self {
-        self.events = events;
-        self
-    }
-}
 
 /// Why a write to the API server failed.
 #[derive(Debug, thiserror::Error)]
@@ -261,7 +204,8 @@ pub struct NodePublisher {
     published: Option<Published>,
     report: report::ReportState,
     retry_at: Option<Instant>,
-    backoff: Duration,
+    /// The waits between tries while writes fail; reset by a success.
+    backoff: Backoff,
     /// The failure last logged: a new kind of failure is logged again.
     logged_failure: Option<String>,
     stats: Arc<PublishStats>,
@@ -282,7 +226,7 @@ impl NodePublisher {
             nodes: Api::all(client.clone()),
             reports: Api::all(client.clone()),
             events_api: Api::namespaced(client, EVENT_NAMESPACE),
-            recorder: EventRecorder::new(config.events, regarding, bounded_name(&instance)),
+            recorder: EventRecorder::new(config.events(), regarding, bounded_name(&instance)),
             node,
             config,
             started: false,
@@ -291,10 +235,15 @@ impl NodePublisher {
             published: None,
             report: report::ReportState::default(),
             retry_at: None,
-            backoff: config.retry,
+            backoff: Backoff::new(config.retries()),
             logged_failure: None,
             stats: Arc::default(),
         }
+    }
+
+    /// What it publishes with.
+    pub fn config(&self) -> &PublishConfig {
+        &self.config
     }
 
     /// Its counts, shared.
@@ -341,8 +290,8 @@ impl NodePublisher {
         if let Some(retry_at) = self.retry_at {
             return Some(retry_at);
         }
-        let heartbeat = self.published.as_ref().map(|p| p.written_at + self.config.heartbeat);
-        let report = self.report.next_due(self.config.heartbeat);
+        let heartbeat = self.published.as_ref().map(|p| p.written_at + self.config.heartbeat());
+        let report = self.report.next_due(self.config.heartbeat());
         [heartbeat, report, self.recorder.next_due()].into_iter().flatten().min()
     }
 
@@ -355,7 +304,7 @@ impl NodePublisher {
         match self.write().await {
             Ok(()) => {
                 self.retry_at = None;
-                self.backoff = self.config.retry;
+                self.backoff.reset();
                 self.stats.failing.store(false, Ordering::Relaxed);
                 if self.logged_failure.take().is_some() {
                     info!(node = %self.node, "publishing to the API server again");
@@ -364,8 +313,8 @@ impl NodePublisher {
             Err(err) => {
                 self.stats.failed_writes.fetch_add(1, Ordering::Relaxed);
                 self.stats.failing.store(true, Ordering::Relaxed);
-                self.retry_at = Some(Instant::now() + self.backoff);
-                self.backoff = (self.backoff * 2).min(MAX_RETRY.max(self.config.retry));
+                // At most `MAX_RETRY`, so the sum cannot overflow.
+                self.retry_at = Some(Instant::now() + self.backoff.next_delay());
                 let text = failure_kind(&err);
                 if self.logged_failure.as_deref() != Some(&text) {
                     warn!(
@@ -423,7 +372,7 @@ impl NodePublisher {
         };
         // The heartbeat's age, on the wall clock, dates the write.
         let age = Timestamp::now().duration_since(heartbeat.0);
-        let age = Duration::try_from(age).unwrap_or_default().min(self.config.heartbeat);
+        let age = Duration::try_from(age).unwrap_or_default().min(self.config.heartbeat());
         let written_at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         if let Some((wanted, at)) = &mut self.wanted
             && wanted.status == condition.status
@@ -440,7 +389,7 @@ impl NodePublisher {
             Some(published) => {
                 published.condition != wanted
                     || published.transition != transition
-                    || Instant::now() >= published.written_at + self.config.heartbeat
+                    || Instant::now() >= published.written_at + self.config.heartbeat()
             }
         };
         if !due {
@@ -523,7 +472,7 @@ impl NodePublisher {
         step: &'static str,
         request: impl Future<Output = T>,
     ) -> Result<T, PublishError> {
-        let timeout = self.config.request_timeout;
+        let timeout = self.config.request_timeout();
         tokio::time::timeout(timeout, request).await.map_err(|_| PublishError::Timeout {
             step,
             node: self.node.clone(),

@@ -76,7 +76,7 @@ impl NodePublisher {
         let age = heartbeat
             .and_then(|Time(at)| Duration::try_from(Timestamp::now().duration_since(at)).ok())
             .unwrap_or_default()
-            .min(self.config.heartbeat);
+            .min(self.config.heartbeat());
         let written_at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
         if let Some(wanted) = &mut self.report.wanted {
             wanted.keep_since(&status);
@@ -93,7 +93,7 @@ impl NodePublisher {
             return Ok(());
         }
         let due = self.report.published.as_ref().is_none_or(|(published, written_at)| {
-            *published != wanted || now >= *written_at + self.config.heartbeat
+            *published != wanted || now >= *written_at + self.config.heartbeat()
         });
         if !due {
             return Ok(());

@@ -174,7 +174,8 @@ async fn repeated_events_make_one_series_patched_at_its_refresh() {
 
 #[tokio::test(start_paused = true)]
 async fn events_beyond_the_burst_wait_for_their_token() {
-    let config = PublishConfig::default().events(EventConfig::default().burst(3));
+    let events = EventConfig::builder().burst(3).build().unwrap();
+    let config = PublishConfig::builder().events(events).build().unwrap();
     let (mut publisher, state) = publisher(config);
     for n in 0..5 {
         publisher.record(occurrence("Stale", &format!("/r/{n}.sock")));

@@ -17,23 +17,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
+use crate::config::{MAX_PERIOD, bounded};
 use crate::judge::Verdict;
 use crate::outcome::{Failing, Outcome, Socket};
 
-/// How a flapping plugin is told and damped.
+/// How a flapping plugin is told and damped. [`Default`], else made by
+/// [`try_new`](Self::try_new) or [`builder`](Self::builder), which check
+/// each field once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct FlapConfig {
-    /// How far back changes are counted. Default 2 min.
-    pub window: Duration,
-    /// How many times coming back to a state it was in within the window
-    /// make it flapping; 0 turns damping off. Default 3: a plugin
-    /// restarting once (2 at most) is not flapping, one restarting again
-    /// within the window is.
-    pub changes: u32,
-    /// How long it must hold still before it is judged as it is again.
-    /// Default 1 min.
-    pub hold: Duration,
+    window: Duration,
+    changes: u32,
+    hold: Duration,
 }
 
 impl Default for FlapConfig {
@@ -43,31 +39,76 @@ impl Default for FlapConfig {
 }
 
 impl FlapConfig {
-    /// Flapping is `changes` changes within `window` (0: never), until
-    /// `hold` without one; the window and the hold are each between 1 s
+    /// Flapping is coming back to a state `changes` times within `window`
+    /// (0: never), until `hold` without a change; the window and the hold are each between 1 s
     /// and a day.
     pub fn try_new(window: Duration, changes: u32, hold: Duration) -> Result<Self, ConfigError> {
-        let bounded = |field, value: Duration| {
-            if (Duration::from_secs(1)..=MAX_FLAP_DURATION).contains(&value) {
-                Ok(value)
-            } else {
-                Err(ConfigError::OutOfRange {
-                    field,
-                    value: format!("{value:?}"),
-                    expected: "between 1s and 24h",
-                })
-            }
-        };
-        Ok(Self {
-            window: bounded("flaps.window", window)?,
-            changes,
-            hold: bounded("flaps.hold", hold)?,
-        })
+        Self::builder().window(window).changes(changes).hold(hold).build()
+    }
+
+    /// A builder from the defaults.
+    pub fn builder() -> FlapConfigBuilder {
+        FlapConfigBuilder(Self::default())
+    }
+
+    /// How far back comings back are counted: 1 s to a day. Default 2 min.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// How many times coming back to a state it was in within the window
+    /// make it flapping; 0 turns damping off. Default 3: a plugin
+    /// restarting once (2 at most) is not flapping, one restarting again
+    /// within the window is.
+    pub fn changes(&self) -> u32 {
+        self.changes
+    }
+
+    /// How long it must hold still before it is judged as it is again:
+    /// 1 s to a day. Default 1 min.
+    pub fn hold(&self) -> Duration {
+        self.hold
     }
 }
 
-/// The longest flap window or hold: a day.
-const MAX_FLAP_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+/// A [`FlapConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlapConfigBuilder(FlapConfig);
+
+impl FlapConfigBuilder {
+    /// Sets [`FlapConfig::window`] (default 2 min).
+    #[must_use]
+    pub fn window(mut self, window: Duration) -> Self {
+        self.0.window = window;
+        self
+    }
+
+    /// Sets [`FlapConfig::changes`] (default 3; 0: no damping).
+    #[must_use]
+    pub fn changes(mut self, changes: u32) -> Self {
+        self.0.changes = changes;
+        self
+    }
+
+    /// Sets [`FlapConfig::hold`] (default 1 min).
+    #[must_use]
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.0.hold = hold;
+        self
+    }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<FlapConfig, ConfigError> {
+        let range = Duration::from_secs(1)..=MAX_PERIOD;
+        let FlapConfig { window, changes, hold } = self.0;
+        Ok(FlapConfig {
+            window: bounded("flaps.window", window, &range, "between 1s and 24h")?,
+            changes,
+            hold: bounded("flaps.hold", hold, &range, "between 1s and 24h")?,
+        })
+    }
+}
 
 /// What a path was seen as in a pass: its verdict, or gone.
 type State = Option<Verdict>;

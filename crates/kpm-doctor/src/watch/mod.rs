@@ -45,22 +45,23 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::condition::CANNOT_JUDGE_REASON;
-use crate::judge::Verdict;
+use kpm::ExponentialBackoff;
+
+use crate::config::{MAX_PERIOD, bounded};
 use crate::metrics::DoctorMetrics;
 use crate::outcome::Outcome;
-use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
-use crate::publish::{EventType, NodePublisher, Occurrence};
-use crate::{Doctor, Report, Seen};
+use crate::publish::{EventType, NodePublisher};
+use crate::{ConfigError, Doctor, Report, Seen};
 
 mod flaps;
 mod looks;
+mod publication;
 #[cfg(test)]
 mod tests;
 
-pub use self::flaps::FlapConfig;
-use self::flaps::Flaps;
+pub use self::flaps::{FlapConfig, FlapConfigBuilder};
 use self::looks::Looks;
+use self::publication::Publication;
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
@@ -70,74 +71,162 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// an object: with the reason, it makes them isomorphic.
 const NODE: &str = "node";
 
-/// When a node's doctor judges it again. Build it from [`Default`] with the
-/// setters; the fields are public to read.
+/// The default [`WatchConfig::period`].
+const DEFAULT_PERIOD: Duration = Duration::from_secs(5 * 60);
+
+/// The rechecks of a failing node under the default period: kpm's one
+/// backoff, from [`RECHECK`] doubling up to the period.
+// A const, evaluated when the crate is compiled: a refused policy fails
+// the build, never a run.
+#[allow(clippy::panic)]
+const DEFAULT_RECHECKS: ExponentialBackoff =
+    match ExponentialBackoff::try_new(RECHECK, DEFAULT_PERIOD) {
+        Ok(policy) => policy,
+        Err(_) => panic!("the default rechecks"),
+    };
+
+/// When a node's doctor judges it again. [`Default`], else made by
+/// [`builder`](Self::builder), whose [`build`](WatchConfigBuilder::build)
+/// checks each field once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WatchConfig {
-    /// A full pass at least this often. Default 5 min.
-    pub period: Duration,
-    /// How long after a pass that saw the failures change a second pass
-    /// checks them before they are published. Default 3 s.
-    pub confirm: Duration,
-    /// How long after a file-system change the pass waits, so that a burst
-    /// of changes makes one pass. Default 200 ms.
-    pub settle: Duration,
-    /// When a plugin that comes and goes is flapping, and for how long.
-    pub flaps: FlapConfig,
+    period: Duration,
+    confirm: Duration,
+    settle: Duration,
+    flaps: FlapConfig,
+    /// The waits before a failing node is judged again while nothing
+    /// changes: from [`RECHECK`], doubling, up to the period.
+    rechecks: ExponentialBackoff,
     /// How often, between passes, each socket found ok is sent a PING on a
-    /// connection of its own ([`looks`](self::looks)): a plugin alive but
-    /// hung is judged within this and the doctor's timeout, not the period.
-    /// `None`: never. Default 30 s.
-    pub look: Option<Duration>,
+    /// connection of its own ([`looks`](self::looks)); `None`: never.
+    look: Option<Duration>,
 }
 
 impl Default for WatchConfig {
     fn default() -> Self {
         Self {
-            period: Duration::from_secs(5 * 60),
+            period: DEFAULT_PERIOD,
             confirm: Duration::from_secs(3),
             settle: Duration::from_millis(200),
             flaps: FlapConfig::default(),
+            rechecks: DEFAULT_RECHECKS,
             look: Some(Duration::from_secs(30)),
         }
     }
 }
 
 impl WatchConfig {
-    /// Sets [`period`](Self::period) (default 5 min).
+    /// A builder from the defaults.
+    pub fn builder() -> WatchConfigBuilder {
+        WatchConfigBuilder(Self::default())
+    }
+
+    /// A full pass at least this often: 1 s (a zero period would judge
+    /// without pause) to a day. Default 5 min.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// How long after a pass that saw the failures change a second pass
+    /// checks them before they are published: 0 (at once) to 1 min.
+    /// Default 3 s.
+    pub fn confirm(&self) -> Duration {
+        self.confirm
+    }
+
+    /// How long after a file-system change the pass waits, so that a burst
+    /// of changes makes one pass: 0 to 10 s. Default 200 ms.
+    pub fn settle(&self) -> Duration {
+        self.settle
+    }
+
+    /// When a plugin that comes and goes is flapping, and for how long.
+    pub fn flaps(&self) -> FlapConfig {
+        self.flaps
+    }
+
+    /// How often, between passes, each socket found ok is sent a PING on a
+    /// connection of its own ([`looks`](self::looks)): a plugin alive but
+    /// hung is judged within this and the doctor's timeout, not the period.
+    /// `None`: never. 1 s to a day; default 30 s.
+    pub fn look(&self) -> Option<Duration> {
+        self.look
+    }
+}
+
+/// A [`WatchConfig`] being set; [`build`](Self::build) checks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchConfigBuilder(WatchConfig);
+
+impl WatchConfigBuilder {
+    /// Sets [`WatchConfig::period`] (default 5 min).
     #[must_use]
     pub fn period(mut self, period: Duration) -> Self {
-        self.period = period;
+        self.0.period = period;
         self
     }
 
-    /// Sets [`confirm`](Self::confirm) (default 3 s).
+    /// Sets [`WatchConfig::confirm`] (default 3 s).
     #[must_use]
     pub fn confirm(mut self, confirm: Duration) -> Self {
-        self.confirm = confirm;
+        self.0.confirm = confirm;
         self
     }
 
-    /// Sets [`settle`](Self::settle) (default 200 ms).
+    /// Sets [`WatchConfig::settle`] (default 200 ms).
     #[must_use]
     pub fn settle(mut self, settle: Duration) -> Self {
-        self.settle = settle;
+        self.0.settle = settle;
         self
     }
 
-    /// Sets [`look`](Self::look) (default 30 s).
+    /// Sets [`WatchConfig::look`] (default 30 s; `None`: no looks).
     #[must_use]
     pub fn look(mut self, look: Option<Duration>) -> Self {
-        self.look = look;
+        self.0.look = look;
         self
     }
 
-    /// Sets [`flaps`](Self::flaps) (default [`FlapConfig::default`]).
+    /// Sets [`WatchConfig::flaps`] (default [`FlapConfig::default`]),
+    /// checked when it was made.
     #[must_use]
     pub fn flaps(mut self, flaps: FlapConfig) -> Self {
-        self.flaps = flaps;
+        self.0.flaps = flaps;
         self
+    }
+
+    /// The config, once each field is in its range; the error names the
+    /// first that is not.
+    pub fn build(self) -> Result<WatchConfig, ConfigError> {
+        let WatchConfig { period, confirm, settle, flaps, look, .. } = self.0;
+        let period = bounded(
+            "watch.period",
+            period,
+            &(Duration::from_secs(1)..=MAX_PERIOD),
+            "between 1s and 24h",
+        )?;
+        let confirm = bounded(
+            "watch.confirm",
+            confirm,
+            &(Duration::ZERO..=Duration::from_secs(60)),
+            "between 0s and 1m",
+        )?;
+        let settle = bounded(
+            "watch.settle",
+            settle,
+            &(Duration::ZERO..=Duration::from_secs(10)),
+            "between 0s and 10s",
+        )?;
+        let rechecks = ExponentialBackoff::try_new(RECHECK, period)
+            .map_err(|source| ConfigError::Backoff { field: "watch.period", source })?;
+        let look = look
+            .map(|look| {
+                let range = Duration::from_secs(1)..=MAX_PERIOD;
+                bounded("watch.look", look, &range, "between 1s and 24h")
+            })
+            .transpose()?;
+        Ok(WatchConfig { period, confirm, settle, flaps, rechecks, look })
     }
 }
 
@@ -160,202 +249,13 @@ impl std::fmt::Debug for ClusterLink {
 }
 
 impl ClusterLink {
-    /// Reads Node `node` and its objects through `client` (each request
-    /// bounded by `request_timeout`) and publishes through `publisher`.
-    pub fn new(
-        client: kube::Client,
-        node: impl Into<String>,
-        request_timeout: Duration,
-        publisher: NodePublisher,
-    ) -> Self {
+    /// Reads Node `node` and its objects through `client` and publishes
+    /// through `publisher`; each read is bounded by the publisher's
+    /// [`PublishConfig::request_timeout`](crate::PublishConfig::request_timeout),
+    /// checked when its config was built.
+    pub fn new(client: kube::Client, node: impl Into<String>, publisher: NodePublisher) -> Self {
+        let request_timeout = publisher.config().request_timeout();
         Self { client, node: node.into(), request_timeout, publisher }
-    }
-}
-
-/// How `--watch` compares its passes and what it tells of a change.
-impl Outcome {
-    /// Whether `other` has the same entries and verdicts, and is as blind
-    /// (reasons may carry figures that change from pass to pass, as may
-    /// why the doctor cannot look).
-    fn agrees(&self, other: &Self) -> bool {
-        self.sockets.len() == other.sockets.len()
-            && self.kubelet == other.kubelet
-            && self.blind.is_some() == other.blind.is_some()
-            && self.failing.len() == other.failing.len()
-            && self
-                .failing
-                .iter()
-                .zip(&other.failing)
-                .all(|((a, fa), (b, fb))| a == b && fa.verdict == fb.verdict)
-    }
-
-    /// Whether every failure here is one of `before`'s, with the same
-    /// verdict, or what a flapping one settled to: only recoveries and
-    /// what held still for the flap hold, which need no second look. Going
-    /// blind is none: a blind pass sees no failure because it sees nothing.
-    fn only_better_than(&self, before: &Self) -> bool {
-        (self.blind.is_none() || before.blind.is_some())
-            && self.failing.iter().all(|(path, failing)| {
-                before.failing.get(path).is_some_and(|was| {
-                    was.verdict == failing.verdict || was.verdict == Verdict::Flapping
-                })
-            })
-    }
-
-    /// The Events from `before` to `self`. A blind pass tells of no
-    /// recovery: what it does not see, it cannot call fixed.
-    fn transitions(&self, before: &Self) -> Vec<Occurrence> {
-        let mut occurrences = Vec::new();
-        match (&before.blind, &self.blind) {
-            (None, Some(blind)) => occurrences.push(Occurrence {
-                event_type: EventType::Warning,
-                reason: CANNOT_JUDGE_REASON.to_owned(),
-                about: NODE.to_owned(),
-                note: format!("cannot judge this node: {}; try: {}", blind.why, blind.hint),
-            }),
-            (Some(was), None) => occurrences.push(Occurrence {
-                event_type: EventType::Normal,
-                reason: CAN_JUDGE_REASON.to_owned(),
-                about: NODE.to_owned(),
-                note: format!("the node is judged again; before: {}", was.why),
-            }),
-            _ => {}
-        }
-        for (path, failing) in &self.failing {
-            if before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict) {
-                continue;
-            }
-            occurrences.push(Occurrence {
-                event_type: EventType::Warning,
-                reason: failing.verdict.reason(),
-                about: path.display().to_string(),
-                note: format!(
-                    "{} ({}) is {}: {}",
-                    failing.subject,
-                    path.display(),
-                    failing.verdict.name(),
-                    failing.reason
-                ),
-            });
-        }
-        if self.blind.is_some() {
-            return occurrences;
-        }
-        for (path, was) in &before.failing {
-            let now = self.failing.get(path).map(|failing| failing.verdict);
-            if was.verdict == Verdict::Flapping && now != Some(Verdict::Flapping) {
-                let now = match (now, self.sockets.get(path)) {
-                    (Some(verdict), _) => verdict.name(),
-                    (None, Some(socket)) => socket.verdict.name(),
-                    (None, None) => "gone",
-                };
-                occurrences.push(Occurrence {
-                    event_type: EventType::Normal,
-                    reason: STABLE_REASON.to_owned(),
-                    about: path.display().to_string(),
-                    note: format!(
-                        "{} ({}) holds still again after flapping: {now}",
-                        was.subject,
-                        path.display()
-                    ),
-                });
-                continue;
-            }
-            if now.is_some() {
-                continue;
-            }
-            occurrences.push(Occurrence {
-                event_type: EventType::Normal,
-                reason: RECOVERED_REASON.to_owned(),
-                about: path.display().to_string(),
-                note: format!(
-                    "{} ({}) is no longer {}",
-                    was.subject,
-                    path.display(),
-                    was.verdict.name()
-                ),
-            });
-        }
-        occurrences
-    }
-}
-
-/// What `--watch` publishes after each pass, and when it judges again:
-/// the decisions of its loop, without IO, on tokio's clock (so that they
-/// are tested on paused time).
-#[derive(Debug)]
-struct Publication {
-    config: WatchConfig,
-    flaps: Flaps,
-    /// What was published last; before the first, nothing fails.
-    confirmed: Outcome,
-    published: bool,
-    /// The pass before, damped.
-    last: Option<Outcome>,
-    /// The wait before a failing node is judged again.
-    recheck: Duration,
-}
-
-/// What to do after a pass.
-#[derive(Debug)]
-struct Next {
-    /// An outcome to publish, and the one published before it.
-    publish: Option<(Outcome, Outcome)>,
-    /// When to judge again, if nothing wakes the loop before.
-    judge_at: Instant,
-}
-
-impl Publication {
-    fn new(config: WatchConfig) -> Self {
-        Self {
-            config,
-            flaps: Flaps::new(config.flaps),
-            confirmed: Outcome::default(),
-            published: false,
-            last: None,
-            recheck: RECHECK,
-        }
-    }
-
-    /// Takes the pass that saw `seen`, run after a wake-up (a file-system
-    /// change, a plugin's exit) when `woken`.
-    fn after_pass(&mut self, seen: &Outcome, woken: bool) -> Next {
-        let now = Instant::now();
-        self.flaps.observe(seen, now);
-        let outcome = self.flaps.damp(seen.clone());
-        let changed = !self.last.as_ref().is_some_and(|last| last.agrees(&outcome));
-        let mut confirm_at = None;
-        let mut publish = None;
-        if self.published && outcome.agrees(&self.confirmed) {
-            // Nothing new.
-        } else if !changed || outcome.only_better_than(&self.confirmed) {
-            let before = std::mem::replace(&mut self.confirmed, outcome.clone());
-            publish = Some((outcome.clone(), before));
-            self.published = true;
-        } else {
-            confirm_at = Some(now + self.config.confirm);
-        }
-        // While something fails, the node is judged again sooner than the
-        // period, less often the longer nothing moves: a fix made in the
-        // cluster alone (a kubelet that registers a driver at last)
-        // changes no file here, or changes one before it is done (a
-        // kubelet's socket, at its start). A change is looked at again
-        // after `confirm` only, so that the kubelet has had its time.
-        self.recheck = if changed {
-            self.config.confirm
-        } else if woken {
-            RECHECK
-        } else {
-            (self.recheck * 2).min(self.config.period)
-        };
-        let recheck_at = outcome.fails().then(|| now + self.recheck);
-        self.last = Some(outcome);
-        let period_at = now + self.config.period;
-        let judge_at = [confirm_at, recheck_at, self.flaps.next_stable()]
-            .into_iter()
-            .flatten()
-            .fold(period_at, Instant::min);
-        Next { publish, judge_at }
     }
 }
 
@@ -407,7 +307,7 @@ impl NodeWatch {
         let mut armed = Armed::default();
         let mut exits = Exits::new(wake_up);
         let mut publication = Publication::new(self.config);
-        let mut looks = Looks::new(self.doctor.config().timeout);
+        let mut looks = Looks::new(self.doctor.config().timeout());
         let mut after_wake_up = false;
         tokio::pin!(shutdown);
         loop {

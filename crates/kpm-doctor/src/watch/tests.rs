@@ -3,7 +3,10 @@
 use std::path::Path;
 
 use super::*;
+use crate::condition::CANNOT_JUDGE_REASON;
 use crate::judge::{Row, Verdict};
+use crate::publish::Occurrence;
+use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::{Blind, Finding};
 
 const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
@@ -153,7 +156,8 @@ const FOUR_ONE: Coming = Coming {
 #[tokio::test(start_paused = true)]
 async fn a_plugin_flapping_four_seconds_on_one_off_is_written_a_handful_of_times() {
     let run = Duration::from_secs(120);
-    let undamped = WatchConfig::default().flaps(FlapConfig { changes: 0, ..FlapConfig::default() });
+    let no_damping = FlapConfig::builder().changes(0).build().unwrap();
+    let undamped = WatchConfig::builder().flaps(no_damping).build().unwrap();
     let writes_before = published(undamped, &FOUR_ONE, run).await.len();
     let damped = published(WatchConfig::default(), &FOUR_ONE, run).await;
     eprintln!(
@@ -190,7 +194,7 @@ async fn a_plugin_flapping_every_second_shows_as_failing_within_the_window() {
     let published = published(WatchConfig::default(), &world, Duration::from_secs(120)).await;
     let failing = published.iter().find(|(_, outcome, _)| outcome.fails());
     let (at, outcome, _) = failing.expect("the flapping is published");
-    assert!(*at < FlapConfig::default().window, "{at:?}");
+    assert!(*at < FlapConfig::default().window(), "{at:?}");
     assert_eq!(outcome.condition().reason, "Flapping");
     // Shown as when it was there, whether it is there or not.
     assert_eq!(outcome.sockets[Path::new(SOCKET)].verdict, Verdict::Flapping);
@@ -204,7 +208,7 @@ async fn once_still_for_the_hold_it_is_published_at_once_with_its_event() {
     assert!(!last.fails(), "{:?}", last.condition());
     // It went at 29 s, the last change (cycles of 5 s end at 30 s): stable a
     // hold after the pass that saw it, published then.
-    let hold = FlapConfig::default().hold;
+    let hold = FlapConfig::default().hold();
     let settled = Duration::from_secs(29) + WatchConfig::default().settle + hold;
     assert!(*at >= settled && *at < settled + Duration::from_millis(50), "{at:?}");
     assert_eq!(reasons(&last.transitions(before)), [(EventType::Normal, STABLE_REASON)]);
@@ -248,4 +252,17 @@ async fn a_new_failure_waits_for_a_second_look_and_a_recovery_does_not() {
     let capped = publication.after_pass(&failing, false).judge_at - Instant::now();
     assert_eq!(capped, WatchConfig::default().period);
     assert!(publication.after_pass(&healthy, true).publish.is_some(), "recovered at once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_confirm_a_failing_node_is_still_looked_at_with_pauses() {
+    // Before the one backoff, a zero confirm doubled to zero: rechecks
+    // without pause while a failure held still.
+    let config = WatchConfig::builder().confirm(Duration::ZERO).build().unwrap();
+    let mut publication = Publication::new(config);
+    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    publication.after_pass(&failing, false);
+    let waits: Vec<Duration> =
+        (0..4).map(|_| publication.after_pass(&failing, false).judge_at - Instant::now()).collect();
+    assert_eq!(waits, [1, 2, 4, 8].map(Duration::from_secs));
 }
