@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
-use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
+use kpm::{ExecutorError, Inspection, Kubelet, PluginKind, ServiceReport};
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
@@ -413,10 +413,9 @@ fn classify(err: &ExecutorError) -> (Verdict, String) {
         ExecutorError::InvalidInfo { .. } => {
             (Verdict::Rejected, "the plugin's GetInfo answer breaks the bounds above".into())
         }
-        ExecutorError::UnknownPluginType { .. } => (
-            Verdict::Rejected,
-            "the kubelet has handlers for CSIPlugin, DevicePlugin and DRAPlugin only".into(),
-        ),
+        ExecutorError::UnknownPluginType { .. } => {
+            (Verdict::Rejected, format!("the kubelet has handlers for {} only", kubelet_types()))
+        }
         ExecutorError::Validate { .. } => {
             (Verdict::Rejected, "the handler's reason above says what it requires".into())
         }
@@ -522,6 +521,16 @@ pub(crate) fn unwatched_registries(
         .collect()
 }
 
+/// The plugin types the kubelet has handlers for, as a sentence lists
+/// them: `CSIPlugin, DevicePlugin and DRAPlugin`.
+fn kubelet_types() -> String {
+    let types = PluginKind::ALL.map(PluginKind::plugin_type);
+    match types.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => types.concat(),
+    }
+}
+
 /// CSI drivers registered under one name by several sockets: the kubelet
 /// keeps the one with the highest version; one with an equal or lower
 /// version is refused.
@@ -549,5 +558,13 @@ pub(crate) fn mark_duplicates(rows: &mut [Row]) {
             );
             rows[i].hint = "remove the older driver's registrar (or its stale socket)".into();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_kubelets_types_read_as_a_sentence() {
+        assert_eq!(super::kubelet_types(), "CSIPlugin, DevicePlugin and DRAPlugin");
     }
 }
