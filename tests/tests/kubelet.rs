@@ -183,7 +183,9 @@ async fn dra_device_health_changes_reach_the_managers_events() {
     let mut changes = Vec::new();
     while changes.len() < 2 {
         let event = kpm_test_support::within("two health changes", events.recv()).await.unwrap();
-        if let kpm::PluginEvent::DeviceHealthChanged { driver, device, health, expired, .. } = event
+        if let kpm::PluginEvent::DraDeviceHealthChanged {
+            driver, device, health, expired, ..
+        } = event
         {
             assert_eq!((driver.as_str(), device.as_str()), ("gpu.example.com", "gpu-0"));
             changes.push((health, expired));

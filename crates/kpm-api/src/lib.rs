@@ -16,7 +16,8 @@
 //!
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
-//! plugin input), [`gotext`] (Go's renderings of values in error texts),
+//! plugin input), [`PluginKind`] (the kubelet's plugin types and every name
+//! they go by), [`gotext`] (Go's renderings of values in error texts),
 //! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
 //! exponential backoff, validated where it is made), [`FileId`] (the
 //! identity of a socket file, built from metadata the caller read) and, with
@@ -34,9 +35,11 @@ mod file_id;
 pub mod gotext;
 #[cfg(feature = "serde")]
 pub mod json;
+mod kind;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
+pub use kind::PluginKind;
 
 /// The plugin registration API (`pluginregistration.Registration`).
 pub mod registration {

@@ -252,6 +252,9 @@ fn service_names_and_constants_match_the_kubelet() {
         "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     );
     assert_eq!((CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN), ("CSIPlugin", "DevicePlugin", "DRAPlugin"));
+    // The kinds' types on the wire and the names users type and read.
+    let kinds = kpm_api::PluginKind::ALL.map(|kind| (kind.plugin_type(), kind.name()));
+    assert_eq!(kinds, [("CSIPlugin", "csi"), ("DevicePlugin", "device"), ("DRAPlugin", "dra")]);
     assert_eq!(DRA_SUPPORTED_SERVICES, ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
     assert_eq!(
         (PLUGINS_REGISTRY_DIR_NAME, DEVICE_PLUGINS_DIR_NAME, KUBELET_SOCKET_NAME),

@@ -108,9 +108,11 @@ pub enum PluginEvent {
     },
     /// The health of a DRA driver's device changed: a first report, a
     /// report with another health, or its report expired (`Unknown` once no
-    /// report came within the device's health check timeout).
+    /// report came within the device's health check timeout). Only DRA
+    /// drivers' devices: a device plugin's device health is in the device
+    /// manager's view, not on the bus.
     #[cfg_attr(feature = "serde", serde(rename = "device_health"))]
-    DeviceHealthChanged {
+    DraDeviceHealthChanged {
         /// The DRA driver.
         driver: String,
         /// The device's pool.
@@ -172,7 +174,7 @@ pub struct EventCounts {
     /// ([`PluginEvent::Unresponsive`]).
     pub unresponsive: u64,
     /// Changes of a DRA device's health, expiries included
-    /// ([`PluginEvent::DeviceHealthChanged`]).
+    /// ([`PluginEvent::DraDeviceHealthChanged`]).
     pub device_health_changes: u64,
 }
 
@@ -195,7 +197,7 @@ impl Counters {
             PluginEvent::Rejected { .. } => add(&self.rejections),
             PluginEvent::RetryScheduled { .. } => add(&self.retries_scheduled),
             PluginEvent::Unresponsive { .. } => add(&self.unresponsive),
-            PluginEvent::DeviceHealthChanged { .. } => add(&self.device_health_changes),
+            PluginEvent::DraDeviceHealthChanged { .. } => add(&self.device_health_changes),
             PluginEvent::SocketSeen { .. } => {}
         }
     }
@@ -284,7 +286,7 @@ impl Default for EventBus {
 /// A change of `gpu.example.com`'s device `pool1/dev1` to `Unknown`.
 #[cfg(test)]
 fn device_health(previous: Option<&str>, expired: bool) -> PluginEvent {
-    PluginEvent::DeviceHealthChanged {
+    PluginEvent::DraDeviceHealthChanged {
         driver: "gpu.example.com".into(),
         pool: "pool1".into(),
         device: "dev1".into(),

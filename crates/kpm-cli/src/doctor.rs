@@ -161,7 +161,7 @@ impl DoctorArgs {
     fn config(&self, node: Option<&str>) -> Result<DoctorConfig, CliError> {
         let mut config = DoctorConfig::builder()
             .host(Host::under(&self.host_root))
-            .disabled(self.judge.disable.iter().map(|kind| kind.kind()).collect())
+            .disabled(self.judge.disable.clone())
             .timeout(self.judge.timeout());
         if let Some(root) = &self.root_dir {
             config = config.root_dir(root);

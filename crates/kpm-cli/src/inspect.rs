@@ -6,17 +6,23 @@
 use std::path::Path;
 use std::time::Duration;
 
-use kpm::{Inspection, Kubelet, Step};
+use kpm::{Inspection, Kubelet, PluginKind, Step};
 
 use crate::CliError;
-use crate::run::PluginKind;
+use crate::run::plugin_kind;
 
 /// What `kpm probe` and `kpm doctor` judge with: the kubelet's handlers
 /// but the disabled ones, and a bound on each call.
 #[derive(Debug, clap::Args)]
 pub(crate) struct JudgeArgs {
     /// Plugin types the kubelet runs without a handler, comma-separated.
-    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
+    #[arg(
+        long,
+        value_parser = plugin_kind(),
+        value_name = "TYPES",
+        value_delimiter = ',',
+        env = "KPM_DISABLE"
+    )]
     pub(crate) disable: Vec<PluginKind>,
     /// How long dialing and each call may take, in seconds (`kpm doctor`
     /// gives GetInfo the kubelet's 1 s).
@@ -45,8 +51,7 @@ pub(crate) fn kubelet(
     timeout: Duration,
     get_info: Duration,
 ) -> Result<Kubelet, CliError> {
-    let disabled: Vec<kpm::PluginKind> = disabled.iter().map(|kind| kind.kind()).collect();
-    Ok(kpm_doctor::judging_kubelet(root_dir, &disabled, timeout, get_info, None)?)
+    Ok(kpm_doctor::judging_kubelet(root_dir, disabled, timeout, get_info, None)?)
 }
 
 /// One step of an inspection as a report shows it.

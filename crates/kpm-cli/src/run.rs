@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ValueEnum;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use kpm::kube::{self, KubePublisher};
 use kpm::transport::fd::FdBudget;
-use kpm::{Kubelet, KubeletBuilder, LivenessConfig};
+use kpm::{Kubelet, KubeletBuilder, LivenessConfig, PluginKind};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::metrics::{self, Metrics};
@@ -28,7 +29,13 @@ pub(crate) struct RunArgs {
     device_plugin_dir: Option<PathBuf>,
     /// Plugin types to run without a handler, comma-separated; their plugins
     /// are told that no handler is registered for their type.
-    #[arg(long, value_enum, value_name = "TYPES", value_delimiter = ',', env = "KPM_DISABLE")]
+    #[arg(
+        long,
+        value_parser = plugin_kind(),
+        value_name = "TYPES",
+        value_delimiter = ',',
+        env = "KPM_DISABLE"
+    )]
     disable: Vec<PluginKind>,
     /// Serve Prometheus metrics (and /healthz) over HTTP on this address,
     /// for example 127.0.0.1:9464. Off by default.
@@ -173,22 +180,13 @@ pub(crate) enum LogFormat {
     Json,
 }
 
-/// The plugin types kpm has handlers for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum PluginKind {
-    Csi,
-    Device,
-    Dra,
-}
-
-impl PluginKind {
-    pub(crate) fn kind(self) -> kpm::PluginKind {
-        match self {
-            Self::Csi => kpm::PluginKind::Csi,
-            Self::Device => kpm::PluginKind::Device,
-            Self::Dra => kpm::PluginKind::Dra,
-        }
-    }
+/// Parses a plugin kind by its name (`csi`, `device`, `dra`) and offers
+/// every kind's name, as a value enum would: the values of `--disable`,
+/// taken from [`kpm::PluginKind`] so that the CLI has no list of its own.
+pub(crate) fn plugin_kind() -> impl TypedValueParser<Value = PluginKind> {
+    PossibleValuesParser::new(PluginKind::ALL.map(PluginKind::name))
+        // The possible values let only the kinds' names through.
+        .try_map(|name| PluginKind::from_name(&name).ok_or("not a plugin kind"))
 }
 
 pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
@@ -225,7 +223,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
 pub(crate) fn kubelet(root_dir: &Path, disabled: &[PluginKind]) -> KubeletBuilder {
     disabled
         .iter()
-        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(kind.kind()))
+        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
 }
 
 /// The Kubernetes publishers, if there is an API server to publish to.

@@ -5,15 +5,13 @@ use std::any::Any;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use kpm::PluginKind;
 use kpm::kube::{NodeObjects, NodeResources, ObjectKind};
 
 use crate::device_plugins::LAGGING_DEVICES;
 use crate::judge::{Row, Verdict};
 use crate::publishing::Publishing;
 use crate::{Blind, Finding};
-
-/// The objects a CSI driver's publication is pending on.
-const CSI_OBJECTS: [ObjectKind; 2] = [ObjectKind::Node, ObjectKind::CsiNode];
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
 /// that no plugin of the node explains, but what `kpm run` is still
@@ -28,23 +26,23 @@ pub(crate) fn compare(
     let first_finding = findings.len();
     compare_all(objects, rows, findings, unseen);
     for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
-        let kinds: &[ObjectKind] = match row.plugin_type.as_deref() {
-            Some(kpm::api::CSI_PLUGIN) => &CSI_OBJECTS,
-            Some(kpm::api::DEVICE_PLUGIN) => &[ObjectKind::NodeStatus],
-            _ => continue,
+        let Some(kind) = row.plugin_type.as_deref().and_then(PluginKind::from_plugin_type) else {
+            continue;
         };
+        let kinds = ObjectKind::of_plugins(kind);
         if let Some(name) = row.name.clone() {
             let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
             publishing.excuse((kinds, false), &name, parts);
         }
     }
     for finding in &mut findings[first_finding..] {
-        let kinds: &[ObjectKind] = match finding.verdict {
-            Verdict::StaleCsiNodeEntry => &CSI_OBJECTS,
-            Verdict::OrphanedCapacity => &[ObjectKind::NodeStatus],
-            Verdict::OrphanedSlices => &[ObjectKind::ResourceSlice],
+        let kind = match finding.verdict {
+            Verdict::StaleCsiNodeEntry => PluginKind::Csi,
+            Verdict::OrphanedCapacity => PluginKind::Device,
+            Verdict::OrphanedSlices => PluginKind::Dra,
             _ => continue,
         };
+        let kinds = ObjectKind::of_plugins(kind);
         if let Some(name) = finding.name.clone() {
             let parts = (&mut finding.verdict, &mut finding.reason, &mut finding.hint);
             publishing.excuse((kinds, true), &name, parts);
@@ -52,26 +50,47 @@ pub(crate) fn compare(
     }
 }
 
+/// Each kind's plugins held against the objects that register them in
+/// the cluster, kind by kind: one arm per kind, so that a new kind says
+/// how the doctor judges it.
 fn compare_all(
     objects: &NodeObjects,
     rows: &mut [Row],
     findings: &mut Vec<Finding>,
     unseen: &mut Vec<String>,
 ) {
+    for kind in PluginKind::ALL {
+        match kind {
+            PluginKind::Csi => compare_csi(objects, rows, findings, unseen),
+            PluginKind::Device => compare_devices(objects, rows, findings, unseen),
+            PluginKind::Dra => compare_dra(objects, rows, findings, unseen),
+        }
+    }
+}
+
+/// The drivers of `kind` the kubelet holds a registration of: those whose
+/// plugin answered `GetInfo` (a name told), ok or failing otherwise. A
+/// driver that hangs behind a live registrar is registered still: its
+/// CSINode entry and slices are its own, not another's leftovers.
+fn registered(rows: &[Row], kind: PluginKind) -> BTreeSet<String> {
+    rows.iter()
+        .filter(|row| {
+            row.plugin_type.as_deref() == Some(kind.plugin_type())
+                && !matches!(row.verdict, Verdict::Stale | Verdict::DeletedButListening)
+        })
+        .filter_map(|row| row.name.clone())
+        .collect()
+}
+
+/// Live CSI drivers against the CSINode and the node-id annotation, and
+/// the CSINode's entries no live driver serves.
+fn compare_csi(
+    objects: &NodeObjects,
+    rows: &mut [Row],
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
     let node = &objects.node;
-    // The drivers the kubelet holds a registration of: those whose plugin
-    // answered `GetInfo` (a name told), ok or failing otherwise. A driver
-    // that hangs behind a live registrar is registered still: its CSINode
-    // entry and slices are its own, not another's leftovers.
-    let registered = |rows: &[Row], plugin_type: &str| -> BTreeSet<String> {
-        rows.iter()
-            .filter(|row| {
-                row.plugin_type.as_deref() == Some(plugin_type)
-                    && !matches!(row.verdict, Verdict::Stale | Verdict::DeletedButListening)
-            })
-            .filter_map(|row| row.name.clone())
-            .collect()
-    };
     match &objects.csi_drivers {
         Ok(drivers) => {
             let empty = BTreeMap::default();
@@ -89,7 +108,7 @@ fn compare_all(
                     objects.csi_drivers.as_ref().is_ok_and(Option::is_some),
                 );
             }
-            let served = registered(rows, kpm::api::CSI_PLUGIN);
+            let served = registered(rows, PluginKind::Csi);
             for name in drivers.keys().filter(|name| !served.contains(*name)) {
                 findings.push(kept_for(
                     rows,
@@ -108,9 +127,20 @@ fn compare_all(
         }
         Err(err) => unseen.push(format!("CSINode {node}: {err}")),
     }
+}
+
+/// Live device plugins against the Node's capacity, and the capacity no
+/// live plugin serves.
+fn compare_devices(
+    objects: &NodeObjects,
+    rows: &mut [Row],
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
+    let node = &objects.node;
     match &objects.resources {
         Ok(Some(resources)) => {
-            for row in rows.iter_mut().filter(|row| is_live(row, kpm::api::DEVICE_PLUGIN)) {
+            for row in rows.iter_mut().filter(|row| is_live(row, PluginKind::Device)) {
                 check_capacity(node, row, resources);
             }
             kept_capacity(node, rows, resources, findings, unseen);
@@ -118,9 +148,20 @@ fn compare_all(
         Ok(None) => unseen.push(format!("Node {node}: not found; device capacity not compared")),
         Err(err) => unseen.push(format!("Node {node}: {err}")),
     }
+}
+
+/// Live DRA drivers against the node's ResourceSlices, and the slices no
+/// live driver serves.
+fn compare_dra(
+    objects: &NodeObjects,
+    rows: &mut [Row],
+    findings: &mut Vec<Finding>,
+    unseen: &mut Vec<String>,
+) {
+    let node = &objects.node;
     match &objects.slice_drivers {
         Ok(slices) => {
-            for row in rows.iter_mut().filter(|row| is_live(row, kpm::api::DRA_PLUGIN)) {
+            for row in rows.iter_mut().filter(|row| is_live(row, PluginKind::Dra)) {
                 let name = row.name.clone().unwrap_or_default();
                 if let Some(count) = slices.get(&name) {
                     row.cluster = Some(format!("{count} ResourceSlice(s) of this node"));
@@ -133,7 +174,7 @@ fn compare_all(
                         .into();
                 }
             }
-            let served = registered(rows, kpm::api::DRA_PLUGIN);
+            let served = registered(rows, PluginKind::Dra);
             for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
                 findings.push(kept_for(
                     rows,
@@ -171,7 +212,7 @@ fn kept_capacity(
     findings: &mut Vec<Finding>,
     unseen: &mut Vec<String>,
 ) {
-    let live: Vec<&Row> = rows.iter().filter(|row| is_live(row, kpm::api::DEVICE_PLUGIN)).collect();
+    let live: Vec<&Row> = rows.iter().filter(|row| is_live(row, PluginKind::Device)).collect();
     let kept = resources.capacity.iter().filter(|(resource, capacity)| {
         kpm::device::is_extended_resource_name(resource)
             && capacity.as_str() != "0"
@@ -293,12 +334,13 @@ fn stale_socket_of(rows: &[Row], driver: &str) -> Option<PathBuf> {
         .map(|row| row.path.clone())
 }
 
-fn is_live(row: &Row, plugin_type: &str) -> bool {
-    row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(plugin_type)
+/// Whether `row` is a plugin of `kind` the kubelet would keep.
+fn is_live(row: &Row, kind: PluginKind) -> bool {
+    row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(kind.plugin_type())
 }
 
 fn csi_rows(rows: &mut [Row]) -> impl Iterator<Item = &mut Row> {
-    rows.iter_mut().filter(|row| is_live(row, kpm::api::CSI_PLUGIN))
+    rows.iter_mut().filter(|row| is_live(row, PluginKind::Csi))
 }
 
 /// A live CSI driver against CSINode and the node-id annotation.

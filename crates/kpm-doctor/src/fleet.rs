@@ -22,6 +22,7 @@ mod render;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use kpm::PluginKind;
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
@@ -354,36 +355,28 @@ impl Serialize for Fleet {
     }
 }
 
-/// What registers a name on a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum DriverKind {
-    /// A CSI driver: its CSINode entry.
-    Csi,
-    /// A device plugin's extended resource: nonzero Node capacity.
-    DevicePlugin,
-    /// A DRA driver: ResourceSlices of the node.
-    Dra,
-}
-
-impl DriverKind {
-    /// Its name in the table: `csi`, `device`, `dra`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Csi => "csi",
-            Self::DevicePlugin => "device",
-            Self::Dra => "dra",
-        }
-    }
+/// How the fleet's JSON names a driver's kind: `csi`, `device-plugin`,
+/// `dra`. Not [`PluginKind::name`]: the JSON said `device-plugin` before the
+/// kinds had one table, and its readers go by it.
+#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's `serialize_with` passes a reference")]
+fn kind_in_json<S: serde::Serializer>(kind: &PluginKind, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(match kind {
+        PluginKind::Csi => "csi",
+        PluginKind::Device => "device-plugin",
+        PluginKind::Dra => "dra",
+    })
 }
 
 /// One CSI driver, device-plugin resource or DRA driver across the nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct DriverView {
-    /// What it is.
-    pub kind: DriverKind,
+    /// What registers it on a node (see [`judge_fleet`]): a CSI driver's
+    /// CSINode entry, a device plugin's nonzero extended-resource
+    /// capacity, a DRA driver's ResourceSlices of the node. The table
+    /// shows its [`name`](PluginKind::name).
+    #[serde(serialize_with = "kind_in_json")]
+    pub kind: PluginKind,
     /// The driver's or resource's name.
     pub name: String,
     /// A CSIDriver object of this name exists.

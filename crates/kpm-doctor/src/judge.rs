@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
-use kpm::{ExecutorError, Inspection, Kubelet, ServiceReport};
+use kpm::{ExecutorError, Inspection, Kubelet, PluginKind, ServiceReport};
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
@@ -439,10 +439,9 @@ fn classify(err: &ExecutorError) -> (Verdict, String) {
         ExecutorError::InvalidInfo { .. } => {
             (Verdict::Rejected, "the plugin's GetInfo answer breaks the bounds above".into())
         }
-        ExecutorError::UnknownPluginType { .. } => (
-            Verdict::Rejected,
-            "the kubelet has handlers for CSIPlugin, DevicePlugin and DRAPlugin only".into(),
-        ),
+        ExecutorError::UnknownPluginType { .. } => {
+            (Verdict::Rejected, format!("the kubelet has handlers for {} only", kubelet_types()))
+        }
         ExecutorError::Validate { .. } => {
             (Verdict::Rejected, "the handler's reason above says what it requires".into())
         }
@@ -546,6 +545,16 @@ pub(crate) fn unwatched_registries(
             })
         })
         .collect()
+}
+
+/// The plugin types the kubelet has handlers for, as a sentence lists
+/// them: `CSIPlugin, DevicePlugin and DRAPlugin`.
+fn kubelet_types() -> String {
+    let types = PluginKind::ALL.map(PluginKind::plugin_type);
+    match types.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => types.concat(),
+    }
 }
 
 /// CSI drivers registered under one name by several sockets: the kubelet
@@ -660,5 +669,10 @@ mod tests {
         );
         let bare = ProcessInfo { pid: 7, command: None, container_id: None, running_secs: None };
         assert_eq!(served_by(&bare), "pid 7");
+    }
+
+    #[test]
+    fn the_kubelets_types_read_as_a_sentence() {
+        assert_eq!(super::kubelet_types(), "CSIPlugin, DevicePlugin and DRAPlugin");
     }
 }

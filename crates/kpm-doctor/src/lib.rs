@@ -74,10 +74,10 @@ pub use crate::condition::{
 };
 pub use crate::config::{ConfigError, DoctorConfig, DoctorConfigBuilder};
 pub use crate::fleet::{
-    DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverKind,
-    DriverView, FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects,
-    MAX_PAGE_SIZE, NodeCondition, NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet,
-    read_fleet, render_fleet_table,
+    DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverView,
+    FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects, MAX_PAGE_SIZE,
+    NodeCondition, NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet,
+    render_fleet_table,
 };
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};

@@ -79,11 +79,9 @@ impl DoctorMetrics {
 
 /// The `type` label of a plugin type: one of a closed set.
 fn type_label(plugin_type: Option<&str>) -> &'static str {
-    match plugin_type {
-        Some(kpm::api::CSI_PLUGIN) => kpm::api::CSI_PLUGIN,
-        Some(kpm::api::DEVICE_PLUGIN) => kpm::api::DEVICE_PLUGIN,
-        Some(kpm::api::DRA_PLUGIN) => kpm::api::DRA_PLUGIN,
-        Some(_) => "other",
+    match plugin_type.map(kpm::PluginKind::from_plugin_type) {
+        Some(Some(kind)) => kind.plugin_type(),
+        Some(None) => "other",
         None => "none",
     }
 }

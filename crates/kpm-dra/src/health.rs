@@ -168,7 +168,7 @@ impl DeviceHealthTable {
     /// leaves out is removed), each valid until `now` plus its timeout. The
     /// deadline runs from the message's arrival, not from its
     /// `last_updated_time`, as in the kubelet: the node's clock and the
-    /// driver's may differ. Returns a [`PluginEvent::DeviceHealthChanged`]
+    /// driver's may differ. Returns a [`PluginEvent::DraDeviceHealthChanged`]
     /// for each device whose health is new or different.
     pub(crate) fn report(
         &mut self,
@@ -263,7 +263,7 @@ fn change(
     expired: bool,
     message: &str,
 ) -> PluginEvent {
-    PluginEvent::DeviceHealthChanged {
+    PluginEvent::DraDeviceHealthChanged {
         driver: driver.to_owned(),
         pool: pool.clone(),
         device: device.clone(),
@@ -508,9 +508,9 @@ mod tests {
         events
             .iter()
             .map(|event| match event {
-                PluginEvent::DeviceHealthChanged { device, health, previous, expired, .. } => {
-                    (device.as_str(), health.as_str(), previous.as_deref(), *expired)
-                }
+                PluginEvent::DraDeviceHealthChanged {
+                    device, health, previous, expired, ..
+                } => (device.as_str(), health.as_str(), previous.as_deref(), *expired),
                 other => panic!("not a health change: {other:?}"),
             })
             .collect()

@@ -82,10 +82,10 @@
 //! and gone with it (a driver without a health stream or without devices
 //! has none; `DraManager::health_timers`, for tests, counts them). Every
 //! change of a device's health (its first report, another health, an
-//! expiry) is published as a [`PluginEvent::DeviceHealthChanged`] on the
+//! expiry) is published as a [`PluginEvent::DraDeviceHealthChanged`] on the
 //! bus given to [`DraManager::try_new`].
 //!
-//! [`PluginEvent::DeviceHealthChanged`]: kpm_cache::PluginEvent::DeviceHealthChanged
+//! [`PluginEvent::DraDeviceHealthChanged`]: kpm_cache::PluginEvent::DraDeviceHealthChanged
 //!
 //! # Differences from the kubelet
 //!

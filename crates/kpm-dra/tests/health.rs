@@ -121,7 +121,7 @@ impl Setup {
     /// The health change published next, which must be there already.
     fn change(&mut self) -> (String, Option<String>, bool) {
         match self.events.try_recv() {
-            Ok(PluginEvent::DeviceHealthChanged {
+            Ok(PluginEvent::DraDeviceHealthChanged {
                 driver,
                 device,
                 health,
@@ -147,7 +147,7 @@ impl Setup {
         let woke = Instant::now();
         let event = within("the expiry is published", self.events.recv()).await.unwrap();
         assert_eq!(Instant::now(), woke, "published at the deadline");
-        let PluginEvent::DeviceHealthChanged { health, previous, expired, message, .. } = event
+        let PluginEvent::DraDeviceHealthChanged { health, previous, expired, message, .. } = event
         else {
             panic!("expected a health change, got {event:?}");
         };

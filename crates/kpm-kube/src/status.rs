@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::SystemTime;
 
+use kpm_api::PluginKind;
 use parking_lot::Mutex;
 
 /// The kinds of objects kpm writes, and the CSIDrivers it follows.
@@ -43,6 +44,20 @@ impl ObjectKind {
     /// The kind [`as_str`](Self::as_str) names, as the status API shows it.
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
+    /// The objects kpm publishes a plugin of `kind` in, named after the
+    /// plugin (its pending publications): a CSI driver in the Node's
+    /// annotation and labels and the CSINode, a device plugin's resource in
+    /// the Node's status, a DRA driver's ResourceSlices (only ever wiped).
+    /// What the doctor excuses a difference with the cluster by while it
+    /// is pending.
+    pub const fn of_plugins(kind: PluginKind) -> &'static [Self] {
+        match kind {
+            PluginKind::Csi => &[Self::Node, Self::CsiNode],
+            PluginKind::Device => &[Self::NodeStatus],
+            PluginKind::Dra => &[Self::ResourceSlice],
+        }
     }
 
     /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for

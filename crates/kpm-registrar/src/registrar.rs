@@ -5,10 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_api::constants::{
-    CSI_PLUGIN, DEFAULT_ROOT_DIR, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION, DRA_PLUGIN, DRA_V1_SERVICE,
-    PLUGINS_REGISTRY_DIR_NAME,
-};
+use kpm_api::PluginKind;
+use kpm_api::constants::{DEFAULT_ROOT_DIR, PLUGINS_REGISTRY_DIR_NAME};
 use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
 use kpm_api::registration::v1::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -29,16 +27,10 @@ use crate::naming::{socket_file_name, socket_path};
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// The `supported_versions` a plugin of `plugin_type` advertises unless told
-/// otherwise: `v1beta1` for device plugins, `1.0.0` for CSI drivers (as
-/// node-driver-registrar sends), `v1.DRAPlugin` for DRA drivers, none for
-/// other types.
+/// otherwise: its kind's ([`PluginKind::default_versions`]), none for other
+/// types.
 pub fn default_versions(plugin_type: &str) -> &'static [&'static str] {
-    match plugin_type {
-        DEVICE_PLUGIN => &[DEVICE_PLUGIN_VERSION],
-        CSI_PLUGIN => &["1.0.0"],
-        DRA_PLUGIN => &[DRA_V1_SERVICE],
-        _ => &[],
-    }
+    PluginKind::from_plugin_type(plugin_type).map_or(&[], PluginKind::default_versions)
 }
 
 /// Configuration of a registration socket; [`serve`](Self::serve) starts it.

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 
-use kpm_api::constants::{CSI_PLUGIN, DEVICE_HEALTHY, DEVICE_PLUGIN, DRA_PLUGIN};
+use kpm_api::PluginKind;
+use kpm_api::constants::DEVICE_HEALTHY;
 use kpm_api::csi::v1 as csi;
 use kpm_api::deviceplugin::v1beta1 as dp;
 use kpm_api::dra::v1 as dra;
@@ -22,15 +23,15 @@ use tonic::{Request, Response, Status};
 /// plugin with two healthy devices, a CSI driver (Identity and Node, node id
 /// `example-node`), or a DRA v1 driver. Empty routes for other types.
 pub fn routes(plugin_type: &str, name: &str) -> Routes {
-    match plugin_type {
-        DEVICE_PLUGIN => {
+    match PluginKind::from_plugin_type(plugin_type) {
+        Some(PluginKind::Device) => {
             let (plugin, _devices) =
                 StubDevicePlugin::new([("dev-0", DEVICE_HEALTHY), ("dev-1", DEVICE_HEALTHY)]);
             plugin.routes()
         }
-        CSI_PLUGIN => StubCsiDriver::new(name, "example-node").routes(),
-        DRA_PLUGIN => StubDraDriver.routes(),
-        _ => Routes::default(),
+        Some(PluginKind::Csi) => StubCsiDriver::new(name, "example-node").routes(),
+        Some(PluginKind::Dra) => StubDraDriver.routes(),
+        None => Routes::default(),
     }
 }
 

@@ -5,37 +5,12 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use kpm_api::PluginKind;
 use kpm_cache::PluginHandler;
 use kpm_transport::fd::FdBudget;
 
 use crate::Result;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
-
-/// The plugin types the kubelet has handlers for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum PluginKind {
-    /// CSI drivers (`CSIPlugin`).
-    Csi,
-    /// Device plugins (`DevicePlugin`).
-    Device,
-    /// DRA drivers (`DRAPlugin`).
-    Dra,
-}
-
-impl PluginKind {
-    /// Every kind, in the order handlers are added.
-    pub const ALL: [Self; 3] = [Self::Csi, Self::Device, Self::Dra];
-
-    /// The plugin type a plugin of this kind reports in `GetInfo`.
-    pub fn plugin_type(self) -> &'static str {
-        match self {
-            Self::Csi => kpm_api::constants::CSI_PLUGIN,
-            Self::Device => kpm_api::constants::DEVICE_PLUGIN,
-            Self::Dra => kpm_api::constants::DRA_PLUGIN,
-        }
-    }
-}
 
 /// Configures a [`Kubelet`]. Every setting has the kubelet's default.
 #[derive(Debug)]
@@ -456,7 +431,7 @@ struct DeviceConnections(Arc<crate::device::DeviceManager>);
 #[cfg(feature = "device")]
 impl crate::SharedConnections for DeviceConnections {
     fn connection(&self, plugin: &kpm_cache::Registration) -> Option<kpm_transport::UdsChannel> {
-        if plugin.plugin_type != kpm_api::constants::DEVICE_PLUGIN {
+        if plugin.plugin_type != PluginKind::Device.plugin_type() {
             return None;
         }
         self.0.connection(&plugin.plugin.name, &plugin.socket_path)
@@ -553,5 +528,35 @@ impl KubeletHandle {
     #[cfg(feature = "kube")]
     pub fn kubernetes(&self) -> Option<crate::kube::KubeStatus> {
         self.kubernetes.as_ref().map(crate::kube::KubePublisher::status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether this build has the handler of `kind`: its crate feature.
+    /// One arm per kind, so that a new kind names its feature here, and the
+    /// test below fails until `build` adds its handler.
+    fn compiled(kind: PluginKind) -> bool {
+        match kind {
+            PluginKind::Csi => cfg!(feature = "csi"),
+            PluginKind::Device => cfg!(feature = "device"),
+            PluginKind::Dra => cfg!(feature = "dra"),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_kind_of_the_build_has_its_handler_but_the_disabled() {
+        let all: Vec<PluginKind> =
+            PluginKind::ALL.into_iter().filter(|kind| compiled(*kind)).collect();
+        let kubelet = Kubelet::builder().build().unwrap();
+        assert_eq!(kubelet.kinds(), all);
+        for kind in all.iter().copied() {
+            let kubelet = Kubelet::builder().disable(kind).build().unwrap();
+            let rest: Vec<PluginKind> =
+                all.iter().copied().filter(|other| *other != kind).collect();
+            assert_eq!(kubelet.kinds(), rest, "{kind:?} disabled");
+        }
     }
 }

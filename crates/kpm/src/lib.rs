@@ -63,6 +63,7 @@ mod status;
 /// dependency of its own.
 pub use async_trait::async_trait;
 pub use basic_handler::{BasicHandler, BasicRegistration};
+pub use kpm_api::PluginKind;
 pub use kpm_cache::{
     DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEvent,
     PluginHandler, Registration, ServiceReport,
@@ -74,7 +75,7 @@ pub use kpm_executor::{
 pub use kpm_liveness::{LivenessConfig, LivenessStats, SharedConnections};
 pub use kpm_reconciler::{ReconcilerConfig, ReconcilerError};
 pub use kpm_watcher::WatcherConfig;
-pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle, PluginKind};
+pub use kubelet::{Kubelet, KubeletBuilder, KubeletHandle};
 pub use manager::{
     MAX_EVENT_CAPACITY, ManagerHandle, ManagerStats, PluginManager, PluginManagerBuilder,
 };

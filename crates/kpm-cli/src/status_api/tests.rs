@@ -357,7 +357,7 @@ fn an_event_line_is_the_event_with_the_time_it_was_sent() {
 
 #[test]
 fn a_device_health_line_names_the_driver_device_and_change() {
-    let event = PluginEvent::DeviceHealthChanged {
+    let event = PluginEvent::DraDeviceHealthChanged {
         driver: "gpu.example.com".into(),
         pool: "pool".into(),
         device: "gpu-0".into(),

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use super::{
-    DoctorState, DriverKind, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, Source,
+    DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, PluginKind, Source,
 };
 use crate::ConditionStatus;
 
@@ -23,56 +23,88 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
         selected.iter().map(|node| node_view(node, now, stale_after)).collect();
 
     let mut drivers = Vec::new();
-    // CSI: the CSIDriver objects, and every driver a selected node's
-    // CSINode lists; registered where that CSINode lists it.
-    let csi_on = |node: &str, driver: &str| {
-        objects.csi_nodes.get(node).is_some_and(|drivers| drivers.contains(driver))
-    };
-    let mut csi: BTreeSet<&str> = objects.csi_drivers.iter().map(String::as_str).collect();
-    for node in &selected {
-        csi.extend(objects.csi_nodes.get(&node.name).into_iter().flatten().map(String::as_str));
-    }
-    for name in csi {
-        let has_object = objects.csi_drivers.contains(name);
-        drivers.push(driver_view(DriverKind::Csi, name, has_object, &nodes, |node| {
-            csi_on(node, name)
-        }));
-    }
-    // Device plugins: the extended resources of the selected nodes;
-    // registered where the capacity is not zero (the kubelet zeroes the
-    // capacity of a resource whose plugin is gone).
-    let capacity = |node: &NodeObject, name: &str| {
-        node.extended_resources.get(name).is_some_and(|quantity| nonzero(quantity))
-    };
-    let by_name: BTreeMap<&str, &NodeObject> =
-        selected.iter().map(|node| (node.name.as_str(), *node)).collect();
-    let resources: BTreeSet<&str> = selected
-        .iter()
-        .flat_map(|node| node.extended_resources.keys().map(String::as_str))
-        .collect();
-    for name in resources {
-        drivers.push(driver_view(DriverKind::DevicePlugin, name, false, &nodes, |node| {
-            by_name.get(node).is_some_and(|node| capacity(node, name))
-        }));
-    }
-    // DRA: the drivers of the selected nodes' ResourceSlices.
-    let dra: BTreeSet<&str> = selected
-        .iter()
-        .flat_map(|node| objects.slices.get(&node.name).into_iter().flatten())
-        .filter(|(_, count)| **count > 0)
-        .map(|(driver, _)| driver.as_str())
-        .collect();
-    for name in dra {
-        drivers.push(driver_view(DriverKind::Dra, name, false, &nodes, |node| {
-            objects.slices.get(node).and_then(|drivers| drivers.get(name)).is_some_and(|n| *n > 0)
-        }));
+    for kind in PluginKind::ALL {
+        drivers.extend(kind_views(kind, objects, &selected, &nodes));
     }
     Fleet { drivers, nodes, unseen: objects.unseen.clone() }
 }
 
+/// The drivers of `kind` across the `selected` nodes, by name: what
+/// registers a name of each kind on a node.
+fn kind_views(
+    kind: PluginKind,
+    objects: &FleetObjects,
+    selected: &[&NodeObject],
+    nodes: &[NodeView],
+) -> Vec<DriverView> {
+    match kind {
+        // CSI: the CSIDriver objects, and every driver a selected node's
+        // CSINode lists; registered where that CSINode lists it.
+        PluginKind::Csi => {
+            let csi_on = |node: &str, driver: &str| {
+                objects.csi_nodes.get(node).is_some_and(|drivers| drivers.contains(driver))
+            };
+            let mut csi: BTreeSet<&str> = objects.csi_drivers.iter().map(String::as_str).collect();
+            for node in selected {
+                csi.extend(
+                    objects.csi_nodes.get(&node.name).into_iter().flatten().map(String::as_str),
+                );
+            }
+            csi.into_iter()
+                .map(|name| {
+                    let has_object = objects.csi_drivers.contains(name);
+                    driver_view(kind, name, has_object, nodes, |node| csi_on(node, name))
+                })
+                .collect()
+        }
+        // Device plugins: the extended resources of the selected nodes;
+        // registered where the capacity is not zero (the kubelet zeroes the
+        // capacity of a resource whose plugin is gone).
+        PluginKind::Device => {
+            let capacity = |node: &NodeObject, name: &str| {
+                node.extended_resources.get(name).is_some_and(|quantity| nonzero(quantity))
+            };
+            let by_name: BTreeMap<&str, &NodeObject> =
+                selected.iter().map(|node| (node.name.as_str(), *node)).collect();
+            let resources: BTreeSet<&str> = selected
+                .iter()
+                .flat_map(|node| node.extended_resources.keys().map(String::as_str))
+                .collect();
+            resources
+                .into_iter()
+                .map(|name| {
+                    driver_view(kind, name, false, nodes, |node| {
+                        by_name.get(node).is_some_and(|node| capacity(node, name))
+                    })
+                })
+                .collect()
+        }
+        // DRA: the drivers of the selected nodes' ResourceSlices.
+        PluginKind::Dra => {
+            let dra: BTreeSet<&str> = selected
+                .iter()
+                .flat_map(|node| objects.slices.get(&node.name).into_iter().flatten())
+                .filter(|(_, count)| **count > 0)
+                .map(|(driver, _)| driver.as_str())
+                .collect();
+            dra.into_iter()
+                .map(|name| {
+                    driver_view(kind, name, false, nodes, |node| {
+                        objects
+                            .slices
+                            .get(node)
+                            .and_then(|drivers| drivers.get(name))
+                            .is_some_and(|n| *n > 0)
+                    })
+                })
+                .collect()
+        }
+    }
+}
+
 /// One driver across `nodes`, registered on those `on` says.
 fn driver_view(
-    kind: DriverKind,
+    kind: PluginKind,
     name: &str,
     has_object: bool,
     nodes: &[NodeView],
@@ -297,7 +329,7 @@ mod tests {
         })
     }
 
-    fn driver<'a>(fleet: &'a Fleet, kind: DriverKind, name: &str) -> &'a DriverView {
+    fn driver<'a>(fleet: &'a Fleet, kind: PluginKind, name: &str) -> &'a DriverView {
         fleet
             .drivers
             .iter()
@@ -427,7 +459,7 @@ mod tests {
             }
         }
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let csi = driver(&fleet, DriverKind::Csi, "csi.example.com");
+        let csi = driver(&fleet, PluginKind::Csi, "csi.example.com");
         assert_eq!((csi.registered, csi.nodes, csi.has_object), (47, 50, true));
         assert_eq!(
             not_on(csi),
@@ -471,7 +503,7 @@ mod tests {
             ..FleetObjects::default()
         };
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let gpu = driver(&fleet, DriverKind::DevicePlugin, "vendor.com/gpu");
+        let gpu = driver(&fleet, PluginKind::Device, "vendor.com/gpu");
         assert_eq!((gpu.registered, gpu.nodes), (1, 7));
         assert_eq!(
             not_on(gpu),
@@ -511,7 +543,7 @@ mod tests {
         // A CSINode of a node outside the selection.
         objects.csi_nodes.insert("other".into(), ["elsewhere.example.com".into()].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let nowhere = driver(&fleet, DriverKind::Csi, "nowhere.example.com");
+        let nowhere = driver(&fleet, PluginKind::Csi, "nowhere.example.com");
         assert_eq!(nowhere.registered, 0);
         assert_eq!(
             not_on(nowhere),
@@ -538,9 +570,9 @@ mod tests {
         };
         let fleet = judge_fleet(&objects, now(), HOUR);
         // Registered nowhere and without an object: counted, no node named.
-        let fpga = driver(&fleet, DriverKind::DevicePlugin, "example.com/fpga");
+        let fpga = driver(&fleet, PluginKind::Device, "example.com/fpga");
         assert_eq!((fpga.registered, fpga.nodes, fpga.not_on.len()), (0, 3, 0));
-        let gpu = driver(&fleet, DriverKind::DevicePlugin, "vendor.com/gpu");
+        let gpu = driver(&fleet, PluginKind::Device, "vendor.com/gpu");
         assert_eq!((gpu.registered, gpu.nodes), (1, 3));
         assert_eq!(not_on(gpu)[1], ("c", "no doctor there"));
     }
@@ -563,7 +595,7 @@ mod tests {
         objects.slices.insert("a".into(), [("gpu.example.com".to_owned(), 2)].into());
         objects.slices.insert("zz-unselected".into(), [("other.example.com".to_owned(), 1)].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let dra = driver(&fleet, DriverKind::Dra, "gpu.example.com");
+        let dra = driver(&fleet, PluginKind::Dra, "gpu.example.com");
         assert_eq!((dra.registered, dra.nodes), (1, 2));
         assert_eq!(not_on(dra), [("b", "gpu.example.com (not-published): no ResourceSlice")]);
         assert_eq!(fleet.drivers.len(), 1, "{:?}", fleet.drivers);
@@ -578,16 +610,16 @@ mod tests {
         objects.csi_drivers.extend(["b.csi".to_owned(), "a.csi".to_owned()]);
         objects.slices.insert("a".into(), [("dra.x".to_owned(), 1)].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
-        let order: Vec<(DriverKind, &str)> =
+        let order: Vec<(PluginKind, &str)> =
             fleet.drivers.iter().map(|d| (d.kind, d.name.as_str())).collect();
         assert_eq!(
             order,
             [
-                (DriverKind::Csi, "a.csi"),
-                (DriverKind::Csi, "b.csi"),
-                (DriverKind::DevicePlugin, "a.com/y"),
-                (DriverKind::DevicePlugin, "z.com/x"),
-                (DriverKind::Dra, "dra.x"),
+                (PluginKind::Csi, "a.csi"),
+                (PluginKind::Csi, "b.csi"),
+                (PluginKind::Device, "a.com/y"),
+                (PluginKind::Device, "z.com/x"),
+                (PluginKind::Dra, "dra.x"),
             ]
         );
     }

@@ -111,7 +111,7 @@ fn shortened(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{DriverKind, FailingPlugin, NodeView, NotOn, Source};
+    use crate::fleet::{FailingPlugin, NodeView, NotOn, PluginKind, Source};
 
     fn node(name: &str, doctor: DoctorState) -> NodeView {
         NodeView {
@@ -141,7 +141,7 @@ mod tests {
         Fleet {
             drivers: vec![
                 DriverView {
-                    kind: DriverKind::Csi,
+                    kind: PluginKind::Csi,
                     name: "csi.example.com".into(),
                     has_object: true,
                     registered: 1,
@@ -155,7 +155,7 @@ mod tests {
                     ],
                 },
                 DriverView {
-                    kind: DriverKind::DevicePlugin,
+                    kind: PluginKind::Device,
                     name: "vendor.com/gpu".into(),
                     has_object: false,
                     registered: 6,

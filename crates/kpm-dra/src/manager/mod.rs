@@ -122,7 +122,7 @@ impl DraManager {
     /// connected instance for `config.cleanup_grace`. Every change of a
     /// device's health (a first report, another health, an expiry) is
     /// published on `events`, when given, as a
-    /// [`PluginEvent::DeviceHealthChanged`](kpm_cache::PluginEvent::DeviceHealthChanged):
+    /// [`PluginEvent::DraDeviceHealthChanged`](kpm_cache::PluginEvent::DraDeviceHealthChanged):
     /// kpm's facade gives it the plugin manager's bus; with `None` nobody
     /// hears of them.
     pub fn try_new(

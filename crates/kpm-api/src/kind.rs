@@ -1,0 +1,93 @@
+//! `PluginKind`: the plugin types the kubelet has handlers for, and what
+//! every layer names them by.
+
+use crate::constants::{
+    CSI_PLUGIN, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION, DRA_PLUGIN, DRA_V1_SERVICE,
+};
+
+/// A plugin type the kubelet has a handler for, and the facts every layer
+/// takes from it: the wire type, the short name of the command line and of
+/// the tables, the versions a plugin of the kind offers by default.
+///
+/// It lives here, in the lowest crate, so that the handlers, the facade,
+/// the registrar, the doctor and the CLI all name the kinds through this
+/// one enum. It is not `#[non_exhaustive]` on purpose: the matches on it
+/// above this crate are exhaustive, so that a new kind is a compile error
+/// at every place that must say something about it (the facade's handler,
+/// the doctor's judgement of it in the cluster, the registrar's stub).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PluginKind {
+    /// CSI drivers (`CSIPlugin`).
+    Csi,
+    /// Device plugins (`DevicePlugin`).
+    Device,
+    /// DRA drivers (`DRAPlugin`).
+    Dra,
+}
+
+impl PluginKind {
+    /// Every kind, in the order the kubelet's handlers are added and the
+    /// doctor shows them.
+    pub const ALL: [Self; 3] = [Self::Csi, Self::Device, Self::Dra];
+
+    /// The plugin type a plugin of this kind reports in `GetInfo`
+    /// (`PluginInfo.type`), which chooses its handler.
+    pub const fn plugin_type(self) -> &'static str {
+        match self {
+            Self::Csi => CSI_PLUGIN,
+            Self::Device => DEVICE_PLUGIN,
+            Self::Dra => DRA_PLUGIN,
+        }
+    }
+
+    /// The kind of a plugin that reports `plugin_type`, if it is one of
+    /// the kubelet's (exactly: the kubelet compares the type as it is).
+    pub fn from_plugin_type(plugin_type: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.plugin_type() == plugin_type)
+    }
+
+    /// Its short name: `csi`, `device`, `dra`. The value of `kpm run
+    /// --disable` (and of `kpm probe` and `kpm doctor`) and the kind column
+    /// of `kpm doctor --cluster`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Csi => "csi",
+            Self::Device => "device",
+            Self::Dra => "dra",
+        }
+    }
+
+    /// The kind whose [`name`](Self::name) is `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// The `supported_versions` a plugin of this kind advertises unless
+    /// told otherwise: `v1beta1` for device plugins, `1.0.0` for CSI
+    /// drivers (as node-driver-registrar sends), `v1.DRAPlugin` for DRA
+    /// drivers.
+    pub const fn default_versions(self) -> &'static [&'static str] {
+        match self {
+            Self::Csi => &["1.0.0"],
+            Self::Device => &[DEVICE_PLUGIN_VERSION],
+            Self::Dra => &[DRA_V1_SERVICE],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PluginKind;
+
+    #[test]
+    fn names_and_types_go_both_ways() {
+        for kind in PluginKind::ALL {
+            assert_eq!(PluginKind::from_plugin_type(kind.plugin_type()), Some(kind));
+            assert_eq!(PluginKind::from_name(kind.name()), Some(kind));
+        }
+        // The kubelet matches types exactly: no case folding, no short names.
+        assert_eq!(PluginKind::from_plugin_type("csiplugin"), None);
+        assert_eq!(PluginKind::from_plugin_type("csi"), None);
+        assert_eq!(PluginKind::from_name("CSIPlugin"), None);
+    }
+}
