@@ -52,7 +52,8 @@ const ROOT_ENV: &str = "KPM_ROOT_DIR";
 const DOCTOR_HOST_ROOT: &str = "/host";
 
 /// Kinds of kpm's manifests that have no namespace.
-const CLUSTER_SCOPED: &[&str] = &["Namespace", "ClusterRole", "ClusterRoleBinding"];
+const CLUSTER_SCOPED: &[&str] =
+    &["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"];
 
 pub(crate) fn check(root: &Path) -> Result {
     manifests(root)?;
