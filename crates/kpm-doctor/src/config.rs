@@ -81,7 +81,7 @@ pub(crate) const REQUEST_TIMEOUT: RangeInclusive<Duration> =
 /// What [`REQUEST_TIMEOUT`] says.
 pub(crate) const REQUEST_TIMEOUT_TEXT: &str = "between 1ms and 10m";
 
-/// What a [`Doctor`] judges and how. [`Default`], else made by
+/// What a [`Doctor`](crate::Doctor) judges and how. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](DoctorConfigBuilder::build)
 /// checks each field once.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +122,7 @@ impl DoctorConfig {
 
     /// The name of the node judged, when known (`--node-name`, a
     /// kubeconfig's node): of several kubelets on the host, the one that
-    /// is this node is judged. `None`: see [`Doctor`] for the rule.
+    /// is this node is judged. `None`: see [`Doctor`](crate::Doctor) for the rule.
     pub fn node_name(&self) -> Option<&str> {
         self.node_name.as_deref()
     }

@@ -99,7 +99,7 @@ pub struct WatchConfig {
     /// changes: from [`RECHECK`], doubling, up to the period.
     rechecks: ExponentialBackoff,
     /// How often, between passes, each socket found ok is sent a PING on a
-    /// connection of its own ([`looks`](self::looks)); `None`: never.
+    /// connection of its own; `None`: never.
     look: Option<Duration>,
 }
 
@@ -147,7 +147,7 @@ impl WatchConfig {
     }
 
     /// How often, between passes, each socket found ok is sent a PING on a
-    /// connection of its own ([`looks`](self::looks)): a plugin alive but
+    /// connection of its own: a plugin alive but
     /// hung is judged within this and the doctor's timeout, not the period.
     /// `None`: never. 1 s to a day; default 30 s.
     pub fn look(&self) -> Option<Duration> {
