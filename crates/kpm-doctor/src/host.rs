@@ -21,7 +21,7 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 /// is resolved under a [`View`]'s prefix only to be read ([`View::path`], a
 /// [`Seen`], which cannot be shown). The host's own view is
 /// [`Host::view`]; a running kubelet's is where its files are as it sees
-/// them ([`KubeletProcess::view`]: `<host-root>/proc/PID/root` when it runs
+/// them ([`KubeletProcess::view`](crate::KubeletProcess::view): `<host-root>/proc/PID/root` when it runs
 /// in a mount namespace of its own). What the judging kubelet reads it is
 /// given as [`Seen`] paths too, and its words come back through
 /// `View::as_on_host`, the one place they are mapped.

@@ -10,7 +10,7 @@
 //!   `lastHeartbeatTime`; `lastTransitionTime` moves only when the status
 //!   does. At start the Node's own copy is read back, so that a restarted
 //!   doctor keeps both times and writes nothing new.
-//! - **The report**, the node's [`KubeletPluginReport`](crate::KubeletPluginReport),
+//! - **The report**, the node's [`KubeletPluginReport`],
 //!   says the same typed, one entry per socket: created with the Node as
 //!   owner, its status applied when it changes and at the heartbeat
 //!   (`report`).
@@ -186,7 +186,7 @@ struct Published {
 
 /// Publishes one node's condition and events; owned by the task that
 /// judges the node ([`NodeWatch`](crate::NodeWatch), which also records
-/// the Events of each change), which calls [`set`](Self::set) and
+/// the Events of each change), which sets what to publish and calls
 /// [`sync`](Self::sync), and waits until [`next_due`](Self::next_due).
 #[derive(Debug)]
 pub struct NodePublisher {
