@@ -1,5 +1,5 @@
-//! What `interop` and `kube-e2e` share: the debug build of `kpm` and the
-//! example plugin, `kpm run` on a scenario's root, peer processes with their
+//! What `interop` and `kube-e2e` share: the build of `kpm` and the example
+//! plugin (debug, or release for timed scenarios), `kpm run` on a scenario's root, peer processes with their
 //! output in files, and polling with a deadline.
 
 use std::fs;
@@ -12,7 +12,25 @@ use serde_json::Value;
 use crate::Result;
 use crate::harness::{self, Kpm};
 
-/// The debug binaries a scenario runs, and its output directory.
+/// Which cargo profile the scenario's binaries are built with: debug for
+/// checks, release where a scenario's times are the point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Profile {
+    Debug,
+    Release,
+}
+
+impl Profile {
+    /// The profile's folder under the target directory.
+    fn dir(self) -> &'static str {
+        match self {
+            Self::Debug => "debug",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// The binaries a scenario runs, and its output directory.
 pub(crate) struct Binaries {
     pub(crate) kpm: PathBuf,
     pub(crate) example_plugin: PathBuf,
@@ -22,14 +40,14 @@ pub(crate) struct Binaries {
 
 impl Binaries {
     /// The binaries' paths in the target directory; creates `target/<suite>`.
-    pub(crate) fn locate(root: &Path, suite: &str) -> Result<Self> {
+    pub(crate) fn locate(root: &Path, suite: &str, profile: Profile) -> Result<Self> {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map_or_else(|| root.join("target"), |dir| root.join(dir));
         let out = target.join(suite);
         fs::create_dir_all(&out)?;
         Ok(Self {
-            kpm: target.join("debug/kpm"),
-            example_plugin: target.join("debug/examples/example_plugin"),
+            kpm: target.join(profile.dir()).join("kpm"),
+            example_plugin: target.join(profile.dir()).join("examples/example_plugin"),
             out,
         })
     }
@@ -40,11 +58,14 @@ impl Binaries {
 pub(crate) const EXAMPLE_PLUGIN: &[&str] =
     &["-p", "kpm-registrar", "--features", "kpm-registrar/stub", "--example", "example_plugin"];
 
-/// Builds `kpm` and the registrar's example plugin (debug).
-pub(crate) fn build(root: &Path) -> Result {
+/// Builds `kpm` and the registrar's example plugin.
+pub(crate) fn build(root: &Path, profile: Profile) -> Result {
     // Both targets named: a lone `--example` would leave the `kpm` binary out.
     let mut args = vec!["build", "-p", "kpm-cli", "--bin", "kpm"];
     args.extend(EXAMPLE_PLUGIN);
+    if profile == Profile::Release {
+        args.push("--release");
+    }
     crate::cargo(root, &args, &[])
 }
 

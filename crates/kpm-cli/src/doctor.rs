@@ -17,8 +17,8 @@ use std::time::{Duration, SystemTime};
 
 use kpm::kube::{ObjectKind, PendingPublication};
 use kpm_doctor::{
-    ClusterLink, ConditionStatus, Doctor, DoctorConfig, FlapConfig, FleetConfig, Host,
-    NodePublisher, PendingReader, PluginsCondition, PublishConfig, WatchConfig,
+    ApiLink, ConditionStatus, Doctor, DoctorConfig, FlapConfig, FleetConfig, Host, NodePublisher,
+    PendingReader, PluginsCondition, PublishConfig, WatchConfig,
 };
 
 use crate::inspect::JudgeArgs;
@@ -242,7 +242,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
                 .request_timeout(timeout)
                 .build()?;
             let publisher = NodePublisher::new(client.clone(), node.clone(), config);
-            Some(ClusterLink::new(client, node, publisher))
+            Some(ApiLink::new(client, node, publisher))
         }
         _ => None,
     };

@@ -51,7 +51,7 @@ pub(crate) fn kubelet(
     timeout: Duration,
     get_info: Duration,
 ) -> Result<Kubelet, CliError> {
-    Ok(kpm_doctor::judging_kubelet(root_dir, disabled, timeout, get_info, None)?)
+    Ok(kpm_doctor::referee(root_dir, disabled, timeout, get_info, None)?)
 }
 
 /// One step of an inspection as a report shows it.

@@ -21,7 +21,7 @@ use crate::judge::{Row, Verdict, quietly};
 /// read in `view`, the kubelet's, whose prefix the inspections' words are
 /// cleared of; each inspection is bounded by `bound`.
 pub(crate) async fn judge(
-    kubelet: &Kubelet,
+    referee: &Kubelet,
     host: &Host,
     view: &View,
     root: &Seen,
@@ -51,7 +51,7 @@ pub(crate) async fn judge(
     });
     let inspections = sockets.map(|entry| {
         let socket = dir.join(entry.file_name());
-        let devices = kubelet.handle().devices().clone();
+        let devices = referee.handle().devices().clone();
         let path = socket.on_host().to_path_buf();
         let inspection = quietly(async move {
             let name = entry.file_name().to_string_lossy().into_owned();

@@ -22,7 +22,7 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 /// [`Seen`], which cannot be shown). The host's own view is
 /// [`Host::view`]; a running kubelet's is where its files are as it sees
 /// them ([`KubeletProcess::view`](crate::KubeletProcess::view): `<host-root>/proc/PID/root` when it runs
-/// in a mount namespace of its own). What the judging kubelet reads it is
+/// in a mount namespace of its own). What the referee reads it is
 /// given as [`Seen`] paths too, and its words come back through
 /// `View::as_on_host`, the one place they are mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl View {
     }
 
     /// Where this view's `/` is in this process: the prefix paths are read
-    /// under (a judging kubelet's `host_root`).
+    /// under (the referee's `host_root`).
     pub fn root(&self) -> &Path {
         &self.root
     }
@@ -112,7 +112,7 @@ impl View {
         Seen { on_host: on_host.to_path_buf(), read_at }
     }
 
-    /// `text`, words of the judging kubelet (an error, an endpoint, a
+    /// `text`, words of the referee (an error, an endpoint, a
     /// service's report), with every path it names under the prefix named
     /// as on the host. That kubelet is given [`Seen`] paths to read and its
     /// messages name what it read (`dial /host/var/lib/kubelet/…`,
@@ -403,7 +403,7 @@ mod tests {
     }
 
     #[test]
-    fn the_judging_kubelets_words_name_the_hosts_paths() {
+    fn the_referees_words_name_the_hosts_paths() {
         let host = Host::under("/host/");
         let cases = [
             (

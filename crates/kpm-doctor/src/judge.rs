@@ -309,10 +309,10 @@ pub fn served_by(process: &ProcessInfo) -> String {
 
 /// Every entry of `registry`, the sockets inspected concurrently, each
 /// within `bound`; the error if the registry cannot be listed at all.
-/// `view` is the kubelet's, where the judging kubelet read what its words
+/// `view` is the kubelet's, where the referee read what its words
 /// name; `host` names the processes.
 pub(crate) async fn registry(
-    kubelet: &Kubelet,
+    referee: &Kubelet,
     host: &Host,
     view: &View,
     registry: &Seen,
@@ -325,7 +325,7 @@ pub(crate) async fn registry(
         let path = registry.on_host_of(&read_at);
         match entry {
             RegistryEntry::Socket => {
-                let manager = kubelet.handle().manager().clone();
+                let manager = referee.handle().manager().clone();
                 inspections.push((path, quietly(async move { manager.inspect(&read_at).await })));
             }
             RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
@@ -351,7 +351,7 @@ pub(crate) async fn registry(
     Ok(rows)
 }
 
-/// `inspection` without the judging kubelet's own log. It registers
+/// `inspection` without the referee's own log. It registers
 /// nothing, so its lines would mislead (`validating CSI driver`, every
 /// pass), what it finds is the row, and they name the paths it read, under
 /// the host root, which nothing the doctor says may.

@@ -1,7 +1,8 @@
 //! Which kubelet a [`Doctor`](crate::Doctor) judges: chosen among those
 //! running on the host (by root, by the node asked about, by a registry
-//! that can be read), where its files are read, and the kubelet `kpm run`
-//! would run on its root, not running, that judges its plugins.
+//! that can be read), where its files are read, and the *referee*: the
+//! kubelet `kpm run` would run on its root, not running, whose manager's
+//! inspection judges its plugins and registers nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,13 +14,13 @@ use crate::host::{self, View};
 use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 use crate::{Blind, DoctorConfig, DoctorError};
 
-/// The kubelet a pass judges, and the one `kpm run` would run on its root.
+/// The kubelet a pass judges, and the referee that judges its plugins.
 #[derive(Debug)]
 pub(crate) struct Judged {
     pub(crate) choice: Choice,
     /// The kubelet `kpm run` would run on that root, not running: its
     /// manager's inspection judges the registry's sockets.
-    pub(crate) kubelet: Arc<Kubelet>,
+    pub(crate) referee: Arc<Kubelet>,
 }
 
 /// Which kubelet is judged, and how it was chosen.
@@ -38,25 +39,25 @@ pub(crate) struct Choice {
 }
 
 impl Judged {
-    /// The judging kubelet for `choice`.
+    /// The referee for `choice`.
     pub(crate) fn new(config: &DoctorConfig, choice: Choice) -> Result<Self, DoctorError> {
-        // The judging kubelet reads the root where this process sees it as
+        // The referee reads the root where this process sees it as
         // the kubelet does, and reaches the endpoints plugins advertise
         // (paths as the kubelet sees them) under the same prefix.
         let seen = choice.view.path(&choice.root_dir);
         let get_info = ExecutorConfig::default().get_info_timeout;
-        let kubelet = judging_kubelet(
+        let referee = referee(
             seen.as_ref(),
             &config.disabled,
             config.timeout,
             get_info,
             Some(choice.view.root()),
         )
-        .map_err(|source| DoctorError::BuildKubelet {
+        .map_err(|source| DoctorError::BuildReferee {
             root: choice.root_dir.clone(),
             source: Box::new(source),
         })?;
-        Ok(Self { choice, kubelet: Arc::new(kubelet) })
+        Ok(Self { choice, referee: Arc::new(referee) })
     }
 }
 
@@ -182,11 +183,12 @@ pub(crate) fn cannot_list_registry(
     Blind { why, hint }
 }
 
-/// The kubelet `kpm run --root-dir root_dir` would run with `disabled` off,
-/// not running, to judge plugins with: `GetInfo` bounded by `get_info`,
+/// The referee: the kubelet `kpm run --root-dir root_dir` would run with
+/// `disabled` off, not running, whose manager's inspection judges plugins and
+/// registers nothing: `GetInfo` bounded by `get_info`,
 /// every other call by `timeout`; under `host_root` (where this process sees
 /// the host's `/`), the endpoints plugins advertise are reached there.
-pub fn judging_kubelet(
+pub fn referee(
     root_dir: &Path,
     disabled: &[PluginKind],
     timeout: Duration,

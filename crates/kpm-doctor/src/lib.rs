@@ -42,7 +42,6 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
-mod cluster;
 mod condition;
 mod config;
 mod device_plugins;
@@ -53,6 +52,7 @@ mod judge;
 mod judged;
 mod kubelets;
 mod metrics;
+mod node_objects;
 mod outcome;
 mod plugin_report;
 pub mod publish;
@@ -81,7 +81,7 @@ pub use crate::fleet::{
 };
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
-pub use crate::judged::judging_kubelet;
+pub use crate::judged::referee;
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::plugin_report::{
@@ -96,8 +96,7 @@ pub use crate::publish::{
 pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
 pub use crate::watch::{
-    ClusterLink, FlapConfig, FlapConfigBuilder, NodeWatch, WatchConfig, WatchConfigBuilder,
-    WatchError,
+    ApiLink, FlapConfig, FlapConfigBuilder, NodeWatch, WatchConfig, WatchConfigBuilder, WatchError,
 };
 
 /// The roots other distributions give the kubelet, checked for registries
@@ -114,8 +113,8 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum DoctorError {
     /// The kubelet the plugins are judged with could not be built (a
     /// setting out of range).
-    #[error("set up the judging kubelet for {}: {source}", root.display())]
-    BuildKubelet {
+    #[error("set up the referee (kpm's kubelet that inspects sockets) for {}: {source}", root.display())]
+    BuildReferee {
         /// The kubelet root, on the host.
         root: PathBuf,
         /// What the builder refused.
@@ -162,7 +161,7 @@ impl Doctor {
         Ok(Self { config, judged: parking_lot::Mutex::new(Arc::new(judged)), kpm_run: None })
     }
 
-    /// Reads, at each examination with a cluster, what `kpm run` has not
+    /// Reads, at each examination with the node's API objects, what `kpm run` has not
     /// got to the API server yet: what the cluster lags for that reason is
     /// [`Verdict::Publishing`], not a failure.
     #[must_use]
@@ -215,9 +214,9 @@ impl Doctor {
         }
         if judged.choice.root_dir == choice.root_dir && judged.choice.view == choice.view {
             // The same files (another pid, other kubelets beside): the
-            // judging kubelet reads them as before.
-            let kubelet = Arc::clone(&judged.kubelet);
-            *judged = Arc::new(Judged { choice, kubelet });
+            // referee reads them as before.
+            let referee = Arc::clone(&judged.referee);
+            *judged = Arc::new(Judged { choice, referee });
             return Arc::clone(&judged);
         }
         tracing::info!(
@@ -237,9 +236,9 @@ impl Doctor {
         Arc::clone(&judged)
     }
 
-    /// Judges the node now; with `cluster`, what the API server showed of
+    /// Judges the node now; with `objects`, what the API server showed of
     /// it, the plugins are held against it too.
-    pub async fn examine(&self, cluster: Option<&kpm::kube::NodeObjects>) -> Report {
+    pub async fn examine(&self, objects: Option<&kpm::kube::NodeObjects>) -> Report {
         let host = &self.config.host;
         let kubelets = host.kubelets();
         let mut unseen = Vec::new();
@@ -256,7 +255,7 @@ impl Doctor {
         let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let bound = inspection_bound(self.config.timeout);
         let (mut plugins, mut blind) =
-            match judge::registry(&judged.kubelet, host, view, &registry, bound).await {
+            match judge::registry(&judged.referee, host, view, &registry, bound).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
@@ -264,7 +263,7 @@ impl Doctor {
                 ),
             };
         let beside_kubelet_sock =
-            device_plugins::judge(&judged.kubelet, host, view, &root, &plugins, bound, &mut unseen)
+            device_plugins::judge(&judged.referee, host, view, &root, &plugins, bound, &mut unseen)
                 .await;
         plugins.extend(beside_kubelet_sock);
         let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
@@ -280,13 +279,13 @@ impl Doctor {
         judge::mark_duplicates(&mut plugins);
 
         let mut findings = Vec::new();
-        if let Some(objects) = cluster {
+        if let Some(objects) = objects {
             let publishing = match &self.kpm_run {
                 Some(reader) => reader.read().await,
                 None => publishing::Publishing::default(),
             };
-            cluster::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
-            blind = blind.or_else(|| cluster::unread(objects));
+            node_objects::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
+            blind = blind.or_else(|| node_objects::unread(objects));
         }
         findings.extend(judge::unwatched_registries(
             view,
@@ -300,8 +299,8 @@ impl Doctor {
             judged_pid: choice.kubelet.as_ref().map(|kubelet| kubelet.pid),
             choice: choice.note.clone(),
             kubelets,
-            node: cluster.map(|objects| objects.node.clone()),
-            kubelet_version: cluster.and_then(|objects| {
+            node: objects.map(|objects| objects.node.clone()),
+            kubelet_version: objects.and_then(|objects| {
                 objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone()
             }),
             plugins,
@@ -343,11 +342,11 @@ pub struct Report {
     pub choice: Option<String>,
     /// The kubelets running on this host.
     pub kubelets: Vec<KubeletProcess>,
-    /// The node the cluster was asked about, if it was.
+    /// The node the API server was asked about, if it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// The kubelet's version, as its Node reports it, when the cluster was
-    /// asked.
+    /// The kubelet's version, as its Node reports it, when the API server
+    /// was asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubelet_version: Option<String>,
     /// One row per registry entry, device-plugin socket and deleted socket.

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::Result;
-use crate::scenario;
+use crate::scenario::{self, Profile};
 
 mod check;
 mod csi;
@@ -127,8 +127,8 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let bin_dir = bin_dir.ok_or_else(usage)?;
     let bin_dir = std::path::absolute(&bin_dir)?;
 
-    scenario::build(root)?;
-    let binaries = scenario::Binaries::locate(root, "interop")?;
+    scenario::build(root, Profile::Debug)?;
+    let binaries = scenario::Binaries::locate(root, "interop", Profile::Debug)?;
     let env = Env {
         kpm: binaries.kpm,
         example_plugin: binaries.example_plugin,

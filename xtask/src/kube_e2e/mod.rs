@@ -1,5 +1,7 @@
 //! `cargo xtask kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only
-//! SCENARIO]`: `kpm run` against a real kube-apiserver and etcd on loopback.
+//! SCENARIO] [--release]`: `kpm run` against a real kube-apiserver and etcd on
+//! loopback. `--release` builds kpm as shipped, for the timed scenarios
+//! (`fleet-scale`); the checks use the debug build.
 //! Without either program it says what it skipped and succeeds; a check that
 //! fails names its step, and the logs of every process are in
 //! `target/kube-e2e`.
@@ -43,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::Result;
-use crate::scenario;
+use crate::scenario::{self, Profile};
 
 pub(crate) mod api;
 mod cluster;
@@ -103,14 +105,18 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     let usage = || {
         format!(
-            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] [--only {}]",
+            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] [--only {}] [--release]",
             names.join("|")
         )
     };
     let (mut apiserver, mut etcd, mut manifest, mut only) = (None, None, None, None);
-    let mut dra_test_driver = None;
+    let (mut dra_test_driver, mut profile) = (None, Profile::Debug);
     let mut options = options.iter();
     while let Some(option) = options.next() {
+        if *option == "--release" {
+            profile = Profile::Release;
+            continue;
+        }
         match (*option, options.next()) {
             ("--apiserver", Some(bin)) => apiserver = Some(std::path::absolute(bin)?),
             ("--etcd", Some(bin)) => etcd = Some(std::path::absolute(bin)?),
@@ -137,9 +143,9 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     }
 
     if selected.iter().any(|s| s.needs_kpm) {
-        scenario::build(root)?;
+        scenario::build(root, profile)?;
     }
-    let binaries = scenario::Binaries::locate(root, "kube-e2e")?;
+    let binaries = scenario::Binaries::locate(root, "kube-e2e", profile)?;
     let env = Env {
         kpm: binaries.kpm,
         example_plugin: binaries.example_plugin,

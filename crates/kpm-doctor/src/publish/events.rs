@@ -432,3 +432,6 @@ fn bounded(text: &str, bytes: usize) -> String {
     }
     format!("{}…", &text[..end])
 }
+
+#[cfg(test)]
+mod tests;

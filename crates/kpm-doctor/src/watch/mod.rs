@@ -230,17 +230,17 @@ impl WatchConfigBuilder {
     }
 }
 
-/// Where a node's doctor reads the cluster and publishes.
-pub struct ClusterLink {
+/// Where a node's doctor reads its Node's API objects and publishes.
+pub struct ApiLink {
     client: kube::Client,
     node: String,
     request_timeout: Duration,
     publisher: NodePublisher,
 }
 
-impl std::fmt::Debug for ClusterLink {
+impl std::fmt::Debug for ApiLink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterLink")
+        f.debug_struct("ApiLink")
             .field("node", &self.node)
             .field("request_timeout", &self.request_timeout)
             .field("publisher", &self.publisher)
@@ -248,7 +248,7 @@ impl std::fmt::Debug for ClusterLink {
     }
 }
 
-impl ClusterLink {
+impl ApiLink {
     /// Reads Node `node` and its objects through `client` and publishes
     /// through `publisher`; each read is bounded by the publisher's
     /// [`PublishConfig::request_timeout`](crate::PublishConfig::request_timeout),
@@ -263,7 +263,7 @@ impl ClusterLink {
 #[derive(Debug)]
 pub struct NodeWatch {
     doctor: Doctor,
-    cluster: Option<ClusterLink>,
+    api: Option<ApiLink>,
     config: WatchConfig,
     metrics: DoctorMetrics,
 }
@@ -278,18 +278,18 @@ pub enum WatchError {
 }
 
 impl NodeWatch {
-    /// Watches the node `doctor` judges; with `cluster`, compares with the
-    /// API server and publishes there; each pass feeds `metrics`.
+    /// Watches the node `doctor` judges; with `api`, compares with what the
+    /// API server shows of the node and publishes there; each pass feeds `metrics`.
     pub fn new(
         doctor: Doctor,
-        cluster: Option<ClusterLink>,
+        api: Option<ApiLink>,
         config: WatchConfig,
         metrics: DoctorMetrics,
     ) -> Self {
-        if let Some(link) = &cluster {
+        if let Some(link) = &api {
             metrics.publisher(link.publisher.stats());
         }
-        Self { doctor, cluster, config, metrics }
+        Self { doctor, api, config, metrics }
     }
 
     /// Judges and publishes until `shutdown` completes.
@@ -326,7 +326,7 @@ impl NodeWatch {
             // Until the next reason to judge, the publisher's own work, and
             // the looks.
             after_wake_up = loop {
-                let due = self.cluster.as_ref().and_then(|link| link.publisher.next_due());
+                let due = self.api.as_ref().and_then(|link| link.publisher.next_due());
                 let next = [due, look_at].into_iter().flatten().fold(judge_at, Instant::min);
                 tokio::select! {
                     () = &mut shutdown => return Ok(()),
@@ -355,14 +355,14 @@ impl NodeWatch {
     }
 
     async fn sync(&mut self) {
-        if let Some(link) = &mut self.cluster {
+        if let Some(link) = &mut self.api {
             link.publisher.sync().await;
         }
     }
 
-    /// One pass: the cluster's view of the node, then the node.
+    /// One pass: the API server's view of the node, then the node.
     async fn pass(&self) -> Report {
-        let objects = match &self.cluster {
+        let objects = match &self.api {
             Some(link) => {
                 let config = kpm::kube::KubeConfig::default().request_timeout(link.request_timeout);
                 Some(kpm::kube::observe_node(link.client.clone(), &link.node, config).await)
@@ -388,7 +388,7 @@ impl NodeWatch {
                 }
             }
         }
-        let Some(link) = &mut self.cluster else { return };
+        let Some(link) = &mut self.api else { return };
         link.publisher.set(outcome);
         for occurrence in transitions {
             link.publisher.record(occurrence);
