@@ -73,6 +73,19 @@ impl Api {
         Ok((response.status().as_u16(), serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
+    /// `GET path` accepting `accept`: the status code and the body as it came.
+    pub(crate) fn get_text(&self, path: &str, accept: &str) -> Result<(u16, String)> {
+        let request = ureq::http::Request::builder()
+            .method("GET")
+            .uri(format!("{}{path}", self.server))
+            .header("Authorization", format!("Bearer {}", self.token))
+            .header("Accept", accept)
+            .body(String::new())?;
+        let mut response = self.agent.run(request)?;
+        let text = response.body_mut().with_config().limit(1 << 30).read_to_string()?;
+        Ok((response.status().as_u16(), text))
+    }
+
     pub(crate) fn get(&self, path: &str) -> Result<Value> {
         self.expect_ok("GET", path, None)
     }
@@ -81,22 +94,10 @@ impl Api {
     /// get`: its printer columns (server-side printing, a `meta.k8s.io`
     /// Table), laid out as kubectl lays them out.
     pub(crate) fn get_table(&self, path: &str) -> Result<String> {
-        let request = ureq::http::Request::builder()
-            .method("GET")
-            .uri(format!("{}{path}", self.server))
-            .header("Authorization", format!("Bearer {}", self.token))
-            .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-            .body(String::new())?;
-        let mut response = self.agent.run(request)?;
-        let text = response.body_mut().read_to_string()?;
+        let (code, text) = self.get_text(path, "application/json;as=Table;v=v1;g=meta.k8s.io")?;
         let table: Value = serde_json::from_str(&text)?;
-        if response.status().as_u16() != 200 {
-            return Err(format!(
-                "GET {path} as a Table: {} {}",
-                response.status(),
-                table["message"]
-            )
-            .into());
+        if code != 200 {
+            return Err(format!("GET {path} as a Table: {code} {}", table["message"]).into());
         }
         let columns: Vec<(usize, String)> = table["columnDefinitions"]
             .as_array()
@@ -177,17 +178,18 @@ pub(crate) fn write_kubeconfig(file: &Path, server: &str, ca_pem: &str, token: &
 
 pub(super) const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub(super) const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
+pub(super) const CSINODES: &str = "/apis/storage.k8s.io/v1/csinodes";
 
-/// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
-/// the node with `pool_slices` slices.
 /// The doctors' `KubeletPluginReports`.
-pub(super) const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
+pub(crate) const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
 
 /// Node `node`'s `KubeletPluginReport`, if its doctor wrote one.
-pub(super) fn report(api: &Api, node: &str) -> Result<Option<Value>> {
+pub(crate) fn report(api: &Api, node: &str) -> Result<Option<Value>> {
     api.get_optional(&format!("{REPORTS}/{node}"))
 }
 
+/// A `ResourceSlice` of `driver` on `node`, one device, its pool named after
+/// the node with `pool_slices` slices.
 pub(super) fn slice(name: &str, driver: &str, node: &str, pool_slices: u32) -> Value {
     json!({
         "apiVersion": "resource.k8s.io/v1",

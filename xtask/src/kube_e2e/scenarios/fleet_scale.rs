@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use super::Cluster;
 use crate::Result;
-use crate::kube_e2e::api::{Api, CSIDRIVERS, REPORTS, SLICES, slice};
+use crate::kube_e2e::api::{Api, CSIDRIVERS, CSINODES, REPORTS, SLICES, slice};
 use crate::kube_e2e::{ADMIN_TOKEN, Env};
 
 const NODES: usize = 20_000;
@@ -54,6 +54,14 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
 
     let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?;
     for run in 1..=3 {
+        let (took, pages, bytes) = serve_lists(&cluster.api.as_token(ADMIN_TOKEN))?;
+        eprintln!(
+            "the API server alone, run {run}: the same five lists, {pages} pages of {PAGE_SIZE}, \
+             {:.1} MB read and scanned in {took:?}",
+            f64::from(u32::try_from(bytes).unwrap_or(u32::MAX)) / 1e6
+        );
+    }
+    for run in 1..=3 {
         let started = Instant::now();
         let mut child = Command::new(&env.kpm)
             .args(["doctor", "--cluster", "-o", "json", "--kubeconfig"])
@@ -62,13 +70,21 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
             .stderr(Stdio::inherit())
             .spawn()?;
         let status = format!("/proc/{}/status", child.id());
-        let mut peak_kib = 0_u64;
+        let schedstat = format!("/proc/{}/schedstat", child.id());
+        let (mut peak_kib, mut cpu_ns) = (0_u64, 0_u64);
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let reader = std::thread::spawn(move || std::io::read_to_string(stdout));
         // VmHWM is the peak resident size so far; read until the process ends.
         while child.try_wait()?.is_none() {
             if let Some(kib) = std::fs::read_to_string(&status).ok().as_deref().and_then(hwm_kib) {
                 peak_kib = peak_kib.max(kib);
+            }
+            // The first field of schedstat is the time on a CPU, in ns.
+            if let Some(ns) = std::fs::read_to_string(&schedstat)
+                .ok()
+                .and_then(|text| text.split_whitespace().next()?.parse().ok())
+            {
+                cpu_ns = cpu_ns.max(ns);
             }
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -79,7 +95,9 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
         // The cluster's own node1 and node2 come too.
         let nodes = fleet["nodes"].as_array().map_or(0, Vec::len);
         eprintln!(
-            "kpm doctor --cluster, run {run}: {nodes} nodes judged in {took:?}, peak RSS {:.1} MB",
+            "kpm doctor --cluster, run {run}: {nodes} nodes judged in {took:?} ({:?} of it on a \
+             CPU), peak RSS {:.1} MB",
+            Duration::from_nanos(cpu_ns),
             f64::from(u32::try_from(peak_kib).unwrap_or(u32::MAX)) / 1024.0
         );
         if nodes < NODES {
@@ -138,7 +156,7 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
         json!([{"name": "csi.example.com", "nodeID": format!("{name}-id"), "topologyKeys": null}])
     };
     api.post(
-        "/apis/storage.k8s.io/v1/csinodes",
+        CSINODES,
         &json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
             "metadata": {"name": name}, "spec": {"drivers": drivers}}),
     )?;
@@ -185,6 +203,65 @@ fn create_report(api: &Api, name: &str, failing: bool, now: &str) -> Result {
         return Err(format!("PATCH {REPORTS}/{name}/status: {code} {}", body["message"]).into());
     }
     Ok(())
+}
+
+/// The page size `kpm doctor --cluster` lists with by default.
+const PAGE_SIZE: usize = 500;
+
+/// The five lists `kpm doctor --cluster` reads, paged as it pages them by
+/// default and each in a thread of its own, every body read and scanned
+/// but nothing kept: what serving them costs the API server, beside what
+/// the doctor's read costs. Returns the time, the pages and the bytes.
+fn serve_lists(api: &Api) -> Result<(Duration, usize, usize)> {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        metadata: PageMeta,
+        #[serde(rename = "items")]
+        _items: serde::de::IgnoredAny,
+    }
+    #[derive(serde::Deserialize)]
+    struct PageMeta {
+        #[serde(rename = "continue", default)]
+        continue_token: Option<String>,
+    }
+    let started = Instant::now();
+    let lists = [REPORTS, "/api/v1/nodes", CSIDRIVERS, CSINODES, SLICES];
+    let counts = std::thread::scope(|scope| {
+        let readers: Vec<_> = lists
+            .iter()
+            .map(|list| {
+                scope.spawn(move || -> std::result::Result<(usize, usize), String> {
+                    let (mut pages, mut bytes, mut token) = (0, 0, None::<String>);
+                    loop {
+                        let path = match &token {
+                            None => format!("{list}?limit={PAGE_SIZE}"),
+                            Some(token) => format!("{list}?limit={PAGE_SIZE}&continue={token}"),
+                        };
+                        let (code, text) = api
+                            .get_text(&path, "application/json")
+                            .map_err(|err| format!("GET {path}: {err}"))?;
+                        if code != 200 {
+                            return Err(format!("GET {path}: {code}"));
+                        }
+                        let page: Page = serde_json::from_str(&text)
+                            .map_err(|err| format!("GET {path}: {err}"))?;
+                        pages += 1;
+                        bytes += text.len();
+                        match page.metadata.continue_token.filter(|token| !token.is_empty()) {
+                            Some(next) => token = Some(next),
+                            None => return Ok((pages, bytes)),
+                        }
+                    }
+                })
+            })
+            .collect();
+        readers
+            .into_iter()
+            .map(|reader| reader.join().map_err(|_| "a reader panicked".to_owned())?)
+            .collect::<std::result::Result<Vec<_>, String>>()
+    })?;
+    let took = started.elapsed();
+    Ok((took, counts.iter().map(|c| c.0).sum(), counts.iter().map(|c| c.1).sum()))
 }
 
 /// `VmHWM` of a `/proc/PID/status`, in KiB.

@@ -1,7 +1,7 @@
 //! `doctor`: the doctor's DaemonSet as a user applies it, beside the real
 //! kubelet and the CSI driver of `csi-driver`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -41,6 +41,8 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
             Ok((condition(&node, CONDITION) == Some("True")).then(Instant::now))
         })?;
 
+    let (reported, table) = plugin_report(node)?;
+
     let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
     let pod_name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
     let pod_ip = pod["status"]["podIP"].as_str().ok_or("doctor pod without an IP")?;
@@ -78,6 +80,7 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
         ("the report", report.to_string()),
         ("the log", logs),
         ("the Node's conditions", message["status"]["conditions"].to_string()),
+        ("the KubeletPluginReport", table.clone()),
     ] {
         let inside: Vec<&str> =
             text.lines().filter(|line| line.contains("/host/")).take(3).collect();
@@ -95,10 +98,47 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
         return Err(format!("requests of {DOCTOR_USER} refused: {}", refused.join(", ")).into());
     }
     Ok(format!(
-        "pod ready {} after apply -k, {CONDITION}=True {} after that; /metrics and /healthz served; no request refused",
+        "pod ready {} after apply -k, {CONDITION}=True {} after that, its KubeletPluginReport Healthy {} after that; /metrics and /healthz served; no request refused",
         secs(ready - applied),
-        secs(healthy - ready)
+        secs(healthy - ready),
+        secs(reported.saturating_duration_since(healthy)),
     ))
+}
+
+/// Waits for the doctor's `KubeletPluginReport` of the node to say
+/// `Healthy` with the kubelet's version from the Node, owned by the Node,
+/// and returns when it did and the report as `kubectl get -o yaml` prints
+/// it; `kubectl get kubeletpluginreports` goes to the log.
+fn plugin_report(node: &Node) -> Result<(Instant, String)> {
+    // A doctor that met the CRD before it was established tries again
+    // after 2 minutes.
+    let timeout = START_TIMEOUT + Duration::from_secs(120);
+    let what = format!("KubeletPluginReport {NODE_NAME} Healthy");
+    let (reported, report) = wait_for(&what, timeout, || {
+        let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
+        Ok(report
+            .filter(|r| r["status"]["health"] == "Healthy")
+            .map(|report| (Instant::now(), report)))
+    })?;
+    let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+    let version = &object["status"]["nodeInfo"]["kubeletVersion"];
+    if report["status"]["kubelet"]["version"] != *version {
+        return Err(format!("the report's kubelet is not the Node's {version}: {report}").into());
+    }
+    let owner = &report["metadata"]["ownerReferences"][0];
+    if owner["kind"] != "Node" || owner["uid"] != object["metadata"]["uid"] {
+        return Err(format!("the report is not owned by Node {NODE_NAME}: {owner}").into());
+    }
+    let plugins = report["status"]["plugins"].as_array().map_or(0, Vec::len);
+    if plugins == 0 {
+        return Err(format!("the report lists no plugin socket of the node: {report}").into());
+    }
+    eprintln!(
+        "$ kubectl get kubeletpluginreports\n{}",
+        node.kubectl(&["get", "kubeletpluginreports"])?
+    );
+    let yaml = node.kubectl(&["get", "kubeletpluginreport", NODE_NAME, "-o", "yaml"])?;
+    Ok((reported, yaml))
 }
 
 /// The requests of `user` the API server answered with 401 or 403, from
