@@ -264,13 +264,13 @@ pub(crate) fn stdout_of(command: &mut Command) -> Result<String> {
 pub(crate) fn report_outcomes(
     suite: &str,
     against: &Path,
-    outcomes: &[(&str, String)],
+    outcomes: &[(impl AsRef<str>, String)],
     logs: &Path,
 ) -> Result {
     println!("\n{suite} against {}:", against.display());
-    let width = outcomes.iter().map(|(name, _)| name.len()).max().unwrap_or(0);
+    let width = outcomes.iter().map(|(name, _)| name.as_ref().len()).max().unwrap_or(0);
     for (name, outcome) in outcomes {
-        println!("  {name:<width$}  {outcome}");
+        println!("  {:<width$}  {outcome}", name.as_ref());
     }
     println!("logs: {}", logs.display());
     let failed = outcomes.iter().filter(|(_, outcome)| outcome.starts_with("FAILED")).count();

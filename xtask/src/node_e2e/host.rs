@@ -24,6 +24,9 @@ use crate::scenario::wait_until;
 const INSIDE: &str = "KPM_NODE_E2E_INSIDE";
 /// The kubelet root of the node inside the namespaces.
 const KUBELET_ROOT: &str = "KPM_NODE_E2E_KUBELET_ROOT";
+/// The environment variable that gives the node inside the namespaces the
+/// kubelet's folder of `--kubelet-dir`, when one was given.
+const KUBELET_DIR: &str = "KPM_NODE_E2E_KUBELET_DIR";
 
 /// The cgroup of every process of the node, in each v1 controller (the
 /// kubelet's `cgroupRoot`): runc puts the pods' containers under it, and
@@ -69,17 +72,21 @@ pub(super) fn inside() -> bool {
 pub(super) fn reexec_in_namespaces<T>(
     state: &Path,
     kubelet_root: &str,
+    kubelet_dir: Option<&Path>,
     read: impl FnOnce() -> Result<T>,
 ) -> Result<(std::process::ExitStatus, T)> {
     let exe = std::env::current_exe()?;
-    let status = Command::new("unshare")
+    let mut unshare = Command::new("unshare");
+    unshare
         .args(["--mount", "--net", "--propagation", "private", "--"])
         .arg(exe)
         .args(std::env::args_os().skip(1))
         .env(INSIDE, state)
-        .env(KUBELET_ROOT, kubelet_root)
-        .status()
-        .map_err(|err| format!("cannot run unshare (util-linux): {err}"));
+        .env(KUBELET_ROOT, kubelet_root);
+    if let Some(dir) = kubelet_dir {
+        unshare.env(KUBELET_DIR, dir);
+    }
+    let status = unshare.status().map_err(|err| format!("cannot run unshare (util-linux): {err}"));
     let read = read();
     let cleaned = clean_up_cgroups();
     // The mounts went with the namespace: what is left is plain files.
@@ -94,6 +101,12 @@ pub(super) fn reexec_in_namespaces<T>(
 /// The kubelet root the node inside the namespaces runs on.
 pub(super) fn kubelet_root() -> Result<PathBuf> {
     std::env::var_os(KUBELET_ROOT).map(PathBuf::from).ok_or_else(|| "no kubelet root given".into())
+}
+
+/// The kubelet's folder the node inside the namespaces runs, if one was
+/// given (`--kubelet-dir`); `None` outside them.
+pub(super) fn kubelet_dir() -> Option<PathBuf> {
+    std::env::var_os(KUBELET_DIR).map(PathBuf::from)
 }
 
 /// The state folder the outer process made, as the inner one is told.

@@ -1,4 +1,5 @@
-//! `cargo xtask node-e2e --bin-dir DIR [--only SCENARIO]`: kpm as operators
+//! `cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only
+//! SCENARIO]`: kpm as operators
 //! run it, on a real node: kpm's image built here (`cargo xtask image`), its
 //! kustomize bases applied with `kubectl apply -k` as a user applies them,
 //! real drivers in pods, the real kubelet with containerd and runc, and the
@@ -13,6 +14,13 @@
 //! scenario whose program is missing is skipped and named as skipped. The
 //! logs of every process are in `target/node-e2e`.
 //!
+//! Each `--kubelet-dir MINOR=DIR` runs the scenarios again on a node whose
+//! kubelet is DIR's (`kubelets.rs`): one line per scenario and minor in the
+//! summary, and a line for each minor of [`kubelets::MINORS`] not given. DIR
+//! may hold the rest of that node's programs too (an older kubelet needs a
+//! kube-apiserver at most three minors newer); what it lacks comes from
+//! `--bin-dir`. Without `--kubelet-dir`, the node runs `--bin-dir`'s kubelet.
+//!
 //! The node runs in a private mount and network namespace and a cgroup of
 //! its own (`host.rs`), which are emptied and removed at the end: the host is
 //! left as it was found.
@@ -26,7 +34,8 @@
 //!
 //! The runner (this file: options, programs, images, the table of
 //! scenarios, the summary) sits on `host` (namespaces, cgroups), `node` (the
-//! daemons), `images` (the images the pods run) and `scenarios`.
+//! daemons), `kubelets` (the kubelet axis), `images` (the images the pods
+//! run) and `scenarios`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -35,9 +44,11 @@ use crate::Result;
 
 mod host;
 mod images;
+mod kubelets;
 mod node;
 mod scenarios;
 
+use kubelets::{KubeletDir, Programs};
 use node::Node;
 use scenarios::SCENARIOS;
 
@@ -55,7 +66,10 @@ const OTHER_KUBELET_ROOT: &str = "/var/lib/k0s/kubelet";
 /// What the scenarios share.
 struct Env {
     root: PathBuf,
+    /// The drivers, and the node's programs the kubelet's folder lacks.
     bin_dir: PathBuf,
+    /// The node's programs.
+    programs: Programs,
     /// The cargo target directory.
     target: PathBuf,
     /// `target/node-e2e`: logs, images, overlays.
@@ -64,21 +78,30 @@ struct Env {
 
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-    let usage =
-        || format!("usage: cargo xtask node-e2e --bin-dir DIR [--only {}]", names.join("|"));
-    let (mut bin_dir, mut only) = (None, None);
+    let usage = || {
+        format!(
+            "usage: cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only {}]",
+            names.join("|")
+        )
+    };
+    let (mut bin_dir, mut only, mut kubelet_dirs) = (None, None, Vec::new());
     let mut options = options.iter();
     while let Some(option) = options.next() {
         match (*option, options.next()) {
             ("--bin-dir", Some(dir)) => bin_dir = Some(std::path::absolute(dir)?),
+            ("--kubelet-dir", Some(value)) => kubelet_dirs.push(KubeletDir::parse(value)?),
             ("--only", Some(name)) if names.contains(name) => only = Some(*name),
             _ => return Err(usage().into()),
         }
     }
     let bin_dir = bin_dir.ok_or_else(usage)?;
+    kubelet_dirs.sort_by(|a, b| a.minor.cmp(&b.minor));
+    kubelet_dirs.dedup_by(|a, b| a.minor == b.minor);
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), |dir| root.join(dir));
-    let env = Env { root: root.to_path_buf(), bin_dir, out: target.join("node-e2e"), target };
+    let programs = Programs { kubelet_dir: host::kubelet_dir(), bin_dir: bin_dir.clone() };
+    let env =
+        Env { root: root.to_path_buf(), bin_dir, programs, out: target.join("node-e2e"), target };
 
     // `--only` runs the scenario and those whose deployments it works on.
     let wanted: Vec<&str> = match only {
@@ -100,33 +123,79 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     if host::inside() {
         return inside(&env, &selected, &missing);
     }
-    let node_missing = missing(node::PROGRAMS);
-    if !node_missing.is_empty() {
-        println!(
-            "\nnode-e2e: no node without {} in {}",
-            node_missing.join(", "),
-            env.bin_dir.display()
-        );
-        for scenario in &selected {
-            println!("  {:<16} skipped", scenario.name);
+    // One node per kubelet: `--bin-dir`'s, or each `--kubelet-dir`'s.
+    let kubelets: Vec<Option<&KubeletDir>> =
+        if kubelet_dirs.is_empty() { vec![None] } else { kubelet_dirs.iter().map(Some).collect() };
+    let mut outcomes: Vec<(String, String)> = Vec::new();
+    let mut prepared = false;
+    for kubelet in kubelets {
+        let programs =
+            Programs { kubelet_dir: kubelet.map(|k| k.dir.clone()), bin_dir: env.bin_dir.clone() };
+        let label = kubelet.map(|k| format!(" @{}", k.minor)).unwrap_or_default();
+        let not_run = |why: String| -> Vec<(String, String)> {
+            selected.iter().map(|s| (format!("{}{label}", s.name), why.clone())).collect()
+        };
+        let node_missing = programs.missing();
+        if !node_missing.is_empty() {
+            let folders = match &programs.kubelet_dir {
+                Some(dir) => format!("{} or {}", dir.display(), env.bin_dir.display()),
+                None => env.bin_dir.display().to_string(),
+            };
+            outcomes.extend(not_run(format!(
+                "skipped: no node without {} in {folders}",
+                node_missing.join(", ")
+            )));
+            continue;
         }
-        return Ok(());
+        if let Some(kubelet) = kubelet {
+            match programs.check(&kubelet.minor) {
+                Ok(versions) => eprintln!("\n=== node-e2e on {versions}"),
+                Err(err) => {
+                    outcomes.extend(not_run(format!("FAILED: {err}")));
+                    continue;
+                }
+            }
+        }
+        if !prepared {
+            images::install_host_packages()?;
+            std::fs::create_dir_all(&env.out)?;
+            // What an interrupted run left: its node's processes and cgroups.
+            host::clean_up_cgroups()?;
+            images::build(&env)?;
+            prepared = true;
+        }
+        for (name, outcome) in nodes(&selected, programs.kubelet_dir.as_deref())? {
+            outcomes.push((format!("{name}{label}"), outcome));
+        }
     }
-    images::install_host_packages()?;
-    std::fs::create_dir_all(&env.out)?;
-    // What an interrupted run left: its node's processes and cgroups.
-    host::clean_up_cgroups()?;
-    images::build(&env)?;
-    // One node per kubelet root, each in namespaces of its own.
+    if !kubelet_dirs.is_empty() {
+        for minor in kubelets::MINORS.iter().filter(|m| kubelet_dirs.iter().all(|k| k.minor != **m))
+        {
+            outcomes.push((
+                format!("kubelet {minor}"),
+                format!("skipped: no --kubelet-dir {minor}=DIR"),
+            ));
+        }
+    }
+    crate::harness::report_outcomes("node-e2e", &env.bin_dir, &outcomes, &env.out)
+}
+
+/// One node per kubelet root of the `selected` scenarios, each in
+/// namespaces of its own, with the kubelet of `kubelet_dir` (else
+/// `--bin-dir`'s): each scenario's outcome.
+fn nodes(
+    selected: &[&scenarios::Scenario],
+    kubelet_dir: Option<&Path>,
+) -> Result<Vec<(&'static str, String)>> {
     let mut roots: Vec<&str> = selected.iter().map(|s| s.kubelet_root).collect();
     roots.dedup();
-    let mut outcomes: Vec<(&str, String)> = Vec::new();
+    let mut outcomes = Vec::new();
     for kubelet_root in roots {
-        let group: Vec<&str> =
+        let group: Vec<&'static str> =
             selected.iter().filter(|s| s.kubelet_root == kubelet_root).map(|s| s.name).collect();
         let state = tempfile::Builder::new().prefix("kpm-node-").tempdir_in("/tmp")?.keep();
         let outcomes_file = state.join(OUTCOMES);
-        let node_outcomes = host::reexec_in_namespaces(&state, kubelet_root, || {
+        let node_outcomes = host::reexec_in_namespaces(&state, kubelet_root, kubelet_dir, || {
             Ok(std::fs::read_to_string(&outcomes_file).ok())
         });
         let node_outcomes: Vec<(String, String)> = match node_outcomes {
@@ -149,7 +218,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
             outcomes.push((name, outcome));
         }
     }
-    crate::harness::report_outcomes("node-e2e", &env.bin_dir, &outcomes, &env.out)
+    Ok(outcomes)
 }
 
 /// The file, in the state folder, where the node inside the namespaces

@@ -11,6 +11,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::host::{self, CGROUP_ROOT, NODE_IP, POD_SUBNET, SERVICE_IP, SERVICE_RANGE};
+use super::kubelets::Programs;
 use super::{Env, NODE_NAME, START_TIMEOUT, STOP_TIMEOUT};
 use crate::Result;
 use crate::kube_e2e::api::Api;
@@ -37,7 +38,8 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
     - level: Metadata\n  users: [\"system:serviceaccount:kpm-system:kpm-doctor\", \"system:serviceaccount:kpm-system:kpm\"]\n\
     - level: None\n";
 
-/// The programs of a node, in the folder given to `--bin-dir`.
+/// The programs of a node, in the kubelet's folder (`--kubelet-dir`) or
+/// the one given to `--bin-dir`.
 pub(super) const PROGRAMS: &[&str] =
     &["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
 
@@ -57,7 +59,7 @@ pub(super) struct Node {
     /// The kubelet's `--root-dir`, a host path of the node.
     pub(super) kubelet_root: PathBuf,
     state: PathBuf,
-    bin_dir: PathBuf,
+    programs: Programs,
     out: PathBuf,
 }
 
@@ -126,7 +128,7 @@ impl Node {
             audit_log: state.join("audit.log"),
             kubelet_root: kubelet_root.to_path_buf(),
             state: state.clone(),
-            bin_dir: env.bin_dir.clone(),
+            programs: env.programs.clone(),
             out: env.out.clone(),
         };
         node.start_kubelet(&kubelet_kubeconfig, &config)?;
@@ -159,7 +161,7 @@ impl Node {
             "2",
         ];
         self.kubelet =
-            Some(Process::spawn(&name, &self.bin_dir.join("kubelet"), &args, &out, &log)?);
+            Some(Process::spawn(&name, &self.programs.path("kubelet"), &args, &out, &log)?);
         Ok(())
     }
 
@@ -186,7 +188,7 @@ impl Node {
 
     /// `kubectl ARGS` as admin; its stdout.
     pub(super) fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let output = std::process::Command::new(self.bin_dir.join("kubectl"))
+        let output = std::process::Command::new(self.programs.path("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.admin_kubeconfig)
             .args(args)
@@ -206,7 +208,7 @@ impl Node {
     /// `kubectl apply -f -` of `manifest` as admin.
     pub(super) fn apply(&self, manifest: &str) -> Result {
         use std::io::Write as _;
-        let mut kubectl = std::process::Command::new(self.bin_dir.join("kubectl"))
+        let mut kubectl = std::process::Command::new(self.programs.path("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.admin_kubeconfig)
             .args(["apply", "-f", "-"])
@@ -315,7 +317,7 @@ impl Launcher<'_> {
 
     fn spawn(&self, name: &str, args: &[&str]) -> Result<Process> {
         let log = |ext: &str| self.env.out.join(format!("{name}.{ext}"));
-        Process::spawn(name, &self.env.bin_dir.join(name), args, &log("out"), &log("log"))
+        Process::spawn(name, &self.env.programs.path(name), args, &log("out"), &log("log"))
     }
 
     /// A control plane component with `kubeconfig` for its client, and for

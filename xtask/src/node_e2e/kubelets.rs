@@ -1,0 +1,154 @@
+//! The kubelet axis: `--kubelet-dir MINOR=DIR`, once per kubelet minor an
+//! operator runs. A node's programs come from DIR where it has them (its
+//! kubelet at least; an older minor's control plane too, where the
+//! version skew policy asks for one) and from `--bin-dir` otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::Result;
+
+use super::node;
+
+/// The kubelet minors kpm is checked against, oldest first: upstream's
+/// three and the older ones providers' extended support keeps running.
+pub(super) const MINORS: &[&str] = &["1.31", "1.32", "1.33", "1.34", "1.35", "1.36"];
+
+/// How many minors older than kube-apiserver a kubelet may be (the version
+/// skew policy, since 1.28).
+const KUBELET_SKEW: u32 = 3;
+
+/// One `--kubelet-dir MINOR=DIR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct KubeletDir {
+    /// `1.33`.
+    pub(super) minor: String,
+    pub(super) dir: PathBuf,
+}
+
+impl KubeletDir {
+    /// `MINOR=DIR`, MINOR one of [`MINORS`].
+    pub(super) fn parse(value: &str) -> Result<Self> {
+        let (minor, dir) = value
+            .split_once('=')
+            .ok_or_else(|| format!("--kubelet-dir {value}: write MINOR=DIR, as 1.33=/tmp/k133"))?;
+        if !MINORS.contains(&minor) {
+            return Err(format!(
+                "--kubelet-dir {value}: {minor} is not one of {}",
+                MINORS.join(", ")
+            )
+            .into());
+        }
+        Ok(Self { minor: minor.to_owned(), dir: std::path::absolute(dir)? })
+    }
+}
+
+/// Where a node's programs are.
+#[derive(Debug, Clone)]
+pub(super) struct Programs {
+    /// The kubelet's folder, whose programs come first.
+    pub(super) kubelet_dir: Option<PathBuf>,
+    pub(super) bin_dir: PathBuf,
+}
+
+impl Programs {
+    /// The node's program `name` ([`node::PROGRAMS`]): the kubelet's
+    /// folder's, else `--bin-dir`'s.
+    pub(super) fn path(&self, name: &str) -> PathBuf {
+        self.kubelet_dir
+            .as_ref()
+            .map(|dir| dir.join(name))
+            .filter(|path| path.is_file())
+            .unwrap_or_else(|| self.bin_dir.join(name))
+    }
+
+    /// The node's programs found in neither folder.
+    pub(super) fn missing(&self) -> Vec<&'static str> {
+        node::PROGRAMS.iter().copied().filter(|name| !self.path(name).is_file()).collect()
+    }
+
+    /// Checks that the kubelet is `minor` and that kube-apiserver may serve
+    /// it; returns both versions, as `kubelet v1.33.13, kube-apiserver
+    /// v1.36.2`.
+    pub(super) fn check(&self, minor: &str) -> Result<String> {
+        let (kubelet, kubelet_minor) = version(&self.path("kubelet"))?;
+        let (apiserver, apiserver_minor) = version(&self.path("kube-apiserver"))?;
+        if format!("1.{kubelet_minor}") != minor {
+            return Err(format!(
+                "the kubelet of --kubelet-dir {minor}={} is {kubelet}",
+                self.kubelet_dir.as_deref().unwrap_or(Path::new("?")).display()
+            )
+            .into());
+        }
+        if kubelet_minor + KUBELET_SKEW < apiserver_minor {
+            return Err(format!(
+                "kube-apiserver {apiserver} serves kubelets down to 1.{} only: put a \
+                 kube-apiserver of 1.{} (and its kube-controller-manager, kube-scheduler and \
+                 kubectl) in the kubelet's folder",
+                apiserver_minor - KUBELET_SKEW,
+                kubelet_minor + KUBELET_SKEW
+            )
+            .into());
+        }
+        Ok(format!("kubelet {kubelet}, kube-apiserver {apiserver}"))
+    }
+}
+
+/// `program --version` (`Kubernetes v1.33.13`): the version and its minor.
+fn version(program: &Path) -> Result<(String, u32)> {
+    let output = Command::new(program)
+        .arg("--version")
+        .output()
+        .map_err(|err| format!("{} --version: {err}", program.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = text.split_whitespace().last().unwrap_or_default().to_owned();
+    let minor = parse_minor(&version)
+        .ok_or_else(|| format!("{} --version said {:?}", program.display(), text.trim()))?;
+    Ok((version, minor))
+}
+
+/// The minor of `v1.33.13` (or `v1.33.13-rc.1+abc`).
+fn parse_minor(version: &str) -> Option<u32> {
+    let mut parts = version.strip_prefix("v1.")?.split(['.', '-', '+']);
+    parts.next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubelet_dir_names_a_known_minor_and_a_folder() {
+        let dir = KubeletDir::parse("1.33=/tmp/k133").unwrap();
+        assert_eq!((dir.minor.as_str(), dir.dir.as_path()), ("1.33", Path::new("/tmp/k133")));
+        for bad in ["1.33", "1.30=/tmp/x", "v1.33=/tmp/x", "=/tmp/x"] {
+            assert!(KubeletDir::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn versions_give_their_minor() {
+        assert_eq!(parse_minor("v1.33.13"), Some(33));
+        assert_eq!(parse_minor("v1.31.14-rc.0+abc"), Some(31));
+        assert_eq!(parse_minor("1.33.1"), None);
+        assert_eq!(parse_minor("v2.0.0"), None);
+    }
+
+    #[test]
+    fn the_kubelets_folder_comes_first_program_by_program() {
+        let (kubelet, bin) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::fs::write(kubelet.path().join("kubelet"), "").unwrap();
+        std::fs::write(bin.path().join("kubelet"), "").unwrap();
+        std::fs::write(bin.path().join("kubectl"), "").unwrap();
+        let programs = Programs {
+            kubelet_dir: Some(kubelet.path().to_path_buf()),
+            bin_dir: bin.path().to_path_buf(),
+        };
+        assert_eq!(programs.path("kubelet"), kubelet.path().join("kubelet"));
+        assert_eq!(programs.path("kubectl"), bin.path().join("kubectl"));
+        assert_eq!(
+            programs.missing(),
+            ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"]
+        );
+    }
+}
