@@ -102,8 +102,14 @@ fn version(program: &Path) -> Result<(String, u32)> {
         .map_err(|err| format!("{} --version: {err}", program.display()))?;
     let text = String::from_utf8_lossy(&output.stdout);
     let version = text.split_whitespace().last().unwrap_or_default().to_owned();
-    let minor = parse_minor(&version)
-        .ok_or_else(|| format!("{} --version said {:?}", program.display(), text.trim()))?;
+    let minor = parse_minor(&version).ok_or_else(|| {
+        format!(
+            "{} --version said {:?}, not a release: build it with -ldflags \
+             '-X k8s.io/component-base/version.gitVersion=v1.N.P' (docs/operations.md)",
+            program.display(),
+            text.trim()
+        )
+    })?;
     Ok((version, minor))
 }
 

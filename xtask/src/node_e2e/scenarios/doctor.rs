@@ -41,7 +41,7 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
             Ok((condition(&node, CONDITION) == Some("True")).then(Instant::now))
         })?;
 
-    let (reported, table) = plugin_report(node)?;
+    let (reported, typed, table) = plugin_report(node)?;
 
     let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
     let pod_name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
@@ -88,6 +88,16 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
             return Err(format!("{what} names paths under /host: {}", inside.join(" | ")).into());
         }
     }
+    // The typed report and a look of its own in the pod see the same
+    // sockets.
+    let rows = report["plugins"].as_array().map_or(0, Vec::len);
+    if typed["status"]["counts"]["plugins"] != rows {
+        return Err(format!(
+            "the KubeletPluginReport counts {} plugin sockets, kpm doctor in the pod {rows}",
+            typed["status"]["counts"]["plugins"]
+        )
+        .into());
+    }
     let kubelet_root = node.kubelet_root.display().to_string();
     if !report.to_string().contains(&kubelet_root) {
         return Err(format!("the doctor's report does not name {kubelet_root}: {report}").into());
@@ -107,9 +117,9 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
 
 /// Waits for the doctor's `KubeletPluginReport` of the node to say
 /// `Healthy` with the kubelet's version from the Node, owned by the Node,
-/// and returns when it did and the report as `kubectl get -o yaml` prints
-/// it; `kubectl get kubeletpluginreports` goes to the log.
-fn plugin_report(node: &Node) -> Result<(Instant, String)> {
+/// and returns when it did, the report, and the report as `kubectl get -o
+/// yaml` prints it; `kubectl get kubeletpluginreports` goes to the log.
+fn plugin_report(node: &Node) -> Result<(Instant, Value, String)> {
     // A doctor that met the CRD before it was established tries again
     // after 2 minutes.
     let timeout = START_TIMEOUT + Duration::from_secs(120);
@@ -129,16 +139,12 @@ fn plugin_report(node: &Node) -> Result<(Instant, String)> {
     if owner["kind"] != "Node" || owner["uid"] != object["metadata"]["uid"] {
         return Err(format!("the report is not owned by Node {NODE_NAME}: {owner}").into());
     }
-    let plugins = report["status"]["plugins"].as_array().map_or(0, Vec::len);
-    if plugins == 0 {
-        return Err(format!("the report lists no plugin socket of the node: {report}").into());
-    }
     eprintln!(
         "$ kubectl get kubeletpluginreports\n{}",
         node.kubectl(&["get", "kubeletpluginreports"])?
     );
     let yaml = node.kubectl(&["get", "kubeletpluginreport", NODE_NAME, "-o", "yaml"])?;
-    Ok((reported, yaml))
+    Ok((reported, report, yaml))
 }
 
 /// The requests of `user` the API server answered with 401 or 403, from
