@@ -1,5 +1,5 @@
 //! `cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only
-//! SCENARIO]`: kpm as operators
+//! SCENARIO[,SCENARIO...]]`: kpm as operators
 //! run it, on a real node: kpm's image built here (`cargo xtask image`), its
 //! kustomize bases applied with `kubectl apply -k` as a user applies them,
 //! real drivers in pods, the real kubelet with containerd and runc, and the
@@ -80,7 +80,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     let usage = || {
         format!(
-            "usage: cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only {}]",
+            "usage: cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only {}[,...]]",
             names.join("|")
         )
     };
@@ -90,7 +90,9 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
         match (*option, options.next()) {
             ("--bin-dir", Some(dir)) => bin_dir = Some(std::path::absolute(dir)?),
             ("--kubelet-dir", Some(value)) => kubelet_dirs.push(KubeletDir::parse(value)?),
-            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
+            ("--only", Some(list)) if list.split(',').all(|name| names.contains(&name)) => {
+                only = Some(list.split(',').collect::<Vec<_>>());
+            }
             _ => return Err(usage().into()),
         }
     }
@@ -103,12 +105,14 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let env =
         Env { root: root.to_path_buf(), bin_dir, programs, out: target.join("node-e2e"), target };
 
-    // `--only` runs the scenario and those whose deployments it works on.
+    // `--only` runs the scenarios named and those whose deployments they
+    // work on.
     let wanted: Vec<&str> = match only {
-        Some(name) => {
-            let scenario = SCENARIOS.iter().find(|s| s.name == name).ok_or_else(usage)?;
-            scenario.builds_on.iter().copied().chain([name]).collect()
-        }
+        Some(only) => SCENARIOS
+            .iter()
+            .filter(|s| only.contains(&s.name))
+            .flat_map(|s| s.builds_on.iter().copied().chain([s.name]))
+            .collect(),
         None => names.clone(),
     };
     let selected: Vec<_> = SCENARIOS.iter().filter(|s| wanted.contains(&s.name)).collect();
