@@ -4,6 +4,7 @@
 //! 10 ms, ×5, 10 % jitter, capped), the doctor publisher's retries of a
 //! failed write and its watch's rechecks of a failing node. A policy is
 //! checked once, where it is made; waits are then computed without overflow.
+//! It lives here because kpm-api is the one crate all of its users depend on.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,4 +1,21 @@
 //! The range check every kpm config shares for its durations.
+//!
+//! Every crate's settings are one config struct of one shape
+//! (`ExecutorConfig`, `ReconcilerConfig`, `WatcherConfig`, `LivenessConfig`,
+//! `CsiConfig`, `DeviceConfig`, `DraConfig`, `KubeConfig`): `Default` with
+//! the kubelet's figures; `#[non_exhaustive]`, so that a new setting breaks
+//! no user and no literal is written outside the crate; a `#[must_use]`
+//! setter per field, named after it, whose doc gives the default; public
+//! fields to read them back, and no getters. The ranges are checked once, by
+//! the config's `validate()` with [`check_durations`], called by the
+//! constructor of what runs (`try_new(config, …)`, `Watcher::start`,
+//! `KubePublisher::new`): never by the setters, and never per operation.
+//! A refusal names the field: the crate's `InvalidConfig` variant, or a
+//! config error of its own where the crate's error is about plugins
+//! (`DeviceConfigError`, `DraConfigError`). A config holds settings only:
+//! counters belong to what runs (`Watcher::stats`), and where a component
+//! dials or accepts, its fd budget is an argument of that constructor, not a
+//! setting with a default.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,4 +1,6 @@
-//! Plugin types, default paths and supported versions, as the kubelet defines them.
+//! Plugin types, default paths and supported versions, as the kubelet defines them,
+//! and kpm's bounds: on what a plugin sends (message sizes, field lengths, the
+//! socket path), and on every configured duration ([`MAX_CONFIG_DURATION`]).
 
 /// `PluginInfo.type` of a CSI driver.
 pub const CSI_PLUGIN: &str = "CSIPlugin";

@@ -17,6 +17,13 @@ use std::time::SystemTime;
 /// then makes the file look new, which errs on the side of caution); a
 /// directory has no stamp, since its change time moves with every entry
 /// added or removed.
+///
+/// Built from metadata the caller read ([`FileId::of`]), since this crate
+/// does no IO; `kpm_transport::file_id_at` reads it from a path. The
+/// watcher tells a new socket from a re-listed one by it, the device
+/// manager a re-registered endpoint file from the connected one, liveness
+/// an endpoint replaced under a registered plugin, and
+/// `kpm_transport::BoundSocket` the file it bound from a successor's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileId {
     dev: u64,

@@ -13,8 +13,10 @@ use crate::constants::{
 /// the registrar, the doctor and the CLI all name the kinds through this
 /// one enum. It is not `#[non_exhaustive]` on purpose: the matches on it
 /// above this crate are exhaustive, so that a new kind is a compile error
-/// at every place that must say something about it (the facade's handler,
-/// the doctor's judgement of it in the cluster, the registrar's stub).
+/// at every place that must say something about it (the facade's handler
+/// and the unit test that holds its features to [`ALL`](Self::ALL),
+/// kpm-kube's objects of a kind, the doctor's judgement of it in the
+/// cluster and its fleet view, the registrar's stub).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum PluginKind {
     /// CSI drivers (`CSIPlugin`).

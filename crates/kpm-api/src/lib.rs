@@ -1,7 +1,8 @@
 //! Generated gRPC code and constants of the kubelet plugin APIs.
 //!
 //! One module per API and version, generated from `proto/` by `cargo xtask
-//! codegen` and checked in (so building kpm needs no `protoc`):
+//! codegen` into `src/gen/`, one file per proto package, and checked in (so
+//! building kpm needs no `protoc`; `cargo xtask ci` checks it is fresh):
 //!
 //! | module | proto package | served by |
 //! |---|---|---|
@@ -12,7 +13,10 @@
 //! | [`dra_health::v1`], [`dra_health::v1alpha1`] (feature `dra`) | `v1`, `v1alpha1` | DRA drivers (optional) |
 //!
 //! The generated code is transport-agnostic: clients take any tonic channel,
-//! servers plug into any tonic router.
+//! servers plug into any tonic router. `tests/wire.rs` pins every gRPC path
+//! and the encoding of `PluginInfo` and `RegistrationStatus` to literal
+//! bytes, so a renamed package or a renumbered field fails a test rather
+//! than a node.
 //!
 //! Besides the wire code, the crate holds what every side of the protocol
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
@@ -23,8 +27,10 @@
 //! identity of a socket file, built from metadata the caller read) and, with
 //! feature `serde`, `json` (how the status types write times in JSON).
 //!
-//! Nothing here does IO: dialing, binding and the fd budget are the
-//! `kpm-transport` crate's.
+//! Nothing here does IO, and the crate depends on neither tokio, hyper nor
+//! rustix: dialing, binding and the fd budget are the `kpm-transport`
+//! crate's. Being the lowest crate is also why the shared facts live here:
+//! every other kpm crate depends on it, so each names them from one place.
 
 #![deny(missing_docs)]
 

@@ -1,6 +1,11 @@
 //! The record of one registration: what a plugin said about itself, which
 //! incarnation of which socket said it, and when. The actual state keeps it,
 //! handlers are called with its [`PluginDetails`], and the facade's status shows it.
+//!
+//! It is kpm's one record of a registered plugin: the executor makes it,
+//! ActualState keeps it, liveness reads it (the serving pid, the endpoint),
+//! and the facade's views and `PluginStatus` show it, so no layer copies it
+//! into a type of its own.
 
 use std::path::PathBuf;
 use std::time::SystemTime;

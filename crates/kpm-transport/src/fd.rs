@@ -20,11 +20,11 @@
 //!
 //! The process-wide budget is [`budget()`]; `kpm run` sizes it with
 //! [`init`] after [`raise_soft_limit`]. A library user who never calls
-//! [`init`] gets one sized from the current limit at first use. Nothing
+//! [`init`] gets one sized from the current limit at first use. No dial
 //! pays from it unless its caller names it: a [`Dialer`](crate::Dialer) is
 //! made with the budget its connections pay from (a reconnection and an fd
-//! shortage included), and a server pays from the budget given to its
-//! `Incoming`.
+//! shortage included). A server pays from the budget given to its
+//! `Incoming`, the process-wide one unless set.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,6 +131,11 @@ pub fn is_shortage(err: &io::Error) -> bool {
 
 /// A share of the process's file descriptors; see the [module](self) docs.
 /// Clones share the same permits.
+///
+/// It has no `Default` on purpose: a [`Dialer`](crate::Dialer) is made with
+/// the budget its connections pay from ([`budget()`] for the process-wide
+/// one), so that no component dials on a global budget unseen. A server's
+/// `Incoming` pays from the process-wide budget unless given its own.
 #[derive(Debug, Clone)]
 pub struct FdBudget {
     inner: Arc<Inner>,

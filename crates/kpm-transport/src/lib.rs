@@ -15,7 +15,20 @@
 //! | [`TransportError`] | the crate's one error |
 //!
 //! Module dependencies go one way: `error` ← `fd` ← `uds` (dialing, binding,
-//! the `:authority` rewriting), re-exported here.
+//! the `:authority` rewriting), re-exported here. The crate holds no logic
+//! beyond dialing, binding, the budget and the rewriting. `cargo xtask tidy`
+//! refuses a gRPC server on a plain `UnixListenerStream` outside this crate
+//! (but for the test that shows h2 alone refusing grpc-go), so every server
+//! pays for its connections and takes grpc-go's `:authority`;
+//! kpm's HTTP/1 servers (the status API, metrics) take the same accept loop
+//! through [`Incoming::into_http1`].
+//!
+//! Tests: `tests/uds.rs` binds and dials real sockets and `tests/emfile.rs`
+//! runs out of fds; the handshake timeout and the shedding order are held on
+//! paused time (`uds/server/tests.rs`, `fd/server.rs`); `uds/incoming/tests.rs`
+//! feeds the rewriting chosen chunks and read sizes, with properties (any
+//! bytes never panic, other frames pass byte for byte, a block keeps every
+//! field but a refused `:authority`).
 
 #![deny(missing_docs)]
 
