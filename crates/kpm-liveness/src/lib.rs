@@ -2,7 +2,7 @@
 //!
 //! The kubelet only looks at the registry directory: a plugin that crashed
 //! and left its socket file behind stays registered forever (kubernetes
-//! #128696). The [`LivenessMonitor`] notices two things:
+//! #128696). The [`LivenessMonitor`] notices three things:
 //!
 //! - **A plugin process exits.** At registration kpm learned which process
 //!   serves the socket (`SO_PEERCRED`, [`Registration::server_pid`]); the
@@ -26,6 +26,14 @@
 //!   each an optional holder of the fd budget; beyond that, probes dial and
 //!   hang up, a PING on a bare connection, [`kpm_transport::Dialer::bare_ping`],
 //!   that holds no HTTP/2 state).
+//! - **An endpoint goes.** A plugin's endpoint, when it is an absolute path
+//!   other than its registration socket (a CSI or DRA driver's service
+//!   socket), is watched with inotify. A
+//!   socket file replaced by another renews the plugin; one removed *holds*
+//!   it ([`DesiredState::hold`]): it is deregistered, and nothing is
+//!   registered or dialled until a socket is back there
+//!   ([`DesiredState::release`]). A DRA instance has a registration socket of
+//!   its own, so only that instance goes.
 //!
 //! A connection a handler holds that drops (a device plugin's `ListAndWatch`
 //! stream, a DRA driver's connection) gets the plugin's socket checked at
@@ -39,10 +47,19 @@
 //! old one and registers anew, which fails and backs off until the plugin
 //! answers again. The monitor never touches ActualState or a handler itself,
 //! so every registration and deregistration still goes through the one
-//! operation per socket of the executor: nothing is deregistered twice.
+//! operation per socket of the executor: nothing is deregistered twice. It
+//! writes DesiredState only for the incarnation it followed (`renew`, `hold`
+//! and `release` refuse a socket re-created meanwhile), and it never signals
+//! or waits for a process: a pidfd only says that one exited. Pidfds and the
+//! monitor's kept connections are optional holders of the fd budget, so they
+//! never starve registrations: without a spare permit a process is left to
+//! the probes, and a probe dials and hangs up. [`open_pidfd`] is public
+//! because `kpm doctor --watch` waits for exits with it too.
 //!
 //! [`DesiredState`]: kpm_cache::DesiredState
 //! [`DesiredState::renew`]: kpm_cache::DesiredState::renew
+//! [`DesiredState::hold`]: kpm_cache::DesiredState::hold
+//! [`DesiredState::release`]: kpm_cache::DesiredState::release
 //! [`Registration::server_pid`]: kpm_cache::Registration::server_pid
 //! [`PluginEvent::Unresponsive`]: kpm_cache::PluginEvent::Unresponsive
 

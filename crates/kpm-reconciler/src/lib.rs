@@ -12,8 +12,10 @@
 //! desired, registered or attempted socket runs when a handler is added and
 //! every [`ReconcilerConfig::reconcile_period`] as a safety net.
 //!
-//! Each socket is decided alone, from its desired generation, its registered
-//! generation and its executor entry:
+//! Each socket is decided alone, from its desired generation (the
+//! [registrable](DesiredState::registrable) one: a socket held back because
+//! its endpoint is gone counts as absent), its registered generation and its
+//! executor entry:
 //! - registered but not desired: unregister;
 //! - registered in another incarnation than desired: re-register (unregister,
 //!   then register, as one operation);
@@ -27,8 +29,19 @@
 //!
 //! Invariant: nothing is lost. Every state change that matters to a socket
 //! (its DesiredState entry, the end of its operation, the end of its backoff)
-//! puts the socket in a later batch; what no event reports (ActualState
-//! changed by someone else) is found by the periodic full pass.
+//! puts the socket in a later batch: a journal is written before its signal
+//! wakes the loop, and a pass drains the journals before it reads the
+//! caches. What no event reports (ActualState changed by someone else) is
+//! found by the periodic full pass. And since every operation goes through
+//! the executor's one operation per socket, a handler sees, per socket, only
+//! validate → register → deregister sequences, never two calls at once, and
+//! every registration is deregistered exactly once.
+//!
+//! `tests/properties.rs` checks these, and convergence, over random scripts
+//! of socket churn, misbehaving plugins and handlers and a late handler,
+//! with real sockets on paused time; it runs every script a second time
+//! with the periodic pass out of reach, so that the safety net cannot hide
+//! a lost event.
 //!
 //! A full pass costs a lookup per socket, so on a node where nothing happens
 //! it is skipped: when the last full pass found every socket in sync, no pass
@@ -215,7 +228,9 @@ impl Reconciler {
 
     /// Adds the handler for `plugin_type`, before or after [`run`](Self::run)
     /// starts. Sockets that are not registered yet (for instance because no
-    /// handler knew their type) are retried at once, by a full pass.
+    /// handler knew their type) have their backoff reset and are retried at
+    /// once, by a full pass. The table is copy-on-write: each operation sees
+    /// it as it was when the operation started.
     ///
     /// A type that has a handler keeps it: replacing it would leave its
     /// registered plugins with a handler that never saw them, so that is

@@ -22,11 +22,16 @@
 //!   makes it readable is reported by its parent's watch: it is watched and
 //!   listed then, and every resync tries it again in case that was missed.
 //!
-//! Events are hints. On notify's overflow signal (`Flag::Rescan`), when the
+//! Events are hints. A path reported removed or renamed away that exists
+//! again is looked at on disk instead (inotify reports a directory renamed
+//! over an empty one as the old one's removal under the new name). On
+//! notify's overflow signal (`Flag::Rescan`), when the
 //! event queue of the task is full, on [`Watcher::rescan`] and every
 //! [`WatcherConfig::resync_period`] (60 s by default) the tree is listed again
 //! and diffed against DesiredState: missing sockets are added, vanished ones
-//! removed, unchanged ones keep their generation.
+//! removed, unchanged ones keep their generation. [`Watcher::stats`] counts
+//! those re-listings. The watcher writes DesiredState only for paths under
+//! its root.
 //!
 //! # Which paths count
 //!
@@ -44,6 +49,10 @@
 //!   register a socket that lives elsewhere, whose removal produces no event
 //!   here, so it would stay registered after its plugin is gone; and the key
 //!   (the link's path) would not be the path the plugin reports.
+//!
+//! [`survey`] is the same walk for diagnosis, keeping what it ignores and
+//! why: `kpm doctor` reports the registry with it, so the rule of what
+//! counts as a registration socket lives here only.
 //!
 //! # Generations
 //!
