@@ -21,6 +21,15 @@
 //! - **deregister** (`DeRegisterPlugin`): removes the driver from the store,
 //!   its node-id annotation entry and its CSINode entry. Topology labels stay.
 //!
+//! The handler also refreshes a driver's allocatable count (KEP-4876, the
+//! kubelet's `csiNodeUpdater`): a driver with an update period, the node's
+//! own ([`CsiConfig::allocatable_update_period`]) before the cluster's
+//! ([`AllocatableUpdatePeriods`], fed by kpm-kube's CSIDriver watch), is
+//! asked `NodeGetInfo` on that period by a task of its own, and a changed
+//! limit goes to [`NodeInfoSink::update_allocatable`]. Registration,
+//! deregistration, a change of period and the handler's drop start or stop
+//! that task, so a deregistered driver is never refreshed.
+//!
 //! Error texts are the kubelet's, so that a plugin and a log reader see the
 //! same reasons as with the kubelet (see [`CsiError`]).
 //!
@@ -31,10 +40,12 @@
 //! node id, sorted keys), topology labels (a value collision is an error;
 //! labels are never removed) and the CSINode driver entries (`name`, `nodeID`,
 //! sorted `topologyKeys`, `allocatable.count` from `max_volumes_per_node`,
-//! clamped to `i32::MAX`, none for 0). [`InMemoryNodeInfo`] keeps it in memory
-//! for the status API; a sink backed by the Kubernetes API can be added
-//! without changing the handler, applying the same update functions to the
-//! objects it reads.
+//! clamped to `i32::MAX`, none for 0). [`NodeInfoSink`] is where node info
+//! leaves the handler: [`InMemoryNodeInfo`] keeps it in memory for the status
+//! API, and kpm-kube's sink publishes it to an API server without any change
+//! to the handler, applying the same update functions to the objects it
+//! reads. This crate depends on `kpm-api`, `kpm-transport` and `kpm-cache`
+//! only.
 //!
 //! # Differences from the kubelet
 //!
@@ -51,12 +62,13 @@
 //! - **Endpoints may be gRPC targets.** The kubelet dials the endpoint as a
 //!   raw path; a `unix://` or `unix:` prefix is stripped first (see
 //!   [`socket_path`]).
-//! - **No API round trips.** The in-memory sink has no retry and backoff, so
-//!   its errors are the bare step errors (for example the topology collision)
-//!   rather than wrapped in `error updating Node object with CSI driver node
-//!   info: ...`. The Node's `attachable-volumes-csi-*` capacity, the
-//!   migrated-plugins annotation, CSINode owner references and the
-//!   allocatable-count updater are out of scope.
+//! - **No API round trips here.** The in-memory sink has no retry and
+//!   backoff, so its errors are the bare step errors (for example the
+//!   topology collision) rather than wrapped in `error updating Node object
+//!   with CSI driver node info: ...`. Retries against an API server, and the
+//!   CSINode's owner reference, are the Kubernetes sink's (kpm-kube). The
+//!   Node's `attachable-volumes-csi-*` capacity and the migrated-plugins
+//!   annotation are out of scope.
 //! - **NodeGetInfo errors name the step and the endpoint**, then give the
 //!   kubelet's text: `NodeGetInfo on <endpoint>: rpc error: code = <code> desc = <message>`.
 

@@ -163,7 +163,6 @@ impl Registration for RegistrationService {
     }
 }
 
-/// `mkdir -p` with mode 0750 for the directories it creates.
 /// Removes the sockets in `dir` but `kubelet_sock` (symlinks are not
 /// followed), each logged; a failure is logged and the rest go on.
 fn remove_plugin_sockets(dir: &Path, kubelet_sock: &Path) {
@@ -192,6 +191,7 @@ fn remove_plugin_sockets(dir: &Path, kubelet_sock: &Path) {
     }
 }
 
+/// `mkdir -p` with mode 0750 for the directories it creates.
 fn create_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt as _;
     std::fs::DirBuilder::new().recursive(true).mode(kpm_api::constants::OWN_DIR_MODE).create(dir)

@@ -23,7 +23,11 @@
 //!   kubelet's order (version `v1beta1`, extended resource name), then its
 //!   endpoint must be a socket file name inside `dir` (not absolute, no `/`,
 //!   not `.` or `..`); then `dir/<endpoint>` is connected. The `Register`
-//!   call returns once the plugin is connected, as in the kubelet.
+//!   call returns once the plugin is connected, as in the kubelet. Once
+//!   `kubelet.sock` is bound, every other socket in `dir` is removed, as the
+//!   kubelet's device manager does at start: the protocol's signal to
+//!   plugins that watch their own socket to serve and register again. It is
+//!   the one place kpm unlinks sockets it did not create.
 //!
 //! # Endpoints and devices
 //!
@@ -60,6 +64,10 @@
 //! current endpoint's connection, within the configured timeouts.
 //! [`DeviceManager::changes`] signals every change of
 //! [`resources`](DeviceManager::resources).
+//! [`DeviceManager::inspect_endpoint`] is the read-only look that `kpm
+//! probe`, `kpm check` and `kpm doctor` take: the same dial and options as
+//! connecting, then the first `ListAndWatch` list ([`DevicePluginReport`]),
+//! nothing kept.
 //!
 //! # Owner and views
 //!
@@ -93,17 +101,21 @@
 //!   connection, and a re-created socket file is connected again.
 //! - **Endpoints are confined** to the device-plugins directory (the fix
 //!   #138382 was still open upstream).
-//! - **Nothing else in the directory is touched.** The kubelet removes every
-//!   socket in the device-plugins directory at start and writes a
-//!   `DEPRECATION` file and a checkpoint there; kpm only replaces a stale
-//!   `kubelet.sock` and never unlinks a live socket. No checkpoint is kept:
-//!   plugins register again when `kubelet.sock` is re-created.
+//! - **No files of its own but `kubelet.sock`.** Like the kubelet, kpm
+//!   removes the other sockets in the device-plugins directory at start
+//!   (see above), but it writes no `DEPRECATION` file and no checkpoint, and
+//!   leaves directories and other files alone: plugins register again when
+//!   `kubelet.sock` is re-created.
 //! - **No serve retry loop or health check.** The kubelet restarts a failed
 //!   registration server every second and reports its health; a failure of
 //!   the tonic server here is logged.
 //! - **Deadlines.** `GetDevicePluginOptions` has a timeout (none upstream,
 //!   kubernetes #127457); the options sent in a `Register` request are not
 //!   used: those from `GetDevicePluginOptions` are, on both paths.
+//!
+//! The crate depends on `kpm-api`, `kpm-transport` and `kpm-cache` only.
+//! `manager/tests.rs` drives the manager's state machine on paused time
+//! without sockets; `tests/` runs fake plugins on real sockets.
 
 #![deny(missing_docs)]
 

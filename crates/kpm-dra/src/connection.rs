@@ -12,7 +12,7 @@
 //! number of live connections (normally 0 or 1; briefly 2 while a channel
 //! is replaced).
 //!
-//! Reconnecting is the monitor's job (see `manager.rs`): while nothing is
+//! Reconnecting is the monitor's job (`manager/monitor.rs`): while nothing is
 //! live it dials a fresh channel every [`RECONNECT_INTERVAL`] and swaps it
 //! in with [`Connection::replace_channel`]. A channel never reconnects by
 //! itself: a call made before the first connection, or on a connection that

@@ -41,7 +41,8 @@
 //! (30 s by default; a queued one keeps its time); when any instance
 //! connects it is cancelled; when it fires, [`SliceCleanup::wipe_driver`]
 //! runs exactly once. The kubelet deletes the driver's ResourceSlices of the
-//! node there; [`InMemoryCleanup`] records the wipes.
+//! node there, and so does kpm-kube's cleanup when `kpm run` publishes to an
+//! API server; without one, [`InMemoryCleanup`] records the wipes.
 //!
 //! # Owner and views
 //!
@@ -82,8 +83,18 @@
 //! and gone with it (a driver without a health stream or without devices
 //! has none; `DraManager::health_timers`, for tests, counts them). Every
 //! change of a device's health (its first report, another health, an
-//! expiry) is published as a [`PluginEvent::DraDeviceHealthChanged`] on the
-//! bus given to [`DraManager::try_new`].
+//! expiry) is published once, as a [`PluginEvent::DraDeviceHealthChanged`]
+//! on the bus given to [`DraManager::try_new`], and in order: under the
+//! manager's lock. The table of devices and their deadlines is plain data,
+//! driven by the stream's task.
+//!
+//! # Invariants
+//!
+//! - The crate depends on `kpm-api`, `kpm-transport` and `kpm-cache` only.
+//! - No lock is held across an `.await`: the manager's state sits behind one
+//!   synchronous lock, taken and released between awaits.
+//! - A deregistration affects only the instance at that endpoint.
+//! - All waiting goes through tokio time, so tests run on paused time.
 //!
 //! [`PluginEvent::DraDeviceHealthChanged`]: kpm_cache::PluginEvent::DraDeviceHealthChanged
 //!
@@ -110,10 +121,12 @@
 //!   kubelet's "older than the timeout" is one instant later), and a
 //!   timeout above a year is cut to a year (the kubelet's multiplication
 //!   overflows).
-//! - **No startup wipe.** The kubelet wipes all of the node's
-//!   ResourceSlices when it starts; the [`SliceCleanup`] hook here is per
-//!   driver, and a Kubernetes-backed implementation can do the startup wipe
-//!   when it is created.
+//! - **The startup wipe waits for its driver.** The kubelet wipes all of
+//!   the node's ResourceSlices when it starts; kpm asks the
+//!   [`SliceCleanup`] which drivers left slices for the node and queues a
+//!   cleanup of each one, after the grace period
+//!   ([`DraManager::clean_up_leftovers`]), so that a driver registering
+//!   within it keeps its slices.
 //! - **Endpoint length.** Endpoints of 108 bytes or more are rejected
 //!   (`must not be longer than 107 bytes`): a Unix socket path needs its
 //!   terminating NUL in the 108-byte `sun_path`.

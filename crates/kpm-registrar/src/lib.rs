@@ -50,14 +50,20 @@
 //! - on shutdown only the very file this registrar bound is removed (same
 //!   device, inode and birth time), never a newer instance's socket at the
 //!   same path;
-//! - `NotifyRegistrationStatus` is answered at once, whoever is listening.
+//! - `NotifyRegistrationStatus` is answered at once, whoever is listening
+//!   (upstream's test plugin blocked there, so every notification timed
+//!   out);
+//! - the crate depends on `kpm-api` and `kpm-transport` only: a driver takes
+//!   the plugin's side of the protocol without the plugin manager.
 //!
 //! A device plugin may register through the kubelet's `kubelet.sock`
 //! instead, as most do: [`serve_device_plugin`] serves it and keeps it
 //! registered across the kubelet's restarts.
 //!
 //! Feature `stub` (off by default) adds the `stub` module: minimal services
-//! of each plugin type, for examples, demos and tests.
+//! of each plugin type, for `examples/example_plugin.rs` (the command-line
+//! plugin the README uses), `kpm demo`, the load generator and tests; they
+//! are well-behaved plugins, not test fakes.
 
 #![deny(missing_docs)]
 

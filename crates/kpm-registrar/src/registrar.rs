@@ -134,7 +134,7 @@ impl RegistrarBuilder {
     }
 
     /// Where [`serve`](Self::serve) will bind: see
-    /// [`socket_file_name`](crate::socket_file_name) for the name.
+    /// [`socket_file_name`] for the name.
     pub fn socket_path(&self) -> Result<PathBuf, RegistrarError> {
         socket_path(
             &self.socket_dir,

@@ -1,11 +1,11 @@
 //! The calls on a driver: `NodePrepareResources` and
 //! `NodeUnprepareResources` on the serving instance, and the read-only
 //! inspection of an endpoint. Both versions of the DRA service go through
-//! one [`dispatch`]: the v1 and v1beta1 paths differ only in the generated
-//! client and the message types, so each call names just that (v1beta1
-//! converts to and from v1, see [`convert`]), and the channel, the message
-//! size limit, the deadline sent along and the one enforced here are
-//! written once.
+//! one [`dispatch`](DraManager::dispatch): the v1 and v1beta1 paths differ
+//! only in the generated client and the message types, so each call names
+//! just that (v1beta1 converts to and from v1, see [`convert`]), and the
+//! channel, the message size limit, the deadline sent along and the one
+//! enforced here are written once.
 
 use std::path::Path;
 use std::time::Duration;

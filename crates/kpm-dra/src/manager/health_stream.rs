@@ -1,6 +1,6 @@
 //! Who streams a driver's device health: the newest instance owns the
-//! driver's [`HealthStream`](super::HealthStream), a new owner starts a new
-//! generation, and [`HealthSink`] lets the stream's task (in
+//! driver's [`HealthStream`], a new owner starts a new generation, and
+//! [`HealthSink`] lets the stream's task (in
 //! [`crate::health`]) change the devices only while its generation owns
 //! them, publishing each change on the manager's event bus.
 
