@@ -13,8 +13,10 @@
 //! Installed as `kubectl-kpm` (a link to `kpm` on the `PATH`), it is the
 //! kubectl plugin `kubectl kpm …`: the same commands, its help naming it so.
 //!
-//! Exit codes: 0 ok, 1 runtime failure (one line naming the path and the
-//! step), 2 usage error.
+//! Exit codes: 0 ok, 1 failing (an error is one line naming the path and
+//! the step), 2 a bad command line, or, for `kpm doctor` and `kpm check`,
+//! could not look (an error of theirs included). One `Outcome` per command
+//! decides it.
 
 // Doc comments on the clap types are the command's help text, read in a terminal.
 #![allow(clippy::doc_markdown)]
@@ -136,7 +138,7 @@ enum Command {
 const KUBECTL_PLUGIN: &str = "kubectl-kpm";
 
 /// The command line, parsed; when started as [`KUBECTL_PLUGIN`], help and
-/// usage name the command `kubectl kpm` (clap skips argv[0] either way).
+/// usage name the command `kubectl kpm` (clap skips `argv[0]` either way).
 fn parse() -> Cli {
     let as_plugin = std::env::args_os()
         .next()

@@ -1,4 +1,18 @@
 //! `kpm run`: the plugin manager on a node.
+//!
+//! It builds the kubelet from its flags (`--disable` takes the names of
+//! [`kpm::PluginKind`] through [`plugin_kind`], so the CLI keeps no list of
+//! kinds of its own; periods are range-checked by clap), runs it, and serves
+//! the status API on `kpm.sock` and, with `--metrics-addr`, the metrics.
+//! Before anything else it raises the soft open-files limit and sizes the
+//! fd budget ([`init_fd_budget`]); the kubelet, the status API and the
+//! metrics all pay from it. Its servers accept through the transport's
+//! accept path ([`listener`](crate::listener)), and the status API's
+//! listener keeps a spare fd that it gives up to accept a client when the
+//! process is out of fds, so `kpm list` answers at the limit
+//! (`tests/fd_budget.rs`, `tests/server_budget.rs`). SIGINT and SIGTERM
+//! stop it cleanly; its own sockets are removed only while they are still
+//! the files it bound.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,5 +1,8 @@
 //! One door to the API server: every request goes through [`NodeApi::call`],
-//! which bounds it in time and counts it by verb, resource and outcome.
+//! which bounds it in time and counts it by verb, resource and outcome. The
+//! watches alone (the Node and the CSINode, which wake the reconcile loop;
+//! the CSIDrivers) are kube-runtime's long requests; the CSIDriver watch's
+//! events and errors are recorded as syncs of [`ObjectKind::CsiDriver`].
 
 use std::future::Future;
 use std::sync::Arc;

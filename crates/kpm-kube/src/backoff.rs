@@ -14,7 +14,7 @@ use kpm_api::backoff::{self, ExponentialBackoff};
 /// 310 ms of waiting. The kubelet then gives up for good, and a
 /// deregistration that falls in an API server outage is lost; kpm goes
 /// on, every 5 s at most, until the API server holds what kpm
-/// publishes (`docs/ARCHITECTURE.md`, kpm-kube).
+/// publishes (the crate docs, *Kept true*).
 // A const, evaluated when kpm-kube is compiled: a refused policy fails
 // the build, never a run.
 #[allow(clippy::panic)]

@@ -66,9 +66,21 @@
 //! successful sync and the last error, and counts API requests by verb,
 //! resource and outcome.
 //!
+//! Every request but the watches goes through one door, which bounds it in
+//! time and counts it. A clean-up removes only what kpm alone owns, and
+//! labels are never removed. The crate has one retry schedule: kpm-api's
+//! backoff from 10 ms, ×5, with 10 % jitter, capped at 5 s.
+//!
 //! This crate leaves the choice of the k8s-openapi version feature to the
 //! binary, as kube-rs advises (`kpm-cli` takes `v1_34`, the first with
-//! `resource.k8s.io/v1`).
+//! `resource.k8s.io/v1`). Built alone (or `kpm` with `kube`), it needs
+//! `K8S_OPENAPI_ENABLED_VERSION=1.34`, which `cargo xtask ci`'s packaging
+//! and the docs.rs metadata set.
+//!
+//! `tests/reconcile.rs` runs the loop against kpm-test-support's stand-in API
+//! server (objects, `resourceVersion`s, watches, an outage) on paused time,
+//! `tests/requests.rs` pins the requests literally, and `cargo xtask
+//! kube-e2e` runs kpm against a real kube-apiserver.
 
 #![deny(missing_docs)]
 

@@ -1,6 +1,6 @@
 //! A handler that accepts any plugin with a name and at least one version,
-//! and records it: what `kpm run` uses for a plugin type until that type's
-//! own handler is in place, and a simple handler for tests and demos.
+//! and records it: a simple handler for tests, demos and plugin types that
+//! have no handler of their own.
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,18 @@
 //! `Kubelet`: a plugin manager with the kubelet's handlers, composed the way
 //! `kpm run` runs it.
+//!
+//! [`KubeletBuilder::build`] checks the settings and creates the handlers
+//! without any IO, so that `kpm probe` inspects a socket
+//! ([`ManagerHandle::inspect`]) with the very handlers `kpm run` would use.
+//! It wires them to each other: liveness gets the device manager's
+//! connections to share, and the DRA manager publishes device health on the
+//! manager's own event bus. A kind's handler is its block in `build`; a unit
+//! test holds the kinds a build serves against [`PluginKind::ALL`] and the
+//! crate's features, so a new kind cannot be forgotten here.
+//!
+//! [`KubeletBuilder::manager`] hands over the [`PluginManagerBuilder`]
+//! itself rather than copying its setters, so that the two cannot drift.
+//! The [`Kubelet`] alone holds the managers; its handle gets views.
 
 use std::future::Future;
 use std::path::PathBuf;

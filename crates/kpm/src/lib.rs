@@ -20,6 +20,22 @@
 //! `kpm-transport`, the Unix-socket transport, [`transport`] has what a
 //! binary needs.
 //!
+//! Both hand out a cheap handle before running ([`ManagerHandle`],
+//! [`KubeletHandle`]) that reads and never writes, but for adding a handler
+//! for a type that has none: nothing reached through a handle registers,
+//! deregisters, connects, serves or shuts down, which compile-fail doctests
+//! on [`KubeletHandle`] show. The counters of [`ManagerStats`] are counted
+//! by the event bus as it publishes, so they never depend on a subscriber
+//! keeping up. Feature `serde` gives the status types the JSON shape of
+//! kpm's status API (`kpm_api::json` has the one time format).
+//!
+//! Public structs and enums that will grow are `#[non_exhaustive]`, and
+//! `missing_docs` is denied. The modules that name what a node agent uses
+//! of the crates below ([`api`], [`transport`], and with their features
+//! `csi`, `device`, `dra`, `kube`) name it one item at a time: the
+//! handlers' inner helpers stay in their crates, and the facade's semver
+//! does not follow theirs.
+//!
 //! A node agent that does what `kpm run` does, minus its status API, is
 //! `examples/node_agent.rs`. With a handler of your own:
 //!

@@ -302,6 +302,9 @@ impl PluginManager {
     ///
     /// Plugins stay registered with their handlers after `run` returns, as
     /// they do when the kubelet stops: they are not told to go away.
+    ///
+    /// It consumes the manager, so that two reconcilers can never share
+    /// the states' journals (each has one consumer).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<()> {
         let Self { handle, watcher, shutdown_grace } = self;
         let watcher = Watcher::start(&handle.registry_dir, Arc::clone(&handle.desired.0), watcher)

@@ -8,8 +8,9 @@
 //! [{"name", "endpoint", "version", "node_id", "topology", "max_volumes"}],
 //! "node": {"annotations", "labels", "csinode": {"drivers": [{"name",
 //! "nodeID", "topologyKeys", "allocatable": {"count"}}]}}}` with `state` one of
-//! `registered`, `pending`, `backing_off` (with `retry_at`), `failed` or
-//! `deregistering`, and `registered_at` and `retry_at` in RFC 3339 (UTC),
+//! `registered`, `pending`, `backing_off` (with `retry_at`), `failed`,
+//! `deregistering` or `held` (its endpoint is gone), and `registered_at` and
+//! `retry_at` in RFC 3339 (UTC),
 //! and `"device_resources": [{"resource", "endpoint", "healthy", "unhealthy",
 //! "devices": [{"id", "health"}], "removal_at"}]` and `"dra_drivers":
 //! [{"name", "instances": [{"endpoint", "version", "connected",
@@ -20,8 +21,10 @@
 //! `"kubernetes"`: `null` unless kpm publishes to an API server, else
 //! `{"node", "objects": [{"kind", "last_success", "last_error": null |
 //! {"at", "message"}}], "requests": [{"verb", "resource", "outcome",
-//! "count"}]}` (one object per kind: `Node`, `CSINode`, `Node status`,
-//! `ResourceSlice`; times in RFC 3339).
+//! "count"}], "pending": [{"kind", "name", "want", "removes", "since",
+//! "last_error"}]}` (one object per kind: `Node`, `CSINode`, `Node status`,
+//! `ResourceSlice`, `CSIDriver`, `Leftovers`; `pending`, what the API server
+//! does not hold yet; times in RFC 3339).
 //! The node part is what the kubelet would publish on its Node and CSINode
 //! objects, with Kubernetes' field names.
 //!
@@ -34,7 +37,9 @@
 //! The documents are the library's own types, which serialize themselves
 //! (the `kpm` crate's feature `serde`); [`model`] only wraps them,
 //! [`server`] serves them from a [`kpm::KubeletHandle`], [`client`] reads
-//! them, as JSON values, for `kpm list` and `kpm watch`.
+//! them, as JSON values, for `kpm list` and `kpm watch` (keys in the
+//! server's order), so that there is no second model to keep in step. A
+//! golden test (`tests`) pins the schema.
 
 pub(crate) mod client;
 pub(crate) mod model;
