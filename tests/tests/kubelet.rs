@@ -1,6 +1,9 @@
 //! `kpm::Kubelet`, the composition `kpm run` runs: the kubelet's three
 //! handlers behind one manager, real plugins of each type on real sockets,
-//! and the handlers' views on the handle.
+//! and the handlers' views on the handle. Also: a DRA endpoint outside the
+//! root refused alike by an inspection (what `kpm probe` runs, telling the
+//! plugin nothing) and by the running kubelet, disabled kinds, the fd
+//! budget, and every setting at and beyond its bound.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

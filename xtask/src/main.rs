@@ -3,8 +3,11 @@
 //!
 //! - `codegen [--check]`: compile `proto/` with protox and tonic-prost-build into
 //!   the checked-in code of `kpm-api`; `--check` fails when that code is stale.
-//! - `ci`: everything CI runs, in order, printing each command, ending with
-//!   `cargo package` of the published crates and the line `N passed, M failed`.
+//! - `ci`: everything CI runs, in order, printing each command (fmt, clippy
+//!   on the workspace and on each feature set a library user may pick,
+//!   the codegen check, tidy, deploy, build, tests, docs), ending with
+//!   `cargo package` of the published crates and the line `N passed, M
+//!   failed`, printed also when a step failed.
 //! - `package`: that `cargo package` step alone.
 //! - `bench [--quick] [--only SCENARIO]`: the performance benchmark of
 //!   `docs/performance.md` (see `bench.rs`).
@@ -24,6 +27,11 @@
 //! - `tidy`: source-tree rules (see `tidy/mod.rs`); also runs as a test.
 //! - `deploy`: `deploy/` rendered by `kubectl kustomize` and read back, and the
 //!   alerting rules checked and tested by promtool (see `deploy/mod.rs`).
+//!
+//! The suites against real programs (`interop`, `kube-e2e`, `node-e2e`)
+//! build none of those programs and keep none of their code: they are given
+//! the programs' paths, and a scenario whose program is missing is named as
+//! skipped while the suite succeeds.
 
 mod bench;
 mod codegen;

@@ -21,6 +21,13 @@
 //!   the tables of a soak's results.
 //!
 //! Progress goes to stderr; stdout carries nothing but the JSON (or table).
+//! kpm's CPU, RSS and descriptors are read from `/proc` (`procfs`). Not a
+//! test: its figures go into `docs/performance.md` and `docs/reliability.md`.
+//!
+//! Modules depend one way: `stats`, `columns`, `procfs`, `metrics`,
+//! `plugins` and `misbehave` at the bottom; `events` (the status API's
+//! event stream) above them; `scenarios` and `exits` above that; `soak` and
+//! `report` (which hands a soak's results to the soak's tables) on top.
 
 mod columns;
 mod events;

@@ -14,13 +14,24 @@
 //! - [`free_port`] (and [`free_local_addr`]) gives a port for a server that binds it later, one that
 //!   neither an outgoing connection nor another test's child can hold
 //!   meanwhile;
-//! - [`api_server`] is a stand-in Kubernetes API server (a Node's
-//!   conditions and Events) for the doctor's publishing;
+//! - [`api_server`] is a stand-in Kubernetes API server (the Node, its
+//!   CSINode, ResourceSlices, watches, Events), which kpm-kube's and
+//!   kpm-doctor's tests serve in process to kube's client, the facade's
+//!   behind kube's mock, and the CLI's over TCP;
 //! - `csi` (feature `csi`) is the fake CSI driver every crate's tests
-//!   serve on a real Unix socket, its answers set by the test.
+//!   serve on a real Unix socket, its answers set by the test. Only for it
+//!   does this crate depend on `kpm-api` and `kpm-transport`, which use it
+//!   in no test. (kpm-registrar's `stub` is the well-behaved plugin of the
+//!   example, `kpm demo` and the load generator, not a test fake.)
+//!
+//! It is a dev-dependency everywhere but in xtask, whose scenarios take
+//! their servers' ports as the tests do; `cargo xtask tidy` refuses it as a
+//! normal dependency elsewhere.
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
-//! the event itself and never assert an upper bound on real time.
+//! the event itself and never assert an upper bound on real time; a
+//! negative (something that must not happen) is proven on paused time or by
+//! the event that must come after it.
 //!
 //! # Panics
 //!

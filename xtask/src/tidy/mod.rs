@@ -23,8 +23,8 @@
 //!   (as does `crates/kpm-cli/README.md`), and its Rust version is the
 //!   workspace's `rust-version`;
 //! - `dockerfile`: the Dockerfile's `FROM rust:X` is that `rust-version` too;
-//! - `size`: no file of library code is over 600 lines, tests and generated
-//!   code left out.
+//! - `size`: no file of library code is over 600 lines, tests, generated
+//!   code and the tools that ship nowhere (`xtask`, `kpm-bench`) left out.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -19,7 +19,8 @@
 //! throughout, to show the figures over time.
 //!
 //! [`runner`] runs it and gathers the results; [`report`] turns samples into
-//! JSON, draws the verdict and prints the tables of a results file.
+//! JSON, draws the verdict and prints the tables of a results file. The
+//! runner calls the report, never the reverse.
 
 mod report;
 mod runner;
