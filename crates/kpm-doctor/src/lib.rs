@@ -50,6 +50,7 @@ mod host;
 mod inspections;
 mod judge;
 mod judged;
+mod kubelet_version;
 mod kubelets;
 mod metrics;
 mod node_objects;
@@ -82,6 +83,7 @@ pub use crate::fleet::{
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, Verdict, served_by};
 pub use crate::judged::referee;
+pub use crate::kubelet_version::CHECKED_MINORS;
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::plugin_report::{
@@ -293,16 +295,17 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
+        let kubelet_version = objects
+            .and_then(|objects| objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone());
         Report {
+            kubelet_unchecked: kubelet_version.as_deref().and_then(kubelet_version::unchecked_note),
+            kubelet_version,
             root_dir: choice.root_dir.clone(),
             root_from: choice.root_from.clone(),
             judged_pid: choice.kubelet.as_ref().map(|kubelet| kubelet.pid),
             choice: choice.note.clone(),
             kubelets,
             node: objects.map(|objects| objects.node.clone()),
-            kubelet_version: objects.and_then(|objects| {
-                objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone()
-            }),
             plugins,
             findings,
             unseen,
@@ -349,6 +352,11 @@ pub struct Report {
     /// was asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubelet_version: Option<String>,
+    /// When that version is not one the doctor was checked against
+    /// ([`CHECKED_MINORS`]): that its verdicts say what the checked
+    /// kubelets do.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubelet_unchecked: Option<String>,
     /// One row per registry entry, device-plugin socket and deleted socket.
     pub plugins: Vec<Row>,
     /// Findings about the node rather than one socket.
@@ -432,6 +440,7 @@ impl Report {
             kubelets: Vec::new(),
             node: None,
             kubelet_version: None,
+            kubelet_unchecked: None,
             plugins,
             findings,
             unseen: Vec::new(),

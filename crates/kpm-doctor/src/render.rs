@@ -16,6 +16,9 @@ pub fn render_table(report: &Report) -> String {
     if let Some(choice) = &report.choice {
         let _ = writeln!(text, "{choice}");
     }
+    if let Some(unchecked) = &report.kubelet_unchecked {
+        let _ = writeln!(text, "{unchecked}");
+    }
     // Nothing judged: no table to show empty.
     if report.blind.is_none() || !report.plugins.is_empty() {
         rows_and_explanations(report, &mut text);
@@ -82,5 +85,20 @@ fn explain(text: &mut String, heading: &str, indent: &str, reason: &str, hint: &
     let _ = write!(text, "{heading}\n{indent}{reason}\n");
     if !hint.is_empty() {
         let _ = writeln!(text, "{indent}fix: {hint}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kubelet_the_doctor_was_not_checked_against_is_said_so_on_top() {
+        let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
+        report.kubelet_version = Some("v1.31.14".to_owned());
+        report.kubelet_unchecked = crate::kubelet_version::unchecked_note("v1.31.14");
+        let text = render_table(&report);
+        let second = text.lines().nth(1).unwrap_or_default();
+        assert!(second.starts_with("kubelet v1.31.14 is a kubelet minor"), "{text}");
     }
 }

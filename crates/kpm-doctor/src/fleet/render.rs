@@ -54,7 +54,14 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
             failing.push(format!("and {} more", node.more_failing));
         }
         let failing = if failing.is_empty() { "-".to_owned() } else { failing.join(", ") };
-        let kubelet = node.kubelet_version.clone().unwrap_or_else(|| "-".to_owned());
+        // A kubelet the doctor was not checked against is marked so.
+        let kubelet = match node.kubelet_version.as_deref() {
+            None => "-".to_owned(),
+            Some(version) if crate::kubelet_version::checked(version) == Some(true) => {
+                version.to_owned()
+            }
+            Some(version) => format!("{version} (unchecked)"),
+        };
         nodes.add_row([node.name.clone(), node.doctor.name().to_owned(), kubelet, reason, failing]);
     }
     text.push_str(&nodes.trim_fmt());
@@ -134,7 +141,7 @@ mod tests {
                 reason: "refused".into(),
             }],
             more_failing: 2,
-            kubelet_version: Some("v1.33.13".into()),
+            kubelet_version: Some("v1.31.14".into()),
             ..node("n2", DoctorState::Failing { reason: "Stale".into() })
         };
         let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into() };
@@ -203,7 +210,18 @@ mod tests {
         );
         assert_eq!(
             lines[9].split_whitespace().collect::<Vec<_>>(),
-            ["n2", "failing", "v1.33.13", "Stale", "a-reg.sock", "(stale),", "and", "2", "more"]
+            [
+                "n2",
+                "failing",
+                "v1.31.14",
+                "(unchecked)",
+                "Stale",
+                "a-reg.sock",
+                "(stale),",
+                "and",
+                "2",
+                "more"
+            ]
         );
         assert_eq!(
             lines[10].split_whitespace().collect::<Vec<_>>(),
@@ -238,7 +256,7 @@ mod tests {
         assert_eq!(json["nodes"][3]["doctor"]["since"], "2026-03-01T10:00:00Z");
         assert_eq!(json["nodes"][4]["doctor"]["state"], "cannot-judge");
         assert_eq!(json["nodes"][1]["source"], "report");
-        assert_eq!(json["nodes"][1]["kubelet_version"], "v1.33.13");
+        assert_eq!(json["nodes"][1]["kubelet_version"], "v1.31.14");
     }
 
     #[test]
