@@ -7,7 +7,7 @@
 use std::ops::RangeInclusive;
 
 /// The minors of Kubernetes 1.x whose kubelets the doctor was run beside.
-pub const CHECKED_MINORS: RangeInclusive<u32> = 34..=36;
+pub const CHECKED_MINORS: RangeInclusive<u32> = 33..=36;
 
 /// Whether the doctor was checked against the kubelet of `version` (as a
 /// Node's `nodeInfo.kubeletVersion` gives it, `v1.35.6`): `None` when the
@@ -50,7 +50,7 @@ mod tests {
     fn only_a_kubelet_outside_the_checked_minors_gets_a_note() {
         assert_eq!(unchecked_note("v1.36.2"), None);
         let note = unchecked_note("v1.31.14").unwrap();
-        assert!(note.contains("v1.31.14") && note.contains("1.34 to 1.36"), "{note}");
+        assert!(note.contains("v1.31.14") && note.contains("1.33 to 1.36"), "{note}");
         assert!(unchecked_note("v0.0.0-master+abc").unwrap().contains("development build"));
     }
 }
