@@ -9,12 +9,9 @@
 //! and the connections the served driver has open.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 
 use kpm_api::csi::v1::{
     GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
@@ -24,12 +21,11 @@ use kpm_api::csi::v1::{
     node_server::{Node, NodeServer},
 };
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{Notify, watch};
-use tokio_stream::StreamExt as _;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
+use crate::server::Server;
 use crate::within;
 
 /// How the fake driver answers one `NodeGetInfo` call.
@@ -213,14 +209,7 @@ pub struct Served {
     pub driver: Arc<FakeCsiDriver>,
     /// Where it is served.
     pub socket: PathBuf,
-    open: Arc<watch::Sender<usize>>,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
+    server: Server,
 }
 
 impl Served {
@@ -232,7 +221,7 @@ impl Served {
 
     /// Waits until every connection to the driver has been closed.
     pub async fn wait_until_no_connection_is_open(&self) {
-        let mut open = self.open.subscribe();
+        let mut open = self.server.connections.open.subscribe();
         within("every connection is closed", open.wait_for(|open| *open == 0))
             .await
             .expect("the counter lives as long as `self`");
@@ -240,87 +229,13 @@ impl Served {
 
     /// The number of connections accepted and not yet closed.
     pub fn open_connections(&self) -> usize {
-        *self.open.borrow()
+        *self.server.connections.open.borrow()
     }
 }
 
 /// Serves `driver` on `socket` (bound on return), on the current runtime.
 pub async fn serve(socket: &Path, driver: FakeCsiDriver) -> Served {
     let driver = Arc::new(driver);
-    let open = Arc::new(watch::Sender::new(0_usize));
-    let counter = Arc::clone(&open);
-    let incoming = kpm_transport::bind(socket).await.expect("bind the fake driver's socket").map(
-        move |stream| {
-            stream.map(|inner| {
-                counter.send_modify(|open| *open += 1);
-                Tracked { inner, open: Arc::clone(&counter) }
-            })
-        },
-    );
-    let routes = Arc::clone(&driver).routes();
-    let server = tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_routes(routes)
-            .serve_with_incoming(incoming)
-            .await;
-    });
-    Served { driver, socket: socket.to_path_buf(), open, server }
-}
-
-/// A server-side connection that counts itself out when the server drops it.
-struct Tracked {
-    inner: kpm_transport::Connection,
-    open: Arc<watch::Sender<usize>>,
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.open.send_modify(|open| *open -= 1);
-    }
-}
-
-impl tonic::transport::server::Connected for Tracked {
-    type ConnectInfo = ();
-
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for Tracked {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Tracked {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
+    let server = Server::start(socket, Arc::clone(&driver).routes()).await;
+    Served { driver, socket: socket.to_path_buf(), server }
 }

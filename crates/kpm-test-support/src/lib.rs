@@ -19,10 +19,16 @@
 //!   kpm-doctor's tests serve in process to kube's client, the facade's
 //!   behind kube's mock, and the CLI's over TCP;
 //! - `csi` (feature `csi`) is the fake CSI driver every crate's tests
-//!   serve on a real Unix socket, its answers set by the test. Only for it
-//!   does this crate depend on `kpm-api` and `kpm-transport`, which use it
-//!   in no test. (kpm-registrar's `stub` is the well-behaved plugin of the
-//!   example, `kpm demo` and the load generator, not a test fake.)
+//!   serve on a real Unix socket, its answers set by the test;
+//! - `registration` (feature `registration`) is the fake registration
+//!   plugin (`pluginregistration.Registration`) every crate's tests serve
+//!   the same way, its answers to `GetInfo` and `NotifyRegistrationStatus`
+//!   set by the test.
+//!
+//! Only for the fakes does this crate depend on `kpm-api` and
+//! `kpm-transport`, which use them in no test. (kpm-registrar's `stub` is
+//! the well-behaved plugin of the example, `kpm demo` and the load
+//! generator, not a test fake.)
 //!
 //! It is a dev-dependency everywhere but in xtask, whose scenarios take
 //! their servers' ports as the tests do; `cargo xtask tidy` refuses it as a
@@ -48,6 +54,10 @@
 pub mod api_server;
 #[cfg(feature = "csi")]
 pub mod csi;
+#[cfg(feature = "registration")]
+pub mod registration;
+#[cfg(any(feature = "csi", feature = "registration"))]
+mod server;
 
 use std::fmt::Display;
 use std::sync::Arc;

@@ -77,8 +77,9 @@ pub(super) const LAYERS: &[Layer] = &[
     normal("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
     // End-to-end tests: nothing but tests, so every dependency is a dev one.
     Layer { name: "kpm-tests", deps: &[], dev: &["kpm", "kpm-api", "kpm-registrar"] },
-    // The fake plugins (feature `csi`) speak the wire on real sockets; the
-    // two crates below everything else, whose own tests do not use it.
+    // The fake plugins (features `csi` and `registration`) speak the wire
+    // on real sockets; the two crates below everything else, whose own tests
+    // do not use it.
     normal("kpm-test-support", &["kpm-api", "kpm-transport"]),
     // The tools' scenarios start servers on ports taken as the tests take them.
     normal("xtask", &["kpm-test-support"]),
