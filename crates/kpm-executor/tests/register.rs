@@ -4,109 +4,36 @@
 // Test helpers may unwrap: a failed setup fails the test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_api::registration::v1::{
-    InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
-    registration_server::{Registration, RegistrationServer},
-};
+use kpm_api::registration::v1::{PluginInfo, RegistrationStatus};
 use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginHandler,
 };
 use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
 };
+use kpm_test_support::registration::{FakePlugin, Reply, Served, info, serve};
 use kpm_test_support::{DEADLINE, wait_until, within};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
-// === A test plugin ===
+// === Test plugins ===
 
-/// How the test plugin answers GetInfo.
-#[derive(Clone)]
-enum GetInfo {
-    Answer(WirePluginInfo),
-    Hang,
-}
-
-/// A plugin serving the registration service and recording every status it is sent.
-struct TestPlugin {
-    get_info: GetInfo,
-    refuse_notify: bool,
-    statuses: Mutex<Vec<RegistrationStatus>>,
-    notified: Notify,
-}
-
-#[tonic::async_trait]
-impl Registration for TestPlugin {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<WirePluginInfo>, Status> {
-        match &self.get_info {
-            GetInfo::Answer(info) => Ok(Response::new(info.clone())),
-            GetInfo::Hang => std::future::pending().await,
-        }
-    }
-
-    async fn notify_registration_status(
-        &self,
-        req: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        self.statuses.lock().push(req.into_inner());
-        self.notified.notify_waiters();
-        if self.refuse_notify {
-            return Err(Status::unavailable("plugin is shutting down"));
-        }
-        Ok(Response::new(RegistrationStatusResponse {}))
-    }
-}
-
-struct Served {
-    plugin: Arc<TestPlugin>,
-    socket: PathBuf,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
-impl Served {
-    fn statuses(&self) -> Vec<RegistrationStatus> {
-        self.plugin.statuses.lock().clone()
-    }
-}
-
-async fn serve(dir: &Path, file: &str, get_info: GetInfo, refuse_notify: bool) -> Served {
-    let socket = dir.join(file);
-    let plugin = Arc::new(TestPlugin {
-        get_info,
-        refuse_notify,
-        statuses: Mutex::new(Vec::new()),
-        notified: Notify::new(),
-    });
-    let incoming = kpm_transport::bind(&socket).await.unwrap();
-    let service = RegistrationServer::from_arc(Arc::clone(&plugin));
-    let server = tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(incoming)
-            .await;
-    });
-    Served { plugin, socket, server }
-}
-
-fn device_plugin(name: &str, endpoint: &str) -> GetInfo {
-    GetInfo::Answer(WirePluginInfo {
-        r#type: "DevicePlugin".into(),
-        name: name.into(),
+/// A device plugin called `name` that reports `endpoint`.
+fn device_plugin(name: &str, endpoint: &str) -> FakePlugin {
+    FakePlugin::new(PluginInfo {
         endpoint: endpoint.into(),
-        supported_versions: vec!["v1beta1".into()],
+        ..info("DevicePlugin", name, &["v1beta1"])
     })
+}
+
+/// A device plugin whose `GetInfo` never answers.
+fn hanging_plugin() -> FakePlugin {
+    device_plugin("vendor.com/hanging", "").get_info([], Reply::Hang)
 }
 
 // === A recording handler ===
@@ -252,7 +179,7 @@ impl Harness {
 }
 
 fn status_error(served: &Served) -> String {
-    let statuses = served.statuses();
+    let statuses = served.plugin.statuses();
     assert_eq!(statuses.len(), 1, "exactly one status: {statuses:?}");
     assert!(!statuses[0].plugin_registered);
     statuses[0].error.clone()
@@ -263,7 +190,7 @@ fn status_error(served: &Served) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_succeeds_and_the_plugin_is_told() {
     let dir = tempfile::tempdir().unwrap();
-    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let served = serve(&dir.path().join("gpu.sock"), device_plugin("vendor.com/gpu", "")).await;
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     let generation = h.generation(&served.socket);
 
@@ -278,7 +205,7 @@ async fn registration_succeeds_and_the_plugin_is_told() {
         ]
     );
     assert_eq!(
-        served.statuses(),
+        served.plugin.statuses(),
         [RegistrationStatus { plugin_registered: true, error: String::new() }]
     );
     let info = h.actual.get(&served.socket).expect("registered");
@@ -295,8 +222,8 @@ async fn registration_succeeds_and_the_plugin_is_told() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_explicit_endpoint_is_passed_to_the_handler() {
     let dir = tempfile::tempdir().unwrap();
-    let info = device_plugin("vendor.com/nic", "/run/nic/service.sock");
-    let served = serve(dir.path(), "nic-reg.sock", info, false).await;
+    let plugin = device_plugin("vendor.com/nic", "/run/nic/service.sock");
+    let served = serve(&dir.path().join("nic-reg.sock"), plugin).await;
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     h.register(&served.socket, h.generation(&served.socket)).await;
     assert_eq!(h.handler.events()[1], "register vendor.com/nic /run/nic/service.sock");
@@ -306,13 +233,8 @@ async fn an_explicit_endpoint_is_passed_to_the_handler() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_plugin_type_is_rejected_with_a_reason_naming_the_type() {
     let dir = tempfile::tempdir().unwrap();
-    let info = WirePluginInfo {
-        r#type: "FancyPlugin".into(),
-        name: "fancy".into(),
-        endpoint: String::new(),
-        supported_versions: vec!["v1".into()],
-    };
-    let served = serve(dir.path(), "fancy.sock", GetInfo::Answer(info), false).await;
+    let fancy = FakePlugin::new(info("FancyPlugin", "fancy", &["v1"]));
+    let served = serve(&dir.path().join("fancy.sock"), fancy).await;
     let h = harness(RecordingHandler::default(), fast_config());
     let generation = h.generation(&served.socket);
 
@@ -353,13 +275,13 @@ async fn garbage_plugin_info_is_rejected_before_any_handler_with_the_reason() {
     ];
     let h = harness(RecordingHandler::default(), fast_config());
     for (file, plugin_type, name, supported_versions, reason) in garbage {
-        let info = WirePluginInfo {
+        let garbage = PluginInfo {
             r#type: plugin_type.into(),
             name,
             endpoint: String::new(),
             supported_versions,
         };
-        let served = serve(dir.path(), file, GetInfo::Answer(info), false).await;
+        let served = serve(&dir.path().join(file), FakePlugin::new(garbage)).await;
         h.register(&served.socket, h.generation(&served.socket)).await;
         let error = status_error(&served);
         assert!(error.starts_with("RegisterPlugin error -- "), "{file}: {error}");
@@ -373,7 +295,7 @@ async fn garbage_plugin_info_is_rejected_before_any_handler_with_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn validation_failure_sends_the_handlers_reason_to_the_plugin() {
     let dir = tempfile::tempdir().unwrap();
-    let served = serve(dir.path(), "bad.sock", device_plugin("not-a-resource", ""), false).await;
+    let served = serve(&dir.path().join("bad.sock"), device_plugin("not-a-resource", "")).await;
     let handler = RecordingHandler {
         reject_validation: Some("the ResourceName \"not-a-resource\" is invalid"),
         ..RecordingHandler::default()
@@ -396,7 +318,7 @@ async fn validation_failure_sends_the_handlers_reason_to_the_plugin() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
     let dir = tempfile::tempdir().unwrap();
-    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let served = serve(&dir.path().join("gpu.sock"), device_plugin("vendor.com/gpu", "")).await;
     let handler =
         RecordingHandler { failing_registers: Mutex::new(1), ..RecordingHandler::default() };
     let h = harness(handler, fast_config());
@@ -415,7 +337,7 @@ async fn handler_register_failure_leaves_nothing_registered_and_is_retried() {
         .await;
     h.settle().await;
     assert!(h.actual.contains_generation(&served.socket, generation));
-    let last = served.statuses().last().cloned().unwrap();
+    let last = served.plugin.statuses().last().cloned().unwrap();
     assert!(last.plugin_registered, "{last:?}");
     assert_eq!(h.handler.events().iter().filter(|e| e.starts_with("register")).count(), 2);
 }
@@ -433,7 +355,7 @@ async fn a_handler_that_panics_or_hangs_fails_that_registration_only() {
             "the DevicePlugin handler did not answer within 200ms",
         ),
     ] {
-        let served = serve(dir.path(), misbehave, device_plugin("vendor.com/gpu", ""), false).await;
+        let served = serve(&dir.path().join(misbehave), device_plugin("vendor.com/gpu", "")).await;
         let handler =
             RecordingHandler { misbehave: Some(misbehave), ..RecordingHandler::default() };
         let config = fast_config().handler_timeout(handler_timeout);
@@ -462,7 +384,9 @@ async fn a_handler_that_panics_or_hangs_fails_that_registration_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_final_notify_undoes_the_registration() {
     let dir = tempfile::tempdir().unwrap();
-    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), true).await;
+    let refusing = device_plugin("vendor.com/gpu", "")
+        .notify([], Reply::Fail(Status::unavailable("plugin is shutting down")));
+    let served = serve(&dir.path().join("gpu.sock"), refusing).await;
     let h = harness(RecordingHandler::default(), fast_config());
     let generation = h.generation(&served.socket);
 
@@ -485,8 +409,8 @@ async fn failed_final_notify_undoes_the_registration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_get_info_does_not_block_other_sockets() {
     let dir = tempfile::tempdir().unwrap();
-    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
-    let healthy = serve(dir.path(), "ok.sock", device_plugin("vendor.com/ok", ""), false).await;
+    let hanging = serve(&dir.path().join("hang.sock"), hanging_plugin()).await;
+    let healthy = serve(&dir.path().join("ok.sock"), device_plugin("vendor.com/ok", "")).await;
     // A GetInfo timeout far beyond the deadline: the hanging operation is
     // still running whenever the healthy plugin registers, on any machine.
     let config = ExecutorConfig::default().get_info_timeout(Duration::from_secs(3600));
@@ -501,7 +425,7 @@ async fn hanging_get_info_does_not_block_other_sockets() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hanging_get_info_times_out_with_the_timeout_in_the_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
+    let hanging = serve(&dir.path().join("hang.sock"), hanging_plugin()).await;
     let config = ExecutorConfig::default().get_info_timeout(Duration::from_millis(300));
     let h = harness(RecordingHandler::default(), config);
     let generation = h.generation(&hanging.socket);
@@ -510,7 +434,7 @@ async fn hanging_get_info_times_out_with_the_timeout_in_the_reason() {
     let error = h.backing_off(&hanging.socket);
     assert!(error.contains("GetInfo timed out after 300ms"), "{error}");
     assert!(error.contains("hang.sock"), "{error}");
-    assert!(hanging.statuses().is_empty());
+    assert!(hanging.plugin.statuses().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -553,8 +477,8 @@ async fn a_driver_socket_is_not_a_registration_socket_and_is_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unregister_calls_the_handler_once_with_the_recorded_name_and_endpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let info = device_plugin("vendor.com/gpu", "/run/gpu/service.sock");
-    let served = serve(dir.path(), "gpu.sock", info, false).await;
+    let plugin = device_plugin("vendor.com/gpu", "/run/gpu/service.sock");
+    let served = serve(&dir.path().join("gpu.sock"), plugin).await;
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     h.register(&served.socket, h.generation(&served.socket)).await;
     let registered = h.actual.registered(&served.socket).unwrap();
@@ -576,7 +500,7 @@ async fn unregister_calls_the_handler_once_with_the_recorded_name_and_endpoint()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_operation_on_a_socket_waits_for_the_first() {
     let dir = tempfile::tempdir().unwrap();
-    let hanging = serve(dir.path(), "hang.sock", GetInfo::Hang, false).await;
+    let hanging = serve(&dir.path().join("hang.sock"), hanging_plugin()).await;
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     let generation = h.generation(&hanging.socket);
     h.start_register(&hanging.socket, generation).unwrap();
@@ -653,7 +577,7 @@ fn an_executor_with_an_invalid_config_is_refused_at_construction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registration_and_failure_work_with_the_longest_durations() {
     let dir = tempfile::tempdir().unwrap();
-    let served = serve(dir.path(), "gpu.sock", device_plugin("vendor.com/gpu", ""), false).await;
+    let served = serve(&dir.path().join("gpu.sock"), device_plugin("vendor.com/gpu", "")).await;
     let h = harness(RecordingHandler::default(), longest_config());
     let generation = h.generation(&served.socket);
     h.register(&served.socket, generation).await;
