@@ -6,15 +6,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::{CSI_PLUGIN, MAX_CONFIG_DURATION};
-use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
-use kpm_api::registration::v1::{
-    InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
-};
 use kpm_cache::{
     ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginEvent,
     PluginHandler, Registered,
@@ -23,66 +18,19 @@ use kpm_liveness::{
     LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS, SharedConnections,
 };
 use kpm_test_support::csi;
+use kpm_test_support::registration::{FakePlugin, Reply, info, serve};
 use kpm_test_support::{lazy, wait_until, within};
 use kpm_transport::{Dialer, UdsChannel};
 use tokio::sync::broadcast;
-use tokio_stream::StreamExt as _;
-use tonic::{Request, Response, Status};
 
-/// A plugin whose `GetInfo` hangs on the calls its script says, counting
-/// calls and accepted connections.
-#[derive(Default)]
-struct Plugin {
-    /// Call `n` (from 0) hangs if `hang(n)`.
-    hang: Option<fn(usize) -> bool>,
-    calls: AtomicUsize,
-    connections: Arc<AtomicUsize>,
+/// A plugin of the type and name the tests register, answering every call.
+fn answering() -> FakePlugin {
+    FakePlugin::new(info("TestPlugin", "test", &["v1"]))
 }
 
-#[tonic::async_trait]
-impl Registration for Plugin {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<WirePluginInfo>, Status> {
-        let call = self.calls.fetch_add(1, Ordering::SeqCst);
-        if self.hang.is_some_and(|hang| hang(call)) {
-            std::future::pending::<()>().await;
-        }
-        Ok(Response::new(WirePluginInfo {
-            r#type: "TestPlugin".into(),
-            name: "test".into(),
-            endpoint: String::new(),
-            supported_versions: vec!["v1".into()],
-        }))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        _: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        Ok(Response::new(RegistrationStatusResponse {}))
-    }
-}
-
-impl Plugin {
-    fn calls(&self) -> usize {
-        self.calls.load(Ordering::SeqCst)
-    }
-}
-
-async fn serve(socket: &Path, plugin: Plugin) -> Arc<Plugin> {
-    let plugin = Arc::new(plugin);
-    let connections = Arc::clone(&plugin.connections);
-    let incoming = kpm_transport::bind(socket).await.unwrap().map(move |connection| {
-        connections.fetch_add(1, Ordering::SeqCst);
-        connection
-    });
-    let service = RegistrationServer::from_arc(Arc::clone(&plugin));
-    tokio::spawn(async move {
-        let _ = tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(incoming)
-            .await;
-    });
-    plugin
+/// A plugin whose `GetInfo` never answers.
+fn hanging() -> FakePlugin {
+    answering().get_info([], Reply::Hang)
 }
 
 struct NoHandler;
@@ -230,7 +178,7 @@ impl Harness {
 async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every_fourth_probe() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("ok.sock");
-    let plugin = serve(&socket, Plugin::default()).await;
+    let served = serve(&socket, answering()).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
     wait_until(lazy(|| format!("9 probes, {:?} so far", h.monitor.stats())), || {
@@ -242,9 +190,9 @@ async fn an_answering_plugin_is_pinged_over_one_kept_connection_and_called_every
     // between two responses, and no more calls.
     assert_eq!(stats.probe_calls, stats.probes / 4, "{stats:?}");
     assert_eq!(stats.pings, stats.probes - stats.probe_calls, "{stats:?}");
-    let served = plugin.calls() as u64;
-    assert!(served >= stats.probe_calls && served <= stats.probe_calls + 1, "{served} served");
-    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "dialled once, then kept");
+    let calls = served.plugin.get_info_calls() as u64;
+    assert!(calls >= stats.probe_calls && calls <= stats.probe_calls + 1, "{calls} served");
+    assert_eq!(served.accepted_connections(), 1, "dialled once, then kept");
     assert_eq!(stats.probe_dials, 1);
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
@@ -272,9 +220,10 @@ async fn beyond_the_kept_connections_pings_go_on_bare_connections_and_are_answer
             .timeout(Duration::from_millis(400))
             .watch_exits(false),
     );
+    let mut plugins = Vec::new();
     for n in 0..count {
         let socket = dir.path().join(format!("p{n}.sock"));
-        serve(&socket, Plugin::default()).await;
+        plugins.push(serve(&socket, answering()).await);
         h.registered(&socket, None);
     }
     let enough = 5 * count as u64;
@@ -293,81 +242,16 @@ async fn beyond_the_kept_connections_pings_go_on_bare_connections_and_are_answer
     h.stop().await;
 }
 
-/// A served connection that stops reading once `frozen` is set, as a
-/// stopped process's: the kernel takes what is sent, nothing answers, not
-/// even an HTTP/2 PING.
-struct Freezable {
-    io: kpm_transport::Connection,
-    frozen: Arc<AtomicBool>,
-}
-
-impl tokio::io::AsyncRead for Freezable {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        if self.frozen.load(Ordering::SeqCst) {
-            return std::task::Poll::Pending;
-        }
-        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Freezable {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
-impl tonic::transport::server::Connected for Freezable {
-    type ConnectInfo = ();
-    fn connect_info(&self) {}
-}
-
-/// Serves `plugin` on `socket` over connections that stop reading once
-/// the returned flag is set.
-async fn serve_freezable(socket: &Path, plugin: Arc<Plugin>) -> Arc<AtomicBool> {
-    let frozen = Arc::new(AtomicBool::new(false));
-    let incoming = kpm_transport::bind(socket).await.unwrap().map({
-        let frozen = Arc::clone(&frozen);
-        move |io| io.map(|io| Freezable { io, frozen: Arc::clone(&frozen) })
-    });
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(RegistrationServer::from_arc(plugin))
-            .serve_with_incoming(incoming),
-    );
-    frozen
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_whose_transport_stops_answering_pings_is_found_by_a_ping() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("stopped.sock");
-    let plugin = Arc::new(Plugin::default());
-    let frozen = serve_freezable(&socket, Arc::clone(&plugin)).await;
+    let served = serve(&socket, answering()).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
     wait_until("a PING answered", || h.monitor.stats().pings >= 1).await;
 
-    frozen.store(true, Ordering::SeqCst);
+    served.freeze();
     let calls = h.monitor.stats().probe_calls;
     wait_until("a failed probe", || h.monitor.stats().failed_probes >= 1).await;
     let stats = h.monitor.stats();
@@ -390,7 +274,7 @@ async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_an
     for (ready, found) in [(None, "Identity/Probe timed out"), (Some(false), "not ready")] {
         let dir = tempfile::tempdir().unwrap();
         let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
-        let registrar = serve(&socket, Plugin::default()).await;
+        let registrar = serve(&socket, answering()).await;
         let driver = serve_driver(&endpoint, ready).await;
         let mut h = start(quick());
         let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
@@ -405,7 +289,7 @@ async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_an
         // Found by three Probe calls, after the PINGs a driver takes; the
         // registrar answered every probe.
         assert!(driver.driver.probes() >= 3);
-        assert!(registrar.calls() >= 1, "the registrar was asked too");
+        assert!(registrar.plugin.get_info_calls() >= 1, "the registrar was asked too");
         h.stop().await;
     }
 }
@@ -414,7 +298,7 @@ async fn a_csi_driver_that_hangs_or_is_not_ready_is_found_while_its_registrar_an
 async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     let dir = tempfile::tempdir().unwrap();
     let (socket, endpoint) = (dir.path().join("reg.sock"), dir.path().join("csi.sock"));
-    let registrar = serve(&socket, Plugin::default()).await;
+    let registrar = serve(&socket, answering()).await;
     let driver = serve_driver(&endpoint, Some(true)).await;
     let mut h = start(quick());
     let generation = h.registered_as(&socket, CSI_PLUGIN, &endpoint);
@@ -426,7 +310,7 @@ async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     // Both sockets: PINGs, and a call on each every fourth probe.
     assert_eq!(stats.probe_calls, 2 * (stats.probes / 4), "{stats:?}");
     assert!(driver.driver.probes() >= 2);
-    assert!(registrar.calls() >= 2);
+    assert!(registrar.plugin.get_info_calls() >= 2);
     assert_eq!(stats.probe_connections, 2, "one kept to each");
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
@@ -457,12 +341,12 @@ async fn share(socket: &Path) -> Arc<dyn SharedConnections> {
 async fn a_plugin_whose_connection_is_shared_is_probed_over_it() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("shared.sock");
-    let plugin = serve(&socket, Plugin::default()).await;
+    let served = serve(&socket, answering()).await;
     let mut h = start_sharing(quick(), Some(share(&socket).await));
     let generation = h.registered(&socket, None);
-    wait_until(lazy(|| format!("5 probes, {} so far", plugin.calls())), || plugin.calls() >= 5)
-        .await;
-    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "no probe dialled");
+    let calls = || served.plugin.get_info_calls();
+    wait_until(lazy(|| format!("5 probes, {} so far", calls())), || calls() >= 5).await;
+    assert_eq!(served.accepted_connections(), 1, "no probe dialled");
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
     h.stop().await;
@@ -472,7 +356,7 @@ async fn a_plugin_whose_connection_is_shared_is_probed_over_it() {
 async fn a_plugin_hanging_on_a_shared_connection_is_renewed() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("shared-hang.sock");
-    let plugin = serve(&socket, Plugin { hang: Some(|_| true), ..Plugin::default() }).await;
+    let served = serve(&socket, hanging()).await;
     let mut h = start_sharing(quick(), Some(share(&socket).await));
     let generation = h.registered(&socket, None);
     let PluginEvent::Unresponsive { failures, reason, .. } = h.unresponsive().await else {
@@ -481,7 +365,7 @@ async fn a_plugin_hanging_on_a_shared_connection_is_renewed() {
     assert_eq!(failures, 3);
     assert!(reason.contains("timed out"), "{reason}");
     assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
-    assert_eq!(plugin.connections.load(Ordering::SeqCst), 1, "no probe dialled");
+    assert_eq!(served.accepted_connections(), 1, "no probe dialled");
     h.stop().await;
 }
 
@@ -489,7 +373,7 @@ async fn a_plugin_hanging_on_a_shared_connection_is_renewed() {
 async fn a_hanging_plugin_is_renewed_after_the_threshold_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("hang.sock");
-    let plugin = serve(&socket, Plugin { hang: Some(|_| true), ..Plugin::default() }).await;
+    let served = serve(&socket, hanging()).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
 
@@ -504,7 +388,7 @@ async fn a_hanging_plugin_is_renewed_after_the_threshold_and_reported() {
     );
     assert!(reason.contains("timed out"), "{reason}");
     assert!(h.desired.generation(&socket).unwrap() > generation, "the socket is renewed");
-    assert_eq!(plugin.calls(), 3, "no probe after the renewal");
+    assert_eq!(served.plugin.get_info_calls(), 3, "no probe after the renewal");
     assert_eq!(h.monitor.stats().renewals, 1);
     h.stop().await;
 }
@@ -513,12 +397,14 @@ async fn a_hanging_plugin_is_renewed_after_the_threshold_and_reported() {
 async fn an_answer_resets_the_count() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("flaky.sock");
-    // Two hangs, an answer, two hangs, an answer…: never three in a row.
-    let plugin = serve(&socket, Plugin { hang: Some(|n| n % 3 != 2), ..Plugin::default() }).await;
+    // Two hangs, an answer, three times over, then answers: never three
+    // hangs in a row.
+    let flaky = std::iter::repeat_n([Reply::Hang, Reply::Hang, Reply::Answer], 3).flatten();
+    let served = serve(&socket, answering().get_info(flaky, Reply::Answer)).await;
     let mut h = start(quick());
     let generation = h.registered(&socket, None);
-    wait_until(lazy(|| format!("9 probes, {} so far", plugin.calls())), || plugin.calls() >= 9)
-        .await;
+    let calls = || served.plugin.get_info_calls();
+    wait_until(lazy(|| format!("9 probes, {} so far", calls())), || calls() >= 9).await;
     assert_eq!(h.desired.generation(&socket), Some(generation));
     assert!(h.reported_unresponsive().is_empty());
     h.stop().await;
@@ -552,7 +438,8 @@ async fn a_plugin_that_dies_after_answering_is_renewed() {
     let served = kpm_test_support::OwnRuntime::start({
         let socket = socket.clone();
         move || async move {
-            serve(&socket, Plugin::default()).await;
+            // Not dropped, which would stop it now: it goes with the runtime.
+            std::mem::forget(serve(&socket, answering()).await);
         }
     });
     let mut h = start(quick());
