@@ -17,7 +17,8 @@ use std::time::Duration;
 use kpm_cache::{DesiredState, PluginDetails, PluginEvent, Registered, Registration};
 use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 use kpm_reconciler::ReconcilerConfig;
-use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
+use kpm_test_support::registration::serve;
+use support::{Handler, HandlerScript, Manager, PluginScript};
 use tokio::sync::broadcast::{Receiver, error::TryRecvError};
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -203,7 +204,7 @@ async fn the_periodic_pass_re_registers_a_plugin_removed_behind_its_back() {
     let mut m = Manager::new(ExecutorConfig::default());
     m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     m.start();
-    let plugin = Plugin::serve(&dir.path().join("p.sock"), PluginScript::device("p")).await;
+    let plugin = serve(&dir.path().join("p.sock"), PluginScript::device("p").plugin()).await;
     let socket = plugin.socket.clone();
     let generation = m.desired.add_or_update(&socket).unwrap();
     let registered = |m: &Manager| m.actual.contains_generation(&socket, generation);

@@ -22,8 +22,9 @@ use std::time::Duration;
 
 use kpm_executor::ExecutorConfig;
 use kpm_reconciler::ReconcilerConfig;
+use kpm_test_support::registration::{self, Served};
 use proptest::prelude::*;
-use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
+use support::{Handler, HandlerScript, Manager, PluginScript, stop};
 
 const SLOTS: usize = 3;
 /// Longer than the sum of every backoff a behaving script can cause.
@@ -90,23 +91,23 @@ async fn scenario(
     let handler = Handler::new(handler_script);
     let mut m = Manager::with_reconciler(ExecutorConfig::default(), config);
     m.start();
-    let mut plugins: Vec<Option<(Plugin, PluginScript)>> = (0..SLOTS).map(|_| None).collect();
+    let mut plugins: Vec<Option<(Served, PluginScript)>> = (0..SLOTS).map(|_| None).collect();
     let mut handler_added = false;
 
     for action in actions {
         match action {
             Action::Create(slot, script) => {
                 if let Some((old, _)) = plugins[slot].take() {
-                    old.stop();
+                    stop(old);
                 }
-                let plugin = Plugin::serve(&sockets[slot], script.clone()).await;
+                let plugin = registration::serve(&sockets[slot], script.plugin()).await;
                 m.desired.add_or_update(&sockets[slot]).unwrap();
                 plugins[slot] = Some((plugin, script));
             }
             Action::Remove(slot) => {
                 if let Some((plugin, _)) = plugins[slot].take() {
                     m.desired.remove(&sockets[slot]);
-                    plugin.stop();
+                    stop(plugin);
                 }
             }
             Action::AddHandler if !handler_added => {
@@ -147,7 +148,7 @@ async fn scenario(
     for (slot, plugin) in plugins.iter_mut().enumerate() {
         if let Some((plugin, _)) = plugin.take() {
             m.desired.remove(&sockets[slot]);
-            plugin.stop();
+            stop(plugin);
         }
     }
     let drained = m

@@ -12,7 +12,8 @@ use std::time::Duration;
 use kpm_cache::{Generation, PluginEvent};
 use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 use kpm_test_support::DEADLINE;
-use support::{Handler, HandlerScript, Manager, Plugin, PluginScript};
+use kpm_test_support::registration::serve;
+use support::{Handler, HandlerScript, Manager, PluginScript, starting, stop};
 
 fn registered_with(m: &Manager, socket: &Path, generation: Generation) -> bool {
     m.actual.contains_generation(socket, generation) && m.actual.len() == 1
@@ -40,15 +41,15 @@ async fn a_desired_socket_is_registered() {
     let dir = tempfile::tempdir().unwrap();
     let handler = Handler::new(HandlerScript::default());
     let m = running_manager(&handler);
-    let plugin =
-        Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
+    let served =
+        serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin").plugin())
             .await;
 
-    let generation = m.desired.add_or_update(&plugin.socket).unwrap();
+    let generation = m.desired.add_or_update(&served.socket).unwrap();
 
-    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, generation)).await);
-    assert!(plugin.statuses()[0].plugin_registered);
-    let socket = plugin.socket.display();
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &served.socket, generation)).await);
+    assert!(served.plugin.statuses()[0].plugin_registered);
+    let socket = served.socket.display();
     assert_eq!(
         handler.log(),
         [format!("validate example-plugin {socket}"), format!("register example-plugin {socket}")]
@@ -62,14 +63,14 @@ async fn a_removed_socket_is_deregistered() {
     let handler = Handler::new(HandlerScript::default());
     let m = running_manager(&handler);
     let plugin =
-        Plugin::serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin"))
+        serve(&dir.path().join("plugin.sock"), PluginScript::device("example-plugin").plugin())
             .await;
     let socket = plugin.socket.clone();
     let generation = m.desired.add_or_update(&socket).unwrap();
     assert!(m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await);
 
     m.desired.remove(&socket);
-    plugin.stop();
+    stop(plugin);
 
     assert!(m.eventually(DEADLINE, |m| m.actual.is_empty()).await);
     assert!(m.eventually(DEADLINE, |m| m.reconciler.executor().operations().is_empty()).await);
@@ -88,7 +89,7 @@ async fn a_new_generation_is_unregistered_then_registered_in_order() {
     let handler = Handler::new(HandlerScript::default());
     let m = running_manager(&handler);
     let plugin =
-        Plugin::serve(&dir.path().join("plugin2.sock"), PluginScript::device("example-plugin2"))
+        serve(&dir.path().join("plugin2.sock"), PluginScript::device("example-plugin2").plugin())
             .await;
     let first = m.desired.add_or_update(&plugin.socket).unwrap();
     assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, first)).await);
@@ -116,19 +117,22 @@ async fn a_plugin_that_arrived_before_its_handler_registers_when_the_handler_is_
     let dir = tempfile::tempdir().unwrap();
     let mut m = Manager::new(ExecutorConfig::default());
     m.start();
-    let plugin = Plugin::serve(&dir.path().join("early.sock"), PluginScript::device("early")).await;
-    let generation = m.desired.add_or_update(&plugin.socket).unwrap();
+    let served =
+        serve(&dir.path().join("early.sock"), PluginScript::device("early").plugin()).await;
+    let generation = m.desired.add_or_update(&served.socket).unwrap();
     // Rejected: no handler for its type yet.
-    assert!(m.eventually(DEADLINE, |_| !plugin.statuses().is_empty()).await);
+    assert!(m.eventually(DEADLINE, |_| !served.plugin.statuses().is_empty()).await);
     assert!(
-        plugin.statuses()[0].error.contains("no handler registered for plugin type: DevicePlugin")
+        served.plugin.statuses()[0]
+            .error
+            .contains("no handler registered for plugin type: DevicePlugin")
     );
 
     let handler = Handler::new(HandlerScript::default());
     m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
 
-    assert!(m.eventually(DEADLINE, |m| registered_with(m, &plugin.socket, generation)).await);
-    assert!(plugin.statuses().last().unwrap().plugin_registered);
+    assert!(m.eventually(DEADLINE, |m| registered_with(m, &served.socket, generation)).await);
+    assert!(served.plugin.statuses().last().unwrap().plugin_registered);
     m.shutdown().await;
 }
 
@@ -146,8 +150,8 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     m.reconciler.add_handler("DevicePlugin", handler.clone()).unwrap();
     m.start();
     let socket = dir.path().join("flaky.sock");
-    let broken = PluginScript { get_info_failures: usize::MAX, ..PluginScript::device("flaky") };
-    let plugin = Plugin::serve(&socket, broken).await;
+    let broken = PluginScript::device("flaky").plugin().get_info([], starting());
+    let plugin = serve(&socket, broken).await;
     m.desired.add_or_update(&socket).unwrap();
     let ops = m.reconciler.executor().operations();
     assert!(
@@ -156,8 +160,8 @@ async fn a_new_generation_does_not_inherit_the_old_ones_backoff() {
     );
 
     // The plugin restarts: a new socket file, a new incarnation.
-    plugin.stop();
-    let plugin = Plugin::serve(&socket, PluginScript::device("flaky")).await;
+    stop(plugin);
+    let plugin = serve(&socket, PluginScript::device("flaky").plugin()).await;
     let generation = m.desired.add_or_update(&socket).unwrap();
 
     let registered = m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await;
@@ -172,13 +176,13 @@ async fn events_tell_the_story_of_a_socket() {
     let handler = Handler::new(HandlerScript::default());
     let m = running_manager(&handler);
     let mut events = m.events.subscribe();
-    let plugin = Plugin::serve(&dir.path().join("e.sock"), PluginScript::device("evented")).await;
+    let plugin = serve(&dir.path().join("e.sock"), PluginScript::device("evented").plugin()).await;
     let socket = plugin.socket.clone();
 
     let generation = m.desired.add_or_update(&socket).unwrap();
     assert!(m.eventually(DEADLINE, |m| registered_with(m, &socket, generation)).await);
     m.desired.remove(&socket);
-    plugin.stop();
+    stop(plugin);
     assert!(m.eventually(DEADLINE, |m| m.actual.is_empty()).await);
 
     // Events follow the state changes they describe: collect until the last one.

@@ -1,23 +1,21 @@
-//! Scripted plugins and handlers for reconciler tests: real tonic servers on
-//! real Unix sockets whose answers follow a script, and a handler that
-//! checks the per-socket call protocol as it records.
+//! Scripted plugins and handlers for reconciler tests: what each plugin
+//! incarnation does, played by kpm-test-support's fake registration plugin
+//! on a real Unix socket, and a handler that checks the per-socket call
+//! protocol as it records.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_api::registration::v1::{
-    InfoRequest, PluginInfo as WirePluginInfo, RegistrationStatus, RegistrationStatusResponse,
-    registration_server::{Registration, RegistrationServer},
-};
 use kpm_cache::{ActualState, DesiredState, EventBus, HandlerError, PluginDetails, PluginHandler};
 use kpm_executor::{ExecutorConfig, OperationExecutor};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
+use kpm_test_support::registration::{FakePlugin, Reply, Served, info};
 use parking_lot::Mutex;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 // === Scripted plugin ===
 
@@ -44,91 +42,31 @@ impl PluginScript {
             notify_failures: 0,
         }
     }
-}
 
-struct PluginState {
-    script: PluginScript,
-    get_info_calls: usize,
-    notify_true_calls: usize,
-    statuses: Vec<RegistrationStatus>,
-}
-
-#[derive(Clone)]
-struct PluginService(Arc<Mutex<PluginState>>);
-
-#[tonic::async_trait]
-impl Registration for PluginService {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<WirePluginInfo>, Status> {
-        let (script, call) = {
-            let mut state = self.0.lock();
-            state.get_info_calls += 1;
-            (state.script.clone(), state.get_info_calls)
-        };
-        if script.hang {
-            std::future::pending::<()>().await;
-        }
-        if call <= script.get_info_failures {
-            return Err(Status::unavailable("plugin is starting"));
-        }
-        Ok(Response::new(WirePluginInfo {
-            r#type: script.plugin_type,
-            name: script.name,
-            endpoint: String::new(),
-            supported_versions: vec!["v1beta1".into()],
-        }))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        req: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        let status = req.into_inner();
-        let mut state = self.0.lock();
-        state.statuses.push(status.clone());
-        if status.plugin_registered {
-            state.notify_true_calls += 1;
-            if state.notify_true_calls <= state.script.notify_failures {
-                return Err(Status::unavailable("plugin is busy"));
-            }
-        }
-        Ok(Response::new(RegistrationStatusResponse {}))
+    /// The fake plugin that behaves as the script says.
+    pub fn plugin(&self) -> FakePlugin {
+        // A hanging plugin hangs from its first call on, failures or not.
+        let (failures, answer) =
+            if self.hang { (0, Reply::Hang) } else { (self.get_info_failures, Reply::Answer) };
+        FakePlugin::new(info(&self.plugin_type, &self.name, &["v1beta1"]))
+            .get_info(vec![starting(); failures], answer)
+            .notify(
+                vec![Reply::Fail(Status::unavailable("plugin is busy")); self.notify_failures],
+                Reply::Answer,
+            )
     }
 }
 
-/// A running scripted plugin; stopping it removes its socket file.
-pub struct Plugin {
-    state: Arc<Mutex<PluginState>>,
-    pub socket: PathBuf,
-    server: tokio::task::JoinHandle<()>,
+/// A `GetInfo` failure of a plugin that is not ready yet.
+pub fn starting() -> Reply {
+    Reply::Fail(Status::unavailable("plugin is starting"))
 }
 
-impl Plugin {
-    pub async fn serve(socket: &Path, script: PluginScript) -> Self {
-        let state = Arc::new(Mutex::new(PluginState {
-            script,
-            get_info_calls: 0,
-            notify_true_calls: 0,
-            statuses: Vec::new(),
-        }));
-        let incoming = kpm_transport::bind(socket).await.unwrap();
-        let service = RegistrationServer::new(PluginService(Arc::clone(&state)));
-        let server = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await;
-        });
-        Self { state, socket: socket.to_path_buf(), server }
-    }
-
-    pub fn statuses(&self) -> Vec<RegistrationStatus> {
-        self.state.lock().statuses.clone()
-    }
-
-    pub fn stop(self) {
-        self.server.abort();
-        let _ = std::fs::remove_file(&self.socket);
-    }
+/// Stops a plugin: its server stops and its socket file goes.
+pub fn stop(plugin: Served) {
+    let socket = plugin.socket.clone();
+    drop(plugin);
+    let _ = std::fs::remove_file(socket);
 }
 
 // === Scripted handler ===
