@@ -6,13 +6,15 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_api::registration::v1 as reg;
 use kpm_registrar::{Registrar, RegistrarBuilder};
+use kpm_test_support::registration::{FakePlugin, Reply, info};
 use serde_json::Value;
 use support::kpm;
-use tonic::{Request, Response, Status};
+use tonic::Status;
+use tonic::service::Routes;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -136,34 +138,15 @@ fn a_drivers_own_socket_in_the_registry_is_not_a_registration_server() {
     );
 }
 
-/// A registration server whose `GetInfo` answers after 2 s.
-struct Slow;
-
-#[tonic::async_trait]
-impl reg::registration_server::Registration for Slow {
-    async fn get_info(
-        &self,
-        _: Request<reg::InfoRequest>,
-    ) -> Result<Response<reg::PluginInfo>, Status> {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        Err(Status::unavailable("too late anyway"))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        _: Request<reg::RegistrationStatus>,
-    ) -> Result<Response<reg::RegistrationStatusResponse>, Status> {
-        Ok(Response::new(reg::RegistrationStatusResponse {}))
-    }
-}
-
 #[test]
 fn a_get_info_slower_than_the_kubelets_second_is_slow() {
     let node = Node::new();
     let socket = node.registry().join("slow-reg.sock");
-    let routes =
-        tonic::service::Routes::new(reg::registration_server::RegistrationServer::new(Slow));
-    let _slow = support::serve(&socket, routes);
+    // Answers after 2 s, and with a failure even then.
+    let too_late = Reply::Fail(Status::unavailable("too late anyway"));
+    let slow = FakePlugin::new(info(kpm::api::DEVICE_PLUGIN, "vendor.com/slow", &["v1beta1"]))
+        .get_info([], Reply::After(Duration::from_secs(2), Box::new(too_late)));
+    let _slow = support::serve(&socket, Routes::new(Arc::new(slow).service()));
     let (code, report) = node.doctor(&[]);
     assert_eq!(code, 1);
     assert_eq!(verdict(&report, &socket), "slow-get-info");

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
 use socket2::{Domain, SockAddr, Socket, Type};
-use support::faults::{Plugin, Scenario};
+use support::faults::{Scenario, csi_plugin, serve_plugin, serve_plugin_listener};
 
 const ROLE: &str = "KPM_TEST_PLUGIN_ROLE";
 const SOCKET: &str = "KPM_TEST_PLUGIN_SOCKET";
@@ -63,9 +63,9 @@ fn main() {
 /// - `listen`: that child; the socket is its stdin.
 fn plugin_process(role: &str) -> ! {
     let socket = PathBuf::from(std::env::var(SOCKET).unwrap());
-    let plugin = Plugin::csi("exit.example.com");
+    let plugin = csi_plugin("exit.example.com");
     let _served = match role {
-        "serve" => plugin.serve(&socket),
+        "serve" => serve_plugin(&plugin, &socket),
         "serve-device" => {
             let routes = support::device_plugin(&[("dev-0", "Healthy")]);
             let dir = socket.parent().unwrap().to_path_buf();
@@ -90,7 +90,7 @@ fn plugin_process(role: &str) -> ! {
             read_line(&mut BufReader::new(child.stdout.as_mut().unwrap()), "listening");
             println!("child {}", child.id());
             std::fs::rename(&hidden, &socket).unwrap();
-            plugin.serve_listener(OwnedFd::from(bound).into())
+            serve_plugin_listener(&plugin, OwnedFd::from(bound).into())
         }
         "listen" => {
             let stdin = std::io::stdin().as_fd().try_clone_to_owned().unwrap();

@@ -10,12 +10,17 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_api::registration::v1::PluginInfo;
+use kpm_test_support::registration::{FakePlugin, Reply};
 use support::Served;
-use support::faults::{GetInfo, Hangup, Notify, Plugin, Scenario, event_time};
-use tonic::Code;
+use support::faults::{
+    Hangup, Scenario, csi_plugin, event_time, serve_crashing_when_told, serve_plugin,
+    serve_plugin_listener, serve_plugin_open,
+};
+use tonic::Status;
 
 /// Stops a plugin as its process exit would, and removes its socket file.
 fn remove(served: Served, socket: &Path) {
@@ -33,14 +38,15 @@ fn reason(event: &serde_json::Value) -> &str {
 fn a_hanging_get_info_times_out_without_delaying_another_plugin() {
     let s = Scenario::start();
     let hanging_socket = s.socket("hanging.sock");
-    let hanging = Plugin::csi("hanging.example.com").get_info(GetInfo::Hang);
-    let hanging_served = hanging.serve(&hanging_socket);
+    let hanging = csi_plugin("hanging.example.com");
+    hanging.set_get_info(Reply::Hang);
+    let hanging_served = serve_plugin(&hanging, &hanging_socket);
     s.events.wait_first("seen", &hanging_socket);
 
     // Registers while the first plugin's GetInfo hangs.
     let good_socket = s.socket("good.sock");
-    let good = Plugin::csi("good.example.com");
-    let good_served = good.serve(&good_socket);
+    let good = csi_plugin("good.example.com");
+    let good_served = serve_plugin(&good, &good_socket);
     assert!(good.wait_for_status(1).plugin_registered);
     let rejected = s.events.wait_first("rejected", &hanging_socket);
     assert!(reason(&rejected).ends_with("GetInfo timed out after 1s"), "{rejected}");
@@ -64,13 +70,14 @@ fn a_hanging_get_info_times_out_without_delaying_another_plugin() {
 fn a_slow_get_info_is_retried_until_it_answers_within_the_deadline() {
     let s = Scenario::start();
     let socket = s.socket("slow.sock");
-    let plugin = Plugin::csi("slow.example.com").get_info(GetInfo::Slow(Duration::from_secs(2)));
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("slow.example.com");
+    plugin.set_get_info(Reply::After(Duration::from_secs(2), Box::new(Reply::Answer)));
+    let served = serve_plugin(&plugin, &socket);
     let rejected = s.events.wait_first("rejected", &socket);
     assert!(reason(&rejected).ends_with("GetInfo timed out after 1s"), "{rejected}");
 
     // Slow, but within the 1 s deadline: registers at the next attempt.
-    plugin.set_get_info(GetInfo::Slow(Duration::from_millis(300)));
+    plugin.set_get_info(Reply::After(Duration::from_millis(300), Box::new(Reply::Answer)));
     let status = plugin.wait_for_status(1);
     assert!(status.plugin_registered, "{status:?}");
     s.check(&[(&socket, "registered")]);
@@ -83,9 +90,9 @@ fn a_slow_get_info_is_retried_until_it_answers_within_the_deadline() {
 fn a_get_info_error_is_retried_with_backoff_until_it_answers() {
     let s = Scenario::start();
     let socket = s.socket("failing.sock");
-    let plugin =
-        Plugin::csi("failing.example.com").get_info(GetInfo::Fail(Code::Unavailable, "not ready"));
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("failing.example.com");
+    plugin.set_get_info(Reply::Fail(Status::unavailable("not ready")));
+    let served = serve_plugin(&plugin, &socket);
     let rejected = s.events.wait_first("rejected", &socket);
     assert!(reason(&rejected).contains("not ready"), "{rejected}");
     let retry = s.events.wait_first("retry_scheduled", &socket);
@@ -94,7 +101,7 @@ fn a_get_info_error_is_retried_with_backoff_until_it_answers() {
     assert!(listed["last_error"].as_str().unwrap().contains("not ready"), "{listed}");
     s.check(&[(&socket, "backing_off")]);
 
-    plugin.set_get_info(GetInfo::Answer);
+    plugin.set_get_info(Reply::Answer);
     let status = plugin.wait_for_status(1);
     assert!(status.plugin_registered, "{status:?}");
     assert_eq!(plugin.statuses().len(), 1, "a failed GetInfo is not answered with a status");
@@ -144,9 +151,9 @@ fn a_connection_closed_in_the_middle_of_get_info_is_retried() {
 fn a_failing_notify_undoes_the_registration_and_is_retried() {
     let s = Scenario::start();
     let socket = s.socket("deaf.sock");
-    let plugin =
-        Plugin::csi("deaf.example.com").notify(Notify::Fail(Code::Internal, "cannot take it"));
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("deaf.example.com");
+    plugin.set_notify(Reply::Fail(Status::internal("cannot take it")));
+    let served = serve_plugin(&plugin, &socket);
     let rejected = s.events.wait_first("rejected", &socket);
     assert!(reason(&rejected).contains("NotifyRegistrationStatus"), "{rejected}");
     assert!(plugin.wait_for_status(1).plugin_registered, "it was told, but did not ack");
@@ -155,7 +162,7 @@ fn a_failing_notify_undoes_the_registration_and_is_retried() {
     assert!(s.csi_drivers().is_empty(), "{:?}", s.csi_drivers());
     assert!(s.events.kind_of("registered", &socket).is_empty());
 
-    plugin.set_notify(Notify::Answer);
+    plugin.set_notify(Reply::Answer);
     s.events.wait_first("registered", &socket);
     assert_eq!(s.csi_drivers(), ["deaf.example.com"]);
     s.check(&[(&socket, "registered")]);
@@ -169,8 +176,8 @@ fn a_failing_notify_undoes_the_registration_and_is_retried() {
 fn a_plugin_that_crashes_before_it_is_told_is_not_left_registered() {
     let s = Scenario::start();
     let socket = s.socket("crashing.sock");
-    let plugin = Plugin::csi("crashing.example.com").notify(Notify::Crash);
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("crashing.example.com");
+    let served = serve_crashing_when_told(&plugin, &socket);
     // The handler registered it (NodeGetInfo answered), then the plugin died
     // while being told: the registration is undone.
     let rejected = s.events.wait_first("rejected", &socket);
@@ -210,8 +217,8 @@ const MAX_REASON_BYTES: usize = 4096;
 fn is_rejected(info: PluginInfo, expected: &str, state: &str) {
     let s = Scenario::start();
     let socket = s.socket("garbage.sock");
-    let plugin = Plugin::with_info(info);
-    let served = plugin.serve(&socket);
+    let plugin = Arc::new(FakePlugin::new(info));
+    let served = serve_plugin(&plugin, &socket);
     let status = plugin.wait_for_status(1);
     assert!(!status.plugin_registered);
     assert!(status.error.starts_with(expected), "{:?}", status.error);
@@ -292,8 +299,8 @@ fn ten_thousand_versions_are_rejected_above_the_decode_limit() {
 fn a_csi_driver_name_with_a_slash_is_rejected_by_the_csi_handler() {
     let s = Scenario::start();
     let socket = s.socket("slash.sock");
-    let plugin = Plugin::with_info(info("CSIPlugin", "a/b", versions(1)));
-    let served = plugin.serve(&socket);
+    let plugin = Arc::new(FakePlugin::new(info("CSIPlugin", "a/b", versions(1))));
+    let served = serve_plugin(&plugin, &socket);
     let status = plugin.wait_for_status(1);
     assert!(!status.plugin_registered);
     assert!(
@@ -322,8 +329,8 @@ fn a_stale_socket_is_retried_with_growing_waits_and_delays_nobody() {
     // speed, so it is not asserted: that sockets do not wait for each other
     // is the executor's `hanging_get_info_does_not_block_other_sockets`.)
     let good_socket = s.socket("good.sock");
-    let good = Plugin::csi("good.example.com");
-    let good_served = good.serve(&good_socket);
+    let good = csi_plugin("good.example.com");
+    let good_served = serve_plugin(&good, &good_socket);
     assert!(good.wait_for_status(1).plugin_registered);
     s.events.wait_first("registered", &good_socket);
 
@@ -351,7 +358,7 @@ fn a_stale_socket_is_retried_with_growing_waits_and_delays_nobody() {
 fn a_socket_bound_before_listen_registers() {
     let s = Scenario::start();
     let socket = s.socket("slow-start.sock");
-    let plugin = Plugin::csi("slow-start.example.com");
+    let plugin = csi_plugin("slow-start.example.com");
     let raw = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None).unwrap();
     raw.bind(&socket2::SockAddr::unix(&socket).unwrap()).unwrap();
     // kpm sees the file and dials while nobody listens yet (the pause lets
@@ -359,7 +366,7 @@ fn a_socket_bound_before_listen_registers() {
     s.events.wait_first("seen", &socket);
     std::thread::sleep(Duration::from_millis(100));
     raw.listen(128).unwrap();
-    let served = plugin.serve_listener(raw.into());
+    let served = serve_plugin_listener(&plugin, raw.into());
     // Whenever the listen came, the plugin registers, and what kpm told it
     // first is that it is registered: a refused dial never reaches the
     // plugin. Whether kpm's first dial fell within its window for refused
@@ -389,10 +396,10 @@ fn a_socket_bound_before_listen_registers() {
 // === Tree shapes ===
 
 /// Serves a well-behaved CSI plugin at `socket`, named after the file.
-fn good_plugin(socket: &Path) -> (Plugin, Served) {
+fn good_plugin(socket: &Path) -> (Arc<FakePlugin>, Served) {
     let stem = socket.file_stem().unwrap().to_str().unwrap().replace('_', "-");
-    let plugin = Plugin::csi(&format!("{stem}.example.com"));
-    let served = plugin.serve(socket);
+    let plugin = csi_plugin(&format!("{stem}.example.com"));
+    let served = serve_plugin(&plugin, socket);
     (plugin, served)
 }
 
@@ -497,7 +504,7 @@ fn a_directory_deleted_with_live_sockets_deregisters_each_once() {
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     let sockets: Vec<PathBuf> =
         ["one.sock", "two.sock", "sub/three.sock"].iter().map(|n| dir.join(n)).collect();
-    let plugins: Vec<(Plugin, Served)> = sockets.iter().map(|s| good_plugin(s)).collect();
+    let plugins: Vec<(Arc<FakePlugin>, Served)> = sockets.iter().map(|s| good_plugin(s)).collect();
     for (plugin, _) in &plugins {
         assert!(plugin.wait_for_status(1).plugin_registered);
     }
@@ -520,7 +527,7 @@ fn the_registry_root_deleted_and_re_created() {
     let registry = s.registry();
     std::fs::create_dir(registry.join("sub")).unwrap();
     let sockets = [registry.join("a.sock"), registry.join("sub/b.sock")];
-    let plugins: Vec<(Plugin, Served)> = sockets.iter().map(|s| good_plugin(s)).collect();
+    let plugins: Vec<(Arc<FakePlugin>, Served)> = sockets.iter().map(|s| good_plugin(s)).collect();
     for (plugin, _) in &plugins {
         assert!(plugin.wait_for_status(1).plugin_registered);
     }
@@ -591,7 +598,7 @@ fn renames_in_out_and_within_the_registry() {
 
 /// Serves 50 plugins in the registry and writes and removes `files` other
 /// files around them, as fast as it can; returns the plugins.
-fn burst(s: &Scenario, files: usize) -> Vec<(PathBuf, Plugin, Served)> {
+fn burst(s: &Scenario, files: usize) -> Vec<(PathBuf, Arc<FakePlugin>, Served)> {
     let registry = s.registry();
     let mut plugins = Vec::new();
     let mut written = Vec::new();
@@ -602,8 +609,8 @@ fn burst(s: &Scenario, files: usize) -> Vec<(PathBuf, Plugin, Served)> {
             written.push(file);
         }
         let socket = registry.join(format!("burst_{i}.sock"));
-        let plugin = Plugin::csi(&format!("burst-{i}.example.com"));
-        let served = plugin.serve(&socket);
+        let plugin = csi_plugin(&format!("burst-{i}.example.com"));
+        let served = serve_plugin(&plugin, &socket);
         plugins.push((socket, plugin, served));
     }
     for file in &written {
@@ -613,7 +620,7 @@ fn burst(s: &Scenario, files: usize) -> Vec<(PathBuf, Plugin, Served)> {
 }
 
 /// Every plugin of a burst registers, then leaves.
-fn burst_converges(s: &Scenario, plugins: Vec<(PathBuf, Plugin, Served)>) {
+fn burst_converges(s: &Scenario, plugins: Vec<(PathBuf, Arc<FakePlugin>, Served)>) {
     for (_, plugin, _) in &plugins {
         assert!(plugin.wait_for_status(1).plugin_registered, "{}", plugin.name());
     }
@@ -674,13 +681,13 @@ fn an_unreadable_subdirectory_costs_only_its_own_sockets_until_it_is_readable() 
             let locked = registry.join("locked");
             std::fs::create_dir(&locked).unwrap();
             let socket = locked.join("locked.sock");
-            let plugin = Plugin::csi("locked.example.com");
-            let served = plugin.serve_open(&socket);
+            let plugin = csi_plugin("locked.example.com");
+            let served = serve_plugin_open(&plugin, &socket);
             set_mode(&locked, 0o000);
             (locked, socket, (plugin, served))
         });
     let socket = s.socket("open.sock");
-    let plugin = Plugin::csi("open.example.com");
+    let plugin = csi_plugin("open.example.com");
     let served = s.serve(&plugin, &socket);
     assert!(plugin.wait_for_status(1).plugin_registered);
     let kpm_reads_anything = support::euid() == 0 && !s.unprivileged();
@@ -694,7 +701,7 @@ fn an_unreadable_subdirectory_costs_only_its_own_sockets_until_it_is_readable() 
     set_mode(&locked, 0o755);
     assert!(locked_plugin.wait_for_status(1).plugin_registered);
     let later_socket = locked.join("later.sock");
-    let later_plugin = Plugin::csi("later.example.com");
+    let later_plugin = csi_plugin("later.example.com");
     let later_served = s.serve(&later_plugin, &later_socket);
     assert!(later_plugin.wait_for_status(1).plugin_registered);
     s.check(&[
@@ -725,10 +732,10 @@ fn a_tree_renamed_in_with_an_unreadable_directory_is_watched_everywhere_else() {
     std::fs::rename(&staging, &tree).unwrap();
 
     // Sockets created after the move, in every readable directory.
-    let plugins: Vec<(PathBuf, Plugin, Served)> = (0..8)
+    let plugins: Vec<(PathBuf, Arc<FakePlugin>, Served)> = (0..8)
         .map(|i| {
             let socket = tree.join(format!("d{i}/p{i}.sock"));
-            let plugin = Plugin::csi(&format!("p{i}.example.com"));
+            let plugin = csi_plugin(&format!("p{i}.example.com"));
             let served = s.serve(&plugin, &socket);
             (socket, plugin, served)
         })
@@ -753,8 +760,8 @@ const LIVENESS: [&str; 4] = ["--liveness-period", "1", "--liveness-failures", "2
 fn a_crashed_plugin_is_deregistered_once_by_liveness() {
     let s = Scenario::start_with(&LIVENESS);
     let socket = s.socket("crash.sock");
-    let plugin = Plugin::csi("crash.example.com");
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("crash.example.com");
+    let served = serve_plugin(&plugin, &socket);
     assert!(plugin.wait_for_status(1).plugin_registered);
     let registered = s.events.wait_first("registered", &socket);
     // Probed once: the watch of its process is armed long before (it checks
@@ -781,12 +788,12 @@ fn a_crashed_plugin_is_deregistered_once_by_liveness() {
 fn a_hanging_plugin_is_deregistered_and_registered_anew_when_it_answers() {
     let s = Scenario::start_with(&LIVENESS);
     let socket = s.socket("stuck.sock");
-    let plugin = Plugin::csi("stuck.example.com");
-    let served = plugin.serve(&socket);
+    let plugin = csi_plugin("stuck.example.com");
+    let served = serve_plugin(&plugin, &socket);
     assert!(plugin.wait_for_status(1).plugin_registered);
     let first = s.events.wait_first("registered", &socket);
 
-    plugin.set_get_info(GetInfo::Hang);
+    plugin.set_get_info(Reply::Hang);
     let unresponsive = s.events.wait_first("unresponsive", &socket);
     assert_eq!(unresponsive["generation"], first["generation"]);
     assert!(reason(&unresponsive).contains("timed out"), "{unresponsive}");
@@ -794,7 +801,7 @@ fn a_hanging_plugin_is_deregistered_and_registered_anew_when_it_answers() {
     s.events.wait_first("rejected", &socket);
     s.wait_for_state(&socket, "backing_off");
 
-    plugin.set_get_info(GetInfo::Answer);
+    plugin.set_get_info(Reply::Answer);
     let second = s.events.wait_nth(2, "registered", &socket);
     assert!(second["generation"].as_u64() > first["generation"].as_u64());
     assert!(plugin.wait_for_status(2).plugin_registered);

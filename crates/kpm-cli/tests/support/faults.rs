@@ -1,6 +1,7 @@
-//! The fault suite's tools: a registration plugin whose answers each test
-//! scripts, the `kpm watch -o json` stream collected in the background, a
-//! `kpm run` with metrics, and [`Scenario::check`], the checks every fault
+//! The fault suite's tools: kpm-test-support's fake registration plugin,
+//! whose answers each test scripts, served as a plugin process would serve
+//! it, the `kpm watch -o json` stream collected in the background, a `kpm
+//! run` with metrics, and [`Scenario::check`], the checks every fault
 //! scenario ends with.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -12,187 +13,68 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use kpm_api::registration::v1::registration_server::{Registration, RegistrationServer};
-use kpm_api::registration::v1::{
-    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
-};
 use kpm_test_support::blocking::eventually;
-use kpm_test_support::{Stopper, free_local_addr};
+use kpm_test_support::free_local_addr;
+use kpm_test_support::registration::{FakePlugin, Reply, info};
 use parking_lot::Mutex;
 use serde_json::Value;
-use tonic::{Code, Request, Response, Status};
 
 use super::{KPM, Kpm, Served, http_get, parse_prometheus, serve, wait_until};
 
-// === A scripted plugin ===
+// === Plugins served as processes ===
 
-/// How a [`Plugin`] answers `GetInfo`.
-#[derive(Debug, Clone, Copy)]
-pub enum GetInfo {
-    Answer,
-    /// Never answers; only the caller's deadline ends the call.
-    Hang,
-    /// Answers after this long.
-    Slow(Duration),
-    Fail(Code, &'static str),
+/// A well-behaved CSI driver's registration plugin called `name`, version
+/// 1.0.0, with no endpoint of its own: served with a stub CSI driver on the
+/// same socket, so that the CSI handler's NodeGetInfo passes.
+pub fn csi_plugin(name: &str) -> Arc<FakePlugin> {
+    Arc::new(FakePlugin::new(info(kpm_api::constants::CSI_PLUGIN, name, &["1.0.0"])))
 }
 
-/// How a [`Plugin`] answers `NotifyRegistrationStatus`.
-#[derive(Debug, Clone, Copy)]
-pub enum Notify {
-    Answer,
-    Fail(Code, &'static str),
-    /// The plugin process dies while the call is in flight: its server stops,
-    /// every connection drops, and its socket file stays behind.
-    Crash,
+/// Serves `plugin` on `socket` (bound on return) as its process would, with
+/// a stub CSI driver next to it.
+pub fn serve_plugin(plugin: &Arc<FakePlugin>, socket: &Path) -> Served {
+    serve(socket, routes(plugin))
 }
 
-/// A registration plugin (`pluginregistration.Registration`) whose answers
-/// the test scripts and may change at any time. It records every status it
-/// is sent. Served with a stub CSI driver on the same socket, so that a
-/// `CSIPlugin` with an empty endpoint passes the CSI handler's NodeGetInfo.
-#[derive(Clone)]
-pub struct Plugin(Arc<PluginState>);
-
-struct PluginState {
-    info: PluginInfo,
-    get_info: Mutex<GetInfo>,
-    notify: Mutex<Notify>,
-    get_info_calls: AtomicUsize,
-    statuses: Mutex<Vec<RegistrationStatus>>,
-    stopper: Mutex<Option<Stopper>>,
+/// Serves `plugin` on a listening socket made by the test.
+pub fn serve_plugin_listener(plugin: &Arc<FakePlugin>, listener: UnixListener) -> Served {
+    super::serve_listener(listener, routes(plugin))
 }
 
-impl Plugin {
-    /// A well-behaved CSI driver called `name`, version 1.0.0.
-    pub fn csi(name: &str) -> Self {
-        Self::with_info(PluginInfo {
-            r#type: kpm_api::constants::CSI_PLUGIN.into(),
-            name: name.into(),
-            endpoint: String::new(),
-            supported_versions: vec!["1.0.0".into()],
-        })
-    }
-
-    /// A plugin that answers `GetInfo` with `info`, whatever it is.
-    pub fn with_info(info: PluginInfo) -> Self {
-        Self(Arc::new(PluginState {
-            info,
-            get_info: Mutex::new(GetInfo::Answer),
-            notify: Mutex::new(Notify::Answer),
-            get_info_calls: AtomicUsize::new(0),
-            statuses: Mutex::new(Vec::new()),
-            stopper: Mutex::new(None),
-        }))
-    }
-
-    pub fn name(&self) -> &str {
-        &self.0.info.name
-    }
-
-    #[must_use]
-    pub fn get_info(self, script: GetInfo) -> Self {
-        self.set_get_info(script);
-        self
-    }
-
-    #[must_use]
-    pub fn notify(self, script: Notify) -> Self {
-        self.set_notify(script);
-        self
-    }
-
-    pub fn set_get_info(&self, script: GetInfo) {
-        *self.0.get_info.lock() = script;
-    }
-
-    pub fn set_notify(&self, script: Notify) {
-        *self.0.notify.lock() = script;
-    }
-
-    pub fn get_info_calls(&self) -> usize {
-        self.0.get_info_calls.load(Ordering::SeqCst)
-    }
-
-    /// Every status the plugin was sent, in order.
-    pub fn statuses(&self) -> Vec<RegistrationStatus> {
-        self.0.statuses.lock().clone()
-    }
-
-    /// Waits for the `n`th status (1-based) and returns it.
-    pub fn wait_for_status(&self, n: usize) -> RegistrationStatus {
-        let what = format!("{} is sent status #{n}", self.name());
-        wait_until(&what, || self.0.statuses.lock().len() >= n);
-        self.statuses()[n - 1].clone()
-    }
-
-    /// Serves the plugin on `socket` (bound on return), with a stub CSI
-    /// driver next to it.
-    pub fn serve(&self, socket: &Path) -> Served {
-        self.served_by(serve(socket, self.routes()))
-    }
-
-    /// Serves the plugin on a listening socket made by the test.
-    pub fn serve_listener(&self, listener: UnixListener) -> Served {
-        self.served_by(super::serve_listener(listener, self.routes()))
-    }
-
-    fn routes(&self) -> tonic::service::Routes {
-        kpm_registrar::stub::StubCsiDriver::new(self.name(), "node-1")
-            .routes()
-            .add_service(RegistrationServer::new(self.clone()))
-    }
-
-    /// Keeps a way to stop `served`, for [`Notify::Crash`].
-    fn served_by(&self, served: Served) -> Served {
-        *self.0.stopper.lock() = Some(served.stopper());
-        served
-    }
-
-    /// Like [`serve`](Self::serve), but any user may connect (mode 0666), for
-    /// a kpm that runs unprivileged: bound under a hidden name, which kpm
-    /// ignores, opened up, then renamed into place.
-    pub fn serve_open(&self, socket: &Path) -> Served {
-        use std::os::unix::fs::PermissionsExt;
-        let name = socket.file_name().unwrap().to_str().unwrap();
-        let hidden = socket.with_file_name(format!(".{name}.binding"));
-        let served = self.serve(&hidden);
-        std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o666)).unwrap();
-        std::fs::rename(&hidden, socket).unwrap();
-        served
-    }
+/// Like [`serve_plugin`], but any user may connect (mode 0666), for a kpm
+/// that runs unprivileged: bound under a hidden name, which kpm ignores,
+/// opened up, then renamed into place.
+pub fn serve_plugin_open(plugin: &Arc<FakePlugin>, socket: &Path) -> Served {
+    use std::os::unix::fs::PermissionsExt;
+    let name = socket.file_name().unwrap().to_str().unwrap();
+    let hidden = socket.with_file_name(format!(".{name}.binding"));
+    let served = serve_plugin(plugin, &hidden);
+    std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o666)).unwrap();
+    std::fs::rename(&hidden, socket).unwrap();
+    served
 }
 
-#[tonic::async_trait]
-impl Registration for Plugin {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        self.0.get_info_calls.fetch_add(1, Ordering::SeqCst);
-        let script = *self.0.get_info.lock();
-        match script {
-            GetInfo::Answer => {}
-            GetInfo::Hang => std::future::pending::<()>().await,
-            GetInfo::Slow(delay) => tokio::time::sleep(delay).await,
-            GetInfo::Fail(code, message) => return Err(Status::new(code, message)),
+/// Like [`serve_plugin`], as a process that dies while it is told it is
+/// registered: its server stops in the middle of that call, every
+/// connection drops, and its socket file stays behind.
+pub fn serve_crashing_when_told(plugin: &Arc<FakePlugin>, socket: &Path) -> Served {
+    // The call is in flight until the process is gone.
+    plugin.set_notify(Reply::Hang);
+    let served = serve_plugin(plugin, socket);
+    let (plugin, stopper) = (Arc::clone(plugin), served.stopper());
+    std::thread::spawn(move || {
+        // A plugin never told fails the test's own waits.
+        if eventually(|| plugin.statuses().iter().any(|status| status.plugin_registered)) {
+            stopper.stop();
         }
-        Ok(Response::new(self.0.info.clone()))
-    }
+    });
+    served
+}
 
-    async fn notify_registration_status(
-        &self,
-        request: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        self.0.statuses.lock().push(request.into_inner());
-        let script = *self.0.notify.lock();
-        match script {
-            Notify::Answer => Ok(Response::new(RegistrationStatusResponse {})),
-            Notify::Fail(code, message) => Err(Status::new(code, message)),
-            Notify::Crash => {
-                let stopper = self.0.stopper.lock().clone();
-                stopper.expect("the plugin is served").stop();
-                std::future::pending().await
-            }
-        }
-    }
+fn routes(plugin: &Arc<FakePlugin>) -> tonic::service::Routes {
+    kpm_registrar::stub::StubCsiDriver::new(plugin.name(), "node-1")
+        .routes()
+        .add_service(Arc::clone(plugin).service())
 }
 
 /// A socket that accepts connections, reads what the client sends until it
@@ -394,7 +276,7 @@ impl Scenario {
 
     /// Like [`start_prepared`](Self::start_prepared), with kpm running as
     /// nobody if the tests run as root (see [`Kpm::start_unprivileged`]).
-    /// Serve plugins with [`serve`](Self::serve) (or `Plugin::serve_open`
+    /// Serve plugins with [`serve`](Self::serve) (or [`serve_plugin_open`]
     /// in `prepare`) so that kpm can connect to them.
     pub fn start_unprivileged<T>(args: &[&str], prepare: impl FnOnce(&Path) -> T) -> (Self, T) {
         Self::launch(args, Launch::Unprivileged, prepare)
@@ -437,8 +319,12 @@ impl Scenario {
     }
 
     /// Serves `plugin` on `socket` so that kpm can connect, whoever it runs as.
-    pub fn serve(&self, plugin: &Plugin, socket: &Path) -> Served {
-        if self.unprivileged { plugin.serve_open(socket) } else { plugin.serve(socket) }
+    pub fn serve(&self, plugin: &Arc<FakePlugin>, socket: &Path) -> Served {
+        if self.unprivileged {
+            serve_plugin_open(plugin, socket)
+        } else {
+            serve_plugin(plugin, socket)
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -564,7 +450,7 @@ impl Scenario {
     fn fresh_plugin_registers_and_leaves(&self) {
         let n = self.fresh_plugins.fetch_add(1, Ordering::SeqCst);
         let socket = self.socket(&format!("fresh-{n}.sock"));
-        let plugin = Plugin::csi(&format!("fresh-{n}.example.com"));
+        let plugin = csi_plugin(&format!("fresh-{n}.example.com"));
         let served = self.serve(&plugin, &socket);
         let status = plugin.wait_for_status(1);
         assert!(status.plugin_registered, "a fresh plugin registers: {status:?}");
