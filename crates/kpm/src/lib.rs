@@ -114,7 +114,10 @@ pub mod csi {
 /// The device-plugin manager: both registration paths (plugin watcher and
 /// `kubelet.sock`), `ListAndWatch` device tracking and allocation access.
 /// Named one by one, as [`crate::api`]; the allocation calls' request and response
-/// types are the device plugin API's.
+/// types are the device plugin API's own messages (`v1beta1`, frozen
+/// upstream), which a node agent builds and reads as the kubelet passes them
+/// through: wrapping them would copy them, so for these types the facade's
+/// semver follows that API's.
 #[cfg(feature = "device")]
 pub mod device {
     pub use kpm_device::{
@@ -143,7 +146,9 @@ pub mod dra {
 /// Publishing to the Kubernetes API: CSINode and the Node's CSI annotation
 /// and labels, device capacity, ResourceSlice cleanup (feature `kube`).
 /// Named one by one, as [`crate::api`]: the publisher, its settings and status,
-/// the reads of the node's objects, and the kube-rs client they take.
+/// the reads of the node's objects, and the kube-rs client they take (a
+/// node agent hands kpm the client it already has, so the facade's semver
+/// follows kube's for it).
 #[cfg(feature = "kube")]
 pub mod kube {
     pub use kpm_kube::{
