@@ -73,6 +73,13 @@ pub(crate) fn bounded<T: PartialOrd + Debug>(
 /// `Instant + Duration`.
 pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The bounds of a period of the doctor's loops: a second (the watch's
+/// granularity) to [`MAX_PERIOD`].
+pub(crate) const PERIOD: RangeInclusive<Duration> = Duration::from_secs(1)..=MAX_PERIOD;
+
+/// What [`PERIOD`] says.
+pub(crate) const PERIOD_TEXT: &str = "between 1s and 24h";
+
 /// The bounds of one request to the API server or a plugin: a millisecond
 /// (a zero deadline fails every call) to 10 min.
 pub(crate) const REQUEST_TIMEOUT: RangeInclusive<Duration> =

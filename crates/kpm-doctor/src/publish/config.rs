@@ -7,7 +7,7 @@ use kpm::ExponentialBackoff;
 
 use super::events::EventConfig;
 use crate::ConfigError;
-use crate::config::{MAX_PERIOD, REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT, bounded};
+use crate::config::{PERIOD, PERIOD_TEXT, REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT, bounded};
 
 /// How a node's doctor publishes. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](PublishConfigBuilder::build)
@@ -126,12 +126,7 @@ impl PublishConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<PublishConfig, ConfigError> {
         let PublishConfig { heartbeat, request_timeout, events, .. } = self.config;
-        let heartbeat = bounded(
-            "publish.heartbeat",
-            heartbeat,
-            &(Duration::from_secs(1)..=MAX_PERIOD),
-            "between 1s and 24h",
-        )?;
+        let heartbeat = bounded("publish.heartbeat", heartbeat, &PERIOD, PERIOD_TEXT)?;
         let request_timeout = bounded(
             "publish.request_timeout",
             request_timeout,

@@ -152,15 +152,14 @@ impl EventConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<EventConfig, ConfigError> {
         let EventConfig { series_window, series_refresh, burst, refill } = self.0;
-        let periods = Duration::from_secs(1)..=MAX_PERIOD;
-        let day = "between 1s and 24h";
+        let (periods, text) = (&config::PERIOD, config::PERIOD_TEXT);
         Ok(EventConfig {
-            series_window: config::bounded("events.series_window", series_window, &periods, day)?,
+            series_window: config::bounded("events.series_window", series_window, periods, text)?,
             series_refresh: config::bounded(
                 "events.series_refresh",
                 series_refresh,
-                &periods,
-                day,
+                periods,
+                text,
             )?,
             burst: config::bounded("events.burst", burst, &(1..=MAX_BURST), "between 1 and 10000")?,
             refill: config::bounded(

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
-use crate::config::{MAX_PERIOD, bounded};
+use crate::config::{PERIOD, PERIOD_TEXT, bounded};
 use crate::judge::Verdict;
 use crate::outcome::{Failing, Outcome, Socket};
 
@@ -100,12 +100,11 @@ impl FlapConfigBuilder {
     /// The config, once each field is in its range; the error names the
     /// first that is not.
     pub fn build(self) -> Result<FlapConfig, ConfigError> {
-        let range = Duration::from_secs(1)..=MAX_PERIOD;
         let FlapConfig { window, changes, hold } = self.0;
         Ok(FlapConfig {
-            window: bounded("flaps.window", window, &range, "between 1s and 24h")?,
+            window: bounded("flaps.window", window, &PERIOD, PERIOD_TEXT)?,
             changes,
-            hold: bounded("flaps.hold", hold, &range, "between 1s and 24h")?,
+            hold: bounded("flaps.hold", hold, &PERIOD, PERIOD_TEXT)?,
         })
     }
 }

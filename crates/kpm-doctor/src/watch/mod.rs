@@ -47,7 +47,7 @@ use tracing::{debug, info, warn};
 
 use kpm::ExponentialBackoff;
 
-use crate::config::{MAX_PERIOD, bounded};
+use crate::config::{PERIOD, PERIOD_TEXT, bounded};
 use crate::metrics::DoctorMetrics;
 use crate::outcome::Outcome;
 use crate::publish::{EventType, NodePublisher};
@@ -200,12 +200,7 @@ impl WatchConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<WatchConfig, ConfigError> {
         let WatchConfig { period, confirm, settle, flaps, look, .. } = self.0;
-        let period = bounded(
-            "watch.period",
-            period,
-            &(Duration::from_secs(1)..=MAX_PERIOD),
-            "between 1s and 24h",
-        )?;
+        let period = bounded("watch.period", period, &PERIOD, PERIOD_TEXT)?;
         let confirm = bounded(
             "watch.confirm",
             confirm,
@@ -220,12 +215,8 @@ impl WatchConfigBuilder {
         )?;
         let rechecks = ExponentialBackoff::try_new(RECHECK, period)
             .map_err(|source| ConfigError::Backoff { field: "watch.period", source })?;
-        let look = look
-            .map(|look| {
-                let range = Duration::from_secs(1)..=MAX_PERIOD;
-                bounded("watch.look", look, &range, "between 1s and 24h")
-            })
-            .transpose()?;
+        let look =
+            look.map(|look| bounded("watch.look", look, &PERIOD, PERIOD_TEXT)).transpose()?;
         Ok(WatchConfig { period, confirm, settle, flaps, rechecks, look })
     }
 }
