@@ -3,6 +3,7 @@
 
 use crate::constants::{
     CSI_PLUGIN, DEVICE_PLUGIN, DEVICE_PLUGIN_VERSION, DRA_PLUGIN, DRA_V1_SERVICE,
+    DRA_V1BETA1_SERVICE,
 };
 
 /// A plugin type the kubelet has a handler for, and the facts every layer
@@ -66,13 +67,15 @@ impl PluginKind {
 
     /// The `supported_versions` a plugin of this kind advertises unless
     /// told otherwise: `v1beta1` for device plugins, `1.0.0` for CSI
-    /// drivers (as node-driver-registrar sends), `v1.DRAPlugin` for DRA
-    /// drivers.
+    /// drivers (as node-driver-registrar sends), `v1.DRAPlugin` and
+    /// `v1beta1.DRAPlugin` for DRA drivers, in that order: kubelets 1.34 and
+    /// later take the plugin's first service they speak, so v1; 1.32 and
+    /// 1.33 know v1beta1 only, and fall back to an older API without it.
     pub const fn default_versions(self) -> &'static [&'static str] {
         match self {
             Self::Csi => &["1.0.0"],
             Self::Device => &[DEVICE_PLUGIN_VERSION],
-            Self::Dra => &[DRA_V1_SERVICE],
+            Self::Dra => &[DRA_V1_SERVICE, DRA_V1BETA1_SERVICE],
         }
     }
 }

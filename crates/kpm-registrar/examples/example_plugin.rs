@@ -67,8 +67,8 @@ struct Args {
     name: Option<String>,
 
     /// A supported version to advertise; repeat for several [default:
-    /// v1beta1 for DevicePlugin, 1.0.0 for CSIPlugin, v1.DRAPlugin for
-    /// DRAPlugin].
+    /// v1beta1 for DevicePlugin, 1.0.0 for CSIPlugin, v1.DRAPlugin and
+    /// v1beta1.DRAPlugin for DRAPlugin].
     #[arg(long = "version", value_name = "V")]
     versions: Vec<String>,
 

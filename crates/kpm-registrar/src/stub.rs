@@ -12,7 +12,7 @@ use kpm_api::PluginKind;
 use kpm_api::constants::DEVICE_HEALTHY;
 use kpm_api::csi::v1 as csi;
 use kpm_api::deviceplugin::v1beta1 as dp;
-use kpm_api::dra::v1 as dra;
+use kpm_api::dra::{v1 as dra_v1, v1beta1 as dra_v1beta1};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 /// The stub service of `plugin_type` for a plugin called `name`: a device
 /// plugin with two healthy devices, a CSI driver (Identity and Node, node id
-/// `example-node`), or a DRA v1 driver. Empty routes for other types.
+/// `example-node`), or a DRA driver (v1 and v1beta1). Empty routes for other types.
 pub fn routes(plugin_type: &str, name: &str) -> Routes {
     match PluginKind::from_plugin_type(plugin_type) {
         Some(PluginKind::Device) => {
@@ -256,42 +256,57 @@ impl csi::node_server::Node for StubCsiDriver {
 
 // === DRA driver ===
 
-/// A DRA v1 driver that prepares every claim with no devices.
+/// A DRA driver that prepares every claim with no devices, on both DRA
+/// plugin services: `v1.DRAPlugin`, which kubelets 1.34 and later call,
+/// and `v1beta1.DRAPlugin`, the one kubelets 1.32 and 1.33 speak (they
+/// know no v1, and fall back to an older API for a plugin without
+/// v1beta1). The two services' messages are the same on the wire.
 #[derive(Debug, Clone, Copy)]
 pub struct StubDraDriver;
 
 impl StubDraDriver {
-    /// The DRA v1 `DRAPlugin` service, to serve on the driver's socket.
+    /// The `DRAPlugin` services, v1 and v1beta1, to serve on the driver's
+    /// socket.
     pub fn routes(self) -> Routes {
-        Routes::new(dra::dra_plugin_server::DraPluginServer::new(self))
+        Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(self))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(self))
     }
 }
 
-#[tonic::async_trait]
-impl dra::dra_plugin_server::DraPlugin for StubDraDriver {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<dra::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|claim| (claim.uid, dra::NodePrepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(dra::NodePrepareResourcesResponse { claims }))
-    }
+/// `DRAPlugin` of one API version: every claim prepared and unprepared,
+/// with no devices.
+macro_rules! prepare_every_claim {
+    ($api:ident) => {
+        #[tonic::async_trait]
+        impl $api::dra_plugin_server::DraPlugin for StubDraDriver {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|claim| (claim.uid, $api::NodePrepareResourceResponse::default()))
+                    .collect();
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<dra::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|claim| (claim.uid, dra::NodeUnprepareResourceResponse::default()))
-            .collect();
-        Ok(Response::new(dra::NodeUnprepareResourcesResponse { claims }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|claim| (claim.uid, $api::NodeUnprepareResourceResponse::default()))
+                    .collect();
+                Ok(Response::new($api::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
 }
+
+prepare_every_claim!(dra_v1);
+prepare_every_claim!(dra_v1beta1);

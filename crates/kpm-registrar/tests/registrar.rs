@@ -103,7 +103,7 @@ async fn versions_default_to_the_api_version_of_the_plugin_type() {
     assert_eq!(get_info(registrar.socket_path()).await.supported_versions, ["v1beta1"]);
     assert_eq!(default_versions(DEVICE_PLUGIN), ["v1beta1"]);
     assert_eq!(default_versions(CSI_PLUGIN), ["1.0.0"]);
-    assert_eq!(default_versions(DRA_PLUGIN), ["v1.DRAPlugin"]);
+    assert_eq!(default_versions(DRA_PLUGIN), ["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
     assert!(default_versions("FooPlugin").is_empty());
 }
 

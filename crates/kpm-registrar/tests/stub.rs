@@ -63,3 +63,39 @@ async fn a_csi_driver_reports_its_topology_segments_and_max_volumes() {
         }
     );
 }
+
+/// Kubelets 1.34 and later call `v1.DRAPlugin`, 1.32 and 1.33
+/// `v1beta1.DRAPlugin`: the stub driver answers on both services' paths.
+#[tokio::test]
+async fn a_dra_driver_prepares_claims_on_both_plugin_services() {
+    use kpm_api::dra::{v1, v1beta1};
+    use kpm_registrar::DRA_PLUGIN;
+    use kpm_registrar::stub::StubDraDriver;
+
+    let dir = tempfile::tempdir().unwrap();
+    let registrar = Registrar::builder(DRA_PLUGIN, "gpu.example.com")
+        .socket_dir(dir.path())
+        .routes(StubDraDriver.routes())
+        .serve()
+        .await
+        .unwrap();
+    let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
+    let channel = dialer.grpc(registrar.socket_path()).await.unwrap().channel;
+
+    let claim = |uid: &str| v1::Claim { uid: uid.into(), ..Default::default() };
+    let prepared = v1::dra_plugin_client::DraPluginClient::new(channel.clone())
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![claim("a")] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(prepared.claims.keys().collect::<Vec<_>>(), ["a"]);
+
+    let claim = |uid: &str| v1beta1::Claim { uid: uid.into(), ..Default::default() };
+    let prepared = v1beta1::dra_plugin_client::DraPluginClient::new(channel)
+        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest { claims: vec![claim("b")] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(prepared.claims.keys().collect::<Vec<_>>(), ["b"]);
+    registrar.shutdown().await.unwrap();
+}
