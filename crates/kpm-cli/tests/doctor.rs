@@ -779,6 +779,15 @@ fn the_table_puts_the_verdict_first_and_explains_each_failure() {
 /// by hand) and 0 `example.com/retired` (dropped), and ResourceSlices of
 /// driver `gone.example.com`; with `forbid_csinodes`, every CSINode read is 403.
 fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> String {
+    serve_api_server_of(rt, forbid_csinodes, "v1.36.2")
+}
+
+/// [`serve_api_server`] with a Node whose kubelet is `kubelet_version`.
+fn serve_api_server_of(
+    rt: &tokio::runtime::Runtime,
+    forbid_csinodes: bool,
+    kubelet_version: &'static str,
+) -> String {
     use axum::routing::get;
     use serde_json::json;
     let csinode = move || async move {
@@ -802,7 +811,7 @@ fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> Stri
             })),
         )
     };
-    let node = || async {
+    let node = move || async move {
         axum::Json(json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "node1", "annotations": {
@@ -813,6 +822,7 @@ fn serve_api_server(rt: &tokio::runtime::Runtime, forbid_csinodes: bool) -> Stri
                     "example.com/fpga": "4", "example.com/dongle": "1", "example.com/retired": "0"},
                 "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2",
                     "example.com/fpga": "0", "example.com/dongle": "1", "example.com/retired": "0"},
+                "nodeInfo": {"kubeletVersion": kubelet_version},
             },
         }))
     };
@@ -930,6 +940,51 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
     let unseen = unseen[0].as_str().unwrap();
     assert!(unseen.contains("example.com/fpga") && unseen.contains("sick.sock"), "{unseen}");
     assert!(!findings.iter().any(|(verdict, _)| *verdict == "orphaned-capacity"), "{findings:?}");
+}
+
+/// Where the node's kubelet (its Node's `nodeInfo.kubeletVersion`) does
+/// otherwise than the referee, the report says what it does: kubelets 1.32
+/// and 1.33 register a DRA driver offering `v1.DRAPlugin` alone and call it
+/// on v1alpha4, 1.31 takes semantic versions only, and kubelets before
+/// 1.33 wipe a gone driver's slices at once.
+#[test]
+fn the_verdicts_on_dra_drivers_follow_the_minor_of_the_nodes_kubelet() {
+    let cases = [
+        ("v1.36.2", "not-published", "not-published", "grace period (30s)"),
+        ("v1.33.13", "service-failing", "not-published", "grace period (30s)"),
+        ("v1.32.13", "service-failing", "not-published", "as soon as the driver deregisters"),
+        ("v1.31.14", "rejected", "rejected", "as soon as the driver deregisters"),
+    ];
+    for (kubelet, v1_only, both, wipe) in cases {
+        let node = Node::new();
+        let kubeconfig = node.root.path().join("kubeconfig");
+        let api = serve_api_server_of(&node.rt, false, kubelet);
+        std::fs::write(&kubeconfig, support::kubeconfig(&api)).unwrap();
+        let driver = |name: &str, versions: &[&str]| {
+            let socket = node.root.path().join(format!("plugins/{name}/dra.sock"));
+            std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+            let served = support::serve(&socket, kpm_registrar::stub::StubDraDriver.routes());
+            let builder = Registrar::builder(kpm::api::DRA_PLUGIN, name).endpoint(&socket);
+            let builder = if versions.is_empty() { builder } else { builder.versions(versions.iter().copied()) };
+            (served, node.plugin(builder))
+        };
+        let (_served, v1) = driver("v1.example.com", &["v1.DRAPlugin"]);
+        // kpm-registrar's default: v1.DRAPlugin and v1beta1.DRAPlugin.
+        let (_served, default) = driver("both.example.com", &[]);
+
+        let (_, report) =
+            node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+        assert_eq!(report["kubelet_version"], kubelet);
+        assert_eq!(verdict(&report, v1.socket_path()), v1_only, "{kubelet}: {report:#}");
+        assert_eq!(verdict(&report, default.socket_path()), both, "{kubelet}: {report:#}");
+        let minor = &kubelet[..5];
+        if v1_only != "not-published" {
+            let reason = row(&report, v1.socket_path())["reason"].as_str().unwrap();
+            assert!(reason.starts_with(&format!("kubelet {}", &minor[1..])), "{reason}");
+        }
+        let kept = finding(&report, "resourceslices/gone.example.com", "driver gone.example.com");
+        assert!(kept["hint"].as_str().unwrap().contains(wipe), "{kubelet}: {kept:#}");
+    }
 }
 
 /// The report's finding about `path` whose reason names `what`.

@@ -310,13 +310,16 @@ pub fn served_by(process: &ProcessInfo) -> String {
 /// Every entry of `registry`, the sockets inspected concurrently, each
 /// within `bound`; the error if the registry cannot be listed at all.
 /// `view` is the kubelet's, where the referee read what its words
-/// name; `host` names the processes.
+/// name; `host` names the processes; `minor`, the judged kubelet's when
+/// known, makes a row what that kubelet does where it differs from the
+/// referee.
 pub(crate) async fn registry(
     referee: &Kubelet,
     host: &Host,
     view: &View,
     registry: &Seen,
     bound: Duration,
+    minor: Option<u32>,
 ) -> io::Result<Vec<Row>> {
     let entries = kpm::registry::survey(registry.as_ref())?;
     let mut rows = Vec::new();
@@ -343,7 +346,7 @@ pub(crate) async fn registry(
     }
     for (path, inspection) in crate::inspections::each(inspections, bound).await {
         rows.push(match inspection {
-            Ok(inspection) => judge(host, view, &path, inspection),
+            Ok(inspection) => judge(host, view, &path, inspection, minor),
             Err(lost) => lost.row(&path, "registry"),
         });
     }
@@ -373,8 +376,9 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 }
 
 /// The row of the registration socket at `path` on the host, from its
-/// inspection, whose words name the paths it read in `view`.
-fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection) -> Row {
+/// inspection, whose words name the paths it read in `view`, as the
+/// kubelet of `minor` (when known) takes it.
+fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection, minor: Option<u32>) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
@@ -398,6 +402,9 @@ fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection) -> Row {
         .map(|taken| StepTaken { step: taken.step.name(), ms: taken.took.as_secs_f64() * 1000.0 })
         .collect();
     row.service = inspection.service;
+    if let Some(minor) = minor {
+        crate::dra_by_minor::judge(&mut row, &inspection.outcome, minor);
+    }
     row
 }
 

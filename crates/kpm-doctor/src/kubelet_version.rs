@@ -13,8 +13,13 @@ pub const CHECKED_MINORS: RangeInclusive<u32> = 33..=36;
 /// Node's `nodeInfo.kubeletVersion` gives it, `v1.35.6`): `None` when the
 /// version is no release's (`v0.0.0-master+…`, a development build).
 pub(crate) fn checked(version: &str) -> Option<bool> {
-    let minor = version.strip_prefix("v1.")?.split(['.', '-', '+']).next()?.parse().ok()?;
-    Some(CHECKED_MINORS.contains(&minor))
+    minor(version).map(|minor| CHECKED_MINORS.contains(&minor))
+}
+
+/// The minor of Kubernetes 1.x of a kubelet's `version` (`v1.33.13` → 33):
+/// `None` for a development build (`v0.0.0-master+…`) or no version.
+pub(crate) fn minor(version: &str) -> Option<u32> {
+    version.strip_prefix("v1.")?.split(['.', '-', '+']).next()?.parse().ok()
 }
 
 /// What a report says of a kubelet of `version` the doctor was not checked

@@ -45,6 +45,7 @@ mod checkpoint;
 mod condition;
 mod config;
 mod device_plugins;
+mod dra_by_minor;
 mod fleet;
 mod host;
 mod inspections;
@@ -256,8 +257,13 @@ impl Doctor {
         let root = view.path(&choice.root_dir);
         let registry = root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME);
         let bound = inspection_bound(self.config.timeout);
+        // The judged kubelet's version, from its Node: where its minor does
+        // otherwise than the referee, the rows say what it does.
+        let kubelet_version = objects
+            .and_then(|objects| objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone());
+        let minor = kubelet_version.as_deref().and_then(kubelet_version::minor);
         let (mut plugins, mut blind) =
-            match judge::registry(&judged.referee, host, view, &registry, bound).await {
+            match judge::registry(&judged.referee, host, view, &registry, bound, minor).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
@@ -295,8 +301,6 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
-        let kubelet_version = objects
-            .and_then(|objects| objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone());
         Report {
             kubelet_unchecked: kubelet_version.as_deref().and_then(kubelet_version::unchecked_note),
             kubelet_version,

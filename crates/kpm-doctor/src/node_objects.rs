@@ -118,9 +118,10 @@ fn compare_csi(
                         path: PathBuf::from(format!("csinodes/{node}")),
                         what: format!("CSINode {node} lists driver {name}, but no plugin of this node registers it"),
                         restart: "the driver's registrar (node-driver-registrar)",
-                        then: "drops the entry by itself",
+                        then: "drops the entry by itself".into(),
                         otherwise: "the kubelet drops the entry when the driver deregisters; one removed \
-                                    while the kubelet was down stays: restart the kubelet, or remove the entry",
+                                    while the kubelet was down stays: restart the kubelet, or remove the entry"
+                            .into(),
                     },
                 ));
             }
@@ -175,6 +176,28 @@ fn compare_dra(
                 }
             }
             let served = registered(rows, PluginKind::Dra);
+            let (then, otherwise) = match wipe_delay(objects) {
+                Some(delay) => {
+                    let delay = humantime::format_duration(delay);
+                    (
+                        format!(
+                            "deregisters it and wipes its slices after its grace period ({delay})"
+                        ),
+                        format!(
+                            "the kubelet wipes them once the driver has been gone for its grace \
+                             period ({delay}): start the driver if it should be here"
+                        ),
+                    )
+                }
+                None => (
+                    "deregisters it and wipes its slices at once".to_owned(),
+                    "this node's kubelet wipes a driver's slices as soon as the driver \
+                     deregisters, so these outlived it (the kubelet was down, or its wipe failed) \
+                     or another writer left them: start the driver if it should be here, or \
+                     remove them"
+                        .to_owned(),
+                ),
+            };
             for (driver, count) in slices.iter().filter(|(driver, _)| !served.contains(*driver)) {
                 findings.push(kept_for(
                     rows,
@@ -184,14 +207,25 @@ fn compare_dra(
                         path: PathBuf::from(format!("resourceslices/{driver}")),
                         what: format!("{count} ResourceSlice(s) of node {node} from driver {driver}, which no plugin of this node registers"),
                         restart: "the driver",
-                        then: "deregisters it and wipes its slices after its grace period (30 s)",
-                        otherwise: "the kubelet wipes them once the driver has been gone for its grace \
-                                    period (30 s): start the driver if it should be here",
+                        then: then.clone(),
+                        otherwise: otherwise.clone(),
                     },
                 ));
             }
         }
         Err(err) => unseen.push(format!("ResourceSlices of node {node}: {err}")),
+    }
+}
+
+/// How long after a DRA driver went the node's kubelet wipes its
+/// ResourceSlices (`None`: at once), by the kubelet's version on the Node;
+/// kpm's grace, the newer kubelets', when it is not known.
+fn wipe_delay(objects: &NodeObjects) -> Option<std::time::Duration> {
+    let version =
+        objects.resources.as_ref().ok().and_then(|node| node.as_ref()?.kubelet_version.as_deref());
+    match version.and_then(crate::kubelet_version::minor) {
+        Some(minor) => crate::dra_by_minor::slice_wipe_delay(minor),
+        None => Some(kpm::dra::DEFAULT_CLEANUP_GRACE),
     }
 }
 
@@ -283,9 +317,9 @@ struct Kept {
     /// What to restart when the driver's socket is stale.
     restart: &'static str,
     /// What the kubelet does once that socket is gone.
-    then: &'static str,
+    then: String,
     /// The fix when no socket of the driver is left.
-    otherwise: &'static str,
+    otherwise: String,
 }
 
 /// The finding of `kept`: explained by `driver`'s stale registration
@@ -313,7 +347,7 @@ fn kept_for(rows: &[Row], driver: &str, kept: Kept) -> Finding {
             path,
             name: Some(driver.to_owned()),
             reason: what,
-            hint: otherwise.to_owned(),
+            hint: otherwise,
             cause: None,
         },
     }
