@@ -987,6 +987,47 @@ fn the_verdicts_on_dra_drivers_follow_the_minor_of_the_nodes_kubelet() {
     }
 }
 
+/// Before 1.34, a kubelet has a DRA handler only with the
+/// `DynamicResourceAllocation` feature gate, off by default: the doctor reads
+/// the gates from the running kubelet's flags (and its config file).
+#[test]
+fn a_kubelet_before_1_34_without_the_dra_gate_refuses_dra_drivers() {
+    let rt = runtime();
+    let api = serve_api_server_of(&rt, false, "v1.33.13");
+    let gate_on = "--feature-gates=Other=false,DynamicResourceAllocation=true";
+    for (gates, expected) in [(None, "rejected"), (Some(gate_on), "not-published")] {
+        let fake = FakeHost::new();
+        let registry = fake.at("/data/kubelet/plugins_registry");
+        std::fs::create_dir_all(&registry).unwrap();
+        let kubeconfig = fake.at("/kubeconfig");
+        std::fs::write(&kubeconfig, support::kubeconfig(&api)).unwrap();
+        let mut args = vec!["/usr/bin/kubelet", "--root-dir=/data/kubelet"];
+        args.extend(gates);
+        fake.process(4242, &args, &[], None);
+        let dra = rt
+            .block_on(
+                Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                    .socket_dir(&registry)
+                    .routes(kpm_registrar::stub::StubDraDriver.routes())
+                    .serve(),
+            )
+            .unwrap();
+        let (_, report, _) =
+            fake.report(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
+        let socket = Path::new("/data/kubelet/plugins_registry")
+            .join(dra.socket_path().file_name().unwrap());
+        assert_eq!(verdict(&report, &socket), expected, "{gates:?}: {report:#}");
+        if gates.is_none() {
+            let reason = row(&report, &socket)["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("kubelet 1.33 has no handler for DRAPlugin: its \
+                                 DynamicResourceAllocation feature gate is off"),
+                "{reason}"
+            );
+        }
+    }
+}
+
 /// The report's finding about `path` whose reason names `what`.
 fn finding<'a>(report: &'a Value, path: &str, what: &str) -> &'a Value {
     report["findings"]

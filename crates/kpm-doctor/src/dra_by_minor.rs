@@ -11,7 +11,9 @@
 //!   offering `v1.DRAPlugin` alone registers and then fails every claim;
 //!   1.31 reads the list as semantic versions and calls v1alpha4 only;
 //! - how long after a driver went it wipes the driver's ResourceSlices of
-//!   the node: at once up to 1.32, after 30 s from 1.33.
+//!   the node: at once up to 1.32, after 30 s from 1.33;
+//! - whether it has a DRA handler at all: before 1.34 only with the
+//!   `DynamicResourceAllocation` feature gate, off by default.
 //!
 //! A version the doctor cannot read a minor from (no API server, a
 //! development build) is judged as the referee judges.
@@ -26,10 +28,22 @@ use crate::judge::{Row, Verdict};
 
 /// The first minor whose kubelet takes the services as kpm's handler does.
 const SERVICES_AS_KPM: u32 = 34;
+/// The kubelet's feature gate for DRA, on by default from 1.34.
+pub(crate) const DRA_GATE: &str = "DynamicResourceAllocation";
 /// The first minor whose kubelet waits before wiping a driver's slices.
 const WIPE_DELAYED: u32 = 33;
 /// The service name 1.32 and 1.33 know for the DRA v1alpha4 API.
 const V1ALPHA4_SERVICE: &str = "v1alpha3.NodeService";
+
+/// What the doctor knows of the judged kubelet that its DRA rules need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct JudgedKubelet {
+    /// Its minor of Kubernetes 1.x, from its Node.
+    pub(crate) minor: u32,
+    /// Whether its `DynamicResourceAllocation` gate is on, when its
+    /// process was found (a gate it does not name is off before 1.34).
+    pub(crate) dra_gate: Option<bool>,
+}
 
 /// The API a kubelet calls a DRA driver on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,12 +101,27 @@ pub(crate) fn slice_wipe_delay(minor: u32) -> Option<Duration> {
     (minor >= WIPE_DELAYED).then_some(kpm::dra::DEFAULT_CLEANUP_GRACE)
 }
 
-/// The referee's row of a DRA driver's registration socket, made what the
-/// kubelet of `minor` does with it. Only rows the referee found fine, or
-/// refused for their services alone, change: a driver it refused for its
-/// name or endpoint is refused by every minor.
-pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, minor: u32) {
+/// The referee's row of a DRA driver's registration socket, made what
+/// `kubelet` does with it. A kubelet without the DRA gate has no handler
+/// for any driver; otherwise only rows the referee found fine, or refused
+/// for their services alone, change: a driver it refused for its name or
+/// endpoint is refused by every minor.
+pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, kubelet: JudgedKubelet) {
+    let minor = kubelet.minor;
     if minor >= SERVICES_AS_KPM || row.plugin_type.as_deref() != Some(DRA_PLUGIN) {
+        return;
+    }
+    if kubelet.dra_gate == Some(false) {
+        row.verdict = Verdict::Rejected;
+        row.reason = format!(
+            "kubelet 1.{minor} has no handler for {DRA_PLUGIN}: its {DRA_GATE} feature gate is \
+             off, the default before 1.34"
+        );
+        row.hint = format!(
+            "turn the gate on for the kubelet (--feature-gates={DRA_GATE}=true, or featureGates \
+             in its config file) and the control plane, with resource.k8s.io/v1beta1 served \
+             (v1alpha3 for 1.31); or upgrade the node to 1.34 or later, where DRA is on"
+        );
         return;
     }
     let refused_for_services = outcome.as_ref().err().is_some_and(services_refused);
@@ -215,6 +244,30 @@ mod tests {
         }
     }
 
+    /// A kubelet of `minor` whose DRA gate is on.
+    fn gated(minor: u32) -> JudgedKubelet {
+        JudgedKubelet { minor, dra_gate: Some(true) }
+    }
+
+    #[test]
+    fn a_kubelet_before_1_34_without_the_dra_gate_refuses_every_driver() {
+        for minor in [31, 32, 33] {
+            let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+            judge(&mut row, &Ok(()), JudgedKubelet { minor, dra_gate: Some(false) });
+            assert_eq!(row.verdict, Verdict::Rejected);
+            assert!(row.reason.contains("DynamicResourceAllocation feature gate is off"));
+        }
+        // 1.34 on, DRA is on whatever the gate says; a gate not known is not guessed.
+        for kubelet in [
+            JudgedKubelet { minor: 34, dra_gate: Some(false) },
+            JudgedKubelet { minor: 33, dra_gate: None },
+        ] {
+            let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
+            judge(&mut row, &Ok(()), kubelet);
+            assert_eq!(row.verdict, Verdict::Ok, "{kubelet:?}");
+        }
+    }
+
     fn dra_row(verdict: Verdict, versions: &[&str]) -> Row {
         let mut row =
             Row::new(verdict, std::path::Path::new("/r/gpu.sock"), "registry", "seen".into());
@@ -227,7 +280,7 @@ mod tests {
     #[test]
     fn a_v1_only_driver_beside_1_33_registers_and_fails_its_claims() {
         let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin"]);
-        judge(&mut row, &Ok(()), 33);
+        judge(&mut row, &Ok(()), gated(33));
         assert_eq!(row.verdict, Verdict::ServiceFailing);
         assert!(row.reason.contains("kubelet 1.33 registers it, then calls it on v1alpha3.Node"));
         assert!(row.hint.contains("v1beta1.DRAPlugin too"), "{}", row.hint);
@@ -237,7 +290,7 @@ mod tests {
     fn a_driver_offering_both_services_is_fine_from_1_32_on() {
         for minor in [32, 33, 34, 36] {
             let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
-            judge(&mut row, &Ok(()), minor);
+            judge(&mut row, &Ok(()), gated(minor));
             assert_eq!((row.verdict, row.reason.as_str()), (Verdict::Ok, "seen"), "1.{minor}");
         }
     }
@@ -245,7 +298,7 @@ mod tests {
     #[test]
     fn kubelet_1_31_refuses_a_driver_offering_service_names() {
         let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin", "v1beta1.DRAPlugin"]);
-        judge(&mut row, &Ok(()), 31);
+        judge(&mut row, &Ok(()), gated(31));
         assert_eq!(row.verdict, Verdict::Rejected);
         assert!(row.reason.starts_with("kubelet 1.31 refuses it: none of the versions"));
     }
@@ -267,7 +320,7 @@ mod tests {
             })
         };
         let mut row = dra_row(Verdict::Rejected, &["v1alpha3.NodeService"]);
-        judge(&mut row, &refused(&["v1alpha3.NodeService"]), 32);
+        judge(&mut row, &refused(&["v1alpha3.NodeService"]), gated(32));
         assert_eq!(row.verdict, Verdict::Ok);
         assert!(row.reason.contains("kubelet 1.32 calls it on v1alpha3.Node"), "{}", row.reason);
         assert!(row.hint.contains("1.34 and later refuse it"), "{}", row.hint);
@@ -279,18 +332,18 @@ mod tests {
             name: "GPU".into(),
             source: Box::new(DraError::NoServices),
         });
-        judge(&mut row, &other, 32);
+        judge(&mut row, &other, gated(32));
         assert_eq!(row.verdict, Verdict::Rejected);
     }
 
     #[test]
     fn rows_of_other_types_and_other_failures_are_left_as_the_referee_judged() {
         let mut row = dra_row(Verdict::Stale, &["v1.DRAPlugin"]);
-        judge(&mut row, &Ok(()), 33);
+        judge(&mut row, &Ok(()), gated(33));
         assert_eq!(row.verdict, Verdict::Stale);
         let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin"]);
         row.plugin_type = Some("CSIPlugin".into());
-        judge(&mut row, &Ok(()), 31);
+        judge(&mut row, &Ok(()), gated(31));
         assert_eq!((row.verdict, row.reason.as_str()), (Verdict::Ok, "seen"));
     }
 }

@@ -14,6 +14,7 @@ use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
 use crate::Finding;
+use crate::dra_by_minor::JudgedKubelet;
 use crate::host::{Host, ProcessInfo, Seen, View};
 use crate::kubelets::KubeletProcess;
 
@@ -310,8 +311,8 @@ pub fn served_by(process: &ProcessInfo) -> String {
 /// Every entry of `registry`, the sockets inspected concurrently, each
 /// within `bound`; the error if the registry cannot be listed at all.
 /// `view` is the kubelet's, where the referee read what its words
-/// name; `host` names the processes; `minor`, the judged kubelet's when
-/// known, makes a row what that kubelet does where it differs from the
+/// name; `host` names the processes; `kubelet`, what is known of the
+/// judged kubelet, makes a row what it does where it differs from the
 /// referee.
 pub(crate) async fn registry(
     referee: &Kubelet,
@@ -319,7 +320,7 @@ pub(crate) async fn registry(
     view: &View,
     registry: &Seen,
     bound: Duration,
-    minor: Option<u32>,
+    kubelet: Option<JudgedKubelet>,
 ) -> io::Result<Vec<Row>> {
     let entries = kpm::registry::survey(registry.as_ref())?;
     let mut rows = Vec::new();
@@ -346,7 +347,7 @@ pub(crate) async fn registry(
     }
     for (path, inspection) in crate::inspections::each(inspections, bound).await {
         rows.push(match inspection {
-            Ok(inspection) => judge(host, view, &path, inspection, minor),
+            Ok(inspection) => judge(host, view, &path, inspection, kubelet),
             Err(lost) => lost.row(&path, "registry"),
         });
     }
@@ -377,8 +378,14 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 
 /// The row of the registration socket at `path` on the host, from its
 /// inspection, whose words name the paths it read in `view`, as the
-/// kubelet of `minor` (when known) takes it.
-fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection, minor: Option<u32>) -> Row {
+/// judged kubelet takes it, as far as it is known.
+fn judge(
+    host: &Host,
+    view: &View,
+    path: &Path,
+    inspection: Inspection,
+    kubelet: Option<JudgedKubelet>,
+) -> Row {
     let (verdict, hint) = match &inspection.outcome {
         Ok(()) => (Verdict::Ok, String::new()),
         Err(err) => classify(err),
@@ -402,8 +409,8 @@ fn judge(host: &Host, view: &View, path: &Path, inspection: Inspection, minor: O
         .map(|taken| StepTaken { step: taken.step.name(), ms: taken.took.as_secs_f64() * 1000.0 })
         .collect();
     row.service = inspection.service;
-    if let Some(minor) = minor {
-        crate::dra_by_minor::judge(&mut row, &inspection.outcome, minor);
+    if let Some(kubelet) = kubelet {
+        crate::dra_by_minor::judge(&mut row, &inspection.outcome, kubelet);
     }
     row
 }

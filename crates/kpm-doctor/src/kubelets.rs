@@ -78,6 +78,11 @@ pub struct KubeletProcess {
     /// Where [`node_name`](Self::node_name) comes from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name_from: Option<NodeNameFrom>,
+    /// The feature gates its command line and its `--config` file set,
+    /// the command line winning gate by gate as the kubelet merges them; a
+    /// gate not named has its default.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
     /// How its files are read.
     pub files: ReadThrough,
     /// Where its files are read: never shown.
@@ -172,7 +177,13 @@ fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> 
         _ => args.to_vec(),
     };
     let root_dir = flag_values(&flags, "--root-dir").last().unwrap_or(DEFAULT_ROOT).into();
-    let node = node_name_of(program, args, &flags, || host.environ(pid), read);
+    let config = flag_values(&flags, "--config")
+        .last()
+        .and_then(&read)
+        .map(|text| ConfigFile::parse(&text))
+        .unwrap_or_default();
+    let feature_gates = feature_gates(&flags, &config);
+    let node = node_name_of(program, args, &flags, || host.environ(pid), &config, read);
     let (node_name, node_name_from) =
         node.map_or((None, None), |(name, from)| (Some(name), Some(from)));
     Some(KubeletProcess {
@@ -181,6 +192,7 @@ fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> 
         root_dir,
         node_name,
         node_name_from,
+        feature_gates,
         files,
         view,
         unreadable,
@@ -199,6 +211,7 @@ fn node_name_of(
     args: &[String],
     flags: &[String],
     environment: impl FnOnce() -> BTreeMap<String, String>,
+    config: &ConfigFile,
     read: impl Fn(&str) -> Option<String>,
 ) -> Option<(String, NodeNameFrom)> {
     let named = |name: &str| {
@@ -216,40 +229,59 @@ fn node_name_of(
     {
         return Some((name, NodeNameFrom::Environment));
     }
-    let config = flag_values(flags, "--config").last().and_then(&read);
-    if let Some(name) = config.as_deref().and_then(hostname_override).and_then(|name| named(&name))
-    {
+    if let Some(name) = config.hostname_override.as_deref().and_then(named) {
         return Some((name, NodeNameFrom::ConfigFile));
     }
     let hostname = read("/etc/hostname")?;
     named(hostname.lines().next()?).map(|name| (name, NodeNameFrom::Hostname))
 }
 
-/// `hostnameOverride` of a `KubeletConfiguration`, YAML or JSON: a
-/// top-level key (at the start of a line, or quoted), its value up to the
-/// end of the line, a comment, `,` or `}`, quotes removed. Nothing else of
-/// the file is read, so no YAML parser is needed for it.
-fn hostname_override(config: &str) -> Option<String> {
-    const KEY: &str = "hostnameOverride";
-    config.match_indices(KEY).find_map(|(at, _)| {
-        let quote = config[..at].chars().next_back().filter(|c| matches!(c, '"' | '\''));
-        let line_start = config[..at - quote.map_or(0, char::len_utf8)].chars().next_back();
-        // Indented, it is not top-level (YAML); quoted, JSON puts it anywhere.
-        if quote.is_none() && line_start.is_some_and(|c| c != '\n') {
-            return None;
-        }
-        let mut rest = &config[at + KEY.len()..];
-        if let Some(quote) = quote {
-            rest = rest.strip_prefix(quote)?;
-        }
-        let rest = rest.trim_start_matches([' ', '\t']).strip_prefix(':')?;
-        let rest = rest.trim_start_matches([' ', '\t']);
-        let value = match rest.chars().next()? {
-            quote @ ('"' | '\'') => rest[1..].split(quote).next()?,
-            _ => rest.split(['\n', '#', ',', '}']).next()?.trim(),
+/// What the doctor reads of a kubelet's `--config` file, a
+/// `KubeletConfiguration` in YAML or JSON: nothing of a file that does not
+/// parse, as the kubelet would not start with it.
+#[derive(Debug, Default)]
+struct ConfigFile {
+    hostname_override: Option<String>,
+    feature_gates: BTreeMap<String, bool>,
+}
+
+impl ConfigFile {
+    fn parse(text: &str) -> Self {
+        let Ok(config) = serde_norway::from_str::<serde_norway::Value>(text) else {
+            return Self::default();
         };
-        (!value.is_empty()).then(|| value.to_owned())
-    })
+        let hostname_override =
+            config.get("hostnameOverride").and_then(serde_norway::Value::as_str).map(str::to_owned);
+        let hostname_override = hostname_override.filter(|name| !name.is_empty());
+        let feature_gates = config
+            .get("featureGates")
+            .and_then(serde_norway::Value::as_mapping)
+            .into_iter()
+            .flatten()
+            .filter_map(|(gate, on)| Some((gate.as_str()?.to_owned(), on.as_bool()?)))
+            .collect();
+        Self { hostname_override, feature_gates }
+    }
+}
+
+/// The kubelet's feature gates: its config file's, then each
+/// `--feature-gates=A=true,B=false` over them, gate by gate, as
+/// `kubeletConfigFlagPrecedence` merges them. Values are Go's `ParseBool`.
+fn feature_gates(flags: &[String], config: &ConfigFile) -> BTreeMap<String, bool> {
+    let mut gates = config.feature_gates.clone();
+    let from_flags = flag_values(flags, "--feature-gates")
+        .flat_map(|list| list.split(','))
+        .filter_map(|pair| pair.split_once('='))
+        .filter_map(|(gate, on)| {
+            let on = match on.trim() {
+                "1" | "t" | "T" | "true" | "TRUE" | "True" => true,
+                "0" | "f" | "F" | "false" | "FALSE" | "False" => false,
+                _ => return None,
+            };
+            Some((gate.trim().to_owned(), on))
+        });
+    gates.extend(from_flags);
+    gates
 }
 
 /// The values flag `name` is given in `args`, `--name=VALUE` or `--name
@@ -437,6 +469,24 @@ mod tests {
     }
 
     #[test]
+    fn feature_gates_come_from_the_config_file_and_the_flags_win() {
+        let config = ConfigFile::parse(
+            "featureGates:\n  DynamicResourceAllocation: true\n  Other: false\n  Odd: maybe\n",
+        );
+        let flags = args(&["--feature-gates=Other=true,Third=F", "--feature-gates", "Fourth=1"]);
+        let gates = feature_gates(&flags, &config);
+        let expected = [
+            ("DynamicResourceAllocation", true),
+            ("Fourth", true),
+            ("Other", true),
+            ("Third", false),
+        ];
+        assert_eq!(gates, expected.map(|(gate, on)| (gate.to_owned(), on)).into());
+        let json = ConfigFile::parse("{\"featureGates\": {\"DynamicResourceAllocation\": false}}");
+        assert_eq!(json.feature_gates.get("DynamicResourceAllocation"), Some(&false));
+    }
+
+    #[test]
     fn hostname_override_is_read_from_yaml_or_json() {
         let cases = [
             ("kind: KubeletConfiguration\nhostnameOverride: n1\n", Some("n1")),
@@ -450,7 +500,11 @@ mod tests {
             ("", None),
         ];
         for (config, expected) in cases {
-            assert_eq!(hostname_override(config).as_deref(), expected, "{config}");
+            assert_eq!(
+                ConfigFile::parse(config).hostname_override.as_deref(),
+                expected,
+                "{config}"
+            );
         }
     }
 

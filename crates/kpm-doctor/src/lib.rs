@@ -261,9 +261,16 @@ impl Doctor {
         // otherwise than the referee, the rows say what it does.
         let kubelet_version = objects
             .and_then(|objects| objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone());
-        let minor = kubelet_version.as_deref().and_then(kubelet_version::minor);
+        let kubelet = kubelet_version.as_deref().and_then(kubelet_version::minor).map(|minor| {
+            dra_by_minor::JudgedKubelet {
+                minor,
+                dra_gate: choice.kubelet.as_ref().map(|kubelet| {
+                    kubelet.feature_gates.get(dra_by_minor::DRA_GATE).copied().unwrap_or(false)
+                }),
+            }
+        });
         let (mut plugins, mut blind) =
-            match judge::registry(&judged.referee, host, view, &registry, bound, minor).await {
+            match judge::registry(&judged.referee, host, view, &registry, bound, kubelet).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),
