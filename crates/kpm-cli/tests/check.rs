@@ -26,6 +26,9 @@ const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
 const NO_CLEANUP: &str = "KPM_TEST_NO_CLEANUP";
 const GET_INFO_DELAY_MS: &str = "KPM_TEST_GET_INFO_DELAY_MS";
 const NO_REREGISTER: &str = "KPM_TEST_NO_REREGISTER";
+/// The `dra` role's supported versions, comma-separated (default:
+/// kpm-registrar's).
+const DRA_VERSIONS: &str = "KPM_TEST_DRA_VERSIONS";
 /// The resource the plugin serves.
 const GPU: &str = "vendor.com/gpu";
 
@@ -35,7 +38,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 8] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -54,6 +57,10 @@ fn main() {
             a_plugin_that_does_not_register_again_after_a_restart_fails,
         ),
         ("the_report_is_also_json_and_junit_for_a_ci", the_report_is_also_json_and_junit_for_a_ci),
+        (
+            "a_dra_driver_is_held_against_every_kubelet_minor",
+            a_dra_driver_is_held_against_every_kubelet_minor,
+        ),
         (
             "a_plugin_command_that_does_not_start_cannot_be_checked",
             a_plugin_command_that_does_not_start_cannot_be_checked,
@@ -104,6 +111,8 @@ fn a_plugin_command_that_does_not_start_cannot_be_checked() {
 fn a_good_plugin_passes_every_step() {
     let (code, report) = check("registry", &[]);
     assert_eq!(code, 0, "{report}");
+    let minors = line(&report, "kubelet minors");
+    assert!(minors.starts_with("SKIP") && minors.contains("no DRA driver"), "{report}");
     for step in [
         "registers",
         "GetInfo within 1 s",
@@ -185,26 +194,27 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
             ("registers", "passed"),
             ("GetInfo within 1 s", "passed"),
             ("type checks", "passed"),
+            ("kubelet minors", "skipped"),
             ("socket names", "passed"),
             ("kubelet restart", "passed"),
             ("SIGTERM", "failed"),
         ],
         "{report}"
     );
-    assert!(json["steps"][5]["detail"].as_str().unwrap().contains("but left"), "{report}");
+    assert!(json["steps"][6]["detail"].as_str().unwrap().contains("but left"), "{report}");
     assert_eq!(
         (&json["passed"], &json["failed"], &json["skipped"]),
-        (&5.into(), &1.into(), &0.into())
+        (&5.into(), &1.into(), &1.into())
     );
     assert!(json["kept"].is_null(), "{report}");
 
     let xml = std::fs::read_to_string(&junit).unwrap();
     let junit = quick_junit::Report::deserialize_from_str(&xml).unwrap();
-    assert_eq!((junit.tests, junit.failures, junit.errors), (6, 1, 0), "{xml}");
+    assert_eq!((junit.tests, junit.failures, junit.errors), (7, 1, 0), "{xml}");
     let cases = &junit.test_suites[0].test_cases;
     let names: Vec<&str> = cases.iter().map(|case| case.name.as_str()).collect();
     assert_eq!(names, results.iter().map(|(step, _)| *step).collect::<Vec<_>>(), "{xml}");
-    match &cases[5].status {
+    match &cases[6].status {
         quick_junit::TestCaseStatus::NonSuccess {
             kind: quick_junit::NonSuccessKind::Failure,
             message: Some(message),
@@ -214,6 +224,29 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
     }
     let registers = cases[0].system_out.as_deref().unwrap_or_default();
     assert!(registers.contains("DevicePlugin vendor.com/gpu"), "{xml}");
+}
+
+/// Each kubelet minor's rule on the services a DRA driver offers, as the
+/// doctor judges them: kpm-registrar's default (v1 and v1beta1) is served
+/// by every minor from 1.32; `v1.DRAPlugin` alone breaks on 1.32 and 1.33.
+fn a_dra_driver_is_held_against_every_kubelet_minor() {
+    let (code, report) = check("dra", &[]);
+    assert_eq!(code, 0, "{report}");
+    let minors = line(&report, "kubelet minors");
+    assert!(
+        minors.starts_with("PASS")
+            && minors.contains("kubelets 1.34-1.36 call v1.DRAPlugin, 1.32-1.33 call v1beta1.DRAPlugin, 1.31 refuse it"),
+        "{report}"
+    );
+    let (code, report) = check("dra", &[(DRA_VERSIONS, "v1.DRAPlugin")]);
+    assert_eq!(code, 1, "{report}");
+    let minors = line(&report, "kubelet minors");
+    assert!(
+        minors.starts_with("FAIL")
+            && minors.contains("1.32-1.33 register it, then call v1alpha3.Node (DRA v1alpha4)"),
+        "{report}"
+    );
+    assert!(line(&report, "type checks").starts_with("PASS"), "kpm itself takes it: {report}");
 }
 
 // === The plugin ===
@@ -286,6 +319,18 @@ fn plugin(role: &str) {
                 }
                 stop.await;
                 let _ = std::fs::remove_file(dir.join("gpu.sock"));
+            }
+            "dra" => {
+                let builder = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                    .socket_dir(PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap()))
+                    .routes(kpm_registrar::stub::StubDraDriver.routes());
+                let builder = match std::env::var(DRA_VERSIONS) {
+                    Ok(versions) => builder.versions(versions.split(',').map(str::to_owned)),
+                    Err(_) => builder,
+                };
+                let registrar = builder.serve().await.unwrap();
+                terminate.recv().await;
+                registrar.shutdown().await.unwrap();
             }
             other => panic!("unknown role {other}"),
         }

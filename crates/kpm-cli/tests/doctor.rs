@@ -965,7 +965,11 @@ fn the_verdicts_on_dra_drivers_follow_the_minor_of_the_nodes_kubelet() {
             std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
             let served = support::serve(&socket, kpm_registrar::stub::StubDraDriver.routes());
             let builder = Registrar::builder(kpm::api::DRA_PLUGIN, name).endpoint(&socket);
-            let builder = if versions.is_empty() { builder } else { builder.versions(versions.iter().copied()) };
+            let builder = if versions.is_empty() {
+                builder
+            } else {
+                builder.versions(versions.iter().copied())
+            };
             (served, node.plugin(builder))
         };
         let (_served, v1) = driver("v1.example.com", &["v1.DRAPlugin"]);
@@ -1020,8 +1024,10 @@ fn a_kubelet_before_1_34_without_the_dra_gate_refuses_dra_drivers() {
         if gates.is_none() {
             let reason = row(&report, &socket)["reason"].as_str().unwrap();
             assert!(
-                reason.contains("kubelet 1.33 has no handler for DRAPlugin: its \
-                                 DynamicResourceAllocation feature gate is off"),
+                reason.contains(
+                    "kubelet 1.33 has no handler for DRAPlugin: its \
+                                 DynamicResourceAllocation feature gate is off"
+                ),
                 "{reason}"
             );
         }

@@ -47,27 +47,57 @@ pub(crate) struct JudgedKubelet {
 
 /// The API a kubelet calls a DRA driver on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum DraApi {
+#[non_exhaustive]
+pub enum DraApi {
+    /// `v1.DRAPlugin`.
     V1,
+    /// `v1beta1.DRAPlugin`.
     V1beta1,
     /// DRA v1alpha4, whose gRPC service is `v1alpha3.Node`: kpm does not
     /// speak it.
     V1alpha4,
 }
 
-impl DraApi {
-    fn describe(self) -> &'static str {
-        match self {
+impl std::fmt::Display for DraApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
             Self::V1 => DRA_V1_SERVICE,
             Self::V1beta1 => DRA_V1BETA1_SERVICE,
             Self::V1alpha4 => "v1alpha3.Node (DRA v1alpha4)",
+        })
+    }
+}
+
+/// What a kubelet of one minor does with a DRA driver, by the services
+/// the driver offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DraOutcome {
+    /// It calls the driver on this API.
+    Calls(DraApi),
+    /// It registers the driver, then calls it on v1alpha4, which a driver
+    /// offering `v1.DRAPlugin` (and not `v1beta1.DRAPlugin`) is for kubelets
+    /// 1.34 and later, and does not serve: every claim fails to prepare.
+    CallsUnserved,
+    /// It refuses the driver, for this reason (the kubelet's words).
+    Refuses(String),
+}
+
+/// What the kubelet of 1.`minor` does with a DRA driver offering
+/// `services` in its `GetInfo` supported versions (its DRA gate on).
+pub fn dra_outcome(minor: u32, services: &[String]) -> DraOutcome {
+    match api_taken(minor, services) {
+        Err(why) => DraOutcome::Refuses(why),
+        Ok(DraApi::V1alpha4) if services.iter().any(|v| v == DRA_V1_SERVICE) => {
+            DraOutcome::CallsUnserved
         }
+        Ok(api) => DraOutcome::Calls(api),
     }
 }
 
 /// The API the kubelet of `minor` calls a driver offering `services` on,
 /// or its reason for refusing the driver.
-pub(crate) fn api_taken(minor: u32, services: &[String]) -> Result<DraApi, String> {
+fn api_taken(minor: u32, services: &[String]) -> Result<DraApi, String> {
     let offered = |name: &str| services.iter().any(|service| service == name);
     if services.is_empty() {
         return Err("empty list for supported versions".into());
@@ -129,8 +159,8 @@ pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, kubelet:
         return;
     }
     let kubelet = format!("kubelet 1.{minor}");
-    match api_taken(minor, &row.versions) {
-        Err(why) => {
+    match dra_outcome(minor, &row.versions) {
+        DraOutcome::Refuses(why) => {
             row.verdict = Verdict::Rejected;
             row.reason = format!("{kubelet} refuses it: {why}");
             row.hint = "kubelet 1.31 reads a DRA driver's versions as semantic versions (1.0.0) \
@@ -138,13 +168,13 @@ pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, kubelet:
                         do not serve: run the driver's release for 1.31, or upgrade the kubelet"
                 .into();
         }
-        Ok(DraApi::V1alpha4) if row.versions.iter().any(|v| v == DRA_V1_SERVICE) => {
+        DraOutcome::CallsUnserved => {
             row.verdict = Verdict::ServiceFailing;
             row.reason = format!(
                 "{kubelet} registers it, then calls it on {}: kubelets 1.32 and 1.33 know \
                  {DRA_V1BETA1_SERVICE} and {V1ALPHA4_SERVICE}, not {DRA_V1_SERVICE}, and fall \
                  back to v1alpha4 for a driver offering neither ({})",
-                DraApi::V1alpha4.describe(),
+                DraApi::V1alpha4,
                 row.versions.join(", ")
             );
             row.hint = format!(
@@ -153,23 +183,17 @@ pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, kubelet:
                  helper of 1.34 and later do), or upgrade the kubelet to 1.34 or later"
             );
         }
-        Ok(api @ DraApi::V1alpha4) => {
+        DraOutcome::Calls(api @ DraApi::V1alpha4) => {
             row.verdict = Verdict::Ok;
-            row.reason = format!(
-                "{kubelet} calls it on {}, which the doctor does not inspect",
-                api.describe()
-            );
+            row.reason = format!("{kubelet} calls it on {api}, which the doctor does not inspect");
             row.hint = format!(
                 "kubelets 1.34 and later refuse it: have it offer {DRA_V1BETA1_SERVICE} or \
                  {DRA_V1_SERVICE} before the kubelet is upgraded"
             );
         }
-        Ok(api) => {
-            if refused_for_services {
-                // Not reached: what 1.32 and 1.33 take, kpm takes too.
-                row.reason = format!("{kubelet} calls it on {}", api.describe());
-            }
-        }
+        // What 1.32 and 1.33 take besides v1alpha4, v1beta1, kpm takes too:
+        // the referee's row stands.
+        DraOutcome::Calls(_) => {}
     }
 }
 

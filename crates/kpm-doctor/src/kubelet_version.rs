@@ -7,7 +7,7 @@
 use std::ops::RangeInclusive;
 
 /// The minors of Kubernetes 1.x whose kubelets the doctor was run beside.
-pub const CHECKED_MINORS: RangeInclusive<u32> = 33..=36;
+pub const CHECKED_MINORS: RangeInclusive<u32> = 31..=36;
 
 /// Whether the doctor was checked against the kubelet of `version` (as a
 /// Node's `nodeInfo.kubeletVersion` gives it, `v1.35.6`): `None` when the
@@ -45,7 +45,8 @@ mod tests {
     fn a_release_is_checked_by_its_minor() {
         assert_eq!(checked("v1.35.6"), Some(true));
         assert_eq!(checked("v1.34.0-rc.1+abc"), Some(true));
-        assert_eq!(checked("v1.31.14"), Some(false));
+        assert_eq!(checked("v1.31.14"), Some(true));
+        assert_eq!(checked("v1.30.14"), Some(false));
         assert_eq!(checked("v1.37.0"), Some(false));
         assert_eq!(checked("v0.0.0-master+8e16b12fda5b"), None);
         assert_eq!(checked("1.35.6"), None);
@@ -54,8 +55,8 @@ mod tests {
     #[test]
     fn only_a_kubelet_outside_the_checked_minors_gets_a_note() {
         assert_eq!(unchecked_note("v1.36.2"), None);
-        let note = unchecked_note("v1.31.14").unwrap();
-        assert!(note.contains("v1.31.14") && note.contains("1.33 to 1.36"), "{note}");
+        let note = unchecked_note("v1.30.14").unwrap();
+        assert!(note.contains("v1.30.14") && note.contains("1.31 to 1.36"), "{note}");
         assert!(unchecked_note("v0.0.0-master+abc").unwrap().contains("development build"));
     }
 }

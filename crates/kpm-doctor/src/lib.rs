@@ -75,6 +75,7 @@ pub use crate::condition::{
     MAX_MESSAGE_BYTES, PluginsCondition,
 };
 pub use crate::config::{ConfigError, DoctorConfig, DoctorConfigBuilder};
+pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
 pub use crate::fleet::{
     DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverView,
     FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects, MAX_PAGE_SIZE,

@@ -95,10 +95,10 @@ mod tests {
     #[test]
     fn a_kubelet_the_doctor_was_not_checked_against_is_said_so_on_top() {
         let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
-        report.kubelet_version = Some("v1.31.14".to_owned());
-        report.kubelet_unchecked = crate::kubelet_version::unchecked_note("v1.31.14");
+        report.kubelet_version = Some("v1.30.14".to_owned());
+        report.kubelet_unchecked = crate::kubelet_version::unchecked_note("v1.30.14");
         let text = render_table(&report);
         let second = text.lines().nth(1).unwrap_or_default();
-        assert!(second.starts_with("kubelet v1.31.14 is a kubelet minor"), "{text}");
+        assert!(second.starts_with("kubelet v1.30.14 is a kubelet minor"), "{text}");
     }
 }

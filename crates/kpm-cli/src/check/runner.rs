@@ -21,6 +21,7 @@ const POLL: Duration = Duration::from_millis(10);
 const REGISTERS: &str = "registers";
 const GET_INFO: &str = "GetInfo within 1 s";
 const TYPE_CHECKS: &str = "type checks";
+const KUBELET_MINORS: &str = "kubelet minors";
 const SOCKET_NAMES: &str = "socket names";
 const KUBELET_RESTART: &str = "kubelet restart";
 const SIGTERM: &str = "SIGTERM";
@@ -217,7 +218,8 @@ pub(super) async fn run(
         ));
         steps.push((SIGTERM, terminate(&node, dirs, &mut plugin, registered, bound).await));
     } else {
-        for name in [GET_INFO, TYPE_CHECKS, SOCKET_NAMES, KUBELET_RESTART, SIGTERM] {
+        for name in [GET_INFO, TYPE_CHECKS, KUBELET_MINORS, SOCKET_NAMES, KUBELET_RESTART, SIGTERM]
+        {
             steps.push((name, Outcome::Skipped("the plugin never registered".into())));
         }
     }
@@ -332,11 +334,16 @@ async fn inspect(
     registered: &Registered,
 ) -> Vec<(&'static str, Outcome)> {
     let kubelet_get_info = kpm::ExecutorConfig::default().get_info_timeout;
-    let (mut get_info, mut checks) = (Vec::new(), Vec::new());
+    let (mut get_info, mut checks, mut dra) = (Vec::new(), Vec::new(), Vec::new());
     let mut failed = (false, false);
     for (socket, _, _) in &registered.sockets {
         let shown = dirs.shown(socket);
         let inspection = handle.manager().inspect(socket).await;
+        if let Some(info) =
+            inspection.info.as_ref().filter(|info| info.r#type == kpm::api::DRA_PLUGIN)
+        {
+            dra.push((shown.clone(), info.supported_versions.clone()));
+        }
         match (inspection.took(Step::GetInfo), &inspection.outcome) {
             (_, Err(ExecutorError::GetInfoTimeout { .. })) => {
                 failed.0 = true;
@@ -384,7 +391,61 @@ async fn inspect(
             ),
         ),
         (TYPE_CHECKS, Outcome::judged(failed.1, &checks, "nothing to check")),
+        (KUBELET_MINORS, minors(&dra)),
     ]
+}
+
+/// What each kubelet minor kpm was checked against does with each DRA
+/// driver, by the services it offers (`kpm_doctor::dra_outcome`, the rule
+/// the doctor judges by): fails when a kubelet from 1.32 on would refuse
+/// it or call it on an API it does not serve. 1.31's DRA (alpha, v1alpha4
+/// only) is only reported. The other types register alike on every minor.
+fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
+    use kpm_doctor::{CHECKED_MINORS, DraApi, DraOutcome, dra_outcome};
+    /// The first minor whose DRA today's drivers are expected to serve.
+    const EXPECTED_FROM: u32 = 32;
+    if dra.is_empty() {
+        let (first, last) = (CHECKED_MINORS.start(), CHECKED_MINORS.end());
+        return Outcome::Skipped(format!(
+            "no DRA driver: kubelets 1.{first} to 1.{last} take CSI drivers and device plugins alike"
+        ));
+    }
+    let mut lines = Vec::new();
+    let mut failed = false;
+    for (shown, services) in dra {
+        // Consecutive minors that do the same, as `(first, last, what)`.
+        let mut spans: Vec<(u32, u32, String)> = Vec::new();
+        for minor in CHECKED_MINORS {
+            let outcome = dra_outcome(minor, services);
+            failed |= minor >= EXPECTED_FROM && !matches!(outcome, DraOutcome::Calls(_));
+            let what = match outcome {
+                DraOutcome::Calls(api) => format!("call {api}"),
+                DraOutcome::CallsUnserved => format!(
+                    "register it, then call {}, which it does not offer: its claims fail",
+                    DraApi::V1alpha4
+                ),
+                DraOutcome::Refuses(why) => format!("refuse it: {why}"),
+                _ => format!("{outcome:?}"),
+            };
+            match spans.last_mut() {
+                Some((_, last, said)) if *said == what => *last = minor,
+                _ => spans.push((minor, minor, what)),
+            }
+        }
+        let said: Vec<String> = spans
+            .iter()
+            .rev()
+            .map(|(first, last, what)| {
+                if first == last {
+                    format!("1.{first} {what}")
+                } else {
+                    format!("1.{first}-1.{last} {what}")
+                }
+            })
+            .collect();
+        lines.push(format!("{shown}: kubelets {}", said.join(", ")));
+    }
+    Outcome::judged(failed, &lines, "")
 }
 
 /// Registration sockets named `<name>-reg.sock` (a name's `/` as `_`), or

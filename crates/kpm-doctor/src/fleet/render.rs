@@ -141,7 +141,7 @@ mod tests {
                 reason: "refused".into(),
             }],
             more_failing: 2,
-            kubelet_version: Some("v1.31.14".into()),
+            kubelet_version: Some("v1.30.14".into()),
             ..node("n2", DoctorState::Failing { reason: "Stale".into() })
         };
         let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into() };
@@ -213,7 +213,7 @@ mod tests {
             [
                 "n2",
                 "failing",
-                "v1.31.14",
+                "v1.30.14",
                 "(unchecked)",
                 "Stale",
                 "a-reg.sock",
@@ -256,7 +256,7 @@ mod tests {
         assert_eq!(json["nodes"][3]["doctor"]["since"], "2026-03-01T10:00:00Z");
         assert_eq!(json["nodes"][4]["doctor"]["state"], "cannot-judge");
         assert_eq!(json["nodes"][1]["source"], "report");
-        assert_eq!(json["nodes"][1]["kubelet_version"], "v1.31.14");
+        assert_eq!(json["nodes"][1]["kubelet_version"], "v1.30.14");
     }
 
     #[test]
