@@ -13,17 +13,28 @@ use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
 use kpm_test_support::DEADLINE;
 
-/// Serves `driver` and returns its `NodeGetInfo` answer.
-async fn node_get_info(driver: StubCsiDriver) -> NodeGetInfoResponse {
+/// `routes` served beside the registration service of a `plugin_type`
+/// plugin in a temp dir (kept while the registrar lives), and a channel to
+/// them.
+async fn serve(
+    plugin_type: &str,
+    routes: tonic::service::Routes,
+) -> (Registrar, tempfile::TempDir, tonic::transport::Channel) {
     let dir = tempfile::tempdir().unwrap();
-    let registrar = Registrar::builder(CSI_PLUGIN, "csi.example.com")
+    let registrar = Registrar::builder(plugin_type, "plugin.example.com")
         .socket_dir(dir.path())
-        .routes(driver.routes())
+        .routes(routes)
         .serve()
         .await
         .unwrap();
     let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
     let channel = dialer.grpc(registrar.socket_path()).await.unwrap().channel;
+    (registrar, dir, channel)
+}
+
+/// Serves `driver` and returns its `NodeGetInfo` answer.
+async fn node_get_info(driver: StubCsiDriver) -> NodeGetInfoResponse {
+    let (registrar, _dir, channel) = serve(CSI_PLUGIN, driver.routes()).await;
     let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await.unwrap();
     registrar.shutdown().await.unwrap();
     info.into_inner()
@@ -72,15 +83,7 @@ async fn a_dra_driver_prepares_claims_on_both_plugin_services() {
     use kpm_registrar::DRA_PLUGIN;
     use kpm_registrar::stub::StubDraDriver;
 
-    let dir = tempfile::tempdir().unwrap();
-    let registrar = Registrar::builder(DRA_PLUGIN, "gpu.example.com")
-        .socket_dir(dir.path())
-        .routes(StubDraDriver.routes())
-        .serve()
-        .await
-        .unwrap();
-    let dialer = kpm_transport::Dialer::new(kpm_transport::fd::budget().clone(), DEADLINE);
-    let channel = dialer.grpc(registrar.socket_path()).await.unwrap().channel;
+    let (registrar, _dir, channel) = serve(DRA_PLUGIN, StubDraDriver.routes()).await;
 
     let claim = |uid: &str| v1::Claim { uid: uid.into(), ..Default::default() };
     let prepared = v1::dra_plugin_client::DraPluginClient::new(channel.clone())
