@@ -21,13 +21,16 @@
 use std::time::Duration;
 
 use kpm::ExecutorError;
-use kpm::api::{DRA_PLUGIN, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE};
+use kpm::api::{DRA_PLUGIN, DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE};
 use kpm::dra::DraError;
 
 use crate::judge::{Row, Verdict};
 
 /// The first minor whose kubelet takes the services as kpm's handler does.
 const SERVICES_AS_KPM: u32 = 34;
+/// The first minor whose kubelet reads service names, and speaks
+/// `v1beta1.DRAPlugin`.
+const V1BETA1_FROM: u32 = 32;
 /// The kubelet's feature gate for DRA, on by default from 1.34.
 pub(crate) const DRA_GATE: &str = "DynamicResourceAllocation";
 /// The first minor whose kubelet waits before wiping a driver's slices.
@@ -110,15 +113,16 @@ fn api_taken(minor: u32, services: &[String]) -> Result<DraApi, String> {
                 DRA_V1BETA1_SERVICE => Some(DraApi::V1beta1),
                 _ => None,
             })
+            // The kubelet's words are kpm's handler's.
             .ok_or_else(|| {
-                format!(
-                    "none of services supported by the plugin ({}) are supported by the kubelet \
-                     ({DRA_V1_SERVICE} {DRA_V1BETA1_SERVICE})",
-                    services.join(" ")
-                )
+                DraError::UnsupportedServices {
+                    services: services.to_vec(),
+                    supported: DRA_SUPPORTED_SERVICES.map(str::to_owned).to_vec(),
+                }
+                .to_string()
             }),
-        32..SERVICES_AS_KPM if offered(DRA_V1BETA1_SERVICE) => Ok(DraApi::V1beta1),
-        32..SERVICES_AS_KPM => Ok(DraApi::V1alpha4),
+        V1BETA1_FROM..SERVICES_AS_KPM if offered(DRA_V1BETA1_SERVICE) => Ok(DraApi::V1beta1),
+        V1BETA1_FROM..SERVICES_AS_KPM => Ok(DraApi::V1alpha4),
         _ => kpm::csi::highest_supported_version(services)
             .map(|_| DraApi::V1alpha4)
             .map_err(|err| format!("none of the versions are supported: {err}")),
