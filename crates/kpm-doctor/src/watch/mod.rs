@@ -20,7 +20,9 @@
 //! doctor cannot judge, is published only once a second pass,
 //! [`WatchConfig::confirm`] (3 s) later, agrees: a plugin that restarts, or
 //! a driver the kubelet registers a second after its socket appears, makes
-//! no Event. Recoveries are published at once. Then the condition is set,
+//! no Event. What the kubelet clears by itself after a grace (a gone DRA
+//! driver's ResourceSlices, wiped 30 s later) is held back until that
+//! grace is over ([`graces`]). Recoveries are published at once. Then the condition is set,
 //! by the builder a single `kpm doctor` is judged with
 //! ([`PluginsCondition::of`](crate::PluginsCondition::of)), and one Event
 //! goes out per plugin that entered a failing verdict (`Warning`, the
@@ -54,6 +56,7 @@ use crate::publish::{EventType, NodePublisher};
 use crate::{ConfigError, Doctor, Report, Seen};
 
 mod flaps;
+mod graces;
 mod looks;
 mod publication;
 #[cfg(test)]

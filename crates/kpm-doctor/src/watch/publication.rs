@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::flaps::Flaps;
+use super::graces::Graces;
 use super::{NODE, RECHECK, WatchConfig};
 use crate::condition::CANNOT_JUDGE_REASON;
 use crate::judge::Verdict;
@@ -130,6 +131,7 @@ impl Outcome {
 pub(super) struct Publication {
     config: WatchConfig,
     flaps: Flaps,
+    graces: Graces,
     /// What was published last; before the first, nothing fails.
     confirmed: Outcome,
     published: bool,
@@ -153,6 +155,7 @@ impl Publication {
         Self {
             config,
             flaps: Flaps::new(config.flaps),
+            graces: Graces::default(),
             confirmed: Outcome::default(),
             published: false,
             last: None,
@@ -164,8 +167,11 @@ impl Publication {
     /// change, a plugin's exit) when `woken`.
     pub(super) fn after_pass(&mut self, seen: &Outcome, woken: bool) -> Next {
         let now = Instant::now();
-        self.flaps.observe(seen, now);
-        let outcome = self.flaps.damp(seen.clone());
+        // What the kubelet clears by itself is not seen until its grace is
+        // over, by the flap damping either.
+        let seen = self.graces.hold(seen.clone(), now);
+        self.flaps.observe(&seen, now);
+        let outcome = self.flaps.damp(seen);
         let changed = !self.last.as_ref().is_some_and(|last| last.agrees(&outcome));
         let mut confirm_at = None;
         let mut publish = None;
@@ -196,7 +202,7 @@ impl Publication {
         let recheck_at = outcome.fails().then(|| now + self.recheck);
         self.last = Some(outcome);
         let period_at = now + self.config.period;
-        let judge_at = [confirm_at, recheck_at, self.flaps.next_stable()]
+        let judge_at = [confirm_at, recheck_at, self.flaps.next_stable(), self.graces.next_due()]
             .into_iter()
             .flatten()
             .fold(period_at, Instant::min);

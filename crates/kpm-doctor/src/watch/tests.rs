@@ -266,3 +266,67 @@ async fn without_a_confirm_a_failing_node_is_still_looked_at_with_pauses() {
         (0..4).map(|_| publication.after_pass(&failing, false).judge_at - Instant::now()).collect();
     assert_eq!(waits, [1, 2, 4, 8].map(Duration::from_secs));
 }
+
+/// The node with the ResourceSlices of `gpu.example.com`, whose driver
+/// went, beside a kubelet of `version`: what the kubelet wipes by itself.
+fn orphaned_slices(version: &str) -> Outcome {
+    let slices = Finding {
+        name: Some("gpu.example.com".into()),
+        verdict: Verdict::OrphanedSlices,
+        path: "resourceslices/gpu.example.com".into(),
+        reason: "1 ResourceSlice(s) of node n1 from driver gpu.example.com".into(),
+        hint: String::new(),
+        cause: None,
+    };
+    let mut report = Report::of_parts(Vec::new(), vec![slices], None);
+    report.kubelet_version = Some(version.to_owned());
+    Outcome::of(&report)
+}
+
+fn healthy_beside(version: &str) -> Outcome {
+    let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
+    report.kubelet_version = Some(version.to_owned());
+    Outcome::of(&report)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gone_drivers_slices_are_held_back_for_the_kubelets_wipe_delay() {
+    let (kubelet, after) = ("v1.33.13", Duration::from_secs(30));
+    let mut publication = Publication::new(WatchConfig::default());
+    assert!(publication.after_pass(&healthy_beside(kubelet), false).publish.is_some());
+    // The driver goes: its slices are held back, judged again at the end of
+    // the grace, and wiped by the kubelet before: nothing is published.
+    let start = Instant::now();
+    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    assert!(next.publish.is_none());
+    assert_eq!(next.judge_at - start, after);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(publication.after_pass(&orphaned_slices(kubelet), false).publish.is_none());
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(publication.after_pass(&healthy_beside(kubelet), true).publish.is_none());
+
+    // Gone again, and never wiped: published after the grace and a second look.
+    let start = Instant::now();
+    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    assert!(next.publish.is_none());
+    tokio::time::sleep_until(next.judge_at).await;
+    let next = publication.after_pass(&orphaned_slices(kubelet), false);
+    assert!(next.publish.is_none(), "a new failure, at the grace's end: a second look");
+    tokio::time::sleep_until(next.judge_at).await;
+    let (outcome, before) =
+        publication.after_pass(&orphaned_slices(kubelet), false).publish.unwrap();
+    assert_eq!(Instant::now() - start, after + WatchConfig::default().confirm);
+    assert_eq!(reasons(&outcome.transitions(&before)), [(EventType::Warning, "OrphanedSlices")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn beside_a_kubelet_that_wipes_at_once_slices_get_only_the_second_look() {
+    let kubelet = "v1.32.13";
+    let mut publication = Publication::new(WatchConfig::default());
+    publication.after_pass(&healthy_beside(kubelet), false);
+    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    assert_eq!(next.judge_at - Instant::now(), WatchConfig::default().confirm);
+    tokio::time::sleep_until(next.judge_at).await;
+    let published = publication.after_pass(&orphaned_slices(kubelet), false).publish;
+    assert!(published.is_some_and(|(outcome, _)| outcome.fails()));
+}
