@@ -97,6 +97,52 @@ impl Programs {
         }
         Ok(format!("kubelet {kubelet}, kube-apiserver {apiserver}"))
     }
+
+    /// The minor of the node's program `name` by its `--version`; `None`
+    /// for a development build (`v0.0.0-master`), which is taken as the
+    /// newest.
+    pub(super) fn minor(&self, name: &str) -> Option<u32> {
+        version(&self.path(name)).ok().map(|(_, minor)| minor)
+    }
+}
+
+/// The minor whose `DynamicResourceAllocation` is GA and on by default;
+/// older components have it off (alpha in 1.31, beta off by default in
+/// 1.32 and 1.33). It is locked on from 1.35, and a gate a component does
+/// not know stops it: set it only where it is off.
+const DRA_ON_BY_DEFAULT: u32 = 34;
+
+/// Whether a component of `minor` (`None`: the newest) needs
+/// `DynamicResourceAllocation=true`.
+pub(super) fn needs_dra_gate(minor: Option<u32>) -> bool {
+    minor.is_some_and(|minor| minor < DRA_ON_BY_DEFAULT)
+}
+
+/// The `resource.k8s.io` version a kubelet of `minor` reads `ResourceClaims`
+/// and wipes `ResourceSlices` with (`docs/kubelet-minors.md`).
+pub(super) fn dra_api_version(minor: Option<u32>) -> &'static str {
+    match minor {
+        Some(..=31) => "v1alpha3",
+        Some(32 | 33) => "v1beta1",
+        _ => "v1",
+    }
+}
+
+/// The flags control plane component `name` of `minor` needs to serve DRA
+/// to a kubelet of `kubelet`: the feature gate where DRA is off by
+/// default, and for kube-apiserver the kubelet's `resource.k8s.io/v1beta1`,
+/// which no kube-apiserver from 1.34 on serves by default. A 1.31
+/// kubelet's `v1alpha3` has no ResourceSlices in a 1.34 kube-apiserver:
+/// nothing makes it serve them.
+pub(super) fn dra_flags(name: &str, minor: Option<u32>, kubelet: Option<u32>) -> Vec<String> {
+    let mut flags = Vec::new();
+    if needs_dra_gate(minor) {
+        flags.push("--feature-gates=DynamicResourceAllocation=true".to_owned());
+    }
+    if name == "kube-apiserver" && dra_api_version(kubelet) == "v1beta1" {
+        flags.push("--runtime-config=resource.k8s.io/v1beta1=true".to_owned());
+    }
+    flags
 }
 
 /// `program --version` (`Kubernetes v1.33.13`): the version and its minor.
@@ -143,6 +189,21 @@ mod tests {
         assert_eq!(parse_minor("v1.31.14-rc.0+abc"), Some(31));
         assert_eq!(parse_minor("1.33.1"), None);
         assert_eq!(parse_minor("v2.0.0"), None);
+    }
+
+    #[test]
+    fn dra_is_switched_on_where_it_is_off_and_served_in_the_kubelets_version() {
+        assert!(needs_dra_gate(Some(33)) && !needs_dra_gate(Some(34)) && !needs_dra_gate(None));
+        assert_eq!(
+            dra_flags("kube-apiserver", Some(34), Some(32)),
+            ["--runtime-config=resource.k8s.io/v1beta1=true"]
+        );
+        assert_eq!(
+            dra_flags("kube-scheduler", Some(33), Some(33)),
+            ["--feature-gates=DynamicResourceAllocation=true"]
+        );
+        assert!(dra_flags("kube-apiserver", None, Some(35)).is_empty());
+        assert!(dra_flags("kube-apiserver", Some(34), Some(31)).is_empty());
     }
 
     #[test]

@@ -28,7 +28,7 @@
 //! The scenarios (`scenarios/`, in the order they run, each on what the
 //! earlier ones deployed) are described in `docs/operations.md` ("A real
 //! node"): `csi-driver`, `doctor`, `registrar-killed`, `driver-pod-deleted`, `alert`,
-//! `device-plugin`, `kubelet-restart`, `cluster`, `kpm-run`, `footprint` on
+//! `device-plugin`, `kubelet-restart`, `cluster`, `kpm-run`, `footprint`, `dra` on
 //! a kubelet rooted at `/var/lib/kubelet`, then `kubelet-root` on a second
 //! node whose kubelet's root is `/var/lib/k0s/kubelet`.
 //!
@@ -248,7 +248,11 @@ fn inside(
             eprintln!("\n== {}", scenario.name);
             match (scenario.run)(env, &mut node) {
                 Ok(summary) => format!("passed: {summary}"),
-                Err(err) => format!("FAILED: {err}"),
+                // What this node's kubelet cannot do is not a failure.
+                Err(err) => match err.downcast_ref::<scenarios::Skipped>() {
+                    Some(skipped) => format!("skipped: {skipped}"),
+                    None => format!("FAILED: {err}"),
+                },
             }
         } else {
             format!("skipped: {} not in {}", absent.join(", "), env.bin_dir.display())

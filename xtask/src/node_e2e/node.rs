@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use super::host::{self, CGROUP_ROOT, NODE_IP, POD_SUBNET, SERVICE_IP, SERVICE_RANGE};
-use super::kubelets::Programs;
+use super::kubelets::{self, Programs};
 use super::{Env, NODE_NAME, START_TIMEOUT, STOP_TIMEOUT};
 use crate::Result;
 use crate::kube_e2e::api::Api;
@@ -60,6 +60,8 @@ pub(super) struct Node {
     pub(super) kubelet_root: PathBuf,
     state: PathBuf,
     programs: Programs,
+    /// The kubelet's minor; `None` for a development build, the newest.
+    pub(super) kubelet_minor: Option<u32>,
     out: PathBuf,
 }
 
@@ -86,7 +88,8 @@ impl Node {
         ] {
             fs::write(state.join(name), contents)?;
         }
-        let launcher = Launcher { env, state: &state };
+        let kubelet_minor = env.programs.minor("kubelet");
+        let launcher = Launcher { env, state: &state, kubelet_minor };
         let server = format!("https://{SERVICE_IP}:443");
         let api = Api::new(&server, &pki.ca, ADMIN_TOKEN)?;
         let etcd = launcher.etcd()?;
@@ -114,7 +117,7 @@ impl Node {
 
         let kubelet_kubeconfig = kubeconfig("kubelet", "system:node:kpm-node")?;
         let config = state.join("kubelet-config.json");
-        fs::write(&config, serde_json::to_string_pretty(&kubelet_config())?)?;
+        fs::write(&config, serde_json::to_string_pretty(&kubelet_config(kubelet_minor))?)?;
         let mut node = Self {
             kubelet: None,
             kubelet_starts: 0,
@@ -129,6 +132,7 @@ impl Node {
             kubelet_root: kubelet_root.to_path_buf(),
             state: state.clone(),
             programs: env.programs.clone(),
+            kubelet_minor,
             out: env.out.clone(),
         };
         node.start_kubelet(&kubelet_kubeconfig, &config)?;
@@ -203,6 +207,18 @@ impl Node {
             )
             .into())
         }
+    }
+
+    /// `kubectl ARGS` as admin: its stdout whatever its exit status (`kpm
+    /// doctor` exits 1 when a plugin fails, and prints its report all the
+    /// same).
+    pub(super) fn kubectl_stdout(&self, args: &[&str]) -> Result<String> {
+        let output = std::process::Command::new(self.programs.path("kubectl"))
+            .arg("--kubeconfig")
+            .arg(&self.admin_kubeconfig)
+            .args(args)
+            .output()?;
+        Ok(String::from_utf8(output.stdout)?)
     }
 
     /// `kubectl apply -f -` of `manifest` as admin.
@@ -305,6 +321,8 @@ impl Node {
 struct Launcher<'a> {
     env: &'a Env,
     state: &'a Path,
+    /// The kubelet's minor, whose DRA the control plane must serve.
+    kubelet_minor: Option<u32>,
 }
 
 /// etcd's client URL, on the node's loopback.
@@ -317,7 +335,11 @@ impl Launcher<'_> {
 
     fn spawn(&self, name: &str, args: &[&str]) -> Result<Process> {
         let log = |ext: &str| self.env.out.join(format!("{name}.{ext}"));
-        Process::spawn(name, &self.env.programs.path(name), args, &log("out"), &log("log"))
+        let programs = &self.env.programs;
+        let dra = kubelets::dra_flags(name, programs.minor(name), self.kubelet_minor);
+        let mut args = args.to_vec();
+        args.extend(dra.iter().map(String::as_str));
+        Process::spawn(name, &programs.path(name), &args, &log("out"), &log("log"))
     }
 
     /// A control plane component with `kubeconfig` for its client, and for
@@ -464,9 +486,10 @@ pub(super) fn condition<'a>(object: &'a Value, kind: &str) -> Option<&'a str> {
         .as_str()
 }
 
-/// The kubelet's configuration for this machine (`real-node.md`).
-fn kubelet_config() -> Value {
-    json!({
+/// The kubelet's configuration for this machine (`real-node.md`), for a
+/// kubelet of `minor`: DRA switched on where it is off by default.
+fn kubelet_config(minor: Option<u32>) -> Value {
+    let mut config = json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         // kube-apiserver reaches logs and exec anonymously, in the
@@ -486,7 +509,11 @@ fn kubelet_config() -> Value {
                          "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
         "clusterDomain": "cluster.local",
         "readOnlyPort": 0,
-    })
+    });
+    if kubelets::needs_dra_gate(minor) {
+        config["featureGates"] = json!({"DynamicResourceAllocation": true});
+    }
+    config
 }
 
 /// containerd's configuration (`real-node.md`), the CNI bridge, and the

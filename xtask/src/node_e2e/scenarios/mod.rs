@@ -13,6 +13,7 @@ mod breakage;
 mod csi;
 mod device;
 mod doctor;
+mod dra;
 mod fleet;
 mod run;
 
@@ -24,9 +25,24 @@ pub(super) struct Scenario {
     pub(super) builds_on: &'static [&'static str],
     /// The kubelet's root directory: one node runs per root.
     pub(super) kubelet_root: &'static str,
-    /// Runs it; the summary line on success.
+    /// Runs it; the summary line on success, [`Skipped`] when the node's
+    /// kubelet cannot do what it checks.
     pub(super) run: fn(&Env, &mut Node) -> Result<String>,
 }
+
+/// A scenario's error when this node's kubelet cannot do what it checks
+/// (a minor without the feature), and why: the outcome is `skipped: WHY`,
+/// not a failure.
+#[derive(Debug)]
+pub(super) struct Skipped(pub(super) String);
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Skipped {}
 
 pub(super) const SCENARIOS: &[Scenario] = &[
     Scenario {
@@ -98,6 +114,13 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: fleet::doctor_footprint,
+    },
+    Scenario {
+        name: "dra",
+        builds_on: &["doctor"],
+        programs: &["dra-test-driver"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: dra::dra_driver,
     },
     Scenario {
         name: "kubelet-root",
