@@ -70,8 +70,15 @@ impl Programs {
     /// Checks that the kubelet is `minor` and that kube-apiserver may serve
     /// it; returns both versions, as `kubelet v1.33.13, kube-apiserver
     /// v1.36.2`. A kube-apiserver of a development build (`v0.0.0-master`)
-    /// is taken as the newest, its skew unchecked, and said so.
+    /// is taken as the newest, its skew unchecked, and said so; so is a
+    /// kubelet of a development build given as the newest minor.
     pub(super) fn check(&self, minor: &str) -> Result<String> {
+        // A development build of the newest minor (`v0.0.0-master`, as a
+        // tree's `go build` without `-ldflags` makes) stands for it: no
+        // kube-apiserver is newer.
+        if MINORS.last() == Some(&minor) && development_build(&self.path("kubelet")) {
+            return Ok(format!("kubelet of a development build taken as {minor}"));
+        }
         let (kubelet, kubelet_minor) = version(&self.path("kubelet"))?;
         if format!("1.{kubelet_minor}") != minor {
             return Err(format!(
@@ -162,6 +169,16 @@ fn version(program: &Path) -> Result<(String, u32)> {
         )
     })?;
     Ok((version, minor))
+}
+
+/// Whether `program --version` says `v0.0.0-…`, a development build.
+fn development_build(program: &Path) -> bool {
+    Command::new(program).arg("--version").output().is_ok_and(|output| {
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .last()
+            .is_some_and(|version| version.starts_with("v0.0.0"))
+    })
 }
 
 /// The minor of `v1.33.13` (or `v1.33.13-rc.1+abc`).

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::super::kubelets;
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::doctor::{DOCTOR_SELECTOR, NAMESPACE as DOCTOR_NAMESPACE, node_condition};
+use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE as DOCTOR_NAMESPACE, node_condition};
 use super::{Skipped, secs};
 use crate::Result;
 use crate::scenario::wait_for;
@@ -48,7 +48,8 @@ pub(super) fn dra_driver(_env: &Env, node: &mut Node) -> Result<String> {
     let (socket, socket_at) =
         wait_for("the DRA driver's registration socket", START_TIMEOUT, || {
             Ok(registration_socket(&registry)?.map(|socket| (socket, Instant::now())))
-        })?;
+        })
+        .map_err(|err| format!("{err}; the driver's log ends: {}", log_tail(node)))?;
     let (registration, registered_at) = wait_for(
         "the kubelet's NotifyRegistrationStatus in the driver's log",
         START_TIMEOUT,
@@ -88,18 +89,23 @@ pub(super) fn dra_driver(_env: &Env, node: &mut Node) -> Result<String> {
     let gone_at = wait_for("the DRA driver's registration socket removed", START_TIMEOUT, || {
         Ok((!socket.exists()).then(Instant::now))
     })?;
-    let mut conditions: Vec<String> = Vec::new();
+    let mut conditions: Vec<(String, Duration)> = Vec::new();
     let wiped_at = wait_for(&format!("{DRIVER}'s ResourceSlices wiped"), WIPE_TIMEOUT, || {
         // What the doctor says while the slices outlive their driver.
         if let Some((status, reason)) = node_condition(node)? {
             let seen = format!("{status}/{reason}");
-            if conditions.last() != Some(&seen) {
-                conditions.push(seen);
+            if conditions.last().is_none_or(|(last, _)| *last != seen) {
+                conditions.push((seen, gone_at.elapsed()));
             }
         }
         Ok(resource_slices(node)?.is_empty().then(Instant::now))
     })?;
     let wipe = wiped_at - gone_at;
+    // The doctor must agree again once the slices are gone.
+    let healthy_at =
+        wait_for(&format!("{CONDITION} True once the slices are wiped"), START_TIMEOUT, || {
+            Ok(node_condition(node)?.filter(|(status, _)| status == "True").map(|_| Instant::now()))
+        })?;
     let by = wipers(node, audit_from)?;
     let expected = if minor.is_none_or(|minor| minor >= 33) {
         if wipe < WIPE_DELAY_FLOOR {
@@ -112,19 +118,24 @@ pub(super) fn dra_driver(_env: &Env, node: &mut Node) -> Result<String> {
         }
         "the 30 s delay"
     } else {
-        "no delay on 1.31–1.32"
+        "this kubelet wipes on deregistration"
     };
     Ok(format!(
         "registered {} after its socket appeared ({verdict} by the doctor {} later), {slices} \
          ResourceSlice(s) with {DEVICES} devices {} after registration; pod deleted: socket gone \
          {} later, slices wiped {} after that by {by} ({expected}); the doctor's condition \
-         meanwhile {}",
+         meanwhile (from the socket's removal) {}, True again {} after the wipe",
         secs(registered_at - socket_at),
         secs(doctor_ok_at.saturating_duration_since(registered_at)),
         secs(sliced_at.saturating_duration_since(registered_at)),
         secs(gone_at - deleted),
         secs(wipe),
-        conditions.join(" → "),
+        conditions
+            .iter()
+            .map(|(seen, at)| format!("{seen} at +{}", secs(*at)))
+            .collect::<Vec<_>>()
+            .join(" → "),
+        secs(healthy_at.saturating_duration_since(wiped_at)),
     ))
 }
 
@@ -159,6 +170,16 @@ fn registration(node: &Node) -> Option<Registration> {
         }
     }
     None
+}
+
+/// The last lines of the driver's log (of its last run, if it crashed).
+fn log_tail(node: &Node) -> String {
+    let log = node
+        .kubectl(&["logs", "-n", NAMESPACE, POD, "--previous"])
+        .or_else(|_| node.kubectl(&["logs", "-n", NAMESPACE, POD]))
+        .unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(2)..].join(" | ")
 }
 
 /// The doctor's verdict on the driver, from `kpm doctor` in its pod, once
