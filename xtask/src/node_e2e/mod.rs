@@ -168,7 +168,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
             images::build(&env)?;
             prepared = true;
         }
-        for (name, outcome) in nodes(&selected, programs.kubelet_dir.as_deref())? {
+        for (name, outcome) in nodes(&env, &selected, kubelet)? {
             outcomes.push((format!("{name}{label}"), outcome));
         }
     }
@@ -184,13 +184,37 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     crate::harness::report_outcomes("node-e2e", &env.bin_dir, &outcomes, &env.out)
 }
 
+/// Moves the logs of the node just run (its daemons' and its pods') to
+/// `target/node-e2e/kubelet-MINOR`: the next minor's node writes the same
+/// names.
+fn keep_logs(out: &Path, minor: &str) -> Result {
+    let dir = out.join(format!("kubelet-{minor}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    for entry in std::fs::read_dir(out)? {
+        let path = entry?.path();
+        let log = path.extension().is_some_and(|ext| ext == "log" || ext == "out");
+        if log || path.file_name().is_some_and(|name| name == "pods") {
+            let name = path.file_name().ok_or("a log without a name")?;
+            std::fs::rename(&path, dir.join(name))
+                .map_err(|err| format!("keeping {}: {err}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// One node per kubelet root of the `selected` scenarios, each in
-/// namespaces of its own, with the kubelet of `kubelet_dir` (else
-/// `--bin-dir`'s): each scenario's outcome.
+/// namespaces of its own, with the kubelet of `kubelet`'s folder (else
+/// `--bin-dir`'s): each scenario's outcome. The logs of a `kubelet`'s
+/// nodes are then kept apart ([`keep_logs`]).
 fn nodes(
+    env: &Env,
     selected: &[&scenarios::Scenario],
-    kubelet_dir: Option<&Path>,
+    kubelet: Option<&KubeletDir>,
 ) -> Result<Vec<(&'static str, String)>> {
+    let kubelet_dir = kubelet.map(|kubelet| kubelet.dir.as_path());
     let mut roots: Vec<&str> = selected.iter().map(|s| s.kubelet_root).collect();
     roots.dedup();
     let mut outcomes = Vec::new();
@@ -221,6 +245,9 @@ fn nodes(
             let name = group.iter().find(|n| **n == name).copied().unwrap_or("?");
             outcomes.push((name, outcome));
         }
+    }
+    if let Some(kubelet) = kubelet {
+        keep_logs(&env.out, &kubelet.minor)?;
     }
     Ok(outcomes)
 }
