@@ -34,6 +34,7 @@ const WIPE_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// What the kubelet answered the driver's registration with, from the
 /// driver's log.
+#[derive(Debug, PartialEq, Eq)]
 enum Registration {
     Registered,
     Refused(String),
@@ -56,8 +57,11 @@ pub(super) fn dra_driver(_env: &Env, node: &mut Node) -> Result<String> {
         || Ok(registration(node).map(|registration| (registration, Instant::now()))),
     )?;
     if let Registration::Refused(why) = registration {
+        // What the doctor makes of a driver this kubelet refuses.
+        let doctor = doctor_row(node)?.map_or_else(|| "no row".to_owned(), |row| describe(&row));
         node.kubectl(&["delete", "pod", "-n", NAMESPACE, POD, "--wait=false"])?;
-        let message = format!("the kubelet refused the driver's registration: {why}");
+        let message =
+            format!("the kubelet refused the driver's registration: {why}; the doctor: {doctor}");
         // The 1.31 kubelet takes semantic versions only in GetInfo, where
         // the kubeletplugin helper of 1.32 on sends its gRPC services
         // (`v1.DRAPlugin`, `v1beta1.DRAPlugin`); and its
@@ -157,6 +161,11 @@ fn registration_socket(registry: &std::path::Path) -> Result<Option<PathBuf>> {
 fn registration(node: &Node) -> Option<Registration> {
     // No log before the container starts.
     let log = node.kubectl(&["logs", "-n", NAMESPACE, POD]).ok()?;
+    parse_registration(&log)
+}
+
+/// The registration status in the driver's `log`, if there is one.
+fn parse_registration(log: &str) -> Option<Registration> {
     let calls = log.lines().filter(|line| line.contains("NotifyRegistrationStatus"));
     for line in calls {
         if line.contains("PluginRegistered:true") || line.contains("plugin_registered:true") {
@@ -165,8 +174,12 @@ fn registration(node: &Node) -> Option<Registration> {
         if line.contains("failed registration process") {
             // The error's text, up to the end of its quoted value.
             let why = line.split("failed registration process: ").nth(1).unwrap_or(line);
-            let why = why.split("\" ").next().unwrap_or(why);
-            return Some(Registration::Refused(why.chars().take(300).collect()));
+            let end = why
+                .char_indices()
+                .find(|(at, c)| *c == '"' && !why[..*at].ends_with('\\'))
+                .map_or(why.len(), |(at, _)| at);
+            let why = why[..end].replace("\\\"", "\"");
+            return Some(Registration::Refused(why.chars().take(400).collect()));
         }
     }
     None
@@ -185,34 +198,49 @@ fn log_tail(node: &Node) -> String {
 /// The doctor's verdict on the driver, from `kpm doctor` in its pod, once
 /// it is `ok`; when it did.
 fn doctor_verdict(node: &Node) -> Result<(String, Instant)> {
-    let pod = node.pod(DOCTOR_NAMESPACE, DOCTOR_SELECTOR)?;
-    let pod = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?.to_owned();
-    let mut last = String::from("no report");
+    let mut last = String::from("no row");
     let found = wait_for(&format!("the doctor's verdict ok on {DRIVER}"), START_TIMEOUT, || {
-        let text = node.kubectl_stdout(&[
-            "exec",
-            "-n",
-            DOCTOR_NAMESPACE,
-            &pod,
-            "--",
-            "kpm",
-            "doctor",
-            "--host-root",
-            "/host",
-            "-o",
-            "json",
-        ])?;
-        let Ok(report) = serde_json::from_str::<Value>(&text) else { return Ok(None) };
-        let row =
-            report["plugins"].as_array().into_iter().flatten().find(|row| row["name"] == DRIVER);
-        let Some(row) = row else { return Ok(None) };
-        last = format!("{} ({}): {}", row["verdict"], row["type"], row["reason"]);
+        let Some(row) = doctor_row(node)? else { return Ok(None) };
+        last = describe(&row);
         Ok((row["verdict"] == "ok" && row["type"] == "DRAPlugin").then(Instant::now))
     });
     match found {
         Ok(at) => Ok(("ok".to_owned(), at)),
         Err(err) => Err(format!("{err}; the doctor's last verdict: {last}").into()),
     }
+}
+
+/// The driver's row in the report of `kpm doctor` in the doctor's pod, if
+/// it has one.
+fn doctor_row(node: &Node) -> Result<Option<Value>> {
+    let pod = node.pod(DOCTOR_NAMESPACE, DOCTOR_SELECTOR)?;
+    let pod = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
+    let text = node.kubectl_stdout(&[
+        "exec",
+        "-n",
+        DOCTOR_NAMESPACE,
+        pod,
+        "--",
+        "kpm",
+        "doctor",
+        "--host-root",
+        "/host",
+        "-o",
+        "json",
+    ])?;
+    let Ok(report) = serde_json::from_str::<Value>(&text) else { return Ok(None) };
+    let row = report["plugins"].as_array().into_iter().flatten().find(|row| row["name"] == DRIVER);
+    Ok(row.cloned())
+}
+
+/// A doctor's row in a line: `ok (DRAPlugin): …`.
+fn describe(row: &Value) -> String {
+    format!(
+        "{} ({}): {}",
+        row["verdict"].as_str().unwrap_or("?"),
+        row["type"].as_str().unwrap_or("?"),
+        row["reason"].as_str().unwrap_or_default()
+    )
 }
 
 /// The driver's ResourceSlices of the node, in the API's `v1`.
@@ -251,4 +279,27 @@ fn wipers(node: &Node, from: u64) -> Result<String> {
         }
     }
     Ok(if who.is_empty() { "nobody in the audit log".to_owned() } else { who.join(", ") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registration_status_is_read_from_the_drivers_log() {
+        // As the 1.36 kubeletplugin helper logs them at -v=6 (from a 1.31
+        // kubelet's refusal and a 1.36 kubelet's acceptance).
+        let refused = r#"I1127 22:34:52.031154 1 nonblockinggrpcserver.go:150] "handling request" logger="registrar" requestID=4 method="/pluginregistration.Registration/NotifyRegistrationStatus" request="error:\"RegisterPlugin error -- plugin validation failed\""
+E1127 22:34:52.031410 1 nonblockinggrpcserver.go:159] "handling request failed" err="failed registration process: RegisterPlugin error -- reported: illegal version string \"v1.DRAPlugin\"" logger="registrar" requestID=4 method="/pluginregistration.Registration/NotifyRegistrationStatus""#;
+        assert_eq!(
+            parse_registration(refused),
+            Some(Registration::Refused(
+                r#"RegisterPlugin error -- reported: illegal version string "v1.DRAPlugin""#
+                    .to_owned()
+            ))
+        );
+        let registered = r#"I1127 22:10:23.1 1 nonblockinggrpcserver.go:150] "handling request" logger="registrar" requestID=2 method="/pluginregistration.Registration/NotifyRegistrationStatus" request="plugin_registered:true""#;
+        assert_eq!(parse_registration(registered), Some(Registration::Registered));
+        assert_eq!(parse_registration("I1127 \"Starting\""), None);
+    }
 }
