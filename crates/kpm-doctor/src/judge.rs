@@ -14,7 +14,6 @@ use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
 use crate::Finding;
-use crate::dra_by_minor::JudgedKubelet;
 use crate::host::{Host, ProcessInfo, Seen, View};
 use crate::kubelets::KubeletProcess;
 
@@ -310,17 +309,15 @@ pub fn served_by(process: &ProcessInfo) -> String {
 
 /// Every entry of `registry`, the sockets inspected concurrently, each
 /// within `bound`; the error if the registry cannot be listed at all.
-/// `view` is the kubelet's, where the referee read what its words
-/// name; `host` names the processes; `kubelet`, what is known of the
-/// judged kubelet, makes a row what it does where it differs from the
-/// referee.
+/// `view` is the kubelet's, where the referee read what its words name;
+/// `host` names the processes; `differs`, the judged kubelet's ways.
 pub(crate) async fn registry(
     referee: &Kubelet,
     host: &Host,
     view: &View,
     registry: &Seen,
     bound: Duration,
-    kubelet: Option<JudgedKubelet>,
+    differs: &Differs<'_>,
 ) -> io::Result<Vec<Row>> {
     let entries = kpm::registry::survey(registry.as_ref())?;
     let mut rows = Vec::new();
@@ -347,7 +344,7 @@ pub(crate) async fn registry(
     }
     for (path, inspection) in crate::inspections::each(inspections, bound).await {
         rows.push(match inspection {
-            Ok(inspection) => judge(host, view, &path, inspection, kubelet),
+            Ok(inspection) => judge(host, view, &path, inspection, differs),
             Err(lost) => lost.row(&path, "registry"),
         });
     }
@@ -378,22 +375,21 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 
 /// The row of the registration socket at `path` on the host, from its
 /// inspection, whose words name the paths it read in `view`, as the
-/// judged kubelet takes it, as far as it is known.
+/// judged kubelet takes it.
 fn judge(
     host: &Host,
     view: &View,
     path: &Path,
     inspection: Inspection,
-    kubelet: Option<JudgedKubelet>,
+    differs: &Differs<'_>,
 ) -> Row {
-    let (verdict, hint) = match &inspection.outcome {
-        Ok(()) => (Verdict::Ok, String::new()),
-        Err(err) => classify(err),
+    let ((verdict, hint), reason) = match &inspection.outcome {
+        Ok(()) => {
+            ((Verdict::Ok, String::new()), inspection.service.as_ref().map(ToString::to_string))
+        }
+        Err(err) => (classify(err), Some(crate::reason(err))),
     };
-    let reason = match &inspection.outcome {
-        Ok(()) => inspection.service.as_ref().map(ToString::to_string).unwrap_or_default(),
-        Err(err) => crate::reason(err),
-    };
+    let reason = reason.unwrap_or_default();
     let mut row = Row::new(verdict, path, "registry", view.as_on_host(&reason)).hint(hint);
     if let Some(info) = &inspection.info {
         row.plugin_type = Some(info.r#type.clone());
@@ -409,11 +405,12 @@ fn judge(
         .map(|taken| StepTaken { step: taken.step.name(), ms: taken.took.as_secs_f64() * 1000.0 })
         .collect();
     row.service = inspection.service;
-    if let Some(kubelet) = kubelet {
-        crate::dra_by_minor::judge(&mut row, &inspection.outcome, kubelet);
-    }
+    differs(&mut row, &inspection.outcome);
     row
 }
+
+/// What the judged kubelet does otherwise than the referee (`dra_by_minor`).
+pub(crate) type Differs<'a> = dyn Fn(&mut Row, &Result<(), ExecutorError>) + Sync + 'a;
 
 /// The verdict on a socket the register operation would fail on, and its fix.
 fn classify(err: &ExecutorError) -> (Verdict, String) {

@@ -270,8 +270,13 @@ impl Doctor {
                 }),
             }
         });
+        let differs = |row: &mut Row, outcome: &Result<(), kpm::ExecutorError>| {
+            if let Some(kubelet) = kubelet {
+                dra_by_minor::judge(row, outcome, kubelet);
+            }
+        };
         let (mut plugins, mut blind) =
-            match judge::registry(&judged.referee, host, view, &registry, bound, kubelet).await {
+            match judge::registry(&judged.referee, host, view, &registry, bound, &differs).await {
                 Ok(rows) => (rows, None),
                 Err(err) => (
                     Vec::new(),

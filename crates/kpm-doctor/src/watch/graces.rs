@@ -6,7 +6,8 @@
 //! upgrade of a DRA driver turned the condition False for half a minute,
 //! with a Warning, and its recovery looked like flapping. Slices still
 //! there once the grace is over are published as any new failure: after a
-//! second look. Slices kept for a driver's stale socket (a `cause`) are
+//! second look, and so are slices a kubelet that wipes at once (1.31,
+//! 1.32) left for longer than its wipe takes. Slices kept for a driver's stale socket (a `cause`) are
 //! not held: that kubelet keeps the driver registered and wipes nothing.
 
 use std::collections::BTreeMap;
@@ -60,13 +61,20 @@ impl Graces {
     }
 }
 
+/// What a kubelet's wipe takes beyond its delay: a `DeleteCollection`, tried
+/// again 1 s then 2 s later when it fails (every minor). node-e2e saw 0.4
+/// to 1.0 s on 1.32, which wipes at once, and 30.0 to 30.9 s on 1.33 to
+/// 1.36.
+const WIPE_SLACK: Duration = Duration::from_secs(5);
+
 /// How long the judged kubelet takes to wipe a gone driver's slices: its
-/// minor's delay, at once (no hold: a second look is enough) before 1.33;
-/// the newer kubelets' when its version is not known.
+/// minor's delay (none before 1.33), the newer kubelets' when its version
+/// is not known, and the wipe's own time.
 fn grace_of(seen: &Outcome) -> Duration {
     let minor = seen.kubelet.version.as_deref().and_then(crate::kubelet_version::minor);
-    match minor {
+    let delay = match minor {
         Some(minor) => crate::dra_by_minor::slice_wipe_delay(minor).unwrap_or_default(),
         None => kpm::dra::DEFAULT_CLEANUP_GRACE,
-    }
+    };
+    delay + WIPE_SLACK
 }

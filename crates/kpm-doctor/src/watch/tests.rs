@@ -291,7 +291,8 @@ fn healthy_beside(version: &str) -> Outcome {
 
 #[tokio::test(start_paused = true)]
 async fn a_gone_drivers_slices_are_held_back_for_the_kubelets_wipe_delay() {
-    let (kubelet, after) = ("v1.33.13", Duration::from_secs(30));
+    // The 30 s delay, and the wipe's own 5 s.
+    let (kubelet, after) = ("v1.33.13", Duration::from_secs(35));
     let mut publication = Publication::new(WatchConfig::default());
     assert!(publication.after_pass(&healthy_beside(kubelet), false).publish.is_some());
     // The driver goes: its slices are held back, judged again at the end of
@@ -320,12 +321,18 @@ async fn a_gone_drivers_slices_are_held_back_for_the_kubelets_wipe_delay() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn beside_a_kubelet_that_wipes_at_once_slices_get_only_the_second_look() {
+async fn beside_a_kubelet_that_wipes_at_once_slices_are_held_for_the_wipe_only() {
     let kubelet = "v1.32.13";
     let mut publication = Publication::new(WatchConfig::default());
     publication.after_pass(&healthy_beside(kubelet), false);
+    // Two passes a moment apart, as a socket's removal and its settling
+    // make: no second look yet, the wipe has its 5 s.
     let next = publication.after_pass(&orphaned_slices(kubelet), true);
-    assert_eq!(next.judge_at - Instant::now(), WatchConfig::default().confirm);
+    assert_eq!(next.judge_at - Instant::now(), Duration::from_secs(5));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(publication.after_pass(&orphaned_slices(kubelet), true).publish.is_none());
+    tokio::time::sleep_until(next.judge_at).await;
+    let next = publication.after_pass(&orphaned_slices(kubelet), false);
     tokio::time::sleep_until(next.judge_at).await;
     let published = publication.after_pass(&orphaned_slices(kubelet), false).publish;
     assert!(published.is_some_and(|(outcome, _)| outcome.fails()));
