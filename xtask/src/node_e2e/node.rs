@@ -192,11 +192,7 @@ impl Node {
 
     /// `kubectl ARGS` as admin; its stdout.
     pub(super) fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let output = std::process::Command::new(self.programs.path("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.admin_kubeconfig)
-            .args(args)
-            .output()?;
+        let output = self.kubectl_output(args)?;
         if output.status.success() {
             Ok(String::from_utf8(output.stdout)?)
         } else {
@@ -213,12 +209,16 @@ impl Node {
     /// doctor` exits 1 when a plugin fails, and prints its report all the
     /// same).
     pub(super) fn kubectl_stdout(&self, args: &[&str]) -> Result<String> {
-        let output = std::process::Command::new(self.programs.path("kubectl"))
+        Ok(String::from_utf8(self.kubectl_output(args)?.stdout)?)
+    }
+
+    /// `kubectl ARGS` as admin, run to its end.
+    fn kubectl_output(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(std::process::Command::new(self.programs.path("kubectl"))
             .arg("--kubeconfig")
             .arg(&self.admin_kubeconfig)
             .args(args)
-            .output()?;
-        Ok(String::from_utf8(output.stdout)?)
+            .output()?)
     }
 
     /// `kubectl apply -f -` of `manifest` as admin.

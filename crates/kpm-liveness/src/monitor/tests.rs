@@ -61,7 +61,7 @@ fn register_at(
 async fn plugins_registered_together_are_probed_spread_over_the_period() {
     // The spread is random: a seed makes the test the same on every run
     // (unseeded, one run in CI put 47 of 400 in the last quarter).
-    fastrand::seed(0x6b70_6d);
+    fastrand::seed(46);
     let monitor = monitor();
     let mut state = State::new(&monitor);
     let start = Instant::now();

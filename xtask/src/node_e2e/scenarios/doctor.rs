@@ -56,19 +56,7 @@ pub(super) fn doctor_daemonset(env: &Env, node: &mut Node) -> Result<String> {
 
     // What an operator reads names paths of the node, never the pod's
     // view of them under /host.
-    let report = node.kubectl(&[
-        "exec",
-        "-n",
-        NAMESPACE,
-        pod_name,
-        "--",
-        "kpm",
-        "doctor",
-        "--host-root",
-        "/host",
-        "-o",
-        "json",
-    ]);
+    let report = node.kubectl(&doctor_in_pod(pod_name));
     let report: Value = match report {
         Ok(text) => serde_json::from_str(&text)?,
         // Exit 1 (a plugin failing) still prints the report.
@@ -190,4 +178,10 @@ pub(super) fn node_events(node: &Node) -> Result<Vec<Value>> {
         })
         .cloned()
         .collect())
+}
+
+/// The `kubectl` arguments that run `kpm doctor -o json` in the doctor's
+/// pod `pod`, on the host as the pod sees it, as an operator runs it.
+pub(super) fn doctor_in_pod(pod: &str) -> [&str; 11] {
+    ["exec", "-n", NAMESPACE, pod, "--", "kpm", "doctor", "--host-root", "/host", "-o", "json"]
 }

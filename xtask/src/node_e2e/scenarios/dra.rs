@@ -215,19 +215,8 @@ fn doctor_verdict(node: &Node) -> Result<(String, Instant)> {
 fn doctor_row(node: &Node) -> Result<Option<Value>> {
     let pod = node.pod(DOCTOR_NAMESPACE, DOCTOR_SELECTOR)?;
     let pod = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
-    let text = node.kubectl_stdout(&[
-        "exec",
-        "-n",
-        DOCTOR_NAMESPACE,
-        pod,
-        "--",
-        "kpm",
-        "doctor",
-        "--host-root",
-        "/host",
-        "-o",
-        "json",
-    ])?;
+    // Exit 1 (a plugin failing) still prints the report.
+    let text = node.kubectl_stdout(&super::doctor::doctor_in_pod(pod))?;
     let Ok(report) = serde_json::from_str::<Value>(&text) else { return Ok(None) };
     let row = report["plugins"].as_array().into_iter().flatten().find(|row| row["name"] == DRIVER);
     Ok(row.cloned())
