@@ -14,7 +14,7 @@ use crate::scenario::wait_for;
 /// generic-device-plugin's resource, as `manifests/generic-device-plugin.yaml` configures it.
 const RESOURCE: &str = "squat.ai/null";
 /// The kubelet's device plugins dir: hard-coded, whatever its root.
-const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+pub(super) const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 
 /// generic-device-plugin deployed: its 3 devices become the Node's
 /// allocatable and the doctor stays healthy. Then its socket is removed
