@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::super::kubelets;
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::DEVICE_PLUGINS;
+use super::device::{DEVICE_PLUGINS, status_posted_since};
 use super::secs;
 use crate::Result;
 use crate::scenario::{find, wait_for};
@@ -63,7 +63,10 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         // scenario's driver is refused the same way): what kpm-registrar
         // offers by default is not for it.
         Some(refused) if kubelets::dra_api_version(node.kubelet_minor) == "v1alpha3" => {
-            format!("{refused} (the 1.31 kubelet takes semantic versions only)")
+            format!(
+                "registered: {refused} {} (the 1.31 kubelet takes semantic versions only)",
+                secs(dra_at - applied)
+            )
         }
         _ => return Err(format!("the kubelet's answer to {DRA_DRIVER}: {dra}").into()),
     };
@@ -77,7 +80,7 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
     // must have more after.
     let device_before = device_registrations(node);
     let (csi_before, dra_before) = (statuses(node, CSI_POD).len(), statuses(node, DRA_POD).len());
-    let restarted = Instant::now();
+    let (restarted, restarted_at) = (Instant::now(), std::time::SystemTime::now());
     node.restart_kubelet()?;
     node.wait_ready()?;
     let device_again = wait_for(
@@ -86,12 +89,14 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         || Ok((device_registrations(node) > device_before).then(Instant::now)),
     )
     .map_err(|err| with_log(node, DEVICE_POD, err))?;
-    // The new kubelet's count, not the old one's (a restarted kubelet
-    // may post the Node's device resources before the plugin is back).
+    // In a Node status the restarted kubelet posted, not the old one's.
     let device_back = wait_for(
-        &format!("{RESOURCE}: {DEVICES} on Node {NODE_NAME} after the restart"),
+        &format!("{RESOURCE}: {DEVICES} in the restarted kubelet's Node status"),
         START_TIMEOUT,
-        || Ok(has_devices(node)?.then(Instant::now)),
+        || {
+            let posted = status_posted_since(node, restarted_at)?;
+            Ok((posted && has_devices(node)?).then(Instant::now))
+        },
     )?;
     let csi_again = wait_for(
         &format!("the restarted kubelet's NotifyRegistrationStatus to {CSI_DRIVER}"),
@@ -125,8 +130,8 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
     Ok(format!(
         "after apply: CSINode lists {CSI_DRIVER} {}, {DRA_DRIVER} {dra}, {RESOURCE}: {DEVICES} \
          in capacity and allocatable {}; kubelet restarted: {RESOURCE} registered again {}, \
-         {DEVICES} again {}, {CSI_DRIVER} notified again {} (CSINode lists it: {csi_listed}), \
-         {DRA_DRIVER} {}; pods and sockets gone {} after the delete",
+         {DEVICES} in its Node status {}, {CSI_DRIVER} notified again {} (CSINode lists it: \
+         {csi_listed}), {DRA_DRIVER} notified again {}; pods and sockets gone {} after the delete",
         secs(csi_at - applied),
         secs(device_at - applied),
         secs(device_again - restarted),
