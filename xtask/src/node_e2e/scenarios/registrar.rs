@@ -27,9 +27,9 @@ const DEVICE_POD: &str = "device-plugin";
 const CSI_DRIVER: &str = "csi.example.com";
 const DRA_DRIVER: &str = "gpu.example.com";
 const RESOURCE: &str = "example.com/dev";
-/// The device-plugin stub's devices (example_plugin's `--devices` default).
+/// The device-plugin stub's devices (`example_plugin`'s `--devices` default).
 const DEVICES: &str = "2";
-/// What example_plugin prints per NotifyRegistrationStatus (`registered:
+/// What `example_plugin` prints per `NotifyRegistrationStatus` (`registered:
 /// true`, or `registered: false: <reason>`).
 const STATUS: &str = "registered: ";
 /// What kpm-registrar logs (at info) for each Register on `kubelet.sock`
@@ -50,13 +50,13 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         wait_for(&format!("CSINode {NODE_NAME} lists {CSI_DRIVER}"), START_TIMEOUT, || {
             Ok(csinode_lists(node)?.then(Instant::now))
         })
-        .map_err(|err| with_log(node, CSI_POD, err))?;
+        .map_err(|err| with_log(node, CSI_POD, &err))?;
     let (dra, dra_at) = wait_for(
         &format!("the kubelet's NotifyRegistrationStatus to {DRA_DRIVER}"),
         START_TIMEOUT,
         || Ok(statuses(node, DRA_POD).into_iter().next().map(|status| (status, Instant::now()))),
     )
-    .map_err(|err| with_log(node, DRA_POD, err))?;
+    .map_err(|err| with_log(node, DRA_POD, &err))?;
     let dra = match dra.strip_prefix(STATUS) {
         Some("true") => format!("registered: true {}", secs(dra_at - applied)),
         // The 1.31 kubelet takes semantic versions only (the `dra`
@@ -74,7 +74,7 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         wait_for(&format!("{RESOURCE}: {DEVICES} on Node {NODE_NAME}"), START_TIMEOUT, || {
             Ok(has_devices(node)?.then(Instant::now))
         })
-        .map_err(|err| with_log(node, DEVICE_POD, err))?;
+        .map_err(|err| with_log(node, DEVICE_POD, &err))?;
 
     // What each plugin had from the kubelet before it restarts: each one
     // must have more after.
@@ -88,7 +88,7 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         START_TIMEOUT,
         || Ok((device_registrations(node) > device_before).then(Instant::now)),
     )
-    .map_err(|err| with_log(node, DEVICE_POD, err))?;
+    .map_err(|err| with_log(node, DEVICE_POD, &err))?;
     // In a Node status the restarted kubelet posted, not the old one's.
     let device_back = wait_for(
         &format!("{RESOURCE}: {DEVICES} in the restarted kubelet's Node status"),
@@ -103,13 +103,13 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         START_TIMEOUT,
         || Ok((statuses(node, CSI_POD).len() > csi_before).then(Instant::now)),
     )
-    .map_err(|err| with_log(node, CSI_POD, err))?;
+    .map_err(|err| with_log(node, CSI_POD, &err))?;
     let dra_again = wait_for(
         &format!("the restarted kubelet's NotifyRegistrationStatus to {DRA_DRIVER}"),
         START_TIMEOUT,
         || Ok((statuses(node, DRA_POD).len() > dra_before).then(Instant::now)),
     )
-    .map_err(|err| with_log(node, DRA_POD, err))?;
+    .map_err(|err| with_log(node, DRA_POD, &err))?;
     let csi_listed = csinode_lists(node)?;
 
     // Gone before the next scenario: the pods and their sockets (each
@@ -157,7 +157,7 @@ fn has_devices(node: &Node) -> Result<bool> {
     Ok(["capacity", "allocatable"].iter().all(|field| status[field][RESOURCE] == DEVICES))
 }
 
-/// The registration statuses `pod`'s example_plugin printed, in order;
+/// The registration statuses `pod`'s `example_plugin` printed, in order;
 /// none before its container starts.
 fn statuses(node: &Node, pod: &str) -> Vec<String> {
     let log = node.kubectl(&["logs", "-n", NAMESPACE, pod]).unwrap_or_default();
@@ -171,7 +171,7 @@ fn device_registrations(node: &Node) -> usize {
 }
 
 /// `err` with the last lines of `pod`'s log.
-fn with_log(node: &Node, pod: &str, err: Box<dyn std::error::Error>) -> Box<dyn std::error::Error> {
+fn with_log(node: &Node, pod: &str, err: &dyn std::fmt::Display) -> Box<dyn std::error::Error> {
     let log = node.kubectl(&["logs", "-n", NAMESPACE, pod]).unwrap_or_default();
     let lines: Vec<&str> = log.lines().collect();
     format!("{err}; {pod}'s log ends: {}", lines[lines.len().saturating_sub(3)..].join(" | "))
