@@ -14,7 +14,7 @@ use crate::scenario::wait_for;
 /// generic-device-plugin's resource, as `manifests/generic-device-plugin.yaml` configures it.
 const RESOURCE: &str = "squat.ai/null";
 /// The kubelet's device plugins dir: hard-coded, whatever its root.
-const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+pub(super) const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
 
 /// generic-device-plugin deployed: its 3 devices become the Node's
 /// allocatable and the doctor stays healthy. Then its socket is removed
@@ -100,15 +100,7 @@ pub(super) fn kubelet_restart(_env: &Env, node: &mut Node) -> Result<String> {
     node.restart_kubelet()?;
     node.wait_ready()?;
     let posted = wait_for("the restarted kubelet's first Node status", START_TIMEOUT, || {
-        let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
-        let heartbeat = object["status"]["conditions"]
-            .as_array()
-            .and_then(|conditions| conditions.iter().find(|c| c["type"] == "Ready"))
-            .and_then(|ready| ready["lastHeartbeatTime"].as_str())
-            .and_then(|time| humantime::parse_rfc3339_weak(time).ok());
-        // The API's times have whole seconds.
-        let since = restarted_at - std::time::Duration::from_secs(1);
-        Ok(heartbeat.is_some_and(|at| at >= since).then(Instant::now))
+        Ok(status_posted_since(node, restarted_at)?.then(Instant::now))
     })?;
     let served = wait_for("the device plugin's socket served anew", START_TIMEOUT, || {
         Ok(plugin_socket().ok().map(|_| Instant::now()))
@@ -122,6 +114,20 @@ pub(super) fn kubelet_restart(_env: &Env, node: &mut Node) -> Result<String> {
         secs(served - restarted),
         secs(healthy - restarted)
     ))
+}
+
+/// Whether the Node's status was posted at `since` or later (its `Ready`
+/// condition's heartbeat): by a kubelet restarted then, not the old one.
+pub(super) fn status_posted_since(node: &Node, since: std::time::SystemTime) -> Result<bool> {
+    let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
+    let heartbeat = object["status"]["conditions"]
+        .as_array()
+        .and_then(|conditions| conditions.iter().find(|c| c["type"] == "Ready"))
+        .and_then(|ready| ready["lastHeartbeatTime"].as_str())
+        .and_then(|time| humantime::parse_rfc3339_weak(time).ok());
+    // The API's times have whole seconds.
+    let since = since - std::time::Duration::from_secs(1);
+    Ok(heartbeat.is_some_and(|at| at >= since))
 }
 
 /// The Node's allocatable count of [`RESOURCE`].

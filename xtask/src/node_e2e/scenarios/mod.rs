@@ -15,6 +15,7 @@ mod device;
 mod doctor;
 mod dra;
 mod fleet;
+mod registrar;
 mod run;
 
 pub(super) struct Scenario {
@@ -121,6 +122,15 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         programs: &["dra-test-driver"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
         run: dra::dra_driver,
+    },
+    // Last on this root: it restarts the kubelet, and the table's
+    // scenarios of one root must be together (one node per run of them).
+    Scenario {
+        name: "registrar-plugins",
+        builds_on: &[],
+        programs: &[],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        run: registrar::registrar_plugins,
     },
     Scenario {
         name: "kubelet-root",
