@@ -129,10 +129,15 @@ fn api_taken(minor: u32, services: &[String]) -> Result<DraApi, String> {
     }
 }
 
-/// How long after a driver went the kubelet of `minor` wipes its
-/// ResourceSlices of the node: `None` when at once.
-pub(crate) fn slice_wipe_delay(minor: u32) -> Option<Duration> {
-    (minor >= WIPE_DELAYED).then_some(kpm::dra::DEFAULT_CLEANUP_GRACE)
+/// How long after a driver went the kubelet of `version` (its Node's
+/// `kubeletVersion`) wipes its ResourceSlices of the node: `None` when at
+/// once; the newer kubelets' delay, kpm's own, when the version names no
+/// minor (none known, a development build).
+pub(crate) fn slice_wipe_delay(version: Option<&str>) -> Option<Duration> {
+    match version.and_then(crate::kubelet_version::minor) {
+        Some(minor) if minor < WIPE_DELAYED => None,
+        _ => Some(kpm::dra::DEFAULT_CLEANUP_GRACE),
+    }
 }
 
 /// The referee's row of a DRA driver's registration socket, made what
@@ -265,10 +270,14 @@ mod tests {
     /// later from 1.33 (`wipingDelay`), as node-e2e's `dra` measured.
     #[test]
     fn kubelets_from_1_33_wait_before_wiping_a_drivers_slices() {
-        assert_eq!(slice_wipe_delay(31), None);
-        assert_eq!(slice_wipe_delay(32), None);
-        for minor in [33, 34, 35, 36] {
-            assert_eq!(slice_wipe_delay(minor), Some(Duration::from_secs(30)));
+        assert_eq!(slice_wipe_delay(Some("v1.31.14")), None);
+        assert_eq!(slice_wipe_delay(Some("v1.32.13")), None);
+        for version in ["v1.33.13", "v1.34.9", "v1.35.6", "v1.36.2"] {
+            assert_eq!(slice_wipe_delay(Some(version)), Some(Duration::from_secs(30)));
+        }
+        // Not known: the newer kubelets' delay.
+        for version in [None, Some("v0.0.0-master+8e16b12fda5b")] {
+            assert_eq!(slice_wipe_delay(version), Some(Duration::from_secs(30)));
         }
     }
 

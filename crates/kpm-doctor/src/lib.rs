@@ -260,8 +260,7 @@ impl Doctor {
         let bound = inspection_bound(self.config.timeout);
         // The judged kubelet's version, from its Node: where its minor does
         // otherwise than the referee, the rows say what it does.
-        let kubelet_version = objects
-            .and_then(|objects| objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.clone());
+        let kubelet_version = objects.and_then(node_objects::kubelet_version).map(str::to_owned);
         let kubelet = kubelet_version.as_deref().and_then(kubelet_version::minor).map(|minor| {
             dra_by_minor::JudgedKubelet {
                 minor,

@@ -176,7 +176,9 @@ fn compare_dra(
                 }
             }
             let served = registered(rows, PluginKind::Dra);
-            let (then, otherwise) = match wipe_delay(objects) {
+            let (then, otherwise) = match crate::dra_by_minor::slice_wipe_delay(kubelet_version(
+                objects,
+            )) {
                 Some(delay) => {
                     let delay = humantime::format_duration(delay);
                     (
@@ -217,16 +219,10 @@ fn compare_dra(
     }
 }
 
-/// How long after a DRA driver went the node's kubelet wipes its
-/// ResourceSlices (`None`: at once), by the kubelet's version on the Node;
-/// kpm's grace, the newer kubelets', when it is not known.
-fn wipe_delay(objects: &NodeObjects) -> Option<std::time::Duration> {
-    let version =
-        objects.resources.as_ref().ok().and_then(|node| node.as_ref()?.kubelet_version.as_deref());
-    match version.and_then(crate::kubelet_version::minor) {
-        Some(minor) => crate::dra_by_minor::slice_wipe_delay(minor),
-        None => Some(kpm::dra::DEFAULT_CLEANUP_GRACE),
-    }
+/// The kubelet's version its Node reports (`nodeInfo.kubeletVersion`),
+/// when the Node could be read.
+pub(crate) fn kubelet_version(objects: &NodeObjects) -> Option<&str> {
+    objects.resources.as_ref().ok()?.as_ref()?.kubelet_version.as_deref()
 }
 
 /// Device resources the Node still counts, none allocatable, that no live

@@ -71,10 +71,6 @@ const WIPE_SLACK: Duration = Duration::from_secs(5);
 /// minor's delay (none before 1.33), the newer kubelets' when its version
 /// is not known, and the wipe's own time.
 fn grace_of(seen: &Outcome) -> Duration {
-    let minor = seen.kubelet.version.as_deref().and_then(crate::kubelet_version::minor);
-    let delay = match minor {
-        Some(minor) => crate::dra_by_minor::slice_wipe_delay(minor).unwrap_or_default(),
-        None => kpm::dra::DEFAULT_CLEANUP_GRACE,
-    };
-    delay + WIPE_SLACK
+    let delay = crate::dra_by_minor::slice_wipe_delay(seen.kubelet.version.as_deref());
+    delay.unwrap_or_default() + WIPE_SLACK
 }
