@@ -29,7 +29,7 @@ pub(super) fn check_real_plugins(env: &Env, _root: &Path) -> Result {
 
 /// Runs `kpm check --junit FILE -- COMMAND`, shows and keeps its report,
 /// and fails unless it succeeds with `expected` as its last line and a
-/// `--junit` report of its six steps, none failed.
+/// `--junit` report of its seven steps, none failed.
 fn run_check(env: &Env, name: &str, command: &[&str], expected: &str) -> Result {
     let junit = env.out.join(format!("check-{name}.xml"));
     let out = std::process::Command::new(&env.kpm)
@@ -44,7 +44,7 @@ fn run_check(env: &Env, name: &str, command: &[&str], expected: &str) -> Result 
     fs::write(env.out.join(format!("check-{name}.out")), report.as_bytes())?;
     let xml = fs::read_to_string(&junit).unwrap_or_default();
     let suites = xml.lines().find(|line| line.starts_with("<testsuites ")).unwrap_or_default();
-    if !(suites.contains(r#" tests="6""#) && suites.contains(r#" failures="0""#)) {
+    if !(suites.contains(r#" tests="7""#) && suites.contains(r#" failures="0""#)) {
         return Err(format!(
             "kpm check of {name}: the JUnit report {} begins {suites:?}",
             junit.display()
