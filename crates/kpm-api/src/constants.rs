@@ -79,3 +79,7 @@ pub const OWN_DIR_MODE: u32 = 0o750;
 /// carry (about 11,000 years), so a config checked against it cannot panic.
 pub const MAX_CONFIG_DURATION: std::time::Duration =
     std::time::Duration::from_secs(365 * 24 * 60 * 60);
+
+/// How long one request to the Kubernetes API server may take by default,
+/// for kpm's publishing (kpm-kube) and the doctors' reads and writes alike.
+pub const API_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

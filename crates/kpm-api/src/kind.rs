@@ -80,9 +80,46 @@ impl PluginKind {
     }
 }
 
+/// In JSON (feature `serde`), a kind is the plugin type its plugins report
+/// (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`): one spelling in every
+/// document kpm writes, the one the kubelet's own messages use.
+#[cfg(feature = "serde")]
+impl serde::Serialize for PluginKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.plugin_type())
+    }
+}
+
+/// Reads what [`Serialize`](serde::Serialize) writes; any other type is
+/// an error naming the three.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for PluginKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let plugin_type = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Self::from_plugin_type(&plugin_type).ok_or_else(|| {
+            serde::de::Error::unknown_variant(
+                &plugin_type,
+                &[CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN],
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::PluginKind;
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn in_json_a_kind_is_its_plugin_type() {
+        for kind in PluginKind::ALL {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{}\"", kind.plugin_type()));
+            assert_eq!(serde_json::from_str::<PluginKind>(&json).unwrap(), kind);
+        }
+        let err = serde_json::from_str::<PluginKind>(r#""device-plugin""#).unwrap_err();
+        assert!(err.to_string().contains("unknown variant `device-plugin`"), "{err}");
+    }
 
     #[test]
     fn names_and_types_go_both_ways() {

@@ -22,6 +22,7 @@
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`PluginKind`] (the kubelet's plugin types and every name
 //! they go by), [`gotext`] (Go's renderings of values in error texts),
+//! [`is_extended_resource_name`] (the names device plugins advertise),
 //! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
 //! exponential backoff, validated where it is made), [`FileId`] (the
 //! identity of a socket file, built from metadata the caller read) and, with
@@ -42,10 +43,12 @@ pub mod gotext;
 #[cfg(feature = "serde")]
 pub mod json;
 mod kind;
+mod resource_name;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
 pub use kind::PluginKind;
+pub use resource_name::is_extended_resource_name;
 
 /// The plugin registration API (`pluginregistration.Registration`).
 pub mod registration {

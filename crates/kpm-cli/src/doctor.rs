@@ -9,20 +9,23 @@
 //!
 //! With `--cluster` it judges no node itself: it reads back, read-only,
 //! what every node's doctor published and what the API server shows of
-//! each driver, and prints the fleet view (`kpm_doctor::read_fleet`).
+//! each driver, and prints the fleet view (`kpm_fleet::read_fleet`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kpm::kube::{ObjectKind, PendingPublication};
+use kpm_doctor::bounds::{CONFIRM, PERIOD};
 use kpm_doctor::{
-    ApiLink, ConditionStatus, Doctor, DoctorConfig, FlapConfig, FleetConfig, Host, NodePublisher,
-    PendingReader, PluginsCondition, PublishConfig, WatchConfig,
+    ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PendingReader,
+    PluginsCondition, PublishConfig, WatchConfig,
 };
+use kpm_fleet::{FleetConfig, PAGE_SIZE, STALE_AFTER};
+use kpm_report::ConditionStatus;
 
 use crate::inspect::JudgeArgs;
-use crate::run::LogFormat;
+use crate::setup::{self, LogFormat};
 use crate::{CliError, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
@@ -78,8 +81,8 @@ pub(crate) struct DoctorArgs {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = kpm_doctor::DEFAULT_PAGE_SIZE,
-        value_parser = clap::value_parser!(u32).range(1..=i64::from(kpm_doctor::MAX_PAGE_SIZE)),
+        default_value_t = kpm_fleet::DEFAULT_PAGE_SIZE,
+        value_parser = clap::value_parser!(u32).range(i64::from(PAGE_SIZE.min)..=i64::from(PAGE_SIZE.max)),
         requires = "cluster"
     )]
     page_size: u32,
@@ -88,8 +91,8 @@ pub(crate) struct DoctorArgs {
     #[arg(
         long,
         value_name = "SECONDS",
-        default_value_t = kpm_doctor::DEFAULT_STALE_AFTER.as_secs(),
-        value_parser = clap::value_parser!(u64).range(1..=7 * DAY_SECS),
+        default_value_t = kpm_fleet::DEFAULT_STALE_AFTER.as_secs(),
+        value_parser = clap::value_parser!(u64).range(STALE_AFTER.min.as_secs()..=STALE_AFTER.max.as_secs()),
         requires = "cluster"
     )]
     stale_after: u64,
@@ -97,10 +100,14 @@ pub(crate) struct DoctorArgs {
     watch: WatchArgs,
 }
 
-/// The longest --period, --heartbeat, --flap-window and --flap-hold: a
-/// day, as the doctor's configs take (`kpm_doctor::ConfigError` refuses
-/// more), so that clap says so at once.
-const DAY_SECS: u64 = 24 * 60 * 60;
+/// --confirm-ms's longest, as [`CONFIRM`] takes it.
+#[allow(clippy::cast_possible_truncation, reason = "a minute in milliseconds")]
+const CONFIRM_MS: u64 = CONFIRM.max.as_millis() as u64;
+
+/// --period, --heartbeat, --flap-window and --flap-hold in seconds, as the
+/// doctor's configs take them ([`PERIOD`]), so that clap refuses the others
+/// at once.
+const PERIOD_SECS: std::ops::RangeInclusive<u64> = PERIOD.min.as_secs()..=PERIOD.max.as_secs();
 
 /// `--watch`: judge on every change and publish, until SIGINT or SIGTERM.
 #[derive(Debug, clap::Args)]
@@ -114,39 +121,38 @@ struct WatchArgs {
     watch: bool,
     /// With --watch: a full pass at least this often, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
+          value_parser = clap::value_parser!(u64).range(PERIOD_SECS))]
     period: u64,
     /// With --watch: the condition is written again after this many seconds
     /// without a change, to show that the doctor runs.
     #[arg(long, value_name = "SECONDS", default_value_t = 1800, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
+          value_parser = clap::value_parser!(u64).range(PERIOD_SECS))]
     heartbeat: u64,
     /// With --watch: a change of the failures is published once a second
     /// pass this many milliseconds later agrees.
     #[arg(long, value_name = "MILLISECONDS", default_value_t = 3000, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+          value_parser = clap::value_parser!(u64).range(0..=CONFIRM_MS))]
     confirm_ms: u64,
     /// With --watch: a plugin that comes back to a state it was in (ok,
     /// stale, gone, ...) this many times within --flap-window is flapping,
     /// a failure, until it holds still for --flap-hold; a restart counts 2
     /// at most; 0 turns damping off.
-    #[arg(long, value_name = "CHANGES", default_value_t = 3, requires = "watch",
-          value_parser = clap::value_parser!(u32).range(0..=1000))]
+    #[arg(long, value_name = "CHANGES", default_value_t = 3, requires = "watch")]
     flap_changes: u32,
     /// With --watch: how far back a plugin's changes count, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 120, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
+          value_parser = clap::value_parser!(u64).range(PERIOD_SECS))]
     flap_window: u64,
     /// With --watch: how long a flapping plugin must hold still before it is
     /// judged as it is again, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(1..=DAY_SECS))]
+          value_parser = clap::value_parser!(u64).range(PERIOD_SECS))]
     flap_hold: u64,
     /// With --watch: every this many seconds, send each plugin socket found
     /// ok a PING on a connection of its own, and judge at once when one
     /// does not answer (a plugin alive but hung); 0: never.
     #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "watch",
-          value_parser = clap::value_parser!(u64).range(0..=DAY_SECS))]
+          value_parser = clap::value_parser!(u64).range(0..=PERIOD.max.as_secs()))]
     look_every: u64,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
@@ -180,7 +186,7 @@ impl DoctorArgs {
     fn node(&self, client: Option<&kpm::kube::Client>) -> Result<Option<String>, CliError> {
         match (client, &self.node_name) {
             (_, Some(name)) => Ok(Some(name.clone())),
-            (Some(_), None) => crate::run::node_name(None).map(Some),
+            (Some(_), None) => setup::node_name(None).map(Some),
             (None, None) => Ok(None),
         }
     }
@@ -193,7 +199,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     if args.cluster {
         return fleet(&args).await.map(Outcome::from);
     }
-    let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
+    let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
     let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, args.judge.timeout());
     let objects = match (client, node) {
@@ -223,14 +229,14 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
 
 /// `kpm doctor --watch`: judges and publishes until SIGINT or SIGTERM.
 async fn watch(args: DoctorArgs) -> Result<(), CliError> {
-    crate::run::init_logging(args.watch.log_format)?;
+    setup::init_logging(args.watch.log_format)?;
     // Each pass dials every plugin and frees it all again: returned at once,
     // none of it stays with an idle doctor.
     crate::heap::return_freed_pages_at_once();
-    let budget = crate::run::init_fd_budget().clone();
-    let shutdown = crate::run::shutdown_signal()?;
+    let budget = setup::init_fd_budget().clone();
+    let shutdown = setup::shutdown_signal()?;
     let timeout = args.judge.timeout();
-    let client = crate::run::api_client(args.kubeconfig.as_deref()).await?;
+    let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
     let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, timeout);
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
@@ -327,7 +333,7 @@ fn pending_publications(body: &[u8]) -> Vec<PendingPublication> {
 /// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor
 /// reports a failure or is silent.
 async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
-    let client = match crate::run::api_client(args.kubeconfig.as_deref()).await? {
+    let client = match setup::api_client(args.kubeconfig.as_deref()).await? {
         Some(client) => client,
         // As kubectl does, for `kubectl kpm doctor --cluster`.
         None => match home_kubeconfig() {
@@ -343,11 +349,11 @@ async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
         config = config.label_selector(selector);
     }
     let config = config.build()?;
-    let objects = kpm_doctor::read_fleet(&client, &config).await?;
+    let objects = kpm_fleet::read_fleet(&client, &config).await?;
     tracing::debug!(nodes = objects.nodes.len(), requests = objects.requests, "read the fleet");
-    let fleet = kpm_doctor::judge_fleet(&objects, SystemTime::now(), config.stale_after());
+    let fleet = kpm_fleet::judge_fleet(&objects, SystemTime::now(), config.stale_after());
     drop(objects);
-    crate::output::print(&args.output.render(&fleet, kpm_doctor::render_fleet_table)?)?;
+    crate::output::print(&args.output.render(&fleet, kpm_fleet::render_fleet_table)?)?;
     Ok(fleet.ok())
 }
 

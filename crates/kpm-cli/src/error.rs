@@ -34,7 +34,10 @@ pub(crate) enum CliError {
     DoctorConfig(#[from] kpm_doctor::ConfigError),
 
     #[error("read the fleet: {0}")]
-    Fleet(#[from] kpm_doctor::FleetError),
+    Fleet(#[from] kpm_fleet::FleetError),
+
+    #[error("configure the fleet read: {0}")]
+    FleetConfig(#[from] kpm_fleet::OutOfRange),
 
     #[error(
         "find the API server: no --kubeconfig, KUBECONFIG, service account (not in a pod) or ~/.kube/config"

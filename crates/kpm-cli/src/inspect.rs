@@ -9,7 +9,7 @@ use std::time::Duration;
 use kpm::{Inspection, Kubelet, PluginKind, Step};
 
 use crate::CliError;
-use crate::run::plugin_kind;
+use crate::setup::plugin_kind;
 
 /// What `kpm probe` and `kpm doctor` judge with: the kubelet's handlers
 /// but the disabled ones, and a bound on each call.

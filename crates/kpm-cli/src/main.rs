@@ -36,6 +36,7 @@ mod metrics;
 mod output;
 mod probe;
 mod run;
+mod setup;
 mod status_api;
 mod watch;
 

@@ -131,9 +131,10 @@ pub use config::{
     DeviceConfig,
 };
 pub use error::{DeviceConfigError, DeviceError};
+pub use kpm_api::is_extended_resource_name;
 pub use kubelet_socket::KubeletSocket;
 pub use manager::{DeviceManager, DevicePluginReport, DeviceStatus, ResourceStatus};
-pub use validation::{is_extended_resource_name, validate_plugin, validate_register_request};
+pub use validation::{validate_plugin, validate_register_request};
 pub use view::DeviceView;
 
 /// The device plugin API types a node agent passes to and gets from the

@@ -4,19 +4,17 @@
 //! Every config of the doctor ([`DoctorConfig`](crate::DoctorConfig),
 //! [`WatchConfig`](crate::WatchConfig), [`FlapConfig`](crate::FlapConfig),
 //! [`PublishConfig`](crate::PublishConfig),
-//! [`EventConfig`](crate::EventConfig),
-//! [`FleetConfig`](crate::FleetConfig)) is made the same way: its
+//! [`EventConfig`](crate::EventConfig)) is made the same way: its
 //! [`Default`] is valid, and any other is set on its builder (`builder()`,
 //! the setters, then `build()`, which checks every field and names the one
 //! it refuses). A built config has no public fields: what the doctor runs
 //! with is always what was checked.
 
-use std::fmt::Debug;
-use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kpm::PluginKind;
+use kpm::api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
 
 use crate::{DEFAULT_TIMEOUT, Host, WELL_KNOWN_ROOTS};
 
@@ -24,16 +22,9 @@ use crate::{DEFAULT_TIMEOUT, Host, WELL_KNOWN_ROOTS};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// The value is outside what the field takes.
-    #[error("{field} = {value} is out of range: it must be {expected}")]
-    OutOfRange {
-        /// The field, as `config.field`.
-        field: &'static str,
-        /// The value given.
-        value: String,
-        /// What it must be.
-        expected: &'static str,
-    },
+    /// The value is outside its [`Bounds`].
+    #[error(transparent)]
+    OutOfRange(#[from] OutOfRange),
     /// The backoff made from the field was refused.
     #[error("{field}: {source}")]
     Backoff {
@@ -49,22 +40,9 @@ impl ConfigError {
     /// The field refused.
     pub fn field(&self) -> &'static str {
         match self {
-            Self::OutOfRange { field, .. } | Self::Backoff { field, .. } => field,
+            Self::OutOfRange(refused) => refused.field,
+            Self::Backoff { field, .. } => field,
         }
-    }
-}
-
-/// `value` of `field` when it lies in `range`, which `expected` tells.
-pub(crate) fn bounded<T: PartialOrd + Debug>(
-    field: &'static str,
-    value: T,
-    range: &RangeInclusive<T>,
-    expected: &'static str,
-) -> Result<T, ConfigError> {
-    if range.contains(&value) {
-        Ok(value)
-    } else {
-        Err(ConfigError::OutOfRange { field, value: format!("{value:?}"), expected })
     }
 }
 
@@ -74,19 +52,9 @@ pub(crate) fn bounded<T: PartialOrd + Debug>(
 pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The bounds of a period of the doctor's loops: a second (the watch's
-/// granularity) to [`MAX_PERIOD`].
-pub(crate) const PERIOD: RangeInclusive<Duration> = Duration::from_secs(1)..=MAX_PERIOD;
-
-/// What [`PERIOD`] says.
-pub(crate) const PERIOD_TEXT: &str = "between 1s and 24h";
-
-/// The bounds of one request to the API server or a plugin: a millisecond
-/// (a zero deadline fails every call) to 10 min.
-pub(crate) const REQUEST_TIMEOUT: RangeInclusive<Duration> =
-    Duration::from_millis(1)..=Duration::from_secs(10 * 60);
-
-/// What [`REQUEST_TIMEOUT`] says.
-pub(crate) const REQUEST_TIMEOUT_TEXT: &str = "between 1ms and 10m";
+/// granularity) to a day.
+pub const PERIOD: Bounds<Duration> =
+    Bounds::new(Duration::from_secs(1), MAX_PERIOD, "between 1s and 24h");
 
 /// What a [`Doctor`](crate::Doctor) judges and how. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](DoctorConfigBuilder::build)
@@ -209,8 +177,7 @@ impl DoctorConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<DoctorConfig, ConfigError> {
         let mut config = self.0;
-        config.timeout =
-            bounded("doctor.timeout", config.timeout, &REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT)?;
+        config.timeout = REQUEST_TIMEOUT.check("doctor.timeout", config.timeout)?;
         Ok(config)
     }
 }
@@ -218,7 +185,7 @@ impl DoctorConfigBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DoctorConfig, EventConfig, FlapConfig, FleetConfig, PublishConfig, WatchConfig};
+    use crate::{DoctorConfig, EventConfig, FlapConfig, PublishConfig, WatchConfig};
 
     /// Each row: a config built with one setting, and the field refused
     /// (`None`: accepted).
@@ -232,7 +199,6 @@ mod tests {
         let publish = PublishConfig::builder;
         let events = EventConfig::builder;
         let doctor = DoctorConfig::builder;
-        let fleet = FleetConfig::builder;
         let table: Vec<(Result<(), ConfigError>, Option<&str>)> = vec![
             (watch().period(zero).build().map(drop), Some("watch.period")),
             (watch().period(secs(1)).build().map(drop), None),
@@ -270,16 +236,6 @@ mod tests {
             ),
             (doctor().timeout(zero).build().map(drop), Some("doctor.timeout")),
             (doctor().timeout(secs(600)).build().map(drop), None),
-            (fleet().page_size(0).build().map(drop), Some("fleet.page_size")),
-            (fleet().page_size(1).build().map(drop), None),
-            (fleet().page_size(10_001).build().map(drop), Some("fleet.page_size")),
-            (fleet().request_timeout(zero).build().map(drop), Some("fleet.request_timeout")),
-            (fleet().stale_after(zero).build().map(drop), Some("fleet.stale_after")),
-            (fleet().stale_after(secs(7 * 24 * 3600)).build().map(drop), None),
-            (
-                fleet().stale_after(secs(7 * 24 * 3600) + nano).build().map(drop),
-                Some("fleet.stale_after"),
-            ),
         ];
         for (row, (built, refused)) in table.into_iter().enumerate() {
             let field = built.as_ref().err().map(ConfigError::field);
@@ -297,16 +253,15 @@ mod tests {
         assert_eq!(PublishConfig::builder().build(), Ok(PublishConfig::default()));
         assert_eq!(EventConfig::builder().build(), Ok(EventConfig::default()));
         assert_eq!(DoctorConfig::builder().build(), Ok(DoctorConfig::default()));
-        assert_eq!(FleetConfig::builder().build(), Ok(FleetConfig::default()));
     }
 
     #[test]
     fn a_refusal_names_the_field_the_value_and_the_range() {
-        let second = Duration::from_secs(1);
-        let refused = bounded("watch.period", Duration::ZERO, &(second..=MAX_PERIOD), "1s..=24h");
-        let err = refused.unwrap_err();
+        let err = WatchConfig::builder().period(Duration::ZERO).build().unwrap_err();
         assert_eq!(err.field(), "watch.period");
-        assert_eq!(err.to_string(), "watch.period = 0ns is out of range: it must be 1s..=24h");
-        assert_eq!(bounded("n", 3, &(1..=3), "1..=3"), Ok(3));
+        assert_eq!(
+            err.to_string(),
+            "watch.period = 0ns is out of range: it must be between 1s and 24h"
+        );
     }
 }

@@ -12,7 +12,9 @@ use kpm::Kubelet;
 
 use crate::checkpoint::{self, Resource};
 use crate::host::{Host, Seen, View};
-use crate::judge::{Row, Verdict, quietly};
+use kpm_report::Verdict;
+
+use crate::judge::{Row, quietly};
 
 /// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
 /// endpoints of registry plugins already judged: device plugins that
@@ -94,7 +96,7 @@ pub(crate) async fn judge(
             .hint("the device plugin's service fails: see its logs"),
         };
         let mut row = row;
-        row.plugin_type = Some(kpm::api::DEVICE_PLUGIN.to_owned());
+        row.kind = Some(kpm::PluginKind::Device);
         rows.push(row);
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));

@@ -20,11 +20,13 @@
 
 use std::time::Duration;
 
-use kpm::ExecutorError;
 use kpm::api::{DRA_PLUGIN, DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE};
 use kpm::dra::DraError;
+use kpm::{ExecutorError, PluginKind};
 
-use crate::judge::{Row, Verdict};
+use kpm_report::Verdict;
+
+use crate::judge::Row;
 
 /// The first minor whose kubelet takes the services as kpm's handler does.
 const SERVICES_AS_KPM: u32 = 34;
@@ -134,7 +136,7 @@ fn api_taken(minor: u32, services: &[String]) -> Result<DraApi, String> {
 /// once; the newer kubelets' delay, kpm's own, when the version names no
 /// minor (none known, a development build).
 pub(crate) fn slice_wipe_delay(version: Option<&str>) -> Option<Duration> {
-    match version.and_then(crate::kubelet_version::minor) {
+    match version.and_then(kpm_report::minor) {
         Some(minor) if minor < WIPE_DELAYED => None,
         _ => Some(kpm::dra::DEFAULT_CLEANUP_GRACE),
     }
@@ -147,7 +149,7 @@ pub(crate) fn slice_wipe_delay(version: Option<&str>) -> Option<Duration> {
 /// endpoint is refused by every minor.
 pub(crate) fn judge(row: &mut Row, outcome: &Result<(), ExecutorError>, kubelet: JudgedKubelet) {
     let minor = kubelet.minor;
-    if minor >= SERVICES_AS_KPM || row.plugin_type.as_deref() != Some(DRA_PLUGIN) {
+    if minor >= SERVICES_AS_KPM || row.kind != Some(PluginKind::Dra) {
         return;
     }
     if kubelet.dra_gate == Some(false) {
@@ -308,7 +310,7 @@ mod tests {
     fn dra_row(verdict: Verdict, versions: &[&str]) -> Row {
         let mut row =
             Row::new(verdict, std::path::Path::new("/r/gpu.sock"), "registry", "seen".into());
-        row.plugin_type = Some(DRA_PLUGIN.into());
+        row.kind = Some(PluginKind::Dra);
         row.name = Some("gpu.example.com".into());
         row.versions = list(versions);
         row
@@ -379,7 +381,7 @@ mod tests {
         judge(&mut row, &Ok(()), gated(33));
         assert_eq!(row.verdict, Verdict::Stale);
         let mut row = dra_row(Verdict::Ok, &["v1.DRAPlugin"]);
-        row.plugin_type = Some("CSIPlugin".into());
+        row.kind = Some(PluginKind::Csi);
         judge(&mut row, &Ok(()), gated(31));
         assert_eq!((row.verdict, row.reason.as_str()), (Verdict::Ok, "seen"));
     }

@@ -451,9 +451,25 @@ mod tests {
     }
 
     #[test]
-    fn this_process_is_described() {
-        let me = Host::default().process(std::process::id());
-        assert!(me.command.is_some_and(|command| !command.is_empty()));
-        assert!(me.running_secs.is_some());
+    fn a_process_is_described_from_its_proc_files() {
+        let fake = FakeHost::new();
+        fake.process(42, &["/csi-node-driver-registrar", "--v=5"], None);
+        let ticks = rustix::param::clock_ticks_per_second();
+        // Started 100 s after boot, in clock ticks (field 22); up 160.5 s.
+        let stat = format!(
+            "42 (node driver (reg)) S 1 42 42 0 -1 4 0 0 0 0 1 1 0 0 20 0 9 0 {} 1 1",
+            100 * ticks
+        );
+        std::fs::write(fake.at("/proc/42/stat"), stat).unwrap();
+        std::fs::write(fake.at("/proc/uptime"), "160.50 300.00\n").unwrap();
+        let cgroup = "0::/kubepods.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope\n";
+        std::fs::write(fake.at("/proc/42/cgroup"), cgroup).unwrap();
+        let described = fake.host().process(42);
+        assert_eq!(described.command.as_deref(), Some("/csi-node-driver-registrar --v=5"));
+        assert_eq!(described.running_secs, Some(60));
+        assert!(described.container_id.is_some_and(|id| id.starts_with("0123456789ab")));
+        // A process gone: only its pid.
+        let gone = fake.host().process(43);
+        assert_eq!((gone.command, gone.running_secs, gone.container_id), (None, None, None));
     }
 }

@@ -10,154 +10,13 @@ use std::time::Duration;
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
 use kpm::{ExecutorError, Inspection, Kubelet, PluginKind, ServiceReport};
+use kpm_report::Verdict;
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
 use crate::Finding;
 use crate::host::{Host, ProcessInfo, Seen, View};
 use crate::kubelets::KubeletProcess;
-
-/// What a socket is to the kubelet. Its name (`not-registered`) is its
-/// variant's in kebab case, its reason (`NotRegistered`) in CamelCase, and
-/// its [`severity`](Self::severity) chooses a Node condition's reason.
-/// The derived order is the declaration's, for maps only.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    strum::EnumIter,
-    strum::IntoStaticStr,
-    strum::EnumString,
-)]
-#[serde(rename_all = "kebab-case")]
-#[strum(serialize_all = "kebab-case")]
-#[non_exhaustive]
-pub enum Verdict {
-    /// It registers (or is registered) as it is.
-    Ok,
-    /// The kubelet ignores it (a hidden name, not a socket).
-    Ignored,
-    /// Nothing listens on it.
-    Stale,
-    /// Its verdict or its presence changed more often than the watch's
-    /// bound within its window (`kpm doctor --watch` only).
-    Flapping,
-    /// It answers gRPC, but not the registration service.
-    NotARegistrationServer,
-    /// `GetInfo` takes longer than the kubelet waits.
-    SlowGetInfo,
-    /// `GetInfo` fails.
-    GetInfoFailed,
-    /// The handler of its type refuses it.
-    Rejected,
-    /// Its endpoint is missing or refuses connections.
-    EndpointUnreachable,
-    /// Its own service fails.
-    ServiceFailing,
-    /// Its file is gone while its process still listens.
-    DeletedButListening,
-    /// It could not be reached for another reason (permissions, a hang).
-    Unreachable,
-    /// A directory or entry that could not be read.
-    Unreadable,
-    /// A registry no running kubelet watches holds sockets.
-    UnwatchedRegistry,
-    /// Fine on the node, but the kubelet's device manager or the cluster
-    /// shows no registration of it.
-    NotRegistered,
-    /// The kubelet's device manager holds other healthy devices of its
-    /// resource than the plugin lists.
-    KubeletMismatch,
-    /// The cluster shows it otherwise than the plugin says.
-    ClusterMismatch,
-    /// CSINode lists a driver no live plugin serves.
-    StaleCsiNodeEntry,
-    /// A live DRA driver with no ResourceSlice of the node.
-    NotPublished,
-    /// ResourceSlices of the node from a driver no live plugin serves.
-    OrphanedSlices,
-    /// Device capacity of the node, none allocatable, that no live device
-    /// plugin serves.
-    OrphanedCapacity,
-    /// The cluster lags what `kpm run`, the node's plugin manager, has
-    /// registered, and kpm run is still publishing it: not a failure.
-    Publishing,
-}
-
-impl Verdict {
-    /// Every verdict.
-    pub fn all() -> impl Iterator<Item = Self> {
-        <Self as strum::IntoEnumIterator>::iter()
-    }
-
-    /// Its name in reports: `not-registered`.
-    pub fn name(self) -> &'static str {
-        self.into()
-    }
-
-    /// The verdict named `name` ([`name`](Self::name)), if any.
-    pub fn from_name(name: &str) -> Option<Self> {
-        name.parse().ok()
-    }
-
-    /// How grave it is, 0 for none: a Node condition's reason is its most
-    /// severe failure. A socket nothing serves comes first, then one that
-    /// serves but not as the kubelet needs, then what the kubelet and the
-    /// cluster show; a finding about other objects last.
-    pub fn severity(self) -> u8 {
-        match self {
-            Self::Ok | Self::Ignored | Self::Publishing => 0,
-            Self::OrphanedCapacity => 1,
-            Self::OrphanedSlices => 2,
-            Self::NotPublished => 3,
-            Self::StaleCsiNodeEntry => 4,
-            Self::ClusterMismatch => 5,
-            Self::KubeletMismatch => 6,
-            Self::NotRegistered => 7,
-            Self::UnwatchedRegistry => 8,
-            Self::Unreadable => 9,
-            Self::Unreachable => 10,
-            Self::DeletedButListening => 11,
-            Self::ServiceFailing => 12,
-            Self::EndpointUnreachable => 13,
-            Self::Rejected => 14,
-            Self::GetInfoFailed => 15,
-            Self::SlowGetInfo => 16,
-            Self::NotARegistrationServer => 17,
-            Self::Flapping => 18,
-            Self::Stale => 19,
-        }
-    }
-
-    /// Whether it makes the doctor exit 1: all but `ok`, `ignored` and
-    /// `publishing`.
-    pub fn fails(self) -> bool {
-        self.severity() > 0
-    }
-
-    /// Its name in CamelCase, as a Kubernetes condition's or Event's
-    /// `reason`: `NotRegistered`.
-    pub fn reason(self) -> String {
-        self.name()
-            .split('-')
-            .map(|word| {
-                let mut chars = word.chars();
-                chars
-                    .next()
-                    .map(|first| first.to_ascii_uppercase())
-                    .into_iter()
-                    .chain(chars)
-                    .collect::<String>()
-            })
-            .collect()
-    }
-}
 
 impl crate::inspections::Lost {
     /// The socket at `path`, found in `found_in`, as a failing row.
@@ -194,9 +53,11 @@ pub struct Row {
     pub path: PathBuf,
     /// `registry`, `device-plugins` or `deleted`.
     pub found_in: &'static str,
-    /// The plugin type it reported (or, in `device-plugins/`, `DevicePlugin`).
+    /// The kind of plugin it is, by the type it reported (in
+    /// `device-plugins/`, a device plugin); none when it told no type the
+    /// kubelet has a handler for (its reason then says which it told).
     #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub plugin_type: Option<String>,
+    pub kind: Option<PluginKind>,
     /// The plugin's name, or a device plugin's resource.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -252,7 +113,7 @@ impl Row {
             verdict,
             path: path.to_path_buf(),
             found_in,
-            plugin_type: None,
+            kind: None,
             name: None,
             endpoint: None,
             versions: Vec::new(),
@@ -270,7 +131,7 @@ impl Row {
         crate::Failure {
             verdict: self.verdict,
             path: &self.path,
-            plugin_type: self.plugin_type.as_deref(),
+            kind: self.kind,
             name: self.name.as_deref(),
             reason: &self.reason,
         }
@@ -392,7 +253,7 @@ fn judge(
     let reason = reason.unwrap_or_default();
     let mut row = Row::new(verdict, path, "registry", view.as_on_host(&reason)).hint(hint);
     if let Some(info) = &inspection.info {
-        row.plugin_type = Some(info.r#type.clone());
+        row.kind = PluginKind::from_plugin_type(&info.r#type);
         row.name = Some(info.name.clone());
         row.versions.clone_from(&info.supported_versions);
     }
@@ -574,10 +435,7 @@ fn kubelet_types() -> String {
 pub(crate) fn mark_duplicates(rows: &mut [Row]) {
     let highest = |row: &Row| kpm::csi::highest_supported_version(&row.versions).ok();
     let csi: Vec<usize> = (0..rows.len())
-        .filter(|&i| {
-            rows[i].verdict == Verdict::Ok
-                && rows[i].plugin_type.as_deref() == Some(kpm::api::CSI_PLUGIN)
-        })
+        .filter(|&i| rows[i].verdict == Verdict::Ok && rows[i].kind == Some(PluginKind::Csi))
         .collect();
     for &i in &csi {
         let kept =
@@ -606,7 +464,7 @@ mod tests {
 
     fn csi(path: &str, name: &str, versions: &[&str]) -> Row {
         let mut row = Row::new(Verdict::Ok, Path::new(path), "registry", "ok".to_owned());
-        row.plugin_type = Some(kpm::api::CSI_PLUGIN.to_owned());
+        row.kind = Some(PluginKind::Csi);
         row.name = Some(name.to_owned());
         row.versions = versions.iter().map(|v| (*v).to_owned()).collect();
         row

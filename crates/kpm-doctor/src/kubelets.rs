@@ -336,9 +336,12 @@ mod tests {
         list.iter().map(ToString::to_string).collect()
     }
 
-    /// The root `kubelet_of` finds in a command line (no process behind it).
+    /// The root `kubelet_of` finds in a command line, on a fake host whose
+    /// process 7 shares its mount namespace and has no files.
     fn root_of(command: &[&str]) -> Option<(&'static str, PathBuf)> {
-        kubelet_of(&Host::default(), 0, &args(command))
+        let fake = FakeHost::new();
+        fake.process(7, command, None);
+        kubelet_of(&fake.host(), 7, &args(command))
             .map(|kubelet| (kubelet.program, kubelet.root_dir))
     }
 

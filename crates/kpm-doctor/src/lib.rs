@@ -22,12 +22,11 @@
 //!   writes the Node condition [`CONDITION_TYPE`] (server-side apply, only
 //!   on change and at a heartbeat) and Events on the Node, aggregated and
 //!   rate-limited; [`DoctorMetrics`] serve what the last pass found.
-//! - For the whole cluster, [`read_fleet`] reads back the condition each
-//!   node's doctor publishes, with the CSIDrivers, CSINodes, extended
-//!   resources and ResourceSlices, read-only and page by page;
-//!   [`judge_fleet`] makes a [`Fleet`] of it: each node's doctor state, and
-//!   each driver's nodes (`47/50`) with why it is not on the others;
-//!   [`render_fleet_table`] prints it as `kpm doctor --cluster` does.
+//! - What it publishes is the report crate's: the typed
+//!   [`KubeletPluginReport`](kpm_report::KubeletPluginReport), the
+//!   [`Verdict`]s and the condition's words (`kpm_report`). The fleet
+//!   reader (`kpm-fleet`, `kpm doctor --cluster`) reads them back with the
+//!   same types, and depends on nothing of this crate.
 //! - [`Host`] is where this process sees the host's file system: `/`, or a
 //!   prefix in a pod (`/host`). A kubelet's files are read as that kubelet
 //!   sees them, its [`View`]: the host's, or `<host-root>/proc/PID/root`
@@ -46,19 +45,16 @@ mod condition;
 mod config;
 mod device_plugins;
 mod dra_by_minor;
-mod fleet;
 mod host;
 mod inspections;
 mod judge;
 mod judged;
-mod kubelet_version;
 mod kubelets;
 mod metrics;
 mod node_objects;
 mod outcome;
-mod plugin_report;
-pub mod publish;
-mod publishing;
+mod pending;
+mod publish;
 mod render;
 mod watch;
 
@@ -70,34 +66,34 @@ use serde::Serialize;
 
 use crate::judged::{Judged, cannot_list_registry, choose};
 
-pub use crate::condition::{
-    CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, HEALTHY_REASON,
-    MAX_MESSAGE_BYTES, PluginsCondition,
-};
+use kpm_report::{ConditionStatus, Verdict};
+
+pub use crate::condition::{FIELD_MANAGER, PluginsCondition};
 pub use crate::config::{ConfigError, DoctorConfig, DoctorConfigBuilder};
+
+/// The ranges of the doctor's settings, each checked once by its config's
+/// `build()`; public so that a command line bounds its flags with the same
+/// figures.
+pub mod bounds {
+    pub use kpm::api::config::{Bounds, REQUEST_TIMEOUT};
+
+    pub use crate::config::PERIOD;
+    pub use crate::publish::config::RETRY;
+    pub use crate::publish::events::{BURST, REFILL};
+    pub use crate::watch::{CONFIRM, SETTLE};
+}
 pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
-pub use crate::fleet::{
-    DEFAULT_PAGE_SIZE, DEFAULT_REQUEST_TIMEOUT, DEFAULT_STALE_AFTER, DoctorState, DriverView,
-    FailingPlugin, Fleet, FleetConfig, FleetConfigBuilder, FleetError, FleetObjects, MAX_PAGE_SIZE,
-    NodeCondition, NodeObject, NodeReport, NodeView, NotOn, Source, judge_fleet, read_fleet,
-    render_fleet_table,
-};
 pub use crate::host::{Host, ProcessInfo, Seen, View};
-pub use crate::judge::{Row, StepTaken, Verdict, served_by};
+pub use crate::judge::{Row, StepTaken, served_by};
 pub use crate::judged::referee;
-pub use crate::kubelet_version::CHECKED_MINORS;
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 pub use crate::metrics::DoctorMetrics;
-pub use crate::plugin_report::{
-    BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,
-    KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
-    REPORT_GROUP,
-};
+pub use crate::pending::PendingReader;
+pub use crate::publish::events;
 pub use crate::publish::events::{EventConfig, EventConfigBuilder};
 pub use crate::publish::{
     NodePublisher, PublishConfig, PublishConfigBuilder, PublishError, PublishStats,
 };
-pub use crate::publishing::PendingReader;
 pub use crate::render::render_table;
 pub use crate::watch::{
     ApiLink, FlapConfig, FlapConfigBuilder, NodeWatch, WatchConfig, WatchConfigBuilder, WatchError,
@@ -261,7 +257,7 @@ impl Doctor {
         // The judged kubelet's version, from its Node: where its minor does
         // otherwise than the referee, the rows say what it does.
         let kubelet_version = objects.and_then(node_objects::kubelet_version).map(str::to_owned);
-        let kubelet = kubelet_version.as_deref().and_then(kubelet_version::minor).map(|minor| {
+        let kubelet = kubelet_version.as_deref().and_then(kpm_report::minor).map(|minor| {
             dra_by_minor::JudgedKubelet {
                 minor,
                 dra_gate: choice.kubelet.as_ref().map(|kubelet| {
@@ -302,7 +298,7 @@ impl Doctor {
         if let Some(objects) = objects {
             let publishing = match &self.kpm_run {
                 Some(reader) => reader.read().await,
-                None => publishing::Publishing::default(),
+                None => pending::Publishing::default(),
             };
             node_objects::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
             blind = blind.or_else(|| node_objects::unread(objects));
@@ -314,7 +310,7 @@ impl Doctor {
             &kubelets,
         ));
         Report {
-            kubelet_unchecked: kubelet_version.as_deref().and_then(kubelet_version::unchecked_note),
+            kubelet_unchecked: kubelet_version.as_deref().and_then(kpm_report::unchecked_note),
             kubelet_version,
             root_dir: choice.root_dir.clone(),
             root_from: choice.root_from.clone(),
@@ -475,8 +471,8 @@ pub struct Failure<'a> {
     pub verdict: Verdict,
     /// The socket or object, a path on the host or `csinodes/NAME`.
     pub path: &'a Path,
-    /// The plugin's type, when it told.
-    pub plugin_type: Option<&'a str>,
+    /// The plugin's kind, when it told one.
+    pub kind: Option<kpm::PluginKind>,
     /// The plugin's name, when it told.
     pub name: Option<&'a str>,
     /// Why it fails.
@@ -519,7 +515,7 @@ impl Finding {
         Failure {
             verdict: self.verdict,
             path: &self.path,
-            plugin_type: None,
+            kind: None,
             name: None,
             reason: &self.reason,
         }

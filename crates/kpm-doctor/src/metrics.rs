@@ -27,8 +27,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::Report;
-use crate::judge::Verdict;
 use crate::publish::PublishStats;
+use kpm_report::Verdict;
 
 /// What the last pass found, for the metrics.
 #[derive(Debug, Default, Clone)]
@@ -55,8 +55,7 @@ impl DoctorMetrics {
     /// Counts `report`'s entries, as of now.
     pub fn observe(&self, report: &Report) {
         let mut counts = BTreeMap::new();
-        let rows =
-            report.plugins.iter().map(|row| (row.verdict, type_label(row.plugin_type.as_deref())));
+        let rows = report.plugins.iter().map(|row| (row.verdict, type_label(row)));
         let findings = report.findings.iter().map(|finding| (finding.verdict, "none"));
         for key in rows.chain(findings) {
             *counts.entry(key).or_insert(0) += 1;
@@ -77,12 +76,14 @@ impl DoctorMetrics {
     }
 }
 
-/// The `type` label of a plugin type: one of a closed set.
-fn type_label(plugin_type: Option<&str>) -> &'static str {
-    match plugin_type.map(kpm::PluginKind::from_plugin_type) {
-        Some(Some(kind)) => kind.plugin_type(),
-        Some(None) => "other",
-        None => "none",
+/// The `type` label of a row, one of a closed set: its kind's plugin
+/// type, `other` for a plugin that told a type the kubelet has no handler
+/// for, `none` for a socket that told nothing.
+fn type_label(row: &crate::Row) -> &'static str {
+    match (row.kind, &row.name) {
+        (Some(kind), _) => kind.plugin_type(),
+        (None, Some(_)) => "other",
+        (None, None) => "none",
     }
 }
 

@@ -9,8 +9,10 @@ use kpm::PluginKind;
 use kpm::kube::{NodeObjects, NodeResources, ObjectKind};
 
 use crate::device_plugins::LAGGING_DEVICES;
-use crate::judge::{Row, Verdict};
-use crate::publishing::Publishing;
+use kpm_report::Verdict;
+
+use crate::judge::Row;
+use crate::pending::Publishing;
 use crate::{Blind, Finding};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
@@ -26,7 +28,7 @@ pub(crate) fn compare(
     let first_finding = findings.len();
     compare_all(objects, rows, findings, unseen);
     for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
-        let Some(kind) = row.plugin_type.as_deref().and_then(PluginKind::from_plugin_type) else {
+        let Some(kind) = row.kind else {
             continue;
         };
         let kinds = ObjectKind::of_plugins(kind);
@@ -75,7 +77,7 @@ fn compare_all(
 fn registered(rows: &[Row], kind: PluginKind) -> BTreeSet<String> {
     rows.iter()
         .filter(|row| {
-            row.plugin_type.as_deref() == Some(kind.plugin_type())
+            row.kind == Some(kind)
                 && !matches!(row.verdict, Verdict::Stale | Verdict::DeletedButListening)
         })
         .filter_map(|row| row.name.clone())
@@ -366,7 +368,7 @@ fn stale_socket_of(rows: &[Row], driver: &str) -> Option<PathBuf> {
 
 /// Whether `row` is a plugin of `kind` the kubelet would keep.
 fn is_live(row: &Row, kind: PluginKind) -> bool {
-    row.verdict == Verdict::Ok && row.plugin_type.as_deref() == Some(kind.plugin_type())
+    row.verdict == Verdict::Ok && row.kind == Some(kind)
 }
 
 fn csi_rows(rows: &mut [Row]) -> impl Iterator<Item = &mut Row> {
@@ -477,7 +479,7 @@ mod tests {
 
     fn csi_row(verdict: Verdict, name: Option<&str>) -> Row {
         let mut row = Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned());
-        row.plugin_type = Some(kpm::api::CSI_PLUGIN.to_owned());
+        row.kind = Some(PluginKind::Csi);
         row.name = name.map(str::to_owned);
         row
     }

@@ -7,15 +7,15 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kpm::PluginKind;
 
-use crate::condition::{
-    CANNOT_JUDGE_REASON, ConditionStatus, HEALTHY_REASON, MAX_MESSAGE_BYTES, PluginsCondition,
+use kpm_report::{
+    BlindStatus, CANNOT_JUDGE_REASON, ConditionStatus, Counts, FindingEntry, HEALTHY_REASON,
+    KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES,
+    PluginEntry, Verdict,
 };
-use crate::judge::Verdict;
-use crate::plugin_report::{
-    BlindStatus, Counts, FindingEntry, Health, KubeletPluginReportStatus, KubeletStatus,
-    MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
-};
+
+use crate::condition::PluginsCondition;
 use crate::{Blind, Failure, Report};
 
 impl PluginsCondition {
@@ -24,16 +24,6 @@ impl PluginsCondition {
     /// [`Report::ok`] follow it too.
     pub fn of(report: &Report) -> Self {
         Outcome::of(report).condition()
-    }
-}
-
-impl From<ConditionStatus> for Health {
-    fn from(status: ConditionStatus) -> Self {
-        match status {
-            ConditionStatus::True => Self::Healthy,
-            ConditionStatus::False => Self::Failing,
-            ConditionStatus::Unknown => Self::CannotJudge,
-        }
     }
 }
 
@@ -58,7 +48,7 @@ pub(crate) struct Outcome {
 /// A socket as published: what the plugin told of itself and its verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Socket {
-    pub(crate) plugin_type: Option<String>,
+    pub(crate) kind: Option<PluginKind>,
     pub(crate) name: Option<String>,
     pub(crate) verdict: Verdict,
     pub(crate) reason: String,
@@ -139,7 +129,7 @@ impl Outcome {
             .iter()
             .map(|row| {
                 let socket = Socket {
-                    plugin_type: row.plugin_type.clone(),
+                    kind: row.kind,
                     name: row.name.clone(),
                     verdict: row.verdict,
                     reason: row.reason.clone(),
@@ -225,9 +215,9 @@ pub(crate) fn status_of(
         .iter()
         .map(|(path, socket)| PluginEntry {
             socket: path.display().to_string(),
-            plugin_type: socket.plugin_type.clone(),
+            kind: socket.kind,
             name: socket.name.clone(),
-            verdict: socket.verdict.name().to_owned(),
+            verdict: socket.verdict.into(),
             reason: bounded(&socket.reason),
             since: now.clone(),
         })
@@ -245,7 +235,7 @@ pub(crate) fn status_of(
         .map(|(path, failing)| FindingEntry {
             object: path.display().to_string(),
             name: failing.name.clone(),
-            verdict: failing.verdict.name().to_owned(),
+            verdict: failing.verdict.into(),
             reason: bounded(&failing.reason),
             cause: failing.cause.as_ref().map(|cause| cause.display().to_string()),
             since: now.clone(),
@@ -458,7 +448,7 @@ mod tests {
 
     fn csi_row(verdict: Verdict, path: &str, reason: &str) -> Row {
         let mut row = Row::new(verdict, std::path::Path::new(path), "registry", reason.to_owned());
-        row.plugin_type = Some("CSIPlugin".to_owned());
+        row.kind = Some(PluginKind::Csi);
         row.name = Some("csi.example.com".to_owned());
         row
     }
@@ -487,21 +477,21 @@ mod tests {
             None,
         );
         let status = status(&report, &at(100));
-        assert_eq!(status.health, Health::Failing);
+        assert_eq!(status.health, kpm_report::Health::Failing);
         assert_eq!(status.reason, "Stale");
         assert_eq!(status.counts, Counts { plugins: 2, failing: 2, omitted: 0 });
         let sockets: Vec<(&str, &str)> =
-            status.plugins.iter().map(|e| (e.socket.as_str(), e.verdict.as_str())).collect();
+            status.plugins.iter().map(|e| (e.socket.as_str(), e.verdict.name())).collect();
         assert_eq!(
             sockets,
             [("/r/plugins_registry/b-reg.sock", "stale"), ("/r/plugins_registry/a-reg.sock", "ok")]
         );
-        assert_eq!(status.plugins[0].plugin_type.as_deref(), Some("CSIPlugin"));
+        assert_eq!(status.plugins[0].kind, Some(PluginKind::Csi));
         assert_eq!(status.plugins[0].name.as_deref(), Some("csi.example.com"));
         assert_eq!(status.findings.len(), 1);
         assert_eq!(status.findings[0].object, "csinodes/node1");
         assert_eq!(status.findings[0].name.as_deref(), Some("gone.example.com"));
-        assert_eq!(status.findings[0].verdict, "stale-csi-node-entry");
+        assert_eq!(status.findings[0].verdict, Verdict::StaleCsiNodeEntry);
         assert_eq!(status.kubelet.root_dir, "/r");
         assert_eq!(status.kubelet.found_by, "--root-dir");
     }
@@ -510,7 +500,7 @@ mod tests {
     fn a_blind_report_cannot_judge_and_says_why() {
         let blind = Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "x".into() };
         let status = status(&Report::of_parts(Vec::new(), Vec::new(), Some(blind)), &at(1));
-        assert_eq!(status.health, Health::CannotJudge);
+        assert_eq!(status.health, kpm_report::Health::CannotJudge);
         assert_eq!(status.reason, "CannotJudge");
         assert_eq!(status.blind.unwrap().why, "/r/plugins_registry: cannot be listed");
     }

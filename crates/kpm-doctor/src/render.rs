@@ -5,7 +5,9 @@
 use std::fmt::Write as _;
 
 use crate::Report;
-use crate::judge::{self, Verdict};
+use kpm_report::Verdict;
+
+use crate::judge;
 
 /// The report as a table, verdict first, then each failure's reason and
 /// fix, what could not be seen, and a count.
@@ -56,7 +58,7 @@ fn rows_and_explanations(report: &Report, text: &mut String) {
         let socket = row.path.strip_prefix(&report.root_dir).unwrap_or(&row.path);
         rows.add_row([
             row.verdict.name().to_owned(),
-            row.plugin_type.clone().unwrap_or_else(|| "-".into()),
+            row.kind.map_or("-", kpm::PluginKind::plugin_type).to_owned(),
             row.name.clone().unwrap_or_else(|| "-".into()),
             socket.display().to_string(),
             row.served_by.as_ref().map_or_else(|| "-".into(), judge::served_by),
@@ -96,7 +98,7 @@ mod tests {
     fn a_kubelet_the_doctor_was_not_checked_against_is_said_so_on_top() {
         let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
         report.kubelet_version = Some("v1.30.14".to_owned());
-        report.kubelet_unchecked = crate::kubelet_version::unchecked_note("v1.30.14");
+        report.kubelet_unchecked = kpm_report::unchecked_note("v1.30.14");
         let text = render_table(&report);
         let second = text.lines().nth(1).unwrap_or_default();
         assert!(second.starts_with("kubelet v1.30.14 is a kubelet minor"), "{text}");

@@ -123,7 +123,7 @@ pub use kube::Client;
 pub const FIELD_MANAGER: &str = "kpm";
 
 /// How long one API request may take by default.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = kpm_api::constants::API_REQUEST_TIMEOUT;
 /// The shortest time between two device-capacity patches by default.
 pub const DEFAULT_CAPACITY_INTERVAL: Duration = Duration::from_millis(500);
 /// How long the CSI drivers an earlier run published have to register by

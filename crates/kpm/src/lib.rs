@@ -187,6 +187,11 @@ pub mod api {
         MAX_CONFIG_DURATION, MAX_SOCKET_PATH_BYTES, OWN_DIR_MODE, PLUGINS_REGISTRY_DIR_NAME,
     };
     pub use kpm_api::gotext::error_chain;
+    /// The range a setting takes, and the refusal of one out of it
+    /// (`kpm_api::config`), for the configs of crates above the facade.
+    pub mod config {
+        pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
+    }
 }
 
 /// Errors of the plugin manager.

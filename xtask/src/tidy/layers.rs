@@ -69,10 +69,20 @@ pub(super) const LAYERS: &[Layer] = &[
             "kpm-kube",
         ],
     ),
-    // The diagnosis: the facade's inspection, read-only, and the API.
-    normal("kpm-doctor", &["kpm"]),
+    // The doctor's report, the contract between a node's doctor and the
+    // fleet: the wire's shared names only, no IO.
+    normal("kpm-report", &["kpm-api"]),
+    // The node's diagnosis: the facade's inspection, read-only, and the API;
+    // what it publishes is the report crate's.
+    normal("kpm-doctor", &["kpm", "kpm-report"]),
+    // The fleet reader: reports and API objects, read-only; nothing of the
+    // node's doctor, nothing that reads a node's files.
+    normal("kpm-fleet", &["kpm-api", "kpm-report"]),
     // The transport only through the facade's curated `kpm::transport`.
-    normal("kpm-cli", &["kpm", "kpm-api", "kpm-doctor", "kpm-registrar"]),
+    normal(
+        "kpm-cli",
+        &["kpm", "kpm-api", "kpm-doctor", "kpm-fleet", "kpm-registrar", "kpm-report"],
+    ),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
     normal("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
     // End-to-end tests: nothing but tests, so every dependency is a dev one.

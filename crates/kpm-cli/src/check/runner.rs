@@ -401,7 +401,8 @@ async fn inspect(
 /// it or call it on an API it does not serve. 1.31's DRA (alpha, v1alpha4
 /// only) is only reported. The other types register alike on every minor.
 fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
-    use kpm_doctor::{CHECKED_MINORS, DraApi, DraOutcome, dra_outcome};
+    use kpm_doctor::{DraApi, DraOutcome, dra_outcome};
+    use kpm_report::CHECKED_MINORS;
     /// The first minor whose DRA today's drivers are expected to serve.
     const EXPECTED_FROM: u32 = 32;
     if dra.is_empty() {

@@ -7,7 +7,9 @@ use kpm::ExponentialBackoff;
 
 use super::events::EventConfig;
 use crate::ConfigError;
-use crate::config::{PERIOD, PERIOD_TEXT, REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT, bounded};
+use kpm::api::config::{Bounds, REQUEST_TIMEOUT};
+
+use crate::config::PERIOD;
 
 /// How a node's doctor publishes. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](PublishConfigBuilder::build)
@@ -26,6 +28,11 @@ pub struct PublishConfig {
 /// The longest wait between two tries of a failed write.
 pub(super) const MAX_RETRY: Duration = Duration::from_secs(120);
 
+/// The range of the first retry's wait: from 10 ms (below, a failing API
+/// server would be asked in a loop) to [`MAX_RETRY`].
+pub const RETRY: Bounds<Duration> =
+    Bounds::new(Duration::from_millis(10), MAX_RETRY, "between 10ms and 2m");
+
 /// The default first wait before a failed write is tried again.
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 
@@ -43,7 +50,7 @@ impl Default for PublishConfig {
     fn default() -> Self {
         Self {
             heartbeat: Duration::from_secs(30 * 60),
-            request_timeout: crate::DEFAULT_REQUEST_TIMEOUT,
+            request_timeout: kpm::kube::DEFAULT_REQUEST_TIMEOUT,
             retries: DEFAULT_RETRIES,
             events: EventConfig::default(),
         }
@@ -63,7 +70,7 @@ impl PublishConfig {
     }
 
     /// How long one request may take: 1 ms to 10 min. Default
-    /// [`DEFAULT_REQUEST_TIMEOUT`](crate::DEFAULT_REQUEST_TIMEOUT), 10 s.
+    /// [`DEFAULT_REQUEST_TIMEOUT`](kpm::kube::DEFAULT_REQUEST_TIMEOUT), 10 s.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
     }
@@ -126,20 +133,9 @@ impl PublishConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<PublishConfig, ConfigError> {
         let PublishConfig { heartbeat, request_timeout, events, .. } = self.config;
-        let heartbeat = bounded("publish.heartbeat", heartbeat, &PERIOD, PERIOD_TEXT)?;
-        let request_timeout = bounded(
-            "publish.request_timeout",
-            request_timeout,
-            &REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT_TEXT,
-        )?;
-        // Below 10 ms a failing API server would be asked in a loop.
-        let retry = bounded(
-            "publish.retry",
-            self.retry,
-            &(Duration::from_millis(10)..=MAX_RETRY),
-            "between 10ms and 2m",
-        )?;
+        let heartbeat = PERIOD.check("publish.heartbeat", heartbeat)?;
+        let request_timeout = REQUEST_TIMEOUT.check("publish.request_timeout", request_timeout)?;
+        let retry = RETRY.check("publish.retry", self.retry)?;
         let retries = ExponentialBackoff::try_new(retry, MAX_RETRY)
             .map_err(|source| ConfigError::Backoff { field: "publish.retry", source })?;
         Ok(PublishConfig { heartbeat, request_timeout, retries, events })

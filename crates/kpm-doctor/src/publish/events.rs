@@ -28,7 +28,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
-use crate::config::{self, MAX_PERIOD};
+use kpm::api::config::Bounds;
+
+use crate::config::{MAX_PERIOD, PERIOD};
 
 /// The namespace of events about a cluster-scoped object such as a Node,
 /// as the kubelet records them.
@@ -44,7 +46,7 @@ pub const ACTION: &str = "Judge";
 pub const RECOVERED_REASON: &str = "PluginRecovered";
 
 /// The reason of the event a doctor that could not look at its node
-/// ([`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)) sees it again with.
+/// ([`CANNOT_JUDGE_REASON`](kpm_report::CANNOT_JUDGE_REASON)) sees it again with.
 pub const CAN_JUDGE_REASON: &str = "CanJudge";
 
 /// The reason of the `Normal` Event when a flapping plugin holds still
@@ -115,6 +117,13 @@ impl EventConfig {
 /// The largest [`EventConfig::burst`].
 pub const MAX_BURST: u32 = 10_000;
 
+/// The range of [`EventConfig::burst`](crate::EventConfig::burst): 1 to [`MAX_BURST`].
+pub const BURST: Bounds<u32> = Bounds::new(1, MAX_BURST, "between 1 and 10000");
+
+/// The range of [`EventConfig::refill`](crate::EventConfig::refill): a millisecond to a day.
+pub const REFILL: Bounds<Duration> =
+    Bounds::new(Duration::from_millis(1), MAX_PERIOD, "between 1ms and 24h");
+
 /// An [`EventConfig`] being set; [`build`](Self::build) checks it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventConfigBuilder(EventConfig);
@@ -152,22 +161,11 @@ impl EventConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<EventConfig, ConfigError> {
         let EventConfig { series_window, series_refresh, burst, refill } = self.0;
-        let (periods, text) = (&config::PERIOD, config::PERIOD_TEXT);
         Ok(EventConfig {
-            series_window: config::bounded("events.series_window", series_window, periods, text)?,
-            series_refresh: config::bounded(
-                "events.series_refresh",
-                series_refresh,
-                periods,
-                text,
-            )?,
-            burst: config::bounded("events.burst", burst, &(1..=MAX_BURST), "between 1 and 10000")?,
-            refill: config::bounded(
-                "events.refill",
-                refill,
-                &(Duration::from_millis(1)..=MAX_PERIOD),
-                "between 1ms and 24h",
-            )?,
+            series_window: PERIOD.check("events.series_window", series_window)?,
+            series_refresh: PERIOD.check("events.series_refresh", series_refresh)?,
+            burst: BURST.check("events.burst", burst)?,
+            refill: REFILL.check("events.refill", refill)?,
         })
     }
 }

@@ -21,7 +21,7 @@
 //!   to 2 min); the doctor meanwhile keeps judging. Once the API server
 //!   answers, the current condition and the queued events go out.
 
-mod config;
+pub(crate) mod config;
 pub mod events;
 mod report;
 #[cfg(test)]
@@ -43,9 +43,10 @@ use tracing::{info, warn};
 
 use kpm::Backoff;
 
-use crate::condition::{CONDITION_TYPE, ConditionStatus, FIELD_MANAGER, PluginsCondition};
+use kpm_report::{CONDITION_TYPE, ConditionStatus, KubeletPluginReport};
+
+use crate::condition::{FIELD_MANAGER, PluginsCondition};
 use crate::outcome::{Outcome, status_of};
-use crate::plugin_report::KubeletPluginReport;
 use config::MAX_RETRY;
 pub use config::{PublishConfig, PublishConfigBuilder};
 use events::{EVENT_NAMESPACE, EventRecorder, Write};

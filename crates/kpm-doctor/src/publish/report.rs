@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::{MAX_RETRY, NodePublisher, PublishError};
 use crate::condition::FIELD_MANAGER;
-use crate::plugin_report::{KubeletPluginReport, KubeletPluginReportStatus};
+use kpm_report::{KubeletPluginReport, KubeletPluginReportStatus};
 
 /// Where the node's report stands.
 #[derive(Debug, Default)]

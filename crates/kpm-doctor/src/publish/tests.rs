@@ -11,7 +11,9 @@ use kpm_test_support::api_server::State;
 
 use super::stand_in;
 use super::*;
-use crate::condition::{CONDITION_TYPE, ConditionStatus, PluginsCondition};
+use kpm_report::{CONDITION_TYPE, ConditionStatus};
+
+use crate::condition::PluginsCondition;
 
 const MINUTE: Duration = Duration::from_secs(60);
 

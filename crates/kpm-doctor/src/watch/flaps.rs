@@ -17,9 +17,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
-use crate::config::{PERIOD, PERIOD_TEXT, bounded};
-use crate::judge::Verdict;
+use crate::config::PERIOD;
 use crate::outcome::{Failing, Outcome, Socket};
+use kpm_report::Verdict;
 
 /// How a flapping plugin is told and damped. [`Default`], else made by
 /// [`try_new`](Self::try_new) or [`builder`](Self::builder), which check
@@ -102,9 +102,9 @@ impl FlapConfigBuilder {
     pub fn build(self) -> Result<FlapConfig, ConfigError> {
         let FlapConfig { window, changes, hold } = self.0;
         Ok(FlapConfig {
-            window: bounded("flaps.window", window, &PERIOD, PERIOD_TEXT)?,
+            window: PERIOD.check("flaps.window", window)?,
             changes,
-            hold: bounded("flaps.hold", hold, &PERIOD, PERIOD_TEXT)?,
+            hold: PERIOD.check("flaps.hold", hold)?,
         })
     }
 }
@@ -225,14 +225,18 @@ impl Flaps {
                     Socket { verdict: Verdict::Flapping, reason: reason.clone(), ..socket.clone() },
                 );
             }
-            let (subject, name) = match (&history.failing, &history.socket) {
-                (Some(failing), _) => (failing.subject.clone(), failing.name.clone()),
-                (None, Some(socket)) => (socket.subject(path), socket.name.clone()),
+            // A finding keeps its cause while it flaps: a CSINode entry a
+            // flapping socket keeps is that socket's failure, not one more.
+            let (subject, name, cause) = match (&history.failing, &history.socket) {
+                (Some(failing), _) => {
+                    (failing.subject.clone(), failing.name.clone(), failing.cause.clone())
+                }
+                (None, Some(socket)) => (socket.subject(path), socket.name.clone(), None),
                 (None, None) => continue,
             };
             seen.failing.insert(
                 path.clone(),
-                Failing { verdict: Verdict::Flapping, subject, name, reason, cause: None },
+                Failing { verdict: Verdict::Flapping, subject, name, reason, cause },
             );
         }
         seen
@@ -297,12 +301,55 @@ mod tests {
         assert!(!flapping(&flaps));
     }
 
+    /// The registrar killed again and again: its socket goes stale and the
+    /// CSINode entry it keeps goes with it, both flap, and the node still
+    /// counts one failure, the socket's.
+    #[tokio::test(start_paused = true)]
+    async fn a_finding_keeps_its_cause_while_both_flap() {
+        use crate::Finding;
+        let entry = Path::new("csinodes/node1");
+        let pass = |stale: bool| {
+            let verdict = if stale { Verdict::Stale } else { Verdict::Ok };
+            let row = Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned());
+            let findings = stale
+                .then(|| Finding {
+                    verdict: Verdict::StaleCsiNodeEntry,
+                    path: entry.to_path_buf(),
+                    name: Some("csi.example.com".to_owned()),
+                    reason: "no live plugin serves it".to_owned(),
+                    hint: String::new(),
+                    cause: Some(PathBuf::from(SOCKET)),
+                })
+                .into_iter()
+                .collect();
+            Outcome::of(&Report::of_parts(vec![row], findings, None))
+        };
+        let mut flaps = Flaps::new(FlapConfig::default());
+        for stale in [false, true, false, true, false, true, false, true] {
+            flaps.observe(&pass(stale), Instant::now());
+            tokio::time::advance(Duration::from_secs(2)).await;
+        }
+        for now_stale in [false, true] {
+            let damped = flaps.damp(pass(now_stale));
+            let flapping: Vec<&Path> = damped
+                .failing
+                .iter()
+                .filter(|(_, failing)| failing.verdict == Verdict::Flapping)
+                .map(|(path, _)| path.as_path())
+                .collect();
+            assert_eq!(flapping, [Path::new(SOCKET), entry], "both flap");
+            assert_eq!(damped.failing[entry].cause.as_deref(), Some(Path::new(SOCKET)));
+            let condition = damped.condition();
+            assert!(condition.message.starts_with("1 failing: "), "{}", condition.message);
+        }
+    }
+
     #[test]
     fn out_of_range_settings_are_refused_by_name() {
         let second = Duration::from_secs(1);
         assert!(FlapConfig::try_new(second, 3, second).is_ok());
         let refused = |window, hold| match FlapConfig::try_new(window, 4, hold) {
-            Err(ConfigError::OutOfRange { field, .. }) => field,
+            Err(ConfigError::OutOfRange(refused)) => refused.field,
             other => panic!("{other:?}"),
         };
         assert_eq!(refused(Duration::ZERO, second), "flaps.window");

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::judge::Verdict;
 use crate::outcome::Outcome;
+use kpm_report::Verdict;
 
 /// When each finding held back was first seen, by path.
 #[derive(Debug, Default)]

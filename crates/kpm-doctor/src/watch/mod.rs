@@ -49,7 +49,9 @@ use tracing::{debug, info, warn};
 
 use kpm::ExponentialBackoff;
 
-use crate::config::{PERIOD, PERIOD_TEXT, bounded};
+use kpm::api::config::Bounds;
+
+use crate::config::PERIOD;
 use crate::metrics::DoctorMetrics;
 use crate::outcome::Outcome;
 use crate::publish::{EventType, NodePublisher};
@@ -76,6 +78,14 @@ const NODE: &str = "node";
 
 /// The default [`WatchConfig::period`].
 const DEFAULT_PERIOD: Duration = Duration::from_secs(5 * 60);
+
+/// The range of [`WatchConfig::confirm`]: none to a minute.
+pub const CONFIRM: Bounds<Duration> =
+    Bounds::new(Duration::ZERO, Duration::from_secs(60), "between 0s and 1m");
+
+/// The range of [`WatchConfig::settle`]: none to 10 s.
+pub const SETTLE: Bounds<Duration> =
+    Bounds::new(Duration::ZERO, Duration::from_secs(10), "between 0s and 10s");
 
 /// The rechecks of a failing node under the default period: kpm's one
 /// backoff, from [`RECHECK`] doubling up to the period.
@@ -203,23 +213,12 @@ impl WatchConfigBuilder {
     /// first that is not.
     pub fn build(self) -> Result<WatchConfig, ConfigError> {
         let WatchConfig { period, confirm, settle, flaps, look, .. } = self.0;
-        let period = bounded("watch.period", period, &PERIOD, PERIOD_TEXT)?;
-        let confirm = bounded(
-            "watch.confirm",
-            confirm,
-            &(Duration::ZERO..=Duration::from_secs(60)),
-            "between 0s and 1m",
-        )?;
-        let settle = bounded(
-            "watch.settle",
-            settle,
-            &(Duration::ZERO..=Duration::from_secs(10)),
-            "between 0s and 10s",
-        )?;
+        let period = PERIOD.check("watch.period", period)?;
+        let confirm = CONFIRM.check("watch.confirm", confirm)?;
+        let settle = SETTLE.check("watch.settle", settle)?;
         let rechecks = ExponentialBackoff::try_new(RECHECK, period)
             .map_err(|source| ConfigError::Backoff { field: "watch.period", source })?;
-        let look =
-            look.map(|look| bounded("watch.look", look, &PERIOD, PERIOD_TEXT)).transpose()?;
+        let look = look.map(|look| PERIOD.check("watch.look", look)).transpose()?;
         Ok(WatchConfig { period, confirm, settle, flaps, rechecks, look })
     }
 }

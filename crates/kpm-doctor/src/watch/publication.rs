@@ -10,11 +10,11 @@ use tokio::time::Instant;
 use super::flaps::Flaps;
 use super::graces::Graces;
 use super::{NODE, RECHECK, WatchConfig};
-use crate::condition::CANNOT_JUDGE_REASON;
-use crate::judge::Verdict;
 use crate::outcome::Outcome;
 use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::publish::{EventType, Occurrence};
+use kpm_report::CANNOT_JUDGE_REASON;
+use kpm_report::Verdict;
 
 /// How `--watch` compares its passes and what it tells of a change.
 impl Outcome {

@@ -3,8 +3,10 @@
 use std::path::Path;
 
 use super::*;
-use crate::condition::CANNOT_JUDGE_REASON;
-use crate::judge::{Row, Verdict};
+use kpm_report::CANNOT_JUDGE_REASON;
+use kpm_report::Verdict;
+
+use crate::judge::Row;
 use crate::publish::Occurrence;
 use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
 use crate::{Blind, Finding};

@@ -17,9 +17,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::CustomResource;
+use kpm_api::PluginKind;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::ReportedVerdict;
 
 /// The API group of [`KubeletPluginReport`].
 pub const REPORT_GROUP: &str = "doctor.kpm.io";
@@ -33,11 +36,17 @@ pub const MAX_REASON_BYTES: usize = 256;
 /// bound keeps a pathological one far below etcd's 1.5 MiB object limit.
 pub const MAX_ENTRIES: usize = 256;
 
+// The report's types are not `#[non_exhaustive]`, on purpose: they are the
+// schema, and the doctor writes every field, so a new field is a compile
+// error where the report is written. Readers are kept whole the other way,
+// by serde: unknown fields are skipped, unknown names kept.
+
 /// The node a report is about; the object bears its name too.
 #[derive(
     CustomResource, Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema,
 )]
 #[kube(
+    crates(kube_core = "::kube_core"),
     group = "doctor.kpm.io",
     version = "v1alpha1",
     kind = "KubeletPluginReport",
@@ -54,7 +63,6 @@ pub const MAX_ENTRIES: usize = 256;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct KubeletPluginReportSpec {
     /// The Node reported on.
     pub node_name: String,
@@ -63,7 +71,6 @@ pub struct KubeletPluginReportSpec {
 /// What the node's doctor found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct KubeletPluginReportStatus {
     /// `Healthy`, `Failing` or `CannotJudge`: the Node condition's `True`,
     /// `False` or `Unknown`.
@@ -96,7 +103,6 @@ pub struct KubeletPluginReportStatus {
 
 /// What the report comes to, as the Node condition's status.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
-#[non_exhaustive]
 pub enum Health {
     /// Every plugin of the node is ok.
     #[default]
@@ -105,11 +111,15 @@ pub enum Health {
     Failing,
     /// The doctor could not look where the kubelet's plugins live.
     CannotJudge,
+    /// A health a newer doctor wrote that this version does not know:
+    /// never read as healthy. No doctor writes it.
+    #[serde(other)]
+    #[schemars(skip)]
+    Unknown,
 }
 
 /// Why the doctor could not look.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[non_exhaustive]
 pub struct BlindStatus {
     /// What could not be read, in one line.
     pub why: String,
@@ -120,7 +130,6 @@ pub struct BlindStatus {
 /// The kubelet a report is about.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct KubeletStatus {
     /// Its root directory on the host.
     pub root_dir: String,
@@ -134,7 +143,6 @@ pub struct KubeletStatus {
 
 /// The report's counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[non_exhaustive]
 pub struct Counts {
     /// Sockets judged.
     pub plugins: u32,
@@ -149,19 +157,26 @@ pub struct Counts {
 /// One socket of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct PluginEntry {
     /// Its path on the host.
     pub socket: String,
-    /// The plugin type it told (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`).
-    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
-    pub plugin_type: Option<String>,
+    /// The plugin's kind, by the type it told (`CSIPlugin`, `DevicePlugin`,
+    /// `DRAPlugin`); none for a type the kubelet has no handler for.
+    #[serde(
+        rename = "type",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "known_kind"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub kind: Option<PluginKind>,
     /// Its name (a CSI or DRA driver, a device plugin's resource), when it
     /// told.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Its verdict's name: `ok`, `stale`, `not-registered`, …
-    pub verdict: String,
+    /// Its verdict, by name: `ok`, `stale`, `not-registered`, …
+    #[schemars(with = "String")]
+    pub verdict: ReportedVerdict,
     /// Why, at most [`MAX_REASON_BYTES`] long.
     pub reason: String,
     /// Since when the doctor has seen this verdict.
@@ -171,7 +186,6 @@ pub struct PluginEntry {
 /// A failing finding about the node or an API object.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[non_exhaustive]
 pub struct FindingEntry {
     /// The directory on the host or the API object (`csinodes/NAME`) it is
     /// about.
@@ -179,8 +193,9 @@ pub struct FindingEntry {
     /// The driver or resource it is about, when it is about one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Its verdict's name: `stale-csi-node-entry`, `orphaned-slices`, …
-    pub verdict: String,
+    /// Its verdict, by name: `stale-csi-node-entry`, `orphaned-slices`, …
+    #[schemars(with = "String")]
+    pub verdict: ReportedVerdict,
     /// Why, at most [`MAX_REASON_BYTES`] long.
     pub reason: String,
     /// The failing socket that explains it, when one does: it is counted
@@ -191,29 +206,36 @@ pub struct FindingEntry {
     pub since: Time,
 }
 
+/// A plugin type as a report gives it: a kind this version knows, else
+/// none (a newer doctor's kind is not an error).
+fn known_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PluginKind>, D::Error> {
+    let plugin_type = Option::<String>::deserialize(deserializer)?;
+    Ok(plugin_type.as_deref().and_then(PluginKind::from_plugin_type))
+}
+
 impl KubeletPluginReportStatus {
     /// Each entry's `since` taken from `before` where `before` has the
     /// same socket or object with the same verdict: the verdict has held
     /// since then.
-    pub(crate) fn keep_since(&mut self, before: &Self) {
+    pub fn keep_since(&mut self, before: &Self) {
         let since: BTreeMap<(&str, &str), &Time> = before
             .plugins
             .iter()
-            .map(|entry| ((entry.socket.as_str(), entry.verdict.as_str()), &entry.since))
+            .map(|entry| ((entry.socket.as_str(), entry.verdict.name()), &entry.since))
             .chain(
                 before
                     .findings
                     .iter()
-                    .map(|entry| ((entry.object.as_str(), entry.verdict.as_str()), &entry.since)),
+                    .map(|entry| ((entry.object.as_str(), entry.verdict.name()), &entry.since)),
             )
             .collect();
         for entry in &mut self.plugins {
-            if let Some(at) = since.get(&(entry.socket.as_str(), entry.verdict.as_str())) {
+            if let Some(at) = since.get(&(entry.socket.as_str(), entry.verdict.name())) {
                 entry.since = (*at).clone();
             }
         }
         for entry in &mut self.findings {
-            if let Some(at) = since.get(&(entry.object.as_str(), entry.verdict.as_str())) {
+            if let Some(at) = since.get(&(entry.object.as_str(), entry.verdict.name())) {
                 entry.since = (*at).clone();
             }
         }
@@ -224,7 +246,7 @@ impl KubeletPluginReportStatus {
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use kube::CustomResourceExt as _;
+    use kube_core::CustomResourceExt as _;
 
     use super::*;
 
@@ -232,9 +254,53 @@ mod tests {
     const HEADER: &str = "\
 # The KubeletPluginReport CRD: one report per node, written by its kpm doctor
 # (--watch) and read by `kpm doctor --cluster` and `kubectl get kpr`.
-# Generated from kpm-doctor's plugin_report.rs: do not edit; run
-# `UPDATE_EXPECT=1 cargo test -p kpm-doctor crd` after changing the types.
+# Generated from kpm-report's report.rs: do not edit; run
+# `UPDATE_EXPECT=1 cargo test -p kpm-report crd` after changing the types.
 ";
+
+    /// A report as the doctor wrote it with the schema's first version
+    /// (kpm at 6ee568a, on a real node): read typed, and written back the
+    /// same.
+    #[test]
+    fn a_report_of_the_first_schema_is_read_typed_and_written_back_the_same() {
+        let written: serde_json::Value =
+            serde_json::from_str(include_str!("../tests/first_schema.json")).unwrap();
+        let report: KubeletPluginReport = serde_json::from_value(written.clone()).unwrap();
+        let status = report.status.as_ref().unwrap();
+        assert_eq!(report.spec.node_name, "kpm-node");
+        assert_eq!((status.health, status.counts.failing), (Health::Failing, 1));
+        assert_eq!(status.plugins[0].verdict, crate::Verdict::Stale);
+        assert_eq!(status.plugins[0].kind, None, "a stale socket tells no type");
+        assert_eq!(status.plugins[1].kind, Some(PluginKind::Device));
+        assert_eq!(status.plugins[2].kind, Some(PluginKind::Dra));
+        assert_eq!(status.findings[0].verdict, crate::Verdict::StaleCsiNodeEntry);
+        assert_eq!(status.kubelet.version.as_deref(), Some("v1.36.2"));
+        assert_eq!(serde_json::to_value(&report).unwrap(), written);
+    }
+
+    /// What a newer doctor may write: fields, a health, a verdict and a
+    /// plugin type this version does not know.
+    #[test]
+    fn a_report_of_a_newer_doctor_is_read_all_the_same() {
+        let newer = serde_json::json!({
+            "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
+            "metadata": {"name": "n"}, "spec": {"nodeName": "n", "zone": "a"},
+            "status": {
+                "health": "Wobbly", "reason": "SomethingNew", "future": [1],
+                "kubelet": {"rootDir": "/r", "foundBy": "--root-dir", "cgroupDriver": "systemd"},
+                "counts": {"plugins": 1, "failing": 1},
+                "plugins": [{"socket": "/r/a.sock", "type": "FuturePlugin", "verdict": "wobbling",
+                             "reason": "new", "since": "2026-01-01T00:00:00Z", "pod": "ns/a"}],
+                "doctorVersion": "9.0.0",
+            },
+        });
+        let report: KubeletPluginReport = serde_json::from_value(newer).unwrap();
+        let status = report.status.unwrap();
+        assert_eq!(status.health, Health::Unknown);
+        assert_eq!(status.plugins[0].kind, None);
+        assert_eq!(status.plugins[0].verdict, ReportedVerdict::Unknown("wobbling".to_owned()));
+        assert!(status.plugins[0].verdict.fails());
+    }
 
     #[test]
     fn the_crd_in_deploy_is_the_one_the_code_defines() {

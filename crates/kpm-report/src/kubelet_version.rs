@@ -12,19 +12,19 @@ pub const CHECKED_MINORS: RangeInclusive<u32> = 31..=36;
 /// Whether the doctor was checked against the kubelet of `version` (as a
 /// Node's `nodeInfo.kubeletVersion` gives it, `v1.35.6`): `None` when the
 /// version is no release's (`v0.0.0-master+…`, a development build).
-pub(crate) fn checked(version: &str) -> Option<bool> {
+pub fn checked(version: &str) -> Option<bool> {
     minor(version).map(|minor| CHECKED_MINORS.contains(&minor))
 }
 
 /// The minor of Kubernetes 1.x of a kubelet's `version` (`v1.33.13` → 33):
 /// `None` for a development build (`v0.0.0-master+…`) or no version.
-pub(crate) fn minor(version: &str) -> Option<u32> {
+pub fn minor(version: &str) -> Option<u32> {
     version.strip_prefix("v1.")?.split(['.', '-', '+']).next()?.parse().ok()
 }
 
 /// What a report says of a kubelet of `version` the doctor was not checked
 /// against, if it was not.
-pub(crate) fn unchecked_note(version: &str) -> Option<String> {
+pub fn unchecked_note(version: &str) -> Option<String> {
     let (first, last) = (CHECKED_MINORS.start(), CHECKED_MINORS.end());
     let which = match checked(version) {
         Some(true) => return None,

@@ -3,8 +3,9 @@
 
 use std::fmt::Write as _;
 
+use kpm_report::CANNOT_JUDGE_REASON;
+
 use super::{DoctorState, DriverView, Fleet};
-use crate::CANNOT_JUDGE_REASON;
 
 /// How many nodes a driver's row names where it is not registered; the
 /// others are counted (`-o json` lists them all).
@@ -57,9 +58,7 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
         // A kubelet the doctor was not checked against is marked so.
         let kubelet = match node.kubelet_version.as_deref() {
             None => "-".to_owned(),
-            Some(version) if crate::kubelet_version::checked(version) == Some(true) => {
-                version.to_owned()
-            }
+            Some(version) if kpm_report::checked(version) == Some(true) => version.to_owned(),
             Some(version) => format!("{version} (unchecked)"),
         };
         nodes.add_row([node.name.clone(), node.doctor.name().to_owned(), kubelet, reason, failing]);
@@ -118,7 +117,7 @@ fn shortened(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{FailingPlugin, NodeView, NotOn, PluginKind, Source};
+    use crate::{FailingPlugin, NodeView, NotOn, PluginKind, Source};
 
     fn node(name: &str, doctor: DoctorState) -> NodeView {
         NodeView {
@@ -137,7 +136,7 @@ mod tests {
             failing_plugins: vec![FailingPlugin {
                 subject: "a-reg.sock".into(),
                 name: None,
-                verdict: "stale".into(),
+                verdict: kpm_report::Verdict::Stale.into(),
                 reason: "refused".into(),
             }],
             more_failing: 2,
@@ -243,10 +242,10 @@ mod tests {
     fn the_json_has_ok_and_each_view() {
         let json = serde_json::to_value(fleet()).unwrap();
         assert_eq!(json["ok"], false);
-        assert_eq!(json["drivers"][0]["kind"], "csi");
+        assert_eq!(json["drivers"][0]["kind"], "CSIPlugin");
         assert_eq!(json["drivers"][0]["has_object"], true);
         assert!(json["drivers"][1].get("has_object").is_none());
-        assert_eq!(json["drivers"][1]["kind"], "device-plugin");
+        assert_eq!(json["drivers"][1]["kind"], "DevicePlugin");
         assert_eq!(json["drivers"][0]["not_on"].as_array().unwrap().len(), 5, "all, in JSON");
         assert_eq!(json["nodes"][1]["doctor"]["state"], "failing");
         assert_eq!(json["nodes"][1]["doctor"]["reason"], "Stale");

@@ -12,7 +12,7 @@ use std::time::SystemTime;
 
 use kpm::kube::{ObjectKind, PendingPublication};
 
-use crate::judge::Verdict;
+use kpm_report::Verdict;
 
 /// The future of one read of the pending publications.
 type Read = Pin<Box<dyn Future<Output = Vec<PendingPublication>> + Send>>;

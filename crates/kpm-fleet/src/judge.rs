@@ -7,10 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use kpm_report::{ConditionStatus, Health};
+
 use super::{
     DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, PluginKind, Source,
 };
-use crate::ConditionStatus;
 
 /// Judges `objects` as of `now`: a doctor whose last heartbeat is older
 /// than `stale_after` is silent. Drivers come by kind then name, nodes by
@@ -219,12 +220,15 @@ fn node_view(node: &NodeObject, now: SystemTime, stale_after: Duration) -> NodeV
             let since = report.heartbeat_time.clone();
             return view(DoctorState::Silent { since }, Source::Report);
         }
-        let doctor = match report.health.as_str() {
-            "Healthy" => DoctorState::Healthy,
-            "CannotJudge" => {
+        let doctor = match report.health {
+            Health::Healthy => DoctorState::Healthy,
+            Health::CannotJudge => {
                 DoctorState::CannotJudge { why: report.blind.clone().unwrap_or_default() }
             }
-            _ => DoctorState::Failing { reason: report.reason.clone() },
+            // A health a newer doctor wrote is never read as healthy.
+            Health::Failing | Health::Unknown => {
+                DoctorState::Failing { reason: report.reason.clone() }
+            }
         };
         return NodeView {
             kubelet_version: report.kubelet_version.clone(),
@@ -262,7 +266,9 @@ fn nonzero(quantity: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fleet::{FailingPlugin, NodeCondition, NodeReport};
+    use kpm_report::ReportedVerdict;
+
+    use crate::{FailingPlugin, NodeCondition, NodeReport};
 
     const HOUR: Duration = Duration::from_secs(3600);
 
@@ -303,7 +309,7 @@ mod tests {
         FailingPlugin {
             subject: subject.into(),
             name: name.map(str::to_owned),
-            verdict: verdict.into(),
+            verdict: ReportedVerdict::named(verdict),
             reason: reason.into(),
         }
     }
@@ -311,7 +317,7 @@ mod tests {
     #[allow(clippy::unnecessary_wraps)] // A node's report, as `node` takes it.
     fn healthy(minutes_ago: u64) -> Option<NodeReport> {
         Some(NodeReport {
-            health: "Healthy".into(),
+            health: Health::Healthy,
             reason: "PluginsHealthy".into(),
             heartbeat_time: Some(at(minutes_ago)),
             kubelet_version: Some("v1.36.2".into()),
@@ -321,7 +327,7 @@ mod tests {
 
     fn failing_report(reason: &str, entries: Vec<FailingPlugin>) -> Option<NodeReport> {
         Some(NodeReport {
-            health: "Failing".into(),
+            health: Health::Failing,
             reason: reason.into(),
             failing_count: entries.len(),
             failing: entries,
@@ -345,7 +351,7 @@ mod tests {
     fn each_nodes_doctor_is_read_from_its_report_else_its_conditions_status() {
         let stale = failing("a-reg.sock", None, "stale", "connection refused");
         let blind = NodeReport {
-            health: "CannotJudge".into(),
+            health: Health::CannotJudge,
             reason: "CannotJudge".into(),
             blind: Some("/var/lib/kubelet/plugins_registry: cannot be listed".into()),
             ..healthy(1).unwrap()

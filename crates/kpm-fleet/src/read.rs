@@ -7,8 +7,11 @@
 //! gigabyte their full objects would.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 
-use kube::api::ListParams;
+use kpm_report::{CONDITION_TYPE, KubeletPluginReport};
+use kube::api::{Api, ListParams};
+use kube::core::ObjectList;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::debug;
@@ -16,26 +19,23 @@ use tracing::debug;
 use super::{
     FailingPlugin, FleetConfig, FleetError, FleetObjects, NodeCondition, NodeObject, NodeReport,
 };
-use crate::condition::CONDITION_TYPE;
-use crate::judge::Verdict;
 
 const NODES: Resource = Resource { name: "nodes", path: "/api/v1/nodes", optional: false };
 const CSI_DRIVERS: Resource =
     Resource { name: "csidrivers", path: "/apis/storage.k8s.io/v1/csidrivers", optional: false };
 const CSI_NODES: Resource =
     Resource { name: "csinodes", path: "/apis/storage.k8s.io/v1/csinodes", optional: false };
-const REPORTS: Resource = Resource {
-    name: "kubeletpluginreports",
-    path: "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports",
-    optional: true,
-};
 const RESOURCE_SLICES: Resource = Resource {
     name: "resourceslices",
     path: "/apis/resource.k8s.io/v1/resourceslices",
     optional: true,
 };
+/// The reports, read through `kube::Api<KubeletPluginReport>`: their path
+/// is the custom resource's own.
+const REPORTS: &str = "kubeletpluginreports";
 
-/// A collection of the API server.
+/// A collection of the API server the fleet reads without a type of
+/// k8s-openapi's: only what is judged of each object is parsed.
 #[derive(Debug, Clone, Copy)]
 struct Resource {
     /// Its plural, as errors name it.
@@ -106,15 +106,33 @@ pub async fn read_fleet(
     Ok(objects)
 }
 
-/// Lists `resource` page by page, handing each page's items to `fold`.
-async fn list_pages<T: DeserializeOwned>(
+/// Lists `resource` page by page through `client` as a raw collection,
+/// handing each page's items to `fold`.
+async fn list_raw<T: DeserializeOwned + Clone>(
     client: &kube::Client,
     resource: Resource,
     config: &FleetConfig,
     label_selector: Option<&str>,
-    mut fold: impl FnMut(Vec<T>),
+    fold: impl FnMut(Vec<T>),
 ) -> Result<Listed, FleetError> {
     let request = kube::core::Request::new(resource.path);
+    let page = |params: ListParams| {
+        let http = request.list(&params).map_err(kube::Error::BuildRequest);
+        async move { client.request::<ObjectList<T>>(http?).await }
+    };
+    list_pages(resource.name, resource.optional, config, label_selector, page, fold).await
+}
+
+/// Lists a collection page by page, `list` asking for one page, handing
+/// each page's items to `fold`: the one paging loop of the fleet read.
+async fn list_pages<T: Clone, F: Future<Output = Result<ObjectList<T>, kube::Error>>>(
+    resource: &'static str,
+    optional: bool,
+    config: &FleetConfig,
+    label_selector: Option<&str>,
+    mut list: impl FnMut(ListParams) -> F,
+    mut fold: impl FnMut(Vec<T>),
+) -> Result<Listed, FleetError> {
     let mut params = ListParams::default().limit(config.page_size);
     if let Some(selector) = label_selector {
         params = params.labels(selector);
@@ -122,79 +140,59 @@ async fn list_pages<T: DeserializeOwned>(
     let mut page = 0;
     loop {
         page += 1;
-        let http = request
-            .list(&params)
-            .map_err(|source| FleetError::Request { resource: resource.name, source })?;
-        let listed: List<T> =
-            match tokio::time::timeout(config.request_timeout, client.request(http)).await {
-                Ok(Ok(listed)) => listed,
-                Ok(Err(kube::Error::Api(status)))
-                    if resource.optional && page == 1 && matches!(status.code, 403 | 404) =>
-                {
-                    debug!(resource = resource.name, code = status.code, "not seen");
-                    return Ok(Listed::Unseen(status));
-                }
-                Ok(Err(source)) => {
-                    return Err(FleetError::List { resource: resource.name, page, source });
-                }
-                Err(_) => {
-                    return Err(FleetError::Timeout {
-                        resource: resource.name,
-                        page,
-                        timeout: config.request_timeout,
-                    });
-                }
-            };
-        debug!(resource = resource.name, page, items = listed.items.len(), "listed a page");
+        let listed = match tokio::time::timeout(config.request_timeout, list(params.clone())).await
+        {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(kube::Error::Api(status)))
+                if optional && page == 1 && matches!(status.code, 403 | 404) =>
+            {
+                debug!(resource, code = status.code, "not seen");
+                return Ok(Listed::Unseen(status));
+            }
+            Ok(Err(source)) => return Err(FleetError::List { resource, page, source }),
+            Err(_) => {
+                return Err(FleetError::Timeout {
+                    resource,
+                    page,
+                    timeout: config.request_timeout,
+                });
+            }
+        };
+        debug!(resource, page, items = listed.items.len(), "listed a page");
         fold(listed.items);
-        match listed.metadata.continue_token.filter(|token| !token.is_empty()) {
+        match listed.metadata.continue_.filter(|token| !token.is_empty()) {
             None => return Ok(Listed::Pages(page)),
             Some(token) if params.continue_token.as_ref() == Some(&token) => {
-                return Err(FleetError::Paging { resource: resource.name, page });
+                return Err(FleetError::Paging { resource, page });
             }
             Some(token) => params.continue_token = Some(token),
         }
     }
 }
 
-/// A page of a list: its items, and where the next page starts.
-#[derive(Debug, Deserialize)]
-struct List<T> {
-    #[serde(default)]
-    metadata: ListMeta,
-    #[serde(default = "Vec::new")]
-    items: Vec<T>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct ListMeta {
-    #[serde(rename = "continue")]
-    continue_token: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Meta {
     name: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Named {
     metadata: Meta,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Node {
     metadata: Meta,
     status: Option<NodeStatus>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct NodeStatus {
     capacity: Option<BTreeMap<String, String>>,
     conditions: Option<Vec<Condition>>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Condition {
     #[serde(rename = "type")]
@@ -206,94 +204,29 @@ struct Condition {
     last_transition_time: Option<String>,
 }
 
-/// A `KubeletPluginReport`, every field but the name optional, strings
-/// where the doctor's types are enums: a report of another version is read
-/// all the same.
-#[derive(Debug, Deserialize)]
-struct Report {
-    metadata: Meta,
-    status: Option<ReportStatus>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ReportStatus {
-    #[serde(default)]
-    health: String,
-    #[serde(default)]
-    reason: String,
-    blind: Option<ReportBlind>,
-    kubelet: Option<ReportKubelet>,
-    counts: Option<ReportCounts>,
-    #[serde(default)]
-    plugins: Vec<ReportPlugin>,
-    #[serde(default)]
-    findings: Vec<ReportFinding>,
-    heartbeat_time: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ReportBlind {
-    #[serde(default)]
-    why: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct ReportKubelet {
-    version: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ReportCounts {
-    #[serde(default)]
-    failing: usize,
-}
-
-#[derive(Debug, Deserialize)]
-struct ReportPlugin {
-    #[serde(default)]
-    socket: String,
-    name: Option<String>,
-    #[serde(default)]
-    verdict: String,
-    #[serde(default)]
-    reason: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct ReportFinding {
-    #[serde(default)]
-    object: String,
-    name: Option<String>,
-    #[serde(default)]
-    verdict: String,
-    #[serde(default)]
-    reason: String,
-}
-
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct CsiNode {
     metadata: Meta,
     spec: Option<CsiNodeSpec>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct CsiNodeSpec {
     drivers: Option<Vec<Entry>>,
 }
 
 /// A list entry named by a `name` field of its own.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Entry {
     name: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 struct Slice {
     spec: Option<SliceSpec>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct SliceSpec {
     driver: String,
@@ -327,8 +260,13 @@ async fn read_reports(
     client: &kube::Client,
     config: &FleetConfig,
 ) -> Read<Optional<BTreeMap<String, NodeReport>>> {
+    let api: Api<KubeletPluginReport> = Api::all(client.clone());
     let mut reports = BTreeMap::new();
-    let listed = list_pages(client, REPORTS, config, None, |page: Vec<Report>| {
+    let page = |params: ListParams| {
+        let api = api.clone();
+        async move { api.list(&params).await }
+    };
+    let listed = list_pages(REPORTS, true, config, None, page, |page| {
         reports.extend(page.into_iter().filter_map(reduce_report));
     })
     .await?;
@@ -338,13 +276,13 @@ async fn read_reports(
 
 /// What is judged of a report: its health, reason and heartbeat, the
 /// kubelet's version, its failing entries and the names of its ok ones.
-fn reduce_report(report: Report) -> Option<(String, NodeReport)> {
+fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
+    let name = report.metadata.name?;
     let status = report.status?;
-    let fails = |verdict: &str| Verdict::from_name(verdict).is_none_or(Verdict::fails);
     let mut ok = BTreeSet::new();
     let mut failing = Vec::new();
     for entry in status.plugins {
-        if fails(&entry.verdict) {
+        if entry.verdict.fails() {
             let subject = entry.name.clone().unwrap_or_else(|| file_name(&entry.socket));
             failing.push(FailingPlugin {
                 subject,
@@ -356,7 +294,7 @@ fn reduce_report(report: Report) -> Option<(String, NodeReport)> {
             ok.insert(name);
         }
     }
-    failing.extend(status.findings.into_iter().filter(|f| fails(&f.verdict)).map(|finding| {
+    failing.extend(status.findings.into_iter().filter(|f| f.verdict.fails()).map(|finding| {
         FailingPlugin {
             subject: finding.name.clone().unwrap_or_else(|| finding.object.clone()),
             name: finding.name,
@@ -368,13 +306,13 @@ fn reduce_report(report: Report) -> Option<(String, NodeReport)> {
         health: status.health,
         reason: status.reason,
         blind: status.blind.map(|blind| blind.why),
-        heartbeat_time: status.heartbeat_time,
-        kubelet_version: status.kubelet.and_then(|kubelet| kubelet.version),
-        failing_count: status.counts.map_or(failing.len(), |counts| counts.failing),
+        heartbeat_time: status.heartbeat_time.map(|time| time.0.to_string()),
+        kubelet_version: status.kubelet.version,
+        failing_count: usize::try_from(status.counts.failing).unwrap_or(usize::MAX),
         failing,
         ok,
     };
-    Some((report.metadata.name, node))
+    Some((name, node))
 }
 
 /// The last component of a socket's path.
@@ -385,7 +323,7 @@ fn file_name(path: &str) -> String {
 async fn read_nodes(client: &kube::Client, config: &FleetConfig) -> Read<Vec<NodeObject>> {
     let mut nodes = Vec::new();
     let selector = config.label_selector.as_deref();
-    let requests = list_pages(client, NODES, config, selector, |page: Vec<Node>| {
+    let requests = list_raw(client, NODES, config, selector, |page: Vec<Node>| {
         nodes.extend(page.into_iter().map(reduce_node));
     })
     .await?;
@@ -412,14 +350,14 @@ fn reduce_node(node: Node) -> NodeObject {
         .capacity
         .unwrap_or_default()
         .into_iter()
-        .filter(|(name, _)| kpm::device::is_extended_resource_name(name))
+        .filter(|(name, _)| kpm_api::is_extended_resource_name(name))
         .collect();
     NodeObject { name: node.metadata.name, report: None, condition, extended_resources }
 }
 
 async fn read_csi_drivers(client: &kube::Client, config: &FleetConfig) -> Read<BTreeSet<String>> {
     let mut drivers = BTreeSet::new();
-    let requests = list_pages(client, CSI_DRIVERS, config, None, |page: Vec<Named>| {
+    let requests = list_raw(client, CSI_DRIVERS, config, None, |page: Vec<Named>| {
         drivers.extend(page.into_iter().map(|driver| driver.metadata.name));
     })
     .await?;
@@ -431,7 +369,7 @@ async fn read_csi_nodes(
     config: &FleetConfig,
 ) -> Read<BTreeMap<String, BTreeSet<String>>> {
     let mut nodes = BTreeMap::new();
-    let requests = list_pages(client, CSI_NODES, config, None, |page: Vec<CsiNode>| {
+    let requests = list_raw(client, CSI_NODES, config, None, |page: Vec<CsiNode>| {
         for csinode in page {
             let drivers = csinode.spec.and_then(|spec| spec.drivers).unwrap_or_default();
             nodes.insert(
@@ -449,7 +387,7 @@ async fn read_slices(
     config: &FleetConfig,
 ) -> Read<Optional<BTreeMap<String, BTreeMap<String, usize>>>> {
     let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
-    let requests = list_pages(client, RESOURCE_SLICES, config, None, |page: Vec<Slice>| {
+    let requests = list_raw(client, RESOURCE_SLICES, config, None, |page: Vec<Slice>| {
         for spec in page.into_iter().filter_map(|slice| slice.spec) {
             // Slices of a node selector or of all nodes (network-attached
             // devices) belong to no one node's driver.
@@ -465,81 +403,95 @@ async fn read_slices(
 
 #[cfg(test)]
 mod tests {
+    use kpm_report::{Health, ReportedVerdict, Verdict};
+
     use super::*;
 
-    #[test]
-    fn the_report_a_node_doctor_writes_is_read_back_typed() {
-        use crate::judge::Row;
-        // Written by the node's doctor (plugin_report.rs), read back here.
-        let mut rows: Vec<Row> = (0..300)
-            .map(|i| {
-                let path =
-                    std::path::PathBuf::from(format!("/r/plugins_registry/p{i:03}-reg.sock"));
-                Row::new(Verdict::Rejected, &path, "registry", "needs v1.x; got 0.3.0".to_owned())
-            })
-            .collect();
-        let mut ok = Row::new(
-            Verdict::Ok,
-            std::path::Path::new("/r/plugins_registry/gpu.sock"),
-            "registry",
-            "registered".to_owned(),
-        );
-        ok.name = Some("vendor.com/gpu".to_owned());
-        rows.push(ok);
-        let outcome = crate::outcome::Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None));
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        let mut status = crate::outcome::status_of(&outcome, &outcome.condition(), &now);
-        status.heartbeat_time = Some(now);
-        let written = serde_json::json!({
-            "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
-            "metadata": {"name": "n1", "uid": "u"}, "spec": {"nodeName": "n1"},
-            "status": status,
-        });
-        let (name, report) = reduce_report(serde_json::from_value(written).unwrap()).unwrap();
-        assert_eq!(name, "n1");
-        assert_eq!((report.health.as_str(), report.reason.as_str()), ("Failing", "Rejected"));
-        assert_eq!(report.failing_count, 300);
-        assert_eq!(report.failing.len(), crate::MAX_ENTRIES, "the bound");
-        assert_eq!(report.failing[1].subject, "p001-reg.sock");
-        assert_eq!(report.failing[1].verdict, "rejected");
-        assert_eq!(report.failing[1].reason, "needs v1.x; got 0.3.0");
-        assert!(report.heartbeat_time.is_some());
-        // The ok entry was left out by the bound: failing ones come first.
-        assert!(report.ok.is_empty());
+    /// A page of reports as the API server sends it.
+    fn reports(items: &serde_json::Value) -> Vec<(String, NodeReport)> {
+        let page: ObjectList<KubeletPluginReport> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReportList",
+            "metadata": {"resourceVersion": "9"}, "items": items,
+        }))
+        .unwrap();
+        page.items.into_iter().filter_map(reduce_report).collect()
     }
 
     #[test]
-    fn a_report_of_another_version_is_read_all_the_same() {
-        let page: List<Report> = serde_json::from_value(serde_json::json!({
-            "items": [
-                {"metadata": {"name": "newer"}, "status": {
-                    "health": "Wobbly", "reason": "SomeFutureVerdict", "future": {"x": 1},
-                    "plugins": [
-                        {"socket": "/r/a.sock", "name": "a.example.com", "verdict": "some-future-verdict",
-                         "reason": "4 changes in 2m", "since": "2026-01-01T00:00:00Z"},
-                        {"socket": "/r/b.sock", "name": "b.example.com", "verdict": "ok",
-                         "reason": "fine", "since": "2026-01-01T00:00:00Z"},
-                    ]}},
-                {"metadata": {"name": "no-status"}},
-            ],
-        }))
-        .unwrap();
-        let reports: Vec<(String, NodeReport)> =
-            page.items.into_iter().filter_map(reduce_report).collect();
-        assert_eq!(reports.len(), 1);
-        let (_, newer) = &reports[0];
-        assert_eq!(newer.health, "Wobbly");
+    fn a_report_is_read_into_its_failing_entries_and_its_ok_names() {
+        // As a doctor of v1alpha1's first schema wrote it (kpm 0.1, issue 45).
+        let read = reports(&serde_json::json!([{
+            "apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
+            "metadata": {"name": "n1", "uid": "u1"}, "spec": {"nodeName": "n1"},
+            "status": {
+                "health": "Failing", "reason": "Rejected",
+                "kubelet": {"rootDir": "/var/lib/kubelet", "foundBy": "the running kubelet, pid 42",
+                            "version": "v1.36.2"},
+                "counts": {"plugins": 3, "failing": 4, "omitted": 0},
+                "plugins": [
+                    {"socket": "/var/lib/kubelet/plugins_registry/p001-reg.sock", "type": "CSIPlugin",
+                     "verdict": "rejected", "reason": "needs v1.x; got 0.3.0",
+                     "since": "2026-03-01T11:00:00Z"},
+                    {"socket": "/var/lib/kubelet/plugins_registry/gpu.sock", "type": "DevicePlugin",
+                     "name": "vendor.com/gpu", "verdict": "ok", "reason": "registered",
+                     "since": "2026-03-01T11:00:00Z"},
+                ],
+                "findings": [
+                    {"object": "csinodes/n1", "name": "gone.csi.example.com",
+                     "verdict": "stale-csi-node-entry", "reason": "no live plugin serves it",
+                     "since": "2026-03-01T11:00:00Z"},
+                ],
+                "heartbeatTime": "2026-03-01T11:30:00Z", "doctorVersion": "0.1.0",
+            },
+        }]));
+        let [(name, report)] = &read[..] else { panic!("{read:?}") };
+        assert_eq!(name, "n1");
+        assert_eq!((report.health, report.reason.as_str()), (Health::Failing, "Rejected"));
+        assert_eq!(report.failing_count, 4, "the doctor's count, not the entries'");
+        assert_eq!(report.kubelet_version.as_deref(), Some("v1.36.2"));
+        assert_eq!(report.heartbeat_time.as_deref(), Some("2026-03-01T11:30:00Z"));
+        let failing: Vec<(&str, &str)> =
+            report.failing.iter().map(|f| (f.subject.as_str(), f.verdict.name())).collect();
+        assert_eq!(
+            failing,
+            [("p001-reg.sock", "rejected"), ("gone.csi.example.com", "stale-csi-node-entry")]
+        );
+        assert_eq!(report.failing[0].verdict, Verdict::Rejected);
+        assert!(report.ok.contains("vendor.com/gpu"));
+    }
+
+    #[test]
+    fn a_report_of_a_newer_doctor_is_read_all_the_same() {
+        let read = reports(&serde_json::json!([
+            {"metadata": {"name": "newer"}, "spec": {"nodeName": "newer"}, "status": {
+                "health": "Wobbly", "reason": "SomeFutureVerdict", "future": {"x": 1},
+                "kubelet": {"rootDir": "/r", "foundBy": "--root-dir", "cgroupDriver": "systemd"},
+                "counts": {"plugins": 2, "failing": 1},
+                "plugins": [
+                    {"socket": "/r/a.sock", "type": "FuturePlugin", "name": "a.example.com",
+                     "verdict": "some-future-verdict", "reason": "4 changes in 2m",
+                     "since": "2026-01-01T00:00:00Z", "pod": "kube-system/a-0"},
+                    {"socket": "/r/b.sock", "name": "b.example.com", "verdict": "ok",
+                     "reason": "fine", "since": "2026-01-01T00:00:00Z"},
+                ],
+                "doctorVersion": "9.0.0"}},
+            {"metadata": {"name": "no-status"}, "spec": {"nodeName": "no-status"}},
+        ]));
+        assert_eq!(read.len(), 1);
+        let (_, newer) = &read[0];
+        assert_eq!(newer.health, Health::Unknown);
         // A verdict this reader does not know fails: it is not `ok`.
-        assert_eq!(newer.failing[0].verdict, "some-future-verdict");
+        assert_eq!(
+            newer.failing[0].verdict,
+            ReportedVerdict::Unknown("some-future-verdict".to_owned())
+        );
         assert_eq!(newer.failing_count, 1);
         assert!(newer.ok.contains("b.example.com"));
     }
 
     #[test]
     fn a_node_page_keeps_the_doctors_condition_and_extended_resources_only() {
-        let page: List<Node> = serde_json::from_value(serde_json::json!({
+        let page: ObjectList<Node> = serde_json::from_value(serde_json::json!({
             "kind": "NodeList", "apiVersion": "v1",
             "metadata": {"resourceVersion": "7", "continue": "next"},
             "items": [{
@@ -559,7 +511,7 @@ mod tests {
             }, {"metadata": {"name": "bare"}}],
         }))
         .unwrap();
-        assert_eq!(page.metadata.continue_token.as_deref(), Some("next"));
+        assert_eq!(page.metadata.continue_.as_deref(), Some("next"));
         let nodes: Vec<NodeObject> = page.items.into_iter().map(reduce_node).collect();
         let condition = nodes[0].condition.as_ref().unwrap();
         assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "Stale"));

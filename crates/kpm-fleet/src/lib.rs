@@ -1,9 +1,13 @@
 //! The fleet view of `kpm doctor --cluster`: what every node's doctor
-//! published (its [`KubeletPluginReport`](crate::KubeletPluginReport), else
-//! the status and reason of its [`CONDITION_TYPE`](crate::CONDITION_TYPE)
-//! condition) and what the API server shows of each driver, read back for
-//! the whole cluster. No message is parsed: a doctor's findings are read
-//! typed, from its report.
+//! published (its [`KubeletPluginReport`], else the status and reason of
+//! its [`CONDITION_TYPE`](kpm_report::CONDITION_TYPE) condition) and what
+//! the API server shows of each driver, read back for the whole cluster.
+//! No message is parsed: a doctor's findings are read typed, from its
+//! report, with the report crate's own types (`kube::Api<KubeletPluginReport>`).
+//!
+//! It never writes, and it is a reader only: it depends on the report
+//! crate, kube's client and the wire's shared names, not on the node
+//! doctor (no inotify, no `/proc`, no kubelet config parser).
 //!
 //! - `read` lists `KubeletPluginReports`, Nodes, CSIDrivers, CSINodes and
 //!   ResourceSlices, read-only, page by page, and keeps of each page only
@@ -15,6 +19,8 @@
 //!   not on the others.
 //! - `render` prints it as `kpm doctor --cluster` does.
 
+#![deny(missing_docs)]
+
 mod judge;
 mod read;
 mod render;
@@ -22,12 +28,11 @@ mod render;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use kpm::PluginKind;
+use kpm_api::PluginKind;
+pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
+use kpm_report::{Health, ReportedVerdict};
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
-
-use crate::ConfigError;
-use crate::config::{REQUEST_TIMEOUT, REQUEST_TIMEOUT_TEXT, bounded};
 
 pub use self::judge::judge_fleet;
 pub use self::read::read_fleet;
@@ -41,7 +46,7 @@ pub const DEFAULT_PAGE_SIZE: u32 = 500;
 pub const DEFAULT_STALE_AFTER: Duration = Duration::from_secs(60 * 60);
 
 /// How long one API request may take by default: kpm's, 10 s.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = kpm::kube::DEFAULT_REQUEST_TIMEOUT;
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = kpm_api::constants::API_REQUEST_TIMEOUT;
 
 /// The largest [`FleetConfig::page_size`].
 pub const MAX_PAGE_SIZE: u32 = 10_000;
@@ -137,48 +142,32 @@ impl FleetConfigBuilder {
 
     /// The config, once each field is in its range; the error names the
     /// first that is not.
-    pub fn build(self) -> Result<FleetConfig, ConfigError> {
+    pub fn build(self) -> Result<FleetConfig, OutOfRange> {
         let FleetConfig { label_selector, page_size, request_timeout, stale_after } = self.0;
         Ok(FleetConfig {
             label_selector,
-            page_size: bounded(
-                "fleet.page_size",
-                page_size,
-                &(1..=MAX_PAGE_SIZE),
-                "between 1 and 10000",
-            )?,
-            request_timeout: bounded(
-                "fleet.request_timeout",
-                request_timeout,
-                &REQUEST_TIMEOUT,
-                REQUEST_TIMEOUT_TEXT,
-            )?,
-            stale_after: bounded(
-                "fleet.stale_after",
-                stale_after,
-                &(Duration::from_secs(1)..=MAX_STALE_AFTER),
-                "between 1s and 7 days",
-            )?,
+            page_size: PAGE_SIZE.check("fleet.page_size", page_size)?,
+            request_timeout: REQUEST_TIMEOUT.check("fleet.request_timeout", request_timeout)?,
+            stale_after: STALE_AFTER.check("fleet.stale_after", stale_after)?,
         })
     }
 }
 
-/// The longest [`FleetConfig::stale_after`]: a week.
-const MAX_STALE_AFTER: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+/// The range of [`FleetConfig::page_size`]: 1 (0 would ask for everything
+/// at once) to [`MAX_PAGE_SIZE`].
+pub const PAGE_SIZE: Bounds<u32> = Bounds::new(1, MAX_PAGE_SIZE, "between 1 and 10000");
+
+/// The range of [`FleetConfig::stale_after`]: a second to a week.
+pub const STALE_AFTER: Bounds<Duration> = Bounds::new(
+    Duration::from_secs(1),
+    Duration::from_secs(7 * 24 * 60 * 60),
+    "between 1s and 7 days",
+);
 
 /// Why the fleet could not be read; each names the resource and the page.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FleetError {
-    /// The list request could not be built (the selector, the token).
-    #[error("build the request to list {resource}: {source}")]
-    Request {
-        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
-        resource: &'static str,
-        /// kube-rs's error.
-        #[source]
-        source: kube::core::request::Error,
-    },
     /// The API server refused a list request, or it failed on the way.
     #[error("list {resource} (page {page}): {}", short(source))]
     List {
@@ -219,7 +208,7 @@ fn short(err: &kube::Error) -> String {
         kube::Error::Api(status) => {
             format!("{} ({} {})", status.message, status.code, status.reason)
         }
-        other => kpm::api::error_chain(other),
+        other => kpm_api::gotext::error_chain(other),
     }
 }
 
@@ -271,7 +260,7 @@ impl NodeObject {
 pub struct NodeCondition {
     /// `True`, `False` or `Unknown`.
     pub status: String,
-    /// [`HEALTHY_REASON`](crate::HEALTHY_REASON), or the first failing verdict in CamelCase.
+    /// [`HEALTHY_REASON`](kpm_report::HEALTHY_REASON), or the first failing verdict in CamelCase.
     pub reason: String,
     /// Which plugins fail and why.
     pub message: String,
@@ -297,14 +286,14 @@ impl NodeCondition {
     }
 }
 
-/// A node doctor's [`KubeletPluginReport`](crate::KubeletPluginReport),
-/// reduced to what the fleet judges. Read leniently: a report of a newer
-/// doctor (a health or verdict this one does not know) is still read.
+/// A node doctor's [`KubeletPluginReport`], reduced to what the fleet
+/// judges. Read leniently: a report of a newer doctor (a health or verdict
+/// this one does not know) is still read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeReport {
-    /// `Healthy`, `Failing` or `CannotJudge`.
-    pub health: String,
+    /// `Healthy`, `Failing`, `CannotJudge`, or one this reader does not know.
+    pub health: Health,
     /// The condition's reason: the first failing verdict in CamelCase.
     pub reason: String,
     /// Why the doctor could not look, when it could not.
@@ -355,18 +344,6 @@ impl Serialize for Fleet {
     }
 }
 
-/// How the fleet's JSON names a driver's kind: `csi`, `device-plugin`,
-/// `dra`. Not [`PluginKind::name`]: the JSON said `device-plugin` before the
-/// kinds had one table, and its readers go by it.
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's `serialize_with` passes a reference")]
-fn kind_in_json<S: serde::Serializer>(kind: &PluginKind, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(match kind {
-        PluginKind::Csi => "csi",
-        PluginKind::Device => "device-plugin",
-        PluginKind::Dra => "dra",
-    })
-}
-
 /// One CSI driver, device-plugin resource or DRA driver across the nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -374,8 +351,8 @@ pub struct DriverView {
     /// What registers it on a node (see [`judge_fleet`]): a CSI driver's
     /// CSINode entry, a device plugin's nonzero extended-resource
     /// capacity, a DRA driver's ResourceSlices of the node. The table
-    /// shows its [`name`](PluginKind::name).
-    #[serde(serialize_with = "kind_in_json")]
+    /// shows its [`name`](PluginKind::name), the JSON its plugin type
+    /// (`CSIPlugin`), as every JSON of kpm's does.
     pub kind: PluginKind,
     /// The driver's or resource's name.
     pub name: String,
@@ -423,7 +400,7 @@ pub struct NodeView {
     pub more_failing: usize,
     /// The names of the plugins its doctor finds ok.
     #[serde(skip)]
-    pub(crate) ok: BTreeSet<String>,
+    ok: BTreeSet<String>,
 }
 
 /// Where a node's doctor state was read.
@@ -457,7 +434,7 @@ pub enum DoctorState {
         reason: String,
     },
     /// The doctor could not look (the condition `Unknown`,
-    /// [`CANNOT_JUDGE_REASON`](crate::CANNOT_JUDGE_REASON)).
+    /// [`CANNOT_JUDGE_REASON`](kpm_report::CANNOT_JUDGE_REASON)).
     CannotJudge {
         /// Why, as its report tells; empty from a condition only.
         why: String,
@@ -502,8 +479,8 @@ pub struct FailingPlugin {
     /// one: the fleet's drivers are matched by it, exactly.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Its verdict's name (`stale`), as the report writes it.
-    pub verdict: String,
+    /// Its verdict (`stale`), as the report writes it.
+    pub verdict: ReportedVerdict,
     /// Why it fails.
     pub reason: String,
 }

@@ -1,0 +1,38 @@
+//! The contract between a node's kpm doctor and everyone who reads what it
+//! found: the [`KubeletPluginReport`] custom resource (one per node, named
+//! after it; its CRD is generated from these types), the [`Verdict`]s by
+//! name and severity, and the words of the Node condition the doctor writes
+//! beside it ([`CONDITION_TYPE`], [`ConditionStatus`], the reasons that are
+//! not verdicts).
+//!
+//! The node doctor (`kpm-doctor`) writes reports with these types and the
+//! fleet reader (`kpm-fleet`, `kpm doctor --cluster`) reads them back with
+//! the same ones: there is no second schema. Readers tolerate what a newer
+//! doctor writes ([`ReportedVerdict`], [`Health::Unknown`], unknown fields
+//! skipped), and the tests read a report written by the schema's first
+//! version.
+//!
+//! [`CHECKED_MINORS`] are the kubelet minors the doctor's verdicts were
+//! checked against, which both sides show beside a report's kubelet.
+//!
+//! This crate does no IO: it has no client, no runtime and no file access.
+//! Like any library on k8s-openapi it leaves the Kubernetes version feature
+//! to the binary.
+
+#![deny(missing_docs)]
+
+mod condition;
+mod kubelet_version;
+mod report;
+mod verdict;
+
+pub use crate::condition::{
+    CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, HEALTHY_REASON, MAX_MESSAGE_BYTES,
+};
+pub use crate::kubelet_version::{CHECKED_MINORS, checked, minor, unchecked_note};
+pub use crate::report::{
+    BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,
+    KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,
+    REPORT_GROUP,
+};
+pub use crate::verdict::{ReportedVerdict, Verdict};
