@@ -41,7 +41,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Result;
+use crate::{Misused, Result};
 
 mod host;
 mod images;
@@ -77,27 +77,34 @@ struct Env {
     out: PathBuf,
 }
 
+pub(crate) fn usage() -> String {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    format!(
+        "cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... \
+         [--only SCENARIO[,SCENARIO...]]\n  MINOR: {}\n  SCENARIO: {}",
+        kubelets::MINORS.join(", "),
+        names.join(", ")
+    )
+}
+
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-    let usage = || {
-        format!(
-            "usage: cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only {}[,...]]",
-            names.join("|")
-        )
-    };
     let (mut bin_dir, mut only, mut kubelet_dirs) = (None, None, Vec::new());
-    let mut options = options.iter();
+    let mut options = options.iter().copied();
     while let Some(option) = options.next() {
-        match (*option, options.next()) {
+        match (option, options.next()) {
             ("--bin-dir", Some(dir)) => bin_dir = Some(std::path::absolute(dir)?),
-            ("--kubelet-dir", Some(value)) => kubelet_dirs.push(KubeletDir::parse(value)?),
+            ("--kubelet-dir", Some(value)) => {
+                kubelet_dirs
+                    .push(KubeletDir::parse(value).map_err(|err| Misused(err.to_string()))?);
+            }
             ("--only", Some(list)) if list.split(',').all(|name| names.contains(&name)) => {
                 only = Some(list.split(',').collect::<Vec<_>>());
             }
-            _ => return Err(usage().into()),
+            (option, value) => return Err(Misused::refused(option, value).into()),
         }
     }
-    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let bin_dir = bin_dir.ok_or_else(|| Misused::missing("--bin-dir DIR"))?;
     kubelet_dirs.sort_by(|a, b| a.minor.cmp(&b.minor));
     kubelet_dirs.dedup_by(|a, b| a.minor == b.minor);
     let target = std::env::var_os("CARGO_TARGET_DIR")
