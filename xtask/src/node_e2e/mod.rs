@@ -33,6 +33,11 @@
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.
 //!
+//! Before each scenario the runner waits for the node to settle from the
+//! ones before (`scenarios/settle.rs`): a scenario that broke something
+//! leaves the kubelet backing off, which the next would take for its own
+//! failure. It says after how long, and what it waited for.
+//!
 //! The runner (this file: options, programs, images, the table of
 //! scenarios, the summary) sits on `host` (namespaces, cgroups), `node` (the
 //! daemons), `kubelets` (the kubelet axis), `images` (the images the pods
@@ -260,6 +265,17 @@ fn nodes(
     Ok(outcomes)
 }
 
+/// Runs `scenario` on `node` once the node settled from the scenarios
+/// before it, if it waits for that ([`scenarios::settle`]).
+fn run_settled(env: &Env, node: &mut Node, scenario: &scenarios::Scenario) -> Result<String> {
+    if scenario.waits_to_settle {
+        eprintln!("{}", scenarios::settle(node)?);
+    } else {
+        eprintln!("settle: none waited for, {} takes the node as left", scenario.name);
+    }
+    (scenario.run)(env, node)
+}
+
 /// The file, in the state folder, where the node inside the namespaces
 /// writes its scenarios' outcomes for the runner outside.
 const OUTCOMES: &str = "outcomes.json";
@@ -281,7 +297,7 @@ fn inside(
         let absent = missing(scenario.programs);
         let outcome = if absent.is_empty() {
             eprintln!("\n== {}", scenario.name);
-            match (scenario.run)(env, &mut node) {
+            match run_settled(env, &mut node, scenario) {
                 Ok(summary) => format!("passed: {summary}"),
                 // What this node's kubelet cannot do is not a failure.
                 Err(err) => match err.downcast_ref::<scenarios::Skipped>() {
