@@ -19,8 +19,8 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use crate::Result;
 use crate::harness::{self, Binaries, stdout_of};
+use crate::{Misused, Result};
 
 /// The scenarios, in the order they run. `steady-csi` is `steady` with
 /// CSI drivers instead of device plugins: liveness probes each type its
@@ -52,19 +52,22 @@ const HANG_LIVENESS: [&str; 4] = ["--liveness-period", "2", "--liveness-failures
 /// How long `steady` holds and `churn` churns with `--quick`, in seconds.
 const QUICK_DURATION_SECS: &str = "5";
 
+pub(crate) fn usage() -> String {
+    format!("cargo xtask bench [--quick] [--only SCENARIO]\n  SCENARIO: {}", SCENARIOS.join(", "))
+}
+
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let mut quick = false;
     let mut only = None;
-    let usage = || format!("usage: cargo xtask bench [--quick] [--only {}]", SCENARIOS.join("|"));
     let mut options = options.iter().copied();
     while let Some(option) = options.next() {
-        match (option, option == "--only") {
-            ("--quick", _) => quick = true,
-            (_, true) => match options.next() {
+        match option {
+            "--quick" => quick = true,
+            "--only" => match options.next() {
                 Some(scenario) if SCENARIOS.contains(&scenario) => only = Some(scenario),
-                _ => return Err(usage().into()),
+                value => return Err(Misused::refused(option, value).into()),
             },
-            _ => return Err(usage().into()),
+            _ => return Err(Misused::refused(option, None).into()),
         }
     }
 

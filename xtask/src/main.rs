@@ -28,6 +28,8 @@
 //! - `deploy`: `deploy/` rendered by `kubectl kustomize` and read back, and the
 //!   alerting rules checked and tested by promtool (see `deploy/mod.rs`).
 //!
+//! Each subcommand answers `--help` (or `-h`) with its usage, on stdout.
+//!
 //! The suites against real programs (`interop`, `kube-e2e`, `node-e2e`)
 //! build none of those programs and keep none of their code: they are given
 //! the programs' paths, and a scenario whose program is missing is named as
@@ -52,45 +54,142 @@ use std::process::{Command, ExitCode, Stdio};
 
 type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
-const USAGE: &str = "usage: cargo xtask <codegen [--check] | ci | package | bench [--quick] [--only SCENARIO] \
-                     | soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS] \
-                     | interop --bin-dir DIR [--only SCENARIO] \
-                     | kube-e2e --apiserver BIN --etcd BIN [--manifest FILE] [--only SCENARIO] \
-                     | node-e2e --bin-dir DIR [--only SCENARIO] \
-                     | image [--out FILE] [--name NAME:TAG] | tidy | deploy>";
+/// A subcommand: its name, its usage (the synopsis, `cargo xtask NAME
+/// …`, on its first line, what its words stand for below; `--help` prints
+/// it, and a misuse repeats it) and what runs it with its options.
+struct Subcommand {
+    name: &'static str,
+    usage: fn() -> String,
+    run: fn(&Path, &[&str]) -> Result,
+}
+
+/// Every subcommand, in the order the module doc lists them.
+const SUBCOMMANDS: &[Subcommand] = &[
+    Subcommand {
+        name: "codegen",
+        usage: || "cargo xtask codegen [--check]".to_owned(),
+        run: |root, options| match options {
+            [] => codegen::run(root, codegen::Mode::Write),
+            ["--check"] => codegen::run(root, codegen::Mode::Check),
+            [option, ..] => Err(Misused::refused(option, None).into()),
+        },
+    },
+    Subcommand {
+        name: "ci",
+        usage: || "cargo xtask ci".to_owned(),
+        run: |root, options| no_options(options).and_then(|()| ci(root)),
+    },
+    Subcommand {
+        name: "package",
+        usage: || "cargo xtask package".to_owned(),
+        run: |root, options| no_options(options).and_then(|()| package(root)),
+    },
+    Subcommand { name: "bench", usage: bench::usage, run: bench::run },
+    Subcommand { name: "soak", usage: soak::usage, run: soak::run },
+    Subcommand { name: "interop", usage: interop::usage, run: interop::run },
+    Subcommand { name: "kube-e2e", usage: kube_e2e::usage, run: kube_e2e::run },
+    Subcommand { name: "image", usage: image::usage, run: image::run },
+    Subcommand { name: "node-e2e", usage: node_e2e::usage, run: node_e2e::run },
+    Subcommand {
+        name: "tidy",
+        usage: || "cargo xtask tidy".to_owned(),
+        run: |root, options| no_options(options).and_then(|()| tidy::check(root)),
+    },
+    Subcommand {
+        name: "deploy",
+        usage: || "cargo xtask deploy".to_owned(),
+        run: |root, options| no_options(options).and_then(|()| deploy::check(root)),
+    },
+];
+
+/// A subcommand's error when its options are wrong, saying what is wrong;
+/// the dispatch adds the subcommand's usage.
+#[derive(Debug)]
+struct Misused(String);
+
+impl Misused {
+    /// `option` (with the `value` that followed it, if any) is not one the
+    /// subcommand takes.
+    fn refused(option: &str, value: Option<&str>) -> Self {
+        let given: Vec<&str> = [Some(option), value].into_iter().flatten().collect();
+        Self(format!("cannot take `{}`", given.join(" ")))
+    }
+
+    /// `option`, which it needs, was not given.
+    fn missing(option: &str) -> Self {
+        Self(format!("needs {option}"))
+    }
+}
+
+impl std::fmt::Display for Misused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Misused {}
+
+/// For the subcommands that take no options.
+fn no_options(options: &[&str]) -> Result {
+    match options.first() {
+        None => Ok(()),
+        Some(option) => Err(Misused::refused(option, None).into()),
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let result = match args.as_slice() {
-        ["codegen"] => codegen::run(&project_root(), codegen::Mode::Write),
-        ["codegen", "--check"] => codegen::run(&project_root(), codegen::Mode::Check),
-        ["ci"] => ci(),
-        ["package"] => package(&project_root()),
-        ["bench", options @ ..] => bench::run(&project_root(), options),
-        ["soak", options @ ..] => soak::run(&project_root(), options),
-        ["interop", options @ ..] => interop::run(&project_root(), options),
-        ["kube-e2e", options @ ..] => kube_e2e::run(&project_root(), options),
-        ["node-e2e", options @ ..] => node_e2e::run(&project_root(), options),
-        ["image", options @ ..] => image::run(&project_root(), options),
-        ["tidy"] => tidy::check(&project_root()),
-        ["deploy"] => deploy::check(&project_root()),
-        ["--help" | "-h" | "help"] => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        _ => {
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
+    let status = dispatch(&project_root(), &args, &mut std::io::stdout(), &mut std::io::stderr());
+    ExitCode::from(status)
+}
+
+/// Runs the subcommand that `args` (the words after `cargo xtask`) name,
+/// and returns the exit status. With `--help` or `-h` among its options it
+/// prints its usage instead, on `out`, status 0; a misuse prints what is
+/// wrong and the usage on `err`, status 2; a failure its error, status 1.
+fn dispatch(root: &Path, args: &[&str], out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let (name, options) = match args {
+        ["--help" | "-h" | "help"] => return say(out, &overview(), 0),
+        [name, options @ ..] => (*name, options),
+        [] => return say(err, &overview(), 2),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("xtask: {err}");
-            ExitCode::FAILURE
-        }
+    let Some(subcommand) = SUBCOMMANDS.iter().find(|subcommand| subcommand.name == name) else {
+        return say(err, &format!("xtask: no subcommand {name}\n{}", overview()), 2);
+    };
+    let usage = format!("usage: {}", (subcommand.usage)());
+    // What follows `--` is another program's (soak's load generator's).
+    let own = options.split(|option| *option == "--").next().unwrap_or_default();
+    if own.iter().any(|option| matches!(*option, "--help" | "-h")) {
+        return say(out, &usage, 0);
     }
+    match (subcommand.run)(root, options) {
+        Ok(()) => 0,
+        Err(error) => match error.downcast_ref::<Misused>() {
+            Some(misused) => say(err, &format!("xtask {name}: {misused}\n{usage}"), 2),
+            None => say(err, &format!("xtask: {error}"), 1),
+        },
+    }
+}
+
+/// Every subcommand's synopsis.
+fn overview() -> String {
+    let synopses: Vec<String> = SUBCOMMANDS
+        .iter()
+        .map(|subcommand| (subcommand.usage)().lines().next().unwrap_or_default().to_owned())
+        .collect();
+    format!(
+        "usage: cargo xtask SUBCOMMAND [OPTIONS] (`cargo xtask SUBCOMMAND --help`: its own)\n  {}",
+        synopses.join("\n  ")
+    )
+}
+
+/// Writes `text` and a newline to `to`, and returns `status`: a closed
+/// stdout or stderr leaves no one to tell, so a failed write changes
+/// nothing.
+fn say(to: &mut dyn Write, text: &str, status: u8) -> u8 {
+    _ = writeln!(to, "{text}");
+    status
 }
 
 /// The workspace root: the parent of this crate's manifest directory.
@@ -118,9 +217,9 @@ const FEATURE_SETS: &[&[&str]] = &[
 
 /// Runs every CI step, then prints how many tests passed and failed over the
 /// whole run as its last line, also when a step failed.
-fn ci() -> Result {
+fn ci(root: &Path) -> Result {
     let mut tally = TestTally::default();
-    let result = ci_steps(&project_root(), &mut tally);
+    let result = ci_steps(root, &mut tally);
     if result.is_ok() {
         println!("xtask ci: all steps passed");
     }
@@ -330,6 +429,111 @@ impl std::fmt::Display for TestTally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `cargo xtask ARGS` through the dispatch: its exit status, stdout and
+    /// stderr.
+    fn xtask(args: &[&str]) -> (u8, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let status = dispatch(&project_root(), args, &mut out, &mut err);
+        (status, String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap())
+    }
+
+    #[test]
+    fn every_subcommand_answers_help_with_its_usage() {
+        for subcommand in SUBCOMMANDS {
+            for help in ["--help", "-h"] {
+                let (status, out, err) = xtask(&[subcommand.name, help]);
+                let shown = format!("{} {help}", subcommand.name);
+                assert_eq!((status, err.as_str()), (0, ""), "{shown}");
+                let synopsis = format!("usage: cargo xtask {}", subcommand.name);
+                assert!(out.starts_with(&synopsis), "{shown}: {out}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_misuse_prints_what_is_wrong_and_the_usage_on_stderr() {
+        // (arguments, exit status, what stdout starts with, what stderr
+        // starts with)
+        let cases: &[(&[&str], u8, &str, &str)] = &[
+            (&["--help"], 0, "usage: cargo xtask SUBCOMMAND", ""),
+            (&["-h"], 0, "usage: cargo xtask SUBCOMMAND", ""),
+            (&[], 2, "", "usage: cargo xtask SUBCOMMAND"),
+            (&["frob"], 2, "", "xtask: no subcommand frob\nusage: cargo xtask SUBCOMMAND"),
+            (
+                &["tidy", "--frob"],
+                2,
+                "",
+                "xtask tidy: cannot take `--frob`\nusage: cargo xtask tidy",
+            ),
+            (
+                &["codegen", "--frob"],
+                2,
+                "",
+                "xtask codegen: cannot take `--frob`\nusage: cargo xtask codegen [--check]",
+            ),
+            (
+                &["image", "--out"],
+                2,
+                "",
+                "xtask image: --out needs a value\nusage: cargo xtask image",
+            ),
+            (
+                &["image", "--tag", "x"],
+                2,
+                "",
+                "xtask image: cannot take `--tag`\nusage: cargo xtask image",
+            ),
+            (
+                &["soak", "--minutes", "0"],
+                2,
+                "",
+                "xtask soak: cannot take `--minutes 0`\nusage: cargo xtask soak",
+            ),
+            (
+                &["bench", "--only", "nothing"],
+                2,
+                "",
+                "xtask bench: cannot take `--only nothing`\nusage: cargo xtask bench",
+            ),
+            (
+                &["interop", "--only", "doctor"],
+                2,
+                "",
+                "xtask interop: needs --bin-dir DIR\nusage: cargo xtask interop",
+            ),
+            (
+                &["kube-e2e", "--etcd", "x"],
+                2,
+                "",
+                "xtask kube-e2e: needs --apiserver BIN\nusage: cargo xtask kube-e2e",
+            ),
+            (
+                &["node-e2e", "--only", "nothing"],
+                2,
+                "",
+                "xtask node-e2e: cannot take `--only nothing`\nusage: cargo xtask node-e2e",
+            ),
+            (
+                &["node-e2e", "--kubelet-dir", "1.30=/x"],
+                2,
+                "",
+                "xtask node-e2e: --kubelet-dir 1.30=/x: 1.30 is not one of",
+            ),
+        ];
+        for (args, status, out, err) in cases {
+            let (real_status, real_out, real_err) = xtask(args);
+            assert_eq!(real_status, *status, "{args:?}: {real_err}");
+            assert!(
+                real_out.starts_with(out) && (out.is_empty() == real_out.is_empty()),
+                "{args:?}: {real_out}"
+            );
+            assert!(
+                real_err.starts_with(err) && (err.is_empty() == real_err.is_empty()),
+                "{args:?}: {real_err}"
+            );
+        }
+    }
 
     #[test]
     fn the_tally_adds_up_libtest_summaries_and_nothing_else() {

@@ -19,8 +19,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::Result;
 use crate::harness::{self, stdout_of};
+use crate::{Misused, Result};
 
 /// The soak's length unless told otherwise.
 const DEFAULT_DURATION: Duration = Duration::from_secs(10 * 60);
@@ -28,7 +28,11 @@ const DEFAULT_DURATION: Duration = Duration::from_secs(10 * 60);
 /// `kpm-loadgen run`'s exit status when the verdict failed.
 const VERDICT_FAILED: i32 = 3;
 
-const USAGE: &str = "usage: cargo xtask soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]";
+pub(crate) fn usage() -> String {
+    "cargo xtask soak [--minutes N | --seconds N] [-- LOADGEN-OPTIONS]\n  \
+     LOADGEN-OPTIONS: see `kpm-loadgen run --help`"
+        .to_owned()
+}
 
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let (options, passed_on) = match options.iter().position(|option| *option == "--") {
@@ -84,7 +88,9 @@ fn duration(options: &[&str]) -> Result<Duration> {
         ["--seconds", seconds] => seconds.parse().ok().map(Duration::from_secs),
         _ => None,
     };
-    parsed.filter(|duration| duration.as_secs() > 0).ok_or_else(|| USAGE.into())
+    parsed
+        .filter(|duration| duration.as_secs() > 0)
+        .ok_or_else(|| Misused(format!("cannot take `{}`", options.join(" "))).into())
 }
 
 #[cfg(test)]

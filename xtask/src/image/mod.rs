@@ -25,12 +25,16 @@ use std::path::{Path, PathBuf};
 pub(crate) use archive::{Image, ImageFile, write_archive};
 pub(crate) use elf::runtime_files;
 
-use crate::Result;
+use crate::{Misused, Result};
 
 /// Where deploy/*.yaml take kpm's image from, tagged with the workspace version.
 const REPOSITORY: &str = "ghcr.io/kpm-rs/kpm";
 /// Where the Dockerfile puts the binary.
 const KPM_IN_IMAGE: &str = "/usr/local/bin/kpm";
+
+pub(crate) fn usage() -> String {
+    "cargo xtask image [--out FILE] [--name NAME:TAG]".to_owned()
+}
 
 /// Builds the release `kpm`, writes its image archive and prints a summary
 /// and then, as its last line, the archive's path.
@@ -103,17 +107,11 @@ impl Options {
         let mut options = Self::default();
         let mut args = args.iter();
         while let Some(arg) = args.next() {
-            let mut value = || args.next().ok_or_else(|| format!("image: {arg} needs a value"));
+            let mut value = || args.next().ok_or_else(|| Misused(format!("{arg} needs a value")));
             match *arg {
                 "--out" => options.out = Some(PathBuf::from(value()?)),
                 "--name" => options.name = Some((*value()?).to_owned()),
-                other => {
-                    return Err(format!(
-                        "image: unknown option {other}: cargo xtask image [--out FILE] \
-                         [--name NAME:TAG]"
-                    )
-                    .into());
-                }
+                other => return Err(Misused::refused(other, None).into()),
             }
         }
         Ok(options)

@@ -23,8 +23,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Result;
 use crate::scenario::{self, Profile};
+use crate::{Misused, Result};
 
 mod check;
 mod csi;
@@ -112,19 +112,23 @@ struct Env {
     out: PathBuf,
 }
 
+pub(crate) fn usage() -> String {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    format!("cargo xtask interop --bin-dir DIR [--only SCENARIO]\n  SCENARIO: {}", names.join(", "))
+}
+
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-    let usage = || format!("usage: cargo xtask interop --bin-dir DIR [--only {}]", names.join("|"));
     let (mut bin_dir, mut only) = (None, None);
-    let mut options = options.iter();
+    let mut options = options.iter().copied();
     while let Some(option) = options.next() {
-        match (*option, options.next()) {
+        match (option, options.next()) {
             ("--bin-dir", Some(dir)) => bin_dir = Some(PathBuf::from(dir)),
-            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
-            _ => return Err(usage().into()),
+            ("--only", Some(name)) if names.contains(&name) => only = Some(name),
+            (option, value) => return Err(Misused::refused(option, value).into()),
         }
     }
-    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let bin_dir = bin_dir.ok_or_else(|| Misused::missing("--bin-dir DIR"))?;
     let bin_dir = std::path::absolute(&bin_dir)?;
 
     scenario::build(root, Profile::Debug)?;

@@ -44,8 +44,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Result;
 use crate::scenario::{self, Profile};
+use crate::{Misused, Result};
 
 pub(crate) mod api;
 mod cluster;
@@ -101,32 +101,36 @@ struct Env {
     out: PathBuf,
 }
 
+pub(crate) fn usage() -> String {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    format!(
+        "cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] \
+         [--only SCENARIO] [--release]\n  SCENARIO: {}",
+        names.join(", ")
+    )
+}
+
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-    let usage = || {
-        format!(
-            "usage: cargo xtask kube-e2e --apiserver BIN --etcd BIN [--dra-test-driver BIN] [--manifest FILE] [--only {}] [--release]",
-            names.join("|")
-        )
-    };
     let (mut apiserver, mut etcd, mut manifest, mut only) = (None, None, None, None);
     let (mut dra_test_driver, mut profile) = (None, Profile::Debug);
-    let mut options = options.iter();
+    let mut options = options.iter().copied();
     while let Some(option) = options.next() {
-        if *option == "--release" {
+        if option == "--release" {
             profile = Profile::Release;
             continue;
         }
-        match (*option, options.next()) {
+        match (option, options.next()) {
             ("--apiserver", Some(bin)) => apiserver = Some(std::path::absolute(bin)?),
             ("--etcd", Some(bin)) => etcd = Some(std::path::absolute(bin)?),
             ("--dra-test-driver", Some(bin)) => dra_test_driver = Some(std::path::absolute(bin)?),
             ("--manifest", Some(file)) => manifest = Some(std::path::absolute(file)?),
-            ("--only", Some(name)) if names.contains(name) => only = Some(*name),
-            _ => return Err(usage().into()),
+            ("--only", Some(name)) if names.contains(&name) => only = Some(name),
+            (option, value) => return Err(Misused::refused(option, value).into()),
         }
     }
-    let (apiserver, etcd) = (apiserver.ok_or_else(usage)?, etcd.ok_or_else(usage)?);
+    let apiserver = apiserver.ok_or_else(|| Misused::missing("--apiserver BIN"))?;
+    let etcd = etcd.ok_or_else(|| Misused::missing("--etcd BIN"))?;
     let selected: Vec<&Scenario> =
         SCENARIOS.iter().filter(|s| only.is_none_or(|only| only == s.name)).collect();
     let missing: Vec<String> = [&apiserver, &etcd]

@@ -8,8 +8,6 @@ use std::process::Command;
 
 use crate::Result;
 
-use super::node;
-
 /// The kubelet minors kpm is checked against, oldest first: upstream's
 /// three and the older ones providers' extended support keeps running.
 pub(super) const MINORS: &[&str] = &["1.31", "1.32", "1.33", "1.34", "1.35", "1.36"];
@@ -43,6 +41,11 @@ impl KubeletDir {
     }
 }
 
+/// The programs of a node, in the kubelet's folder (`--kubelet-dir`) or
+/// the one given to `--bin-dir`.
+pub(super) const PROGRAMS: &[&str] =
+    &["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
+
 /// Where a node's programs are.
 #[derive(Debug, Clone)]
 pub(super) struct Programs {
@@ -52,7 +55,7 @@ pub(super) struct Programs {
 }
 
 impl Programs {
-    /// The node's program `name` ([`node::PROGRAMS`]): the kubelet's
+    /// The node's program `name` ([`PROGRAMS`]): the kubelet's
     /// folder's, else `--bin-dir`'s.
     pub(super) fn path(&self, name: &str) -> PathBuf {
         self.kubelet_dir
@@ -64,7 +67,7 @@ impl Programs {
 
     /// The node's programs found in neither folder.
     pub(super) fn missing(&self) -> Vec<&'static str> {
-        node::PROGRAMS.iter().copied().filter(|name| !self.path(name).is_file()).collect()
+        PROGRAMS.iter().copied().filter(|name| !self.path(name).is_file()).collect()
     }
 
     /// Checks that the kubelet is `minor` and that kube-apiserver may serve

@@ -33,6 +33,11 @@
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.
 //!
+//! Before each scenario the runner waits for the node to settle from the
+//! ones before (`scenarios/settle.rs`): a scenario that broke something
+//! leaves the kubelet backing off, which the next would take for its own
+//! failure. It says after how long, and what it waited for.
+//!
 //! The runner (this file: options, programs, images, the table of
 //! scenarios, the summary) sits on `host` (namespaces, cgroups), `node` (the
 //! daemons), `kubelets` (the kubelet axis), `images` (the images the pods
@@ -41,7 +46,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::Result;
+use crate::{Misused, Result};
 
 mod host;
 mod images;
@@ -77,27 +82,34 @@ struct Env {
     out: PathBuf,
 }
 
+pub(crate) fn usage() -> String {
+    let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
+    format!(
+        "cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... \
+         [--only SCENARIO[,SCENARIO...]]\n  MINOR: {}\n  SCENARIO: {}",
+        kubelets::MINORS.join(", "),
+        names.join(", ")
+    )
+}
+
 pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
-    let usage = || {
-        format!(
-            "usage: cargo xtask node-e2e --bin-dir DIR [--kubelet-dir MINOR=DIR]... [--only {}[,...]]",
-            names.join("|")
-        )
-    };
     let (mut bin_dir, mut only, mut kubelet_dirs) = (None, None, Vec::new());
-    let mut options = options.iter();
+    let mut options = options.iter().copied();
     while let Some(option) = options.next() {
-        match (*option, options.next()) {
+        match (option, options.next()) {
             ("--bin-dir", Some(dir)) => bin_dir = Some(std::path::absolute(dir)?),
-            ("--kubelet-dir", Some(value)) => kubelet_dirs.push(KubeletDir::parse(value)?),
+            ("--kubelet-dir", Some(value)) => {
+                kubelet_dirs
+                    .push(KubeletDir::parse(value).map_err(|err| Misused(err.to_string()))?);
+            }
             ("--only", Some(list)) if list.split(',').all(|name| names.contains(&name)) => {
                 only = Some(list.split(',').collect::<Vec<_>>());
             }
-            _ => return Err(usage().into()),
+            (option, value) => return Err(Misused::refused(option, value).into()),
         }
     }
-    let bin_dir = bin_dir.ok_or_else(usage)?;
+    let bin_dir = bin_dir.ok_or_else(|| Misused::missing("--bin-dir DIR"))?;
     kubelet_dirs.sort_by(|a, b| a.minor.cmp(&b.minor));
     kubelet_dirs.dedup_by(|a, b| a.minor == b.minor);
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -253,6 +265,17 @@ fn nodes(
     Ok(outcomes)
 }
 
+/// Runs `scenario` on `node` once the node settled from the scenarios
+/// before it, if it waits for that ([`scenarios::settle`]).
+fn run_settled(env: &Env, node: &mut Node, scenario: &scenarios::Scenario) -> Result<String> {
+    if scenario.waits_to_settle {
+        eprintln!("{}", scenarios::settle(node)?);
+    } else {
+        eprintln!("settle: none waited for, {} takes the node as left", scenario.name);
+    }
+    (scenario.run)(env, node)
+}
+
 /// The file, in the state folder, where the node inside the namespaces
 /// writes its scenarios' outcomes for the runner outside.
 const OUTCOMES: &str = "outcomes.json";
@@ -274,7 +297,7 @@ fn inside(
         let absent = missing(scenario.programs);
         let outcome = if absent.is_empty() {
             eprintln!("\n== {}", scenario.name);
-            match (scenario.run)(env, &mut node) {
+            match run_settled(env, &mut node, scenario) {
                 Ok(summary) => format!("passed: {summary}"),
                 // What this node's kubelet cannot do is not a failure.
                 Err(err) => match err.downcast_ref::<scenarios::Skipped>() {

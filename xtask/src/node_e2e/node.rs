@@ -38,11 +38,6 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
     - level: Metadata\n  users: [\"system:serviceaccount:kpm-system:kpm-doctor\", \"system:serviceaccount:kpm-system:kpm\"]\n\
     - level: None\n";
 
-/// The programs of a node, in the kubelet's folder (`--kubelet-dir`) or
-/// the one given to `--bin-dir`.
-pub(super) const PROGRAMS: &[&str] =
-    &["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"];
-
 /// A running node. Fields drop in order: the kubelet first, etcd last.
 pub(super) struct Node {
     kubelet: Option<Process>,

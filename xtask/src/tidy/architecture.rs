@@ -83,7 +83,7 @@ fn dependency_list() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tidy::workspace::fixtures::{unlisted_crate, workspace};
+    use crate::tidy::layers::fixtures::{unlisted_crate, workspace};
 
     /// An ARCHITECTURE.md that passes for [`workspace`]'s crates.
     fn architecture() -> String {

@@ -342,7 +342,7 @@ fn check_rust_version(readme: &str, version: &str, problems: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tidy::workspace::fixtures::{unlisted_crate, workspace};
+    use crate::tidy::layers::fixtures::{unlisted_crate, workspace};
 
     const SCRAPE: &str = r#"//! Scrape.
 fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {

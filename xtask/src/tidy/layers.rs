@@ -174,11 +174,60 @@ fn check_crate(krate: &Crate, layer: &Layer, problems: &mut Vec<String>) {
     }
 }
 
+/// Workspaces for the checks' tests, drawn from [`LAYERS`]: here, not in
+/// `workspace`, which `layers` names and which would then name it back.
+#[cfg(test)]
+pub(super) mod fixtures {
+    use super::LAYERS;
+    use crate::tidy::workspace::{Crate, Dependency};
+
+    /// The workspace as `LAYERS` draws it, each crate with the dependencies
+    /// its layer allows (normal and dev), and `extra` added to `name`'s.
+    pub(in crate::tidy) fn workspace(name: &str, extra: Option<Dependency>) -> Vec<Crate> {
+        let mut crates: Vec<Crate> = LAYERS
+            .iter()
+            .map(|layer| Crate {
+                published: false,
+                library: true,
+                metadata: Vec::new(),
+                name: layer.name.to_owned(),
+                dir: format!("crates/{}", layer.name),
+                deps: layer
+                    .deps
+                    .iter()
+                    .map(|dep| self::dep(dep, false))
+                    .chain(layer.dev.iter().map(|dep| self::dep(dep, true)))
+                    .collect(),
+            })
+            .collect();
+        if let Some(krate) = crates.iter_mut().find(|krate| krate.name == name) {
+            krate.deps.extend(extra);
+        }
+        crates
+    }
+
+    pub(in crate::tidy) fn dep(name: &str, dev: bool) -> Dependency {
+        Dependency { name: name.to_owned(), dev }
+    }
+
+    /// A crate that neither `LAYERS` nor ARCHITECTURE.md names.
+    pub(in crate::tidy) fn unlisted_crate() -> Crate {
+        Crate {
+            published: false,
+            library: true,
+            metadata: Vec::new(),
+            name: "kpm-new".to_owned(),
+            dir: "crates/kpm-new".to_owned(),
+            deps: Vec::new(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::fixtures::{dep, unlisted_crate, workspace};
     use super::*;
     use crate::tidy::workspace::Dependency;
-    use crate::tidy::workspace::fixtures::{dep, unlisted_crate, workspace};
 
     #[test]
     fn the_workspace_as_layers_draws_it_passes() {

@@ -14,8 +14,9 @@
 //! - `architecture`: `docs/ARCHITECTURE.md` has a `###` heading for each
 //!   crate and none for a crate that is not one, and its dependency list is
 //!   `LAYERS`, written out;
-//! - `modules`: within a crate, the top-level modules under `src/` form no
-//!   cycle of `crate::` references;
+//! - `modules`: within a crate, the modules of one parent (the top-level
+//!   ones under `src/`, and those any module declares) form no cycle of
+//!   `crate::`, `super::` and `self::` references;
 //! - `registry`: every crate that is published carries the registry's
 //!   metadata, and a library docs.rs's too;
 //! - `docs`: `docs/operations.md` names every metric kpm serves, the
@@ -54,17 +55,7 @@ pub(crate) fn check(root: &Path) -> Result {
         &fs::read_to_string(root.join(architecture::ARCHITECTURE))?,
         &mut problems,
     );
-    let mut cycles = Vec::new();
-    for krate in &crates {
-        let src = root.join(&krate.dir).join("src");
-        if src.is_dir() {
-            let graph = modules::module_graph(&src)?;
-            cycles.extend(
-                modules::module_cycles(&graph).into_iter().map(|cycle| (krate.name.clone(), cycle)),
-            );
-        }
-    }
-    modules::check_cycles(&cycles, &mut problems);
+    modules::check(root, &crates, &mut problems)?;
     docs::check(root, &crates, &mut problems)?;
     dockerfile::check(root, &mut problems)?;
     size::check(root, &crates, &mut problems)?;

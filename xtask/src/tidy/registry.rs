@@ -29,7 +29,7 @@ pub(super) fn check_registry_metadata(crates: &[Crate], problems: &mut Vec<Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tidy::workspace::fixtures::workspace;
+    use crate::tidy::layers::fixtures::workspace;
 
     #[test]
     fn a_published_crate_carries_the_registry_metadata() {

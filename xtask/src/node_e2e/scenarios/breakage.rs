@@ -22,7 +22,7 @@ use crate::scenario::wait_for;
 const PUBLISH_WITHIN: Duration = Duration::from_secs(5);
 /// How long a flapping plugin must hold still before its recovery is
 /// published: the doctor's `--flap-hold` default.
-const FLAP_HOLD: Duration = Duration::from_secs(60);
+pub(super) const FLAP_HOLD: Duration = Duration::from_secs(60);
 /// How long a single kill is watched for a report that must not come.
 const QUIET_FOR: Duration = Duration::from_secs(8);
 

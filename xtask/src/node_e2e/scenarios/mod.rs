@@ -17,6 +17,9 @@ mod dra;
 mod fleet;
 mod registrar;
 mod run;
+mod settle;
+
+pub(super) use settle::settle;
 
 pub(super) struct Scenario {
     pub(super) name: &'static str,
@@ -26,6 +29,10 @@ pub(super) struct Scenario {
     pub(super) builds_on: &'static [&'static str],
     /// The kubelet's root directory: one node runs per root.
     pub(super) kubelet_root: &'static str,
+    /// Whether it first waits for the node to settle from the scenarios
+    /// before it ([`settle`]): all but one that takes the node as the one
+    /// before left it.
+    pub(super) waits_to_settle: bool,
     /// Runs it; the summary line on success, [`Skipped`] when the node's
     /// kubelet cannot do what it checks.
     pub(super) run: fn(&Env, &mut Node) -> Result<String>,
@@ -51,6 +58,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &[],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: csi::hostpath_driver,
     },
     Scenario {
@@ -58,6 +66,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &[],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: doctor::doctor_daemonset,
     },
     Scenario {
@@ -65,6 +74,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: breakage::registrar_killed,
     },
     Scenario {
@@ -72,6 +82,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: breakage::driver_pod_deleted,
     },
     Scenario {
@@ -79,6 +90,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["csi-driver", "doctor"],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: alert::alert_fires,
     },
     Scenario {
@@ -86,6 +98,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["doctor"],
         programs: &["generic-device-plugin"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: device::device_plugin_socket_lost,
     },
     Scenario {
@@ -93,6 +106,9 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["doctor", "device-plugin"],
         programs: &["generic-device-plugin"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        // `device-plugin` may leave the doctor's `False/ClusterMismatch`,
+        // which only the restart ends.
+        waits_to_settle: false,
         run: device::kubelet_restart,
     },
     Scenario {
@@ -100,6 +116,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["doctor"],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: fleet::doctor_cluster,
     },
     Scenario {
@@ -107,6 +124,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &[],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: run::kpm_run_daemonset,
     },
     Scenario {
@@ -114,6 +132,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["doctor"],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: fleet::doctor_footprint,
     },
     Scenario {
@@ -121,6 +140,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &["doctor"],
         programs: &["dra-test-driver"],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: dra::dra_driver,
     },
     // Last on this root: it restarts the kubelet, and the table's
@@ -130,6 +150,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &[],
         programs: &[],
         kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
         run: registrar::registrar_plugins,
     },
     Scenario {
@@ -137,6 +158,7 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         builds_on: &[],
         programs: &["hostpathplugin", "node-driver-registrar"],
         kubelet_root: OTHER_KUBELET_ROOT,
+        waits_to_settle: true,
         run: other_kubelet_root,
     },
 ];
