@@ -394,7 +394,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(node4["failing_plugins"][0]["verdict"], "stale");
     assert_eq!(fleet["nodes"][2]["source"], "condition", "node-3's doctor writes no report");
 
-    let csi = driver(&fleet, "csi", "csi.example.com");
+    let csi = driver(&fleet, "CSIPlugin", "csi.example.com");
     assert_eq!(
         (&csi["registered"], &csi["nodes"], &csi["has_object"]),
         (&4.into(), &7.into(), &true.into())
@@ -412,20 +412,20 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(missing[1], ("node-5".into(), "no doctor there".into()));
     assert_eq!(missing[2].0, "node-6");
     assert!(missing[2].1.starts_with("its doctor is silent since "), "{missing:?}");
-    let unused = driver(&fleet, "csi", "unused.example.com");
+    let unused = driver(&fleet, "CSIPlugin", "unused.example.com");
     assert_eq!(
         (&unused["registered"], not_on(unused).len()),
         (&0.into(), 7),
         "an object on no node"
     );
-    let gpu = driver(&fleet, "device-plugin", "vendor.com/gpu");
+    let gpu = driver(&fleet, "DevicePlugin", "vendor.com/gpu");
     assert_eq!(gpu["registered"], 2);
     assert_eq!(
         not_on(gpu)[0],
         ("node-3".into(), "its doctor: all plugins ok, none of this name".into())
     );
     assert!(not_on(gpu)[1].1.starts_with("its doctor names no plugin so; "), "{:?}", not_on(gpu));
-    let dra = driver(&fleet, "dra", "gpu.example.com");
+    let dra = driver(&fleet, "DRAPlugin", "gpu.example.com");
     assert_eq!((&dra["registered"], not_on(dra).len()), (&2.into(), 5));
     assert_eq!(
         fleet["drivers"].as_array().unwrap().len(),
@@ -446,10 +446,10 @@ fn a_label_selector_narrows_the_nodes_and_a_healthy_fleet_exits_0() {
     assert_eq!(fleet["ok"], true);
     assert_eq!(fleet["nodes"].as_array().unwrap().len(), 1);
     assert_eq!(fleet["nodes"][0]["name"], "node-7");
-    let csi = driver(&fleet, "csi", "csi.example.com");
+    let csi = driver(&fleet, "CSIPlugin", "csi.example.com");
     assert_eq!((&csi["registered"], &csi["nodes"]), (&1.into(), &1.into()));
     assert!(
-        fleet["drivers"].as_array().unwrap().iter().all(|d| d["kind"] == "csi"),
+        fleet["drivers"].as_array().unwrap().iter().all(|d| d["kind"] == "CSIPlugin"),
         "node-7 has no gpu and no slice: {fleet:#}"
     );
     let requests = server.requests();
@@ -735,15 +735,15 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
     eprintln!("{NODES} nodes read and judged in {took:?}, peak RSS {} MiB", peak >> 20);
     assert_eq!(status.code(), Some(1), "every tenth node fails");
     assert_eq!(fleet["nodes"].as_array().unwrap().len(), NODES);
-    let gpu = driver(&fleet, "device-plugin", "vendor.com/gpu");
+    let gpu = driver(&fleet, "DevicePlugin", "vendor.com/gpu");
     assert_eq!((&gpu["registered"], not_on(gpu).len()), (&4500.into(), 500));
     assert!(
         not_on(gpu)[0].1.starts_with("vendor.com/gpu (not-registered)"),
         "{:?}",
         not_on(gpu)[0]
     );
-    assert_eq!(driver(&fleet, "csi", "csi.example.com")["registered"], 4900);
-    assert_eq!(driver(&fleet, "dra", "gpu.example.com")["registered"], NODES);
+    assert_eq!(driver(&fleet, "CSIPlugin", "csi.example.com")["registered"], 4900);
+    assert_eq!(driver(&fleet, "DRAPlugin", "gpu.example.com")["registered"], NODES);
     let requests = server.requests();
     assert_eq!(requests.iter().filter(|r| r.starts_with("/api/v1/nodes?")).count(), NODES / 500);
     assert_eq!(
