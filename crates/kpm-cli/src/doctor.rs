@@ -240,7 +240,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let node = args.node(client.as_ref())?;
     let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, timeout);
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
-    let cluster = match (client, node) {
+    let api = match (client, node) {
         (Some(client), Some(node)) => {
             tracing::info!(node, "publishing to the Kubernetes API");
             let config = PublishConfig::builder()
@@ -282,7 +282,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         .build()?;
     // Boxed: the watch holds its publisher's whole state across awaits.
     let result =
-        Box::pin(kpm_doctor::NodeWatch::new(doctor, cluster, config, metrics).run(shutdown)).await;
+        Box::pin(kpm_doctor::NodeWatch::new(doctor, api, config, metrics).run(shutdown)).await;
     if let Some(serving) = serving {
         serving.abort();
     }

@@ -71,9 +71,10 @@ pub struct Row {
     pub reason: String,
     /// What fixes it; empty when nothing needs fixing.
     pub hint: String,
-    /// What the cluster shows of it, when it was asked.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
+    /// What the node's API objects show of it (its CSINode entry, the
+    /// Node's capacity, its ResourceSlices), when the API server was asked.
+    #[serde(rename = "cluster", skip_serializing_if = "Option::is_none")]
+    pub api_objects: Option<String>,
     /// The process serving its socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_by: Option<ProcessInfo>,
@@ -119,7 +120,7 @@ impl Row {
             versions: Vec::new(),
             reason,
             hint: String::new(),
-            cluster: None,
+            api_objects: None,
             served_by: None,
             steps: Vec::new(),
             service: None,

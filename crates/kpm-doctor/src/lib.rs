@@ -41,6 +41,7 @@
 #![deny(missing_docs)]
 
 mod checkpoint;
+mod choice;
 mod condition;
 mod config;
 mod device_plugins;
@@ -48,7 +49,6 @@ mod dra_by_minor;
 mod host;
 mod inspections;
 mod judge;
-mod judged;
 mod kubelets;
 mod metrics;
 mod node_objects;
@@ -64,7 +64,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::judged::{Judged, cannot_list_registry, choose};
+use crate::choice::{Judged, cannot_list_registry, choose};
 
 use kpm_report::{ConditionStatus, Verdict};
 
@@ -82,10 +82,10 @@ pub mod bounds {
     pub use crate::publish::events::{BURST, REFILL};
     pub use crate::watch::{CONFIRM, SETTLE};
 }
+pub use crate::choice::referee;
 pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, served_by};
-pub use crate::judged::referee;
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::pending::PendingReader;

@@ -167,7 +167,7 @@ fn compare_dra(
             for row in rows.iter_mut().filter(|row| is_live(row, PluginKind::Dra)) {
                 let name = row.name.clone().unwrap_or_default();
                 if let Some(count) = slices.get(&name) {
-                    row.cluster = Some(format!("{count} ResourceSlice(s) of this node"));
+                    row.api_objects = Some(format!("{count} ResourceSlice(s) of this node"));
                 } else {
                     row.verdict = Verdict::NotPublished;
                     row.reason =
@@ -406,7 +406,7 @@ fn check_csi(
         );
         return;
     };
-    row.cluster = Some(format!("CSINode: node id {listed}"));
+    row.api_objects = Some(format!("CSINode: node id {listed}"));
     let annotated = annotation.and_then(|ids| ids.get(&name));
     if let Some(reported) =
         reported.filter(|reported| reported != listed || annotated.is_some_and(|a| a != reported))
@@ -441,7 +441,7 @@ fn check_capacity(node: &str, row: &mut Row, resources: &NodeResources) {
         return;
     };
     let allocatable = allocatable.map_or("0", String::as_str);
-    row.cluster = Some(format!("Node capacity {capacity}, allocatable {allocatable}"));
+    row.api_objects = Some(format!("Node capacity {capacity}, allocatable {allocatable}"));
     if capacity != &report.devices.to_string() || allocatable != report.healthy.to_string() {
         row.verdict = Verdict::ClusterMismatch;
         row.reason = format!(
