@@ -3,7 +3,9 @@
 //! kpm-kube's retries of the API server (the kubelet's `updateBackoff`:
 //! 10 ms, ×5, 10 % jitter, capped), the doctor publisher's retries of a
 //! failed write and its watch's rechecks of a failing node. A policy is
-//! checked once, where it is made; waits are then computed without overflow.
+//! checked once, where it is made (a constant's, by a test of it:
+//! [`ExponentialBackoff::new_unchecked`]); waits are then computed without
+//! overflow.
 //! It lives here because kpm-api is the one crate all of its users depend on.
 
 use std::fmt;
@@ -106,6 +108,36 @@ impl ExponentialBackoff {
             return refused("backoff.max", max, "at most 365 days (MAX_CONFIG_DURATION)");
         }
         Ok(Self { initial, max, factor: 2, jitter_percent: 0 })
+    }
+
+    /// A policy from its four parameters, unchecked: for constants only,
+    /// where [`try_new`](Self::try_new) would need a `panic!` to turn its
+    /// `Result` into a value (as linkerd2-proxy's exp-backoff does). Each
+    /// such constant has a test that [`validate`](Self::validate) gives it
+    /// back unchanged; anything read at run time goes through `try_new`.
+    pub const fn new_unchecked(
+        initial: Duration,
+        max: Duration,
+        factor: u32,
+        jitter_percent: u32,
+    ) -> Self {
+        Self { initial, max, factor, jitter_percent }
+    }
+
+    /// The policy again, through the checks of [`try_new`](Self::try_new),
+    /// [`with_factor`](Self::with_factor) and
+    /// [`with_jitter`](Self::with_jitter): what proves a constant made
+    /// with [`new_unchecked`](Self::new_unchecked) valid.
+    pub const fn validate(self) -> Result<Self, BackoffError> {
+        let policy = match Self::try_new(self.initial, self.max) {
+            Ok(policy) => policy,
+            Err(err) => return Err(err),
+        };
+        let policy = match policy.with_factor(self.factor) {
+            Ok(policy) => policy,
+            Err(err) => return Err(err),
+        };
+        policy.with_jitter(self.jitter_percent)
     }
 
     /// The same policy, each wait `factor` times the one before (2 to
@@ -299,7 +331,53 @@ mod tests {
         assert_eq!(backoff.next_delay(), Duration::from_secs(1));
     }
 
+    #[test]
+    fn validate_refuses_what_the_checked_constructors_refuse() {
+        let second = Duration::from_secs(1);
+        let unchecked = ExponentialBackoff::new_unchecked;
+        assert_eq!(
+            unchecked(Duration::ZERO, second, 2, 0).validate().map_err(|err| match err {
+                BackoffError::Duration(range) => range.field,
+                other => panic!("{other:?}"),
+            }),
+            Err("backoff.initial")
+        );
+        assert_eq!(
+            unchecked(second, second, 1, 0).validate(),
+            Err(BackoffError::Factor { factor: 1 })
+        );
+        assert_eq!(
+            unchecked(second, second, 2, 101).validate(),
+            Err(BackoffError::Jitter { percent: 101 })
+        );
+        let default = ExponentialBackoff::default();
+        let parts = (default.initial(), default.max(), default.factor(), default.jitter_percent());
+        let made = unchecked(parts.0, parts.1, parts.2, parts.3);
+        assert_eq!(made, default);
+        assert_eq!(made.validate(), Ok(default));
+    }
+
     proptest! {
+        /// `new_unchecked` then `validate` is the checked constructors: a
+        /// constant made unchecked that validates is one they would make.
+        #[test]
+        fn an_unchecked_policy_validates_as_the_checked_constructors_build_it(
+            initial_ms in 0u64..10_000,
+            max_ms in 0u64..20_000,
+            factor in 0u32..=ExponentialBackoff::MAX_FACTOR + 2,
+            percent in 0u32..=120,
+        ) {
+            let (initial, max) = (Duration::from_millis(initial_ms), Duration::from_millis(max_ms));
+            let checked = ExponentialBackoff::try_new(initial, max)
+                .and_then(|policy| policy.with_factor(factor))
+                .and_then(|policy| policy.with_jitter(percent));
+            let unchecked = ExponentialBackoff::new_unchecked(initial, max, factor, percent);
+            prop_assert_eq!(unchecked.validate(), checked);
+            if let Ok(checked) = checked {
+                prop_assert_eq!(unchecked, checked);
+            }
+        }
+
         #[test]
         fn waits_are_monotone_and_within_bounds(
             initial_ms in 1u64..10_000,

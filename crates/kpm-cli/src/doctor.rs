@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpm::kube::{ObjectKind, PendingPublication};
+use kpm::kube::PendingPublication;
 use kpm_doctor::bounds::{CONFIRM, PERIOD};
 use kpm_doctor::{
     ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PendingReader,
@@ -311,23 +311,22 @@ fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
     }))
 }
 
-/// `kubernetes.pending` of the status API's plugins document.
+/// `kubernetes.pending` of the status API's plugins document; an entry
+/// this doctor cannot read (a kind a newer kpm run publishes) is left out,
+/// not the others.
 fn pending_publications(body: &[u8]) -> Vec<PendingPublication> {
-    let Ok(list) = serde_json::from_slice::<serde_json::Value>(body) else { return Vec::new() };
-    let pending = list["kubernetes"]["pending"].as_array().cloned().unwrap_or_default();
-    pending
-        .iter()
-        .filter_map(|entry| {
-            let kind = ObjectKind::from_name(entry["kind"].as_str()?)?;
-            let since = humantime::parse_rfc3339(entry["since"].as_str()?).ok()?;
-            let text = |field: &str| entry[field].as_str().unwrap_or_default().to_owned();
-            let removes = entry["removes"].as_bool()?;
-            let mut publication =
-                PendingPublication::new(kind, text("name"), text("want"), removes, since);
-            publication.last_error = entry["last_error"].as_str().map(str::to_owned);
-            Some(publication)
-        })
-        .collect()
+    #[derive(serde::Deserialize)]
+    struct Plugins {
+        kubernetes: Option<Kubernetes>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Kubernetes {
+        pending: Vec<serde_json::Value>,
+    }
+    let Ok(Plugins { kubernetes: Some(kubernetes) }) = serde_json::from_slice(body) else {
+        return Vec::new();
+    };
+    kubernetes.pending.into_iter().filter_map(|entry| serde_json::from_value(entry).ok()).collect()
 }
 
 /// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor

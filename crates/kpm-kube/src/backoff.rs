@@ -15,16 +15,9 @@ use kpm_api::backoff::{self, ExponentialBackoff};
 /// deregistration that falls in an API server outage is lost; kpm goes
 /// on, every 5 s at most, until the API server holds what kpm
 /// publishes (the crate docs, *Kept true*).
-// A const, evaluated when kpm-kube is compiled: a refused policy fails
-// the build, never a run.
-#[allow(clippy::panic)]
-const RETRY_POLICY: ExponentialBackoff = {
-    let policy = ExponentialBackoff::try_new(Duration::from_millis(10), Duration::from_secs(5));
-    let Ok(policy) = policy else { panic!("kpm-kube's retry policy") };
-    let Ok(policy) = policy.with_factor(5) else { panic!("kpm-kube's retry factor") };
-    let Ok(policy) = policy.with_jitter(10) else { panic!("kpm-kube's retry jitter") };
-    policy
-};
+// Unchecked, as a constant is made: `the_retry_policy_is_valid` checks it.
+const RETRY_POLICY: ExponentialBackoff =
+    ExponentialBackoff::new_unchecked(Duration::from_millis(10), Duration::from_secs(5), 5, 10);
 
 /// The waits of [`RETRY_POLICY`] after consecutive failures, each
 /// stretched by a random share of at most its jitter.
@@ -49,6 +42,11 @@ impl Iterator for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_retry_policy_is_valid() {
+        assert_eq!(RETRY_POLICY.validate(), Ok(RETRY_POLICY));
+    }
 
     #[test]
     fn retries_start_as_the_kubelets_and_go_on_every_five_seconds_at_most() {

@@ -5,7 +5,7 @@
 //! touches a registration.
 //!
 //! The publisher starts out knowing the resources an earlier run published
-//! (those kpm alone owns on the Node's status), and sets no target for
+//! (those kpm alone owns on the Node's status), and sets no goal for
 //! them while they wait: the Node keeps the counts it shows. One the
 //! device manager has devices for within the device grace period (from the
 //! start) goes on with its live counts; one it has not by then is gone, as
@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use crate::api::NodeApi;
-use crate::desired::{Books, Counts, DeviceTarget};
+use crate::desired::{Books, Counts, DeviceGoal};
 use crate::leftovers;
 use crate::managed_fields::{self, Owners};
 
@@ -40,7 +40,7 @@ pub(crate) async fn publish(api: Arc<NodeApi>, books: Arc<Books>, devices: Devic
     if !waiting.is_empty() {
         info!(node = api.node, resources = ?waiting, ?grace, "device resources an earlier run published; removing those no plugin registers within the grace period");
     }
-    // The resources with live counts as their target.
+    // The resources whose goal is their live counts.
     let mut live_targets = BTreeSet::new();
     loop {
         changes.borrow_and_update();
@@ -55,19 +55,19 @@ pub(crate) async fn publish(api: Arc<NodeApi>, books: Arc<Books>, devices: Devic
         };
         books.change(|desired| {
             for (resource, counts) in live.iter().filter(|(resource, _)| !waiting.contains(*resource)) {
-                desired.set_device(resource, DeviceTarget::Counts(*counts));
+                desired.set_device(resource, DeviceGoal::Counts(*counts));
                 live_targets.insert(resource.clone());
             }
             live_targets.retain(|resource| {
                 let still = live.contains_key(resource);
                 if !still {
-                    desired.set_device(resource, DeviceTarget::Gone);
+                    desired.set_device(resource, DeviceGoal::Gone);
                 }
                 still
             });
             for resource in expired.iter().filter(|resource| !live.contains_key(*resource)) {
                 info!(node = api.node, resource, "the device resource an earlier run published has no plugin after the grace period; removing it");
-                desired.set_device(resource, DeviceTarget::Gone);
+                desired.set_device(resource, DeviceGoal::Gone);
             }
         });
         let grace_ends = async {

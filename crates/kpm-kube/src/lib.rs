@@ -294,7 +294,7 @@ impl KubePublisher {
     /// What the publishers did so far, and what the API server does not
     /// hold yet.
     pub fn status(&self) -> KubeStatus {
-        self.api.status(self.books.last_progress().pending)
+        self.api.status(self.books.pending())
     }
 }
 

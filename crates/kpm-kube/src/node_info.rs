@@ -1,7 +1,7 @@
 //! [`KubeNodeInfo`]: the CSI handler's [`NodeInfoSink`] on the Node and
 //! CSINode objects, with the kubelet's `nodeinfomanager` rules (spec A.8).
 //!
-//! Each call sets the driver's target in the desired state, which the
+//! Each call sets the driver's goal in the desired state, which the
 //! reconcile loop brings the API server to, and waits for the loop's word
 //! on it, as the kubelet waits for its own writes: the call fails once
 //! [`KUBELET_ATTEMPTS`] passes in a row failed (the kubelet's four
@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use kpm_csi::{CsiDrivers, CsiError, DriverNodeInfo, NodeInfoError, NodeInfoSink};
 use tracing::debug;
 
-use crate::desired::{Books, CsiTarget, Outcome, State, Waited};
+use crate::desired::{Books, CsiGoal, Settled, Target};
 use crate::status::ObjectKind;
 
 /// How many failed passes in a row make a call give up: the attempts of
@@ -39,40 +39,26 @@ impl KubeNodeInfo {
         Self { books }
     }
 
-    /// Sets `driver`'s target and waits for the loop's word on it.
-    async fn publish(&self, driver: &str, target: CsiTarget) -> Result<(), NodeInfoError> {
-        let installing = matches!(target, CsiTarget::Installed(_));
-        let revision = self.books.change(|desired| desired.set_csi(driver, target));
-        let Some(Outcome { kind, state, .. }) =
-            self.books.settled(Waited::Csi, driver, revision, KUBELET_ATTEMPTS).await
-        else {
-            // A newer target of the same driver: the leftovers' clean-up
-            // and a registration crossed; the newer one holds.
+    /// Sets `driver`'s goal and waits for the loop's word on it.
+    async fn publish(&self, driver: &str, goal: CsiGoal) -> Result<(), NodeInfoError> {
+        let installing = matches!(goal, CsiGoal::Installed(_));
+        let revision = self.books.change(|desired| desired.set_csi(driver, goal));
+        let target = Target::Csi(driver.to_owned());
+        let Some(settled) = self.books.settled(&target, revision, KUBELET_ATTEMPTS).await else {
+            // A newer goal of the same driver: the leftovers' clean-up and
+            // a registration crossed; the newer one holds.
             return Ok(());
         };
-        let source: kpm_csi::BoxError = match state {
-            State::Agreed | State::Writing => {
-                debug!(
-                    plugin = driver,
-                    installing, "the API server holds the CSI driver's node info"
-                );
-                return Ok(());
-            }
-            State::Failing { error, .. } => Box::new(error),
-            State::Refused(error) => Box::new(error),
-        };
-        Err(match (installing, kind) {
-            (true, ObjectKind::CsiNode) => CsiError::UpdateCsiNode { source },
-            (true, _) => CsiError::UpdateNode { source },
-            (false, ObjectKind::CsiNode) => CsiError::UninstallFromCsiNode { source },
-            (false, _) => CsiError::UninstallFromNode { source },
-        })
+        if matches!(settled, Settled::Agreed) {
+            debug!(plugin = driver, installing, "the API server holds the CSI driver's node info");
+        }
+        result(installing, settled)
     }
 
     /// Withdraws `driver` as its deregistration would, unless `drivers`
     /// has it. The CSI handler stores a driver before it publishes it, and
     /// this checks under the lock every change of the desired state takes:
-    /// a registration that comes meanwhile sets its target after this one,
+    /// a registration that comes meanwhile sets its goal after this one,
     /// so nothing of it is lost. Returns whether it withdrew.
     pub(crate) async fn uninstall_unregistered(
         &self,
@@ -83,20 +69,34 @@ impl KubeNodeInfo {
             let installed = desired
                 .csi
                 .get(driver)
-                .is_some_and(|target| matches!(target.value, CsiTarget::Installed(_)));
+                .is_some_and(|goal| matches!(goal.value, CsiGoal::Installed(_)));
             (drivers.get(driver).is_none() && !installed)
-                .then(|| desired.set_csi(driver, CsiTarget::Withdrawn))
+                .then(|| desired.set_csi(driver, CsiGoal::Withdrawn))
         });
         let Some(revision) = revision else { return Ok(false) };
-        match self.books.settled(Waited::Csi, driver, revision, u32::MAX).await {
+        let target = Target::Csi(driver.to_owned());
+        match self.books.settled(&target, revision, u32::MAX).await {
             // Registered meanwhile.
             None => Ok(false),
-            Some(Outcome { state: State::Refused(error), .. }) => {
-                Err(CsiError::UninstallFromNode { source: Box::new(error) })
-            }
-            Some(_) => Ok(true),
+            Some(settled) => result(false, settled).map(|()| true),
         }
     }
+}
+
+/// The loop's word on a CSI driver's goal as the kubelet's nodeinfomanager
+/// words it: the step that failed, installing or withdrawing.
+fn result(installing: bool, settled: Settled) -> Result<(), NodeInfoError> {
+    let (object, source): (_, kpm_csi::BoxError) = match settled {
+        Settled::Agreed => return Ok(()),
+        Settled::Failed { object, error } => (object, Box::new(error)),
+        Settled::Refused(error) => (ObjectKind::Node, Box::new(error)),
+    };
+    Err(match (installing, object) {
+        (true, ObjectKind::CsiNode) => CsiError::UpdateCsiNode { source },
+        (true, _) => CsiError::UpdateNode { source },
+        (false, ObjectKind::CsiNode) => CsiError::UninstallFromCsiNode { source },
+        (false, _) => CsiError::UninstallFromNode { source },
+    })
 }
 
 #[async_trait]
@@ -109,10 +109,10 @@ impl NodeInfoSink for KubeNodeInfo {
         if info.node_id.is_empty() {
             return Err(CsiError::EmptyNodeId);
         }
-        self.publish(driver, CsiTarget::Installed(info.clone())).await
+        self.publish(driver, CsiGoal::Installed(info.clone())).await
     }
 
     async fn uninstall_driver(&self, driver: &str) -> Result<(), NodeInfoError> {
-        self.publish(driver, CsiTarget::Withdrawn).await
+        self.publish(driver, CsiGoal::Withdrawn).await
     }
 }

@@ -12,7 +12,7 @@ use kpm_dra::SliceCleanup;
 use kube::api::ListParams;
 
 use crate::api::NodeApi;
-use crate::desired::{Books, Waited};
+use crate::desired::{Books, Target};
 use crate::leftovers;
 
 /// Removes a DRA driver's ResourceSlices of this node once it is gone for
@@ -34,17 +34,13 @@ impl KubeSliceCleanup {
 /// publishes from then on must stay.
 struct CallOff<'a> {
     books: &'a Books,
-    driver: &'a str,
+    target: &'a Target,
     revision: u64,
 }
 
 impl Drop for CallOff<'_> {
     fn drop(&mut self) {
-        self.books.change(|desired| {
-            if desired.wipes.get(self.driver).is_some_and(|wipe| wipe.revision == self.revision) {
-                desired.wipes.remove(self.driver);
-            }
-        });
+        self.books.change(|desired| desired.drop_at(self.target, self.revision));
     }
 }
 
@@ -52,8 +48,9 @@ impl Drop for CallOff<'_> {
 impl SliceCleanup for KubeSliceCleanup {
     async fn wipe_driver(&self, driver: &str) {
         let revision = self.books.change(|desired| desired.add_wipe(driver));
-        let _call_off = CallOff { books: &self.books, driver, revision };
-        self.books.settled(Waited::Wipe, driver, revision, u32::MAX).await;
+        let target = Target::Wipe(driver.to_owned());
+        let _call_off = CallOff { books: &self.books, target: &target, revision };
+        self.books.settled(&target, revision, u32::MAX).await;
     }
 
     async fn published_drivers(&self) -> Vec<String> {

@@ -80,6 +80,26 @@ impl fmt::Display for ObjectKind {
     }
 }
 
+/// As its [`as_str`](ObjectKind::as_str) name, the one the status API shows.
+#[cfg(feature = "serde")]
+impl serde::Serialize for ObjectKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// From its [`as_str`](ObjectKind::as_str) name.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for ObjectKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Self::from_name(&name).ok_or_else(|| {
+            let names = Self::ALL.map(Self::as_str);
+            serde::de::Error::custom(format!("unknown kind {name:?}, expected one of {names:?}"))
+        })
+    }
+}
+
 /// How publishing one kind of object went.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -143,13 +163,13 @@ impl RequestCount {
 }
 
 /// Something kpm wants the API server to hold and it does not yet: a
-/// difference the reconcile loop is working on.
+/// difference the reconcile loop is working on. With feature `serde`, it
+/// reads back what it writes (`kpm doctor` reads `kpm run`'s).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct PendingPublication {
     /// The object it is pending on.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "kind"))]
     pub kind: ObjectKind,
     /// The CSI driver, device resource or DRA driver.
     pub name: String,
@@ -159,7 +179,13 @@ pub struct PendingPublication {
     /// whose plugin went away, a DRA driver's slices.
     pub removes: bool,
     /// When kpm started to want it.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "kpm_api::json::rfc3339"))]
+    #[cfg_attr(
+        feature = "serde",
+        serde(
+            serialize_with = "kpm_api::json::rfc3339",
+            deserialize_with = "kpm_api::json::from_rfc3339"
+        )
+    )]
     pub since: SystemTime,
     /// Why the last attempt failed; none while the next step is under way.
     pub last_error: Option<String>,
@@ -177,12 +203,6 @@ impl PendingPublication {
     ) -> Self {
         Self { kind, name: name.into(), want: want.into(), removes, since, last_error: None }
     }
-}
-
-#[cfg(feature = "serde")]
-#[allow(clippy::trivially_copy_pass_by_ref, reason = "serde's `serialize_with` passes a reference")]
-fn kind<S: serde::Serializer>(kind: &ObjectKind, serializer: S) -> Result<S::Ok, S::Error> {
-    serializer.serialize_str(kind.as_str())
 }
 
 /// A snapshot of what the publishers did, for the status API and metrics.
@@ -211,11 +231,11 @@ fn objects<S: serde::Serializer>(
 ) -> Result<S::Ok, S::Error> {
     #[derive(serde::Serialize)]
     struct Object<'a> {
-        kind: &'static str,
+        kind: ObjectKind,
         #[serde(flatten)]
         sync: &'a ObjectSync,
     }
-    serializer.collect_seq(objects.iter().map(|(kind, sync)| Object { kind: kind.as_str(), sync }))
+    serializer.collect_seq(objects.iter().map(|(kind, sync)| Object { kind: *kind, sync }))
 }
 
 /// The shared counters behind [`KubeStatus`].
@@ -261,5 +281,78 @@ impl Stats {
                 .collect(),
             pending,
         }
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use serde_json::json;
+
+    use super::*;
+
+    /// 2026-11-21T12:00:00 UTC and `millis`: the status API writes times to
+    /// the millisecond.
+    fn at(millis: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(1_795_262_400_000 + millis)
+    }
+
+    #[test]
+    fn a_pending_publication_reads_back_what_it_writes() {
+        let mut failing = PendingPublication::new(
+            ObjectKind::NodeStatus,
+            "vendor.com/gpu",
+            "capacity 2, allocatable 1",
+            false,
+            at(3),
+        );
+        failing.last_error = Some("boom".into());
+        let writing = PendingPublication::new(
+            ObjectKind::CsiNode,
+            "csi.example.com",
+            "withdrawn: no CSINode entry, no node-id annotation entry",
+            true,
+            at(250),
+        );
+        for kind in ObjectKind::ALL {
+            let publication = PendingPublication { kind, ..failing.clone() };
+            let written = serde_json::to_value(&publication).unwrap();
+            assert_eq!(written["kind"], kind.as_str());
+            let read: PendingPublication = serde_json::from_value(written).unwrap();
+            assert_eq!(read, publication);
+        }
+        let written = serde_json::to_string(&writing).unwrap();
+        assert_eq!(serde_json::from_str::<PendingPublication>(&written).unwrap(), writing);
+    }
+
+    #[test]
+    fn a_pending_publication_reads_as_kpm_runs_status_api_writes_it() {
+        // `kubernetes.pending[0]` of the status API's plugins document, as
+        // kpm-cli's `status_api` tests pin it.
+        let written = json!({"kind": "Node status", "name": "vendor.com/gpu",
+            "want": "capacity 2, allocatable 1", "removes": false,
+            "since": "2026-11-21T12:00:00.003Z", "last_error": "boom"});
+        let mut expected = PendingPublication::new(
+            ObjectKind::NodeStatus,
+            "vendor.com/gpu",
+            "capacity 2, allocatable 1",
+            false,
+            at(3),
+        );
+        expected.last_error = Some("boom".into());
+        assert_eq!(serde_json::from_value::<PendingPublication>(written).unwrap(), expected);
+        let under_way = json!({"kind": "ResourceSlice", "name": "dra.example.com",
+            "want": "no ResourceSlice of node node1 from driver dra.example.com",
+            "removes": true, "since": "2026-11-21T12:00:00.250Z", "last_error": null});
+        let read: PendingPublication = serde_json::from_value(under_way).unwrap();
+        assert_eq!(
+            (read.kind, read.removes, read.since, read.last_error),
+            (ObjectKind::ResourceSlice, true, at(250), None)
+        );
+        let unknown = json!({"kind": "Pod", "name": "a", "want": "b", "removes": false,
+            "since": "2026-11-21T12:00:00.000Z", "last_error": null});
+        let err = serde_json::from_value::<PendingPublication>(unknown).unwrap_err();
+        assert!(err.to_string().contains(r#"unknown kind "Pod""#), "{err}");
     }
 }

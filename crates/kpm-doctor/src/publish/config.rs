@@ -37,14 +37,10 @@ pub const RETRY: Bounds<Duration> =
 const DEFAULT_RETRY: Duration = Duration::from_secs(1);
 
 /// The default retries: 1 s doubling to 2 min.
-// A const, evaluated when the crate is compiled: a refused policy fails
-// the build, never a run.
-#[allow(clippy::panic)]
+// Unchecked, as a constant is made: config.rs's
+// `the_defaults_are_what_their_builders_build` checks it.
 const DEFAULT_RETRIES: ExponentialBackoff =
-    match ExponentialBackoff::try_new(DEFAULT_RETRY, MAX_RETRY) {
-        Ok(policy) => policy,
-        Err(_) => panic!("the default retries"),
-    };
+    ExponentialBackoff::new_unchecked(DEFAULT_RETRY, MAX_RETRY, 2, 0);
 
 impl Default for PublishConfig {
     fn default() -> Self {

@@ -89,14 +89,10 @@ pub const SETTLE: Bounds<Duration> =
 
 /// The rechecks of a failing node under the default period: kpm's one
 /// backoff, from [`RECHECK`] doubling up to the period.
-// A const, evaluated when the crate is compiled: a refused policy fails
-// the build, never a run.
-#[allow(clippy::panic)]
+// Unchecked, as a constant is made: config.rs's
+// `the_defaults_are_what_their_builders_build` checks it.
 const DEFAULT_RECHECKS: ExponentialBackoff =
-    match ExponentialBackoff::try_new(RECHECK, DEFAULT_PERIOD) {
-        Ok(policy) => policy,
-        Err(_) => panic!("the default rechecks"),
-    };
+    ExponentialBackoff::new_unchecked(RECHECK, DEFAULT_PERIOD, 2, 0);
 
 /// When a node's doctor judges it again. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](WatchConfigBuilder::build)

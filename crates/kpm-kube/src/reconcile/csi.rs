@@ -22,11 +22,11 @@ use kube::api::{Api, Patch};
 use serde_json::{Map, Value, json};
 use tracing::warn;
 
-use super::{LoopState, Pass, pending};
+use super::{LoopState, Pass};
 use crate::KubeError;
 use crate::api::NodeApi;
-use crate::desired::{CsiTarget, Desired, State};
-use crate::status::ObjectKind;
+use crate::desired::{CsiGoal, Desired, State, Target};
+use crate::status::{ObjectKind, PendingPublication};
 
 /// How far one driver got in this pass.
 enum Step {
@@ -55,7 +55,7 @@ pub(super) async fn pass(
         Err(missing) if matches!(missing.as_ref(), KubeError::NodeNotFound { .. }) => {
             let _shown = api.record(ObjectKind::Node, Err::<(), _>(missing.as_ref()));
             for (driver, step) in &mut steps {
-                if matches!(desired.csi[*driver].value, CsiTarget::Installed(_)) {
+                if matches!(desired.csi[*driver].value, CsiGoal::Installed(_)) {
                     *step = Step::Failed(ObjectKind::Node, Arc::clone(missing));
                 }
             }
@@ -114,20 +114,20 @@ async fn update_node<'a>(
     let mut annotations = node.metadata.annotations.clone().unwrap_or_default();
     let mut labels = node.metadata.labels.clone().unwrap_or_default();
     let mut changed_by = Vec::new();
-    for (driver, target) in &desired.csi {
+    for (driver, goal) in &desired.csi {
         let (mut next_annotations, mut next_labels) = (annotations.clone(), labels.clone());
-        let applied = match &target.value {
-            CsiTarget::Installed(info) => {
+        let applied = match &goal.value {
+            CsiGoal::Installed(info) => {
                 set_node_id_annotation(&mut next_annotations, driver, &info.node_id).and_then(
                     |annotated| {
                         Ok(add_topology_labels(&mut next_labels, &info.topology)? || annotated)
                     },
                 )
             }
-            CsiTarget::Withdrawn if listed.driver(driver).is_none() => {
+            CsiGoal::Withdrawn if listed.driver(driver).is_none() => {
                 remove_node_id_annotation(&mut next_annotations, driver)
             }
-            CsiTarget::Withdrawn => Ok(false),
+            CsiGoal::Withdrawn => Ok(false),
         };
         match applied {
             Ok(changed) => {
@@ -193,13 +193,13 @@ async fn update_csinode<'a>(
     let mut drivers =
         if stale { CsiNode::default() } else { csinode.as_ref().map(model).unwrap_or_default() };
     let mut changed_by = Vec::new();
-    for (driver, target) in &desired.csi {
+    for (driver, goal) in &desired.csi {
         if !matches!(steps.get(driver.as_str()), Some(Step::Going)) {
             continue;
         }
-        let changed = match &target.value {
-            CsiTarget::Installed(info) => drivers.install_driver(driver, info),
-            CsiTarget::Withdrawn => drivers.uninstall_driver(driver),
+        let changed = match &goal.value {
+            CsiGoal::Installed(info) => drivers.install_driver(driver, info),
+            CsiGoal::Withdrawn => drivers.uninstall_driver(driver),
         };
         if changed || stale {
             changed_by.push(driver.as_str());
@@ -254,7 +254,8 @@ async fn update_csinode<'a>(
 
 /// Turns the drivers' steps into outcomes: a withdrawn driver whose CSINode
 /// entry went in this pass (`entry_went`) may still have its annotation
-/// entry, which the next pass, at once, removes.
+/// entry, which the next pass, at once, removes; one whose entries are both
+/// gone is done.
 fn finish(
     desired: &Desired,
     pass: &mut Pass,
@@ -263,36 +264,38 @@ fn finish(
     entry_went: impl Fn(&str) -> bool,
 ) {
     for (driver, step) in steps {
-        let target = &desired.csi[driver];
-        let want = match &target.value {
-            CsiTarget::Installed(info) => format!("installed: {info}"),
-            CsiTarget::Withdrawn => {
-                "withdrawn: no CSINode entry, no node-id annotation entry".into()
-            }
+        let goal = &desired.csi[driver];
+        let target = Target::Csi(driver.to_owned());
+        let withdrawn = matches!(goal.value, CsiGoal::Withdrawn);
+        let mut failing = |object, error, unread| State::Failing {
+            attempts: loop_state.failed(&target, goal.revision),
+            object,
+            error,
+            unread,
         };
-        let agreed_before = loop_state.agreed_at(ObjectKind::CsiNode, driver, target.revision);
-        let unread = matches!(step, Step::Unread(..));
-        let (kind, state) = match step {
-            Step::Failed(kind, error) | Step::Unread(kind, error) => {
-                let attempts = loop_state.failed(ObjectKind::CsiNode, driver, target.revision);
-                (kind, State::Failing { attempts, error })
+        let state = match step {
+            Step::Failed(object, error) => failing(object, error, false),
+            Step::Unread(object, error) => failing(object, error, true),
+            Step::Refused(error) => State::Refused(error),
+            Step::Going if withdrawn && entry_went(driver) => {
+                pass.again = true;
+                State::Writing
             }
-            Step::Refused(error) => (ObjectKind::Node, State::Refused(error)),
-            Step::Going => {
-                if matches!(target.value, CsiTarget::Withdrawn) && entry_went(driver) {
-                    pass.again = true;
-                    (ObjectKind::Node, State::Writing)
-                } else {
-                    (ObjectKind::CsiNode, State::Agreed)
-                }
-            }
+            Step::Going if withdrawn => State::Done,
+            Step::Going => State::Agreed,
         };
-        if matches!(state, State::Agreed) {
-            loop_state.agree(ObjectKind::CsiNode, driver, target.revision);
-        }
-        pass.outcome(kind, driver, target.revision, state, (agreed_before, unread), || {
-            let removes = matches!(target.value, CsiTarget::Withdrawn);
-            pending(kind, driver, want, removes, target.since)
+        // What is pending is pending on the object that failed, else on
+        // the Node: a refusal's, and a withdrawal's next write.
+        let object = match &state {
+            State::Failing { object, .. } => *object,
+            _ => ObjectKind::Node,
+        };
+        let want = match &goal.value {
+            CsiGoal::Installed(info) => format!("installed: {info}"),
+            CsiGoal::Withdrawn => "withdrawn: no CSINode entry, no node-id annotation entry".into(),
+        };
+        pass.outcome(target, goal.revision, state, || {
+            PendingPublication::new(object, driver, want, withdrawn, goal.since)
         });
     }
 }

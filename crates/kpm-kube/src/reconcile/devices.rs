@@ -19,11 +19,11 @@ use serde_json::{Map, Value, json};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::{LoopState, Pass, pending};
+use super::{LoopState, Pass};
 use crate::KubeError;
 use crate::api::NodeApi;
-use crate::desired::{Counts, Desired, DeviceTarget};
-use crate::status::ObjectKind;
+use crate::desired::{Counts, Desired, DeviceGoal, Goal, State, Target};
+use crate::status::{ObjectKind, PendingPublication};
 
 /// A resource's count on the Node: `None` when not there, [`UNREADABLE`]
 /// when not a plain number.
@@ -34,6 +34,9 @@ type Shown = (Option<usize>, Option<usize>);
 /// published again.
 const UNREADABLE: usize = usize::MAX;
 
+/// A device resource and its goal.
+type Entry<'a> = (&'a String, &'a Goal<DeviceGoal>);
+
 pub(super) async fn pass(
     api: &NodeApi,
     desired: &Desired,
@@ -41,109 +44,107 @@ pub(super) async fn pass(
     pass: &mut Pass,
     loop_state: &mut LoopState,
 ) {
-    let failed = |pass: &mut Pass, error: &KubeError| {
-        pass.failed = true;
-        let _shown = api.record(ObjectKind::NodeStatus, Err::<(), _>(error));
-        Some(kpm_api::gotext::error_chain(error))
-    };
-    let (patch, error) = match node {
-        Ok(node) => {
-            let patch = diff(desired, node, &mut pass.gone);
-            for (resource, target) in &desired.devices {
-                if !patch.contains_key(resource) {
-                    loop_state.agree(ObjectKind::NodeStatus, resource, target.revision);
-                }
-            }
-            if patch.is_empty() {
-                return;
-            }
-            let now = Instant::now();
-            match loop_state.status_not_before.filter(|not_before| *not_before > now) {
-                Some(not_before) => {
-                    pass.status_wait = Some(not_before);
-                    (patch, None)
-                }
-                None => match send(api, &patch).await {
-                    Ok(()) => {
-                        let _shown = api.record(ObjectKind::NodeStatus, Ok::<(), KubeError>(()));
-                        for resource in patch.keys() {
-                            let revision = desired.devices[resource].revision;
-                            loop_state.agree(ObjectKind::NodeStatus, resource, revision);
-                        }
-                        let not_before = now + api.config.capacity_interval;
-                        loop_state.status_not_before = Some(not_before);
-                        // A gone resource patched to zero leaves in the next patch.
-                        if patch.values().any(|counts| *counts == Some((0, 0))) {
-                            pass.status_wait = Some(not_before);
-                        }
-                        return;
-                    }
-                    Err(err) => {
-                        let error = failed(pass, &err);
-                        (patch, error)
-                    }
-                },
-            }
-        }
-        // What the API server agreed with last is not called pending
-        // while it cannot be asked.
+    let node = match node {
+        Ok(node) => node,
         Err(err) => {
-            let error = failed(pass, err);
-            let unseen = desired
-                .devices
-                .iter()
-                .filter(|(resource, target)| {
-                    !loop_state.agreed_at(ObjectKind::NodeStatus, resource, target.revision)
-                })
-                .map(|(resource, _)| (resource.clone(), None))
-                .collect();
-            (unseen, error)
+            let _shown = api.record(ObjectKind::NodeStatus, Err::<(), _>(err.as_ref()));
+            for entry in &desired.devices {
+                failing(pass, loop_state, entry, err, true);
+            }
+            return;
         }
     };
-    for resource in patch.keys() {
-        let target = &desired.devices[resource];
-        let want = match target.value {
-            DeviceTarget::Counts((capacity, allocatable)) => {
-                format!("capacity {capacity}, allocatable {allocatable}")
+    let patch = diff(desired, node);
+    let (differ, same): (Vec<Entry<'_>>, _) =
+        desired.devices.iter().partition(|(resource, _)| patch.contains_key(*resource));
+    for entry in same {
+        // A gone resource the Node no longer shows is done.
+        let state = if entry.1.value == DeviceGoal::Gone { State::Done } else { State::Agreed };
+        finish(pass, entry, state);
+    }
+    if patch.is_empty() {
+        return;
+    }
+    let now = Instant::now();
+    if let Some(not_before) = loop_state.status_not_before.filter(|not_before| *not_before > now) {
+        pass.status_wait = Some(not_before);
+        for entry in differ {
+            finish(pass, entry, State::Writing);
+        }
+        return;
+    }
+    match api.record(ObjectKind::NodeStatus, send(api, &patch).await) {
+        Ok(()) => {
+            let not_before = now + api.config.capacity_interval;
+            loop_state.status_not_before = Some(not_before);
+            // A gone resource patched to zero leaves in the next patch.
+            if patch.values().any(|counts| *counts == Some((0, 0))) {
+                pass.status_wait = Some(not_before);
             }
-            DeviceTarget::Gone => "removed".to_owned(),
-        };
-        let removes = target.value == DeviceTarget::Gone;
-        let mut publication =
-            pending(ObjectKind::NodeStatus, resource, want, removes, target.since);
-        publication.last_error.clone_from(&error);
-        pass.progress.pending.push(publication);
+            // The API server holds what was written; a gone resource is
+            // done once a read finds it no more.
+            for entry in differ {
+                finish(pass, entry, State::Agreed);
+            }
+        }
+        Err(err) => {
+            let err = Arc::new(err);
+            for entry in differ {
+                failing(pass, loop_state, entry, &err, false);
+            }
+        }
     }
 }
 
+/// Records a failed pass for the resource of `entry`.
+fn failing(
+    pass: &mut Pass,
+    loop_state: &mut LoopState,
+    entry: Entry<'_>,
+    error: &Arc<KubeError>,
+    unread: bool,
+) {
+    let target = Target::Device(entry.0.clone());
+    let attempts = loop_state.failed(&target, entry.1.revision);
+    let object = ObjectKind::NodeStatus;
+    finish(pass, entry, State::Failing { attempts, object, error: Arc::clone(error), unread });
+}
+
+/// Records how the pass left the resource of `entry`.
+fn finish(pass: &mut Pass, (resource, goal): Entry<'_>, state: State) {
+    let pending = || {
+        let want = match goal.value {
+            DeviceGoal::Counts((capacity, allocatable)) => {
+                format!("capacity {capacity}, allocatable {allocatable}")
+            }
+            DeviceGoal::Gone => "removed".to_owned(),
+        };
+        let removes = goal.value == DeviceGoal::Gone;
+        PendingPublication::new(ObjectKind::NodeStatus, resource, want, removes, goal.since)
+    };
+    pass.outcome(Target::Device(resource.clone()), goal.revision, state, pending);
+}
+
 /// What to patch: each resource whose counts on the Node differ from its
-/// target, with the counts to write (`None` removes it). A gone resource
-/// the Node no longer shows is added to `gone`.
-fn diff(
-    desired: &Desired,
-    node: &Node,
-    gone: &mut Vec<String>,
-) -> BTreeMap<String, Option<Counts>> {
+/// goal, with the counts to write (`None` removes it).
+fn diff(desired: &Desired, node: &Node) -> BTreeMap<String, Option<Counts>> {
     let status = node.status.as_ref();
     let count = |quantities: Option<&BTreeMap<String, Quantity>>, resource: &str| {
         let quantity = quantities.and_then(|quantities| quantities.get(resource))?;
         Some(quantity.0.parse().unwrap_or(UNREADABLE))
     };
     let mut patch = BTreeMap::new();
-    for (resource, target) in &desired.devices {
+    for (resource, goal) in &desired.devices {
         let shown: Shown = (
             count(status.and_then(|status| status.capacity.as_ref()), resource),
             count(status.and_then(|status| status.allocatable.as_ref()), resource),
         );
-        let write = match target.value {
-            DeviceTarget::Counts(counts) => {
+        let write = match goal.value {
+            DeviceGoal::Counts(counts) => {
                 (shown != (Some(counts.0), Some(counts.1))).then_some(Some(counts))
             }
-            DeviceTarget::Gone => match shown {
-                (None, None) => {
-                    gone.push(resource.clone());
-                    None
-                }
+            DeviceGoal::Gone => match shown {
+                (None, None) => None,
                 (Some(0) | None, Some(0) | None) => Some(None),
                 _ => Some(Some((0, 0))),
             },
@@ -203,12 +204,12 @@ mod tests {
     #[test]
     fn only_what_differs_is_patched_and_a_gone_resource_is_zeroed_then_removed() {
         let mut desired = Desired::default();
-        desired.set_device("example.com/same", DeviceTarget::Counts((2, 1)));
-        desired.set_device("example.com/new", DeviceTarget::Counts((1, 1)));
-        desired.set_device("example.com/many", DeviceTarget::Counts((1000, 1000)));
-        desired.set_device("example.com/counted", DeviceTarget::Gone);
-        desired.set_device("example.com/zeroed", DeviceTarget::Gone);
-        desired.set_device("example.com/removed", DeviceTarget::Gone);
+        desired.set_device("example.com/same", DeviceGoal::Counts((2, 1)));
+        desired.set_device("example.com/new", DeviceGoal::Counts((1, 1)));
+        desired.set_device("example.com/many", DeviceGoal::Counts((1000, 1000)));
+        desired.set_device("example.com/counted", DeviceGoal::Gone);
+        desired.set_device("example.com/zeroed", DeviceGoal::Gone);
+        desired.set_device("example.com/removed", DeviceGoal::Gone);
         let node = node(
             &[
                 ("example.com/same", "2"),
@@ -223,8 +224,7 @@ mod tests {
                 ("example.com/zeroed", "0"),
             ],
         );
-        let mut gone = Vec::new();
-        let patch = diff(&desired, &node, &mut gone);
+        let patch = diff(&desired, &node);
         let expected: BTreeMap<String, Option<Counts>> = [
             ("example.com/counted", Some((0, 0))),
             ("example.com/many", Some((1000, 1000))),
@@ -235,7 +235,6 @@ mod tests {
         .map(|(resource, counts)| (resource.to_owned(), counts))
         .collect();
         assert_eq!(patch, expected);
-        assert_eq!(gone, ["example.com/removed"]);
     }
 
     #[test]

@@ -12,6 +12,11 @@
 //! once (and the backoff afresh), and so does a watch event on the Node or
 //! the CSINode, so that another writer's change, or the API server's
 //! return, is seen at once.
+//!
+//! A pass works by target (`desired::Target`: a CSI driver, a device
+//! resource, a wipe) and reports each one's outcome to the books: agreed,
+//! done (it leaves the desired state), writing, failing on an object, or
+//! refused. `ObjectKind` only names the object a write or a read went to.
 
 mod csi;
 mod devices;
@@ -19,7 +24,6 @@ mod slices;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
@@ -32,8 +36,8 @@ use tracing::{debug, info, warn};
 
 use crate::api::NodeApi;
 use crate::backoff::Backoff;
-use crate::desired::{Books, Desired, Outcome, Progress, State};
-use crate::status::{ObjectKind, PendingPublication};
+use crate::desired::{Books, Desired, Outcome, State, Target};
+use crate::status::PendingPublication;
 
 /// How many passes in a row may end with a write that left more to do
 /// before the next one waits for the backoff: a withdrawal takes two (the
@@ -42,7 +46,7 @@ use crate::status::{ObjectKind, PendingPublication};
 const QUICK_PASSES: u32 = 4;
 
 /// Runs passes until the future is dropped. The watches start with the
-/// first target: a publisher with nothing to publish sends nothing.
+/// first goal: a publisher with nothing to publish sends nothing.
 pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
     let mut events = None;
     let mut loop_state = LoopState::default();
@@ -56,11 +60,10 @@ pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
         let pass = if desired.is_empty() {
             Pass::default()
         } else {
-            Pass::run(&api, &desired, &mut loop_state).await
+            Pass::run(&api, &desired, books.agreed(), &mut loop_state).await
         };
-        books.forget_done(&desired, &pass.progress, &pass.gone);
-        loop_state.log(&api, &pass.progress);
-        books.report(pass.progress);
+        loop_state.log(&api, &pass.outcomes);
+        books.report(pass.outcomes);
         let retry_at = if pass.failed {
             loop_state.quick_passes = 0;
             let wait = loop_state.backoff.get_or_insert(Backoff::RETRY).next();
@@ -93,41 +96,27 @@ pub(crate) async fn run(api: Arc<NodeApi>, books: Arc<Books>) {
     }
 }
 
-/// What the loop keeps between passes.
+/// What the loop keeps between passes, by target.
 #[derive(Debug, Default)]
 struct LoopState {
     /// Set while passes fail.
     backoff: Option<Backoff>,
     /// Passes in a row that wrote and left more to do.
     quick_passes: u32,
-    /// Failed passes in a row per CSI driver or wipe, at the target's
-    /// revision.
-    attempts: BTreeMap<(ObjectKind, String), (u64, u32)>,
-    /// The revision of each target (by family: `CsiNode` for CSI drivers,
-    /// `NodeStatus` for device resources) the API server was last seen to
-    /// agree with: one the API server cannot be asked about is not called
-    /// pending while it has not changed.
-    agreed: BTreeMap<(ObjectKind, String), u64>,
+    /// Failed passes in a row per target, at its goal's revision.
+    attempts: BTreeMap<Target, (u64, u32)>,
     /// The earliest next patch of the Node's status.
     status_not_before: Option<Instant>,
     /// The error last logged per pending target, so that a retry that
     /// fails the same way is not logged again.
-    logged: BTreeMap<(ObjectKind, String), String>,
+    logged: BTreeMap<Target, String>,
 }
 
 impl LoopState {
-    fn agree(&mut self, family: ObjectKind, name: &str, revision: u64) {
-        self.agreed.insert((family, name.to_owned()), revision);
-    }
-
-    fn agreed_at(&self, family: ObjectKind, name: &str, revision: u64) -> bool {
-        self.agreed.get(&(family, name.to_owned())) == Some(&revision)
-    }
-
-    /// Counts a failed pass for the target `name` of `kind` at `revision`;
-    /// returns the passes failed in a row.
-    fn failed(&mut self, kind: ObjectKind, name: &str, revision: u64) -> u32 {
-        let entry = self.attempts.entry((kind, name.to_owned())).or_insert((revision, 0));
+    /// Counts a failed pass for `target` at `revision`; returns the passes
+    /// failed in a row.
+    fn failed(&mut self, target: &Target, revision: u64) -> u32 {
+        let entry = self.attempts.entry(target.clone()).or_insert((revision, 0));
         if entry.0 != revision {
             *entry = (revision, 0);
         }
@@ -135,26 +124,25 @@ impl LoopState {
         entry.1
     }
 
-    /// Logs the pending publications whose error is new, and those that
-    /// are no longer pending.
-    fn log(&mut self, api: &NodeApi, progress: &Progress) {
+    /// Logs the pending publications whose error is new, and the targets
+    /// no longer pending; forgets the failures of the targets agreed or
+    /// gone.
+    fn log(&mut self, api: &NodeApi, outcomes: &BTreeMap<Target, Outcome>) {
         let mut still = BTreeMap::new();
-        for pending in &progress.pending {
-            let key = (pending.kind, pending.name.clone());
+        for (target, outcome) in outcomes {
+            let Some(pending) = &outcome.pending else { continue };
             let Some(error) = &pending.last_error else { continue };
-            if self.logged.get(&key) != Some(error) {
+            if self.logged.get(target) != Some(error) {
                 warn!(node = api.node, kind = %pending.kind, plugin = pending.name, want = pending.want, error, "the API server does not hold what kpm publishes yet; retrying");
             }
-            still.insert(key, error.clone());
+            still.insert(target.clone(), error.clone());
         }
-        for (kind, name) in self.logged.keys().filter(|key| !still.contains_key(*key)) {
-            info!(node = api.node, %kind, plugin = name, "the API server holds what kpm publishes again");
+        for target in self.logged.keys().filter(|target| !still.contains_key(*target)) {
+            info!(node = api.node, plugin = target.name(), %target, "the API server holds what kpm publishes again");
         }
         self.logged = still;
-        self.attempts.retain(|(kind, name), _| {
-            let outcomes =
-                if *kind == ObjectKind::ResourceSlice { &progress.wipes } else { &progress.csi };
-            outcomes.get(name).is_some_and(|outcome| !matches!(outcome.state, State::Agreed))
+        self.attempts.retain(|target, _| {
+            outcomes.get(target).is_some_and(|outcome| !outcome.state.agreed())
         });
     }
 }
@@ -162,9 +150,10 @@ impl LoopState {
 /// What one pass found and did.
 #[derive(Debug, Default)]
 struct Pass {
-    progress: Progress,
-    /// Gone device resources the Node no longer shows.
-    gone: Vec<String>,
+    /// The newest revision of each target the API server agreed with
+    /// before this pass.
+    agreed_before: BTreeMap<Target, u64>,
+    outcomes: BTreeMap<Target, Outcome>,
     /// A request failed: wait for the backoff.
     failed: bool,
     /// Writes succeeded and left a next step (see [`QUICK_PASSES`]).
@@ -174,8 +163,13 @@ struct Pass {
 }
 
 impl Pass {
-    async fn run(api: &NodeApi, desired: &Desired, loop_state: &mut LoopState) -> Self {
-        let mut pass = Self::default();
+    async fn run(
+        api: &NodeApi,
+        desired: &Desired,
+        agreed_before: BTreeMap<Target, u64>,
+        loop_state: &mut LoopState,
+    ) -> Self {
+        let mut pass = Self { agreed_before, ..Self::default() };
         // One read of the Node serves the CSI and the device steps.
         let node = if desired.csi.is_empty() && desired.devices.is_empty() {
             None
@@ -193,56 +187,34 @@ impl Pass {
         if !desired.wipes.is_empty() {
             slices::pass(api, desired, &mut pass, loop_state).await;
         }
-        loop_state.agreed.retain(|(family, name), _| match family {
-            ObjectKind::NodeStatus => desired.devices.contains_key(name),
-            _ => desired.csi.contains_key(name),
-        });
-        pass.progress.pending.sort_by_key(|pending| pending.since);
         pass
     }
 
-    /// Records the outcome of a CSI driver's or a wipe's target, and its
-    /// publication as pending unless agreed, or unread (the objects could
-    /// not be read) while the API server agreed with it before.
+    /// Records how the pass left `target`'s goal at `revision`, and its
+    /// publication (from `pending`) as pending unless the API server holds
+    /// it, or unread while it agreed with it before.
     fn outcome(
         &mut self,
-        kind: ObjectKind,
-        name: &str,
+        target: Target,
         revision: u64,
         state: State,
-        (agreed_before, unread): (bool, bool),
         pending: impl FnOnce() -> PendingPublication,
     ) {
+        let agreed_before =
+            self.agreed_before.get(&target).is_some_and(|agreed| *agreed >= revision);
         let last_error = match &state {
-            State::Agreed => None,
+            State::Agreed | State::Done => None,
             State::Writing => Some(None),
-            State::Failing { error, .. } => {
+            State::Failing { error, unread, .. } => {
                 self.failed = true;
-                Some(Some(kpm_api::gotext::error_chain(error.as_ref())))
+                (!(*unread && agreed_before))
+                    .then(|| Some(kpm_api::gotext::error_chain(error.as_ref())))
             }
             State::Refused(error) => Some(Some(error.to_string())),
         };
-        if let Some(last_error) = last_error.filter(|_| !(agreed_before && unread)) {
-            self.progress.pending.push(PendingPublication { last_error, ..pending() });
-        }
-        let outcomes = match kind {
-            ObjectKind::ResourceSlice => &mut self.progress.wipes,
-            _ => &mut self.progress.csi,
-        };
-        outcomes.insert(name.to_owned(), Outcome { revision, kind, state, agreed_before });
+        let pending = last_error.map(|last_error| PendingPublication { last_error, ..pending() });
+        self.outcomes.insert(target, Outcome { revision, state, pending });
     }
-}
-
-/// A publication that is not there yet, wanted (gone, when it `removes`)
-/// since `since`.
-fn pending(
-    kind: ObjectKind,
-    name: &str,
-    want: String,
-    removes: bool,
-    since: SystemTime,
-) -> PendingPublication {
-    PendingPublication::new(kind, name, want, removes, since)
 }
 
 /// One item each time the Node or the CSINode of this node changes (or is

@@ -7,11 +7,11 @@
 use kube::api::{DeleteParams, ListParams};
 use tracing::info;
 
-use super::{LoopState, Pass, pending};
+use super::{LoopState, Pass};
 use crate::KubeError;
 use crate::api::NodeApi;
-use crate::desired::{Desired, State};
-use crate::status::ObjectKind;
+use crate::desired::{Desired, State, Target};
+use crate::status::{ObjectKind, PendingPublication};
 
 pub(super) async fn pass(
     api: &NodeApi,
@@ -19,28 +19,21 @@ pub(super) async fn pass(
     pass: &mut Pass,
     loop_state: &mut LoopState,
 ) {
-    for (driver, target) in &desired.wipes {
-        let state = match wipe(api, driver).await {
-            Ok(()) => State::Agreed,
+    for (driver, goal) in &desired.wipes {
+        let target = Target::Wipe(driver.clone());
+        let state = match api.record(ObjectKind::ResourceSlice, wipe(api, driver).await) {
+            Ok(()) => State::Done,
             Err(error) => State::Failing {
-                attempts: loop_state.failed(ObjectKind::ResourceSlice, driver, target.revision),
+                attempts: loop_state.failed(&target, goal.revision),
+                object: ObjectKind::ResourceSlice,
                 error: error.into(),
+                unread: false,
             },
         };
-        let recorded = match &state {
-            State::Failing { error, .. } => Err(error.as_ref()),
-            _ => Ok(()),
-        };
-        let _shown = api.record(ObjectKind::ResourceSlice, recorded);
-        let want = format!("no ResourceSlice of node {} from driver {driver}", api.node);
-        pass.outcome(
-            ObjectKind::ResourceSlice,
-            driver,
-            target.revision,
-            state,
-            (false, false),
-            || pending(ObjectKind::ResourceSlice, driver, want, true, target.since),
-        );
+        pass.outcome(target, goal.revision, state, || {
+            let want = format!("no ResourceSlice of node {} from driver {driver}", api.node);
+            PendingPublication::new(ObjectKind::ResourceSlice, driver, want, true, goal.since)
+        });
     }
 }
 
