@@ -80,6 +80,55 @@ impl PluginKind {
     }
 }
 
+/// An API object that shows a node's plugins once the kubelet (or `kpm
+/// run`) registered them: what [`PluginKind::shown_in`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ApiObject {
+    /// The Node's CSI node-id annotation and topology labels.
+    Node,
+    /// The node's CSINode: one entry per CSI driver.
+    CsiNode,
+    /// The Node's status: a device plugin's resource in its capacity and
+    /// allocatable, zero once the plugin is gone.
+    NodeStatus,
+    /// The ResourceSlices of the node, by the DRA driver that published them.
+    ResourceSlice,
+}
+
+impl ApiObject {
+    /// The kind of plugin this object shows: every object shows one kind's.
+    pub const fn kind(self) -> PluginKind {
+        match self {
+            Self::Node | Self::CsiNode => PluginKind::Csi,
+            Self::NodeStatus => PluginKind::Device,
+            Self::ResourceSlice => PluginKind::Dra,
+        }
+    }
+}
+
+impl PluginKind {
+    /// The API objects that show a node's plugins of this kind, the one
+    /// that says a plugin is registered first ([`registered_in`](Self::registered_in)):
+    /// a CSI driver in the CSINode and the Node's annotation and labels, a
+    /// device plugin's resource in the Node's status, a DRA driver in its
+    /// ResourceSlices. What kpm publishes a plugin in, what the doctor holds
+    /// a node's plugins against, and what the fleet reads.
+    pub const fn shown_in(self) -> &'static [ApiObject] {
+        match self {
+            Self::Csi => &[ApiObject::CsiNode, ApiObject::Node],
+            Self::Device => &[ApiObject::NodeStatus],
+            Self::Dra => &[ApiObject::ResourceSlice],
+        }
+    }
+
+    /// The object whose entry says a plugin of this kind is registered on
+    /// a node: the CSINode's driver, the Node's nonzero capacity, a
+    /// ResourceSlice of the node.
+    pub const fn registered_in(self) -> ApiObject {
+        self.shown_in()[0]
+    }
+}
+
 /// In JSON (feature `serde`), a kind is the plugin type its plugins report
 /// (`CSIPlugin`, `DevicePlugin`, `DRAPlugin`): one spelling in every
 /// document kpm writes, the one the kubelet's own messages use.
@@ -119,6 +168,16 @@ mod tests {
         }
         let err = serde_json::from_str::<PluginKind>(r#""device-plugin""#).unwrap_err();
         assert!(err.to_string().contains("unknown variant `device-plugin`"), "{err}");
+    }
+
+    #[test]
+    fn each_kind_is_shown_in_objects_of_its_own() {
+        for kind in PluginKind::ALL {
+            assert!(!kind.shown_in().is_empty(), "{kind:?}");
+            assert!(kind.shown_in().iter().all(|object| object.kind() == kind), "{kind:?}");
+            assert_eq!(kind.registered_in(), kind.shown_in()[0]);
+        }
+        assert_eq!(PluginKind::Csi.registered_in(), super::ApiObject::CsiNode);
     }
 
     #[test]

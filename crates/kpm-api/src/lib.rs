@@ -47,7 +47,7 @@ mod resource_name;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
-pub use kind::PluginKind;
+pub use kind::{ApiObject, PluginKind};
 pub use resource_name::is_extended_resource_name;
 
 /// The plugin registration API (`pluginregistration.Registration`).

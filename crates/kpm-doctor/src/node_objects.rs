@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use kpm::PluginKind;
-use kpm::kube::{NodeObjects, NodeResources, ObjectKind};
+use kpm::kube::{NodeObjects, NodeResources};
 
 use crate::device_plugins::LAGGING_DEVICES;
 use kpm_report::Verdict;
@@ -28,26 +28,15 @@ pub(crate) fn compare(
     let first_finding = findings.len();
     compare_all(objects, rows, findings, unseen);
     for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
-        let Some(kind) = row.kind else {
-            continue;
-        };
-        let kinds = ObjectKind::of_plugins(kind);
-        if let Some(name) = row.name.clone() {
-            let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
-            publishing.excuse((kinds, false), &name, parts);
-        }
+        let (Some(kind), Some(name)) = (row.kind, row.name.clone()) else { continue };
+        let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
+        publishing.excuse((kind, false), &name, parts);
     }
     for finding in &mut findings[first_finding..] {
-        let kind = match finding.verdict {
-            Verdict::StaleCsiNodeEntry => PluginKind::Csi,
-            Verdict::OrphanedCapacity => PluginKind::Device,
-            Verdict::OrphanedSlices => PluginKind::Dra,
-            _ => continue,
-        };
-        let kinds = ObjectKind::of_plugins(kind);
+        let Some(object) = finding.verdict.object() else { continue };
         if let Some(name) = finding.name.clone() {
             let parts = (&mut finding.verdict, &mut finding.reason, &mut finding.hint);
-            publishing.excuse((kinds, true), &name, parts);
+            publishing.excuse((object.kind(), true), &name, parts);
         }
     }
 }

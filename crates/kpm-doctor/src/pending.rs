@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use kpm::PluginKind;
 use kpm::kube::{ObjectKind, PendingPublication};
 
 use kpm_report::Verdict;
@@ -55,12 +56,14 @@ impl Publishing {
     /// shows what kpm run is about to change.
     pub(crate) fn excuse(
         &self,
-        (kinds, removes): (&[ObjectKind], bool),
+        (kind, removes): (PluginKind, bool),
         name: &str,
         (verdict, reason, hint): (&mut Verdict, &mut String, &mut String),
     ) {
         let Some(pending) = self.0.iter().find(|pending| {
-            pending.name == name && pending.removes == removes && kinds.contains(&pending.kind)
+            pending.name == name
+                && pending.removes == removes
+                && ObjectKind::of_plugins(kind).any(|object| object == pending.kind)
         }) else {
             return;
         };

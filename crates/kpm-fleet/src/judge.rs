@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use kpm_api::ApiObject;
 use kpm_report::{ConditionStatus, Health};
 
 use super::{
@@ -31,17 +32,19 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
 }
 
 /// The drivers of `kind` across the `selected` nodes, by name: what
-/// registers a name of each kind on a node.
+/// registers a name of each kind on a node, read from the object that says
+/// so ([`PluginKind::registered_in`]).
 fn kind_views(
     kind: PluginKind,
     objects: &FleetObjects,
     selected: &[&NodeObject],
     nodes: &[NodeView],
 ) -> Vec<DriverView> {
-    match kind {
+    match kind.registered_in() {
         // CSI: the CSIDriver objects, and every driver a selected node's
-        // CSINode lists; registered where that CSINode lists it.
-        PluginKind::Csi => {
+        // CSINode lists; registered where that CSINode lists it (the
+        // Node's annotation names the same drivers, and is not read).
+        ApiObject::CsiNode | ApiObject::Node => {
             let csi_on = |node: &str, driver: &str| {
                 objects.csi_nodes.get(node).is_some_and(|drivers| drivers.contains(driver))
             };
@@ -61,7 +64,7 @@ fn kind_views(
         // Device plugins: the extended resources of the selected nodes;
         // registered where the capacity is not zero (the kubelet zeroes the
         // capacity of a resource whose plugin is gone).
-        PluginKind::Device => {
+        ApiObject::NodeStatus => {
             let capacity = |node: &NodeObject, name: &str| {
                 node.extended_resources.get(name).is_some_and(|quantity| nonzero(quantity))
             };
@@ -81,7 +84,7 @@ fn kind_views(
                 .collect()
         }
         // DRA: the drivers of the selected nodes' ResourceSlices.
-        PluginKind::Dra => {
+        ApiObject::ResourceSlice => {
             let dra: BTreeSet<&str> = selected
                 .iter()
                 .flat_map(|node| objects.slices.get(&node.name).into_iter().flatten())

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::SystemTime;
 
-use kpm_api::PluginKind;
+use kpm_api::{ApiObject, PluginKind};
 use parking_lot::Mutex;
 
 /// The kinds of objects kpm writes, and the CSIDrivers it follows.
@@ -47,17 +47,11 @@ impl ObjectKind {
     }
 
     /// The objects kpm publishes a plugin of `kind` in, named after the
-    /// plugin (its pending publications): a CSI driver in the Node's
-    /// annotation and labels and the CSINode, a device plugin's resource in
-    /// the Node's status, a DRA driver's ResourceSlices (only ever wiped).
-    /// What the doctor excuses a difference with the cluster by while it
-    /// is pending.
-    pub const fn of_plugins(kind: PluginKind) -> &'static [Self] {
-        match kind {
-            PluginKind::Csi => &[Self::Node, Self::CsiNode],
-            PluginKind::Device => &[Self::NodeStatus],
-            PluginKind::Dra => &[Self::ResourceSlice],
-        }
+    /// plugin (its pending publications): those that show its kind
+    /// ([`PluginKind::shown_in`]). What the doctor excuses a difference
+    /// with the cluster by while it is pending.
+    pub fn of_plugins(kind: PluginKind) -> impl Iterator<Item = Self> {
+        kind.shown_in().iter().map(|&object| Self::from(object))
     }
 
     /// The name shown by `kpm list`: the Kubernetes kind, `Node status` for
@@ -70,6 +64,17 @@ impl ObjectKind {
             Self::ResourceSlice => "ResourceSlice",
             Self::CsiDriver => "CSIDriver",
             Self::Leftovers => "Leftovers",
+        }
+    }
+}
+
+impl From<ApiObject> for ObjectKind {
+    fn from(object: ApiObject) -> Self {
+        match object {
+            ApiObject::Node => Self::Node,
+            ApiObject::CsiNode => Self::CsiNode,
+            ApiObject::NodeStatus => Self::NodeStatus,
+            ApiObject::ResourceSlice => Self::ResourceSlice,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Verdicts: what a socket or an API object is to the kubelet, by name,
 //! and how grave; the words a node's doctor and the fleet reader share.
 
+use kpm_api::ApiObject;
 use serde::{Deserialize, Serialize};
 
 /// What a socket is to the kubelet. Its name (`not-registered`) is its
@@ -119,6 +120,18 @@ impl Verdict {
             Self::NotARegistrationServer => 17,
             Self::Flapping => 18,
             Self::Stale => 19,
+        }
+    }
+
+    /// The API object a finding of this verdict is about, when it is one
+    /// that shows a kind's plugins ([`PluginKind::shown_in`](kpm_api::PluginKind::shown_in)):
+    /// a stale CSINode entry, capacity or slices no live plugin serves.
+    pub const fn object(self) -> Option<ApiObject> {
+        match self {
+            Self::StaleCsiNodeEntry => Some(ApiObject::CsiNode),
+            Self::OrphanedCapacity => Some(ApiObject::NodeStatus),
+            Self::OrphanedSlices => Some(ApiObject::ResourceSlice),
+            _ => None,
         }
     }
 
