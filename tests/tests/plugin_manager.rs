@@ -24,17 +24,17 @@ impl RecordingHandler {
 #[async_trait::async_trait]
 impl PluginHandler for RecordingHandler {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.0.lock().push(format!("validate {name} {endpoint}"));
         Ok(())
     }
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.0.lock().push(format!("register {name} {endpoint}"));
         Ok(())
     }
     async fn deregister(&self, plugin: &PluginDetails) {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.0.lock().push(format!("deregister {name} {endpoint}"));
     }
 }

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::path::Path;
 use std::sync::Arc;
 
 use kpm::csi::{CsiConfig, CsiHandler, InMemoryNodeInfo};
@@ -72,12 +73,9 @@ proptest! {
         if kpm::check_info(&info).is_err() {
             return Ok(());
         }
-        // What the executor hands a handler: the socket path for an empty endpoint.
-        let endpoint = if info.endpoint.is_empty() {
-            "/var/lib/kubelet/plugins_registry/x.sock".to_owned()
-        } else {
-            info.endpoint.clone()
-        };
+        // What the executor hands a handler: the socket for an empty endpoint.
+        let socket = Path::new("/var/lib/kubelet/plugins_registry/x.sock");
+        let endpoint = kpm::plugin_endpoint(&info, socket);
         let plugin = PluginDetails::new(info.name.clone(), endpoint, info.supported_versions.clone());
         let verdict = runtime.block_on(handler.validate(&plugin));
         if let Err(reason) = verdict {

@@ -160,7 +160,7 @@ impl ActualState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{DesiredState, HandlerError, PluginDetails};
+    use crate::{DesiredState, HandlerError, PluginDetails, PluginEndpoint};
 
     struct NoopHandler;
 
@@ -179,7 +179,8 @@ mod tests {
     /// from a real DesiredState so that it is a genuine incarnation id.
     fn info(path: &str) -> Registered {
         let generation = DesiredState::new().add_or_update(Path::new("/g")).unwrap();
-        let plugin = PluginDetails::new("test", path, ["v1beta1"]);
+        let endpoint = PluginEndpoint::RegistrationSocket(path.into());
+        let plugin = PluginDetails::new("test", endpoint, ["v1beta1"]);
         Registered::new(
             Registration::new(path, generation, "DevicePlugin", plugin, None),
             Arc::new(NoopHandler),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::RwLock;
 use tokio::sync::broadcast;
 
-use crate::Generation;
+use crate::{Generation, PluginEndpoint};
 
 /// One thing that happened to a registration socket, or to the health of a
 /// registered plugin's device.
@@ -50,8 +50,8 @@ pub enum PluginEvent {
         plugin_type: String,
         /// The plugin's name.
         name: String,
-        /// The plugin's service socket.
-        endpoint: String,
+        /// Where the plugin serves (its target, as one string, in JSON).
+        endpoint: PluginEndpoint,
     },
     /// A registration attempt failed; `reason` says at which step and why.
     Rejected {
@@ -315,7 +315,7 @@ mod tests {
             generation,
             plugin_type: plugin_type.into(),
             name: "p".into(),
-            endpoint: String::new(),
+            endpoint: PluginEndpoint::RegistrationSocket(socket()),
         };
         for _ in 0..100 {
             bus.publish(registered("DevicePlugin"));
@@ -387,10 +387,21 @@ mod serde_tests {
                     generation,
                     plugin_type: "DevicePlugin".into(),
                     name: "gpu".into(),
-                    endpoint: "/r/e.sock".into(),
+                    endpoint: PluginEndpoint::Advertised("/r/e.sock".into()),
                 },
                 json!({"event": "registered", "socket": "/r/a.sock", "generation": 1,
                        "type": "DevicePlugin", "name": "gpu", "endpoint": "/r/e.sock"}),
+            ),
+            (
+                PluginEvent::Registered {
+                    socket: socket(),
+                    generation,
+                    plugin_type: "DevicePlugin".into(),
+                    name: "gpu".into(),
+                    endpoint: PluginEndpoint::RegistrationSocket(socket()),
+                },
+                json!({"event": "registered", "socket": "/r/a.sock", "generation": 1,
+                       "type": "DevicePlugin", "name": "gpu", "endpoint": "/r/a.sock"}),
             ),
             (
                 PluginEvent::Rejected { socket: socket(), generation, reason: "no handler".into() },

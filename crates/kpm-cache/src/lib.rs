@@ -45,7 +45,7 @@ pub use desired_state::{DesiredPlugin, DesiredState, Generation};
 pub use events::{EventBus, EventCounts, PluginEvent};
 pub use handler::{HandlerError, PluginHandler, ServiceReport};
 pub use hangups::Hangups;
-pub use registration::{PluginDetails, Registration};
+pub use registration::{PluginDetails, PluginEndpoint, Registration};
 
 /// Errors of the cache crate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,6 +7,8 @@
 //! and the facade's views and `PluginStatus` show it, so no layer copies it
 //! into a type of its own.
 
+use std::borrow::Cow;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
@@ -14,14 +16,15 @@ use crate::Generation;
 
 /// What a plugin said about itself in `GetInfo` that its handler works with:
 /// its name, its service endpoint and the versions it supports.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct PluginDetails {
     /// The plugin's name as it reported it (a CSI driver name, a device
     /// plugin's resource name, a DRA driver name).
     pub name: String,
-    /// The plugin's service socket; the registration socket if it gave none.
-    pub endpoint: String,
+    /// Where the plugin serves: the endpoint it advertised, or its
+    /// registration socket if it advertised none.
+    pub endpoint: PluginEndpoint,
     /// The versions of the plugin's service that it said it supports.
     pub versions: Vec<String>,
 }
@@ -30,14 +33,59 @@ impl PluginDetails {
     /// A plugin named `name`, served at `endpoint`, speaking `versions`.
     pub fn new(
         name: impl Into<String>,
-        endpoint: impl Into<String>,
+        endpoint: PluginEndpoint,
         versions: impl IntoIterator<Item = impl Into<String>>,
     ) -> Self {
         Self {
             name: name.into(),
-            endpoint: endpoint.into(),
+            endpoint,
             versions: versions.into_iter().map(Into::into).collect(),
         }
+    }
+}
+
+/// Where a plugin serves its service, and who said so. The two are in
+/// different views of the file system: an advertised endpoint is the
+/// host's, the registration socket is this process's, so only the first
+/// is moved when this process sees the host under another root.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PluginEndpoint {
+    /// The endpoint the plugin advertised in `GetInfo`, as it sent it: a
+    /// path on the host, or a gRPC target (`unix:///csi/csi.sock`). Only a
+    /// handler wrapper for a process that sees the host's `/` elsewhere
+    /// (the facade's host root) moves it, for the handler it wraps.
+    Advertised(String),
+    /// The plugin advertised none, so it is served on its registration
+    /// socket (the kubelet's rule): the path as this process reaches it.
+    RegistrationSocket(PathBuf),
+}
+
+impl PluginEndpoint {
+    /// The endpoint as the kubelet hands it to its handlers, which dial it
+    /// and name it in their errors: the advertised one as it was sent, else
+    /// the registration socket's path.
+    pub fn target(&self) -> Cow<'_, str> {
+        match self {
+            Self::Advertised(endpoint) => Cow::Borrowed(endpoint),
+            Self::RegistrationSocket(socket) => socket.to_string_lossy(),
+        }
+    }
+}
+
+/// Its [`target`](PluginEndpoint::target), as logs and status lines show it.
+impl fmt::Display for PluginEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.target())
+    }
+}
+
+/// Its [`target`](PluginEndpoint::target), one string: the status API,
+/// `kpm list -o json` and the event lines show the endpoint so, and scripts
+/// read it so; who gave it is kpm's to know.
+#[cfg(feature = "serde")]
+impl serde::Serialize for PluginEndpoint {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.target())
     }
 }
 
@@ -80,6 +128,34 @@ impl Registration {
             plugin,
             registered_at: SystemTime::now(),
             server_pid,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::ffi::OsStrExt as _;
+
+    use super::*;
+
+    /// Handlers are given the advertised endpoint as it was sent, a gRPC
+    /// target too, and the registration socket as a path.
+    #[test]
+    fn the_target_is_the_advertised_string_or_the_sockets_path() {
+        let cases = [
+            (PluginEndpoint::Advertised("unix:///csi/csi.sock".into()), "unix:///csi/csi.sock"),
+            (PluginEndpoint::Advertised("dra.sock".into()), "dra.sock"),
+            (PluginEndpoint::RegistrationSocket("/r/gpu-reg.sock".into()), "/r/gpu-reg.sock"),
+            (
+                PluginEndpoint::RegistrationSocket(
+                    std::ffi::OsStr::from_bytes(b"/r/\xff.sock").into(),
+                ),
+                "/r/\u{fffd}.sock",
+            ),
+        ];
+        for (endpoint, target) in cases {
+            assert_eq!(endpoint.target(), target, "{endpoint:?}");
+            assert_eq!(endpoint.to_string(), target, "{endpoint:?}");
         }
     }
 }

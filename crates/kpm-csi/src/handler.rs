@@ -234,16 +234,17 @@ impl Drop for CsiHandler {
 #[async_trait]
 impl PluginHandler for CsiHandler {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        self.validate_driver(&plugin.name, &plugin.endpoint, &plugin.versions)?;
+        self.validate_driver(&plugin.name, &plugin.endpoint.target(), &plugin.versions)?;
         Ok(())
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        Ok(self.register_driver(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
+        let endpoint = plugin.endpoint.target();
+        Ok(self.register_driver(&plugin.name, &endpoint, &plugin.versions).await?)
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        self.deregister_driver(&plugin.name, &plugin.endpoint).await;
+        self.deregister_driver(&plugin.name, &plugin.endpoint.target()).await;
     }
 
     /// The driver's NodeGetInfo, as registration would call and check it.
@@ -251,7 +252,7 @@ impl PluginHandler for CsiHandler {
         &self,
         plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        Ok(Some(Box::new(self.node_info(&plugin.endpoint).await?)))
+        Ok(Some(Box::new(self.node_info(&plugin.endpoint.target()).await?)))
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_csi::{
     CsiConfig, CsiHandler, DriverNodeInfo, InMemoryNodeInfo, NodeInfoError, NodeInfoSink,
@@ -19,6 +20,11 @@ use parking_lot::Mutex;
 use tempfile::TempDir;
 use tokio::time::Instant;
 use tonic::Status;
+
+/// An endpoint as a driver advertises it.
+fn advertised(endpoint: impl Into<String>) -> PluginEndpoint {
+    PluginEndpoint::Advertised(endpoint.into())
+}
 
 const DRIVER: &str = "csi.example.com";
 const PERIOD: Duration = Duration::from_secs(10);
@@ -85,7 +91,7 @@ impl Setup {
     async fn register(&self, served: &Served) {
         let versions = ["1.0.0".to_owned()];
         self.handler
-            .register(&PluginDetails::new(DRIVER, served.endpoint(), versions))
+            .register(&PluginDetails::new(DRIVER, advertised(served.endpoint()), versions))
             .await
             .unwrap();
     }
@@ -180,7 +186,11 @@ async fn a_deregistered_driver_is_not_refreshed() {
     setup.register(&served).await;
     setup
         .handler
-        .deregister(&PluginDetails::new(DRIVER, served.endpoint(), Vec::<String>::new()))
+        .deregister(&PluginDetails::new(
+            DRIVER,
+            advertised(served.endpoint()),
+            Vec::<String>::new(),
+        ))
         .await;
 
     tokio::time::sleep(PERIOD * 5).await;

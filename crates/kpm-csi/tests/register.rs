@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_csi::{
     CsiConfig, CsiError, CsiHandler, CsiNode, CsiNodeDriver, DriverNodeInfo, InMemoryNodeInfo,
@@ -19,6 +20,11 @@ use tempfile::TempDir;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tonic::Status;
+
+/// An endpoint as a driver advertises it.
+fn advertised(endpoint: impl Into<String>) -> PluginEndpoint {
+    PluginEndpoint::Advertised(endpoint.into())
+}
 
 const DRIVER: &str = "csi.example.com";
 const ZONE: &str = "topology.csi.example.com/zone";
@@ -61,7 +67,7 @@ impl Setup {
         versions: &[&str],
     ) -> Result<(), String> {
         let handler: &dyn PluginHandler = &*self.handler;
-        let plugin = PluginDetails::new(name, endpoint, versions.iter().copied());
+        let plugin = PluginDetails::new(name, advertised(endpoint), versions.iter().copied());
         handler.validate(&plugin).await.map_err(|err| err.to_string())?;
         handler.register(&plugin).await.map_err(|err| err.to_string())
     }
@@ -69,7 +75,11 @@ impl Setup {
     async fn deregister(&self, name: &str, served: &Served) {
         let handler: &dyn PluginHandler = &*self.handler;
         handler
-            .deregister(&PluginDetails::new(name, served.endpoint(), Vec::<String>::new()))
+            .deregister(&PluginDetails::new(
+                name,
+                advertised(served.endpoint()),
+                Vec::<String>::new(),
+            ))
             .await;
     }
 
@@ -189,7 +199,11 @@ async fn re_registering_a_name_needs_a_strictly_higher_version() {
         // RegisterPlugin re-runs the check and returns its error unwrapped.
         let err = setup
             .handler
-            .register(&PluginDetails::new(DRIVER, new.endpoint(), [versions[0].to_owned()]))
+            .register(&PluginDetails::new(
+                DRIVER,
+                advertised(new.endpoint()),
+                [versions[0].to_owned()],
+            ))
             .await
             .unwrap_err();
         assert_eq!(
@@ -257,7 +271,7 @@ async fn a_hanging_node_get_info_times_out_after_the_configured_timeout() {
     // The driver never answers: registration gives up through the timeout,
     // never before it (no upper bound: `within` only stops a hang).
     let started = Instant::now();
-    let plugin = PluginDetails::new(DRIVER, served.endpoint(), ["1.0.0"]);
+    let plugin = PluginDetails::new(DRIVER, advertised(served.endpoint()), ["1.0.0"]);
     let register = setup.handler.register(&plugin);
     let err = within("NodeGetInfo times out", register).await.unwrap_err();
     let err = *err.downcast::<CsiError>().unwrap();
@@ -407,13 +421,13 @@ async fn registrations_of_one_name_run_one_at_a_time() {
     let handler = setup.handler.clone();
     let old_endpoint = old.endpoint();
     let first = tokio::spawn(async move {
-        handler.register(&PluginDetails::new(DRIVER, &old_endpoint, ["1.0.0"])).await
+        handler.register(&PluginDetails::new(DRIVER, advertised(&old_endpoint), ["1.0.0"])).await
     });
     old.driver.wait_for_calls(1).await;
     let handler = setup.handler.clone();
     let new_endpoint = new.endpoint();
     let second = tokio::spawn(async move {
-        handler.register(&PluginDetails::new(DRIVER, &new_endpoint, ["1.1.0"])).await
+        handler.register(&PluginDetails::new(DRIVER, advertised(&new_endpoint), ["1.1.0"])).await
     });
     gate.notify_one();
 
@@ -431,7 +445,7 @@ async fn a_cancelled_registration_leaves_nothing_registered() {
     let hanging = setup.serve("new.sock", FakeDriver::always(DRIVER, Reply::Hang)).await;
     setup.register(DRIVER, &old, &["1.0.0"]).await.unwrap();
 
-    let plugin = PluginDetails::new(DRIVER, hanging.endpoint(), ["1.1.0"]);
+    let plugin = PluginDetails::new(DRIVER, advertised(hanging.endpoint()), ["1.1.0"]);
     let register = setup.handler.register(&plugin);
     let cancelled = async {
         hanging.driver.wait_for_calls(1).await;

@@ -27,7 +27,8 @@ use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 /// ```
 /// # async fn owner(manager: std::sync::Arc<kpm_device::DeviceManager>) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let socket = kpm_cache::PluginEndpoint::RegistrationSocket("/run/gpu.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", socket, ["v1beta1"]);
 /// let _ = manager.register(&plugin).await;
 /// manager.deregister(&plugin).await;
 /// manager.shutdown().await;
@@ -39,7 +40,8 @@ use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 /// ```compile_fail
 /// # async fn holder(view: kpm_device::DeviceView) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let socket = kpm_cache::PluginEndpoint::RegistrationSocket("/run/gpu.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", socket, ["v1beta1"]);
 /// let _ = view.register(&plugin).await;
 /// # }
 /// ```
@@ -47,7 +49,8 @@ use crate::manager::{DeviceManager, DevicePluginReport, ResourceStatus};
 /// ```compile_fail
 /// # async fn holder(view: kpm_device::DeviceView) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let socket = kpm_cache::PluginEndpoint::RegistrationSocket("/run/gpu.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("vendor.com/gpu", socket, ["v1beta1"]);
 /// view.deregister(&plugin).await;
 /// # }
 /// ```

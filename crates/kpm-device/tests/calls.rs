@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_device::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, DeviceConfig,
@@ -17,6 +18,12 @@ use kpm_device::{
 use support::{Behaviour, DEADLINE, GPU, Served, healthy, serve, wait_for_counts};
 use tempfile::TempDir;
 use tonic::Status;
+
+/// A device plugin as the plugin watcher finds it: served on its
+/// registration socket, having advertised no endpoint.
+fn on_socket(socket: impl Into<std::path::PathBuf>) -> PluginEndpoint {
+    PluginEndpoint::RegistrationSocket(socket.into())
+}
 
 struct Setup {
     dir: TempDir,
@@ -40,7 +47,11 @@ impl Setup {
         let served = serve(self.dir.path(), file, healthy(&["d1", "d2"]), behaviour).await;
         let handler: &dyn PluginHandler = &*self.manager;
         handler
-            .register(&PluginDetails::new(GPU, served.endpoint(), ["v1beta1".to_owned()]))
+            .register(&PluginDetails::new(
+                GPU,
+                on_socket(served.endpoint()),
+                ["v1beta1".to_owned()],
+            ))
             .await
             .unwrap();
         wait_for_counts(&self.manager, GPU, 2, 0).await;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use kpm_api::deviceplugin::v1beta1::Empty;
 use kpm_api::deviceplugin::v1beta1::device_plugin_client::DevicePluginClient;
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_device::{DeviceConfig, DeviceError, DeviceManager, DeviceStatus, KubeletSocket};
 use support::{
@@ -19,6 +20,12 @@ use support::{
 };
 use tempfile::TempDir;
 use tonic::{Code, Status};
+
+/// A device plugin as the plugin watcher finds it: served on its
+/// registration socket, having advertised no endpoint.
+fn on_socket(socket: impl Into<std::path::PathBuf>) -> PluginEndpoint {
+    PluginEndpoint::RegistrationSocket(socket.into())
+}
 
 struct Setup {
     dir: TempDir,
@@ -51,18 +58,20 @@ impl Setup {
         let handler: &dyn PluginHandler = &*self.manager;
         let versions = ["v1beta1".to_owned()];
         handler
-            .validate(&PluginDetails::new(name, endpoint, versions.clone()))
+            .validate(&PluginDetails::new(name, on_socket(endpoint), versions.clone()))
             .await
             .map_err(|err| err.to_string())?;
         handler
-            .register(&PluginDetails::new(name, endpoint, versions.clone()))
+            .register(&PluginDetails::new(name, on_socket(endpoint), versions.clone()))
             .await
             .map_err(|err| err.to_string())
     }
 
     async fn deregister(&self, name: &str, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(&PluginDetails::new(name, endpoint, Vec::<String>::new())).await;
+        handler
+            .deregister(&PluginDetails::new(name, on_socket(endpoint), Vec::<String>::new()))
+            .await;
     }
 }
 
@@ -191,8 +200,10 @@ async fn invalid_plugins_are_rejected_by_validation_with_the_kubelets_texts() {
     let endpoint = plugin.endpoint();
 
     let versions = ["v1alpha1".to_owned(), "v1".to_owned()];
-    let err =
-        handler.validate(&PluginDetails::new(GPU, &endpoint, versions.clone())).await.unwrap_err();
+    let err = handler
+        .validate(&PluginDetails::new(GPU, on_socket(&endpoint), versions.clone()))
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         "manager version, v1beta1, is not among plugin supported versions [v1alpha1 v1]"
@@ -200,7 +211,7 @@ async fn invalid_plugins_are_rejected_by_validation_with_the_kubelets_texts() {
     let versions = ["v1beta1".to_owned()];
     for name in ["gpu", "kubernetes.io/gpu", "requests.vendor.com/gpu"] {
         let err = handler
-            .validate(&PluginDetails::new(name, &endpoint, versions.clone()))
+            .validate(&PluginDetails::new(name, on_socket(&endpoint), versions.clone()))
             .await
             .unwrap_err();
         assert_eq!(
@@ -209,7 +220,10 @@ async fn invalid_plugins_are_rejected_by_validation_with_the_kubelets_texts() {
         );
         // Register checks again.
         assert!(
-            handler.register(&PluginDetails::new(name, &endpoint, versions.clone())).await.is_err()
+            handler
+                .register(&PluginDetails::new(name, on_socket(&endpoint), versions.clone()))
+                .await
+                .is_err()
         );
     }
     assert_eq!(plugin.plugin.options_calls(), 0);

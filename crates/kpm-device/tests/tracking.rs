@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_device::{AllocateRequest, DeviceConfig, DeviceError, DeviceManager, KubeletSocket};
 use support::{
@@ -18,6 +19,12 @@ use support::{
 use tempfile::TempDir;
 use tokio::time::Instant;
 use tonic::Status;
+
+/// A device plugin as the plugin watcher finds it: served on its
+/// registration socket, having advertised no endpoint.
+fn on_socket(socket: impl Into<std::path::PathBuf>) -> PluginEndpoint {
+    PluginEndpoint::RegistrationSocket(socket.into())
+}
 
 /// Short enough to wait for, long enough to observe the resource before.
 const GRACE: Duration = Duration::from_millis(300);
@@ -54,14 +61,24 @@ impl Setup {
     async fn register(&self, served: &Served) {
         let handler: &dyn PluginHandler = &*self.manager;
         handler
-            .register(&PluginDetails::new(GPU, served.endpoint(), ["v1beta1".to_owned()]))
+            .register(&PluginDetails::new(
+                GPU,
+                on_socket(served.endpoint()),
+                ["v1beta1".to_owned()],
+            ))
             .await
             .unwrap();
     }
 
     async fn deregister(&self, served: &Served) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(&PluginDetails::new(GPU, served.endpoint(), Vec::<String>::new())).await;
+        handler
+            .deregister(&PluginDetails::new(
+                GPU,
+                on_socket(served.endpoint()),
+                Vec::<String>::new(),
+            ))
+            .await;
     }
 
     async fn wait_until_removed(&self) {
@@ -225,7 +242,11 @@ async fn shutdown_closes_every_endpoint_stream_and_refuses_new_registrations() {
     setup.register(&gpu).await;
     let handler: &dyn PluginHandler = &*setup.manager;
     handler
-        .register(&PluginDetails::new("example.org/nic", nic.endpoint(), ["v1beta1".to_owned()]))
+        .register(&PluginDetails::new(
+            "example.org/nic",
+            on_socket(nic.endpoint()),
+            ["v1beta1".to_owned()],
+        ))
         .await
         .unwrap();
     wait_until(&setup.manager, "both resources have a healthy device", |all| {
@@ -241,7 +262,7 @@ async fn shutdown_closes_every_endpoint_stream_and_refuses_new_registrations() {
         assert_eq!((status.endpoint.as_str(), status.healthy, status.unhealthy), ("", 0, 1));
     }
     let err = handler
-        .register(&PluginDetails::new(GPU, gpu.endpoint(), ["v1beta1".to_owned()]))
+        .register(&PluginDetails::new(GPU, on_socket(gpu.endpoint()), ["v1beta1".to_owned()]))
         .await
         .unwrap_err();
     assert!(err.to_string().starts_with("device manager is shut down"), "{err}");

@@ -259,7 +259,7 @@ fn judge(
         row.versions.clone_from(&info.supported_versions);
     }
     // An empty endpoint is the registration socket, as it was read.
-    row.endpoint = inspection.endpoint.as_deref().map(|endpoint| view.as_on_host(endpoint));
+    row.endpoint = inspection.endpoint.map(|endpoint| view.as_on_host(&endpoint.target()));
     row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps

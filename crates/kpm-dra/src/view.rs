@@ -21,7 +21,8 @@ use crate::manager::{DraConfig, DraDriverStatus, DraManager};
 /// ```
 /// # async fn owner(manager: std::sync::Arc<kpm_dra::DraManager>) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// let endpoint = kpm_cache::PluginEndpoint::Advertised("/run/dra.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", endpoint, ["v1.DRAPlugin"]);
 /// let _ = manager.register(&plugin).await;
 /// manager.deregister(&plugin).await;
 /// manager.clean_up_leftovers().await;
@@ -34,7 +35,8 @@ use crate::manager::{DraConfig, DraDriverStatus, DraManager};
 /// ```compile_fail
 /// # async fn holder(view: kpm_dra::DraView) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// let endpoint = kpm_cache::PluginEndpoint::Advertised("/run/dra.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", endpoint, ["v1.DRAPlugin"]);
 /// let _ = view.register(&plugin).await;
 /// # }
 /// ```
@@ -42,7 +44,8 @@ use crate::manager::{DraConfig, DraDriverStatus, DraManager};
 /// ```compile_fail
 /// # async fn holder(view: kpm_dra::DraView) {
 /// use kpm_cache::PluginHandler as _;
-/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", "/run/dra.sock", ["v1.DRAPlugin"]);
+/// let endpoint = kpm_cache::PluginEndpoint::Advertised("/run/dra.sock".into());
+/// let plugin = kpm_cache::PluginDetails::new("gpu.example.com", endpoint, ["v1.DRAPlugin"]);
 /// view.deregister(&plugin).await;
 /// # }
 /// ```

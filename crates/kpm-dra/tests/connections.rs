@@ -11,12 +11,18 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraDriverStatus, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_until};
 use support::{FakeDriver, Health, Serves, claim, serve, strings};
 use tempfile::TempDir;
 use tokio::time::Instant;
+
+/// An endpoint as a DRA driver advertises it.
+fn advertised(endpoint: impl Into<String>) -> PluginEndpoint {
+    PluginEndpoint::Advertised(endpoint.into())
+}
 
 const DRIVER: &str = "gpu.example.com";
 
@@ -46,13 +52,21 @@ impl Setup {
     async fn register(&self, endpoint: &str, services: &[&str]) {
         let handler: &dyn PluginHandler = &*self.manager;
         let services = strings(services);
-        handler.validate(&PluginDetails::new(DRIVER, endpoint, services.clone())).await.unwrap();
-        handler.register(&PluginDetails::new(DRIVER, endpoint, services.clone())).await.unwrap();
+        handler
+            .validate(&PluginDetails::new(DRIVER, advertised(endpoint), services.clone()))
+            .await
+            .unwrap();
+        handler
+            .register(&PluginDetails::new(DRIVER, advertised(endpoint), services.clone()))
+            .await
+            .unwrap();
     }
 
     async fn deregister(&self, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(&PluginDetails::new(DRIVER, endpoint, Vec::<String>::new())).await;
+        handler
+            .deregister(&PluginDetails::new(DRIVER, advertised(endpoint), Vec::<String>::new()))
+            .await;
     }
 
     fn status(&self) -> Option<DraDriverStatus> {
@@ -256,7 +270,10 @@ async fn shutdown_cancels_pending_cleanups_and_closes_connections() {
     let other = "other.example.com";
     let handler: &dyn PluginHandler = &*setup.manager;
     let down = setup.endpoint("down.sock");
-    handler.register(&PluginDetails::new(other, &down, strings(&["v1.DRAPlugin"]))).await.unwrap();
+    handler
+        .register(&PluginDetails::new(other, advertised(&down), strings(&["v1.DRAPlugin"])))
+        .await
+        .unwrap();
     assert!(
         setup
             .manager

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use kpm_api::dra_health::v1::HealthStatus;
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::{EventBus, PluginEvent, PluginHandler};
 use kpm_dra::{DeviceHealthStatus, DraConfig, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, wait_with_clock_held, with_clock_held, within};
@@ -24,6 +25,11 @@ use support::{FakeDriver, Health, Served, Serves, serve, strings};
 use tempfile::TempDir;
 use tokio::sync::broadcast::{self, error::TryRecvError};
 use tokio::time::{Instant, sleep_until};
+
+/// An endpoint as a DRA driver advertises it.
+fn advertised(endpoint: impl Into<String>) -> PluginEndpoint {
+    PluginEndpoint::Advertised(endpoint.into())
+}
 
 const DRIVER: &str = "gpu.example.com";
 
@@ -59,7 +65,7 @@ impl Setup {
         let services = strings(services);
         with_clock_held(handler.register(&PluginDetails::new(
             DRIVER,
-            served.endpoint(),
+            advertised(served.endpoint()),
             services.clone(),
         )))
         .await
@@ -244,7 +250,11 @@ async fn a_timer_exists_only_while_a_device_health_can_expire() {
     assert_eq!(setup.manager.health_timers(), 0);
     let handler: &dyn PluginHandler = &*setup.manager;
     handler
-        .deregister(&PluginDetails::new(DRIVER, plain_served.endpoint(), Vec::<String>::new()))
+        .deregister(&PluginDetails::new(
+            DRIVER,
+            advertised(plain_served.endpoint()),
+            Vec::<String>::new(),
+        ))
         .await;
 
     // A health stream with no devices reported yet: none either.
@@ -257,7 +267,13 @@ async fn a_timer_exists_only_while_a_device_health_can_expire() {
     assert_eq!(setup.manager.health_timers(), 1, "one for the device");
 
     // The driver goes: its devices, and their timer, go with it.
-    handler.deregister(&PluginDetails::new(DRIVER, served.endpoint(), Vec::<String>::new())).await;
+    handler
+        .deregister(&PluginDetails::new(
+            DRIVER,
+            advertised(served.endpoint()),
+            Vec::<String>::new(),
+        ))
+        .await;
     assert!(setup.devices().is_empty());
     let manager = Arc::clone(&setup.manager);
     wait_with_clock_held("the stream's task and its timer are dropped", move || {

@@ -12,12 +12,18 @@ use std::time::Duration;
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_cache::PluginDetails;
+use kpm_cache::PluginEndpoint;
 use kpm_cache::PluginHandler;
 use kpm_dra::{DraConfig, DraConfigError, DraError, DraManager, InMemoryCleanup};
 use kpm_test_support::{DEADLINE, within};
 use support::{FakeDriver, Serves, claim, serve, strings};
 use tempfile::TempDir;
 use tokio::time::Instant;
+
+/// An endpoint as a DRA driver advertises it.
+fn advertised(endpoint: impl Into<String>) -> PluginEndpoint {
+    PluginEndpoint::Advertised(endpoint.into())
+}
 
 const DRIVER: &str = "gpu.example.com";
 
@@ -61,18 +67,20 @@ impl Setup {
         let handler: &dyn PluginHandler = &*self.manager;
         let services = strings(services);
         handler
-            .validate(&PluginDetails::new(driver, endpoint, services.clone()))
+            .validate(&PluginDetails::new(driver, advertised(endpoint), services.clone()))
             .await
             .map_err(|err| err.to_string())?;
         handler
-            .register(&PluginDetails::new(driver, endpoint, services.clone()))
+            .register(&PluginDetails::new(driver, advertised(endpoint), services.clone()))
             .await
             .map_err(|err| err.to_string())
     }
 
     async fn deregister(&self, driver: &str, endpoint: &str) {
         let handler: &dyn PluginHandler = &*self.manager;
-        handler.deregister(&PluginDetails::new(driver, endpoint, Vec::<String>::new())).await;
+        handler
+            .deregister(&PluginDetails::new(driver, advertised(endpoint), Vec::<String>::new()))
+            .await;
     }
 
     /// (endpoint, version, connected) of each instance of `driver`.
@@ -267,13 +275,13 @@ async fn invalid_driver_names_and_endpoints_are_rejected_with_the_kubelets_reaso
     ];
     for (case, driver, endpoint, fragment) in cases {
         let err = handler
-            .register(&PluginDetails::new(driver, endpoint, services.clone()))
+            .register(&PluginDetails::new(driver, advertised(endpoint), services.clone()))
             .await
             .unwrap_err()
             .to_string();
         assert!(err.contains(fragment), "{case}: register: {err}");
         let err = handler
-            .validate(&PluginDetails::new(driver, endpoint, services.clone()))
+            .validate(&PluginDetails::new(driver, advertised(endpoint), services.clone()))
             .await
             .unwrap_err()
             .to_string();

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kpm_api::registration::v1::PluginInfo as WirePluginInfo;
-use kpm_cache::ServiceReport;
+use kpm_cache::{PluginEndpoint, ServiceReport};
 use tokio::time::Instant;
 
 use crate::ExecutorError;
@@ -90,8 +90,9 @@ pub struct Inspection {
     pub steps: Vec<InspectedStep>,
     /// What the plugin answered `GetInfo`, if it answered.
     pub info: Option<WirePluginInfo>,
-    /// The endpoint its handler is given: `GetInfo`'s, else the socket.
-    pub endpoint: Option<String>,
+    /// The endpoint its handler is given: the one it advertised in
+    /// `GetInfo`, else the socket.
+    pub endpoint: Option<PluginEndpoint>,
     /// The process serving the socket (`SO_PEERCRED`), if it answered and
     /// is visible from here.
     pub server_pid: Option<u32>,

@@ -11,15 +11,17 @@ use std::path::Path;
 
 use kpm_api::gotext::go_quote;
 use kpm_api::registration::v1::PluginInfo;
+use kpm_cache::PluginEndpoint;
 
 /// Where the plugin that answered `info` on its registration socket `socket`
-/// serves: the endpoint it gave, or, when it gave none, the registration
-/// socket itself (as the kubelet has it).
-pub fn plugin_endpoint(info: &PluginInfo, socket: &Path) -> String {
+/// (as this process reaches it) serves: the endpoint it advertised, as it
+/// sent it, or, when it advertised none, the registration socket itself
+/// (the kubelet's rule).
+pub fn plugin_endpoint(info: &PluginInfo, socket: &Path) -> PluginEndpoint {
     if info.endpoint.is_empty() {
-        socket.to_string_lossy().into_owned()
+        PluginEndpoint::RegistrationSocket(socket.to_path_buf())
     } else {
-        info.endpoint.clone()
+        PluginEndpoint::Advertised(info.endpoint.clone())
     }
 }
 
@@ -67,6 +69,28 @@ mod tests {
             name: name.into(),
             endpoint: endpoint.into(),
             supported_versions: versions.iter().map(|v| (*v).to_owned()).collect(),
+        }
+    }
+
+    /// Who gave the endpoint stays known: an advertised one is kept as it
+    /// was sent, even when it names the registration socket or looks like
+    /// a path under a host root.
+    #[test]
+    fn the_endpoint_is_the_advertised_one_else_the_registration_socket() {
+        let socket = Path::new("/host/var/lib/kubelet/plugins_registry/gpu-reg.sock");
+        let advertised = |endpoint: &str| PluginEndpoint::Advertised(endpoint.to_owned());
+        let cases = [
+            ("", PluginEndpoint::RegistrationSocket(socket.to_path_buf())),
+            ("unix:///csi/csi.sock", advertised("unix:///csi/csi.sock")),
+            ("/host/csi.sock", advertised("/host/csi.sock")),
+            (
+                "/host/var/lib/kubelet/plugins_registry/gpu-reg.sock",
+                advertised("/host/var/lib/kubelet/plugins_registry/gpu-reg.sock"),
+            ),
+        ];
+        for (sent, endpoint) in cases {
+            let answer = info("DevicePlugin", "gpu", sent, &["v1beta1"]);
+            assert_eq!(plugin_endpoint(&answer, socket), endpoint, "{sent:?}");
         }
     }
 

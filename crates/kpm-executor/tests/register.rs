@@ -11,7 +11,8 @@ use std::time::Duration;
 use kpm_api::constants::MAX_CONFIG_DURATION;
 use kpm_api::registration::v1::{PluginInfo, RegistrationStatus};
 use kpm_cache::{
-    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginHandler,
+    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginEndpoint,
+    PluginHandler,
 };
 use kpm_executor::{
     ExecutorConfig, ExecutorError, ExponentialBackoff, Handlers, OperationExecutor, OperationStatus,
@@ -51,7 +52,7 @@ struct RecordingHandler {
 #[async_trait::async_trait]
 impl PluginHandler for RecordingHandler {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.events.lock().push(format!("validate {name} {endpoint}"));
         match self.reject_validation {
             Some(reason) => Err(reason.into()),
@@ -60,7 +61,7 @@ impl PluginHandler for RecordingHandler {
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.events.lock().push(format!("register {name} {endpoint}"));
         match self.misbehave {
             Some("panic") => panic!("boom"),
@@ -76,7 +77,7 @@ impl PluginHandler for RecordingHandler {
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &plugin.endpoint);
         self.events.lock().push(format!("deregister {name} {endpoint}"));
     }
 }
@@ -213,7 +214,7 @@ async fn registration_succeeds_and_the_plugin_is_told() {
         (info.plugin.name.as_str(), info.plugin_type.as_str()),
         ("vendor.com/gpu", "DevicePlugin")
     );
-    assert_eq!(info.plugin.endpoint, endpoint);
+    assert_eq!(info.plugin.endpoint, PluginEndpoint::RegistrationSocket(served.socket.clone()));
     assert_eq!(info.plugin.versions, ["v1beta1"]);
     assert!(h.actual.contains_generation(&served.socket, generation));
     assert!(h.executor.operations().is_empty(), "a success leaves no entry behind");
@@ -227,7 +228,10 @@ async fn an_explicit_endpoint_is_passed_to_the_handler() {
     let h = harness(RecordingHandler::default(), ExecutorConfig::default());
     h.register(&served.socket, h.generation(&served.socket)).await;
     assert_eq!(h.handler.events()[1], "register vendor.com/nic /run/nic/service.sock");
-    assert_eq!(h.actual.get(&served.socket).unwrap().plugin.endpoint, "/run/nic/service.sock");
+    assert_eq!(
+        h.actual.get(&served.socket).unwrap().plugin.endpoint,
+        PluginEndpoint::Advertised("/run/nic/service.sock".into())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

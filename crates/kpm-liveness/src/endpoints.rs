@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kpm_api::FileId;
+use kpm_cache::PluginEndpoint;
 use notify::{Config, Event, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
@@ -24,12 +25,21 @@ pub(crate) fn socket_at(endpoint: &Path) -> Option<FileId> {
     meta.file_type().is_socket().then(|| FileId::of(&meta))
 }
 
-/// The endpoint of a plugin as a path to watch (`kpm_transport::endpoint_path`:
-/// a CSI driver may report a gRPC target); `None` for one that is not
-/// absolute or is its registration socket, which the registry's watcher
-/// covers.
-pub(crate) fn watched_path(endpoint: &str, socket: &Path) -> Option<PathBuf> {
-    let path = kpm_transport::endpoint_path(endpoint);
+/// The socket a plugin is served on: the endpoint it advertised, as a path
+/// (`kpm_transport::endpoint_path`: a CSI driver may advertise a gRPC
+/// target), else its registration socket.
+pub(crate) fn served_on(endpoint: &PluginEndpoint) -> &Path {
+    match endpoint {
+        PluginEndpoint::Advertised(endpoint) => kpm_transport::endpoint_path(endpoint),
+        PluginEndpoint::RegistrationSocket(socket) => socket,
+    }
+}
+
+/// The socket a plugin registered at `socket` is served on, as a path to
+/// watch; `None` for one that is not absolute or is its registration
+/// socket, which the registry's watcher covers.
+pub(crate) fn watched_path(endpoint: &PluginEndpoint, socket: &Path) -> Option<PathBuf> {
+    let path = served_on(endpoint);
     (path.is_absolute() && path != socket).then(|| path.to_path_buf())
 }
 
@@ -159,11 +169,14 @@ mod tests {
     fn endpoints_are_watched_by_absolute_path_and_never_as_the_registration_socket() {
         let socket = Path::new("/r/plugins_registry/a-reg.sock");
         let csi = Some(PathBuf::from("/r/plugins/a/csi.sock"));
-        assert_eq!(watched_path("/r/plugins/a/csi.sock", socket), csi);
-        assert_eq!(watched_path("unix:///r/plugins/a/csi.sock", socket), csi);
-        assert_eq!(watched_path("unix:/r/plugins/a/csi.sock", socket), csi);
-        assert_eq!(watched_path("/r/plugins_registry/a-reg.sock", socket), None);
-        assert_eq!(watched_path("a.sock", socket), None);
-        assert_eq!(watched_path("", socket), None);
+        let advertised = |endpoint: &str| PluginEndpoint::Advertised(endpoint.to_owned());
+        assert_eq!(watched_path(&advertised("/r/plugins/a/csi.sock"), socket), csi);
+        assert_eq!(watched_path(&advertised("unix:///r/plugins/a/csi.sock"), socket), csi);
+        assert_eq!(watched_path(&advertised("unix:/r/plugins/a/csi.sock"), socket), csi);
+        assert_eq!(watched_path(&advertised("/r/plugins_registry/a-reg.sock"), socket), None);
+        assert_eq!(watched_path(&advertised("a.sock"), socket), None);
+        assert_eq!(watched_path(&advertised(""), socket), None);
+        let served_on_socket = PluginEndpoint::RegistrationSocket(socket.to_path_buf());
+        assert_eq!(watched_path(&served_on_socket, socket), None);
     }
 }

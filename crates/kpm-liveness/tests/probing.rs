@@ -11,8 +11,8 @@ use std::time::Duration;
 use kpm_api::config::DurationOutOfRange;
 use kpm_api::constants::{CSI_PLUGIN, MAX_CONFIG_DURATION};
 use kpm_cache::{
-    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginEvent,
-    PluginHandler, Registered,
+    ActualState, DesiredState, EventBus, Generation, HandlerError, PluginDetails, PluginEndpoint,
+    PluginEvent, PluginHandler, Registered,
 };
 use kpm_liveness::{
     LivenessConfig, LivenessError, LivenessMonitor, MAX_KEPT_CONNECTIONS, SharedConnections,
@@ -125,13 +125,19 @@ impl Harness {
         server_pid: Option<u32>,
     ) -> Generation {
         let generation = self.desired.add_or_update(socket).unwrap();
+        // Served on its registration socket: it advertised none.
+        let served_at = if endpoint == socket {
+            PluginEndpoint::RegistrationSocket(socket.to_path_buf())
+        } else {
+            PluginEndpoint::Advertised(endpoint.display().to_string())
+        };
         self.actual
             .add(Registered::new(
                 kpm_cache::Registration::new(
                     socket,
                     generation,
                     plugin_type,
-                    PluginDetails::new("test", endpoint.display().to_string(), ["v1"]),
+                    PluginDetails::new("test", served_at.clone(), ["v1"]),
                     server_pid,
                 ),
                 Arc::new(NoHandler),
@@ -142,7 +148,7 @@ impl Harness {
             generation,
             plugin_type: plugin_type.into(),
             name: "test".into(),
-            endpoint: endpoint.display().to_string(),
+            endpoint: served_at,
         });
         generation
     }

@@ -2,7 +2,7 @@
 //! behaviour over time is in `tests/`.
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_cache::{HandlerError, PluginDetails, Registration};
+use kpm_cache::{HandlerError, PluginDetails, PluginEndpoint, Registration};
 use kpm_executor::ExecutorConfig;
 
 use super::*;
@@ -38,7 +38,8 @@ fn reconciler(desired: &Arc<DesiredState>, actual: &Arc<ActualState>) -> Reconci
 }
 
 fn registered(socket: &Path, generation: Generation) -> Registered {
-    let plugin = PluginDetails::new("test", socket.display().to_string(), ["v1beta1"]);
+    let endpoint = PluginEndpoint::RegistrationSocket(socket.to_path_buf());
+    let plugin = PluginDetails::new("test", endpoint, ["v1beta1"]);
     Registered::new(
         Registration::new(socket, generation, "DevicePlugin", plugin, None),
         Arc::new(NoopHandler),

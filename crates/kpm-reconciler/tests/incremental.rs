@@ -14,7 +14,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_cache::{DesiredState, PluginDetails, PluginEvent, Registered, Registration};
+use kpm_cache::{
+    DesiredState, PluginDetails, PluginEndpoint, PluginEvent, Registered, Registration,
+};
 use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 use kpm_reconciler::ReconcilerConfig;
 use kpm_test_support::registration::serve;
@@ -166,7 +168,8 @@ async fn changes_between_two_passes_make_one_decision() {
 /// A plugin as if registered by someone else: no event tells the reconciler.
 fn stray(socket: &Path, handler: &Arc<Handler>) -> Registered {
     let generation = DesiredState::new().add_or_update(socket).unwrap();
-    let plugin = PluginDetails::new("stray", socket.display().to_string(), ["v1beta1"]);
+    let endpoint = PluginEndpoint::RegistrationSocket(socket.to_path_buf());
+    let plugin = PluginDetails::new("stray", endpoint, ["v1beta1"]);
     let registration = Registration::new(socket, generation, "DevicePlugin", plugin, None);
     Registered::new(registration, Arc::clone(handler) as _)
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kpm_cache::{Generation, PluginEvent};
+use kpm_cache::{Generation, PluginEndpoint, PluginEvent};
 use kpm_executor::{ExecutorConfig, ExponentialBackoff};
 use kpm_test_support::DEADLINE;
 use kpm_test_support::registration::serve;
@@ -190,7 +190,7 @@ async fn events_tell_the_story_of_a_socket() {
     while !matches!(seen.last(), Some(PluginEvent::Deregistered { .. })) {
         seen.push(tokio::time::timeout(DEADLINE, events.recv()).await.unwrap().unwrap());
     }
-    let endpoint = socket.display().to_string();
+    let endpoint = PluginEndpoint::RegistrationSocket(socket.clone());
     assert_eq!(
         seen,
         [

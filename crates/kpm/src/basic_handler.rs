@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use kpm_cache::{HandlerError, PluginDetails, PluginHandler};
+use kpm_cache::{HandlerError, PluginDetails, PluginEndpoint, PluginHandler};
 use parking_lot::Mutex;
 
 /// A plugin the basic handler holds.
@@ -14,8 +14,8 @@ use parking_lot::Mutex;
 pub struct BasicRegistration {
     /// The plugin's name.
     pub name: String,
-    /// The plugin's service socket.
-    pub endpoint: String,
+    /// Where the plugin serves.
+    pub endpoint: PluginEndpoint,
     /// The versions the plugin supports.
     pub versions: Vec<String>,
 }
@@ -26,7 +26,7 @@ pub struct BasicRegistration {
 #[derive(Debug)]
 pub struct BasicHandler {
     plugin_type: String,
-    registered: Mutex<BTreeMap<(String, String), Vec<String>>>,
+    registered: Mutex<BTreeMap<(String, PluginEndpoint), Vec<String>>>,
 }
 
 impl BasicHandler {
@@ -86,7 +86,8 @@ mod tests {
     async fn accepts_named_versioned_plugins_and_tracks_instances() {
         let handler = BasicHandler::new("DevicePlugin");
         let versions = vec!["v1beta1".to_owned()];
-        let gpu = |socket| PluginDetails::new("vendor.com/gpu", socket, versions.clone());
+        let socket = |path: &str| PluginEndpoint::RegistrationSocket(path.into());
+        let gpu = |path| PluginDetails::new("vendor.com/gpu", socket(path), versions.clone());
         handler.register(&gpu("/a.sock")).await.unwrap();
         handler.register(&gpu("/b.sock")).await.unwrap();
         assert_eq!(handler.registered().len(), 2);
@@ -95,7 +96,7 @@ mod tests {
             handler.registered(),
             [BasicRegistration {
                 name: "vendor.com/gpu".into(),
-                endpoint: "/b.sock".into(),
+                endpoint: socket("/b.sock"),
                 versions
             }]
         );
@@ -104,11 +105,17 @@ mod tests {
     #[tokio::test]
     async fn rejects_an_empty_name_or_no_versions_with_a_reason() {
         let handler = BasicHandler::new("CSIPlugin");
-        let err = handler.validate(&PluginDetails::new("", "/s", ["1.0.0"])).await.unwrap_err();
+        let endpoint = PluginEndpoint::Advertised("/s".into());
+        let err = handler
+            .validate(&PluginDetails::new("", endpoint.clone(), ["1.0.0"]))
+            .await
+            .unwrap_err();
         assert_eq!(err.to_string(), "CSIPlugin plugin reported an empty name");
         let none: [&str; 0] = [];
-        let err =
-            handler.validate(&PluginDetails::new("csi.example.com", "/s", none)).await.unwrap_err();
+        let err = handler
+            .validate(&PluginDetails::new("csi.example.com", endpoint, none))
+            .await
+            .unwrap_err();
         assert!(err.to_string().contains("no supported versions"), "{err}");
         assert!(handler.registered().is_empty());
     }

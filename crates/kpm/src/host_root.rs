@@ -4,15 +4,18 @@
 //!
 //! A plugin advertises its endpoint as a path on the host (a CSI driver's
 //! `/var/lib/kubelet/plugins/<driver>/csi.sock`); such a process reaches it
-//! only under the prefix. Everything else a handler is given is a name or a
-//! version, which no mount changes.
+//! only under the prefix. A plugin that advertises none is served on its
+//! registration socket, which the executor found as this process reaches
+//! it: that one is not moved. Everything else a handler is given is a name
+//! or a version, which no mount changes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kpm_cache::{HandlerError, PluginDetails, PluginHandler, ServiceReport};
+use kpm_cache::{HandlerError, PluginDetails, PluginEndpoint, PluginHandler, ServiceReport};
 
-/// Delegates to `inner` with every endpoint moved under `host_root`.
+/// Delegates to `inner` with every advertised endpoint moved under
+/// `host_root`.
 struct UnderHostRoot {
     inner: Arc<dyn PluginHandler>,
     host_root: PathBuf,
@@ -34,27 +37,26 @@ pub(crate) fn seen_from(
 }
 
 /// `endpoint`, a path on the host (a `unix://` or `unix:` prefix, as some
-/// drivers report it, stripped), as a process that sees the host's `/` at
-/// `host_root` reaches it. A relative endpoint is left as it is, for the
-/// handler to judge, and so is one already under `host_root`: a plugin
-/// that advertises no endpoint is served on its registration socket, which
-/// the executor hands over as it reached it, under the prefix.
-pub(crate) fn under_host_root(host_root: &Path, endpoint: &str) -> String {
-    let on_host = kpm_transport::endpoint_path(endpoint);
-    if on_host.starts_with(host_root) {
-        return on_host.to_string_lossy().into_owned();
-    }
-    match on_host.strip_prefix("/") {
+/// drivers advertise it, stripped), as a process that sees the host's `/`
+/// at `host_root` reaches it. A relative endpoint is left as it is, for the
+/// handler to judge. Every absolute one is moved, one that starts with
+/// `host_root`'s name too: on the host, `/host/…` is a path like any other.
+fn under_host_root(host_root: &Path, endpoint: &str) -> String {
+    match kpm_transport::endpoint_path(endpoint).strip_prefix("/") {
         Ok(relative) => host_root.join(relative).to_string_lossy().into_owned(),
         Err(_) => endpoint.to_owned(),
     }
 }
 
 impl UnderHostRoot {
-    /// `plugin` with its endpoint as this process reaches it.
+    /// `plugin` with its endpoint as this process reaches it. It stays
+    /// `Advertised`, moved: who gave it does not change, and the inner
+    /// handler judges it by the same rules.
     fn moved(&self, plugin: &PluginDetails) -> PluginDetails {
         let mut moved = plugin.clone();
-        moved.endpoint = under_host_root(&self.host_root, &plugin.endpoint);
+        if let PluginEndpoint::Advertised(on_host) = &plugin.endpoint {
+            moved.endpoint = PluginEndpoint::Advertised(under_host_root(&self.host_root, on_host));
+        }
         moved
     }
 }
@@ -84,6 +86,7 @@ impl PluginHandler for UnderHostRoot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::BasicHandler;
 
     #[test]
     fn an_endpoint_on_the_host_is_reached_under_the_prefix() {
@@ -95,6 +98,13 @@ mod tests {
             ),
             ("unix:///csi/csi.sock", "/host/csi/csi.sock"),
             ("unix:/csi/csi.sock", "/host/csi/csi.sock"),
+            // A host path that starts with the prefix's name is still the
+            // host's: nothing is taken for already moved.
+            (
+                "/host/var/lib/kubelet/plugins/x/csi.sock",
+                "/host/host/var/lib/kubelet/plugins/x/csi.sock",
+            ),
+            ("/hostile/a.sock", "/host/hostile/a.sock"),
         ];
         for (endpoint, reached) in cases {
             assert_eq!(under_host_root(host, endpoint), reached, "{endpoint}");
@@ -103,10 +113,49 @@ mod tests {
         // handler's to refuse.
         assert_eq!(under_host_root(Path::new("/"), "/run/a.sock"), "/run/a.sock");
         assert_eq!(under_host_root(host, "dra.sock"), "dra.sock");
-        // The registration socket of a plugin with no endpoint of its own,
-        // as the executor reached it.
+    }
+
+    /// The inner handler is given an advertised endpoint moved under the
+    /// host root, and a registration socket as the executor reached it.
+    #[tokio::test]
+    async fn only_an_advertised_endpoint_is_moved() {
+        let inner = Arc::new(BasicHandler::new("CSIPlugin"));
+        let handler = seen_from(Some(Path::new("/host")), &(Arc::clone(&inner) as _));
         let socket = "/host/var/lib/kubelet/plugins_registry/gpu-reg.sock";
-        assert_eq!(under_host_root(host, socket), socket);
-        assert_eq!(under_host_root(host, "/hostile/a.sock"), "/host/hostile/a.sock");
+        let plugins = [
+            ("a.example.com", PluginEndpoint::Advertised("/host/a/csi.sock".into())),
+            ("b.example.com", PluginEndpoint::Advertised("unix:///b/csi.sock".into())),
+            ("c.example.com", PluginEndpoint::RegistrationSocket(socket.into())),
+        ];
+        for (name, endpoint) in plugins {
+            handler.register(&PluginDetails::new(name, endpoint, ["1.0.0"])).await.unwrap();
+        }
+        let reached: Vec<_> = inner
+            .registered()
+            .into_iter()
+            .map(|registration| (registration.name, registration.endpoint))
+            .collect();
+        assert_eq!(
+            reached,
+            [
+                (
+                    "a.example.com".into(),
+                    PluginEndpoint::Advertised("/host/host/a/csi.sock".into())
+                ),
+                ("b.example.com".into(), PluginEndpoint::Advertised("/host/b/csi.sock".into())),
+                ("c.example.com".into(), PluginEndpoint::RegistrationSocket(socket.into())),
+            ]
+        );
+        // Deregistration finds them where registration put them.
+        let gone = PluginEndpoint::RegistrationSocket(socket.into());
+        handler.deregister(&PluginDetails::new("c.example.com", gone, ["1.0.0"])).await;
+        handler
+            .deregister(&PluginDetails::new(
+                "a.example.com",
+                PluginEndpoint::Advertised("/host/a/csi.sock".into()),
+                ["1.0.0"],
+            ))
+            .await;
+        assert_eq!(inner.registered().len(), 1);
     }
 }

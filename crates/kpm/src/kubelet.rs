@@ -479,7 +479,8 @@ async fn forward_hangups(
 /// ```compile_fail
 /// # async fn holder(handle: kpm::KubeletHandle) {
 /// use kpm::PluginHandler as _;
-/// let plugin = kpm::PluginDetails::new("vendor.com/gpu", "/run/gpu.sock", ["v1beta1"]);
+/// let socket = kpm::PluginEndpoint::RegistrationSocket("/run/gpu.sock".into());
+/// let plugin = kpm::PluginDetails::new("vendor.com/gpu", socket, ["v1beta1"]);
 /// let _ = handle.devices().register(&plugin).await;
 /// # }
 /// ```

@@ -81,8 +81,8 @@ pub use async_trait::async_trait;
 pub use basic_handler::{BasicHandler, BasicRegistration};
 pub use kpm_api::PluginKind;
 pub use kpm_cache::{
-    DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEvent,
-    PluginHandler, Registration, ServiceReport,
+    DesiredPlugin, EventCounts, Generation, HandlerError, PluginDetails, PluginEndpoint,
+    PluginEvent, PluginHandler, Registration, ServiceReport,
 };
 pub use kpm_executor::{
     Backoff, BackoffError, ExecutorConfig, ExecutorError, ExponentialBackoff, InspectedStep,

@@ -117,7 +117,7 @@ impl serde::Serialize for PluginStatus {
             #[serde(rename = "type")]
             plugin_type: &'a str,
             name: &'a str,
-            endpoint: &'a str,
+            endpoint: std::borrow::Cow<'a, str>,
             versions: &'a [String],
             state: &'static str,
             generation: Generation,
@@ -133,7 +133,7 @@ impl serde::Serialize for PluginStatus {
             socket_path: self.socket_path.display().to_string(),
             plugin_type: registration.map_or("", |registered| &registered.plugin_type),
             name: plugin.map_or("", |plugin| &plugin.name),
-            endpoint: plugin.map_or("", |plugin| &plugin.endpoint),
+            endpoint: plugin.map_or("".into(), |plugin| plugin.endpoint.target()),
             versions: plugin.map_or(&[], |plugin| &plugin.versions),
             state: self.state.as_str(),
             generation: self.generation,

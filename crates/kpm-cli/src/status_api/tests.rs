@@ -9,7 +9,9 @@ use kpm::csi::{CsiDriver, CsiNode, CsiNodeDriver, DriverNodeInfo, NodeInfo, Vers
 use kpm::device::{DeviceStatus, ResourceStatus};
 use kpm::dra::{DeviceHealthStatus, DraDriverStatus, DraInstanceStatus};
 use kpm::kube::{KubeStatus, ObjectKind, ObjectSync, PendingPublication, RequestCount, SyncError};
-use kpm::{Generation, PluginDetails, PluginEvent, PluginState, PluginStatus, Registration};
+use kpm::{
+    Generation, PluginDetails, PluginEndpoint, PluginEvent, PluginState, PluginStatus, Registration,
+};
 use serde_json::{Value, json};
 
 use super::model::{EventLine, PluginList};
@@ -49,7 +51,8 @@ fn plugin(socket: &str, state: PluginState, generation: u64) -> PluginStatus {
 /// A plugin in each state, with every field present and absent.
 fn plugins() -> Vec<PluginStatus> {
     let mut registered = plugin("/r/gpu.sock", PluginState::Registered, 3);
-    let gpu = PluginDetails::new("vendor.com/gpu", "/r/gpu.sock", ["v1beta1"]);
+    let socket = PluginEndpoint::RegistrationSocket("/r/gpu.sock".into());
+    let gpu = PluginDetails::new("vendor.com/gpu", socket, ["v1beta1"]);
     let mut registration =
         Registration::new("/r/gpu.sock", registered.generation, "DevicePlugin", gpu, Some(4242));
     registration.registered_at = at(1);

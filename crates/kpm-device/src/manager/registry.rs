@@ -230,18 +230,18 @@ impl DeviceManager {
 #[async_trait]
 impl PluginHandler for DeviceManager {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint, versions) =
-            (plugin.name.as_str(), plugin.endpoint.as_str(), plugin.versions.as_slice());
-        debug!(resource = name, socket = endpoint, ?versions, "validating device plugin");
+        let (name, versions) = (plugin.name.as_str(), plugin.versions.as_slice());
+        debug!(resource = name, socket = %plugin.endpoint, ?versions, "validating device plugin");
         Ok(self.validate_plugin(name, versions)?)
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        Ok(self.register_plugin(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
+        let endpoint = plugin.endpoint.target();
+        Ok(self.register_plugin(&plugin.name, &endpoint, &plugin.versions).await?)
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        self.deregister_plugin(&plugin.name, &plugin.endpoint);
+        self.deregister_plugin(&plugin.name, &plugin.endpoint.target());
     }
 
     /// Its options and first device list ([`DeviceManager::inspect_endpoint`]).
@@ -249,7 +249,8 @@ impl PluginHandler for DeviceManager {
         &self,
         plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let report = self.inspect_endpoint(&plugin.name, Path::new(&plugin.endpoint));
+        let endpoint = plugin.endpoint.target();
+        let report = self.inspect_endpoint(&plugin.name, Path::new(endpoint.as_ref()));
         Ok(Some(Box::new(report.await?)))
     }
 }

@@ -228,15 +228,16 @@ impl Shared {
 #[async_trait]
 impl PluginHandler for DraManager {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        Ok(self.validate_plugin(&plugin.name, &plugin.endpoint, &plugin.versions)?)
+        Ok(self.validate_plugin(&plugin.name, &plugin.endpoint.target(), &plugin.versions)?)
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        Ok(self.register_plugin(&plugin.name, &plugin.endpoint, &plugin.versions).await?)
+        let endpoint = plugin.endpoint.target();
+        Ok(self.register_plugin(&plugin.name, &endpoint, &plugin.versions).await?)
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        self.deregister_plugin(&plugin.name, &plugin.endpoint);
+        self.deregister_plugin(&plugin.name, &plugin.endpoint.target());
     }
 
     /// Its negotiated service answers ([`DraManager::inspect_endpoint`]).
@@ -244,7 +245,8 @@ impl PluginHandler for DraManager {
         &self,
         plugin: &PluginDetails,
     ) -> Result<Option<Box<dyn ServiceReport>>, HandlerError> {
-        let report = self.inspect_endpoint(&plugin.name, &plugin.endpoint, &plugin.versions);
+        let endpoint = plugin.endpoint.target();
+        let report = self.inspect_endpoint(&plugin.name, &endpoint, &plugin.versions);
         Ok(Some(Box::new(report.await?)))
     }
 }

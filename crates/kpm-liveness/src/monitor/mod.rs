@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::endpoints::{EndpointWatch, socket_at, watched_path};
+use crate::endpoints::{EndpointWatch, served_on, socket_at, watched_path};
 use crate::exits::{Exit, OpenPidfd, open_pidfd};
 use crate::probe::{Checked, Connections, Reachability, Target};
 use crate::{LivenessConfig, LivenessError, SharedConnections};
@@ -397,7 +397,7 @@ impl<'a> State<'a> {
         }
         self.stop_awaiting_endpoint(&socket);
         let watched = watched_path(&info.plugin.endpoint, &socket);
-        let endpoint = kpm_transport::endpoint_path(&info.plugin.endpoint).to_path_buf();
+        let endpoint = served_on(&info.plugin.endpoint).to_path_buf();
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
         // Armed before the file is read: a change after the read is an event.
         if watched.is_some() {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::{Done, State};
 use crate::ProbeFailure;
+use crate::endpoints::served_on;
 use crate::probe::{Ask, Call, Checked, Target, check};
 
 /// The step of the grid probes fall on (see `first_probe`), or the
@@ -26,7 +27,7 @@ pub(super) const PROBE_TICK: Duration = Duration::from_secs(2);
 /// which answers while the driver hangs). A driver serving both on one
 /// socket is one server, asked `GetInfo`.
 pub(super) fn targets(socket: &Path, info: &Registration) -> Vec<Target> {
-    let driver = kpm_transport::endpoint_path(&info.plugin.endpoint);
+    let driver = served_on(&info.plugin.endpoint);
     if info.plugin_type != CSI_PLUGIN || driver.as_os_str().is_empty() || driver == socket {
         return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
     }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_cache::{
-    ActualState, DesiredState, EventBus, HandlerError, PluginDetails, PluginHandler, Registered,
-    Registration,
+    ActualState, DesiredState, EventBus, HandlerError, PluginDetails, PluginEndpoint,
+    PluginHandler, Registered, Registration,
 };
 use rustix::io::Errno;
 
@@ -40,14 +40,14 @@ fn monitor() -> LivenessMonitor {
 
 /// Records `socket` as registered, served by `server_pid`.
 fn register(monitor: &LivenessMonitor, socket: &Path, server_pid: Option<u32>) -> Generation {
-    register_at(monitor, socket, &socket.display().to_string(), server_pid)
+    register_at(monitor, socket, PluginEndpoint::RegistrationSocket(socket.into()), server_pid)
 }
 
 /// Records `socket` as registered, its plugin served at `endpoint`.
 fn register_at(
     monitor: &LivenessMonitor,
     socket: &Path,
-    endpoint: &str,
+    endpoint: PluginEndpoint,
     server_pid: Option<u32>,
 ) -> Generation {
     let generation = monitor.desired.add_or_update(socket).unwrap();
@@ -145,11 +145,11 @@ async fn a_dropped_endpoint_gets_the_sockets_of_its_plugins_checked_and_no_other
     let endpoint = endpoint.as_path();
     let sockets = ["/registry/a.sock", "/registry/b.sock", "/registry/c.sock"].map(PathBuf::from);
     for (socket, served_at) in sockets.iter().zip([
-        format!("unix://{}", endpoint.display()),
-        endpoint.display().to_string(),
-        "/registry/c.sock".to_owned(),
+        PluginEndpoint::Advertised(format!("unix://{}", endpoint.display())),
+        PluginEndpoint::Advertised(endpoint.display().to_string()),
+        PluginEndpoint::RegistrationSocket(PathBuf::from("/registry/c.sock")),
     ]) {
-        let generation = register_at(&monitor, socket, &served_at, None);
+        let generation = register_at(&monitor, socket, served_at, None);
         state.follow(socket.clone(), generation);
     }
     state.forget(&sockets[1], None);

@@ -187,7 +187,7 @@ fn count(calls: &mut HashMap<String, usize>, name: &str) -> usize {
 #[async_trait::async_trait]
 impl PluginHandler for Handler {
     async fn validate(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &*plugin.endpoint.target());
         self.enter("validate", name, endpoint, &[Phase::Idle]);
         tokio::task::yield_now().await;
         let call = count(&mut self.state.lock().validate_calls, name);
@@ -198,7 +198,7 @@ impl PluginHandler for Handler {
     }
 
     async fn register(&self, plugin: &PluginDetails) -> Result<(), HandlerError> {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &*plugin.endpoint.target());
         self.enter("register", name, endpoint, &[Phase::Validated]);
         tokio::task::yield_now().await;
         let call = count(&mut self.state.lock().register_calls, name);
@@ -208,7 +208,7 @@ impl PluginHandler for Handler {
     }
 
     async fn deregister(&self, plugin: &PluginDetails) {
-        let (name, endpoint) = (plugin.name.as_str(), plugin.endpoint.as_str());
+        let (name, endpoint) = (plugin.name.as_str(), &*plugin.endpoint.target());
         self.enter("deregister", name, endpoint, &[Phase::Registered]);
         tokio::task::yield_now().await;
         self.leave(endpoint, Phase::Idle);
