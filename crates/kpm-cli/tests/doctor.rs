@@ -569,6 +569,8 @@ fn of_two_kubelets_the_one_of_the_node_is_judged_through_its_proc_root() {
             .contains(" /var/lib/kubelet/plugins/csi.example.com/csi.sock"),
         "{csi:#}"
     );
+    // An advertised endpoint is shown as the plugin said it.
+    assert_eq!(csi["endpoint"], "/var/lib/kubelet/plugins/csi.example.com/csi.sock", "{csi:#}");
     // No endpoint of its own: it is served on its registration socket.
     let device = row(&report, &on_host(&plugins[1]));
     assert_eq!(device["verdict"], "ok", "{device:#}");

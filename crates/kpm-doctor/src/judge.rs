@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
-use kpm::{ExecutorError, Inspection, Kubelet, PluginKind, ServiceReport};
+use kpm::{ExecutorError, Inspection, Kubelet, PluginEndpoint, PluginKind, ServiceReport};
 use kpm_report::Verdict;
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
@@ -258,8 +258,13 @@ fn judge(
         row.name = Some(info.name.clone());
         row.versions.clone_from(&info.supported_versions);
     }
-    // An empty endpoint is the registration socket, as it was read.
-    row.endpoint = inspection.endpoint.map(|endpoint| view.as_on_host(&endpoint.target()));
+    // An advertised endpoint is shown as the plugin said it: a path as the
+    // kubelet names it. The registration socket, served for want of one,
+    // is the path the referee reached, under the view.
+    row.endpoint = inspection.endpoint.map(|endpoint| match endpoint {
+        PluginEndpoint::Advertised(endpoint) => endpoint,
+        PluginEndpoint::RegistrationSocket(socket) => view.as_on_host(&socket.to_string_lossy()),
+    });
     row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps
