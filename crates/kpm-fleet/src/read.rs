@@ -1,9 +1,11 @@
 //! Reading the fleet, read-only: `KubeletPluginReports`, Nodes, CSIDrivers,
 //! CSINodes and ResourceSlices, each listed page by page (`limit`,
-//! `continue`), the five lists at once. Each page is parsed into types that hold only what is
-//! judged (serde skips the rest: a Node's images, a slice's devices), folded
-//! into [`FleetObjects`] and dropped before the next is asked for, so that
-//! 5000 Nodes and 20,000 ResourceSlices take a few megabytes, not the
+//! `continue`), the five lists at once, through one paging loop. Reports are
+//! read with the report crate's own types (`kube::Api<KubeletPluginReport>`);
+//! the other objects are parsed into types that hold only what is judged
+//! (serde skips the rest: a Node's images, a slice's devices). Each page is
+//! folded into [`FleetObjects`] and dropped before the next is asked for, so
+//! that 5000 Nodes and 20,000 ResourceSlices take a few megabytes, not the
 //! gigabyte their full objects would.
 
 use std::collections::{BTreeMap, BTreeSet};
