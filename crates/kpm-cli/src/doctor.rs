@@ -82,7 +82,7 @@ pub(crate) struct DoctorArgs {
         long,
         value_name = "N",
         default_value_t = kpm_fleet::DEFAULT_PAGE_SIZE,
-        value_parser = clap::value_parser!(u32).range(i64::from(PAGE_SIZE.min)..=i64::from(PAGE_SIZE.max)),
+        value_parser = clap::value_parser!(u32).range(PAGE_SIZES),
         requires = "cluster"
     )]
     page_size: u32,
@@ -92,13 +92,20 @@ pub(crate) struct DoctorArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm_fleet::DEFAULT_STALE_AFTER.as_secs(),
-        value_parser = clap::value_parser!(u64).range(STALE_AFTER.min.as_secs()..=STALE_AFTER.max.as_secs()),
+        value_parser = clap::value_parser!(u64).range(STALE_AFTER_SECS),
         requires = "cluster"
     )]
     stale_after: u64,
     #[command(flatten)]
     watch: WatchArgs,
 }
+
+/// --page-size, as the fleet reader takes it ([`PAGE_SIZE`]).
+const PAGE_SIZES: std::ops::RangeInclusive<i64> = PAGE_SIZE.min as i64..=PAGE_SIZE.max as i64;
+
+/// --stale-after in seconds, as the fleet reader takes it ([`STALE_AFTER`]).
+const STALE_AFTER_SECS: std::ops::RangeInclusive<u64> =
+    STALE_AFTER.min.as_secs()..=STALE_AFTER.max.as_secs();
 
 /// --confirm-ms's longest, as [`CONFIRM`] takes it.
 #[allow(clippy::cast_possible_truncation, reason = "a minute in milliseconds")]
