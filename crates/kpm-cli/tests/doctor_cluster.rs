@@ -7,7 +7,7 @@
 mod support;
 
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Value, json};
@@ -196,7 +196,11 @@ fn plugins_condition(status: &str, reason: &str, message: &str, heartbeat: &str)
 const STALE_MESSAGE: &str = "1 failing: csi.example.com-reg.sock (stale): dial \
      /var/lib/kubelet/plugins_registry/csi.example.com-reg.sock: Connection refused (os error 111)";
 
-const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
+/// The reports' collection, as the custom resource names it.
+static REPORTS: LazyLock<String> = LazyLock::new(|| {
+    use kpm_report::{KubeletPluginReport, Resource as _};
+    KubeletPluginReport::url_path(&(), None)
+});
 
 /// Node `name`'s `KubeletPluginReport`, as its doctor writes it: `health`,
 /// `reason`, and `plugins`, each `(socket, name, verdict, reason)`.
@@ -295,7 +299,8 @@ fn fleet_of_seven() -> ApiServer {
         }
         slices.push(&json!({"metadata": {"name": format!("slice-{name}")}, "spec": spec}));
     }
-    let mut reports = Collection::new(REPORTS, "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    let mut reports =
+        Collection::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
     let ok = |socket| (socket, Some("csi.example.com"), "ok", "registered");
     for name in ["node-1", "node-2", "node-7"] {
         let plugins = [ok("/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock")];
@@ -360,7 +365,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(pages("/apis/storage.k8s.io/v1/csinodes"), 4, "{requests:#?}");
     assert_eq!(pages("/apis/storage.k8s.io/v1/csidrivers"), 1, "{requests:#?}");
     assert_eq!(pages("/apis/resource.k8s.io/v1/resourceslices"), 2, "{requests:#?}");
-    assert_eq!(pages(REPORTS), 3, "5 reports: {requests:#?}");
+    assert_eq!(pages(&REPORTS), 3, "5 reports: {requests:#?}");
     assert!(
         requests
             .iter()
@@ -689,7 +694,8 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
             }));
         }
     }
-    let mut reports = Collection::new(REPORTS, "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    let mut reports =
+        Collection::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
     for i in 0..NODES {
         reports.push(&big_report(i, &heartbeat));
     }

@@ -36,3 +36,7 @@ pub use crate::report::{
     REPORT_GROUP,
 };
 pub use crate::verdict::{ReportedVerdict, Verdict};
+/// What the custom resource's derive implements: its API group, version,
+/// plural and path (`KubeletPluginReport::url_path`), for readers and test
+/// servers that name it without writing it by hand.
+pub use kube_core::Resource;

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::Path;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -180,12 +181,30 @@ pub(super) const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 pub(super) const CSIDRIVERS: &str = "/apis/storage.k8s.io/v1/csidrivers";
 pub(super) const CSINODES: &str = "/apis/storage.k8s.io/v1/csinodes";
 
-/// The doctors' `KubeletPluginReports`.
-pub(crate) const REPORTS: &str = "/apis/doctor.kpm.io/v1alpha1/kubeletpluginreports";
+/// The doctors' `KubeletPluginReports`: the collection the CRD in
+/// `deploy/doctor/crd.yaml` names, which is generated from the report
+/// crate's types (and checked by its test), so no path is written here.
+pub(crate) static REPORTS: LazyLock<String> = LazyLock::new(|| {
+    let crd = serde_norway::from_str(include_str!("../../../deploy/doctor/crd.yaml"));
+    #[allow(clippy::expect_used, reason = "a file generated and checked by kpm-report's test")]
+    crd.map_err(Into::into).and_then(|crd| collection(&crd)).expect("deploy/doctor/crd.yaml")
+});
+
+/// The collection a `CustomResourceDefinition` serves: `/apis/GROUP/VERSION/PLURAL`.
+pub(super) fn collection(crd: &Value) -> Result<String> {
+    let (group, plural) = (&crd["spec"]["group"], &crd["spec"]["names"]["plural"]);
+    let version = &crd["spec"]["versions"][0]["name"];
+    let (group, plural, version) = (
+        group.as_str().ok_or("a CRD without spec.group")?,
+        plural.as_str().ok_or("a CRD without spec.names.plural")?,
+        version.as_str().ok_or("a CRD without a version")?,
+    );
+    Ok(format!("/apis/{group}/{version}/{plural}"))
+}
 
 /// Node `node`'s `KubeletPluginReport`, if its doctor wrote one.
 pub(crate) fn report(api: &Api, node: &str) -> Result<Option<Value>> {
-    api.get_optional(&format!("{REPORTS}/{node}"))
+    api.get_optional(&format!("{}/{node}", *REPORTS))
 }
 
 /// A `ResourceSlice` of `driver` on `node`, one device, its pool named after

@@ -274,14 +274,7 @@ impl Cluster {
         let crd: Value = serde_norway::from_str(&text)
             .map_err(|err| format!("{}: {err}", manifest.display()))?;
         self.api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", &crd)?;
-        let (group, plural) = (&crd["spec"]["group"], &crd["spec"]["names"]["plural"]);
-        let version = &crd["spec"]["versions"][0]["name"];
-        let (group, plural, version) = (
-            group.as_str().ok_or("a CRD without spec.group")?,
-            plural.as_str().ok_or("a CRD without spec.names.plural")?,
-            version.as_str().ok_or("a CRD without a version")?,
-        );
-        let collection = format!("/apis/{group}/{version}/{plural}");
+        let collection = super::api::collection(&crd)?;
         wait_until(&format!("{collection} served"), STEP_TIMEOUT, || {
             Ok(self.api.request("GET", &collection, None)?.0 == 200)
         })

@@ -310,7 +310,9 @@ mod tests {
             }
         });
         // Used by tests only: the allowance belongs under `dev`.
-        manifest(&mut crates, "kpm-doctor").for_each(|dep| dep.dev = true);
+        manifest(&mut crates, "kpm-doctor").filter(|dep| dep.name == "kpm").for_each(|dep| {
+            dep.dev = true;
+        });
         let mut problems = Vec::new();
         check_layers(&crates, &mut problems);
         assert_eq!(

@@ -131,7 +131,7 @@ fn fail_and_recover(
     }
     eprintln!(
         "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
-        api.get_table(REPORTS)?
+        api.get_table(&REPORTS)?
     );
 
     // 2. Each fixed.
@@ -273,7 +273,7 @@ fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
     );
     eprintln!(
         "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
-        cluster.api.get_table(REPORTS)?
+        cluster.api.get_table(&REPORTS)?
     );
     Ok(())
 }

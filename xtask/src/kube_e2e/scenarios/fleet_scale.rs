@@ -173,7 +173,7 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
 /// its status (a subresource, which a create leaves out).
 fn create_report(api: &Api, name: &str, failing: bool, now: &str) -> Result {
     api.post(
-        REPORTS,
+        &REPORTS,
         &json!({"apiVersion": "doctor.kpm.io/v1alpha1", "kind": "KubeletPluginReport",
             "metadata": {"name": name}, "spec": {"nodeName": name}}),
     )?;
@@ -198,9 +198,10 @@ fn create_report(api: &Api, name: &str, failing: bool, now: &str) -> Result {
         "plugins": [csi, dra], "findings": [],
         "heartbeatTime": now, "doctorVersion": "0.1.0",
     }});
-    let (code, body) = api.request("PATCH", &format!("{REPORTS}/{name}/status"), Some(&status))?;
+    let (code, body) =
+        api.request("PATCH", &format!("{}/{name}/status", *REPORTS), Some(&status))?;
     if !(200..300).contains(&code) {
-        return Err(format!("PATCH {REPORTS}/{name}/status: {code} {}", body["message"]).into());
+        return Err(format!("PATCH {}/{name}/status: {code} {}", *REPORTS, body["message"]).into());
     }
     Ok(())
 }
@@ -225,7 +226,7 @@ fn serve_lists(api: &Api) -> Result<(Duration, usize, usize)> {
         continue_token: Option<String>,
     }
     let started = Instant::now();
-    let lists = [REPORTS, "/api/v1/nodes", CSIDRIVERS, CSINODES, SLICES];
+    let lists = [REPORTS.as_str(), "/api/v1/nodes", CSIDRIVERS, CSINODES, SLICES];
     let counts = std::thread::scope(|scope| {
         let readers: Vec<_> = lists
             .iter()
