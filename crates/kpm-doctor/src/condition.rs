@@ -14,7 +14,7 @@ pub const FIELD_MANAGER: &str = "kpm-doctor";
 pub struct PluginsCondition {
     /// `True` when every plugin is ok.
     pub status: ConditionStatus,
-    /// [`HEALTHY_REASON`], or the first failing verdict in CamelCase.
+    /// [`HEALTHY_REASON`](kpm_report::HEALTHY_REASON), or the first failing verdict in CamelCase.
     pub reason: String,
     /// Which plugins fail and why, bounded.
     pub message: String,

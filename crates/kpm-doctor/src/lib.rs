@@ -19,7 +19,7 @@
 //!   and holds no connection once a call is done.
 //! - [`NodeWatch`] keeps the diagnosis current (`kpm doctor --watch`): it
 //!   judges again on every change of the node, and its [`NodePublisher`]
-//!   writes the Node condition [`CONDITION_TYPE`] (server-side apply, only
+//!   writes the Node condition [`CONDITION_TYPE`](kpm_report::CONDITION_TYPE) (server-side apply, only
 //!   on change and at a heartbeat) and Events on the Node, aggregated and
 //!   rate-limited; [`DoctorMetrics`] serve what the last pass found.
 //! - What it publishes is the report crate's: the typed
@@ -365,7 +365,7 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubelet_version: Option<String>,
     /// When that version is not one the doctor was checked against
-    /// ([`CHECKED_MINORS`]): that its verdicts say what the checked
+    /// ([`CHECKED_MINORS`](kpm_report::CHECKED_MINORS)): that its verdicts say what the checked
     /// kubelets do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubelet_unchecked: Option<String>,

@@ -1,5 +1,5 @@
 //! The fleet view of `kpm doctor --cluster`: what every node's doctor
-//! published (its [`KubeletPluginReport`], else the status and reason of
+//! published (its [`KubeletPluginReport`](kpm_report::KubeletPluginReport), else the status and reason of
 //! its [`CONDITION_TYPE`](kpm_report::CONDITION_TYPE) condition) and what
 //! the API server shows of each driver, read back for the whole cluster.
 //! No message is parsed: a doctor's findings are read typed, from its
@@ -286,7 +286,7 @@ impl NodeCondition {
     }
 }
 
-/// A node doctor's [`KubeletPluginReport`], reduced to what the fleet
+/// A node doctor's [`KubeletPluginReport`](kpm_report::KubeletPluginReport), reduced to what the fleet
 /// judges. Read leniently: a report of a newer doctor (a health or verdict
 /// this one does not know) is still read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

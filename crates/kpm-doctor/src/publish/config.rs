@@ -29,7 +29,7 @@ pub struct PublishConfig {
 pub(super) const MAX_RETRY: Duration = Duration::from_secs(120);
 
 /// The range of the first retry's wait: from 10 ms (below, a failing API
-/// server would be asked in a loop) to [`MAX_RETRY`].
+/// server would be asked in a loop) to 2 min.
 pub const RETRY: Bounds<Duration> =
     Bounds::new(Duration::from_millis(10), MAX_RETRY, "between 10ms and 2m");
 

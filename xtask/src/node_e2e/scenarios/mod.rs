@@ -30,7 +30,7 @@ pub(super) struct Scenario {
     /// The kubelet's root directory: one node runs per root.
     pub(super) kubelet_root: &'static str,
     /// Whether it first waits for the node to settle from the scenarios
-    /// before it ([`settle`]): all but one that takes the node as the one
+    /// before it ([`settle()`]): all but one that takes the node as the one
     /// before left it.
     pub(super) waits_to_settle: bool,
     /// Runs it; the summary line on success, [`Skipped`] when the node's
