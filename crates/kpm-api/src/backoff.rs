@@ -11,12 +11,11 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::DurationOutOfRange;
-use crate::constants::MAX_CONFIG_DURATION;
+use crate::config::{CONFIG_PERIOD, DurationOutOfRange};
 
 /// A validated backoff policy: the first failure waits `initial`, each
 /// consecutive failure `factor` (2 unless set) times longer, never beyond
-/// `max`, itself at most [`MAX_CONFIG_DURATION`]: a wait can always be
+/// `max`, itself at most [`MAX_CONFIG_DURATION`](crate::constants::MAX_CONFIG_DURATION): a wait can always be
 /// added to the clock. With a jitter, each wait may be stretched by up to
 /// that share of itself, still never beyond `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +94,7 @@ impl ExponentialBackoff {
 
     /// Doubling from `initial` to `max`, without jitter. Rejects a zero
     /// `initial` (a retry storm), `initial > max`, and a `max` above
-    /// [`MAX_CONFIG_DURATION`]. A `const fn`, so that a config's default
+    /// [`MAX_CONFIG_DURATION`](crate::constants::MAX_CONFIG_DURATION). A `const fn`, so that a config's default
     /// policy is checked when kpm is compiled.
     pub const fn try_new(initial: Duration, max: Duration) -> Result<Self, BackoffError> {
         if initial.is_zero() {
@@ -104,8 +103,8 @@ impl ExponentialBackoff {
         if initial.as_nanos() > max.as_nanos() {
             return refused("backoff.initial", initial, "at most backoff.max");
         }
-        if max.as_nanos() > MAX_CONFIG_DURATION.as_nanos() {
-            return refused("backoff.max", max, "at most 365 days (MAX_CONFIG_DURATION)");
+        if max.as_nanos() > CONFIG_PERIOD.max.as_nanos() {
+            return refused("backoff.max", max, CONFIG_PERIOD.text);
         }
         Ok(Self { initial, max, factor: 2, jitter_percent: 0 })
     }
@@ -253,6 +252,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::constants::MAX_CONFIG_DURATION;
 
     #[test]
     fn default_sequence_matches_the_kubelet() {

@@ -7,7 +7,8 @@
 //! no user and no literal is written outside the crate; a `#[must_use]`
 //! setter per field, named after it, whose doc gives the default; public
 //! fields to read them back, and no getters. The ranges are checked once, by
-//! the config's `validate()` with [`check_durations`], called by the
+//! the config's `validate()` with [`check_durations`] (against
+//! [`CONFIG_TIMEOUT`] and [`CONFIG_PERIOD`]), called by the
 //! constructor of what runs (`try_new(config, …)`, `Watcher::start`,
 //! `KubePublisher::new`): never by the setters, and never per operation.
 //! A refusal names the field: the crate's `InvalidConfig` variant, or a
@@ -105,23 +106,39 @@ impl fmt::Display for DurationOutOfRange {
 
 impl std::error::Error for DurationOutOfRange {}
 
-/// Checks a config's durations: every one at most [`MAX_CONFIG_DURATION`],
-/// and `timeouts` also non-zero (a zero deadline fails every call).
-/// `periods` may be zero, which each config documents (off, or at once).
+/// A timeout of a config: non-zero (a zero deadline fails every call) and
+/// at most [`MAX_CONFIG_DURATION`].
+pub const CONFIG_TIMEOUT: Bounds<Duration> = Bounds::new(
+    Duration::from_nanos(1),
+    MAX_CONFIG_DURATION,
+    "non-zero (a zero timeout fails every call) and at most 365 days (MAX_CONFIG_DURATION)",
+);
+
+/// Any other duration of a config: at most [`MAX_CONFIG_DURATION`]; zero is
+/// taken, and each config documents what it means (off, or at once).
+pub const CONFIG_PERIOD: Bounds<Duration> =
+    Bounds::new(Duration::ZERO, MAX_CONFIG_DURATION, "at most 365 days (MAX_CONFIG_DURATION)");
+
+/// Checks a config's durations, `timeouts` against [`CONFIG_TIMEOUT`] and
+/// `periods` against [`CONFIG_PERIOD`]; the first out of range is refused.
 pub fn check_durations(
     timeouts: &[(&'static str, Duration)],
     periods: &[(&'static str, Duration)],
 ) -> Result<(), DurationOutOfRange> {
-    let out_of_range = |&(field, value): &(&'static str, Duration), reason| {
-        Err(DurationOutOfRange { field, value, reason })
+    let checked = |bounds: &'static Bounds<Duration>| {
+        move |&(field, value): &(&'static str, Duration)| {
+            (!bounds.contains(&value)).then_some(DurationOutOfRange {
+                field,
+                value,
+                reason: bounds.text,
+            })
+        }
     };
-    if let Some(zero) = timeouts.iter().find(|(_, value)| value.is_zero()) {
-        return out_of_range(zero, "a zero timeout fails every call");
-    }
-    match timeouts.iter().chain(periods).find(|(_, value)| *value > MAX_CONFIG_DURATION) {
-        Some(long) => out_of_range(long, "at most 365 days (MAX_CONFIG_DURATION)"),
-        None => Ok(()),
-    }
+    let refused = timeouts
+        .iter()
+        .find_map(checked(&CONFIG_TIMEOUT))
+        .or_else(|| periods.iter().find_map(checked(&CONFIG_PERIOD)));
+    refused.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]
@@ -156,6 +173,10 @@ mod tests {
             |timeouts: &[_], periods: &[_]| check_durations(timeouts, periods).unwrap_err();
         assert_eq!(refused(&[("t", second), ("u", Duration::ZERO)], &[]).field, "u");
         assert_eq!(refused(&[("t", Duration::MAX)], &[]).field, "t");
+        assert_eq!(
+            refused(&[("t", Duration::ZERO)], &[]).to_string(),
+            "t 0ns is out of range: non-zero (a zero timeout fails every call) and at most 365 days (MAX_CONFIG_DURATION)"
+        );
         let long = refused(&[("t", second)], &[("p", too_long)]);
         assert_eq!((long.field, long.value), ("p", too_long));
         assert_eq!(

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm_api::ApiObject;
 use kpm_report::{ConditionStatus, Health};
 
@@ -144,7 +145,7 @@ fn why_not(node: &NodeView, driver: &str) -> String {
     match &node.doctor {
         DoctorState::NoDoctor => return "no doctor there".to_owned(),
         DoctorState::Silent { since: Some(since) } => {
-            return format!("its doctor is silent since {since}");
+            return format!("its doctor is silent since {}", since.0);
         }
         DoctorState::Silent { since: None } => {
             return "its doctor is silent (no heartbeat)".to_owned();
@@ -207,16 +208,16 @@ fn node_view(node: &NodeObject, now: SystemTime, stale_after: Duration) -> NodeV
         more_failing: 0,
         ok: BTreeSet::new(),
     };
-    let heartbeat =
-        |time: &Option<String>| time.as_deref().and_then(|t| humantime::parse_rfc3339_weak(t).ok());
     // A heartbeat ahead of this clock (skew) is fresh.
-    let silent = |time: &Option<String>| {
-        heartbeat(time).is_none_or(|at| now.duration_since(at).is_ok_and(|age| age > stale_after))
+    let silent = |time: &Option<Time>| {
+        time.as_ref().is_none_or(|at| {
+            now.duration_since(SystemTime::from(at.0)).is_ok_and(|age| age > stale_after)
+        })
     };
     let report = node.report.as_ref().filter(|report| {
-        node.condition.as_ref().is_none_or(|condition| {
-            heartbeat(&report.heartbeat_time) >= heartbeat(&condition.last_heartbeat_time)
-        })
+        node.condition
+            .as_ref()
+            .is_none_or(|condition| report.heartbeat_time >= condition.last_heartbeat_time)
     });
     if let Some(report) = report {
         if silent(&report.heartbeat_time) {
@@ -279,8 +280,12 @@ mod tests {
         humantime::parse_rfc3339("2026-03-01T12:00:00Z").unwrap()
     }
 
-    fn at(minutes_ago: u64) -> String {
-        humantime::format_rfc3339_seconds(now() - Duration::from_secs(60 * minutes_ago)).to_string()
+    fn at(minutes_ago: u64) -> Time {
+        time(now() - Duration::from_secs(60 * minutes_ago))
+    }
+
+    fn time(at: SystemTime) -> Time {
+        Time(at.try_into().unwrap())
     }
 
     fn node(name: &str, report: Option<NodeReport>, resources: &[(&str, &str)]) -> NodeObject {
@@ -359,10 +364,7 @@ mod tests {
             blind: Some("/var/lib/kubelet/plugins_registry: cannot be listed".into()),
             ..healthy(1).unwrap()
         };
-        let ahead = NodeReport {
-            heartbeat_time: Some(humantime::format_rfc3339_seconds(now() + HOUR).to_string()),
-            ..healthy(0).unwrap()
-        };
+        let ahead = NodeReport { heartbeat_time: Some(time(now() + HOUR)), ..healthy(0).unwrap() };
         let objects = FleetObjects {
             nodes: vec![
                 node("d-silent", healthy(61), &[]),
@@ -475,7 +477,7 @@ mod tests {
             [
                 ("node-03", "csi.example.com (not-registered): CSINode does not list it"),
                 ("node-07", "no doctor there"),
-                ("node-09", format!("its doctor is silent since {}", at(120)).as_str()),
+                ("node-09", format!("its doctor is silent since {}", at(120).0).as_str()),
             ]
         );
     }

@@ -25,9 +25,11 @@ mod judge;
 mod read;
 mod render;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm_api::PluginKind;
 pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
 use kpm_report::{Health, ReportedVerdict};
@@ -171,8 +173,9 @@ pub enum FleetError {
     /// The API server refused a list request, or it failed on the way.
     #[error("list {resource} (page {page}): {}", short(source))]
     List {
-        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
-        resource: &'static str,
+        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
+        /// `resourceslices`.
+        resource: Cow<'static, str>,
         /// The page, from 1.
         page: usize,
         /// kube-rs's error.
@@ -182,8 +185,9 @@ pub enum FleetError {
     /// A list request got no answer in time.
     #[error("list {resource} (page {page}): no answer within {}", humantime::format_duration(*timeout))]
     Timeout {
-        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
-        resource: &'static str,
+        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
+        /// `resourceslices`.
+        resource: Cow<'static, str>,
         /// The page, from 1.
         page: usize,
         /// The bound.
@@ -193,8 +197,9 @@ pub enum FleetError {
     /// would never end.
     #[error("list {resource} (page {page}): the API server repeated the continue token")]
     Paging {
-        /// `nodes`, `csidrivers`, `csinodes` or `resourceslices`.
-        resource: &'static str,
+        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
+        /// `resourceslices`.
+        resource: Cow<'static, str>,
         /// The page, from 1.
         page: usize,
     },
@@ -264,10 +269,10 @@ pub struct NodeCondition {
     pub reason: String,
     /// Which plugins fail and why.
     pub message: String,
-    /// When the doctor last wrote it, RFC 3339.
-    pub last_heartbeat_time: Option<String>,
-    /// When its status last changed, RFC 3339.
-    pub last_transition_time: Option<String>,
+    /// When the doctor last wrote it.
+    pub last_heartbeat_time: Option<Time>,
+    /// When its status last changed.
+    pub last_transition_time: Option<Time>,
 }
 
 impl NodeCondition {
@@ -298,8 +303,8 @@ pub struct NodeReport {
     pub reason: String,
     /// Why the doctor could not look, when it could not.
     pub blind: Option<String>,
-    /// When the doctor last wrote it, RFC 3339.
-    pub heartbeat_time: Option<String>,
+    /// When the doctor last wrote it.
+    pub heartbeat_time: Option<Time>,
     /// The kubelet's version.
     pub kubelet_version: Option<String>,
     /// The failing sockets and findings it lists.
@@ -444,8 +449,8 @@ pub enum DoctorState {
     /// The doctor's last heartbeat is older than the bound: what it said
     /// may no longer hold.
     Silent {
-        /// Its last heartbeat, RFC 3339, when it wrote one.
-        since: Option<String>,
+        /// Its last heartbeat, when it wrote one (RFC 3339 in JSON).
+        since: Option<Time>,
     },
 }
 

@@ -8,10 +8,12 @@
 //! that 5000 Nodes and 20,000 ResourceSlices take a few megabytes, not the
 //! gigabyte their full objects would.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 
-use kpm_report::{CONDITION_TYPE, KubeletPluginReport};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kpm_report::{CONDITION_TYPE, KubeletPluginReport, Resource as _};
 use kube::api::{Api, ListParams};
 use kube::core::ObjectList;
 use serde::Deserialize;
@@ -32,9 +34,6 @@ const RESOURCE_SLICES: Resource = Resource {
     path: "/apis/resource.k8s.io/v1/resourceslices",
     optional: true,
 };
-/// The reports, read through `kube::Api<KubeletPluginReport>`: their path
-/// is the custom resource's own.
-const REPORTS: &str = "kubeletpluginreports";
 
 /// A collection of the API server the fleet reads without a type of
 /// k8s-openapi's: only what is judged of each object is parsed.
@@ -91,10 +90,13 @@ pub async fn read_fleet(
             }
         }
         Err(status) => objects.unseen.push(format!(
-            "kubeletpluginreports: {} ({} {}): nodes are judged by their doctor's condition \
-             alone; install the CRD (kubectl apply -k deploy/doctor) and let the reader list \
-             kubeletpluginreports (the kpm-doctor-fleet-reader ClusterRole)",
-            status.message, status.code, status.reason
+            "{plural}: {} ({} {}): nodes are judged by their doctor's condition alone; install \
+             the CRD (kubectl apply -k deploy/doctor) and let the reader list {plural} (the \
+             kpm-doctor-fleet-reader ClusterRole)",
+            status.message,
+            status.code,
+            status.reason,
+            plural = KubeletPluginReport::plural(&()),
         )),
     }
     match slices.0 {
@@ -122,13 +124,14 @@ async fn list_raw<T: DeserializeOwned + Clone>(
         let http = request.list(&params).map_err(kube::Error::BuildRequest);
         async move { client.request::<ObjectList<T>>(http?).await }
     };
-    list_pages(resource.name, resource.optional, config, label_selector, page, fold).await
+    list_pages(Cow::Borrowed(resource.name), resource.optional, config, label_selector, page, fold)
+        .await
 }
 
 /// Lists a collection page by page, `list` asking for one page, handing
 /// each page's items to `fold`: the one paging loop of the fleet read.
 async fn list_pages<T: Clone, F: Future<Output = Result<ObjectList<T>, kube::Error>>>(
-    resource: &'static str,
+    resource: Cow<'static, str>,
     optional: bool,
     config: &FleetConfig,
     label_selector: Option<&str>,
@@ -148,7 +151,7 @@ async fn list_pages<T: Clone, F: Future<Output = Result<ObjectList<T>, kube::Err
             Ok(Err(kube::Error::Api(status)))
                 if optional && page == 1 && matches!(status.code, 403 | 404) =>
             {
-                debug!(resource, code = status.code, "not seen");
+                debug!(%resource, code = status.code, "not seen");
                 return Ok(Listed::Unseen(status));
             }
             Ok(Err(source)) => return Err(FleetError::List { resource, page, source }),
@@ -160,7 +163,7 @@ async fn list_pages<T: Clone, F: Future<Output = Result<ObjectList<T>, kube::Err
                 });
             }
         };
-        debug!(resource, page, items = listed.items.len(), "listed a page");
+        debug!(%resource, page, items = listed.items.len(), "listed a page");
         fold(listed.items);
         match listed.metadata.continue_.filter(|token| !token.is_empty()) {
             None => return Ok(Listed::Pages(page)),
@@ -202,8 +205,8 @@ struct Condition {
     status: String,
     reason: Option<String>,
     message: Option<String>,
-    last_heartbeat_time: Option<String>,
-    last_transition_time: Option<String>,
+    last_heartbeat_time: Option<Time>,
+    last_transition_time: Option<Time>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -268,7 +271,9 @@ async fn read_reports(
         let api = api.clone();
         async move { api.list(&params).await }
     };
-    let listed = list_pages(REPORTS, true, config, None, page, |page| {
+    // Their path and plural are the custom resource's own.
+    let plural = KubeletPluginReport::plural(&());
+    let listed = list_pages(plural, true, config, None, page, |page| {
         reports.extend(page.into_iter().filter_map(reduce_report));
     })
     .await?;
@@ -308,7 +313,7 @@ fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
         health: status.health,
         reason: status.reason,
         blind: status.blind.map(|blind| blind.why),
-        heartbeat_time: status.heartbeat_time.map(|time| time.0.to_string()),
+        heartbeat_time: status.heartbeat_time,
         kubelet_version: status.kubelet.version,
         failing_count: usize::try_from(status.counts.failing).unwrap_or(usize::MAX),
         failing,
@@ -407,6 +412,11 @@ async fn read_slices(
 mod tests {
     use kpm_report::{Health, ReportedVerdict, Verdict};
 
+    /// A time as the API server writes it.
+    fn text(time: Option<&Time>) -> Option<String> {
+        time.map(|time| time.0.to_string())
+    }
+
     use super::*;
 
     /// A page of reports as the API server sends it.
@@ -451,7 +461,7 @@ mod tests {
         assert_eq!((report.health, report.reason.as_str()), (Health::Failing, "Rejected"));
         assert_eq!(report.failing_count, 4, "the doctor's count, not the entries'");
         assert_eq!(report.kubelet_version.as_deref(), Some("v1.36.2"));
-        assert_eq!(report.heartbeat_time.as_deref(), Some("2026-03-01T11:30:00Z"));
+        assert_eq!(text(report.heartbeat_time.as_ref()).as_deref(), Some("2026-03-01T11:30:00Z"));
         let failing: Vec<(&str, &str)> =
             report.failing.iter().map(|f| (f.subject.as_str(), f.verdict.name())).collect();
         assert_eq!(
@@ -518,8 +528,14 @@ mod tests {
         let condition = nodes[0].condition.as_ref().unwrap();
         assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "Stale"));
         assert_eq!(condition.message, "1 failing: a-reg.sock (stale): refused");
-        assert_eq!(condition.last_heartbeat_time.as_deref(), Some("2026-01-01T00:00:00Z"));
-        assert_eq!(condition.last_transition_time.as_deref(), Some("2025-12-31T00:00:00Z"));
+        assert_eq!(
+            text(condition.last_heartbeat_time.as_ref()).as_deref(),
+            Some("2026-01-01T00:00:00Z")
+        );
+        assert_eq!(
+            text(condition.last_transition_time.as_ref()).as_deref(),
+            Some("2025-12-31T00:00:00Z")
+        );
         let resources: Vec<(&str, &str)> = nodes[0]
             .extended_resources
             .iter()

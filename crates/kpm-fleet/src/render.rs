@@ -42,7 +42,7 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
             DoctorState::Failing { reason } => reason.clone(),
             DoctorState::CannotJudge { why } if !why.is_empty() => shortened(why),
             DoctorState::CannotJudge { .. } => CANNOT_JUDGE_REASON.to_owned(),
-            DoctorState::Silent { since: Some(since) } => format!("no heartbeat since {since}"),
+            DoctorState::Silent { since: Some(since) } => format!("no heartbeat since {}", since.0),
             DoctorState::Silent { since: None } => "no heartbeat".to_owned(),
             DoctorState::Healthy | DoctorState::NoDoctor => "-".to_owned(),
         };
@@ -117,6 +117,8 @@ fn shortened(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
     use crate::{FailingPlugin, NodeView, NotOn, PluginKind, Source};
 
     fn node(name: &str, doctor: DoctorState) -> NodeView {
@@ -173,7 +175,12 @@ mod tests {
                 node("n1", DoctorState::Healthy),
                 failing,
                 node("n3", DoctorState::NoDoctor),
-                node("n4", DoctorState::Silent { since: Some("2026-03-01T10:00:00Z".into()) }),
+                node(
+                    "n4",
+                    DoctorState::Silent {
+                        since: Some(Time("2026-03-01T10:00:00Z".parse().unwrap())),
+                    },
+                ),
                 node("n5", DoctorState::CannotJudge { why: "/r/plugins_registry: gone".into() }),
             ],
             unseen: vec!["resourceslices: not served".into()],
