@@ -22,7 +22,8 @@
 //! shares: [`constants`] (plugin types, paths, versions and the bounds on
 //! plugin input), [`PluginKind`] (the kubelet's plugin types and every name
 //! they go by), [`gotext`] (Go's renderings of values in error texts),
-//! [`is_extended_resource_name`] (the names device plugins advertise),
+//! [`is_extended_resource_name`] and [`is_nonzero_quantity`] (the names
+//! device plugins advertise, and whether a Node's capacity of one counts),
 //! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
 //! exponential backoff, validated where it is made), [`FileId`] (the
 //! identity of a socket file, built from metadata the caller read) and, with
@@ -48,7 +49,7 @@ mod resource_name;
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
 pub use kind::{ApiObject, PluginKind};
-pub use resource_name::is_extended_resource_name;
+pub use resource_name::{is_extended_resource_name, is_nonzero_quantity};
 
 /// The plugin registration API (`pluginregistration.Registration`).
 pub mod registration {

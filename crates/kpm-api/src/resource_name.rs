@@ -27,6 +27,18 @@ pub fn is_extended_resource_name(name: &str) -> bool {
     is_qualified_name(&format!("{REQUESTS_PREFIX}{name}"))
 }
 
+/// Whether a resource quantity (`2`, `100m`, `0.5`, `2Gi`) is not zero:
+/// some digit of its number is not `0`. The kubelet sets the capacity of a
+/// device plugin's resource to 0 once the plugin is gone, so this is what
+/// tells a registered resource on a Node.
+pub fn is_nonzero_quantity(quantity: &str) -> bool {
+    quantity
+        .trim_start_matches(['+', '-'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .any(|c| c.is_ascii_digit() && c != '0')
+}
+
 /// apimachinery's `IsQualifiedName`: `[prefix/]name`.
 fn is_qualified_name(value: &str) -> bool {
     let mut parts = value.split('/');
@@ -71,6 +83,16 @@ fn is_dns1123_subdomain(value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zero_quantities_are_zero() {
+        for zero in ["0", "0k", "0.0", "", "+0"] {
+            assert!(!is_nonzero_quantity(zero), "{zero}");
+        }
+        for some in ["1", "100m", "2Gi", "0.5", "10"] {
+            assert!(is_nonzero_quantity(some), "{some}");
+        }
+    }
 
     /// Upstream's `IsExtendedResourceName` (pkg/apis/core/helper): not
     /// native (no `/`, or `kubernetes.io/` anywhere in the name), not a

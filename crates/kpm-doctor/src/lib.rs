@@ -318,6 +318,7 @@ impl Doctor {
             choice: choice.note.clone(),
             kubelets,
             node: objects.map(|objects| objects.node.clone()),
+            registered: objects.and_then(node_objects::shown),
             plugins,
             findings,
             unseen,
@@ -369,6 +370,11 @@ pub struct Report {
     /// kubelets do.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubelet_unchecked: Option<String>,
+    /// What the node's API objects show registered
+    /// (`CSIPlugin:csi.example.com,…`), when the API server was asked and
+    /// each of them read: what the report tells the fleet view.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered: Option<kpm_report::Registered>,
     /// One row per registry entry, device-plugin socket and deleted socket.
     pub plugins: Vec<Row>,
     /// Findings about the node rather than one socket.
@@ -453,6 +459,7 @@ impl Report {
             node: None,
             kubelet_version: None,
             kubelet_unchecked: None,
+            registered: None,
             plugins,
             findings,
             unseen: Vec::new(),

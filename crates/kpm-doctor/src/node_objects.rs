@@ -9,7 +9,7 @@ use kpm::PluginKind;
 use kpm::kube::{NodeObjects, NodeResources};
 
 use crate::device_plugins::LAGGING_DEVICES;
-use kpm_report::Verdict;
+use kpm_report::{Registered, Verdict};
 
 use crate::judge::Row;
 use crate::pending::Publishing;
@@ -275,6 +275,24 @@ fn kept_capacity(
             cause: None,
         });
     }
+}
+
+/// What the node's objects show registered, as its report tells the fleet
+/// view ([`Registered::shown_by`]); none when one of them could not be
+/// read. A Node not found shows no capacity.
+pub(crate) fn shown(objects: &NodeObjects) -> Option<Registered> {
+    let (Ok(csi_node), Ok(node), Ok(slices)) =
+        (&objects.csi_drivers, &objects.resources, &objects.slice_drivers)
+    else {
+        return None;
+    };
+    let csi_node = csi_node.iter().flat_map(BTreeMap::keys).map(String::as_str);
+    let capacity = node.iter().flat_map(|node| &node.capacity);
+    Some(Registered::shown_by(
+        csi_node,
+        capacity.map(|(resource, quantity)| (resource.as_str(), quantity.as_str())),
+        slices.iter().map(|(driver, count)| (driver.as_str(), *count)),
+    ))
 }
 
 /// Why nothing of the cluster could be read, when nothing could: the

@@ -12,7 +12,7 @@ use kpm::PluginKind;
 use kpm_report::{
     BlindStatus, CANNOT_JUDGE_REASON, ConditionStatus, Counts, FindingEntry, HEALTHY_REASON,
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES,
-    PluginEntry, Verdict,
+    PluginEntry, Registered, Verdict,
 };
 
 use crate::condition::PluginsCondition;
@@ -43,6 +43,8 @@ pub(crate) struct Outcome {
     pub(crate) blind: Option<Blind>,
     /// The kubelet judged.
     pub(crate) kubelet: KubeletStatus,
+    /// What the node's API objects show registered, when read.
+    pub(crate) registered: Option<Registered>,
 }
 
 /// A socket as published: what the plugin told of itself and its verdict.
@@ -142,7 +144,8 @@ impl Outcome {
             found_by: report.root_from.clone(),
             version: report.kubelet_version.clone(),
         };
-        Self { sockets, failing, blind: report.blind.clone(), kubelet }
+        let registered = report.registered.clone();
+        Self { sockets, failing, blind: report.blind.clone(), kubelet, registered }
     }
 
     /// Whether the node fails or could not be judged: either way, it is
@@ -261,6 +264,7 @@ pub(crate) fn status_of(
         },
         plugins,
         findings,
+        registered: outcome.registered.clone(),
         heartbeat_time: None,
         doctor_version: env!("CARGO_PKG_VERSION").to_owned(),
     }

@@ -67,7 +67,9 @@ fn kind_views(
         // capacity of a resource whose plugin is gone).
         ApiObject::NodeStatus => {
             let capacity = |node: &NodeObject, name: &str| {
-                node.extended_resources.get(name).is_some_and(|quantity| nonzero(quantity))
+                node.extended_resources
+                    .get(name)
+                    .is_some_and(|quantity| kpm_api::is_nonzero_quantity(quantity))
             };
             let by_name: BTreeMap<&str, &NodeObject> =
                 selected.iter().map(|node| (node.name.as_str(), *node)).collect();
@@ -255,16 +257,6 @@ fn node_view(node: &NodeObject, now: SystemTime, stale_after: Duration) -> NodeV
         _ => DoctorState::CannotJudge { why: String::new() },
     };
     view(doctor, Source::Condition)
-}
-
-/// Whether a quantity is not zero: some digit of its number is not `0`
-/// (`0`, `0k`, `0.0` are zero; `1`, `100m`, `2Gi` are not).
-fn nonzero(quantity: &str) -> bool {
-    quantity
-        .trim_start_matches(['+', '-'])
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.')
-        .any(|c| c.is_ascii_digit() && c != '0')
 }
 
 #[cfg(test)]
@@ -633,15 +625,5 @@ mod tests {
                 (PluginKind::Dra, "dra.x"),
             ]
         );
-    }
-
-    #[test]
-    fn zero_quantities_are_zero() {
-        for zero in ["0", "0k", "0.0", "", "+0"] {
-            assert!(!nonzero(zero), "{zero}");
-        }
-        for some in ["1", "100m", "2Gi", "0.5", "10"] {
-            assert!(nonzero(some), "{some}");
-        }
     }
 }

@@ -22,7 +22,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::ReportedVerdict;
+use crate::{Registered, ReportedVerdict};
 
 /// The API group of [`KubeletPluginReport`].
 pub const REPORT_GROUP: &str = "doctor.kpm.io";
@@ -60,7 +60,8 @@ pub const MAX_ENTRIES: usize = 256;
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Kubelet","type":"string","jsonPath":".status.kubelet.version"}"#,
     printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.heartbeatTime"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Registered","type":"string","priority":1,"jsonPath":".status.registered"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletPluginReportSpec {
@@ -93,6 +94,12 @@ pub struct KubeletPluginReportStatus {
     /// rather than one socket (a CSINode entry no plugin serves).
     #[serde(default)]
     pub findings: Vec<FindingEntry>,
+    /// The plugins the node's API objects show registered, as the doctor
+    /// read them (`CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu`):
+    /// the column the fleet view reads instead of the objects. Absent when
+    /// the doctor could not read them all, and from doctors before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<Registered>,
     /// When the doctor last wrote the report: it writes on every change
     /// and at least once a heartbeat period (30 min).
     #[serde(default, skip_serializing_if = "Option::is_none")]
