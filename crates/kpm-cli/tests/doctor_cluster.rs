@@ -1,6 +1,9 @@
 //! `kpm doctor --cluster`, the fleet view, against a stand-in API server
 //! (axum on 127.0.0.1) that pages its lists as kube-apiserver does
-//! (`limit`, `continue`); and `kpm` run as the kubectl plugin `kubectl-kpm`.
+//! (`limit`, `continue`), serves them as a server-side `Table` when asked
+//! (`as=Table`, the CRD's printer columns; kube-e2e's `fleet` checks the
+//! real one), gets one object by name and selects slices by node; and
+//! `kpm` run as the kubectl plugin `kubectl-kpm`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,18 +16,31 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{Value, json};
 use support::{KPM, kubeconfig};
 
-/// One collection of the stand-in: its items as JSON text, each with its
-/// labels (for a label selector).
+/// One collection of the stand-in: its items, each with its labels (for a
+/// label selector), and its table's columns after the name (name, JSON
+/// path, type).
 struct Collection {
     path: &'static str,
     kind: &'static str,
     api_version: &'static str,
-    items: Vec<(String, Vec<(String, String)>)>,
+    items: Vec<(Value, Vec<(String, String)>)>,
+    columns: Vec<(String, String, String)>,
 }
 
 impl Collection {
     fn new(path: &'static str, kind: &'static str, api_version: &'static str) -> Self {
-        Self { path, kind, api_version, items: Vec::new() }
+        Self { path, kind, api_version, items: Vec::new(), columns: Vec::new() }
+    }
+
+    /// The reports' collection, with the CRD's printer columns.
+    fn reports() -> Self {
+        use kpm_report::CustomResourceExt as _;
+        let crd = kpm_report::KubeletPluginReport::crd();
+        let columns = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
+        Self {
+            columns: columns.into_iter().map(|c| (c.name, c.json_path, c.type_)).collect(),
+            ..Self::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1")
+        }
     }
 
     fn push(&mut self, item: &Value) {
@@ -34,12 +50,35 @@ impl Collection {
                 labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect()
             })
             .unwrap_or_default();
-        self.items.push((item.to_string(), labels));
+        self.items.push((item.clone(), labels));
+    }
+
+    /// The item named `name`, as a GET of it answers.
+    fn get(&self, name: &str) -> Option<String> {
+        let found = self.items.iter().find(|(item, _)| item["metadata"]["name"] == name);
+        found.map(|(item, _)| item.to_string())
+    }
+
+    /// A row of the table: the name, then each column's value at its
+    /// path; a `date` an age, a `string` as Go prints it.
+    fn row(&self, item: &Value) -> Value {
+        let mut cells = vec![item["metadata"]["name"].clone()];
+        for (_, path, kind) in &self.columns {
+            let value = path.trim_start_matches('.').split('.').fold(item, |v, key| &v[key]);
+            cells.push(match (value, kind.as_str()) {
+                (Value::Null, _) => Value::Null,
+                (_, "date") => "5m".into(),
+                (Value::String(_), _) | (_, "integer") => value.clone(),
+                (other, _) => other.to_string().into(),
+            });
+        }
+        json!({"cells": cells, "object": null})
     }
 
     /// The page a list request asks for: at most `limit` items from the
-    /// offset its `continue` token names; `key=value` label selectors only.
-    fn page(&self, query: &str) -> String {
+    /// offset its `continue` token names; `key=value` label selectors and
+    /// the `spec.nodeName` field selector only. As a `Table` when asked.
+    fn page(&self, query: &str, table: bool) -> String {
         let param = |name: &str| {
             query
                 .split('&')
@@ -47,7 +86,7 @@ impl Collection {
                 .find(|(key, _)| *key == name)
                 .map(|(_, value)| percent_decode(value))
         };
-        let selected: Vec<&String> = match param("labelSelector") {
+        let mut selected: Vec<&Value> = match param("labelSelector") {
             None => self.items.iter().map(|(item, _)| item).collect(),
             Some(selector) => {
                 let (key, value) = selector.split_once('=').expect("key=value selectors only");
@@ -58,13 +97,30 @@ impl Collection {
                     .collect()
             }
         };
+        if let Some(selector) = param("fieldSelector") {
+            let node = selector.strip_prefix("spec.nodeName=").expect("by node only");
+            selected.retain(|item| item["spec"]["nodeName"] == node);
+        }
         let start: usize = param("continue").map_or(0, |token| {
             token.strip_prefix("offset-").expect("a token of ours").parse().unwrap()
         });
         let limit: usize = param("limit").map_or(selected.len(), |limit| limit.parse().unwrap());
         let end = (start + limit).min(selected.len());
         let token = if end < selected.len() { format!("offset-{end}") } else { String::new() };
-        let items: Vec<&str> = selected[start..end].iter().map(|item| item.as_str()).collect();
+        if table {
+            let mut columns = vec![json!({"name": "Name", "type": "string", "format": "name"})];
+            columns.extend(
+                self.columns.iter().map(|(name, _, kind)| json!({"name": name, "type": kind})),
+            );
+            let rows: Vec<Value> = selected[start..end].iter().map(|item| self.row(item)).collect();
+            return json!({
+                "kind": "Table", "apiVersion": "meta.k8s.io/v1",
+                "metadata": {"resourceVersion": "42", "continue": token},
+                "columnDefinitions": columns, "rows": rows,
+            })
+            .to_string();
+        }
+        let items: Vec<String> = selected[start..end].iter().map(ToString::to_string).collect();
         format!(
             r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":"42","continue":"{token}"}},"items":[{}]}}"#,
             self.kind,
@@ -118,25 +174,57 @@ impl ApiServer {
             let collection = Arc::new(collection);
             let record = Arc::clone(&seen);
             let path = collection.path;
-            router = router.route(
-                path,
-                axum::routing::get(move |query: axum::extract::RawQuery| {
-                    let query = query.0.unwrap_or_default();
-                    record.lock().unwrap().push(format!("{path}?{query}"));
-                    let page = collection.page(&query);
-                    async move { ([(axum::http::header::CONTENT_TYPE, "application/json")], page) }
-                }),
-            );
+            let one = Arc::clone(&collection);
+            let record_one = Arc::clone(&seen);
+            router = router
+                .route(
+                    path,
+                    axum::routing::get(
+                        move |query: axum::extract::RawQuery, headers: axum::http::HeaderMap| {
+                            let query = query.0.unwrap_or_default();
+                            record.lock().unwrap().push(format!("{path}?{query}"));
+                            let accept = headers.get(axum::http::header::ACCEPT);
+                            let table = accept
+                                .and_then(|accept| accept.to_str().ok())
+                                .is_some_and(|accept| accept.contains("as=Table"));
+                            let page = collection.page(&query, table);
+                            async move {
+                                ([(axum::http::header::CONTENT_TYPE, "application/json")], page)
+                            }
+                        },
+                    ),
+                )
+                .route(
+                    &format!("{path}/{{name}}"),
+                    axum::routing::get(move |name: axum::extract::Path<String>| {
+                        record_one.lock().unwrap().push(format!("{path}/{}", name.0));
+                        let found = one.get(&name.0);
+                        async move {
+                            match found {
+                                Some(item) => (
+                                    axum::http::StatusCode::OK,
+                                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                                    item,
+                                ),
+                                None => (
+                                    axum::http::StatusCode::NOT_FOUND,
+                                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                                    not_found(),
+                                ),
+                            }
+                        }
+                    }),
+                );
         }
         let record = Arc::clone(&seen);
         let router = router.fallback(move |request: axum::extract::Request| {
             record.lock().unwrap().push(request.uri().to_string());
             async {
-                let status = json!({
-                    "kind": "Status", "apiVersion": "v1", "metadata": {},
-                    "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found",
-                });
-                (axum::http::StatusCode::NOT_FOUND, axum::Json(status))
+                (
+                    axum::http::StatusCode::NOT_FOUND,
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    not_found(),
+                )
             }
         });
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
@@ -155,6 +243,15 @@ impl ApiServer {
         std::fs::write(&path, kubeconfig(&self.url)).unwrap();
         path.to_str().unwrap().to_owned()
     }
+}
+
+/// The 404 `Status` of kube-apiserver.
+fn not_found() -> String {
+    json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found",
+    })
+    .to_string()
 }
 
 /// `kpm ARGS` with no API server in its environment but what it is given.
@@ -203,12 +300,13 @@ static REPORTS: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Node `name`'s `KubeletPluginReport`, as its doctor writes it: `health`,
-/// `reason`, and `plugins`, each `(socket, name, verdict, reason)`.
+/// `reason`, `plugins`, each `(socket, name, verdict, reason)`, and what
+/// the node's objects show `registered` (none: a doctor before the field).
 fn report(
     name: &str,
-    health: &str,
-    reason: &str,
+    (health, reason): (&str, &str),
     plugins: &[(&str, Option<&str>, &str, &str)],
+    registered: Option<&str>,
     heartbeat: &str,
 ) -> Value {
     let entries: Vec<Value> = plugins
@@ -227,6 +325,7 @@ fn report(
             "kubelet": {"rootDir": "/var/lib/kubelet", "foundBy": "the default", "version": "v1.36.2"},
             "counts": {"plugins": plugins.len(), "failing": failing, "omitted": 0},
             "plugins": entries, "findings": [], "heartbeatTime": heartbeat, "doctorVersion": "0.1.0",
+            "registered": registered,
         },
     })
 }
@@ -299,12 +398,19 @@ fn fleet_of_seven() -> ApiServer {
         }
         slices.push(&json!({"metadata": {"name": format!("slice-{name}")}, "spec": spec}));
     }
-    let mut reports =
-        Collection::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    let mut reports = Collection::reports();
     let ok = |socket| (socket, Some("csi.example.com"), "ok", "registered");
-    for name in ["node-1", "node-2", "node-7"] {
+    let healthy = ("Healthy", "PluginsHealthy");
+    for (name, registered) in [
+        (
+            "node-1",
+            "CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu,DRAPlugin:gpu.example.com",
+        ),
+        ("node-2", "CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu"),
+        ("node-7", "CSIPlugin:csi.example.com"),
+    ] {
         let plugins = [ok("/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock")];
-        reports.push(&report(name, "Healthy", "PluginsHealthy", &plugins, &ago(5)));
+        reports.push(&report(name, healthy, &plugins, Some(registered), &ago(5)));
     }
     let stale = (
         "/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock",
@@ -313,8 +419,8 @@ fn fleet_of_seven() -> ApiServer {
         "dial /var/lib/kubelet/plugins_registry/csi.example.com-reg.sock: Connection refused \
          (os error 111)",
     );
-    reports.push(&report("node-4", "Failing", "Stale", &[stale], &ago(2)));
-    reports.push(&report("node-6", "Healthy", "PluginsHealthy", &[], &ago(120)));
+    reports.push(&report("node-4", ("Failing", "Stale"), &[stale], Some(""), &ago(2)));
+    reports.push(&report("node-6", healthy, &[], Some(""), &ago(120)));
     ApiServer::serve(vec![reports, nodes, drivers, csinodes, slices])
 }
 
@@ -334,6 +440,44 @@ fn not_on(driver: &Value) -> Vec<(String, String)> {
         .iter()
         .map(|n| (n["node"].as_str().unwrap().to_owned(), n["why"].as_str().unwrap().to_owned()))
         .collect()
+}
+
+/// `fleet_of_seven`'s read at page size 2: every list paged to the end,
+/// reports and Nodes as tables without their objects; the failing node's
+/// report in full; the objects of the two nodes no report speaks for
+/// (node-3's doctor writes none, node-5 has no doctor).
+fn read_at_the_reports_weight(server: &ApiServer, fleet: &Value) {
+    let mut requests = server.requests();
+    let pages = |path: &str| requests.iter().filter(|r| r.starts_with(&format!("{path}?"))).count();
+    let lists = requests.iter().filter(|r| r.contains('?'));
+    assert!(lists.clone().all(|r| r.contains("limit=2")), "{requests:#?}");
+    assert_eq!(pages("/api/v1/nodes"), 4, "7 nodes, 2 a page: {requests:#?}");
+    assert_eq!(pages("/apis/storage.k8s.io/v1/csidrivers"), 1, "{requests:#?}");
+    assert_eq!(pages(&REPORTS), 3, "5 reports: {requests:#?}");
+    let tables = lists.filter(|r| r.ends_with("includeObject=None"));
+    assert_eq!(tables.count(), 7, "{requests:#?}");
+    assert!(
+        requests.iter().any(|r| r.starts_with("/api/v1/nodes?")
+            && r.ends_with("limit=2&continue=offset-6&includeObject=None")),
+        "the last page, from the token of the one before: {requests:#?}"
+    );
+    let mut singles: Vec<String> = requests.split_off(7 + 1);
+    singles.sort();
+    let slices = "/apis/resource.k8s.io/v1/resourceslices?&fieldSelector=spec.nodeName%3D";
+    assert_eq!(
+        singles,
+        [
+            "/api/v1/nodes/node-3".to_owned(),
+            "/api/v1/nodes/node-5".to_owned(),
+            format!("{}/node-4", *REPORTS),
+            format!("{slices}node-3&limit=2"),
+            format!("{slices}node-5&limit=2"),
+            "/apis/storage.k8s.io/v1/csinodes/node-3".to_owned(),
+            "/apis/storage.k8s.io/v1/csinodes/node-5".to_owned(),
+        ]
+    );
+    assert_eq!(fleet["read"]["requests"], 7 + 1 + 7, "{:#}", fleet["read"]);
+    assert_eq!(fleet["read"]["cross_check"], false);
 }
 
 #[test]
@@ -357,21 +501,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(out.status.code(), Some(1), "node-4 fails, node-6 is silent: {fleet:#}\n{stderr}");
     assert_eq!(fleet["ok"], false);
 
-    // It paged: every list asked for 2, and followed the tokens to the end.
-    let requests = server.requests();
-    let pages = |path: &str| requests.iter().filter(|r| r.starts_with(&format!("{path}?"))).count();
-    assert!(requests.iter().all(|r| r.contains("limit=2")), "{requests:#?}");
-    assert_eq!(pages("/api/v1/nodes"), 4, "7 nodes, 2 a page: {requests:#?}");
-    assert_eq!(pages("/apis/storage.k8s.io/v1/csinodes"), 4, "{requests:#?}");
-    assert_eq!(pages("/apis/storage.k8s.io/v1/csidrivers"), 1, "{requests:#?}");
-    assert_eq!(pages("/apis/resource.k8s.io/v1/resourceslices"), 2, "{requests:#?}");
-    assert_eq!(pages(&REPORTS), 3, "5 reports: {requests:#?}");
-    assert!(
-        requests
-            .iter()
-            .any(|r| r.starts_with("/api/v1/nodes?") && r.ends_with("limit=2&continue=offset-6")),
-        "the last page, from the token of the one before: {requests:#?}"
-    );
+    read_at_the_reports_weight(&server, &fleet);
 
     let states: Vec<(&str, &str)> = fleet["nodes"]
         .as_array()
@@ -646,9 +776,18 @@ fn big_report(i: usize, heartbeat: &str) -> Value {
         (dra.as_str(), Some("gpu.example.com"), "ok", "registered"),
         ("/var/lib/kubelet/device-plugins/gpu.sock", Some("vendor.com/gpu"), gpu.0, gpu.1),
     ];
-    let (health, reason) =
-        if failing { ("Failing", "NotRegistered") } else { ("Healthy", "PluginsHealthy") };
-    report(&format!("node-{i:05}"), health, reason, &plugins, heartbeat)
+    let health = if failing { ("Failing", "NotRegistered") } else { ("Healthy", "PluginsHealthy") };
+    // What big_node(i)'s objects show.
+    let mut registered = Vec::new();
+    if !i.is_multiple_of(50) {
+        registered.extend(["CSIPlugin:csi.example.com", "CSIPlugin:nfs.csi.k8s.io"]);
+    }
+    if !failing {
+        registered.push("DevicePlugin:vendor.com/gpu");
+    }
+    registered.push("DRAPlugin:gpu.example.com");
+    let registered = registered.join(",");
+    report(&format!("node-{i:05}"), health, &plugins, Some(&registered), heartbeat)
 }
 
 /// Peak resident memory of a process so far, in bytes (`VmHWM`).
@@ -694,8 +833,7 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
             }));
         }
     }
-    let mut reports =
-        Collection::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1");
+    let mut reports = Collection::reports();
     for i in 0..NODES {
         reports.push(&big_report(i, &heartbeat));
     }
@@ -750,15 +888,83 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
     );
     assert_eq!(driver(&fleet, "CSIPlugin", "csi.example.com")["registered"], 4900);
     assert_eq!(driver(&fleet, "DRAPlugin", "gpu.example.com")["registered"], NODES);
+    // The reports speak for every node: no Node, CSINode or slice is read
+    // but the Nodes' names, and the 500 failing nodes' reports in full.
     let requests = server.requests();
-    assert_eq!(requests.iter().filter(|r| r.starts_with("/api/v1/nodes?")).count(), NODES / 500);
-    assert_eq!(
-        requests
-            .iter()
-            .filter(|r| r.starts_with("/apis/resource.k8s.io/v1/resourceslices?"))
-            .count(),
-        4 * NODES / 500
-    );
+    let asked = |prefix: &str| requests.iter().filter(|r| r.starts_with(prefix)).count();
+    assert_eq!(asked("/api/v1/nodes?"), NODES / 500);
+    assert_eq!(asked("/api/v1/nodes/"), 0);
+    assert_eq!(asked("/apis/storage.k8s.io/v1/csinodes"), 0);
+    assert_eq!(asked("/apis/resource.k8s.io/v1/resourceslices"), 0);
+    assert_eq!(asked(&format!("{}?", *REPORTS)), NODES / 500);
+    assert_eq!(asked(&format!("{}/", *REPORTS)), NODES / 10);
+    let read = &fleet["read"];
+    assert_eq!(read["requests"], NODES / 500 * 2 + 1 + NODES / 10, "{read}");
+    eprintln!("{} bytes read in {} requests", read["bytes"], read["requests"]);
     assert!(peak > 0, "VmHWM was read");
     assert!(peak <= 150 << 20, "peak RSS {} MiB, over 150 MiB", peak >> 20);
+}
+
+/// A report that says a CSI driver is registered where its CSINode does
+/// not list it: the default read believes it; the cross-check reads every
+/// node's objects and names the node.
+#[test]
+fn the_cross_check_finds_a_report_that_lies_and_names_its_node() {
+    let healthy =
+        || Some(plugins_condition("True", "PluginsHealthy", "all 1 plugin sockets ok", &ago(5)));
+    let cpus = json!({"cpu": "8"});
+    let mut nodes = Collection::new("/api/v1/nodes", "Node", "v1");
+    let mut csinodes =
+        Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
+    let mut reports = Collection::reports();
+    let ok = [(
+        "/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock",
+        Some("csi.example.com"),
+        "ok",
+        "registered",
+    )];
+    for (name, lists) in [("honest", true), ("liar", false)] {
+        nodes.push(&node(name, "a", healthy(), &cpus));
+        let drivers =
+            if lists { json!([{"name": "csi.example.com", "nodeID": name}]) } else { json!([]) };
+        csinodes.push(&json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}));
+        let registered = Some("CSIPlugin:csi.example.com");
+        reports.push(&report(name, ("Healthy", "PluginsHealthy"), &ok, registered, &ago(5)));
+    }
+    let drivers =
+        Collection::new("/apis/storage.k8s.io/v1/csidrivers", "CSIDriver", "storage.k8s.io/v1");
+    let slices = Collection::new(
+        "/apis/resource.k8s.io/v1/resourceslices",
+        "ResourceSlice",
+        "resource.k8s.io/v1",
+    );
+    let server = ApiServer::serve(vec![reports, nodes, drivers, csinodes, slices]);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+
+    let believed = kpm(&["doctor", "--cluster", "-o", "json", "--kubeconfig", &kubeconfig]);
+    assert_eq!(believed.status.code(), Some(0), "{}", String::from_utf8_lossy(&believed.stderr));
+    assert!(!server.requests().iter().any(|r| r.contains("csinodes")), "{:#?}", server.requests());
+
+    let checked =
+        kpm(&["doctor", "--cluster", "-o", "json", "--kubeconfig", &kubeconfig, "--cross-check"]);
+    let fleet: Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(checked.status.code(), Some(1), "{fleet:#}");
+    assert_eq!(
+        fleet["disagreements"],
+        json!([{"node": "liar", "kind": "CSIPlugin", "name": "csi.example.com",
+                "report_shows": true}])
+    );
+    assert_eq!(fleet["read"]["cross_check"], true);
+    assert_eq!(driver(&fleet, "CSIPlugin", "csi.example.com")["registered"], 1, "the objects win");
+
+    let table = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig, "--cross-check"]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(
+        table.contains(
+            "cross-check: 1 report(s) disagree with their node's objects\n  liar: its report \
+             shows CSIPlugin csi.example.com registered, but its CSINode does not list it\n"
+        ),
+        "{table}"
+    );
 }

@@ -4,121 +4,97 @@
 //! CSI driver, device-plugin resource and DRA driver, the nodes where it is
 //! registered and why it is not on the others.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kpm_api::ApiObject;
-use kpm_report::{ConditionStatus, Health};
+use kpm_report::{ConditionStatus, Health, Registered};
 
 use super::{
-    DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn, PluginKind, Source,
+    Disagreement, DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn,
+    PluginKind, ReadCost, Source,
 };
 
 /// Judges `objects` as of `now`: a doctor whose last heartbeat is older
 /// than `stale_after` is silent. Drivers come by kind then name, nodes by
-/// name.
+/// name; what a node registered is what its objects show where they were
+/// read, else what its report says they show. Where both are known (the
+/// cross-check), each difference is a [`Disagreement`].
 pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duration) -> Fleet {
     let mut selected: Vec<&NodeObject> = objects.nodes.iter().collect();
     selected.sort_by(|a, b| a.name.cmp(&b.name));
     selected.dedup_by(|a, b| a.name == b.name);
     let nodes: Vec<NodeView> =
         selected.iter().map(|node| node_view(node, now, stale_after)).collect();
+    let registered: Vec<Option<&Registered>> =
+        selected.iter().map(|node| registered(node)).collect();
 
     let mut drivers = Vec::new();
     for kind in PluginKind::ALL {
-        drivers.extend(kind_views(kind, objects, &selected, &nodes));
+        let mut names: BTreeSet<&str> = BTreeSet::new();
+        if kind == PluginKind::Csi {
+            names.extend(objects.csi_drivers.iter().map(String::as_str));
+        }
+        names.extend(
+            registered.iter().flatten().flat_map(|shown| {
+                shown.iter().filter(move |(k, _)| *k == kind).map(|(_, name)| name)
+            }),
+        );
+        drivers.extend(names.into_iter().map(|name| {
+            let has_object = kind == PluginKind::Csi && objects.csi_drivers.contains(name);
+            let on = nodes
+                .iter()
+                .zip(&registered)
+                .map(|(node, shown)| (node, shown.is_some_and(|shown| shown.contains(kind, name))));
+            driver_view(kind, name, has_object, on)
+        }));
     }
-    Fleet { drivers, nodes, unseen: objects.unseen.clone() }
-}
-
-/// The drivers of `kind` across the `selected` nodes, by name: what
-/// registers a name of each kind on a node, read from the object that says
-/// so ([`PluginKind::registered_in`]).
-fn kind_views(
-    kind: PluginKind,
-    objects: &FleetObjects,
-    selected: &[&NodeObject],
-    nodes: &[NodeView],
-) -> Vec<DriverView> {
-    match kind.registered_in() {
-        // CSI: the CSIDriver objects, and every driver a selected node's
-        // CSINode lists; registered where that CSINode lists it (the
-        // Node's annotation names the same drivers, and is not read).
-        ApiObject::CsiNode | ApiObject::Node => {
-            let csi_on = |node: &str, driver: &str| {
-                objects.csi_nodes.get(node).is_some_and(|drivers| drivers.contains(driver))
-            };
-            let mut csi: BTreeSet<&str> = objects.csi_drivers.iter().map(String::as_str).collect();
-            for node in selected {
-                csi.extend(
-                    objects.csi_nodes.get(&node.name).into_iter().flatten().map(String::as_str),
-                );
-            }
-            csi.into_iter()
-                .map(|name| {
-                    let has_object = objects.csi_drivers.contains(name);
-                    driver_view(kind, name, has_object, nodes, |node| csi_on(node, name))
-                })
-                .collect()
-        }
-        // Device plugins: the extended resources of the selected nodes;
-        // registered where the capacity is not zero (the kubelet zeroes the
-        // capacity of a resource whose plugin is gone).
-        ApiObject::NodeStatus => {
-            let capacity = |node: &NodeObject, name: &str| {
-                node.extended_resources
-                    .get(name)
-                    .is_some_and(|quantity| kpm_api::is_nonzero_quantity(quantity))
-            };
-            let by_name: BTreeMap<&str, &NodeObject> =
-                selected.iter().map(|node| (node.name.as_str(), *node)).collect();
-            let resources: BTreeSet<&str> = selected
-                .iter()
-                .flat_map(|node| node.extended_resources.keys().map(String::as_str))
-                .collect();
-            resources
-                .into_iter()
-                .map(|name| {
-                    driver_view(kind, name, false, nodes, |node| {
-                        by_name.get(node).is_some_and(|node| capacity(node, name))
-                    })
-                })
-                .collect()
-        }
-        // DRA: the drivers of the selected nodes' ResourceSlices.
-        ApiObject::ResourceSlice => {
-            let dra: BTreeSet<&str> = selected
-                .iter()
-                .flat_map(|node| objects.slices.get(&node.name).into_iter().flatten())
-                .filter(|(_, count)| **count > 0)
-                .map(|(driver, _)| driver.as_str())
-                .collect();
-            dra.into_iter()
-                .map(|name| {
-                    driver_view(kind, name, false, nodes, |node| {
-                        objects
-                            .slices
-                            .get(node)
-                            .and_then(|drivers| drivers.get(name))
-                            .is_some_and(|n| *n > 0)
-                    })
-                })
-                .collect()
-        }
+    let disagreements = selected.iter().flat_map(|node| disagreements(node)).collect();
+    Fleet {
+        drivers,
+        nodes,
+        disagreements,
+        unseen: objects.unseen.clone(),
+        read: ReadCost {
+            requests: objects.requests,
+            bytes: objects.bytes,
+            cross_check: objects.cross_checked,
+        },
     }
 }
 
-/// One driver across `nodes`, registered on those `on` says.
-fn driver_view(
+/// What `node` registered: what its objects show where they were read,
+/// else what its report says they show; none when neither is known.
+fn registered(node: &NodeObject) -> Option<&Registered> {
+    node.shown.as_ref().or_else(|| node.report.as_ref()?.registered.as_ref())
+}
+
+/// Where `node`'s report and its objects, both read, differ: a plugin one
+/// shows registered and the other does not.
+fn disagreements(node: &NodeObject) -> Vec<Disagreement> {
+    let (Some(shown), Some(said)) =
+        (&node.shown, node.report.as_ref().and_then(|report| report.registered.as_ref()))
+    else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (from, to, report_shows) in [(said, shown, true), (shown, said, false)] {
+        for (kind, name) in from.iter().filter(|(kind, name)| !to.contains(*kind, name)) {
+            let node = node.name.clone();
+            found.push(Disagreement { node, kind, name: name.to_owned(), report_shows });
+        }
+    }
+    found
+}
+
+/// One driver across the nodes, each with whether it is registered there.
+fn driver_view<'a>(
     kind: PluginKind,
     name: &str,
     has_object: bool,
-    nodes: &[NodeView],
-    on: impl Fn(&str) -> bool,
+    nodes: impl Iterator<Item = (&'a NodeView, bool)>,
 ) -> DriverView {
-    let (registered, missing): (Vec<&NodeView>, Vec<&NodeView>) =
-        nodes.iter().partition(|node| on(&node.name));
+    let (registered, missing): (Vec<_>, Vec<_>) = nodes.partition(|(_, on)| *on);
     // A driver on no selected node and without an object is meant for
     // other nodes: listing every node would say nothing.
     let not_on = if registered.is_empty() && !has_object {
@@ -126,7 +102,7 @@ fn driver_view(
     } else {
         missing
             .iter()
-            .map(|node| NotOn { node: node.name.clone(), why: why_not(node, name) })
+            .map(|(node, _)| NotOn { node: node.name.clone(), why: why_not(node, name) })
             .collect()
     };
     DriverView {
@@ -134,7 +110,7 @@ fn driver_view(
         name: name.to_owned(),
         has_object,
         registered: registered.len(),
-        nodes: nodes.len(),
+        nodes: registered.len() + missing.len(),
         not_on,
     }
 }
@@ -280,15 +256,14 @@ mod tests {
         Time(at.try_into().unwrap())
     }
 
-    fn node(name: &str, report: Option<NodeReport>, resources: &[(&str, &str)]) -> NodeObject {
+    /// Node `name` with `report`, whose objects were read and show
+    /// `shown` registered; not read when it is empty.
+    fn node(name: &str, report: Option<NodeReport>, shown: &[(PluginKind, &str)]) -> NodeObject {
         NodeObject {
             name: name.to_owned(),
             report,
             condition: None,
-            extended_resources: resources
-                .iter()
-                .map(|(name, quantity)| ((*name).to_owned(), (*quantity).to_owned()))
-                .collect(),
+            shown: (!shown.is_empty()).then(|| shown.iter().copied().collect()),
         }
     }
 
@@ -456,10 +431,9 @@ mod tests {
                 9 => healthy(120),
                 _ => healthy(5),
             };
-            objects.nodes.push(node(&name, report, &[]));
-            if ![3, 7, 9].contains(&i) {
-                objects.csi_nodes.insert(name, ["csi.example.com".to_owned()].into());
-            }
+            let on: &[_] =
+                if [3, 7, 9].contains(&i) { &[] } else { &[(PluginKind::Csi, "csi.example.com")] };
+            objects.nodes.push(node(&name, report, on));
         }
         let fleet = judge_fleet(&objects, now(), HOUR);
         let csi = driver(&fleet, PluginKind::Csi, "csi.example.com");
@@ -485,9 +459,9 @@ mod tests {
         };
         let objects = FleetObjects {
             nodes: vec![
-                node("a", healthy(1), &[("vendor.com/gpu", "2")]),
-                node("b", failing_report("Stale", vec![gpu_x]), &[("vendor.com/gpu", "0")]),
-                node("c", Some(ok_gpu), &[("vendor.com/gpu", "0")]),
+                node("a", healthy(1), &[(PluginKind::Device, "vendor.com/gpu")]),
+                node("b", failing_report("Stale", vec![gpu_x]), &[]),
+                node("c", Some(ok_gpu), &[]),
                 node("d", Some(bounded), &[]),
                 with_condition(node("e", None, &[]), condition("False", "Stale", 1)),
                 with_condition(node("f", None, &[]), condition("True", "PluginsHealthy", 1)),
@@ -543,8 +517,6 @@ mod tests {
             ..FleetObjects::default()
         };
         objects.csi_drivers.insert("nowhere.example.com".into());
-        // A CSINode of a node outside the selection.
-        objects.csi_nodes.insert("other".into(), ["elsewhere.example.com".into()].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
         let nowhere = driver(&fleet, PluginKind::Csi, "nowhere.example.com");
         assert_eq!(nowhere.registered, 0);
@@ -555,29 +527,78 @@ mod tests {
                 ("b", "no doctor there")
             ]
         );
-        assert!(
-            fleet.drivers.iter().all(|d| d.name != "elsewhere.example.com"),
-            "only the selected nodes' CSINodes count"
-        );
     }
 
+    /// A report's row says what its node's objects show, where they were
+    /// not read; where they were, they are the truth.
     #[test]
-    fn device_resources_count_where_their_capacity_is_not_zero() {
+    fn what_a_node_registered_is_read_from_its_report_where_its_objects_were_not() {
+        let said = |plugins: &[(PluginKind, &str)]| NodeReport {
+            registered: Some(plugins.iter().copied().collect()),
+            ..healthy(1).unwrap()
+        };
+        let gpu = (PluginKind::Device, "vendor.com/gpu");
         let objects = FleetObjects {
             nodes: vec![
-                node("a", healthy(1), &[("vendor.com/gpu", "2"), ("example.com/nic", "1")]),
-                node("b", failing_report("Stale", Vec::new()), &[("vendor.com/gpu", "0")]),
-                node("c", None, &[("example.com/fpga", "0")]),
+                node("a", Some(said(&[gpu, (PluginKind::Device, "example.com/nic")])), &[]),
+                node("b", Some(said(&[])), &[]),
+                node("c", Some(said(&[])), &[gpu]),
+                node("d", None, &[]),
             ],
             ..FleetObjects::default()
         };
         let fleet = judge_fleet(&objects, now(), HOUR);
-        // Registered nowhere and without an object: counted, no node named.
-        let fpga = driver(&fleet, PluginKind::Device, "example.com/fpga");
-        assert_eq!((fpga.registered, fpga.nodes, fpga.not_on.len()), (0, 3, 0));
-        let gpu = driver(&fleet, PluginKind::Device, "vendor.com/gpu");
-        assert_eq!((gpu.registered, gpu.nodes), (1, 3));
-        assert_eq!(not_on(gpu)[1], ("c", "no doctor there"));
+        let view = driver(&fleet, PluginKind::Device, "vendor.com/gpu");
+        assert_eq!((view.registered, view.nodes), (2, 4));
+        assert_eq!(not_on(view)[1], ("d", "no doctor there"));
+        assert_eq!(driver(&fleet, PluginKind::Device, "example.com/nic").registered, 1);
+        // c's report and objects were both read, and differ.
+        assert_eq!(
+            fleet.disagreements,
+            [Disagreement {
+                node: "c".into(),
+                kind: PluginKind::Device,
+                name: "vendor.com/gpu".into(),
+                report_shows: false
+            }]
+        );
+        assert_eq!(
+            fleet.disagreements[0].to_string(),
+            "c: its Node has a capacity of DevicePlugin vendor.com/gpu, but its report does not \
+             show it registered"
+        );
+        assert!(!fleet.ok(), "a report that lies fails the fleet");
+    }
+
+    /// The cross-check: a report shows a driver registered that its
+    /// CSINode does not list.
+    #[test]
+    fn a_report_that_says_more_than_its_objects_show_is_named() {
+        let csi = (PluginKind::Csi, "csi.example.com");
+        let lying =
+            NodeReport { registered: Some([csi].into_iter().collect()), ..healthy(1).unwrap() };
+        let objects = FleetObjects {
+            nodes: vec![node("a", Some(lying), &[(PluginKind::Dra, "gpu.example.com")])],
+            cross_checked: true,
+            ..FleetObjects::default()
+        };
+        let fleet = judge_fleet(&objects, now(), HOUR);
+        let said: Vec<String> = fleet.disagreements.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            said,
+            [
+                "a: its report shows CSIPlugin csi.example.com registered, but its CSINode does \
+                 not list it",
+                "a: its ResourceSlices name DRAPlugin gpu.example.com, but its report does not \
+                 show it registered",
+            ]
+        );
+        assert!(
+            fleet.drivers.iter().all(|d| d.name != "csi.example.com"),
+            "the objects read are the truth: {:?}",
+            fleet.drivers
+        );
+        assert!(fleet.read.cross_check);
     }
 
     #[test]
@@ -588,15 +609,13 @@ mod tests {
             "not-published",
             "no ResourceSlice",
         );
-        let mut objects = FleetObjects {
+        let objects = FleetObjects {
             nodes: vec![
-                node("a", healthy(1), &[]),
+                node("a", healthy(1), &[(PluginKind::Dra, "gpu.example.com")]),
                 node("b", failing_report("NotPublished", vec![not_published]), &[]),
             ],
             ..FleetObjects::default()
         };
-        objects.slices.insert("a".into(), [("gpu.example.com".to_owned(), 2)].into());
-        objects.slices.insert("zz-unselected".into(), [("other.example.com".to_owned(), 1)].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
         let dra = driver(&fleet, PluginKind::Dra, "gpu.example.com");
         assert_eq!((dra.registered, dra.nodes), (1, 2));
@@ -606,12 +625,14 @@ mod tests {
 
     #[test]
     fn drivers_come_by_kind_then_name() {
-        let mut objects = FleetObjects {
-            nodes: vec![node("a", healthy(1), &[("z.com/x", "1"), ("a.com/y", "1")])],
-            ..FleetObjects::default()
-        };
+        let shown = [
+            (PluginKind::Dra, "dra.x"),
+            (PluginKind::Device, "z.com/x"),
+            (PluginKind::Device, "a.com/y"),
+        ];
+        let mut objects =
+            FleetObjects { nodes: vec![node("a", healthy(1), &shown)], ..FleetObjects::default() };
         objects.csi_drivers.extend(["b.csi".to_owned(), "a.csi".to_owned()]);
-        objects.slices.insert("a".into(), [("dra.x".to_owned(), 1)].into());
         let fleet = judge_fleet(&objects, now(), HOUR);
         let order: Vec<(PluginKind, &str)> =
             fleet.drivers.iter().map(|d| (d.kind, d.name.as_str())).collect();

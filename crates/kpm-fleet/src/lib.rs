@@ -22,17 +22,18 @@
 #![deny(missing_docs)]
 
 mod judge;
+mod pages;
 mod read;
 mod render;
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm_api::PluginKind;
 pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
-use kpm_report::{Health, ReportedVerdict};
+use kpm_report::{Health, Registered, ReportedVerdict};
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
@@ -63,11 +64,13 @@ pub struct FleetConfig {
     page_size: u32,
     request_timeout: Duration,
     stale_after: Duration,
+    cross_check: bool,
 }
 
 impl Default for FleetConfig {
     fn default() -> Self {
         Self {
+            cross_check: false,
             label_selector: None,
             page_size: DEFAULT_PAGE_SIZE,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
@@ -104,6 +107,15 @@ impl FleetConfig {
     /// days. Default [`DEFAULT_STALE_AFTER`], 60 min.
     pub fn stale_after(&self) -> Duration {
         self.stale_after
+    }
+
+    /// Whether every node's Node, CSINode and ResourceSlices are read, to
+    /// hold its report against them: what a report shows registered and
+    /// what they do must agree. It costs what the cluster weighs (a real
+    /// Node is 10–30 KB); without it, the objects are read only of nodes
+    /// no report speaks for. Default off.
+    pub fn cross_check(&self) -> bool {
+        self.cross_check
     }
 }
 
@@ -142,11 +154,20 @@ impl FleetConfigBuilder {
         self
     }
 
+    /// Sets [`FleetConfig::cross_check`] (default off).
+    #[must_use]
+    pub fn cross_check(mut self, on: bool) -> Self {
+        self.0.cross_check = on;
+        self
+    }
+
     /// The config, once each field is in its range; the error names the
     /// first that is not.
     pub fn build(self) -> Result<FleetConfig, OutOfRange> {
-        let FleetConfig { label_selector, page_size, request_timeout, stale_after } = self.0;
+        let FleetConfig { label_selector, page_size, request_timeout, stale_after, cross_check } =
+            self.0;
         Ok(FleetConfig {
+            cross_check,
             label_selector,
             page_size: PAGE_SIZE.check("fleet.page_size", page_size)?,
             request_timeout: REQUEST_TIMEOUT.check("fleet.request_timeout", request_timeout)?,
@@ -225,16 +246,16 @@ pub struct FleetObjects {
     pub nodes: Vec<NodeObject>,
     /// The names of the CSIDriver objects.
     pub csi_drivers: BTreeSet<String>,
-    /// Each CSINode's drivers, by node name (all nodes, selected or not).
-    pub csi_nodes: BTreeMap<String, BTreeSet<String>>,
-    /// How many ResourceSlices each driver published for each node, by node
-    /// name then driver (slices without a node name are not counted).
-    pub slices: BTreeMap<String, BTreeMap<String, usize>>,
+    /// Every node's objects were read, to hold its report against them
+    /// ([`FleetConfig::cross_check`]).
+    pub cross_checked: bool,
     /// What could not be read, and why (the API server serves no
     /// `resource.k8s.io/v1`).
     pub unseen: Vec<String>,
-    /// How many list requests were made, all resources together.
+    /// How many requests were made, all resources together.
     pub requests: usize,
+    /// How many bytes their answers weighed, as the client read them.
+    pub bytes: usize,
 }
 
 /// What one Node shows of its plugins.
@@ -243,13 +264,14 @@ pub struct FleetObjects {
 pub struct NodeObject {
     /// The node's name.
     pub name: String,
-    /// Its doctor's report, when it has one.
+    /// Its doctor's report, when it has one: its table row, or in full
+    /// where the row fails.
     pub report: Option<NodeReport>,
-    /// Its doctor's condition, when it has one.
+    /// Its doctor's condition, when its Node was read and has one.
     pub condition: Option<NodeCondition>,
-    /// Its extended resources' capacity (`vendor.com/gpu` → `2`), zero ones
-    /// included.
-    pub extended_resources: BTreeMap<String, String>,
+    /// What its Node, CSINode and ResourceSlices show registered, when
+    /// they were read (no report speaks for them, or the cross-check).
+    pub shown: Option<Registered>,
 }
 
 impl NodeObject {
@@ -311,8 +333,11 @@ pub struct NodeReport {
     pub failing: Vec<FailingPlugin>,
     /// How many fail, as the condition counts them.
     pub failing_count: usize,
-    /// The names of the plugins it finds ok.
+    /// The names of the plugins it finds ok (from the report in full).
     pub ok: BTreeSet<String>,
+    /// What the node's API objects show registered, as the doctor read
+    /// them; none from a doctor before the field.
+    pub registered: Option<Registered>,
 }
 
 /// The fleet judged: each driver or resource, and each node.
@@ -324,27 +349,85 @@ pub struct Fleet {
     pub drivers: Vec<DriverView>,
     /// Every selected node, by name.
     pub nodes: Vec<NodeView>,
+    /// Where a report and its node's objects differ (the cross-check
+    /// only): a report that does not tell the truth.
+    pub disagreements: Vec<Disagreement>,
     /// What could not be read, and why.
     pub unseen: Vec<String>,
+    /// What the read cost.
+    pub read: ReadCost,
 }
 
 impl Fleet {
-    /// No node's doctor reports a failure or is silent. Nodes without a
-    /// doctor do not count: the doctor may be meant for some nodes only.
+    /// No node's doctor reports a failure or is silent, and no report
+    /// disagrees with its node's objects. Nodes without a doctor do not
+    /// count: the doctor may be meant for some nodes only.
     pub fn ok(&self) -> bool {
-        self.nodes.iter().all(|node| !node.doctor.fails())
+        self.nodes.iter().all(|node| !node.doctor.fails()) && self.disagreements.is_empty()
     }
+}
+
+/// A plugin a node's report and its objects do not agree on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct Disagreement {
+    /// The node.
+    pub node: String,
+    /// The plugin's kind (its plugin type in JSON).
+    pub kind: PluginKind,
+    /// The driver or resource.
+    pub name: String,
+    /// The report shows it registered and the objects do not; else the
+    /// other way round.
+    pub report_shows: bool,
+}
+
+impl std::fmt::Display for Disagreement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (node, plugin) = (&self.node, format!("{} {}", self.kind.plugin_type(), self.name));
+        // What the object that registers the kind says, and its absence.
+        let (shows, lacks) = match self.kind.registered_in() {
+            kpm_api::ApiObject::CsiNode | kpm_api::ApiObject::Node => {
+                ("its CSINode lists", "its CSINode does not list it")
+            }
+            kpm_api::ApiObject::NodeStatus => {
+                ("its Node has a capacity of", "its Node has no capacity of it")
+            }
+            kpm_api::ApiObject::ResourceSlice => {
+                ("its ResourceSlices name", "no ResourceSlice of the node names it")
+            }
+        };
+        if self.report_shows {
+            write!(f, "{node}: its report shows {plugin} registered, but {lacks}")
+        } else {
+            write!(f, "{node}: {shows} {plugin}, but its report does not show it registered")
+        }
+    }
+}
+
+/// What a fleet read cost the API server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ReadCost {
+    /// The requests made.
+    pub requests: usize,
+    /// The bytes of their answers, as the client read them.
+    pub bytes: usize,
+    /// Every node's objects were read ([`FleetConfig::cross_check`]).
+    pub cross_check: bool,
 }
 
 // `ok` is a method, so that it cannot disagree with the nodes; JSON
 // readers get it as a field.
 impl Serialize for Fleet {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut fleet = serializer.serialize_struct("Fleet", 4)?;
+        let mut fleet = serializer.serialize_struct("Fleet", 6)?;
         fleet.serialize_field("ok", &self.ok())?;
         fleet.serialize_field("drivers", &self.drivers)?;
         fleet.serialize_field("nodes", &self.nodes)?;
+        fleet.serialize_field("disagreements", &self.disagreements)?;
         fleet.serialize_field("unseen", &self.unseen)?;
+        fleet.serialize_field("read", &self.read)?;
         fleet.end()
     }
 }

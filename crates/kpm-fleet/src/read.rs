@@ -1,39 +1,69 @@
-//! Reading the fleet, read-only: `KubeletPluginReports`, Nodes, CSIDrivers,
-//! CSINodes and ResourceSlices, each listed page by page (`limit`,
-//! `continue`), the five lists at once, through one paging loop. Reports are
-//! read with the report crate's own types (`kube::Api<KubeletPluginReport>`);
-//! the other objects are parsed into types that hold only what is judged
-//! (serde skips the rest: a Node's images, a slice's devices). Each page is
-//! folded into [`FleetObjects`] and dropped before the next is asked for, so
-//! that 5000 Nodes and 20,000 ResourceSlices take a few megabytes, not the
-//! gigabyte their full objects would.
+//! Reading the fleet, read-only, at the weight of what it judges.
+//!
+//! Each node's doctor has already judged its node, so the read starts from
+//! the reports, and asks for each thing at the weight it needs:
+//!
+//! - the reports as the server-side `Table` `kubectl get kpr` asks for,
+//!   without their objects: a row a node, with the health, the failing
+//!   count, the reason, the kubelet, the heartbeat and what the node's API
+//!   objects show registered (the printer columns of the CRD);
+//! - the Nodes' names as a `Table` too (a real Node weighs 10–30 KB: its
+//!   images, labels and conditions), and the CSIDrivers (a few);
+//! - a report in full only where its row fails or cannot judge, to name the
+//!   failing plugins;
+//! - a Node, its CSINode and its ResourceSlices only where no report says
+//!   what they show (no doctor, or one from before `registered`): one by
+//!   one for a few nodes, listed whole for more. The cross-check
+//!   ([`FleetConfig::cross_check`]) lists them whole for every node, to
+//!   hold each report against them: today's full cost, said in its help.
+//!
+//! Lists are paged (`limit`, `continue`) and each page is folded into
+//! [`FleetObjects`] and dropped before the next is asked for. Reports are
+//! read with the report crate's own types and path; other objects are
+//! parsed into types that hold only what is judged. Every request goes
+//! through one [`Reader`], which counts it and its bytes.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 
+use futures_util::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kpm_report::{CONDITION_TYPE, KubeletPluginReport, Resource as _};
-use kube::api::{Api, ListParams};
+use kpm_report::{CONDITION_TYPE, Health, KubeletPluginReport, Registered, Resource as _};
+use kube::api::ListParams;
 use kube::core::ObjectList;
 use serde::Deserialize;
-use serde::de::DeserializeOwned;
-use tracing::debug;
 
+use super::pages::{Listed, Reader, Row, Table};
 use super::{
     FailingPlugin, FleetConfig, FleetError, FleetObjects, NodeCondition, NodeObject, NodeReport,
 };
 
-const NODES: Resource = Resource { name: "nodes", path: "/api/v1/nodes", optional: false };
+const NODES: Resource = Resource { name: "nodes", path: "/api/v1/nodes" };
 const CSI_DRIVERS: Resource =
-    Resource { name: "csidrivers", path: "/apis/storage.k8s.io/v1/csidrivers", optional: false };
-const CSI_NODES: Resource =
-    Resource { name: "csinodes", path: "/apis/storage.k8s.io/v1/csinodes", optional: false };
-const RESOURCE_SLICES: Resource = Resource {
-    name: "resourceslices",
-    path: "/apis/resource.k8s.io/v1/resourceslices",
-    optional: true,
-};
+    Resource { name: "csidrivers", path: "/apis/storage.k8s.io/v1/csidrivers" };
+const CSI_NODES: Resource = Resource { name: "csinodes", path: "/apis/storage.k8s.io/v1/csinodes" };
+const RESOURCE_SLICES: Resource =
+    Resource { name: "resourceslices", path: "/apis/resource.k8s.io/v1/resourceslices" };
+
+/// Up to this many nodes have their objects read one by one (three
+/// requests each); more, and Nodes, CSINodes and ResourceSlices are listed
+/// whole, which costs what the cluster weighs but fewer requests.
+const ONE_BY_ONE_MAX: usize = 50;
+
+/// How many single reads (a report, a node's objects) are in flight at
+/// once.
+const IN_FLIGHT: usize = 16;
+
+/// The report table's columns the read uses, as the CRD names them
+/// (`report.rs`'s printer columns; a test holds the two together).
+pub(crate) mod column {
+    pub(crate) const HEALTH: &str = "Health";
+    pub(crate) const FAILING: &str = "Failing";
+    pub(crate) const REASON: &str = "Reason";
+    pub(crate) const KUBELET: &str = "Kubelet";
+    pub(crate) const HEARTBEAT_TIME: &str = "Heartbeat Time";
+    pub(crate) const REGISTERED: &str = "Registered";
+}
 
 /// A collection of the API server the fleet reads without a type of
 /// k8s-openapi's: only what is judged of each object is parsed.
@@ -43,23 +73,19 @@ struct Resource {
     name: &'static str,
     /// The collection's path.
     path: &'static str,
-    /// A cluster may not serve it, or the reader may not be allowed to
-    /// list it (a 404 or 403 on the first page): it is then unseen, not a
-    /// failure.
-    optional: bool,
 }
 
-/// How a list went.
-enum Listed {
-    /// Every page was read, in this many requests.
-    Pages(usize),
-    /// An optional resource, not served (404) or not allowed (403).
-    Unseen(Box<kube::core::Status>),
+impl Resource {
+    fn what(self) -> Cow<'static, str> {
+        Cow::Borrowed(self.name)
+    }
 }
 
-/// Reads the fleet through `client`: the Nodes `config` selects with their
-/// doctors' reports, every CSIDriver, CSINode and ResourceSlice, each list
-/// paged by `config.page_size` and every request bounded by
+/// Reads the fleet through `client`: the Nodes `config` selects with what
+/// their doctors' reports say, and the CSIDrivers; the full reports of the
+/// nodes that fail, and the objects of those no report speaks for (or of
+/// all, with [`FleetConfig::cross_check`]). Lists are paged by
+/// `config.page_size` and every request is bounded by
 /// `config.request_timeout`. It never writes. A cluster without the
 /// report's CRD, or an API server without `resource.k8s.io/v1` (DRA off, or
 /// older than 1.34), shows no reports or no slices, and says so in
@@ -69,27 +95,15 @@ pub async fn read_fleet(
     client: &kube::Client,
     config: &FleetConfig,
 ) -> Result<FleetObjects, FleetError> {
-    let (reports, nodes, csi_drivers, csi_nodes, slices) = tokio::try_join!(
-        read_reports(client, config),
-        read_nodes(client, config),
-        read_csi_drivers(client, config),
-        read_csi_nodes(client, config),
-        read_slices(client, config),
+    let reader = Reader::new(client, config);
+    let (summaries, names, csi_drivers) = tokio::try_join!(
+        read_summaries(&reader),
+        read_node_names(&reader),
+        read_csi_drivers(&reader),
     )?;
-    let mut objects = FleetObjects {
-        requests: reports.1 + nodes.1 + csi_drivers.1 + csi_nodes.1 + slices.1,
-        nodes: nodes.0,
-        csi_drivers: csi_drivers.0,
-        csi_nodes: csi_nodes.0,
-        ..FleetObjects::default()
-    };
-    match reports.0 {
-        Ok(mut reports) => {
-            for node in &mut objects.nodes {
-                node.report = reports.remove(&node.name);
-            }
-        }
-        Err(status) => objects.unseen.push(format!(
+    let mut unseen = Vec::new();
+    let mut reports = summaries.unwrap_or_else(|status| {
+        unseen.push(format!(
             "{plural}: {} ({} {}): nodes are judged by their doctor's condition alone; install \
              the CRD (kubectl apply -k deploy/doctor) and let the reader list {plural} (the \
              kpm-doctor-fleet-reader ClusterRole)",
@@ -97,82 +111,374 @@ pub async fn read_fleet(
             status.code,
             status.reason,
             plural = KubeletPluginReport::plural(&()),
-        )),
+        ));
+        BTreeMap::new()
+    });
+    let failing: Vec<&str> = names
+        .iter()
+        .filter(|name| reports.get(*name).is_some_and(|report| report.health != Health::Healthy))
+        .map(String::as_str)
+        .collect();
+    for (name, report) in read_full_reports(&reader, &failing).await? {
+        reports.insert(name, report);
     }
-    match slices.0 {
-        Ok(slices) => objects.slices = slices,
-        Err(status) => objects.unseen.push(format!(
+    let speaks_for = |name: &String| reports.get(name).is_some_and(|r| r.registered.is_some());
+    let unspoken: Vec<&str> = names
+        .iter()
+        .filter(|name| config.cross_check || !speaks_for(name))
+        .map(String::as_str)
+        .collect();
+    let mut read = read_objects(&reader, &unspoken, config.cross_check, &mut unseen).await?;
+    let nodes = names
+        .into_iter()
+        .map(|name| {
+            let objects = read.remove(&name);
+            NodeObject {
+                report: reports.remove(&name),
+                condition: objects.as_ref().and_then(|objects| objects.condition.clone()),
+                shown: objects.map(|objects| objects.shown),
+                name,
+            }
+        })
+        .collect();
+    let (requests, bytes) = reader.cost();
+    Ok(FleetObjects {
+        nodes,
+        csi_drivers,
+        cross_checked: config.cross_check,
+        unseen,
+        requests,
+        bytes,
+    })
+}
+
+/// Each report's table row, by node name, or why reports are unseen.
+async fn read_summaries(
+    reader: &Reader<'_>,
+) -> Result<Result<BTreeMap<String, NodeReport>, Box<kube::core::Status>>, FleetError> {
+    let plural = KubeletPluginReport::plural(&());
+    let path = KubeletPluginReport::url_path(&(), None);
+    let mut reports = BTreeMap::new();
+    let fold = |rows: Vec<Row>| reports.extend(rows.iter().filter_map(summary));
+    let listed = reader.list::<Table>(plural, &path, true, ListParams::default(), fold).await?;
+    Ok(match listed {
+        Listed::Read => Ok(reports),
+        Listed::Unseen(status) => Err(status),
+    })
+}
+
+/// What a report's row says: no failing entries, only how many.
+fn summary(row: &Row) -> Option<(String, NodeReport)> {
+    let report = NodeReport {
+        health: row.cell(column::HEALTH)?,
+        reason: row.cell(column::REASON).unwrap_or_default(),
+        heartbeat_time: row.cell(column::HEARTBEAT_TIME),
+        kubelet_version: row.cell(column::KUBELET),
+        failing_count: row.cell(column::FAILING).unwrap_or_default(),
+        registered: row.cell(column::REGISTERED),
+        ..NodeReport::default()
+    };
+    Some((row.name()?.to_owned(), report))
+}
+
+/// The reports of `nodes` in full, a few at a time; one deleted since its
+/// row was read is left out.
+async fn read_full_reports(
+    reader: &Reader<'_>,
+    nodes: &[&str],
+) -> Result<Vec<(String, NodeReport)>, FleetError> {
+    let plural = KubeletPluginReport::plural(&());
+    let reports = kube::core::Request::new(KubeletPluginReport::url_path(&(), None));
+    let read = futures_util::stream::iter(nodes)
+        .map(|name| {
+            let (plural, reports) = (&plural, &reports);
+            async move {
+                let request = reports.get(name, &kube::api::GetParams::default());
+                match reader.fetch::<KubeletPluginReport>(plural.clone(), 1, request).await? {
+                    Ok(report) => Ok(reduce_report(report)),
+                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+                    Err(source) => {
+                        Err(FleetError::List { resource: plural.clone(), page: 1, source })
+                    }
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT);
+    Ok(read.try_collect::<Vec<_>>().await?.into_iter().flatten().collect())
+}
+
+/// What is judged of a report: its health, reason and heartbeat, the
+/// kubelet's version, its failing entries and the names of its ok ones.
+fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
+    let name = report.metadata.name?;
+    let status = report.status?;
+    let mut ok = BTreeSet::new();
+    let mut failing = Vec::new();
+    for entry in status.plugins {
+        if entry.verdict.fails() {
+            let subject = entry.name.clone().unwrap_or_else(|| file_name(&entry.socket));
+            failing.push(FailingPlugin {
+                subject,
+                name: entry.name,
+                verdict: entry.verdict,
+                reason: entry.reason,
+            });
+        } else if let Some(name) = entry.name {
+            ok.insert(name);
+        }
+    }
+    failing.extend(status.findings.into_iter().filter(|f| f.verdict.fails()).map(|finding| {
+        FailingPlugin {
+            subject: finding.name.clone().unwrap_or_else(|| finding.object.clone()),
+            name: finding.name,
+            verdict: finding.verdict,
+            reason: finding.reason,
+        }
+    }));
+    let node = NodeReport {
+        health: status.health,
+        reason: status.reason,
+        blind: status.blind.map(|blind| blind.why),
+        heartbeat_time: status.heartbeat_time,
+        kubelet_version: status.kubelet.version,
+        failing_count: usize::try_from(status.counts.failing).unwrap_or(usize::MAX),
+        failing,
+        ok,
+        registered: status.registered,
+    };
+    Some((name, node))
+}
+
+/// The last component of a socket's path.
+fn file_name(path: &str) -> String {
+    path.rsplit('/').next().unwrap_or(path).to_owned()
+}
+
+/// The selected Nodes' names, from their table: a real Node weighs 10–30
+/// KB, its row without the object tens of bytes.
+async fn read_node_names(reader: &Reader<'_>) -> Result<Vec<String>, FleetError> {
+    let mut names = Vec::new();
+    let params = selected(reader.config);
+    let fold =
+        |rows: Vec<Row>| names.extend(rows.iter().filter_map(|r| r.name().map(str::to_owned)));
+    reader.list::<Table>(NODES.what(), NODES.path, false, params, fold).await?;
+    Ok(names)
+}
+
+/// The list parameters of the selected Nodes.
+fn selected(config: &FleetConfig) -> ListParams {
+    match config.label_selector.as_deref() {
+        Some(selector) => ListParams::default().labels(selector),
+        None => ListParams::default(),
+    }
+}
+
+async fn read_csi_drivers(reader: &Reader<'_>) -> Result<BTreeSet<String>, FleetError> {
+    let mut drivers = BTreeSet::new();
+    let fold = |page: Vec<Named>| drivers.extend(page.into_iter().map(|d| d.metadata.name));
+    reader
+        .list::<ObjectList<Named>>(
+            CSI_DRIVERS.what(),
+            CSI_DRIVERS.path,
+            false,
+            ListParams::default(),
+            fold,
+        )
+        .await?;
+    Ok(drivers)
+}
+
+/// What a node's own objects show: its doctor's condition, and what its
+/// Node, CSINode and ResourceSlices show registered.
+struct NodeRead {
+    condition: Option<NodeCondition>,
+    shown: Registered,
+}
+
+/// The objects of `nodes`, by name: one by one for a few, else (or with
+/// `whole`) from the whole lists. A Node deleted meanwhile is left out;
+/// slices not served or not allowed are said in `unseen`.
+async fn read_objects(
+    reader: &Reader<'_>,
+    nodes: &[&str],
+    whole: bool,
+    unseen: &mut Vec<String>,
+) -> Result<BTreeMap<String, NodeRead>, FleetError> {
+    if nodes.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let (objects, slices) = if whole || nodes.len() > ONE_BY_ONE_MAX {
+        list_objects(reader).await?
+    } else {
+        get_objects(reader, nodes).await?
+    };
+    let slices = slices.unwrap_or_else(|status| {
+        unseen.push(format!(
             "resourceslices: {} ({} {}): no DRA driver is judged (DRA is off, Kubernetes is \
              older than 1.34, or the reader may not list resource.k8s.io/v1 resourceslices)",
             status.message, status.code, status.reason
-        )),
-    }
-    Ok(objects)
+        ));
+        BTreeMap::new()
+    });
+    let wanted: BTreeSet<&str> = nodes.iter().copied().collect();
+    Ok(objects
+        .into_iter()
+        .filter(|(node, _)| wanted.contains(node.as_str()))
+        .map(|(name, (node, csi_node))| {
+            let capacity = node.capacity.iter().map(|(r, q)| (r.as_str(), q.as_str()));
+            let slices = slices.get(&name).into_iter().flatten();
+            let shown = Registered::shown_by(
+                csi_node.iter().map(String::as_str),
+                capacity,
+                slices.map(|(driver, count)| (driver.as_str(), *count)),
+            );
+            (name, NodeRead { condition: node.condition, shown })
+        })
+        .collect())
 }
 
-/// Lists `resource` page by page through `client` as a raw collection,
-/// handing each page's items to `fold`.
-async fn list_raw<T: DeserializeOwned + Clone>(
-    client: &kube::Client,
-    resource: Resource,
-    config: &FleetConfig,
-    label_selector: Option<&str>,
-    fold: impl FnMut(Vec<T>),
-) -> Result<Listed, FleetError> {
-    let request = kube::core::Request::new(resource.path);
-    let page = |params: ListParams| {
-        let http = request.list(&params).map_err(kube::Error::BuildRequest);
-        async move { client.request::<ObjectList<T>>(http?).await }
-    };
-    list_pages(Cow::Borrowed(resource.name), resource.optional, config, label_selector, page, fold)
-        .await
+/// A Node's condition and capacity, and its CSINode's drivers, by node.
+type Objects = BTreeMap<String, (ReducedNode, BTreeSet<String>)>;
+
+/// How many ResourceSlices each driver published, by node then driver, or
+/// why slices are unseen.
+type SliceCounts = Result<BTreeMap<String, BTreeMap<String, usize>>, Box<kube::core::Status>>;
+
+/// The Nodes, CSINodes and ResourceSlices of the cluster, listed whole.
+async fn list_objects(reader: &Reader<'_>) -> Result<(Objects, SliceCounts), FleetError> {
+    let (nodes, csi_nodes, slices) = tokio::try_join!(
+        async {
+            let mut nodes = BTreeMap::new();
+            let fold = |page: Vec<Node>| nodes.extend(page.into_iter().map(reduce_node));
+            let params = selected(reader.config);
+            reader.list::<ObjectList<Node>>(NODES.what(), NODES.path, false, params, fold).await?;
+            Ok::<_, FleetError>(nodes)
+        },
+        async {
+            let mut drivers = BTreeMap::new();
+            let fold = |page: Vec<CsiNode>| drivers.extend(page.into_iter().map(reduce_csi_node));
+            let (what, path) = (CSI_NODES.what(), CSI_NODES.path);
+            reader
+                .list::<ObjectList<CsiNode>>(what, path, false, ListParams::default(), fold)
+                .await?;
+            Ok(drivers)
+        },
+        list_slices(reader, ListParams::default()),
+    )?;
+    Ok((join_csi_nodes(nodes, csi_nodes), slices))
 }
 
-/// Lists a collection page by page, `list` asking for one page, handing
-/// each page's items to `fold`: the one paging loop of the fleet read.
-async fn list_pages<T: Clone, F: Future<Output = Result<ObjectList<T>, kube::Error>>>(
-    resource: Cow<'static, str>,
-    optional: bool,
-    config: &FleetConfig,
-    label_selector: Option<&str>,
-    mut list: impl FnMut(ListParams) -> F,
-    mut fold: impl FnMut(Vec<T>),
-) -> Result<Listed, FleetError> {
-    let mut params = ListParams::default().limit(config.page_size);
-    if let Some(selector) = label_selector {
-        params = params.labels(selector);
-    }
-    let mut page = 0;
-    loop {
-        page += 1;
-        let listed = match tokio::time::timeout(config.request_timeout, list(params.clone())).await
-        {
-            Ok(Ok(listed)) => listed,
-            Ok(Err(kube::Error::Api(status)))
-                if optional && page == 1 && matches!(status.code, 403 | 404) =>
-            {
-                debug!(%resource, code = status.code, "not seen");
-                return Ok(Listed::Unseen(status));
-            }
-            Ok(Err(source)) => return Err(FleetError::List { resource, page, source }),
-            Err(_) => {
-                return Err(FleetError::Timeout {
-                    resource,
-                    page,
-                    timeout: config.request_timeout,
-                });
-            }
-        };
-        debug!(%resource, page, items = listed.items.len(), "listed a page");
-        fold(listed.items);
-        match listed.metadata.continue_.filter(|token| !token.is_empty()) {
-            None => return Ok(Listed::Pages(page)),
-            Some(token) if params.continue_token.as_ref() == Some(&token) => {
-                return Err(FleetError::Paging { resource, page });
-            }
-            Some(token) => params.continue_token = Some(token),
+/// The objects of each of `nodes`, read one by one, a few at a time.
+async fn get_objects(
+    reader: &Reader<'_>,
+    nodes: &[&str],
+) -> Result<(Objects, SliceCounts), FleetError> {
+    let read = futures_util::stream::iter(nodes)
+        .map(|name| async move {
+            let on_node = ListParams::default().fields(&format!("spec.nodeName={name}"));
+            tokio::try_join!(
+                get::<Node>(reader, NODES, name),
+                get::<CsiNode>(reader, CSI_NODES, name),
+                list_slices(reader, on_node),
+            )
+        })
+        .buffer_unordered(IN_FLIGHT);
+    let read: Vec<_> = read.try_collect().await?;
+    let (mut nodes, mut csi_nodes, mut slices) =
+        (BTreeMap::new(), BTreeMap::new(), Ok(BTreeMap::new()));
+    for (node, csi_node, node_slices) in read {
+        nodes.extend(node.map(reduce_node));
+        csi_nodes.extend(csi_node.map(reduce_csi_node));
+        match (&mut slices, node_slices) {
+            (Ok(all), Ok(counts)) => all.extend(counts),
+            (Ok(_), Err(status)) => slices = Err(status),
+            (Err(_), _) => {}
         }
     }
+    Ok((join_csi_nodes(nodes, csi_nodes), slices))
+}
+
+/// `name` of `resource`, or none when it does not exist.
+async fn get<T: serde::de::DeserializeOwned>(
+    reader: &Reader<'_>,
+    resource: Resource,
+    name: &str,
+) -> Result<Option<T>, FleetError> {
+    let request =
+        kube::core::Request::new(resource.path).get(name, &kube::api::GetParams::default());
+    match reader.fetch::<T>(resource.what(), 1, request).await? {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(source) => Err(FleetError::List { resource: resource.what(), page: 1, source }),
+    }
+}
+
+/// The ResourceSlices `params` select, counted by node and driver.
+async fn list_slices(reader: &Reader<'_>, params: ListParams) -> Result<SliceCounts, FleetError> {
+    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    let fold = |page: Vec<Slice>| {
+        for spec in page.into_iter().filter_map(|slice| slice.spec) {
+            // Slices of a node selector or of all nodes (network-attached
+            // devices) belong to no one node's driver.
+            if let Some(node) = spec.node_name {
+                *counts.entry(node).or_default().entry(spec.driver).or_default() += 1;
+            }
+        }
+    };
+    let (what, path) = (RESOURCE_SLICES.what(), RESOURCE_SLICES.path);
+    // A cluster without DRA does not serve them, and a reader may not be
+    // allowed to list them: unseen, not a failure.
+    let listed = reader.list::<ObjectList<Slice>>(what, path, true, params, fold).await?;
+    Ok(match listed {
+        Listed::Read => Ok(counts),
+        Listed::Unseen(status) => Err(status),
+    })
+}
+
+/// Each Node with its CSINode's drivers (none without a CSINode).
+fn join_csi_nodes(
+    nodes: BTreeMap<String, ReducedNode>,
+    mut csi_nodes: BTreeMap<String, BTreeSet<String>>,
+) -> Objects {
+    nodes
+        .into_iter()
+        .map(|(name, node)| {
+            let drivers = csi_nodes.remove(&name).unwrap_or_default();
+            (name, (node, drivers))
+        })
+        .collect()
+}
+
+fn reduce_csi_node(csi_node: CsiNode) -> (String, BTreeSet<String>) {
+    let drivers = csi_node.spec.and_then(|spec| spec.drivers).unwrap_or_default();
+    (csi_node.metadata.name, drivers.into_iter().map(|driver| driver.name).collect())
+}
+
+/// What is judged of a Node: its doctor's condition and its capacity.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ReducedNode {
+    condition: Option<NodeCondition>,
+    capacity: BTreeMap<String, String>,
+}
+
+/// What is judged of a Node, by its name: its doctor's condition and its
+/// capacity.
+fn reduce_node(node: Node) -> (String, ReducedNode) {
+    let status = node.status.unwrap_or(NodeStatus { capacity: None, conditions: None });
+    let condition = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|condition| condition.kind == CONDITION_TYPE)
+        .map(|condition| NodeCondition {
+            status: condition.status,
+            reason: condition.reason.unwrap_or_default(),
+            message: condition.message.unwrap_or_default(),
+            last_heartbeat_time: condition.last_heartbeat_time,
+            last_transition_time: condition.last_transition_time,
+        });
+    let capacity = status.capacity.unwrap_or_default();
+    (node.metadata.name, ReducedNode { condition, capacity })
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -238,176 +544,6 @@ struct SliceSpec {
     node_name: Option<String>,
 }
 
-type Read<T> = Result<(T, usize), FleetError>;
-
-/// An optional resource's objects, or why they were not seen.
-type Optional<T> = Result<T, Box<kube::core::Status>>;
-
-impl Listed {
-    /// How many requests it took.
-    fn count(&self) -> usize {
-        match self {
-            Self::Pages(pages) => *pages,
-            Self::Unseen(_) => 1,
-        }
-    }
-
-    /// `objects`, or why they were not seen.
-    fn seen<T>(self, objects: T) -> Optional<T> {
-        match self {
-            Self::Pages(_) => Ok(objects),
-            Self::Unseen(status) => Err(status),
-        }
-    }
-}
-
-async fn read_reports(
-    client: &kube::Client,
-    config: &FleetConfig,
-) -> Read<Optional<BTreeMap<String, NodeReport>>> {
-    let api: Api<KubeletPluginReport> = Api::all(client.clone());
-    let mut reports = BTreeMap::new();
-    let page = |params: ListParams| {
-        let api = api.clone();
-        async move { api.list(&params).await }
-    };
-    // Their path and plural are the custom resource's own.
-    let plural = KubeletPluginReport::plural(&());
-    let listed = list_pages(plural, true, config, None, page, |page| {
-        reports.extend(page.into_iter().filter_map(reduce_report));
-    })
-    .await?;
-    let count = listed.count();
-    Ok((listed.seen(reports), count))
-}
-
-/// What is judged of a report: its health, reason and heartbeat, the
-/// kubelet's version, its failing entries and the names of its ok ones.
-fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
-    let name = report.metadata.name?;
-    let status = report.status?;
-    let mut ok = BTreeSet::new();
-    let mut failing = Vec::new();
-    for entry in status.plugins {
-        if entry.verdict.fails() {
-            let subject = entry.name.clone().unwrap_or_else(|| file_name(&entry.socket));
-            failing.push(FailingPlugin {
-                subject,
-                name: entry.name,
-                verdict: entry.verdict,
-                reason: entry.reason,
-            });
-        } else if let Some(name) = entry.name {
-            ok.insert(name);
-        }
-    }
-    failing.extend(status.findings.into_iter().filter(|f| f.verdict.fails()).map(|finding| {
-        FailingPlugin {
-            subject: finding.name.clone().unwrap_or_else(|| finding.object.clone()),
-            name: finding.name,
-            verdict: finding.verdict,
-            reason: finding.reason,
-        }
-    }));
-    let node = NodeReport {
-        health: status.health,
-        reason: status.reason,
-        blind: status.blind.map(|blind| blind.why),
-        heartbeat_time: status.heartbeat_time,
-        kubelet_version: status.kubelet.version,
-        failing_count: usize::try_from(status.counts.failing).unwrap_or(usize::MAX),
-        failing,
-        ok,
-    };
-    Some((name, node))
-}
-
-/// The last component of a socket's path.
-fn file_name(path: &str) -> String {
-    path.rsplit('/').next().unwrap_or(path).to_owned()
-}
-
-async fn read_nodes(client: &kube::Client, config: &FleetConfig) -> Read<Vec<NodeObject>> {
-    let mut nodes = Vec::new();
-    let selector = config.label_selector.as_deref();
-    let requests = list_raw(client, NODES, config, selector, |page: Vec<Node>| {
-        nodes.extend(page.into_iter().map(reduce_node));
-    })
-    .await?;
-    Ok((nodes, requests.count()))
-}
-
-/// What is judged of a Node: its name, its doctor's condition and its
-/// extended resources' capacity.
-fn reduce_node(node: Node) -> NodeObject {
-    let status = node.status.unwrap_or(NodeStatus { capacity: None, conditions: None });
-    let condition = status
-        .conditions
-        .unwrap_or_default()
-        .into_iter()
-        .find(|condition| condition.kind == CONDITION_TYPE)
-        .map(|condition| NodeCondition {
-            status: condition.status,
-            reason: condition.reason.unwrap_or_default(),
-            message: condition.message.unwrap_or_default(),
-            last_heartbeat_time: condition.last_heartbeat_time,
-            last_transition_time: condition.last_transition_time,
-        });
-    let extended_resources = status
-        .capacity
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(name, _)| kpm_api::is_extended_resource_name(name))
-        .collect();
-    NodeObject { name: node.metadata.name, report: None, condition, extended_resources }
-}
-
-async fn read_csi_drivers(client: &kube::Client, config: &FleetConfig) -> Read<BTreeSet<String>> {
-    let mut drivers = BTreeSet::new();
-    let requests = list_raw(client, CSI_DRIVERS, config, None, |page: Vec<Named>| {
-        drivers.extend(page.into_iter().map(|driver| driver.metadata.name));
-    })
-    .await?;
-    Ok((drivers, requests.count()))
-}
-
-async fn read_csi_nodes(
-    client: &kube::Client,
-    config: &FleetConfig,
-) -> Read<BTreeMap<String, BTreeSet<String>>> {
-    let mut nodes = BTreeMap::new();
-    let requests = list_raw(client, CSI_NODES, config, None, |page: Vec<CsiNode>| {
-        for csinode in page {
-            let drivers = csinode.spec.and_then(|spec| spec.drivers).unwrap_or_default();
-            nodes.insert(
-                csinode.metadata.name,
-                drivers.into_iter().map(|driver| driver.name).collect(),
-            );
-        }
-    })
-    .await?;
-    Ok((nodes, requests.count()))
-}
-
-async fn read_slices(
-    client: &kube::Client,
-    config: &FleetConfig,
-) -> Read<Optional<BTreeMap<String, BTreeMap<String, usize>>>> {
-    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
-    let requests = list_raw(client, RESOURCE_SLICES, config, None, |page: Vec<Slice>| {
-        for spec in page.into_iter().filter_map(|slice| slice.spec) {
-            // Slices of a node selector or of all nodes (network-attached
-            // devices) belong to no one node's driver.
-            if let Some(node) = spec.node_name {
-                *counts.entry(node).or_default().entry(spec.driver).or_default() += 1;
-            }
-        }
-    })
-    .await?;
-    let count = requests.count();
-    Ok((requests.seen(counts), count))
-}
-
 #[cfg(test)]
 mod tests {
     use kpm_report::{Health, ReportedVerdict, Verdict};
@@ -427,6 +563,63 @@ mod tests {
         }))
         .unwrap();
         page.items.into_iter().filter_map(reduce_report).collect()
+    }
+
+    /// The columns the read takes from a report's table are the CRD's, of
+    /// the fields they are read as, and of a type the table keeps as
+    /// written (a `date` column is an age).
+    #[test]
+    fn the_report_columns_read_are_the_crds() {
+        use kpm_report::CustomResourceExt as _;
+        let crd = KubeletPluginReport::crd();
+        let columns = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
+        let column = |name: &str| {
+            let found = columns.iter().find(|c| c.name == name).unwrap();
+            (found.json_path.as_str(), found.type_.as_str())
+        };
+        assert_eq!(column(column::HEALTH), (".status.health", "string"));
+        assert_eq!(column(column::FAILING), (".status.counts.failing", "integer"));
+        assert_eq!(column(column::REASON), (".status.reason", "string"));
+        assert_eq!(column(column::KUBELET), (".status.kubelet.version", "string"));
+        assert_eq!(column(column::HEARTBEAT_TIME), (".status.heartbeatTime", "string"));
+        assert_eq!(column(column::REGISTERED), (".status.registered", "string"));
+    }
+
+    #[test]
+    fn a_report_row_says_what_its_columns_do() {
+        let table: Table = serde_json::from_value(serde_json::json!({
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {},
+            "columnDefinitions": [
+                {"name": "Name"}, {"name": "Health"}, {"name": "Failing"}, {"name": "Reason"},
+                {"name": "Kubelet"}, {"name": "Heartbeat"}, {"name": "Age"},
+                {"name": "Registered"}, {"name": "Heartbeat Time"},
+            ],
+            "rows": [
+                {"cells": ["n1", "Failing", 2, "Stale", "v1.36.2", "5m", "3d",
+                           "CSIPlugin:a.example.com", "2026-03-01T11:55:00Z"]},
+                {"cells": ["older", "Healthy", 0, "PluginsHealthy", null, "1m", "3d", null,
+                           "2026-03-01T11:59:00Z"]},
+                {"cells": ["newer", "Wobbly", 1, "X", null, null, "1d", "", null]},
+            ],
+        }))
+        .unwrap();
+        let (rows, _) = super::super::pages::Page::into_parts(table);
+        let read: BTreeMap<String, NodeReport> = rows.iter().filter_map(summary).collect();
+        let n1 = &read["n1"];
+        assert_eq!(
+            (n1.health, n1.failing_count, n1.reason.as_str()),
+            (Health::Failing, 2, "Stale")
+        );
+        assert_eq!(n1.kubelet_version.as_deref(), Some("v1.36.2"));
+        assert_eq!(text(n1.heartbeat_time.as_ref()).as_deref(), Some("2026-03-01T11:55:00Z"));
+        assert_eq!(
+            n1.registered.as_ref().map(ToString::to_string).as_deref(),
+            Some("CSIPlugin:a.example.com")
+        );
+        assert!(n1.failing.is_empty(), "a row names no failing plugin");
+        assert_eq!(read["older"].registered, None, "a doctor before the field");
+        assert_eq!(read["newer"].health, Health::Unknown);
+        assert_eq!(read["newer"].registered, Some(Registered::default()));
     }
 
     #[test]
@@ -524,8 +717,8 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(page.metadata.continue_.as_deref(), Some("next"));
-        let nodes: Vec<NodeObject> = page.items.into_iter().map(reduce_node).collect();
-        let condition = nodes[0].condition.as_ref().unwrap();
+        let nodes: Vec<(String, ReducedNode)> = page.items.into_iter().map(reduce_node).collect();
+        let condition = nodes[0].1.condition.as_ref().unwrap();
         assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "Stale"));
         assert_eq!(condition.message, "1 failing: a-reg.sock (stale): refused");
         assert_eq!(
@@ -536,12 +729,9 @@ mod tests {
             text(condition.last_transition_time.as_ref()).as_deref(),
             Some("2025-12-31T00:00:00Z")
         );
-        let resources: Vec<(&str, &str)> = nodes[0]
-            .extended_resources
-            .iter()
-            .map(|(name, quantity)| (name.as_str(), quantity.as_str()))
-            .collect();
-        assert_eq!(resources, [("example.com/nic", "0"), ("vendor.com/gpu", "2")]);
-        assert_eq!(nodes[1], NodeObject::new("bare"));
+        let capacity: Vec<(&str, &str)> =
+            nodes[0].1.capacity.iter().map(|(name, q)| (name.as_str(), q.as_str())).collect();
+        assert_eq!(capacity, [("cpu", "4"), ("example.com/nic", "0"), ("vendor.com/gpu", "2")]);
+        assert_eq!(nodes[1], ("bare".to_owned(), ReducedNode::default()));
     }
 }

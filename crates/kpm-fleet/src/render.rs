@@ -65,6 +65,16 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
     }
     text.push_str(&nodes.trim_fmt());
     text.push('\n');
+    if fleet.read.cross_check {
+        let _ = write!(
+            text,
+            "\ncross-check: {} report(s) disagree with their node's objects\n",
+            fleet.disagreements.len()
+        );
+    }
+    for disagreement in &fleet.disagreements {
+        let _ = writeln!(text, "  {disagreement}");
+    }
     for what in &fleet.unseen {
         let _ = write!(text, "\nnot seen: {what}\n");
     }
@@ -184,6 +194,8 @@ mod tests {
                 node("n5", DoctorState::CannotJudge { why: "/r/plugins_registry: gone".into() }),
             ],
             unseen: vec!["resourceslices: not served".into()],
+            disagreements: Vec::new(),
+            read: crate::ReadCost::default(),
         }
     }
 

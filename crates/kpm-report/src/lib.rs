@@ -39,6 +39,7 @@ pub use crate::report::{
 };
 pub use crate::verdict::{ReportedVerdict, Verdict};
 /// What the custom resource's derive implements: its API group, version,
-/// plural and path (`KubeletPluginReport::url_path`), for readers and test
-/// servers that name it without writing it by hand.
-pub use kube_core::Resource;
+/// plural and path (`KubeletPluginReport::url_path`), and its CRD with the
+/// printer columns (`KubeletPluginReport::crd`), for readers and test
+/// servers that name them without writing them by hand.
+pub use kube_core::{CustomResourceExt, Resource};

@@ -61,7 +61,9 @@ pub const MAX_ENTRIES: usize = 256;
     printcolumn = r#"{"name":"Kubelet","type":"string","jsonPath":".status.kubelet.version"}"#,
     printcolumn = r#"{"name":"Heartbeat","type":"date","jsonPath":".status.heartbeatTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name":"Registered","type":"string","priority":1,"jsonPath":".status.registered"}"#
+    printcolumn = r#"{"name":"Registered","type":"string","priority":1,"jsonPath":".status.registered"}"#,
+    // The heartbeat as written: the `date` column above is an age, rounded.
+    printcolumn = r#"{"name":"Heartbeat Time","type":"string","priority":1,"jsonPath":".status.heartbeatTime"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletPluginReportSpec {
