@@ -241,24 +241,23 @@ fn apiserver_restart(env: &Env, cluster: &mut Cluster, node: &mut Node) -> Resul
     Ok(())
 }
 
-/// The fleet (6) from anywhere with a kubeconfig, read from the reports.
+/// The fleet (6) from anywhere with a kubeconfig, read from the reports
+/// (the real API server's tables), then cross-checked against every
+/// node's objects: the doctors' reports agree with them.
 fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
     let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?;
-    let run = |json: bool| {
+    let run = |extra: &[&str]| {
         let mut command = std::process::Command::new(&env.kpm);
-        command.args(["doctor", "--cluster", "--kubeconfig"]).arg(&admin);
-        if json {
-            command.args(["-o", "json"]);
-        }
+        command.args(["doctor", "--cluster", "--kubeconfig"]).arg(&admin).args(extra);
         command.output()
     };
-    let output = run(false)?;
+    let output = run(&[])?;
     let table = String::from_utf8_lossy(&output.stdout);
     eprintln!("kpm doctor --cluster (exit {}):\n{table}", output.status.code().unwrap_or(-1));
     if output.status.code() != Some(1) || !table.contains(failing) {
         return Err(format!("kpm doctor --cluster does not show {failing}'s failure").into());
     }
-    let fleet: Value = serde_json::from_slice(&run(true)?.stdout)?;
+    let fleet: Value = serde_json::from_slice(&run(&["-o", "json"])?.stdout)?;
     let node = fleet["nodes"].as_array().into_iter().flatten().find(|n| n["name"] == failing);
     let node = node.ok_or_else(|| format!("{failing} is not in the fleet's JSON"))?;
     let typed = node["source"] == "report"
@@ -274,6 +273,18 @@ fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
     eprintln!(
         "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
         cluster.api.get_table(&REPORTS)?
+    );
+    let checked: Value = serde_json::from_slice(&run(&["-o", "json", "--cross-check"])?.stdout)?;
+    if checked["disagreements"].as_array().is_none_or(|found| !found.is_empty()) {
+        return Err(format!("the cross-check disagrees: {}", checked["disagreements"]).into());
+    }
+    let cost = |fleet: &Value| {
+        format!("{} requests, {} bytes", fleet["read"]["requests"], fleet["read"]["bytes"])
+    };
+    eprintln!(
+        "kpm doctor --cluster read {}; with --cross-check {}, no report disagreeing with its objects",
+        cost(&fleet),
+        cost(&checked)
     );
     Ok(())
 }
