@@ -13,7 +13,9 @@
 //!   failing plugins;
 //! - a Node, its CSINode and its ResourceSlices only where no report says
 //!   what they show (no doctor, or one from before `registered`): one by
-//!   one for a few nodes, listed whole for more. The cross-check
+//!   one (three requests a node, its bytes only) while they are at most
+//!   half of the nodes, listed whole (what the cluster weighs, in fewer
+//!   requests) when most nodes have no doctor. The cross-check
 //!   ([`FleetConfig::cross_check`]) lists them whole for every node, to
 //!   hold each report against them: today's full cost, said in its help.
 //!
@@ -44,11 +46,6 @@ const CSI_DRIVERS: Resource =
 const CSI_NODES: Resource = Resource { name: "csinodes", path: "/apis/storage.k8s.io/v1/csinodes" };
 const RESOURCE_SLICES: Resource =
     Resource { name: "resourceslices", path: "/apis/resource.k8s.io/v1/resourceslices" };
-
-/// Up to this many nodes have their objects read one by one (three
-/// requests each); more, and Nodes, CSINodes and ResourceSlices are listed
-/// whole, which costs what the cluster weighs but fewer requests.
-const ONE_BY_ONE_MAX: usize = 50;
 
 /// How many single reads (a report, a node's objects) are in flight at
 /// once.
@@ -128,7 +125,8 @@ pub async fn read_fleet(
         .filter(|name| config.cross_check || !speaks_for(name))
         .map(String::as_str)
         .collect();
-    let mut read = read_objects(&reader, &unspoken, config.cross_check, &mut unseen).await?;
+    let whole = config.cross_check || unspoken.len() * 2 > names.len();
+    let mut read = read_objects(&reader, &unspoken, whole, &mut unseen).await?;
     let nodes = names
         .into_iter()
         .map(|name| {
@@ -295,8 +293,8 @@ struct NodeRead {
     shown: Registered,
 }
 
-/// The objects of `nodes`, by name: one by one for a few, else (or with
-/// `whole`) from the whole lists. A Node deleted meanwhile is left out;
+/// The objects of `nodes`, by name: one by one, or with `whole` from the
+/// whole lists. A Node deleted meanwhile is left out;
 /// slices not served or not allowed are said in `unseen`.
 async fn read_objects(
     reader: &Reader<'_>,
@@ -307,11 +305,8 @@ async fn read_objects(
     if nodes.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let (objects, slices) = if whole || nodes.len() > ONE_BY_ONE_MAX {
-        list_objects(reader).await?
-    } else {
-        get_objects(reader, nodes).await?
-    };
+    let (objects, slices) =
+        if whole { list_objects(reader).await? } else { get_objects(reader, nodes).await? };
     let slices = slices.unwrap_or_else(|status| {
         unseen.push(format!(
             "resourceslices: {} ({} {}): no DRA driver is judged (DRA is off, Kubernetes is \
