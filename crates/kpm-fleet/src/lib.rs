@@ -214,6 +214,28 @@ pub enum FleetError {
         /// The bound.
         timeout: Duration,
     },
+    /// The API server refused to get one object, or the request failed on
+    /// the way (a 404 is not an error: the object went meanwhile).
+    #[error("get {resource} {name}: {}", short(source))]
+    Get {
+        /// `kubeletpluginreports`, `nodes` or `csinodes`.
+        resource: Cow<'static, str>,
+        /// The object's name.
+        name: String,
+        /// kube-rs's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A request for one object got no answer in time.
+    #[error("get {resource} {name}: no answer within {}", humantime::format_duration(*timeout))]
+    GetTimeout {
+        /// `kubeletpluginreports`, `nodes` or `csinodes`.
+        resource: Cow<'static, str>,
+        /// The object's name.
+        name: String,
+        /// The bound.
+        timeout: Duration,
+    },
     /// The API server gave the same `continue` token twice: following it
     /// would never end.
     #[error("list {resource} (page {page}): the API server repeated the continue token")]

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::header::{ACCEPT, HeaderValue};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ListMeta;
-use kube::api::ListParams;
+use kube::api::{GetParams, ListParams};
 use kube::core::ObjectList;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use tokio::time::error::Elapsed;
 use tracing::debug;
 
 use super::{FleetConfig, FleetError};
@@ -131,28 +132,46 @@ impl<'a> Reader<'a> {
         (self.requests.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
     }
 
-    /// `request`'s answer as `T`, within the config's timeout; `what` and
-    /// `page` name it in an error.
-    pub(crate) async fn fetch<T: DeserializeOwned>(
+    /// `request`'s answer as `T`; `Err(Elapsed)` when it took longer than
+    /// the config's timeout.
+    async fn fetch<T: DeserializeOwned>(
         &self,
-        what: Cow<'static, str>,
-        page: usize,
         request: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
-    ) -> Result<Result<T, kube::Error>, FleetError> {
+    ) -> Result<Result<T, kube::Error>, Elapsed> {
         let request = match request {
             Ok(request) => request,
             Err(err) => return Ok(Err(kube::Error::BuildRequest(err))),
         };
         self.requests.fetch_add(1, Ordering::Relaxed);
         let timeout = self.config.request_timeout;
-        let Ok(answer) = tokio::time::timeout(timeout, self.client.request_text(request)).await
-        else {
-            return Err(FleetError::Timeout { resource: what, page, timeout });
-        };
+        let answer = tokio::time::timeout(timeout, self.client.request_text(request)).await?;
         Ok(answer.and_then(|text| {
             self.bytes.fetch_add(text.len(), Ordering::Relaxed);
             serde_json::from_str(&text).map_err(kube::Error::SerdeError)
         }))
+    }
+
+    /// `name` of the collection at `path` (`what`), or none when it does
+    /// not exist (it went since it was listed).
+    pub(crate) async fn get<T: DeserializeOwned>(
+        &self,
+        what: Cow<'static, str>,
+        path: &str,
+        name: &str,
+    ) -> Result<Option<T>, FleetError> {
+        let request = kube::core::Request::new(path).get(name, &GetParams::default());
+        match self.fetch::<T>(request).await {
+            Ok(Ok(object)) => Ok(Some(object)),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
+            Ok(Err(source)) => {
+                Err(FleetError::Get { resource: what, name: name.to_owned(), source })
+            }
+            Err(Elapsed { .. }) => Err(FleetError::GetTimeout {
+                resource: what,
+                name: name.to_owned(),
+                timeout: self.config.request_timeout,
+            }),
+        }
     }
 
     /// Lists the collection at `path` page by page (its objects, or with
@@ -178,15 +197,19 @@ impl<'a> Reader<'a> {
             {
                 without_objects(request);
             }
-            let listed: P = match self.fetch(what.clone(), page, request).await? {
-                Ok(listed) => listed,
-                Err(kube::Error::Api(status))
+            let listed: P = match self.fetch(request).await {
+                Ok(Ok(listed)) => listed,
+                Ok(Err(kube::Error::Api(status)))
                     if optional && page == 1 && matches!(status.code, 403 | 404) =>
                 {
                     debug!(resource = %what, code = status.code, "not seen");
                     return Ok(Listed::Unseen(status));
                 }
-                Err(source) => return Err(FleetError::List { resource: what, page, source }),
+                Ok(Err(source)) => return Err(FleetError::List { resource: what, page, source }),
+                Err(Elapsed { .. }) => {
+                    let timeout = self.config.request_timeout;
+                    return Err(FleetError::Timeout { resource: what, page, timeout });
+                }
             };
             let (items, token) = listed.into_parts();
             debug!(resource = %what, page, items = items.len(), "listed a page");

@@ -185,21 +185,11 @@ async fn read_full_reports(
     reader: &Reader<'_>,
     nodes: &[&str],
 ) -> Result<Vec<(String, NodeReport)>, FleetError> {
-    let plural = KubeletPluginReport::plural(&());
-    let reports = kube::core::Request::new(KubeletPluginReport::url_path(&(), None));
+    let path = KubeletPluginReport::url_path(&(), None);
     let read = futures_util::stream::iter(nodes)
         .map(|name| {
-            let (plural, reports) = (&plural, &reports);
-            async move {
-                let request = reports.get(name, &kube::api::GetParams::default());
-                match reader.fetch::<KubeletPluginReport>(plural.clone(), 1, request).await? {
-                    Ok(report) => Ok(reduce_report(report)),
-                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-                    Err(source) => {
-                        Err(FleetError::List { resource: plural.clone(), page: 1, source })
-                    }
-                }
-            }
+            let get = reader.get(KubeletPluginReport::plural(&()), &path, name);
+            async move { Ok::<_, FleetError>(get.await?.and_then(reduce_report)) }
         })
         .buffer_unordered(IN_FLIGHT);
     Ok(read.try_collect::<Vec<_>>().await?.into_iter().flatten().collect())
@@ -372,8 +362,8 @@ async fn get_objects(
         .map(|name| async move {
             let on_node = ListParams::default().fields(&format!("spec.nodeName={name}"));
             tokio::try_join!(
-                get::<Node>(reader, NODES, name),
-                get::<CsiNode>(reader, CSI_NODES, name),
+                reader.get::<Node>(NODES.what(), NODES.path, name),
+                reader.get::<CsiNode>(CSI_NODES.what(), CSI_NODES.path, name),
                 list_slices(reader, on_node),
             )
         })
@@ -391,21 +381,6 @@ async fn get_objects(
         }
     }
     Ok((join_csi_nodes(nodes, csi_nodes), slices))
-}
-
-/// `name` of `resource`, or none when it does not exist.
-async fn get<T: serde::de::DeserializeOwned>(
-    reader: &Reader<'_>,
-    resource: Resource,
-    name: &str,
-) -> Result<Option<T>, FleetError> {
-    let request =
-        kube::core::Request::new(resource.path).get(name, &kube::api::GetParams::default());
-    match reader.fetch::<T>(resource.what(), 1, request).await? {
-        Ok(object) => Ok(Some(object)),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-        Err(source) => Err(FleetError::List { resource: resource.what(), page: 1, source }),
-    }
 }
 
 /// The ResourceSlices `params` select, counted by node and driver.
