@@ -497,6 +497,46 @@ mod tests {
         findings
     }
 
+    /// What the report tells the fleet: the CSINode's drivers, the
+    /// Node's nonzero extended resources, the drivers with slices of the
+    /// node; nothing when an object could not be read.
+    #[tokio::test]
+    async fn the_objects_read_say_what_the_report_shows_registered() {
+        let (client, state) = stand_in::client("node1");
+        {
+            let mut state = state.lock();
+            state.csinode = Some(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                "metadata": {"name": "node1", "resourceVersion": "1"},
+                "spec": {"drivers": [{"name": "csi.example.com", "nodeID": "node1", "topologyKeys": null}]},
+            }));
+            let node = state.node.as_mut().unwrap();
+            node["status"]["capacity"] =
+                json!({"cpu": "4", "vendor.com/gpu": "2", "example.com/gone": "0"});
+            state.slices.push(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "s1", "resourceVersion": "1"},
+                "spec": {"driver": "gpu.example.com", "nodeName": "node1",
+                         "pool": {"name": "p", "generation": 1, "resourceSliceCount": 1}},
+            }));
+        }
+        let config = kpm::kube::KubeConfig::default();
+        let objects = kpm::kube::observe_node(client, "node1", config).await;
+        assert_eq!(
+            shown(&objects).map(|shown| shown.to_string()).as_deref(),
+            Some("CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu,DRAPlugin:gpu.example.com")
+        );
+        let timeout = kpm::kube::KubeError::Timeout {
+            verb: "list",
+            resource: "resourceslices",
+            name: "spec.nodeName=node1".into(),
+            timeout: std::time::Duration::from_secs(5),
+        };
+        let mut unread = objects;
+        unread.slice_drivers = Err(timeout);
+        assert_eq!(shown(&unread), None, "a part not read is not shown as none");
+    }
+
     #[tokio::test]
     async fn a_driver_that_hangs_behind_its_registrar_keeps_its_csinode_entry() {
         let objects = listed().await;
