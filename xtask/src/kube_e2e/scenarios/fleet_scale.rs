@@ -293,7 +293,13 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
             "lastHeartbeatTime": now, "lastTransitionTime": now})),
     };
     let node = real_node(&name, n, condition, &now);
-    debug_assert!(node.to_string().len() > 15_000, "as heavy as a real Node");
+    if node.to_string().len() < 15_000 {
+        return Err(format!(
+            "{name} is lighter than a real Node: {} bytes",
+            node.to_string().len()
+        )
+        .into());
+    }
     api.post("/api/v1/nodes", &node)?;
     let drivers: Vec<Value> = CSI
         .iter()
@@ -317,6 +323,9 @@ fn create_node_objects(api: &Api, n: usize) -> Result {
     Ok(())
 }
 
+/// Where a managed cluster's images come from.
+const REGISTRY: &str = "europe-west1-docker.pkg.dev/example-project/images";
+
 /// A Node as a managed cluster's kubelet and cloud controller write it:
 /// 50 images with their digests, 20-odd labels and annotations, addresses,
 /// the five kubelet conditions and `condition`, `nodeInfo`, capacity with
@@ -325,8 +334,8 @@ fn real_node(name: &str, n: usize, condition: Option<Value>, now: &str) -> Value
     let images: Vec<Value> = (0..50)
         .map(|i| {
             json!({"names": [
-                format!("registry.example.com/team-{i}/service-{i}@sha256:{:064x}", n * 50 + i),
-                format!("registry.example.com/team-{i}/service-{i}:v1.{i}.{}", n % 7),
+                format!("{REGISTRY}/team-{i}/service-{i}@sha256:{:064x}", n * 50 + i),
+                format!("{REGISTRY}/team-{i}/service-{i}:v1.{i}.{}", n % 7),
             ], "sizeBytes": 50_000_000 + i * 1_000_003})
         })
         .collect();
