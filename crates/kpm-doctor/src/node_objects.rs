@@ -526,6 +526,10 @@ mod tests {
             shown(&objects).map(|shown| shown.to_string()).as_deref(),
             Some("CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu,DRAPlugin:gpu.example.com")
         );
+        // Each of the three reads is served from the watch cache, not etcd.
+        let reads = state.lock().reads.clone();
+        assert_eq!(reads.len(), 3, "{reads:?}");
+        assert!(reads.iter().all(|read| read.contains("resourceVersion=0")), "{reads:?}");
         let timeout = kpm::kube::KubeError::Timeout {
             verb: "list",
             resource: "resourceslices",

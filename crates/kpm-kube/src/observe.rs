@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, GetParams, ListParams};
 
 use crate::api::NodeApi;
 use crate::{KubeConfig, KubeError};
@@ -46,7 +46,10 @@ pub struct NodeResources {
 
 /// Reads what the API server shows of `node` through `client`, each
 /// request bounded by `config`'s request timeout; the three reads run at
-/// once.
+/// once. Each is served from the API server's watch cache
+/// (`resourceVersion=0`), as the kubelet reads its own Node: a doctor on
+/// every node reads every few minutes, and a read a moment old judges as
+/// well as one from etcd, at no cost to etcd.
 pub async fn observe_node(client: kube::Client, node: &str, config: KubeConfig) -> NodeObjects {
     let api = NodeApi::new(client, node.to_owned(), config);
     let (csi_drivers, resources, slice_drivers) =
@@ -56,7 +59,7 @@ pub async fn observe_node(client: kube::Client, node: &str, config: KubeConfig) 
 
 async fn csi_drivers(api: &Arc<NodeApi>) -> Result<Option<BTreeMap<String, String>>, KubeError> {
     let csinodes: Api<CSINode> = Api::all(api.client.clone());
-    let csinode = api.call("get", "csinodes", &api.node, csinodes.get_opt(&api.node)).await?;
+    let csinode = api.call("get", "csinodes", &api.node, cached(&csinodes, &api.node)).await?;
     Ok(csinode.map(|csinode| {
         csinode.spec.drivers.into_iter().map(|driver| (driver.name, driver.node_id)).collect()
     }))
@@ -64,7 +67,7 @@ async fn csi_drivers(api: &Arc<NodeApi>) -> Result<Option<BTreeMap<String, Strin
 
 async fn node_resources(api: &Arc<NodeApi>) -> Result<Option<NodeResources>, KubeError> {
     let nodes: Api<Node> = Api::all(api.client.clone());
-    let Some(node) = api.call("get", "nodes", &api.node, nodes.get_opt(&api.node)).await? else {
+    let Some(node) = api.call("get", "nodes", &api.node, cached(&nodes, &api.node)).await? else {
         return Ok(None);
     };
     let csi_node_ids = node
@@ -90,10 +93,22 @@ async fn node_resources(api: &Arc<NodeApi>) -> Result<Option<NodeResources>, Kub
     }))
 }
 
+/// `name` from the watch cache; none when it does not exist.
+async fn cached<K: Clone + serde::de::DeserializeOwned + std::fmt::Debug>(
+    api: &Api<K>,
+    name: &str,
+) -> kube::Result<Option<K>> {
+    match api.get_with(name, &GetParams::any()).await {
+        Ok(object) => Ok(Some(object)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
 async fn slice_drivers(api: &Arc<NodeApi>) -> Result<BTreeMap<String, usize>, KubeError> {
     let slices = api.resource_slices();
     let selector = format!("spec.nodeName={}", api.node);
-    let params = ListParams::default().fields(&selector);
+    let params = ListParams::default().fields(&selector).match_any();
     let listed = api.call("list", "resourceslices", &selector, slices.list(&params)).await?;
     let mut drivers = BTreeMap::new();
     for slice in &listed.items {

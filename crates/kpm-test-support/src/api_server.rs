@@ -107,6 +107,8 @@ pub struct State {
     pub reports: Option<BTreeMap<String, Value>>,
     /// `METHOD path` of each request, in order.
     pub requests: Vec<String>,
+    /// `path?query` of each read (`GET`), in order: how it was asked.
+    pub reads: Vec<String>,
     /// When set, every request is answered with this code.
     pub fail: Option<u16>,
     /// When set, every write is answered 500, as by an API server whose
@@ -272,6 +274,9 @@ impl State {
     fn answer(&mut self, request: &ApiRequest<'_>) -> (u16, Value) {
         let body: Value = serde_json::from_slice(request.body).unwrap_or(Value::Null);
         self.requests.push(format!("{} {}", request.method, request.path));
+        if request.method == "GET" {
+            self.reads.push(format!("{}?{}", request.path, request.query));
+        }
         if let Some(code) = self.fail {
             return status(code, "refused by the test");
         }
