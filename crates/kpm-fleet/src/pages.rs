@@ -152,14 +152,16 @@ impl<'a> Reader<'a> {
     }
 
     /// `name` of the collection at `path` (`what`), or none when it does
-    /// not exist (it went since it was listed).
+    /// not exist (it went since it was listed). From the API server's
+    /// watch cache (`resourceVersion=0`): a view of the fleet a moment old
+    /// is as good, and it costs etcd nothing.
     pub(crate) async fn get<T: DeserializeOwned>(
         &self,
         what: Cow<'static, str>,
         path: &str,
         name: &str,
     ) -> Result<Option<T>, FleetError> {
-        let request = kube::core::Request::new(path).get(name, &GetParams::default());
+        let request = kube::core::Request::new(path).get(name, &GetParams::any());
         match self.fetch::<T>(request).await {
             Ok(Ok(object)) => Ok(Some(object)),
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => Ok(None),
@@ -174,8 +176,9 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Lists the collection at `path` page by page (its objects, or with
-    /// `as_table` its table's rows), handing each page's items to `fold`.
+    /// Lists the collection at `path` page by page (its objects, or a
+    /// table's rows), handing each page's items to `fold`; `params` asking
+    /// for the watch cache's version (`match_any`) are one page.
     /// With `optional`, a 403 or 404 on the first page is
     /// [`Listed::Unseen`]; any other failure ends the read.
     pub(crate) async fn list<P: Page>(
@@ -187,7 +190,11 @@ impl<'a> Reader<'a> {
         mut fold: impl FnMut(Vec<P::Item>),
     ) -> Result<Listed, FleetError> {
         let collection = kube::core::Request::new(path);
-        params = params.limit(self.config.page_size);
+        // A list from the watch cache (`resourceVersion=0`) is served whole,
+        // and kube-rs sends no version with a limit: it is one page.
+        if params.resource_version.is_none() {
+            params = params.limit(self.config.page_size);
+        }
         let mut page = 0;
         loop {
             page += 1;

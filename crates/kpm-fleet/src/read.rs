@@ -360,7 +360,11 @@ async fn get_objects(
 ) -> Result<(Objects, SliceCounts), FleetError> {
     let read = futures_util::stream::iter(nodes)
         .map(|name| async move {
-            let on_node = ListParams::default().fields(&format!("spec.nodeName={name}"));
+            // From the watch cache, in one page: from etcd, each would
+            // read every slice of the cluster to find the node's few (at
+            // 80,000 slices, past the request timeout).
+            let on_node =
+                ListParams::default().fields(&format!("spec.nodeName={name}")).match_any();
             tokio::try_join!(
                 reader.get::<Node>(NODES.what(), NODES.path, name),
                 reader.get::<CsiNode>(CSI_NODES.what(), CSI_NODES.path, name),
