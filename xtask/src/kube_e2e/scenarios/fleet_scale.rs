@@ -58,14 +58,14 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
     for size in SIZES {
         let started = Instant::now();
         create_fleet(&cluster.api, created..size)?;
-        created = size;
         eprintln!(
-            "created {size} Nodes (over 15 KB each) with their doctors' conditions and reports, \
-             {size} CSINodes and {} ResourceSlices; the last {} in {:?}",
+            "{size} Nodes (over 15 KB each) with their doctors' conditions and reports, {size} \
+             CSINodes and {} ResourceSlices; the {} new ones created in {:?}",
             size * SLICES_PER_NODE,
-            size - SIZES[0].min(size - 1),
+            size - created,
             started.elapsed()
         );
+        created = size;
         measure(env, &cluster.api.as_token(ADMIN_TOKEN), &admin, size)?;
     }
     Ok(())
