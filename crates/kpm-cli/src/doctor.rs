@@ -79,7 +79,9 @@ pub(crate) struct DoctorArgs {
     /// (`node-role.kubernetes.io/gpu`, `pool in (a,b)`).
     #[arg(short = 'l', long, value_name = "SELECTOR", requires = "cluster")]
     selector: Option<String>,
-    /// With --cluster: how many objects each list request asks for.
+    /// With --cluster: how many objects each list request asks for (the
+    /// reports' and the Nodes' tables come whole from the API server's
+    /// watch cache; the cross-check's lists are paged).
     #[arg(
         long,
         value_name = "N",

@@ -19,7 +19,12 @@
 //!   ([`FleetConfig::cross_check`]) lists them whole for every node, to
 //!   hold each report against them: today's full cost, said in its help.
 //!
-//! Lists are paged (`limit`, `continue`) and each page is folded into
+//! The two tables, the single reads and a node's slices come from the API
+//! server's watch cache (`resourceVersion=0`), whole: at 20,000 nodes,
+//! paging the reports' table from etcd made the API server read and
+//! convert every report in full, 71 MB, page by page (15–22 s on two
+//! cores), where the cache serves it in under a second. Other lists are
+//! paged (`limit`, `continue`), and each page is folded into
 //! [`FleetObjects`] and dropped before the next is asked for. Reports are
 //! read with the report crate's own types and path; other objects are
 //! parsed into types that hold only what is judged. Every request goes
@@ -158,7 +163,8 @@ async fn read_summaries(
     let path = KubeletPluginReport::url_path(&(), None);
     let mut reports = BTreeMap::new();
     let fold = |rows: Vec<Row>| reports.extend(rows.iter().filter_map(summary));
-    let listed = reader.list::<Table>(plural, &path, true, ListParams::default(), fold).await?;
+    let params = ListParams::default().match_any();
+    let listed = reader.list::<Table>(plural, &path, true, params, fold).await?;
     Ok(match listed {
         Listed::Read => Ok(reports),
         Listed::Unseen(status) => Err(status),
@@ -246,7 +252,7 @@ fn file_name(path: &str) -> String {
 /// KB, its row without the object tens of bytes.
 async fn read_node_names(reader: &Reader<'_>) -> Result<Vec<String>, FleetError> {
     let mut names = Vec::new();
-    let params = selected(reader.config);
+    let params = selected(reader.config).match_any();
     let fold =
         |rows: Vec<Row>| names.extend(rows.iter().filter_map(|r| r.name().map(str::to_owned)));
     reader.list::<Table>(NODES.what(), NODES.path, false, params, fold).await?;
