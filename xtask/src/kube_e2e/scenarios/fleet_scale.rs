@@ -66,8 +66,49 @@ pub(super) fn fleet_scale(env: &Env, cluster: &mut Cluster) -> Result {
             started.elapsed()
         );
         created = size;
-        measure(env, &cluster.api.as_token(ADMIN_TOKEN), &admin, size)?;
+        let api = cluster.api.as_token(ADMIN_TOKEN);
+        measure(env, &api, &admin, size)?;
+        if size == SIZES[0] {
+            a_lie_is_found(env, &api, &admin)?;
+        }
     }
+    Ok(())
+}
+
+/// A report that lies (it shows a CSI driver registered that its CSINode
+/// does not list): the default read believes it, the cross-check names the
+/// node. Then the report tells the truth again.
+fn a_lie_is_found(env: &Env, api: &Api, admin: &std::path::Path) -> Result {
+    let liar = "fleet-scale-00042";
+    let path = format!("{}/{liar}/status", *REPORTS);
+    let report = api.get(&format!("{}/{liar}", *REPORTS))?;
+    let honest = report["status"]["registered"].as_str().ok_or("no registered")?.to_owned();
+    let set = |registered: &str| -> Result {
+        let status = json!({"status": {"registered": registered}});
+        let (code, body) = api.request("PATCH", &path, Some(&status))?;
+        if (200..300).contains(&code) {
+            Ok(())
+        } else {
+            Err(format!("PATCH {path}: {code} {body}").into())
+        }
+    };
+    set(&format!("{honest},CSIPlugin:lying.example.com"))?;
+    let believed = run_doctor(env, admin, &[])?;
+    let checked = run_doctor(env, admin, &["--cross-check"])?;
+    set(&honest)?;
+    if !believed.fleet["disagreements"].as_array().is_some_and(Vec::is_empty) {
+        return Err(format!(
+            "the default read judged objects: {}",
+            believed.fleet["disagreements"]
+        )
+        .into());
+    }
+    let expected = json!([{"node": liar, "kind": "CSIPlugin", "name": "lying.example.com",
+                           "report_shows": true}]);
+    if checked.fleet["disagreements"] != expected {
+        return Err(format!("the cross-check found {}", checked.fleet["disagreements"]).into());
+    }
+    eprintln!("  a report that lies: {liar}'s, named by the cross-check only");
     Ok(())
 }
 
