@@ -1,7 +1,8 @@
 //! How the fleet reader asks the API server: every request through one
 //! [`Reader`], which bounds it in time and counts it and the bytes of its
-//! answer; lists page by page (`limit`, `continue`), as objects or as the
-//! server-side `Table` `kubectl get` asks for.
+//! answer; lists page by page (`limit`, `continue`), or whole from the
+//! watch cache, as objects or as the server-side `Table` `kubectl get`
+//! asks for.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -17,7 +17,8 @@
 //!   half of the nodes, listed whole (what the cluster weighs, in fewer
 //!   requests) when most nodes have no doctor. The cross-check
 //!   ([`FleetConfig::cross_check`]) lists them whole for every node, to
-//!   hold each report against them: today's full cost, said in its help.
+//!   hold each report against them: what the cluster weighs, said in its
+//!   help.
 //!
 //! The two tables, the single reads and a node's slices come from the API
 //! server's watch cache (`resourceVersion=0`), whole: at 20,000 nodes,
