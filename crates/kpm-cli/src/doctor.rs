@@ -105,7 +105,9 @@ pub(crate) struct DoctorArgs {
     /// plugin registered where they do not, or the other way round, fails
     /// the fleet). It costs what the cluster weighs: a real Node is 10-30
     /// KB, so at 20,000 nodes hundreds of MB from the API server. For
-    /// when a report is doubted, not for every minute.
+    /// when a report is doubted, not for every minute. A report is as of
+    /// its doctor's last pass: a disagreement that stays across two runs
+    /// is one to look into.
     #[arg(long, requires = "cluster")]
     cross_check: bool,
     #[command(flatten)]

@@ -241,9 +241,12 @@ fn apiserver_restart(env: &Env, cluster: &mut Cluster, node: &mut Node) -> Resul
     Ok(())
 }
 
-/// The fleet (6) from anywhere with a kubeconfig, read from the reports
-/// (the real API server's tables), then cross-checked against every
-/// node's objects: the doctors' reports agree with them.
+/// The fleet (6) from anywhere with a kubeconfig: cross-checked against
+/// every node's objects until the reports agree with them (a report is as
+/// of its doctor's last pass: the failing node's kpm deregisters its driver
+/// after the pass that found the socket stale, and its doctor's recheck, a
+/// second later, doubling, reads the CSINode again), then read from the
+/// reports (the real API server's tables).
 fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
     let admin = cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?;
     let run = |extra: &[&str]| {
@@ -251,6 +254,23 @@ fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
         command.args(["doctor", "--cluster", "--kubeconfig"]).arg(&admin).args(extra);
         command.output()
     };
+    let started = Instant::now();
+    let mut first_seen = None;
+    let checked = wait_for("the reports agreeing with their objects", STEP_TIMEOUT, || {
+        let checked: Value =
+            serde_json::from_slice(&run(&["-o", "json", "--cross-check"])?.stdout)?;
+        let found = checked["disagreements"].as_array().ok_or("no disagreements in the JSON")?;
+        if found.is_empty() {
+            return Ok(Some(checked));
+        }
+        first_seen.get_or_insert_with(|| checked["disagreements"].to_string());
+        Ok(None)
+    })?;
+    eprintln!(
+        "the cross-check agreed {:?} after {failing}'s failure was published{}",
+        started.elapsed(),
+        first_seen.map_or_else(String::new, |seen| format!(" (before, one pass old: {seen})"))
+    );
     let output = run(&[])?;
     let table = String::from_utf8_lossy(&output.stdout);
     eprintln!("kpm doctor --cluster (exit {}):\n{table}", output.status.code().unwrap_or(-1));
@@ -274,9 +294,12 @@ fn fleet_view(env: &Env, cluster: &Cluster, failing: &str) -> Result {
         "kubectl get kubeletpluginreports, as the API server prints it:\n{}",
         cluster.api.get_table(&REPORTS)?
     );
-    let checked: Value = serde_json::from_slice(&run(&["-o", "json", "--cross-check"])?.stdout)?;
-    if checked["disagreements"].as_array().is_none_or(|found| !found.is_empty()) {
-        return Err(format!("the cross-check disagrees: {}", checked["disagreements"]).into());
+    let csi = fleet["drivers"].as_array().into_iter().flatten().find(|d| d["name"] == DRIVER);
+    let on = csi.map(|csi| (csi["registered"].clone(), csi["nodes"].clone()));
+    if on != Some((NODES.saturating_sub(1).into(), (NODES + 2).into())) {
+        return Err(
+            format!("{DRIVER} is not registered on all nodes but {failing}: {csi:?}").into()
+        );
     }
     let cost = |fleet: &Value| {
         format!("{} requests, {} bytes", fleet["read"]["requests"], fleet["read"]["bytes"])
