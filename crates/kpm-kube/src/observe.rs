@@ -94,7 +94,7 @@ async fn node_resources(api: &Arc<NodeApi>) -> Result<Option<NodeResources>, Kub
 }
 
 /// `name` from the watch cache; none when it does not exist.
-async fn cached<K: Clone + serde::de::DeserializeOwned + std::fmt::Debug>(
+async fn cached<K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug>(
     api: &Api<K>,
     name: &str,
 ) -> kube::Result<Option<K>> {
