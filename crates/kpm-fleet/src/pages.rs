@@ -5,6 +5,7 @@
 //! asks for.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::header::{ACCEPT, HeaderValue};
@@ -87,23 +88,26 @@ struct TableRow {
     cells: Vec<serde_json::Value>,
 }
 
-/// A table's row: its cells by column name; the first column is the
-/// object's name.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Row(Vec<(String, serde_json::Value)>);
+/// A table's row: its cells, named by its table's columns (held once for
+/// all its rows); the first column is the object's name.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    columns: Arc<[String]>,
+    cells: Vec<serde_json::Value>,
+}
 
 impl Row {
     /// The object's name: the first cell.
     pub(crate) fn name(&self) -> Option<&str> {
-        self.0.first().and_then(|(_, cell)| cell.as_str())
+        self.cells.first().and_then(serde_json::Value::as_str)
     }
 
     /// The cell of `column`, read as `T`; none when the table has no such
     /// column, the cell is empty (`null`: the field is not set) or is not
     /// a `T`.
     pub(crate) fn cell<T: DeserializeOwned>(&self, column: &str) -> Option<T> {
-        let (_, cell) = self.0.iter().find(|(name, _)| name == column)?;
-        T::deserialize(cell).ok()
+        let index = self.columns.iter().position(|name| name == column)?;
+        T::deserialize(self.cells.get(index)?).ok()
     }
 }
 
@@ -113,11 +117,11 @@ impl Page for Table {
     const TABLE: bool = true;
 
     fn into_parts(self) -> (Vec<Row>, Option<String>) {
-        let names: Vec<String> = self.column_definitions.into_iter().map(|c| c.name).collect();
+        let columns: Arc<[String]> = self.column_definitions.into_iter().map(|c| c.name).collect();
         let rows = self
             .rows
             .into_iter()
-            .map(|row| Row(names.iter().cloned().zip(row.cells).collect()))
+            .map(|row| Row { columns: Arc::clone(&columns), cells: row.cells })
             .collect();
         (rows, self.metadata.continue_)
     }
