@@ -17,6 +17,7 @@ const PROTOS: &[&str] = &[
     "dra-health/v1alpha1/api.proto",
     "dra-health/v1/api.proto",
     "csi/v1/csi.proto",
+    "cri/v1/api.proto",
 ];
 
 const OUT_DIR: &str = "crates/kpm-api/src/gen";

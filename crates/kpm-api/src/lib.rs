@@ -11,6 +11,7 @@
 //! | [`deviceplugin::v1beta1`] (feature `device`) | `v1beta1` | the node agent (`Registration`) and device plugins (`DevicePlugin`) |
 //! | [`dra::v1`], [`dra::v1beta1`] (feature `dra`) | `k8s.io.kubelet.pkg.apis.dra.v1`, `…v1beta1` | DRA drivers |
 //! | [`dra_health::v1`], [`dra_health::v1alpha1`] (feature `dra`) | `v1`, `v1alpha1` | DRA drivers (optional) |
+//! | [`cri::v1`] (feature `cri`) | `runtime.v1` | the container runtime (containerd, CRI-O), read by `kpm doctor` |
 //!
 //! The generated code is transport-agnostic: clients take any tonic channel,
 //! servers plug into any tonic router. `tests/wire.rs` pins every gRPC path
@@ -137,5 +138,20 @@ pub mod dra_health {
         #![allow(missing_debug_implementations, unreachable_pub)]
         #![allow(clippy::all, clippy::pedantic)]
         include!("gen/v1alpha1.rs");
+    }
+}
+
+/// The Container Runtime Interface, the part `kpm doctor` reads: which
+/// containers run, how they ended, what they mount, where they log.
+#[cfg(feature = "cri")]
+pub mod cri {
+    /// Version v1 (proto package `runtime.v1`), the `RuntimeService`.
+    // Generated from proto/ by `cargo xtask codegen` (do not edit): its items
+    // carry the proto comments where there are any.
+    #[allow(missing_docs)]
+    pub mod v1 {
+        #![allow(missing_debug_implementations, unreachable_pub)]
+        #![allow(clippy::all, clippy::pedantic)]
+        include!("gen/runtime.v1.rs");
     }
 }

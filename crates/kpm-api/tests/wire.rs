@@ -62,6 +62,40 @@ fn csi_node_get_info_response_decodes_from_driver_bytes() {
     assert_eq!(resp.accessible_topology.unwrap().segments["z"], "zon");
 }
 
+/// A container's status as containerd encodes it: the fields kpm reads at
+/// their upstream numbers, among fields it leaves out (`image` is 8,
+/// `resources` 16), which are skipped.
+#[cfg(feature = "cri")]
+#[test]
+fn cri_container_status_decodes_from_runtime_bytes() {
+    use kpm_api::cri::v1::{ContainerState, ContainerStatusResponse};
+    let bytes: &[u8] = &[
+        0x0a, 52, // ContainerStatusResponse 1: status
+        0x0a, 2, b'c', b'1', // 1: id
+        0x12, 6, 0x0a, 2, b'r', b'g', 0x10, 3, // 2: metadata {name "rg", attempt 3}
+        0x18, 2, // 3: state EXITED
+        0x30, 9, // 6: finished_at
+        0x38, 1, // 7: exit_code
+        0x42, 2, 0x0a, 0, // 8: image, not read
+        0x52, 5, b'E', b'r', b'r', b'o', b'r', // 10: reason
+        0x72, 10, 0x0a, 2, b'/', b'r', 0x12, 2, b'/', b'h', 0x18, 1, // 14: mounts
+        0x7a, 6, b'/', b'l', b'/', b'3', b'.', b'l', // 15: log_path
+        0x82, 0x01, 0, // 16: resources, not read
+    ];
+    let status = ContainerStatusResponse::decode(bytes).unwrap().status.unwrap();
+    assert_eq!((status.id.as_str(), status.exit_code, status.finished_at), ("c1", 1, 9));
+    let metadata = status.metadata.clone().unwrap();
+    assert_eq!((metadata.name.as_str(), metadata.attempt), ("rg", 3));
+    assert_eq!(status.state(), ContainerState::ContainerExited);
+    assert_eq!(status.reason, "Error");
+    assert_eq!(
+        (status.mounts[0].container_path.as_str(), status.mounts[0].host_path.as_str()),
+        ("/r", "/h")
+    );
+    assert!(status.mounts[0].readonly);
+    assert_eq!(status.log_path, "/l/3.l");
+}
+
 // === Client paths ===
 
 type HttpResult = Result<http::Response<tonic::body::Body>, Infallible>;
@@ -146,6 +180,16 @@ async fn generated_clients_call_the_literal_grpc_paths() {
     assert_eq!(rec.last(), "/csi.v1.Identity/GetPluginInfo");
     let _ = c.probe(csi::v1::ProbeRequest {}).await;
     assert_eq!(rec.last(), "/csi.v1.Identity/Probe");
+
+    #[cfg(feature = "cri")]
+    {
+        use kpm_api::cri::v1 as cri;
+        let mut c = cri::runtime_service_client::RuntimeServiceClient::new(svc());
+        let _ = c.list_containers(cri::ListContainersRequest::default()).await;
+        assert_eq!(rec.last(), "/runtime.v1.RuntimeService/ListContainers");
+        let _ = c.container_status(cri::ContainerStatusRequest::default()).await;
+        assert_eq!(rec.last(), "/runtime.v1.RuntimeService/ContainerStatus");
+    }
 }
 
 // === Server routing ===

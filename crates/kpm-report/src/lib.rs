@@ -23,6 +23,7 @@
 
 mod condition;
 mod kubelet_version;
+mod pod;
 mod registered;
 mod report;
 mod verdict;
@@ -31,6 +32,7 @@ pub use crate::condition::{
     CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, HEALTHY_REASON, MAX_MESSAGE_BYTES,
 };
 pub use crate::kubelet_version::{CHECKED_MINORS, checked, minor, unchecked_note};
+pub use crate::pod::{ContainerState, PodContainer, Termination};
 pub use crate::registered::Registered;
 pub use crate::report::{
     BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,

@@ -22,6 +22,8 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
+use crate::PodContainer;
+
 use crate::{Registered, ReportedVerdict};
 
 /// The API group of [`KubeletPluginReport`].
@@ -190,6 +192,9 @@ pub struct PluginEntry {
     pub reason: String,
     /// Since when the doctor has seen this verdict.
     pub since: Time,
+    /// The pod container serving its socket, or that last served it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodContainer>,
 }
 
 /// A failing finding about the node or an API object.
@@ -299,7 +304,7 @@ mod tests {
                 "kubelet": {"rootDir": "/r", "foundBy": "--root-dir", "cgroupDriver": "systemd"},
                 "counts": {"plugins": 1, "failing": 1},
                 "plugins": [{"socket": "/r/a.sock", "type": "FuturePlugin", "verdict": "wobbling",
-                             "reason": "new", "since": "2026-01-01T00:00:00Z", "pod": "ns/a"}],
+                             "reason": "new", "since": "2026-01-01T00:00:00Z", "sandbox": "ns/a"}],
                 "doctorVersion": "9.0.0",
             },
         });

@@ -20,6 +20,9 @@
 //!   behind kube's mock, and the CLI's over TCP;
 //! - `csi` (feature `csi`) is the fake CSI driver every crate's tests
 //!   serve on a real Unix socket, its answers set by the test;
+//! - `cri` (feature `cri`) is the fake container runtime (the CRI's
+//!   `RuntimeService`, read-only calls) the doctor's tests ask who serves
+//!   a socket;
 //! - `registration` (feature `registration`) is the fake registration
 //!   plugin (`pluginregistration.Registration`) every crate's tests serve
 //!   the same way, its answers to `GetInfo` and `NotifyRegistrationStatus`
@@ -52,11 +55,13 @@
 )]
 
 pub mod api_server;
+#[cfg(feature = "cri")]
+pub mod cri;
 #[cfg(feature = "csi")]
 pub mod csi;
 #[cfg(feature = "registration")]
 pub mod registration;
-#[cfg(any(feature = "csi", feature = "registration"))]
+#[cfg(any(feature = "csi", feature = "cri", feature = "registration"))]
 mod server;
 
 use std::fmt::Display;
