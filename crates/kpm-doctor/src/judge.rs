@@ -15,6 +15,7 @@ use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
 
 use crate::Finding;
+use crate::cause::Cause;
 use crate::host::{Host, ProcessInfo, Seen, View};
 use crate::kubelets::KubeletProcess;
 
@@ -78,6 +79,15 @@ pub struct Row {
     /// The process serving its socket.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub served_by: Option<ProcessInfo>,
+    /// The pod container serving its socket, or that last served it, as
+    /// the container runtime tells it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<kpm_report::PodContainer>,
+    /// The line of that container's last run that names the cause, cut to
+    /// [`MAX_QUOTE_BYTES`](crate::pods::MAX_QUOTE_BYTES): shown on the node
+    /// only, never published (a log may hold secrets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub said: Option<String>,
     /// The inspection's steps, in milliseconds.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<StepTaken>,
@@ -122,6 +132,8 @@ impl Row {
             hint: String::new(),
             api_objects: None,
             served_by: None,
+            pod: None,
+            said: None,
             steps: Vec::new(),
             service: None,
         }
@@ -249,7 +261,12 @@ fn judge(
         Ok(()) => {
             ((Verdict::Ok, String::new()), inspection.service.as_ref().map(ToString::to_string))
         }
-        Err(err) => (classify(err), Some(crate::reason(err))),
+        Err(err) => (
+            classify(err).map_or((Verdict::Unreachable, String::new()), |cause| {
+                (cause.verdict(), cause.fix())
+            }),
+            Some(crate::reason(err)),
+        ),
     };
     let reason = reason.unwrap_or_default();
     let mut row = Row::new(verdict, path, "registry", view.as_on_host(&reason)).hint(hint);
@@ -279,62 +296,26 @@ fn judge(
 /// What the judged kubelet does otherwise than the referee (`dra_by_minor`).
 pub(crate) type Differs<'a> = dyn Fn(&mut Row, &Result<(), ExecutorError>) + Sync + 'a;
 
-/// The verdict on a socket the register operation would fail on, and its fix.
-fn classify(err: &ExecutorError) -> (Verdict, String) {
-    match err {
-        ExecutorError::Dial { source, .. } if source.is_gone() => (
-            Verdict::Stale,
-            "nothing listens on it: a leftover of a plugin that is gone (a reboot, a registrar \
-             that crashed or was killed). Remove it if its plugin is not running: until then the \
-             kubelet keeps the plugin registered if it registered it before it went, or else \
-             retries the socket with backoff up to 2m2s, logging an error each time"
-                .into(),
-        ),
-        ExecutorError::Dial { .. } if io_kind(err) == Some(io::ErrorKind::PermissionDenied) => (
-            Verdict::Unreachable,
-            "permission denied: run kpm doctor as the user the kubelet runs as (root)".into(),
-        ),
-        ExecutorError::Dial { .. } => (
-            Verdict::Unreachable,
-            "the plugin accepts no connection in time: it may be hung".into(),
-        ),
-        ExecutorError::NotARegistrationSocket { .. } => (
-            Verdict::NotARegistrationServer,
-            "a plugin's own service socket is in the registry, which holds registration \
-             sockets only (node-driver-registrar's <driver>-reg.sock): move the driver's socket \
-             out of plugins_registry"
-                .into(),
-        ),
-        ExecutorError::GetInfoTimeout { .. } => (
-            Verdict::SlowGetInfo,
-            "the kubelet waits 1 s for GetInfo, then backs off: the registrar is blocked or \
-             starved (CPU limits, a slow start)"
-                .into(),
-        ),
-        ExecutorError::GetInfo { .. } => {
-            (Verdict::GetInfoFailed, "see the registrar's logs".into())
+/// Why the register operation would fail on a socket.
+fn classify(err: &ExecutorError) -> Option<Cause> {
+    Some(match err {
+        ExecutorError::Dial { source, .. } if source.is_gone() => Cause::NothingListens,
+        ExecutorError::Dial { .. } if io_kind(err) == Some(io::ErrorKind::PermissionDenied) => {
+            Cause::PermissionDenied
         }
-        ExecutorError::InvalidInfo { .. } => {
-            (Verdict::Rejected, "the plugin's GetInfo answer breaks the bounds above".into())
+        ExecutorError::Dial { .. } => Cause::Hung,
+        ExecutorError::NotARegistrationSocket { .. } => Cause::ServiceSocketInRegistry,
+        ExecutorError::GetInfoTimeout { .. } => Cause::SlowGetInfo,
+        ExecutorError::GetInfo { .. } => Cause::GetInfoFails,
+        ExecutorError::InvalidInfo { .. } => Cause::InvalidInfo,
+        ExecutorError::UnknownPluginType { .. } => Cause::NoHandlerForType,
+        ExecutorError::Validate { .. } => Cause::HandlerRefused,
+        ExecutorError::InspectService { source, .. } if endpoint_is_gone(source.as_ref()) => {
+            Cause::EndpointMissing
         }
-        ExecutorError::UnknownPluginType { .. } => {
-            (Verdict::Rejected, format!("the kubelet has handlers for {} only", kubelet_types()))
-        }
-        ExecutorError::Validate { .. } => {
-            (Verdict::Rejected, "the handler's reason above says what it requires".into())
-        }
-        ExecutorError::InspectService { source, .. } if endpoint_is_gone(source.as_ref()) => (
-            Verdict::EndpointUnreachable,
-            "the endpoint the plugin advertises is missing or refuses: the driver is not running, \
-             or its socket is at another path on the host than the one advertised \
-             (node-driver-registrar's --kubelet-registration-path)"
-                .into(),
-        ),
-        ExecutorError::InspectService { .. } => {
-            (Verdict::ServiceFailing, "the plugin's own service fails: see its logs".into())
-        }
-        _ => (Verdict::Unreachable, String::new()),
-    }
+        ExecutorError::InspectService { .. } => Cause::ServiceFails,
+        _ => return None,
+    })
 }
 
 /// Whether a handler's error comes from a transport that found nobody there.
@@ -423,16 +404,6 @@ pub(crate) fn unwatched_registries(
             })
         })
         .collect()
-}
-
-/// The plugin types the kubelet has handlers for, as a sentence lists
-/// them: `CSIPlugin, DevicePlugin and DRAPlugin`.
-fn kubelet_types() -> String {
-    let types = PluginKind::ALL.map(PluginKind::plugin_type);
-    match types.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-        _ => types.concat(),
-    }
 }
 
 /// CSI drivers registered under one name by several sockets: the kubelet
@@ -548,6 +519,6 @@ mod tests {
 
     #[test]
     fn the_kubelets_types_read_as_a_sentence() {
-        assert_eq!(super::kubelet_types(), "CSIPlugin, DevicePlugin and DRAPlugin");
+        assert_eq!(crate::cause::kubelet_types(), "CSIPlugin, DevicePlugin and DRAPlugin");
     }
 }

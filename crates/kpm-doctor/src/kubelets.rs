@@ -83,6 +83,11 @@ pub struct KubeletProcess {
     /// gate not named has its default.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub feature_gates: BTreeMap<String, bool>,
+    /// The socket of its container runtime, as it sees it: its
+    /// `--container-runtime-endpoint` or its config file's
+    /// `containerRuntimeEndpoint`, else its default (containerd's; k3s' own
+    /// containerd for k3s).
+    pub runtime_endpoint: PathBuf,
     /// How its files are read.
     pub files: ReadThrough,
     /// Where its files are read: never shown.
@@ -183,6 +188,7 @@ fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> 
         .map(|text| ConfigFile::parse(&text))
         .unwrap_or_default();
     let feature_gates = feature_gates(&flags, &config);
+    let runtime_endpoint = runtime_endpoint(program, args, &flags, &config);
     let node = node_name_of(program, args, &flags, || host.environ(pid), &config, read);
     let (node_name, node_name_from) =
         node.map_or((None, None), |(name, from)| (Some(name), Some(from)));
@@ -193,10 +199,33 @@ fn kubelet_of(host: &Host, pid: u32, args: &[String]) -> Option<KubeletProcess> 
         node_name,
         node_name_from,
         feature_gates,
+        runtime_endpoint,
         files,
         view,
         unreadable,
     })
+}
+
+/// k3s' kubelet talks to the containerd k3s runs, at its own socket.
+const K3S_RUNTIME_ENDPOINT: &str = "/run/k3s/containerd/containerd.sock";
+
+/// The kubelet's container runtime socket: the flag (k3s: its own flag
+/// too), else the config file's, else the default; `unix://` dropped.
+fn runtime_endpoint(
+    program: &str,
+    args: &[String],
+    flags: &[String],
+    config: &ConfigFile,
+) -> PathBuf {
+    const FLAG: &str = "--container-runtime-endpoint";
+    let k3s_flag = (program == "k3s").then(|| flag_values(args, FLAG).last()).flatten();
+    let named = k3s_flag
+        .or_else(|| flag_values(flags, FLAG).last())
+        .or(config.runtime_endpoint.as_deref())
+        .filter(|endpoint| !endpoint.is_empty());
+    let default = if program == "k3s" { K3S_RUNTIME_ENDPOINT } else { kpm_pods::DEFAULT_ENDPOINT };
+    let endpoint = named.unwrap_or(default);
+    PathBuf::from(endpoint.strip_prefix("unix://").unwrap_or(endpoint))
 }
 
 /// The name of the kubelet's Node, as the kubelet takes it
@@ -243,6 +272,7 @@ fn node_name_of(
 struct ConfigFile {
     hostname_override: Option<String>,
     feature_gates: BTreeMap<String, bool>,
+    runtime_endpoint: Option<String>,
 }
 
 impl ConfigFile {
@@ -260,7 +290,11 @@ impl ConfigFile {
             .flatten()
             .filter_map(|(gate, on)| Some((gate.as_str()?.to_owned(), on.as_bool()?)))
             .collect();
-        Self { hostname_override, feature_gates }
+        let runtime_endpoint = config
+            .get("containerRuntimeEndpoint")
+            .and_then(serde_norway::Value::as_str)
+            .map(str::to_owned);
+        Self { hostname_override, feature_gates, runtime_endpoint }
     }
 }
 
@@ -468,6 +502,27 @@ mod tests {
                 (Some("k3d-agent-0"), Some(NodeNameFrom::Hostname)),
                 (Some("srv"), Some(NodeNameFrom::Flag)),
             ]
+        );
+    }
+
+    #[test]
+    fn the_runtime_endpoint_comes_from_the_flag_the_config_or_the_default() {
+        let config = ConfigFile::parse("containerRuntimeEndpoint: unix:///run/crio/crio.sock\n");
+        let args = |list: &[&str]| list.iter().map(|arg| (*arg).to_owned()).collect::<Vec<_>>();
+        let endpoint = |program, argv: &[String], config: &ConfigFile| {
+            runtime_endpoint(program, argv, argv, config).display().to_string()
+        };
+        assert_eq!(endpoint("kubelet", &args(&["kubelet"]), &config), "/run/crio/crio.sock");
+        let flagged = args(&["kubelet", "--container-runtime-endpoint=unix:///x/c.sock"]);
+        assert_eq!(endpoint("kubelet", &flagged, &config), "/x/c.sock");
+        let none = ConfigFile::default();
+        assert_eq!(
+            endpoint("kubelet", &args(&["kubelet"]), &none),
+            "/run/containerd/containerd.sock"
+        );
+        assert_eq!(
+            endpoint("k3s", &args(&["k3s", "agent"]), &none),
+            "/run/k3s/containerd/containerd.sock"
         );
     }
 

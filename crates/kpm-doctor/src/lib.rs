@@ -40,6 +40,7 @@
 
 #![deny(missing_docs)]
 
+mod cause;
 mod checkpoint;
 mod choice;
 mod condition;
@@ -50,10 +51,12 @@ mod host;
 mod inspections;
 mod judge;
 mod kubelets;
+mod log_lines;
 mod metrics;
 mod node_objects;
 mod outcome;
 mod pending;
+mod pods;
 mod publish;
 mod render;
 mod watch;
@@ -82,11 +85,13 @@ pub mod bounds {
     pub use crate::publish::events::{BURST, REFILL};
     pub use crate::watch::{CONFIRM, SETTLE};
 }
+pub use crate::cause::Cause;
 pub use crate::choice::referee;
 pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, served_by};
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
+pub use crate::log_lines::{Explained, KNOWN_LINES, KnownLine, explain};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::pending::PendingReader;
 pub use crate::publish::events;
@@ -293,6 +298,12 @@ impl Doctor {
             )),
         }
         judge::mark_duplicates(&mut plugins);
+        // The pods are asked of the judged kubelet's runtime: without a
+        // running kubelet there is none to ask.
+        if let Some(kubelet) = &choice.kubelet {
+            let endpoint = &kubelet.runtime_endpoint;
+            pods::name(&mut plugins, view, endpoint, self.config.timeout, &mut unseen).await;
+        }
 
         let mut findings = Vec::new();
         if let Some(objects) = objects {

@@ -12,7 +12,7 @@ use kpm::PluginKind;
 use kpm_report::{
     BlindStatus, CANNOT_JUDGE_REASON, ConditionStatus, Counts, FindingEntry, HEALTHY_REASON,
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES,
-    PluginEntry, Registered, Verdict,
+    PluginEntry, PodContainer, Registered, Verdict,
 };
 
 use crate::condition::PluginsCondition;
@@ -54,6 +54,8 @@ pub(crate) struct Socket {
     pub(crate) name: Option<String>,
     pub(crate) verdict: Verdict,
     pub(crate) reason: String,
+    /// The pod container behind it.
+    pub(crate) pod: Option<PodContainer>,
 }
 
 impl Socket {
@@ -135,6 +137,7 @@ impl Outcome {
                     name: row.name.clone(),
                     verdict: row.verdict,
                     reason: row.reason.clone(),
+                    pod: row.pod.clone(),
                 };
                 (row.path.clone(), socket)
             })
@@ -223,6 +226,7 @@ pub(crate) fn status_of(
             verdict: socket.verdict.into(),
             reason: bounded(&socket.reason),
             since: now.clone(),
+            pod: socket.pod.clone(),
         })
         .collect();
     // Failing first, the most severe first, so that the bound drops healthy

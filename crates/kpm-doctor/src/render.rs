@@ -53,7 +53,7 @@ pub fn render_table(report: &Report) -> String {
 fn rows_and_explanations(report: &Report, text: &mut String) {
     let mut rows = comfy_table::Table::new();
     rows.load_preset(comfy_table::presets::NOTHING);
-    rows.set_header(["VERDICT", "TYPE", "NAME", "SOCKET", "SERVED BY"]);
+    rows.set_header(["VERDICT", "TYPE", "NAME", "SOCKET", "POD", "SERVED BY"]);
     for row in &report.plugins {
         let socket = row.path.strip_prefix(&report.root_dir).unwrap_or(&row.path);
         rows.add_row([
@@ -61,6 +61,7 @@ fn rows_and_explanations(report: &Report, text: &mut String) {
             row.kind.map_or("-", kpm::PluginKind::plugin_type).to_owned(),
             row.name.clone().unwrap_or_else(|| "-".into()),
             socket.display().to_string(),
+            row.pod.as_ref().map_or_else(|| "-".into(), pod_cell),
             row.served_by.as_ref().map_or_else(|| "-".into(), judge::served_by),
         ]);
     }
@@ -69,6 +70,12 @@ fn rows_and_explanations(report: &Report, text: &mut String) {
     for row in report.plugins.iter().filter(|row| row.verdict != Verdict::Ok) {
         let heading = format!("\n{}: {}", row.verdict.name(), row.path.display());
         explain(text, &heading, "  ", &row.reason, &row.hint);
+        if let Some(pod) = &row.pod {
+            let _ = writeln!(text, "  {pod}: `{}`", pod.logs_command());
+        }
+        if let Some(said) = &row.said {
+            let _ = writeln!(text, "  it said: {said}");
+        }
         // What the cluster keeps for this row, under it: one cause.
         for finding in report.caused_by(row) {
             let heading =
@@ -79,6 +86,14 @@ fn rows_and_explanations(report: &Report, text: &mut String) {
     for finding in report.findings_of_their_own() {
         let heading = format!("\n{}: {}", finding.verdict.name(), finding.path.display());
         explain(text, &heading, "  ", &finding.reason, &finding.hint);
+    }
+}
+
+/// `NAMESPACE/POD (CONTAINER)`, with its restarts when it has any.
+fn pod_cell(pod: &kpm_report::PodContainer) -> String {
+    match pod.restarts {
+        0 => format!("{} ({})", pod.pod_name(), pod.container),
+        n => format!("{} ({}, {n} restarts)", pod.pod_name(), pod.container),
     }
 }
 

@@ -656,7 +656,7 @@ mod tests {
                 "plugins": [
                     {"socket": "/r/a.sock", "type": "FuturePlugin", "name": "a.example.com",
                      "verdict": "some-future-verdict", "reason": "4 changes in 2m",
-                     "since": "2026-01-01T00:00:00Z", "pod": "kube-system/a-0"},
+                     "since": "2026-01-01T00:00:00Z", "sandbox": "kube-system/a-0"},
                     {"socket": "/r/b.sock", "name": "b.example.com", "verdict": "ok",
                      "reason": "fine", "since": "2026-01-01T00:00:00Z"},
                 ],

@@ -56,6 +56,10 @@ pub enum Verdict {
     Unreadable,
     /// A registry no running kubelet watches holds sockets.
     UnwatchedRegistry,
+    /// A pod on the node that should serve a plugin socket (it mounts the
+    /// registry, `device-plugins/` or the kubelet's root) serves none: it
+    /// is waiting, crash-looping, or its plugin cannot start.
+    PodWithoutSocket,
     /// Fine on the node, but the kubelet's device manager or the cluster
     /// shows no registration of it.
     NotRegistered,
@@ -109,17 +113,18 @@ impl Verdict {
             Self::KubeletMismatch => 6,
             Self::NotRegistered => 7,
             Self::UnwatchedRegistry => 8,
-            Self::Unreadable => 9,
-            Self::Unreachable => 10,
-            Self::DeletedButListening => 11,
-            Self::ServiceFailing => 12,
-            Self::EndpointUnreachable => 13,
-            Self::Rejected => 14,
-            Self::GetInfoFailed => 15,
-            Self::SlowGetInfo => 16,
-            Self::NotARegistrationServer => 17,
-            Self::Flapping => 18,
-            Self::Stale => 19,
+            Self::PodWithoutSocket => 9,
+            Self::Unreadable => 10,
+            Self::Unreachable => 11,
+            Self::DeletedButListening => 12,
+            Self::ServiceFailing => 13,
+            Self::EndpointUnreachable => 14,
+            Self::Rejected => 15,
+            Self::GetInfoFailed => 16,
+            Self::SlowGetInfo => 17,
+            Self::NotARegistrationServer => 18,
+            Self::Flapping => 19,
+            Self::Stale => 20,
         }
     }
 

@@ -1,0 +1,235 @@
+//! `kpm doctor` names the pods behind the sockets: the real binary on a
+//! host given with `--host-root` (its `/proc`, its files), whose container
+//! runtime is a CRI server on a real Unix socket answering as containerd
+//! does, with the container logs the kubelet keeps.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use kpm_registrar::Registrar;
+use kpm_test_support::cri::{self, FakeContainer};
+use serde_json::Value;
+use support::kpm;
+
+const POD: (&str, &str, &str) = ("kube-system", "csi-hostpath-node-x", "0b1c");
+const REGISTRAR: &str = "node-driver-registrar";
+const REGISTRY: &str = "/var/lib/kubelet/plugins_registry";
+/// The socket node-driver-registrar leaves when it exits.
+const LEFT: &str = "/var/lib/kubelet/plugins_registry/hostpath.csi.k8s.io-reg.sock";
+/// Where its `--kubelet-registration-path` wrongly says the driver is.
+const WRONG: &str = "/var/lib/kubelet/plugins/csi-hostpath/csi.sock";
+
+/// A host whose kubelet (pid 4242, in the host's mount namespace) talks to
+/// the container runtime at `/run/containerd/containerd.sock`.
+struct Host {
+    dir: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Host {
+    fn new() -> Self {
+        let host = Self {
+            dir: tempfile::tempdir().unwrap(),
+            rt: tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap(),
+        };
+        host.process(1, &["/sbin/init"]);
+        host.process(
+            4242,
+            &[
+                "/usr/bin/kubelet",
+                "--container-runtime-endpoint=unix:///run/containerd/containerd.sock",
+            ],
+        );
+        std::fs::create_dir_all(host.at(REGISTRY)).unwrap();
+        host
+    }
+
+    fn at(&self, on_host: &str) -> PathBuf {
+        self.dir.path().join(on_host.trim_start_matches('/'))
+    }
+
+    fn process(&self, pid: u32, args: &[&str]) {
+        let dir = self.at(&format!("/proc/{pid}"));
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        std::os::unix::fs::symlink("mnt:[1]", dir.join("ns/mnt")).unwrap();
+        let cmdline: String = args.iter().flat_map(|arg| [*arg, "\0"]).collect();
+        std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+    }
+
+    /// The container runtime, keeping `containers`.
+    fn runtime(&self, containers: Vec<FakeContainer>) -> cri::Served {
+        let socket = self.at("/run/containerd/containerd.sock");
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        self.rt.block_on(cri::serve(&socket, containers))
+    }
+
+    /// Writes `lines` as the runtime logs a run, `TIME STREAM F LINE`.
+    fn log(&self, container: &FakeContainer, lines: &[&str]) {
+        let path = self.at(&container.status.log_path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let text: String = lines
+            .iter()
+            .map(|line| format!("2026-11-28T14:11:22.997515000Z stderr F {line}\n"))
+            .collect();
+        std::fs::write(path, text).unwrap();
+    }
+
+    fn doctor(&self, args: &[&str]) -> (i32, String) {
+        let host = self.dir.path().to_str().unwrap();
+        let mut all =
+            vec!["doctor", "--host-root", host, "--other-root", "/nowhere", "--timeout", "2"];
+        all.extend(args);
+        let out = kpm(&all);
+        (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+    }
+
+    fn report(&self) -> (i32, Value) {
+        let (code, json) = self.doctor(&["-o", "json"]);
+        (code, serde_json::from_str(&json).unwrap_or_else(|err| panic!("{err}: {json}")))
+    }
+}
+
+fn row<'a>(report: &'a Value, path: &str) -> &'a Value {
+    report["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["path"] == path)
+        .unwrap_or_else(|| panic!("no row for {path} in {report:#}"))
+}
+
+/// node-driver-registrar v2.17's last words when the kubelet refuses the
+/// driver socket it advertises, as it printed them (with this test's path).
+fn refused_lines() -> [String; 4] {
+    [
+        r#"I1128 14:11:22.100000       1 node_register.go:56] "Starting Registration Server" socketPath="/registration/hostpath.csi.k8s.io-reg.sock""#.to_owned(),
+        r#"I1128 14:11:22.100100       1 node_register.go:66] "Registration Server started" socketPath="/registration/hostpath.csi.k8s.io-reg.sock""#.to_owned(),
+        format!(
+            r#"I1128 14:11:22.997515       1 main.go:102] "Received NotifyRegistrationStatus call" status="error:\"RegisterPlugin error -- plugin registration failed with err: rpc error: code = Unavailable desc = connection error: desc = \\\"transport: Error while dialing: dial unix {WRONG}: connect: no such file or directory\\\"\"""#
+        ),
+        format!(
+            r#"E1128 14:11:22.997589       1 main.go:104] "Registration process failed with error, restarting registration container" err="RegisterPlugin error -- plugin registration failed with err: rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix {WRONG}: connect: no such file or directory\"""#
+        ),
+    ]
+}
+
+#[test]
+fn a_crash_looping_registrar_with_a_wrong_registration_path_is_named_with_its_fix() {
+    let host = Host::new();
+    drop(std::os::unix::net::UnixListener::bind(host.at(LEFT)).unwrap());
+    let latest = FakeContainer::new(&"a7".repeat(32), POD, REGISTRAR, 7)
+        .exited(1, "Error", 1_795_000_000_000_000_000)
+        .mount("/registration", REGISTRY);
+    let before = FakeContainer::new(&"a6".repeat(32), POD, REGISTRAR, 6)
+        .exited(1, "Error", 1_794_999_000_000_000_000)
+        .mount("/registration", REGISTRY);
+    let driver = FakeContainer::new(&"d0".repeat(32), POD, "hostpath", 0)
+        .mount("/csi", "/var/lib/kubelet/plugins/csi-hostpath.example");
+    let lines = refused_lines();
+    host.log(&latest, &lines.each_ref().map(String::as_str));
+    let runtime = host.runtime(vec![latest, before, driver]);
+
+    let (code, report) = host.report();
+    assert_eq!(code, 1, "{report:#}");
+    let left = row(&report, LEFT);
+    assert_eq!(left["verdict"], "endpoint-unreachable", "{left:#}");
+    assert_eq!(left["endpoint"], WRONG);
+    let reason = left["reason"].as_str().unwrap();
+    assert!(reason.contains(WRONG), "{reason}");
+    let hint = left["hint"].as_str().unwrap();
+    assert!(hint.contains("--kubelet-registration-path"), "{hint}");
+    let pod = &left["pod"];
+    assert_eq!((&pod["namespace"], &pod["pod"]), (&"kube-system".into(), &POD.1.into()));
+    assert_eq!((&pod["container"], &pod["restarts"]), (&REGISTRAR.into(), &7.into()));
+    assert_eq!(pod["state"], "Terminated");
+    assert_eq!(pod["lastTermination"]["exitCode"], 1);
+    assert_eq!(pod["lastTermination"]["reason"], "Error");
+    assert!(left["said"].as_str().unwrap().contains("Registration process failed"), "{left:#}");
+    assert!(
+        runtime.runtime.status_calls.lock().iter().all(|id| !id.starts_with("d0")),
+        "a running container that never restarted is not asked about"
+    );
+
+    let (_, table) = host.doctor(&[]);
+    assert!(
+        table.contains("kube-system/csi-hostpath-node-x (node-driver-registrar, 7 restarts)"),
+        "{table}"
+    );
+    assert!(
+        table.contains("kubectl -n kube-system logs csi-hostpath-node-x -c node-driver-registrar"),
+        "{table}"
+    );
+    assert!(table.contains("it said: E1128"), "{table}");
+}
+
+#[test]
+fn a_socket_left_by_a_container_that_said_nothing_known_is_stale_and_names_the_pod() {
+    let host = Host::new();
+    drop(std::os::unix::net::UnixListener::bind(host.at(LEFT)).unwrap());
+    let latest = FakeContainer::new(&"b1".repeat(32), POD, REGISTRAR, 1)
+        .exited(137, "OOMKilled", 1_795_000_000_000_000_000)
+        .mount("/registration", REGISTRY);
+    host.log(&latest, &[r#"I1128 "Starting Registration Server" socketPath="/registration/hostpath.csi.k8s.io-reg.sock""#]);
+    let _runtime = host.runtime(vec![latest]);
+    let (_, report) = host.report();
+    let left = row(&report, LEFT);
+    assert_eq!(left["verdict"], "stale", "{left:#}");
+    assert_eq!(left["pod"]["lastTermination"]["reason"], "OOMKilled");
+    assert!(left["hint"].as_str().unwrap().contains("-c node-driver-registrar"), "{left:#}");
+    assert!(left.get("said").is_none());
+}
+
+#[test]
+fn a_live_plugin_is_named_by_the_container_its_process_runs_in() {
+    let host = Host::new();
+    let rt = &host.rt;
+    let plugin: Registrar = rt
+        .block_on(
+            Registrar::builder(kpm::api::CSI_PLUGIN, "live.csi.example.com")
+                .socket_dir(host.at(REGISTRY))
+                .endpoint(Path::new(WRONG))
+                .serve(),
+        )
+        .unwrap();
+    // This test's process serves the socket: its cgroup names a container.
+    let id = "c2".repeat(32);
+    let pid = std::process::id();
+    host.process(pid, &["/csi-node-driver-registrar"]);
+    let cgroup = format!("0::/kubepods/besteffort/pod0b1c/{id}\n");
+    std::fs::write(host.at(&format!("/proc/{pid}/cgroup")), cgroup).unwrap();
+    let running = FakeContainer::new(&id, POD, REGISTRAR, 2);
+    let oom = FakeContainer::new(&"c1".repeat(32), POD, REGISTRAR, 1).exited(
+        137,
+        "OOMKilled",
+        1_795_000_000_000_000_000,
+    );
+    let _runtime = host.runtime(vec![running, oom]);
+    let (_, report) = host.report();
+    let served = row(
+        &report,
+        &format!("{REGISTRY}/{}", plugin.socket_path().file_name().unwrap().to_str().unwrap()),
+    );
+    let pod = &served["pod"];
+    assert_eq!((&pod["restarts"], &pod["state"]), (&2.into(), &"Running".into()), "{served:#}");
+    assert_eq!(pod["lastTermination"]["reason"], "OOMKilled");
+    assert_eq!(pod["lastTermination"]["exitCode"], 137);
+}
+
+#[test]
+fn a_runtime_that_cannot_be_asked_is_said_and_judges_nothing_otherwise() {
+    let host = Host::new();
+    drop(std::os::unix::net::UnixListener::bind(host.at(LEFT)).unwrap());
+    let (_, report) = host.report();
+    assert_eq!(row(&report, LEFT)["verdict"], "stale");
+    let unseen: Vec<&str> =
+        report["unseen"].as_array().unwrap().iter().map(|what| what.as_str().unwrap()).collect();
+    assert!(
+        unseen.iter().any(|what| what
+            .starts_with("dial the container runtime at /run/containerd/containerd.sock")
+            && what.ends_with("the pods behind the sockets are not named")),
+        "{unseen:?}"
+    );
+}

@@ -1,0 +1,178 @@
+//! Why a plugin is not registered, as the doctor tells it: each cause its
+//! verdict and its fix, written once. The doctor's inspection of a socket
+//! names one (`judge.rs`), so do the words a plugin's container printed
+//! before it exited and the kubelet's own log lines (`log_lines.rs`,
+//! `kpm doctor explain`).
+
+use kpm::PluginKind;
+use kpm_report::Verdict;
+
+/// A known cause of a plugin's failure to register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::EnumIter, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
+#[non_exhaustive]
+pub enum Cause {
+    /// Nothing listens on the registration socket.
+    NothingListens,
+    /// The socket refuses the doctor's user.
+    PermissionDenied,
+    /// The socket accepts no connection in time.
+    Hung,
+    /// A plugin's own service socket (a CSI driver's) is in the registry.
+    ServiceSocketInRegistry,
+    /// `GetInfo` does not answer within the kubelet's 1 s.
+    SlowGetInfo,
+    /// `GetInfo` answers with an error.
+    GetInfoFails,
+    /// `GetInfo`'s answer breaks the kubelet's bounds.
+    InvalidInfo,
+    /// The plugin's type has no handler in this kubelet (a DRA driver with
+    /// DRA disabled, a typo).
+    NoHandlerForType,
+    /// The handler of its type refuses it (versions, a name taken).
+    HandlerRefused,
+    /// The advertised endpoint is missing or refuses.
+    EndpointMissing,
+    /// The advertised endpoint is missing, as the registrar's own last run
+    /// was told by the kubelet: its `--kubelet-registration-path` names no
+    /// socket on the host.
+    RegistrationPathWrong,
+    /// The plugin's own service fails.
+    ServiceFails,
+    /// The kubelet has no CSI driver of this name registered on the node
+    /// (a volume's mount or attach waits for it).
+    CsiDriverNotRegistered,
+    /// The kubelet has no DRA driver of this name registered (a pod's
+    /// claims wait for it).
+    DraDriverNotRegistered,
+    /// The plugin's registration socket is in a registry no kubelet watches
+    /// (a DaemonSet for another kubelet root).
+    RegistryNotWatched,
+    /// node-driver-registrar cannot reach its CSI driver's socket
+    /// (`--csi-address`), so it never creates its registration socket.
+    DriverSocketUnreachable,
+    /// A socket's path is longer than a Unix socket address holds
+    /// (`sun_path`, 107 bytes): binding it fails.
+    SocketPathTooLong,
+}
+
+impl Cause {
+    /// Every cause.
+    pub fn all() -> impl Iterator<Item = Self> {
+        <Self as strum::IntoEnumIterator>::iter()
+    }
+
+    /// Its name: `registration-path-wrong`.
+    pub fn name(self) -> &'static str {
+        self.into()
+    }
+
+    /// The verdict the doctor gives a socket failing for it.
+    pub const fn verdict(self) -> Verdict {
+        match self {
+            Self::NothingListens => Verdict::Stale,
+            Self::PermissionDenied | Self::Hung => Verdict::Unreachable,
+            Self::ServiceSocketInRegistry => Verdict::NotARegistrationServer,
+            Self::SlowGetInfo => Verdict::SlowGetInfo,
+            Self::GetInfoFails => Verdict::GetInfoFailed,
+            Self::InvalidInfo | Self::NoHandlerForType | Self::HandlerRefused => Verdict::Rejected,
+            Self::EndpointMissing | Self::RegistrationPathWrong => Verdict::EndpointUnreachable,
+            Self::ServiceFails => Verdict::ServiceFailing,
+            Self::CsiDriverNotRegistered | Self::DraDriverNotRegistered => Verdict::NotRegistered,
+            Self::RegistryNotWatched => Verdict::UnwatchedRegistry,
+            Self::DriverSocketUnreachable | Self::SocketPathTooLong => Verdict::PodWithoutSocket,
+        }
+    }
+
+    /// What fixes it.
+    pub fn fix(self) -> String {
+        match self {
+            Self::NothingListens => "nothing listens on it: a leftover of a plugin that is gone \
+                (a reboot, a registrar that crashed or was killed, a driver uninstalled). Remove it \
+                if its plugin is not running: until then the kubelet keeps the plugin registered if \
+                it registered it before it went, or else retries the socket with backoff up to \
+                2m2s, logging an error each time"
+                .into(),
+            Self::PermissionDenied => {
+                "permission denied: run kpm doctor as the user the kubelet runs as (root)".into()
+            }
+            Self::Hung => "the plugin accepts no connection in time: it may be hung".into(),
+            Self::ServiceSocketInRegistry => "a plugin's own service socket is in the registry, \
+                which holds registration sockets only (node-driver-registrar's <driver>-reg.sock): \
+                move the driver's socket out of plugins_registry (its --endpoint or csi-address \
+                and the DaemonSet's mounts)"
+                .into(),
+            Self::SlowGetInfo => "the kubelet waits 1 s for GetInfo, then backs off: the \
+                registrar is blocked or starved (CPU limits, a slow start)"
+                .into(),
+            Self::GetInfoFails => "see the registrar's logs".into(),
+            Self::InvalidInfo => "the plugin's GetInfo answer breaks the kubelet's bounds".into(),
+            Self::NoHandlerForType => format!(
+                "the kubelet has handlers for {} only (DRAPlugin only with the \
+                 DynamicResourceAllocation feature on, the default since 1.34): enable the \
+                 feature or fix the plugin's type",
+                kubelet_types()
+            ),
+            Self::HandlerRefused => {
+                "the handler's reason says what it requires (a supported version, a free name)"
+                    .into()
+            }
+            Self::EndpointMissing => "the endpoint the plugin advertises is missing or refuses: \
+                the driver is not running, or its socket is at another path on the host than the \
+                one advertised (node-driver-registrar's --kubelet-registration-path)"
+                .into(),
+            Self::RegistrationPathWrong => "the registrar advertises a driver socket that does not \
+                exist on the host, the kubelet refuses it and the registrar exits (then \
+                CrashLoopBackOff, its socket left behind): set node-driver-registrar's \
+                --kubelet-registration-path to the driver socket's path on the host (with the \
+                kubelet's root: /var/lib/kubelet/plugins/<driver>/csi.sock by default), or fix the \
+                hostPath the driver's socket directory is mounted from"
+                .into(),
+            Self::ServiceFails => "the plugin's own service fails: see its logs".into(),
+            Self::CsiDriverNotRegistered | Self::DraDriverNotRegistered => "the driver's plugin \
+                is not registered with this node's kubelet: run kpm doctor on the node (or kpm \
+                doctor --cluster) to see why; often its DaemonSet has no running pod there (a \
+                taint it does not tolerate, a nodeSelector, a pod crash-looping) or its \
+                registrar fails"
+                .into(),
+            Self::RegistryNotWatched => "the plugin's DaemonSet mounts another kubelet root than \
+                the node's kubelet uses (k0s: /var/lib/k0s/kubelet, MicroK8s: \
+                /var/snap/microk8s/common/var/lib/kubelet): mount the kubelet's root instead \
+                (node-driver-registrar's --kubelet-registration-path too); kpm doctor names the \
+                root the kubelet uses"
+                .into(),
+            Self::DriverSocketUnreachable => "node-driver-registrar asks the driver for its name \
+                before it creates its registration socket, and the driver's socket \
+                (--csi-address) does not answer: the driver container is not running or not \
+                ready yet, or the two containers do not mount the same socket directory"
+                .into(),
+            Self::SocketPathTooLong => "a Unix socket's path holds at most 107 bytes: shorten \
+                the driver or resource name, or the directory it is created in (the kubelet's \
+                root, the plugin's socket directory)"
+                .into(),
+        }
+    }
+}
+
+/// `CSIPlugin, DevicePlugin and DRAPlugin`.
+pub(crate) fn kubelet_types() -> String {
+    let types = PluginKind::ALL.map(PluginKind::plugin_type);
+    match types.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => types.concat(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cause_fails_and_says_a_fix() {
+        for cause in Cause::all() {
+            assert!(cause.verdict().fails(), "{}", cause.name());
+            assert!(!cause.fix().is_empty(), "{}", cause.name());
+        }
+        assert_eq!(Cause::RegistrationPathWrong.name(), "registration-path-wrong");
+    }
+}

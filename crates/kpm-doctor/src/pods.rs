@@ -1,0 +1,191 @@
+//! The pods behind the node's sockets, asked of the kubelet's container
+//! runtime (`kpm-pods`): each socket a containerized process serves gets
+//! its pod container, and a socket nothing serves gets the container that
+//! last served it, when that container's runs said so in their logs. What
+//! such a run printed before it exited is read with the table of known
+//! lines, so a registrar that crash-loops on a refused registration is
+//! judged by why it was refused, not as a leftover.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kpm::transport::{Dialer, fd};
+use kpm_pods::{Containers, LogLine, Run, Runtime};
+use kpm_report::{ContainerState, Verdict};
+
+use crate::host::View;
+use crate::judge::Row;
+use crate::log_lines::{self, Explained};
+
+/// The longest quote of a log line the doctor shows on the node.
+pub(crate) const MAX_QUOTE_BYTES: usize = 300;
+
+/// How much of a run's log is read: the end, where it said why it exited.
+const LOG_TAIL_BYTES: u64 = 64 * 1024;
+
+/// Names the pod container behind each row that one serves or last
+/// served, asking the runtime whose socket is `endpoint` (a path as the
+/// judged kubelet sees it, read in `view`). Why it could not is said in
+/// `unseen`.
+pub(crate) async fn name(
+    rows: &mut [Row],
+    view: &View,
+    endpoint: &Path,
+    timeout: Duration,
+    unseen: &mut Vec<String>,
+) {
+    if rows.is_empty() {
+        return;
+    }
+    let dialer = Dialer::new(fd::budget().clone(), timeout);
+    let read_at = view.path(endpoint);
+    let looked = async {
+        let mut runtime = Runtime::connect(&dialer, endpoint, read_at.as_ref()).await?;
+        let mut containers = runtime.containers().await?;
+        let wanted = statuses_wanted(rows, &containers);
+        runtime.load_status(&mut containers, wanted.iter().map(String::as_str)).await?;
+        Ok::<_, kpm_pods::PodsError>(containers)
+    };
+    let containers = match tokio::time::timeout(timeout, looked).await {
+        Ok(Ok(containers)) => containers,
+        Ok(Err(err)) => {
+            unseen.push(format!(
+                "{}; the pods behind the sockets are not named",
+                view.as_on_host(&err.to_string())
+            ));
+            return;
+        }
+        Err(_) => {
+            unseen.push(format!(
+                "the container runtime at {} did not answer within {}; the pods behind the \
+                 sockets are not named",
+                endpoint.display(),
+                humantime::format_duration(timeout)
+            ));
+            return;
+        }
+    };
+    for row in rows.iter_mut() {
+        if let Some(run) = served(row, &containers) {
+            row.pod = Some(containers.pod_container(run));
+        } else if row.verdict == Verdict::Stale {
+            last_server(row, &containers, view);
+        }
+    }
+}
+
+/// The run serving `row`'s socket, by its process's container.
+fn served<'a>(row: &Row, containers: &'a Containers) -> Option<&'a Run> {
+    containers.by_id(row.served_by.as_ref()?.container_id.as_deref()?)
+}
+
+/// The runs whose status a look needs: the earlier runs of a restarted
+/// container serving a socket (how it last ended), and, when a socket is
+/// stale, every run of a container that is not running or has restarted
+/// (one of them may be the one that left it).
+fn statuses_wanted(rows: &[Row], containers: &Containers) -> Vec<String> {
+    let mut wanted = Vec::new();
+    for row in rows {
+        if let Some(run) = served(row, containers).filter(|run| run.attempt > 0) {
+            wanted.extend(containers.runs_of(run).iter().map(|run| run.id.clone()));
+        }
+    }
+    if rows.iter().any(|row| row.verdict == Verdict::Stale) {
+        for latest in containers.latest().filter(|run| may_have_left_a_socket(run)) {
+            wanted.extend(containers.runs_of(latest).iter().map(|run| run.id.clone()));
+        }
+    }
+    wanted
+}
+
+/// Whether a container's latest run may be one that left a socket behind.
+fn may_have_left_a_socket(latest: &Run) -> bool {
+    latest.state != ContainerState::Running || latest.attempt > 0
+}
+
+/// Finds the container whose runs served the stale socket of `row` (one
+/// that mounts its directory and whose log names it), names it, and
+/// judges the row by what its last run said, when that is a known line.
+fn last_server(row: &mut Row, containers: &Containers, view: &View) {
+    for latest in containers.latest().filter(|run| may_have_left_a_socket(run)) {
+        for run in containers.runs_of(latest) {
+            let Some(inside) = run.container_path_of(&row.path) else { continue };
+            let Some(lines) = log_of(run, view) else { continue };
+            let inside = inside.to_string_lossy();
+            let on_host = row.path.to_string_lossy();
+            if !lines
+                .iter()
+                .any(|line| line.text.contains(&*inside) || line.text.contains(&*on_host))
+            {
+                continue;
+            }
+            let pod = containers.pod_container(run);
+            let known = lines
+                .iter()
+                .rev()
+                .find_map(|line| log_lines::explain(&line.text).map(|explained| (explained, line)));
+            match known {
+                Some((explained, line)) => judge_by(row, &explained, line),
+                None => {
+                    row.hint = format!(
+                        "{}; it was last served by {pod}: `{}` shows what its last run said",
+                        row.hint,
+                        pod.logs_command()
+                    );
+                }
+            }
+            row.pod = Some(pod);
+            return;
+        }
+    }
+}
+
+/// The row judged by the known line its server's last run printed.
+fn judge_by(row: &mut Row, explained: &Explained, line: &LogLine) {
+    let cause = explained.known.cause;
+    row.verdict = cause.verdict();
+    row.reason = match &explained.endpoint {
+        Some(endpoint) => {
+            row.endpoint = Some(endpoint.clone());
+            format!(
+                "{} (the endpoint: {endpoint}); nothing listens on it since",
+                explained.known.means
+            )
+        }
+        None => format!("{}; nothing listens on it since", explained.known.means),
+    };
+    row.hint = cause.fix();
+    row.said = Some(quote(&line.text));
+}
+
+/// `text` cut to [`MAX_QUOTE_BYTES`] at a character boundary.
+fn quote(text: &str) -> String {
+    if text.len() <= MAX_QUOTE_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_QUOTE_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The last lines of `run`'s log, read in `view`.
+fn log_of(run: &Run, view: &View) -> Option<Vec<LogLine>> {
+    let path = run.status.as_ref()?.log_path.as_deref()?;
+    kpm_pods::log_tail(view.path(path).as_ref(), LOG_TAIL_BYTES).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quote_is_cut_at_a_character() {
+        assert_eq!(quote("short"), "short");
+        let long = "é".repeat(200);
+        let cut = quote(&long);
+        assert!(cut.len() <= MAX_QUOTE_BYTES + "…".len());
+        assert!(cut.ends_with('…'));
+    }
+}
