@@ -11,6 +11,7 @@
 //! what every node's doctor published and what the API server shows of
 //! each driver, and prints the fleet view (`kpm_fleet::read_fleet`).
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -29,7 +30,10 @@ use crate::setup::{self, LogFormat};
 use crate::{CliError, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct DoctorArgs {
+    #[command(subcommand)]
+    explain: Option<ExplainCommand>,
     /// The kubelet's root directory, on the host [default: the `--root-dir`
     /// of a running kubelet (also inside MicroK8s' kubelite or k3s), else
     /// /var/lib/kubelet].
@@ -112,6 +116,22 @@ pub(crate) struct DoctorArgs {
     cross_check: bool,
     #[command(flatten)]
     watch: WatchArgs,
+}
+
+/// `kpm doctor explain`.
+#[derive(Debug, clap::Subcommand)]
+enum ExplainCommand {
+    /// Say what a log line about plugin registration means: the kubelet's
+    /// (`RegisterPlugin error -- …`, `… not found in the list of
+    /// registered CSI drivers`, the device and DRA managers') or a
+    /// plugin's (node-driver-registrar's): the doctor's verdict for it, its
+    /// cause and its fix. Without LINE, reads lines from stdin (a log piped
+    /// in) and explains each it knows. Exits 0 when every LINE given (or at
+    /// least one line read) is known, 1 otherwise.
+    Explain {
+        /// The log lines, each one argument (quote it).
+        lines: Vec<String>,
+    },
 }
 
 /// --page-size, as the fleet reader takes it ([`PAGE_SIZE`]).
@@ -214,6 +234,9 @@ impl DoctorArgs {
 }
 
 pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
+    if let Some(ExplainCommand::Explain { lines }) = args.explain {
+        return explain(&lines);
+    }
     if args.watch.watch {
         return Box::pin(watch(args)).await.map(|()| Outcome::Ok);
     }
@@ -387,4 +410,51 @@ async fn fleet(args: &DoctorArgs) -> Result<bool, CliError> {
 fn home_kubeconfig() -> Option<PathBuf> {
     let path = Path::new(&std::env::var_os("HOME")?).join(".kube/config");
     path.is_file().then_some(path)
+}
+
+/// `kpm doctor explain`: each line given, or each line of stdin, explained
+/// by the doctor's table of known lines.
+fn explain(lines: &[String]) -> Result<Outcome, CliError> {
+    let mut text = String::new();
+    let known = if lines.is_empty() {
+        let mut known = 0;
+        for (number, line) in std::io::stdin().lines().enumerate() {
+            let line = line.map_err(CliError::ReadStdin)?;
+            if let Some(explained) = kpm_doctor::explain(&line) {
+                known += 1;
+                let _ = writeln!(text, "line {}: {}\n{explained}\n", number + 1, excerpt(&line));
+            }
+        }
+        if known == 0 {
+            text.push_str("no line about plugin registration that kpm knows\n");
+        }
+        known > 0
+    } else {
+        let mut all = true;
+        for line in lines {
+            if let Some(explained) = kpm_doctor::explain(line) {
+                let _ = writeln!(text, "{}\n{explained}\n", excerpt(line));
+            } else {
+                all = false;
+                let _ = writeln!(
+                    text,
+                    "{}\nnot a line about plugin registration that kpm knows: run `kpm doctor` on \
+                     the node to judge its plugins\n",
+                    excerpt(line)
+                );
+            }
+        }
+        all
+    };
+    crate::output::print(&format!("{}\n", text.trim_end()))?;
+    Ok(if known { Outcome::Ok } else { Outcome::Failing })
+}
+
+/// The start of a log line, for a heading.
+fn excerpt(line: &str) -> String {
+    const SHOWN: usize = 160;
+    match line.char_indices().nth(SHOWN) {
+        Some((at, _)) => format!("{}…", &line[..at]),
+        None => line.to_owned(),
+    }
 }

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CliError {
+    #[error("read the log lines from stdin: {0}")]
+    ReadStdin(#[source] std::io::Error),
+
     #[error("start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
 

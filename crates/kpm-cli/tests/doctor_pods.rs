@@ -70,10 +70,12 @@ impl Host {
     fn log(&self, container: &FakeContainer, lines: &[&str]) {
         let path = self.at(&container.status.log_path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let text: String = lines
-            .iter()
-            .map(|line| format!("2026-11-28T14:11:22.997515000Z stderr F {line}\n"))
-            .collect();
+        let mut text = String::new();
+        for line in lines {
+            text.push_str("2026-11-28T14:11:22.997515000Z stderr F ");
+            text.push_str(line);
+            text.push('\n');
+        }
         std::fs::write(path, text).unwrap();
     }
 

@@ -289,7 +289,7 @@ mod tests {
             Cause::RegistrationPathWrong,
         ),
         (
-            r#"E1128 10:00:00.000000    1234 csi_attacher.go:380] kubernetes.io/csi: attacher.MountDevice failed to create newCsiDriverClient: driver name hostpath.csi.k8s.io not found in the list of registered CSI drivers"#,
+            "E1128 10:00:00.000000    1234 csi_attacher.go:380] kubernetes.io/csi: attacher.MountDevice failed to create newCsiDriverClient: driver name hostpath.csi.k8s.io not found in the list of registered CSI drivers",
             Cause::CsiDriverNotRegistered,
         ),
         (
