@@ -28,7 +28,8 @@
 //! The scenarios (`scenarios/`, in the order they run, each on what the
 //! earlier ones deployed) are described in `docs/operations.md` ("A real
 //! node"): `csi-driver`, `doctor`, `registrar-killed`, `driver-pod-deleted`,
-//! `alert`, `device-plugin`, `kubelet-restart`, `cluster`, `kpm-run`,
+//! `alert`, `device-plugin`, `kubelet-restart`, `cluster`,
+//! `wrong-registration-path`, `kpm-run`,
 //! `footprint`, `dra`, `registrar-plugins` on a kubelet rooted at
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.

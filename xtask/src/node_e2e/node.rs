@@ -139,12 +139,9 @@ impl Node {
     fn start_kubelet(&mut self, kubeconfig: &Path, config: &Path) -> Result {
         fs::create_dir_all(&self.kubelet_root)?;
         self.kubelet_starts += 1;
-        let name = match self.kubelet_starts {
-            1 => "kubelet".to_owned(),
-            n => format!("kubelet-{n}"),
-        };
-        let (out, log) =
-            (self.out.join(format!("{name}.out")), self.out.join(format!("{name}.log")));
+        let (out, log) = (self.kubelet_file("out"), self.kubelet_log());
+        let name =
+            log.file_stem().map_or_else(String::new, |stem| stem.to_string_lossy().into_owned());
         let args = [
             "--config",
             &config.display().to_string(),
@@ -233,6 +230,19 @@ impl Node {
             Ok(())
         } else {
             Err(format!("kubectl apply: {}", String::from_utf8_lossy(&output.stderr).trim()).into())
+        }
+    }
+
+    /// The log of the kubelet running now (`kubelet.log`, then
+    /// `kubelet-2.log` once it restarted, ...), in `target/node-e2e`.
+    pub(super) fn kubelet_log(&self) -> PathBuf {
+        self.kubelet_file("log")
+    }
+
+    fn kubelet_file(&self, extension: &str) -> PathBuf {
+        match self.kubelet_starts {
+            0 | 1 => self.out.join(format!("kubelet.{extension}")),
+            n => self.out.join(format!("kubelet-{n}.{extension}")),
         }
     }
 

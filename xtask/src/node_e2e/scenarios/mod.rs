@@ -15,6 +15,7 @@ mod device;
 mod doctor;
 mod dra;
 mod fleet;
+mod pods;
 mod registrar;
 mod run;
 mod settle;
@@ -118,6 +119,14 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         kubelet_root: DEFAULT_KUBELET_ROOT,
         waits_to_settle: true,
         run: fleet::doctor_cluster,
+    },
+    Scenario {
+        name: "wrong-registration-path",
+        builds_on: &["doctor"],
+        programs: &["hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: pods::wrong_registration_path,
     },
     Scenario {
         name: "kpm-run",
