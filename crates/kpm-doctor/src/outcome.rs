@@ -88,6 +88,9 @@ pub(crate) struct Failing {
     /// The failing row it is part of ([`Report::cause_of`]): it has its
     /// Event, but is not counted again.
     pub(crate) cause: Option<PathBuf>,
+    /// The pod container behind the failing socket, which its Events are
+    /// related to.
+    pub(crate) pod: Option<PodContainer>,
 }
 
 impl Failing {
@@ -98,6 +101,7 @@ impl Failing {
             name: name.map(str::to_owned),
             reason: failure.reason.to_owned(),
             cause,
+            pod: None,
         }
     }
 }
@@ -114,9 +118,13 @@ impl Outcome {
                 (finding.path.clone(), failing)
             })
         });
-        let rows = report
-            .failing_rows()
-            .map(|row| (row.path.clone(), Failing::of(&row.failure(), row.name.as_deref(), None)));
+        let rows = report.failing_rows().map(|row| {
+            let failing = Failing {
+                pod: row.pod.clone(),
+                ..Failing::of(&row.failure(), row.name.as_deref(), None)
+            };
+            (row.path.clone(), failing)
+        });
         let own = report.findings_of_their_own().filter(|finding| finding.verdict.fails()).map(
             |finding| {
                 (

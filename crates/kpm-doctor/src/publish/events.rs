@@ -186,6 +186,19 @@ impl EventType {
     }
 }
 
+/// A reference to the pod of `container`, for an Event's `related`.
+fn pod_reference(container: &kpm_report::PodContainer) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Pod".to_owned()),
+        namespace: Some(container.namespace.clone()),
+        name: Some(container.pod.clone()),
+        uid: Some(container.uid.clone()),
+        field_path: Some(format!("spec.containers{{{}}}", container.container)),
+        ..ObjectReference::default()
+    }
+}
+
 /// Something that happened to a plugin of the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Occurrence {
@@ -195,6 +208,9 @@ pub(crate) struct Occurrence {
     /// occurrences isomorphic.
     pub(crate) about: String,
     pub(crate) note: String,
+    /// The pod container the plugin runs in, when it is known: the
+    /// Event's `related`, so that a search by the pod finds it.
+    pub(crate) related: Option<kpm_report::PodContainer>,
 }
 
 /// A write to make.
@@ -306,6 +322,7 @@ impl EventRecorder {
             action: Some(ACTION.to_owned()),
             reason: Some(occurrence.reason),
             regarding: Some(self.regarding.clone()),
+            related: occurrence.related.as_ref().map(pod_reference),
             note: Some(bounded(&occurrence.note, MAX_NOTE_BYTES)),
             type_: Some(occurrence.event_type.as_str().to_owned()),
             ..Event::default()

@@ -39,6 +39,7 @@ fn occurrence(reason: &str, about: &str) -> Occurrence {
         reason: reason.into(),
         about: about.into(),
         note: format!("{about} is {reason}"),
+        related: None,
     }
 }
 

@@ -227,16 +227,21 @@ impl Flaps {
             }
             // A finding keeps its cause while it flaps: a CSINode entry a
             // flapping socket keeps is that socket's failure, not one more.
-            let (subject, name, cause) = match (&history.failing, &history.socket) {
-                (Some(failing), _) => {
-                    (failing.subject.clone(), failing.name.clone(), failing.cause.clone())
+            let (subject, name, cause, pod) = match (&history.failing, &history.socket) {
+                (Some(failing), _) => (
+                    failing.subject.clone(),
+                    failing.name.clone(),
+                    failing.cause.clone(),
+                    failing.pod.clone(),
+                ),
+                (None, Some(socket)) => {
+                    (socket.subject(path), socket.name.clone(), None, socket.pod.clone())
                 }
-                (None, Some(socket)) => (socket.subject(path), socket.name.clone(), None),
                 (None, None) => continue,
             };
             seen.failing.insert(
                 path.clone(),
-                Failing { verdict: Verdict::Flapping, subject, name, reason, cause },
+                Failing { verdict: Verdict::Flapping, subject, name, reason, cause, pod },
             );
         }
         seen

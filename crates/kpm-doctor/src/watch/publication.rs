@@ -56,12 +56,14 @@ impl Outcome {
                 reason: CANNOT_JUDGE_REASON.to_owned(),
                 about: NODE.to_owned(),
                 note: format!("cannot judge this node: {}; try: {}", blind.why, blind.hint),
+                related: None,
             }),
             (Some(was), None) => occurrences.push(Occurrence {
                 event_type: EventType::Normal,
                 reason: CAN_JUDGE_REASON.to_owned(),
                 about: NODE.to_owned(),
                 note: format!("the node is judged again; before: {}", was.why),
+                related: None,
             }),
             _ => {}
         }
@@ -74,12 +76,14 @@ impl Outcome {
                 reason: failing.verdict.reason(),
                 about: path.display().to_string(),
                 note: format!(
-                    "{} ({}) is {}: {}",
+                    "{} ({}{}) is {}: {}",
                     failing.subject,
                     path.display(),
+                    failing.pod.as_ref().map_or_else(String::new, |pod| format!(", {pod}")),
                     failing.verdict.name(),
                     failing.reason
                 ),
+                related: failing.pod.clone(),
             });
         }
         if self.blind.is_some() {
@@ -102,6 +106,7 @@ impl Outcome {
                         was.subject,
                         path.display()
                     ),
+                    related: was.pod.clone(),
                 });
                 continue;
             }
@@ -118,6 +123,7 @@ impl Outcome {
                     path.display(),
                     was.verdict.name()
                 ),
+                related: was.pod.clone(),
             });
         }
         occurrences

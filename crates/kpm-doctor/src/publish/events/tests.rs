@@ -24,6 +24,7 @@ fn stale(about: &str) -> Occurrence {
         reason: "Stale".to_owned(),
         about: about.to_owned(),
         note: format!("{about}: connection refused"),
+        related: None,
     }
 }
 
@@ -139,6 +140,31 @@ async fn without_a_token_a_write_waits_for_the_refill() {
     assert!(recorder.next_write().is_none());
     tokio::time::advance(MINUTE / 2).await;
     assert_eq!(drain(&mut recorder).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_about_a_plugin_in_a_pod_is_related_to_that_pod() {
+    let mut recorder = recorder(EventConfig::default());
+    let pod = kpm_report::PodContainer {
+        namespace: "csi".into(),
+        pod: "csi-node-x".into(),
+        uid: "0b1c".into(),
+        container: "node-driver-registrar".into(),
+        restarts: 3,
+        state: kpm_report::ContainerState::Terminated,
+        last_termination: None,
+    };
+    recorder.record(Occurrence { related: Some(pod), ..stale("/r/a.sock") });
+    let writes = drain(&mut recorder);
+    let [Write::Create(event)] = writes.as_slice() else { panic!("{writes:?}") };
+    assert_eq!(event.regarding.as_ref().unwrap().kind.as_deref(), Some("Node"));
+    let related = event.related.as_ref().unwrap();
+    assert_eq!(
+        (related.kind.as_deref(), related.namespace.as_deref(), related.name.as_deref()),
+        (Some("Pod"), Some("csi"), Some("csi-node-x"))
+    );
+    assert_eq!(related.uid.as_deref(), Some("0b1c"));
+    assert_eq!(related.field_path.as_deref(), Some("spec.containers{node-driver-registrar}"));
 }
 
 #[test]
