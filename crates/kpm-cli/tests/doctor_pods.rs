@@ -235,3 +235,36 @@ fn a_runtime_that_cannot_be_asked_is_said_and_judges_nothing_otherwise() {
         "{unseen:?}"
     );
 }
+
+#[test]
+fn a_registrar_whose_driver_never_answers_is_a_pod_without_a_socket() {
+    let host = Host::new();
+    let waiting = FakeContainer::new(&"e3".repeat(32), POD, REGISTRAR, 3)
+        .exited(1, "Error", 1_795_000_000_000_000_000)
+        .mount("/registration", REGISTRY);
+    // node-driver-registrar v2.9+ gives up on the driver's socket after 30 s.
+    host.log(
+        &waiting,
+        &[
+            r#"I1128 14:00:01.000000       1 connection.go:253] "Still connecting" address="unix:///csi/csi.sock""#,
+            r#"E1128 14:00:30.000000       1 main.go:167] "Error connecting to CSI driver" err="context deadline exceeded""#,
+        ],
+    );
+    // A doctor's pod sees the whole host, read-only: never one to serve.
+    let doctor =
+        FakeContainer::new(&"f1".repeat(32), ("kpm-system", "kpm-doctor-x", "9f"), "kpm", 1)
+            .exited(0, "Completed", 1)
+            .read_only_mount("/host", "/");
+    let _runtime = host.runtime(vec![waiting, doctor]);
+    let (code, report) = host.report();
+    assert_eq!(code, 1, "{report:#}");
+    let findings = report["findings"].as_array().unwrap();
+    assert_eq!(findings.len(), 1, "{report:#}");
+    let finding = &findings[0];
+    assert_eq!(finding["verdict"], "pod-without-socket");
+    assert_eq!(finding["path"], "pods/kube-system/csi-hostpath-node-x");
+    let reason = finding["reason"].as_str().unwrap();
+    assert!(reason.contains("container node-driver-registrar (terminated, 3 restarts"), "{reason}");
+    assert!(reason.contains(&format!("mounts {REGISTRY} at /registration")), "{reason}");
+    assert!(finding["hint"].as_str().unwrap().contains("--csi-address"), "{finding:#}");
+}

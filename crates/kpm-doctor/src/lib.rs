@@ -298,14 +298,15 @@ impl Doctor {
             )),
         }
         judge::mark_duplicates(&mut plugins);
+
+        let mut findings = Vec::new();
         // The pods are asked of the judged kubelet's runtime: without a
         // running kubelet there is none to ask.
         if let Some(kubelet) = &choice.kubelet {
-            let endpoint = &kubelet.runtime_endpoint;
-            pods::name(&mut plugins, view, endpoint, self.config.timeout, &mut unseen).await;
+            let (endpoint, timeout) = (&kubelet.runtime_endpoint, self.config.timeout);
+            let on_node = (view, choice.root_dir.as_path());
+            pods::name(&mut plugins, on_node, endpoint, timeout, &mut findings, &mut unseen).await;
         }
-
-        let mut findings = Vec::new();
         if let Some(objects) = objects {
             let publishing = match &self.kpm_run {
                 Some(reader) => reader.read().await,

@@ -6,13 +6,14 @@
 //! lines, so a registrar that crash-loops on a refused registration is
 //! judged by why it was refused, not as a leftover.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kpm::transport::{Dialer, fd};
 use kpm_pods::{Containers, LogLine, Run, Runtime};
 use kpm_report::{ContainerState, Verdict};
 
+use crate::Finding;
 use crate::host::View;
 use crate::judge::Row;
 use crate::log_lines::{self, Explained};
@@ -29,14 +30,12 @@ const LOG_TAIL_BYTES: u64 = 64 * 1024;
 /// `unseen`.
 pub(crate) async fn name(
     rows: &mut [Row],
-    view: &View,
+    (view, root_dir): (&View, &Path),
     endpoint: &Path,
     timeout: Duration,
+    findings: &mut Vec<Finding>,
     unseen: &mut Vec<String>,
 ) {
-    if rows.is_empty() {
-        return;
-    }
     let dialer = Dialer::new(fd::budget().clone(), timeout);
     let read_at = view.path(endpoint);
     let looked = async {
@@ -72,6 +71,77 @@ pub(crate) async fn name(
             last_server(row, &containers, view);
         }
     }
+    findings.extend(without_socket(rows, &containers, view, root_dir));
+}
+
+/// The pods that should serve a plugin socket and do not: a container
+/// that can create sockets where the kubelet looks for them (it mounts
+/// the registry or `device-plugins/` read-write), that has ended or keeps
+/// restarting, in a pod no socket of the node is served by or was left
+/// by. A pod running as it should, serving elsewhere, is not told.
+fn without_socket(
+    rows: &[Row],
+    containers: &Containers,
+    view: &View,
+    root_dir: &Path,
+) -> Vec<Finding> {
+    let watched = [
+        root_dir.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
+        root_dir.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
+    ];
+    let mut findings: Vec<Finding> = Vec::new();
+    for latest in containers.latest().filter(|run| may_have_left_a_socket(run)) {
+        let Some(mount) = latest.status.as_ref().and_then(|status| {
+            status.mounts.iter().find(|mount| {
+                !mount.readonly
+                    && watched.iter().any(|dir| {
+                        dir.starts_with(&mount.host_path) || mount.host_path.starts_with(dir)
+                    })
+            })
+        }) else {
+            continue;
+        };
+        let uid = &latest.pod.uid;
+        let served = rows.iter().any(|row| row.pod.as_ref().is_some_and(|pod| &pod.uid == uid));
+        let path = PathBuf::from(format!("pods/{}/{}", latest.pod.namespace, latest.pod.name));
+        if served || findings.iter().any(|finding| finding.path == path) {
+            continue;
+        }
+        let pod = containers.pod_container(latest);
+        let known = containers.runs_of(latest).into_iter().find_map(|run| {
+            let lines = log_of(run, view)?;
+            lines.iter().rev().find_map(|line| log_lines::explain(&line.text))
+        });
+        // Its last words say why, when they are a known line.
+        let (said, hint) = match &known {
+            Some(explained) => {
+                (format!("; its log: {}", explained.known.means), explained.known.cause.fix())
+            }
+            None => (
+                String::new(),
+                format!(
+                    "the kubelet registers a plugin once its registration socket is in {} (a \
+                     device plugin: once it calls Register on kubelet.sock): `{}` shows why it \
+                     does not get there",
+                    watched[0].display(),
+                    pod.logs_command()
+                ),
+            ),
+        };
+        findings.push(Finding {
+            verdict: Verdict::PodWithoutSocket,
+            path,
+            name: None,
+            reason: format!(
+                "{pod} mounts {} at {} and serves no socket there{said}",
+                mount.host_path.display(),
+                mount.container_path.display()
+            ),
+            hint,
+            cause: None,
+        });
+    }
+    findings
 }
 
 /// The run serving `row`'s socket, by its process's container.
@@ -81,8 +151,8 @@ fn served<'a>(row: &Row, containers: &'a Containers) -> Option<&'a Run> {
 
 /// The runs whose status a look needs: the earlier runs of a restarted
 /// container serving a socket (how it last ended), and, when a socket is
-/// stale, every run of a container that is not running or has restarted
-/// (one of them may be the one that left it).
+/// stale or a pod should serve one, every run of a container that is not
+/// running or has restarted.
 fn statuses_wanted(rows: &[Row], containers: &Containers) -> Vec<String> {
     let mut wanted = Vec::new();
     for row in rows {
@@ -90,10 +160,10 @@ fn statuses_wanted(rows: &[Row], containers: &Containers) -> Vec<String> {
             wanted.extend(containers.runs_of(run).iter().map(|run| run.id.clone()));
         }
     }
-    if rows.iter().any(|row| row.verdict == Verdict::Stale) {
-        for latest in containers.latest().filter(|run| may_have_left_a_socket(run)) {
-            wanted.extend(containers.runs_of(latest).iter().map(|run| run.id.clone()));
-        }
+    // A stale socket's last server, or a pod that should serve one, is
+    // among the containers that ended or restarted: few on a sound node.
+    for latest in containers.latest().filter(|run| may_have_left_a_socket(run)) {
+        wanted.extend(containers.runs_of(latest).iter().map(|run| run.id.clone()));
     }
     wanted
 }

@@ -78,6 +78,16 @@ impl FakeContainer {
         self
     }
 
+    /// `host_path` mounted read-only at `container_path`.
+    #[must_use]
+    pub fn read_only_mount(mut self, container_path: &str, host_path: &str) -> Self {
+        self = self.mount(container_path, host_path);
+        if let Some(mount) = self.status.mounts.last_mut() {
+            mount.readonly = true;
+        }
+        self
+    }
+
     fn listed(&self) -> cri::Container {
         let status = &self.status;
         cri::Container {
