@@ -236,35 +236,62 @@ fn a_runtime_that_cannot_be_asked_is_said_and_judges_nothing_otherwise() {
     );
 }
 
+/// A pod that should serve a socket and never binds one: its last
+/// words, as each program prints them, and what the doctor's fix says.
+const NEVER_SERVES: &[(&str, &str, &str)] = &[
+    // node-driver-registrar v2.11+ gives up on the driver's socket after 30 s.
+    (
+        REGISTRY,
+        r#"E1128 14:00:30.000000       1 main.go:167] "Error connecting to CSI driver" err="context deadline exceeded""#,
+        "--csi-address",
+    ),
+    // v2.9 to v2.10, in their own words.
+    (
+        REGISTRY,
+        "E1128 14:10:01.120443       1 main.go:170] error retreiving CSI driver name: rpc error: code = DeadlineExceeded desc = context deadline exceeded",
+        "--csi-address",
+    ),
+    // A registration socket's path over sun_path's 107 bytes.
+    (
+        REGISTRY,
+        r#"E1128 14:10:02.340695       1 node_register.go:59] "Failed to listen on socket" err="listen unix /registration/s3.csi.aws.com-reg.sock: bind: invalid argument""#,
+        "107 bytes",
+    ),
+    // A device plugin's, in device-plugins/.
+    (
+        "/var/lib/kubelet/device-plugins",
+        "E0423 09:13:28.819373       1 manager.go:125] Failed to serve fpga.intel.com/6952: listen unix /var/lib/kubelet/device-plugins/fpga.sock: bind: invalid argument",
+        "107 bytes",
+    ),
+];
+
 #[test]
-fn a_registrar_whose_driver_never_answers_is_a_pod_without_a_socket() {
-    let host = Host::new();
-    let waiting = FakeContainer::new(&"e3".repeat(32), POD, REGISTRAR, 3)
-        .exited(1, "Error", 1_795_000_000_000_000_000)
-        .mount("/registration", REGISTRY);
-    // node-driver-registrar v2.9+ gives up on the driver's socket after 30 s.
-    host.log(
-        &waiting,
-        &[
-            r#"I1128 14:00:01.000000       1 connection.go:253] "Still connecting" address="unix:///csi/csi.sock""#,
-            r#"E1128 14:00:30.000000       1 main.go:167] "Error connecting to CSI driver" err="context deadline exceeded""#,
-        ],
-    );
-    // A doctor's pod sees the whole host, read-only: never one to serve.
-    let doctor =
-        FakeContainer::new(&"f1".repeat(32), ("kpm-system", "kpm-doctor-x", "9f"), "kpm", 1)
-            .exited(0, "Completed", 1)
-            .read_only_mount("/host", "/");
-    let _runtime = host.runtime(vec![waiting, doctor]);
-    let (code, report) = host.report();
-    assert_eq!(code, 1, "{report:#}");
-    let findings = report["findings"].as_array().unwrap();
-    assert_eq!(findings.len(), 1, "{report:#}");
-    let finding = &findings[0];
-    assert_eq!(finding["verdict"], "pod-without-socket");
-    assert_eq!(finding["path"], "pods/kube-system/csi-hostpath-node-x");
-    let reason = finding["reason"].as_str().unwrap();
-    assert!(reason.contains("container node-driver-registrar (terminated, 3 restarts"), "{reason}");
-    assert!(reason.contains(&format!("mounts {REGISTRY} at /registration")), "{reason}");
-    assert!(finding["hint"].as_str().unwrap().contains("--csi-address"), "{finding:#}");
+fn a_pod_that_never_binds_its_socket_is_named_with_why_from_its_last_words() {
+    for (mounted, said, fix) in NEVER_SERVES {
+        let host = Host::new();
+        let waiting = FakeContainer::new(&"e3".repeat(32), POD, REGISTRAR, 3)
+            .exited(1, "Error", 1_795_000_000_000_000_000)
+            .mount("/registration", mounted);
+        host.log(&waiting, &[r#"I1128 14:00:01.000000       1 connection.go:253] "Still connecting" address="unix:///csi/csi.sock""#, said]);
+        // A doctor's pod sees the whole host, read-only: never one to serve.
+        let doctor =
+            FakeContainer::new(&"f1".repeat(32), ("kpm-system", "kpm-doctor-x", "9f"), "kpm", 1)
+                .exited(0, "Completed", 1)
+                .read_only_mount("/host", "/");
+        let _runtime = host.runtime(vec![waiting, doctor]);
+        let (code, report) = host.report();
+        assert_eq!(code, 1, "{said}: {report:#}");
+        let findings = report["findings"].as_array().unwrap();
+        assert_eq!(findings.len(), 1, "{said}: {report:#}");
+        let finding = &findings[0];
+        assert_eq!(finding["verdict"], "pod-without-socket");
+        assert_eq!(finding["path"], "pods/kube-system/csi-hostpath-node-x");
+        let reason = finding["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("container node-driver-registrar (terminated, 3 restarts"),
+            "{reason}"
+        );
+        assert!(reason.contains(&format!("mounts {mounted} at /registration")), "{reason}");
+        assert!(finding["hint"].as_str().unwrap().contains(fix), "{said}: {finding:#}");
+    }
 }

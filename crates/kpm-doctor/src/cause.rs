@@ -54,6 +54,12 @@ pub enum Cause {
     /// A socket's path is longer than a Unix socket address holds
     /// (`sun_path`, 107 bytes): binding it fails.
     SocketPathTooLong,
+    /// The registrar's registration socket was removed while it runs (a
+    /// preStop hook, a cleanup): the kubelet deregistered the driver.
+    RegistrationSocketRemoved,
+    /// A device plugin's `ListAndWatch` stream ended: the kubelet marks its
+    /// devices unhealthy until it registers again.
+    ListAndWatchEnded,
 }
 
 impl Cause {
@@ -81,6 +87,8 @@ impl Cause {
             Self::CsiDriverNotRegistered | Self::DraDriverNotRegistered => Verdict::NotRegistered,
             Self::RegistryNotWatched => Verdict::UnwatchedRegistry,
             Self::DriverSocketUnreachable | Self::SocketPathTooLong => Verdict::PodWithoutSocket,
+            Self::RegistrationSocketRemoved => Verdict::DeletedButListening,
+            Self::ListAndWatchEnded => Verdict::KubeletMismatch,
         }
     }
 
@@ -149,6 +157,16 @@ impl Cause {
             Self::SocketPathTooLong => "a Unix socket's path holds at most 107 bytes: shorten \
                 the driver or resource name, or the directory it is created in (the kubelet's \
                 root, the plugin's socket directory)"
+                .into(),
+            Self::RegistrationSocketRemoved => "something removed the registration socket while \
+                its registrar runs (a preStop hook, a cleanup job, another instance starting): \
+                the kubelet deregistered the plugin; restart the registrar's container and stop \
+                whatever removes the socket"
+                .into(),
+            Self::ListAndWatchEnded => "the device plugin's ListAndWatch stream ended (it exited, \
+                restarted or lost the kubelet): the kubelet keeps its devices unhealthy, \
+                allocatable 0, until the plugin calls Register on kubelet.sock again; a plugin \
+                must register again when its stream ends or kubelet.sock is created anew"
                 .into(),
         }
     }

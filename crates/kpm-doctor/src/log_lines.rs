@@ -7,9 +7,10 @@
 //! made to happen, in their output.
 //!
 //! A line is known by fragments that every version of its program prints
-//! (the stable words, never a path or a name), whatever the log format
-//! around them (klog's text, its structured `key="value"` form with
-//! escaped quotes, JSON). The first entry whose fragments are all in the
+//! (the stable words, never a path or a name), in any case (node-driver-
+//! registrar v2.10 wrote `error connecting`, v2.11 `Error connecting`),
+//! whatever the log format around them (klog's text, its structured
+//! `key="value"` form with escaped quotes, JSON). The first entry whose fragments are all in the
 //! line is its entry, so a specific entry comes before a general one.
 
 use std::fmt;
@@ -203,6 +204,32 @@ pub static KNOWN_LINES: &[KnownLine] = &[
                 its registration socket",
     },
     KnownLine {
+        printed_by: KUBELET,
+        fragments: &["hostPath type check failed", "plugins_registry is not a directory"],
+        cause: Cause::RegistryNotWatched,
+        means: "a plugin's pod mounts a registry directory that does not exist on the node: its \
+                DaemonSet was written for another kubelet root",
+    },
+    KnownLine {
+        printed_by: REGISTRAR,
+        fragments: &["Health check failed", "registration socket does not exist"],
+        cause: Cause::RegistrationSocketRemoved,
+        means: "the registrar's health check found its registration socket gone while it runs",
+    },
+    KnownLine {
+        printed_by: KUBELET,
+        fragments: &["ListAndWatch ended unexpectedly for device plugin"],
+        cause: Cause::ListAndWatchEnded,
+        means: "a device plugin's ListAndWatch stream to the kubelet ended",
+    },
+    KnownLine {
+        printed_by: "a device plugin, told by the kubelet",
+        fragments: &["the ResourceName", "is invalid"],
+        cause: Cause::HandlerRefused,
+        means: "the device manager refused the resource name a device plugin registered: it is \
+                not an extended resource name (DOMAIN/NAME, each part a valid name)",
+    },
+    KnownLine {
         printed_by: "node-driver-registrar, a device plugin or a DRA driver",
         fragments: &["bind: invalid argument"],
         cause: Cause::SocketPathTooLong,
@@ -229,8 +256,10 @@ pub struct Explained {
 
 /// What `line` is, if it is a known one.
 pub fn explain(line: &str) -> Option<Explained> {
-    let known =
-        KNOWN_LINES.iter().find(|known| known.fragments.iter().all(|f| line.contains(f)))?;
+    let lower = line.to_lowercase();
+    let known = KNOWN_LINES
+        .iter()
+        .find(|known| known.fragments.iter().all(|f| lower.contains(&f.to_lowercase())))?;
     Some(Explained {
         known,
         socket: value_after(line, "at socket "),
