@@ -18,19 +18,20 @@ use kpm_report::Verdict;
 
 /// How `--watch` compares its passes and what it tells of a change.
 impl Outcome {
-    /// Whether `other` has the same entries and verdicts, and is as blind
-    /// (reasons may carry figures that change from pass to pass, as may
-    /// why the doctor cannot look).
+    /// Whether `other` has the same entries and verdicts, each failure
+    /// behind the same pod container, and is as blind (reasons may carry
+    /// figures that change from pass to pass, as may why the doctor cannot
+    /// look, and a crash-looping container's restarts).
     pub(super) fn agrees(&self, other: &Self) -> bool {
         self.sockets.len() == other.sockets.len()
             && self.kubelet == other.kubelet
             && self.blind.is_some() == other.blind.is_some()
             && self.failing.len() == other.failing.len()
-            && self
-                .failing
-                .iter()
-                .zip(&other.failing)
-                .all(|((a, fa), (b, fb))| a == b && fa.verdict == fb.verdict)
+            && self.failing.iter().zip(&other.failing).all(|((a, fa), (b, fb))| {
+                a == b
+                    && fa.verdict == fb.verdict
+                    && same_container(fa.pod.as_ref(), fb.pod.as_ref())
+            })
     }
 
     /// Whether every failure here is one of `before`'s, with the same
@@ -128,6 +129,15 @@ impl Outcome {
         }
         occurrences
     }
+}
+
+/// Whether two failures are behind the same pod container (a new pod of a
+/// DaemonSet is another), whatever its restarts.
+fn same_container(
+    a: Option<&kpm_report::PodContainer>,
+    b: Option<&kpm_report::PodContainer>,
+) -> bool {
+    a.map(|pod| (&pod.uid, &pod.container)) == b.map(|pod| (&pod.uid, &pod.container))
 }
 
 /// What `--watch` publishes after each pass, and when it judges again:

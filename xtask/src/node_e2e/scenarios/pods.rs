@@ -48,11 +48,13 @@ pub(super) fn wrong_registration_path(_env: &Env, node: &mut Node) -> Result<Str
     let (reported, entry) = wait_for(&what, START_TIMEOUT * 2, || {
         let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
         let entry = report.as_ref().and_then(|report| entry_of(report, &socket));
+        // As of the pass that published it: its restarts are not written
+        // again at each restart, its pod and its last exit are there.
         Ok(entry
             .filter(|entry| {
                 entry["verdict"] == "endpoint-unreachable"
                     && entry["pod"]["container"] == REGISTRAR
-                    && entry["pod"]["restarts"].as_u64().is_some_and(|n| n >= 1)
+                    && entry["pod"]["lastTermination"]["exitCode"] == 1
             })
             .map(|entry| (Instant::now(), entry)))
     })?;
@@ -81,6 +83,7 @@ pub(super) fn wrong_registration_path(_env: &Env, node: &mut Node) -> Result<Str
             .cloned();
         Ok(row.filter(|row| {
             row["pod"]["pod"] == pod_name.as_str()
+                && row["pod"]["restarts"].as_u64().is_some_and(|restarts| restarts >= 1)
                 && row["hint"]
                     .as_str()
                     .is_some_and(|hint| hint.contains("--kubelet-registration-path"))
@@ -122,12 +125,12 @@ pub(super) fn wrong_registration_path(_env: &Env, node: &mut Node) -> Result<Str
     let said = row["said"].as_str().unwrap_or("(no line quoted)");
     eprintln!("kpm doctor in its pod, on {socket}:\n  {}\n  it said: {said}", row["reason"]);
     Ok(format!(
-        "{} restarts of {REGISTRAR} in {}/{pod_name}; endpoint-unreachable naming it published {} \
-         after apply; the one-shot doctor names the pod and the flag; explain on the kubelet's \
-         line: endpoint-unreachable",
-        pod["restarts"],
+        "endpoint-unreachable naming {REGISTRAR} of {}/{pod_name} published {} after apply; the \
+         one-shot doctor names it with {} restarts and the flag; explain on the kubelet's line: \
+         endpoint-unreachable",
         DRIVER_NAMESPACE,
         secs(reported - applied),
+        row["pod"]["restarts"],
     ))
 }
 
