@@ -74,9 +74,13 @@ pub(crate) struct DoctorArgs {
     /// reports as a table (a row a node) and in full only where they fail;
     /// a Node, its CSINode and ResourceSlices only where no report speaks
     /// for them. Exits 1 when a node's doctor reports a failure or is
-    /// silent. Reads only; needs `get` and `list` on kubeletpluginreports,
-    /// nodes, csidrivers, csinodes and resourceslices. Uses --kubeconfig,
-    /// else the service account in a pod, else ~/.kube/config.
+    /// silent. For a driver registered on some nodes and not others, names
+    /// the DaemonSet serving it and why its pod does not work on each
+    /// other node (a taint not tolerated, its nodeSelector, Pending,
+    /// crash-looping). Reads only; needs `get` and `list` on
+    /// kubeletpluginreports, nodes, csidrivers, csinodes, resourceslices
+    /// and pods, and `get` on daemonsets. Uses --kubeconfig, else the
+    /// service account in a pod, else ~/.kube/config.
     #[arg(long)]
     cluster: bool,
     /// With --cluster: only the nodes this label selector selects

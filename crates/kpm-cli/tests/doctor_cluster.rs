@@ -473,6 +473,9 @@ fn read_at_the_reports_weight(server: &ApiServer, fleet: &Value) {
         [
             "/api/v1/nodes/node-3?&resourceVersion=0".to_owned(),
             "/api/v1/nodes/node-5?&resourceVersion=0".to_owned(),
+            // A node where the drivers missing elsewhere are registered, in
+            // full: its doctor would name the pods serving them.
+            format!("{}/node-1?&resourceVersion=0", *REPORTS),
             format!("{}/node-4?&resourceVersion=0", *REPORTS),
             format!("{slices}node-3&{WATCH_CACHE}"),
             format!("{slices}node-5&{WATCH_CACHE}"),
@@ -480,7 +483,7 @@ fn read_at_the_reports_weight(server: &ApiServer, fleet: &Value) {
             "/apis/storage.k8s.io/v1/csinodes/node-5?&resourceVersion=0".to_owned(),
         ]
     );
-    assert_eq!(fleet["read"]["requests"], 3 + 7, "{:#}", fleet["read"]);
+    assert_eq!(fleet["read"]["requests"], 3 + 8, "{:#}", fleet["read"]);
     assert_eq!(fleet["read"]["cross_check"], false);
 }
 
@@ -894,7 +897,8 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
     assert_eq!(driver(&fleet, "CSIPlugin", "csi.example.com")["registered"], 4900);
     assert_eq!(driver(&fleet, "DRAPlugin", "gpu.example.com")["registered"], NODES);
     // The reports speak for every node: no Node, CSINode or slice is read
-    // but the Nodes' names, and the 500 failing nodes' reports in full.
+    // but the Nodes' names, and the 500 failing nodes' reports in full, and
+    // one healthy node's, for the pods serving the drivers missing elsewhere.
     let requests = server.requests();
     let asked = |prefix: &str| requests.iter().filter(|r| r.starts_with(prefix)).count();
     assert_eq!(asked("/api/v1/nodes?"), 1, "one table, from the watch cache");
@@ -902,9 +906,9 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
     assert_eq!(asked("/apis/storage.k8s.io/v1/csinodes"), 0);
     assert_eq!(asked("/apis/resource.k8s.io/v1/resourceslices"), 0);
     assert_eq!(asked(&format!("{}?", *REPORTS)), 1);
-    assert_eq!(asked(&format!("{}/", *REPORTS)), NODES / 10);
+    assert_eq!(asked(&format!("{}/", *REPORTS)), NODES / 10 + 1);
     let read = &fleet["read"];
-    assert_eq!(read["requests"], 2 + 1 + NODES / 10, "{read}");
+    assert_eq!(read["requests"], 2 + 1 + NODES / 10 + 1, "{read}");
     eprintln!("{} bytes read in {} requests", read["bytes"], read["requests"]);
     assert!(peak > 0, "VmHWM was read");
     assert!(peak <= 150 << 20, "peak RSS {} MiB, over 150 MiB", peak >> 20);
@@ -980,6 +984,128 @@ fn the_cross_check_finds_a_report_that_lies_and_names_its_node() {
             "cross-check: 1 report(s) disagree with their node's objects\n  liar: its report \
              shows CSIPlugin csi.example.com registered, but its CSINode does not list it\n"
         ),
+        "{table}"
+    );
+}
+
+/// A CSI driver's DaemonSet (`csi/csi-node`, pods `app=csi-node` on Linux
+/// nodes) registered on node-1 only: node-2 has a taint its pods do not
+/// tolerate, node-3 runs its pod with the registrar crash-looping, node-4
+/// lacks the label its nodeSelector asks for. Every node's doctor is
+/// healthy, and node-1's names the pod serving the driver.
+fn fleet_with_a_daemon_set() -> ApiServer {
+    let mut nodes = Collection::new("/api/v1/nodes", "Node", "v1");
+    for (name, linux, taint) in [
+        ("node-1", true, None),
+        ("node-2", true, Some(json!({"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}))),
+        ("node-3", true, None),
+        ("node-4", false, None),
+    ] {
+        let mut object = node(name, "a", None, &json!({"cpu": "8"}));
+        if linux {
+            object["metadata"]["labels"]["kubernetes.io/os"] = "linux".into();
+        }
+        if let Some(taint) = taint {
+            object["spec"] = json!({"taints": [taint]});
+        }
+        nodes.push(&object);
+    }
+    let mut reports = Collection::reports();
+    let mut serving = report(
+        "node-1",
+        ("Healthy", "PluginsHealthy"),
+        &[(
+            "/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock",
+            Some("csi.example.com"),
+            "ok",
+            "registered",
+        )],
+        Some("CSIPlugin:csi.example.com"),
+        &ago(5),
+    );
+    serving["status"]["plugins"][0]["pod"] = json!({
+        "namespace": "csi", "pod": "csi-node-1", "uid": "u1", "container": "node-driver-registrar",
+        "restarts": 0, "state": "Running",
+    });
+    reports.push(&serving);
+    for name in ["node-2", "node-3", "node-4"] {
+        reports.push(&report(name, ("Healthy", "PluginsHealthy"), &[], Some(""), &ago(5)));
+    }
+    let owner = json!([{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "csi-node", "uid": "ds", "controller": true}]);
+    let mut pods = Collection::new("/api/v1/namespaces/csi/pods", "Pod", "v1");
+    pods.push(&json!({
+        "metadata": {"name": "csi-node-1", "namespace": "csi", "labels": {"app": "csi-node"}, "ownerReferences": owner},
+        "spec": {"nodeName": "node-1", "containers": []},
+        "status": {"phase": "Running"},
+    }));
+    pods.push(&json!({
+        "metadata": {"name": "csi-node-3", "namespace": "csi", "labels": {"app": "csi-node"}, "ownerReferences": owner},
+        "spec": {"nodeName": "node-3", "containers": []},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "driver", "ready": true, "restartCount": 0, "image": "d", "imageID": "d",
+             "state": {"running": {}}},
+            {"name": "node-driver-registrar", "ready": false, "restartCount": 7, "image": "r", "imageID": "r",
+             "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+        ]},
+    }));
+    let mut daemon_sets =
+        Collection::new("/apis/apps/v1/namespaces/csi/daemonsets", "DaemonSet", "apps/v1");
+    daemon_sets.push(&json!({
+        "metadata": {"name": "csi-node", "namespace": "csi"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "csi-node"}},
+            "template": {"metadata": {"labels": {"app": "csi-node"}}, "spec": {
+                "nodeSelector": {"kubernetes.io/os": "linux"}, "containers": [],
+            }},
+        },
+    }));
+    let mut drivers =
+        Collection::new("/apis/storage.k8s.io/v1/csidrivers", "CSIDriver", "storage.k8s.io/v1");
+    drivers.push(&json!({"metadata": {"name": "csi.example.com"}, "spec": {}}));
+    let csinodes =
+        Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
+    ApiServer::serve(vec![reports, nodes, drivers, csinodes, pods, daemon_sets])
+}
+
+#[test]
+fn a_driver_missing_on_a_node_is_traced_to_its_daemon_set_and_why_its_pod_is_not_working_there() {
+    let server = fleet_with_a_daemon_set();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(&dir);
+    let out = kpm(&["doctor", "--cluster", "-o", "json", "--kubeconfig", &kubeconfig]);
+    let fleet: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("{err}: {}", String::from_utf8_lossy(&out.stderr)));
+    let csi = driver(&fleet, "CSIPlugin", "csi.example.com");
+    assert_eq!(csi["daemon_set"], "csi/csi-node", "{csi:#}");
+    let pod_on = |node: &str| {
+        csi["not_on"].as_array().unwrap().iter().find(|n| n["node"] == node).unwrap()["pod"].clone()
+    };
+    let tainted = pod_on("node-2");
+    assert_eq!(tainted["state"], "not-scheduled");
+    assert!(
+        tainted["why"].as_str().unwrap().contains("taint dedicated=gpu:NoSchedule"),
+        "{tainted}"
+    );
+    let looping = pod_on("node-3");
+    assert_eq!((&looping["state"], &looping["pod"]), (&"not-ready".into(), &"csi-node-3".into()));
+    assert!(
+        looping["why"]
+            .as_str()
+            .unwrap()
+            .contains("node-driver-registrar CrashLoopBackOff, 7 restarts"),
+        "{looping}"
+    );
+    let unselected = pod_on("node-4");
+    assert!(
+        unselected["why"].as_str().unwrap().contains("nodeSelector kubernetes.io/os=linux"),
+        "{unselected}"
+    );
+
+    let table = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(table.contains("(DaemonSet csi/csi-node)"), "{table}");
+    assert!(
+        table.contains("node-2: no pod there: the node's taint dedicated=gpu:NoSchedule"),
         "{table}"
     );
 }

@@ -12,7 +12,7 @@ use kpm_report::{ConditionStatus, Health, Registered};
 
 use super::{
     Disagreement, DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn,
-    PluginKind, ReadCost, Source,
+    PluginKind, ReadCost, Source, Workload,
 };
 
 /// Judges `objects` as of `now`: a doctor whose last heartbeat is older
@@ -27,7 +27,7 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
     let nodes: Vec<NodeView> =
         selected.iter().map(|node| node_view(node, now, stale_after)).collect();
     let registered: Vec<Option<&Registered>> =
-        selected.iter().map(|node| registered(node)).collect();
+        selected.iter().map(|node| node.registered()).collect();
 
     let mut drivers = Vec::new();
     for kind in PluginKind::ALL {
@@ -46,7 +46,8 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
                 .iter()
                 .zip(&registered)
                 .map(|(node, shown)| (node, shown.is_some_and(|shown| shown.contains(kind, name))));
-            driver_view(kind, name, has_object, on)
+            let workload = objects.workloads.get(&(kind, name.to_owned()));
+            driver_view(kind, name, has_object, workload, on)
         }));
     }
     let disagreements = selected.iter().flat_map(|node| disagreements(node)).collect();
@@ -61,12 +62,6 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
             cross_check: objects.cross_checked,
         },
     }
-}
-
-/// What `node` registered: what its objects show where they were read,
-/// else what its report says they show; none when neither is known.
-fn registered(node: &NodeObject) -> Option<&Registered> {
-    node.shown.as_ref().or_else(|| node.report.as_ref()?.registered.as_ref())
 }
 
 /// Where `node`'s report and its objects, both read, differ: a plugin one
@@ -92,6 +87,7 @@ fn driver_view<'a>(
     kind: PluginKind,
     name: &str,
     has_object: bool,
+    workload: Option<&Workload>,
     nodes: impl Iterator<Item = (&'a NodeView, bool)>,
 ) -> DriverView {
     let (registered, missing): (Vec<_>, Vec<_>) = nodes.partition(|(_, on)| *on);
@@ -102,7 +98,10 @@ fn driver_view<'a>(
     } else {
         missing
             .iter()
-            .map(|(node, _)| NotOn { node: node.name.clone(), why: why_not(node, name) })
+            .map(|(node, _)| {
+                let pod = workload.and_then(|workload| workload.on_nodes.get(&node.name));
+                NotOn { node: node.name.clone(), why: why_not(node, name), pod: pod.cloned() }
+            })
             .collect()
     };
     DriverView {
@@ -112,6 +111,7 @@ fn driver_view<'a>(
         registered: registered.len(),
         nodes: registered.len() + missing.len(),
         not_on,
+        daemon_set: workload.map(|workload| workload.daemon_set.clone()),
     }
 }
 

@@ -25,15 +25,17 @@ mod judge;
 mod pages;
 mod read;
 mod render;
+mod scheduling;
+mod workloads;
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm_api::PluginKind;
 pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
-use kpm_report::{Health, Registered, ReportedVerdict};
+use kpm_report::{Health, PodContainer, Registered, ReportedVerdict};
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
@@ -248,6 +250,17 @@ pub enum FleetError {
     },
 }
 
+impl FleetError {
+    /// Whether the API server refused the reader (403): what it may not
+    /// read is unseen, not a failure of the read.
+    fn is_forbidden(&self) -> bool {
+        let (Self::Get { source, .. } | Self::List { source, .. }) = self else {
+            return false;
+        };
+        matches!(source, kube::Error::Api(status) if status.code == 403)
+    }
+}
+
 /// kube-rs's error in one line an operator reads: an API server's refusal
 /// as its message and code (not the whole `Status`), any other error with
 /// its causes (a refused connection is in a source).
@@ -278,6 +291,67 @@ pub struct FleetObjects {
     pub requests: usize,
     /// How many bytes their answers weighed, as the client read them.
     pub bytes: usize,
+    /// The DaemonSet serving each driver registered on some nodes and not
+    /// on others, and its pods on those others.
+    pub workloads: BTreeMap<(PluginKind, String), Workload>,
+}
+
+/// The DaemonSet whose pods serve a driver, as the reports of the nodes
+/// where it is registered name them, and what it runs on the nodes where
+/// the driver is not registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Workload {
+    /// `NAMESPACE/NAME`.
+    pub daemon_set: String,
+    /// Its pod on each node asked about, by node.
+    pub on_nodes: BTreeMap<String, PodThere>,
+    /// How many nodes without the driver were not asked about (beyond the
+    /// bound the read keeps to).
+    pub not_asked: usize,
+}
+
+/// A DaemonSet's pod on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum PodThere {
+    /// It has none, and why (a taint not tolerated, a `nodeSelector`).
+    NotScheduled {
+        /// Why.
+        why: String,
+    },
+    /// It is Pending.
+    Pending {
+        /// The pod.
+        pod: String,
+        /// Why (its `PodScheduled` condition, its waiting containers).
+        why: String,
+    },
+    /// It runs with containers not ready (crash-looping, waiting).
+    NotReady {
+        /// The pod.
+        pod: String,
+        /// Its containers that are not ready and how.
+        why: String,
+    },
+    /// It runs, ready: the node's doctor says why the driver is not
+    /// registered.
+    Ready {
+        /// The pod.
+        pod: String,
+    },
+}
+
+impl std::fmt::Display for PodThere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotScheduled { why } => write!(f, "no pod there: {why}"),
+            Self::Pending { pod, why } => write!(f, "its pod {pod} is Pending: {why}"),
+            Self::NotReady { pod, why } => write!(f, "its pod {pod} is not ready: {why}"),
+            Self::Ready { pod } => write!(f, "its pod {pod} is ready"),
+        }
+    }
 }
 
 /// What one Node shows of its plugins.
@@ -300,6 +374,12 @@ impl NodeObject {
     /// A node without a condition or extended resources.
     pub fn new(name: impl Into<String>) -> Self {
         Self { name: name.into(), ..Self::default() }
+    }
+
+    /// What it registered: what its objects show where they were read,
+    /// else what its report says they show; none when neither is known.
+    pub fn registered(&self) -> Option<&Registered> {
+        self.shown.as_ref().or_else(|| self.report.as_ref()?.registered.as_ref())
     }
 }
 
@@ -360,6 +440,9 @@ pub struct NodeReport {
     /// What the node's API objects show registered, as the doctor read
     /// them; none from a doctor before the field.
     pub registered: Option<Registered>,
+    /// The pod container serving each plugin it names, by plugin name
+    /// (from the report in full).
+    pub pods: BTreeMap<String, PodContainer>,
 }
 
 /// The fleet judged: each driver or resource, and each node.
@@ -477,6 +560,10 @@ pub struct DriverView {
     /// when it is registered somewhere or has a CSIDriver object (a driver
     /// on no selected node is meant for other nodes).
     pub not_on: Vec<NotOn>,
+    /// The DaemonSet whose pods serve it where it is registered
+    /// (`NAMESPACE/NAME`), when the doctors there name them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub daemon_set: Option<String>,
 }
 
 /// A node where a driver is not registered.
@@ -487,6 +574,10 @@ pub struct NotOn {
     pub node: String,
     /// Why, as far as its doctor tells.
     pub why: String,
+    /// The driver's DaemonSet's pod there, when the DaemonSet is known
+    /// and the node was asked about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodThere>,
 }
 
 /// One node, as its doctor reports it.
@@ -593,4 +684,30 @@ pub struct FailingPlugin {
     pub verdict: ReportedVerdict,
     /// Why it fails.
     pub reason: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refusal_of_the_reader_is_forbidden() {
+        let status = |code: u16| {
+            let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+                "status": "Failure", "message": "no", "reason": "Forbidden", "code": code,
+            }))
+            .unwrap();
+            kube::Error::Api(Box::new(status))
+        };
+        let get = |code| FleetError::Get {
+            resource: Cow::Borrowed("pods"),
+            name: "p".into(),
+            source: status(code),
+        };
+        assert!(get(403).is_forbidden());
+        assert!(!get(500).is_forbidden());
+        let list =
+            FleetError::List { resource: Cow::Borrowed("pods"), page: 1, source: status(403) };
+        assert!(list.is_forbidden());
+    }
 }

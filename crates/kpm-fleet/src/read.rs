@@ -133,7 +133,7 @@ pub async fn read_fleet(
         .collect();
     let whole = config.cross_check || unspoken.len() * 2 > names.len();
     let mut read = read_objects(&reader, &unspoken, whole, &mut unseen).await?;
-    let nodes = names
+    let nodes: Vec<NodeObject> = names
         .into_iter()
         .map(|name| {
             let objects = read.remove(&name);
@@ -145,6 +145,18 @@ pub async fn read_fleet(
             }
         })
         .collect();
+    let workloads = match super::workloads::read_workloads(&reader, &nodes).await {
+        Ok(workloads) => workloads,
+        Err(err) if err.is_forbidden() => {
+            unseen.push(format!(
+                "{err}: the drivers missing on some nodes are not traced to their DaemonSet (let \
+                 the reader get pods and daemonsets, and list pods: the kpm-doctor-fleet-reader \
+                 ClusterRole)"
+            ));
+            BTreeMap::new()
+        }
+        Err(err) => return Err(err),
+    };
     let (requests, bytes) = reader.cost();
     Ok(FleetObjects {
         nodes,
@@ -153,6 +165,7 @@ pub async fn read_fleet(
         unseen,
         requests,
         bytes,
+        workloads,
     })
 }
 
@@ -209,7 +222,11 @@ fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
     let status = report.status?;
     let mut ok = BTreeSet::new();
     let mut failing = Vec::new();
+    let mut pods = BTreeMap::new();
     for entry in status.plugins {
+        if let (Some(name), Some(pod)) = (&entry.name, &entry.pod) {
+            pods.insert(name.clone(), pod.clone());
+        }
         if entry.verdict.fails() {
             let subject = entry.name.clone().unwrap_or_else(|| file_name(&entry.socket));
             failing.push(FailingPlugin {
@@ -240,6 +257,7 @@ fn reduce_report(report: KubeletPluginReport) -> Option<(String, NodeReport)> {
         failing,
         ok,
         registered: status.registered,
+        pods,
     };
     Some((name, node))
 }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use kpm_report::CANNOT_JUDGE_REASON;
 
-use super::{DoctorState, DriverView, Fleet};
+use super::{DoctorState, DriverView, Fleet, PodThere};
 
 /// How many nodes a driver's row names where it is not registered; the
 /// others are counted (`-o json` lists them all).
@@ -25,9 +25,13 @@ pub fn render_fleet_table(fleet: &Fleet) -> String {
     } else {
         let mut drivers = table(["KIND", "DRIVER / RESOURCE", "REGISTERED", "NOT ON"]);
         for driver in &fleet.drivers {
+            let name = match &driver.daemon_set {
+                Some(daemon_set) => format!("{}\n(DaemonSet {daemon_set})", driver.name),
+                None => driver.name.clone(),
+            };
             drivers.add_row([
                 driver.kind.name().to_owned(),
-                driver.name.clone(),
+                name,
                 format!("{}/{}", driver.registered, driver.nodes),
                 not_on(driver),
             ]);
@@ -108,7 +112,15 @@ fn not_on(driver: &DriverView) -> String {
         .not_on
         .iter()
         .take(NOT_ON_SHOWN)
-        .map(|missing| format!("{}: {}", missing.node, shortened(&missing.why)))
+        .map(|missing| {
+            // What the DaemonSet runs there, unless its pod is ready: then
+            // the node's doctor says why.
+            let why = match &missing.pod {
+                Some(PodThere::Ready { .. }) | None => missing.why.clone(),
+                Some(pod) => pod.to_string(),
+            };
+            format!("{}: {}", missing.node, shortened(&why))
+        })
         .collect();
     if driver.not_on.len() > NOT_ON_SHOWN {
         lines.push(format!("and {} more", driver.not_on.len() - NOT_ON_SHOWN));
@@ -155,7 +167,7 @@ mod tests {
             kubelet_version: Some("v1.30.14".into()),
             ..node("n2", DoctorState::Failing { reason: "Stale".into() })
         };
-        let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into() };
+        let why = |node: &str, why: &str| NotOn { node: node.into(), why: why.into(), pod: None };
         Fleet {
             drivers: vec![
                 DriverView {
@@ -171,6 +183,7 @@ mod tests {
                         why("n5", "no doctor there"),
                         why("n6", "no doctor there"),
                     ],
+                    daemon_set: None,
                 },
                 DriverView {
                     kind: PluginKind::Device,
@@ -179,6 +192,7 @@ mod tests {
                     registered: 6,
                     nodes: 6,
                     not_on: Vec::new(),
+                    daemon_set: None,
                 },
             ],
             nodes: vec![

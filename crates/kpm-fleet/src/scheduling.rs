@@ -40,14 +40,14 @@ pub(crate) fn kept_off(template: &PodSpec, node: &Node) -> Option<String> {
     if let Some((key, value)) =
         selector.iter().find(|(key, value)| labels.get(*key) != Some(*value))
     {
-        let has = labels.get(key).map_or_else(|| "no such label".to_owned(), |v| format!("{key}={v}"));
+        let has =
+            labels.get(key).map_or_else(|| "no such label".to_owned(), |v| format!("{key}={v}"));
         return Some(format!("its nodeSelector {key}={value} does not select the node ({has})"));
     }
-    let required = template
-        .affinity
-        .as_ref()
-        .and_then(|affinity| affinity.node_affinity.as_ref())
-        .and_then(|affinity| affinity.required_during_scheduling_ignored_during_execution.as_ref());
+    let required =
+        template.affinity.as_ref().and_then(|affinity| affinity.node_affinity.as_ref()).and_then(
+            |affinity| affinity.required_during_scheduling_ignored_during_execution.as_ref(),
+        );
     if let Some(required) = required
         && !required.node_selector_terms.iter().any(|term| term_matches(term, &labels, name))
     {
@@ -197,9 +197,9 @@ mod tests {
         );
         let affinity = |operator: &str, values: &[&str]| {
             spec(serde_json::json!({"affinity": {"nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/os", "operator": operator, "values": values}]}
-                ]}}}}))
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/os", "operator": operator, "values": values}]}
+            ]}}}}))
         };
         assert_eq!(kept_off(&affinity("In", &["linux"]), &plain), None);
         assert!(kept_off(&affinity("In", &["windows"]), &plain).is_some());
@@ -207,9 +207,9 @@ mod tests {
         assert_eq!(kept_off(&affinity("Exists", &[]), &plain), None);
         assert!(kept_off(&affinity("DoesNotExist", &[]), &plain).is_some());
         let by_name = spec(serde_json::json!({"affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}
-            ]}}}}));
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]}
+        ]}}}}));
         assert_eq!(kept_off(&by_name, &plain), None, "the DaemonSet controller pins pods so");
     }
 }
