@@ -14,16 +14,18 @@ use super::api::Api;
 use super::pki::Pki;
 use super::{
     ADMIN_TOKEN, DEVICE_GRACE_SECS, DOCTOR_TOKEN, DOCTOR_USER, DRA_GRACE_SECS, Env, KPM_GROUPS,
-    KPM_TOKEN, KPM_USER, START_TIMEOUT, STEP_TIMEOUT, STOP_TIMEOUT,
+    KPM_TOKEN, KPM_USER, READER_TOKEN, READER_USER, START_TIMEOUT, STEP_TIMEOUT, STOP_TIMEOUT,
 };
 use crate::Result;
 use crate::scenario::{Process, RunningKpm, wait_for, wait_until};
 
-/// The static tokens: admin, kpm's service account, the doctor's.
+/// The static tokens: admin, kpm's service account, the doctor's, a fleet
+/// reader's.
 fn tokens_csv() -> String {
     format!(
         "{ADMIN_TOKEN},admin,admin,\"system:masters\"\n{KPM_TOKEN},{KPM_USER},kpm,\"{KPM_GROUPS}\"\n\
-         {DOCTOR_TOKEN},{DOCTOR_USER},kpm-doctor,\"{KPM_GROUPS}\"\n"
+         {DOCTOR_TOKEN},{DOCTOR_USER},kpm-doctor,\"{KPM_GROUPS}\"\n\
+         {READER_TOKEN},{READER_USER},kpm-fleet-reader,\"system:authenticated\"\n"
     )
 }
 

@@ -79,6 +79,10 @@ const KPM_TOKEN: &str = "kpm-e2e-kpm-token";
 const KPM_USER: &str = "system:serviceaccount:kube-system:kpm";
 const DOCTOR_TOKEN: &str = "kpm-e2e-doctor-token";
 const DOCTOR_USER: &str = "system:serviceaccount:kube-system:kpm-doctor";
+/// An operator who runs `kpm doctor --cluster`, bound to the fleet
+/// reader's `ClusterRole` alone (`scenarios/fleet_daemon_set.rs`).
+const READER_TOKEN: &str = "kpm-e2e-reader-token";
+const READER_USER: &str = "kpm-e2e-fleet-reader";
 const KPM_GROUPS: &str =
     "system:serviceaccounts,system:serviceaccounts:kube-system,system:authenticated";
 

@@ -17,7 +17,9 @@
 //! 6. `kpm doctor --cluster` shows the fleet, read from the doctors'
 //!    `KubeletPluginReports`: each written beside its condition, owned by
 //!    its Node, with the failing plugin's verdict, and shown by the API
-//!    server's own printer columns (`kubectl get kubeletpluginreports`).
+//!    server's own printer columns (`kubectl get kubeletpluginreports`);
+//! 7. as the fleet reader, a driver missing on a tainted node is traced to
+//!    its DaemonSet and the taint named (`fleet_daemon_set.rs`).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -83,7 +85,8 @@ pub(super) fn fleet(env: &Env, cluster: &mut Cluster) -> Result {
     idle_minute(cluster)?;
     kubelet_between_writes(cluster, &nodes[0].name)?;
     apiserver_restart(env, cluster, &mut nodes[8])?;
-    fleet_view(env, cluster, &nodes[8].name)
+    fleet_view(env, cluster, &nodes[8].name)?;
+    super::fleet_daemon_set::daemon_set_named(env, cluster)
 }
 
 /// Three ways to fail, on three nodes, each fixed.

@@ -15,6 +15,7 @@ mod doctor;
 mod dra;
 mod flapping;
 mod fleet;
+mod fleet_daemon_set;
 mod fleet_scale;
 mod hang;
 mod outage;
