@@ -21,6 +21,7 @@
 
 #![deny(missing_docs)]
 
+mod error;
 mod judge;
 mod pages;
 mod read;
@@ -28,7 +29,6 @@ mod render;
 mod scheduling;
 mod workloads;
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -39,9 +39,11 @@ use kpm_report::{Health, PodContainer, Registered, ReportedVerdict};
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
+pub use self::error::FleetError;
 pub use self::judge::judge_fleet;
 pub use self::read::read_fleet;
 pub use self::render::render_fleet_table;
+pub use self::workloads::{PodThere, Workload};
 
 /// How many objects one list request asks for by default.
 pub const DEFAULT_PAGE_SIZE: u32 = 500;
@@ -189,90 +191,6 @@ pub const STALE_AFTER: Bounds<Duration> = Bounds::new(
     "between 1s and 7 days",
 );
 
-/// Why the fleet could not be read; each names the resource and the page.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FleetError {
-    /// The API server refused a list request, or it failed on the way.
-    #[error("list {resource} (page {page}): {}", short(source))]
-    List {
-        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
-        /// `resourceslices`.
-        resource: Cow<'static, str>,
-        /// The page, from 1.
-        page: usize,
-        /// kube-rs's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// A list request got no answer in time.
-    #[error("list {resource} (page {page}): no answer within {}", humantime::format_duration(*timeout))]
-    Timeout {
-        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
-        /// `resourceslices`.
-        resource: Cow<'static, str>,
-        /// The page, from 1.
-        page: usize,
-        /// The bound.
-        timeout: Duration,
-    },
-    /// The API server refused to get one object, or the request failed on
-    /// the way (a 404 is not an error: the object went meanwhile).
-    #[error("get {resource} {name}: {}", short(source))]
-    Get {
-        /// `kubeletpluginreports`, `nodes` or `csinodes`.
-        resource: Cow<'static, str>,
-        /// The object's name.
-        name: String,
-        /// kube-rs's error.
-        #[source]
-        source: kube::Error,
-    },
-    /// A request for one object got no answer in time.
-    #[error("get {resource} {name}: no answer within {}", humantime::format_duration(*timeout))]
-    GetTimeout {
-        /// `kubeletpluginreports`, `nodes` or `csinodes`.
-        resource: Cow<'static, str>,
-        /// The object's name.
-        name: String,
-        /// The bound.
-        timeout: Duration,
-    },
-    /// The API server gave the same `continue` token twice: following it
-    /// would never end.
-    #[error("list {resource} (page {page}): the API server repeated the continue token")]
-    Paging {
-        /// `kubeletpluginreports`, `nodes`, `csidrivers`, `csinodes` or
-        /// `resourceslices`.
-        resource: Cow<'static, str>,
-        /// The page, from 1.
-        page: usize,
-    },
-}
-
-impl FleetError {
-    /// Whether the API server refused the reader (403): what it may not
-    /// read is unseen, not a failure of the read.
-    fn is_forbidden(&self) -> bool {
-        let (Self::Get { source, .. } | Self::List { source, .. }) = self else {
-            return false;
-        };
-        matches!(source, kube::Error::Api(status) if status.code == 403)
-    }
-}
-
-/// kube-rs's error in one line an operator reads: an API server's refusal
-/// as its message and code (not the whole `Status`), any other error with
-/// its causes (a refused connection is in a source).
-fn short(err: &kube::Error) -> String {
-    match err {
-        kube::Error::Api(status) => {
-            format!("{} ({} {})", status.message, status.code, status.reason)
-        }
-        other => kpm_api::gotext::error_chain(other),
-    }
-}
-
 /// What the API server shows of the fleet, reduced to what is judged.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -294,64 +212,6 @@ pub struct FleetObjects {
     /// The DaemonSet serving each driver registered on some nodes and not
     /// on others, and its pods on those others.
     pub workloads: BTreeMap<(PluginKind, String), Workload>,
-}
-
-/// The DaemonSet whose pods serve a driver, as the reports of the nodes
-/// where it is registered name them, and what it runs on the nodes where
-/// the driver is not registered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Workload {
-    /// `NAMESPACE/NAME`.
-    pub daemon_set: String,
-    /// Its pod on each node asked about, by node.
-    pub on_nodes: BTreeMap<String, PodThere>,
-    /// How many nodes without the driver were not asked about (beyond the
-    /// bound the read keeps to).
-    pub not_asked: usize,
-}
-
-/// A DaemonSet's pod on one node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", rename_all = "kebab-case")]
-#[non_exhaustive]
-pub enum PodThere {
-    /// It has none, and why (a taint not tolerated, a `nodeSelector`).
-    NotScheduled {
-        /// Why.
-        why: String,
-    },
-    /// It is Pending.
-    Pending {
-        /// The pod.
-        pod: String,
-        /// Why (its `PodScheduled` condition, its waiting containers).
-        why: String,
-    },
-    /// It runs with containers not ready (crash-looping, waiting).
-    NotReady {
-        /// The pod.
-        pod: String,
-        /// Its containers that are not ready and how.
-        why: String,
-    },
-    /// It runs, ready: the node's doctor says why the driver is not
-    /// registered.
-    Ready {
-        /// The pod.
-        pod: String,
-    },
-}
-
-impl std::fmt::Display for PodThere {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::NotScheduled { why } => write!(f, "no pod there: {why}"),
-            Self::Pending { pod, why } => write!(f, "its pod {pod} is Pending: {why}"),
-            Self::NotReady { pod, why } => write!(f, "its pod {pod} is not ready: {why}"),
-            Self::Ready { pod } => write!(f, "its pod {pod} is ready"),
-        }
-    }
 }
 
 /// What one Node shows of its plugins.
@@ -684,30 +544,4 @@ pub struct FailingPlugin {
     pub verdict: ReportedVerdict,
     /// Why it fails.
     pub reason: String,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_refusal_of_the_reader_is_forbidden() {
-        let status = |code: u16| {
-            let status: kube::core::Status = serde_json::from_value(serde_json::json!({
-                "status": "Failure", "message": "no", "reason": "Forbidden", "code": code,
-            }))
-            .unwrap();
-            kube::Error::Api(Box::new(status))
-        };
-        let get = |code| FleetError::Get {
-            resource: Cow::Borrowed("pods"),
-            name: "p".into(),
-            source: status(code),
-        };
-        assert!(get(403).is_forbidden());
-        assert!(!get(500).is_forbidden());
-        let list =
-            FleetError::List { resource: Cow::Borrowed("pods"), page: 1, source: status(403) };
-        assert!(list.is_forbidden());
-    }
 }

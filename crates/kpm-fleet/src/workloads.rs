@@ -20,10 +20,11 @@ use kpm_api::PluginKind;
 use kpm_report::{KubeletPluginReport, PodContainer, Resource as _};
 use kube::api::ListParams;
 use kube::core::ObjectList;
+use serde::Serialize;
 
 use super::pages::Reader;
 use super::scheduling::kept_off;
-use super::{FleetError, NodeObject, PodThere, Workload};
+use super::{FleetError, NodeObject};
 
 /// How many drivers missing somewhere are traced to their DaemonSet.
 const MAX_DRIVERS: usize = 16;
@@ -225,5 +226,63 @@ fn state_of(pod: &Pod) -> PodThere {
         PodThere::Ready { pod: name }
     } else {
         PodThere::NotReady { pod: name, why: waiting.join("; ") }
+    }
+}
+
+/// The DaemonSet whose pods serve a driver, as the reports of the nodes
+/// where it is registered name them, and what it runs on the nodes where
+/// the driver is not registered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Workload {
+    /// `NAMESPACE/NAME`.
+    pub daemon_set: String,
+    /// Its pod on each node asked about, by node.
+    pub on_nodes: BTreeMap<String, PodThere>,
+    /// How many nodes without the driver were not asked about (beyond the
+    /// bound the read keeps to).
+    pub not_asked: usize,
+}
+
+/// A DaemonSet's pod on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum PodThere {
+    /// It has none, and why (a taint not tolerated, a `nodeSelector`).
+    NotScheduled {
+        /// Why.
+        why: String,
+    },
+    /// It is Pending.
+    Pending {
+        /// The pod.
+        pod: String,
+        /// Why (its `PodScheduled` condition, its waiting containers).
+        why: String,
+    },
+    /// It runs with containers not ready (crash-looping, waiting).
+    NotReady {
+        /// The pod.
+        pod: String,
+        /// Its containers that are not ready and how.
+        why: String,
+    },
+    /// It runs, ready: the node's doctor says why the driver is not
+    /// registered.
+    Ready {
+        /// The pod.
+        pod: String,
+    },
+}
+
+impl std::fmt::Display for PodThere {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotScheduled { why } => write!(f, "no pod there: {why}"),
+            Self::Pending { pod, why } => write!(f, "its pod {pod} is Pending: {why}"),
+            Self::NotReady { pod, why } => write!(f, "its pod {pod} is not ready: {why}"),
+            Self::Ready { pod } => write!(f, "its pod {pod} is ready"),
+        }
     }
 }

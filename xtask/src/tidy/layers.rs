@@ -72,9 +72,12 @@ pub(super) const LAYERS: &[Layer] = &[
     // The doctor's report, the contract between a node's doctor and the
     // fleet: the wire's shared names only, no IO.
     normal("kpm-report", &["kpm-api"]),
+    // Who serves a socket, in pods: the container runtime, read-only; its
+    // words are the report crate's.
+    normal("kpm-pods", &["kpm-api", "kpm-transport", "kpm-report"]),
     // The node's diagnosis: the facade's inspection, read-only, and the API;
     // what it publishes is the report crate's.
-    normal("kpm-doctor", &["kpm", "kpm-report"]),
+    normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods"]),
     // The fleet reader: reports and API objects, read-only; nothing of the
     // node's doctor, nothing that reads a node's files.
     normal("kpm-fleet", &["kpm-api", "kpm-report"]),
