@@ -29,7 +29,8 @@
 //! earlier ones deployed) are described in `docs/operations.md` ("A real
 //! node"): `csi-driver`, `doctor`, `registrar-killed`, `driver-pod-deleted`,
 //! `alert`, `device-plugin`, `kubelet-restart`, `cluster`,
-//! `wrong-registration-path`, `kpm-run`,
+//! `wrong-registration-path`, `csi-socket-in-registry`, `driver-never-starts`,
+//! `leftover-after-uninstall` (the field guide's pod failures), `kpm-run`,
 //! `footprint`, `dra`, `registrar-plugins` on a kubelet rooted at
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.

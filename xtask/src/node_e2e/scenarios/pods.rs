@@ -2,7 +2,9 @@
 //! each made as users made it, on the real node, with the doctor's
 //! DaemonSet of `doctor` watching: what it publishes, what `kpm doctor`
 //! says in its pod, and what `kpm doctor explain` makes of the kubelet's
-//! own log line.
+//! or the registrar's own log line. Each deploys hostpathplugin with
+//! node-driver-registrar (`manifests/csi-hostpath.yaml`) under a name of
+//! its own, broken one way, and removes it as an operator would.
 
 use std::time::Instant;
 
@@ -15,126 +17,325 @@ use super::secs;
 use crate::Result;
 use crate::scenario::wait_for;
 
-/// The driver the broken DaemonSet deploys, and where.
-const DRIVER: &str = "wrongpath.csi.k8s.io";
-const DRIVER_NAMESPACE: &str = "csi-wrongpath";
 const REGISTRAR: &str = "node-driver-registrar";
 
-/// `wrong-registration-path`: hostpathplugin and node-driver-registrar
-/// deployed with a `--kubelet-registration-path` one directory off the
-/// driver's socket, a values mistake of driver charts. The kubelet refuses
-/// the driver, the registrar exits and crash-loops with its socket left
-/// behind. The doctor must name the pod, the container and its restarts,
-/// the endpoint that does not exist and the flag to fix, in its report and
-/// in a look of its own; `kpm doctor explain` must say the same of the
-/// kubelet's log line.
-pub(super) fn wrong_registration_path(_env: &Env, node: &mut Node) -> Result<String> {
-    let root = node.kubelet_root.display().to_string();
-    let wrong = format!("{root}/plugins/csi-wrongpath-typo/csi.sock");
-    let manifest = include_str!("../manifests/csi-hostpath.yaml")
-        .replace("hostpath.csi.k8s.io", DRIVER)
-        .replace("csi-hostpath", DRIVER_NAMESPACE)
-        .replace("@ROOT@/plugins/csi-wrongpath/csi.sock", &wrong)
-        .replace("@ROOT@", &root);
-    if !manifest.contains(&wrong) {
-        return Err("the manifest's --kubelet-registration-path was not replaced".into());
+/// A copy of the hostpath driver's DaemonSet under its own name: driver
+/// `NAME.csi.k8s.io` in namespace `csi-NAME`, its socket directory
+/// `plugins/csi-NAME`.
+struct Driver {
+    name: &'static str,
+    root: String,
+}
+
+impl Driver {
+    fn new(node: &Node, name: &'static str) -> Self {
+        Self { name, root: node.kubelet_root.display().to_string() }
     }
-    let socket = format!("{root}/plugins_registry/{DRIVER}-reg.sock");
+
+    fn namespace(&self) -> String {
+        format!("csi-{}", self.name)
+    }
+
+    fn driver(&self) -> String {
+        format!("{}.csi.k8s.io", self.name)
+    }
+
+    /// Its registration socket, on the node.
+    fn registration_socket(&self) -> String {
+        format!("{}/plugins_registry/{}-reg.sock", self.root, self.driver())
+    }
+
+    /// The manifest, after `breaks` (its text, `@ROOT@` not yet replaced).
+    fn manifest(&self, breaks: &[(&str, &str)]) -> Result<String> {
+        let mut manifest = include_str!("../manifests/csi-hostpath.yaml")
+            .replace("hostpath.csi.k8s.io", &self.driver())
+            .replace("csi-hostpath", &self.namespace());
+        for (what, with) in breaks {
+            if !manifest.contains(what) {
+                return Err(format!("the manifest has no {what:?} to break").into());
+            }
+            manifest = manifest.replace(what, with);
+        }
+        Ok(manifest.replace("@ROOT@", &self.root))
+    }
+
+    /// Gone as an operator removes it: its namespace, then what it left on
+    /// the node (nothing removes a registrar's socket once it is killed).
+    fn remove(&self, node: &Node, left: &[String]) -> Result {
+        node.kubectl(&["delete", "namespace", &self.namespace(), "--wait=true"])?;
+        let selector = format!("app.kubernetes.io/name={}plugin", self.namespace());
+        wait_for(&format!("the pods of {} gone", self.namespace()), START_TIMEOUT, || {
+            Ok(node.pods(&self.namespace(), &selector)?.is_empty().then_some(()))
+        })?;
+        let plugins = format!("{}/plugins/{}", self.root, self.namespace());
+        for path in left.iter().chain([&self.registration_socket(), &plugins]) {
+            let _ = std::fs::remove_dir_all(path).or_else(|_| std::fs::remove_file(path));
+        }
+        wait_for("the report without the broken driver", START_TIMEOUT, || {
+            let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
+            Ok(report
+                .filter(|report| {
+                    left.iter()
+                        .chain([&self.registration_socket()])
+                        .all(|socket| entry_of(report, socket).is_none())
+                        && finding_of(report, &self.namespace()).is_none()
+                })
+                .map(|_| ()))
+        })
+    }
+}
+
+/// `wrong-registration-path`: node-driver-registrar deployed with a
+/// `--kubelet-registration-path` one directory off the driver's socket, a
+/// values mistake of driver charts. The kubelet refuses the driver, the
+/// registrar exits and crash-loops with its socket left behind. The doctor
+/// must name the pod, the container and its restarts, the endpoint that
+/// does not exist and the flag to fix, in its report and in a look of its
+/// own; `kpm doctor explain` must say the same of the kubelet's line.
+pub(super) fn wrong_registration_path(_env: &Env, node: &mut Node) -> Result<String> {
+    let driver = Driver::new(node, "wrongpath");
+    let wrong = format!("{}/plugins/csi-wrongpath-typo/csi.sock", driver.root);
+    let manifest = driver.manifest(&[("@ROOT@/plugins/csi-wrongpath/csi.sock", &wrong)])?;
+    let socket = driver.registration_socket();
     let applied = Instant::now();
     node.apply(&manifest)?;
-
-    // The report the doctor's DaemonSet publishes.
-    let what = format!("the KubeletPluginReport names {socket} endpoint-unreachable with its pod");
-    let (reported, entry) = wait_for(&what, START_TIMEOUT * 2, || {
-        let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
-        let entry = report.as_ref().and_then(|report| entry_of(report, &socket));
-        // As of the pass that published it: its restarts are not written
-        // again at each restart, its pod and its last exit are there.
-        Ok(entry
-            .filter(|entry| {
-                entry["verdict"] == "endpoint-unreachable"
-                    && entry["pod"]["container"] == REGISTRAR
-                    && entry["pod"]["lastTermination"]["exitCode"] == 1
-            })
-            .map(|entry| (Instant::now(), entry)))
+    // As of the pass that published it: its restarts are not written again
+    // at each restart; its pod and its last exit are there.
+    let (reported, entry) = published(node, &socket, "endpoint-unreachable", |entry| {
+        entry["pod"]["container"] == REGISTRAR && entry["pod"]["lastTermination"]["exitCode"] == 1
     })?;
     let pod = &entry["pod"];
-    if pod["namespace"] != DRIVER_NAMESPACE {
-        return Err(format!("the report names another pod: {entry}").into());
-    }
     let reason = entry["reason"].as_str().unwrap_or_default();
-    if !reason.contains(&wrong) {
-        return Err(format!("the report's reason does not name {wrong}: {reason}").into());
+    if pod["namespace"] != driver.namespace().as_str() || !reason.contains(&wrong) {
+        return Err(format!("the report names another pod, or not {wrong}: {entry}").into());
     }
     let pod_name = pod["pod"].as_str().ok_or("a pod without a name")?.to_owned();
-
-    // The doctor's own look, in its pod, as an operator runs it.
-    let doctor = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
-    let doctor = doctor["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
-    let row = wait_for("kpm doctor in its pod names the pod and the fix", START_TIMEOUT, || {
-        // Exit 1: a plugin fails, the report is printed all the same.
-        let text = node.kubectl_stdout(&doctor_in_pod(doctor))?;
-        let report: Value = serde_json::from_str(&text)?;
-        let row = report["plugins"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|row| row["path"] == socket.as_str())
-            .cloned();
-        Ok(row.filter(|row| {
-            row["pod"]["pod"] == pod_name.as_str()
-                && row["pod"]["restarts"].as_u64().is_some_and(|restarts| restarts >= 1)
-                && row["hint"]
-                    .as_str()
-                    .is_some_and(|hint| hint.contains("--kubelet-registration-path"))
-        }))
+    let row = one_shot_row(node, &socket, |row| {
+        row["pod"]["pod"] == pod_name.as_str()
+            && row["pod"]["restarts"].as_u64().is_some_and(|restarts| restarts >= 1)
+            && row["hint"].as_str().is_some_and(|hint| hint.contains("--kubelet-registration-path"))
     })?;
-
-    // The kubelet's own line about it, explained.
-    let kubelet_log = std::fs::read_to_string(node.kubelet_log())?;
-    let line = kubelet_log
-        .lines()
-        .find(|line| line.contains("RegisterPlugin error") && line.contains(&socket))
-        .ok_or_else(|| format!("the kubelet logged no RegisterPlugin error for {socket}"))?;
-    let explained = node.kubectl_stdout(&[
-        "exec", "-n", NAMESPACE, doctor, "--", "kpm", "doctor", "explain", line,
-    ])?;
-    if !explained.contains("verdict:    endpoint-unreachable") {
-        return Err(
-            format!("kpm doctor explain on the kubelet's line:\n{line}\n{explained}").into()
-        );
-    }
-
-    // Gone as an operator removes it: the DaemonSet, then the socket the
-    // registrar left (nothing removes it otherwise).
-    node.kubectl(&["delete", "namespace", DRIVER_NAMESPACE, "--wait=true"])?;
-    wait_for("the broken driver's pods gone", START_TIMEOUT, || {
-        Ok(node
-            .pods(DRIVER_NAMESPACE, "app.kubernetes.io/name=csi-wrongpathplugin")?
-            .is_empty()
-            .then_some(()))
-    })?;
-    for leftover in [socket.clone(), format!("{root}/plugins/csi-wrongpath")] {
-        let _ = std::fs::remove_dir_all(&leftover).or_else(|_| std::fs::remove_file(&leftover));
-    }
-    wait_for("the driver's entry gone from the report", START_TIMEOUT, || {
-        let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
-        Ok(report.is_some_and(|report| entry_of(&report, &socket).is_none()).then_some(()))
-    })?;
-
-    let said = row["said"].as_str().unwrap_or("(no line quoted)");
-    eprintln!("kpm doctor in its pod, on {socket}:\n  {}\n  it said: {said}", row["reason"]);
+    let line = kubelet_line(node, &["RegisterPlugin error", &socket])?;
+    explained(node, &line, "endpoint-unreachable")?;
+    driver.remove(node, &[])?;
+    eprintln!(
+        "kpm doctor in its pod, on {socket}:\n  {}\n  it said: {}",
+        row["reason"], row["said"]
+    );
     Ok(format!(
         "endpoint-unreachable naming {REGISTRAR} of {}/{pod_name} published {} after apply; the \
          one-shot doctor names it with {} restarts and the flag; explain on the kubelet's line: \
          endpoint-unreachable",
-        DRIVER_NAMESPACE,
+        driver.namespace(),
         secs(reported - applied),
         row["pod"]["restarts"],
     ))
 }
 
+/// `csi-socket-in-registry`: the driver's socket directory is the
+/// registry itself (vsphere-csi-driver #220, longhorn #899): its
+/// `csi.sock` sits beside the registrar's socket, and the kubelet asks it
+/// for `GetInfo` forever. The doctor must say `not-a-registration-server`
+/// and name the driver's container, and `kpm doctor explain` the same of
+/// the kubelet's `unknown service` line.
+pub(super) fn csi_socket_in_registry(_env: &Env, node: &mut Node) -> Result<String> {
+    let driver = Driver::new(node, "inregistry");
+    let manifest = driver.manifest(&[
+        ("path: @ROOT@/plugins/csi-inregistry\n", "path: @ROOT@/plugins_registry\n"),
+        ("@ROOT@/plugins/csi-inregistry/csi.sock", "@ROOT@/plugins_registry/csi.sock"),
+    ])?;
+    let socket = format!("{}/plugins_registry/csi.sock", driver.root);
+    let applied = Instant::now();
+    node.apply(&manifest)?;
+    let (reported, entry) = published(node, &socket, "not-a-registration-server", |entry| {
+        entry["pod"]["container"] == "hostpath"
+    })?;
+    let line = kubelet_line(node, &["unknown service pluginregistration.Registration", &socket])?;
+    explained(node, &line, "not-a-registration-server")?;
+    driver.remove(node, std::slice::from_ref(&socket))?;
+    Ok(format!(
+        "not-a-registration-server naming container hostpath of {}/{} published {} after apply; \
+         explain on the kubelet's line: not-a-registration-server",
+        driver.namespace(),
+        entry["pod"]["pod"].as_str().unwrap_or_default(),
+        secs(reported - applied),
+    ))
+}
+
+/// `driver-never-starts`: the driver serves its socket at another path
+/// than the registrar's `--csi-address`, so the registrar never learns
+/// the driver's name, never creates its registration socket, gives up and
+/// crash-loops. The doctor must name the pod as one that serves no socket,
+/// with the fix its last words point at.
+pub(super) fn driver_never_starts(_env: &Env, node: &mut Node) -> Result<String> {
+    let driver = Driver::new(node, "neverstarts");
+    let manifest = driver
+        .manifest(&[("--endpoint=unix:///csi/csi.sock", "--endpoint=unix:///csi/other.sock")])?;
+    let applied = Instant::now();
+    node.apply(&manifest)?;
+    let what =
+        format!("the KubeletPluginReport names pods/{}/… pod-without-socket", driver.namespace());
+    let (reported, finding) = wait_for(&what, START_TIMEOUT * 2, || {
+        let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
+        Ok(report
+            .and_then(|report| finding_of(&report, &driver.namespace()))
+            .filter(|finding| finding["verdict"] == "pod-without-socket")
+            .map(|finding| (Instant::now(), finding)))
+    })?;
+    let reason = finding["reason"].as_str().unwrap_or_default().to_owned();
+    if !reason.contains(REGISTRAR) {
+        return Err(format!("the finding does not name the registrar: {finding}").into());
+    }
+    let pod = finding["object"]
+        .as_str()
+        .unwrap_or_default()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let logs =
+        node.kubectl(&["logs", "-n", &driver.namespace(), &pod, "-c", REGISTRAR, "--previous"]);
+    let said = logs.unwrap_or_default();
+    let line = said
+        .lines()
+        .rev()
+        .find(|line| line.to_lowercase().contains("csi driver"))
+        .ok_or_else(|| format!("the registrar's previous run said nothing of its driver:\n{said}"))?
+        .to_owned();
+    explained(node, &line, "pod-without-socket")?;
+    driver.remove(node, &[])?;
+    Ok(format!(
+        "pod-without-socket published {} after apply: {reason}; explain on the registrar's last \
+         line: pod-without-socket",
+        secs(reported - applied)
+    ))
+}
+
+/// `leftover-after-uninstall`: a driver registered, then uninstalled
+/// while its registrar could not clean up (stopped, as a node that loses
+/// power or an OOM kill leaves it): its socket stays in the registry
+/// (longhorn #1412). The doctor must call it stale and say to remove it,
+/// and `kpm doctor explain` the same of the kubelet's line about it.
+pub(super) fn leftover_after_uninstall(_env: &Env, node: &mut Node) -> Result<String> {
+    let driver = Driver::new(node, "leftover");
+    // A short grace: the stopped registrar is killed 2 s after the delete.
+    let quick = (
+        "    spec:\n      containers:",
+        "    spec:\n      terminationGracePeriodSeconds: 2\n      containers:",
+    );
+    node.apply(&driver.manifest(&[quick])?)?;
+    let socket = driver.registration_socket();
+    published(node, &socket, "ok", |_| true)?;
+    let marker = format!("plugins/{}/csi.sock", driver.namespace());
+    signal_program_with(REGISTRAR, &marker, "-STOP")?;
+    let uninstalled = Instant::now();
+    node.kubectl(&["delete", "namespace", &driver.namespace(), "--wait=true"])?;
+    if !std::path::Path::new(&socket).exists() {
+        return Err(format!("{socket} went with the driver: nothing was left").into());
+    }
+    let (reported, _) = published(node, &socket, "stale", |_| true)?;
+    one_shot_row(node, &socket, |row| {
+        row["hint"].as_str().is_some_and(|hint| hint.contains("Remove it"))
+    })?;
+    let line = kubelet_line(node, &["RegisterPlugin error", &socket])?;
+    explained(node, &line, "stale")?;
+    driver.remove(node, &[])?;
+    Ok(format!(
+        "stale published {} after the uninstall began; the one-shot doctor says to remove it; \
+         explain on the kubelet's line: stale",
+        secs(reported - uninstalled),
+    ))
+}
+
+/// Waits for the doctor's published report to have an entry for `socket`
+/// with `verdict` that `also` accepts; when it did, and the entry.
+fn published(
+    node: &Node,
+    socket: &str,
+    verdict: &str,
+    also: impl Fn(&Value) -> bool,
+) -> Result<(Instant, Value)> {
+    let what = format!("the KubeletPluginReport names {socket} {verdict}");
+    wait_for(&what, START_TIMEOUT * 2, || {
+        let report = crate::kube_e2e::api::report(&node.api, NODE_NAME)?;
+        Ok(report
+            .and_then(|report| entry_of(&report, socket))
+            .filter(|entry| entry["verdict"] == verdict && also(entry))
+            .map(|entry| (Instant::now(), entry)))
+    })
+}
+
+/// Waits for `kpm doctor` run in the doctor's pod, as an operator runs it,
+/// to show `socket` as `wanted` accepts; its row.
+fn one_shot_row(node: &Node, socket: &str, wanted: impl Fn(&Value) -> bool) -> Result<Value> {
+    let doctor = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
+    let doctor = doctor["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
+    wait_for(&format!("kpm doctor in its pod on {socket}"), START_TIMEOUT, || {
+        // Exit 1: a plugin fails; the report is printed all the same.
+        let report: Value = serde_json::from_str(&node.kubectl_stdout(&doctor_in_pod(doctor))?)?;
+        Ok(report["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|row| row["path"] == socket)
+            .filter(|row| wanted(row))
+            .cloned())
+    })
+}
+
+/// The kubelet's first log line holding every one of `words`.
+fn kubelet_line(node: &Node, words: &[&str]) -> Result<String> {
+    let log = std::fs::read_to_string(node.kubelet_log())?;
+    log.lines()
+        .find(|line| words.iter().all(|word| line.contains(word)))
+        .map(str::to_owned)
+        .ok_or_else(|| format!("the kubelet logged no line with {words:?}").into())
+}
+
+/// `kpm doctor explain LINE` in the doctor's pod must give `verdict`.
+fn explained(node: &Node, line: &str, verdict: &str) -> Result {
+    let doctor = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
+    let doctor = doctor["metadata"]["name"].as_str().ok_or("doctor pod without a name")?;
+    let said = node.kubectl_stdout(&[
+        "exec", "-n", NAMESPACE, doctor, "--", "kpm", "doctor", "explain", line,
+    ])?;
+    if !said.contains(&format!("verdict:    {verdict}")) {
+        return Err(format!("kpm doctor explain on\n{line}\nsaid\n{said}").into());
+    }
+    Ok(())
+}
+
+/// Sends `signal` (`-STOP`, `-KILL`) to the running `program` whose
+/// arguments hold `argument`.
+fn signal_program_with(program: &str, argument: &str, signal: &str) -> Result {
+    for entry in std::fs::read_dir("/proc")? {
+        let path = entry?.path();
+        let Ok(exe) = std::fs::read_link(path.join("exe")) else { continue };
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else { continue };
+        let args = String::from_utf8_lossy(&cmdline);
+        if exe.file_name().is_some_and(|name| name == program) && args.contains(argument) {
+            let pid = path.file_name().and_then(|pid| pid.to_str()).unwrap_or_default();
+            super::super::host::run("kill", &[signal, pid])?;
+            eprintln!("kill {signal} {program} (pid {pid}) with {argument}");
+            return Ok(());
+        }
+    }
+    Err(format!("no {program} with {argument} to signal").into())
+}
+
 /// The report's entry for `socket`.
 fn entry_of(report: &Value, socket: &str) -> Option<Value> {
     report["status"]["plugins"].as_array()?.iter().find(|entry| entry["socket"] == socket).cloned()
+}
+
+/// The report's finding about a pod of `namespace`.
+fn finding_of(report: &Value, namespace: &str) -> Option<Value> {
+    let prefix = format!("pods/{namespace}/");
+    report["status"]["findings"]
+        .as_array()?
+        .iter()
+        .find(|finding| {
+            finding["object"].as_str().is_some_and(|object| object.starts_with(&prefix))
+        })
+        .cloned()
 }
