@@ -393,12 +393,7 @@ impl FakeHost {
     /// `kpm doctor --host-root HOST ARGS`, no other root looked at: its
     /// exit code and output.
     fn doctor(&self, args: &[&str]) -> (i32, String) {
-        let host = self.dir.path().to_str().unwrap();
-        let mut all =
-            vec!["doctor", "--host-root", host, "--other-root", "/nowhere", "--timeout", "2"];
-        all.extend(args);
-        let out = kpm(&all);
-        (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+        support::doctor_on_host(self.dir.path(), args)
     }
 
     /// [`doctor`](Self::doctor) with `-o json`: the exit code, the

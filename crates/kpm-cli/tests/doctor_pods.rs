@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use kpm_registrar::Registrar;
 use kpm_test_support::cri::{self, FakeContainer};
 use serde_json::Value;
-use support::kpm;
 
 const POD: (&str, &str, &str) = ("kube-system", "csi-hostpath-node-x", "0b1c");
 const REGISTRAR: &str = "node-driver-registrar";
@@ -80,12 +79,7 @@ impl Host {
     }
 
     fn doctor(&self, args: &[&str]) -> (i32, String) {
-        let host = self.dir.path().to_str().unwrap();
-        let mut all =
-            vec!["doctor", "--host-root", host, "--other-root", "/nowhere", "--timeout", "2"];
-        all.extend(args);
-        let out = kpm(&all);
-        (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+        support::doctor_on_host(self.dir.path(), args)
     }
 
     fn report(&self) -> (i32, Value) {

@@ -193,6 +193,16 @@ pub fn kpm(args: &[&str]) -> Output {
     Command::new(KPM).args(args).output().unwrap()
 }
 
+/// `kpm doctor --host-root HOST ARGS` (the host's `/` at `host`), no other
+/// root looked at: its exit code and output.
+pub fn doctor_on_host(host: &Path, args: &[&str]) -> (i32, String) {
+    let host = host.to_str().unwrap();
+    let mut all = vec!["doctor", "--host-root", host, "--other-root", "/nowhere", "--timeout", "2"];
+    all.extend(args);
+    let out = kpm(&all);
+    (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+}
+
 /// A kubeconfig for the API server at `server`, without credentials.
 pub fn kubeconfig(server: &str) -> String {
     format!(
