@@ -30,6 +30,6 @@ mod containers;
 mod logs;
 mod runtime;
 
-pub use crate::containers::{Containers, HostMount, PodRef, Run};
+pub use crate::containers::{Containers, HostMount, PodRef, Run, RunStatus};
 pub use crate::logs::{LogLine, log_tail};
 pub use crate::runtime::{DEFAULT_ENDPOINT, PodsError, Runtime};

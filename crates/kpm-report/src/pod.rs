@@ -64,8 +64,9 @@ impl PodContainer {
         format!("{}/{}", self.namespace, self.pod)
     }
 
-    /// The command that shows what its last ended run printed (`--previous`
-    /// only when it has restarted and runs again, or runs no more).
+    /// The command that shows what its last ended run printed: its current
+    /// run's log once that ended, else, when it restarted and runs again,
+    /// the run before's (`--previous`).
     pub fn logs_command(&self) -> String {
         let previous = if self.restarts > 0 && self.state != ContainerState::Terminated {
             " --previous"
@@ -73,13 +74,6 @@ impl PodContainer {
             ""
         };
         format!("kubectl -n {} logs {} -c {}{previous}", self.namespace, self.pod, self.container)
-    }
-
-    /// Whether its runs keep ending: terminated with restarts, or running
-    /// again after an error.
-    pub fn is_restarting(&self) -> bool {
-        self.restarts > 0
-            && self.last_termination.as_ref().is_some_and(|ended| ended.exit_code != 0)
     }
 }
 
@@ -150,7 +144,6 @@ mod tests {
             looping.to_string(),
             "pod kube-system/csi-node-x, container registrar (terminated, 7 restarts, last Error exit 1)"
         );
-        assert!(looping.is_restarting());
         assert_eq!(looping.logs_command(), "kubectl -n kube-system logs csi-node-x -c registrar");
         let again = registrar(ContainerState::Running, 1, 2);
         assert_eq!(
@@ -159,7 +152,6 @@ mod tests {
         );
         let fresh = registrar(ContainerState::Running, 0, 0);
         assert_eq!(fresh.to_string(), "pod kube-system/csi-node-x, container registrar (running)");
-        assert!(!fresh.is_restarting());
     }
 
     #[test]
