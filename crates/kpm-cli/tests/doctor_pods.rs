@@ -289,3 +289,47 @@ fn a_pod_that_never_binds_its_socket_is_named_with_why_from_its_last_words() {
         assert!(finding["hint"].as_str().unwrap().contains(fix), "{said}: {finding:#}");
     }
 }
+
+/// A pod that should serve a socket changes no file the watch sees when
+/// it starts crash-looping: the watch's looks list the runtime's
+/// containers again and judge the node at once, not at the period.
+#[test]
+fn the_watch_judges_at_once_when_a_container_ends() {
+    let host = Host::new();
+    let runtime = host.runtime(vec![]);
+    let log = host.dir.path().join("doctor.log");
+    let mut doctor = std::process::Command::new(support::KPM)
+        .args(["doctor", "--watch", "--host-root"])
+        .arg(host.dir.path())
+        .args([
+            "--other-root",
+            "/nowhere",
+            "--timeout",
+            "2",
+            "--look-every",
+            "1",
+            "--period",
+            "3600",
+        ])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let listed = || runtime.runtime.list_calls.load(std::sync::atomic::Ordering::SeqCst);
+    support::wait_until("a pass and a look", || listed() >= 2);
+    let waiting = FakeContainer::new(&"e3".repeat(32), POD, REGISTRAR, 1)
+        .exited(1, "Error", 1_795_000_000_000_000_000)
+        .mount("/registration", REGISTRY);
+    host.log(
+        &waiting,
+        &[r#"E1128 "Error connecting to CSI driver" err="context deadline exceeded""#],
+    );
+    runtime.runtime.containers.lock().push(waiting);
+    support::wait_until("the pod without a socket told", || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("PodWithoutSocket"))
+    });
+    doctor.kill().unwrap();
+    doctor.wait().unwrap();
+}

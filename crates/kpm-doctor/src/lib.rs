@@ -302,10 +302,13 @@ impl Doctor {
         let mut findings = Vec::new();
         // The pods are asked of the judged kubelet's runtime: without a
         // running kubelet there is none to ask.
+        let mut runtime = None;
         if let Some(kubelet) = &choice.kubelet {
             let (endpoint, timeout) = (&kubelet.runtime_endpoint, self.config.timeout);
             let on_node = (view, choice.root_dir.as_path());
-            pods::name(&mut plugins, on_node, endpoint, timeout, &mut findings, &mut unseen).await;
+            runtime =
+                pods::name(&mut plugins, on_node, endpoint, timeout, &mut findings, &mut unseen)
+                    .await;
         }
         if let Some(objects) = objects {
             let publishing = match &self.kpm_run {
@@ -336,6 +339,7 @@ impl Doctor {
             unseen,
             blind,
             ok: false,
+            runtime,
         }
         .judged()
     }
@@ -401,6 +405,9 @@ pub struct Report {
     /// It could look, and no plugin and no finding fails: the condition is
     /// `True`.
     pub ok: bool,
+    /// The container runtime as the pass saw it, for the watch's looks.
+    #[serde(skip)]
+    pub(crate) runtime: Option<pods::RuntimeSeen>,
 }
 
 impl Report {
@@ -477,6 +484,7 @@ impl Report {
             unseen: Vec::new(),
             blind,
             ok: false,
+            runtime: None,
         }
         .judged()
     }

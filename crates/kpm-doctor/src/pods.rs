@@ -14,7 +14,7 @@ use kpm_pods::{Containers, LogLine, Run, Runtime};
 use kpm_report::{ContainerState, Verdict};
 
 use crate::Finding;
-use crate::host::View;
+use crate::host::{Seen, View};
 use crate::judge::Row;
 use crate::log_lines::{self, Explained};
 
@@ -35,7 +35,7 @@ pub(crate) async fn name(
     timeout: Duration,
     findings: &mut Vec<Finding>,
     unseen: &mut Vec<String>,
-) {
+) -> Option<RuntimeSeen> {
     let dialer = Dialer::new(fd::budget().clone(), timeout);
     let read_at = view.path(endpoint);
     let looked = async {
@@ -52,7 +52,7 @@ pub(crate) async fn name(
                 "{}; the pods behind the sockets are not named",
                 view.as_on_host(&err.to_string())
             ));
-            return;
+            return None;
         }
         Err(_) => {
             unseen.push(format!(
@@ -61,7 +61,7 @@ pub(crate) async fn name(
                 endpoint.display(),
                 humantime::format_duration(timeout)
             ));
-            return;
+            return None;
         }
     };
     for row in rows.iter_mut() {
@@ -72,6 +72,40 @@ pub(crate) async fn name(
         }
     }
     findings.extend(without_socket(rows, &containers, view, root_dir));
+    Some(RuntimeSeen { endpoint: endpoint.to_path_buf(), read_at, runs: runs_of(&containers) })
+}
+
+/// The container runtime as a pass saw it: where it is asked, and each
+/// run it kept and its state. A look between passes lists the runs again
+/// ([`RuntimeSeen::changed`]): a container that started, ended or
+/// restarted makes the watch judge at once, as a pod that should serve a
+/// socket and does not changes no file the watch sees.
+#[derive(Debug, Clone)]
+pub(crate) struct RuntimeSeen {
+    endpoint: PathBuf,
+    read_at: Seen,
+    runs: Vec<(String, ContainerState)>,
+}
+
+impl RuntimeSeen {
+    /// Whether the runtime's runs differ from the pass's now; a runtime
+    /// that cannot be asked has not changed (the next pass says why).
+    pub(crate) async fn changed(&self, dialer: &Dialer) -> bool {
+        let listed = async {
+            let mut runtime =
+                Runtime::connect(dialer, &self.endpoint, self.read_at.as_ref()).await?;
+            runtime.containers().await
+        };
+        match tokio::time::timeout(dialer.connect_timeout(), listed).await {
+            Ok(Ok(containers)) => runs_of(&containers) != self.runs,
+            _ => false,
+        }
+    }
+}
+
+/// Each run of `containers` and its state, by id.
+fn runs_of(containers: &Containers) -> Vec<(String, ContainerState)> {
+    containers.runs().map(|run| (run.id.clone(), run.state)).collect()
 }
 
 /// The pods that should serve a plugin socket and do not: a container

@@ -6,7 +6,10 @@
 //! watch then judges the node at once, and the pass names it, instead of
 //! waiting for the period (5 min). The price is a connection and a frame
 //! per socket; the doctor still holds no connection between looks, and a
-//! failing socket is left to the passes, which back off.
+//! failing socket is left to the passes, which back off. A look also lists
+//! the container runtime's containers again: one that started, ended or
+//! restarted since the pass (a pod that should serve a socket and crash-
+//! loops without one changes no file) has the node judged at once.
 
 use std::time::Duration;
 
@@ -20,6 +23,7 @@ use crate::{Doctor, Report, Seen};
 pub(super) struct Looks {
     dialer: Dialer,
     sockets: Vec<Seen>,
+    runtime: Option<crate::pods::RuntimeSeen>,
 }
 
 impl Looks {
@@ -28,6 +32,7 @@ impl Looks {
         Self {
             dialer: Dialer::new(kpm::transport::fd::budget().clone(), timeout),
             sockets: Vec::new(),
+            runtime: None,
         }
     }
 
@@ -46,19 +51,30 @@ impl Looks {
             }
         }
         self.sockets = sockets;
+        self.runtime.clone_from(&report.runtime);
     }
 
     /// Whether there is anything to look at.
     pub(super) fn any(&self) -> bool {
-        !self.sockets.is_empty()
+        !self.sockets.is_empty() || self.runtime.is_some()
     }
 
-    /// Whether every socket answered its PING; the first that did not is
-    /// logged.
+    /// Whether every socket answered its PING and the runtime's containers
+    /// are as the pass saw them; what did not is logged.
     pub(super) async fn all_answer(&self) -> bool {
         let pings = self.sockets.iter().map(|socket| answers(&self.dialer, socket));
         let answered = futures_util::future::join_all(pings).await;
-        answered.iter().all(|answered| *answered)
+        if !answered.iter().all(|answered| *answered) {
+            return false;
+        }
+        let changed = match &self.runtime {
+            Some(runtime) => runtime.changed(&self.dialer).await,
+            None => false,
+        };
+        if changed {
+            debug!("a container started, ended or restarted since the pass");
+        }
+        !changed
     }
 }
 

@@ -331,7 +331,7 @@ impl NodeWatch {
                         }
                         if look_at.is_some_and(|at| now >= at) {
                             if !looks.all_answer().await {
-                                debug!("a socket found ok does not answer: judging now");
+                                debug!("a look found the node changed: judging now");
                                 break true;
                             }
                             look_at = self.config.look.map(|look| Instant::now() + look);
