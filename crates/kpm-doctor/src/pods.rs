@@ -4,7 +4,8 @@
 //! last served it, when that container's runs said so in their logs. What
 //! such a run printed before it exited is read with the table of known
 //! lines, so a registrar that crash-loops on a refused registration is
-//! judged by why it was refused, not as a leftover.
+//! judged by why it was refused, not as a leftover; a pod that should
+//! serve a socket and serves none is a finding of its own.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,8 +27,10 @@ const LOG_TAIL_BYTES: u64 = 64 * 1024;
 
 /// Names the pod container behind each row that one serves or last
 /// served, asking the runtime whose socket is `endpoint` (a path as the
-/// judged kubelet sees it, read in `view`). Why it could not is said in
-/// `unseen`.
+/// judged kubelet sees it, read in `view`), and adds to `findings` the
+/// pods that should serve a socket under `root_dir` and do not. Returns
+/// the runtime as it was seen, for the watch's looks; why it could not be
+/// asked is said in `unseen`.
 pub(crate) async fn name(
     rows: &mut [Row],
     (view, root_dir): (&View, &Path),
