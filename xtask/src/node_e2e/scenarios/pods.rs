@@ -215,7 +215,8 @@ pub(super) fn driver_never_starts(_env: &Env, node: &mut Node) -> Result<String>
 /// while its registrar could not clean up (stopped, as a node that loses
 /// power or an OOM kill leaves it): its socket stays in the registry
 /// (longhorn #1412). The doctor must call it stale and say to remove it,
-/// and `kpm doctor explain` the same of the kubelet's line about it.
+/// and `kpm doctor explain` the same of the line the kubelet logs about it
+/// once restarted.
 pub(super) fn leftover_after_uninstall(_env: &Env, node: &mut Node) -> Result<String> {
     let driver = Driver::new(node, "leftover");
     // A short grace: the stopped registrar is killed 2 s after the delete.
@@ -237,12 +238,19 @@ pub(super) fn leftover_after_uninstall(_env: &Env, node: &mut Node) -> Result<St
     one_shot_row(node, &socket, |row| {
         row["hint"].as_str().is_some_and(|hint| hint.contains("Remove it"))
     })?;
-    let line = kubelet_line(node, &["RegisterPlugin error", &socket])?;
+    // The kubelet keeps a plugin it registered while its socket stays, and
+    // says nothing; once restarted (a reboot, as users met it), it dials
+    // the socket and logs its failure.
+    node.restart_kubelet()?;
+    node.wait_ready()?;
+    let line = wait_for("the restarted kubelet's line about the leftover", START_TIMEOUT, || {
+        Ok(kubelet_line(node, &["RegisterPlugin error", &socket]).ok())
+    })?;
     explained(node, &line, "stale")?;
     driver.remove(node, &[])?;
     Ok(format!(
         "stale published {} after the uninstall began; the one-shot doctor says to remove it; \
-         explain on the kubelet's line: stale",
+         explain on the restarted kubelet's line: stale",
         secs(reported - uninstalled),
     ))
 }
