@@ -62,7 +62,13 @@ impl Driver {
     /// Gone as an operator removes it: its namespace, then what it left on
     /// the node (nothing removes a registrar's socket once it is killed).
     fn remove(&self, node: &Node, left: &[String]) -> Result {
-        node.kubectl(&["delete", "namespace", &self.namespace(), "--wait=true"])?;
+        node.kubectl(&[
+            "delete",
+            "namespace",
+            &self.namespace(),
+            "--wait=true",
+            "--ignore-not-found",
+        ])?;
         let selector = format!("app.kubernetes.io/name={}plugin", self.namespace());
         wait_for(&format!("the pods of {} gone", self.namespace()), START_TIMEOUT, || {
             Ok(node.pods(&self.namespace(), &selector)?.is_empty().then_some(()))
