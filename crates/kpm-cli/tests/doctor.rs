@@ -929,7 +929,12 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
     let entry = finding(&report, "resourceslices/gone.example.com", "driver gone.example.com");
     assert!(entry.get("cause").is_none(), "{entry:#}");
     let entry = finding(&report, "csinodes/node1", "driver stale.csi.example.com");
-    assert!(entry["hint"].as_str().unwrap().contains("restart the kubelet"), "{entry:#}");
+    // The kubelet removes none on a restart: only the entry's removal does.
+    let hint = entry["hint"].as_str().unwrap();
+    assert!(
+        hint.contains("kubectl edit csinode NODE") && hint.contains("restarts included"),
+        "{entry:#}"
+    );
     // The FPGAs none of which is allocatable may be the sick plugin's,
     // whose resource is not known: not held against anything.
     let unseen = report["unseen"].as_array().unwrap();

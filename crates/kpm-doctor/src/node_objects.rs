@@ -110,8 +110,12 @@ fn compare_csi(
                         what: format!("CSINode {node} lists driver {name}, but no plugin of this node registers it"),
                         restart: "the driver's registrar (node-driver-registrar)",
                         then: "drops the entry by itself".into(),
-                        otherwise: "the kubelet drops the entry when the driver deregisters; one removed \
-                                    while the kubelet was down stays: restart the kubelet, or remove the entry"
+                        otherwise: "the kubelet drops the entry only when the driver deregisters (its \
+                                    registration socket removed while the kubelet runs); one removed while \
+                                    the kubelet was down, or left by a driver a restarted kubelet could no \
+                                    longer reach, stays, restarts included: remove the entry \
+                                    (kubectl edit csinode NODE), or run the driver again and remove it \
+                                    cleanly"
                             .into(),
                     },
                 ));

@@ -253,12 +253,38 @@ pub(super) fn leftover_after_uninstall(_env: &Env, node: &mut Node) -> Result<St
         Ok(kubelet_line(node, &["RegisterPlugin error", &socket]).ok())
     })?;
     explained(node, &line, "stale")?;
+    // The restarted kubelet never registered the driver, so it never
+    // deregisters it: its CSINode entry stays until removed, as the
+    // doctor's fix says.
+    remove_csinode_entry(node, &driver.driver())?;
     driver.remove(node, &[])?;
     Ok(format!(
         "stale published {} after the uninstall began; the one-shot doctor says to remove it; \
          explain on the restarted kubelet's line: stale",
         secs(reported - uninstalled),
     ))
+}
+
+/// Removes `driver` from the node's CSINode, as `kubectl edit csinode`.
+fn remove_csinode_entry(node: &Node, driver: &str) -> Result {
+    let path = format!("/apis/storage.k8s.io/v1/csinodes/{NODE_NAME}");
+    let csinode = node.api.get(&path)?;
+    let drivers: Vec<Value> = csinode["spec"]["drivers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|entry| entry["name"] != driver)
+        .cloned()
+        .collect();
+    let (code, answer) = node.api.request(
+        "PATCH",
+        &path,
+        Some(&serde_json::json!({"spec": {"drivers": drivers}})),
+    )?;
+    if !(200..300).contains(&code) {
+        return Err(format!("PATCH {path}: {code} {}", answer["message"]).into());
+    }
+    Ok(())
 }
 
 /// Waits for the doctor's published report to have an entry for `socket`
