@@ -84,8 +84,8 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pod: Option<kpm_report::PodContainer>,
     /// The line of that container's last run that names the cause, cut to
-    /// [`MAX_QUOTE_BYTES`](crate::pods::MAX_QUOTE_BYTES): shown on the node
-    /// only, never published (a log may hold secrets).
+    /// 300 bytes: shown on the node only, never published (a log may hold
+    /// secrets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub said: Option<String>,
     /// The inspection's steps, in milliseconds.

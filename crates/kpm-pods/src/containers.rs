@@ -55,7 +55,7 @@ pub struct Run {
     /// Its state.
     pub state: ContainerState,
     /// What `ContainerStatus` said, when it was asked
-    /// ([`Containers::load_status`]).
+    /// ([`Runtime::load_status`](crate::Runtime::load_status)).
     pub status: Option<RunStatus>,
 }
 

@@ -7,7 +7,7 @@
 //!   `containerRuntimeEndpoint`) for the containers it keeps, running and
 //!   exited: [`Containers`], a snapshot of one look. It calls
 //!   `ListContainers` once and `ContainerStatus` only for the containers a
-//!   caller asks about ([`Containers::status`]), each at most once: the
+//!   caller asks about ([`Runtime::load_status`]), each at most once: the
 //!   doctor looks at every change of the node, and a node runs many
 //!   containers that serve no plugin.
 //! - [`Run`] is one run of a pod's container (the runtime keeps the
