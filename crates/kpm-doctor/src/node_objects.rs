@@ -566,6 +566,9 @@ mod tests {
         let findings = findings_of(&objects, Vec::new());
         let entry = findings.iter().find(|f| f.verdict == Verdict::StaleCsiNodeEntry).unwrap();
         assert!(entry.cause.is_none());
-        assert!(entry.hint.starts_with("the kubelet drops the entry when the driver deregisters"));
+        assert!(
+            entry.hint.starts_with("the kubelet drops the entry only when the driver deregisters")
+        );
+        assert!(entry.hint.contains("restarts included"), "{}", entry.hint);
     }
 }
