@@ -272,7 +272,12 @@ fn a_pod_that_never_binds_its_socket_is_named_with_why_from_its_last_words() {
             FakeContainer::new(&"f1".repeat(32), ("kpm-system", "kpm-doctor-x", "9f"), "kpm", 1)
                 .exited(0, "Completed", 1)
                 .read_only_mount("/host", "/");
-        let _runtime = host.runtime(vec![waiting, doctor]);
+        // A pod being deleted: its registrar removed its socket and exited 0.
+        let deleted =
+            FakeContainer::new(&"d9".repeat(32), ("csi", "csi-node-old", "u9"), REGISTRAR, 0)
+                .exited(0, "Completed", 1)
+                .mount("/registration", REGISTRY);
+        let _runtime = host.runtime(vec![waiting, doctor, deleted]);
         let (code, report) = host.report();
         assert_eq!(code, 1, "{said}: {report:#}");
         let findings = report["findings"].as_array().unwrap();

@@ -113,9 +113,11 @@ fn runs_of(containers: &Containers) -> Vec<(String, ContainerState)> {
 
 /// The pods that should serve a plugin socket and do not: a container
 /// that can create sockets where the kubelet looks for them (it mounts
-/// the registry or `device-plugins/` read-write), that has ended or keeps
+/// the registry or `device-plugins/` read-write), whose last run failed
+/// (ended with an exit code other than 0) and that has ended or keeps
 /// restarting, in a pod no socket of the node is served by or was left
-/// by. A pod running as it should, serving elsewhere, is not told.
+/// by. A pod running as it should, serving elsewhere, is not told, nor
+/// one whose containers ended well (a pod being deleted).
 fn without_socket(
     rows: &[Row],
     containers: &Containers,
@@ -145,6 +147,12 @@ fn without_socket(
             continue;
         }
         let pod = containers.pod_container(latest);
+        // A run that ended well is a pod being deleted or done (a
+        // registrar removes its socket and exits 0 on SIGTERM), not one
+        // that fails to serve.
+        if pod.last_termination.as_ref().is_none_or(|ended| ended.exit_code == 0) {
+            continue;
+        }
         let known = containers.runs_of(latest).into_iter().find_map(|run| {
             let lines = log_of(run, view)?;
             lines.iter().rev().find_map(|line| log_lines::explain(&line.text))
