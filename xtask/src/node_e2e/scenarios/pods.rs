@@ -199,14 +199,24 @@ pub(super) fn driver_never_starts(_env: &Env, node: &mut Node) -> Result<String>
         .next()
         .unwrap_or_default()
         .to_owned();
-    let logs =
-        node.kubectl(&["logs", "-n", &driver.namespace(), &pod, "-c", REGISTRAR, "--previous"]);
-    let said = logs.unwrap_or_default();
-    let line = said
-        .lines()
-        .rev()
-        .find(|line| line.to_lowercase().contains("csi driver"))
-        .ok_or_else(|| format!("the registrar's previous run said nothing of its driver:\n{said}"))?
+    // The run that gave up: the one before while the registrar runs again
+    // (its log then only says it is still connecting), else the latest
+    // (the one before may be collected already).
+    let namespace = driver.namespace();
+    let runs = [true, false].map(|previous| {
+        let mut args = vec!["logs", "-n", namespace.as_str(), pod.as_str(), "-c", REGISTRAR];
+        if previous {
+            args.push("--previous");
+        }
+        node.kubectl(&args).unwrap_or_default()
+    });
+    let line = runs
+        .iter()
+        .flat_map(|log| log.lines().rev())
+        .find(|line| line.to_lowercase().contains("error connecting to csi driver"))
+        .ok_or_else(|| {
+            format!("the registrar's runs said nothing of its driver:\n{}", runs.join("\n"))
+        })?
         .to_owned();
     explained(node, &line, "pod-without-socket")?;
     driver.remove(node, &[])?;
