@@ -25,6 +25,8 @@
 //! they go by), [`gotext`] (Go's renderings of values in error texts),
 //! [`is_extended_resource_name`] and [`is_nonzero_quantity`] (the names
 //! device plugins advertise, and whether a Node's capacity of one counts),
+//! [`is_label_key`] and [`is_label_value`] (what a CSI driver's topology
+//! must be to become the Node's labels),
 //! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
 //! exponential backoff, validated where it is made), [`FileId`] (the
 //! identity of a socket file, built from metadata the caller read) and, with
@@ -50,7 +52,9 @@ mod resource_name;
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
 pub use kind::{ApiObject, PluginKind};
-pub use resource_name::{is_extended_resource_name, is_nonzero_quantity};
+pub use resource_name::{
+    is_extended_resource_name, is_label_key, is_label_value, is_nonzero_quantity,
+};
 
 /// The plugin registration API (`pluginregistration.Registration`).
 pub mod registration {

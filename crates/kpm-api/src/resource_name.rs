@@ -39,6 +39,18 @@ pub fn is_nonzero_quantity(quantity: &str) -> bool {
         .any(|c| c.is_ascii_digit() && c != '0')
 }
 
+/// Whether `key` may be a label key (apimachinery's `IsQualifiedName`):
+/// a CSI driver's topology keys become the Node's labels.
+pub fn is_label_key(key: &str) -> bool {
+    is_qualified_name(key)
+}
+
+/// Whether `value` may be a label value (apimachinery's
+/// `IsValidLabelValue`): empty, or a name part of at most 63 characters.
+pub fn is_label_value(value: &str) -> bool {
+    value.is_empty() || is_qualified_name_part(value)
+}
+
 /// apimachinery's `IsQualifiedName`: `[prefix/]name`.
 fn is_qualified_name(value: &str) -> bool {
     let mut parts = value.split('/');
@@ -83,6 +95,22 @@ fn is_dns1123_subdomain(value: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_keys_and_values_are_apimachinerys() {
+        for key in ["topology.hostpath.csi/node", "zone", "a.b-c/x_y.z"] {
+            assert!(is_label_key(key), "{key}");
+        }
+        for key in ["", "bad key", "Upper.Case/x", "a/b/c", "/x", "x/"] {
+            assert!(!is_label_key(key), "{key}");
+        }
+        for value in ["", "node-1", "a.b_c"] {
+            assert!(is_label_value(value), "{value}");
+        }
+        for value in ["-x", "x-", "with space", &"v".repeat(64)] {
+            assert!(!is_label_value(value), "{value}");
+        }
+    }
 
     #[test]
     fn zero_quantities_are_zero() {

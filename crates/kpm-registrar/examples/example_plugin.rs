@@ -24,10 +24,16 @@
 //! through `DIR/kubelet.sock` instead, as most device plugins do, and
 //! registers again whenever `kubelet.sock` is created anew.
 //!
+//! The device-plugin stub offers `GetPreferredAllocation` with
+//! `--preferred-allocation` and asks for `PreStartContainer` with
+//! `--pre-start-required`.
+//!
 //! To see how a node agent treats a misbehaving plugin (`kpm check`'s
 //! tests): `--get-info-delay-ms` answers `GetInfo` late, `--no-cleanup`
 //! leaves the socket behind on SIGTERM, `--no-reregister` registers on
-//! `kubelet.sock` only once.
+//! `kubelet.sock` only once, and `--misbehave NAME` (repeatable) breaks a
+//! rule of the conversation that follows registration (the names are
+//! kpm-registrar's `stub::Misbehaviour`, listed in `--help`).
 
 use std::error::Error;
 use std::io::IsTerminal;
@@ -37,10 +43,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use kpm_api::constants::{
-    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, DEVICE_UNHEALTHY, KUBELET_SOCKET_NAME,
-    PLUGINS_REGISTRY_DIR_NAME,
+    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, KUBELET_SOCKET_NAME, PLUGINS_REGISTRY_DIR_NAME,
 };
-use kpm_registrar::stub::{StubCsiDriver, StubDevicePlugin};
+use kpm_registrar::stub::{DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin};
 use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar, RegistrationStatus};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -132,6 +137,18 @@ struct Args {
     /// kubelet.sock is created anew (the kubelet restarted).
     #[arg(long)]
     no_reregister: bool,
+
+    /// DevicePlugin stub: offer GetPreferredAllocation.
+    #[arg(long)]
+    preferred_allocation: bool,
+
+    /// DevicePlugin stub: ask for PreStartContainer before each container.
+    #[arg(long)]
+    pre_start_required: bool,
+
+    /// Misbehave in the plugin's own service; repeat for several.
+    #[arg(long = "misbehave", value_name = "NAME", value_parser = parse_misbehaviour)]
+    misbehaviours: Vec<Misbehaviour>,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -161,22 +178,21 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     }
     let mut builder = Registrar::builder(&args.plugin_type, &name).socket_dir(&args.dir);
     if !args.versions.is_empty() {
-        builder = builder.versions(args.versions);
+        builder = builder.versions(args.versions.clone());
     }
-    if let Some(uid) = args.uid {
+    if let Some(uid) = args.uid.clone() {
         builder = builder.rolling_update_uid(uid);
     }
     builder = builder.get_info_delay(Duration::from_millis(args.get_info_delay_ms));
     // The stub's devices, for SIGUSR1 to turn unhealthy one by one.
-    let mut devices = None;
-    if let Some(endpoint) = args.endpoint {
+    let mut devices: Option<DeviceList> = None;
+    if let Some(endpoint) = args.endpoint.clone() {
         builder = builder.endpoint(endpoint);
     } else if !args.registration_only {
         let routes = match args.plugin_type.as_str() {
             DEVICE_PLUGIN => {
-                let stub = Devices::new(args.devices);
-                let (plugin, list) = StubDevicePlugin::new(stub.pairs());
-                devices = Some((stub, list));
+                let (plugin, list) = device_plugin(&args);
+                devices = Some(list);
                 plugin.routes()
             }
             CSI_PLUGIN => {
@@ -185,7 +201,8 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                     .into_iter()
                     .fold(StubCsiDriver::new(&name, args.node_id), |driver, (key, value)| {
                         driver.topology(key, value)
-                    });
+                    })
+                    .misbehave(args.misbehaviours.iter().copied());
                 match args.max_volumes_file {
                     Some(path) => driver.max_volumes_file(path),
                     None => driver.max_volumes(args.max_volumes),
@@ -218,12 +235,9 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 }
                 printed = statuses.len();
             }
-            _ = user1.recv() => match &mut devices {
-                Some((stub, list)) => match stub.fail_next() {
-                    Some(id) => {
-                        list.set(stub.pairs());
-                        println!("unhealthy: {id}");
-                    }
+            _ = user1.recv() => match &devices {
+                Some(list) => match list.fail_next() {
+                    Some(id) => println!("unhealthy: {id}"),
                     None => eprintln!("example_plugin: SIGUSR1: no healthy device left"),
                 },
                 None => eprintln!("example_plugin: SIGUSR1: no device-plugin stub"),
@@ -245,7 +259,7 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 /// only with `--no-reregister`), until SIGINT or SIGTERM.
 async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), Box<dyn Error>> {
     let file = format!("{}.sock", name.replace('/', "_"));
-    let (plugin, _list) = StubDevicePlugin::new(Devices::new(args.devices).pairs());
+    let (plugin, _list) = device_plugin(args);
     println!("serving {}", dir.join(&file).display());
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|err| format!("install SIGTERM handler: {err}"))?;
@@ -281,27 +295,24 @@ async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), 
     Ok(())
 }
 
-/// The device-plugin stub's devices and whether each is healthy.
-struct Devices(Vec<(String, bool)>);
-
-impl Devices {
-    fn new(count: usize) -> Self {
-        Self((0..count).map(|i| (format!("dev-{i}"), true)).collect())
+/// The device-plugin stub as the arguments ask: `--devices` healthy
+/// devices `dev-0`…, its options and its misbehaviours.
+fn device_plugin(args: &Args) -> (StubDevicePlugin, DeviceList) {
+    let ids: Vec<String> = (0..args.devices).map(|i| format!("dev-{i}")).collect();
+    let (mut plugin, list) =
+        StubDevicePlugin::new(ids.iter().map(|id| (id.as_str(), DEVICE_HEALTHY)));
+    if args.preferred_allocation {
+        plugin = plugin.preferred_allocation();
     }
-
-    /// Marks the first healthy device unhealthy and returns its id.
-    fn fail_next(&mut self) -> Option<String> {
-        let (id, healthy) = self.0.iter_mut().find(|(_, healthy)| *healthy)?;
-        *healthy = false;
-        Some(id.clone())
+    if args.pre_start_required {
+        plugin = plugin.pre_start_required();
     }
+    (plugin.misbehave(args.misbehaviours.iter().copied()), list)
+}
 
-    /// `(id, health)` pairs for `DeviceList::set`.
-    fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(id, healthy)| {
-            (id.as_str(), if *healthy { DEVICE_HEALTHY } else { DEVICE_UNHEALTHY })
-        })
-    }
+/// A name of `kpm_registrar::stub::Misbehaviour`, for `--misbehave`.
+fn parse_misbehaviour(name: &str) -> Result<Misbehaviour, String> {
+    name.parse().map_err(|err: kpm_registrar::stub::UnknownMisbehaviour| err.to_string())
 }
 
 /// `KEY=VALUE`, for `--topology`.

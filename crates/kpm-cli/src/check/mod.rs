@@ -14,6 +14,9 @@
 //! ending in an outcome with its evidence; [`report`] gathers the outcomes
 //! into the one report all three formats render.
 
+mod csi;
+mod device;
+mod hook;
 mod report;
 mod runner;
 
@@ -23,7 +26,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use self::report::Report;
-use self::runner::Dirs;
+use self::runner::{Dirs, Settings};
 use crate::{CliError, OutputFormat};
 
 #[derive(Debug, clap::Args)]
@@ -48,11 +51,18 @@ pub(crate) struct CheckArgs {
     /// for a CI's test report.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
+    /// A shell command that makes one of the device plugin's devices change
+    /// health (run once, with KPM_CHECK_PID the plugin's pid and the paths
+    /// below in its environment); without it the health-change step is
+    /// skipped. For kpm-registrar's example plugin: 'kill -USR1 $KPM_CHECK_PID'.
+    #[arg(long, value_name = "COMMAND")]
+    health_change: Option<String>,
     /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
     /// `{plugins}` in its arguments become the temporary kubelet root, its
-    /// `plugins_registry`, `device-plugins` and `plugins` directories, also
-    /// given as KPM_CHECK_ROOT, KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS
-    /// and KPM_CHECK_PLUGINS.
+    /// `plugins_registry`, `device-plugins` and `plugins` directories, and
+    /// `{cdi}` a directory for CDI specs, also given as KPM_CHECK_ROOT,
+    /// KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS, KPM_CHECK_PLUGINS and
+    /// KPM_CHECK_CDI.
     #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
     command: Vec<String>,
 }
@@ -65,7 +75,11 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
         .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
     let dirs = Dirs::create(temp.path())?;
     let run_started = Instant::now();
-    let steps = runner::run(&args.command, &dirs, Duration::from_secs(args.timeout)).await?;
+    let settings = Settings {
+        bound: Duration::from_secs(args.timeout),
+        health_change: args.health_change.clone(),
+    };
+    let steps = runner::run(&args.command, &dirs, &settings).await?;
     let report = Report::new(&args.command, steps, args.keep.then_some(temp.path()));
     crate::output::print(&args.output.render(&report, Report::text)?)?;
     if let Some(path) = &args.junit {

@@ -8,31 +8,24 @@ use std::time::Duration;
 
 use crate::CliError;
 
-/// How a step ended, with its evidence.
+/// How a step ended, with its evidence. `Warned` is a pass with a finding
+/// stricter than the kubelet: the kubelet copes, but the plugin breaks a
+/// rule of its API that another node agent, or the next kubelet, may hold it to.
 #[derive(Debug, serde::Serialize)]
 #[serde(tag = "result", content = "detail", rename_all = "lowercase")]
 pub(super) enum Outcome {
     Passed(String),
+    Warned(String),
     Failed(String),
     Skipped(String),
 }
 
 impl Outcome {
-    /// A step judged on several sockets: failed if any failed, skipped with
-    /// `if_none` when there was nothing to judge, else passed; the evidence
-    /// is the lines, `; `-separated.
-    pub(super) fn judged(failed: bool, lines: &[String], if_none: &str) -> Self {
-        match (failed, lines.is_empty()) {
-            (true, _) => Self::Failed(lines.join("; ")),
-            (false, true) => Self::Skipped(if_none.to_owned()),
-            (false, false) => Self::Passed(lines.join("; ")),
-        }
-    }
-
-    /// `PASS`, `FAIL` or `SKIP`, as the report's lines show it.
+    /// `PASS`, `WARN`, `FAIL` or `SKIP`, as the report's lines show it.
     fn mark(&self) -> &'static str {
         match self {
             Self::Passed(_) => "PASS",
+            Self::Warned(_) => "WARN",
             Self::Failed(_) => "FAIL",
             Self::Skipped(_) => "SKIP",
         }
@@ -41,7 +34,53 @@ impl Outcome {
     /// The evidence, whatever the result.
     fn detail(&self) -> &str {
         match self {
-            Self::Passed(detail) | Self::Failed(detail) | Self::Skipped(detail) => detail,
+            Self::Passed(detail)
+            | Self::Warned(detail)
+            | Self::Failed(detail)
+            | Self::Skipped(detail) => detail,
+        }
+    }
+}
+
+/// A step's evidence as it is gathered, line by line, each line weighing
+/// as a pass, a warning or a failure: the step ends as its worst line.
+#[derive(Debug, Default)]
+pub(super) struct Findings {
+    lines: Vec<String>,
+    warned: bool,
+    failed: bool,
+}
+
+impl Findings {
+    pub(super) fn pass(&mut self, line: impl Into<String>) {
+        self.lines.push(line.into());
+    }
+
+    pub(super) fn warn(&mut self, line: impl Into<String>) {
+        self.warned = true;
+        self.lines.push(line.into());
+    }
+
+    pub(super) fn fail(&mut self, line: impl Into<String>) {
+        self.failed = true;
+        self.lines.push(line.into());
+    }
+
+    /// A pass or a failure, as `failed` says.
+    pub(super) fn judge(&mut self, failed: bool, line: impl Into<String>) {
+        if failed { self.fail(line) } else { self.pass(line) }
+    }
+
+    /// The outcome: failed if any line failed, else warned if any warned,
+    /// else passed; skipped with `if_none` when nothing was judged. The
+    /// evidence is the lines, `; `-separated.
+    pub(super) fn outcome(self, if_none: &str) -> Outcome {
+        let detail = self.lines.join("; ");
+        match (self.failed, self.warned, self.lines.is_empty()) {
+            (true, _, _) => Outcome::Failed(detail),
+            (false, true, _) => Outcome::Warned(detail),
+            (false, false, true) => Outcome::Skipped(if_none.to_owned()),
+            (false, false, false) => Outcome::Passed(detail),
         }
     }
 }
@@ -54,10 +93,11 @@ struct Checked {
     outcome: Outcome,
 }
 
-/// How many steps passed, failed and were skipped.
+/// How many steps passed (with or without warnings), failed and were skipped.
 #[derive(Debug, Default, serde::Serialize)]
 struct Tally {
     passed: usize,
+    warned: usize,
     failed: usize,
     skipped: usize,
 }
@@ -68,6 +108,7 @@ impl Tally {
         for Checked { outcome, .. } in steps {
             let count = match outcome {
                 Outcome::Passed(_) => &mut tally.passed,
+                Outcome::Warned(_) => &mut tally.warned,
                 Outcome::Failed(_) => &mut tally.failed,
                 Outcome::Skipped(_) => &mut tally.skipped,
             };
@@ -111,7 +152,8 @@ impl<'a> Report<'a> {
         format!("kpm check -- {}", self.command.join(" "))
     }
 
-    /// The report as lines: `PASS|FAIL|SKIP step evidence`, then the tally.
+    /// The report as lines: `PASS|WARN|FAIL|SKIP step evidence`, then the
+    /// tally (warnings named only when there are some).
     pub(super) fn text(&self) -> String {
         let mut text = self.title() + "\n";
         for Checked { step, outcome } in &self.steps {
@@ -124,28 +166,40 @@ impl<'a> Report<'a> {
                 root.display()
             );
         }
-        let _ = writeln!(text, "{} passed, {} failed", self.tally.passed, self.tally.failed);
+        let Tally { passed, warned, failed, .. } = self.tally;
+        let _ = match warned {
+            0 => writeln!(text, "{passed} passed, {failed} failed"),
+            _ => writeln!(text, "{passed} passed, {warned} warned, {failed} failed"),
+        };
         text
     }
 
     /// Writes the report as JUnit XML to `path`: one test suite named after
     /// the command, each step a test case of class `kpm check`; a failure or
-    /// a skip carries its evidence as the message, a pass as its output.
+    /// a skip carries its evidence as the message, a pass as its output, and
+    /// a warning is a pass whose output begins `warning: ` (JUnit has no
+    /// warnings).
     pub(super) fn write_junit(&self, path: &Path, took: Duration) -> Result<(), CliError> {
         use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
         let cases = self.steps.iter().map(|Checked { step, outcome }| {
             let mut status = match outcome {
-                Outcome::Passed(_) => TestCaseStatus::success(),
+                Outcome::Passed(_) | Outcome::Warned(_) => TestCaseStatus::success(),
                 Outcome::Failed(_) => TestCaseStatus::non_success(NonSuccessKind::Failure),
                 Outcome::Skipped(_) => TestCaseStatus::skipped(),
             };
-            if !matches!(outcome, Outcome::Passed(_)) {
-                status.set_message(outcome.detail());
+            if let Outcome::Failed(detail) | Outcome::Skipped(detail) = outcome {
+                status.set_message(detail.as_str());
             }
             let mut case = TestCase::new(*step, status);
             case.set_classname("kpm check");
-            if let Outcome::Passed(detail) = outcome {
-                case.set_system_out(detail);
+            match outcome {
+                Outcome::Passed(detail) => {
+                    case.set_system_out(detail.as_str());
+                }
+                Outcome::Warned(detail) => {
+                    case.set_system_out(format!("warning: {detail}"));
+                }
+                Outcome::Failed(_) | Outcome::Skipped(_) => {}
             }
             case
         });

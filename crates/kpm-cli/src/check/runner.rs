@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use kpm::{ExecutorError, KubeletHandle, PluginState, Step};
+use kpm::{ExecutorError, KubeletHandle, PluginDetails, PluginEndpoint, PluginState, Step};
 use tokio::process::{Child, Command};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::report::Outcome;
+use super::hook::Hook;
+use super::report::{Findings, Outcome};
+use super::{csi, device};
 use crate::CliError;
 
 /// How often the run looks at the kubelet's state while it waits.
@@ -25,6 +27,7 @@ const KUBELET_MINORS: &str = "kubelet minors";
 const SOCKET_NAMES: &str = "socket names";
 const KUBELET_RESTART: &str = "kubelet restart";
 const SIGTERM: &str = "SIGTERM";
+const PLUGIN_RESTART: &str = "plugin restart";
 
 /// The temporary kubelet root and its directories.
 pub(super) struct Dirs {
@@ -32,6 +35,7 @@ pub(super) struct Dirs {
     registry: PathBuf,
     device_plugins: PathBuf,
     plugins: PathBuf,
+    cdi: PathBuf,
 }
 
 impl Dirs {
@@ -42,8 +46,9 @@ impl Dirs {
             registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
             device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
             plugins: root.join("plugins"),
+            cdi: root.join("cdi"),
         };
-        for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins] {
+        for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
             std::fs::create_dir_all(dir)
                 .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
         }
@@ -55,13 +60,27 @@ impl Dirs {
         path.strip_prefix(&self.root).unwrap_or(path).display().to_string()
     }
 
+    /// The directory the plugin is told to write CDI specs in.
+    pub(super) fn cdi(&self) -> &Path {
+        &self.cdi
+    }
+
+    /// The environment variables naming the paths, for the plugin and hooks.
+    fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        self.substitutions()
+            .iter()
+            .map(|(_, variable, path)| (*variable, path.as_os_str().to_owned()))
+            .collect()
+    }
+
     /// `(placeholder, environment variable, path)`.
-    fn substitutions(&self) -> [(&'static str, &'static str, &Path); 4] {
+    fn substitutions(&self) -> [(&'static str, &'static str, &Path); 5] {
         [
             ("{root}", "KPM_CHECK_ROOT", &self.root),
             ("{registry}", "KPM_CHECK_REGISTRY", &self.registry),
             ("{device-plugins}", "KPM_CHECK_DEVICE_PLUGINS", &self.device_plugins),
             ("{plugins}", "KPM_CHECK_PLUGINS", &self.plugins),
+            ("{cdi}", "KPM_CHECK_CDI", &self.cdi),
         ]
     }
 }
@@ -98,7 +117,7 @@ impl Node {
     /// registered on `kubelet.sock` (resources with an endpoint in
     /// `device-plugins/`), by what a report shows.
     fn registered(&self, dirs: &Dirs) -> Registered {
-        let sockets: Vec<(PathBuf, String, String)> = self
+        let sockets: Vec<Socket> = self
             .handle
             .manager()
             .status()
@@ -106,7 +125,11 @@ impl Node {
             .filter(|status| status.state == PluginState::Registered)
             .filter_map(|status| {
                 let registered = status.registration?;
-                Some((status.socket_path, registered.plugin_type, registered.plugin.name))
+                Some(Socket {
+                    path: status.socket_path,
+                    plugin_type: registered.plugin_type,
+                    plugin: registered.plugin,
+                })
             })
             .collect();
         let resources = self
@@ -115,18 +138,28 @@ impl Node {
             .resources()
             .into_iter()
             .filter(|resource| Path::new(&resource.endpoint).starts_with(&dirs.device_plugins))
-            .filter(|resource| sockets.iter().all(|(_, _, name)| *name != resource.resource))
+            .filter(|resource| sockets.iter().all(|socket| socket.plugin.name != resource.resource))
             .map(|resource| (resource.resource, PathBuf::from(resource.endpoint)))
             .collect();
         Registered { sockets, resources }
     }
 }
 
+/// A registration socket the kubelet registered.
+#[derive(Debug, PartialEq, Eq)]
+struct Socket {
+    path: PathBuf,
+    /// The type it reported in `GetInfo`.
+    plugin_type: String,
+    /// Its name, endpoint and versions.
+    plugin: PluginDetails,
+}
+
 /// What the kubelet has registered of the plugin.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Registered {
-    /// Registry sockets: `(socket, type, name)`.
-    sockets: Vec<(PathBuf, String, String)>,
+    /// Registry sockets.
+    sockets: Vec<Socket>,
     /// Device plugins registered on `kubelet.sock`: `(resource, endpoint)`.
     resources: Vec<(String, PathBuf)>,
 }
@@ -145,12 +178,31 @@ impl Registered {
         self.sockets == other.sockets && resources(self) == resources(other)
     }
 
+    /// The registration sockets of `plugin_type`.
+    fn of_type<'a>(&'a self, plugin_type: &'a str) -> impl Iterator<Item = &'a Socket> {
+        self.sockets.iter().filter(move |socket| socket.plugin_type == plugin_type)
+    }
+
+    /// Every device plugin, registered either way: `(resource, endpoint)`.
+    fn device_endpoints(&self) -> Vec<(String, PathBuf)> {
+        let sockets = self.of_type(kpm::api::DEVICE_PLUGIN).map(|socket| {
+            let endpoint = match &socket.plugin.endpoint {
+                PluginEndpoint::Advertised(endpoint) => {
+                    kpm::transport::endpoint_path(endpoint).to_path_buf()
+                }
+                PluginEndpoint::RegistrationSocket(path) => path.clone(),
+            };
+            (socket.plugin.name.clone(), endpoint)
+        });
+        sockets.chain(self.resources.iter().cloned()).collect()
+    }
+
     fn describe(&self, dirs: &Dirs) -> String {
         if self.is_empty() {
             return "nothing registered".into();
         }
-        let sockets = self.sockets.iter().map(|(socket, plugin_type, name)| {
-            format!("{plugin_type} {name} at {}", dirs.shown(socket))
+        let sockets = self.sockets.iter().map(|socket| {
+            format!("{} {} at {}", socket.plugin_type, socket.plugin.name, dirs.shown(&socket.path))
         });
         let resources = self.resources.iter().map(|(resource, endpoint)| {
             format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", dirs.shown(endpoint))
@@ -159,14 +211,24 @@ impl Registered {
     }
 }
 
+/// What the user set for a run.
+pub(super) struct Settings {
+    /// How long each wait may take (`--timeout`).
+    pub(super) bound: Duration,
+    /// `--health-change`: a shell command that changes the health of one
+    /// of the device plugin's devices.
+    pub(super) health_change: Option<String>,
+}
+
 /// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
-/// each wait bounded by `bound`; the steps that cannot run once the plugin
-/// failed to register are skipped.
+/// each wait bounded by `settings.bound`; the steps that cannot run once
+/// the plugin failed to register are skipped.
 pub(super) async fn run(
     command: &[String],
     dirs: &Dirs,
-    bound: Duration,
+    settings: &Settings,
 ) -> Result<Vec<(&'static str, Outcome)>, CliError> {
+    let bound = settings.bound;
     let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
     let mut plugin = start_plugin(command, dirs)?;
@@ -197,6 +259,12 @@ pub(super) async fn run(
         let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
         steps.extend(inspect(&judge.handle(), dirs, registered).await);
         steps.push((SOCKET_NAMES, names(registered)));
+        let hook = settings.health_change.as_ref().map(|command| {
+            let mut env = dirs.environment();
+            env.push(("KPM_CHECK_PID", plugin.id().unwrap_or_default().to_string().into()));
+            Hook::new(command.clone(), env, bound)
+        });
+        let before = converse(&node, registered, hook.as_ref(), bound, &mut steps).await;
         node.stop().await?;
         let restarted = Instant::now();
         node = Node::start(dirs)?;
@@ -217,9 +285,18 @@ pub(super) async fn run(
             },
         ));
         steps.push((SIGTERM, terminate(&node, dirs, &mut plugin, registered, bound).await));
+        let restart = restart_plugin(command, &node, dirs, &mut plugin, registered, &before, bound);
+        steps.push((PLUGIN_RESTART, restart.await));
     } else {
-        for name in [GET_INFO, TYPE_CHECKS, KUBELET_MINORS, SOCKET_NAMES, KUBELET_RESTART, SIGTERM]
-        {
+        for name in [
+            GET_INFO,
+            TYPE_CHECKS,
+            KUBELET_MINORS,
+            SOCKET_NAMES,
+            KUBELET_RESTART,
+            SIGTERM,
+            PLUGIN_RESTART,
+        ] {
             steps.push((name, Outcome::Skipped("the plugin never registered".into())));
         }
     }
@@ -233,6 +310,106 @@ pub(super) async fn run(
     Ok(steps)
 }
 
+/// What the conversation saw, for the plugin's restart to be held to.
+#[derive(Debug, Default)]
+struct Before {
+    /// Device plugins' resources and how many devices were healthy at first.
+    healthy: Vec<(String, usize)>,
+    /// CSI drivers' names, endpoints and node ids.
+    node_ids: Vec<(String, String, String)>,
+}
+
+/// The conversation each registered plugin has with the kubelet after its
+/// registration, by type (`device`, `csi`), its steps pushed to `steps`.
+async fn converse(
+    node: &Node,
+    registered: &Registered,
+    health_change: Option<&Hook>,
+    bound: Duration,
+    steps: &mut Vec<(&'static str, Outcome)>,
+) -> Before {
+    let mut before = Before::default();
+    let devices = node.handle.devices();
+    for (resource, endpoint) in registered.device_endpoints() {
+        let healthy = devices.resource(&resource).map_or(0, |status| status.healthy);
+        steps.extend(device::converse(devices, &resource, &endpoint, health_change, bound).await);
+        let first =
+            devices.resource(&resource).map_or(healthy, |status| status.healthy.max(healthy));
+        before.healthy.push((resource, first));
+    }
+    for socket in registered.of_type(kpm::api::CSI_PLUGIN) {
+        let endpoint = socket.plugin.endpoint.target().into_owned();
+        let (said, node_id) = csi::converse(&socket.plugin.name, &endpoint, bound).await;
+        steps.extend(said);
+        if let Some(node_id) = node_id {
+            before.node_ids.push((socket.plugin.name.clone(), endpoint, node_id));
+        }
+    }
+    before
+}
+
+/// The plugin started anew after its SIGTERM, as a pod's container is
+/// restarted: it registers again as before, its devices come back healthy
+/// (allocatable stuck at 0 after a plugin's restart is a kubelet classic:
+/// Kubernetes #62773, #121994), and a CSI driver keeps its node id.
+async fn restart_plugin(
+    command: &[String],
+    node: &Node,
+    dirs: &Dirs,
+    plugin: &mut Child,
+    registered: &Registered,
+    before: &Before,
+    bound: Duration,
+) -> Outcome {
+    if !matches!(plugin.try_wait(), Ok(Some(_))) {
+        return Outcome::Skipped("the plugin did not exit on SIGTERM".into());
+    }
+    let started = Instant::now();
+    *plugin = match start_plugin(command, dirs) {
+        Ok(plugin) => plugin,
+        Err(err) => return Outcome::Failed(err.to_string()),
+    };
+    let again = wait_for(bound, || node.registered(dirs).same_plugins(registered).then_some(()));
+    if again.await.is_none() {
+        return Outcome::Failed(format!(
+            "not registered again within {bound:?} of its restart (now: {}); {}",
+            node.registered(dirs).describe(dirs),
+            evidence(dirs),
+        ));
+    }
+    let mut findings = Findings::default();
+    findings.pass(format!(
+        "registered again {} ms after it started anew",
+        started.elapsed().as_millis()
+    ));
+    let devices = node.handle.devices();
+    for (resource, healthy) in &before.healthy {
+        let back = wait_for(bound, || {
+            devices.resource(resource).map(|status| status.healthy).filter(|now| now >= healthy)
+        });
+        match back.await {
+            Some(now) => findings.pass(format!("{resource}: {now} healthy again")),
+            None => findings.fail(format!(
+                "{resource}: {} healthy {bound:?} after its restart, {healthy} before: the \
+                 node's allocatable stays short",
+                devices.resource(resource).map_or(0, |status| status.healthy)
+            )),
+        }
+    }
+    for (name, endpoint, id) in &before.node_ids {
+        match csi::node_id(endpoint, bound).await {
+            Ok(now) if now == *id => findings.pass(format!("{name}: node id {id:?} kept")),
+            Ok(now) => findings.fail(format!(
+                "{name}: node id {now:?} after its restart, {id:?} before: the kubelet rewrites \
+                 the Node's annotation and the CSINode, and volumes attached under the old id \
+                 are lost to it"
+            )),
+            Err(why) => findings.fail(format!("{name}: {why}")),
+        }
+    }
+    findings.outcome("")
+}
+
 /// Starts the plugin with the placeholders replaced, the paths in its
 /// environment, its output in `plugin.out` and `plugin.err` of the root.
 fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
@@ -243,8 +420,12 @@ fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
     };
     let (program, args) =
         command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
+    // Appended to: a restarted plugin's output follows its first run's.
     let output = |name: &str| {
-        std::fs::File::create(dirs.root.join(name))
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dirs.root.join(name))
             .map(Stdio::from)
             .map_err(|err| CliError::Check(format!("create {name}: {err}")))
     };
@@ -257,9 +438,7 @@ fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
         // A group of its own, for SIGTERM to reach every process of the command.
         .process_group(0)
         .kill_on_drop(true);
-    for (_, variable, path) in dirs.substitutions() {
-        plugin.env(variable, path);
-    }
+    plugin.envs(dirs.environment());
     plugin.spawn().map_err(|err| CliError::Check(format!("start {program}: {err}")))
 }
 
@@ -311,7 +490,7 @@ async fn wait_registered(
 }
 
 /// Polls `done` every [`POLL`] until it gives a value, for at most `bound`.
-async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
+pub(super) async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + bound;
     loop {
         if let Some(value) = done() {
@@ -334,9 +513,9 @@ async fn inspect(
     registered: &Registered,
 ) -> Vec<(&'static str, Outcome)> {
     let kubelet_get_info = kpm::ExecutorConfig::default().get_info_timeout;
-    let (mut get_info, mut checks, mut dra) = (Vec::new(), Vec::new(), Vec::new());
-    let mut failed = (false, false);
-    for (socket, _, _) in &registered.sockets {
+    let (mut get_info, mut checks, mut dra) =
+        (Findings::default(), Findings::default(), Vec::new());
+    for Socket { path: socket, .. } in &registered.sockets {
         let shown = dirs.shown(socket);
         let inspection = handle.manager().inspect(socket).await;
         if let Some(info) =
@@ -346,51 +525,36 @@ async fn inspect(
         }
         match (inspection.took(Step::GetInfo), &inspection.outcome) {
             (_, Err(ExecutorError::GetInfoTimeout { .. })) => {
-                failed.0 = true;
                 get_info
-                    .push(format!("{shown}: no answer within the kubelet's {kubelet_get_info:?}"));
+                    .fail(format!("{shown}: no answer within the kubelet's {kubelet_get_info:?}"));
             }
             (Some(took), _) => {
-                get_info.push(format!("{shown} answered in {:.1} ms", took.as_secs_f64() * 1000.0));
+                get_info.pass(format!("{shown} answered in {:.1} ms", took.as_secs_f64() * 1000.0));
             }
-            (None, Err(err)) => {
-                failed.0 = true;
-                get_info.push(format!("{shown}: {}", crate::inspect::reason(err)));
-            }
+            (None, Err(err)) => get_info.fail(format!("{shown}: {}", crate::inspect::reason(err))),
             (None, Ok(())) => {}
         }
         match &inspection.outcome {
-            Ok(()) => checks.push(format!(
+            Ok(()) => checks.pass(format!(
                 "{shown}: {}",
                 inspection.service.as_ref().map_or_else(|| "ok".into(), ToString::to_string)
             )),
             Err(ExecutorError::GetInfoTimeout { .. }) => {}
             Err(err) => {
-                failed.1 = true;
                 let step = inspection.failed_step().map_or("inspection", Step::name);
-                checks.push(format!("{shown}: {step}: {}", crate::inspect::reason(err)));
+                checks.fail(format!("{shown}: {step}: {}", crate::inspect::reason(err)));
             }
         }
     }
     for (resource, endpoint) in &registered.resources {
         match handle.devices().inspect_endpoint(resource, endpoint).await {
-            Ok(report) => checks.push(format!("{resource}: {report}")),
-            Err(err) => {
-                failed.1 = true;
-                checks.push(format!("{resource}: {}", kpm_api::gotext::error_chain(&err)));
-            }
+            Ok(report) => checks.pass(format!("{resource}: {report}")),
+            Err(err) => checks.fail(format!("{resource}: {}", kpm_api::gotext::error_chain(&err))),
         }
     }
     vec![
-        (
-            GET_INFO,
-            Outcome::judged(
-                failed.0,
-                &get_info,
-                "registered through kubelet.sock only: no GetInfo",
-            ),
-        ),
-        (TYPE_CHECKS, Outcome::judged(failed.1, &checks, "nothing to check")),
+        (GET_INFO, get_info.outcome("registered through kubelet.sock only: no GetInfo")),
+        (TYPE_CHECKS, checks.outcome("nothing to check")),
         (KUBELET_MINORS, minors(&dra)),
     ]
 }
@@ -411,9 +575,9 @@ fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
             "no DRA driver: kubelets 1.{first} to 1.{last} take CSI drivers and device plugins alike"
         ));
     }
-    let mut lines = Vec::new();
-    let mut failed = false;
+    let mut findings = Findings::default();
     for (shown, services) in dra {
+        let mut failed = false;
         // Consecutive minors that do the same, as `(first, last, what)`.
         let mut spans: Vec<(u32, u32, String)> = Vec::new();
         for minor in CHECKED_MINORS {
@@ -444,33 +608,31 @@ fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
                 }
             })
             .collect();
-        lines.push(format!("{shown}: kubelets {}", said.join(", ")));
+        findings.judge(failed, format!("{shown}: kubelets {}", said.join(", ")));
     }
-    Outcome::judged(failed, &lines, "")
+    findings.outcome("")
 }
 
 /// Registration sockets named `<name>-reg.sock` (a name's `/` as `_`), or
 /// `<name>-<uid>-reg.sock` for one instance of several (DRA rolling updates).
 fn names(registered: &Registered) -> Outcome {
-    let mut lines = Vec::new();
-    let mut failed = false;
-    for (socket, _, name) in &registered.sockets {
+    let mut findings = Findings::default();
+    for Socket { path: socket, plugin: PluginDetails { name, .. }, .. } in &registered.sockets {
         let file = socket.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         let prefix = name.replace('/', "_");
         let conforms = file.strip_suffix("-reg.sock").is_some_and(|stem| {
             stem == prefix || stem.strip_prefix(&prefix).is_some_and(|uid| uid.starts_with('-'))
         });
         if conforms {
-            lines.push(format!("{file}: <name>-reg.sock or <name>-<uid>-reg.sock"));
+            findings.pass(format!("{file}: <name>-reg.sock or <name>-<uid>-reg.sock"));
         } else {
-            failed = true;
-            lines.push(format!(
+            findings.fail(format!(
                 "{file} should be {prefix}-reg.sock (or {prefix}-<uid>-reg.sock per instance): \
                  node-driver-registrar and the kubelet's helpers name it so, and tools find it by that name"
             ));
         }
     }
-    Outcome::judged(failed, &lines, "registered through kubelet.sock only: no registration socket")
+    findings.outcome("registered through kubelet.sock only: no registration socket")
 }
 
 /// SIGTERM: the plugin exits within the bound, having removed its
@@ -498,7 +660,7 @@ async fn terminate(
     let files = registered
         .sockets
         .iter()
-        .map(|(socket, _, _)| socket)
+        .map(|socket| &socket.path)
         .chain(registered.resources.iter().map(|(_, endpoint)| endpoint));
     let left: Vec<String> =
         files.filter(|path| path.exists()).map(|path| path.display().to_string()).collect();

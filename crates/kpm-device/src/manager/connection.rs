@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Weak;
+use std::time::Duration;
 
 use kpm_api::constants::DEVICE_HEALTHY;
 use kpm_api::deviceplugin::v1beta1::{DevicePluginOptions, Empty, ListAndWatchResponse};
@@ -15,6 +16,7 @@ use kpm_transport as uds;
 use kpm_transport::{Dialer, UdsChannel};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::rpc::{bounded, plugin_client, timed_out};
@@ -43,6 +45,11 @@ pub struct DevicePluginReport {
     /// resource's healthy devices by ID in its checkpoint, which tells which
     /// resource a plugin on `kubelet.sock` serves.
     pub healthy_ids: BTreeSet<String>,
+    /// The ids the first list named more than once: the kubelet keeps one
+    /// device per id, so its capacity is smaller than the list.
+    pub repeated_ids: BTreeSet<String>,
+    /// How long the first list took, from the `ListAndWatch` call.
+    pub first_list_took: Duration,
 }
 
 /// `N devices, M healthy; pre_start_required=… get_preferred_allocation_available=…`.
@@ -129,6 +136,7 @@ impl DeviceManager {
         let (channel, options) = self.open(resource, socket).await?;
         let server_pid = channel.peer_pid();
         let timeout = self.config.call_timeout;
+        let asked = Instant::now();
         let first = async { list_and_watch(channel).await?.message().await };
         let failed = |reason: String| DeviceError::ListAndWatch {
             resource: resource.to_owned(),
@@ -141,6 +149,14 @@ impl DeviceManager {
             Ok(Ok(None)) => return Err(failed("the stream ended before the first list".into())),
             Ok(Ok(Some(list))) => list,
         };
+        let first_list_took = asked.elapsed();
+        let mut seen = BTreeSet::new();
+        let repeated_ids = list
+            .devices
+            .iter()
+            .filter(|device| !seen.insert(&device.id))
+            .map(|device| device.id.clone())
+            .collect();
         let healthy_ids: BTreeSet<String> = list
             .devices
             .iter()
@@ -154,6 +170,8 @@ impl DeviceManager {
             devices: list.devices.len(),
             healthy: healthy_ids.len(),
             healthy_ids,
+            repeated_ids,
+            first_list_took,
         })
     }
 

@@ -1,0 +1,200 @@
+//! A registered CSI driver held to what the kubelet's registration and
+//! node-info path needs of it, beyond volumes (csi-sanity's part): the same
+//! node id on every call, topology that can become the Node's labels and
+//! the CSINode's `topologyKeys`, `GetPluginInfo` naming the driver that
+//! registered, and `NodeGetCapabilities` answering.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kpm::transport::{Dialer, fd};
+use kpm_api::csi::v1::identity_client::IdentityClient;
+use kpm_api::csi::v1::node_client::NodeClient;
+use kpm_api::csi::v1::node_service_capability::{Rpc, Type as Capability, rpc};
+use kpm_api::csi::v1::{
+    GetPluginInfoRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetInfoResponse,
+};
+use tonic::transport::Channel;
+
+use super::report::{Findings, Outcome};
+
+// The steps' names, in the order they run.
+const NODE_ID: &str = "node id stable";
+const TOPOLOGY: &str = "topology keys";
+const PLUGIN_NAME: &str = "GetPluginInfo name";
+const CAPABILITIES: &str = "NodeGetCapabilities";
+
+/// How many times `NodeGetInfo` is asked: the kubelet asks at every
+/// registration, and the node id must not move between them.
+const NODE_GET_INFO_CALLS: usize = 3;
+
+/// The conversation with the CSI driver registered as `name`, served at
+/// `endpoint` (as it advertised it); also the node id it reported, for the
+/// restart step to compare.
+pub(super) async fn converse(
+    name: &str,
+    endpoint: &str,
+    bound: Duration,
+) -> (Vec<(&'static str, Outcome)>, Option<String>) {
+    let channel = match dial(endpoint, bound).await {
+        Ok(channel) => channel,
+        Err(why) => {
+            let steps = [NODE_ID, TOPOLOGY, PLUGIN_NAME, CAPABILITIES]
+                .map(|step| (step, Outcome::Failed(why.clone())));
+            return (steps.into(), None);
+        }
+    };
+    let mut node = NodeClient::new(channel.clone());
+    let mut infos = Vec::new();
+    for _ in 0..NODE_GET_INFO_CALLS {
+        infos
+            .push(node.node_get_info(NodeGetInfoRequest {}).await.map(tonic::Response::into_inner));
+    }
+    let first = infos.first().and_then(|info| info.as_ref().ok()).cloned();
+    let steps = vec![
+        (NODE_ID, node_id_stable(&infos)),
+        (TOPOLOGY, first.as_ref().map_or_else(no_node_info, topology)),
+        (PLUGIN_NAME, plugin_name(name, IdentityClient::new(channel)).await),
+        (CAPABILITIES, capabilities(node).await),
+    ];
+    let node_id = first.map(|info| info.node_id).filter(|id| !id.is_empty());
+    (steps, node_id)
+}
+
+/// The node id the driver at `endpoint` reports now, for the restart step.
+pub(super) async fn node_id(endpoint: &str, bound: Duration) -> Result<String, String> {
+    let channel = dial(endpoint, bound).await?;
+    let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await;
+    info.map(|info| info.into_inner().node_id)
+        .map_err(|status| format!("NodeGetInfo: {}", status.message()))
+}
+
+/// A channel to the driver, as the kubelet dials it (a `unix://` prefix
+/// stripped).
+async fn dial(endpoint: &str, bound: Duration) -> Result<Channel, String> {
+    let socket = kpm::transport::endpoint_path(endpoint);
+    let dialed = Dialer::new(fd::budget().clone(), bound).grpc(socket).await;
+    dialed
+        .map(|dialed| dialed.channel)
+        .map_err(|err| format!("dial {}: {}", socket.display(), kpm_api::gotext::error_chain(&err)))
+}
+
+fn no_node_info() -> Outcome {
+    Outcome::Failed("no NodeGetInfo answer: the kubelet refuses the registration".into())
+}
+
+/// The same non-empty node id on every call: the kubelet writes it into
+/// the Node's `csi.volume.kubernetes.io/nodeid` annotation and the CSINode,
+/// and attachers address volumes by it.
+fn node_id_stable(infos: &[Result<NodeGetInfoResponse, tonic::Status>]) -> Outcome {
+    let mut ids = Vec::new();
+    for info in infos {
+        match info {
+            Ok(info) => ids.push(info.node_id.as_str()),
+            Err(status) => {
+                return Outcome::Failed(format!(
+                    "NodeGetInfo: {}: the kubelet refuses the registration",
+                    status.message()
+                ));
+            }
+        }
+    }
+    match ids.as_slice() {
+        [first, ..] if first.is_empty() => Outcome::Failed(
+            "an empty node id: the kubelet refuses the registration (\"node ID is empty\")".into(),
+        ),
+        [first, rest @ ..] if rest.iter().all(|id| id == first) => {
+            Outcome::Passed(format!("{first:?} on {} calls", ids.len()))
+        }
+        _ => Outcome::Failed(format!(
+            "{ids:?} on {} calls: the kubelet writes each into the Node's annotation and the \
+             CSINode, and volumes attached under one id are lost to the next",
+            ids.len()
+        )),
+    }
+}
+
+/// The accessible topology: its keys become the CSINode's `topologyKeys`
+/// and, with the values, the Node's labels, which the API server refuses
+/// unless they are valid label keys and values (and then the kubelet's
+/// registration fails).
+fn topology(info: &NodeGetInfoResponse) -> Outcome {
+    let segments: BTreeMap<&String, &String> =
+        info.accessible_topology.iter().flat_map(|topology| &topology.segments).collect();
+    if segments.is_empty() {
+        return Outcome::Passed("no topology: the CSINode has no topologyKeys".into());
+    }
+    let mut findings = Findings::default();
+    let keys: Vec<&String> = segments.keys().copied().collect();
+    findings.pass(format!("the CSINode's topologyKeys {keys:?}"));
+    for (key, value) in &segments {
+        if !kpm_api::is_label_key(key) {
+            findings.fail(format!(
+                "{key:?} is not a label key: the Node update is refused, and the registration fails"
+            ));
+        }
+        if !kpm_api::is_label_value(value) {
+            findings.fail(format!(
+                "{key}={value:?} is not a label value: the Node update is refused, and the \
+                 registration fails"
+            ));
+        }
+    }
+    findings.outcome("")
+}
+
+/// `GetPluginInfo` names the driver that registered: provisioners write
+/// that name into each PersistentVolume, and the kubelet finds the driver
+/// for a volume by it among the registered ones.
+async fn plugin_name(registered: &str, mut identity: IdentityClient<Channel>) -> Outcome {
+    match identity.get_plugin_info(GetPluginInfoRequest {}).await {
+        Err(status) => Outcome::Failed(format!(
+            "GetPluginInfo: {}: provisioners and attachers cannot name the driver",
+            status.message()
+        )),
+        Ok(info) => {
+            let info = info.into_inner();
+            if info.name == registered {
+                Outcome::Passed(format!(
+                    "{:?} (vendor version {:?})",
+                    info.name, info.vendor_version
+                ))
+            } else {
+                Outcome::Failed(format!(
+                    "{:?}, registered as {registered:?}: volumes provisioned by {:?} fail to \
+                     mount (\"driver name {} not found in the list of registered CSI drivers\")",
+                    info.name, info.name, info.name
+                ))
+            }
+        }
+    }
+}
+
+/// `NodeGetCapabilities`, which the kubelet asks before staging, mounting
+/// and reading a volume's stats.
+async fn capabilities(mut node: NodeClient<Channel>) -> Outcome {
+    match node.node_get_capabilities(NodeGetCapabilitiesRequest {}).await {
+        Err(status) => Outcome::Failed(format!(
+            "{:?}: {}: the kubelet asks it before every volume is staged or mounted, which fail",
+            status.code(),
+            status.message()
+        )),
+        Ok(response) => {
+            let names: Vec<&str> = response
+                .into_inner()
+                .capabilities
+                .iter()
+                .filter_map(|capability| match capability.r#type {
+                    Some(Capability::Rpc(Rpc { r#type })) => {
+                        rpc::Type::try_from(r#type).ok().map(|t| t.as_str_name())
+                    }
+                    _ => None,
+                })
+                .collect();
+            match names.is_empty() {
+                true => Outcome::Passed("answered, no capability (no staging, no stats)".into()),
+                false => Outcome::Passed(format!("answered: {}", names.join(", "))),
+            }
+        }
+    }
+}
