@@ -1,6 +1,7 @@
 //! `kpm check -- PLUGIN-COMMAND…` on plugins that pass and on each way of
 //! failing: no cleanup on SIGTERM, a slow `GetInfo`, no registration after
-//! the kubelet restarts.
+//! the kubelet restarts, and each rule of the conversation that follows
+//! registration broken by one of kpm-registrar's stub misbehaviours.
 //!
 //! The plugins are real processes: this test binary started again by
 //! `kpm check` with the plugin's configuration in the environment (see
@@ -17,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kpm_registrar::Registrar;
-use kpm_registrar::stub::StubDevicePlugin;
+use kpm_registrar::stub::{Misbehaviour, StubCsiDriver, StubDevicePlugin};
 
 /// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
 const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
@@ -26,6 +27,12 @@ const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
 const NO_CLEANUP: &str = "KPM_TEST_NO_CLEANUP";
 const GET_INFO_DELAY_MS: &str = "KPM_TEST_GET_INFO_DELAY_MS";
 const NO_REREGISTER: &str = "KPM_TEST_NO_REREGISTER";
+/// kpm-registrar's stub misbehaviours, comma-separated names.
+const MISBEHAVE: &str = "KPM_TEST_MISBEHAVE";
+/// The `csi` role's topology, `KEY=VALUE`.
+const TOPOLOGY: &str = "KPM_TEST_TOPOLOGY";
+/// What `--health-change` runs: the plugin turns a device unhealthy on SIGUSR1.
+const HEALTH_CHANGE: &str = "kill -USR1 $KPM_CHECK_PID";
 /// The `dra` role's supported versions, comma-separated (default:
 /// kpm-registrar's).
 const DRA_VERSIONS: &str = "KPM_TEST_DRA_VERSIONS";
@@ -38,7 +45,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 8] = [
+    let tests: [(&str, fn()); 10] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -65,6 +72,11 @@ fn main() {
             "a_plugin_command_that_does_not_start_cannot_be_checked",
             a_plugin_command_that_does_not_start_cannot_be_checked,
         ),
+        (
+            "each_device_plugin_rule_fails_on_its_misbehaviour",
+            each_device_plugin_rule_fails_on_its_misbehaviour,
+        ),
+        ("each_csi_rule_fails_on_its_misbehaviour", each_csi_rule_fails_on_its_misbehaviour),
     ];
     support::run_tests(&tests);
 }
@@ -108,27 +120,101 @@ fn a_plugin_command_that_does_not_start_cannot_be_checked() {
     assert!(stderr.contains(&format!("start {}", missing.display())), "{stderr}");
 }
 
+/// The device plugin's steps, in the order they run.
+const DEVICE_STEPS: [&str; 7] = [
+    "ListAndWatch",
+    "Allocate",
+    "Allocate unknown id",
+    "GetPreferredAllocation",
+    "PreStartContainer",
+    "health change",
+    "stream stays open",
+];
+
 fn a_good_plugin_passes_every_step() {
-    let (code, report) = check("registry", &[]);
+    let options = [OsStr::new("--health-change"), OsStr::new(HEALTH_CHANGE)];
+    let (code, report) = check_with(&options, "registry", &[]);
     assert_eq!(code, 0, "{report}");
     let minors = line(&report, "kubelet minors");
     assert!(minors.starts_with("SKIP") && minors.contains("no DRA driver"), "{report}");
-    for step in [
-        "registers",
-        "GetInfo within 1 s",
-        "type checks",
-        "socket names",
-        "kubelet restart",
-        "SIGTERM",
-    ] {
-        assert!(line(&report, step).starts_with("PASS"), "{report}");
+    let steps = ["registers", "GetInfo within 1 s", "type checks", "socket names"];
+    let after = ["kubelet restart", "SIGTERM", "plugin restart"];
+    for step in steps.iter().chain(&DEVICE_STEPS).chain(&after) {
+        assert!(line(&report, step).starts_with("PASS"), "{step}: {report}");
     }
     assert!(
         line(&report, "registers")
             .contains("DevicePlugin vendor.com/gpu at plugins_registry/vendor.com_gpu-reg.sock")
     );
-    assert!(line(&report, "type checks").contains("2 devices, 2 healthy"));
-    assert!(report.ends_with("6 passed, 0 failed\n"), "{report}");
+    assert!(line(&report, "type checks").contains("3 devices, 3 healthy"));
+    let allocate = line(&report, "Allocate");
+    assert!(allocate.contains("gpu-0: 1 env, 1 device /dev/null→/dev/gpu-0 rw"), "{report}");
+    assert!(line(&report, "health change").contains("gpu-0 Healthy→Unhealthy"), "{report}");
+    assert!(
+        line(&report, "plugin restart").contains("vendor.com/gpu: 3 healthy again"),
+        "{report}"
+    );
+    assert!(report.ends_with("14 passed, 0 failed\n"), "{report}");
+    // Without a way to change a device's health, that step is skipped.
+    let (code, report) = check("registry", &[]);
+    assert_eq!(code, 0, "{report}");
+    assert!(line(&report, "health change").starts_with("SKIP"), "{report}");
+}
+
+/// Each rule of the device plugin API, broken by the stub's misbehaviour:
+/// the step that judges it fails (or warns, where the kubelet copes), and
+/// the others are unmoved.
+fn each_device_plugin_rule_fails_on_its_misbehaviour() {
+    let rules = [
+        ("no-device-list", "ListAndWatch", "FAIL", "no list within"),
+        ("duplicate-ids", "ListAndWatch", "FAIL", "ids listed more than once"),
+        ("allocate-no-response", "Allocate", "FAIL", "no container response"),
+        ("allocate-missing-device", "Allocate", "FAIL", "is not on the host"),
+        ("allocate-unknown-ids", "Allocate unknown id", "WARN", "was allocated"),
+        ("preferred-ignores-must-include", "GetPreferredAllocation", "WARN", "gpu-2 was a must"),
+        ("pre-start-fails", "PreStartContainer", "FAIL", "the container does not start"),
+        ("partial-updates", "health change", "FAIL", "left out [\"gpu-1\", \"gpu-2\"]"),
+        ("stream-ends", "stream stays open", "FAIL", "ended the ListAndWatch stream"),
+    ];
+    let options = [OsStr::new("--health-change"), OsStr::new(HEALTH_CHANGE)];
+    for (misbehaviour, step, mark, evidence) in rules {
+        let (code, report) = check_with(&options, "registry", &[(MISBEHAVE, misbehaviour)]);
+        let judged = line(&report, step);
+        assert!(judged.starts_with(mark) && judged.contains(evidence), "{misbehaviour}: {report}");
+        assert_eq!(code, i32::from(mark == "FAIL"), "{misbehaviour}: {report}");
+        for other in DEVICE_STEPS.iter().filter(|other| **other != step) {
+            assert!(!line(&report, other).starts_with("FAIL"), "{misbehaviour}: {other}: {report}");
+        }
+    }
+}
+
+/// Each rule of the kubelet's node-info path for CSI drivers, broken by
+/// the stub's misbehaviour or a topology key no label may have.
+fn each_csi_rule_fails_on_its_misbehaviour() {
+    let (code, report) = check("csi", &[]);
+    assert_eq!(code, 0, "{report}");
+    for step in ["node id stable", "topology keys", "GetPluginInfo name", "NodeGetCapabilities"] {
+        assert!(line(&report, step).starts_with("PASS"), "{step}: {report}");
+    }
+    assert!(line(&report, "plugin restart").contains("node id \"node-1\" kept"), "{report}");
+    let rules: [(&[(&str, &str)], &str, &str); 4] = [
+        (&[(MISBEHAVE, "node-id-changes")], "node id stable", "on 3 calls"),
+        (&[(MISBEHAVE, "plugin-info-name-differs")], "GetPluginInfo name", "registered as"),
+        (&[(MISBEHAVE, "no-node-capabilities")], "NodeGetCapabilities", "Unimplemented"),
+        (&[(TOPOLOGY, "bad key=x")], "topology keys", "\"bad key\" is not a label key"),
+    ];
+    for (misbehaviour, step, evidence) in rules {
+        let (code, report) = check("csi", misbehaviour);
+        assert_eq!(code, 1, "{misbehaviour:?}: {report}");
+        let judged = line(&report, step);
+        assert!(
+            judged.starts_with("FAIL") && judged.contains(evidence),
+            "{misbehaviour:?}: {report}"
+        );
+    }
+    // A node id that moves also moves across the driver's restart.
+    let (_, report) = check("csi", &[(MISBEHAVE, "node-id-changes")]);
+    assert!(line(&report, "plugin restart").starts_with("FAIL"), "{report}");
 }
 
 fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
@@ -141,7 +227,7 @@ fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
             && sigterm.contains("vendor.com_gpu-reg.sock"),
         "{report}"
     );
-    assert!(report.ends_with("5 passed, 1 failed\n"), "{report}");
+    assert!(report.ends_with("12 passed, 1 failed\n"), "{report}");
 }
 
 fn a_plugin_slower_than_the_kubelets_second_fails_to_register() {
@@ -164,7 +250,8 @@ fn a_kubelet_sock_plugin_passes_without_registry_steps() {
     );
     assert!(line(&report, "GetInfo within 1 s").starts_with("SKIP"), "{report}");
     assert!(line(&report, "kubelet restart").starts_with("PASS"), "{report}");
-    assert!(report.ends_with("4 passed, 0 failed\n"), "{report}");
+    assert!(line(&report, "Allocate").starts_with("PASS"), "{report}");
+    assert!(report.ends_with("11 passed, 0 failed\n"), "{report}");
 }
 
 fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
@@ -178,7 +265,8 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
     let dir = tempfile::tempdir().unwrap();
     let junit = dir.path().join("kpm-check.xml");
     let options = [OsStr::new("-o"), OsStr::new("json"), OsStr::new("--junit"), junit.as_os_str()];
-    let (code, report) = check_with(&options, "registry", &[(NO_CLEANUP, "1")]);
+    let misbehaviours = [(NO_CLEANUP, "1"), (MISBEHAVE, "allocate-unknown-ids")];
+    let (code, report) = check_with(&options, "registry", &misbehaviours);
     assert_eq!(code, 1, "{report}");
 
     let json: serde_json::Value = serde_json::from_str(&report).unwrap();
@@ -196,25 +284,33 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
             ("type checks", "passed"),
             ("kubelet minors", "skipped"),
             ("socket names", "passed"),
+            ("ListAndWatch", "passed"),
+            ("Allocate", "passed"),
+            ("Allocate unknown id", "warned"),
+            ("GetPreferredAllocation", "passed"),
+            ("PreStartContainer", "passed"),
+            ("health change", "skipped"),
+            ("stream stays open", "passed"),
             ("kubelet restart", "passed"),
             ("SIGTERM", "failed"),
+            ("plugin restart", "passed"),
         ],
         "{report}"
     );
-    assert!(json["steps"][6]["detail"].as_str().unwrap().contains("but left"), "{report}");
+    assert!(json["steps"][13]["detail"].as_str().unwrap().contains("but left"), "{report}");
     assert_eq!(
-        (&json["passed"], &json["failed"], &json["skipped"]),
-        (&5.into(), &1.into(), &1.into())
+        (&json["passed"], &json["warned"], &json["failed"], &json["skipped"]),
+        (&11.into(), &1.into(), &1.into(), &2.into())
     );
     assert!(json["kept"].is_null(), "{report}");
 
     let xml = std::fs::read_to_string(&junit).unwrap();
     let junit = quick_junit::Report::deserialize_from_str(&xml).unwrap();
-    assert_eq!((junit.tests, junit.failures, junit.errors), (7, 1, 0), "{xml}");
+    assert_eq!((junit.tests, junit.failures, junit.errors), (15, 1, 0), "{xml}");
     let cases = &junit.test_suites[0].test_cases;
     let names: Vec<&str> = cases.iter().map(|case| case.name.as_str()).collect();
     assert_eq!(names, results.iter().map(|(step, _)| *step).collect::<Vec<_>>(), "{xml}");
-    match &cases[6].status {
+    match &cases[13].status {
         quick_junit::TestCaseStatus::NonSuccess {
             kind: quick_junit::NonSuccessKind::Failure,
             message: Some(message),
@@ -222,6 +318,10 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
         } => assert!(message.contains("vendor.com_gpu-reg.sock"), "{xml}"),
         other => panic!("SIGTERM is {other:?}: {xml}"),
     }
+    // JUnit has no warnings: a pass whose output says so.
+    let warned = cases[7].system_out.as_deref().unwrap_or_default();
+    assert!(warned.starts_with("warning: kpm-check-no-such-device"), "{xml}");
+    assert!(matches!(cases[7].status, quick_junit::TestCaseStatus::Success { .. }), "{xml}");
     let registers = cases[0].system_out.as_deref().unwrap_or_default();
     assert!(registers.contains("DevicePlugin vendor.com/gpu"), "{xml}");
 }
@@ -257,19 +357,38 @@ fn plugin(role: &str) {
     runtime.block_on(async {
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
-        let (plugin, _devices) =
-            StubDevicePlugin::new([("gpu-0", "Healthy"), ("gpu-1", "Healthy")]);
+        let misbehaviours: Vec<Misbehaviour> = std::env::var(MISBEHAVE)
+            .map(|names| names.split(',').map(|name| name.parse().unwrap()).collect())
+            .unwrap_or_default();
+        let (plugin, devices) = StubDevicePlugin::new([
+            ("gpu-0", "Healthy"),
+            ("gpu-1", "Healthy"),
+            ("gpu-2", "Healthy"),
+        ]);
+        let plugin = plugin
+            .preferred_allocation()
+            .pre_start_required()
+            .misbehave(misbehaviours.iter().copied());
+        let registry = || PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap());
         match role {
             "registry" => {
                 let delay = std::env::var(GET_INFO_DELAY_MS).map_or(0, |ms| ms.parse().unwrap());
                 let registrar = Registrar::builder(kpm::api::DEVICE_PLUGIN, GPU)
-                    .socket_dir(PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap()))
+                    .socket_dir(registry())
                     .routes(plugin.routes())
                     .get_info_delay(Duration::from_millis(delay))
                     .serve()
                     .await
                     .unwrap();
-                terminate.recv().await;
+                let mut user1 =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                        .unwrap();
+                loop {
+                    tokio::select! {
+                        _ = user1.recv() => { devices.fail_next(); }
+                        _ = terminate.recv() => break,
+                    }
+                }
                 if set(NO_CLEANUP) {
                     std::process::exit(0);
                 }
@@ -320,9 +439,27 @@ fn plugin(role: &str) {
                 stop.await;
                 let _ = std::fs::remove_file(dir.join("gpu.sock"));
             }
+            "csi" => {
+                let driver = StubCsiDriver::new("csi.example.com", "node-1");
+                let driver = match std::env::var(TOPOLOGY) {
+                    Ok(segment) => {
+                        let (key, value) = segment.split_once('=').unwrap();
+                        driver.topology(key, value)
+                    }
+                    Err(_) => driver.topology("topology.example.com/node", "node-1"),
+                };
+                let registrar = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
+                    .socket_dir(registry())
+                    .routes(driver.misbehave(misbehaviours).routes())
+                    .serve()
+                    .await
+                    .unwrap();
+                terminate.recv().await;
+                registrar.shutdown().await.unwrap();
+            }
             "dra" => {
                 let builder = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
-                    .socket_dir(PathBuf::from(std::env::var("KPM_CHECK_REGISTRY").unwrap()))
+                    .socket_dir(registry())
                     .routes(kpm_registrar::stub::StubDraDriver.routes());
                 let builder = match std::env::var(DRA_VERSIONS) {
                     Ok(versions) => builder.versions(versions.split(',').map(str::to_owned)),

@@ -95,9 +95,16 @@ async fn first_list(
     endpoint: &Path,
     bound: Duration,
 ) -> Outcome {
-    let report = match view.inspect_endpoint(resource, endpoint).await {
-        Ok(report) => report,
-        Err(err) => {
+    let inspected = tokio::time::timeout(bound, view.inspect_endpoint(resource, endpoint)).await;
+    let report = match inspected {
+        Ok(Ok(report)) => report,
+        Err(_) => {
+            return Outcome::Failed(format!(
+                "no list within {bound:?} of the ListAndWatch call: the kubelet's capacity for \
+                 {resource} stays 0 until one comes"
+            ));
+        }
+        Ok(Err(err)) => {
             return Outcome::Failed(format!(
                 "{err}: the kubelet's capacity for {resource} stays 0 until a list comes"
             ));
