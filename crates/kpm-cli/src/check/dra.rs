@@ -1,0 +1,939 @@
+//! `kpm check`'s conversation with a DRA driver: what a kubelet and the
+//! scheduler do with it. The driver's ResourceSlices are read back from the
+//! API server; a ResourceClaim is allocated from one of their devices as the
+//! scheduler allocates it, and prepared, prepared again and unprepared on
+//! each DRA service the driver offers, as the kubelet's DRA manager
+//! (`pkg/kubelet/cm/dra/manager.go`) calls it; the CDI devices it answers
+//! must resolve in valid CDI specs ([`cdi`](super::cdi)). A claim never
+//! prepared is unprepared, and a claim allocated to another driver is sent
+//! along. Without an API server (no `--kubeconfig`) only what needs no
+//! ResourceClaim runs; the rest is skipped.
+//!
+//! The kubelet is the referee: what makes it fail a pod fails the step; a
+//! rule it does not hold a driver to (a CDI spec left behind, a claim it
+//! never sends) is a warning.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
+    DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
+    ResourceClaimStatus, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kpm::transport::UdsChannel;
+use kpm_api::dra::{v1, v1beta1};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tokio::time::Instant;
+
+use super::cdi::{self, Severity};
+use super::report::{Findings, Outcome};
+
+/// What the DRA steps need beyond the driver.
+pub(super) struct DraContext<'a> {
+    /// A client of the API server from `--kubeconfig`; None without it
+    /// (then the steps that need a ResourceClaim are skipped).
+    pub(super) api: Option<&'a kube::Client>,
+    /// The node name the driver was given (`{node}`).
+    pub(super) node: &'a str,
+    /// Where the driver was told to write CDI specs (`{cdi}`).
+    pub(super) cdi_dir: &'a Path,
+    /// The bound of every wait and call (`--timeout`).
+    pub(super) bound: Duration,
+}
+
+impl std::fmt::Debug for DraContext<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DraContext")
+            .field("api", &self.api.is_some())
+            .field("node", &self.node)
+            .field("cdi_dir", &self.cdi_dir)
+            .field("bound", &self.bound)
+            .finish()
+    }
+}
+
+// The steps' names. Those per service carry its version.
+const RESOURCE_SLICES: &str = "ResourceSlices";
+const NO_SERVICE: &str = "DRA services";
+
+/// The namespace the check's ResourceClaims are made in.
+const NAMESPACE: &str = "default";
+/// The generated name's prefix of the check's ResourceClaims.
+const CLAIM_PREFIX: &str = "kpm-check-";
+/// The request of the check's ResourceClaims.
+const REQUEST: &str = "kpm-check";
+/// The DeviceClass the claims name (the API server does not look it up;
+/// the check allocates, not the scheduler).
+const DEVICE_CLASS: &str = "kpm-check";
+/// The driver the "claim of another driver" is allocated to.
+const OTHER_DRIVER: &str = "kpm-check.other.example.com";
+/// How often the ResourceSlices are read while waiting for them.
+const SLICE_POLL: Duration = Duration::from_millis(500);
+
+/// Which `DRAPlugin` service a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    V1,
+    V1beta1,
+}
+
+/// Each service's step names, as `&'static str` for the report.
+struct Names {
+    prepare: &'static str,
+    again: &'static str,
+    unprepare: &'static str,
+    unknown: &'static str,
+    other: &'static str,
+}
+
+impl Service {
+    /// The name GetInfo lists it by.
+    fn offered_as(self) -> &'static str {
+        match self {
+            Self::V1 => "v1.DRAPlugin",
+            Self::V1beta1 => "v1beta1.DRAPlugin",
+        }
+    }
+
+    fn names(self) -> Names {
+        match self {
+            Self::V1 => Names {
+                prepare: "NodePrepareResources v1",
+                again: "prepare again v1",
+                unprepare: "NodeUnprepareResources v1",
+                unknown: "unprepare unknown claim v1",
+                other: "claim of another driver v1",
+            },
+            Self::V1beta1 => Names {
+                prepare: "NodePrepareResources v1beta1",
+                again: "prepare again v1beta1",
+                unprepare: "NodeUnprepareResources v1beta1",
+                unknown: "unprepare unknown claim v1beta1",
+                other: "claim of another driver v1beta1",
+            },
+        }
+    }
+}
+
+/// A claim's answer to `NodePrepareResources`, whichever the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Prepared {
+    error: String,
+    /// `(pool, device, request names, CDI device ids)`, sorted, to compare
+    /// two answers.
+    devices: Vec<(String, String, Vec<String>, Vec<String>)>,
+}
+
+/// The claims of a response, by uid.
+type Answers<T> = std::collections::HashMap<String, T>;
+
+/// The DRA conversation with `driver` (its registered name) served at
+/// `endpoint`, offering `services` (GetInfo's supported versions).
+pub(super) async fn converse(
+    driver: &str,
+    endpoint: &Path,
+    services: &[String],
+    ctx: &DraContext<'_>,
+) -> Vec<(&'static str, Outcome)> {
+    let mut steps = Vec::new();
+    let offered: Vec<Service> = [Service::V1, Service::V1beta1]
+        .into_iter()
+        .filter(|service| services.iter().any(|offered| offered == service.offered_as()))
+        .collect();
+    // The slices first: they are the driver's, whichever service.
+    let slices = if let Some(client) = ctx.api {
+        let (outcome, device) = resource_slices(client, driver, ctx).await;
+        steps.push((RESOURCE_SLICES, outcome));
+        device
+    } else {
+        steps.push((
+            RESOURCE_SLICES,
+            Outcome::Skipped(
+                "give --kubeconfig: the driver's ResourceSlices are read from the API server"
+                    .into(),
+            ),
+        ));
+        None
+    };
+    if offered.is_empty() {
+        steps.push((
+            NO_SERVICE,
+            Outcome::Failed(format!(
+                "offers neither v1.DRAPlugin nor v1beta1.DRAPlugin (GetInfo: {services:?}): no kubelet from 1.32 on calls it"
+            )),
+        ));
+        return steps;
+    }
+    let channel = match connect(endpoint, ctx.bound).await {
+        Ok(channel) => channel,
+        Err(err) => {
+            for service in &offered {
+                steps.push((service.names().prepare, Outcome::Failed(err.clone())));
+            }
+            return steps;
+        }
+    };
+    // The claims, made once for every service; deleted at the end.
+    let claims = match (ctx.api, slices) {
+        (Some(client), Some(device)) => Some(Claims::create(client, driver, &device, ctx).await),
+        _ => None,
+    };
+    for service in offered {
+        let names = service.names();
+        let call = Call { channel: &channel, service, bound: ctx.bound };
+        match claims.as_ref() {
+            Some(Ok(claims)) => {
+                steps.extend(with_claim(&call, &names, claims, ctx).await);
+            }
+            Some(Err(err)) => {
+                for name in [names.prepare, names.again, names.unprepare] {
+                    steps.push((name, Outcome::Failed(err.clone())));
+                }
+            }
+            None => {
+                let why = if ctx.api.is_some() {
+                    "no ResourceSlice device to allocate a claim from (see ResourceSlices)"
+                } else {
+                    "give --kubeconfig: a claim to prepare is a ResourceClaim the driver reads from the API server"
+                };
+                // A prepare with no claims needs no API server.
+                let prepare = match call.prepare(Vec::new()).await {
+                    Ok(answers) if answers.is_empty() => {
+                        Outcome::Skipped(format!("{why} (with no claims it answered none)"))
+                    }
+                    Ok(answers) => Outcome::Failed(format!(
+                        "with no claims it answered {} claims: the kubelet fails a pod on a claim it did not send",
+                        answers.len()
+                    )),
+                    Err(err) => Outcome::Failed(format!("with no claims: {err}")),
+                };
+                steps.push((names.prepare, prepare));
+                steps.push((names.again, Outcome::Skipped(why.into())));
+                steps.push((names.unprepare, Outcome::Skipped(why.into())));
+            }
+        }
+        steps.push((names.unknown, unprepare_unknown(&call).await));
+        let other = match claims.as_ref() {
+            Some(Ok(claims)) => claim_of_another_driver(&call, claims).await,
+            Some(Err(err)) => Outcome::Failed(err.clone()),
+            None => Outcome::Skipped(
+                "give --kubeconfig: the driver reads both claims from the API server".into(),
+            ),
+        };
+        steps.push((names.other, other));
+    }
+    if let (Some(client), Some(Ok(claims))) = (ctx.api, &claims) {
+        claims.delete(client, ctx.bound).await;
+    }
+    steps
+}
+
+/// Dials the driver's socket, within `bound`.
+async fn connect(endpoint: &Path, bound: Duration) -> Result<UdsChannel, String> {
+    let dial = async {
+        let stream = tokio::net::UnixStream::connect(endpoint)
+            .await
+            .map_err(|err| format!("connect to {}: {err}", endpoint.display()))?;
+        UdsChannel::handshake(endpoint, stream)
+            .await
+            .map_err(|err| format!("HTTP/2 handshake on {}: {err}", endpoint.display()))
+    };
+    tokio::time::timeout(bound, dial).await.unwrap_or_else(|_| {
+        Err(format!("no connection to {} within {bound:?}", endpoint.display()))
+    })
+}
+
+/// A device of the driver's slices, to allocate a claim from.
+#[derive(Debug, Clone)]
+struct SliceDevice {
+    pool: String,
+    device: String,
+}
+
+/// Reads the driver's ResourceSlices of the node until one has a device,
+/// for at most the bound.
+async fn resource_slices(
+    client: &kube::Client,
+    driver: &str,
+    ctx: &DraContext<'_>,
+) -> (Outcome, Option<SliceDevice>) {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let fields = format!("spec.driver={driver},spec.nodeName={}", ctx.node);
+    let params = ListParams::default().fields(&fields);
+    let started = Instant::now();
+    let deadline = started + ctx.bound;
+    let mut last = String::from("no answer yet");
+    loop {
+        match tokio::time::timeout_at(deadline, api.list(&params)).await {
+            Ok(Ok(answer)) => {
+                let slices = answer.items;
+                let devices: usize = slices
+                    .iter()
+                    .map(|slice| slice.spec.devices.as_ref().map_or(0, Vec::len))
+                    .sum();
+                if devices > 0 {
+                    // The newest generation of a pool is the one the
+                    // scheduler allocates from.
+                    let newest = slices
+                        .iter()
+                        .filter(|slice| slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
+                        .max_by_key(|slice| slice.spec.pool.generation);
+                    let device = newest.and_then(|slice| {
+                        let first = slice.spec.devices.as_ref()?.first()?;
+                        Some(SliceDevice {
+                            pool: slice.spec.pool.name.clone(),
+                            device: first.name.clone(),
+                        })
+                    });
+                    let shown: Vec<String> = slices
+                        .iter()
+                        .map(|slice| {
+                            format!(
+                                "{} (pool {} generation {}, {} devices)",
+                                slice.metadata.name.as_deref().unwrap_or("?"),
+                                slice.spec.pool.name,
+                                slice.spec.pool.generation,
+                                slice.spec.devices.as_ref().map_or(0, Vec::len)
+                            )
+                        })
+                        .collect();
+                    return (
+                        Outcome::Passed(format!(
+                            "{} of node {} after {} ms: {}; {devices} devices",
+                            slices.len(),
+                            ctx.node,
+                            started.elapsed().as_millis(),
+                            shown.join(", ")
+                        )),
+                        device,
+                    );
+                }
+                last = format!("{} slices with no device", slices.len());
+            }
+            Ok(Err(err)) => last = format!("listing them: {err}"),
+            Err(_) => {}
+        }
+        if Instant::now() + SLICE_POLL >= deadline {
+            return (
+                Outcome::Failed(format!(
+                    "no ResourceSlice of {driver} with a device for node {} within {:?} (field selector {fields}; last: {last}): the scheduler has nothing to allocate",
+                    ctx.node, ctx.bound
+                )),
+                None,
+            );
+        }
+        tokio::time::sleep(SLICE_POLL).await;
+    }
+}
+
+/// The check's ResourceClaims, allocated: one to a device of the driver,
+/// one to a device of another driver.
+#[derive(Debug)]
+struct Claims {
+    ours: Made,
+    other: Made,
+    /// The device the claim of the driver is allocated.
+    device: SliceDevice,
+}
+
+/// A ResourceClaim made: what the kubelet sends of it.
+#[derive(Debug, Clone)]
+struct Made {
+    name: String,
+    uid: String,
+}
+
+impl Made {
+    fn claim(&self) -> v1::Claim {
+        v1::Claim { namespace: NAMESPACE.into(), uid: self.uid.clone(), name: self.name.clone() }
+    }
+}
+
+impl Claims {
+    /// Creates both claims and allocates them as the scheduler does.
+    async fn create(
+        client: &kube::Client,
+        driver: &str,
+        device: &SliceDevice,
+        ctx: &DraContext<'_>,
+    ) -> Result<Self, String> {
+        let ours = allocated_claim(client, driver, device, ctx).await?;
+        let other_device = SliceDevice { pool: "kpm-check".into(), device: "kpm-check-0".into() };
+        let other = match allocated_claim(client, OTHER_DRIVER, &other_device, ctx).await {
+            Ok(other) => other,
+            Err(err) => {
+                delete_claim(client, &ours.name, ctx.bound).await;
+                return Err(err);
+            }
+        };
+        Ok(Self { ours, other, device: device.clone() })
+    }
+
+    async fn delete(&self, client: &kube::Client, bound: Duration) {
+        delete_claim(client, &self.ours.name, bound).await;
+        delete_claim(client, &self.other.name, bound).await;
+    }
+}
+
+/// Creates a ResourceClaim asking for one device and writes its
+/// `status.allocation` through the status subresource, as the scheduler
+/// does: the device's result and a node selector for the node.
+async fn allocated_claim(
+    client: &kube::Client,
+    driver: &str,
+    device: &SliceDevice,
+    ctx: &DraContext<'_>,
+) -> Result<Made, String> {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    let claim = ResourceClaim {
+        metadata: ObjectMeta { generate_name: Some(CLAIM_PREFIX.into()), ..ObjectMeta::default() },
+        spec: ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: REQUEST.into(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: DEVICE_CLASS.into(),
+                        ..ExactDeviceRequest::default()
+                    }),
+                    ..DeviceRequest::default()
+                }]),
+                ..DeviceClaim::default()
+            }),
+        },
+        status: None,
+    };
+    let created = tokio::time::timeout(ctx.bound, api.create(&PostParams::default(), &claim))
+        .await
+        .map_err(|_| format!("creating a ResourceClaim took over {:?}", ctx.bound))?
+        .map_err(|err| format!("create a ResourceClaim in {NAMESPACE}: {err}"))?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+    let mut allocated = created;
+    allocated.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(vec![DeviceRequestAllocationResult {
+                    request: REQUEST.into(),
+                    driver: driver.into(),
+                    pool: device.pool.clone(),
+                    device: device.device.clone(),
+                    ..DeviceRequestAllocationResult::default()
+                }]),
+                config: None,
+            }),
+            node_selector: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".into(),
+                        operator: "In".into(),
+                        values: Some(vec![ctx.node.into()]),
+                    }]),
+                    match_expressions: None,
+                }],
+            }),
+            allocation_timestamp: None,
+        }),
+        ..ResourceClaimStatus::default()
+    });
+    let written = tokio::time::timeout(
+        ctx.bound,
+        api.replace_status(&name, &PostParams::default(), &allocated),
+    )
+    .await
+    .map_err(|_| format!("allocating ResourceClaim {name} took over {:?}", ctx.bound))
+    .and_then(|result| {
+        result.map_err(|err| format!("allocate ResourceClaim {name} (status): {err}"))
+    });
+    if let Err(err) = written {
+        delete_claim(client, &name, ctx.bound).await;
+        return Err(err);
+    }
+    Ok(Made { name, uid })
+}
+
+/// Deletes a claim of the check; a failure is only logged, the run's
+/// outcome does not hang on it.
+async fn delete_claim(client: &kube::Client, name: &str, bound: Duration) {
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
+    match tokio::time::timeout(bound, api.delete(name, &DeleteParams::default())).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => {
+            tracing::warn!(claim = name, %err, "cannot delete the check's ResourceClaim");
+        }
+        Err(_) => tracing::warn!(claim = name, "deleting the check's ResourceClaim timed out"),
+    }
+}
+
+/// One service's calls, each within the bound.
+struct Call<'a> {
+    channel: &'a UdsChannel,
+    service: Service,
+    bound: Duration,
+}
+
+/// The v1beta1 claim of a v1 one: the same fields.
+fn beta_claim(claim: v1::Claim) -> v1beta1::Claim {
+    v1beta1::Claim { namespace: claim.namespace, uid: claim.uid, name: claim.name }
+}
+
+impl Call<'_> {
+    /// `NodePrepareResources` with `claims`: each claim's answer by uid, or
+    /// the call's error.
+    async fn prepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<Prepared>, String> {
+        let call = async {
+            match self.service {
+                Service::V1 => {
+                    let mut client =
+                        v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                    let answer = client
+                        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+                        .await?
+                        .into_inner();
+                    Ok(answer
+                        .claims
+                        .into_iter()
+                        .map(|(uid, claim)| {
+                            let devices = claim
+                                .devices
+                                .into_iter()
+                                .map(|d| {
+                                    (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids)
+                                })
+                                .collect();
+                            (uid, Prepared::new(claim.error, devices))
+                        })
+                        .collect())
+                }
+                Service::V1beta1 => {
+                    let mut client =
+                        v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                    let claims = claims.into_iter().map(beta_claim).collect();
+                    let answer = client
+                        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest { claims })
+                        .await?
+                        .into_inner();
+                    Ok(answer
+                        .claims
+                        .into_iter()
+                        .map(|(uid, claim)| {
+                            let devices = claim
+                                .devices
+                                .into_iter()
+                                .map(|d| {
+                                    (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids)
+                                })
+                                .collect();
+                            (uid, Prepared::new(claim.error, devices))
+                        })
+                        .collect())
+                }
+            }
+        };
+        match tokio::time::timeout(self.bound, call).await {
+            Ok(Ok(answers)) => Ok(answers),
+            Ok(Err(status)) => Err(status_text("NodePrepareResources", &status)),
+            Err(_) => Err(format!("NodePrepareResources: no answer within {:?}", self.bound)),
+        }
+    }
+
+    /// `NodeUnprepareResources` with `claims`: each claim's error (empty
+    /// when none) by uid, or the call's error.
+    async fn unprepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<String>, String> {
+        let call = async {
+            match self.service {
+                Service::V1 => {
+                    let mut client =
+                        v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                    let answer = client
+                        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+                        .await?
+                        .into_inner();
+                    Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
+                }
+                Service::V1beta1 => {
+                    let mut client =
+                        v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                    let claims = claims.into_iter().map(beta_claim).collect();
+                    let answer = client
+                        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest { claims })
+                        .await?
+                        .into_inner();
+                    Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
+                }
+            }
+        };
+        match tokio::time::timeout(self.bound, call).await {
+            Ok(Ok(answers)) => Ok(answers),
+            Ok(Err(status)) => Err(status_text("NodeUnprepareResources", &status)),
+            Err(_) => Err(format!("NodeUnprepareResources: no answer within {:?}", self.bound)),
+        }
+    }
+}
+
+fn status_text(call: &str, status: &tonic::Status) -> String {
+    format!("{call}: {:?}: {}", status.code(), status.message())
+}
+
+impl Prepared {
+    fn new(error: String, mut devices: Vec<(String, String, Vec<String>, Vec<String>)>) -> Self {
+        devices.sort();
+        Self { error, devices }
+    }
+
+    fn cdi_ids(&self) -> impl Iterator<Item = &String> {
+        self.devices.iter().flat_map(|(_, _, _, ids)| ids)
+    }
+
+    fn describe(&self) -> String {
+        if !self.error.is_empty() {
+            return format!("error {:?}", self.error);
+        }
+        let devices: Vec<String> = self
+            .devices
+            .iter()
+            .map(|(pool, device, requests, ids)| {
+                format!("{pool}/{device} for {requests:?} as {ids:?}")
+            })
+            .collect();
+        if devices.is_empty() { "no devices".into() } else { devices.join(", ") }
+    }
+}
+
+/// The answers to a call with `sent` judged as the kubelet judges them:
+/// it fails the pod on a result for a claim it did not send, and on one
+/// it sent without a result.
+fn judge_uids<T>(answers: &Answers<T>, sent: &[&str], findings: &mut Findings) {
+    let mut unknown: Vec<&String> =
+        answers.keys().filter(|uid| !sent.contains(&uid.as_str())).collect();
+    unknown.sort();
+    if !unknown.is_empty() {
+        findings.fail(format!(
+            "answered claims it was not sent {unknown:?}: the kubelet fails the pod (result for unknown claim UID)"
+        ));
+    }
+    let missing: Vec<&&str> = sent.iter().filter(|uid| !answers.contains_key(**uid)).collect();
+    if !missing.is_empty() {
+        findings.fail(format!(
+            "no answer for claims {missing:?}: the kubelet fails the pod (skipped ResourceClaims)"
+        ));
+    }
+}
+
+/// What prepare made of the claim: the CDI spec files defining its ids.
+#[derive(Debug, Default)]
+struct Wrote {
+    files: BTreeSet<PathBuf>,
+    ids: Vec<String>,
+}
+
+/// Prepare, prepare again and unprepare the driver's claim on one service.
+async fn with_claim(
+    call: &Call<'_>,
+    names: &Names,
+    claims: &Claims,
+    ctx: &DraContext<'_>,
+) -> Vec<(&'static str, Outcome)> {
+    let mut steps = Vec::new();
+    let ours = &claims.ours;
+    let first = call.prepare(vec![ours.claim()]).await;
+    let (outcome, made) = judge_prepare(&first, ours, &claims.device, ctx.cdi_dir);
+    steps.push((names.prepare, outcome));
+    let again = call.prepare(vec![ours.claim()]).await;
+    steps.push((names.again, judge_again(&first, &again, &ours.uid)));
+    let mut findings = Findings::default();
+    match call.unprepare(vec![ours.claim()]).await {
+        Err(err) => findings.fail(err),
+        Ok(answers) => {
+            judge_uids(&answers, &[ours.uid.as_str()], &mut findings);
+            match answers.get(&ours.uid) {
+                Some(error) if !error.is_empty() => findings.fail(format!(
+                    "claim {} failed: {error:?}: the kubelet retries and the pod does not go",
+                    ours.name
+                )),
+                Some(_) => findings.pass(format!("claim {} unprepared", ours.name)),
+                None => {}
+            }
+        }
+    }
+    // What prepare wrote for the claim goes, or stops naming its devices:
+    // the kubelet does not look, the container runtime would still find them.
+    for file in &made.files {
+        if !file.exists() {
+            findings.pass(format!("{} removed", shown(file)));
+            continue;
+        }
+        let spec = cdi::read_file(file);
+        let left: Vec<&String> = made
+            .ids
+            .iter()
+            .filter(|id| {
+                cdi::parse_device_id(id).is_ok_and(|(kind, name)| spec.defines(kind, name))
+            })
+            .collect();
+        if left.is_empty() {
+            findings.pass(format!("{} no longer names the claim's devices", shown(file)));
+        } else {
+            findings.warn(format!(
+                "{} still defines {left:?} after unprepare: a stale CDI spec, the runtime still resolves the claim's devices",
+                shown(file)
+            ));
+        }
+    }
+    steps.push((names.unprepare, findings.outcome("nothing to judge")));
+    steps
+}
+
+/// A spec file as the report shows it: its name (it is in the CDI directory).
+fn shown(file: &Path) -> String {
+    file.file_name()
+        .map_or_else(|| file.display().to_string(), |name| name.to_string_lossy().into_owned())
+}
+
+/// The first prepare: no error, devices of the allocation, CDI ids that
+/// resolve in valid specs of the CDI directory.
+fn judge_prepare(
+    answer: &Result<Answers<Prepared>, String>,
+    ours: &Made,
+    device: &SliceDevice,
+    cdi_dir: &Path,
+) -> (Outcome, Wrote) {
+    let mut findings = Findings::default();
+    let mut made = Wrote::default();
+    let answers = match answer {
+        Ok(answers) => answers,
+        Err(err) => {
+            findings.fail(err.clone());
+            return (findings.outcome(""), made);
+        }
+    };
+    judge_uids(answers, &[ours.uid.as_str()], &mut findings);
+    let Some(prepared) = answers.get(&ours.uid) else {
+        return (findings.outcome(""), made);
+    };
+    if !prepared.error.is_empty() {
+        findings.fail(format!(
+            "claim {} failed: {:?}: the kubelet fails the pod",
+            ours.name, prepared.error
+        ));
+        return (findings.outcome(""), made);
+    }
+    findings.pass(format!("claim {} prepared: {}", ours.name, prepared.describe()));
+    if prepared.devices.is_empty() {
+        findings.warn(format!(
+            "no devices for the allocated {}/{}: the kubelet accepts it, the container gets nothing",
+            device.pool, device.device
+        ));
+    }
+    for (pool, name, _, _) in &prepared.devices {
+        if (pool, name) != (&device.pool, &device.device) {
+            findings.warn(format!(
+                "device {pool}/{name} is not the allocated {}/{}: the kubelet reports its health under that name",
+                device.pool, device.device
+            ));
+        }
+    }
+    let ids: Vec<&String> = prepared.cdi_ids().collect();
+    if ids.is_empty() && !prepared.devices.is_empty() {
+        findings.warn(
+            "no CDI device ids: the kubelet accepts it, the container runtime injects nothing",
+        );
+    }
+    if ids.is_empty() {
+        return (findings.outcome(""), made);
+    }
+    let specs = match cdi::read_dir(cdi_dir) {
+        Ok(specs) => specs,
+        Err(err) => {
+            findings.fail(err);
+            return (findings.outcome(""), made);
+        }
+    };
+    for id in ids {
+        made.ids.push(id.clone());
+        let (kind, name) = match cdi::parse_device_id(id) {
+            Ok(parsed) => parsed,
+            Err(err) => {
+                findings.fail(format!("{err}: the container runtime refuses it"));
+                continue;
+            }
+        };
+        let defining: Vec<&cdi::SpecFile> =
+            specs.iter().filter(|spec| spec.defines(kind, name)).collect();
+        match defining.as_slice() {
+            [] => findings.fail(format!(
+                "{id} is in no CDI spec of {}: the container runtime cannot resolve it",
+                cdi_dir.display()
+            )),
+            [spec] => {
+                made.files.insert(spec.path.clone());
+                let file = spec.path.file_name().map(|f| f.to_string_lossy()).unwrap_or_default();
+                if spec.problems.is_empty() {
+                    findings.pass(format!("{id} resolves in {file}, a valid CDI spec"));
+                }
+                for problem in &spec.problems {
+                    let line = format!("{id}: {file}: {}", problem.what);
+                    match problem.severity {
+                        Severity::Breaks => {
+                            findings.fail(format!("{line} (the CDI package refuses the spec)"));
+                        }
+                        Severity::Stricter => findings.warn(line),
+                    }
+                }
+            }
+            several => {
+                let files: Vec<String> =
+                    several.iter().map(|spec| spec.path.display().to_string()).collect();
+                made.files.extend(several.iter().map(|spec| spec.path.clone()));
+                findings.fail(format!(
+                    "{id} is defined in {files:?}: the CDI cache drops a device two specs define"
+                ));
+            }
+        }
+    }
+    (findings.outcome(""), made)
+}
+
+/// The same call again answers the same: the kubelet calls again after a
+/// failure elsewhere in the pod or a restart, and takes the answer.
+fn judge_again(
+    first: &Result<Answers<Prepared>, String>,
+    again: &Result<Answers<Prepared>, String>,
+    uid: &str,
+) -> Outcome {
+    match (first, again) {
+        (_, Err(err)) => {
+            Outcome::Failed(format!("{err}: the kubelet retries, the pod does not start"))
+        }
+        (Ok(first), Ok(again)) => match (first.get(uid), again.get(uid)) {
+            (_, None) => {
+                Outcome::Failed("no answer for the claim: the kubelet fails the pod".into())
+            }
+            (_, Some(prepared)) if !prepared.error.is_empty() => Outcome::Failed(format!(
+                "the claim failed the second time: {:?}: the kubelet fails the pod",
+                prepared.error
+            )),
+            (Some(before), Some(prepared)) if before == prepared => {
+                Outcome::Passed(format!("the same answer: {}", prepared.describe()))
+            }
+            (before, Some(prepared)) => Outcome::Warned(format!(
+                "a different answer: {} (first: {}): the kubelet takes the last, its first container may have another device",
+                prepared.describe(),
+                before.map_or_else(|| "none".into(), Prepared::describe)
+            )),
+        },
+        (Err(_), Ok(again)) => match again.get(uid) {
+            Some(prepared) if prepared.error.is_empty() => Outcome::Passed(format!(
+                "prepared the second time (the first failed): {}",
+                prepared.describe()
+            )),
+            _ => Outcome::Failed("failed both times".into()),
+        },
+    }
+}
+
+/// A claim the driver never prepared, unprepared: the kubelet does so
+/// after a restart for what its checkpoint holds, and an error keeps the
+/// pod from going (the kubelet retries it for ever).
+async fn unprepare_unknown(call: &Call<'_>) -> Outcome {
+    let uid = unknown_uid();
+    let claim = v1::Claim {
+        namespace: NAMESPACE.into(),
+        uid: uid.clone(),
+        name: format!("{CLAIM_PREFIX}never-prepared"),
+    };
+    let mut findings = Findings::default();
+    match call.unprepare(vec![claim]).await {
+        Err(err) => findings.fail(format!(
+            "{err}: the kubelet unprepares its checkpoint's claims after a restart, and retries while this fails"
+        )),
+        Ok(answers) => {
+            judge_uids(&answers, &[uid.as_str()], &mut findings);
+            match answers.get(&uid) {
+                Some(error) if !error.is_empty() => findings.fail(format!(
+                    "claim {uid} failed: {error:?}: the kubelet unprepares its checkpoint's claims after a restart, and the pod does not go while this fails"
+                )),
+                Some(_) => findings.pass(format!("claim {uid}, never prepared, unprepared with no error")),
+                None => {}
+            }
+        }
+    }
+    findings.outcome("")
+}
+
+/// A random-enough uid for a claim that does not exist: the time and the
+/// process, formatted as a UID.
+fn unknown_uid() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let pid = std::process::id();
+    let hex = format!("{nanos:032x}");
+    format!(
+        "{}-{}-4{}-8{}-{:08x}{}",
+        &hex[hex.len() - 8..],
+        &hex[hex.len() - 12..hex.len() - 8],
+        &hex[hex.len() - 15..hex.len() - 12],
+        &hex[hex.len() - 18..hex.len() - 15],
+        pid,
+        &hex[hex.len() - 22..hex.len() - 18]
+    )
+}
+
+/// One prepare with the driver's claim and a claim allocated to another
+/// driver. The kubelet sends a driver only the claims with results for it
+/// (a claim's drivers are those of its allocation's results), so nothing
+/// here fails a pod: every finding is a warning.
+async fn claim_of_another_driver(call: &Call<'_>, claims: &Claims) -> Outcome {
+    let (ours, other) = (&claims.ours, &claims.other);
+    let mut findings = Findings::default();
+    let never = "(the kubelet never sends a driver a claim without results for it)";
+    match call.prepare(vec![ours.claim(), other.claim()]).await {
+        Err(err) => findings
+            .warn(format!("{err}: the whole call failed for the other driver's claim {never}")),
+        Ok(answers) => {
+            match answers.get(&ours.uid) {
+                Some(prepared) if prepared.error.is_empty() => {
+                    findings.pass(format!("ours prepared: {}", prepared.describe()));
+                }
+                Some(prepared) => {
+                    findings.warn(format!("ours failed alongside: {:?} {never}", prepared.error));
+                }
+                None => findings.warn(format!("no answer for ours {never}")),
+            }
+            match answers.get(&other.uid) {
+                None => findings.pass(format!("the claim of {OTHER_DRIVER} left out")),
+                Some(prepared) if !prepared.error.is_empty() => {
+                    findings
+                        .pass(format!("the claim of {OTHER_DRIVER} refused: {:?}", prepared.error));
+                }
+                Some(prepared) if prepared.devices.is_empty() => {
+                    findings.pass(format!("the claim of {OTHER_DRIVER} prepared with no devices"));
+                }
+                Some(prepared) => findings.warn(format!(
+                    "the claim of {OTHER_DRIVER} prepared with devices {} {never}",
+                    prepared.describe()
+                )),
+            }
+        }
+    }
+    // Both go again, errors here being the previous steps' to judge.
+    let _ = call.unprepare(vec![ours.claim(), other.claim()]).await;
+    findings.outcome("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_uid_looks_like_a_uid() {
+        let uid = unknown_uid();
+        let parts: Vec<usize> = uid.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12], "{uid}");
+        assert!(uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-'), "{uid}");
+    }
+}
