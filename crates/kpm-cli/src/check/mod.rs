@@ -14,8 +14,10 @@
 //! ending in an outcome with its evidence; [`report`] gathers the outcomes
 //! into the one report all three formats render.
 
+mod cdi;
 mod csi;
 mod device;
+mod dra;
 mod hook;
 mod report;
 mod runner;
@@ -63,6 +65,13 @@ pub(crate) struct CheckArgs {
     /// `{cdi}` a directory for CDI specs, also given as KPM_CHECK_ROOT,
     /// KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS, KPM_CHECK_PLUGINS and
     /// KPM_CHECK_CDI.
+    /// (Stand-in for the lead's option.) A kubeconfig of an API server for
+    /// the DRA steps; `{kubeconfig}` in the command.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// (Stand-in for the lead's option.) The node name, `{node}` in the command.
+    #[arg(long, value_name = "NAME", default_value = "kpm-check-node")]
+    node_name: String,
     #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
     command: Vec<String>,
 }
@@ -73,11 +82,21 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
         .prefix("kpm-check-")
         .tempdir()
         .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
-    let dirs = Dirs::create(temp.path())?;
+    let mut dirs = Dirs::create(temp.path())?;
+    dirs.placeholders.push(("{node}", args.node_name.clone()));
+    if let Some(path) = &args.kubeconfig {
+        dirs.placeholders.push(("{kubeconfig}", path.display().to_string()));
+    }
+    let api = match &args.kubeconfig {
+        Some(path) => Some(kpm::kube::client_from_kubeconfig(path).await?),
+        None => None,
+    };
     let run_started = Instant::now();
     let settings = Settings {
         bound: Duration::from_secs(args.timeout),
         health_change: args.health_change.clone(),
+        api,
+        node: args.node_name.clone(),
     };
     let steps = runner::run(&args.command, &dirs, &settings).await?;
     let report = Report::new(&args.command, steps, args.keep.then_some(temp.path()));
