@@ -36,6 +36,8 @@ pub(super) struct Dirs {
     device_plugins: PathBuf,
     plugins: PathBuf,
     cdi: PathBuf,
+    /// (Stand-in for the lead's wiring.) `{node}`, `{kubeconfig}` and their values.
+    pub(super) placeholders: Vec<(&'static str, String)>,
 }
 
 impl Dirs {
@@ -47,6 +49,7 @@ impl Dirs {
             device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
             plugins: root.join("plugins"),
             cdi: root.join("cdi"),
+            placeholders: Vec::new(),
         };
         for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
             std::fs::create_dir_all(dir)
@@ -229,6 +232,10 @@ pub(super) struct Settings {
     /// `--health-change`: a shell command that changes the health of one
     /// of the device plugin's devices.
     pub(super) health_change: Option<String>,
+    /// (Stand-in for the lead's wiring.) The API server's client and the
+    /// node name, for the DRA steps.
+    pub(super) api: Option<kube::Client>,
+    pub(super) node: String,
 }
 
 /// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
@@ -269,6 +276,27 @@ pub(super) async fn run(
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
         let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
         steps.extend(inspect(&judge.handle(), dirs, registered).await);
+        let ctx = super::dra::DraContext {
+            api: settings.api.as_ref(),
+            node: &settings.node,
+            cdi_dir: dirs.cdi(),
+            bound,
+        };
+        for socket in &registered.sockets {
+            if socket.plugin_type != kpm::api::DRA_PLUGIN {
+                continue;
+            }
+            let Some(info) = judge.handle().manager().inspect(&socket.path).await.info else {
+                continue;
+            };
+            let endpoint = if info.endpoint.is_empty() {
+                socket.path.clone()
+            } else {
+                PathBuf::from(&info.endpoint)
+            };
+            let (name, versions) = (&info.name, &info.supported_versions);
+            steps.extend(super::dra::converse(name, &endpoint, versions, &ctx).await);
+        }
         steps.push((SOCKET_NAMES, names(registered)));
         let hook = settings.health_change.as_ref().map(|command| {
             let mut env = dirs.environment();
@@ -425,9 +453,12 @@ async fn restart_plugin(
 /// environment, its output in `plugin.out` and `plugin.err` of the root.
 fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
     let substitute = |arg: &String| {
-        dirs.substitutions().iter().fold(arg.clone(), |arg, (placeholder, _, path)| {
+        let arg = dirs.substitutions().iter().fold(arg.clone(), |arg, (placeholder, _, path)| {
             arg.replace(placeholder, &path.display().to_string())
-        })
+        });
+        dirs.placeholders
+            .iter()
+            .fold(arg, |arg, (placeholder, value)| arg.replace(placeholder, value))
     };
     let (program, args) =
         command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
