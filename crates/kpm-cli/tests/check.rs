@@ -45,7 +45,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 10] = [
+    let tests: [(&str, fn()); 13] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -77,6 +77,15 @@ fn main() {
             each_device_plugin_rule_fails_on_its_misbehaviour,
         ),
         ("each_csi_rule_fails_on_its_misbehaviour", each_csi_rule_fails_on_its_misbehaviour),
+        (
+            "a_dra_driver_without_an_api_server_skips_the_claim_steps",
+            a_dra_driver_without_an_api_server_skips_the_claim_steps,
+        ),
+        (
+            "a_dra_driver_failing_an_unknown_claim_fails",
+            a_dra_driver_failing_an_unknown_claim_fails,
+        ),
+        ("a_dra_driver_answering_unsent_claims_fails", a_dra_driver_answering_unsent_claims_fails),
     ];
     support::run_tests(&tests);
 }
@@ -460,7 +469,15 @@ fn plugin(role: &str) {
             "dra" => {
                 let builder = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
                     .socket_dir(registry())
-                    .routes(kpm_registrar::stub::StubDraDriver.routes());
+                    .routes(
+                        kpm_registrar::stub::StubDraDriver.misbehaving_routes(
+                            std::env::var(DRA_MISBEHAVE)
+                                .unwrap_or_default()
+                                .split(',')
+                                .filter(|name| !name.is_empty())
+                                .map(|name| name.parse().unwrap()),
+                        ),
+                    );
                 let builder = match std::env::var(DRA_VERSIONS) {
                     Ok(versions) => builder.versions(versions.split(',').map(str::to_owned)),
                     Err(_) => builder,
@@ -472,4 +489,49 @@ fn plugin(role: &str) {
             other => panic!("unknown role {other}"),
         }
     });
+}
+
+/// The `dra` role's misbehaviours (kpm-registrar's names), comma-separated.
+const DRA_MISBEHAVE: &str = "KPM_TEST_DRA_MISBEHAVE";
+
+/// Without `--kubeconfig` the DRA steps that need a `ResourceClaim` skip,
+/// saying so; a prepare with no claims and an unknown claim's unprepare
+/// still run, on both services.
+fn a_dra_driver_without_an_api_server_skips_the_claim_steps() {
+    let (code, report) = check("dra", &[]);
+    assert_eq!(code, 0, "{report}");
+    let resource_slices = line(&report, "ResourceSlices");
+    assert!(
+        resource_slices.starts_with("SKIP") && resource_slices.contains("--kubeconfig"),
+        "{report}"
+    );
+    for version in ["v1", "v1beta1"] {
+        let prepare = line(&report, &format!("NodePrepareResources {version}"));
+        assert!(prepare.starts_with("SKIP") && prepare.contains("answered none"), "{report}");
+        assert!(
+            line(&report, &format!("unprepare unknown claim {version}")).starts_with("PASS"),
+            "{report}"
+        );
+        let other = line(&report, &format!("claim of another driver {version}"));
+        assert!(other.starts_with("SKIP"), "{report}");
+    }
+}
+
+/// The kubelet unprepares its checkpoint's claims after a restart, which
+/// the driver may not know: an error there keeps the pod from going.
+fn a_dra_driver_failing_an_unknown_claim_fails() {
+    let (code, report) = check("dra", &[(DRA_MISBEHAVE, "unprepare-unknown-fails")]);
+    assert_eq!(code, 1, "{report}");
+    for version in ["v1", "v1beta1"] {
+        let unknown = line(&report, &format!("unprepare unknown claim {version}"));
+        assert!(unknown.starts_with("FAIL") && unknown.contains("is not prepared"), "{report}");
+    }
+}
+
+/// The kubelet fails a pod on an answer for a claim it did not send.
+fn a_dra_driver_answering_unsent_claims_fails() {
+    let (code, report) = check("dra", &[(DRA_MISBEHAVE, "prepare-answers-unsent-claim")]);
+    assert_eq!(code, 1, "{report}");
+    let prepare = line(&report, "NodePrepareResources v1");
+    assert!(prepare.starts_with("FAIL") && prepare.contains("did not send"), "{report}");
 }

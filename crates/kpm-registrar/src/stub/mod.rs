@@ -68,11 +68,17 @@ pub enum Misbehaviour {
     PluginInfoNameDiffers,
     /// CSI driver: `NodeGetCapabilities` is not implemented.
     NoNodeCapabilities,
+    /// DRA driver: `NodeUnprepareResources` answers an error for a claim
+    /// it never prepared (a kubelet unprepares such claims after a restart).
+    UnprepareUnknownFails,
+    /// DRA driver: `NodePrepareResources` also answers a claim it was not
+    /// sent.
+    PrepareAnswersUnsentClaim,
 }
 
 impl Misbehaviour {
     /// Every misbehaviour, with its name.
-    pub const ALL: [(Self, &'static str); 12] = [
+    pub const ALL: [(Self, &'static str); 14] = [
         (Self::NoDeviceList, "no-device-list"),
         (Self::DuplicateIds, "duplicate-ids"),
         (Self::PartialUpdates, "partial-updates"),
@@ -85,6 +91,8 @@ impl Misbehaviour {
         (Self::NodeIdChanges, "node-id-changes"),
         (Self::PluginInfoNameDiffers, "plugin-info-name-differs"),
         (Self::NoNodeCapabilities, "no-node-capabilities"),
+        (Self::UnprepareUnknownFails, "unprepare-unknown-fails"),
+        (Self::PrepareAnswersUnsentClaim, "prepare-answers-unsent-claim"),
     ];
 
     /// Its kebab-case name.
