@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use self::report::Report;
-use self::runner::{Dirs, Settings};
+use self::runner::{Api, Dirs, Settings};
 use crate::{CliError, OutputFormat};
 
 #[derive(Debug, clap::Args)]
@@ -59,19 +59,22 @@ pub(crate) struct CheckArgs {
     /// skipped. For kpm-registrar's example plugin: 'kill -USR1 $KPM_CHECK_PID'.
     #[arg(long, value_name = "COMMAND")]
     health_change: Option<String>,
-    /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
-    /// `{plugins}` in its arguments become the temporary kubelet root, its
-    /// `plugins_registry`, `device-plugins` and `plugins` directories, and
-    /// `{cdi}` a directory for CDI specs, also given as KPM_CHECK_ROOT,
-    /// KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS, KPM_CHECK_PLUGINS and
-    /// KPM_CHECK_CDI.
-    /// (Stand-in for the lead's option.) A kubeconfig of an API server for
-    /// the DRA steps; `{kubeconfig}` in the command.
+    /// The kubeconfig of an API server for the DRA steps (ResourceSlices
+    /// read back, a ResourceClaim allocated from them and prepared); without
+    /// it those steps are skipped. Also given to the plugin as `{kubeconfig}`.
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// (Stand-in for the lead's option.) The node name, `{node}` in the command.
+    /// The node's name, given to the plugin as `{node}`: a DRA driver's
+    /// ResourceSlices and claims are this node's.
     #[arg(long, value_name = "NAME", default_value = "kpm-check-node")]
     node_name: String,
+    /// The plugin's command. `{root}`, `{registry}`, `{device-plugins}` and
+    /// `{plugins}` in its arguments become the temporary kubelet root, its
+    /// `plugins_registry`, `device-plugins` and `plugins` directories,
+    /// `{cdi}` a directory for CDI specs, `{node}` the node's name and
+    /// `{kubeconfig}` the kubeconfig, also given as KPM_CHECK_ROOT,
+    /// KPM_CHECK_REGISTRY, KPM_CHECK_DEVICE_PLUGINS, KPM_CHECK_PLUGINS,
+    /// KPM_CHECK_CDI, KPM_CHECK_NODE and KPM_CHECK_KUBECONFIG.
     #[arg(required = true, last = true, value_name = "PLUGIN-COMMAND")]
     command: Vec<String>,
 }
@@ -82,21 +85,20 @@ pub(crate) async fn check(args: CheckArgs) -> Result<bool, CliError> {
         .prefix("kpm-check-")
         .tempdir()
         .map_err(|err| CliError::Check(format!("create a temporary kubelet root: {err}")))?;
-    let mut dirs = Dirs::create(temp.path())?;
-    dirs.placeholders.push(("{node}", args.node_name.clone()));
-    if let Some(path) = &args.kubeconfig {
-        dirs.placeholders.push(("{kubeconfig}", path.display().to_string()));
-    }
-    let api = match &args.kubeconfig {
-        Some(path) => Some(kpm::kube::client_from_kubeconfig(path).await?),
+    let dirs = Dirs::create(temp.path())?;
+    let api = match args.kubeconfig {
+        Some(kubeconfig) => {
+            let client = kpm::kube::client_from_kubeconfig(&kubeconfig).await?;
+            Some(Api { client, kubeconfig })
+        }
         None => None,
     };
     let run_started = Instant::now();
     let settings = Settings {
         bound: Duration::from_secs(args.timeout),
-        health_change: args.health_change.clone(),
+        health_change: args.health_change,
+        node: args.node_name,
         api,
-        node: args.node_name.clone(),
     };
     let steps = runner::run(&args.command, &dirs, &settings).await?;
     let report = Report::new(&args.command, steps, args.keep.then_some(temp.path()));

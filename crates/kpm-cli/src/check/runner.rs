@@ -2,6 +2,7 @@
 //! plugin's process group, and the steps that judge the plugin, each ending
 //! in an [`Outcome`] for the [`report`](super::report).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use tokio::time::Instant;
 
 use super::hook::Hook;
 use super::report::{Findings, Outcome};
-use super::{csi, device};
+use super::{csi, device, dra};
 use crate::CliError;
 
 /// How often the run looks at the kubelet's state while it waits.
@@ -36,8 +37,6 @@ pub(super) struct Dirs {
     device_plugins: PathBuf,
     plugins: PathBuf,
     cdi: PathBuf,
-    /// (Stand-in for the lead's wiring.) `{node}`, `{kubeconfig}` and their values.
-    pub(super) placeholders: Vec<(&'static str, String)>,
 }
 
 impl Dirs {
@@ -49,7 +48,6 @@ impl Dirs {
             device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
             plugins: root.join("plugins"),
             cdi: root.join("cdi"),
-            placeholders: Vec::new(),
         };
         for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
             std::fs::create_dir_all(dir)
@@ -63,28 +61,35 @@ impl Dirs {
         path.strip_prefix(&self.root).unwrap_or(path).display().to_string()
     }
 
-    /// The directory the plugin is told to write CDI specs in.
-    pub(super) fn cdi(&self) -> &Path {
-        &self.cdi
-    }
-
-    /// The environment variables naming the paths, for the plugin and hooks.
-    fn environment(&self) -> Vec<(&'static str, std::ffi::OsString)> {
-        self.substitutions()
-            .iter()
-            .map(|(_, variable, path)| (*variable, path.as_os_str().to_owned()))
-            .collect()
-    }
-
-    /// `(placeholder, environment variable, path)`.
-    fn substitutions(&self) -> [(&'static str, &'static str, &Path); 5] {
-        [
+    /// `(placeholder, environment variable, value)` of the plugin's
+    /// command: the paths, the node's name and the kubeconfig, if given.
+    fn substitutions(&self, settings: &Settings) -> Vec<(&'static str, &'static str, OsString)> {
+        let paths = [
             ("{root}", "KPM_CHECK_ROOT", &self.root),
             ("{registry}", "KPM_CHECK_REGISTRY", &self.registry),
             ("{device-plugins}", "KPM_CHECK_DEVICE_PLUGINS", &self.device_plugins),
             ("{plugins}", "KPM_CHECK_PLUGINS", &self.plugins),
             ("{cdi}", "KPM_CHECK_CDI", &self.cdi),
-        ]
+        ];
+        let mut substitutions: Vec<_> = paths
+            .into_iter()
+            .map(|(placeholder, variable, path)| (placeholder, variable, path.clone().into()))
+            .collect();
+        substitutions.push(("{node}", "KPM_CHECK_NODE", settings.node.clone().into()));
+        if let Some(api) = &settings.api {
+            substitutions.push((
+                "{kubeconfig}",
+                "KPM_CHECK_KUBECONFIG",
+                api.kubeconfig.clone().into(),
+            ));
+        }
+        substitutions
+    }
+
+    /// The environment variables of the substitutions, for the plugin and hooks.
+    fn environment(&self, settings: &Settings) -> Vec<(&'static str, OsString)> {
+        let substitutions = self.substitutions(settings).into_iter();
+        substitutions.map(|(_, variable, value)| (variable, value)).collect()
     }
 }
 
@@ -199,15 +204,9 @@ impl Registered {
 
     /// Every device plugin, registered either way: `(resource, endpoint)`.
     fn device_endpoints(&self) -> Vec<(String, PathBuf)> {
-        let sockets = self.of_type(kpm::api::DEVICE_PLUGIN).map(|socket| {
-            let endpoint = match &socket.plugin.endpoint {
-                PluginEndpoint::Advertised(endpoint) => {
-                    kpm::transport::endpoint_path(endpoint).to_path_buf()
-                }
-                PluginEndpoint::RegistrationSocket(path) => path.clone(),
-            };
-            (socket.plugin.name.clone(), endpoint)
-        });
+        let sockets = self
+            .of_type(kpm::api::DEVICE_PLUGIN)
+            .map(|socket| (socket.plugin.name.clone(), endpoint_path(&socket.plugin.endpoint)));
         sockets.chain(self.resources.iter().cloned()).collect()
     }
 
@@ -232,10 +231,17 @@ pub(super) struct Settings {
     /// `--health-change`: a shell command that changes the health of one
     /// of the device plugin's devices.
     pub(super) health_change: Option<String>,
-    /// (Stand-in for the lead's wiring.) The API server's client and the
-    /// node name, for the DRA steps.
-    pub(super) api: Option<kube::Client>,
+    /// `--node-name`: the node the plugin is told it runs on.
     pub(super) node: String,
+    /// `--kubeconfig`: the API server the DRA steps use.
+    pub(super) api: Option<Api>,
+}
+
+/// An API server for the DRA steps: its client, and the kubeconfig the
+/// plugin is given too.
+pub(super) struct Api {
+    pub(super) client: kube::Client,
+    pub(super) kubeconfig: PathBuf,
 }
 
 /// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
@@ -249,7 +255,7 @@ pub(super) async fn run(
     let bound = settings.bound;
     let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
-    let mut plugin = start_plugin(command, dirs)?;
+    let mut plugin = start_plugin(command, dirs, settings)?;
     let started = Instant::now();
     let registered = wait_registered(&node, dirs, &mut plugin, bound).await;
     let registered = match registered {
@@ -276,34 +282,13 @@ pub(super) async fn run(
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
         let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
         steps.extend(inspect(&judge.handle(), dirs, registered).await);
-        let ctx = super::dra::DraContext {
-            api: settings.api.as_ref(),
-            node: &settings.node,
-            cdi_dir: dirs.cdi(),
-            bound,
-        };
-        for socket in &registered.sockets {
-            if socket.plugin_type != kpm::api::DRA_PLUGIN {
-                continue;
-            }
-            let Some(info) = judge.handle().manager().inspect(&socket.path).await.info else {
-                continue;
-            };
-            let endpoint = if info.endpoint.is_empty() {
-                socket.path.clone()
-            } else {
-                PathBuf::from(&info.endpoint)
-            };
-            let (name, versions) = (&info.name, &info.supported_versions);
-            steps.extend(super::dra::converse(name, &endpoint, versions, &ctx).await);
-        }
         steps.push((SOCKET_NAMES, names(registered)));
         let hook = settings.health_change.as_ref().map(|command| {
-            let mut env = dirs.environment();
+            let mut env = dirs.environment(settings);
             env.push(("KPM_CHECK_PID", plugin.id().unwrap_or_default().to_string().into()));
             Hook::new(command.clone(), env, bound)
         });
-        let before = converse(&node, registered, hook.as_ref(), bound, &mut steps).await;
+        let before = converse(&node, dirs, registered, settings, hook.as_ref(), &mut steps).await;
         node.stop().await?;
         let restarted = Instant::now();
         node = Node::start(dirs)?;
@@ -324,7 +309,8 @@ pub(super) async fn run(
             },
         ));
         steps.push((SIGTERM, terminate(&node, dirs, &mut plugin, registered, bound).await));
-        let restart = restart_plugin(command, &node, dirs, &mut plugin, registered, &before, bound);
+        let restart =
+            restart_plugin(command, &node, dirs, settings, &mut plugin, registered, &before);
         steps.push((PLUGIN_RESTART, restart.await));
     } else {
         for name in [
@@ -359,14 +345,16 @@ struct Before {
 }
 
 /// The conversation each registered plugin has with the kubelet after its
-/// registration, by type (`device`, `csi`), its steps pushed to `steps`.
+/// registration, by type (`device`, `csi`, `dra`), its steps pushed to `steps`.
 async fn converse(
     node: &Node,
+    dirs: &Dirs,
     registered: &Registered,
+    settings: &Settings,
     health_change: Option<&Hook>,
-    bound: Duration,
     steps: &mut Vec<(&'static str, Outcome)>,
 ) -> Before {
+    let bound = settings.bound;
     let mut before = Before::default();
     let devices = node.handle.devices();
     for (resource, endpoint) in registered.device_endpoints() {
@@ -384,7 +372,29 @@ async fn converse(
             before.node_ids.push((socket.plugin.name.clone(), endpoint, node_id));
         }
     }
+    let context = dra::DraContext {
+        api: settings.api.as_ref().map(|api| &api.client),
+        node: &settings.node,
+        cdi_dir: &dirs.cdi,
+        bound,
+    };
+    for socket in registered.of_type(kpm::api::DRA_PLUGIN) {
+        let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
+        let endpoint = endpoint_path(&socket.plugin.endpoint);
+        steps.extend(dra::converse(name, &endpoint, versions, &context).await);
+    }
     before
+}
+
+/// The socket a plugin serves on, as the kubelet dials it: the endpoint it
+/// advertised (a `unix://` prefix stripped), else its registration socket.
+fn endpoint_path(endpoint: &PluginEndpoint) -> PathBuf {
+    match endpoint {
+        PluginEndpoint::Advertised(endpoint) => {
+            kpm::transport::endpoint_path(endpoint).to_path_buf()
+        }
+        PluginEndpoint::RegistrationSocket(path) => path.clone(),
+    }
 }
 
 /// The plugin started anew after its SIGTERM, as a pod's container is
@@ -395,16 +405,17 @@ async fn restart_plugin(
     command: &[String],
     node: &Node,
     dirs: &Dirs,
+    settings: &Settings,
     plugin: &mut Child,
     registered: &Registered,
     before: &Before,
-    bound: Duration,
 ) -> Outcome {
+    let bound = settings.bound;
     if !matches!(plugin.try_wait(), Ok(Some(_))) {
         return Outcome::Skipped("the plugin did not exit on SIGTERM".into());
     }
     let started = Instant::now();
-    *plugin = match start_plugin(command, dirs) {
+    *plugin = match start_plugin(command, dirs, settings) {
         Ok(plugin) => plugin,
         Err(err) => return Outcome::Failed(err.to_string()),
     };
@@ -451,14 +462,12 @@ async fn restart_plugin(
 
 /// Starts the plugin with the placeholders replaced, the paths in its
 /// environment, its output in `plugin.out` and `plugin.err` of the root.
-fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
+fn start_plugin(command: &[String], dirs: &Dirs, settings: &Settings) -> Result<Child, CliError> {
+    let substitutions = dirs.substitutions(settings);
     let substitute = |arg: &String| {
-        let arg = dirs.substitutions().iter().fold(arg.clone(), |arg, (placeholder, _, path)| {
-            arg.replace(placeholder, &path.display().to_string())
-        });
-        dirs.placeholders
-            .iter()
-            .fold(arg, |arg, (placeholder, value)| arg.replace(placeholder, value))
+        substitutions.iter().fold(arg.clone(), |arg, (placeholder, _, value)| {
+            arg.replace(placeholder, &value.to_string_lossy())
+        })
     };
     let (program, args) =
         command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
@@ -480,7 +489,7 @@ fn start_plugin(command: &[String], dirs: &Dirs) -> Result<Child, CliError> {
         // A group of its own, for SIGTERM to reach every process of the command.
         .process_group(0)
         .kill_on_drop(true);
-    plugin.envs(dirs.environment());
+    plugin.envs(dirs.environment(settings));
     plugin.spawn().map_err(|err| CliError::Check(format!("start {program}: {err}")))
 }
 
