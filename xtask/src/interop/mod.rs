@@ -17,6 +17,8 @@
 //! | `check-sample-device-plugin` | `sample-device-plugin` | `kpm check` on a registry socket named `dp.<time>` (a warning: the kubelet takes any name): 10 passed, 1 warned |
 //! | `check-node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm check`: the node id on every call and across the driver's restart, topology keys, `GetPluginInfo`'s name, `NodeGetCapabilities`: 11 passed |
 //! | `check-intel-gpu-plugin` | `intel_gpu_plugin`, `intel_gpu_fakedev` | `kpm check` on eight fake cards (as root, in a mount namespace): `GetPreferredAllocation` ignoring `must_include_deviceIDs` and the socket left on SIGTERM warn: 8 passed, 2 warned |
+//! | `check-dra-test-driver` | `dra-test-driver`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` with an API server of its own: the driver's ResourceSlices, a claim allocated from them prepared (CDI ids resolving in valid specs), prepared again, unprepared, an unknown claim unprepared, a claim of another driver, on `v1` and `v1beta1`: 19 passed (18 when the driver loses its SIGTERM race) |
+//! | `check-dra-example-driver` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same on kubernetes-sigs' example GPU driver: 19 passed (18 likewise) |
 //!
 //! The runner (this file: options, the table of scenarios, a temporary root
 //! for each) sits on `processes` (starting the programs with their logs,
@@ -108,6 +110,16 @@ const SCENARIOS: &[Scenario] = &[
         run: check::intel_gpu_plugin,
     },
     Scenario {
+        name: "check-dra-test-driver",
+        programs: &["dra-test-driver", "kube-apiserver", "etcd"],
+        run: check::dra_test_driver,
+    },
+    Scenario {
+        name: "check-dra-example-driver",
+        programs: &["dra-example-kubeletplugin", "kube-apiserver", "etcd"],
+        run: check::dra_example_driver,
+    },
+    Scenario {
         name: "doctor",
         programs: &[
             "kubelet-pluginmanager",
@@ -139,6 +151,8 @@ impl std::error::Error for Skip {}
 
 /// The programs and where their logs go.
 struct Env {
+    /// The workspace, for kube-e2e's manifests.
+    root: PathBuf,
     kpm: PathBuf,
     example_plugin: PathBuf,
     bin_dir: PathBuf,
@@ -167,6 +181,7 @@ pub(crate) fn run(root: &Path, options: &[&str]) -> Result {
     scenario::build(root, Profile::Debug)?;
     let binaries = scenario::Binaries::locate(root, "interop", Profile::Debug)?;
     let env = Env {
+        root: root.to_path_buf(),
         kpm: binaries.kpm,
         example_plugin: binaries.example_plugin,
         bin_dir,

@@ -17,6 +17,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
@@ -43,6 +45,8 @@ pub(super) struct DraContext<'a> {
     pub(super) cdi_dir: &'a Path,
     /// The bound of every wait and call (`--timeout`).
     pub(super) bound: Duration,
+    /// When the driver was started: its slices are those written since.
+    pub(super) started: Timestamp,
 }
 
 impl std::fmt::Debug for DraContext<'_> {
@@ -267,67 +271,97 @@ async fn resource_slices(
     let started = Instant::now();
     let deadline = started + ctx.bound;
     let mut last = String::from("no answer yet");
+    // Slices with devices, all written before the driver started: used if
+    // no newer come (a driver that found its slices right need not write).
+    let mut stale: Option<Vec<ResourceSlice>> = None;
     loop {
         match tokio::time::timeout_at(deadline, api.list(&params)).await {
             Ok(Ok(answer)) => {
-                let slices = answer.items;
-                let devices: usize = slices
-                    .iter()
-                    .map(|slice| slice.spec.devices.as_ref().map_or(0, Vec::len))
-                    .sum();
-                if devices > 0 {
-                    // The newest generation of a pool is the one the
-                    // scheduler allocates from.
-                    let newest = slices
-                        .iter()
-                        .filter(|slice| slice.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
-                        .max_by_key(|slice| slice.spec.pool.generation);
-                    let device = newest.and_then(|slice| {
-                        let first = slice.spec.devices.as_ref()?.first()?;
-                        Some(SliceDevice {
-                            pool: slice.spec.pool.name.clone(),
-                            device: first.name.clone(),
-                        })
-                    });
-                    let shown: Vec<String> = slices
-                        .iter()
-                        .map(|slice| {
-                            format!(
-                                "{} (pool {} generation {}, {} devices)",
-                                slice.metadata.name.as_deref().unwrap_or("?"),
-                                slice.spec.pool.name,
-                                slice.spec.pool.generation,
-                                slice.spec.devices.as_ref().map_or(0, Vec::len)
-                            )
-                        })
-                        .collect();
-                    return (
-                        Outcome::Passed(format!(
-                            "{} of node {} after {} ms: {}; {devices} devices",
-                            slices.len(),
-                            ctx.node,
-                            started.elapsed().as_millis(),
-                            shown.join(", ")
-                        )),
-                        device,
-                    );
+                let slices: Vec<ResourceSlice> =
+                    answer.items.into_iter().filter(|slice| device_count(slice) > 0).collect();
+                if slices.iter().any(|slice| written_since(slice, ctx.started)) {
+                    let took = started.elapsed();
+                    let shown = describe_slices(&slices, ctx.node);
+                    let outcome = Outcome::Passed(format!(
+                        "{shown}; read back after {} ms",
+                        took.as_millis()
+                    ));
+                    return (outcome, first_device(&slices));
                 }
-                last = format!("{} slices with no device", slices.len());
+                last = format!(
+                    "{} slices with devices, none written since the driver started",
+                    slices.len()
+                );
+                stale = (!slices.is_empty()).then_some(slices);
             }
             Ok(Err(err)) => last = format!("listing them: {err}"),
             Err(_) => {}
         }
         if Instant::now() + SLICE_POLL >= deadline {
-            return (
-                Outcome::Failed(format!(
-                    "no ResourceSlice of {driver} with a device for node {} within {:?} (field selector {fields}; last: {last}): the scheduler has nothing to allocate",
-                    ctx.node, ctx.bound
-                )),
-                None,
-            );
+            let Some(slices) = stale else {
+                return (
+                    Outcome::Failed(format!(
+                        "no ResourceSlice of {driver} with a device for node {} within {:?} (field \
+                         selector {fields}; last: {last}): the scheduler has nothing to allocate",
+                        ctx.node, ctx.bound
+                    )),
+                    None,
+                );
+            };
+            let outcome = Outcome::Warned(format!(
+                "{}, but none written since the driver started {:?} ago: are they this driver's, \
+                 or left by an earlier run?",
+                describe_slices(&slices, ctx.node),
+                ctx.bound
+            ));
+            return (outcome, first_device(&slices));
         }
         tokio::time::sleep(SLICE_POLL).await;
     }
+}
+
+fn device_count(slice: &ResourceSlice) -> usize {
+    slice.spec.devices.as_ref().map_or(0, Vec::len)
+}
+
+/// Whether the API server recorded a write of `slice` at or after `since`
+/// (its creation or an update in its managed fields), to the second.
+fn written_since(slice: &ResourceSlice, since: Timestamp) -> bool {
+    let since = since.as_second();
+    let created = slice.metadata.creation_timestamp.iter().map(|time| time.0);
+    let updated = slice
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|entry| entry.time.as_ref().map(|time| time.0));
+    created.chain(updated).any(|time| time.as_second() >= since)
+}
+
+/// `N of node NODE: NAME (pool P generation G, D devices), …; T devices`.
+fn describe_slices(slices: &[ResourceSlice], node: &str) -> String {
+    let shown: Vec<String> = slices
+        .iter()
+        .map(|slice| {
+            format!(
+                "{} (pool {} generation {}, {} devices)",
+                slice.metadata.name.as_deref().unwrap_or("?"),
+                slice.spec.pool.name,
+                slice.spec.pool.generation,
+                device_count(slice)
+            )
+        })
+        .collect();
+    let devices: usize = slices.iter().map(device_count).sum();
+    format!("{} of node {node}: {}; {devices} devices", slices.len(), shown.join(", "))
+}
+
+/// A device of the newest generation of a pool: the one the scheduler
+/// allocates from.
+fn first_device(slices: &[ResourceSlice]) -> Option<SliceDevice> {
+    let newest = slices.iter().max_by_key(|slice| slice.spec.pool.generation)?;
+    let first = newest.spec.devices.as_ref()?.first()?;
+    Some(SliceDevice { pool: newest.spec.pool.name.clone(), device: first.name.clone() })
 }
 
 /// The check's ResourceClaims, allocated: one to a device of the driver,
@@ -639,6 +673,11 @@ async fn with_claim(
 ) -> Vec<(&'static str, Outcome)> {
     let mut steps = Vec::new();
     let ours = &claims.ours;
+    // Spec files there before the claim (a driver's devices common to
+    // every claim) are not the claim's to remove.
+    let before: Vec<PathBuf> = cdi::read_dir(ctx.cdi_dir)
+        .map(|files| files.into_iter().map(|file| file.path).collect())
+        .unwrap_or_default();
     let first = call.prepare(vec![ours.claim()]).await;
     let (outcome, made) = judge_prepare(&first, ours, &claims.device, ctx.cdi_dir);
     steps.push((names.prepare, outcome));
@@ -661,7 +700,7 @@ async fn with_claim(
     }
     // What prepare wrote for the claim goes, or stops naming its devices:
     // the kubelet does not look, the container runtime would still find them.
-    for file in &made.files {
+    for file in made.files.iter().filter(|file| !before.contains(file)) {
         if !file.exists() {
             findings.pass(format!("{} removed", shown(file)));
             continue;

@@ -255,6 +255,7 @@ pub(super) async fn run(
     let bound = settings.bound;
     let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
+    let started_at = k8s_openapi::jiff::Timestamp::now();
     let mut plugin = start_plugin(command, dirs, settings)?;
     let started = Instant::now();
     let registered = wait_registered(&node, dirs, &mut plugin, bound).await;
@@ -288,7 +289,9 @@ pub(super) async fn run(
             env.push(("KPM_CHECK_PID", plugin.id().unwrap_or_default().to_string().into()));
             Hook::new(command.clone(), env, bound)
         });
-        let before = converse(&node, dirs, registered, settings, hook.as_ref(), &mut steps).await;
+        let before =
+            converse(&node, dirs, registered, settings, hook.as_ref(), started_at, &mut steps)
+                .await;
         node.stop().await?;
         let restarted = Instant::now();
         node = Node::start(dirs)?;
@@ -345,13 +348,15 @@ struct Before {
 }
 
 /// The conversation each registered plugin has with the kubelet after its
-/// registration, by type (`device`, `csi`, `dra`), its steps pushed to `steps`.
+/// registration, by type (`device`, `csi`, `dra`), its steps pushed to
+/// `steps`; the plugin was `started` then.
 async fn converse(
     node: &Node,
     dirs: &Dirs,
     registered: &Registered,
     settings: &Settings,
     health_change: Option<&Hook>,
+    started: k8s_openapi::jiff::Timestamp,
     steps: &mut Vec<(&'static str, Outcome)>,
 ) -> Before {
     let bound = settings.bound;
@@ -377,6 +382,7 @@ async fn converse(
         node: &settings.node,
         cdi_dir: &dirs.cdi,
         bound,
+        started,
     };
     for socket in registered.of_type(kpm::api::DRA_PLUGIN) {
         let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
