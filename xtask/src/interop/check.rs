@@ -130,7 +130,7 @@ pub(super) fn dra_example_driver(env: &Env, _root: &Path) -> Result {
 /// step fails then, and only that one.
 fn check_dra(env: &Env, name: &'static str, command: &str) -> Result {
     let node = "node1";
-    crate::kube_e2e::with_cluster(&env.root, &env.bin_dir, &env.out, name, node, |admin| {
+    crate::kube_e2e::with_cluster(&env.root, &env.bin_dir, &env.out, name, |admin| {
         let admin = admin.display().to_string();
         let options = ["--kubeconfig", &admin, "--node-name", node, "--timeout", "20"];
         let expected = ["19 passed, 0 failed", "18 passed, 1 failed"];

@@ -107,14 +107,13 @@ struct Env {
 
 /// An API server for a suite other than kube-e2e (interop's `kpm check`
 /// of DRA drivers): etcd and kube-apiserver from `bin_dir`, set up as
-/// kube-e2e's clusters are, with Node `node`; `run` gets the admin's
-/// kubeconfig, and the cluster goes when it returns. Logs go to `out`.
+/// kube-e2e's clusters are, with Nodes `node1` and `node2`; `run` gets the
+/// admin's kubeconfig, and the cluster goes when it returns. Logs go to `out`.
 pub(crate) fn with_cluster(
     root: &Path,
     bin_dir: &Path,
     out: &Path,
     scenario: &'static str,
-    node: &str,
     run: impl FnOnce(&Path) -> Result,
 ) -> Result {
     let env = Env {
@@ -130,7 +129,6 @@ pub(crate) fn with_cluster(
         out: out.to_path_buf(),
     };
     let cluster = Cluster::start(&env, scenario)?;
-    cluster.create_node(node)?;
     run(&cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?)
 }
 

@@ -17,8 +17,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
-
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationResult, DeviceClaim, DeviceRequest,
@@ -26,6 +24,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
 use kpm::transport::UdsChannel;
 use kpm_api::dra::{v1, v1beta1};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -98,8 +97,8 @@ impl Service {
     /// The name GetInfo lists it by.
     fn offered_as(self) -> &'static str {
         match self {
-            Self::V1 => "v1.DRAPlugin",
-            Self::V1beta1 => "v1beta1.DRAPlugin",
+            Self::V1 => kpm_api::constants::DRA_V1_SERVICE,
+            Self::V1beta1 => kpm_api::constants::DRA_V1BETA1_SERVICE,
         }
     }
 

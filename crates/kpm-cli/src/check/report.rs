@@ -156,8 +156,10 @@ impl<'a> Report<'a> {
     /// tally (warnings named only when there are some).
     pub(super) fn text(&self) -> String {
         let mut text = self.title() + "\n";
+        // The evidence in one column, after the longest step's name.
+        let width = self.steps.iter().map(|checked| checked.step.len()).max().unwrap_or(0);
         for Checked { step, outcome } in &self.steps {
-            let _ = writeln!(text, "{} {step:<20} {}", outcome.mark(), outcome.detail());
+            let _ = writeln!(text, "{} {step:<width$} {}", outcome.mark(), outcome.detail());
         }
         if let Some(root) = self.kept {
             let _ = writeln!(
