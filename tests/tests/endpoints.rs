@@ -167,8 +167,8 @@ async fn a_dra_instance_whose_endpoint_is_removed_goes_and_the_other_stays() {
             .endpoint(endpoint(uid))
             .rolling_update_uid(uid)
     };
-    let service_a = serve_service(&endpoint("a"), StubDraDriver.routes()).await;
-    let _service_b = serve_service(&endpoint("b"), StubDraDriver.routes()).await;
+    let service_a = serve_service(&endpoint("a"), StubDraDriver::new().routes()).await;
+    let _service_b = serve_service(&endpoint("b"), StubDraDriver::new().routes()).await;
     let plugin_a = node.register(instance("a")).await;
     let _plugin_b = node.register(instance("b")).await;
     let endpoints = || -> Vec<String> {
@@ -181,8 +181,9 @@ async fn a_dra_instance_whose_endpoint_is_removed_goes_and_the_other_stays() {
     let b = endpoint("b").display().to_string();
     wait_until("only instance b is left", || endpoints() == [b.clone()]).await;
     service_a.abort();
-    let _service_a =
-        node.held_then_registered_again(&plugin_a, &endpoint("a"), || StubDraDriver.routes()).await;
+    let _service_a = node
+        .held_then_registered_again(&plugin_a, &endpoint("a"), || StubDraDriver::new().routes())
+        .await;
     wait_until("both instances are back", || endpoints().len() == 2).await;
 }
 

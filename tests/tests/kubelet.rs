@@ -95,7 +95,7 @@ async fn plugins_of_all_three_types_register_and_show_in_the_handlers_views() {
     let _csi = node.csi_plugin().await;
 
     let dra_socket = root.join("plugins/gpu.example.com/dra.sock");
-    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await;
+    let _dra_service = serve_service(&dra_socket, StubDraDriver::new().routes()).await;
     let (_dra, told) = node
         .plugin(
             Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
@@ -173,7 +173,8 @@ async fn dra_device_health_changes_reach_the_managers_events() {
     let health = kpm_api::dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(
         OneHealthReport,
     );
-    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes().add_service(health)).await;
+    let _dra_service =
+        serve_service(&dra_socket, StubDraDriver::new().routes().add_service(health)).await;
     let (_dra, told) = node
         .plugin(
             Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
@@ -236,7 +237,7 @@ async fn probes_share_the_device_plugins_connection_and_keep_two_for_a_csi_drive
 async fn a_dra_endpoint_outside_the_root_is_refused_alike_by_the_handler_and_the_running_kubelet() {
     let outside = tempfile::tempdir().unwrap();
     let endpoint = outside.path().join("dra.sock");
-    let _service = serve_service(&endpoint, StubDraDriver.routes()).await;
+    let _service = serve_service(&endpoint, StubDraDriver::new().routes()).await;
     let versions = [kpm::api::DRA_V1_SERVICE.to_owned()];
 
     let registrar = || {
@@ -385,7 +386,7 @@ async fn a_kubelet_given_an_fd_budget_pays_every_connection_from_it() {
     assert_eq!(node.handle.manager().fd_budget().stats(), budget.stats(), "the same budget");
 
     let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
-    let _dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await;
+    let _dra_service = serve_service(&dra_socket, StubDraDriver::new().routes()).await;
     let (_dra, told) = node
         .plugin(
             Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")

@@ -76,7 +76,7 @@ async fn script(root: &Path, kubelet: &KubeletHandle) -> Result<(), CliError> {
 
     say("3. a DRA driver registers like the kubelet plugin helper (<driver>-<uid>-reg.sock)");
     let dra_socket = root.join("plugins").join(DRA).join("dra.sock");
-    let dra_service = serve_service(&dra_socket, StubDraDriver.routes()).await?;
+    let dra_service = serve_service(&dra_socket, StubDraDriver::new().routes()).await?;
     let dra = serve(
         Registrar::builder(kpm::api::DRA_PLUGIN, DRA)
             .versions([kpm::api::DRA_V1_SERVICE])

@@ -18,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use kpm_registrar::Registrar;
-use kpm_registrar::stub::{Misbehaviour, StubCsiDriver, StubDevicePlugin};
+use kpm_registrar::stub::{Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver};
 
 /// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
 const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
@@ -31,6 +31,8 @@ const NO_REREGISTER: &str = "KPM_TEST_NO_REREGISTER";
 const MISBEHAVE: &str = "KPM_TEST_MISBEHAVE";
 /// The `csi` role's topology, `KEY=VALUE`.
 const TOPOLOGY: &str = "KPM_TEST_TOPOLOGY";
+/// Environment variables of the plugin, `(name, value)`.
+type Environment = &'static [(&'static str, &'static str)];
 /// What `--health-change` runs: the plugin turns a device unhealthy on SIGUSR1.
 const HEALTH_CHANGE: &str = "kill -USR1 $KPM_CHECK_PID";
 /// The `dra` role's supported versions, comma-separated (default:
@@ -206,7 +208,7 @@ fn each_csi_rule_fails_on_its_misbehaviour() {
         assert!(line(&report, step).starts_with("PASS"), "{step}: {report}");
     }
     assert!(line(&report, "plugin restart").contains("node id \"node-1\" kept"), "{report}");
-    let rules: [(&[(&str, &str)], &str, &str); 4] = [
+    let rules: [(Environment, &str, &str); 4] = [
         (&[(MISBEHAVE, "node-id-changes")], "node id stable", "on 3 calls"),
         (&[(MISBEHAVE, "plugin-info-name-differs")], "GetPluginInfo name", "registered as"),
         (&[(MISBEHAVE, "no-node-capabilities")], "NodeGetCapabilities", "Unimplemented"),
@@ -420,46 +422,14 @@ fn plugin(role: &str) {
                     .unwrap();
                     return;
                 }
-                // Once, when kubelet.sock first appears. Serving it, kpm
-                // empties the directory: a socket bound in that moment is
-                // gone, and the registration fails; then once more.
-                while !dir.join("kubelet.sock").exists() {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                for attempt in 1.. {
-                    let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
-                    let server = tokio::spawn(
-                        tonic::transport::Server::builder()
-                            .add_routes(plugin.clone().routes())
-                            .serve_with_incoming(incoming),
-                    );
-                    let timeout = Duration::from_secs(5);
-                    match kpm_registrar::register_device_plugin(&dir, "gpu.sock", GPU, timeout)
-                        .await
-                    {
-                        Ok(()) => break,
-                        Err(err) if attempt < 3 => {
-                            eprintln!("registering failed, once more: {err}");
-                            server.abort();
-                        }
-                        Err(err) => panic!("registering failed: {err}"),
-                    }
-                }
+                register_once(&dir, &plugin).await;
                 stop.await;
                 let _ = std::fs::remove_file(dir.join("gpu.sock"));
             }
             "csi" => {
-                let driver = StubCsiDriver::new("csi.example.com", "node-1");
-                let driver = match std::env::var(TOPOLOGY) {
-                    Ok(segment) => {
-                        let (key, value) = segment.split_once('=').unwrap();
-                        driver.topology(key, value)
-                    }
-                    Err(_) => driver.topology("topology.example.com/node", "node-1"),
-                };
                 let registrar = Registrar::builder(kpm::api::CSI_PLUGIN, "csi.example.com")
                     .socket_dir(registry())
-                    .routes(driver.misbehave(misbehaviours).routes())
+                    .routes(csi_driver().misbehave(misbehaviours).routes())
                     .serve()
                     .await
                     .unwrap();
@@ -469,15 +439,7 @@ fn plugin(role: &str) {
             "dra" => {
                 let builder = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
                     .socket_dir(registry())
-                    .routes(
-                        kpm_registrar::stub::StubDraDriver.misbehaving_routes(
-                            std::env::var(DRA_MISBEHAVE)
-                                .unwrap_or_default()
-                                .split(',')
-                                .filter(|name| !name.is_empty())
-                                .map(|name| name.parse().unwrap()),
-                        ),
-                    );
+                    .routes(StubDraDriver::new().misbehave(misbehaviours).routes());
                 let builder = match std::env::var(DRA_VERSIONS) {
                     Ok(versions) => builder.versions(versions.split(',').map(str::to_owned)),
                     Err(_) => builder,
@@ -491,8 +453,43 @@ fn plugin(role: &str) {
     });
 }
 
-/// The `dra` role's misbehaviours (kpm-registrar's names), comma-separated.
-const DRA_MISBEHAVE: &str = "KPM_TEST_DRA_MISBEHAVE";
+/// Serves `plugin` in `dir` and registers it on `kubelet.sock` once, when
+/// that first appears. Serving it, kpm empties the directory: a socket
+/// bound in that moment is gone, and the registration fails; then once more.
+async fn register_once(dir: &std::path::Path, plugin: &StubDevicePlugin) {
+    while !dir.join("kubelet.sock").exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for attempt in 1.. {
+        let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(plugin.clone().routes())
+                .serve_with_incoming(incoming),
+        );
+        let timeout = Duration::from_secs(5);
+        match kpm_registrar::register_device_plugin(dir, "gpu.sock", GPU, timeout).await {
+            Ok(()) => break,
+            Err(err) if attempt < 3 => {
+                eprintln!("registering failed, once more: {err}");
+                server.abort();
+            }
+            Err(err) => panic!("registering failed: {err}"),
+        }
+    }
+}
+
+/// The `csi` role's driver: node id `node-1`, its topology from [`TOPOLOGY`].
+fn csi_driver() -> StubCsiDriver {
+    let driver = StubCsiDriver::new("csi.example.com", "node-1");
+    match std::env::var(TOPOLOGY) {
+        Ok(segment) => {
+            let (key, value) = segment.split_once('=').unwrap();
+            driver.topology(key, value)
+        }
+        Err(_) => driver.topology("topology.example.com/node", "node-1"),
+    }
+}
 
 /// Without `--kubeconfig` the DRA steps that need a `ResourceClaim` skip,
 /// saying so; a prepare with no claims and an unknown claim's unprepare
@@ -520,7 +517,7 @@ fn a_dra_driver_without_an_api_server_skips_the_claim_steps() {
 /// The kubelet unprepares its checkpoint's claims after a restart, which
 /// the driver may not know: an error there keeps the pod from going.
 fn a_dra_driver_failing_an_unknown_claim_fails() {
-    let (code, report) = check("dra", &[(DRA_MISBEHAVE, "unprepare-unknown-fails")]);
+    let (code, report) = check("dra", &[(MISBEHAVE, "unprepare-unknown-fails")]);
     assert_eq!(code, 1, "{report}");
     for version in ["v1", "v1beta1"] {
         let unknown = line(&report, &format!("unprepare unknown claim {version}"));
@@ -530,7 +527,7 @@ fn a_dra_driver_failing_an_unknown_claim_fails() {
 
 /// The kubelet fails a pod on an answer for a claim it did not send.
 fn a_dra_driver_answering_unsent_claims_fails() {
-    let (code, report) = check("dra", &[(DRA_MISBEHAVE, "prepare-answers-unsent-claim")]);
+    let (code, report) = check("dra", &[(MISBEHAVE, "prepare-answers-unsent-claim")]);
     assert_eq!(code, 1, "{report}");
     let prepare = line(&report, "NodePrepareResources v1");
     assert!(prepare.starts_with("FAIL") && prepare.contains("did not send"), "{report}");

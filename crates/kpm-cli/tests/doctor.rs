@@ -878,7 +878,8 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
     let _sick = support::serve(&sick, support::device_plugin(&[("x-0", "Unhealthy")]));
     let dra_socket = node.root.path().join("plugins/gpu.example.com/dra.sock");
     std::fs::create_dir_all(dra_socket.parent().unwrap()).unwrap();
-    let _dra_service = support::serve(&dra_socket, kpm_registrar::stub::StubDraDriver.routes());
+    let _dra_service =
+        support::serve(&dra_socket, kpm_registrar::stub::StubDraDriver::new().routes());
     let dra = node.plugin(
         Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
             .versions([kpm::api::DRA_V1_SERVICE])
@@ -965,7 +966,8 @@ fn the_verdicts_on_dra_drivers_follow_the_minor_of_the_nodes_kubelet() {
         let driver = |name: &str, versions: &[&str]| {
             let socket = node.root.path().join(format!("plugins/{name}/dra.sock"));
             std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-            let served = support::serve(&socket, kpm_registrar::stub::StubDraDriver.routes());
+            let served =
+                support::serve(&socket, kpm_registrar::stub::StubDraDriver::new().routes());
             let builder = Registrar::builder(kpm::api::DRA_PLUGIN, name).endpoint(&socket);
             let builder = if versions.is_empty() {
                 builder
@@ -1014,7 +1016,7 @@ fn a_kubelet_before_1_34_without_the_dra_gate_refuses_dra_drivers() {
             .block_on(
                 Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
                     .socket_dir(&registry)
-                    .routes(kpm_registrar::stub::StubDraDriver.routes())
+                    .routes(kpm_registrar::stub::StubDraDriver::new().routes())
                     .serve(),
             )
             .unwrap();

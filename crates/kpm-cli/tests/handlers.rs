@@ -104,7 +104,7 @@ async fn a_dra_driver_registers_and_its_connection_is_watched() {
     let data_dir = root.path().join("plugins").join("gpu.example.com");
     std::fs::create_dir_all(&data_dir).unwrap();
     let service = data_dir.join("dra.sock");
-    let driver = support::serve(&service, StubDraDriver.routes());
+    let driver = support::serve(&service, StubDraDriver::new().routes());
 
     // As the Go kubelet plugin helper does: <driver>-<uid>-reg.sock, service names as versions.
     let plugin = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")

@@ -68,7 +68,7 @@ fn a_good_dra_driver_would_register() {
     let dir = tempfile::tempdir().unwrap();
     let rt = runtime();
     let service = dir.path().join("dra.sock");
-    let _driver = support::serve(&service, kpm_registrar::stub::StubDraDriver.routes());
+    let _driver = support::serve(&service, kpm_registrar::stub::StubDraDriver::new().routes());
     let plugin = rt
         .block_on(
             Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")

@@ -45,14 +45,17 @@ use clap::Parser;
 use kpm_api::constants::{
     DEFAULT_ROOT_DIR, DEVICE_HEALTHY, KUBELET_SOCKET_NAME, PLUGINS_REGISTRY_DIR_NAME,
 };
-use kpm_registrar::stub::{DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin};
-use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar, RegistrationStatus};
+use kpm_registrar::stub::{
+    DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver,
+};
+use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN, Registrar, RegistrationStatus};
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Serve a kubelet plugin registration socket and print the registration
 /// statuses received.
-// Field docs are `--help` text, where backticks would show.
-#[allow(clippy::doc_markdown)]
+// Field docs are `--help` text, where backticks would show; the flags are
+// bools, as clap has them.
+#[allow(clippy::doc_markdown, clippy::struct_excessive_bools)]
 #[derive(Debug, Parser)]
 #[command(name = "example_plugin")]
 struct Args {
@@ -208,6 +211,9 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                     None => driver.max_volumes(args.max_volumes),
                 }
                 .routes()
+            }
+            DRA_PLUGIN => {
+                StubDraDriver::new().misbehave(args.misbehaviours.iter().copied()).routes()
             }
             _ => kpm_registrar::stub::routes(&args.plugin_type, &name),
         };

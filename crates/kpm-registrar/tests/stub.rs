@@ -83,7 +83,7 @@ async fn a_dra_driver_prepares_claims_on_both_plugin_services() {
     use kpm_registrar::DRA_PLUGIN;
     use kpm_registrar::stub::StubDraDriver;
 
-    let (registrar, _dir, channel) = serve(DRA_PLUGIN, StubDraDriver.routes()).await;
+    let (registrar, _dir, channel) = serve(DRA_PLUGIN, StubDraDriver::new().routes()).await;
 
     let claim = |uid: &str| v1::Claim { uid: uid.into(), ..Default::default() };
     let prepared = v1::dra_plugin_client::DraPluginClient::new(channel.clone())

@@ -1,5 +1,5 @@
 //! `kpm check` on real plugins: each one's report must end with the tally
-//! `docs/plugin-authors.md` gives for it, and its JUnit report must carry
+//! `docs/plugin-authors.md` gives for it, and its `JUnit` report must carry
 //! every step. Where a real plugin warns or fails, the docs say why and
 //! whether the rule or the plugin is wrong.
 
@@ -151,7 +151,7 @@ fn bin(env: &Env, name: &str) -> String {
 
 /// Runs `kpm check --junit FILE OPTIONS -- COMMAND`, shows and keeps its
 /// report, and fails unless it ends with one of the `expected` tallies
-/// (exit 0 unless a step failed) and the JUnit report has a test case per step.
+/// (exit 0 unless a step failed) and the `JUnit` report has a test case per step.
 fn run_check(
     env: &Env,
     name: &str,

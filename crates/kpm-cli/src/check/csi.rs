@@ -100,7 +100,7 @@ fn node_id_stable(infos: &[Result<NodeGetInfoResponse, tonic::Status>]) -> Outco
         }
     }
     match ids.as_slice() {
-        [first, ..] if first.is_empty() => Outcome::Failed(
+        ["", ..] => Outcome::Failed(
             "an empty node id: the kubelet refuses the registration (\"node ID is empty\")".into(),
         ),
         [first, rest @ ..] if rest.iter().all(|id| id == first) => {
@@ -191,9 +191,10 @@ async fn capabilities(mut node: NodeClient<Channel>) -> Outcome {
                     _ => None,
                 })
                 .collect();
-            match names.is_empty() {
-                true => Outcome::Passed("answered, no capability (no staging, no stats)".into()),
-                false => Outcome::Passed(format!("answered: {}", names.join(", "))),
+            if names.is_empty() {
+                Outcome::Passed("answered, no capability (no staging, no stats)".into())
+            } else {
+                Outcome::Passed(format!("answered: {}", names.join(", ")))
             }
         }
     }

@@ -155,9 +155,10 @@ async fn first_list(
                 .filter(|d| !d.numa_nodes.is_empty())
                 .map(|d| format!("{} NUMA {:?}", d.id, d.numa_nodes))
                 .collect();
-            match numa.is_empty() {
-                true => findings.pass("no topology: the topology manager aligns nothing"),
-                false => findings.pass(numa.join(", ")),
+            if numa.is_empty() {
+                findings.pass("no topology: the topology manager aligns nothing");
+            } else {
+                findings.pass(numa.join(", "));
             }
         }
         None => findings.fail(format!(
@@ -248,35 +249,40 @@ async fn allocate(
 /// At most a few responses' contents, then how many more.
 fn summarized(summaries: &[String]) -> String {
     const SHOWN: usize = 4;
-    let mut shown = summaries[..summaries.len().min(SHOWN)].join(", ");
-    if summaries.len() > SHOWN {
-        shown.push_str(&format!(" and {} more", summaries.len() - SHOWN));
+    let shown = summaries[..summaries.len().min(SHOWN)].join(", ");
+    match summaries.len().checked_sub(SHOWN).filter(|more| *more > 0) {
+        Some(more) => format!("{shown} and {more} more"),
+        None => shown,
     }
-    shown
 }
 
 /// What a container response gives: `1 env, 1 device /dev/null→/dev/gpu0 rw, …`.
 fn contents(response: &ContainerAllocateResponse) -> String {
-    let mut parts = Vec::new();
-    let count = |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
-    parts.push(count(response.envs.len(), "env"));
-    let devices: Vec<String> = response
-        .devices
-        .iter()
-        .map(|d| format!("{}→{} {}", d.host_path, d.container_path, d.permissions))
-        .collect();
-    parts.push(match devices.is_empty() {
-        true => count(0, "device"),
-        false => format!("{} {}", count(devices.len(), "device"), devices.join(" ")),
-    });
-    parts.push(count(response.mounts.len(), "mount"));
-    let cdi: Vec<&str> = response.cdi_devices.iter().map(|d| d.name.as_str()).collect();
-    parts.push(match cdi.is_empty() {
-        true => count(0, "CDI device"),
-        false => format!("{} {}", count(cdi.len(), "CDI device"), cdi.join(" ")),
-    });
+    // `N things`, then each of them.
+    let counted = |what: &str, named: Vec<String>| {
+        let plural = if named.len() == 1 { "" } else { "s" };
+        let mut said = format!("{} {what}{plural}", named.len());
+        for item in named {
+            said.push(' ');
+            said.push_str(&item);
+        }
+        said
+    };
+    let plural = if response.envs.len() == 1 { "" } else { "s" };
+    let devices = response.devices.iter();
+    let mut parts = vec![
+        format!("{} env{plural}", response.envs.len()),
+        counted(
+            "device",
+            devices
+                .map(|d| format!("{}→{} {}", d.host_path, d.container_path, d.permissions))
+                .collect(),
+        ),
+        counted("mount", response.mounts.iter().map(|m| m.container_path.clone()).collect()),
+        counted("CDI device", response.cdi_devices.iter().map(|d| d.name.clone()).collect()),
+    ];
     if !response.annotations.is_empty() {
-        parts.push(count(response.annotations.len(), "annotation"));
+        parts.push(format!("{} annotation(s)", response.annotations.len()));
     }
     parts.join(", ")
 }
@@ -367,11 +373,12 @@ async fn preferred(view: &DeviceView, resource: &str, healthy: &[String]) -> Out
     let (Some(must), true) = (healthy.last(), healthy.len() >= 2) else {
         return Outcome::Skipped("one healthy device: no choice to prefer".into());
     };
+    // Two: the least that leaves the plugin a choice besides the must.
     let size = 2;
     let request = ContainerPreferredAllocationRequest {
         available_device_i_ds: healthy.to_vec(),
         must_include_device_i_ds: vec![must.clone()],
-        allocation_size: size,
+        allocation_size: 2,
     };
     let asked = format!("{size} of {} with {must}", healthy.len());
     let request = PreferredAllocationRequest { container_requests: vec![request] };
@@ -394,7 +401,7 @@ async fn preferred(view: &DeviceView, resource: &str, healthy: &[String]) -> Out
     if !chosen.contains(must) {
         findings.warn(format!("{must} was a must and is missing: {copes}"));
     }
-    if chosen.len() != size as usize {
+    if chosen.len() != size {
         findings.warn(format!("{} ids for a size of {size}: {copes}", chosen.len()));
     }
     let strangers: Vec<&String> = chosen.iter().filter(|id| !healthy.contains(id)).collect();
@@ -444,8 +451,8 @@ async fn health_change_step(
         devices.into_iter().map(|d| (d.id, d.health)).collect()
     };
     let before = healths();
-    let mut changes = view.changes();
-    changes.mark_unchanged();
+    let mut updates = view.changes();
+    updates.mark_unchanged();
     let ran = Instant::now();
     if let Err(why) = hook.run().await {
         return Outcome::Failed(format!("the hook {why}"));
@@ -456,7 +463,7 @@ async fn health_change_step(
             if now != before {
                 return now;
             }
-            if changes.changed().await.is_err() {
+            if updates.changed().await.is_err() {
                 return now;
             }
         }

@@ -133,7 +133,7 @@ impl DeviceList {
         self.tx.send_if_modified(|devices| {
             let device = devices.iter_mut().find(|device| device.health == DEVICE_HEALTHY);
             failed = device.map(|device| {
-                device.health = DEVICE_UNHEALTHY.to_owned();
+                DEVICE_UNHEALTHY.clone_into(&mut device.health);
                 device.id.clone()
             });
             failed.is_some()

@@ -14,27 +14,31 @@ use super::{Misbehaviour, Misbehaviours};
 /// and `v1beta1.DRAPlugin`, the one kubelets 1.32 and 1.33 speak (they
 /// know no v1, and fall back to an older API for a plugin without
 /// v1beta1). The two services' messages are the same on the wire.
-#[derive(Debug, Clone, Copy)]
-pub struct StubDraDriver;
+#[derive(Debug, Clone, Default)]
+pub struct StubDraDriver {
+    misbehaviours: Misbehaviours,
+}
 
 impl StubDraDriver {
+    /// A driver that keeps every rule.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Breaks the rules named, those for DRA drivers
+    /// ([`Misbehaviour::UnprepareUnknownFails`],
+    /// [`Misbehaviour::PrepareAnswersUnsentClaim`]); the others are ignored.
+    #[must_use]
+    pub fn misbehave(mut self, misbehaviours: impl IntoIterator<Item = Misbehaviour>) -> Self {
+        self.misbehaviours = Misbehaviours::of(misbehaviours);
+        self
+    }
+
     /// The `DRAPlugin` services, v1 and v1beta1, to serve on the driver's
     /// socket.
     pub fn routes(self) -> Routes {
-        self.misbehaving_routes([])
-    }
-
-    /// [`routes`](Self::routes) of a driver breaking the DRA rules among
-    /// `misbehaviours` ([`Misbehaviour::UnprepareUnknownFails`],
-    /// [`Misbehaviour::PrepareAnswersUnsentClaim`]); the others are ignored.
-    pub fn misbehaving_routes(
-        self,
-        misbehaviours: impl IntoIterator<Item = Misbehaviour>,
-    ) -> Routes {
-        let driver = Driver {
-            misbehaviours: Arc::new(Misbehaviours::of(misbehaviours)),
-            prepared: Arc::default(),
-        };
+        let driver =
+            Driver { misbehaviours: Arc::new(self.misbehaviours), prepared: Arc::default() };
         Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(driver.clone()))
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(driver))
     }

@@ -27,7 +27,7 @@ pub fn routes(plugin_type: &str, name: &str) -> Routes {
             plugin.routes()
         }
         Some(PluginKind::Csi) => StubCsiDriver::new(name, "example-node").routes(),
-        Some(PluginKind::Dra) => StubDraDriver.routes(),
+        Some(PluginKind::Dra) => StubDraDriver::new().routes(),
         None => Routes::default(),
     }
 }
