@@ -6,6 +6,7 @@ use kpm_api::dra::v1;
 
 use crate::error::DraError;
 use crate::manager::{DraConfig, DraDriverStatus, DraManager};
+use crate::validate::DraService;
 
 /// A cheap, cloneable, read-only view of a [`DraManager`], from
 /// [`DraManager::view`]: the drivers, their instances and device health,
@@ -102,6 +103,28 @@ impl DraView {
         claims: Vec<v1::Claim>,
     ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
         self.manager.prepare(driver, claims).await
+    }
+
+    /// See [`DraManager::prepare_at`]: registers nothing.
+    pub async fn prepare_at(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        service: DraService,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
+        self.manager.prepare_at(driver, endpoint, service, claims).await
+    }
+
+    /// See [`DraManager::unprepare_at`]: registers nothing.
+    pub async fn unprepare_at(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        service: DraService,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodeUnprepareResourcesResponse, DraError> {
+        self.manager.unprepare_at(driver, endpoint, service, claims).await
     }
 
     /// See [`DraManager::unprepare`].

@@ -25,8 +25,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kpm::transport::UdsChannel;
-use kpm_api::dra::{v1, v1beta1};
+use kpm::dra::{DraService, DraView};
+use kpm_api::dra::v1;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::time::Instant;
 
@@ -35,6 +35,8 @@ use super::report::{Findings, Outcome};
 
 /// What the DRA steps need beyond the driver.
 pub(super) struct DraContext<'a> {
+    /// The check kubelet's DRA manager, which makes the calls.
+    pub(super) dra: &'a DraView,
     /// A client of the API server from `--kubeconfig`; None without it
     /// (then the steps that need a ResourceClaim are skipped).
     pub(super) api: Option<&'a kube::Client>,
@@ -77,13 +79,6 @@ const OTHER_DRIVER: &str = "kpm-check.other.example.com";
 /// How often the ResourceSlices are read while waiting for them.
 const SLICE_POLL: Duration = Duration::from_millis(500);
 
-/// Which `DRAPlugin` service a call goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Service {
-    V1,
-    V1beta1,
-}
-
 /// Each service's step names, as `&'static str` for the report.
 struct Names {
     prepare: &'static str,
@@ -93,32 +88,23 @@ struct Names {
     other: &'static str,
 }
 
-impl Service {
-    /// The name GetInfo lists it by.
-    fn offered_as(self) -> &'static str {
-        match self {
-            Self::V1 => kpm_api::constants::DRA_V1_SERVICE,
-            Self::V1beta1 => kpm_api::constants::DRA_V1BETA1_SERVICE,
-        }
-    }
-
-    fn names(self) -> Names {
-        match self {
-            Self::V1 => Names {
-                prepare: "NodePrepareResources v1",
-                again: "prepare again v1",
-                unprepare: "NodeUnprepareResources v1",
-                unknown: "unprepare unknown claim v1",
-                other: "claim of another driver v1",
-            },
-            Self::V1beta1 => Names {
-                prepare: "NodePrepareResources v1beta1",
-                again: "prepare again v1beta1",
-                unprepare: "NodeUnprepareResources v1beta1",
-                unknown: "unprepare unknown claim v1beta1",
-                other: "claim of another driver v1beta1",
-            },
-        }
+/// The step names of `service`'s calls.
+fn names(service: DraService) -> Names {
+    match service {
+        DraService::V1 => Names {
+            prepare: "NodePrepareResources v1",
+            again: "prepare again v1",
+            unprepare: "NodeUnprepareResources v1",
+            unknown: "unprepare unknown claim v1",
+            other: "claim of another driver v1",
+        },
+        DraService::V1beta1 => Names {
+            prepare: "NodePrepareResources v1beta1",
+            again: "prepare again v1beta1",
+            unprepare: "NodeUnprepareResources v1beta1",
+            unknown: "unprepare unknown claim v1beta1",
+            other: "claim of another driver v1beta1",
+        },
     }
 }
 
@@ -143,9 +129,9 @@ pub(super) async fn converse(
     ctx: &DraContext<'_>,
 ) -> Vec<(&'static str, Outcome)> {
     let mut steps = Vec::new();
-    let offered: Vec<Service> = [Service::V1, Service::V1beta1]
+    let offered: Vec<DraService> = [DraService::V1, DraService::V1beta1]
         .into_iter()
-        .filter(|service| services.iter().any(|offered| offered == service.offered_as()))
+        .filter(|service| services.iter().any(|offered| offered == service.as_str()))
         .collect();
     // The slices first: they are the driver's, whichever service.
     let slices = if let Some(client) = ctx.api {
@@ -171,23 +157,15 @@ pub(super) async fn converse(
         ));
         return steps;
     }
-    let channel = match connect(endpoint, ctx.bound).await {
-        Ok(channel) => channel,
-        Err(err) => {
-            for service in &offered {
-                steps.push((service.names().prepare, Outcome::Failed(err.clone())));
-            }
-            return steps;
-        }
-    };
     // The claims, made once for every service; deleted at the end.
     let claims = match (ctx.api, slices) {
         (Some(client), Some(device)) => Some(Claims::create(client, driver, &device, ctx).await),
         _ => None,
     };
     for service in offered {
-        let names = service.names();
-        let call = Call { channel: &channel, service, bound: ctx.bound };
+        let names = names(service);
+        let endpoint = endpoint.to_string_lossy();
+        let call = Call { dra: ctx.dra, driver, endpoint: &endpoint, service };
         match claims.as_ref() {
             Some(Ok(claims)) => {
                 steps.extend(with_claim(&call, &names, claims, ctx).await);
@@ -233,21 +211,6 @@ pub(super) async fn converse(
         claims.delete(client, ctx.bound).await;
     }
     steps
-}
-
-/// Dials the driver's socket, within `bound`.
-async fn connect(endpoint: &Path, bound: Duration) -> Result<UdsChannel, String> {
-    let dial = async {
-        let stream = tokio::net::UnixStream::connect(endpoint)
-            .await
-            .map_err(|err| format!("connect to {}: {err}", endpoint.display()))?;
-        UdsChannel::handshake(endpoint, stream)
-            .await
-            .map_err(|err| format!("HTTP/2 handshake on {}: {err}", endpoint.display()))
-    };
-    tokio::time::timeout(bound, dial).await.unwrap_or_else(|_| {
-        Err(format!("no connection to {} within {bound:?}", endpoint.display()))
-    })
 }
 
 /// A device of the driver's slices, to allocate a claim from.
@@ -501,114 +464,42 @@ async fn delete_claim(client: &kube::Client, name: &str, bound: Duration) {
     }
 }
 
-/// One service's calls, each within the bound.
+/// One service's calls, through the check kubelet's DRA manager, each
+/// within its call timeout, on a connection of its own.
 struct Call<'a> {
-    channel: &'a UdsChannel,
-    service: Service,
-    bound: Duration,
-}
-
-/// The v1beta1 claim of a v1 one: the same fields.
-fn beta_claim(claim: v1::Claim) -> v1beta1::Claim {
-    v1beta1::Claim { namespace: claim.namespace, uid: claim.uid, name: claim.name }
+    dra: &'a DraView,
+    driver: &'a str,
+    endpoint: &'a str,
+    service: DraService,
 }
 
 impl Call<'_> {
     /// `NodePrepareResources` with `claims`: each claim's answer by uid, or
     /// the call's error.
     async fn prepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<Prepared>, String> {
-        let call = async {
-            match self.service {
-                Service::V1 => {
-                    let mut client =
-                        v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                    let answer = client
-                        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
-                        .await?
-                        .into_inner();
-                    Ok(answer
-                        .claims
-                        .into_iter()
-                        .map(|(uid, claim)| {
-                            let devices = claim
-                                .devices
-                                .into_iter()
-                                .map(|d| {
-                                    (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids)
-                                })
-                                .collect();
-                            (uid, Prepared::new(claim.error, devices))
-                        })
-                        .collect())
-                }
-                Service::V1beta1 => {
-                    let mut client =
-                        v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                    let claims = claims.into_iter().map(beta_claim).collect();
-                    let answer = client
-                        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest { claims })
-                        .await?
-                        .into_inner();
-                    Ok(answer
-                        .claims
-                        .into_iter()
-                        .map(|(uid, claim)| {
-                            let devices = claim
-                                .devices
-                                .into_iter()
-                                .map(|d| {
-                                    (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids)
-                                })
-                                .collect();
-                            (uid, Prepared::new(claim.error, devices))
-                        })
-                        .collect())
-                }
-            }
-        };
-        match tokio::time::timeout(self.bound, call).await {
-            Ok(Ok(answers)) => Ok(answers),
-            Ok(Err(status)) => Err(status_text("NodePrepareResources", &status)),
-            Err(_) => Err(format!("NodePrepareResources: no answer within {:?}", self.bound)),
-        }
+        let answer = self.dra.prepare_at(self.driver, self.endpoint, self.service, claims).await;
+        let answer = answer.map_err(|err| err.to_string())?;
+        Ok(answer
+            .claims
+            .into_iter()
+            .map(|(uid, claim)| {
+                let devices = claim
+                    .devices
+                    .into_iter()
+                    .map(|d| (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids))
+                    .collect();
+                (uid, Prepared::new(claim.error, devices))
+            })
+            .collect())
     }
 
     /// `NodeUnprepareResources` with `claims`: each claim's error (empty
     /// when none) by uid, or the call's error.
     async fn unprepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<String>, String> {
-        let call = async {
-            match self.service {
-                Service::V1 => {
-                    let mut client =
-                        v1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                    let answer = client
-                        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
-                        .await?
-                        .into_inner();
-                    Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
-                }
-                Service::V1beta1 => {
-                    let mut client =
-                        v1beta1::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                    let claims = claims.into_iter().map(beta_claim).collect();
-                    let answer = client
-                        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest { claims })
-                        .await?
-                        .into_inner();
-                    Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
-                }
-            }
-        };
-        match tokio::time::timeout(self.bound, call).await {
-            Ok(Ok(answers)) => Ok(answers),
-            Ok(Err(status)) => Err(status_text("NodeUnprepareResources", &status)),
-            Err(_) => Err(format!("NodeUnprepareResources: no answer within {:?}", self.bound)),
-        }
+        let answer = self.dra.unprepare_at(self.driver, self.endpoint, self.service, claims).await;
+        let answer = answer.map_err(|err| err.to_string())?;
+        Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
     }
-}
-
-fn status_text(call: &str, status: &tonic::Status) -> String {
-    format!("{call}: {:?}: {}", status.code(), status.message())
 }
 
 impl Prepared {

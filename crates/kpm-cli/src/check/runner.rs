@@ -378,6 +378,7 @@ async fn converse(
         }
     }
     let context = dra::DraContext {
+        dra: node.handle.dra(),
         api: settings.api.as_ref().map(|api| &api.client),
         node: &settings.node,
         cdi_dir: &dirs.cdi,

@@ -67,7 +67,60 @@ impl DraManager {
         let instance = self.serving(driver)?;
         let (endpoint, service) = (instance.endpoint.as_str(), instance.service);
         debug!(driver, endpoint, claims = claims.len(), "NodeUnprepareResources");
-        let channel = instance.connection.channel();
+        self.node_unprepare(driver, endpoint, service, instance.connection.channel(), claims).await
+    }
+
+    /// `NodePrepareResources` of `claims` on the driver `driver` at
+    /// `endpoint` with `service`, whatever it would negotiate, over a
+    /// connection of its own, closed afterwards: a conformance check drives
+    /// each service a driver offers. Nothing is registered.
+    pub async fn prepare_at(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        service: DraService,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodePrepareResourcesResponse, DraError> {
+        let channel = self.connect_once(driver, endpoint).await?;
+        self.node_prepare(driver, endpoint, service, channel, claims).await
+    }
+
+    /// `NodeUnprepareResources`, as [`DraManager::prepare_at`].
+    pub async fn unprepare_at(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        service: DraService,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodeUnprepareResourcesResponse, DraError> {
+        let channel = self.connect_once(driver, endpoint).await?;
+        self.node_unprepare(driver, endpoint, service, channel, claims).await
+    }
+
+    /// A connection of its own to `endpoint`, for calls outside a registration.
+    async fn connect_once(
+        &self,
+        driver: &str,
+        endpoint: &str,
+    ) -> Result<Result<UdsChannel, tonic::Status>, DraError> {
+        let connection = Connection::new(Path::new(endpoint), self.shared.budget.clone());
+        connection.reconnect().await.map_err(|source| DraError::Connect {
+            driver: driver.to_owned(),
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+        Ok(connection.channel())
+    }
+
+    /// `NodeUnprepareResources` of `claims` on `channel` with `service`.
+    async fn node_unprepare(
+        &self,
+        driver: &str,
+        endpoint: &str,
+        service: DraService,
+        channel: Result<UdsChannel, tonic::Status>,
+        claims: Vec<v1::Claim>,
+    ) -> Result<v1::NodeUnprepareResourcesResponse, DraError> {
         self.dispatch(
             channel,
             service,
@@ -102,13 +155,7 @@ impl DraManager {
         services: &[String],
     ) -> Result<DraEndpointReport, DraError> {
         let service = choose_service(services)?;
-        let connection = Connection::new(Path::new(endpoint), self.shared.budget.clone());
-        connection.reconnect().await.map_err(|source| DraError::Connect {
-            driver: driver.to_owned(),
-            endpoint: endpoint.to_owned(),
-            source,
-        })?;
-        let channel = connection.channel();
+        let channel = self.connect_once(driver, endpoint).await?;
         self.node_prepare(driver, endpoint, service, channel, Vec::new()).await?;
         Ok(DraEndpointReport { service })
     }
