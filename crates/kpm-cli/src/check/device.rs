@@ -26,8 +26,8 @@ use kpm_api::deviceplugin::v1beta1::{
 use tokio::time::Instant;
 
 use super::hook::Hook;
+use super::node::wait_for;
 use super::report::{Findings, Outcome};
-use super::runner::wait_for;
 
 // The steps' names, in the order they run.
 const LIST: &str = "ListAndWatch";

@@ -3,22 +3,31 @@
 //! root; the plugin is started with that root and driven through what real
 //! kubelets do to plugins: it must register within the bound, answer
 //! `GetInfo` within the kubelet's second, pass its type's checks (the
-//! inspection `kpm probe` shows), name its sockets as the conventions say,
-//! register again when the kubelet restarts, and on SIGTERM remove its
-//! sockets and be deregistered. Each step passes or fails with its reason
-//! and evidence; the run ends with `N passed, M failed`, exit 1 if any failed.
-//! For a CI, the report is also a JSON document (`-o json`) and a JUnit XML
-//! file (`--junit FILE`), each step a test case.
+//! inspection `kpm probe` shows), name its sockets as the conventions say;
+//! then hold the conversation the kubelet has with it after registration
+//! (a device plugin's devices listed and allocated, a CSI driver's node
+//! info, a DRA driver's claims prepared); register again when the kubelet
+//! restarts and when it restarts itself, and on SIGTERM remove its sockets
+//! and be deregistered. Each step passes, warns (a rule the kubelet does
+//! not hold the plugin to) or fails, with its evidence; the run ends with
+//! `N passed, M failed`, exit 1 if any failed. For a CI, the report is also
+//! a JSON document (`-o json`) and a JUnit XML file (`--junit FILE`), each
+//! step a test case.
 //!
-//! [`runner`] drives the kubelet and the plugin through the steps, each
-//! ending in an outcome with its evidence; [`report`] gathers the outcomes
-//! into the one report all three formats render.
+//! [`runner`] drives the kubelet ([`node`]) and the plugin ([`plugin`])
+//! through the steps, and hands each registered plugin to its type's
+//! conversation: [`device`], [`csi`] or [`dra`] (which reads and writes the
+//! API server, and judges CDI specs with [`cdi`]); each step ends in an
+//! outcome with its evidence, and [`report`] gathers the outcomes into the
+//! one report all three formats render.
 
 mod cdi;
 mod csi;
 mod device;
 mod dra;
 mod hook;
+mod node;
+mod plugin;
 mod report;
 mod runner;
 
@@ -27,8 +36,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use self::plugin::{Api, Dirs, Settings};
 use self::report::Report;
-use self::runner::{Api, Dirs, Settings};
 use crate::{CliError, OutputFormat};
 
 #[derive(Debug, clap::Args)]

@@ -2,23 +2,19 @@
 //! plugin's process group, and the steps that judge the plugin, each ending
 //! in an [`Outcome`] for the [`report`](super::report).
 
-use std::ffi::OsString;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use kpm::{ExecutorError, KubeletHandle, PluginDetails, PluginEndpoint, PluginState, Step};
-use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
+use kpm::{ExecutorError, KubeletHandle, PluginDetails, Step};
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use super::hook::Hook;
+use super::node::{Node, POLL, Registered, Socket, endpoint_path, wait_for};
+use super::plugin::{Dirs, Settings, evidence, signal_group, start_plugin};
 use super::report::{Findings, Outcome};
 use super::{csi, device, dra};
 use crate::CliError;
-
-/// How often the run looks at the kubelet's state while it waits.
-const POLL: Duration = Duration::from_millis(10);
 
 // The steps' names, in the order they run: what the report shows.
 const REGISTERS: &str = "registers";
@@ -29,220 +25,6 @@ const SOCKET_NAMES: &str = "socket names";
 const KUBELET_RESTART: &str = "kubelet restart";
 const SIGTERM: &str = "SIGTERM";
 const PLUGIN_RESTART: &str = "plugin restart";
-
-/// The temporary kubelet root and its directories.
-pub(super) struct Dirs {
-    root: PathBuf,
-    registry: PathBuf,
-    device_plugins: PathBuf,
-    plugins: PathBuf,
-    cdi: PathBuf,
-}
-
-impl Dirs {
-    /// The kubelet's directories under `root`, created.
-    pub(super) fn create(root: &Path) -> Result<Self, CliError> {
-        let dirs = Self {
-            root: root.to_path_buf(),
-            registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
-            device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
-            plugins: root.join("plugins"),
-            cdi: root.join("cdi"),
-        };
-        for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
-            std::fs::create_dir_all(dir)
-                .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
-        }
-        Ok(dirs)
-    }
-
-    /// `path` as the report shows it: relative to the root.
-    fn shown(&self, path: &Path) -> String {
-        path.strip_prefix(&self.root).unwrap_or(path).display().to_string()
-    }
-
-    /// `(placeholder, environment variable, value)` of the plugin's
-    /// command: the paths, the node's name and the kubeconfig, if given.
-    fn substitutions(&self, settings: &Settings) -> Vec<(&'static str, &'static str, OsString)> {
-        let paths = [
-            ("{root}", "KPM_CHECK_ROOT", &self.root),
-            ("{registry}", "KPM_CHECK_REGISTRY", &self.registry),
-            ("{device-plugins}", "KPM_CHECK_DEVICE_PLUGINS", &self.device_plugins),
-            ("{plugins}", "KPM_CHECK_PLUGINS", &self.plugins),
-            ("{cdi}", "KPM_CHECK_CDI", &self.cdi),
-        ];
-        let mut substitutions: Vec<_> = paths
-            .into_iter()
-            .map(|(placeholder, variable, path)| (placeholder, variable, path.clone().into()))
-            .collect();
-        substitutions.push(("{node}", "KPM_CHECK_NODE", settings.node.clone().into()));
-        if let Some(api) = &settings.api {
-            substitutions.push((
-                "{kubeconfig}",
-                "KPM_CHECK_KUBECONFIG",
-                api.kubeconfig.clone().into(),
-            ));
-        }
-        substitutions
-    }
-
-    /// The environment variables of the substitutions, for the plugin and hooks.
-    fn environment(&self, settings: &Settings) -> Vec<(&'static str, OsString)> {
-        let substitutions = self.substitutions(settings).into_iter();
-        substitutions.map(|(_, variable, value)| (variable, value)).collect()
-    }
-}
-
-/// A kubelet running on the temporary root until stopped.
-struct Node {
-    handle: KubeletHandle,
-    stop: oneshot::Sender<()>,
-    running: tokio::task::JoinHandle<kpm::Result<()>>,
-}
-
-impl Node {
-    fn start(dirs: &Dirs) -> Result<Self, CliError> {
-        let kubelet = crate::run::kubelet(&dirs.root, &[]).manager(|m| m.liveness(None)).build()?;
-        let handle = kubelet.handle();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let running = tokio::spawn(kubelet.run(async move {
-            let _ = stopped.await;
-        }));
-        Ok(Self { handle, stop, running })
-    }
-
-    /// Stops it as SIGTERM stops `kpm run`: `kubelet.sock` goes, the
-    /// plugins' sockets stay.
-    async fn stop(self) -> Result<(), CliError> {
-        drop(self.stop);
-        match self.running.await {
-            Ok(result) => Ok(result?),
-            Err(join) => Err(CliError::Check(format!("the kubelet task failed: {join}"))),
-        }
-    }
-
-    /// What is registered: the registry's sockets and the device plugins
-    /// registered on `kubelet.sock` (resources with an endpoint in
-    /// `device-plugins/`), by what a report shows.
-    fn registered(&self, dirs: &Dirs) -> Registered {
-        let sockets: Vec<Socket> = self
-            .handle
-            .manager()
-            .status()
-            .into_iter()
-            .filter(|status| status.state == PluginState::Registered)
-            .filter_map(|status| {
-                let registered = status.registration?;
-                Some(Socket {
-                    path: status.socket_path,
-                    plugin_type: registered.plugin_type,
-                    plugin: registered.plugin,
-                })
-            })
-            .collect();
-        let resources = self
-            .handle
-            .devices()
-            .resources()
-            .into_iter()
-            .filter(|resource| Path::new(&resource.endpoint).starts_with(&dirs.device_plugins))
-            .filter(|resource| sockets.iter().all(|socket| socket.plugin.name != resource.resource))
-            .map(|resource| (resource.resource, PathBuf::from(resource.endpoint)))
-            .collect();
-        Registered { sockets, resources }
-    }
-}
-
-/// A registration socket the kubelet registered.
-#[derive(Debug, PartialEq, Eq)]
-struct Socket {
-    path: PathBuf,
-    /// The type it reported in `GetInfo`.
-    plugin_type: String,
-    /// Its name, endpoint and versions.
-    plugin: PluginDetails,
-}
-
-/// What the kubelet has registered of the plugin.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Registered {
-    /// Registry sockets.
-    sockets: Vec<Socket>,
-    /// Device plugins registered on `kubelet.sock`: `(resource, endpoint)`.
-    resources: Vec<(String, PathBuf)>,
-}
-
-impl Registered {
-    fn is_empty(&self) -> bool {
-        self.sockets.is_empty() && self.resources.is_empty()
-    }
-
-    /// The same plugins by type and name, wherever their sockets are: a
-    /// plugin may serve on another socket once it registers again
-    /// (`dp.<time>`, a device plugin's endpoint).
-    fn same_names(&self, other: &Self) -> bool {
-        let names = |registered: &Self| -> Vec<(String, String)> {
-            let sockets = registered
-                .sockets
-                .iter()
-                .map(|socket| (socket.plugin_type.clone(), socket.plugin.name.clone()));
-            let resources = registered
-                .resources
-                .iter()
-                .map(|(resource, _)| (kpm::api::DEVICE_PLUGIN.to_owned(), resource.clone()));
-            let mut names: Vec<_> = sockets.chain(resources).collect();
-            names.sort();
-            names
-        };
-        names(self) == names(other)
-    }
-
-    /// The registration sockets of `plugin_type`.
-    fn of_type<'a>(&'a self, plugin_type: &'a str) -> impl Iterator<Item = &'a Socket> {
-        self.sockets.iter().filter(move |socket| socket.plugin_type == plugin_type)
-    }
-
-    /// Every device plugin, registered either way: `(resource, endpoint)`.
-    fn device_endpoints(&self) -> Vec<(String, PathBuf)> {
-        let sockets = self
-            .of_type(kpm::api::DEVICE_PLUGIN)
-            .map(|socket| (socket.plugin.name.clone(), endpoint_path(&socket.plugin.endpoint)));
-        sockets.chain(self.resources.iter().cloned()).collect()
-    }
-
-    fn describe(&self, dirs: &Dirs) -> String {
-        if self.is_empty() {
-            return "nothing registered".into();
-        }
-        let sockets = self.sockets.iter().map(|socket| {
-            format!("{} {} at {}", socket.plugin_type, socket.plugin.name, dirs.shown(&socket.path))
-        });
-        let resources = self.resources.iter().map(|(resource, endpoint)| {
-            format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", dirs.shown(endpoint))
-        });
-        sockets.chain(resources).collect::<Vec<_>>().join("; ")
-    }
-}
-
-/// What the user set for a run.
-pub(super) struct Settings {
-    /// How long each wait may take (`--timeout`).
-    pub(super) bound: Duration,
-    /// `--health-change`: a shell command that changes the health of one
-    /// of the device plugin's devices.
-    pub(super) health_change: Option<String>,
-    /// `--node-name`: the node the plugin is told it runs on.
-    pub(super) node: String,
-    /// `--kubeconfig`: the API server the DRA steps use.
-    pub(super) api: Option<Api>,
-}
-
-/// An API server for the DRA steps: its client, and the kubeconfig the
-/// plugin is given too.
-pub(super) struct Api {
-    pub(super) client: kube::Client,
-    pub(super) kubeconfig: PathBuf,
-}
 
 /// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
 /// each wait bounded by `settings.bound`; the steps that cannot run once
@@ -393,17 +175,6 @@ async fn converse(
     before
 }
 
-/// The socket a plugin serves on, as the kubelet dials it: the endpoint it
-/// advertised (a `unix://` prefix stripped), else its registration socket.
-fn endpoint_path(endpoint: &PluginEndpoint) -> PathBuf {
-    match endpoint {
-        PluginEndpoint::Advertised(endpoint) => {
-            kpm::transport::endpoint_path(endpoint).to_path_buf()
-        }
-        PluginEndpoint::RegistrationSocket(path) => path.clone(),
-    }
-}
-
 /// The plugin started anew after its SIGTERM, as a pod's container is
 /// restarted: it registers again as before, its devices come back healthy
 /// (allocatable stuck at 0 after a plugin's restart is a kubelet classic:
@@ -467,39 +238,6 @@ async fn restart_plugin(
     findings.outcome("")
 }
 
-/// Starts the plugin with the placeholders replaced, the paths in its
-/// environment, its output in `plugin.out` and `plugin.err` of the root.
-fn start_plugin(command: &[String], dirs: &Dirs, settings: &Settings) -> Result<Child, CliError> {
-    let substitutions = dirs.substitutions(settings);
-    let substitute = |arg: &String| {
-        substitutions.iter().fold(arg.clone(), |arg, (placeholder, _, value)| {
-            arg.replace(placeholder, &value.to_string_lossy())
-        })
-    };
-    let (program, args) =
-        command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
-    // Appended to: a restarted plugin's output follows its first run's.
-    let output = |name: &str| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dirs.root.join(name))
-            .map(Stdio::from)
-            .map_err(|err| CliError::Check(format!("create {name}: {err}")))
-    };
-    let mut plugin = Command::new(substitute(program));
-    plugin
-        .args(args.iter().map(substitute))
-        .stdin(Stdio::null())
-        .stdout(output("plugin.out")?)
-        .stderr(output("plugin.err")?)
-        // A group of its own, for SIGTERM to reach every process of the command.
-        .process_group(0)
-        .kill_on_drop(true);
-    plugin.envs(dirs.environment(settings));
-    plugin.spawn().map_err(|err| CliError::Check(format!("start {program}: {err}")))
-}
-
 /// Waits until the kubelet has registered something of the plugin, and
 /// then until nothing more comes for a moment (a plugin may register
 /// several sockets).
@@ -542,20 +280,6 @@ async fn wait_registered(
                 "nothing registered within {bound:?}; the registry holds {pending:?}; {}",
                 evidence(dirs)
             ));
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// Polls `done` every [`POLL`] until it gives a value, for at most `bound`.
-pub(super) async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(value) = done() {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
         }
         tokio::time::sleep(POLL).await;
     }
@@ -755,26 +479,4 @@ async fn terminate(
             "its sockets are gone but it is still registered after {bound:?}"
         )),
     }
-}
-
-/// The last lines of the plugin's stderr, as evidence.
-fn evidence(dirs: &Dirs) -> String {
-    let last = |name: &str| {
-        let text = std::fs::read_to_string(dirs.root.join(name)).unwrap_or_default();
-        let mut lines: Vec<String> = text.lines().rev().take(5).map(str::to_owned).collect();
-        lines.reverse();
-        lines.join(" | ")
-    };
-    match (last("plugin.out"), last("plugin.err")) {
-        (out, err) if out.is_empty() && err.is_empty() => "the plugin wrote nothing".into(),
-        (out, err) => format!("its stdout ends: {out:?}; its stderr ends: {err:?}"),
-    }
-}
-
-/// Sends `signal` to the plugin's process group: every process of its
-/// command, as a pod's containers all get it.
-fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()> {
-    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
-    let pid = pid.ok_or_else(|| std::io::Error::other("pid out of range"))?;
-    Ok(rustix::process::kill_process_group(pid, signal)?)
 }
