@@ -163,12 +163,28 @@ fn state(state: cri::ContainerState) -> ContainerState {
 pub struct Containers {
     /// By id.
     runs: BTreeMap<String, Run>,
+    /// The ids of each pod container's runs, by pod uid and container, the
+    /// latest first: grouped once, for the doctor asks per run.
+    by_container: BTreeMap<(String, String), Vec<String>>,
 }
 
 impl Containers {
     /// The runs listed (those the kubelet did not make are left out).
     pub fn new(runs: impl IntoIterator<Item = Run>) -> Self {
-        Self { runs: runs.into_iter().map(|run| (run.id.clone(), run)).collect() }
+        let runs: BTreeMap<String, Run> =
+            runs.into_iter().map(|run| (run.id.clone(), run)).collect();
+        let mut grouped: BTreeMap<(String, String), Vec<&Run>> = BTreeMap::new();
+        for run in runs.values() {
+            grouped.entry((run.pod.uid.clone(), run.container.clone())).or_default().push(run);
+        }
+        let by_container = grouped
+            .into_iter()
+            .map(|(key, mut group)| {
+                group.sort_by(|a, b| b.attempt.cmp(&a.attempt).then_with(|| a.id.cmp(&b.id)));
+                (key, group.into_iter().map(|run| run.id.clone()).collect())
+            })
+            .collect();
+        Self { runs, by_container }
     }
 
     /// Every run, by id.
@@ -183,18 +199,17 @@ impl Containers {
 
     /// Every run of `run`'s pod container, the latest first.
     pub fn runs_of<'a>(&'a self, run: &'a Run) -> Vec<&'a Run> {
-        let mut runs: Vec<&Run> = self
-            .runs
-            .values()
-            .filter(|other| other.pod.uid == run.pod.uid && other.container == run.container)
-            .collect();
-        runs.sort_by(|a, b| b.attempt.cmp(&a.attempt).then_with(|| a.id.cmp(&b.id)));
-        runs
+        let key = (run.pod.uid.clone(), run.container.clone());
+        let ids = self.by_container.get(&key).map_or(&[][..], Vec::as_slice);
+        ids.iter().filter_map(|id| self.runs.get(id)).collect()
     }
 
-    /// The latest run of each pod container.
+    /// The latest run of each pod container, in the order of their ids.
     pub fn latest(&self) -> impl Iterator<Item = &Run> {
-        self.runs.values().filter(|run| self.runs_of(run).first().is_some_and(|l| l.id == run.id))
+        self.runs.values().filter(|run| {
+            let group = self.by_container.get(&(run.pod.uid.clone(), run.container.clone()));
+            group.and_then(|ids| ids.first()) == Some(&run.id)
+        })
     }
 
     /// `run`'s pod container as a report names it: its restarts and state
