@@ -141,21 +141,30 @@ fn registrar_ready(node: &Node) -> Result<bool> {
 /// SIGKILL to every process of the node running `program` (containers'
 /// processes are the host's too: no PID namespace hides them from here).
 pub(super) fn kill_program(program: &str) -> Result {
-    let mut killed = 0;
+    signal_program(program, "", "-KILL")
+}
+
+/// Sends `signal` (`-STOP`, `-KILL`) to every process of the node running
+/// `program` whose arguments hold `argument` (any, when it is empty); an
+/// error when there is none.
+pub(super) fn signal_program(program: &str, argument: &str, signal: &str) -> Result {
+    let mut signalled = 0;
     for entry in std::fs::read_dir("/proc")? {
         let path = entry?.path();
         let Ok(exe) = std::fs::read_link(path.join("exe")) else { continue };
-        if exe.file_name().is_some_and(|name| name == program) {
+        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else { continue };
+        let args = String::from_utf8_lossy(&cmdline);
+        if exe.file_name().is_some_and(|name| name == program) && args.contains(argument) {
             let pid = path.file_name().and_then(|pid| pid.to_str()).unwrap_or_default();
-            if super::super::host::run("kill", &["-KILL", pid]).is_ok() {
+            if super::super::host::run("kill", &[signal, pid]).is_ok() {
                 // To set beside the doctor's log, whose times are the same clock's.
                 let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-                eprintln!("{now} killed {program} (pid {pid})");
-                killed += 1;
+                eprintln!("{now} kill {signal} {program} (pid {pid})");
+                signalled += 1;
             }
         }
     }
-    if killed == 0 { Err(format!("no {program} process to kill").into()) } else { Ok(()) }
+    if signalled == 0 { Err(format!("no {program} process to signal").into()) } else { Ok(()) }
 }
 
 /// The CSI driver's pod deleted, as `kubectl delete pod` or a drain does:

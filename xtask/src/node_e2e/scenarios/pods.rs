@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
+use super::breakage::signal_program;
 use super::doctor::{DOCTOR_SELECTOR, NAMESPACE, doctor_in_pod};
 use super::secs;
 use crate::Result;
@@ -244,7 +245,7 @@ pub(super) fn leftover_after_uninstall(_env: &Env, node: &mut Node) -> Result<St
     let socket = driver.registration_socket();
     published(node, &socket, "ok", |_| true)?;
     let marker = format!("plugins/{}/csi.sock", driver.namespace());
-    signal_program_with(REGISTRAR, &marker, "-STOP")?;
+    signal_program(REGISTRAR, &marker, "-STOP")?;
     let uninstalled = Instant::now();
     node.kubectl(&["delete", "namespace", &driver.namespace(), "--wait=true"])?;
     if !std::path::Path::new(&socket).exists() {
@@ -353,24 +354,6 @@ fn explained(node: &Node, line: &str, verdict: &str) -> Result {
         return Err(format!("kpm doctor explain on\n{line}\nsaid\n{said}").into());
     }
     Ok(())
-}
-
-/// Sends `signal` (`-STOP`, `-KILL`) to the running `program` whose
-/// arguments hold `argument`.
-fn signal_program_with(program: &str, argument: &str, signal: &str) -> Result {
-    for entry in std::fs::read_dir("/proc")? {
-        let path = entry?.path();
-        let Ok(exe) = std::fs::read_link(path.join("exe")) else { continue };
-        let Ok(cmdline) = std::fs::read(path.join("cmdline")) else { continue };
-        let args = String::from_utf8_lossy(&cmdline);
-        if exe.file_name().is_some_and(|name| name == program) && args.contains(argument) {
-            let pid = path.file_name().and_then(|pid| pid.to_str()).unwrap_or_default();
-            super::super::host::run("kill", &[signal, pid])?;
-            eprintln!("kill {signal} {program} (pid {pid}) with {argument}");
-            return Ok(());
-        }
-    }
-    Err(format!("no {program} with {argument} to signal").into())
 }
 
 /// The report's entry for `socket`.
