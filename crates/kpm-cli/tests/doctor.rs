@@ -375,19 +375,7 @@ impl FakeHost {
     /// Process `pid` running `args` with `environ`: in the host's mount
     /// namespace when `files` is `None`, else in its own, its `/` at `files`.
     fn process(&self, pid: u32, args: &[&str], environ: &[&str], files: Option<&Path>) {
-        let dir = self.at(&format!("/proc/{pid}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let nul_separated =
-            |list: &[&str]| list.iter().flat_map(|arg| [*arg, "\0"]).collect::<String>();
-        std::fs::write(dir.join("cmdline"), nul_separated(args)).unwrap();
-        std::fs::write(dir.join("environ"), nul_separated(environ)).unwrap();
-        match files {
-            None => self.namespace(pid, "mnt:[1]"),
-            Some(files) => {
-                self.namespace(pid, &format!("mnt:[{pid}]"));
-                std::os::unix::fs::symlink(files, dir.join("root")).unwrap();
-            }
-        }
+        support::fake_process(self.dir.path(), pid, args, environ, files);
     }
 
     /// `kpm doctor --host-root HOST ARGS`, no other root looked at: its

@@ -51,11 +51,7 @@ impl Host {
     }
 
     fn process(&self, pid: u32, args: &[&str]) {
-        let dir = self.at(&format!("/proc/{pid}"));
-        std::fs::create_dir_all(dir.join("ns")).unwrap();
-        std::os::unix::fs::symlink("mnt:[1]", dir.join("ns/mnt")).unwrap();
-        let cmdline: String = args.iter().flat_map(|arg| [*arg, "\0"]).collect();
-        std::fs::write(dir.join("cmdline"), cmdline).unwrap();
+        support::fake_process(self.dir.path(), pid, args, &[], None);
     }
 
     /// The container runtime, keeping `containers`.

@@ -193,6 +193,26 @@ pub fn kpm(args: &[&str]) -> Output {
     Command::new(KPM).args(args).output().unwrap()
 }
 
+/// Process `pid` of a fake host's `/proc` (the host's `/` at `host`),
+/// running `args` with `environ`: in the host's mount namespace (`mnt:[1]`)
+/// when `files` is `None`, else in its own, its `/` at `files`.
+pub fn fake_process(host: &Path, pid: u32, args: &[&str], environ: &[&str], files: Option<&Path>) {
+    let dir = host.join(format!("proc/{pid}"));
+    std::fs::create_dir_all(dir.join("ns")).unwrap();
+    let nul_separated =
+        |list: &[&str]| list.iter().flat_map(|arg| [*arg, "\0"]).collect::<String>();
+    std::fs::write(dir.join("cmdline"), nul_separated(args)).unwrap();
+    std::fs::write(dir.join("environ"), nul_separated(environ)).unwrap();
+    let namespace = match files {
+        None => "mnt:[1]".to_owned(),
+        Some(files) => {
+            std::os::unix::fs::symlink(files, dir.join("root")).unwrap();
+            format!("mnt:[{pid}]")
+        }
+    };
+    std::os::unix::fs::symlink(namespace, dir.join("ns/mnt")).unwrap();
+}
+
 /// `kpm doctor --host-root HOST ARGS` (the host's `/` at `host`), no other
 /// root looked at: its exit code and output.
 pub fn doctor_on_host(host: &Path, args: &[&str]) -> (i32, String) {
