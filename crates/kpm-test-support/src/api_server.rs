@@ -10,8 +10,9 @@
 //! patch of the Node or its status (kpm's node info and device capacity)
 //! is applied as RFC 7386 says, refused with 409 when it names a
 //! `resourceVersion` that is not the Node's. It holds one CSINode (create,
-//! update with the same precondition) and ResourceSlices (list and
-//! delete-collection by field selector), lists the Node and the CSINode by
+//! update with the same precondition) and ResourceSlices (create, list and
+//! delete-collection by field selector) and ResourceClaims (create with a
+//! generated name, get, write the status, delete), lists the Node and the CSINode by
 //! name and streams their changes to watches ([`State::watch`]). Every
 //! write of the Node or the CSINode sets a new `resourceVersion`. It takes
 //! `events.k8s.io/v1` Events with the fields the API server requires and
@@ -93,6 +94,8 @@ pub struct State {
     pub csinode: Option<Value>,
     /// The ResourceSlices.
     pub slices: Vec<Value>,
+    /// The ResourceClaims, by `namespace/name`.
+    pub claims: BTreeMap<String, Value>,
     /// The last `resourceVersion` given out.
     pub resource_version: u64,
     /// The open watches: the resource (`nodes`, `csinodes`) and where its
@@ -327,6 +330,12 @@ impl State {
                     json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": items}),
                 )
             }
+            ("POST", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+                let mut slice = body;
+                slice["metadata"]["creationTimestamp"] = json!(now());
+                self.slices.push(slice.clone());
+                (201, slice)
+            }
             ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
                 self.slices.retain(|slice| !selected(slice, request.query));
                 (
@@ -334,6 +343,48 @@ impl State {
                     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
                 )
             }
+            (
+                "POST",
+                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims"],
+            ) => self.create_claim(namespace, body),
+            (
+                "GET",
+                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name],
+            ) => match self.claims.get(&format!("{namespace}/{name}")) {
+                Some(claim) => (200, claim.clone()),
+                None => status(404, "resourceclaims not found"),
+            },
+            (
+                "PUT",
+                [
+                    "apis",
+                    "resource.k8s.io",
+                    "v1",
+                    "namespaces",
+                    namespace,
+                    "resourceclaims",
+                    name,
+                    "status",
+                ],
+            ) => {
+                self.resource_version += 1;
+                let version = self.resource_version.to_string();
+                match self.claims.get_mut(&format!("{namespace}/{name}")) {
+                    Some(claim) => {
+                        claim["status"] = body["status"].clone();
+                        claim["metadata"]["resourceVersion"] = json!(version);
+                        (200, claim.clone())
+                    }
+                    None => status(404, "resourceclaims not found"),
+                }
+            }
+            (
+                "DELETE",
+                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name],
+            ) => match self.claims.remove(&format!("{namespace}/{name}")) {
+                Some(claim) => (200, claim),
+                None => status(404, "resourceclaims not found"),
+            },
             ("POST", ["apis", "events.k8s.io", "v1", "namespaces", "default", "events"]) => {
                 let required = [
                     "eventTime",
@@ -370,6 +421,33 @@ impl State {
             }
             _ => status(404, "not served by the stand-in"),
         }
+    }
+
+    /// Creates a ResourceClaim in `namespace`, naming it from its
+    /// `generateName` when it has no name, as the API server does.
+    fn create_claim(&mut self, namespace: &str, mut claim: Value) -> (u16, Value) {
+        self.resource_version += 1;
+        let version = self.resource_version;
+        let name = match (
+            claim["metadata"]["name"].as_str(),
+            claim["metadata"]["generateName"].as_str(),
+        ) {
+            (Some(name), _) => name.to_owned(),
+            (None, Some(prefix)) => format!("{prefix}{version:05}"),
+            (None, None) => return status(422, "metadata.name or generateName is required"),
+        };
+        let key = format!("{namespace}/{name}");
+        if self.claims.contains_key(&key) {
+            return status(409, "resourceclaims already exists");
+        }
+        let metadata = &mut claim["metadata"];
+        metadata["name"] = json!(name);
+        metadata["namespace"] = json!(namespace);
+        metadata["uid"] = json!(format!("00000000-0000-4000-8000-{version:012}"));
+        metadata["resourceVersion"] = json!(version.to_string());
+        metadata["creationTimestamp"] = json!(now());
+        self.claims.insert(key, claim.clone());
+        (201, claim)
     }
 
     fn get_report(&self, name: &str) -> (u16, Value) {
@@ -527,6 +605,11 @@ fn selected(slice: &Value, query: &str) -> bool {
         let path = field.split('.').fold(slice, |value, key| &value[key]);
         path.as_str() == Some(value)
     })
+}
+
+/// The time now, as the API server writes `creationTimestamp`.
+fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 /// Percent-decodes a query value.
