@@ -1,6 +1,7 @@
 //! The stub DRA driver.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kpm_api::dra::{v1 as dra_v1, v1beta1 as dra_v1beta1};
@@ -9,15 +10,55 @@ use tonic::{Request, Response, Status};
 
 use super::{Misbehaviour, Misbehaviours};
 
-/// A DRA driver that prepares every claim with no devices, on both DRA
-/// plugin services: `v1.DRAPlugin`, which kubelets 1.34 and later call,
-/// and `v1beta1.DRAPlugin`, the one kubelets 1.32 and 1.33 speak (they
-/// know no v1, and fall back to an older API for a plugin without
-/// v1beta1). The two services' messages are the same on the wire.
-#[derive(Debug, Clone, Default)]
+/// Tells whether the claim `(namespace, name)` is allocated to another
+/// driver: what a real driver reads in the claim's allocation, which the
+/// stub, reading no API server, must be told.
+type ForeignClaims = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
+
+/// A DRA driver that prepares every claim, on both DRA plugin services:
+/// `v1.DRAPlugin`, which kubelets 1.34 and later call, and
+/// `v1beta1.DRAPlugin`, the one kubelets 1.32 and 1.33 speak (they know no
+/// v1, and fall back to an older API for a plugin without v1beta1). The two
+/// services' messages are the same on the wire.
+///
+/// By default a claim is prepared with no devices. With [`cdi`](Self::cdi)
+/// each claim gets one device, defined in a CDI spec file of its own.
+#[derive(Clone, Default)]
 pub struct StubDraDriver {
     misbehaviours: Misbehaviours,
+    cdi: Option<CdiSpecs>,
+    foreign: Option<ForeignClaims>,
 }
+
+impl std::fmt::Debug for StubDraDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StubDraDriver")
+            .field("misbehaviours", &self.misbehaviours)
+            .field("cdi", &self.cdi)
+            .field("foreign", &self.foreign.is_some())
+            .finish()
+    }
+}
+
+/// Where the driver writes CDI specs, and the pool of its device.
+#[derive(Debug, Clone)]
+struct CdiSpecs {
+    dir: PathBuf,
+    pool: String,
+}
+
+/// The CDI kind of the stub's devices.
+const CDI_KIND: &str = "stub.example.com/device";
+/// The prefix of the stub's spec files (the kind's vendor, as CDI names them).
+const CDI_FILE_PREFIX: &str = "stub.example.com-";
+/// The device of the pool every claim is prepared with; the one a
+/// [`Misbehaviour::PrepareAnswersDifferently`] driver answers the second time.
+const DEVICE: &str = "dev-0";
+const OTHER_DEVICE: &str = "dev-1";
+/// The request a device is answered for. The kubelet does not send a
+/// claim's requests and the stub reads no ResourceClaim, so it names the
+/// one `kpm check`'s claims make.
+const REQUEST: &str = "kpm-check";
 
 impl StubDraDriver {
     /// A driver that keeps every rule.
@@ -27,29 +68,78 @@ impl StubDraDriver {
 
     /// Breaks the rules named, those for DRA drivers
     /// ([`Misbehaviour::UnprepareUnknownFails`],
-    /// [`Misbehaviour::PrepareAnswersUnsentClaim`]); the others are ignored.
+    /// [`Misbehaviour::PrepareAnswersUnsentClaim`], and with
+    /// [`cdi`](Self::cdi) [`Misbehaviour::CdiIdUnresolved`],
+    /// [`Misbehaviour::CdiSpecInvalid`],
+    /// [`Misbehaviour::PrepareAnswersDifferently`],
+    /// [`Misbehaviour::UnprepareLeavesSpec`],
+    /// [`Misbehaviour::PreparesForeignClaim`]); the others are ignored.
     #[must_use]
     pub fn misbehave(mut self, misbehaviours: impl IntoIterator<Item = Misbehaviour>) -> Self {
         self.misbehaviours = Misbehaviours::of(misbehaviours);
         self
     }
 
+    /// Prepares each claim with device `dev-0` of `pool`, its CDI device
+    /// `stub.example.com/device=<uid>-0` defined in the spec file
+    /// `stub.example.com-<uid>.json` the driver writes in `dir` (and
+    /// removes when the claim is unprepared).
+    #[must_use]
+    pub fn cdi(mut self, dir: impl Into<PathBuf>, pool: impl Into<String>) -> Self {
+        self.cdi = Some(CdiSpecs { dir: dir.into(), pool: pool.into() });
+        self
+    }
+
+    /// Claims for which `foreign(namespace, name)` holds are another
+    /// driver's: prepared with no devices (unless
+    /// [`Misbehaviour::PreparesForeignClaim`]).
+    #[must_use]
+    pub fn foreign_claims(
+        mut self,
+        foreign: impl Fn(&str, &str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.foreign = Some(Arc::new(foreign));
+        self
+    }
+
     /// The `DRAPlugin` services, v1 and v1beta1, to serve on the driver's
     /// socket.
     pub fn routes(self) -> Routes {
-        let driver =
-            Driver { misbehaviours: Arc::new(self.misbehaviours), prepared: Arc::default() };
+        let driver = Driver {
+            misbehaviours: Arc::new(self.misbehaviours),
+            cdi: self.cdi.map(Arc::new),
+            foreign: self.foreign,
+            prepared: Arc::default(),
+        };
         Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(driver.clone()))
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(driver))
     }
 }
 
-/// The driver behind both services: what it was told to break, and the
-/// uids of the claims it prepared (to tell a claim it never prepared).
-#[derive(Debug, Clone)]
+/// The driver behind both services: what it was told to break, where its
+/// CDI specs go, and the uids of the claims it prepared (to tell a claim
+/// it never prepared, and one prepared again).
+#[derive(Clone)]
 struct Driver {
     misbehaviours: Arc<Misbehaviours>,
+    cdi: Option<Arc<CdiSpecs>>,
+    foreign: Option<ForeignClaims>,
     prepared: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A claim as both services send it.
+struct SentClaim {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+/// A claim's answer, as both services answer it.
+#[derive(Default)]
+struct Answer {
+    /// `(pool, device, CDI device id)`.
+    device: Option<(String, String, String)>,
+    error: String,
 }
 
 impl Driver {
@@ -60,49 +150,148 @@ impl Driver {
         self.prepared.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Notes `uids` prepared; the uids to answer.
-    fn prepare(&self, uids: Vec<String>) -> Vec<String> {
-        let mut answered = uids.clone();
-        self.prepared().extend(uids);
+    /// Prepares `claims`: each uid with its answer.
+    fn prepare(&self, claims: Vec<SentClaim>) -> Vec<(String, Answer)> {
+        let mut answers: Vec<(String, Answer)> = claims
+            .into_iter()
+            .map(|claim| {
+                let again = !self.prepared().insert(claim.uid.clone());
+                let answer = self.prepare_one(&claim, again);
+                (claim.uid, answer)
+            })
+            .collect();
         if self.misbehaviours.has(Misbehaviour::PrepareAnswersUnsentClaim) {
-            answered.push(Self::UNSENT.into());
+            answers.push((Self::UNSENT.into(), Answer::default()));
         }
-        answered
+        answers
     }
 
-    /// Forgets `uids`: each with its error, empty when none.
+    /// One claim's device and spec file, when the driver has CDI specs and
+    /// the claim is its own; `again` when it was prepared before.
+    fn prepare_one(&self, claim: &SentClaim, again: bool) -> Answer {
+        let Some(cdi) = &self.cdi else { return Answer::default() };
+        let foreign =
+            self.foreign.as_ref().is_some_and(|foreign| foreign(&claim.namespace, &claim.name));
+        if foreign && !self.misbehaviours.has(Misbehaviour::PreparesForeignClaim) {
+            return Answer::default();
+        }
+        let (device, index) =
+            if again && self.misbehaviours.has(Misbehaviour::PrepareAnswersDifferently) {
+                (OTHER_DEVICE, 1)
+            } else {
+                (DEVICE, 0)
+            };
+        let cdi_name = format!("{}-{index}", claim.uid);
+        if let Err(err) =
+            std::fs::write(spec_file(&cdi.dir, &claim.uid), self.spec(&claim.uid, &cdi_name))
+        {
+            return Answer { device: None, error: format!("write the CDI spec: {err}") };
+        }
+        let answered = if self.misbehaviours.has(Misbehaviour::CdiIdUnresolved) {
+            format!("{}-unresolved", claim.uid)
+        } else {
+            cdi_name
+        };
+        Answer {
+            device: Some((cdi.pool.clone(), device.into(), format!("{CDI_KIND}={answered}"))),
+            error: String::new(),
+        }
+    }
+
+    /// The CDI spec of claim `uid`: one device, `cdi_name`, setting
+    /// `STUB_CLAIM=<uid>` (an entry without `=` for a
+    /// [`Misbehaviour::CdiSpecInvalid`] driver).
+    fn spec(&self, uid: &str, cdi_name: &str) -> String {
+        let env = if self.misbehaviours.has(Misbehaviour::CdiSpecInvalid) {
+            "STUB_CLAIM".to_owned()
+        } else {
+            format!("STUB_CLAIM={uid}")
+        };
+        let spec = serde_json::json!({
+            "cdiVersion": "0.6.0",
+            "kind": CDI_KIND,
+            "devices": [{"name": cdi_name, "containerEdits": {"env": [env]}}],
+        });
+        spec.to_string()
+    }
+
+    /// Forgets `uids` and removes their spec files: each with its error,
+    /// empty when none.
     fn unprepare(&self, uids: Vec<String>) -> Vec<(String, String)> {
         let fails = self.misbehaviours.has(Misbehaviour::UnprepareUnknownFails);
+        let leaves_spec = self.misbehaviours.has(Misbehaviour::UnprepareLeavesSpec);
         let mut prepared = self.prepared();
         uids.into_iter()
             .map(|uid| {
                 let known = prepared.remove(&uid);
-                let error = if fails && !known {
+                let mut error = if fails && !known {
                     format!("claim {uid} is not prepared")
                 } else {
                     String::new()
                 };
+                let cdi = self.cdi.as_ref().filter(|_| !leaves_spec);
+                if let Some(removing) = cdi.and_then(|cdi| remove_spec(&cdi.dir, &uid)) {
+                    error = removing;
+                }
                 (uid, error)
             })
             .collect()
     }
 }
 
-/// `DRAPlugin` of one API version: every claim prepared and unprepared,
-/// with no devices.
+/// The spec file of claim `uid` in `dir`.
+fn spec_file(dir: &Path, uid: &str) -> PathBuf {
+    dir.join(format!("{CDI_FILE_PREFIX}{uid}.json"))
+}
+
+/// Removes claim `uid`'s spec file; an error other than its absence (a
+/// claim never prepared, or already unprepared, has none).
+fn remove_spec(dir: &Path, uid: &str) -> Option<String> {
+    match std::fs::remove_file(spec_file(dir, uid)) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            Some(format!("remove the CDI spec: {err}"))
+        }
+        _ => None,
+    }
+}
+
+/// `DRAPlugin` of one API version: every claim prepared and unprepared.
 macro_rules! prepare_every_claim {
     ($api:ident) => {
         #[tonic::async_trait]
         impl $api::dra_plugin_server::DraPlugin for Driver {
+            #[allow(clippy::needless_update, reason = "v1's Device has a share_id, v1beta1's not")]
             async fn node_prepare_resources(
                 &self,
                 request: Request<$api::NodePrepareResourcesRequest>,
             ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
-                let uids = request.into_inner().claims.into_iter().map(|claim| claim.uid).collect();
-                let claims = self
-                    .prepare(uids)
+                let sent = request
+                    .into_inner()
+                    .claims
                     .into_iter()
-                    .map(|uid| (uid, $api::NodePrepareResourceResponse::default()))
+                    .map(|claim| SentClaim {
+                        namespace: claim.namespace,
+                        name: claim.name,
+                        uid: claim.uid,
+                    })
+                    .collect();
+                let claims = self
+                    .prepare(sent)
+                    .into_iter()
+                    .map(|(uid, answer)| {
+                        let devices = answer
+                            .device
+                            .into_iter()
+                            .map(|(pool_name, device_name, cdi_id)| $api::Device {
+                                request_names: vec![REQUEST.into()],
+                                pool_name,
+                                device_name,
+                                cdi_device_ids: vec![cdi_id],
+                                ..$api::Device::default()
+                            })
+                            .collect();
+                        (uid, $api::NodePrepareResourceResponse { devices, error: answer.error })
+                    })
                     .collect();
                 Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
             }

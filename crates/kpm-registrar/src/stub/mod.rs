@@ -74,11 +74,26 @@ pub enum Misbehaviour {
     /// DRA driver: `NodePrepareResources` also answers a claim it was not
     /// sent.
     PrepareAnswersUnsentClaim,
+    /// DRA driver with CDI specs: `NodePrepareResources` answers a CDI
+    /// device id that no spec defines.
+    CdiIdUnresolved,
+    /// DRA driver with CDI specs: writes a spec the CDI package refuses
+    /// (an env entry without `=`).
+    CdiSpecInvalid,
+    /// DRA driver with CDI specs: a second `NodePrepareResources` of a claim
+    /// answers another device than the first.
+    PrepareAnswersDifferently,
+    /// DRA driver with CDI specs: `NodeUnprepareResources` leaves the
+    /// claim's spec file.
+    UnprepareLeavesSpec,
+    /// DRA driver with CDI specs: prepares a claim allocated to another
+    /// driver with devices.
+    PreparesForeignClaim,
 }
 
 impl Misbehaviour {
     /// Every misbehaviour, with its name.
-    pub const ALL: [(Self, &'static str); 14] = [
+    pub const ALL: [(Self, &'static str); 19] = [
         (Self::NoDeviceList, "no-device-list"),
         (Self::DuplicateIds, "duplicate-ids"),
         (Self::PartialUpdates, "partial-updates"),
@@ -93,6 +108,11 @@ impl Misbehaviour {
         (Self::NoNodeCapabilities, "no-node-capabilities"),
         (Self::UnprepareUnknownFails, "unprepare-unknown-fails"),
         (Self::PrepareAnswersUnsentClaim, "prepare-answers-unsent-claim"),
+        (Self::CdiIdUnresolved, "cdi-id-unresolved"),
+        (Self::CdiSpecInvalid, "cdi-spec-invalid"),
+        (Self::PrepareAnswersDifferently, "prepare-answers-differently"),
+        (Self::UnprepareLeavesSpec, "unprepare-leaves-spec"),
+        (Self::PreparesForeignClaim, "prepares-foreign-claim"),
     ];
 
     /// Its kebab-case name.
