@@ -11,7 +11,8 @@
 //! registration: `DevicePlugin` (`--devices` healthy devices, two by
 //! default) for `DevicePlugin`, CSI `Identity` and `Node` (`--node-id`,
 //! `--topology`, `--max-volumes` or `--max-volumes-file`) for `CSIPlugin`, DRA v1 `DRAPlugin` for
-//! `DRAPlugin`. `--registration-only` leaves it out. SIGUSR1 turns the next
+//! `DRAPlugin` (with `--cdi-dir`, each claim prepared with device `dev-0`
+//! of pool `--pool`, defined in a CDI spec it writes there). `--registration-only` leaves it out. SIGUSR1 turns the next
 //! healthy device of the device-plugin stub unhealthy.
 //!
 //! Output: `serving <socket>`, then `registered: true` or
@@ -149,6 +150,17 @@ struct Args {
     #[arg(long)]
     pre_start_required: bool,
 
+    /// DRAPlugin stub: prepare each claim with a device, writing its CDI
+    /// spec in this directory (as `kpm check`'s `{cdi}`); without it, claims
+    /// are prepared with no devices.
+    #[arg(long, value_name = "DIR")]
+    cdi_dir: Option<PathBuf>,
+
+    /// DRAPlugin stub with --cdi-dir: the pool of its device `dev-0`, as the
+    /// driver's ResourceSlice names it.
+    #[arg(long, value_name = "NAME", default_value = "kpm-check-node")]
+    pool: String,
+
     /// Misbehave in the plugin's own service; repeat for several.
     #[arg(long = "misbehave", value_name = "NAME", value_parser = parse_misbehaviour)]
     misbehaviours: Vec<Misbehaviour>,
@@ -213,7 +225,12 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 .routes()
             }
             DRA_PLUGIN => {
-                StubDraDriver::new().misbehave(args.misbehaviours.iter().copied()).routes()
+                let driver = StubDraDriver::new().misbehave(args.misbehaviours.iter().copied());
+                match args.cdi_dir {
+                    Some(dir) => driver.cdi(dir, args.pool),
+                    None => driver,
+                }
+                .routes()
             }
             _ => kpm_registrar::stub::routes(&args.plugin_type, &name),
         };
