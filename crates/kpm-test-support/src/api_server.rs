@@ -322,40 +322,11 @@ impl State {
             ("PUT", ["apis", "storage.k8s.io", "v1", "csinodes", _]) => {
                 self.write_csinode(body, false)
             }
-            ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
-                let items: Vec<Value> =
-                    self.slices.iter().filter(|s| selected(s, request.query)).cloned().collect();
-                (
-                    200,
-                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": items}),
-                )
-            }
-            ("POST", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
-                let mut slice = body;
-                slice["metadata"]["creationTimestamp"] = json!(now());
-                self.slices.push(slice.clone());
-                (201, slice)
-            }
-            ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
-                self.slices.retain(|slice| !selected(slice, request.query));
-                (
-                    200,
-                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
-                )
+            (method, ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+                self.slices(method, request.query, body)
             }
             (
-                "POST",
-                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims"],
-            ) => self.create_claim(namespace, body),
-            (
-                "GET",
-                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name],
-            ) => match self.claims.get(&format!("{namespace}/{name}")) {
-                Some(claim) => (200, claim.clone()),
-                None => status(404, "resourceclaims not found"),
-            },
-            (
-                "PUT",
+                method,
                 [
                     "apis",
                     "resource.k8s.io",
@@ -363,28 +334,9 @@ impl State {
                     "namespaces",
                     namespace,
                     "resourceclaims",
-                    name,
-                    "status",
+                    rest @ ..,
                 ],
-            ) => {
-                self.resource_version += 1;
-                let version = self.resource_version.to_string();
-                match self.claims.get_mut(&format!("{namespace}/{name}")) {
-                    Some(claim) => {
-                        claim["status"] = body["status"].clone();
-                        claim["metadata"]["resourceVersion"] = json!(version);
-                        (200, claim.clone())
-                    }
-                    None => status(404, "resourceclaims not found"),
-                }
-            }
-            (
-                "DELETE",
-                ["apis", "resource.k8s.io", "v1", "namespaces", namespace, "resourceclaims", name],
-            ) => match self.claims.remove(&format!("{namespace}/{name}")) {
-                Some(claim) => (200, claim),
-                None => status(404, "resourceclaims not found"),
-            },
+            ) => self.claim(method, namespace, rest, body),
             ("POST", ["apis", "events.k8s.io", "v1", "namespaces", "default", "events"]) => {
                 let required = [
                     "eventTime",
@@ -419,6 +371,65 @@ impl State {
             ("PATCH", ["apis", REPORT_GROUP, REPORT_VERSION, REPORTS, name, rest @ ..]) => {
                 self.apply_report(name, &body, rest == ["status"])
             }
+            _ => status(404, "not served by the stand-in"),
+        }
+    }
+
+    /// A request about the ResourceSlices: a list or a delete-collection
+    /// by the field selector of `query`, or a create.
+    fn slices(&mut self, method: &str, query: &str, body: Value) -> (u16, Value) {
+        match method {
+            "GET" => {
+                let items: Vec<Value> =
+                    self.slices.iter().filter(|s| selected(s, query)).cloned().collect();
+                (
+                    200,
+                    json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1", "metadata": {}, "items": items}),
+                )
+            }
+            "POST" => {
+                let mut slice = body;
+                slice["metadata"]["creationTimestamp"] = json!(now());
+                self.slices.push(slice.clone());
+                (201, slice)
+            }
+            "DELETE" => {
+                self.slices.retain(|slice| !selected(slice, query));
+                (
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}),
+                )
+            }
+            _ => status(404, "not served by the stand-in"),
+        }
+    }
+
+    /// A request about the ResourceClaims of `namespace`, `rest` the path
+    /// after `resourceclaims`.
+    fn claim(&mut self, method: &str, namespace: &str, rest: &[&str], body: Value) -> (u16, Value) {
+        let key = |name: &str| format!("{namespace}/{name}");
+        match (method, rest) {
+            ("POST", []) => self.create_claim(namespace, body),
+            ("GET", [name]) => match self.claims.get(&key(name)) {
+                Some(claim) => (200, claim.clone()),
+                None => status(404, "resourceclaims not found"),
+            },
+            ("PUT", [name, "status"]) => {
+                self.resource_version += 1;
+                let version = self.resource_version.to_string();
+                match self.claims.get_mut(&key(name)) {
+                    Some(claim) => {
+                        claim["status"] = body["status"].clone();
+                        claim["metadata"]["resourceVersion"] = json!(version);
+                        (200, claim.clone())
+                    }
+                    None => status(404, "resourceclaims not found"),
+                }
+            }
+            ("DELETE", [name]) => match self.claims.remove(&key(name)) {
+                Some(claim) => (200, claim),
+                None => status(404, "resourceclaims not found"),
+            },
             _ => status(404, "not served by the stand-in"),
         }
     }
