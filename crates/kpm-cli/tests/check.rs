@@ -40,6 +40,16 @@ const HEALTH_CHANGE: &str = "kill -USR1 $KPM_CHECK_PID";
 const DRA_VERSIONS: &str = "KPM_TEST_DRA_VERSIONS";
 /// The resource the plugin serves.
 const GPU: &str = "vendor.com/gpu";
+/// The `dra` role's stand-in API server, `HOST:PORT`. With it the driver
+/// publishes its ResourceSlice there (unless [`DRA_NO_SLICE`]), prepares
+/// claims with a device whose CDI spec it writes in `KPM_CHECK_CDI`, and
+/// tells its own claims from another driver's by their allocation there.
+const DRA_API: &str = "KPM_TEST_DRA_API";
+/// The `dra` role publishes no ResourceSlice.
+const DRA_NO_SLICE: &str = "KPM_TEST_DRA_NO_SLICE";
+/// The `dra` role's driver, and the node and pool of its slice.
+const DRA_DRIVER: &str = "gpu.example.com";
+const NODE: &str = "kpm-check-node";
 
 /// Runs the tests, or, started by `kpm check`, a plugin.
 fn main() {
@@ -47,7 +57,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 13] = [
+    let tests: [(&str, fn()); 15] = [
         ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
         (
             "a_plugin_that_leaves_its_socket_on_sigterm_fails",
@@ -88,6 +98,14 @@ fn main() {
             a_dra_driver_failing_an_unknown_claim_fails,
         ),
         ("a_dra_driver_answering_unsent_claims_fails", a_dra_driver_answering_unsent_claims_fails),
+        (
+            "a_good_dra_driver_passes_every_claim_step_and_its_claims_go",
+            a_good_dra_driver_passes_every_claim_step_and_its_claims_go,
+        ),
+        (
+            "each_dra_claim_rule_fails_on_its_misbehaviour",
+            each_dra_claim_rule_fails_on_its_misbehaviour,
+        ),
     ];
     support::run_tests(&tests);
 }
@@ -437,9 +455,20 @@ fn plugin(role: &str) {
                 registrar.shutdown().await.unwrap();
             }
             "dra" => {
-                let builder = Registrar::builder(kpm::api::DRA_PLUGIN, "gpu.example.com")
+                let mut driver = StubDraDriver::new().misbehave(misbehaviours);
+                if let Ok(api) = std::env::var(DRA_API) {
+                    if !set(DRA_NO_SLICE) {
+                        let slice = resource_slice(None);
+                        api_request(&api, "POST", SLICES, &slice.to_string());
+                    }
+                    let cdi = std::env::var("KPM_CHECK_CDI").unwrap();
+                    driver = driver.cdi(cdi, NODE).foreign_claims(move |namespace, name| {
+                        !allocated_to_us(&api, namespace, name)
+                    });
+                }
+                let builder = Registrar::builder(kpm::api::DRA_PLUGIN, DRA_DRIVER)
                     .socket_dir(registry())
-                    .routes(StubDraDriver::new().misbehave(misbehaviours).routes());
+                    .routes(driver.routes());
                 let builder = match std::env::var(DRA_VERSIONS) {
                     Ok(versions) => builder.versions(versions.split(',').map(str::to_owned)),
                     Err(_) => builder,
@@ -531,4 +560,182 @@ fn a_dra_driver_answering_unsent_claims_fails() {
     assert_eq!(code, 1, "{report}");
     let prepare = line(&report, "NodePrepareResources v1");
     assert!(prepare.starts_with("FAIL") && prepare.contains("did not send"), "{report}");
+}
+
+// === DRA drivers against an API server ===
+
+/// The ResourceSlices' collection.
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// The `dra` role's ResourceSlice: device `dev-0` of pool [`NODE`], created
+/// at `created` (None: the stand-in stamps it).
+fn resource_slice(created: Option<&str>) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{NODE}-{DRA_DRIVER}"), "creationTimestamp": created},
+        "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "dev-0"}]},
+    })
+}
+
+/// Whether the ResourceClaim `namespace/name` of the API server at `api`
+/// is allocated to the `dra` role's driver, as a driver reads it.
+fn allocated_to_us(api: &str, namespace: &str, name: &str) -> bool {
+    let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
+    let claim: serde_json::Value =
+        serde_json::from_str(&api_request(api, "GET", &path, "")).unwrap();
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap();
+    results.iter().any(|result| result["driver"] == DRA_DRIVER)
+}
+
+/// `METHOD path` with the JSON `body` on the API server at `api`
+/// (`HOST:PORT`); the body of its 2xx answer.
+fn api_request(api: &str, method: &str, path: &str, body: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(api).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: kpm\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.split(' ').nth(1).is_some_and(|code| code.starts_with('2')), "{head}");
+    body.to_owned()
+}
+
+/// `kpm check --kubeconfig` on the `dra` role with the stand-in API server
+/// holding `slices`, the role configured by `environment`: the exit code,
+/// the report and the stand-in after the run.
+fn check_dra_with_api(
+    slices: Vec<serde_json::Value>,
+    environment: &[(&str, &str)],
+) -> (i32, String, kpm_test_support::api_server::Shared) {
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let state = std::sync::Arc::new(parking_lot::Mutex::new(kpm_test_support::api_server::State {
+        slices,
+        ..kpm_test_support::api_server::State::default()
+    }));
+    let port = kpm_test_support::free_port();
+    support::serve_api(&rt, port, std::sync::Arc::clone(&state));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://127.0.0.1:{port}"))).unwrap();
+    let api = format!("127.0.0.1:{port}");
+    let mut environment = environment.to_vec();
+    environment.push((DRA_API, &api));
+    let options = [OsStr::new("--kubeconfig"), kubeconfig.as_os_str()];
+    let (code, report) = check_with(&options, "dra", &environment);
+    (code, report, state)
+}
+
+/// The DRA steps of one service that need a ResourceClaim.
+fn claim_steps(version: &str) -> [String; 5] {
+    [
+        format!("NodePrepareResources {version}"),
+        format!("prepare again {version}"),
+        format!("NodeUnprepareResources {version}"),
+        format!("unprepare unknown claim {version}"),
+        format!("claim of another driver {version}"),
+    ]
+}
+
+/// A driver that publishes its slice, prepares the claim allocated to it
+/// with a device whose CDI spec resolves, answers the same again, removes
+/// the spec on unprepare and gives another driver's claim no device
+/// passes every step on both services; the check's claims are deleted.
+fn a_good_dra_driver_passes_every_claim_step_and_its_claims_go() {
+    let (code, report, state) = check_dra_with_api(Vec::new(), &[]);
+    assert_eq!(code, 0, "{report}");
+    let slices = line(&report, "ResourceSlices");
+    assert!(slices.starts_with("PASS") && slices.contains("1 devices"), "{report}");
+    for version in ["v1", "v1beta1"] {
+        for step in claim_steps(version) {
+            assert!(line(&report, &step).starts_with("PASS"), "{step}: {report}");
+        }
+        let prepare = line(&report, &format!("NodePrepareResources {version}"));
+        assert!(
+            prepare.contains(&format!("{NODE}/dev-0")) && prepare.contains("a valid CDI spec"),
+            "{report}"
+        );
+        let unprepare = line(&report, &format!("NodeUnprepareResources {version}"));
+        assert!(unprepare.contains("removed"), "{report}");
+    }
+    let state = state.lock();
+    let created =
+        state.requests.iter().filter(|r| r.starts_with("POST") && r.ends_with("/resourceclaims"));
+    assert_eq!(created.count(), 2, "{:?}", state.requests);
+    assert!(state.claims.is_empty(), "the check's claims are left: {:?}", state.claims.keys());
+}
+
+/// Each rule of the claim steps, broken by the stub's misbehaviour (or a
+/// slice that is not the driver's doing): the step that judges it fails,
+/// or warns where the kubelet copes.
+fn each_dra_claim_rule_fails_on_its_misbehaviour() {
+    let an_hour_ago =
+        humantime::format_rfc3339_seconds(std::time::SystemTime::now() - Duration::from_secs(3600))
+            .to_string();
+    let an_hour_old = || vec![resource_slice(Some(&an_hour_ago))];
+    let rules: [(Vec<serde_json::Value>, Environment, &str, &str, &str); 7] = [
+        (
+            Vec::new(),
+            &[(MISBEHAVE, "cdi-id-unresolved")],
+            "NodePrepareResources v1",
+            "FAIL",
+            "is in no CDI spec",
+        ),
+        (
+            Vec::new(),
+            &[(MISBEHAVE, "cdi-spec-invalid")],
+            "NodePrepareResources v1",
+            "FAIL",
+            "the CDI package refuses the spec",
+        ),
+        (
+            Vec::new(),
+            &[(MISBEHAVE, "prepare-answers-differently")],
+            "prepare again v1",
+            "WARN",
+            "a different answer",
+        ),
+        (
+            Vec::new(),
+            &[(MISBEHAVE, "unprepare-leaves-spec")],
+            "NodeUnprepareResources v1",
+            "WARN",
+            "still defines",
+        ),
+        (
+            Vec::new(),
+            &[(MISBEHAVE, "prepares-foreign-claim")],
+            "claim of another driver v1",
+            "WARN",
+            "prepared with devices",
+        ),
+        (
+            an_hour_old(),
+            &[(DRA_NO_SLICE, "1")],
+            "ResourceSlices",
+            "WARN",
+            "none written since the driver started",
+        ),
+        (
+            Vec::new(),
+            &[(DRA_NO_SLICE, "1")],
+            "ResourceSlices",
+            "FAIL",
+            "no ResourceSlice of gpu.example.com",
+        ),
+    ];
+    for (slices, environment, step, mark, evidence) in rules {
+        let (code, report, state) = check_dra_with_api(slices, environment);
+        let judged = line(&report, step);
+        assert!(judged.starts_with(mark) && judged.contains(evidence), "{environment:?}: {report}");
+        assert_eq!(code, i32::from(mark == "FAIL"), "{environment:?}: {report}");
+        assert!(state.lock().claims.is_empty(), "{environment:?}: claims left");
+    }
 }

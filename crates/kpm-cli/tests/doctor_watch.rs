@@ -14,34 +14,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use kpm_registrar::Registrar;
-use kpm_test_support::api_server::{ApiRequest, State};
+use kpm_test_support::api_server::State;
 use kpm_test_support::blocking::wait_until;
 use kpm_test_support::{free_local_addr, free_port};
 use parking_lot::Mutex;
 use serde_json::Value;
-use support::{http_get, kpm, kubeconfig, parse_prometheus};
+use support::{http_get, kpm, kubeconfig, parse_prometheus, serve_api};
 
 const CONDITION: &str = "KubeletPluginsHealthy";
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
-}
-
-/// Serves `state` on `port` of 127.0.0.1 over HTTP, as kube's client talks
-/// to an API server.
-fn serve_api(rt: &tokio::runtime::Runtime, port: u16, state: Arc<Mutex<State>>) {
-    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let state = Arc::clone(&state);
-        async move {
-            let (parts, body) = request.into_parts();
-            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-            let (code, answer) = state.lock().handle(&ApiRequest::of(&parts, &body));
-            let code = axum::http::StatusCode::from_u16(code).unwrap();
-            (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
-        }
-    });
-    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
-    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
 }
 
 /// `kpm doctor --watch` on `root` for Node `node1` through the API server on

@@ -237,6 +237,28 @@ pub fn kubeconfig(server: &str) -> String {
 
 // === HTTP ===
 
+/// Serves `state` on `port` of 127.0.0.1 over HTTP, as kube's client talks
+/// to an API server.
+pub fn serve_api(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    state: kpm_test_support::api_server::Shared,
+) {
+    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let state = std::sync::Arc::clone(&state);
+        async move {
+            let (parts, body) = request.into_parts();
+            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+            let (code, answer) =
+                state.lock().handle(&kpm_test_support::api_server::ApiRequest::of(&parts, &body));
+            let code = axum::http::StatusCode::from_u16(code).unwrap();
+            (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
+        }
+    });
+    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
+    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+}
+
 /// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
 fn http_request(stream: &mut (impl Read + Write), path: &str) -> String {
     write!(stream, "GET {path} HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
