@@ -1,6 +1,7 @@
-//! `kpm check`'s run: the temporary kubelet root, the kubelet on it, the
-//! plugin's process group, and the steps that judge the plugin, each ending
-//! in an [`Outcome`] for the [`report`](super::report).
+//! `kpm check`'s run: the steps that judge the plugin, in their order, from
+//! its registration through the conversation of its type to the restarts
+//! and SIGTERM, each ending in an [`Outcome`] for the
+//! [`report`](super::report).
 
 use std::path::PathBuf;
 use std::time::Duration;
