@@ -25,6 +25,7 @@ use kpm_api::deviceplugin::v1beta1::{
 };
 use tokio::time::Instant;
 
+use super::cdi;
 use super::hook::Hook;
 use super::node::wait_for;
 use super::report::{Findings, Outcome};
@@ -281,8 +282,8 @@ fn contents(response: &ContainerAllocateResponse) -> String {
 /// What a runtime would refuse in a container response, each as a rule
 /// broken: a device or mount whose host path is missing or relative, a
 /// relative container path, permissions other than `r`, `w` and `m`, an
-/// env name that is empty or has `=`, a CDI device not named
-/// `vendor/class=name`.
+/// env name that is empty or has `=`, a CDI device name the CDI package
+/// does not parse.
 fn refused_by_runtime(response: &ContainerAllocateResponse) -> Vec<String> {
     let creates = "the runtime fails to create the container";
     let on_host = |path: &str| Path::new(path).is_absolute() && Path::new(path).exists();
@@ -315,24 +316,12 @@ fn refused_by_runtime(response: &ContainerAllocateResponse) -> Vec<String> {
             refused.push(format!("env name {name:?} cannot be set: {creates}"));
         }
     }
-    for cdi in &response.cdi_devices {
-        if !is_qualified_cdi_name(&cdi.name) {
-            refused.push(format!(
-                "CDI device {:?} is not vendor/class=name: the runtime cannot resolve it",
-                cdi.name
-            ));
+    for device in &response.cdi_devices {
+        if let Err(why) = cdi::parse_device_id(&device.name) {
+            refused.push(format!("{why}: the runtime cannot resolve it"));
         }
     }
     refused
-}
-
-/// `vendor.com/class=name`: the fully qualified CDI device name the
-/// runtime resolves (the CDI parser's `ParseQualifiedName`, loosely: the
-/// three parts present and free of the separators).
-fn is_qualified_cdi_name(name: &str) -> bool {
-    let Some((kind, device)) = name.split_once('=') else { return false };
-    let Some((vendor, class)) = kind.split_once('/') else { return false };
-    [vendor, class, device].iter().all(|part| !part.is_empty() && !part.contains(['/', '=']))
 }
 
 /// `Allocate` on an id the plugin never listed: the kubelet never asks
@@ -502,31 +491,5 @@ fn stream_open(view: &DeviceView, resource: &str, open: Duration) -> Outcome {
              unhealthy and the node's allocatable drops to 0 until the plugin registers again"
                 .into(),
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cdi_names_are_vendor_class_and_name() {
-        for good in
-            ["vendor.com/gpu=gpu0", "nvidia.com/gpu=all", "k8s.test-driver.cdi.k8s.io/claim=abc-1"]
-        {
-            assert!(is_qualified_cdi_name(good), "{good}");
-        }
-        for bad in [
-            "gpu0",
-            "vendor.com/gpu",
-            "vendor.com=gpu0",
-            "/gpu=x",
-            "vendor.com/=x",
-            "vendor.com/gpu=",
-            "a/b/c=d",
-            "a/b=c=d",
-        ] {
-            assert!(!is_qualified_cdi_name(bad), "{bad}");
-        }
     }
 }
