@@ -47,14 +47,15 @@ const UNKNOWN: &str = "kpm-check-no-such-device";
 
 /// The conversation with the device plugin serving `resource` at
 /// `endpoint`, registered with `view`'s kubelet; `health_change` provokes a
-/// health change, if the user said how.
+/// health change, if the user said how. Also how many devices were healthy
+/// once the first list came, for the plugin's restart to be held to.
 pub(super) async fn converse(
     view: &DeviceView,
     resource: &str,
     endpoint: &Path,
     health_change: Option<&Hook>,
     bound: Duration,
-) -> Vec<(&'static str, Outcome)> {
+) -> (Vec<(&'static str, Outcome)>, usize) {
     let opened = Instant::now();
     let mut steps = vec![(LIST, first_list(view, resource, endpoint, bound).await)];
     let healthy = healthy_ids(view, resource);
@@ -76,7 +77,7 @@ pub(super) async fn converse(
         steps.push((HEALTH, health_change_step(view, resource, health_change, bound).await));
     }
     steps.push((STREAM, stream_open(view, resource, opened.elapsed())));
-    steps
+    (steps, healthy.len())
 }
 
 /// The healthy devices' ids as the kubelet's stream has them, sorted.

@@ -146,11 +146,10 @@ async fn converse(
     let mut before = Before::default();
     let devices = node.handle.devices();
     for (resource, endpoint) in registered.device_endpoints() {
-        let healthy = devices.resource(&resource).map_or(0, |status| status.healthy);
-        steps.extend(device::converse(devices, &resource, &endpoint, health_change, bound).await);
-        let first =
-            devices.resource(&resource).map_or(healthy, |status| status.healthy.max(healthy));
-        before.healthy.push((resource, first));
+        let (said, healthy) =
+            device::converse(devices, &resource, &endpoint, health_change, bound).await;
+        steps.extend(said);
+        before.healthy.push((resource, healthy));
     }
     for socket in registered.of_type(kpm::api::CSI_PLUGIN) {
         let endpoint = socket.plugin.endpoint.target().into_owned();
