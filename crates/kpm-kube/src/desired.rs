@@ -325,24 +325,48 @@ impl Books {
         pending
     }
 
-    /// Waits for the loop's word on `target`'s goal set at `revision`: the
-    /// API server agrees (with it or a newer goal), a rule refuses it, or
-    /// `attempts` passes in a row failed. `None` when a newer goal replaced
-    /// it first, or it was dropped unagreed (a wipe called off).
-    pub(crate) async fn settled(
+    /// Sets a goal with `change`, which returns its revision (or `None`
+    /// to set none), for a caller who then waits on it with
+    /// [`Awaited::settled`]. The caller counts as waiting before the loop
+    /// can see the goal, so the target's agreement is kept for it however
+    /// many passes go by before it looks.
+    pub(crate) fn set_awaited(
         &self,
-        target: &Target,
-        revision: u64,
-        attempts: u32,
-    ) -> Option<Settled> {
-        let _waiting = Waiting::on(self, target);
-        let mut progress = self.progress.subscribe();
+        target: Target,
+        change: impl FnOnce(&mut Desired) -> Option<u64>,
+    ) -> Option<Awaited<'_>> {
+        self.change(|desired| {
+            let waiting = Waiting::on(self, target);
+            change(desired).map(|revision| Awaited { waiting, revision })
+        })
+    }
+}
+
+/// A goal its caller waits on, from [`Books::set_awaited`].
+pub(crate) struct Awaited<'a> {
+    waiting: Waiting<'a>,
+    revision: u64,
+}
+
+impl Awaited<'_> {
+    /// The revision the goal was set at.
+    pub(crate) fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// Waits for the loop's word on the goal: the API server agrees (with
+    /// it or a newer goal), a rule refuses it, or `attempts` passes in a
+    /// row failed. `None` when a newer goal replaced it first, or it was
+    /// dropped unagreed (a wipe called off).
+    pub(crate) async fn settled(&self, attempts: u32) -> Option<Settled> {
+        let Waiting { books, target } = &self.waiting;
+        let mut progress = books.progress.subscribe();
         let mut word = None;
         let settled = progress.wait_for(|progress| {
-            word = progress.word(target, revision, attempts);
-            word.is_some() || self.desired.lock().revision_of(target) != Some(revision)
+            word = progress.word(target, self.revision, attempts);
+            word.is_some() || books.desired.lock().revision_of(target) != Some(self.revision)
         });
-        // The sender lives as long as `self`.
+        // The sender lives as long as the books.
         settled.await.ok()?;
         word
     }
@@ -369,11 +393,11 @@ impl Progress {
 /// revision is kept until it has read it.
 struct Waiting<'a> {
     books: &'a Books,
-    target: &'a Target,
+    target: Target,
 }
 
 impl<'a> Waiting<'a> {
-    fn on(books: &'a Books, target: &'a Target) -> Self {
+    fn on(books: &'a Books, target: Target) -> Self {
         *books.waiting.lock().entry(target.clone()).or_default() += 1;
         Self { books, target }
     }
@@ -382,10 +406,10 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         let mut waiting = self.books.waiting.lock();
-        if let Some(callers) = waiting.get_mut(self.target) {
+        if let Some(callers) = waiting.get_mut(&self.target) {
             *callers -= 1;
             if *callers == 0 {
-                waiting.remove(self.target);
+                waiting.remove(&self.target);
             }
         }
     }
@@ -465,7 +489,8 @@ mod tests {
                     waiting.push(callers);
                     let (books, said, caller) = (Arc::clone(&books), said.clone(), callers);
                     tokio::spawn(async move {
-                        let word = books.settled(&target, revision, attempts).await;
+                        let waiting = Waiting::on(&books, target);
+                        let word = Awaited { waiting, revision }.settled(attempts).await;
                         said.send((caller, word)).unwrap();
                     });
                     None
@@ -875,6 +900,20 @@ pass
             ",
         ),
     ];
+
+    /// A caller counts as waiting from the moment it sets its goal: two
+    /// passes that go by before it looks (the first agrees and drops the
+    /// wipe, the second forgets targets nobody waits on) leave it its word.
+    #[tokio::test(start_paused = true)]
+    async fn a_goal_set_for_a_caller_keeps_its_agreement_until_the_caller_looks() {
+        let books = Books::default();
+        let target = Target::Wipe("d".into());
+        let awaited = books.set_awaited(target.clone(), |d| Some(d.add_wipe("d"))).unwrap();
+        let done = Outcome { revision: awaited.revision(), state: State::Done, pending: None };
+        books.report(BTreeMap::from([(target, done)]));
+        books.report(BTreeMap::new());
+        assert!(matches!(awaited.settled(u32::MAX).await, Some(Settled::Agreed)));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn cases() {

@@ -42,9 +42,13 @@ impl KubeNodeInfo {
     /// Sets `driver`'s goal and waits for the loop's word on it.
     async fn publish(&self, driver: &str, goal: CsiGoal) -> Result<(), NodeInfoError> {
         let installing = matches!(goal, CsiGoal::Installed(_));
-        let revision = self.books.change(|desired| desired.set_csi(driver, goal));
         let target = Target::Csi(driver.to_owned());
-        let Some(settled) = self.books.settled(&target, revision, KUBELET_ATTEMPTS).await else {
+        let awaited = self.books.set_awaited(target, |desired| Some(desired.set_csi(driver, goal)));
+        let settled = match awaited {
+            Some(awaited) => awaited.settled(KUBELET_ATTEMPTS).await,
+            None => None,
+        };
+        let Some(settled) = settled else {
             // A newer goal of the same driver: the leftovers' clean-up and
             // a registration crossed; the newer one holds.
             return Ok(());
@@ -65,7 +69,8 @@ impl KubeNodeInfo {
         driver: &str,
         drivers: &CsiDrivers,
     ) -> Result<bool, NodeInfoError> {
-        let revision = self.books.change(|desired| {
+        let target = Target::Csi(driver.to_owned());
+        let awaited = self.books.set_awaited(target, |desired| {
             let installed = desired
                 .csi
                 .get(driver)
@@ -73,9 +78,8 @@ impl KubeNodeInfo {
             (drivers.get(driver).is_none() && !installed)
                 .then(|| desired.set_csi(driver, CsiGoal::Withdrawn))
         });
-        let Some(revision) = revision else { return Ok(false) };
-        let target = Target::Csi(driver.to_owned());
-        match self.books.settled(&target, revision, u32::MAX).await {
+        let Some(awaited) = awaited else { return Ok(false) };
+        match awaited.settled(u32::MAX).await {
             // Registered meanwhile.
             None => Ok(false),
             Some(settled) => result(false, settled).map(|()| true),

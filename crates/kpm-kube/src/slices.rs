@@ -34,23 +34,27 @@ impl KubeSliceCleanup {
 /// publishes from then on must stay.
 struct CallOff<'a> {
     books: &'a Books,
-    target: &'a Target,
+    target: Target,
     revision: u64,
 }
 
 impl Drop for CallOff<'_> {
     fn drop(&mut self) {
-        self.books.change(|desired| desired.drop_at(self.target, self.revision));
+        self.books.change(|desired| desired.drop_at(&self.target, self.revision));
     }
 }
 
 #[async_trait]
 impl SliceCleanup for KubeSliceCleanup {
     async fn wipe_driver(&self, driver: &str) {
-        let revision = self.books.change(|desired| desired.add_wipe(driver));
         let target = Target::Wipe(driver.to_owned());
-        let _call_off = CallOff { books: &self.books, target: &target, revision };
-        self.books.settled(&target, revision, u32::MAX).await;
+        let Some(awaited) =
+            self.books.set_awaited(target.clone(), |desired| Some(desired.add_wipe(driver)))
+        else {
+            return;
+        };
+        let _call_off = CallOff { books: &self.books, target, revision: awaited.revision() };
+        awaited.settled(u32::MAX).await;
     }
 
     async fn published_drivers(&self) -> Vec<String> {
