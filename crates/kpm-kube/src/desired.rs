@@ -456,7 +456,10 @@ mod tests {
             writeln!(transcript, "{line}").unwrap();
             let (step, rest) = line.split_once(' ').unwrap_or((line, ""));
             let args: Vec<&str> = rest.split_whitespace().collect();
-            let set = |change: &dyn Fn(&mut Desired) -> u64| books.change(|d| change(d));
+            // A goal set: its revision.
+            let set = |change: &dyn Fn(&mut Desired) -> u64| {
+                Some(format!("r{}", books.change(|d| change(d))))
+            };
             let change = match step {
                 "install" => {
                     let info = DriverNodeInfo {
@@ -464,23 +467,15 @@ mod tests {
                         max_volumes_per_node: 0,
                         topology: BTreeMap::new(),
                     };
-                    Some(format!(
-                        "r{}",
-                        set(&|d| d.set_csi(args[0], CsiGoal::Installed(info.clone())))
-                    ))
+                    set(&|d| d.set_csi(args[0], CsiGoal::Installed(info.clone())))
                 }
-                "withdraw" => {
-                    Some(format!("r{}", set(&|d| d.set_csi(args[0], CsiGoal::Withdrawn))))
-                }
+                "withdraw" => set(&|d| d.set_csi(args[0], CsiGoal::Withdrawn)),
                 "count" => {
                     let counts = (args[1].parse().unwrap(), args[2].parse().unwrap());
-                    Some(format!(
-                        "r{}",
-                        set(&|d| d.set_device(args[0], DeviceGoal::Counts(counts)))
-                    ))
+                    set(&|d| d.set_device(args[0], DeviceGoal::Counts(counts)))
                 }
-                "gone" => Some(format!("r{}", set(&|d| d.set_device(args[0], DeviceGoal::Gone)))),
-                "wipe" => Some(format!("r{}", set(&|d| d.add_wipe(args[0])))),
+                "gone" => set(&|d| d.set_device(args[0], DeviceGoal::Gone)),
+                "wipe" => set(&|d| d.add_wipe(args[0])),
                 "wait" => {
                     let target = target(args[0]);
                     let revision = books.desired.lock().revision_of(&target).unwrap();

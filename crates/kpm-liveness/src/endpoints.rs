@@ -25,22 +25,25 @@ pub(crate) fn socket_at(endpoint: &Path) -> Option<FileId> {
     meta.file_type().is_socket().then(|| FileId::of(&meta))
 }
 
-/// The socket a plugin is served on: the endpoint it advertised, as a path
-/// (`kpm_transport::endpoint_path`: a CSI driver may advertise a gRPC
-/// target), else its registration socket.
-pub(crate) fn served_on(endpoint: &PluginEndpoint) -> &Path {
+/// The socket a plugin is served on, as this process reaches it: the
+/// endpoint it advertised, as a path (`kpm_transport::endpoint_path`: a CSI
+/// driver may advertise a gRPC target) and under `host_root` when this
+/// process sees the host's `/` there; else its registration socket, which
+/// the executor reached as it is.
+pub(crate) fn served_on(endpoint: &PluginEndpoint, host_root: Option<&Path>) -> PathBuf {
     match endpoint {
-        PluginEndpoint::Advertised(endpoint) => kpm_transport::endpoint_path(endpoint),
-        PluginEndpoint::RegistrationSocket(socket) => socket,
+        PluginEndpoint::Advertised(endpoint) => host_root
+            .and_then(|root| kpm_transport::endpoint_path_under(root, endpoint))
+            .unwrap_or_else(|| kpm_transport::endpoint_path(endpoint).to_path_buf()),
+        PluginEndpoint::RegistrationSocket(socket) => socket.clone(),
     }
 }
 
-/// The socket a plugin registered at `socket` is served on, as a path to
-/// watch; `None` for one that is not absolute or is its registration
+/// `served`, the socket a plugin registered at `socket` is served on, if it
+/// is a path to watch: not one that is not absolute, nor the registration
 /// socket, which the registry's watcher covers.
-pub(crate) fn watched_path(endpoint: &PluginEndpoint, socket: &Path) -> Option<PathBuf> {
-    let path = served_on(endpoint);
-    (path.is_absolute() && path != socket).then(|| path.to_path_buf())
+pub(crate) fn watched(served: &Path, socket: &Path) -> bool {
+    served.is_absolute() && served != socket
 }
 
 /// The directory watches of the endpoints armed.
@@ -168,15 +171,23 @@ mod tests {
     #[test]
     fn endpoints_are_watched_by_absolute_path_and_never_as_the_registration_socket() {
         let socket = Path::new("/r/plugins_registry/a-reg.sock");
-        let csi = Some(PathBuf::from("/r/plugins/a/csi.sock"));
         let advertised = |endpoint: &str| PluginEndpoint::Advertised(endpoint.to_owned());
-        assert_eq!(watched_path(&advertised("/r/plugins/a/csi.sock"), socket), csi);
-        assert_eq!(watched_path(&advertised("unix:///r/plugins/a/csi.sock"), socket), csi);
-        assert_eq!(watched_path(&advertised("unix:/r/plugins/a/csi.sock"), socket), csi);
-        assert_eq!(watched_path(&advertised("/r/plugins_registry/a-reg.sock"), socket), None);
-        assert_eq!(watched_path(&advertised("a.sock"), socket), None);
-        assert_eq!(watched_path(&advertised(""), socket), None);
+        let watched_at = |endpoint: &PluginEndpoint, host_root: Option<&str>| {
+            let served = served_on(endpoint, host_root.map(Path::new));
+            watched(&served, socket).then_some(served)
+        };
+        let csi = Some(PathBuf::from("/r/plugins/a/csi.sock"));
+        assert_eq!(watched_at(&advertised("/r/plugins/a/csi.sock"), None), csi);
+        assert_eq!(watched_at(&advertised("unix:///r/plugins/a/csi.sock"), None), csi);
+        assert_eq!(watched_at(&advertised("unix:/r/plugins/a/csi.sock"), None), csi);
+        assert_eq!(watched_at(&advertised("/r/plugins_registry/a-reg.sock"), None), None);
+        assert_eq!(watched_at(&advertised("a.sock"), None), None);
+        assert_eq!(watched_at(&advertised(""), None), None);
         let served_on_socket = PluginEndpoint::RegistrationSocket(socket.to_path_buf());
-        assert_eq!(watched_path(&served_on_socket, socket), None);
+        assert_eq!(watched_at(&served_on_socket, None), None);
+        // Under a host root only the advertised endpoint, a host path, moves.
+        let moved = Some(PathBuf::from("/host/r/plugins/a/csi.sock"));
+        assert_eq!(watched_at(&advertised("unix:///r/plugins/a/csi.sock"), Some("/host")), moved);
+        assert_eq!(watched_at(&served_on_socket, Some("/host")), None);
     }
 }

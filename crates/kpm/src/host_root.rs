@@ -36,26 +36,16 @@ pub(crate) fn seen_from(
     }
 }
 
-/// `endpoint`, a path on the host (a `unix://` or `unix:` prefix, as some
-/// drivers advertise it, stripped), as a process that sees the host's `/`
-/// at `host_root` reaches it. A relative endpoint is left as it is, for the
-/// handler to judge. Every absolute one is moved, one that starts with
-/// `host_root`'s name too: on the host, `/host/…` is a path like any other.
-fn under_host_root(host_root: &Path, endpoint: &str) -> String {
-    match kpm_transport::endpoint_path(endpoint).strip_prefix("/") {
-        Ok(relative) => host_root.join(relative).to_string_lossy().into_owned(),
-        Err(_) => endpoint.to_owned(),
-    }
-}
-
 impl UnderHostRoot {
     /// `plugin` with its endpoint as this process reaches it. It stays
     /// `Advertised`, moved: who gave it does not change, and the inner
     /// handler judges it by the same rules.
     fn moved(&self, plugin: &PluginDetails) -> PluginDetails {
         let mut moved = plugin.clone();
-        if let PluginEndpoint::Advertised(on_host) = &plugin.endpoint {
-            moved.endpoint = PluginEndpoint::Advertised(under_host_root(&self.host_root, on_host));
+        if let PluginEndpoint::Advertised(on_host) = &plugin.endpoint
+            && let Some(reached) = kpm_transport::endpoint_path_under(&self.host_root, on_host)
+        {
+            moved.endpoint = PluginEndpoint::Advertised(reached.to_string_lossy().into_owned());
         }
         moved
     }
@@ -87,33 +77,6 @@ impl PluginHandler for UnderHostRoot {
 mod tests {
     use super::*;
     use crate::BasicHandler;
-
-    #[test]
-    fn an_endpoint_on_the_host_is_reached_under_the_prefix() {
-        let host = Path::new("/host");
-        let cases = [
-            (
-                "/var/lib/kubelet/plugins/csi.example.com/csi.sock",
-                "/host/var/lib/kubelet/plugins/csi.example.com/csi.sock",
-            ),
-            ("unix:///csi/csi.sock", "/host/csi/csi.sock"),
-            ("unix:/csi/csi.sock", "/host/csi/csi.sock"),
-            // A host path that starts with the prefix's name is still the
-            // host's: nothing is taken for already moved.
-            (
-                "/host/var/lib/kubelet/plugins/x/csi.sock",
-                "/host/host/var/lib/kubelet/plugins/x/csi.sock",
-            ),
-            ("/hostile/a.sock", "/host/hostile/a.sock"),
-        ];
-        for (endpoint, reached) in cases {
-            assert_eq!(under_host_root(host, endpoint), reached, "{endpoint}");
-        }
-        // The host's own view is the identity; a relative endpoint is the
-        // handler's to refuse.
-        assert_eq!(under_host_root(Path::new("/"), "/run/a.sock"), "/run/a.sock");
-        assert_eq!(under_host_root(host, "dra.sock"), "dra.sock");
-    }
 
     /// The inner handler is given an advertised endpoint moved under the
     /// host root, and a registration socket as the executor reached it.

@@ -96,7 +96,7 @@ impl KubeletBuilder {
     /// Where the host's `/` is in this process's file system, for a process
     /// in a pod that mounts it elsewhere (`/host`, as `kubectl debug
     /// node/NAME` does): every endpoint a plugin advertises, a path on the
-    /// host, is reached under it. The root and registry directories are
+    /// host, is reached under it, by the handlers and by liveness. The root and registry directories are
     /// given as this process sees them (`/host/var/lib/kubelet`), and so is
     /// the registration socket a plugin without an endpoint is served on.
     /// Errors name the paths as they were reached. Default: the host's
@@ -283,6 +283,9 @@ impl KubeletBuilder {
             dra
         };
 
+        if let Some(host_root) = &self.host_root {
+            manager = manager.host_root(host_root);
+        }
         handlers.retain(|(kind, _)| enabled(*kind));
         for (kind, handler) in &handlers {
             let handler = crate::host_root::seen_from(self.host_root.as_deref(), handler);

@@ -32,6 +32,7 @@ pub struct PluginManagerBuilder {
     watcher: WatcherConfig,
     liveness: Option<LivenessConfig>,
     shared_connections: Option<Arc<dyn SharedConnections>>,
+    host_root: Option<PathBuf>,
     shutdown_grace: Duration,
     event_capacity: usize,
     fd_budget: FdBudget,
@@ -48,6 +49,7 @@ impl Default for PluginManagerBuilder {
             watcher: WatcherConfig::default(),
             liveness: Some(LivenessConfig::default()),
             shared_connections: None,
+            host_root: None,
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
             fd_budget: kpm_transport::fd::budget().clone(),
@@ -124,6 +126,15 @@ impl PluginManagerBuilder {
         self
     }
 
+    /// Where this process sees the host's `/`, if elsewhere (see
+    /// [`KubeletBuilder::host_root`](crate::KubeletBuilder::host_root)):
+    /// liveness probes and watches the endpoints plugins advertise under
+    /// it. [`Kubelet`](crate::Kubelet) hands over its own.
+    pub fn host_root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.host_root = Some(dir.into());
+        self
+    }
+
     /// How long [`PluginManager::run`] waits for running operations after
     /// shutdown is requested (default 10 s).
     pub fn shutdown_grace(mut self, grace: Duration) -> Self {
@@ -197,21 +208,24 @@ impl PluginManagerBuilder {
         let reconciler = Arc::new(reconciler);
         invalid_if("watcher_config", self.watcher.validate())?;
 
-        let shared = self.shared_connections;
+        let (shared, host_root) = (self.shared_connections, self.host_root);
         let liveness = self
             .liveness
             .map(|config| {
-                let monitor = LivenessMonitor::try_new(
+                let mut monitor = LivenessMonitor::try_new(
                     config,
                     self.fd_budget.clone(),
                     Arc::clone(&desired),
                     Arc::clone(&actual),
                     events.clone(),
                 )?;
-                Ok::<_, kpm_liveness::LivenessError>(Arc::new(match shared {
-                    Some(shared) => monitor.with_shared_connections(shared),
-                    None => monitor,
-                }))
+                if let Some(shared) = shared {
+                    monitor = monitor.with_shared_connections(shared);
+                }
+                if let Some(host_root) = host_root {
+                    monitor = monitor.with_host_root(host_root);
+                }
+                Ok::<_, kpm_liveness::LivenessError>(Arc::new(monitor))
             })
             .transpose()
             .map_err(|err| Error::InvalidConfig { setting: "liveness", reason: err.to_string() })?;

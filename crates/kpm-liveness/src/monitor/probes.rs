@@ -14,7 +14,6 @@ use tokio::time::Instant;
 
 use super::{Done, State};
 use crate::ProbeFailure;
-use crate::endpoints::served_on;
 use crate::probe::{Ask, Call, Checked, Target, check};
 
 /// The step of the grid probes fall on (see `first_probe`), or the
@@ -25,9 +24,9 @@ pub(super) const PROBE_TICK: Duration = Duration::from_secs(2);
 /// `GetInfo` when a PING is not enough; for a CSI driver also its endpoint,
 /// asked `Identity/Probe` (the registration socket is node-driver-registrar's,
 /// which answers while the driver hangs). A driver serving both on one
-/// socket is one server, asked `GetInfo`.
-pub(super) fn targets(socket: &Path, info: &Registration) -> Vec<Target> {
-    let driver = served_on(&info.plugin.endpoint);
+/// socket is one server, asked `GetInfo`. `driver` is the socket the
+/// plugin is served on.
+pub(super) fn targets(socket: &Path, info: &Registration, driver: &Path) -> Vec<Target> {
     if info.plugin_type != CSI_PLUGIN || driver.as_os_str().is_empty() || driver == socket {
         return vec![Target::new(socket.to_path_buf(), Call::GetInfo)];
     }

@@ -122,6 +122,16 @@ pub fn endpoint_path(endpoint: &str) -> &Path {
     Path::new(path)
 }
 
+/// The socket path of an endpoint a plugin advertised (a path on the host,
+/// see [`endpoint_path`]) as a process that sees the host's `/` at
+/// `host_root` reaches it; `None` for a relative endpoint, which no root
+/// moves. Every absolute one is moved, one that starts with `host_root`'s
+/// name too: on the host, `/host/…` is a path like any other.
+pub fn endpoint_path_under(host_root: &Path, endpoint: &str) -> Option<PathBuf> {
+    let relative = endpoint_path(endpoint).strip_prefix("/").ok()?;
+    Some(host_root.join(relative))
+}
+
 /// The identity of the file at `path` (not following a symlink), if it can
 /// be read: what tells a socket re-created there from the one seen before.
 pub fn file_id_at(path: &Path) -> Option<FileId> {
@@ -223,6 +233,38 @@ pub async fn timed_call<T, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_advertised_endpoint_is_reached_under_the_host_root() {
+        let host = Path::new("/host");
+        let cases = [
+            (
+                "/var/lib/kubelet/plugins/csi.example.com/csi.sock",
+                Some("/host/var/lib/kubelet/plugins/csi.example.com/csi.sock"),
+            ),
+            ("unix:///csi/csi.sock", Some("/host/csi/csi.sock")),
+            ("unix:/csi/csi.sock", Some("/host/csi/csi.sock")),
+            // A host path that starts with the root's name is still the
+            // host's: nothing is taken for already moved.
+            (
+                "/host/var/lib/kubelet/plugins/x/csi.sock",
+                Some("/host/host/var/lib/kubelet/plugins/x/csi.sock"),
+            ),
+            ("/hostile/a.sock", Some("/host/hostile/a.sock")),
+            ("dra.sock", None),
+            ("unix:dra.sock", None),
+        ];
+        for (endpoint, reached) in cases {
+            assert_eq!(
+                endpoint_path_under(host, endpoint),
+                reached.map(PathBuf::from),
+                "{endpoint}"
+            );
+        }
+        // The host's own view is the identity.
+        let own = endpoint_path_under(Path::new("/"), "/run/a.sock");
+        assert_eq!(own, Some(PathBuf::from("/run/a.sock")));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn timed_call_tells_running_out_of_time_from_failing() {
