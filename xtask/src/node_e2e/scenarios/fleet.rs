@@ -73,11 +73,52 @@ pub(super) fn doctor_footprint(_env: &Env, node: &mut Node) -> Result<String> {
         (min, max)
     };
     let ((cpu_min, cpu_max), (mem_min, mem_max)) = (range(&cpu), range(&memory));
-    Ok(format!(
-        "{} samples over {} min: CPU {cpu_min:.2}–{cpu_max:.2} millicores (request {}), working set {mem_min:.1}–{mem_max:.1} MiB (request {})",
+    #[allow(clippy::cast_precision_loss)] // 30 samples.
+    let cpu_mean = cpu.iter().sum::<f64>() / cpu.len() as f64;
+    let (cpu_request, memory_request) =
+        (requests["cpu"].as_str().unwrap_or("none"), requests["memory"].as_str().unwrap_or("none"));
+    let measured = format!(
+        "{} samples over {} min: CPU {cpu_min:.2}–{cpu_max:.2} millicores, {cpu_mean:.2} on \
+         average (request {cpu_request}), working set {mem_min:.1}–{mem_max:.1} MiB (request \
+         {memory_request})",
         cpu.len(),
         IDLE.as_secs() / 60,
-        requests["cpu"].as_str().unwrap_or("none"),
-        requests["memory"].as_str().unwrap_or("none"),
-    ))
+    );
+    // A request is what the scheduler sets aside: the CPU is held to it on
+    // average (a pass of the doctor is a short peak), the memory at most.
+    let within = millicores(cpu_request).is_some_and(|request| cpu_mean <= request)
+        && mebibytes(memory_request).is_some_and(|request| mem_max <= request);
+    if within { Ok(measured) } else { Err(format!("beyond the requests: {measured}").into()) }
+}
+
+/// A CPU quantity in millicores (`5m`, `1`, `0.5`), as the doctor's
+/// DaemonSet writes its request.
+fn millicores(quantity: &str) -> Option<f64> {
+    match quantity.strip_suffix('m') {
+        Some(milli) => milli.parse().ok(),
+        None => quantity.parse::<f64>().ok().map(|cores| cores * 1000.0),
+    }
+}
+
+/// A memory quantity in MiB (`16Mi`, `512Ki`, `1Gi`).
+fn mebibytes(quantity: &str) -> Option<f64> {
+    [("Ki", 1.0 / 1024.0), ("Mi", 1.0), ("Gi", 1024.0)].iter().find_map(|(unit, factor)| {
+        quantity.strip_suffix(unit).and_then(|n| n.parse::<f64>().ok()).map(|n| n * factor)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_read_in_the_units_they_are_written_in() {
+        assert_eq!(millicores("5m"), Some(5.0));
+        assert_eq!(millicores("0.5"), Some(500.0));
+        assert_eq!(millicores("none"), None);
+        assert_eq!(mebibytes("16Mi"), Some(16.0));
+        assert_eq!(mebibytes("512Ki"), Some(0.5));
+        assert_eq!(mebibytes("1Gi"), Some(1024.0));
+        assert_eq!(mebibytes("16"), None);
+    }
 }
