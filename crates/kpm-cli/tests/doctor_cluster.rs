@@ -546,8 +546,8 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
     assert_eq!(missing[0].0, "node-4");
     assert!(
         missing[0].1.starts_with(
-            "its doctor names no plugin so; a failing socket it cannot name: \
-             csi.example.com-reg.sock (stale): dial "
+            "csi.example.com-reg.sock (stale), a failing socket that cannot tell its name: \
+             dial "
         ),
         "{missing:?}"
     );
@@ -566,7 +566,7 @@ fn the_fleet_view_pages_through_the_lists_and_names_each_node_a_driver_is_missin
         not_on(gpu)[0],
         ("node-3".into(), "its doctor: all plugins ok, none of this name".into())
     );
-    assert!(not_on(gpu)[1].1.starts_with("its doctor names no plugin so; "), "{:?}", not_on(gpu));
+    assert!(not_on(gpu)[1].1.contains(", a failing socket that cannot tell"), "{:?}", not_on(gpu));
     let dra = driver(&fleet, "DRAPlugin", "gpu.example.com");
     assert_eq!((&dra["registered"], not_on(dra).len()), (&2.into(), 5));
     assert_eq!(
@@ -617,7 +617,11 @@ fn the_fleet_table_shows_drivers_then_nodes() {
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(words(lines[0]), ["KIND", "DRIVER", "/", "RESOURCE", "REGISTERED", "NOT", "ON"]);
     assert_eq!(words(lines[1])[..4], ["csi", "csi.example.com", "4/7", "node-4:"]);
-    assert!(lines[1].contains("node-4: its doctor names no plugin so; a failing"), "{table}");
+    // The socket and its verdict come first: the table cuts a long reason.
+    assert!(
+        lines[1].contains("node-4: csi.example.com-reg.sock (stale), a failing socket"),
+        "{table}"
+    );
     assert!(lines[2].trim() == "node-5: no doctor there", "{table}");
     assert!(lines[3].trim().starts_with("node-6: its doctor is silent since"), "{table}");
     let row = |first: &str, second: &str| {

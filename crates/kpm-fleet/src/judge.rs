@@ -156,7 +156,7 @@ fn why_not(node: &NodeView, driver: &str) -> String {
             Some(plugin) => {
                 let more = unnamed.count();
                 format!(
-                    "its doctor names no plugin so; a failing socket it cannot name: {} ({}): {}{}",
+                    "{} ({}), a failing socket that cannot tell its name: {}{}",
                     plugin.subject,
                     plugin.verdict,
                     plugin.reason,
@@ -502,8 +502,8 @@ mod tests {
                 ("f", "its doctor: all plugins ok, none of this name"),
                 (
                     "g",
-                    "its doctor names no plugin so; a failing socket it cannot name: gpu.sock \
-                     (stale): refused (and 1 more)"
+                    "gpu.sock (stale), a failing socket that cannot tell its name: refused (and \
+                     1 more)"
                 ),
             ]
         );
