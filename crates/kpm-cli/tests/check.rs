@@ -459,7 +459,7 @@ fn plugin(role: &str) {
                 if let Ok(api) = std::env::var(DRA_API) {
                     if !set(DRA_NO_SLICE) {
                         let slice = resource_slice(None);
-                        api_request(&api, "POST", SLICES, &slice.to_string());
+                        support::http_send(&api, "POST", SLICES, &slice.to_string());
                     }
                     let cdi = std::env::var("KPM_CHECK_CDI").unwrap();
                     driver = driver.cdi(cdi, NODE).foreign_claims(move |namespace, name| {
@@ -584,27 +584,9 @@ fn resource_slice(created: Option<&str>) -> serde_json::Value {
 fn allocated_to_us(api: &str, namespace: &str, name: &str) -> bool {
     let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
     let claim: serde_json::Value =
-        serde_json::from_str(&api_request(api, "GET", &path, "")).unwrap();
+        serde_json::from_str(&support::http_send(api, "GET", &path, "")).unwrap();
     let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap();
     results.iter().any(|result| result["driver"] == DRA_DRIVER)
-}
-
-/// `METHOD path` with the JSON `body` on the API server at `api`
-/// (`HOST:PORT`); the body of its 2xx answer.
-fn api_request(api: &str, method: &str, path: &str, body: &str) -> String {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect(api).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.0\r\nHost: kpm\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.split(' ').nth(1).is_some_and(|code| code.starts_with('2')), "{head}");
-    body.to_owned()
 }
 
 /// `kpm check --kubeconfig` on the `dra` role with the stand-in API server

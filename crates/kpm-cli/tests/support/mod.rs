@@ -141,7 +141,7 @@ impl Kpm {
             .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
         // A status API that accepts but never answers fails the test, not hangs it.
         stream.set_read_timeout(Some(kpm_test_support::DEADLINE)).unwrap();
-        serde_json::from_str(&http_request(&mut stream, "/v1/plugins")).unwrap()
+        serde_json::from_str(&http_get_on(&mut stream, "/v1/plugins")).unwrap()
     }
 
     pub fn pid(&self) -> u32 {
@@ -259,19 +259,49 @@ pub fn serve_api(
     rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
 }
 
-/// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
-fn http_request(stream: &mut (impl Read + Write), path: &str) -> String {
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
+/// `METHOD path` over plain HTTP/1.0 on `stream`, with the JSON `body`
+/// unless it is empty; the answer's status code and body.
+fn http_request(
+    stream: &mut (impl Read + Write),
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    write!(stream, "{method} {path} HTTP/1.0\r\nHost: kpm\r\n").unwrap();
+    if !body.is_empty() {
+        let length = body.len();
+        write!(stream, "Content-Type: application/json\r\nContent-Length: {length}\r\n").unwrap();
+    }
+    write!(stream, "\r\n{body}").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
-    body.to_owned()
+    let code = head.strip_prefix("HTTP/1.0 ").or_else(|| head.strip_prefix("HTTP/1.1 "));
+    let code = code.and_then(|rest| rest.get(..3)).and_then(|code| code.parse().ok());
+    let code = code.unwrap_or_else(|| panic!("not an HTTP/1 answer: {head}"));
+    (code, body.to_owned())
+}
+
+/// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
+fn http_get_on(stream: &mut (impl Read + Write), path: &str) -> String {
+    let (code, body) = http_request(stream, "GET", path, "");
+    assert_eq!(code, 200, "GET {path}: {body}");
+    body
 }
 
 /// `GET path` on the TCP address `addr` (the metrics server); returns the body.
 pub fn http_get(addr: &str, path: &str) -> String {
-    http_request(&mut std::net::TcpStream::connect(addr).unwrap(), path)
+    http_get_on(&mut std::net::TcpStream::connect(addr).unwrap(), path)
+}
+
+/// `METHOD path` with the JSON `body` on the TCP address `addr` (the
+/// stand-in API server, as a plugin would call it); the body of its 2xx
+/// answer.
+pub fn http_send(addr: &str, method: &str, path: &str, body: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    let (code, answer) = http_request(&mut stream, method, path, body);
+    assert!((200..300).contains(&code), "{method} {path}: {code} {answer}");
+    answer
 }
 
 /// Checks the Prometheus text format line by line; returns `series -> value`.
