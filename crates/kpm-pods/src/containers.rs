@@ -206,10 +206,10 @@ impl Containers {
 
     /// The latest run of each pod container, in the order of their ids.
     pub fn latest(&self) -> impl Iterator<Item = &Run> {
-        self.runs.values().filter(|run| {
-            let group = self.by_container.get(&(run.pod.uid.clone(), run.container.clone()));
-            group.and_then(|ids| ids.first()) == Some(&run.id)
-        })
+        let mut latest: Vec<&String> =
+            self.by_container.values().filter_map(|ids| ids.first()).collect();
+        latest.sort();
+        latest.into_iter().filter_map(|id| self.runs.get(id))
     }
 
     /// `run`'s pod container as a report names it: its restarts and state
