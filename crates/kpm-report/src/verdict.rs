@@ -63,6 +63,11 @@ pub enum Verdict {
     /// Fine on the node, but the kubelet's device manager or the cluster
     /// shows no registration of it.
     NotRegistered,
+    /// Registered before a node event (the kubelet's start, the node's
+    /// boot) and not registered again since: the kubelet's checkpoint, the
+    /// doctor's own last report or the cluster remember it, and nothing of
+    /// the node registers it now.
+    NotRegisteredAgain,
     /// The kubelet's device manager holds other healthy devices of its
     /// resource than the plugin lists.
     KubeletMismatch,
@@ -112,19 +117,20 @@ impl Verdict {
             Self::ClusterMismatch => 5,
             Self::KubeletMismatch => 6,
             Self::NotRegistered => 7,
-            Self::UnwatchedRegistry => 8,
-            Self::PodWithoutSocket => 9,
-            Self::Unreadable => 10,
-            Self::Unreachable => 11,
-            Self::DeletedButListening => 12,
-            Self::ServiceFailing => 13,
-            Self::EndpointUnreachable => 14,
-            Self::Rejected => 15,
-            Self::GetInfoFailed => 16,
-            Self::SlowGetInfo => 17,
-            Self::NotARegistrationServer => 18,
-            Self::Flapping => 19,
-            Self::Stale => 20,
+            Self::NotRegisteredAgain => 8,
+            Self::UnwatchedRegistry => 9,
+            Self::PodWithoutSocket => 10,
+            Self::Unreadable => 11,
+            Self::Unreachable => 12,
+            Self::DeletedButListening => 13,
+            Self::ServiceFailing => 14,
+            Self::EndpointUnreachable => 15,
+            Self::Rejected => 16,
+            Self::GetInfoFailed => 17,
+            Self::SlowGetInfo => 18,
+            Self::NotARegistrationServer => 19,
+            Self::Flapping => 20,
+            Self::Stale => 21,
         }
     }
 
