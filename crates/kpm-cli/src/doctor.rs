@@ -199,6 +199,29 @@ struct WatchArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30, requires = "watch",
           value_parser = clap::value_parser!(u64).range(0..=PERIOD.max.as_secs()))]
     look_every: u64,
+    /// With --watch and an API server: also publish a condition of this one
+    /// plugin (a CSI or DRA driver's name, a device plugin's resource),
+    /// True while it is registered, for a gate on it such as a
+    /// NodeReadinessRule: NAME gives the type NAME/PluginRegistered
+    /// (DOMAIN/RESOURCE-PluginRegistered for a resource), NAME=TYPE another.
+    /// Repeatable, or comma-separated.
+    #[arg(long = "plugin-condition", value_name = "NAME[=TYPE]", requires = "watch",
+          value_delimiter = ',', env = "KPM_PLUGIN_CONDITIONS",
+          value_parser = |spec: &str| kpm_doctor::PluginConditionType::parse(spec))]
+    plugin_conditions: Vec<kpm_doctor::PluginConditionType>,
+    /// With --watch: the doctor's own pod, as NAMESPACE/NAME (the
+    /// DaemonSet sets it): when the doctor stops and its pod is not being
+    /// deleted, the node is going down, and its conditions are left
+    /// Unknown; a pod being deleted (a rollout) leaves them to its
+    /// successor. Without it, every stop leaves them Unknown.
+    #[arg(long, value_name = "NAMESPACE/NAME", requires = "watch", env = "KPM_POD",
+          value_parser = |pod: &str| match pod.split_once('/') {
+              Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                  Ok((namespace.to_owned(), name.to_owned()))
+              }
+              _ => Err(format!("{pod}: not NAMESPACE/NAME")),
+          })]
+    pod: Option<(String, String)>,
     /// With --watch: serve Prometheus metrics (and /healthz) on this address.
     #[arg(long, value_name = "HOST:PORT", requires = "watch")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -252,8 +275,19 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, args.judge.timeout());
     let objects = match (client, node) {
         (Some(client), Some(name)) => {
-            let config = kpm::kube::KubeConfig::default().request_timeout(args.judge.timeout());
-            Some(kpm::kube::observe_node(client, &name, config).await)
+            let timeout = args.judge.timeout();
+            let config = kpm::kube::KubeConfig::default().request_timeout(timeout);
+            // What the node's doctor published before says what a node
+            // event may have lost since.
+            let (objects, last) = tokio::join!(
+                kpm::kube::observe_node(client.clone(), &name, config),
+                kpm_doctor::last_report(client, &name, timeout)
+            );
+            match last {
+                Ok(last) => doctor.remember(last.as_ref()),
+                Err(err) => doctor.cannot_remember(kpm::api::error_chain(&err)),
+            }
+            Some(objects)
         }
         _ => None,
     };
@@ -294,9 +328,14 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
             let config = PublishConfig::builder()
                 .heartbeat(Duration::from_secs(args.watch.heartbeat))
                 .request_timeout(timeout)
+                .plugin_conditions(args.watch.plugin_conditions.clone())
                 .build()?;
             let publisher = NodePublisher::new(client.clone(), node.clone(), config);
-            Some(ApiLink::new(client, node, publisher))
+            let link = ApiLink::new(client, node, publisher);
+            Some(match args.watch.pod.clone() {
+                Some((namespace, name)) => link.own_pod(namespace, name),
+                None => link,
+            })
         }
         _ => None,
     };

@@ -34,6 +34,14 @@ pub enum ConfigError {
         #[source]
         source: kpm::BackoffError,
     },
+    /// A plugin condition named wrongly, or twice.
+    #[error("plugin condition {spec}: {why}")]
+    PluginCondition {
+        /// What was given.
+        spec: String,
+        /// Why it is refused.
+        why: String,
+    },
 }
 
 impl ConfigError {
@@ -42,6 +50,7 @@ impl ConfigError {
         match self {
             Self::OutOfRange(refused) => refused.field,
             Self::Backoff { field, .. } => field,
+            Self::PluginCondition { .. } => "publish.plugin_conditions",
         }
     }
 }

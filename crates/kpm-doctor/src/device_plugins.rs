@@ -102,9 +102,9 @@ pub(crate) async fn judge(
     rows.sort_by(|a, b| a.path.cmp(&b.path));
     if rows.iter().any(|row| row.verdict == Verdict::Ok) {
         match checkpoint::read(&dir) {
-            Ok(Some(registered)) => {
+            Ok(Some(checkpoint)) => {
                 for row in &mut rows {
-                    held_by_kubelet(row, &registered);
+                    held_by_kubelet(row, &checkpoint.registered);
                 }
             }
             Ok(None) => unseen.push(format!(

@@ -3,9 +3,9 @@
 //! listening, and who a process is; read under the prefix where this
 //! process sees the host ([`Host`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
@@ -213,24 +213,43 @@ impl Host {
             .collect()
     }
 
-    /// The paths of the Unix sockets listening in a network namespace,
-    /// deleted or not: the kernel keeps the name a socket was bound to
-    /// after its file is removed. With `own`, the pid of a kubelet whose
-    /// files are read through its `/proc/PID/root`, its `/proc/PID/net/unix`;
-    /// else the host's: on the host, this process's `/proc/net/unix`; under
-    /// a prefix, that of the host's pid 1 (which takes a pod with
-    /// `hostPID`). The table's path on the host if it cannot be read.
-    pub(crate) fn listening_unix_paths(
+    /// The Unix sockets listening in a network namespace, deleted or not,
+    /// by path, with their inodes: the kernel keeps the name a socket was
+    /// bound to after its file is removed. With `own`, the pid of a kubelet
+    /// whose files are read through its `/proc/PID/root`, its
+    /// `/proc/PID/net/unix`; else the host's: on the host, this process's
+    /// `/proc/net/unix`; under a prefix, that of the host's pid 1 (which
+    /// takes a pod with `hostPID`). The table's path on the host if it
+    /// cannot be read.
+    pub(crate) fn listening_unix_sockets(
         &self,
         own: Option<u32>,
-    ) -> Result<BTreeSet<PathBuf>, PathBuf> {
+    ) -> Result<BTreeMap<PathBuf, u64>, PathBuf> {
         let table = match own {
             Some(pid) => self.proc(&format!("{pid}/net/unix")),
             None if self.is_prefixed() => self.proc("1/net/unix"),
             None => self.proc("net/unix"),
         };
         let text = std::fs::read_to_string(&table).map_err(|_| table.on_host().to_path_buf())?;
-        Ok(text.lines().skip(1).filter_map(listening_path).collect())
+        Ok(text.lines().skip(1).filter_map(listening_socket).collect())
+    }
+
+    /// The process holding the socket of inode `inode` open, of those whose
+    /// descriptors this process may read: the one listening on it, for a
+    /// socket whose file is gone and cannot be dialled to ask the kernel.
+    pub(crate) fn socket_holder(&self, inode: u64) -> Option<u32> {
+        let wanted = format!("socket:[{inode}]");
+        let entries = std::fs::read_dir(self.proc("")).ok()?;
+        entries.filter_map(Result::ok).find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let fds = std::fs::read_dir(entry.path().join("fd")).ok()?;
+            fds.filter_map(Result::ok)
+                .any(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.as_os_str() == wanted.as_str())
+                })
+                .then_some(pid)
+        })
     }
 
     /// What the host's `/proc/<pid>` says of `pid`; fields it cannot read
@@ -246,29 +265,49 @@ impl Host {
         }
     }
 
-    /// How long `pid` has run: the system's uptime less its start time
-    /// (`/proc/<pid>/stat` field 22, in clock ticks since boot).
+    /// How long `pid` has run: the system's uptime less its start time.
     fn running_for(&self, pid: u32) -> Option<Duration> {
+        let uptime = std::fs::read_to_string(self.proc("uptime")).ok()?;
+        let uptime_secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
+        Duration::try_from_secs_f64(uptime_secs).ok()?.checked_sub(self.started_after_boot(pid)?)
+    }
+
+    /// When `pid` started, by the wall clock: the host's boot time and the
+    /// process's start after it. A node event's time: the kubelet's start.
+    pub(crate) fn started_at(&self, pid: u32) -> Option<SystemTime> {
+        self.boot_time()?.checked_add(self.started_after_boot(pid)?)
+    }
+
+    /// When the host booted: `btime` of `/proc/stat`, in seconds since the
+    /// epoch.
+    pub(crate) fn boot_time(&self) -> Option<SystemTime> {
+        let stat = std::fs::read_to_string(self.proc("stat")).ok()?;
+        let secs: u64 =
+            stat.lines().find_map(|line| line.strip_prefix("btime "))?.trim().parse().ok()?;
+        SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+    }
+
+    /// How long after the host's boot `pid` started: `/proc/<pid>/stat`
+    /// field 22, in clock ticks.
+    fn started_after_boot(&self, pid: u32) -> Option<Duration> {
         let stat = std::fs::read_to_string(self.proc(&format!("{pid}/stat"))).ok()?;
         // The command name (field 2) is in parentheses and may hold spaces.
         let after_name = &stat[stat.rfind(')')? + 1..];
         let started_ticks: u64 = after_name.split_whitespace().nth(19)?.parse().ok()?;
-        let uptime = std::fs::read_to_string(self.proc("uptime")).ok()?;
-        let uptime_secs: f64 = uptime.split_whitespace().next()?.parse().ok()?;
         let ticks = rustix::param::clock_ticks_per_second().max(1);
-        let started = Duration::from_millis(started_ticks.saturating_mul(1000) / ticks);
-        Duration::try_from_secs_f64(uptime_secs).ok()?.checked_sub(started)
+        Some(Duration::from_millis(started_ticks.saturating_mul(1000) / ticks))
     }
 }
 
 /// `Num RefCount Protocol Flags Type St Inode Path`: a listening socket has
 /// `__SO_ACCEPTCON` (0x10000) in its flags.
-fn listening_path(line: &str) -> Option<PathBuf> {
+fn listening_socket(line: &str) -> Option<(PathBuf, u64)> {
     const ACCEPTING: u32 = 0x1_0000;
     let fields: Vec<&str> = line.split_whitespace().collect();
     let flags = u32::from_str_radix(fields.get(3)?, 16).ok()?;
+    let inode = fields.get(6)?.parse().ok()?;
     let path = fields.get(7)?;
-    (flags & ACCEPTING != 0 && path.starts_with('/')).then(|| PathBuf::from(path))
+    (flags & ACCEPTING != 0 && path.starts_with('/')).then(|| (PathBuf::from(path), inode))
 }
 
 /// Who a process is.
@@ -382,9 +421,9 @@ mod tests {
         let listening = "0000000000000000: 00000002 00000000 00010000 0001 01 27717 /run/a.sock";
         let connected = "0000000000000000: 00000003 00000000 00000000 0001 03 27718 /run/a.sock";
         let abstract_ = "0000000000000000: 00000002 00000000 00010000 0001 01 27719 @abstract";
-        assert_eq!(listening_path(listening), Some(PathBuf::from("/run/a.sock")));
-        assert_eq!(listening_path(connected), None);
-        assert_eq!(listening_path(abstract_), None);
+        assert_eq!(listening_socket(listening), Some((PathBuf::from("/run/a.sock"), 27717)));
+        assert_eq!(listening_socket(connected), None);
+        assert_eq!(listening_socket(abstract_), None);
     }
 
     #[test]

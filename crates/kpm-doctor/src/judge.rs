@@ -1,7 +1,7 @@
 //! Verdicts: what each socket of the node is to the kubelet, why, and what
 //! fixes it.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -50,9 +50,13 @@ impl crate::inspections::Lost {
 pub struct Row {
     /// What it is to the kubelet.
     pub verdict: Verdict,
-    /// Its path on the host.
+    /// Its path on the host; for a plugin remembered registered whose
+    /// socket is not known (the kubelet's checkpoint names a resource, not
+    /// a socket), its type and name: `DevicePlugin/vendor.com/gpu`.
     pub path: PathBuf,
-    /// `registry`, `device-plugins` or `deleted`.
+    /// `registry`, `device-plugins` or `deleted`, or `remembered`: a plugin
+    /// registered before a node event and not since, of which nothing
+    /// is left on the node to find.
     pub found_in: &'static str,
     /// The kind of plugin it is, by the type it reported (in
     /// `device-plugins/`, a device plugin); none when it told no type the
@@ -333,14 +337,20 @@ fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<io::ErrorKind> {
 }
 
 /// The sockets still listening under `root`'s registry or `device-plugins/`
-/// whose file is gone; `root` and `listening` are paths as the kubelet
-/// sees them, read in its `view`.
+/// whose file is gone, each with the process that listens on it, as
+/// `host` tells; `root` and `listening` (paths with their inodes) are as
+/// the kubelet sees them, read in its `view`.
 ///
 /// Gone means missing from a directory this process sees. A socket whose
 /// directory it does not see at all tells nothing: the kubelet and its
 /// plugins may run in another mount namespace, or the host be mounted
 /// elsewhere than `--host-root` says, and the socket be where it belongs.
-pub(crate) fn deleted(view: &View, root: &Path, listening: &BTreeSet<PathBuf>) -> Vec<Row> {
+pub(crate) fn deleted(
+    host: &Host,
+    view: &View,
+    root: &Path,
+    listening: &BTreeMap<PathBuf, u64>,
+) -> Vec<Row> {
     let dirs = [
         root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
         root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
@@ -353,17 +363,19 @@ pub(crate) fn deleted(view: &View, root: &Path, listening: &BTreeSet<PathBuf>) -
     };
     listening
         .iter()
-        .filter(|path| dirs.iter().any(|dir| path.starts_with(dir)))
-        .filter(|path| gone(path))
-        .map(|path| {
-            Row::new(
+        .filter(|(path, _)| dirs.iter().any(|dir| path.starts_with(dir)))
+        .filter(|(path, _)| gone(path))
+        .map(|(path, inode)| {
+            let mut row = Row::new(
                 Verdict::DeletedButListening,
                 path,
                 "deleted",
                 "its file was removed while its process still listens: the kubelet deregistered it"
                     .into(),
             )
-            .hint("restart the plugin (or its registrar) so that it binds its socket again")
+            .hint("restart the plugin (or its registrar) so that it binds its socket again");
+            row.served_by = host.socket_holder(*inode).map(|pid| host.process(pid));
+            row
         })
         .collect()
 }
@@ -474,19 +486,26 @@ mod tests {
         std::fs::create_dir_all(root.join("plugins_registry")).unwrap();
         let present = root.join("plugins_registry/here.sock");
         std::fs::write(&present, "").unwrap();
-        let listening: BTreeSet<PathBuf> = [
-            root.join("plugins_registry/gone.sock"),
-            present,
+        let listening: BTreeMap<PathBuf, u64> = [
+            (root.join("plugins_registry/gone.sock"), 1),
+            (present, 2),
             // Its directory is not seen at all: nothing can be told.
-            root.join("device-plugins/elsewhere.sock"),
+            (root.join("device-plugins/elsewhere.sock"), 3),
             // Not a plugin directory.
-            root.join("pods/x.sock"),
+            (root.join("pods/x.sock"), 4),
         ]
         .into();
-        let rows = deleted(&View::at("/"), root, &listening);
+        let fake = crate::host::FakeHost::new();
+        // The process holding the deleted socket, by its inode.
+        fake.process(77, &["/usr/bin/some-plugin"], None);
+        std::fs::create_dir_all(fake.at("/proc/77/fd")).unwrap();
+        std::os::unix::fs::symlink("socket:[1]", fake.at("/proc/77/fd/3")).unwrap();
+        let rows = deleted(&fake.host(), &View::at("/"), root, &listening);
         let paths: Vec<&Path> = rows.iter().map(|row| row.path.as_path()).collect();
         assert_eq!(paths, [root.join("plugins_registry/gone.sock")]);
         assert_eq!(rows[0].verdict, Verdict::DeletedButListening);
+        let holder = rows[0].served_by.as_ref().unwrap();
+        assert_eq!((holder.pid, holder.command.as_deref()), (77, Some("/usr/bin/some-plugin")));
     }
 
     #[test]

@@ -576,13 +576,16 @@ mod tests {
         std::fs::create_dir_all(fake.at("/proc/20/net")).unwrap();
         std::fs::write(fake.at("/proc/20/net/unix"), table).unwrap();
         let kubelets = fake.host().kubelets();
-        let listening = fake.host().listening_unix_paths(Some(kubelets[0].pid)).unwrap();
+        let listening = fake.host().listening_unix_sockets(Some(kubelets[0].pid)).unwrap();
         assert_eq!(kubelets[0].files, ReadThrough::ProcRoot);
         assert_eq!(
             listening.into_iter().collect::<Vec<_>>(),
-            [PathBuf::from("/var/lib/kubelet/a.sock")]
+            [(PathBuf::from("/var/lib/kubelet/a.sock"), 1)]
         );
         // The host's own table is pid 1's, which this fake host lacks.
-        assert_eq!(fake.host().listening_unix_paths(None), Err(PathBuf::from("/proc/1/net/unix")));
+        assert_eq!(
+            fake.host().listening_unix_sockets(None),
+            Err(PathBuf::from("/proc/1/net/unix"))
+        );
     }
 }

@@ -58,6 +58,7 @@ mod outcome;
 mod pending;
 mod pods;
 mod publish;
+mod remembered;
 mod render;
 mod watch;
 
@@ -71,7 +72,7 @@ use crate::choice::{Judged, cannot_list_registry, choose};
 
 use kpm_report::{ConditionStatus, Verdict};
 
-pub use crate::condition::{FIELD_MANAGER, PluginsCondition};
+pub use crate::condition::{FIELD_MANAGER, PluginConditionType, PluginsCondition};
 pub use crate::config::{ConfigError, DoctorConfig, DoctorConfigBuilder};
 
 /// The ranges of the doctor's settings, each checked once by its config's
@@ -97,7 +98,7 @@ pub use crate::pending::PendingReader;
 pub use crate::publish::events;
 pub use crate::publish::events::{EventConfig, EventConfigBuilder};
 pub use crate::publish::{
-    NodePublisher, PublishConfig, PublishConfigBuilder, PublishError, PublishStats,
+    NodePublisher, PublishConfig, PublishConfigBuilder, PublishError, PublishStats, last_report,
 };
 pub use crate::render::render_table;
 pub use crate::watch::{
@@ -155,6 +156,8 @@ pub struct Doctor {
     judged: parking_lot::Mutex<Arc<Judged>>,
     /// The `kpm run` of the node, when it is the node's plugin manager.
     kpm_run: Option<PendingReader>,
+    /// The plugins seen registered, to tell those a node event lost.
+    remembered: parking_lot::Mutex<remembered::Remembered>,
 }
 
 impl Doctor {
@@ -163,7 +166,32 @@ impl Doctor {
     pub fn new(config: DoctorConfig) -> Result<Self, DoctorError> {
         let choice = choose(&config, &config.host.kubelets());
         let judged = Judged::new(&config, choice)?;
-        Ok(Self { config, judged: parking_lot::Mutex::new(Arc::new(judged)), kpm_run: None })
+        Ok(Self {
+            config,
+            judged: parking_lot::Mutex::new(Arc::new(judged)),
+            kpm_run: None,
+            remembered: parking_lot::Mutex::default(),
+        })
+    }
+
+    /// Remembers what the report this node's doctor published before says
+    /// was registered at its heartbeat, and what it found missing after a
+    /// node event (`None`: there is no such report): a plugin registered
+    /// before the judged kubelet started and not since is then
+    /// [`Verdict::NotRegisteredAgain`], though the kubelet removed its
+    /// socket. A doctor that starts (after a reboot, in a rollout of its
+    /// own) reads its last report with [`last_report`] and gives it here
+    /// before it examines the node.
+    pub fn remember(&self, report: Option<&kpm_report::KubeletPluginReportStatus>) {
+        self.remembered.lock().add_report(report);
+    }
+
+    /// Says that the report this node's doctor published before could not
+    /// be read, `why`: until [`remember`](Self::remember) is given it, each
+    /// examination is blind, since a plugin a node event lost may be
+    /// remembered only there.
+    pub fn cannot_remember(&self, why: String) {
+        self.remembered.lock().unread(why);
     }
 
     /// Reads, at each examination with the node's API objects, what `kpm run` has not
@@ -288,9 +316,9 @@ impl Doctor {
                 .await;
         plugins.extend(beside_kubelet_sock);
         let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
-        match host.listening_unix_paths(own_namespace.map(|kubelet| kubelet.pid)) {
+        match host.listening_unix_sockets(own_namespace.map(|kubelet| kubelet.pid)) {
             Ok(listening) => {
-                plugins.extend(judge::deleted(view, &choice.root_dir, &listening));
+                plugins.extend(judge::deleted(host, view, &choice.root_dir, &listening));
             }
             Err(table) => unseen.push(format!(
                 "{}: cannot be read; deleted sockets not looked for",
@@ -298,7 +326,6 @@ impl Doctor {
             )),
         }
         judge::mark_duplicates(&mut plugins);
-
         let mut findings = Vec::new();
         // The pods are asked of the judged kubelet's runtime: without a
         // running kubelet there is none to ask.
@@ -318,6 +345,7 @@ impl Doctor {
             node_objects::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
             blind = blind.or_else(|| node_objects::unread(objects));
         }
+        self.judge_by_memory(choice, objects, &mut plugins, &mut unseen, &mut blind);
         findings.extend(judge::unwatched_registries(
             view,
             &choice.root_dir,
@@ -342,6 +370,52 @@ impl Doctor {
             runtime,
         }
         .judged()
+    }
+}
+
+impl Doctor {
+    /// Judges what a node event lost ([`remembered`]): the plugins seen
+    /// registered before the judged kubelet's start and registered by no
+    /// row of `plugins` now, and the sockets older than the node's boot;
+    /// then remembers what is registered. Blind while the report published
+    /// before was asked for and could not be read.
+    fn judge_by_memory(
+        &self,
+        choice: &choice::Choice,
+        objects: Option<&kpm::kube::NodeObjects>,
+        plugins: &mut Vec<Row>,
+        unseen: &mut Vec<String>,
+        blind: &mut Option<Blind>,
+    ) {
+        let host = &self.config.host;
+        let view = &choice.view;
+        let device_plugins = view.path(&choice.root_dir).join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
+        let checkpoint = checkpoint::read(&device_plugins).unwrap_or_else(|err| {
+            // Said once, should the device plugins' judging have said it.
+            if !unseen.contains(&err) {
+                unseen.push(err);
+            }
+            None
+        });
+        let evidence = remembered::Evidence {
+            events: remembered::NodeEvents {
+                kubelet_started: choice.kubelet.as_ref().and_then(|k| host.started_at(k.pid)),
+                booted: host.boot_time(),
+            },
+            now: std::time::SystemTime::now(),
+            view,
+            checkpoint: checkpoint.as_ref(),
+            node: objects.and_then(|objects| {
+                let resources = objects.resources.as_ref().ok()?.as_ref()?;
+                Some((objects.node.as_str(), resources))
+            }),
+        };
+        remembered::leftovers_of_boot(plugins, &evidence);
+        let mut remembered = self.remembered.lock();
+        remembered.judge(plugins, &evidence);
+        if blind.is_none() {
+            *blind = remembered.blind();
+        }
     }
 }
 

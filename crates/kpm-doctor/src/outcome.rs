@@ -12,7 +12,8 @@ use kpm::PluginKind;
 use kpm_report::{
     BlindStatus, CANNOT_JUDGE_REASON, ConditionStatus, Counts, FindingEntry, HEALTHY_REASON,
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES,
-    PluginEntry, PodContainer, Registered, Verdict,
+    PLUGIN_NOT_FOUND_REASON, PLUGIN_REGISTERED_REASON, PluginEntry, PodContainer, Registered,
+    Verdict,
 };
 
 use crate::condition::PluginsCondition;
@@ -165,15 +166,62 @@ impl Outcome {
         self.blind.is_some() || !self.failing.is_empty()
     }
 
+    /// The condition of a node the doctor could not look at, when it could
+    /// not: `Unknown`, and why.
+    fn cannot_judge(&self) -> Option<PluginsCondition> {
+        self.blind.as_ref().map(|blind| PluginsCondition {
+            status: ConditionStatus::Unknown,
+            reason: CANNOT_JUDGE_REASON.to_owned(),
+            message: truncated(&blind.why, MAX_MESSAGE_BYTES).to_owned(),
+        })
+    }
+
+    /// The condition of `plugin` alone ([`PluginConditionType`](crate::PluginConditionType)):
+    /// `Unknown` when the doctor could not look, `True` when a socket of
+    /// that name is registered, else `False` with the gravest verdict of
+    /// those that name it ([`PLUGIN_NOT_FOUND_REASON`] when none does).
+    pub(crate) fn plugin_condition(&self, plugin: &str) -> PluginsCondition {
+        if let Some(unknown) = self.cannot_judge() {
+            return unknown;
+        }
+        let named: Vec<(&PathBuf, &Socket)> = self
+            .sockets
+            .iter()
+            .filter(|(_, socket)| socket.name.as_deref() == Some(plugin))
+            .collect();
+        let registered = named.iter().find(|(_, socket)| socket.verdict.registers());
+        if let Some((path, _)) = registered {
+            return PluginsCondition {
+                status: ConditionStatus::True,
+                reason: PLUGIN_REGISTERED_REASON.to_owned(),
+                message: format!("{plugin} is registered ({})", path.display()),
+            };
+        }
+        let gravest = named.iter().max_by_key(|(_, socket)| socket.verdict.severity());
+        let (reason, message) = match gravest {
+            Some((path, socket)) => (
+                socket.verdict.reason(),
+                format!(
+                    "{plugin} ({}) is {}: {}",
+                    path.display(),
+                    socket.verdict.name(),
+                    socket.reason
+                ),
+            ),
+            None => (
+                PLUGIN_NOT_FOUND_REASON.to_owned(),
+                format!("no plugin socket of this node registers {plugin}"),
+            ),
+        };
+        let message = truncated(&message, MAX_MESSAGE_BYTES).to_owned();
+        PluginsCondition { status: ConditionStatus::False, reason, message }
+    }
+
     /// The condition: `Unknown` when the doctor could not look, `True` when
     /// nothing fails, else `False` with the first failing verdict.
     pub(crate) fn condition(&self) -> PluginsCondition {
-        if let Some(blind) = &self.blind {
-            return PluginsCondition {
-                status: ConditionStatus::Unknown,
-                reason: CANNOT_JUDGE_REASON.to_owned(),
-                message: truncated(&blind.why, MAX_MESSAGE_BYTES).to_owned(),
-            };
+        if let Some(unknown) = self.cannot_judge() {
+            return unknown;
         }
         let mut failures: Vec<&Failing> =
             self.failing.values().filter(|failing| failing.cause.is_none()).collect();

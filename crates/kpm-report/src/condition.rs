@@ -21,6 +21,19 @@ pub const HEALTHY_REASON: &str = "PluginsHealthy";
 /// kubelet's plugins live (its registry unreadable, the API server not read).
 pub const CANNOT_JUDGE_REASON: &str = "CannotJudge";
 
+/// The reason of a plugin's own condition (`kpm doctor --watch
+/// --plugin-condition`) while a plugin of its name is registered.
+pub const PLUGIN_REGISTERED_REASON: &str = "PluginRegistered";
+
+/// The reason of a plugin's own condition when no socket of the node names
+/// the plugin, and no node event is known to have lost it.
+pub const PLUGIN_NOT_FOUND_REASON: &str = "PluginNotFound";
+
+/// The reason of every condition a doctor leaves when it stops other than
+/// for its own replacement (the node shutting down): `Unknown`, since
+/// nothing judges the node until a doctor runs again.
+pub const DOCTOR_STOPPED_REASON: &str = "DoctorStopped";
+
 /// The longest `message`, in bytes: enough for a dozen failing plugins, far
 /// below what the API server takes (32 KiB), so that a node with many
 /// failures keeps its Node object small.

@@ -29,7 +29,8 @@ mod report;
 mod verdict;
 
 pub use crate::condition::{
-    CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, HEALTHY_REASON, MAX_MESSAGE_BYTES,
+    CANNOT_JUDGE_REASON, CONDITION_TYPE, ConditionStatus, DOCTOR_STOPPED_REASON, HEALTHY_REASON,
+    MAX_MESSAGE_BYTES, PLUGIN_NOT_FOUND_REASON, PLUGIN_REGISTERED_REASON,
 };
 pub use crate::kubelet_version::{CHECKED_MINORS, checked, minor, unchecked_note};
 pub use crate::pod::{ContainerState, PodContainer, Termination};

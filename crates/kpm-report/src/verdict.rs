@@ -146,6 +146,13 @@ impl Verdict {
         }
     }
 
+    /// Whether a plugin with this verdict registers with the kubelet as it
+    /// is: `ok`, or `publishing` (the cluster lags `kpm run`, which has it
+    /// registered).
+    pub fn registers(self) -> bool {
+        matches!(self, Self::Ok | Self::Publishing)
+    }
+
     /// Whether it makes the doctor exit 1: all but `ok`, `ignored` and
     /// `publishing`.
     pub fn fails(self) -> bool {

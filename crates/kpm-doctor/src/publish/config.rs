@@ -7,6 +7,7 @@ use kpm::ExponentialBackoff;
 
 use super::events::EventConfig;
 use crate::ConfigError;
+use crate::condition::PluginConditionType;
 use kpm::api::config::{Bounds, REQUEST_TIMEOUT};
 
 use crate::config::PERIOD;
@@ -14,7 +15,7 @@ use crate::config::PERIOD;
 /// How a node's doctor publishes. [`Default`], else made by
 /// [`builder`](Self::builder), whose [`build`](PublishConfigBuilder::build)
 /// checks each field once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PublishConfig {
     heartbeat: Duration,
@@ -23,6 +24,7 @@ pub struct PublishConfig {
     /// up to [`MAX_RETRY`].
     retries: ExponentialBackoff,
     events: EventConfig,
+    plugin_conditions: Vec<PluginConditionType>,
 }
 
 /// The longest wait between two tries of a failed write.
@@ -49,6 +51,7 @@ impl Default for PublishConfig {
             request_timeout: kpm::kube::DEFAULT_REQUEST_TIMEOUT,
             retries: DEFAULT_RETRIES,
             events: EventConfig::default(),
+            plugin_conditions: Vec::new(),
         }
     }
 }
@@ -87,10 +90,16 @@ impl PublishConfig {
     pub fn events(&self) -> EventConfig {
         self.events
     }
+
+    /// The conditions of single plugins written beside the node's own,
+    /// each type once. Default none.
+    pub fn plugin_conditions(&self) -> &[PluginConditionType] {
+        &self.plugin_conditions
+    }
 }
 
 /// A [`PublishConfig`] being set; [`build`](Self::build) checks it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishConfigBuilder {
     config: PublishConfig,
     retry: Duration,
@@ -125,15 +134,41 @@ impl PublishConfigBuilder {
         self
     }
 
+    /// Sets [`PublishConfig::plugin_conditions`] (default none).
+    #[must_use]
+    pub fn plugin_conditions(
+        mut self,
+        conditions: impl IntoIterator<Item = PluginConditionType>,
+    ) -> Self {
+        self.config.plugin_conditions = conditions.into_iter().collect();
+        self
+    }
+
     /// The config, once each field is in its range; the error names the
     /// first that is not.
     pub fn build(self) -> Result<PublishConfig, ConfigError> {
-        let PublishConfig { heartbeat, request_timeout, events, .. } = self.config;
+        let PublishConfig { heartbeat, request_timeout, events, plugin_conditions, .. } =
+            self.config;
+        for (at, condition) in plugin_conditions.iter().enumerate() {
+            let earlier = plugin_conditions[..at]
+                .iter()
+                .find(|earlier| earlier.condition_type() == condition.condition_type());
+            if let Some(earlier) = earlier {
+                return Err(ConfigError::PluginCondition {
+                    spec: condition.plugin().to_owned(),
+                    why: format!(
+                        "its type {} is {}'s already",
+                        condition.condition_type(),
+                        earlier.plugin()
+                    ),
+                });
+            }
+        }
         let heartbeat = PERIOD.check("publish.heartbeat", heartbeat)?;
         let request_timeout = REQUEST_TIMEOUT.check("publish.request_timeout", request_timeout)?;
         let retry = RETRY.check("publish.retry", self.retry)?;
         let retries = ExponentialBackoff::try_new(retry, MAX_RETRY)
             .map_err(|source| ConfigError::Backoff { field: "publish.retry", source })?;
-        Ok(PublishConfig { heartbeat, request_timeout, retries, events })
+        Ok(PublishConfig { heartbeat, request_timeout, retries, events, plugin_conditions })
     }
 }

@@ -29,6 +29,7 @@ pub(crate) mod stand_in;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -43,14 +44,15 @@ use tracing::{info, warn};
 
 use kpm::Backoff;
 
-use kpm_report::{CONDITION_TYPE, ConditionStatus, KubeletPluginReport};
+use kpm_report::{CONDITION_TYPE, ConditionStatus, DOCTOR_STOPPED_REASON, KubeletPluginReport};
 
-use crate::condition::{FIELD_MANAGER, PluginsCondition};
+use crate::condition::{FIELD_MANAGER, PluginConditionType, PluginsCondition};
 use crate::outcome::{Outcome, status_of};
 use config::MAX_RETRY;
 pub use config::{PublishConfig, PublishConfigBuilder};
 use events::{EVENT_NAMESPACE, EventRecorder, Write};
 pub(crate) use events::{EventType, Occurrence};
+pub use report::last_report;
 
 /// Why a write to the API server failed.
 #[derive(Debug, thiserror::Error)]
@@ -177,11 +179,17 @@ impl PublishStats {
 }
 
 /// The condition as published.
+/// The conditions a doctor owns on its Node, by type, each with its
+/// `lastTransitionTime`: the node's own, then one per plugin condition. They
+/// are written together, in one server-side apply: a condition the apply
+/// leaves out is one the field manager gives up, which the API server
+/// removes.
+type Conditions = BTreeMap<String, (PluginsCondition, Timestamp)>;
+
 #[derive(Debug, Clone)]
 struct Published {
-    condition: PluginsCondition,
-    transition: Timestamp,
-    /// When it was last written, on the clock that schedules heartbeats.
+    conditions: Conditions,
+    /// When they were last written, on the clock that schedules heartbeats.
     written_at: Instant,
 }
 
@@ -201,7 +209,8 @@ pub struct NodePublisher {
     started: bool,
     /// The Node's uid, which the Events name.
     regarding_uid: Option<String>,
-    wanted: Option<(PluginsCondition, Timestamp)>,
+    /// The conditions to write; none before the first pass.
+    wanted: Conditions,
     published: Option<Published>,
     report: report::ReportState,
     retry_at: Option<Instant>,
@@ -223,6 +232,7 @@ impl NodePublisher {
             ..ObjectReference::default()
         };
         let instance = format!("{FIELD_MANAGER}-{node}");
+        let backoff = Backoff::new(config.retries());
         Self {
             nodes: Api::all(client.clone()),
             reports: Api::all(client.clone()),
@@ -232,11 +242,11 @@ impl NodePublisher {
             config,
             started: false,
             regarding_uid: None,
-            wanted: None,
+            wanted: Conditions::new(),
             published: None,
             report: report::ReportState::default(),
             retry_at: None,
-            backoff: Backoff::new(config.retries()),
+            backoff,
             logged_failure: None,
             stats: Arc::default(),
         }
@@ -261,23 +271,59 @@ impl NodePublisher {
             status.keep_since(before);
         }
         self.report.wanted = Some(status);
-        self.set_condition(condition);
+        let plugins = self.config.plugin_conditions().iter().map(|plugin| {
+            (plugin.condition_type().to_owned(), outcome.plugin_condition(plugin.plugin()))
+        });
+        let conditions: Vec<(String, PluginsCondition)> =
+            [(CONDITION_TYPE.to_owned(), condition)].into_iter().chain(plugins).collect();
+        self.set_conditions(conditions);
     }
 
-    /// The condition to publish; `lastTransitionTime` moves when its status
-    /// differs from the one before.
-    pub(crate) fn set_condition(&mut self, condition: PluginsCondition) {
-        // The one before: the last set, else the one an earlier run published.
-        let before = self
+    /// The conditions to publish, by type; each one's `lastTransitionTime`
+    /// moves when its status differs from the one before.
+    pub(crate) fn set_conditions(&mut self, conditions: Vec<(String, PluginsCondition)>) {
+        let wanted = conditions
+            .into_iter()
+            .map(|(condition_type, condition)| {
+                // The one before: the last set, else the one published
+                // (by an earlier run too).
+                let before = self.wanted.get(&condition_type).or_else(|| {
+                    self.published.as_ref().and_then(|p| p.conditions.get(&condition_type))
+                });
+                let transition = match before {
+                    Some((was, at)) if was.status == condition.status => *at,
+                    _ => Timestamp::now(),
+                };
+                (condition_type, (condition, transition))
+            })
+            .collect();
+        self.wanted = wanted;
+    }
+
+    /// Sets every condition `Unknown`, [`DOCTOR_STOPPED_REASON`], and tries
+    /// once to write it: for a doctor that stops with its node (a
+    /// shutdown, a reboot), so that no condition it wrote vouches for the
+    /// node's plugins until a doctor judges them again. A doctor replaced
+    /// by another (a rollout) leaves its conditions as they are.
+    pub async fn stop(&mut self, why: &str) {
+        let conditions = self
             .wanted
-            .as_ref()
-            .map(|(condition, at)| (condition.status, *at))
-            .or_else(|| self.published.as_ref().map(|p| (p.condition.status, p.transition)));
-        let transition = match before {
-            Some((status, at)) if status == condition.status => at,
-            _ => Timestamp::now(),
-        };
-        self.wanted = Some((condition, transition));
+            .keys()
+            .map(|condition_type| {
+                let condition = PluginsCondition {
+                    status: ConditionStatus::Unknown,
+                    reason: DOCTOR_STOPPED_REASON.to_owned(),
+                    message: format!(
+                        "the doctor stopped ({why}): nothing judges this node's \
+                                      plugins until a doctor runs again"
+                    ),
+                };
+                (condition_type.clone(), condition)
+            })
+            .collect();
+        self.set_conditions(conditions);
+        self.retry_at = None;
+        self.sync().await;
     }
 
     /// An event to publish.
@@ -349,54 +395,69 @@ impl NodePublisher {
         let found = read.map_err(|source| PublishError::ReadNode { node: node.clone(), source })?;
         let Some(found) = found else { return Err(PublishError::NodeNotFound { node }) };
         self.regarding_uid = found.metadata.uid;
-        let existing = found
+        let own: Vec<&str> = [CONDITION_TYPE]
+            .into_iter()
+            .chain(self.config.plugin_conditions().iter().map(PluginConditionType::condition_type))
+            .collect();
+        let existing: Vec<NodeCondition> = found
             .status
             .and_then(|status| status.conditions)
-            .and_then(|conditions| conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE));
-        if let Some(existing) = existing {
-            self.adopt_condition(&existing);
-        }
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|condition| own.contains(&condition.type_.as_str()))
+            .collect();
+        self.adopt_conditions(&existing);
         Ok(())
     }
 
-    fn adopt_condition(&mut self, existing: &NodeCondition) {
-        let (Some(transition), Some(heartbeat)) =
-            (&existing.last_transition_time, &existing.last_heartbeat_time)
-        else {
-            return;
-        };
-        let status = ConditionStatus::from_api(&existing.status);
-        let condition = PluginsCondition {
-            status,
-            reason: existing.reason.clone().unwrap_or_default(),
-            message: existing.message.clone().unwrap_or_default(),
-        };
+    /// Takes the conditions an earlier run wrote as published, dated by
+    /// the oldest heartbeat among them; a wanted one of the same status
+    /// keeps its transition time.
+    fn adopt_conditions(&mut self, existing: &[NodeCondition]) {
+        let mut conditions = Conditions::new();
+        let mut oldest: Option<Timestamp> = None;
+        for condition in existing {
+            let (Some(transition), Some(heartbeat)) =
+                (&condition.last_transition_time, &condition.last_heartbeat_time)
+            else {
+                continue;
+            };
+            let adopted = PluginsCondition {
+                status: ConditionStatus::from_api(&condition.status),
+                reason: condition.reason.clone().unwrap_or_default(),
+                message: condition.message.clone().unwrap_or_default(),
+            };
+            if let Some((wanted, at)) = self.wanted.get_mut(&condition.type_)
+                && wanted.status == adopted.status
+            {
+                *at = transition.0;
+            }
+            oldest = Some(oldest.map_or(heartbeat.0, |oldest| oldest.min(heartbeat.0)));
+            conditions.insert(condition.type_.clone(), (adopted, transition.0));
+        }
+        let Some(heartbeat) = oldest else { return };
         // The heartbeat's age, on the wall clock, dates the write.
-        let age = Timestamp::now().duration_since(heartbeat.0);
+        let age = Timestamp::now().duration_since(heartbeat);
         let age = Duration::try_from(age).unwrap_or_default().min(self.config.heartbeat());
         let written_at = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
-        if let Some((wanted, at)) = &mut self.wanted
-            && wanted.status == condition.status
-        {
-            *at = transition.0;
-        }
-        self.published = Some(Published { condition, transition: transition.0, written_at });
+        self.published = Some(Published { conditions, written_at });
     }
 
     async fn write_condition(&mut self) -> Result<(), PublishError> {
-        let Some((wanted, transition)) = self.wanted.clone() else { return Ok(()) };
+        if self.wanted.is_empty() {
+            return Ok(());
+        }
         let due = match &self.published {
             None => true,
             Some(published) => {
-                published.condition != wanted
-                    || published.transition != transition
+                published.conditions != self.wanted
                     || Instant::now() >= published.written_at + self.config.heartbeat()
             }
         };
         if !due {
             return Ok(());
         }
-        let patch = condition_apply(&self.node, &wanted, transition, Timestamp::now());
+        let patch = condition_apply(&self.node, &self.wanted, Timestamp::now());
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let node = self.node.clone();
         let written = self
@@ -408,7 +469,7 @@ impl NodePublisher {
         written.map_err(|source| PublishError::WriteCondition { node, source })?;
         self.stats.condition_writes.fetch_add(1, Ordering::Relaxed);
         self.published =
-            Some(Published { condition: wanted, transition, written_at: Instant::now() });
+            Some(Published { conditions: self.wanted.clone(), written_at: Instant::now() });
         Ok(())
     }
 
@@ -482,26 +543,31 @@ impl NodePublisher {
     }
 }
 
-/// The server-side apply of the condition: this one entry of
-/// `status.conditions`, the list map's key being its type.
+/// The server-side apply of the doctor's conditions: these entries of
+/// `status.conditions`, the list map's key being their type.
 pub(crate) fn condition_apply(
     node: &str,
-    condition: &PluginsCondition,
-    transition: Timestamp,
+    conditions: &Conditions,
     heartbeat: Timestamp,
 ) -> serde_json::Value {
+    let conditions: Vec<serde_json::Value> = conditions
+        .iter()
+        .map(|(condition_type, (condition, transition))| {
+            serde_json::json!({
+                "type": condition_type,
+                "status": condition.status.as_str(),
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastTransitionTime": Time(*transition),
+                "lastHeartbeatTime": Time(heartbeat),
+            })
+        })
+        .collect();
     serde_json::json!({
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": { "name": node },
-        "status": { "conditions": [{
-            "type": CONDITION_TYPE,
-            "status": condition.status.as_str(),
-            "reason": condition.reason,
-            "message": condition.message,
-            "lastTransitionTime": Time(transition),
-            "lastHeartbeatTime": Time(heartbeat),
-        }]},
+        "status": { "conditions": conditions },
     })
 }
 

@@ -186,6 +186,27 @@ impl NodePublisher {
     }
 }
 
+/// The status of the report a doctor published of `node` before, with its
+/// heartbeat: what [`Doctor::remember`](crate::Doctor::remember) takes.
+/// `None` when there is none, or when reports are not served (no CRD) or
+/// not allowed (403): then nothing was published to remember. The request
+/// is bounded by `timeout`.
+pub async fn last_report(
+    client: kube::Client,
+    node: &str,
+    timeout: Duration,
+) -> Result<Option<KubeletPluginReportStatus>, PublishError> {
+    let reports: kube::Api<KubeletPluginReport> = kube::Api::all(client);
+    let read = tokio::time::timeout(timeout, reports.get_opt(node)).await.map_err(|_| {
+        PublishError::Timeout { step: "read report", node: node.to_owned(), timeout }
+    })?;
+    match read {
+        Ok(found) => Ok(found.and_then(|report| report.status)),
+        Err(source) if is_unserved(&source) => Ok(None),
+        Err(source) => Err(PublishError::ReadReport { node: node.to_owned(), source }),
+    }
+}
+
 /// The API server does not serve reports (no CRD) or does not let the
 /// doctor read or write them.
 fn is_unserved(err: &kube::Error) -> bool {

@@ -33,6 +33,13 @@ fn failing(reason: &str) -> PluginsCondition {
     }
 }
 
+impl NodePublisher {
+    /// Sets the node's own condition only.
+    fn set_condition(&mut self, condition: PluginsCondition) {
+        self.set_conditions(vec![(CONDITION_TYPE.to_owned(), condition)]);
+    }
+}
+
 fn occurrence(reason: &str, about: &str) -> Occurrence {
     Occurrence {
         event_type: EventType::Warning,
@@ -340,4 +347,48 @@ async fn a_restarted_doctor_keeps_the_reports_dates_and_writes_nothing() {
     let again = state.lock().report("node1").cloned().unwrap();
     assert_eq!(again["metadata"]["ownerReferences"][0]["uid"], "uid-1");
     assert_eq!(again["status"]["plugins"][0]["verdict"], "stale");
+}
+
+#[tokio::test(start_paused = true)]
+async fn plugin_conditions_are_written_with_the_nodes_and_a_stop_leaves_them_all_unknown() {
+    let gpu = crate::PluginConditionType::parse("vendor.com/gpu").unwrap();
+    let config = PublishConfig::builder().plugin_conditions([gpu]).build().unwrap();
+    let (mut publisher, state) = publisher(config);
+    let registered = PluginsCondition {
+        status: ConditionStatus::True,
+        reason: "PluginRegistered".into(),
+        message: "vendor.com/gpu is registered (/r/device-plugins/gpu.sock)".into(),
+    };
+    publisher.set_conditions(vec![
+        (CONDITION_TYPE.to_owned(), healthy()),
+        ("vendor.com/gpu-PluginRegistered".to_owned(), registered),
+    ]);
+    publisher.sync().await;
+    {
+        let seen = state.lock();
+        assert_eq!(seen.writes(), 1, "one apply for both");
+        assert_eq!(seen.condition("vendor.com/gpu-PluginRegistered").unwrap()["status"], "True");
+        assert_eq!(seen.owners["vendor.com/gpu-PluginRegistered"], FIELD_MANAGER);
+    }
+    publisher.stop("the node is going down").await;
+    let seen = state.lock();
+    assert_eq!(seen.writes(), 2);
+    for condition_type in [CONDITION_TYPE, "vendor.com/gpu-PluginRegistered"] {
+        let condition = seen.condition(condition_type).unwrap();
+        assert_eq!(condition["status"], "Unknown", "{condition_type}");
+        assert_eq!(condition["reason"], "DoctorStopped", "{condition_type}");
+        let message = condition["message"].as_str().unwrap();
+        assert!(message.starts_with("the doctor stopped (the node is going down)"), "{message}");
+    }
+}
+
+#[test]
+fn a_plugin_condition_type_is_taken_once() {
+    let gpu = crate::PluginConditionType::parse("vendor.com/gpu").unwrap();
+    let again = crate::PluginConditionType::parse("other=vendor.com/gpu-PluginRegistered").unwrap();
+    let err = PublishConfig::builder().plugin_conditions([gpu, again]).build().unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "plugin condition other: its type vendor.com/gpu-PluginRegistered is vendor.com/gpu's already"
+    );
 }

@@ -225,6 +225,12 @@ pub struct ApiLink {
     node: String,
     request_timeout: Duration,
     publisher: NodePublisher,
+    /// The report published before has been read, and given to the doctor
+    /// to remember ([`Doctor::remember`]).
+    recalled: bool,
+    /// The doctor's own pod, `namespace/name`, when it runs in one: at its
+    /// stop, whether it is being replaced.
+    own_pod: Option<(String, String)>,
 }
 
 impl std::fmt::Debug for ApiLink {
@@ -244,7 +250,52 @@ impl ApiLink {
     /// checked when its config was built.
     pub fn new(client: kube::Client, node: impl Into<String>, publisher: NodePublisher) -> Self {
         let request_timeout = publisher.config().request_timeout();
-        Self { client, node: node.into(), request_timeout, publisher }
+        Self {
+            client,
+            node: node.into(),
+            request_timeout,
+            publisher,
+            recalled: false,
+            own_pod: None,
+        }
+    }
+
+    /// Names the pod the doctor runs in. When the doctor stops, a pod being
+    /// deleted (a rollout, `kubectl delete`) is a doctor being replaced,
+    /// which leaves its conditions to the next one; a pod that is not (the
+    /// node shutting down, its processes killed) leaves them `Unknown`.
+    /// Without it, every stop leaves them `Unknown`.
+    #[must_use]
+    pub fn own_pod(mut self, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        self.own_pod = Some((namespace.into(), name.into()));
+        self
+    }
+
+    /// Why the doctor stops, when its conditions must not outlive it: not
+    /// when its own pod is being deleted (another doctor replaces it), nor
+    /// when that cannot be told because the API server does not answer
+    /// (nothing could be written either).
+    async fn stopping_for_good(&self) -> Option<String> {
+        let Some((namespace, name)) = &self.own_pod else {
+            return Some("it was told to".to_owned());
+        };
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(self.client.clone(), namespace);
+        let read = tokio::time::timeout(self.request_timeout, pods.get_opt(name)).await;
+        match read {
+            Ok(Ok(Some(pod))) if pod.metadata.deletion_timestamp.is_none() => Some(format!(
+                "its pod {namespace}/{name} was stopped without being deleted: the node is going down"
+            )),
+            Ok(Ok(_)) => {
+                info!(pod = %name, "the doctor's pod is being deleted: its conditions are left to the doctor that replaces it");
+                None
+            }
+            Ok(Err(err)) => {
+                warn!(pod = %name, error = %kpm::api::error_chain(&err), "cannot read the doctor's own pod at its stop: its conditions are left as they are");
+                None
+            }
+            Err(_) => None,
+        }
     }
 }
 
@@ -300,6 +351,7 @@ impl NodeWatch {
         let mut after_wake_up = false;
         tokio::pin!(shutdown);
         loop {
+            self.recall().await;
             let report = self.pass().await;
             armed.arm(&mut watcher, &self.doctor);
             exits.follow(&report);
@@ -318,7 +370,10 @@ impl NodeWatch {
                 let due = self.api.as_ref().and_then(|link| link.publisher.next_due());
                 let next = [due, look_at].into_iter().flatten().fold(judge_at, Instant::min);
                 tokio::select! {
-                    () = &mut shutdown => return Ok(()),
+                    () = &mut shutdown => {
+                        self.stop().await;
+                        return Ok(());
+                    }
                     Some(()) = wake_ups.recv() => {
                         tokio::time::sleep(self.config.settle).await;
                         while wake_ups.try_recv().is_ok() {}
@@ -343,9 +398,33 @@ impl NodeWatch {
         }
     }
 
+    /// At the doctor's stop: its conditions `Unknown`, unless another
+    /// doctor replaces it ([`ApiLink::own_pod`]).
+    async fn stop(&mut self) {
+        let Some(link) = &mut self.api else { return };
+        if let Some(why) = link.stopping_for_good().await {
+            info!(%why, "the doctor stops: its conditions are left Unknown");
+            link.publisher.stop(&why).await;
+        }
+    }
+
     async fn sync(&mut self) {
         if let Some(link) = &mut self.api {
             link.publisher.sync().await;
+        }
+    }
+
+    /// Reads the report published before, until it is read once: what
+    /// was registered before a node event (the kubelet's start, a reboot)
+    /// is remembered there. Until then, passes are blind.
+    async fn recall(&mut self) {
+        let Some(link) = self.api.as_mut().filter(|link| !link.recalled) else { return };
+        match crate::last_report(link.client.clone(), &link.node, link.request_timeout).await {
+            Ok(report) => {
+                self.doctor.remember(report.as_ref());
+                link.recalled = true;
+            }
+            Err(err) => self.doctor.cannot_remember(kpm::api::error_chain(&err)),
         }
     }
 

@@ -47,6 +47,17 @@ impl Outcome {
             })
     }
 
+    /// Whether a plugin here is newly found lost to a node event (the
+    /// kubelet's start, a reboot): that needs no second look, for the
+    /// event is a fact, not a flicker, and until it is published the
+    /// condition vouches for a plugin the kubelet no longer has.
+    pub(super) fn newly_lost_to_a_node_event(&self, before: &Self) -> bool {
+        self.failing.iter().any(|(path, failing)| {
+            failing.verdict == Verdict::NotRegisteredAgain
+                && before.failing.get(path).is_none_or(|was| was.verdict != failing.verdict)
+        })
+    }
+
     /// The Events from `before` to `self`. A blind pass tells of no
     /// recovery: what it does not see, it cannot call fixed.
     pub(super) fn transitions(&self, before: &Self) -> Vec<Occurrence> {
@@ -193,7 +204,10 @@ impl Publication {
         let mut publish = None;
         if self.published && outcome.agrees(&self.confirmed) {
             // Nothing new.
-        } else if !changed || outcome.only_better_than(&self.confirmed) {
+        } else if !changed
+            || outcome.only_better_than(&self.confirmed)
+            || outcome.newly_lost_to_a_node_event(&self.confirmed)
+        {
             let before = std::mem::replace(&mut self.confirmed, outcome.clone());
             publish = Some((outcome.clone(), before));
             self.published = true;

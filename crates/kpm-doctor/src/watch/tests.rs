@@ -339,3 +339,59 @@ async fn beside_a_kubelet_that_wipes_at_once_slices_are_held_for_the_wipe_only()
     let published = publication.after_pass(&orphaned_slices(kubelet), false).publish;
     assert!(published.is_some_and(|(outcome, _)| outcome.fails()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plugin_condition_too() {
+    let mut publication = Publication::new(WatchConfig::default());
+    let registered = || {
+        let mut row = Row::new(
+            Verdict::Ok,
+            Path::new("/r/device-plugins/gpu.sock"),
+            "device-plugins",
+            "ok".to_owned(),
+        );
+        row.kind = Some(kpm::PluginKind::Device);
+        row.name = Some("vendor.com/gpu".to_owned());
+        row
+    };
+    let healthy = Outcome::of(&Report::of_parts(vec![registered()], Vec::new(), None));
+    assert!(publication.after_pass(&healthy, false).publish.is_some(), "the first pass");
+    let condition = healthy.plugin_condition("vendor.com/gpu");
+    assert_eq!(
+        (condition.status, condition.reason.as_str()),
+        (crate::ConditionStatus::True, "PluginRegistered")
+    );
+    let lost = Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() };
+    let lost = Outcome::of(&Report::of_parts(vec![lost], Vec::new(), None));
+    // No second look: the kubelet's start is no flicker.
+    let next = publication.after_pass(&lost, true);
+    let (published, _) = next.publish.expect("published at once");
+    assert_eq!(published.condition().reason, "NotRegisteredAgain");
+    let condition = published.plugin_condition("vendor.com/gpu");
+    assert_eq!(
+        (condition.status, condition.reason.as_str()),
+        (crate::ConditionStatus::False, "NotRegisteredAgain")
+    );
+    // Another failure still waits for one.
+    let both = Outcome::of(&Report::of_parts(
+        vec![
+            Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() },
+            stale(),
+        ],
+        Vec::new(),
+        None,
+    ));
+    assert!(publication.after_pass(&both, true).publish.is_none());
+    // A plugin no socket names, and a node not judged.
+    let condition = healthy.plugin_condition("csi.example.com");
+    assert_eq!(
+        (condition.status, condition.reason.as_str(), condition.message.as_str()),
+        (
+            crate::ConditionStatus::False,
+            "PluginNotFound",
+            "no plugin socket of this node registers csi.example.com"
+        )
+    );
+    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    assert_eq!(blind.plugin_condition("vendor.com/gpu").status, crate::ConditionStatus::Unknown);
+}
