@@ -787,7 +787,8 @@ mod tests {
             Cause::EndpointMissing,
         ),
         (
-            r#"E1128 10:00:00.000000       1 server.go:120] "Failed to list devices" err="rpc error: code = Canceled desc = transport is closing" resource="example.com/gpu""#,
+            // A plugin's line in JSON (the words are this test's own).
+            r#"{"level":"error","msg":"stream ended","resource":"example.com/gpu","error":"rpc error: code = Unavailable desc = transport is closing"}"#,
             Cause::ListAndWatchEnded,
         ),
     ];
