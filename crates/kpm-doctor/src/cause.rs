@@ -101,29 +101,31 @@ impl Cause {
         match self {
             Self::NothingListens => Verdict::Stale,
             Self::PermissionDenied | Self::Hung => Verdict::Unreachable,
-            Self::ServiceSocketInRegistry => Verdict::NotARegistrationServer,
+            Self::ServiceSocketInRegistry | Self::NotTheDeviceManager => {
+                Verdict::NotARegistrationServer
+            }
             Self::SlowGetInfo => Verdict::SlowGetInfo,
             Self::GetInfoFails => Verdict::GetInfoFailed,
             Self::InvalidInfo | Self::NoHandlerForType | Self::HandlerRefused => Verdict::Rejected,
             Self::EndpointMissing | Self::RegistrationPathWrong => Verdict::EndpointUnreachable,
-            Self::ServiceFails => Verdict::ServiceFailing,
+            Self::ServiceFails | Self::DevicePreparedForOtherClaim => Verdict::ServiceFailing,
             Self::CsiDriverNotRegistered | Self::DraDriverNotRegistered => Verdict::NotRegistered,
             Self::RegistryNotWatched => Verdict::UnwatchedRegistry,
-            Self::DriverSocketUnreachable | Self::SocketPathTooLong => Verdict::PodWithoutSocket,
+            Self::DriverSocketUnreachable
+            | Self::SocketPathTooLong
+            | Self::SocketInUse
+            | Self::SocketDirMissing
+            | Self::RegistrationWaitExpired => Verdict::PodWithoutSocket,
             Self::RegistrationSocketRemoved => Verdict::DeletedButListening,
             Self::ListAndWatchEnded => Verdict::KubeletMismatch,
             Self::AdmittedBeforeRegisteredAgain | Self::KubeletSocketDown => {
                 Verdict::NotRegisteredAgain
             }
-            Self::NotTheDeviceManager => Verdict::NotARegistrationServer,
-            Self::SocketInUse | Self::SocketDirMissing | Self::RegistrationWaitExpired => {
-                Verdict::PodWithoutSocket
-            }
-            Self::DevicePreparedForOtherClaim => Verdict::ServiceFailing,
         }
     }
 
     /// What fixes it.
+    #[allow(clippy::too_many_lines, reason = "one table: each cause's fix, written once")]
     pub fn fix(self) -> String {
         match self {
             Self::NothingListens => "nothing listens on it: a leftover of a plugin that is gone \

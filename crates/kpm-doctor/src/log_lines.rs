@@ -645,7 +645,10 @@ fn is_kubelet_socket(path: &str) -> bool {
 fn socket_paths(line: &str) -> Vec<String> {
     line.split(|c: char| c.is_whitespace() || "\"'\\,;=(){}[]<>@".contains(c))
         .map(|token| token.strip_prefix("unix://").unwrap_or(token).trim_end_matches([':', '.']))
-        .filter(|token| token.starts_with('/') && token.ends_with(".sock"))
+        .filter(|token| {
+            token.starts_with('/')
+                && std::path::Path::new(token).extension().is_some_and(|ext| ext == "sock")
+        })
         .map(str::to_owned)
         .collect()
 }
