@@ -128,10 +128,15 @@ enum ExplainCommand {
     /// Say what a log line about plugin registration means: the kubelet's
     /// (`RegisterPlugin error -- …`, `… not found in the list of
     /// registered CSI drivers`, the device and DRA managers') or a
-    /// plugin's (node-driver-registrar's): the doctor's verdict for it, its
-    /// cause and its fix. Without LINE, reads lines from stdin (a log piped
-    /// in) and explains each it knows. Exits 0 when every LINE given (or at
-    /// least one line read) is known, 1 otherwise.
+    /// plugin's (node-driver-registrar's, a device plugin's, a DRA
+    /// driver's), or a pod's Event (`UnexpectedAdmissionError`, `Failed to
+    /// prepare dynamic resources`): the doctor's verdict for it, its cause
+    /// and its fix. gRPC's generic words (`connection refused`, `transport
+    /// is closing`, …) are explained by the socket, resource or driver the
+    /// line names; a line that names none is not explained, with what it
+    /// would need. Without LINE, reads lines from stdin (a log piped in) and
+    /// explains each it knows. Exits 0 when every LINE given (or at least
+    /// one line read) is known, 1 otherwise.
     Explain {
         /// The log lines, each one argument (quote it).
         lines: Vec<String>,
@@ -455,18 +460,34 @@ fn home_kubeconfig() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// `kpm doctor explain`: each line given, or each line of stdin, explained
-/// by the doctor's table of known lines.
+/// `kpm doctor explain`: each line given, or each line of stdin, read by
+/// the doctor's table of known lines. A line with only gRPC's generic words
+/// is not known: it is answered with what it would need to name.
 fn explain(lines: &[String]) -> Result<Outcome, CliError> {
+    use kpm_doctor::Reading;
     let mut text = String::new();
     let known = if lines.is_empty() {
         let mut known = 0;
+        // A log piped in holds many such lines: one sentence for them all.
+        let mut unplaced = None;
+        let mut unplaced_lines = 0;
         for (number, line) in std::io::stdin().lines().enumerate() {
             let line = line.map_err(CliError::ReadStdin)?;
-            if let Some(explained) = kpm_doctor::explain(&line) {
-                known += 1;
-                let _ = writeln!(text, "line {}: {}\n{explained}\n", number + 1, excerpt(&line));
+            match kpm_doctor::read_line(&line) {
+                Reading::Known(explained) => {
+                    known += 1;
+                    let _ =
+                        writeln!(text, "line {}: {}\n{explained}\n", number + 1, excerpt(&line));
+                }
+                Reading::Unplaced(words) => {
+                    unplaced_lines += 1;
+                    unplaced.get_or_insert(words);
+                }
+                _ => {}
             }
+        }
+        if let Some(words) = unplaced {
+            let _ = writeln!(text, "{unplaced_lines} line(s) not explained: {words}\n");
         }
         if known == 0 {
             text.push_str("no line about plugin registration that kpm knows\n");
@@ -475,16 +496,23 @@ fn explain(lines: &[String]) -> Result<Outcome, CliError> {
     } else {
         let mut all = true;
         for line in lines {
-            if let Some(explained) = kpm_doctor::explain(line) {
-                let _ = writeln!(text, "{}\n{explained}\n", excerpt(line));
-            } else {
-                all = false;
-                let _ = writeln!(
-                    text,
-                    "{}\nnot a line about plugin registration that kpm knows: run `kpm doctor` on \
-                     the node to judge its plugins\n",
-                    excerpt(line)
-                );
+            match kpm_doctor::read_line(line) {
+                Reading::Known(explained) => {
+                    let _ = writeln!(text, "{}\n{explained}\n", excerpt(line));
+                }
+                Reading::Unplaced(words) => {
+                    all = false;
+                    let _ = writeln!(text, "{}\nnot explained: {words}\n", excerpt(line));
+                }
+                _ => {
+                    all = false;
+                    let _ = writeln!(
+                        text,
+                        "{}\nnot a line about plugin registration that kpm knows: run `kpm \
+                         doctor` on the node to judge its plugins\n",
+                        excerpt(line)
+                    );
+                }
             }
         }
         all

@@ -166,3 +166,25 @@ fn the_index_has_a_row_of_each_section_with_a_verdict_of_its_log_blocks() {
         );
     }
 }
+
+/// Section 16's line, gRPC's words alone: not explained, exit 1, and what
+/// the line would need to name; the same words with a socket are known.
+#[test]
+fn a_line_of_grpcs_words_alone_is_not_explained_and_says_what_it_would_need() {
+    let alone = "rpc error: code = Unavailable desc = transport is closing";
+    let output = support::kpm(&["doctor", "explain", alone]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("not explained: `transport is closing`"), "{stdout}");
+    assert!(stdout.contains("device-plugins/kubelet.sock"), "{stdout}");
+    assert!(!stdout.contains("verdict:"), "{stdout}");
+    let named = format!("{alone}: dial unix /var/lib/kubelet/device-plugins/kubelet.sock");
+    let output = support::kpm(&["doctor", "explain", &named]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("verdict:    not-registered-again"), "{stdout}");
+    assert!(
+        stdout.contains("kubelet     /var/lib/kubelet/device-plugins/kubelet.sock"),
+        "{stdout}"
+    );
+}

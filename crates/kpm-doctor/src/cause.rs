@@ -60,6 +60,29 @@ pub enum Cause {
     /// A device plugin's `ListAndWatch` stream ended: the kubelet marks its
     /// devices unhealthy until it registers again.
     ListAndWatchEnded,
+    /// The device manager admitted a pod before the device plugin of its
+    /// resource registered again (after a kubelet restart or a reboot), or
+    /// while it holds too few healthy devices of it: the pod is rejected.
+    AdmittedBeforeRegisteredAgain,
+    /// The kubelet's device-plugin socket (`device-plugins/kubelet.sock`)
+    /// does not answer: the kubelet is down or restarting, and every device
+    /// plugin must register again with the next one.
+    KubeletSocketDown,
+    /// The `kubelet.sock` a device plugin called `Register` on answers gRPC
+    /// without the device manager's `Registration` service.
+    NotTheDeviceManager,
+    /// A socket's path is taken: another process serves it, or a file no
+    /// one removed is there, so binding it fails.
+    SocketInUse,
+    /// The directory a socket is bound in does not exist where the plugin
+    /// looks for it (a volume not mounted, or mounted elsewhere).
+    SocketDirMissing,
+    /// A DRA driver waited for the kubelet to register it, gave up and
+    /// exited.
+    RegistrationWaitExpired,
+    /// A DRA driver refuses to prepare a claim because its own record holds
+    /// a requested device for another claim.
+    DevicePreparedForOtherClaim,
 }
 
 impl Cause {
@@ -78,21 +101,31 @@ impl Cause {
         match self {
             Self::NothingListens => Verdict::Stale,
             Self::PermissionDenied | Self::Hung => Verdict::Unreachable,
-            Self::ServiceSocketInRegistry => Verdict::NotARegistrationServer,
+            Self::ServiceSocketInRegistry | Self::NotTheDeviceManager => {
+                Verdict::NotARegistrationServer
+            }
             Self::SlowGetInfo => Verdict::SlowGetInfo,
             Self::GetInfoFails => Verdict::GetInfoFailed,
             Self::InvalidInfo | Self::NoHandlerForType | Self::HandlerRefused => Verdict::Rejected,
             Self::EndpointMissing | Self::RegistrationPathWrong => Verdict::EndpointUnreachable,
-            Self::ServiceFails => Verdict::ServiceFailing,
+            Self::ServiceFails | Self::DevicePreparedForOtherClaim => Verdict::ServiceFailing,
             Self::CsiDriverNotRegistered | Self::DraDriverNotRegistered => Verdict::NotRegistered,
             Self::RegistryNotWatched => Verdict::UnwatchedRegistry,
-            Self::DriverSocketUnreachable | Self::SocketPathTooLong => Verdict::PodWithoutSocket,
+            Self::DriverSocketUnreachable
+            | Self::SocketPathTooLong
+            | Self::SocketInUse
+            | Self::SocketDirMissing
+            | Self::RegistrationWaitExpired => Verdict::PodWithoutSocket,
             Self::RegistrationSocketRemoved => Verdict::DeletedButListening,
             Self::ListAndWatchEnded => Verdict::KubeletMismatch,
+            Self::AdmittedBeforeRegisteredAgain | Self::KubeletSocketDown => {
+                Verdict::NotRegisteredAgain
+            }
         }
     }
 
     /// What fixes it.
+    #[allow(clippy::too_many_lines, reason = "one table: each cause's fix, written once")]
     pub fn fix(self) -> String {
         match self {
             Self::NothingListens => "nothing listens on it: a leftover of a plugin that is gone \
@@ -167,6 +200,63 @@ impl Cause {
                 restarted or lost the kubelet): the kubelet keeps its devices unhealthy, \
                 allocatable 0, until the plugin calls Register on kubelet.sock again; a plugin \
                 must register again when its stream ends or kubelet.sock is created anew"
+                .into(),
+            Self::AdmittedBeforeRegisteredAgain => "the kubelet admits the pods it finds (after \
+                its restart, or the node's boot) before their device plugins register again, and \
+                rejects for good, UnexpectedAdmissionError, a pod whose resource has no healthy \
+                device yet; a bare pod stays failed, a controller's pod is replaced. Make the \
+                plugin register again at once (it must watch for a new kubelet.sock), then \
+                delete the failed pods; run kpm doctor on the node: a plugin registered before \
+                and not since is not-registered-again. When the plugin is registered and holds \
+                the devices, the device manager's count is off (pods with devices in init \
+                containers, kubernetes#124345; a pod force-deleted, kubernetes#130145): \
+                recreate the pod, or restart the kubelet to count again"
+                .into(),
+            Self::KubeletSocketDown => "the kubelet's device-plugin socket does not answer: the \
+                kubelet is down or restarting (its new instance removes every other socket of \
+                device-plugins/ and serves a new kubelet.sock), or the plugin mounts another \
+                device-plugins/ than the kubelet's root. Each device plugin must call Register on \
+                the new kubelet.sock, serving a socket of its own again: one that watches for the \
+                new kubelet.sock does it alone, any other needs its pod restarted; kpm doctor on \
+                the node names those registered before and not since"
+                .into(),
+            Self::NotTheDeviceManager => "the socket the plugin called Register on is served, \
+                but not by the kubelet's device manager: another program listens at \
+                device-plugins/kubelet.sock (a second kubelet, a distribution's agent, a \
+                device-plugin framework's own server), or the plugin dials another socket than \
+                kubelet.sock (its --kubelet-socket, a pre-1.11 kubelet's deviceplugin API). \
+                Point the plugin at the kubelet's <kubelet root>/device-plugins/kubelet.sock, \
+                mounted from the host"
+                .into(),
+            Self::SocketInUse => "the socket's path is taken: two instances of the plugin bind \
+                it (two DaemonSets for one driver, a rolling update with maxSurge, the old pod \
+                still running), or a socket left there is not removed before the bind (each \
+                plugin must remove its own stale socket first; node-driver-registrar does from \
+                v1.1). Run one instance per node, or give each its own socket name, and remove \
+                the file if no process serves it (kpm doctor names it stale)"
+                .into(),
+            Self::SocketDirMissing => "the directory the plugin binds its socket in does not \
+                exist in its container: the DaemonSet does not mount the kubelet's \
+                plugins_registry/, plugins/ or device-plugins/ there (or mounts them at another \
+                path than the plugin's flags name). Mount each from the host at the path the \
+                plugin uses, with the kubelet's root"
+                .into(),
+            Self::RegistrationWaitExpired => "the driver waited for the kubelet to register it \
+                (dranet waits 30 s) and exited: the kubelet did not call its registration socket \
+                in time. A kubelet retries a socket path that failed before with a backoff of up \
+                to 2m2s, longer than the driver waits, so a driver that exits and restarts meets \
+                the backoff again; a registry the kubelet does not watch never gets a call. Run \
+                kpm doctor on the node (it names a stale socket of the driver, or the registry \
+                no kubelet watches), remove the stale socket, and let the driver wait longer \
+                than the kubelet's backoff or not exit while it waits"
+                .into(),
+            Self::DevicePreparedForOtherClaim => "the DRA driver's own record (its checkpoint) \
+                says a device this claim was allocated is prepared for another claim: a claim \
+                deleted while the driver was down was never unprepared, or two pools publish one \
+                device. Find the claim named in the error (kubectl get resourceclaims -A); when \
+                it is gone, the driver's checkpoint on the node is stale: clear the claim from \
+                it as its documentation says, or restart the driver's pod on a node with no \
+                prepared claims"
                 .into(),
         }
     }

@@ -92,7 +92,10 @@ pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, served_by};
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
-pub use crate::log_lines::{Explained, KNOWN_LINES, KnownLine, explain};
+pub use crate::log_lines::{
+    Explained, GRPC_WORDS, KNOWN_LINES, KnownBy, KnownLine, Reading, Subject, Unplaced, explain,
+    read_line,
+};
 pub use crate::metrics::DoctorMetrics;
 pub use crate::pending::PendingReader;
 pub use crate::publish::events;
