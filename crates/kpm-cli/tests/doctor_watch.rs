@@ -573,3 +573,180 @@ fn what_kpm_run_is_still_publishing_is_not_a_failure_of_the_plugin() {
     assert_eq!((code, row["verdict"].as_str()), (Some(1), Some("not-registered")), "{row}");
     rt.block_on(plugin.shutdown()).unwrap();
 }
+
+/// A kubelet of pid `pid` in the fake host's `/proc` under `host`, started
+/// `started` (by the wall clock) on a host booted at `booted`, as
+/// `/proc/stat` and `/proc/PID/stat` tell it in clock ticks.
+fn kubelet_started(host: &Path, pid: u32, booted: u64, started: u64) {
+    let ticks: u64 =
+        String::from_utf8(Command::new("getconf").arg("CLK_TCK").output().unwrap().stdout)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    std::fs::write(host.join("proc/stat"), format!("cpu  1 2 3\nbtime {booted}\n")).unwrap();
+    support::fake_process(host, pid, &["/usr/bin/kubelet"], &[], None);
+    let stat = format!(
+        "{pid} (kubelet) S 1 {pid} {pid} 0 -1 4 0 0 0 0 1 1 0 0 20 0 9 0 {} 1 1",
+        (started - booted) * ticks
+    );
+    std::fs::write(host.join(format!("proc/{pid}/stat")), stat).unwrap();
+}
+
+/// The kubelet device manager's checkpoint in `dir`, with `registered` as
+/// its resources' healthy devices.
+fn checkpoint(dir: &Path, registered: &Value) {
+    let data = serde_json::json!({
+        "Data": {"PodDeviceEntries": null, "RegisteredDevices": registered},
+        "Checksum": 1,
+    });
+    std::fs::write(dir.join("kubelet_internal_checkpoint"), data.to_string()).unwrap();
+}
+
+#[test]
+fn a_device_plugin_that_does_not_register_again_after_the_kubelets_restart_is_named_and_fails_its_conditions()
+ {
+    let host = tempfile::tempdir().unwrap();
+    let seen = |path: &str| host.path().join(path.trim_start_matches('/'));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let booted = now - 1000;
+    // The host's init, whose mount namespace the kubelet shares.
+    support::fake_process(host.path(), 1, &["/sbin/init"], &[], None);
+    kubelet_started(host.path(), 4242, booted, booted + 10);
+    std::fs::create_dir_all(seen("/var/lib/kubelet/plugins_registry")).unwrap();
+    let dir = seen("/var/lib/kubelet/device-plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    let gpu =
+        support::serve(&dir.join("gpu.sock"), support::device_plugin(&[("gpu-0", "Healthy")]));
+    let back =
+        support::serve(&dir.join("back.sock"), support::device_plugin(&[("back-0", "Healthy")]));
+    checkpoint(
+        &dir,
+        &serde_json::json!({"vendor.com/gpu": ["gpu-0"], "example.com/back": ["back-0"]}),
+    );
+    let mut node = State::with_node("node1");
+    let status = &mut node.node.as_mut().unwrap()["status"];
+    // The KubeletPluginReport's CRD is installed: what the watching doctor
+    // publishes, `kpm doctor` reads back.
+    node.reports = Some(std::collections::BTreeMap::new());
+    let counts = serde_json::json!({"vendor.com/gpu": "1", "example.com/back": "1"});
+    status["capacity"] = counts.clone();
+    status["allocatable"] = counts;
+    let state = Arc::new(Mutex::new(node));
+    let api_port = free_port();
+    let rt = runtime();
+    serve_api(&rt, api_port, Arc::clone(&state));
+    let args: Vec<OsString> = [
+        "--host-root",
+        host.path().to_str().unwrap(),
+        "--other-root",
+        "/nowhere",
+        "--plugin-condition",
+        "vendor.com/gpu,example.com/back",
+    ]
+    .map(OsString::from)
+    .into();
+    let dir_of_doctor = tempfile::tempdir().unwrap();
+    let doctor = watch_with(dir_of_doctor.path(), api_port, &free_local_addr(), &args);
+    let status_of = |condition_type: &str| {
+        state.lock().condition(condition_type).map(|c| (c["status"].clone(), c["reason"].clone()))
+    };
+    const GPU: &str = "vendor.com/gpu-PluginRegistered";
+    const BACK: &str = "example.com/back-PluginRegistered";
+    let log = dir_of_doctor.path().join("doctor.log");
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until("every condition True", || {
+        [CONDITION, GPU, BACK]
+            .iter()
+            .all(|c| status_of(c).is_some_and(|(status, _)| status == "True"))
+    });
+
+    // The kubelet restarts: a new process, every socket of device-plugins/
+    // removed; one plugin serves a new socket and registers again (the
+    // kubelet's checkpoint holds its device anew), the other does not (the
+    // kubelet keeps its resource with no device, 0 on the Node).
+    std::fs::remove_dir_all(seen("/proc/4242")).unwrap();
+    kubelet_started(host.path(), 4343, booted, now + 2);
+    gpu.stop();
+    back.stop();
+    std::fs::remove_file(dir.join("gpu.sock")).unwrap();
+    std::fs::remove_file(dir.join("back.sock")).unwrap();
+    let back =
+        support::serve(&dir.join("back-2.sock"), support::device_plugin(&[("back-0", "Healthy")]));
+    checkpoint(&dir, &serde_json::json!({"vendor.com/gpu": [], "example.com/back": ["back-0"]}));
+    state.lock().change_node(|node| {
+        node["status"]["capacity"]["vendor.com/gpu"] = "0".into();
+        node["status"]["allocatable"]["vendor.com/gpu"] = "0".into();
+    });
+    wait_until("the condition NotRegisteredAgain", || {
+        status_of(CONDITION).is_some_and(|(_, reason)| reason == "NotRegisteredAgain")
+    });
+    let condition = state.lock().condition(CONDITION).unwrap();
+    assert_eq!(condition["status"], "False");
+    assert!(
+        condition["message"].as_str().unwrap().starts_with("1 failing: vendor.com/gpu"),
+        "{condition}"
+    );
+    assert_eq!(status_of(GPU).unwrap(), ("False".into(), "NotRegisteredAgain".into()));
+    wait_until("the plugin that came back True", || {
+        status_of(BACK).is_some_and(|(status, _)| status == "True")
+    });
+
+    // `kpm doctor` on the node says so too, from the report the watching
+    // doctor published and the kubelet's checkpoint, with the evidence.
+    let config = dir_of_doctor.path().join("kubeconfig");
+    let (code, json) = support::doctor_on_host(
+        host.path(),
+        &["-o", "json", "--kubeconfig", config.to_str().unwrap(), "--node-name", "node1"],
+    );
+    assert_eq!(code, 1, "{json}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let lost = report["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["verdict"] == "not-registered-again")
+        .unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(lost["name"], "vendor.com/gpu", "{lost:#}");
+    assert_eq!(lost["path"], "/var/lib/kubelet/device-plugins/gpu.sock", "{lost:#}");
+    let reason = lost["reason"].as_str().unwrap();
+    for said in [
+        "registered before the kubelet's start at ",
+        "Node node1 counts capacity 0, allocatable 0 of it",
+    ] {
+        assert!(reason.contains(said), "{said}: {reason}");
+    }
+    let back_row =
+        report["plugins"].as_array().unwrap().iter().find(|row| row["name"] == "example.com/back");
+    assert_eq!(back_row.unwrap()["verdict"], "ok", "{report:#}");
+
+    // It comes back, and the kubelet counts its device again: every
+    // condition True again.
+    let gpu =
+        support::serve(&dir.join("gpu-2.sock"), support::device_plugin(&[("gpu-0", "Healthy")]));
+    checkpoint(
+        &dir,
+        &serde_json::json!({"vendor.com/gpu": ["gpu-0"], "example.com/back": ["back-0"]}),
+    );
+    state.lock().change_node(|node| {
+        node["status"]["capacity"]["vendor.com/gpu"] = "1".into();
+        node["status"]["allocatable"]["vendor.com/gpu"] = "1".into();
+    });
+    wait_until("every condition True again", || {
+        [CONDITION, GPU, BACK]
+            .iter()
+            .all(|c| status_of(c).is_some_and(|(status, _)| status == "True"))
+    });
+
+    // Stopped with no pod of its own being deleted: nothing vouches for the
+    // node any more.
+    stop(doctor);
+    for condition_type in [CONDITION, GPU, BACK] {
+        assert_eq!(
+            status_of(condition_type).unwrap(),
+            ("Unknown".into(), "DoctorStopped".into()),
+            "{condition_type}"
+        );
+    }
+    drop((gpu, back));
+}

@@ -62,10 +62,12 @@ enum Witness {
 struct Trace {
     /// Its socket, a path on the host, when it is known.
     socket: Option<PathBuf>,
-    /// When it was last seen registered, and by whom; `None` for a plugin
-    /// already found missing after an earlier node event, carried until it
-    /// is back.
+    /// When it was last seen registered, and by whom, when that is known:
+    /// a plugin a report calls missing says only that.
     seen: Option<(SystemTime, Witness)>,
+    /// It was found missing after a node event, and is carried so until
+    /// it is back.
+    missing: bool,
 }
 
 /// The node events a pass is judged after: the judged kubelet's start and
@@ -112,15 +114,18 @@ impl Remembered {
         let at = SystemTime::from(*heartbeat);
         for entry in &status.plugins {
             let (Some(kind), Some(name)) = (entry.kind, entry.name.clone()) else { continue };
-            let seen = if entry.verdict == Verdict::NotRegisteredAgain {
-                None
+            let (seen, missing) = if entry.verdict == Verdict::NotRegisteredAgain {
+                (None, true)
             } else if matches!(entry.verdict, ReportedVerdict::Known(verdict) if verdict.registers())
             {
-                Some((at, Witness::Report))
+                (Some((at, Witness::Report)), false)
             } else {
                 continue;
             };
-            let trace = Trace { socket: Some(PathBuf::from(&entry.socket)), seen };
+            // A row of a plugin remembered without its socket is keyed by
+            // its type and name, which is no socket.
+            let socket = Some(PathBuf::from(&entry.socket)).filter(|socket| socket.is_absolute());
+            let trace = Trace { socket, seen, missing };
             self.keep_newer((kind, name), trace);
         }
     }
@@ -144,18 +149,26 @@ impl Remembered {
         })
     }
 
-    /// Keeps `trace` for `key` unless what is known is newer: a sighting
-    /// later than its, or a plugin already missing.
+    /// Keeps `trace` for `key` unless what is known is newer: a plugin
+    /// already missing, or a later sighting. The socket known stays known,
+    /// and so does a sighting.
     fn keep_newer(&mut self, key: (PluginKind, String), trace: Trace) {
-        let known = self.traces.get(&key);
-        let newer = match (known.map(|known| known.seen), trace.seen) {
-            (None, _) | (Some(Some(_)), None) => true,
-            (Some(None), _) => false,
-            (Some(Some((known, _))), Some((at, _))) => at > known,
-        };
-        if newer {
+        let Some(known) = self.traces.get_mut(&key) else {
             self.traces.insert(key, trace);
+            return;
+        };
+        let newer = !known.missing
+            && (trace.missing || trace.seen.map(|(at, _)| at) > known.seen.map(|(at, _)| at));
+        let socket = trace.socket.clone().or_else(|| known.socket.take());
+        // A plugin found missing, whose sighting its report did not keep,
+        // takes another witness's.
+        let seen = known.seen.or(trace.seen);
+        if newer {
+            *known = trace;
+        } else {
+            known.seen = seen;
         }
+        known.socket = socket;
     }
 
     /// The resources the checkpoint shows registered under a kubelet that
@@ -177,7 +190,7 @@ impl Remembered {
                 }
                 _ => continue,
             };
-            let trace = Trace { socket: None, seen: Some(seen) };
+            let trace = Trace { socket: None, seen: Some(seen), missing: false };
             self.keep_newer((PluginKind::Device, resource.to_owned()), trace);
         }
     }
@@ -204,23 +217,22 @@ impl Remembered {
                     && row.name.as_deref() == Some(name)
                     && row.verdict != Verdict::DeletedButListening
             });
-            match (present, trace.seen) {
-                (Some(row), seen) => {
+            let lost = trace.missing || trace.seen.is_some_and(|seen| before(seen, started));
+            match present {
+                Some(row) => {
                     if !row.verdict.registers() {
-                        if let Some(seen) = seen.filter(|seen| before(*seen, started)) {
+                        if let Some(seen) = trace.seen.filter(|_| lost) {
                             not_published_again(row, seen, evidence);
                         }
                         // Still failing: what was seen before stays known.
                         next.traces.insert(key, trace);
                     }
                 }
-                (None, Some(seen)) if !before(seen, started) => {
-                    // Gone while this kubelet ran: not a node event's.
-                }
-                (None, seen) => {
-                    let socket = trace.socket.clone();
-                    not_registered_again(rows, kind, name, socket.as_deref(), seen, evidence);
-                    next.traces.insert(key, Trace { socket, seen: None });
+                // Gone while this kubelet ran: not a node event's.
+                None if !lost => {}
+                None => {
+                    not_registered_again(rows, kind, name, &trace, evidence);
+                    next.traces.insert(key, Trace { missing: true, ..trace });
                 }
             }
         }
@@ -233,7 +245,8 @@ impl Remembered {
         for row in rows.iter().filter(|row| row.verdict.registers()) {
             let (Some(kind), Some(name)) = (row.kind, row.name.clone()) else { continue };
             let socket = (row.found_in != REMEMBERED).then(|| row.path.clone());
-            self.traces.insert((kind, name), Trace { socket, seen: Some((now, Witness::Pass)) });
+            let seen = Some((now, Witness::Pass));
+            self.traces.insert((kind, name), Trace { socket, seen, missing: false });
         }
     }
 }
@@ -325,19 +338,19 @@ fn not_published_again(
         .clone_into(&mut row.hint);
 }
 
-/// The row of a plugin `seen` registered before the node event and
-/// registered by no row now: its deleted socket's row, when one is
-/// `socket`, else a new one.
+/// The row of a plugin `trace` says was registered before the node event
+/// and no row registers now: its deleted socket's row, when the trace
+/// knows that socket, else a new one.
 fn not_registered_again(
     rows: &mut Vec<Row>,
     kind: PluginKind,
     name: &str,
-    socket: Option<&Path>,
-    seen: Option<(SystemTime, Witness)>,
+    trace: &Trace,
     evidence: &Evidence<'_>,
 ) {
     let now = evidence.now;
-    let mut said = match seen {
+    let socket = trace.socket.as_deref();
+    let mut said = match trace.seen {
         Some((at, witness)) => vec![format!(
             "registered before {} ({}), and not since",
             event_after(at, &evidence.events, now),
@@ -601,6 +614,33 @@ mod tests {
         ] {
             assert!(reason.contains(said), "{said}: {reason}");
         }
+    }
+
+    #[test]
+    fn a_later_sighting_keeps_the_socket_an_earlier_one_knew() {
+        // Seen at `at(50)` on its socket; the checkpoint, written at
+        // `at(90)` by the kubelet before the restart, names its resource only.
+        let mut remembered = before_the_restart();
+        let mut node = Node::restarted();
+        let mut checkpoint = Checkpoint { written: Some(at(90)), ..Checkpoint::default() };
+        checkpoint.registered = crate::checkpoint::tests_support::registered(&[(GPU, &["gpu-0"])]);
+        node.checkpoint = Some(checkpoint);
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/null-2.sock", PluginKind::Device, Some(NULL))];
+        remembered.judge(&mut rows, &node.evidence(at(160)));
+        assert_eq!(
+            verdicts(&rows)[1],
+            (Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")
+        );
+        assert!(
+            rows[1].reason.contains("checkpoint, written at 2027-01-15T08:01:30Z"),
+            "{}",
+            rows[1].reason
+        );
+        // Carried with what was seen.
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &node.evidence(at(170)));
+        assert!(rows[0].reason.contains("checkpoint, written at"), "{}", rows[0].reason);
     }
 
     #[test]

@@ -38,6 +38,15 @@ const BASE_NAMESPACE: &str = "kube-system";
 const DEFAULT_ROOT: &str = "/var/lib/kubelet";
 /// The example overlay, whose `kustomization.yaml` says what to expect.
 const EXAMPLE_OVERLAY: &str = "deploy/examples/k0s";
+/// The example overlay of the doctor with `deploy/readiness`, and the
+/// ConfigMap it names its plugin condition in, with its key.
+const READINESS_OVERLAY: &str = "deploy/examples/readiness";
+const READINESS_CONFIG_MAP: &str = "kpm-readiness";
+const READINESS_CONFIG_KEY: &str = "plugin-condition";
+/// The doctor's variable of plugin conditions.
+const PLUGIN_CONDITIONS_ENV: &str = "KPM_PLUGIN_CONDITIONS";
+/// The only taint keys the Node Readiness Controller takes.
+const READINESS_TAINT_PREFIX: &str = "readiness.k8s.io/";
 /// The ConfigMap an overlay names the kubelet root in, for
 /// `deploy/kubelet-root`, and its key.
 const ROOT_CONFIG_MAP: &str = "kpm-kubelet-root";
@@ -73,6 +82,9 @@ struct Expected {
     /// The doctor's `KPM_ROOT_DIR`; `None`: not set, the doctor finds the
     /// running kubelet's.
     doctor_root: Option<String>,
+    /// With `deploy/readiness`, the `NAME=TYPE` of the plugin whose
+    /// condition the doctor writes and the rules gate on.
+    plugin_condition: Option<String>,
 }
 
 /// Renders each base and the example overlay and checks what comes out.
@@ -90,13 +102,19 @@ fn manifests(root: &Path) -> Result {
         daemonsets,
         run_root: DEFAULT_ROOT.to_owned(),
         doctor_root: None,
+        plugin_condition: None,
     };
-    let overlay_kustomization =
-        std::fs::read_to_string(root.join(EXAMPLE_OVERLAY).join("kustomization.yaml"))?;
+    let kustomization =
+        |dir: &str| std::fs::read_to_string(root.join(dir).join("kustomization.yaml"));
+    let readiness = literal(&kustomization(READINESS_OVERLAY)?, READINESS_CONFIG_MAP, READINESS_CONFIG_KEY)
+        .ok_or_else(|| {
+            format!("{READINESS_OVERLAY}/kustomization.yaml sets no {READINESS_CONFIG_MAP} literal {READINESS_CONFIG_KEY}=…")
+        })?;
     let renderings = [
         ("deploy/run", base(vec![RUN])),
         ("deploy/doctor", base(vec![DOCTOR])),
-        (EXAMPLE_OVERLAY, overlay_expectations(&overlay_kustomization)?),
+        (EXAMPLE_OVERLAY, overlay_expectations(&kustomization(EXAMPLE_OVERLAY)?)?),
+        (READINESS_OVERLAY, Expected { plugin_condition: Some(readiness), ..base(vec![DOCTOR]) }),
     ];
     let mut problems = Vec::new();
     for (dir, expected) in &renderings {
@@ -171,19 +189,32 @@ fn overlay_expectations(kustomization: &str) -> Result<Expected> {
             Some(format!("{}:{}", image["newName"].as_str()?, image["newTag"].as_str()?))
         })
         .ok_or_else(|| missing(&format!("newName and newTag for {IMAGE}")))?;
-    let literal_prefix = format!("{ROOT_CONFIG_KEY}=");
-    let root_dir = items(&kustomization["configMapGenerator"])
-        .filter(|generator| generator["name"] == ROOT_CONFIG_MAP)
-        .flat_map(|generator| items(&generator["literals"]))
-        .find_map(|literal| literal.as_str()?.strip_prefix(&literal_prefix))
-        .ok_or_else(|| missing(&format!("{ROOT_CONFIG_MAP} literal {literal_prefix}…")))?;
+    let root_dir = literal_of(&kustomization, ROOT_CONFIG_MAP, ROOT_CONFIG_KEY)
+        .ok_or_else(|| missing(&format!("{ROOT_CONFIG_MAP} literal {ROOT_CONFIG_KEY}=…")))?;
     Ok(Expected {
         namespace: namespace.to_owned(),
         image,
         daemonsets: vec![RUN, DOCTOR],
-        run_root: root_dir.to_owned(),
-        doctor_root: Some(root_dir.to_owned()),
+        run_root: root_dir.clone(),
+        doctor_root: Some(root_dir),
+        plugin_condition: None,
     })
+}
+
+/// The value of literal `key` of ConfigMap generator `name` in a
+/// `kustomization.yaml`'s text.
+fn literal(kustomization: &str, name: &str, key: &str) -> Option<String> {
+    literal_of(&serde_norway::from_str(kustomization).ok()?, name, key)
+}
+
+/// The value of literal `key` of ConfigMap generator `name` in a parsed
+/// `kustomization.yaml`.
+fn literal_of(kustomization: &Value, name: &str, key: &str) -> Option<String> {
+    let prefix = format!("{key}=");
+    items(&kustomization["configMapGenerator"])
+        .filter(|generator| generator["name"] == name)
+        .flat_map(|generator| items(&generator["literals"]))
+        .find_map(|literal| literal.as_str()?.strip_prefix(&prefix).map(str::to_owned))
 }
 
 /// The problems of one rendering against what it must hold, one line each.
@@ -207,12 +238,17 @@ fn check_rendering(objects: &[Value], expected: &Expected) -> Vec<String> {
                 ));
             }
         }
-        if kind == "ConfigMap" && name.starts_with(ROOT_CONFIG_MAP) {
+        if kind == "ConfigMap"
+            && (name.starts_with(ROOT_CONFIG_MAP) || name.starts_with(READINESS_CONFIG_MAP))
+        {
             problems.push(format!(
                 "ConfigMap {name} would be applied: its generator needs the annotation \
                  config.kubernetes.io/local-config: \"true\""
             ));
         }
+    }
+    if let Some(spec) = &expected.plugin_condition {
+        check_readiness_rules(objects, spec, &mut problems);
     }
     for daemonset in expected.daemonsets.iter().copied() {
         let found = objects.iter().find(|object| {
@@ -284,10 +320,57 @@ fn check_daemonset(name: &str, pod: &Value, expected: &Expected, problems: &mut 
                 "DaemonSet {name} does not mount the host's / read-only at {DOCTOR_HOST_ROOT}"
             ));
         }
+        let conditions = items(&container["env"])
+            .find(|var| var["name"] == PLUGIN_CONDITIONS_ENV)
+            .and_then(|var| var["value"].as_str());
+        if conditions != expected.plugin_condition.as_deref() {
+            problems.push(format!(
+                "DaemonSet {name}: {PLUGIN_CONDITIONS_ENV} is {conditions:?}, not {:?}",
+                expected.plugin_condition
+            ));
+        }
         if root_env.and_then(Value::as_str) != expected.doctor_root.as_deref() {
             problems.push(format!(
                 "DaemonSet {name}: {ROOT_ENV} is {root_env:?}, not {:?}",
                 expected.doctor_root
+            ));
+        }
+    }
+}
+
+/// The Node Readiness Controller's rules of `deploy/readiness`: one
+/// `bootstrap-only` and one `continuous`, each requiring the condition
+/// `spec` (`NAME=TYPE`) names to be `True`, each with a `NoSchedule` taint
+/// whose key the controller takes.
+fn check_readiness_rules(objects: &[Value], spec: &str, problems: &mut Vec<String>) {
+    let condition_type = spec.split_once('=').map_or(spec, |(_, condition_type)| condition_type);
+    let rules: Vec<&Value> =
+        objects.iter().filter(|object| object["kind"] == "NodeReadinessRule").collect();
+    let mut modes: Vec<&str> =
+        rules.iter().filter_map(|rule| rule["spec"]["enforcementMode"].as_str()).collect();
+    modes.sort_unstable();
+    if modes != ["bootstrap-only", "continuous"] {
+        problems.push(format!(
+            "the NodeReadinessRules' modes are {modes:?}, not one bootstrap-only and one continuous"
+        ));
+    }
+    for rule in rules {
+        let name = rule["metadata"]["name"].as_str().unwrap_or_default();
+        let wanted = serde_json::json!([{"type": condition_type, "requiredStatus": "True"}]);
+        if rule["spec"]["conditions"] != wanted {
+            problems.push(format!(
+                "NodeReadinessRule {name} requires {}, not {wanted}",
+                rule["spec"]["conditions"]
+            ));
+        }
+        let taint = &rule["spec"]["taint"];
+        let key = taint["key"].as_str().unwrap_or_default();
+        let name_part = key.strip_prefix(READINESS_TAINT_PREFIX).unwrap_or_default();
+        if name_part.is_empty() || name_part.contains('/') || taint["effect"] != "NoSchedule" {
+            problems.push(format!(
+                "NodeReadinessRule {name} taints {key:?} {}: the controller takes only \
+                 {READINESS_TAINT_PREFIX}NAME, and the rules keep new pods off (NoSchedule)",
+                taint["effect"]
             ));
         }
     }

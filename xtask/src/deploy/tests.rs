@@ -17,6 +17,7 @@ fn base_expectations(daemonset: &'static str) -> Expected {
         daemonsets: vec![daemonset],
         run_root: DEFAULT_ROOT.to_owned(),
         doctor_root: None,
+        plugin_condition: None,
     }
 }
 
@@ -125,4 +126,25 @@ fn the_overlay_says_what_to_expect() {
     let without_root = "namespace: ops\nimages:\n  - {name: ghcr.io/kpm-rs/kpm, newName: r.example/kpm, newTag: v2}\n";
     let err = overlay_expectations(without_root).unwrap_err().to_string();
     assert!(err.contains("sets no kpm-kubelet-root literal dir="), "{err}");
+}
+
+#[test]
+fn the_readiness_rules_gate_on_the_plugins_condition_with_a_taint_the_controller_takes() {
+    const SPEC: &str = "example.com/dev=example.com/dev-PluginRegistered";
+    // The rules as the component's replacement leaves them.
+    let text = std::fs::read_to_string(crate::project_root().join("deploy/readiness/rules.yaml"))
+        .unwrap()
+        .replace("PLUGIN-CONDITION-TYPE", "example.com/dev-PluginRegistered");
+    let rules = parse_documents(&text).unwrap();
+    let mut problems = Vec::new();
+    check_readiness_rules(&rules, SPEC, &mut problems);
+    assert_eq!(problems, Vec::<String>::new());
+    let mut broken = rules.clone();
+    broken[0]["spec"]["taint"]["key"] = "example.com/not-ready".into();
+    broken[1]["spec"]["conditions"][0]["type"] = "KubeletPluginsHealthy".into();
+    let mut problems = Vec::new();
+    check_readiness_rules(&broken, SPEC, &mut problems);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].contains("\"example.com/not-ready\""), "{problems:?}");
+    assert!(problems[1].contains("requires"), "{problems:?}");
 }
