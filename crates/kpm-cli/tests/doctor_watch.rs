@@ -603,6 +603,35 @@ fn checkpoint(dir: &Path, registered: &Value) {
     std::fs::write(dir.join("kubelet_internal_checkpoint"), data.to_string()).unwrap();
 }
 
+/// The conditions of the two device plugins of the restart test.
+const GPU: &str = "vendor.com/gpu-PluginRegistered";
+const BACK: &str = "example.com/back-PluginRegistered";
+
+/// `kpm doctor` on the fake host, through the API server `kubeconfig`
+/// names, after the restart: exit 1, the lost plugin `not-registered-again`
+/// at its socket with the evidence, the one that came back ok.
+fn assert_the_one_shot_names_the_lost_plugin(host: &Path, kubeconfig: &Path) {
+    let (code, json) = support::doctor_on_host(
+        host,
+        &["-o", "json", "--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"],
+    );
+    assert_eq!(code, 1, "{json}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let rows = report["plugins"].as_array().unwrap();
+    let named = |name: &str| rows.iter().find(|row| row["name"] == name);
+    let lost = named("vendor.com/gpu").unwrap_or_else(|| panic!("{report:#}"));
+    assert_eq!(lost["verdict"], "not-registered-again", "{lost:#}");
+    assert_eq!(lost["path"], "/var/lib/kubelet/device-plugins/gpu.sock", "{lost:#}");
+    let reason = lost["reason"].as_str().unwrap();
+    for said in [
+        "registered before the kubelet's start at ",
+        "Node node1 counts capacity 0, allocatable 0 of it",
+    ] {
+        assert!(reason.contains(said), "{said}: {reason}");
+    }
+    assert_eq!(named("example.com/back").unwrap()["verdict"], "ok", "{report:#}");
+}
+
 #[test]
 fn a_device_plugin_that_does_not_register_again_after_the_kubelets_restart_is_named_and_fails_its_conditions()
  {
@@ -636,25 +665,16 @@ fn a_device_plugin_that_does_not_register_again_after_the_kubelets_restart_is_na
     let api_port = free_port();
     let rt = runtime();
     serve_api(&rt, api_port, Arc::clone(&state));
-    let args: Vec<OsString> = [
-        "--host-root",
-        host.path().to_str().unwrap(),
-        "--other-root",
-        "/nowhere",
-        "--plugin-condition",
-        "vendor.com/gpu,example.com/back",
-    ]
-    .map(OsString::from)
-    .into();
+    let host_root = host.path().to_str().unwrap();
+    let conditions = "vendor.com/gpu,example.com/back";
+    let args =
+        ["--host-root", host_root, "--other-root", "/nowhere", "--plugin-condition", conditions];
+    let args: Vec<OsString> = args.map(OsString::from).into();
     let dir_of_doctor = tempfile::tempdir().unwrap();
     let doctor = watch_with(dir_of_doctor.path(), api_port, &free_local_addr(), &args);
     let status_of = |condition_type: &str| {
         state.lock().condition(condition_type).map(|c| (c["status"].clone(), c["reason"].clone()))
     };
-    const GPU: &str = "vendor.com/gpu-PluginRegistered";
-    const BACK: &str = "example.com/back-PluginRegistered";
-    let log = dir_of_doctor.path().join("doctor.log");
-    let said = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until("every condition True", || {
         [CONDITION, GPU, BACK]
             .iter()
@@ -694,31 +714,10 @@ fn a_device_plugin_that_does_not_register_again_after_the_kubelets_restart_is_na
 
     // `kpm doctor` on the node says so too, from the report the watching
     // doctor published and the kubelet's checkpoint, with the evidence.
-    let config = dir_of_doctor.path().join("kubeconfig");
-    let (code, json) = support::doctor_on_host(
+    assert_the_one_shot_names_the_lost_plugin(
         host.path(),
-        &["-o", "json", "--kubeconfig", config.to_str().unwrap(), "--node-name", "node1"],
+        &dir_of_doctor.path().join("kubeconfig"),
     );
-    assert_eq!(code, 1, "{json}");
-    let report: Value = serde_json::from_str(&json).unwrap();
-    let lost = report["plugins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|row| row["verdict"] == "not-registered-again")
-        .unwrap_or_else(|| panic!("{report:#}"));
-    assert_eq!(lost["name"], "vendor.com/gpu", "{lost:#}");
-    assert_eq!(lost["path"], "/var/lib/kubelet/device-plugins/gpu.sock", "{lost:#}");
-    let reason = lost["reason"].as_str().unwrap();
-    for said in [
-        "registered before the kubelet's start at ",
-        "Node node1 counts capacity 0, allocatable 0 of it",
-    ] {
-        assert!(reason.contains(said), "{said}: {reason}");
-    }
-    let back_row =
-        report["plugins"].as_array().unwrap().iter().find(|row| row["name"] == "example.com/back");
-    assert_eq!(back_row.unwrap()["verdict"], "ok", "{report:#}");
 
     // It comes back, and the kubelet counts its device again: every
     // condition True again.
