@@ -1,6 +1,10 @@
 //! What a node's doctor writes of its condition: as whom, and what it says
 //! (the condition's words are the report crate's: [`kpm_report::CONDITION_TYPE`]).
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kpm_report::ConditionStatus;
 
 use crate::ConfigError;
@@ -20,6 +24,41 @@ pub struct PluginsCondition {
     pub reason: String,
     /// Which plugins fail and why, bounded.
     pub message: String,
+}
+
+/// The conditions a doctor owns on its Node, by type, each with its
+/// `lastTransitionTime`: the node's own, then one per plugin condition. They
+/// are written together, in one server-side apply: a condition the apply
+/// leaves out is one the field manager gives up, which the API server
+/// removes.
+pub(crate) type Conditions = BTreeMap<String, (PluginsCondition, Timestamp)>;
+
+/// The server-side apply of the doctor's conditions: these entries of
+/// `status.conditions`, the list map's key being their type.
+pub(crate) fn condition_apply(
+    node: &str,
+    conditions: &Conditions,
+    heartbeat: Timestamp,
+) -> serde_json::Value {
+    let conditions: Vec<serde_json::Value> = conditions
+        .iter()
+        .map(|(condition_type, (condition, transition))| {
+            serde_json::json!({
+                "type": condition_type,
+                "status": condition.status.as_str(),
+                "reason": condition.reason,
+                "message": condition.message,
+                "lastTransitionTime": Time(*transition),
+                "lastHeartbeatTime": Time(heartbeat),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": node },
+        "status": { "conditions": conditions },
+    })
 }
 
 /// A Node condition of one plugin's own, beside the node's

@@ -37,9 +37,11 @@ use kpm::PluginKind;
 use kpm::kube::NodeResources;
 use kpm_report::{KubeletPluginReportStatus, ReportedVerdict, Verdict};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{self, Checkpoint};
+use crate::choice::Choice;
 use crate::host::View;
 use crate::judge::{Row, served_by};
+use crate::{Blind, Doctor};
 
 /// Who saw a plugin registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +442,72 @@ fn device_evidence(resource: &str, evidence: &Evidence<'_>) -> Vec<String> {
         ));
     }
     said
+}
+
+impl Doctor {
+    /// Remembers what the report this node's doctor published before says
+    /// was registered at its heartbeat, and what it found missing after a
+    /// node event (`None`: there is no such report): a plugin registered
+    /// before the judged kubelet started and not since is then
+    /// [`Verdict::NotRegisteredAgain`], though the kubelet removed its
+    /// socket. A doctor that starts (after a reboot, in a rollout of its
+    /// own) reads its last report with [`last_report`](crate::last_report) and gives it here
+    /// before it examines the node.
+    pub fn remember(&self, report: Option<&kpm_report::KubeletPluginReportStatus>) {
+        self.remembered.lock().add_report(report);
+    }
+
+    /// Says that the report this node's doctor published before could not
+    /// be read, `why`: until [`remember`](Self::remember) is given it, each
+    /// examination is blind, since a plugin a node event lost may be
+    /// remembered only there.
+    pub fn cannot_remember(&self, why: String) {
+        self.remembered.lock().unread(why);
+    }
+
+    /// Judges what a node event lost: the plugins seen
+    /// registered before the judged kubelet's start and registered by no
+    /// row of `plugins` now, and the sockets older than the node's boot;
+    /// then remembers what is registered. Blind while the report published
+    /// before was asked for and could not be read.
+    pub(crate) fn judge_by_memory(
+        &self,
+        choice: &Choice,
+        objects: Option<&kpm::kube::NodeObjects>,
+        plugins: &mut Vec<Row>,
+        unseen: &mut Vec<String>,
+        blind: &mut Option<Blind>,
+    ) {
+        let host = &self.config.host;
+        let view = &choice.view;
+        let device_plugins = view.path(&choice.root_dir).join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
+        let checkpoint = checkpoint::read(&device_plugins).unwrap_or_else(|err| {
+            // Said once, should the device plugins' judging have said it.
+            if !unseen.contains(&err) {
+                unseen.push(err);
+            }
+            None
+        });
+        let evidence = Evidence {
+            events: NodeEvents {
+                kubelet_started: choice.kubelet.as_ref().and_then(|k| host.started_at(k.pid)),
+                booted: host.boot_time(),
+            },
+            now: std::time::SystemTime::now(),
+            view,
+            checkpoint: checkpoint.as_ref(),
+            node: objects.and_then(|objects| {
+                let resources = objects.resources.as_ref().ok()?.as_ref()?;
+                Some((objects.node.as_str(), resources))
+            }),
+        };
+        leftovers_of_boot(plugins, &evidence);
+        let mut remembered = self.remembered.lock();
+        remembered.judge(plugins, &evidence);
+        if blind.is_none() {
+            *blind = remembered.blind();
+        }
+    }
 }
 
 #[cfg(test)]

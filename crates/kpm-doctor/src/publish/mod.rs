@@ -29,7 +29,6 @@ pub(crate) mod stand_in;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -46,7 +45,9 @@ use kpm::Backoff;
 
 use kpm_report::{CONDITION_TYPE, ConditionStatus, DOCTOR_STOPPED_REASON, KubeletPluginReport};
 
-use crate::condition::{FIELD_MANAGER, PluginConditionType, PluginsCondition};
+use crate::condition::{
+    Conditions, FIELD_MANAGER, PluginConditionType, PluginsCondition, condition_apply,
+};
 use crate::outcome::{Outcome, status_of};
 use config::MAX_RETRY;
 pub use config::{PublishConfig, PublishConfigBuilder};
@@ -179,13 +180,6 @@ impl PublishStats {
 }
 
 /// The condition as published.
-/// The conditions a doctor owns on its Node, by type, each with its
-/// `lastTransitionTime`: the node's own, then one per plugin condition. They
-/// are written together, in one server-side apply: a condition the apply
-/// leaves out is one the field manager gives up, which the API server
-/// removes.
-type Conditions = BTreeMap<String, (PluginsCondition, Timestamp)>;
-
 #[derive(Debug, Clone)]
 struct Published {
     conditions: Conditions,
@@ -541,34 +535,6 @@ impl NodePublisher {
             timeout,
         })
     }
-}
-
-/// The server-side apply of the doctor's conditions: these entries of
-/// `status.conditions`, the list map's key being their type.
-pub(crate) fn condition_apply(
-    node: &str,
-    conditions: &Conditions,
-    heartbeat: Timestamp,
-) -> serde_json::Value {
-    let conditions: Vec<serde_json::Value> = conditions
-        .iter()
-        .map(|(condition_type, (condition, transition))| {
-            serde_json::json!({
-                "type": condition_type,
-                "status": condition.status.as_str(),
-                "reason": condition.reason,
-                "message": condition.message,
-                "lastTransitionTime": Time(*transition),
-                "lastHeartbeatTime": Time(heartbeat),
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": { "name": node },
-        "status": { "conditions": conditions },
-    })
 }
 
 /// What makes two failures the same for the log: the step and the status
