@@ -6,7 +6,7 @@
 //! an overlay's `KPM_PLUGIN_CONDITIONS`). Before the restart all are `ok`
 //! and each condition `True`. After it, `kpm doctor` in the doctor's pod
 //! exits 1 naming the two `not-registered-again` with the kubelet's start,
-//! the Node's allocatable and the checkpoint's pods as evidence; the
+//! the Node's allocatable and the device manager's checkpoint as evidence; the
 //! aggregate and their conditions go `False` while generic-device-plugin's
 //! is `True` once it registers again. Their pods deleted, their DaemonSets'
 //! new pods register and everything is `True` again. From the kubelet's
@@ -43,54 +43,7 @@ pub(super) fn condition_of(resource: &str) -> String {
 /// `restart-window`: see the module.
 pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     let applied = Instant::now();
-    node.apply(include_str!("../manifests/generic-device-plugin.yaml"))?;
-    node.apply(
-        &include_str!("../manifests/restart-window.yaml")
-            .replace("@DEVICE_PLUGINS@", DEVICE_PLUGINS)
-            .replace("@NODE@", NODE_NAME),
-    )?;
-    let resources = [ONCE.0, HOSTDEV.0, GENERIC];
-    let overlay = overlay(
-        env,
-        "restart-window",
-        &format!(
-            "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
-             patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
-             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{}\"}}\n",
-            namespace_and_image()?,
-            resources.join(",")
-        ),
-    )?;
-    node.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
-    let mut follow = Follow {
-        conditions: vec![CONDITION.to_owned()],
-        resources: resources.iter().map(|r| (*r).to_owned()).collect(),
-        pods: Some(PLUGINS_NAMESPACE.to_owned()),
-        ..Follow::default()
-    };
-    follow.conditions.extend(resources.iter().map(|r| format!("{r}-PluginRegistered")));
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
-
-    // Before: every plugin registered and its condition True, the
-    // consumer's pod running with a device of each, and kpm doctor ok.
-    let since = SystemTime::now() - Duration::from_secs(1);
-    for resource in resources {
-        timeline.wait(&condition_of(resource), since, START_TIMEOUT, |v| v.starts_with("True"))?;
-    }
-    timeline
-        .wait(&format!("condition {CONDITION}"), since, START_TIMEOUT, |v| v.starts_with("True"))?;
-    timeline.wait("pod consumer", since, START_TIMEOUT, |v| v.starts_with("Running"))?;
-    one_doctor_pod(node)?;
-    let (code, report) = doctor_report(node)?;
-    for resource in resources {
-        if code != 0 || verdict(&report, resource).as_deref() != Some("ok") {
-            return Err(format!(
-                "before the restart, kpm doctor exits {code}, {resource} {:?}: {report}",
-                verdict(&report, resource)
-            )
-            .into());
-        }
-    }
+    let timeline = deploy(env, node)?;
     let ready_before = applied.elapsed();
 
     // The restart.
@@ -112,43 +65,7 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     }
     let generic_back =
         timeline.wait(&condition_of(GENERIC), started, WINDOW, |v| v.starts_with("True"))?;
-    // kpm doctor in the doctor's pod: exit 1, both named with the evidence,
-    // generic-device-plugin ok once it registered again.
-    let (exit, rows) =
-        wait_for("kpm doctor naming both, generic-device-plugin ok", WINDOW, || {
-            let (code, report) = doctor_report(node)?;
-            let named = [ONCE.0, HOSTDEV.0]
-                .iter()
-                .all(|r| verdict(&report, r).as_deref() == Some("not-registered-again"));
-            let generic_ok = verdict(&report, GENERIC).as_deref() == Some("ok");
-            Ok((named && generic_ok).then(|| (code, report)))
-        })?;
-    if exit != 1 {
-        return Err(format!("kpm doctor exits {exit} with both not-registered-again").into());
-    }
-    let mut evidence = Vec::new();
-    for (resource, _, devices) in [ONCE, HOSTDEV] {
-        let reason = row(&rows, resource)
-            .and_then(|row| row["reason"].as_str())
-            .unwrap_or_default()
-            .to_owned();
-        eprintln!("kpm doctor: {resource} not-registered-again: {reason}");
-        let wanted = [
-            "registered before the kubelet's start at".to_owned(),
-            format!("Node {NODE_NAME} counts capacity"),
-            "allocatable".to_owned(),
-        ];
-        let mut missing: Vec<&str> =
-            wanted.iter().map(String::as_str).filter(|w| !reason.contains(w)).collect();
-        // The checkpoint: as the witness, or for the pods holding devices.
-        if !reason.contains("checkpoint") && !reason.contains("holding its devices") {
-            missing.push("the checkpoint");
-        }
-        if !missing.is_empty() {
-            return Err(format!("{resource}'s row lacks {missing:?}: {reason}").into());
-        }
-        evidence.push(format!("{resource} ({devices} devices before)"));
-    }
+    let evidence = named_with_evidence(node)?;
 
     // The plugins' pods deleted: their DaemonSets' new pods register.
     let deleted = SystemTime::now();
@@ -202,7 +119,7 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
         "all ok and True {} after apply; kubelet restarted: {CONDITION} False/NotRegisteredAgain \
          {:.1} s after the kubelet's start ({:.1} s after its first Node status), {}; \
          {GENERIC} True again {:.1} s after the start; kpm doctor exit 1 naming {} with the \
-         kubelet's start, the Node's capacity and allocatable and the checkpoint's pods; their \
+         kubelet's start, the Node's capacity and allocatable and the checkpoint; their \
          pods deleted: both True {:.1} s, {CONDITION} True {:.1} s after; no True from the \
          kubelet's return until then ({doctor_pods} doctor pod; restart to healthy {})",
         secs(ready_before),
@@ -215,6 +132,103 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
         offset(deleted, healthy),
         secs(restarted_at.elapsed()),
     ))
+}
+
+/// The plugins, the consumer's pod and the doctor with a condition of
+/// each plugin deployed, all `ok` and `True`: the timeline, from then.
+fn deploy(env: &Env, node: &mut Node) -> Result<Timeline> {
+    node.apply(include_str!("../manifests/generic-device-plugin.yaml"))?;
+    node.apply(
+        &include_str!("../manifests/restart-window.yaml")
+            .replace("@DEVICE_PLUGINS@", DEVICE_PLUGINS)
+            .replace("@NODE@", NODE_NAME),
+    )?;
+    let resources = [ONCE.0, HOSTDEV.0, GENERIC];
+    let overlay = overlay(
+        env,
+        "restart-window",
+        &format!(
+            "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
+             patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
+             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{}\"}}\n",
+            namespace_and_image()?,
+            resources.join(",")
+        ),
+    )?;
+    node.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
+    let mut follow = Follow {
+        conditions: vec![CONDITION.to_owned()],
+        resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+        pods: Some(PLUGINS_NAMESPACE.to_owned()),
+        ..Follow::default()
+    };
+    follow.conditions.extend(resources.iter().map(|r| format!("{r}-PluginRegistered")));
+    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+
+    // Before: every plugin registered and its condition True, the
+    // consumer's pod running with a device of each, and kpm doctor ok.
+    let since = SystemTime::now() - Duration::from_secs(1);
+    for resource in resources {
+        timeline.wait(&condition_of(resource), since, START_TIMEOUT, |v| v.starts_with("True"))?;
+    }
+    timeline
+        .wait(&format!("condition {CONDITION}"), since, START_TIMEOUT, |v| v.starts_with("True"))?;
+    timeline.wait("pod consumer", since, START_TIMEOUT, |v| v.starts_with("Running"))?;
+    one_doctor_pod(node)?;
+    let (code, report) = doctor_report(node)?;
+    for resource in resources {
+        if code != 0 || verdict(&report, resource).as_deref() != Some("ok") {
+            return Err(format!(
+                "before the restart, kpm doctor exits {code}, {resource} {:?}: {report}",
+                verdict(&report, resource)
+            )
+            .into());
+        }
+    }
+    Ok(timeline)
+}
+
+/// `kpm doctor` in the doctor's pod once it names both plugins
+/// `not-registered-again` and generic-device-plugin `ok`: it must exit 1,
+/// each row with the kubelet's start, the Node's allocatable and the
+/// checkpoint as evidence; the plugins, as the summary names them.
+fn named_with_evidence(node: &Node) -> Result<Vec<String>> {
+    let (exit, rows) =
+        wait_for("kpm doctor naming both, generic-device-plugin ok", WINDOW, || {
+            let (code, report) = doctor_report(node)?;
+            let named = [ONCE.0, HOSTDEV.0]
+                .iter()
+                .all(|r| verdict(&report, r).as_deref() == Some("not-registered-again"));
+            let generic_ok = verdict(&report, GENERIC).as_deref() == Some("ok");
+            Ok((named && generic_ok).then(|| (code, report)))
+        })?;
+    if exit != 1 {
+        return Err(format!("kpm doctor exits {exit} with both not-registered-again").into());
+    }
+    let mut evidence = Vec::new();
+    for (resource, _, devices) in [ONCE, HOSTDEV] {
+        let reason = row(&rows, resource)
+            .and_then(|row| row["reason"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        eprintln!("kpm doctor: {resource} not-registered-again: {reason}");
+        let wanted = [
+            "registered before the kubelet's start at".to_owned(),
+            format!("Node {NODE_NAME} counts capacity"),
+            "allocatable".to_owned(),
+        ];
+        let mut missing: Vec<&str> =
+            wanted.iter().map(String::as_str).filter(|w| !reason.contains(w)).collect();
+        // The checkpoint: as the witness, or for the pods holding devices.
+        if !reason.contains("checkpoint") && !reason.contains("holding its devices") {
+            missing.push("the checkpoint");
+        }
+        if !missing.is_empty() {
+            return Err(format!("{resource}'s row lacks {missing:?}: {reason}").into());
+        }
+        evidence.push(format!("{resource} ({devices} devices before)"));
+    }
+    Ok(evidence)
 }
 
 /// Waits until the doctor's DaemonSet has rolled out: one pod, ready.
