@@ -145,12 +145,14 @@ impl Remembered {
     }
 
     /// Keeps `trace` for `key` unless what is known is newer: a sighting
-    /// later than its, or a plugin already missing.
+    /// later than its, or a plugin already missing and no sighting to
+    /// date it by (a sighting the checkpoint gives dates one the last
+    /// report says was missing).
     fn keep_newer(&mut self, key: (PluginKind, String), trace: Trace) {
         let known = self.traces.get(&key);
         let newer = match (known.map(|known| known.seen), trace.seen) {
-            (None, _) | (Some(Some(_)), None) => true,
-            (Some(None), _) => false,
+            (None, _) | (Some(Some(_)), None) | (Some(None), Some(_)) => true,
+            (Some(None), None) => false,
             (Some(Some((known, _))), Some((at, _))) => at > known,
         };
         if newer {
@@ -220,7 +222,9 @@ impl Remembered {
                 (None, seen) => {
                     let socket = trace.socket.clone();
                     not_registered_again(rows, kind, name, socket.as_deref(), seen, evidence);
-                    next.traces.insert(key, Trace { socket, seen: None });
+                    // Its sighting, before the event, is kept: every later
+                    // pass (and the report) says what it was.
+                    next.traces.insert(key, Trace { socket, seen });
                 }
             }
         }
@@ -560,6 +564,7 @@ mod tests {
             (Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")
         );
         assert_eq!(rows[1].found_in, REMEMBERED);
+        assert!(rows[1].reason.starts_with("registered before the kubelet's start at 2027-01-15T08:01:40Z (1m 10s ago) (this doctor saw it registered at 2027-01-15T08:00:50Z (2m ago)), and not since"), "every pass says what the first did: {}", rows[1].reason);
 
         // Back: ok, and no longer remembered as missing.
         let mut rows = vec![
@@ -689,6 +694,20 @@ mod tests {
         );
         assert!(rows[0].reason.contains("this node's last report, at 2027-01-15T08:01:00Z (1m 40s ago), showed it registered"), "{}", rows[0].reason);
         assert!(rows[1].reason.contains("found missing then"), "{}", rows[1].reason);
+
+        // A one-shot look beside that report: the checkpoint the kubelet
+        // kept at its start dates the plugin the report says is missing.
+        let mut checkpoint = Checkpoint { written: Some(at(120)), ..Checkpoint::default() };
+        checkpoint.registered = crate::checkpoint::tests_support::registered(&[(GPU, &[])]);
+        let mut with_checkpoint = Node::restarted();
+        with_checkpoint.checkpoint = Some(checkpoint);
+        with_checkpoint.resources = Some(NodeResources::default());
+        let mut remembered = Remembered::default();
+        remembered.add_report(Some(&report(at(60), &entries)));
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &with_checkpoint.evidence(at(160)));
+        assert_eq!(rows[1].verdict, Verdict::NotRegisteredAgain);
+        assert!(rows[1].reason.starts_with("registered before the kubelet's start at 2027-01-15T08:01:40Z (1m ago) (the kubelet kept it from its checkpoint at its start"), "{}", rows[1].reason);
 
         // Written since the kubelet's start (a doctor rolled out): what was
         // registered then and is gone went while this kubelet ran; what was
