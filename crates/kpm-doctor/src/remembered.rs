@@ -179,8 +179,18 @@ impl Remembered {
                 }
                 _ => continue,
             };
+            let key = (PluginKind::Device, resource.to_owned());
+            if seen.1 == Witness::RestoredByKubelet {
+                // Proof that it was registered before this kubelet, whatever
+                // the clocks say: a pass that saw it registered a moment
+                // before the kubelet's start may read later than that start
+                // (taken from /proc, to the boot time's whole second).
+                let socket = self.traces.get(&key).and_then(|known| known.socket.clone());
+                self.traces.insert(key, Trace { socket, seen: Some(seen) });
+                continue;
+            }
             let trace = Trace { socket: None, seen: Some(seen) };
-            self.keep_newer((PluginKind::Device, resource.to_owned()), trace);
+            self.keep_newer(key, trace);
         }
     }
 
@@ -667,6 +677,37 @@ mod tests {
             heartbeat_time: Some(time(heartbeat)),
             doctor_version: String::new(),
         }
+    }
+
+    #[test]
+    fn a_plugin_seen_a_moment_after_the_kubelets_start_as_read_is_still_lost_if_the_kubelet_kept_it()
+     {
+        // The kubelet's start is read to the second: a pass that saw the
+        // plugin registered just before the restart can read later.
+        let mut remembered = Remembered::default();
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        let mut node = Node::restarted();
+        remembered.judge(
+            &mut rows,
+            &Node { events: NodeEvents::default(), ..Node::restarted() }
+                .evidence(at(100) + Duration::from_millis(500)),
+        );
+        let mut checkpoint = Checkpoint { written: Some(at(101)), ..Checkpoint::default() };
+        checkpoint.registered = crate::checkpoint::tests_support::registered(&[(GPU, &[])]);
+        node.checkpoint = Some(checkpoint);
+        node.resources = Some(NodeResources::default());
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &node.evidence(at(110)));
+        assert_eq!(
+            verdicts(&rows),
+            [(Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")]
+        );
+        assert!(
+            rows[0].reason.contains("the kubelet kept it from its checkpoint"),
+            "{}",
+            rows[0].reason
+        );
     }
 
     #[test]
