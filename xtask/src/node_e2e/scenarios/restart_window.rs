@@ -32,6 +32,9 @@ const ONCE: (&str, &str, &str) = ("example.com/once", "example-once", "2");
 const HOSTDEV: (&str, &str, &str) = ("hostdev.k8s.io/dev_null", "hostdev", "3");
 /// generic-device-plugin's resource (`manifests/generic-device-plugin.yaml`).
 const GENERIC: &str = "squat.ai/null";
+/// How long the kubelet keeps a gone plugin's devices (its
+/// `endpointStopGracePeriod`, 5 min), and slack.
+const ORPHANED_FOR: Duration = Duration::from_secs(6 * 60);
 /// How long a restart may take to show, and the plugins to come back.
 const WINDOW: Duration = Duration::from_secs(120);
 
@@ -112,8 +115,17 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
         .into());
     }
 
-    // Gone before the next scenario.
+    // Gone before the next scenario, which waits for the node to settle:
+    // the kubelet keeps a gone plugin's devices, unhealthy, for 5 min
+    // (`orphaned-capacity` until then).
+    let uninstalled = Instant::now();
     node.kubectl(&["delete", "namespace", PLUGINS_NAMESPACE, "--wait=true"])?;
+    let aggregate_true = |v: &str| v.starts_with("True");
+    timeline.wait(&aggregate, SystemTime::now(), ORPHANED_FOR, aggregate_true)?;
+    eprintln!(
+        "restart-window: {CONDITION} True {} after the uninstall",
+        secs(uninstalled.elapsed())
+    );
     let doctor_pods = node.pods(NAMESPACE, DOCTOR_SELECTOR)?.len();
     Ok(format!(
         "all ok and True {} after apply; kubelet restarted: {CONDITION} False/NotRegisteredAgain \
@@ -200,7 +212,7 @@ fn named_with_evidence(node: &Node) -> Result<Vec<String>> {
                 .iter()
                 .all(|r| verdict(&report, r).as_deref() == Some("not-registered-again"));
             let generic_ok = verdict(&report, GENERIC).as_deref() == Some("ok");
-            Ok((named && generic_ok).then(|| (code, report)))
+            Ok((named && generic_ok).then_some((code, report)))
         })?;
     if exit != 1 {
         return Err(format!("kpm doctor exits {exit} with both not-registered-again").into());

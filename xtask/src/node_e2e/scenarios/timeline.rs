@@ -5,6 +5,7 @@
 //! conditions, the Node's allocatable and taints, and pods' phases through
 //! a kubelet restart with it.
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -62,7 +63,8 @@ impl Timeline {
                 // A read that fails (the API server busy) is tried again.
                 if let Ok(now) = look(&api, &follow) {
                     let at = SystemTime::now();
-                    let mut seen = thread_seen.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut seen =
+                        thread_seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     for (what, value) in &now {
                         let before = last.iter().find(|(w, _)| w == what).map(|(_, v)| v);
                         if before != Some(value) {
@@ -79,7 +81,7 @@ impl Timeline {
 
     /// Every change so far.
     pub(super) fn changes(&self) -> Vec<Change> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// The value of `what` last seen.
@@ -132,12 +134,13 @@ impl Timeline {
     pub(super) fn print(&self, title: &str) -> String {
         let mut text = format!("timeline of {title} (seconds from the origin):\n");
         for change in self.changes() {
-            text.push_str(&format!(
-                "  {:>+7.1} s  {} = {}\n",
+            let _ = writeln!(
+                text,
+                "  {:>+7.1} s  {} = {}",
                 offset(self.origin, change.at),
                 change.what,
                 change.value
-            ));
+            );
         }
         text
     }
@@ -200,19 +203,18 @@ fn look(api: &Api, follow: &Follow) -> Result<Vec<(String, String)>> {
 fn pod_state(pod: &Value) -> String {
     let mut state = text(&pod["status"]["phase"]);
     if let Some(node) = pod["spec"]["nodeName"].as_str() {
-        state.push_str(&format!(" on {node}"));
+        let _ = write!(state, " on {node}");
     }
     if let Some(reason) = pod["status"]["reason"].as_str() {
-        state.push_str(&format!(" ({reason})"));
+        let _ = write!(state, " ({reason})");
     }
     let waiting = pod["status"]["containerStatuses"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|c| c["state"]["waiting"]["reason"].as_str())
-        .next();
+        .find_map(|c| c["state"]["waiting"]["reason"].as_str());
     if let Some(waiting) = waiting {
-        state.push_str(&format!(" (waiting: {waiting})"));
+        let _ = write!(state, " (waiting: {waiting})");
     }
     state
 }
