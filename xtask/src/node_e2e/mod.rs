@@ -32,7 +32,9 @@
 //! `wrong-registration-path`, `csi-socket-in-registry`, `driver-never-starts`,
 //! `leftover-after-uninstall` (the field guide's pod failures), `kpm-run`,
 //! `footprint`, `dra`, `restart-window` (device plugins that never
-//! register again after a kubelet restart), `registrar-plugins` on a kubelet rooted at
+//! register again after a kubelet restart), `readiness-gate` (the Node
+//! Readiness Controller's taint while a plugin is not back),
+//! `registrar-plugins` on a kubelet rooted at
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.
 //!

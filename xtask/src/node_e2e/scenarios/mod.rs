@@ -16,6 +16,7 @@ mod doctor;
 mod dra;
 mod fleet;
 mod pods;
+mod readiness_gate;
 mod registrar;
 mod restart_window;
 mod run;
@@ -185,6 +186,14 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         kubelet_root: DEFAULT_KUBELET_ROOT,
         waits_to_settle: true,
         run: restart_window::restart_window,
+    },
+    Scenario {
+        name: "readiness-gate",
+        builds_on: &["doctor"],
+        programs: &["node-readiness-controller", "node-readiness-controller.crd.yaml"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: readiness_gate::readiness_gate,
     },
     // Last on this root: it restarts the kubelet, and the table's
     // scenarios of one root must be together (one node per run of them).
