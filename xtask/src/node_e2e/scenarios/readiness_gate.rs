@@ -16,13 +16,13 @@ use serde_json::{Value, json};
 
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::DEVICE_PLUGINS;
+use super::device::{DEVICE_PLUGINS, status_posted_since};
 use super::doctor::CONDITION;
 use super::restart_window::one_doctor_pod;
 use super::timeline::{Follow, Timeline, offset};
 use super::{namespace_and_image, overlay, secs};
 use crate::Result;
-use crate::scenario::{Process, wait_until};
+use crate::scenario::{Process, wait_for, wait_until};
 
 const GATE_NAMESPACE: &str = "readiness-gate";
 const PLUGIN_POD: &str = "gate-plugin";
@@ -149,6 +149,9 @@ fn run(node: &mut Node, timeline: &Timeline, label: &str, gated: bool) -> Result
     let created = SystemTime::now();
     node.api.post(&format!("/api/v1/namespaces/{GATE_NAMESPACE}/pods"), &consumer(&pod))?;
     node.wait_ready()?;
+    let returned = wait_for("the restarted kubelet's first Node status", START_TIMEOUT, || {
+        Ok(status_posted_since(node, restarted)?.then(SystemTime::now))
+    })?;
 
     // The plugin back late: its pod deleted and created again.
     std::thread::sleep(LATE.saturating_sub(restarted.elapsed().unwrap_or_default()));
@@ -210,6 +213,7 @@ fn run(node: &mut Node, timeline: &Timeline, label: &str, gated: bool) -> Result
         events.join(" | ")
     );
     node.kubectl(&["delete", "pod", "-n", GATE_NAMESPACE, &pod, "--wait=false"])?;
+    no_true_while_lost(timeline, returned, registered, &said)?;
     if gated {
         // The 1.36 scheduler says `untolerated taint(s)`, without the key:
         // the taint is the one on the Node then (the timeline).
@@ -227,6 +231,24 @@ fn run(node: &mut Node, timeline: &Timeline, label: &str, gated: bool) -> Result
     }
     eprintln!("readiness-gate {label}: {said}");
     Ok(said)
+}
+
+/// From the kubelet's `returned` until the plugin `registered` again, no
+/// condition of the doctor's says True.
+fn no_true_while_lost(
+    timeline: &Timeline,
+    returned: SystemTime,
+    registered: SystemTime,
+    said: &str,
+) -> Result {
+    for kind in [CONDITION, CONDITION_TYPE] {
+        let what = format!("condition {kind}");
+        let true_at = timeline.first(&what, returned, |v| v.starts_with("True"));
+        if true_at.is_some_and(|at| at < registered) {
+            return Err(format!("{kind} True while the plugin was not back: {said}").into());
+        }
+    }
+    Ok(())
 }
 
 /// The plugin's pod, as the manifest has it for this node.
