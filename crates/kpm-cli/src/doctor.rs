@@ -209,8 +209,9 @@ struct WatchArgs {
     /// True while it is registered, for a gate on it such as a
     /// NodeReadinessRule: NAME gives the type NAME/PluginRegistered
     /// (DOMAIN/RESOURCE-PluginRegistered for a resource), NAME=TYPE another.
-    /// Repeatable, or comma-separated.
-    #[arg(long = "plugin-condition", value_name = "NAME[=TYPE]", requires = "watch",
+    /// Repeatable, or comma-separated. Ignored without --watch: the
+    /// DaemonSet's environment reaches a `kubectl exec … kpm doctor` too.
+    #[arg(long = "plugin-condition", value_name = "NAME[=TYPE]",
           value_delimiter = ',', env = "KPM_PLUGIN_CONDITIONS",
           value_parser = |spec: &str| kpm_doctor::PluginConditionType::parse(spec))]
     plugin_conditions: Vec<kpm_doctor::PluginConditionType>,
@@ -218,8 +219,9 @@ struct WatchArgs {
     /// DaemonSet sets it): when the doctor stops and its pod is not being
     /// deleted, the node is going down, and its conditions are left
     /// Unknown; a pod being deleted (a rollout) leaves them to its
-    /// successor. Without it, every stop leaves them Unknown.
-    #[arg(long, value_name = "NAMESPACE/NAME", requires = "watch", env = "KPM_POD",
+    /// successor. Without it, every stop leaves them Unknown. Ignored
+    /// without --watch, as --plugin-condition is.
+    #[arg(long, value_name = "NAMESPACE/NAME", env = "KPM_POD",
           value_parser = |pod: &str| match pod.split_once('/') {
               Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
                   Ok((namespace.to_owned(), name.to_owned()))

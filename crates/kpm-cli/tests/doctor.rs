@@ -6,6 +6,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,6 +107,22 @@ fn hidden_names_and_other_files_are_ignored_but_not_failures() {
     assert_eq!(verdict(&report, &hidden), "ignored");
     assert_eq!(verdict(&report, &file), "ignored");
     assert!(row(&report, &file)["reason"].as_str().unwrap().contains("not a socket"));
+}
+
+#[test]
+fn a_one_shot_look_in_the_doctors_pod_takes_the_daemonsets_watch_environment() {
+    // `kubectl exec … kpm doctor` in the DaemonSet's pod inherits
+    // KPM_POD and KPM_PLUGIN_CONDITIONS, which only --watch uses.
+    let node = Node::new();
+    let root = node.root.path().to_str().unwrap();
+    let out = Command::new(support::KPM)
+        .args(["doctor", "-o", "json", "--root-dir", root, "--timeout", "2"])
+        .args(["--other-root", node.root.path().join("no-other-root").to_str().unwrap()])
+        .env("KPM_POD", "kpm-system/kpm-doctor-x")
+        .env("KPM_PLUGIN_CONDITIONS", "example.com/dev,csi.example.com=example.com/Ready")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

@@ -192,8 +192,17 @@ impl Remembered {
                 }
                 _ => continue,
             };
+            let key = (PluginKind::Device, resource.to_owned());
+            if let (Witness::RestoredByKubelet, Some(known)) = (seen.1, self.traces.get_mut(&key)) {
+                // Proof that it was registered before this kubelet, whatever
+                // the clocks say: a pass that saw it registered a moment
+                // before the kubelet's start may read later than that start
+                // (taken from /proc, to the boot time's whole second).
+                known.seen = Some(seen);
+                continue;
+            }
             let trace = Trace { socket: None, seen: Some(seen), missing: false };
-            self.keep_newer((PluginKind::Device, resource.to_owned()), trace);
+            self.keep_newer(key, trace);
         }
     }
 
@@ -641,6 +650,7 @@ mod tests {
             (Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")
         );
         assert_eq!(rows[1].found_in, REMEMBERED);
+        assert!(rows[1].reason.starts_with("registered before the kubelet's start at 2027-01-15T08:01:40Z (1m 10s ago) (this doctor saw it registered at 2027-01-15T08:00:50Z (2m ago)), and not since"), "every pass says what the first did: {}", rows[1].reason);
 
         // Back: ok, and no longer remembered as missing.
         let mut rows = vec![
@@ -773,6 +783,37 @@ mod tests {
     }
 
     #[test]
+    fn a_plugin_seen_a_moment_after_the_kubelets_start_as_read_is_still_lost_if_the_kubelet_kept_it()
+     {
+        // The kubelet's start is read to the second: a pass that saw the
+        // plugin registered just before the restart can read later.
+        let mut remembered = Remembered::default();
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        let mut node = Node::restarted();
+        remembered.judge(
+            &mut rows,
+            &Node { events: NodeEvents::default(), ..Node::restarted() }
+                .evidence(at(100) + Duration::from_millis(500)),
+        );
+        let mut checkpoint = Checkpoint { written: Some(at(101)), ..Checkpoint::default() };
+        checkpoint.registered = crate::checkpoint::tests_support::registered(&[(GPU, &[])]);
+        node.checkpoint = Some(checkpoint);
+        node.resources = Some(NodeResources::default());
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &node.evidence(at(110)));
+        assert_eq!(
+            verdicts(&rows),
+            [(Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")]
+        );
+        assert!(
+            rows[0].reason.contains("the kubelet kept it from its checkpoint"),
+            "{}",
+            rows[0].reason
+        );
+    }
+
+    #[test]
     fn the_last_report_remembers_across_the_doctors_own_restart_but_no_rollout_is_a_node_event() {
         let node = Node::restarted();
         let entries = [
@@ -797,6 +838,20 @@ mod tests {
         );
         assert!(rows[0].reason.contains("this node's last report, at 2027-01-15T08:01:00Z (1m 40s ago), showed it registered"), "{}", rows[0].reason);
         assert!(rows[1].reason.contains("found missing then"), "{}", rows[1].reason);
+
+        // A one-shot look beside that report: the checkpoint the kubelet
+        // kept at its start dates the plugin the report says is missing.
+        let mut checkpoint = Checkpoint { written: Some(at(120)), ..Checkpoint::default() };
+        checkpoint.registered = crate::checkpoint::tests_support::registered(&[(GPU, &[])]);
+        let mut with_checkpoint = Node::restarted();
+        with_checkpoint.checkpoint = Some(checkpoint);
+        with_checkpoint.resources = Some(NodeResources::default());
+        let mut remembered = Remembered::default();
+        remembered.add_report(Some(&report(at(60), &entries)));
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &with_checkpoint.evidence(at(160)));
+        assert_eq!(rows[1].verdict, Verdict::NotRegisteredAgain);
+        assert!(rows[1].reason.starts_with("registered before the kubelet's start at 2027-01-15T08:01:40Z (1m ago) (the kubelet kept it from its checkpoint at its start"), "{}", rows[1].reason);
 
         // Written since the kubelet's start (a doctor rolled out): what was
         // registered then and is gone went while this kubelet ran; what was

@@ -15,6 +15,7 @@ use crate::Result;
 use crate::scenario::find;
 
 /// A blocking client of the API server with one bearer token.
+#[derive(Clone)]
 pub(crate) struct Api {
     agent: ureq::Agent,
     pub(crate) server: String,

@@ -17,8 +17,13 @@ pub(super) const EXAMPLE_PLUGIN: &str = "kpm.local/example-plugin:e2e";
 
 /// The Go programs of the folder of real programs that run in pods, each in
 /// an image `kpm.local/<program>:e2e` holding only it (they are static).
-pub(super) const DRIVERS: &[&str] =
-    &["hostpathplugin", "node-driver-registrar", "generic-device-plugin", "dra-test-driver"];
+pub(super) const DRIVERS: &[&str] = &[
+    "hostpathplugin",
+    "node-driver-registrar",
+    "generic-device-plugin",
+    "dra-test-driver",
+    "hostdev-plugin-noreregister",
+];
 
 /// The image of a program of the folder of real programs.
 pub(super) fn driver(program: &str) -> String {

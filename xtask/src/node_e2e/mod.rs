@@ -31,7 +31,10 @@
 //! `alert`, `device-plugin`, `kubelet-restart`, `cluster`,
 //! `wrong-registration-path`, `csi-socket-in-registry`, `driver-never-starts`,
 //! `leftover-after-uninstall` (the field guide's pod failures), `kpm-run`,
-//! `footprint`, `dra`, `registrar-plugins` on a kubelet rooted at
+//! `footprint`, `dra`, `restart-window` (device plugins that never
+//! register again after a kubelet restart), `readiness-gate` (the Node
+//! Readiness Controller's taint while a plugin is not back),
+//! `registrar-plugins` on a kubelet rooted at
 //! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
 //! root is `/var/lib/k0s/kubelet`.
 //!

@@ -204,6 +204,13 @@ impl Node {
         Ok(String::from_utf8(self.kubectl_output(args)?.stdout)?)
     }
 
+    /// `kubectl ARGS` as admin: its exit code (`kubectl exec` gives the
+    /// command's) and its stdout.
+    pub(super) fn kubectl_exit(&self, args: &[&str]) -> Result<(i32, String)> {
+        let output = self.kubectl_output(args)?;
+        Ok((output.status.code().unwrap_or(-1), String::from_utf8(output.stdout)?))
+    }
+
     /// `kubectl ARGS` as admin, run to its end.
     fn kubectl_output(&self, args: &[&str]) -> Result<std::process::Output> {
         Ok(std::process::Command::new(self.programs.path("kubectl"))

@@ -16,9 +16,12 @@ mod doctor;
 mod dra;
 mod fleet;
 mod pods;
+mod readiness_gate;
 mod registrar;
+mod restart_window;
 mod run;
 mod settle;
+mod timeline;
 
 pub(super) use settle::settle;
 
@@ -175,6 +178,22 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         kubelet_root: DEFAULT_KUBELET_ROOT,
         waits_to_settle: true,
         run: dra::dra_driver,
+    },
+    Scenario {
+        name: "restart-window",
+        builds_on: &["doctor"],
+        programs: &["generic-device-plugin", "hostdev-plugin-noreregister"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: restart_window::restart_window,
+    },
+    Scenario {
+        name: "readiness-gate",
+        builds_on: &["doctor"],
+        programs: &["node-readiness-controller", "node-readiness-controller.crd.yaml"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: readiness_gate::readiness_gate,
     },
     // Last on this root: it restarts the kubelet, and the table's
     // scenarios of one root must be together (one node per run of them).
