@@ -241,6 +241,26 @@ pub(super) fn overlay(env: &Env, name: &str, kustomization: &str) -> Result<Path
     Ok(dir)
 }
 
+/// The overlay `name` of `deploy/doctor` whose doctor writes the
+/// conditions of `plugins` (`KPM_PLUGIN_CONDITIONS`, comma-separated
+/// `NAME[=TYPE]`): its directory.
+pub(super) fn doctor_with_plugin_conditions(
+    env: &Env,
+    name: &str,
+    plugins: &str,
+) -> Result<PathBuf> {
+    overlay(
+        env,
+        name,
+        &format!(
+            "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
+             patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
+             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{plugins}\"}}\n",
+            namespace_and_image()?
+        ),
+    )
+}
+
 /// The part of an overlay that sets the namespace and kpm's image.
 pub(super) fn namespace_and_image() -> Result<String> {
     let (name, tag) = super::images::KPM.rsplit_once(':').ok_or("image without a tag")?;

@@ -20,7 +20,7 @@ use super::device::{DEVICE_PLUGINS, status_posted_since};
 use super::doctor::CONDITION;
 use super::restart_window::one_doctor_pod;
 use super::timeline::{Follow, Timeline, offset};
-use super::{namespace_and_image, overlay, secs};
+use super::{doctor_with_plugin_conditions, namespace_and_image, overlay, secs};
 use crate::Result;
 use crate::scenario::{Process, wait_for, wait_until};
 
@@ -75,16 +75,7 @@ pub(super) fn readiness_gate(env: &Env, node: &mut Node) -> Result<String> {
     };
     let timeline = Timeline::start(&node.api, follow, SystemTime::now());
 
-    let control = overlay(
-        env,
-        "readiness-control",
-        &format!(
-            "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
-             patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
-             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{PLUGIN_CONDITION}\"}}\n",
-            namespace_and_image()?
-        ),
-    )?;
+    let control = doctor_with_plugin_conditions(env, "readiness-control", PLUGIN_CONDITION)?;
     node.kubectl(&["apply", "-k", &control.display().to_string()])?;
     let control = printed(&timeline, run(node, &timeline, "control", false))?;
     // The doctor counts a plugin that comes back to a state it was in

@@ -21,7 +21,7 @@ use super::super::{Env, NODE_NAME, START_TIMEOUT};
 use super::device::{DEVICE_PLUGINS, status_posted_since};
 use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE, doctor_in_pod};
 use super::timeline::{Follow, Timeline, offset};
-use super::{namespace_and_image, overlay, secs};
+use super::{doctor_with_plugin_conditions, secs};
 use crate::Result;
 use crate::scenario::wait_for;
 
@@ -156,17 +156,7 @@ fn deploy(env: &Env, node: &mut Node) -> Result<Timeline> {
             .replace("@NODE@", NODE_NAME),
     )?;
     let resources = [ONCE.0, HOSTDEV.0, GENERIC];
-    let overlay = overlay(
-        env,
-        "restart-window",
-        &format!(
-            "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
-             patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
-             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{}\"}}\n",
-            namespace_and_image()?,
-            resources.join(",")
-        ),
-    )?;
+    let overlay = doctor_with_plugin_conditions(env, "restart-window", &resources.join(","))?;
     node.kubectl(&["apply", "-k", &overlay.display().to_string()])?;
     let mut follow = Follow {
         conditions: vec![CONDITION.to_owned()],
