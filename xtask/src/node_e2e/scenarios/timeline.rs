@@ -96,23 +96,15 @@ impl Timeline {
         after: SystemTime,
         hold: impl Fn(&str) -> bool,
     ) -> Option<SystemTime> {
-        // The value in force at `after` counts, seen at `after`.
+        // The value in force at `after` counts, seen at `after`, whatever
+        // follows it.
         let changes = self.changes();
-        let mut in_force = None;
-        for change in changes.iter().filter(|c| c.what == what) {
-            if change.at <= after {
-                in_force = Some(change);
-            } else if hold(&change.value) {
-                return Some(if in_force.is_some_and(|c| hold(&c.value)) {
-                    after
-                } else {
-                    change.at
-                });
-            } else {
-                in_force = Some(change);
-            }
+        let mine: Vec<_> = changes.iter().filter(|c| c.what == what).collect();
+        let split = mine.partition_point(|c| c.at <= after);
+        if mine[..split].last().is_some_and(|c| hold(&c.value)) {
+            return Some(after);
         }
-        in_force.filter(|c| hold(&c.value)).map(|_| after)
+        mine[split..].iter().find(|c| hold(&c.value)).map(|c| c.at)
     }
 
     /// Waits at most `timeout` until `what` holds `hold`, at `after` or
