@@ -16,23 +16,23 @@ use kpm_report::Verdict;
 
 use crate::judge::{Row, quietly};
 
-/// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
-/// endpoints of registry plugins already judged: device plugins that
-/// registered through `kubelet.sock`, inspected as the device manager
-/// would connect to them, and named by the kubelet's checkpoint. `root` is
-/// read in `view`, the kubelet's, whose prefix the inspections' words are
-/// cleared of; each inspection is bounded by `bound`.
+/// The sockets of `dir`, the kubelet's `device-plugins/`, but
+/// `kubelet.sock` and the endpoints of registry plugins already judged:
+/// device plugins that registered through `kubelet.sock`, inspected as the
+/// device manager would connect to them, and named by the kubelet's
+/// `checkpoint`, as read there. `dir` is read in `view`, the kubelet's,
+/// whose prefix the inspections' words are cleared of; each inspection is
+/// bounded by `bound`.
 pub(crate) async fn judge(
     referee: &Kubelet,
-    host: &Host,
-    view: &View,
-    root: &Seen,
+    (host, view): (&Host, &View),
+    dir: &Seen,
+    checkpoint: &Result<Option<checkpoint::Checkpoint>, String>,
     judged: &[Row],
     bound: Duration,
     unseen: &mut Vec<String>,
 ) -> Vec<Row> {
-    let dir = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
-    let entries = match std::fs::read_dir(&dir) {
+    let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
         Err(err) => {
@@ -101,7 +101,7 @@ pub(crate) async fn judge(
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
     if rows.iter().any(|row| row.verdict == Verdict::Ok) {
-        match checkpoint::read(&dir) {
+        match checkpoint {
             Ok(Some(checkpoint)) => {
                 for row in &mut rows {
                     held_by_kubelet(row, &checkpoint.registered);
@@ -112,7 +112,7 @@ pub(crate) async fn judge(
                  device plugins there are not named",
                 dir.on_host().join(checkpoint::FILE_NAME).display()
             )),
-            Err(err) => unseen.push(err),
+            Err(err) => unseen.push(err.clone()),
         }
     }
     rows

@@ -37,7 +37,7 @@ use kpm::PluginKind;
 use kpm::kube::NodeResources;
 use kpm_report::{KubeletPluginReportStatus, ReportedVerdict, Verdict};
 
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::Checkpoint;
 use crate::choice::Choice;
 use crate::host::View;
 use crate::judge::{Row, served_by};
@@ -483,20 +483,12 @@ impl Doctor {
         &self,
         choice: &Choice,
         objects: Option<&kpm::kube::NodeObjects>,
+        checkpoint: Option<&Checkpoint>,
         plugins: &mut Vec<Row>,
-        unseen: &mut Vec<String>,
         blind: &mut Option<Blind>,
     ) {
         let host = &self.config.host;
         let view = &choice.view;
-        let device_plugins = view.path(&choice.root_dir).join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
-        let checkpoint = checkpoint::read(&device_plugins).unwrap_or_else(|err| {
-            // Said once, should the device plugins' judging have said it.
-            if !unseen.contains(&err) {
-                unseen.push(err);
-            }
-            None
-        });
         let evidence = Evidence {
             events: NodeEvents {
                 kubelet_started: choice.kubelet.as_ref().and_then(|k| host.started_at(k.pid)),
@@ -504,7 +496,7 @@ impl Doctor {
             },
             now: std::time::SystemTime::now(),
             view,
-            checkpoint: checkpoint.as_ref(),
+            checkpoint,
             node: objects.and_then(|objects| {
                 let resources = objects.resources.as_ref().ok()?.as_ref()?;
                 Some((objects.node.as_str(), resources))
