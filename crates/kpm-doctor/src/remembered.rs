@@ -214,13 +214,13 @@ impl Remembered {
     /// registered, and what it found missing.
     pub(crate) fn judge(&mut self, rows: &mut Vec<Row>, evidence: &Evidence<'_>) {
         self.add_checkpoint(evidence);
-        let mut next = Self { traces: BTreeMap::new(), unread: self.unread.take() };
         let Some(started) = evidence.events.kubelet_started else {
             // No kubelet runs, so none registered anything since: nothing
             // is judged by memory, and nothing forgotten.
             self.remember_registered(rows, evidence.now);
             return;
         };
+        let mut next = Self { traces: BTreeMap::new(), unread: self.unread.take() };
         for (key, trace) in std::mem::take(&mut self.traces) {
             let (kind, name) = (key.0, key.1.as_str());
             let present = rows.iter_mut().find(|row| {
@@ -892,6 +892,15 @@ mod tests {
             blind.why,
             "the doctor's last report of this node could not be read: connection refused"
         );
+        // Passes, with a kubelet running or not, do not make it read.
+        for started in [None, Some(at(100))] {
+            let node = Node {
+                events: NodeEvents { kubelet_started: started, booted: Some(at(0)) },
+                ..Node::restarted()
+            };
+            remembered.judge(&mut Vec::new(), &node.evidence(at(160)));
+            assert!(remembered.blind().is_some(), "{started:?}");
+        }
         remembered.add_report(None);
         assert_eq!(remembered.blind(), None);
     }
