@@ -16,28 +16,31 @@ use kpm_report::Verdict;
 
 use crate::judge::{Row, quietly};
 
-/// The sockets of `dir`, the kubelet's `device-plugins/`, but
-/// `kubelet.sock` and the endpoints of registry plugins already judged:
-/// device plugins that registered through `kubelet.sock`, inspected as the
-/// device manager would connect to them, and named by the kubelet's
-/// `checkpoint`, as read there. `dir` is read in `view`, the kubelet's,
-/// whose prefix the inspections' words are cleared of; each inspection is
-/// bounded by `bound`.
+/// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
+/// endpoints of registry plugins already judged: device plugins that
+/// registered through `kubelet.sock`, inspected as the device manager
+/// would connect to them, and named by the kubelet's checkpoint, which is
+/// returned too (read once a pass: it also says what the kubelet kept
+/// across its restart). `root` is read in `view`, the kubelet's, whose
+/// prefix the inspections' words are cleared of; each inspection is bounded
+/// by `bound`.
 pub(crate) async fn judge(
     referee: &Kubelet,
-    (host, view): (&Host, &View),
-    dir: &Seen,
-    checkpoint: &Result<Option<checkpoint::Checkpoint>, String>,
+    host: &Host,
+    view: &View,
+    root: &Seen,
     judged: &[Row],
     bound: Duration,
     unseen: &mut Vec<String>,
-) -> Vec<Row> {
+) -> (Vec<Row>, Result<Option<checkpoint::Checkpoint>, String>) {
+    let dir = &root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
+    let checkpoint = checkpoint::read(dir);
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return (Vec::new(), checkpoint),
         Err(err) => {
             unseen.push(format!("{}: cannot be listed: {err}", dir.on_host().display()));
-            return Vec::new();
+            return (Vec::new(), checkpoint);
         }
     };
     // The endpoints advertised, paths on the host as the rows are.
@@ -101,7 +104,7 @@ pub(crate) async fn judge(
     }
     rows.sort_by(|a, b| a.path.cmp(&b.path));
     if rows.iter().any(|row| row.verdict == Verdict::Ok) {
-        match checkpoint {
+        match &checkpoint {
             Ok(Some(checkpoint)) => {
                 for row in &mut rows {
                     held_by_kubelet(row, &checkpoint.registered);
@@ -115,7 +118,7 @@ pub(crate) async fn judge(
             Err(err) => unseen.push(err.clone()),
         }
     }
-    rows
+    (rows, checkpoint)
 }
 
 /// The fix when the kubelet's device manager, or the Node it updates, holds

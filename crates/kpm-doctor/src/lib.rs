@@ -294,20 +294,9 @@ impl Doctor {
                     Some(cannot_list_registry(choice, registry.on_host(), &err, &kubelets)),
                 ),
             };
-        // Read once a pass: it names the plugins on kubelet.sock, and says
-        // what the kubelet kept across its restart.
-        let device_plugins = root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
-        let checkpoint = checkpoint::read(&device_plugins);
-        let beside_kubelet_sock = device_plugins::judge(
-            &judged.referee,
-            (host, view),
-            &device_plugins,
-            &checkpoint,
-            &plugins,
-            bound,
-            &mut unseen,
-        )
-        .await;
+        let (beside_kubelet_sock, checkpoint) =
+            device_plugins::judge(&judged.referee, host, view, &root, &plugins, bound, &mut unseen)
+                .await;
         plugins.extend(beside_kubelet_sock);
         let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
         match host.listening_unix_sockets(own_namespace.map(|kubelet| kubelet.pid)) {
@@ -339,14 +328,8 @@ impl Doctor {
             node_objects::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
             blind = blind.or_else(|| node_objects::unread(objects));
         }
-        let checkpoint = checkpoint.unwrap_or_else(|err| {
-            // Said once, should the device plugins' judging have said it.
-            if !unseen.contains(&err) {
-                unseen.push(err);
-            }
-            None
-        });
-        self.judge_by_memory(choice, objects, checkpoint.as_ref(), &mut plugins, &mut blind);
+        let memory = (&mut plugins, &mut unseen, &mut blind);
+        self.judge_by_memory(choice, objects, checkpoint, memory);
         findings.extend(judge::unwatched_registries(
             view,
             &choice.root_dir,

@@ -483,12 +483,18 @@ impl Doctor {
         &self,
         choice: &Choice,
         objects: Option<&kpm::kube::NodeObjects>,
-        checkpoint: Option<&Checkpoint>,
-        plugins: &mut Vec<Row>,
-        blind: &mut Option<Blind>,
+        checkpoint: Result<Option<Checkpoint>, String>,
+        (plugins, unseen, blind): (&mut Vec<Row>, &mut Vec<String>, &mut Option<Blind>),
     ) {
         let host = &self.config.host;
         let view = &choice.view;
+        let checkpoint = checkpoint.unwrap_or_else(|err| {
+            // Said once, should the device plugins' judging have said it.
+            if !unseen.contains(&err) {
+                unseen.push(err);
+            }
+            None
+        });
         let evidence = Evidence {
             events: NodeEvents {
                 kubelet_started: choice.kubelet.as_ref().and_then(|k| host.started_at(k.pid)),
@@ -496,7 +502,7 @@ impl Doctor {
             },
             now: std::time::SystemTime::now(),
             view,
-            checkpoint,
+            checkpoint: checkpoint.as_ref(),
             node: objects.and_then(|objects| {
                 let resources = objects.resources.as_ref().ok()?.as_ref()?;
                 Some((objects.node.as_str(), resources))
