@@ -243,14 +243,32 @@ fn an_endpoint_nobody_serves_is_unreachable_and_a_failing_service_is_failing() {
 }
 
 #[test]
-fn a_socket_file_deleted_while_its_plugin_listens_is_named() {
-    let node = Node::new();
-    let socket = node.registry().join("deleted-reg.sock");
-    let _listening = std::os::unix::net::UnixListener::bind(&socket).unwrap();
-    std::fs::remove_file(&socket).unwrap();
-    let (code, report) = node.doctor(&[]);
-    assert_eq!(code, 1);
-    assert_eq!(verdict(&report, &socket), "deleted-but-listening");
+fn a_socket_file_deleted_while_its_plugin_listens_is_named_with_its_process() {
+    // A host under a prefix, its /proc made of files: the kernel's table
+    // of listening Unix sockets (pid 1's) names a registration socket whose
+    // file is gone, and pid 77 holds that socket (its inode) open.
+    let host = tempfile::tempdir().unwrap();
+    let seen = |path: &str| host.path().join(path.trim_start_matches('/'));
+    std::fs::create_dir_all(seen("/var/lib/kubelet/plugins_registry")).unwrap();
+    support::fake_process(host.path(), 1, &["/sbin/init"], &[], None);
+    let table = "Num RefCount Protocol Flags Type St Inode Path\n\
+        0000000000000000: 00000002 00000000 00010000 0001 01 4242 \
+        /var/lib/kubelet/plugins_registry/deleted-reg.sock\n";
+    std::fs::create_dir_all(seen("/proc/1/net")).unwrap();
+    std::fs::write(seen("/proc/1/net/unix"), table).unwrap();
+    support::fake_process(host.path(), 77, &["/usr/bin/registrar", "--v=5"], &[], None);
+    std::fs::create_dir_all(seen("/proc/77/fd")).unwrap();
+    std::os::unix::fs::symlink("socket:[4242]", seen("/proc/77/fd/3")).unwrap();
+    let (code, json) = support::doctor_on_host(host.path(), &["-o", "json"]);
+    assert_eq!(code, 1, "{json}");
+    let report: Value = serde_json::from_str(&json).unwrap();
+    let socket = Path::new("/var/lib/kubelet/plugins_registry/deleted-reg.sock");
+    assert_eq!(verdict(&report, socket), "deleted-but-listening");
+    let holder = &row(&report, socket)["served_by"];
+    assert_eq!(
+        (&holder["pid"], &holder["command"]),
+        (&77.into(), &"/usr/bin/registrar --v=5".into())
+    );
 }
 
 #[test]
