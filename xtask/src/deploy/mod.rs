@@ -61,8 +61,13 @@ const ROOT_ENV: &str = "KPM_ROOT_DIR";
 const DOCTOR_HOST_ROOT: &str = "/host";
 
 /// Kinds of kpm's manifests that have no namespace.
-const CLUSTER_SCOPED: &[&str] =
-    &["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"];
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "NodeReadinessRule",
+];
 
 pub(crate) fn check(root: &Path) -> Result {
     manifests(root)?;
