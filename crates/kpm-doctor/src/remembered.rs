@@ -46,8 +46,12 @@ use crate::{Blind, Doctor};
 /// Who saw a plugin registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Witness {
-    /// One of this doctor's passes.
-    Pass,
+    /// One of this doctor's passes, under the kubelet that started at
+    /// `under` (none ran). A kubelet's start is read from /proc to the boot
+    /// time's whole second, so a sighting a moment before a restart may
+    /// read later than the new kubelet's start; but two readings of one
+    /// kubelet are equal, so this says exactly which kubelet it was.
+    Pass { under: Option<SystemTime> },
     /// The report this doctor, or the one before it, published.
     Report,
     /// The kubelet's device-manager checkpoint, written by a kubelet that
@@ -217,7 +221,7 @@ impl Remembered {
         let Some(started) = evidence.events.kubelet_started else {
             // No kubelet runs, so none registered anything since: nothing
             // is judged by memory, and nothing forgotten.
-            self.remember_registered(rows, evidence.now);
+            self.remember_registered(rows, evidence);
             return;
         };
         let mut next = Self { traces: BTreeMap::new(), unread: self.unread.take() };
@@ -247,26 +251,33 @@ impl Remembered {
                 }
             }
         }
-        next.remember_registered(rows, evidence.now);
+        next.remember_registered(rows, evidence);
         *self = next;
     }
 
-    /// Remembers every plugin `rows` find registered, seen `now`.
-    fn remember_registered(&mut self, rows: &[Row], now: SystemTime) {
+    /// Remembers every plugin `rows` find registered, seen now under the
+    /// kubelet the pass judged.
+    fn remember_registered(&mut self, rows: &[Row], evidence: &Evidence<'_>) {
+        let under = evidence.events.kubelet_started;
         for row in rows.iter().filter(|row| row.verdict.registers()) {
             let (Some(kind), Some(name)) = (row.kind, row.name.clone()) else { continue };
             let socket = (row.found_in != REMEMBERED).then(|| row.path.clone());
-            let seen = Some((now, Witness::Pass));
+            let seen = Some((evidence.now, Witness::Pass { under }));
             self.traces.insert((kind, name), Trace { socket, seen, missing: false });
         }
     }
 }
 
 /// Whether a plugin `seen` registered was so before the kubelet `started`:
-/// seen earlier, or kept by that kubelet from its checkpoint (which it read
-/// at its start, so the sighting is as old as that).
+/// seen by a pass under another kubelet, kept by that kubelet from its
+/// checkpoint (which it read at its start, so the sighting is as old as
+/// that), or seen earlier.
 fn before((at, witness): (SystemTime, Witness), started: SystemTime) -> bool {
-    at < started || witness == Witness::RestoredByKubelet
+    match witness {
+        Witness::Pass { under: Some(under) } => under != started,
+        Witness::RestoredByKubelet => true,
+        Witness::Pass { under: None } | Witness::Report | Witness::Checkpoint => at < started,
+    }
 }
 
 /// Where a row the doctor makes of a remembered plugin was found.
@@ -310,7 +321,7 @@ fn event_after(at: SystemTime, events: &NodeEvents, now: SystemTime) -> String {
 /// Who saw it, in words.
 fn witnessed(at: SystemTime, witness: Witness, now: SystemTime) -> String {
     match witness {
-        Witness::Pass => format!("this doctor saw it registered at {}", when(at, now)),
+        Witness::Pass { .. } => format!("this doctor saw it registered at {}", when(at, now)),
         Witness::Report => {
             format!("this node's last report, at {}, showed it registered", when(at, now))
         }
@@ -808,6 +819,29 @@ mod tests {
             rows[0].reason.contains("the kubelet kept it from its checkpoint"),
             "{}",
             rows[0].reason
+        );
+    }
+
+    #[test]
+    fn a_plugin_seen_under_the_kubelet_before_is_lost_though_the_sighting_reads_after_the_new_start()
+    {
+        // The pass saw it registered under the kubelet started at `at(10)`,
+        // half a second after the new kubelet's start as /proc reads it
+        // (to btime's whole second): the new kubelet removed its socket, it
+        // did not register again, and no checkpoint tells of it.
+        let mut remembered = Remembered::default();
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        let old = Node {
+            events: NodeEvents { kubelet_started: Some(at(10)), booted: Some(at(0)) },
+            ..Node::restarted()
+        };
+        remembered.judge(&mut rows, &old.evidence(at(100) + Duration::from_millis(500)));
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &Node::restarted().evidence(at(101)));
+        assert_eq!(
+            verdicts(&rows),
+            [(Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock")]
         );
     }
 
