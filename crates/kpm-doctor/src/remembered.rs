@@ -424,21 +424,30 @@ fn not_registered_again(
 }
 
 /// Says of each socket nothing listens on whose file is older than the
-/// node's boot that it is a leftover of the boot: its plugin has not
-/// started since (its pod not back yet, or gone).
-pub(crate) fn leftovers_of_boot(rows: &mut [Row], evidence: &Evidence<'_>) {
-    let Some(booted) = evidence.events.booted else { return };
+/// node's last event (its boot, else the judged kubelet's start) that it is
+/// a leftover of that event: its plugin has not served it since (its pod
+/// not back yet, or gone). A reboot whose clock /proc cannot show (a node
+/// restored from a snapshot, a reboot simulated by stopping every process)
+/// is still the kubelet's start.
+pub(crate) fn leftovers_of_node_events(rows: &mut [Row], evidence: &Evidence<'_>) {
+    let NodeEvents { booted, kubelet_started } = evidence.events;
     for row in rows.iter_mut().filter(|row| row.verdict == Verdict::Stale) {
-        let made =
-            std::fs::symlink_metadata(evidence.view.path(&row.path)).and_then(|m| m.modified());
-        if made.is_ok_and(|made| made < booted) {
-            row.reason = format!(
-                "a leftover of the node's boot at {}: its file is older than the boot, and no \
-                 process has served it since; {}",
-                when(booted, evidence.now),
-                row.reason
-            );
-        }
+        let Ok(made) =
+            std::fs::symlink_metadata(evidence.view.path(&row.path)).and_then(|m| m.modified())
+        else {
+            continue;
+        };
+        let (event, at) = match (booted, kubelet_started) {
+            (Some(booted), _) if made < booted => ("the node's boot", booted),
+            (_, Some(started)) if made < started => ("the kubelet's start", started),
+            _ => continue,
+        };
+        row.reason = format!(
+            "a leftover of {event} at {}: its file is older than that, and no process has served \
+             it since; {}",
+            when(at, evidence.now),
+            row.reason
+        );
     }
 }
 
@@ -519,7 +528,7 @@ impl Doctor {
                 Some((objects.node.as_str(), resources))
             }),
         };
-        leftovers_of_boot(plugins, &evidence);
+        leftovers_of_node_events(plugins, &evidence);
         let mut remembered = self.remembered.lock();
         remembered.judge(plugins, &evidence);
         if blind.is_none() {
@@ -961,29 +970,28 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_socket_older_than_the_boot_is_a_leftover_of_it() {
+    fn a_stale_socket_older_than_the_boot_or_the_kubelets_start_is_a_leftover_of_it() {
         let dir = tempfile::tempdir().unwrap();
-        let old = dir.path().join("old-reg.sock");
-        let new = dir.path().join("new-reg.sock");
-        for file in [&old, &new] {
-            std::fs::write(file, "").unwrap();
+        // Made before the boot at `at(0)`, before the kubelet's start at
+        // `at(100)`, and after it.
+        let made = [at(0) - Duration::from_secs(5), at(5), at(120)];
+        let mut rows = Vec::new();
+        for (i, made) in made.into_iter().enumerate() {
+            let path = dir.path().join(format!("{i}-reg.sock"));
+            std::fs::write(&path, "").unwrap();
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(made).unwrap();
+            rows.push(Row::new(Verdict::Stale, &path, "registry", "nothing listens".to_owned()));
         }
-        std::fs::File::options()
-            .write(true)
-            .open(&old)
-            .unwrap()
-            .set_modified(at(0) - Duration::from_secs(5))
-            .unwrap();
-        std::fs::File::options().write(true).open(&new).unwrap().set_modified(at(5)).unwrap();
-        let stale =
-            |path: &Path| Row::new(Verdict::Stale, path, "registry", "nothing listens".to_owned());
-        let mut rows = vec![stale(&old), stale(&new)];
         let node = Node::restarted();
-        leftovers_of_boot(&mut rows, &node.evidence(at(160)));
+        leftovers_of_node_events(&mut rows, &node.evidence(at(160)));
+        let reasons: Vec<&str> = rows.iter().map(|row| row.reason.as_str()).collect();
         assert_eq!(
-            rows[0].reason,
-            "a leftover of the node's boot at 2027-01-15T08:00:00Z (2m 40s ago): its file is older than the boot, and no process has served it since; nothing listens"
+            reasons,
+            [
+                "a leftover of the node's boot at 2027-01-15T08:00:00Z (2m 40s ago): its file is older than that, and no process has served it since; nothing listens",
+                "a leftover of the kubelet's start at 2027-01-15T08:01:40Z (1m ago): its file is older than that, and no process has served it since; nothing listens",
+                "nothing listens",
+            ]
         );
-        assert_eq!(rows[1].reason, "nothing listens");
     }
 }
