@@ -199,6 +199,112 @@ pub(super) fn clean_up_cgroups() -> Result {
     if problems.is_empty() { Ok(()) } else { Err(problems.join("; ").into()) }
 }
 
+/// The processes of the node's cgroups whose cgroup `keep` says is theirs:
+/// each cgroup's `cgroup.procs` in the pids controller.
+fn node_processes(keep: impl Fn(&Path) -> bool) -> Result<Vec<String>> {
+    let mut pids = Vec::new();
+    for procs in files_named(&cgroup("pids"), "cgroup.procs")? {
+        if keep(procs.parent().unwrap_or(&procs)) {
+            pids.extend(fs::read_to_string(&procs).unwrap_or_default().lines().map(str::to_owned));
+        }
+    }
+    Ok(pids)
+}
+
+/// Sends `signal` to each of `pids` (gone ones are no error).
+fn signal_each(pids: &[String], signal: &str) {
+    for pid in pids {
+        let _ = Command::new("kill").args([&format!("-{signal}"), pid]).status();
+    }
+}
+
+/// Ends what a shutdown ends last: every process of the pods (all of the
+/// node's cgroups but `system`, where this xtask, the control plane,
+/// containerd and its shims run) gets SIGTERM, and SIGKILL if it has not
+/// exited after `grace`; then containerd's shims, left with no container,
+/// are killed.
+pub(super) fn end_pods(grace: Duration) -> Result {
+    let system = cgroup("pids").join("system");
+    let pods = || node_processes(|dir| !dir.starts_with(&system));
+    signal_each(&pods()?, "TERM");
+    if wait_until("the pods' processes gone on SIGTERM", grace, || Ok(pods()?.is_empty())).is_err()
+    {
+        signal_each(&pods()?, "KILL");
+        wait_until("the pods' processes gone on SIGKILL", Duration::from_secs(20), || {
+            Ok(pods()?.is_empty())
+        })?;
+    }
+    let shims = || -> Result<Vec<String>> {
+        Ok(node_processes(|dir| dir.starts_with(&system))?
+            .into_iter()
+            .filter(|pid| {
+                fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .is_ok_and(|comm| comm.starts_with("containerd-shim"))
+            })
+            .collect())
+    };
+    signal_each(&shims()?, "KILL");
+    wait_until("containerd's shims gone", Duration::from_secs(20), || Ok(shims()?.is_empty()))
+}
+
+/// Undoes every mount under `dirs` (not the dirs themselves), deepest
+/// first, as a boot starts without them: the pods' volumes, containers'
+/// root filesystems, network namespaces.
+pub(super) fn forget_mounts(dirs: &[&Path]) -> Result {
+    let table = fs::read_to_string("/proc/self/mountinfo")?;
+    let mut points: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|point| PathBuf::from(unescape_mount_point(point)))
+        .filter(|point| dirs.iter().any(|dir| point.starts_with(dir) && point != dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    points.dedup();
+    for point in points {
+        // Lazily: what is left holds nothing, and an overmounted point is
+        // gone with the mount above it.
+        let _ = Command::new("umount").arg("-l").arg(&point).status();
+    }
+    Ok(())
+}
+
+/// A mount point as /proc/self/mountinfo writes it, octal escapes (`\040`
+/// for a space) undone.
+fn unescape_mount_point(point: &str) -> String {
+    let mut text = String::new();
+    let mut rest = point;
+    while let Some(at) = rest.find('\\') {
+        text.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 4).and_then(|digits| u8::from_str_radix(digits, 8).ok());
+        match code {
+            Some(byte) => {
+                text.push(char::from(byte));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                text.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    text.push_str(rest);
+    text
+}
+
+/// Removes everything in `dir`, keeping `dir`: a tmpfs after a boot.
+pub(super) fn empty_dir(dir: &Path) -> Result {
+    for entry in fs::read_dir(dir)? {
+        let path = entry?.path();
+        let removed = if path.is_dir() && !path.is_symlink() {
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_file(&path)
+        };
+        removed.map_err(|err| format!("emptying {}: {}: {err}", dir.display(), path.display()))?;
+    }
+    Ok(())
+}
+
 /// `dir` and every directory under it; nothing if it does not exist.
 fn dirs_under(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
@@ -241,5 +347,18 @@ pub(super) fn run(program: &str, args: &[&str]) -> Result {
             String::from_utf8_lossy(&output.stderr).trim()
         )
         .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_read_with_their_escapes_undone() {
+        assert_eq!(unescape_mount_point("/run/a\\040b"), "/run/a b");
+        assert_eq!(unescape_mount_point("/var/lib/kubelet/pods"), "/var/lib/kubelet/pods");
+        assert_eq!(unescape_mount_point("/x\\011y\\134z"), "/x\ty\\z");
+        assert_eq!(unescape_mount_point("/odd\\"), "/odd\\");
     }
 }

@@ -34,9 +34,10 @@
 //! `footprint`, `dra`, `restart-window` (device plugins that never
 //! register again after a kubelet restart), `readiness-gate` (the Node
 //! Readiness Controller's taint while a plugin is not back),
-//! `registrar-plugins` on a kubelet rooted at
-//! `/var/lib/kubelet`, then `kubelet-root` on a second node whose kubelet's
-//! root is `/var/lib/k0s/kubelet`.
+//! `containerd-restart`, `reboot` (simulated), `registrar-plugins` and
+//! `kubelet-upgrade` (1.35 to 1.36 in place, on a `--kubelet-dir 1.35`
+//! node) on a kubelet rooted at `/var/lib/kubelet`, then `kubelet-root` on
+//! a second node whose kubelet's root is `/var/lib/k0s/kubelet`.
 //!
 //! Before each scenario the runner waits for the node to settle from the
 //! ones before (`scenarios/settle.rs`): a scenario that broke something

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -42,7 +42,8 @@ const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStage
 pub(super) struct Node {
     kubelet: Option<Process>,
     kubelet_starts: u32,
-    _containerd: Process,
+    containerd: Option<Process>,
+    containerd_starts: u32,
     _scheduler: Process,
     _controller_manager: Process,
     _apiserver: Process,
@@ -101,7 +102,7 @@ impl Node {
             launcher.controller_manager(&kubeconfig("kcm", "system:kube-controller-manager")?)?;
         let scheduler = launcher.scheduler(&kubeconfig("scheduler", "system:kube-scheduler")?)?;
 
-        let containerd = start_containerd(&state, env)?;
+        let containerd = start_containerd(&state, &env.out, 1)?;
         for image in images {
             let image = image.display().to_string();
             host::run(
@@ -116,7 +117,8 @@ impl Node {
         let mut node = Self {
             kubelet: None,
             kubelet_starts: 0,
-            _containerd: containerd,
+            containerd: Some(containerd),
+            containerd_starts: 1,
             _scheduler: scheduler,
             _controller_manager: controller_manager,
             _apiserver: apiserver,
@@ -167,6 +169,63 @@ impl Node {
         if let Some(mut kubelet) = self.kubelet.take() {
             kubelet.stop(STOP_TIMEOUT)?;
         }
+        let (kubeconfig, config) =
+            (self.state.join("kubelet.kubeconfig"), self.state.join("kubelet-config.json"));
+        self.start_kubelet(&kubeconfig, &config)
+    }
+
+    /// Stops containerd (SIGTERM) as its service manager does (systemd's
+    /// `KillMode=process`): its shims, and the pods' containers, run on.
+    pub(super) fn stop_containerd(&mut self) -> Result {
+        if let Some(mut containerd) = self.containerd.take() {
+            containerd.stop(STOP_TIMEOUT)?;
+        }
+        Ok(())
+    }
+
+    /// Starts containerd again, on what it left in its root and state.
+    pub(super) fn start_containerd(&mut self) -> Result {
+        self.containerd_starts += 1;
+        self.containerd = Some(start_containerd(&self.state, &self.out, self.containerd_starts)?);
+        Ok(())
+    }
+
+    /// Upgrades the kubelet in place: the one of `--kubelet-dir` stopped,
+    /// the one of `--bin-dir` started on the same root with the same
+    /// configuration, as a package upgrade restarts it; the new kubelet's
+    /// minor (`None`: a development build, the newest).
+    pub(super) fn upgrade_kubelet(&mut self) -> Result<Option<u32>> {
+        self.programs.kubelet_dir = None;
+        self.kubelet_minor = self.programs.minor("kubelet");
+        self.restart_kubelet()?;
+        Ok(self.kubelet_minor)
+    }
+
+    /// The first half of a simulated reboot: the node shut down as systemd
+    /// shuts it down. The kubelet and containerd are stopped as services
+    /// (SIGTERM); then every process left of the pods gets SIGTERM, and
+    /// SIGKILL after `grace`; containerd's shims go last. The mounts a boot
+    /// does not keep are undone, and `/run` and containerd's state (a tmpfs
+    /// on a real node) emptied; `/var/lib` keeps its files, the plugins'
+    /// sockets among them. The control plane, another machine's, runs on.
+    pub(super) fn shut_down(&mut self, grace: Duration) -> Result {
+        if let Some(mut kubelet) = self.kubelet.take() {
+            kubelet.stop(STOP_TIMEOUT)?;
+        }
+        self.stop_containerd()?;
+        host::end_pods(grace)?;
+        let containerd_state = self.state.join("containerd").join("state");
+        let kubelet_root = self.kubelet_root.clone();
+        host::forget_mounts(&[Path::new("/run"), &containerd_state, &kubelet_root])?;
+        host::empty_dir(Path::new("/run"))?;
+        host::empty_dir(&containerd_state)
+    }
+
+    /// The second half of a simulated reboot ([`shut_down`](Self::shut_down)):
+    /// containerd and the kubelet started again, as at a boot. Returns once
+    /// the kubelet runs; the Node is not Ready yet.
+    pub(super) fn boot(&mut self) -> Result {
+        self.start_containerd()?;
         let (kubeconfig, config) =
             (self.state.join("kubelet.kubeconfig"), self.state.join("kubelet-config.json"));
         self.start_kubelet(&kubeconfig, &config)
@@ -529,8 +588,9 @@ fn kubelet_config(minor: Option<u32>) -> Value {
 }
 
 /// containerd's configuration (`real-node.md`), the CNI bridge, and the
-/// daemon started and answering.
-fn start_containerd(state: &Path, env: &Env) -> Result<Process> {
+/// daemon started and answering, its `start`th time (`containerd.log`,
+/// then `containerd-2.log`, ...).
+fn start_containerd(state: &Path, out: &Path, start: u32) -> Result<Process> {
     let dir = state.join("containerd");
     let cni = state.join("cni");
     fs::create_dir_all(&cni)?;
@@ -579,12 +639,13 @@ state = "{state}"
     );
     let file = dir.join("config.toml");
     fs::write(&file, config)?;
+    let name = if start == 1 { "containerd".to_owned() } else { format!("containerd-{start}") };
     let containerd = Process::spawn(
         "containerd",
         Path::new("containerd"),
         &["--config", &file.display().to_string()],
-        &env.out.join("containerd.out"),
-        &env.out.join("containerd.log"),
+        &out.join(format!("{name}.out")),
+        &out.join(format!("{name}.log")),
     )?;
     let mut containerd = containerd;
     wait_serving(&mut containerd, || {

@@ -10,13 +10,17 @@ use crate::Result;
 
 mod alert;
 mod breakage;
+mod containerd_restart;
 mod csi;
 mod device;
 mod doctor;
 mod dra;
 mod fleet;
+mod kubelet_upgrade;
+mod node_events;
 mod pods;
 mod readiness_gate;
+mod reboot;
 mod registrar;
 mod restart_window;
 mod run;
@@ -195,8 +199,24 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         waits_to_settle: true,
         run: readiness_gate::readiness_gate,
     },
-    // Last on this root: it restarts the kubelet, and the table's
-    // scenarios of one root must be together (one node per run of them).
+    Scenario {
+        name: "containerd-restart",
+        builds_on: &["csi-driver", "doctor", "kpm-run"],
+        programs: &["generic-device-plugin", "hostpathplugin", "node-driver-registrar"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: containerd_restart::containerd_restart,
+    },
+    Scenario {
+        name: "reboot",
+        builds_on: &["doctor", "kpm-run"],
+        programs: &["generic-device-plugin", "dra-test-driver"],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: reboot::reboot,
+    },
+    // The table's scenarios of one root must be together (one node per
+    // run of them); these two restart the kubelet.
     Scenario {
         name: "registrar-plugins",
         builds_on: &[],
@@ -204,6 +224,20 @@ pub(super) const SCENARIOS: &[Scenario] = &[
         kubelet_root: DEFAULT_KUBELET_ROOT,
         waits_to_settle: true,
         run: registrar::registrar_plugins,
+    },
+    // Last on this root: the node runs the newer kubelet from then on.
+    Scenario {
+        name: "kubelet-upgrade",
+        builds_on: &["csi-driver", "doctor"],
+        programs: &[
+            "generic-device-plugin",
+            "dra-test-driver",
+            "hostpathplugin",
+            "node-driver-registrar",
+        ],
+        kubelet_root: DEFAULT_KUBELET_ROOT,
+        waits_to_settle: true,
+        run: kubelet_upgrade::kubelet_upgrade,
     },
     Scenario {
         name: "kubelet-root",

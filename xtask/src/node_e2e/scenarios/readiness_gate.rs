@@ -72,6 +72,7 @@ pub(super) fn readiness_gate(env: &Env, node: &mut Node) -> Result<String> {
         resources: vec![RESOURCE.to_owned()],
         taints: vec![TAINT.to_owned(), BOOTSTRAP_TAINT.to_owned()],
         pods: Some(GATE_NAMESPACE.to_owned()),
+        ..Follow::default()
     };
     let timeline = Timeline::start(&node.api, follow, SystemTime::now());
 

@@ -20,6 +20,7 @@ use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
 use super::device::{DEVICE_PLUGINS, status_posted_since};
 use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE, doctor_in_pod};
+use super::node_events::wrong_all_clears;
 use super::timeline::{Follow, Timeline, offset};
 use super::{doctor_with_plugin_conditions, secs};
 use crate::Result;
@@ -91,15 +92,7 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     let all_back = back.iter().max().copied().unwrap_or(healthy);
 
     // No True aggregate from the kubelet's return until both were back.
-    let wrong: Vec<String> = timeline
-        .changes()
-        .iter()
-        .filter(|c| c.what == aggregate && c.at >= returned && c.at < all_back)
-        .filter(|c| c.value.starts_with("True"))
-        .map(|c| format!("{} at +{:.1} s", c.value, offset(started, c.at)))
-        .collect();
-    let in_force =
-        timeline.first(&aggregate, returned, |v| v.starts_with("True")) == Some(returned);
+    let wrong = wrong_all_clears(&timeline, returned, all_back);
     eprintln!("{}", timeline.print("restart-window (origin: the plugins applied)"));
     eprintln!(
         "restart-window: kubelet SIGTERM at {:+.1} s, started {:+.1} s, its Node status {:+.1} s",
@@ -107,10 +100,9 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
         offset(timeline.origin, started),
         offset(timeline.origin, returned)
     );
-    if !wrong.is_empty() || in_force {
+    if !wrong.is_empty() {
         return Err(format!(
-            "{CONDITION} True after the kubelet's return while a plugin was not back: {wrong:?} \
-             (True when it returned: {in_force})"
+            "{CONDITION} True after the kubelet's return while a plugin was not back: {wrong:?}"
         )
         .into());
     }

@@ -13,9 +13,9 @@ use crate::Result;
 use crate::scenario::{find, wait_until};
 
 /// The Node `kpm run` serves: not the kubelet's, which publishes its own.
-const SECOND_NODE: &str = "kpm-second";
+pub(super) const SECOND_NODE: &str = "kpm-second";
 /// `kpm run`'s root: a directory the real kubelet does not watch.
-const SECOND_ROOT: &str = "/var/lib/kpm-second";
+pub(super) const SECOND_ROOT: &str = "/var/lib/kpm-second";
 const RUN_SELECTOR: &str = "app.kubernetes.io/name=kpm";
 const KPM_USER: &str = "system:serviceaccount:kpm-system:kpm";
 /// The example plugin's CSI driver.

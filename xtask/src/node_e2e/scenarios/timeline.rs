@@ -1,9 +1,9 @@
 //! The timeline of a node event: a thread that reads the Node (and the pods
 //! of a namespace) every [`EVERY`] and keeps each change of what it is told
 //! to follow, with when it was seen, for the scenario to wait on, check and
-//! print. `restart-window` and `readiness-gate` follow the doctor's
-//! conditions, the Node's allocatable and taints, and pods' phases through
-//! a kubelet restart with it.
+//! print. The node events' scenarios follow with it the doctor's
+//! conditions, the Node's allocatable and taints, CSINodes' drivers and
+//! pods' phases.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,6 +41,9 @@ pub(super) struct Follow {
     pub(super) taints: Vec<String>,
     /// The pods of this namespace: their phase each (and why they wait).
     pub(super) pods: Option<String>,
+    /// CSINodes by name: the drivers each lists (what the kubelet, or
+    /// `kpm run` for its Node, registered).
+    pub(super) csinodes: Vec<String>,
 }
 
 /// The watching thread and what it saw; stopped when dropped.
@@ -180,6 +183,19 @@ fn look(api: &Api, follow: &Follow) -> Result<Vec<(String, String)>> {
             format!("taint {key}"),
             taint.map_or_else(|| "-".to_owned(), |t| text(&t["effect"])),
         ));
+    }
+    for name in &follow.csinodes {
+        let (code, csinode) =
+            api.request("GET", &format!("/apis/storage.k8s.io/v1/csinodes/{name}"), None)?;
+        let mut drivers: Vec<String> = csinode["spec"]["drivers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|driver| text(&driver["name"]))
+            .collect();
+        drivers.sort();
+        let listed = if code == 200 { drivers.join(",") } else { "-".to_owned() };
+        now.push((format!("csinode {name}"), listed));
     }
     if let Some(namespace) = &follow.pods {
         let pods = api.get(&format!("/api/v1/namespaces/{namespace}/pods"))?;
