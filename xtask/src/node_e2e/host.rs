@@ -185,10 +185,18 @@ pub(super) fn clean_up_cgroups() -> Result {
             Ok(left == 0)
         })?;
     }
+    remove_cgroups(|_, _| true)
+}
+
+/// Removes the node's cgroups, in each controller, that `remove` names
+/// (given the controller's node cgroup and one under it), deepest first:
+/// a cgroup with children cannot be removed.
+fn remove_cgroups(remove: impl Fn(&Path, &Path) -> bool) -> Result {
     let mut problems = Vec::new();
     for controller in CONTROLLERS {
-        let mut dirs = dirs_under(&cgroup(controller))?;
-        // Deepest first: a cgroup with children cannot be removed.
+        let root = cgroup(controller);
+        let mut dirs = dirs_under(&root)?;
+        dirs.retain(|dir| remove(&root, dir));
         dirs.sort_by_key(|dir| std::cmp::Reverse(dir.components().count()));
         for dir in dirs {
             if let Err(err) = fs::remove_dir(&dir) {
@@ -197,6 +205,14 @@ pub(super) fn clean_up_cgroups() -> Result {
         }
     }
     if problems.is_empty() { Ok(()) } else { Err(problems.join("; ").into()) }
+}
+
+/// Removes the cgroups the kubelet and runc made (the pods'), which a boot
+/// starts without: left, the kubelet's cAdvisor takes them for containers
+/// and asks containerd about each at its start, seconds each. The node's
+/// own cgroup and `system`, where this xtask runs, stay.
+pub(super) fn forget_pod_cgroups() -> Result {
+    remove_cgroups(|root, dir| dir != root && !dir.starts_with(root.join("system")))
 }
 
 /// The processes of the node's cgroups whose cgroup `keep` says is theirs:

@@ -204,9 +204,9 @@ impl Node {
     /// The first half of a simulated reboot: the node shut down as systemd
     /// shuts it down. The kubelet and containerd are stopped as services
     /// (SIGTERM); then every process left of the pods gets SIGTERM, and
-    /// SIGKILL after `grace`; containerd's shims go last. The mounts a boot
-    /// does not keep are undone, and `/run` and containerd's state (a tmpfs
-    /// on a real node) emptied; `/var/lib` keeps its files, the plugins'
+    /// SIGKILL after `grace`; containerd's shims go last. The pods' cgroups
+    /// and the mounts a boot does not keep are undone, and `/run` and
+    /// containerd's state (a tmpfs on a real node) emptied; `/var/lib` keeps its files, the plugins'
     /// sockets among them. The control plane, another machine's, runs on.
     pub(super) fn shut_down(&mut self, grace: Duration) -> Result {
         if let Some(mut kubelet) = self.kubelet.take() {
@@ -214,6 +214,7 @@ impl Node {
         }
         self.stop_containerd()?;
         host::end_pods(grace)?;
+        host::forget_pod_cgroups()?;
         let containerd_state = self.state.join("containerd").join("state");
         let kubelet_root = self.kubelet_root.clone();
         host::forget_mounts(&[Path::new("/run"), &containerd_state, &kubelet_root])?;

@@ -94,7 +94,7 @@ pub(super) fn kubelet_upgrade(env: &Env, node: &mut Node) -> Result<String> {
         offset(timeline.origin, followed),
     );
 
-    let wrong = wrong_all_clears(&timeline, returned, all_back);
+    let wrong = wrong_all_clears(&timeline.changes(), returned, all_back);
     if !wrong.is_empty() {
         return Err(format!(
             "{CONDITION} True after the new kubelet's return while a plugin was not back: {wrong:?}"

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::super::node::Node;
 use super::doctor::CONDITION;
 use super::restart_window::doctor_report;
-use super::timeline::{Timeline, offset};
+use super::timeline::{Change, offset};
 use crate::Result;
 
 /// A plugin the doctor found registered: its report's `type` and `name`.
@@ -121,17 +121,16 @@ pub(super) fn wait_registered(
     Ok(back)
 }
 
-/// The `True` conditions of the doctor ([`CONDITION`]) the timeline saw
-/// from `from` (the kubelet's return) until `until` (the last plugin
-/// back), the one in force at `from` among them, each as `True/REASON at
-/// +1.2 s`: each a wrong all-clear.
+/// The `True` conditions of the doctor ([`CONDITION`]) among a timeline's
+/// `changes` from `from` (the kubelet's return) until `until` (the last
+/// plugin back), the one in force at `from` among them, each as
+/// `True/REASON at +1.2 s`: each a wrong all-clear.
 pub(super) fn wrong_all_clears(
-    timeline: &Timeline,
+    changes: &[Change],
     from: SystemTime,
     until: SystemTime,
 ) -> Vec<String> {
     let aggregate = format!("condition {CONDITION}");
-    let changes = timeline.changes();
     let mine: Vec<_> = changes.iter().filter(|c| c.what == aggregate).collect();
     let in_force = mine.iter().rev().find(|c| c.at <= from);
     let later = mine.iter().filter(|c| c.at > from && c.at < until);
@@ -162,5 +161,28 @@ mod tests {
         let shown = humantime::format_rfc3339_micros(at).to_string();
         assert!(shown.ends_with("-11-29T09:22:03.123456Z"), "{shown}");
         assert_eq!(klog_time("not a klog line"), None);
+    }
+
+    #[test]
+    fn a_true_in_force_at_the_return_or_seen_before_the_last_plugin_is_back_is_wrong() {
+        let t = |secs: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let change = |at: u64, value: &str| Change {
+            at: t(at),
+            what: format!("condition {CONDITION}"),
+            value: value.to_owned(),
+        };
+        let other = Change { at: t(12), what: "condition Ready".to_owned(), value: "True/x".to_owned() };
+        // The return at 10, the last plugin back at 20.
+        let changes = [change(5, "True/PluginsHealthy"), change(11, "False/NotRegisteredAgain")];
+        assert_eq!(wrong_all_clears(&changes, t(10), t(20)), ["True/PluginsHealthy at +0.0 s"]);
+        let changes = [
+            change(5, "Unknown/DoctorStopped"),
+            other.clone(),
+            change(15, "True/PluginsHealthy"),
+            change(16, "False/NotRegisteredAgain"),
+        ];
+        assert_eq!(wrong_all_clears(&changes, t(10), t(20)), ["True/PluginsHealthy at +5.0 s"]);
+        let changes = [change(5, "Unknown/DoctorStopped"), other, change(21, "True/PluginsHealthy")];
+        assert!(wrong_all_clears(&changes, t(10), t(20)).is_empty());
     }
 }

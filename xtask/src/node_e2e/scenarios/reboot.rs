@@ -126,7 +126,7 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
     );
     eprintln!("reboot: kpm doctor on the held socket: {}", leftover.1);
 
-    let wrong = wrong_all_clears(&timeline, returned, all_back);
+    let wrong = wrong_all_clears(&timeline.changes(), returned, all_back);
     if !wrong.is_empty() {
         return Err(format!(
             "{CONDITION} True after the kubelet's return while a plugin was not back: {wrong:?}"

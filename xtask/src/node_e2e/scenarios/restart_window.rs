@@ -92,7 +92,7 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     let all_back = back.iter().max().copied().unwrap_or(healthy);
 
     // No True aggregate from the kubelet's return until both were back.
-    let wrong = wrong_all_clears(&timeline, returned, all_back);
+    let wrong = wrong_all_clears(&timeline.changes(), returned, all_back);
     eprintln!("{}", timeline.print("restart-window (origin: the plugins applied)"));
     eprintln!(
         "restart-window: kubelet SIGTERM at {:+.1} s, started {:+.1} s, its Node status {:+.1} s",
