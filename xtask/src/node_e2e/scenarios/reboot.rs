@@ -105,6 +105,9 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
     let second_back = wait_for("kpm run registering its plugin again", WINDOW, || {
         kpm_run_registered(node, HELD_SECOND, booted)
     })?;
+    // What of that wait was the kubelet's: when it started the plugin.
+    let second_started =
+        wait_for("kpm run's plugin running", WINDOW, || started_since(node, "held-second", booted))?;
     let healthy = timeline.wait(&aggregate, all_back, WINDOW, |v| v.starts_with("True"))?;
     let consumer = wait_for("the claim's pod running again", WINDOW, || {
         started_since(node, "consumer", booted)
@@ -142,7 +145,8 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
          after, the held plugin's socket and no {CDI_DIR} left; the kubelet's first Node status \
          {:.1} s after the boot found {found_at_return}; kpm doctor named the held socket a \
          leftover {:.1} s after it (exit 1); released {:.1} s after it, back {} from the boot; \
-         kpm run registered {HELD_SECOND} again {:.1} s after the boot; {CONDITION} True {:.1} s \
+         kpm run registered {HELD_SECOND} again {:.1} s after the boot ({:.1} s after the kubelet \
+         started its container); {CONDITION} True {:.1} s \
          after the last was back, never before; the claim's pod Running {:.1} s after the boot \
          with its CDI spec {cdi} written again",
         plugins.len(),
@@ -152,6 +156,7 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
         offset(returned, released),
         describe_back(&back, booted),
         offset(booted, second_back),
+        offset(second_started, second_back),
         offset(all_back, healthy),
         offset(booted, consumer),
     ))
