@@ -218,23 +218,25 @@ impl Remembered {
     /// registered, and what it found missing.
     pub(crate) fn judge(&mut self, rows: &mut Vec<Row>, evidence: &Evidence<'_>) {
         self.add_checkpoint(evidence);
-        let Some(started) = evidence.events.kubelet_started else {
-            // No kubelet runs, so none registered anything since: nothing
-            // is judged by memory, and nothing forgotten.
-            self.remember_registered(rows, evidence);
-            return;
-        };
+        let started = evidence.events.kubelet_started;
         let mut next = Self { traces: BTreeMap::new(), unread: self.unread.take() };
         for (key, trace) in std::mem::take(&mut self.traces) {
             let (kind, name) = (key.0, key.1.as_str());
-            let present = rows.iter_mut().find(|row| {
+            let present = rows.iter().position(|row| {
                 row.kind == Some(kind)
                     && row.name.as_deref() == Some(name)
                     && row.verdict != Verdict::DeletedButListening
             });
-            let lost = trace.missing || trace.seen.is_some_and(|seen| before(seen, started));
+            let lost = trace.missing || trace.seen.is_some_and(|seen| lost_since(seen, started));
             match present {
-                Some(row) => {
+                // Its socket answers, but no kubelet has it: none runs, or
+                // this one has not yet removed the socket it found.
+                Some(index) if lost && not_with_the_kubelet(&rows[index], evidence) => {
+                    not_registered_again(rows, kind, name, &trace, evidence);
+                    next.traces.insert(key, Trace { missing: true, ..trace });
+                }
+                Some(index) => {
+                    let row = &mut rows[index];
                     if !row.verdict.registers() {
                         if let Some(seen) = trace.seen.filter(|_| lost) {
                             not_published_again(row, seen, evidence);
@@ -268,16 +270,39 @@ impl Remembered {
     }
 }
 
-/// Whether a plugin `seen` registered was so before the kubelet `started`:
-/// seen by a pass under another kubelet, kept by that kubelet from its
-/// checkpoint (which it read at its start, so the sighting is as old as
-/// that), or seen earlier.
-fn before((at, witness): (SystemTime, Witness), started: SystemTime) -> bool {
-    match witness {
-        Witness::Pass { under: Some(under) } => under != started,
-        Witness::RestoredByKubelet => true,
-        Witness::Pass { under: None } | Witness::Report | Witness::Checkpoint => at < started,
+/// Whether a plugin `seen` registered is lost to a node event, the judged
+/// kubelet `started` then (none running: `None`): seen by a pass under
+/// another kubelet (one that stopped, when none runs), kept by the judged
+/// kubelet from its checkpoint (which it read at its start, so the
+/// sighting is as old as that), or seen before its start. What was seen
+/// with no kubelet running (a host without one) is not judged.
+fn lost_since((at, witness): (SystemTime, Witness), started: Option<SystemTime>) -> bool {
+    match (witness, started) {
+        (Witness::Pass { under: Some(under) }, _) => Some(under) != started,
+        (Witness::RestoredByKubelet, Some(_)) => true,
+        (_, Some(started)) => at < started,
+        (_, None) => false,
     }
+}
+
+/// Whether a row that registers by its socket alone is registered with no
+/// kubelet: none runs, or it is a device plugin's socket made before the
+/// judged kubelet's start, which removes every socket of `device-plugins/`
+/// as it starts and has not reached this one yet (a plugin that registers
+/// again serves a new socket).
+fn not_with_the_kubelet(row: &Row, evidence: &Evidence<'_>) -> bool {
+    if !row.verdict.registers() {
+        return false;
+    }
+    let Some(started) = evidence.events.kubelet_started else { return true };
+    row.kind == Some(PluginKind::Device) && made_before(&row.path, started, evidence.view)
+}
+
+/// Whether the file at `path` on the host was made before `at`.
+fn made_before(path: &Path, at: SystemTime, view: &View) -> bool {
+    std::fs::symlink_metadata(view.path(path))
+        .and_then(|meta| meta.modified())
+        .is_ok_and(|made| made < at)
 }
 
 /// Where a row the doctor makes of a remembered plugin was found.
@@ -372,7 +397,13 @@ fn not_registered_again(
 ) {
     let now = evidence.now;
     let socket = trace.socket.as_deref();
+    let kubelet_runs = evidence.events.kubelet_started.is_some();
     let mut said = match trace.seen {
+        Some((at, witness)) if !kubelet_runs => vec![format!(
+            "registered with a kubelet that is not running now ({}): nothing is registered \
+             until a kubelet runs again",
+            witnessed(at, witness, now)
+        )],
         Some((at, witness)) => vec![format!(
             "registered before {} ({}), and not since",
             event_after(at, &evidence.events, now),
@@ -388,7 +419,17 @@ fn not_registered_again(
     }
     let at_socket = socket.and_then(|socket| rows.iter().position(|row| row.path == socket));
     let index = match at_socket {
-        Some(index) if rows[index].name.is_none() => index,
+        Some(index) if rows[index].name.as_deref().is_none_or(|named| named == name) => {
+            if kubelet_runs && rows[index].verdict.registers() {
+                said.push(
+                    "its socket answers, but is older than the kubelet's start: the kubelet \
+                     removes every socket of device-plugins/ as it starts, and has not reached \
+                     this one yet"
+                        .to_owned(),
+                );
+            }
+            index
+        }
         _ => {
             let path = socket.map_or_else(|| unknown_socket(kind, name), Path::to_path_buf);
             rows.push(Row::new(Verdict::NotRegisteredAgain, &path, REMEMBERED, String::new()));
@@ -411,6 +452,10 @@ fn not_registered_again(
     row.reason =
         if is_leftover { format!("{}; {}", row.reason, said.join("; ")) } else { said.join("; ") };
     row.hint = match kind {
+        _ if !kubelet_runs => "the kubelet is not running: see its service (systemctl status \
+            kubelet) and its log; CSI and DRA drivers are registered again once it runs, device \
+            plugins once they call Register on its new kubelet.sock"
+            .to_owned(),
         PluginKind::Device => "the device plugin must call Register on the new kubelet.sock: \
             restart its pod (kubectl delete pod) so that it does; a plugin that does not watch \
             device-plugins/ for a new kubelet.sock never comes back by itself, and pods asking \
@@ -432,14 +477,10 @@ fn not_registered_again(
 pub(crate) fn leftovers_of_node_events(rows: &mut [Row], evidence: &Evidence<'_>) {
     let NodeEvents { booted, kubelet_started } = evidence.events;
     for row in rows.iter_mut().filter(|row| row.verdict == Verdict::Stale) {
-        let Ok(made) =
-            std::fs::symlink_metadata(evidence.view.path(&row.path)).and_then(|m| m.modified())
-        else {
-            continue;
-        };
+        let made_before = |at| made_before(&row.path, at, evidence.view);
         let (event, at) = match (booted, kubelet_started) {
-            (Some(booted), _) if made < booted => ("the node's boot", booted),
-            (_, Some(started)) if made < started => ("the kubelet's start", started),
+            (Some(booted), _) if made_before(booted) => ("the node's boot", booted),
+            (_, Some(started)) if made_before(started) => ("the kubelet's start", started),
             _ => continue,
         };
         row.reason = format!(
@@ -833,7 +874,7 @@ mod tests {
 
     #[test]
     fn a_plugin_seen_under_the_kubelet_before_is_lost_though_the_sighting_reads_after_the_new_start()
-    {
+     {
         // The pass saw it registered under the kubelet started at `at(10)`,
         // half a second after the new kubelet's start as /proc reads it
         // (to btime's whole second): the new kubelet removed its socket, it
@@ -955,18 +996,89 @@ mod tests {
     }
 
     #[test]
-    fn without_a_running_kubelet_nothing_is_judged_by_memory_and_nothing_forgotten() {
+    fn while_the_kubelet_it_judged_is_stopped_nothing_it_had_is_registered() {
         let mut remembered = before_the_restart();
-        let node = Node {
+        let stopped = Node {
             events: NodeEvents { kubelet_started: None, booted: Some(at(0)) },
             ..Node::restarted()
         };
+        // The gpu plugin's socket still answers: no kubelet has it.
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        remembered.judge(&mut rows, &stopped.evidence(at(60)));
+        assert_eq!(
+            verdicts(&rows),
+            [
+                (Verdict::NotRegisteredAgain, Some(GPU), "/r/device-plugins/gpu.sock"),
+                (Verdict::NotRegisteredAgain, Some(NULL), "/r/device-plugins/null.sock"),
+            ]
+        );
+        assert!(
+            rows[0].reason.starts_with("registered with a kubelet that is not running now (this doctor saw it registered at 2027-01-15T08:00:50Z (10s ago))"),
+            "{}",
+            rows[0].reason
+        );
+        assert!(rows[0].hint.starts_with("the kubelet is not running"), "{}", rows[0].hint);
+
+        // A kubelet again: still lost until each registers with it.
         let mut rows = Vec::new();
-        remembered.judge(&mut rows, &node.evidence(at(160)));
-        assert!(rows.is_empty());
-        let node = Node::restarted();
-        remembered.judge(&mut rows, &node.evidence(at(170)));
+        remembered.judge(&mut rows, &Node::restarted().evidence(at(170)));
         assert_eq!(rows.len(), 2);
+    }
+
+    #[test]
+    fn on_a_host_with_no_kubelet_what_its_passes_saw_is_not_judged() {
+        let no_kubelet = Node {
+            events: NodeEvents { kubelet_started: None, booted: Some(at(0)) },
+            ..Node::restarted()
+        };
+        let mut remembered = Remembered::default();
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        remembered.judge(&mut rows, &no_kubelet.evidence(at(50)));
+        let mut rows =
+            vec![row(Verdict::Ok, "/r/device-plugins/gpu.sock", PluginKind::Device, Some(GPU))];
+        remembered.judge(&mut rows, &no_kubelet.evidence(at(60)));
+        assert_eq!(verdicts(&rows), [(Verdict::Ok, Some(GPU), "/r/device-plugins/gpu.sock")]);
+        let mut rows = Vec::new();
+        remembered.judge(&mut rows, &no_kubelet.evidence(at(70)));
+        assert!(rows.is_empty());
+    }
+
+    #[test]
+    fn a_device_plugins_socket_older_than_the_kubelets_start_is_not_registered_with_it() {
+        // The new kubelet has not yet removed the sockets of before its
+        // start; the gpu plugin's still answers, the null plugin's is new.
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("gpu.sock"), dir.path().join("null-2.sock"));
+        for (path, made) in [(&old, at(20)), (&new, at(101))] {
+            std::fs::write(path, "").unwrap();
+            std::fs::File::options().write(true).open(path).unwrap().set_modified(made).unwrap();
+        }
+        let mut remembered = Remembered::default();
+        let mut rows = vec![
+            row(Verdict::Ok, old.to_str().unwrap(), PluginKind::Device, Some(GPU)),
+            row(
+                Verdict::Ok,
+                dir.path().join("null.sock").to_str().unwrap(),
+                PluginKind::Device,
+                Some(NULL),
+            ),
+        ];
+        let old_kubelet = Node {
+            events: NodeEvents { kubelet_started: Some(at(10)), booted: Some(at(0)) },
+            ..Node::restarted()
+        };
+        remembered.judge(&mut rows, &old_kubelet.evidence(at(50)));
+        let mut rows = vec![
+            row(Verdict::Ok, old.to_str().unwrap(), PluginKind::Device, Some(GPU)),
+            row(Verdict::Ok, new.to_str().unwrap(), PluginKind::Device, Some(NULL)),
+        ];
+        remembered.judge(&mut rows, &Node::restarted().evidence(at(102)));
+        let verdicts: Vec<(Verdict, Option<&str>)> =
+            rows.iter().map(|row| (row.verdict, row.name.as_deref())).collect();
+        assert_eq!(verdicts, [(Verdict::NotRegisteredAgain, Some(GPU)), (Verdict::Ok, Some(NULL))]);
+        assert!(rows[0].reason.contains("older than the kubelet's start"), "{}", rows[0].reason);
     }
 
     #[test]

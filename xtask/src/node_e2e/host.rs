@@ -292,15 +292,12 @@ fn unescape_mount_point(point: &str) -> String {
     while let Some(at) = rest.find('\\') {
         text.push_str(&rest[..at]);
         let code = rest.get(at + 1..at + 4).and_then(|digits| u8::from_str_radix(digits, 8).ok());
-        match code {
-            Some(byte) => {
-                text.push(char::from(byte));
-                rest = &rest[at + 4..];
-            }
-            None => {
-                text.push('\\');
-                rest = &rest[at + 1..];
-            }
+        if let Some(byte) = code {
+            text.push(char::from(byte));
+            rest = &rest[at + 4..];
+        } else {
+            text.push('\\');
+            rest = &rest[at + 1..];
         }
     }
     text.push_str(rest);

@@ -6,7 +6,8 @@
 //!   the root that holds them, seen through inotify;
 //! - right after a process serving one of the node's sockets exits (a
 //!   pidfd for each), since a crashed plugin leaves its socket behind and
-//!   the file system says nothing;
+//!   the file system says nothing; and right after the judged kubelet
+//!   exits, when what it had is registered no more;
 //! - right after a socket found ok does not answer a PING on a
 //!   connection of its own, sent every [`WatchConfig::look`] (30 s): a
 //!   plugin alive but hung is named within a minute ([`looks`]);
@@ -494,8 +495,10 @@ impl Armed {
     }
 }
 
-/// A pidfd wait per process serving a socket of the node: its exit wakes
-/// the loop.
+/// A pidfd wait per process serving a socket of the node, and for the
+/// judged kubelet: an exit wakes the loop. The kubelet's, so that what it
+/// had is called lost as it stops, before a new one posts its Node's
+/// status.
 #[derive(Debug)]
 struct Exits {
     wake: mpsc::Sender<()>,
@@ -509,8 +512,13 @@ impl Exits {
 
     /// Waits for the exits of the processes `report` names, and no others.
     fn follow(&mut self, report: &Report) {
-        let serving: Vec<u32> =
-            report.plugins.iter().filter_map(|row| row.served_by.as_ref()).map(|p| p.pid).collect();
+        let serving: Vec<u32> = report
+            .plugins
+            .iter()
+            .filter_map(|row| row.served_by.as_ref())
+            .map(|p| p.pid)
+            .chain(report.judged_pid)
+            .collect();
         self.waiting.retain(|pid, task| {
             let keep = serving.contains(pid) && !task.is_finished();
             if !keep {
@@ -528,7 +536,7 @@ impl Exits {
             let wake = self.wake.clone();
             let task = tokio::spawn(async move {
                 if pidfd.readable().await.is_ok() {
-                    debug!(pid, "a plugin's process exited");
+                    debug!(pid, "a plugin's process, or the kubelet, exited");
                     let _ = wake.try_send(());
                 }
             });

@@ -1,6 +1,6 @@
 //! `containerd-restart`: containerd stopped under running plugins (the CSI
 //! driver of `csi-driver`, squat/generic-device-plugin, `kpm run` of
-//! `kpm-run` with its plugin) until the kubelet calls the node NotReady,
+//! `kpm-run` with its plugin) until the kubelet calls the node `NotReady`,
 //! then started again, as its service manager restarts it. The pods run
 //! on: every container keeps its ID and restart count, every plugin socket
 //! its inode, CSINodes their drivers, the Node its allocatable. The doctor
@@ -20,16 +20,16 @@ use super::device::DEVICE_PLUGINS;
 use super::doctor::CONDITION;
 use super::node_events::registered_plugins;
 use super::restart_window::{doctor_report, one_doctor_pod, verdict};
-use super::timeline::{Follow, Timeline, offset};
 use super::run::SECOND_NODE;
 use super::secs;
+use super::timeline::{Follow, Timeline, offset};
 use crate::Result;
 use crate::scenario::wait_for;
 
 /// generic-device-plugin's resource and its count
 /// (`manifests/generic-device-plugin.yaml`).
 const GENERIC: (&str, &str) = ("squat.ai/null", "3");
-/// How long the kubelet may take to call the node NotReady with
+/// How long the kubelet may take to call the node `NotReady` with
 /// containerd gone (its runtime check every 5 s, its status every 10 s),
 /// and to call it Ready again.
 const NOTICED: Duration = Duration::from_secs(90);
@@ -56,18 +56,20 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
 
     let stopped = SystemTime::now();
     node.stop_containerd()?;
-    let not_ready = timeline.wait("condition Ready", stopped, NOTICED, |v| v.starts_with("False"))?;
+    let not_ready =
+        timeline.wait("condition Ready", stopped, NOTICED, |v| v.starts_with("False"))?;
     let started = SystemTime::now();
     node.start_containerd()?;
     let ready = timeline.wait("condition Ready", started, NOTICED, |v| v.starts_with("True"))?;
 
     // Every plugin of before ok again in kpm doctor, and nothing else
     // failing: the node as it was.
-    let (after_report, settled) = wait_for("kpm doctor ok after the restart", START_TIMEOUT, || {
-        let (code, report) = doctor_report(node)?;
-        let all_ok = plugins.iter().all(|p| verdict(&report, &p.name).as_deref() == Some("ok"));
-        Ok((code == 0 && all_ok).then(|| (report, SystemTime::now())))
-    })?;
+    let (after_report, settled) =
+        wait_for("kpm doctor ok after the restart", START_TIMEOUT, || {
+            let (code, report) = doctor_report(node)?;
+            let all_ok = plugins.iter().all(|p| verdict(&report, &p.name).as_deref() == Some("ok"));
+            Ok((code == 0 && all_ok).then(|| (report, SystemTime::now())))
+        })?;
     let after = Snapshot::take(node)?;
     let aggregate = format!("condition {CONDITION}");
     timeline.wait(&aggregate, started, START_TIMEOUT, |v| v.starts_with("True"))?;
@@ -89,11 +91,18 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
     // CSINode's drivers other than before.
     for (what, was) in [
         (allocatable.clone(), GENERIC.1.to_owned()),
-        (format!("csinode {NODE_NAME}"), timeline.current(&format!("csinode {NODE_NAME}")).unwrap_or_default()),
+        (
+            format!("csinode {NODE_NAME}"),
+            timeline.current(&format!("csinode {NODE_NAME}")).unwrap_or_default(),
+        ),
     ] {
         for change in timeline.changes().iter().filter(|c| c.what == what && c.at >= stopped) {
             if change.value != was {
-                wrong.push(format!("{what} = {} at {:+.1} s", change.value, offset(stopped, change.at)));
+                wrong.push(format!(
+                    "{what} = {} at {:+.1} s",
+                    change.value,
+                    offset(stopped, change.at)
+                ));
             }
         }
     }
@@ -118,7 +127,11 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
         before.sockets.len(),
         plugins.len(),
         offset(started, settled),
-        if falses.is_empty() { "True throughout".to_owned() } else { format!("went {}", falses.join(", ")) },
+        if falses.is_empty() {
+            "True throughout".to_owned()
+        } else {
+            format!("went {}", falses.join(", "))
+        },
     ))
 }
 
@@ -190,7 +203,12 @@ fn stale_rows(report: &Value) -> Vec<String> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|row| matches!(row["verdict"].as_str(), Some("stale" | "stale-csi-node-entry" | "deleted-but-listening")))
+        .filter(|row| {
+            matches!(
+                row["verdict"].as_str(),
+                Some("stale" | "stale-csi-node-entry" | "deleted-but-listening")
+            )
+        })
         .map(|row| format!("{} {}", row["verdict"], row["path"]))
         .collect()
 }

@@ -2,7 +2,7 @@
 //! `kubelet.sock` that loses its socket, and the kubelet itself restarted,
 //! seen by the doctor's DaemonSet of `doctor`.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
@@ -96,12 +96,12 @@ pub(super) fn device_plugin_socket_lost(_env: &Env, node: &mut Node) -> Result<S
 /// its start: a plugin that is back has served a new one), and the doctor's
 /// condition True.
 pub(super) fn kubelet_restart(_env: &Env, node: &mut Node) -> Result<String> {
-    let (restarted, restarted_at) = (Instant::now(), std::time::SystemTime::now());
+    let status_before = LastStatus::read(node)?;
+    let restarted = Instant::now();
     node.restart_kubelet()?;
     node.wait_ready()?;
-    let posted = wait_for("the restarted kubelet's first Node status", START_TIMEOUT, || {
-        Ok(status_posted_since(node, restarted_at)?.then(Instant::now))
-    })?;
+    status_before.wait_anew(node)?;
+    let posted = Instant::now();
     let served = wait_for("the device plugin's socket served anew", START_TIMEOUT, || {
         Ok(plugin_socket().ok().map(|_| Instant::now()))
     })?;
@@ -116,18 +116,48 @@ pub(super) fn kubelet_restart(_env: &Env, node: &mut Node) -> Result<String> {
     ))
 }
 
-/// Whether the Node's status was posted at `since` or later (its `Ready`
-/// condition's heartbeat): by a kubelet restarted then, not the old one.
-pub(super) fn status_posted_since(node: &Node, since: std::time::SystemTime) -> Result<bool> {
+/// The Node's status as the kubelet running now last posted it (its `Ready`
+/// condition's heartbeat), read before that kubelet stops: the next
+/// kubelet's first status is the first that differs. The API's times have
+/// whole seconds, so a heartbeat compared with a clock takes the old
+/// kubelet's last status, posted in the second the new one started, for
+/// the new one's.
+pub(super) struct LastStatus(Option<String>);
+
+impl LastStatus {
+    /// Reads it, once the second of its heartbeat is over: a new kubelet's
+    /// heartbeat, later, is then another.
+    pub(super) fn read(node: &Node) -> Result<Self> {
+        let heartbeat = ready_heartbeat(node)?;
+        let at = heartbeat.as_deref().and_then(|time| humantime::parse_rfc3339_weak(time).ok());
+        if let Some(over) = at.map(|at| at + std::time::Duration::from_secs(1)) {
+            std::thread::sleep(over.duration_since(SystemTime::now()).unwrap_or_default());
+        }
+        Ok(Self(heartbeat))
+    }
+
+    /// Whether a kubelet posted the Node's status since it was read.
+    pub(super) fn posted_anew(&self, node: &Node) -> Result<bool> {
+        Ok(ready_heartbeat(node)?.is_some_and(|heartbeat| Some(&heartbeat) != self.0.as_ref()))
+    }
+
+    /// Waits for a kubelet's first Node status since it was read: when it
+    /// was seen.
+    pub(super) fn wait_anew(&self, node: &Node) -> Result<SystemTime> {
+        wait_for("the kubelet's first Node status", START_TIMEOUT, || {
+            Ok(self.posted_anew(node)?.then(SystemTime::now))
+        })
+    }
+}
+
+/// The Node's `Ready` heartbeat, as the API gives it.
+fn ready_heartbeat(node: &Node) -> Result<Option<String>> {
     let object = node.api.get(&format!("/api/v1/nodes/{NODE_NAME}"))?;
-    let heartbeat = object["status"]["conditions"]
+    Ok(object["status"]["conditions"]
         .as_array()
         .and_then(|conditions| conditions.iter().find(|c| c["type"] == "Ready"))
         .and_then(|ready| ready["lastHeartbeatTime"].as_str())
-        .and_then(|time| humantime::parse_rfc3339_weak(time).ok());
-    // The API's times have whole seconds.
-    let since = since - std::time::Duration::from_secs(1);
-    Ok(heartbeat.is_some_and(|at| at >= since))
+        .map(str::to_owned))
 }
 
 /// The Node's allocatable count of [`RESOURCE`].

@@ -14,7 +14,7 @@ use serde_json::Value;
 use super::super::kubelets::Programs;
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::status_posted_since;
+use super::device::LastStatus;
 use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE};
 use super::node_events::{describe_back, registered_plugins, wait_registered, wrong_all_clears};
 use super::restart_window::{doctor_report, one_doctor_pod};
@@ -67,12 +67,11 @@ pub(super) fn kubelet_upgrade(env: &Env, node: &mut Node) -> Result<String> {
     let version_before = kubelet_version(&report);
     let doctor_before = doctor_pod(node)?;
 
+    let status_before = LastStatus::read(node)?;
     let upgraded = SystemTime::now();
     node.upgrade_kubelet()?;
     node.wait_ready()?;
-    let returned = wait_for("the new kubelet's first Node status", START_TIMEOUT, || {
-        Ok(status_posted_since(node, upgraded)?.then(SystemTime::now))
-    })?;
+    let returned = status_before.wait_anew(node)?;
     let back = wait_registered(node, &plugins, upgraded, WINDOW)?;
     let all_back = back.iter().map(|(_, at)| *at).max().unwrap_or(returned);
     let (version_after, followed) = wait_for("kpm doctor ok on the new minor", WINDOW, || {

@@ -69,7 +69,9 @@ pub(super) fn registered_since(
         // The device manager's registration server, at -v=0.
         "DevicePlugin" => (
             std::fs::read_to_string(node.kubelet_log())?,
-            format!("Got registration request from device plugin with resource\" resourceName=\"{name}\""),
+            format!(
+                "Got registration request from device plugin with resource\" resourceName=\"{name}\""
+            ),
         ),
         // The CSI plugin's registration handler, at -v=0.
         "CSIPlugin" => (
@@ -111,11 +113,9 @@ pub(super) fn wait_registered(
 ) -> Result<Vec<(Plugin, SystemTime)>> {
     let mut back = Vec::new();
     for plugin in plugins {
-        let at = crate::scenario::wait_for(
-            &format!("{plugin} registered again"),
-            timeout,
-            || registered_since(node, plugin, since),
-        )?;
+        let at = crate::scenario::wait_for(&format!("{plugin} registered again"), timeout, || {
+            registered_since(node, plugin, since)
+        })?;
         back.push((plugin.clone(), at));
     }
     Ok(back)
@@ -171,7 +171,8 @@ mod tests {
             what: format!("condition {CONDITION}"),
             value: value.to_owned(),
         };
-        let other = Change { at: t(12), what: "condition Ready".to_owned(), value: "True/x".to_owned() };
+        let other =
+            Change { at: t(12), what: "condition Ready".to_owned(), value: "True/x".to_owned() };
         // The return at 10, the last plugin back at 20.
         let changes = [change(5, "True/PluginsHealthy"), change(11, "False/NotRegisteredAgain")];
         assert_eq!(wrong_all_clears(&changes, t(10), t(20)), ["True/PluginsHealthy at +0.0 s"]);
@@ -182,7 +183,8 @@ mod tests {
             change(16, "False/NotRegisteredAgain"),
         ];
         assert_eq!(wrong_all_clears(&changes, t(10), t(20)), ["True/PluginsHealthy at +5.0 s"]);
-        let changes = [change(5, "Unknown/DoctorStopped"), other, change(21, "True/PluginsHealthy")];
+        let changes =
+            [change(5, "Unknown/DoctorStopped"), other, change(21, "True/PluginsHealthy")];
         assert!(wrong_all_clears(&changes, t(10), t(20)).is_empty());
     }
 }

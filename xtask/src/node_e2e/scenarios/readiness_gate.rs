@@ -16,13 +16,13 @@ use serde_json::{Value, json};
 
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::{DEVICE_PLUGINS, status_posted_since};
+use super::device::{DEVICE_PLUGINS, LastStatus};
 use super::doctor::CONDITION;
 use super::restart_window::one_doctor_pod;
 use super::timeline::{Follow, Timeline, offset};
 use super::{doctor_with_plugin_conditions, namespace_and_image, overlay, secs};
 use crate::Result;
-use crate::scenario::{Process, wait_for, wait_until};
+use crate::scenario::{Process, wait_until};
 
 const GATE_NAMESPACE: &str = "readiness-gate";
 const PLUGIN_POD: &str = "gate-plugin";
@@ -128,6 +128,7 @@ fn run(node: &mut Node, timeline: &Timeline, label: &str, gated: bool) -> Result
     if gated {
         timeline.wait(&taint, since, START_TIMEOUT, |v| v == "-")?;
     }
+    let status_before = LastStatus::read(node)?;
     let restarted = SystemTime::now();
     node.restart_kubelet()?;
     let started = SystemTime::now();
@@ -141,9 +142,7 @@ fn run(node: &mut Node, timeline: &Timeline, label: &str, gated: bool) -> Result
     let created = SystemTime::now();
     node.api.post(&format!("/api/v1/namespaces/{GATE_NAMESPACE}/pods"), &consumer(&pod))?;
     node.wait_ready()?;
-    let returned = wait_for("the restarted kubelet's first Node status", START_TIMEOUT, || {
-        Ok(status_posted_since(node, restarted)?.then(SystemTime::now))
-    })?;
+    let returned = status_before.wait_anew(node)?;
 
     // The plugin back late: its pod deleted and created again.
     std::thread::sleep(LATE.saturating_sub(restarted.elapsed().unwrap_or_default()));

@@ -25,7 +25,8 @@ use serde_json::Value;
 use super::super::kubelets;
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::status_posted_since;
+use super::Skipped;
+use super::device::LastStatus;
 use super::doctor::{CONDITION, NAMESPACE as KPM_NAMESPACE};
 use super::node_events::{
     Plugin, describe_back, registered_plugins, wait_registered, wrong_all_clears,
@@ -33,7 +34,6 @@ use super::node_events::{
 use super::restart_window::{doctor_report, one_doctor_pod};
 use super::run::{SECOND_NODE, SECOND_ROOT};
 use super::timeline::{Follow, Timeline, offset};
-use super::Skipped;
 use crate::Result;
 use crate::scenario::wait_for;
 
@@ -66,10 +66,12 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
     let (timeline, plugins, claim) = deploy(node)?;
 
     // The shutdown, and what it leaves on the Node and the disk.
+    let status_before = LastStatus::read(node)?;
     let down = SystemTime::now();
     node.shut_down(GRACE)?;
     let aggregate = format!("condition {CONDITION}");
-    let stopped = timeline.wait(&aggregate, down, START_TIMEOUT, |v| v == "Unknown/DoctorStopped")?;
+    let stopped =
+        timeline.wait(&aggregate, down, START_TIMEOUT, |v| v == "Unknown/DoctorStopped")?;
     let held_socket = socket_of(&node.kubelet_root.join("plugins_registry"), HELD_CSI)?
         .ok_or("the held plugin's socket did not outlive the shutdown")?;
     if std::fs::read_dir(CDI_DIR).is_ok() {
@@ -80,17 +82,17 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
     let booted = SystemTime::now();
     node.boot()?;
     node.wait_ready()?;
-    let returned = wait_for("the kubelet's first Node status after the boot", START_TIMEOUT, || {
-        Ok(status_posted_since(node, booted)?.then(SystemTime::now))
-    })?;
+    let returned = status_before.wait_anew(node)?;
     let found_at_return = timeline.current(&aggregate).unwrap_or_default();
     one_doctor_pod(node)?;
-    let leftover = wait_for("the doctor naming the held plugin's socket a leftover", WINDOW, || {
-        let (code, report) = doctor_report(node)?;
-        let row = row_at(&report, &held_socket);
-        let said = row.filter(|row| row["verdict"] == "stale" && reason(row).contains("a leftover of"));
-        Ok(said.map(|row| (code, reason(row).to_owned(), SystemTime::now())))
-    })?;
+    let leftover =
+        wait_for("the doctor naming the held plugin's socket a leftover", WINDOW, || {
+            let (code, report) = doctor_report(node)?;
+            let row = row_at(&report, &held_socket);
+            let said = row
+                .filter(|row| row["verdict"] == "stale" && reason(row).contains("a leftover of"));
+            Ok(said.map(|row| (code, reason(row).to_owned(), SystemTime::now())))
+        })?;
     if leftover.0 != 1 {
         return Err(format!("kpm doctor exits {} with a leftover socket", leftover.0).into());
     }
@@ -103,11 +105,12 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
     let back = wait_registered(node, &plugins, booted, WINDOW)?;
     let all_back = back.iter().map(|(_, at)| *at).max().unwrap_or(released);
     let second_back = wait_for("kpm run registering its plugin again", WINDOW, || {
-        kpm_run_registered(node, HELD_SECOND, booted)
+        Ok(kpm_run_registered(node, HELD_SECOND, booted))
     })?;
     // What of that wait was the kubelet's: when it started the plugin.
-    let second_started =
-        wait_for("kpm run's plugin running", WINDOW, || started_since(node, "held-second", booted))?;
+    let second_started = wait_for("kpm run's plugin running", WINDOW, || {
+        started_since(node, "held-second", booted)
+    })?;
     let healthy = timeline.wait(&aggregate, all_back, WINDOW, |v| v.starts_with("True"))?;
     let consumer = wait_for("the claim's pod running again", WINDOW, || {
         started_since(node, "consumer", booted)
@@ -196,11 +199,10 @@ fn deploy(node: &Node) -> Result<(Timeline, Vec<Plugin>, String)> {
         Ok(wanted.iter().all(|name| plugins.iter().any(|p| p.name == *name)).then_some(plugins))
     })?;
     wait_for("kpm run registering its plugin", START_TIMEOUT, || {
-        kpm_run_registered(node, HELD_SECOND, since)
+        Ok(kpm_run_registered(node, HELD_SECOND, since))
     })?;
-    timeline.wait(&format!("condition {CONDITION}"), since, START_TIMEOUT, |v| {
-        v.starts_with("True")
-    })?;
+    timeline
+        .wait(&format!("condition {CONDITION}"), since, START_TIMEOUT, |v| v.starts_with("True"))?;
     let claim = node.get(&["resourceclaim", "-n", NAMESPACE, "reboot-claim"])?;
     let uid = claim["metadata"]["uid"].as_str().ok_or("the claim has no UID")?.to_owned();
     cdi_spec_of(&uid)?.ok_or_else(|| format!("no CDI spec of claim {uid} in {CDI_DIR}"))?;
@@ -234,7 +236,8 @@ fn cdi_spec_of(uid: &str) -> Result<Option<String>> {
     let Ok(entries) = std::fs::read_dir(CDI_DIR) else { return Ok(None) };
     for entry in entries {
         let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.contains(uid) && name.ends_with(".json") {
+        let json = Path::new(&name).extension().is_some_and(|ext| ext == "json");
+        if name.contains(uid) && json {
             return Ok(Some(name));
         }
     }
@@ -243,17 +246,16 @@ fn cdi_spec_of(uid: &str) -> Result<Option<String>> {
 
 /// When `kpm run` logged the registration of plugin `name` at `since` or
 /// later (its pod's log, with the runtime's timestamps).
-fn kpm_run_registered(node: &Node, name: &str, since: SystemTime) -> Result<Option<SystemTime>> {
+fn kpm_run_registered(node: &Node, name: &str, since: SystemTime) -> Option<SystemTime> {
     // No log before its container starts.
     let log = node
         .kubectl(&["logs", "-n", KPM_NAMESPACE, "-l", RUN_SELECTOR, "--timestamps", "--tail=-1"])
         .unwrap_or_default();
-    Ok(log
-        .lines()
+    log.lines()
         .filter(|line| line.contains("plugin registered") && line.contains(name))
         .filter_map(|line| line.split_whitespace().next())
         .filter_map(|time| humantime::parse_rfc3339_weak(time).ok())
-        .find(|at| *at >= since))
+        .find(|at| *at >= since)
 }
 
 /// When the container of pod `name` (of the scenario's namespace) started,

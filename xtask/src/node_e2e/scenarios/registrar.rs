@@ -14,7 +14,7 @@ use std::time::Instant;
 use super::super::kubelets;
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::{DEVICE_PLUGINS, status_posted_since};
+use super::device::{DEVICE_PLUGINS, LastStatus};
 use super::secs;
 use crate::Result;
 use crate::scenario::{find, wait_for};
@@ -80,7 +80,8 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
     // must have more after.
     let device_before = device_registrations(node);
     let (csi_before, dra_before) = (statuses(node, CSI_POD).len(), statuses(node, DRA_POD).len());
-    let (restarted, restarted_at) = (Instant::now(), std::time::SystemTime::now());
+    let status_before = LastStatus::read(node)?;
+    let restarted = Instant::now();
     node.restart_kubelet()?;
     node.wait_ready()?;
     let device_again = wait_for(
@@ -94,7 +95,7 @@ pub(super) fn registrar_plugins(_env: &Env, node: &mut Node) -> Result<String> {
         &format!("{RESOURCE}: {DEVICES} in the restarted kubelet's Node status"),
         START_TIMEOUT,
         || {
-            let posted = status_posted_since(node, restarted_at)?;
+            let posted = status_before.posted_anew(node)?;
             Ok((posted && has_devices(node)?).then(Instant::now))
         },
     )?;

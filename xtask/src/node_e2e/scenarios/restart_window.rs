@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
-use super::device::{DEVICE_PLUGINS, status_posted_since};
+use super::device::{DEVICE_PLUGINS, LastStatus};
 use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE, doctor_in_pod};
 use super::node_events::wrong_all_clears;
 use super::timeline::{Follow, Timeline, offset};
@@ -51,14 +51,13 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     let ready_before = applied.elapsed();
 
     // The restart.
+    let status_before = LastStatus::read(node)?;
     let restarted = SystemTime::now();
     let restarted_at = Instant::now();
     node.restart_kubelet()?;
     let started = SystemTime::now();
     node.wait_ready()?;
-    let returned = wait_for("the restarted kubelet's first Node status", START_TIMEOUT, || {
-        Ok(status_posted_since(node, restarted)?.then(SystemTime::now))
-    })?;
+    let returned = status_before.wait_anew(node)?;
     let aggregate = format!("condition {CONDITION}");
     let failed = timeline.wait(&aggregate, started, WINDOW, |v| v == "False/NotRegisteredAgain")?;
     let mut lost = Vec::new();
