@@ -185,3 +185,31 @@ pub(super) fn node_events(node: &Node) -> Result<Vec<Value>> {
 pub(super) fn doctor_in_pod(pod: &str) -> [&str; 11] {
     ["exec", "-n", NAMESPACE, pod, "--", "kpm", "doctor", "--host-root", "/host", "-o", "json"]
 }
+
+/// Waits until the doctor's DaemonSet has rolled out: one pod, ready.
+pub(super) fn one_doctor_pod(node: &Node) -> Result {
+    wait_for("the doctor's rollout", START_TIMEOUT, || {
+        let pods = node.pods(NAMESPACE, DOCTOR_SELECTOR)?;
+        let ready = pods.iter().all(|pod| condition(pod, "Ready") == Some("True"));
+        Ok((pods.len() == 1 && ready).then_some(()))
+    })
+}
+
+/// `kpm doctor -o json` in the doctor's pod: its exit code and report.
+pub(super) fn doctor_report(node: &Node) -> Result<(i32, Value)> {
+    let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
+    let name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?.to_owned();
+    let (code, stdout) = node.kubectl_exit(&doctor_in_pod(&name))?;
+    let report = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    Ok((code, report))
+}
+
+/// The report's row of plugin `name`.
+pub(super) fn row<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
+    report["plugins"].as_array()?.iter().find(|row| row["name"] == name)
+}
+
+/// The verdict of plugin `name` in a report.
+pub(super) fn verdict(report: &Value, name: &str) -> Option<String> {
+    row(report, name).and_then(|row| row["verdict"].as_str()).map(str::to_owned)
+}

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::super::node::Node;
 use super::doctor::CONDITION;
-use super::restart_window::doctor_report;
+use super::doctor::doctor_report;
 use super::timeline::{Change, offset};
 use crate::Result;
 

@@ -18,7 +18,7 @@ use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
 use super::device::{DEVICE_PLUGINS, LastStatus};
 use super::doctor::CONDITION;
-use super::restart_window::one_doctor_pod;
+use super::doctor::one_doctor_pod;
 use super::timeline::{Follow, Timeline, offset};
 use super::{doctor_with_plugin_conditions, namespace_and_image, overlay, secs};
 use crate::Result;

@@ -28,10 +28,10 @@ use super::super::{Env, NODE_NAME, START_TIMEOUT};
 use super::Skipped;
 use super::device::LastStatus;
 use super::doctor::{CONDITION, NAMESPACE as KPM_NAMESPACE};
+use super::doctor::{doctor_report, one_doctor_pod};
 use super::node_events::{
     Plugin, describe_back, registered_plugins, wait_registered, wrong_all_clears,
 };
-use super::restart_window::{doctor_report, one_doctor_pod};
 use super::run::{SECOND_NODE, SECOND_ROOT};
 use super::timeline::{Follow, Timeline, offset};
 use crate::Result;

@@ -14,12 +14,12 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::Value;
-
 use super::super::node::Node;
 use super::super::{Env, NODE_NAME, START_TIMEOUT};
 use super::device::{DEVICE_PLUGINS, LastStatus};
-use super::doctor::{CONDITION, DOCTOR_SELECTOR, NAMESPACE, doctor_in_pod};
+use super::doctor::{
+    CONDITION, DOCTOR_SELECTOR, NAMESPACE, doctor_report, one_doctor_pod, row, verdict,
+};
 use super::node_events::wrong_all_clears;
 use super::timeline::{Follow, Timeline, offset};
 use super::{doctor_with_plugin_conditions, secs};
@@ -222,33 +222,4 @@ fn named_with_evidence(node: &Node) -> Result<Vec<String>> {
         evidence.push(format!("{resource} ({devices} devices before)"));
     }
     Ok(evidence)
-}
-
-/// Waits until the doctor's DaemonSet has rolled out: one pod, ready.
-pub(super) fn one_doctor_pod(node: &Node) -> Result {
-    wait_for("the doctor's rollout", START_TIMEOUT, || {
-        let pods = node.pods(NAMESPACE, DOCTOR_SELECTOR)?;
-        let ready =
-            pods.iter().all(|pod| super::super::node::condition(pod, "Ready") == Some("True"));
-        Ok((pods.len() == 1 && ready).then_some(()))
-    })
-}
-
-/// `kpm doctor -o json` in the doctor's pod: its exit code and report.
-pub(super) fn doctor_report(node: &Node) -> Result<(i32, Value)> {
-    let pod = node.pod(NAMESPACE, DOCTOR_SELECTOR)?;
-    let name = pod["metadata"]["name"].as_str().ok_or("doctor pod without a name")?.to_owned();
-    let (code, stdout) = node.kubectl_exit(&doctor_in_pod(&name))?;
-    let report = serde_json::from_str(&stdout).unwrap_or(Value::Null);
-    Ok((code, report))
-}
-
-/// The report's row of plugin `name`.
-pub(super) fn row<'a>(report: &'a Value, name: &str) -> Option<&'a Value> {
-    report["plugins"].as_array()?.iter().find(|row| row["name"] == name)
-}
-
-/// The verdict of plugin `name` in a report.
-pub(super) fn verdict(report: &Value, name: &str) -> Option<String> {
-    row(report, name).and_then(|row| row["verdict"].as_str()).map(str::to_owned)
 }
