@@ -8,7 +8,7 @@
 //! doctor` finds every plugin of before `ok` and nothing stale.
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt as _;
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -43,7 +43,12 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
         csinodes: vec![NODE_NAME.to_owned(), SECOND_NODE.to_owned()],
         ..Follow::default()
     };
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+    let timeline = Timeline::start(
+        &node.api,
+        follow,
+        SystemTime::now(),
+        "containerd-restart (origin: the device plugin applied)",
+    );
     let since = timeline.origin - Duration::from_secs(1);
     let allocatable = format!("allocatable {}", GENERIC.0);
     timeline.wait(&allocatable, since, START_TIMEOUT, |v| v == GENERIC.1)?;
@@ -73,7 +78,7 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
     let after = Snapshot::take(node)?;
     let aggregate = format!("condition {CONDITION}");
     timeline.wait(&aggregate, started, START_TIMEOUT, |v| v.starts_with("True"))?;
-    eprintln!("{}", timeline.print("containerd-restart (origin: the device plugin applied)"));
+    eprintln!("{}", timeline.print());
     eprintln!(
         "containerd-restart: containerd SIGTERM {:+.1} s, Ready False {:+.1} s, containerd \
          started {:+.1} s, Ready True {:+.1} s, kpm doctor ok {:+.1} s",
@@ -171,7 +176,10 @@ impl Snapshot {
         for dir in [registry.as_path(), Path::new(DEVICE_PLUGINS)] {
             for entry in std::fs::read_dir(dir)? {
                 let entry = entry?;
-                sockets.insert(entry.path().display().to_string(), entry.metadata()?.ino());
+                // Not the device manager's checkpoint, rewritten at will.
+                if entry.file_type()?.is_socket() {
+                    sockets.insert(entry.path().display().to_string(), entry.metadata()?.ino());
+                }
             }
         }
         Ok(Self { containers, sockets })

@@ -56,7 +56,12 @@ pub(super) fn kubelet_upgrade(env: &Env, node: &mut Node) -> Result<String> {
         csinodes: vec![NODE_NAME.to_owned()],
         ..Follow::default()
     };
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+    let timeline = Timeline::start(
+        &node.api,
+        follow,
+        SystemTime::now(),
+        "kubelet-upgrade (origin: the plugins applied)",
+    );
     one_doctor_pod(node)?;
     let wanted = ["squat.ai/null", "test-driver.cdi.k8s.io", "hostpath.csi.k8s.io"];
     let (plugins, report) = wait_for("kpm doctor ok with the plugins", START_TIMEOUT, || {
@@ -83,7 +88,7 @@ pub(super) fn kubelet_upgrade(env: &Env, node: &mut Node) -> Result<String> {
     let aggregate = format!("condition {CONDITION}");
     let healthy = timeline.wait(&aggregate, all_back, WINDOW, |v| v.starts_with("True"))?;
     let doctor_after = doctor_pod(node)?;
-    eprintln!("{}", timeline.print("kubelet-upgrade (origin: the plugins applied)"));
+    eprintln!("{}", timeline.print());
     eprintln!(
         "kubelet-upgrade: 1.{from} SIGTERM {:+.1} s, the 1.{to} kubelet's first Node status \
          {:+.1} s, back: {}; kpm doctor on {version_after} {:+.1} s",

@@ -74,7 +74,12 @@ pub(super) fn readiness_gate(env: &Env, node: &mut Node) -> Result<String> {
         pods: Some(GATE_NAMESPACE.to_owned()),
         ..Follow::default()
     };
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+    let timeline = Timeline::start(
+        &node.api,
+        follow,
+        SystemTime::now(),
+        "readiness-gate (origin: the controller started)",
+    );
 
     let control = doctor_with_plugin_conditions(env, "readiness-control", PLUGIN_CONDITION)?;
     node.kubectl(&["apply", "-k", &control.display().to_string()])?;
@@ -113,7 +118,7 @@ pub(super) fn readiness_gate(env: &Env, node: &mut Node) -> Result<String> {
 
 /// `outcome`, once the timeline is printed (when it failed too).
 fn printed(timeline: &Timeline, outcome: Result<String>) -> Result<String> {
-    eprintln!("{}", timeline.print("readiness-gate (origin: the controller started)"));
+    eprintln!("{}", timeline.print());
     outcome
 }
 

@@ -116,7 +116,7 @@ pub(super) fn reboot(_env: &Env, node: &mut Node) -> Result<String> {
         started_since(node, "consumer", booted)
     })?;
     let cdi = wait_for("the claim's CDI spec written again", WINDOW, || cdi_spec_of(&claim))?;
-    eprintln!("{}", timeline.print("reboot (origin: the plugins applied)"));
+    eprintln!("{}", timeline.print());
     eprintln!(
         "reboot: shutdown {:+.1} s, {CONDITION} Unknown/DoctorStopped {:+.1} s, boot {:+.1} s, \
          the kubelet's first Node status {:+.1} s, leftover named {:+.1} s, plugins released \
@@ -189,7 +189,12 @@ fn deploy(node: &Node) -> Result<(Timeline, Vec<Plugin>, String)> {
         pods: Some(NAMESPACE.to_owned()),
         ..Follow::default()
     };
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+    let timeline = Timeline::start(
+        &node.api,
+        follow,
+        SystemTime::now(),
+        "reboot (origin: the plugins applied)",
+    );
     let since = timeline.origin - Duration::from_secs(1);
     timeline.wait("pod consumer", since, START_TIMEOUT, |v| v.starts_with("Running"))?;
     one_doctor_pod(node)?;

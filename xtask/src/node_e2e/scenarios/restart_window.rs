@@ -92,7 +92,7 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
 
     // No True aggregate from the kubelet's return until both were back.
     let wrong = wrong_all_clears(&timeline.changes(), returned, all_back);
-    eprintln!("{}", timeline.print("restart-window (origin: the plugins applied)"));
+    eprintln!("{}", timeline.print());
     eprintln!(
         "restart-window: kubelet SIGTERM at {:+.1} s, started {:+.1} s, its Node status {:+.1} s",
         offset(timeline.origin, restarted),
@@ -156,7 +156,12 @@ fn deploy(env: &Env, node: &mut Node) -> Result<Timeline> {
         ..Follow::default()
     };
     follow.conditions.extend(resources.iter().map(|r| format!("{r}-PluginRegistered")));
-    let timeline = Timeline::start(&node.api, follow, SystemTime::now());
+    let timeline = Timeline::start(
+        &node.api,
+        follow,
+        SystemTime::now(),
+        "restart-window (origin: the plugins applied)",
+    );
 
     // Before: every plugin registered and its condition True, the
     // consumer's pod running with a device of each, and kpm doctor ok.

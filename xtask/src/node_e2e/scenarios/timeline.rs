@@ -46,18 +46,23 @@ pub(super) struct Follow {
     pub(super) csinodes: Vec<String>,
 }
 
-/// The watching thread and what it saw; stopped when dropped.
+/// The watching thread and what it saw; stopped when dropped, and then
+/// printed if it never was (a scenario that failed).
 pub(super) struct Timeline {
     seen: Arc<Mutex<Vec<Change>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// When it started, the origin of [`print`](Self::print).
     pub(super) origin: SystemTime,
+    /// What it is the timeline of, and of its origin.
+    title: String,
+    printed: AtomicBool,
 }
 
 impl Timeline {
-    /// Starts watching with `api`, times printed from `origin`.
-    pub(super) fn start(api: &Api, follow: Follow, origin: SystemTime) -> Self {
+    /// Starts watching with `api`, times printed from `origin`; `title`
+    /// says what of, and what the origin is.
+    pub(super) fn start(api: &Api, follow: Follow, origin: SystemTime, title: &str) -> Self {
         let (seen, stop) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
         let (api, thread_seen, thread_stop) = (api.clone(), seen.clone(), stop.clone());
         let thread = std::thread::spawn(move || {
@@ -79,7 +84,14 @@ impl Timeline {
                 std::thread::sleep(EVERY);
             }
         });
-        Self { seen, stop, thread: Some(thread), origin }
+        Self {
+            seen,
+            stop,
+            thread: Some(thread),
+            origin,
+            title: title.to_owned(),
+            printed: AtomicBool::new(false),
+        }
     }
 
     /// Every change so far.
@@ -126,8 +138,9 @@ impl Timeline {
     }
 
     /// The changes as lines, `+12.3 s  what = value`, from the origin.
-    pub(super) fn print(&self, title: &str) -> String {
-        let mut text = format!("timeline of {title} (seconds from the origin):\n");
+    pub(super) fn print(&self) -> String {
+        self.printed.store(true, Ordering::Relaxed);
+        let mut text = format!("timeline of {} (seconds from the origin):\n", self.title);
         for change in self.changes() {
             let _ = writeln!(
                 text,
@@ -146,6 +159,9 @@ impl Drop for Timeline {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        if !self.printed.load(Ordering::Relaxed) {
+            eprintln!("{}", self.print());
         }
     }
 }
