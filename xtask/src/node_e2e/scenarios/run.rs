@@ -18,6 +18,8 @@ pub(super) const SECOND_NODE: &str = "kpm-second";
 pub(super) const SECOND_ROOT: &str = "/var/lib/kpm-second";
 const RUN_SELECTOR: &str = "app.kubernetes.io/name=kpm";
 const KPM_USER: &str = "system:serviceaccount:kpm-system:kpm";
+/// The taint of the second Node, which no kubelet runs.
+const NO_KUBELET_TAINT: &str = "kpm.example/no-kubelet";
 /// The example plugin's CSI driver.
 const EXAMPLE_DRIVER: &str = "csi.example.com";
 
@@ -26,10 +28,18 @@ const EXAMPLE_DRIVER: &str = "csi.example.com";
 /// plugin written with kpm-registrar running in another pod and publishes
 /// the second Node's CSINode, with its manifest's RBAC and nothing more.
 pub(super) fn kpm_run_daemonset(env: &Env, node: &mut Node) -> Result<String> {
-    // The Node a second node agent would have registered.
+    // The Node a second node agent would have registered. No kubelet runs
+    // it: tainted so that no DaemonSet puts a pod there (a DaemonSet
+    // tolerates a Node not ready), which would stay Pending and, as an
+    // unavailable pod, hold up every rolling update of the DaemonSet.
     node.api.post(
         "/api/v1/nodes",
-        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": SECOND_NODE}}),
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": SECOND_NODE},
+            "spec": {"taints": [{"key": NO_KUBELET_TAINT, "effect": "NoSchedule"}]},
+        }),
     )?;
     let overlay = overlay(
         env,
