@@ -277,7 +277,9 @@ pub(super) fn overlay(env: &Env, name: &str, kustomization: &str) -> Result<Path
 
 /// The overlay `name` of `deploy/doctor` whose doctor writes the
 /// conditions of `plugins` (`KPM_PLUGIN_CONDITIONS`, comma-separated
-/// `NAME[=TYPE]`): its directory.
+/// `NAME[=TYPE]`): its directory. It keeps the doctor off `kpm-run`'s
+/// Node, which no kubelet runs: a pod Pending there would hold up the
+/// rollout.
 pub(super) fn doctor_with_plugin_conditions(
     env: &Env,
     name: &str,
@@ -289,8 +291,12 @@ pub(super) fn doctor_with_plugin_conditions(
         &format!(
             "resources:\n  - @DEPLOY@/doctor\n{}patches:\n  - target: {{kind: DaemonSet, name: kpm-doctor}}\n    \
              patch: |-\n      - op: add\n        path: /spec/template/spec/containers/0/env/-\n        \
-             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{plugins}\"}}\n",
-            namespace_and_image()?
+             value: {{name: KPM_PLUGIN_CONDITIONS, value: \"{plugins}\"}}\n      \
+             - op: add\n        path: /spec/template/spec/affinity\n        \
+             value: {{nodeAffinity: {{requiredDuringSchedulingIgnoredDuringExecution: \
+             {{nodeSelectorTerms: [{{matchExpressions: [{{key: {}, operator: DoesNotExist}}]}}]}}}}}}\n",
+            namespace_and_image()?,
+            run::NO_KUBELET_LABEL,
         ),
     )
 }

@@ -18,8 +18,8 @@ pub(super) const SECOND_NODE: &str = "kpm-second";
 pub(super) const SECOND_ROOT: &str = "/var/lib/kpm-second";
 const RUN_SELECTOR: &str = "app.kubernetes.io/name=kpm";
 const KPM_USER: &str = "system:serviceaccount:kpm-system:kpm";
-/// The taint of the second Node, which no kubelet runs.
-const NO_KUBELET_TAINT: &str = "kpm.example/no-kubelet";
+/// The label of the second Node, which no kubelet runs.
+pub(super) const NO_KUBELET_LABEL: &str = "kpm.example/no-kubelet";
 /// The example plugin's CSI driver.
 const EXAMPLE_DRIVER: &str = "csi.example.com";
 
@@ -29,16 +29,16 @@ const EXAMPLE_DRIVER: &str = "csi.example.com";
 /// the second Node's CSINode, with its manifest's RBAC and nothing more.
 pub(super) fn kpm_run_daemonset(env: &Env, node: &mut Node) -> Result<String> {
     // The Node a second node agent would have registered. No kubelet runs
-    // it: tainted so that no DaemonSet puts a pod there (a DaemonSet
-    // tolerates a Node not ready), which would stay Pending and, as an
-    // unavailable pod, hold up every rolling update of the DaemonSet.
+    // it, so a DaemonSet's pod there (the doctor's tolerates everything)
+    // stays Pending and, unavailable, holds up the DaemonSet's rolling
+    // updates: labelled, for overlays that roll the doctor out to keep off
+    // it ([`super::doctor_with_plugin_conditions`]).
     node.api.post(
         "/api/v1/nodes",
         &json!({
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": SECOND_NODE},
-            "spec": {"taints": [{"key": NO_KUBELET_TAINT, "effect": "NoSchedule"}]},
+            "metadata": {"name": SECOND_NODE, "labels": {NO_KUBELET_LABEL: "true"}},
         }),
     )?;
     let overlay = overlay(
