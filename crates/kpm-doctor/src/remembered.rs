@@ -30,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm::PluginKind;
@@ -231,8 +231,8 @@ impl Remembered {
             match present {
                 // Its socket answers, but no kubelet has it: none runs, or
                 // this one has not yet removed the socket it found.
-                Some(index) if lost && not_with_the_kubelet(&rows[index], evidence) => {
-                    not_registered_again(rows, kind, name, &trace, evidence);
+                Some(index) if lost && unregistered(&rows[index], evidence).is_some() => {
+                    not_registered_again(rows, Some(index), (kind, name), &trace, evidence);
                     next.traces.insert(key, Trace { missing: true, ..trace });
                 }
                 Some(index) => {
@@ -248,7 +248,7 @@ impl Remembered {
                 // Gone while this kubelet ran: not a node event's.
                 None if !lost => {}
                 None => {
-                    not_registered_again(rows, kind, name, &trace, evidence);
+                    not_registered_again(rows, None, (kind, name), &trace, evidence);
                     next.traces.insert(key, Trace { missing: true, ..trace });
                 }
             }
@@ -285,24 +285,66 @@ fn lost_since((at, witness): (SystemTime, Witness), started: Option<SystemTime>)
     }
 }
 
-/// Whether a row that registers by its socket alone is registered with no
-/// kubelet: none runs, or it is a device plugin's socket made before the
-/// judged kubelet's start, which removes every socket of `device-plugins/`
-/// as it starts and has not reached this one yet (a plugin that registers
-/// again serves a new socket).
-fn not_with_the_kubelet(row: &Row, evidence: &Evidence<'_>) -> bool {
-    if !row.verdict.registers() {
-        return false;
-    }
-    let Some(started) = evidence.events.kubelet_started else { return true };
-    row.kind == Some(PluginKind::Device) && made_before(&row.path, started, evidence.view)
+/// How long after its socket appears a plugin lost to a node event is taken
+/// as registered again: the kubelet's plugin manager registers a new
+/// socket on its reconciler's next loop, every second
+/// (`reconcilerLoopSleepPeriod`), and a device plugin calls `Register`
+/// once it serves; twice that, for the calls.
+const REGISTERED_WITHIN: Duration = Duration::from_secs(2);
+
+/// Why a row that registers by its socket alone is not registered with the
+/// judged kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unregistered {
+    /// No kubelet runs.
+    NoKubelet,
+    /// A device plugin's socket made before the judged kubelet's start,
+    /// which removes every socket of `device-plugins/` as it starts and
+    /// has not reached this one yet (a plugin that registers again serves
+    /// a new socket).
+    OlderThanTheKubelet,
+    /// A socket made less than [`REGISTERED_WITHIN`] ago.
+    JustMade,
 }
 
-/// Whether the file at `path` on the host was made before `at`.
-fn made_before(path: &Path, at: SystemTime, view: &View) -> bool {
-    std::fs::symlink_metadata(view.path(path))
-        .and_then(|meta| meta.modified())
-        .is_ok_and(|made| made < at)
+impl Unregistered {
+    /// What the row says of it.
+    fn said(self) -> Option<&'static str> {
+        match self {
+            // The row's first words say it.
+            Self::NoKubelet => None,
+            Self::OlderThanTheKubelet => Some(
+                "its socket answers, but is older than the kubelet's start: the kubelet removes \
+                 every socket of device-plugins/ as it starts, and has not reached this one yet",
+            ),
+            Self::JustMade => Some(
+                "its socket is back, but was made less than 2s ago: the kubelet registers a new \
+                 socket within its plugin manager's next loop, every second",
+            ),
+        }
+    }
+}
+
+/// Why a row that registers by its socket alone is not registered with
+/// the judged kubelet, if it is not.
+fn unregistered(row: &Row, evidence: &Evidence<'_>) -> Option<Unregistered> {
+    if !row.verdict.registers() {
+        return None;
+    }
+    let Some(started) = evidence.events.kubelet_started else {
+        return Some(Unregistered::NoKubelet);
+    };
+    let made = made(&row.path, evidence.view)?;
+    if row.kind == Some(PluginKind::Device) && made < started {
+        return Some(Unregistered::OlderThanTheKubelet);
+    }
+    (made + REGISTERED_WITHIN > evidence.now).then_some(Unregistered::JustMade)
+}
+
+/// When the file at `path` on the host was made (its last change: a socket
+/// is not written to), if it can be read.
+fn made(path: &Path, view: &View) -> Option<SystemTime> {
+    std::fs::symlink_metadata(view.path(path)).and_then(|meta| meta.modified()).ok()
 }
 
 /// Where a row the doctor makes of a remembered plugin was found.
@@ -386,12 +428,13 @@ fn not_published_again(
 }
 
 /// The row of a plugin `trace` says was registered before the node event
-/// and no row registers now: its deleted socket's row, when the trace
-/// knows that socket, else a new one.
+/// and no row registers now: `its_row`, the plugin's own row whose socket
+/// answers though no kubelet has it, else its deleted socket's row, when
+/// the trace knows that socket, else a new one.
 fn not_registered_again(
     rows: &mut Vec<Row>,
-    kind: PluginKind,
-    name: &str,
+    its_row: Option<usize>,
+    (kind, name): (PluginKind, &str),
     trace: &Trace,
     evidence: &Evidence<'_>,
 ) {
@@ -417,16 +460,12 @@ fn not_registered_again(
     if kind == PluginKind::Device {
         said.extend(device_evidence(name, evidence));
     }
-    let at_socket = socket.and_then(|socket| rows.iter().position(|row| row.path == socket));
+    let at_socket = its_row
+        .or_else(|| socket.and_then(|socket| rows.iter().position(|row| row.path == socket)));
     let index = match at_socket {
         Some(index) if rows[index].name.as_deref().is_none_or(|named| named == name) => {
-            if kubelet_runs && rows[index].verdict.registers() {
-                said.push(
-                    "its socket answers, but is older than the kubelet's start: the kubelet \
-                     removes every socket of device-plugins/ as it starts, and has not reached \
-                     this one yet"
-                        .to_owned(),
-                );
+            if let Some(why) = unregistered(&rows[index], evidence).and_then(Unregistered::said) {
+                said.push(why.to_owned());
             }
             index
         }
@@ -477,10 +516,10 @@ fn not_registered_again(
 pub(crate) fn leftovers_of_node_events(rows: &mut [Row], evidence: &Evidence<'_>) {
     let NodeEvents { booted, kubelet_started } = evidence.events;
     for row in rows.iter_mut().filter(|row| row.verdict == Verdict::Stale) {
-        let made_before = |at| made_before(&row.path, at, evidence.view);
+        let Some(made) = made(&row.path, evidence.view) else { continue };
         let (event, at) = match (booted, kubelet_started) {
-            (Some(booted), _) if made_before(booted) => ("the node's boot", booted),
-            (_, Some(started)) if made_before(started) => ("the kubelet's start", started),
+            (Some(booted), _) if made < booted => ("the node's boot", booted),
+            (_, Some(started)) if made < started => ("the kubelet's start", started),
             _ => continue,
         };
         row.reason = format!(
@@ -1070,15 +1109,32 @@ mod tests {
             ..Node::restarted()
         };
         remembered.judge(&mut rows, &old_kubelet.evidence(at(50)));
-        let mut rows = vec![
-            row(Verdict::Ok, old.to_str().unwrap(), PluginKind::Device, Some(GPU)),
-            row(Verdict::Ok, new.to_str().unwrap(), PluginKind::Device, Some(NULL)),
-        ];
+        let fresh = || {
+            vec![
+                row(Verdict::Ok, old.to_str().unwrap(), PluginKind::Device, Some(GPU)),
+                row(Verdict::Ok, new.to_str().unwrap(), PluginKind::Device, Some(NULL)),
+            ]
+        };
+        let mut rows = fresh();
         remembered.judge(&mut rows, &Node::restarted().evidence(at(102)));
-        let verdicts: Vec<(Verdict, Option<&str>)> =
-            rows.iter().map(|row| (row.verdict, row.name.as_deref())).collect();
-        assert_eq!(verdicts, [(Verdict::NotRegisteredAgain, Some(GPU)), (Verdict::Ok, Some(NULL))]);
+        let verdicts = |rows: &[Row]| -> Vec<(Verdict, Option<String>)> {
+            rows.iter().map(|row| (row.verdict, row.name.clone())).collect()
+        };
+        let (gpu, null) = (Some(GPU.to_owned()), Some(NULL.to_owned()));
+        // The null plugin's socket is a second old: the kubelet may not
+        // have registered it yet.
+        assert_eq!(
+            verdicts(&rows),
+            [
+                (Verdict::NotRegisteredAgain, gpu.clone()),
+                (Verdict::NotRegisteredAgain, null.clone())
+            ]
+        );
         assert!(rows[0].reason.contains("older than the kubelet's start"), "{}", rows[0].reason);
+        assert!(rows[1].reason.contains("made less than 2s ago"), "{}", rows[1].reason);
+        let mut rows = fresh();
+        remembered.judge(&mut rows, &Node::restarted().evidence(at(104)));
+        assert_eq!(verdicts(&rows), [(Verdict::NotRegisteredAgain, gpu), (Verdict::Ok, null)]);
     }
 
     #[test]

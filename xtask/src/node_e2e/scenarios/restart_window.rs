@@ -66,8 +66,12 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
             .wait(&condition_of(resource), started, WINDOW, |v| v == "False/NotRegisteredAgain")?;
         lost.push(format!("{resource} False {:.1} s", offset(started, at)));
     }
+    // True again once it went False with the others: the True of before
+    // is still in force at the kubelet's start.
+    let generic_lost =
+        timeline.wait(&condition_of(GENERIC), started, WINDOW, |v| v.starts_with("False"))?;
     let generic_back =
-        timeline.wait(&condition_of(GENERIC), started, WINDOW, |v| v.starts_with("True"))?;
+        timeline.wait(&condition_of(GENERIC), generic_lost, WINDOW, |v| v.starts_with("True"))?;
     let evidence = named_with_evidence(node)?;
 
     // The plugins' pods deleted: their DaemonSets' new pods register.
@@ -110,9 +114,18 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     // the kubelet keeps a gone plugin's devices, unhealthy, for 5 min
     // (`orphaned-capacity` until then).
     let uninstalled = Instant::now();
+    let since = SystemTime::now();
     node.kubectl(&["delete", "namespace", PLUGINS_NAMESPACE, "--wait=true"])?;
+    // The Node without their resources, then the doctor's True: a True
+    // before that is the doctor's look before the kubelet's Node status.
+    let mut dropped = since;
+    for (resource, ..) in [ONCE, HOSTDEV] {
+        let gone =
+            timeline.wait(&format!("allocatable {resource}"), since, ORPHANED_FOR, |v| v == "-")?;
+        dropped = dropped.max(gone);
+    }
     let aggregate_true = |v: &str| v.starts_with("True");
-    timeline.wait(&aggregate, SystemTime::now(), ORPHANED_FOR, aggregate_true)?;
+    timeline.wait(&aggregate, dropped, START_TIMEOUT, aggregate_true)?;
     eprintln!(
         "restart-window: {CONDITION} True {} after the uninstall",
         secs(uninstalled.elapsed())
