@@ -116,12 +116,13 @@ pub(super) fn restart_window(env: &Env, node: &mut Node) -> Result<String> {
     let uninstalled = Instant::now();
     let since = SystemTime::now();
     node.kubectl(&["delete", "namespace", PLUGINS_NAMESPACE, "--wait=true"])?;
-    // The Node without their resources, then the doctor's True: a True
-    // before that is the doctor's look before the kubelet's Node status.
+    // The Node without their devices (the kubelet keeps the resources,
+    // at 0), then the doctor's True: a True before that is the doctor's
+    // look before the kubelet's Node status.
     let mut dropped = since;
     for (resource, ..) in [ONCE, HOSTDEV] {
-        let gone =
-            timeline.wait(&format!("allocatable {resource}"), since, ORPHANED_FOR, |v| v == "-")?;
+        let gone = timeline
+            .wait(&format!("capacity {resource}"), since, ORPHANED_FOR, |v| v == "-" || v == "0")?;
         dropped = dropped.max(gone);
     }
     let aggregate_true = |v: &str| v.starts_with("True");

@@ -20,8 +20,8 @@ use crate::scenario::wait_for;
 /// How often the Node is read.
 const EVERY: Duration = Duration::from_millis(250);
 
-/// One change seen: `what` (`condition TYPE`, `allocatable RES`, `taint
-/// KEY`, `pod NAME`) became `value` (`False/NotRegisteredAgain`, `3`,
+/// One change seen: `what` (`condition TYPE`, `capacity RES`,
+/// `allocatable RES`, `taint KEY`, `pod NAME`, `csinode NAME`) became `value` (`False/NotRegisteredAgain`, `3`,
 /// `NoSchedule`, `Pending`; `-` when absent) at `at`.
 #[derive(Debug, Clone)]
 pub(super) struct Change {
@@ -35,7 +35,7 @@ pub(super) struct Change {
 pub(super) struct Follow {
     /// Node condition types: `STATUS/REASON` each.
     pub(super) conditions: Vec<String>,
-    /// Resources of the Node's allocatable.
+    /// Resources of the Node: their capacity and allocatable each.
     pub(super) resources: Vec<String>,
     /// Taint keys: the effect each.
     pub(super) taints: Vec<String>,
@@ -189,8 +189,10 @@ fn look(api: &Api, follow: &Follow) -> Result<Vec<(String, String)>> {
         now.push((format!("condition {kind}"), value));
     }
     for resource in &follow.resources {
-        let count = node["status"]["allocatable"][resource].as_str().unwrap_or("-");
-        now.push((format!("allocatable {resource}"), count.to_owned()));
+        for field in ["capacity", "allocatable"] {
+            let count = node["status"][field][resource].as_str().unwrap_or("-");
+            now.push((format!("{field} {resource}"), count.to_owned()));
+        }
     }
     let taints = node["spec"]["taints"].as_array().cloned().unwrap_or_default();
     for key in &follow.taints {
