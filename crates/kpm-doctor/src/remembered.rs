@@ -30,18 +30,21 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm::PluginKind;
 use kpm::kube::NodeResources;
 use kpm_report::{KubeletPluginReportStatus, ReportedVerdict, Verdict};
 
+use self::unregistered::{Unregistered, made, unregistered};
 use crate::checkpoint::Checkpoint;
 use crate::choice::Choice;
 use crate::host::View;
 use crate::judge::{Row, served_by};
 use crate::{Blind, Doctor};
+
+mod unregistered;
 
 /// Who saw a plugin registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,68 +286,6 @@ fn lost_since((at, witness): (SystemTime, Witness), started: Option<SystemTime>)
         (_, Some(started)) => at < started,
         (_, None) => false,
     }
-}
-
-/// How long after its socket appears a plugin lost to a node event is taken
-/// as registered again: the kubelet's plugin manager registers a new
-/// socket on its reconciler's next loop, every second
-/// (`reconcilerLoopSleepPeriod`), and a device plugin calls `Register`
-/// once it serves; twice that, for the calls.
-const REGISTERED_WITHIN: Duration = Duration::from_secs(2);
-
-/// Why a row that registers by its socket alone is not registered with the
-/// judged kubelet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Unregistered {
-    /// No kubelet runs.
-    NoKubelet,
-    /// A device plugin's socket made before the judged kubelet's start,
-    /// which removes every socket of `device-plugins/` as it starts and
-    /// has not reached this one yet (a plugin that registers again serves
-    /// a new socket).
-    OlderThanTheKubelet,
-    /// A socket made less than [`REGISTERED_WITHIN`] ago.
-    JustMade,
-}
-
-impl Unregistered {
-    /// What the row says of it.
-    fn said(self) -> Option<&'static str> {
-        match self {
-            // The row's first words say it.
-            Self::NoKubelet => None,
-            Self::OlderThanTheKubelet => Some(
-                "its socket answers, but is older than the kubelet's start: the kubelet removes \
-                 every socket of device-plugins/ as it starts, and has not reached this one yet",
-            ),
-            Self::JustMade => Some(
-                "its socket is back, but was made less than 2s ago: the kubelet registers a new \
-                 socket within its plugin manager's next loop, every second",
-            ),
-        }
-    }
-}
-
-/// Why a row that registers by its socket alone is not registered with
-/// the judged kubelet, if it is not.
-fn unregistered(row: &Row, evidence: &Evidence<'_>) -> Option<Unregistered> {
-    if !row.verdict.registers() {
-        return None;
-    }
-    let Some(started) = evidence.events.kubelet_started else {
-        return Some(Unregistered::NoKubelet);
-    };
-    let made = made(&row.path, evidence.view)?;
-    if row.kind == Some(PluginKind::Device) && made < started {
-        return Some(Unregistered::OlderThanTheKubelet);
-    }
-    (made + REGISTERED_WITHIN > evidence.now).then_some(Unregistered::JustMade)
-}
-
-/// When the file at `path` on the host was made (its last change: a socket
-/// is not written to), if it can be read.
-fn made(path: &Path, view: &View) -> Option<SystemTime> {
-    std::fs::symlink_metadata(view.path(path)).and_then(|meta| meta.modified()).ok()
 }
 
 /// Where a row the doctor makes of a remembered plugin was found.
