@@ -141,8 +141,8 @@ pub(super) fn containerd_restart(_env: &Env, node: &mut Node) -> Result<String> 
 }
 
 /// What must outlive containerd's restart: each container of the node's
-/// pods (`namespace/pod/container` → its ID and restart count) and each
-/// plugin socket (its path → its inode).
+/// pods not being deleted (`namespace/pod/container` → its ID and restart
+/// count) and each plugin socket (its path → its inode).
 #[derive(Debug, PartialEq, Eq)]
 struct Snapshot {
     containers: BTreeMap<String, String>,
@@ -154,7 +154,9 @@ impl Snapshot {
         let on_node = format!("spec.nodeName={NODE_NAME}");
         let pods = node.get(&["pods", "--all-namespaces", "--field-selector", &on_node])?;
         let mut containers = BTreeMap::new();
-        for pod in pods["items"].as_array().into_iter().flatten() {
+        // Not a pod being deleted: an earlier scenario's, going anyway.
+        let staying = |pod: &&Value| pod["metadata"]["deletionTimestamp"].is_null();
+        for pod in pods["items"].as_array().into_iter().flatten().filter(staying) {
             let pod_name = format!(
                 "{}/{}",
                 pod["metadata"]["namespace"].as_str().unwrap_or("?"),
