@@ -53,7 +53,8 @@ pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
 pub use file_id::FileId;
 pub use kind::{ApiObject, PluginKind};
 pub use resource_name::{
-    is_extended_resource_name, is_label_key, is_label_value, is_nonzero_quantity,
+    is_dns1123_subdomain, is_extended_resource_name, is_label_key, is_label_value,
+    is_nonzero_quantity,
 };
 
 /// The plugin registration API (`pluginregistration.Registration`).

@@ -76,9 +76,10 @@ fn is_qualified_name_part(name: &str) -> bool {
 }
 
 /// `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`, at
-/// most 253 characters. Labels have no length limit of their own here, as in
-/// apimachinery's `IsDNS1123Subdomain`.
-fn is_dns1123_subdomain(value: &str) -> bool {
+/// most 253 characters (apimachinery's `IsDNS1123Subdomain`: a Node's name,
+/// an extended resource's prefix). Labels have no length limit of their own
+/// here, as there.
+pub fn is_dns1123_subdomain(value: &str) -> bool {
     let label_ok = |label: &str| {
         let bytes = label.as_bytes();
         let alnum = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();

@@ -81,7 +81,7 @@ pub(crate) enum CliError {
     Demo(String),
 
     #[error("check: {0}")]
-    Check(String),
+    Check(#[from] kpm_conformance::SuiteError),
 
     #[error("write output: {0}")]
     Output(#[source] std::io::Error),

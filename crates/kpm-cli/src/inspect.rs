@@ -51,7 +51,7 @@ pub(crate) fn kubelet(
     timeout: Duration,
     get_info: Duration,
 ) -> Result<Kubelet, CliError> {
-    Ok(kpm_doctor::referee(root_dir, disabled, timeout, get_info, None)?)
+    Ok(crate::run::kubelet(root_dir, disabled).inspect_only(timeout, get_info).build()?)
 }
 
 /// One step of an inspection as a report shows it.
@@ -71,7 +71,7 @@ pub(crate) fn step_lines(inspection: &Inspection) -> Vec<StepLine> {
         .iter()
         .map(|taken| {
             let outcome = match (&inspection.outcome, failed == Some(taken.step)) {
-                (Err(err), true) => Err(reason(err)),
+                (Err(err), true) => Err(err.reason()),
                 _ => Ok(detail(inspection, taken.step)),
             };
             StepLine { step: taken.step, took: taken.took, outcome }
@@ -95,9 +95,4 @@ fn detail(inspection: &Inspection, step: Step) -> String {
         }
         _ => String::new(),
     }
-}
-
-/// Why a step failed, as one line (`kpm_doctor::reason`).
-pub(crate) fn reason(err: &kpm::ExecutorError) -> String {
-    kpm_doctor::reason(err)
 }

@@ -42,7 +42,7 @@ pub(crate) async fn probe(args: ProbeArgs) -> Result<bool, CliError> {
         (Ok(()), _) => report.push_str("verdict: would register\n"),
         (Err(err), step) => {
             let at = step.map(|step| format!(" at {step}")).unwrap_or_default();
-            let _ = writeln!(report, "verdict: would not register{at}: {}", inspect::reason(err));
+            let _ = writeln!(report, "verdict: would not register{at}: {}", err.reason());
         }
     }
     crate::output::print(&report)?;

@@ -146,7 +146,7 @@ fn a_plugin_command_that_does_not_start_cannot_be_checked() {
     let out = Command::new(support::KPM).arg("check").arg("--").arg(&missing).output().unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&format!("start {}", missing.display())), "{stderr}");
+    assert!(stderr.contains(&format!("start the plugin {}", missing.display())), "{stderr}");
 }
 
 /// The device plugin's steps, in the order they run.
@@ -299,11 +299,11 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
     assert_eq!(code, 1, "{report}");
 
     let json: serde_json::Value = serde_json::from_str(&report).unwrap();
-    let results: Vec<(&str, &str)> = json["steps"]
+    let results: Vec<(&str, &str)> = json["checks"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|step| (step["step"].as_str().unwrap(), step["result"].as_str().unwrap()))
+        .map(|check| (check["check"].as_str().unwrap(), check["result"].as_str().unwrap()))
         .collect();
     assert_eq!(
         results,
@@ -326,7 +326,12 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
         ],
         "{report}"
     );
-    assert!(json["steps"][13]["detail"].as_str().unwrap().contains("but left"), "{report}");
+    let sigterm = &json["checks"][13]["evidence"][0];
+    assert_eq!(sigterm["mark"], "fail", "{report}");
+    assert!(sigterm["said"].as_str().unwrap().contains("but left"), "{report}");
+    let get_info = &json["checks"][1]["evidence"][0];
+    assert!(get_info["subject"]["socket"].as_str().unwrap().ends_with("vendor.com_gpu-reg.sock"));
+    assert!(get_info["tookMs"].as_f64().unwrap() > 0.0, "{report}");
     assert_eq!(
         (&json["passed"], &json["warned"], &json["failed"], &json["skipped"]),
         (&11.into(), &1.into(), &1.into(), &2.into())

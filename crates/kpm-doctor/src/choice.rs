@@ -184,30 +184,21 @@ pub(crate) fn cannot_list_registry(
 }
 
 /// The referee: the kubelet `kpm run --root-dir root_dir` would run with
-/// `disabled` off, not running, whose manager's inspection judges plugins and
-/// registers nothing: `GetInfo` bounded by `get_info`,
-/// every other call by `timeout`; under `host_root` (where this process sees
-/// the host's `/`), the endpoints plugins advertise are reached there.
-pub fn referee(
+/// `disabled` off, only inspecting ([`KubeletBuilder::inspect_only`](kpm::KubeletBuilder::inspect_only)):
+/// `GetInfo` bounded by `get_info`, every other call by `timeout`; under
+/// `host_root` (where this process sees the host's `/`), the endpoints
+/// plugins advertise are reached there.
+pub(crate) fn referee(
     root_dir: &Path,
     disabled: &[PluginKind],
     timeout: Duration,
     get_info: Duration,
     host_root: Option<&Path>,
 ) -> Result<Kubelet, kpm::Error> {
-    let executor = ExecutorConfig::default()
-        .dial_timeout(timeout)
-        .get_info_timeout(get_info)
-        .handler_timeout(timeout);
     let mut builder = disabled
         .iter()
         .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
-        .manager(|manager| manager.liveness(None).executor_config(executor))
-        .csi_config(kpm::csi::CsiConfig::default().node_get_info_timeout(timeout))
-        .device_config(
-            kpm::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
-        )
-        .dra_config(kpm::dra::DraConfig::default().call_timeout(timeout));
+        .inspect_only(timeout, get_info);
     if let Some(host_root) = host_root {
         builder = builder.host_root(host_root);
     }

@@ -269,7 +269,7 @@ fn judge(
             classify(err).map_or((Verdict::Unreachable, String::new()), |cause| {
                 (cause.verdict(), cause.fix())
             }),
-            Some(crate::reason(err)),
+            Some(err.reason()),
         ),
     };
     let reason = reason.unwrap_or_default();

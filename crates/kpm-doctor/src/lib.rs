@@ -87,8 +87,6 @@ pub mod bounds {
     pub use crate::watch::{CONFIRM, SETTLE};
 }
 pub use crate::cause::Cause;
-pub use crate::choice::referee;
-pub use crate::dra_by_minor::{DraApi, DraOutcome, dra_outcome};
 pub use crate::host::{Host, ProcessInfo, Seen, View};
 pub use crate::judge::{Row, StepTaken, served_by};
 pub use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
@@ -273,11 +271,11 @@ impl Doctor {
         // The judged kubelet's version, from its Node: where its minor does
         // otherwise than the referee, the rows say what it does.
         let kubelet_version = objects.and_then(node_objects::kubelet_version).map(str::to_owned);
-        let kubelet = kubelet_version.as_deref().and_then(kpm_report::minor).map(|minor| {
+        let kubelet = kubelet_version.as_deref().and_then(kpm_minors::minor).map(|minor| {
             dra_by_minor::JudgedKubelet {
                 minor,
                 dra_gate: choice.kubelet.as_ref().map(|kubelet| {
-                    kubelet.feature_gates.get(dra_by_minor::DRA_GATE).copied().unwrap_or(false)
+                    kubelet.feature_gates.get(kpm_minors::DRA_GATE).copied().unwrap_or(false)
                 }),
             }
         });
@@ -571,14 +569,4 @@ fn inspection_bound(timeout: Duration) -> Duration {
         .saturating_mul(3)
         .saturating_add(kpm::ExecutorConfig::default().get_info_timeout)
         .saturating_mul(2)
-}
-
-/// Why an inspection failed, as one line: the cause (the handler's or the
-/// transport's error, the plugin's status) where the executor's error wraps
-/// one, the executor's error otherwise.
-pub fn reason(err: &kpm::ExecutorError) -> String {
-    match std::error::Error::source(err) {
-        Some(cause) => kpm::api::error_chain(cause),
-        None => err.to_string(),
-    }
 }

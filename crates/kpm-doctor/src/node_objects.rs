@@ -171,9 +171,7 @@ fn compare_dra(
                 }
             }
             let served = registered(rows, PluginKind::Dra);
-            let (then, otherwise) = match crate::dra_by_minor::slice_wipe_delay(kubelet_version(
-                objects,
-            )) {
+            let (then, otherwise) = match kpm_minors::slice_wipe_delay(kubelet_version(objects)) {
                 Some(delay) => {
                     let delay = humantime::format_duration(delay);
                     (

@@ -207,6 +207,17 @@ pub enum ExecutorError {
 }
 
 impl ExecutorError {
+    /// Why the operation failed, as one line for a person: the cause (the
+    /// handler's or the transport's error, the plugin's status) where this
+    /// error wraps one, this error otherwise. `kpm doctor`, `kpm probe` and
+    /// `kpm check` say it so.
+    pub fn reason(&self) -> String {
+        match std::error::Error::source(self) {
+            Some(cause) => kpm_api::gotext::error_chain(cause),
+            None => self.to_string(),
+        }
+    }
+
     /// Whether retrying the same socket incarnation cannot help. Such a socket
     /// is not retried with backoff (no endless log spam for a driver socket
     /// in the registry directory); a new incarnation starts afresh.

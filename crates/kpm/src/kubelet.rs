@@ -17,6 +17,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kpm_api::PluginKind;
 use kpm_cache::PluginHandler;
@@ -206,6 +207,30 @@ impl KubeletBuilder {
         self.slice_cleanup = Some(publisher.slice_cleanup());
         self.kubernetes = Some(publisher);
         self
+    }
+
+    /// A kubelet that only inspects, as a judge of plugins (the doctor's
+    /// *referee*, `kpm probe`, `kpm check`'s second opinion): no liveness,
+    /// `GetInfo` bounded by `get_info` (the kubelet's is 1 s) and every other
+    /// dial and call by `timeout`. Its manager's
+    /// [`inspect`](ManagerHandle::inspect) runs a registration's steps and
+    /// registers nothing; do not [`run`](Kubelet::run) it.
+    pub fn inspect_only(self, timeout: Duration, get_info: Duration) -> Self {
+        let executor = crate::ExecutorConfig::default()
+            .dial_timeout(timeout)
+            .get_info_timeout(get_info)
+            .handler_timeout(timeout);
+        let builder = self.manager(|manager| manager.liveness(None).executor_config(executor));
+        #[cfg(feature = "csi")]
+        let builder =
+            builder.csi_config(crate::csi::CsiConfig::default().node_get_info_timeout(timeout));
+        #[cfg(feature = "device")]
+        let builder = builder.device_config(
+            crate::device::DeviceConfig::default().dial_timeout(timeout).call_timeout(timeout),
+        );
+        #[cfg(feature = "dra")]
+        let builder = builder.dra_config(crate::dra::DraConfig::default().call_timeout(timeout));
+        builder
     }
 
     /// Checks every setting and creates the handlers and the manager;

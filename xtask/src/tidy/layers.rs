@@ -75,16 +75,31 @@ pub(super) const LAYERS: &[Layer] = &[
     // Who serves a socket, in pods: the container runtime, read-only; its
     // words are the report crate's.
     normal("kpm-pods", &["kpm-api", "kpm-transport", "kpm-report"]),
+    // What each kubelet minor does otherwise than kpm's kubelet, for the
+    // doctor and the conformance suite alike: the handlers' words, and the
+    // minors checked from the report crate.
+    normal("kpm-minors", &["kpm", "kpm-report"]),
     // The node's diagnosis: the facade's inspection, read-only, and the API;
     // what it publishes is the report crate's.
-    normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods"]),
+    normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods", "kpm-minors"]),
+    // The conformance suite: a plugin driven by the facade's kubelet; the
+    // minors' rules, and nothing of the doctor.
+    normal("kpm-conformance", &["kpm", "kpm-api", "kpm-minors"]),
     // The fleet reader: reports and API objects, read-only; nothing of the
     // node's doctor, nothing that reads a node's files.
     normal("kpm-fleet", &["kpm-api", "kpm-report"]),
     // The transport only through the facade's curated `kpm::transport`.
     normal(
         "kpm-cli",
-        &["kpm", "kpm-api", "kpm-doctor", "kpm-fleet", "kpm-registrar", "kpm-report"],
+        &[
+            "kpm",
+            "kpm-api",
+            "kpm-doctor",
+            "kpm-fleet",
+            "kpm-registrar",
+            "kpm-report",
+            "kpm-conformance",
+        ],
     ),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
     normal("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),

@@ -1,7 +1,7 @@
 //! Findings the kubelet clears by itself after a grace, held back by
 //! `--watch` until they outlive it: the ResourceSlices of a DRA driver
 //! that went, which a kubelet from 1.33 wipes 30 s after the driver's last
-//! instance goes (`dra_by_minor::slice_wipe_delay`; node-e2e's `dra`
+//! instance goes (`kpm_minors::slice_wipe_delay`; node-e2e's `dra`
 //! measured 30.0 s on 1.33 to 1.36). Without the hold, every restart or
 //! upgrade of a DRA driver turned the condition False for half a minute,
 //! with a Warning, and its recovery looked like flapping. Slices still
@@ -71,6 +71,6 @@ const WIPE_SLACK: Duration = Duration::from_secs(5);
 /// minor's delay (none before 1.33), the newer kubelets' when its version
 /// is not known, and the wipe's own time.
 fn grace_of(seen: &Outcome) -> Duration {
-    let delay = crate::dra_by_minor::slice_wipe_delay(seen.kubelet.version.as_deref());
+    let delay = kpm_minors::slice_wipe_delay(seen.kubelet.version.as_deref());
     delay.unwrap_or_default() + WIPE_SLACK
 }

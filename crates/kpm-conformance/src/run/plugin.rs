@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::process::{Child, Command};
 
-use crate::CliError;
+use crate::SuiteError;
 
 /// The temporary kubelet root and its directories.
 pub(super) struct Dirs {
@@ -21,7 +21,7 @@ pub(super) struct Dirs {
 
 impl Dirs {
     /// The kubelet's directories under `root`, created.
-    pub(super) fn create(root: &Path) -> Result<Self, CliError> {
+    pub(super) fn create(root: &Path) -> Result<Self, SuiteError> {
         let dirs = Self {
             root: root.to_path_buf(),
             registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
@@ -31,7 +31,7 @@ impl Dirs {
         };
         for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
             std::fs::create_dir_all(dir)
-                .map_err(|err| CliError::Check(format!("create {}: {err}", dir.display())))?;
+                .map_err(|source| SuiteError::CreateRoot { path: dir.clone(), source })?;
         }
         Ok(dirs)
     }
@@ -99,15 +99,14 @@ pub(super) fn start_plugin(
     command: &[String],
     dirs: &Dirs,
     settings: &Settings,
-) -> Result<Child, CliError> {
+) -> Result<Child, SuiteError> {
     let substitutions = dirs.substitutions(settings);
     let substitute = |arg: &String| {
         substitutions.iter().fold(arg.clone(), |arg, (placeholder, _, value)| {
             arg.replace(placeholder, &value.to_string_lossy())
         })
     };
-    let (program, args) =
-        command.split_first().ok_or_else(|| CliError::Check("no plugin command".into()))?;
+    let (program, args) = command.split_first().ok_or(SuiteError::NoCommand)?;
     // Appended to: a restarted plugin's output follows its first run's.
     let output = |name: &str| {
         std::fs::OpenOptions::new()
@@ -115,7 +114,7 @@ pub(super) fn start_plugin(
             .append(true)
             .open(dirs.root.join(name))
             .map(Stdio::from)
-            .map_err(|err| CliError::Check(format!("create {name}: {err}")))
+            .map_err(|source| SuiteError::PluginOutput { path: dirs.root.join(name), source })
     };
     let mut plugin = Command::new(substitute(program));
     plugin
@@ -127,7 +126,9 @@ pub(super) fn start_plugin(
         .process_group(0)
         .kill_on_drop(true);
     plugin.envs(dirs.environment(settings));
-    plugin.spawn().map_err(|err| CliError::Check(format!("start {program}: {err}")))
+    plugin
+        .spawn()
+        .map_err(|source| SuiteError::StartPlugin { program: substitute(program), source })
 }
 
 /// The last lines of the plugin's stderr, as evidence.

@@ -26,24 +26,25 @@ use kpm_api::dra::v1;
 use self::cluster::{
     CLAIM_PREFIX, Claims, Made, NAMESPACE, OTHER_DRIVER, SliceDevice, resource_slices,
 };
-use super::cdi::{self, Severity};
-use super::report::{Findings, Outcome};
+use crate::Check;
+use crate::cdi::{self, Severity};
+use crate::outcome::{Evidence, Outcome};
 
 /// What the DRA steps need beyond the driver.
-pub(super) struct DraContext<'a> {
+pub(crate) struct DraContext<'a> {
     /// The check kubelet's DRA manager, which makes the calls.
-    pub(super) dra: &'a DraView,
+    pub(crate) dra: &'a DraView,
     /// A client of the API server from `--kubeconfig`; None without it
     /// (then the steps that need a ResourceClaim are skipped).
-    pub(super) api: Option<&'a kube::Client>,
+    pub(crate) api: Option<&'a kube::Client>,
     /// The node name the driver was given (`{node}`).
-    pub(super) node: &'a str,
+    pub(crate) node: &'a str,
     /// Where the driver was told to write CDI specs (`{cdi}`).
-    pub(super) cdi_dir: &'a Path,
+    pub(crate) cdi_dir: &'a Path,
     /// The bound of every wait and call (`--timeout`).
-    pub(super) bound: Duration,
+    pub(crate) bound: Duration,
     /// When the driver was started: its slices are those written since.
-    pub(super) started: Timestamp,
+    pub(crate) started: Timestamp,
 }
 
 impl std::fmt::Debug for DraContext<'_> {
@@ -57,36 +58,19 @@ impl std::fmt::Debug for DraContext<'_> {
     }
 }
 
-// The steps' names. Those per service carry its version.
-const RESOURCE_SLICES: &str = "ResourceSlices";
-const NO_SERVICE: &str = "DRA services";
-
-/// Each service's step names, as `&'static str` for the report.
+/// One service's claim checks.
 struct Names {
-    prepare: &'static str,
-    again: &'static str,
-    unprepare: &'static str,
-    unknown: &'static str,
-    other: &'static str,
+    prepare: Check,
+    again: Check,
+    unprepare: Check,
+    unknown: Check,
+    other: Check,
 }
 
-/// The step names of `service`'s calls.
-fn names(service: DraService) -> Names {
-    match service {
-        DraService::V1 => Names {
-            prepare: "NodePrepareResources v1",
-            again: "prepare again v1",
-            unprepare: "NodeUnprepareResources v1",
-            unknown: "unprepare unknown claim v1",
-            other: "claim of another driver v1",
-        },
-        DraService::V1beta1 => Names {
-            prepare: "NodePrepareResources v1beta1",
-            again: "prepare again v1beta1",
-            unprepare: "NodeUnprepareResources v1beta1",
-            unknown: "unprepare unknown claim v1beta1",
-            other: "claim of another driver v1beta1",
-        },
+impl Names {
+    fn of(service: DraService) -> Self {
+        let [prepare, again, unprepare, unknown, other] = Check::of_service(service);
+        Self { prepare, again, unprepare, unknown, other }
     }
 }
 
@@ -104,12 +88,12 @@ type Answers<T> = std::collections::HashMap<String, T>;
 
 /// The DRA conversation with `driver` (its registered name) served at
 /// `endpoint`, offering `services` (GetInfo's supported versions).
-pub(super) async fn converse(
+pub(crate) async fn converse(
     driver: &str,
     endpoint: &Path,
     services: &[String],
     ctx: &DraContext<'_>,
-) -> Vec<(&'static str, Outcome)> {
+) -> Vec<(Check, Outcome)> {
     let mut steps = Vec::new();
     let offered: Vec<DraService> = [DraService::V1, DraService::V1beta1]
         .into_iter()
@@ -118,22 +102,21 @@ pub(super) async fn converse(
     // The slices first: they are the driver's, whichever service.
     let slices = if let Some(client) = ctx.api {
         let (outcome, device) = resource_slices(client, driver, ctx).await;
-        steps.push((RESOURCE_SLICES, outcome));
+        steps.push((Check::ResourceSlices, outcome));
         device
     } else {
         steps.push((
-            RESOURCE_SLICES,
-            Outcome::Skipped(
-                "give --kubeconfig: the driver's ResourceSlices are read from the API server"
-                    .into(),
+            Check::ResourceSlices,
+            Outcome::skipped(
+                "give --kubeconfig: the driver's ResourceSlices are read from the API server",
             ),
         ));
         None
     };
     if offered.is_empty() {
         steps.push((
-            NO_SERVICE,
-            Outcome::Failed(format!(
+            Check::DraServices,
+            Outcome::failed(format!(
                 "offers neither v1.DRAPlugin nor v1beta1.DRAPlugin (GetInfo: {services:?}): no kubelet from 1.32 on calls it"
             )),
         ));
@@ -145,7 +128,7 @@ pub(super) async fn converse(
         _ => None,
     };
     for service in offered {
-        let names = names(service);
+        let names = Names::of(service);
         let endpoint = endpoint.to_string_lossy();
         let call = Call { dra: ctx.dra, driver, endpoint: &endpoint, service };
         match claims.as_ref() {
@@ -154,7 +137,7 @@ pub(super) async fn converse(
             }
             Some(Err(err)) => {
                 for name in [names.prepare, names.again, names.unprepare] {
-                    steps.push((name, Outcome::Failed(err.clone())));
+                    steps.push((name, Outcome::failed(err.clone())));
                 }
             }
             None => {
@@ -166,25 +149,25 @@ pub(super) async fn converse(
                 // A prepare with no claims needs no API server.
                 let prepare = match call.prepare(Vec::new()).await {
                     Ok(answers) if answers.is_empty() => {
-                        Outcome::Skipped(format!("{why} (with no claims it answered none)"))
+                        Outcome::skipped(format!("{why} (with no claims it answered none)"))
                     }
-                    Ok(answers) => Outcome::Failed(format!(
+                    Ok(answers) => Outcome::failed(format!(
                         "with no claims it answered {} claims: the kubelet fails a pod on a claim it did not send",
                         answers.len()
                     )),
-                    Err(err) => Outcome::Failed(format!("with no claims: {err}")),
+                    Err(err) => Outcome::failed(format!("with no claims: {err}")),
                 };
                 steps.push((names.prepare, prepare));
-                steps.push((names.again, Outcome::Skipped(why.into())));
-                steps.push((names.unprepare, Outcome::Skipped(why.into())));
+                steps.push((names.again, Outcome::skipped(why)));
+                steps.push((names.unprepare, Outcome::skipped(why)));
             }
         }
         steps.push((names.unknown, unprepare_unknown(&call).await));
         let other = match claims.as_ref() {
             Some(Ok(claims)) => claim_of_another_driver(&call, claims).await,
-            Some(Err(err)) => Outcome::Failed(err.clone()),
-            None => Outcome::Skipped(
-                "give --kubeconfig: the driver reads both claims from the API server".into(),
+            Some(Err(err)) => Outcome::failed(err.clone()),
+            None => Outcome::skipped(
+                "give --kubeconfig: the driver reads both claims from the API server",
             ),
         };
         steps.push((names.other, other));
@@ -261,7 +244,7 @@ impl Prepared {
 /// The answers to a call with `sent` judged as the kubelet judges them:
 /// it fails the pod on a result for a claim it did not send, and on one
 /// it sent without a result.
-fn judge_uids<T>(answers: &Answers<T>, sent: &[&str], findings: &mut Findings) {
+fn judge_uids<T>(answers: &Answers<T>, sent: &[&str], findings: &mut Evidence) {
     let mut unknown: Vec<&String> =
         answers.keys().filter(|uid| !sent.contains(&uid.as_str())).collect();
     unknown.sort();
@@ -291,7 +274,7 @@ async fn with_claim(
     names: &Names,
     claims: &Claims,
     ctx: &DraContext<'_>,
-) -> Vec<(&'static str, Outcome)> {
+) -> Vec<(Check, Outcome)> {
     let mut steps = Vec::new();
     let ours = &claims.ours;
     // Spec files there before the claim (a driver's devices common to
@@ -304,7 +287,7 @@ async fn with_claim(
     steps.push((names.prepare, outcome));
     let again = call.prepare(vec![ours.claim()]).await;
     steps.push((names.again, judge_again(&first, &again, &ours.uid)));
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     match call.unprepare(vec![ours.claim()]).await {
         Err(err) => findings.fail(err),
         Ok(answers) => {
@@ -361,7 +344,7 @@ fn judge_prepare(
     device: &SliceDevice,
     cdi_dir: &Path,
 ) -> (Outcome, Wrote) {
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     let mut made = Wrote::default();
     let answers = match answer {
         Ok(answers) => answers,
@@ -466,31 +449,29 @@ fn judge_again(
 ) -> Outcome {
     match (first, again) {
         (_, Err(err)) => {
-            Outcome::Failed(format!("{err}: the kubelet retries, the pod does not start"))
+            Outcome::failed(format!("{err}: the kubelet retries, the pod does not start"))
         }
         (Ok(first), Ok(again)) => match (first.get(uid), again.get(uid)) {
-            (_, None) => {
-                Outcome::Failed("no answer for the claim: the kubelet fails the pod".into())
-            }
-            (_, Some(prepared)) if !prepared.error.is_empty() => Outcome::Failed(format!(
+            (_, None) => Outcome::failed("no answer for the claim: the kubelet fails the pod"),
+            (_, Some(prepared)) if !prepared.error.is_empty() => Outcome::failed(format!(
                 "the claim failed the second time: {:?}: the kubelet fails the pod",
                 prepared.error
             )),
             (Some(before), Some(prepared)) if before == prepared => {
-                Outcome::Passed(format!("the same answer: {}", prepared.describe()))
+                Outcome::passed(format!("the same answer: {}", prepared.describe()))
             }
-            (before, Some(prepared)) => Outcome::Warned(format!(
+            (before, Some(prepared)) => Outcome::warned(format!(
                 "a different answer: {} (first: {}): the kubelet takes the last, its first container may have another device",
                 prepared.describe(),
                 before.map_or_else(|| "none".into(), Prepared::describe)
             )),
         },
         (Err(_), Ok(again)) => match again.get(uid) {
-            Some(prepared) if prepared.error.is_empty() => Outcome::Passed(format!(
+            Some(prepared) if prepared.error.is_empty() => Outcome::passed(format!(
                 "prepared the second time (the first failed): {}",
                 prepared.describe()
             )),
-            _ => Outcome::Failed("failed both times".into()),
+            _ => Outcome::failed("failed both times"),
         },
     }
 }
@@ -505,7 +486,7 @@ async fn unprepare_unknown(call: &Call<'_>) -> Outcome {
         uid: uid.clone(),
         name: format!("{CLAIM_PREFIX}never-prepared"),
     };
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     match call.unprepare(vec![claim]).await {
         Err(err) => findings.fail(format!(
             "{err}: the kubelet unprepares its checkpoint's claims after a restart, and retries while this fails"
@@ -549,7 +530,7 @@ fn unknown_uid() -> String {
 /// here fails a pod: every finding is a warning.
 async fn claim_of_another_driver(call: &Call<'_>, claims: &Claims) -> Outcome {
     let (ours, other) = (&claims.ours, &claims.other);
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     let never = "(the kubelet never sends a driver a claim without results for it)";
     match call.prepare(vec![ours.claim(), other.claim()]).await {
         Err(err) => findings

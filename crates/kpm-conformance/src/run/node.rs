@@ -2,17 +2,12 @@
 //! the plugin.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use kpm::{KubeletHandle, PluginDetails, PluginEndpoint, PluginState};
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
 use super::plugin::Dirs;
-use crate::CliError;
-
-/// How often the run looks at the kubelet's state while it waits.
-pub(super) const POLL: Duration = Duration::from_millis(10);
+use crate::SuiteError;
 
 /// A kubelet running on the temporary root until stopped.
 pub(super) struct Node {
@@ -22,8 +17,12 @@ pub(super) struct Node {
 }
 
 impl Node {
-    pub(super) fn start(dirs: &Dirs) -> Result<Self, CliError> {
-        let kubelet = crate::run::kubelet(&dirs.root, &[]).manager(|m| m.liveness(None)).build()?;
+    pub(super) fn start(dirs: &Dirs) -> Result<Self, SuiteError> {
+        let kubelet = kpm::Kubelet::builder()
+            .root_dir(&dirs.root)
+            .manager(|manager| manager.liveness(None))
+            .build()
+            .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
         let handle = kubelet.handle();
         let (stop, stopped) = oneshot::channel::<()>();
         let running = tokio::spawn(kubelet.run(async move {
@@ -34,18 +33,18 @@ impl Node {
 
     /// Stops it as SIGTERM stops `kpm run`: `kubelet.sock` goes, the
     /// plugins' sockets stay.
-    pub(super) async fn stop(self) -> Result<(), CliError> {
+    pub(super) async fn stop(self) -> Result<(), SuiteError> {
         drop(self.stop);
         match self.running.await {
-            Ok(result) => Ok(result?),
-            Err(join) => Err(CliError::Check(format!("the kubelet task failed: {join}"))),
+            Ok(result) => result.map_err(|err| SuiteError::RunKubelet(Box::new(err))),
+            Err(join) => Err(SuiteError::KubeletTask(join.to_string())),
         }
     }
 
     /// What is registered: the registry's sockets and the device plugins
     /// registered on `kubelet.sock` (resources with an endpoint in
     /// `device-plugins/`), by what a report shows.
-    pub(super) fn registered(&self, dirs: &Dirs) -> Registered {
+    pub(super) fn registered(&self, dirs: &Dirs) -> Registrations {
         let sockets: Vec<Socket> = self
             .handle
             .manager()
@@ -70,7 +69,7 @@ impl Node {
             .filter(|resource| sockets.iter().all(|socket| socket.plugin.name != resource.resource))
             .map(|resource| (resource.resource, PathBuf::from(resource.endpoint)))
             .collect();
-        Registered { sockets, resources }
+        Registrations { sockets, resources }
     }
 }
 
@@ -86,14 +85,14 @@ pub(super) struct Socket {
 
 /// What the kubelet has registered of the plugin.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Registered {
+pub(super) struct Registrations {
     /// Registry sockets.
     pub(super) sockets: Vec<Socket>,
     /// Device plugins registered on `kubelet.sock`: `(resource, endpoint)`.
     pub(super) resources: Vec<(String, PathBuf)>,
 }
 
-impl Registered {
+impl Registrations {
     pub(super) fn is_empty(&self) -> bool {
         self.sockets.is_empty() && self.resources.is_empty()
     }
@@ -153,19 +152,5 @@ pub(super) fn endpoint_path(endpoint: &PluginEndpoint) -> PathBuf {
             kpm::transport::endpoint_path(endpoint).to_path_buf()
         }
         PluginEndpoint::RegistrationSocket(path) => path.clone(),
-    }
-}
-
-/// Polls `done` every [`POLL`] until it gives a value, for at most `bound`.
-pub(super) async fn wait_for<T>(bound: Duration, mut done: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(value) = done() {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(POLL).await;
     }
 }

@@ -25,19 +25,11 @@ use kpm_api::deviceplugin::v1beta1::{
 };
 use tokio::time::Instant;
 
-use super::cdi;
-use super::hook::Hook;
-use super::node::wait_for;
-use super::report::{Findings, Outcome};
-
-// The steps' names, in the order they run.
-const LIST: &str = "ListAndWatch";
-const ALLOCATE: &str = "Allocate";
-const UNKNOWN_ID: &str = "Allocate unknown id";
-const PREFERRED: &str = "GetPreferredAllocation";
-const PRE_START: &str = "PreStartContainer";
-const HEALTH: &str = "health change";
-const STREAM: &str = "stream stays open";
+use crate::Check;
+use crate::cdi;
+use crate::hook::Hook;
+use crate::outcome::{Evidence, Outcome};
+use crate::wait::wait_for;
 
 /// At most this many healthy devices are allocated, alone and in pairs: a
 /// plugin with hundreds of devices is judged by its first ones.
@@ -55,9 +47,9 @@ pub(super) async fn converse(
     endpoint: &Path,
     health_change: Option<&Hook>,
     bound: Duration,
-) -> (Vec<(&'static str, Outcome)>, usize) {
+) -> (Vec<(Check, Outcome)>, usize) {
     let opened = Instant::now();
-    let mut steps = vec![(LIST, first_list(view, resource, endpoint, bound).await)];
+    let mut steps = vec![(Check::ListAndWatch, first_list(view, resource, endpoint, bound).await)];
     let healthy = healthy_ids(view, resource);
     if healthy.is_empty() {
         let why = match view.resource(resource) {
@@ -66,17 +58,26 @@ pub(super) async fn converse(
             }
             _ => format!("{resource} has no healthy device"),
         };
-        for step in [ALLOCATE, UNKNOWN_ID, PREFERRED, PRE_START, HEALTH] {
-            steps.push((step, Outcome::Skipped(why.clone())));
+        for step in [
+            Check::Allocate,
+            Check::AllocateUnknownId,
+            Check::GetPreferredAllocation,
+            Check::PreStartContainer,
+            Check::HealthChange,
+        ] {
+            steps.push((step, Outcome::skipped(why.clone())));
         }
     } else {
-        steps.push((ALLOCATE, allocate(view, resource, &healthy).await));
-        steps.push((UNKNOWN_ID, allocate_unknown(view, resource).await));
-        steps.push((PREFERRED, preferred(view, resource, &healthy).await));
-        steps.push((PRE_START, pre_start(view, resource, &healthy).await));
-        steps.push((HEALTH, health_change_step(view, resource, health_change, bound).await));
+        steps.push((Check::Allocate, allocate(view, resource, &healthy).await));
+        steps.push((Check::AllocateUnknownId, allocate_unknown(view, resource).await));
+        steps.push((Check::GetPreferredAllocation, preferred(view, resource, &healthy).await));
+        steps.push((Check::PreStartContainer, pre_start(view, resource, &healthy).await));
+        steps.push((
+            Check::HealthChange,
+            health_change_step(view, resource, health_change, bound).await,
+        ));
     }
-    steps.push((STREAM, stream_open(view, resource, opened.elapsed())));
+    steps.push((Check::StreamStaysOpen, stream_open(view, resource, opened.elapsed())));
     (steps, healthy.len())
 }
 
@@ -99,18 +100,18 @@ async fn first_list(
     let report = match inspected {
         Ok(Ok(report)) => report,
         Err(_) => {
-            return Outcome::Failed(format!(
+            return Outcome::failed(format!(
                 "no list within {bound:?} of the ListAndWatch call: the kubelet's capacity for \
                  {resource} stays 0 until one comes"
             ));
         }
         Ok(Err(err)) => {
-            return Outcome::Failed(format!(
+            return Outcome::failed(format!(
                 "{err}: the kubelet's capacity for {resource} stays 0 until a list comes"
             ));
         }
     };
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     findings.pass(format!(
         "{} devices, {} healthy, listed {:.1} ms after the call",
         report.devices,
@@ -174,7 +175,7 @@ async fn first_list(
 /// only). Each response must have a container response and name only what
 /// a container runtime can give a container.
 async fn allocate(view: &DeviceView, resource: &str, healthy: &[String]) -> Outcome {
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     let ids = &healthy[..healthy.len().min(MOST_ALLOCATED)];
     let alone = ids.iter().map(|id| vec![id.clone()]);
     let pairs = ids.windows(2).map(<[String]>::to_vec);
@@ -330,8 +331,8 @@ fn refused_by_runtime(response: &ContainerAllocateResponse) -> Vec<String> {
 async fn allocate_unknown(view: &DeviceView, resource: &str) -> Outcome {
     let request = ContainerAllocateRequest { devices_ids: vec![UNKNOWN.to_owned()] };
     match view.allocate(resource, AllocateRequest { container_requests: vec![request] }).await {
-        Err(err) => Outcome::Passed(format!("{UNKNOWN} refused: {err}")),
-        Ok(response) => Outcome::Warned(format!(
+        Err(err) => Outcome::passed(format!("{UNKNOWN} refused: {err}")),
+        Ok(response) => Outcome::warned(format!(
             "{UNKNOWN}, never listed, was allocated ({}): the kubelet asks only for listed ids, \
              but a plugin that takes any id hides a stale allocation after its own restart",
             response.container_responses.first().map_or_else(|| "no response".into(), contents)
@@ -346,13 +347,12 @@ async fn allocate_unknown(view: &DeviceView, resource: &str) -> Outcome {
 async fn preferred(view: &DeviceView, resource: &str, healthy: &[String]) -> Outcome {
     let offered = view.options(resource).is_some_and(|o| o.get_preferred_allocation_available);
     if !offered {
-        return Outcome::Skipped(
-            "not offered (get_preferred_allocation_available=false): the kubelet does not call it"
-                .into(),
+        return Outcome::skipped(
+            "not offered (get_preferred_allocation_available=false): the kubelet does not call it",
         );
     }
     let (Some(must), true) = (healthy.last(), healthy.len() >= 2) else {
-        return Outcome::Skipped("one healthy device: no choice to prefer".into());
+        return Outcome::skipped("one healthy device: no choice to prefer");
     };
     // Two: the least that leaves the plugin a choice besides the must.
     let size = 2;
@@ -366,17 +366,17 @@ async fn preferred(view: &DeviceView, resource: &str, healthy: &[String]) -> Out
     let response = match view.get_preferred_allocation(resource, request).await {
         Ok(response) => response,
         Err(err) => {
-            return Outcome::Failed(format!(
+            return Outcome::failed(format!(
                 "{asked}: {err}: the kubelet fails the pod's admission"
             ));
         }
     };
     let Some(chosen) = response.container_responses.first().map(|r| &r.device_i_ds) else {
-        return Outcome::Warned(format!(
+        return Outcome::warned(format!(
             "{asked}: no container response: the kubelet chooses without the plugin"
         ));
     };
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     findings.pass(format!("{asked}: {chosen:?}"));
     let copes = "the kubelet keeps the offered ids and chooses the rest itself";
     if !chosen.contains(must) {
@@ -397,14 +397,14 @@ async fn preferred(view: &DeviceView, resource: &str, healthy: &[String]) -> Out
 async fn pre_start(view: &DeviceView, resource: &str, healthy: &[String]) -> Outcome {
     let required = view.options(resource).is_some_and(|o| o.pre_start_required);
     if !required {
-        return Outcome::Skipped(
-            "not required (pre_start_required=false): the kubelet does not call it".into(),
+        return Outcome::skipped(
+            "not required (pre_start_required=false): the kubelet does not call it",
         );
     }
     let ids = healthy[..1].to_vec();
     match view.pre_start_container(resource, ids.clone()).await {
-        Ok(()) => Outcome::Passed(format!("{ids:?} answered")),
-        Err(err) => Outcome::Failed(format!(
+        Ok(()) => Outcome::passed(format!("{ids:?} answered")),
+        Err(err) => Outcome::failed(format!(
             "{ids:?}: {err}: the container does not start (\"PreStartContainer rpc failed\")"
         )),
     }
@@ -421,10 +421,9 @@ async fn health_change_step(
     bound: Duration,
 ) -> Outcome {
     let Some(hook) = hook else {
-        return Outcome::Skipped(
+        return Outcome::skipped(
             "no --health-change COMMAND to provoke one (for kpm-registrar's example plugin: \
-             'kill -USR1 $KPM_CHECK_PID')"
-                .into(),
+             'kill -USR1 $KPM_CHECK_PID')",
         );
     };
     let healths = || -> BTreeMap<String, String> {
@@ -436,7 +435,7 @@ async fn health_change_step(
     updates.mark_unchanged();
     let ran = Instant::now();
     if let Err(why) = hook.run().await {
-        return Outcome::Failed(format!("the hook {why}"));
+        return Outcome::failed(format!("the hook {why}"));
     }
     let changed = tokio::time::timeout(bound, async {
         loop {
@@ -451,7 +450,7 @@ async fn health_change_step(
     })
     .await;
     let Ok(after) = changed else {
-        return Outcome::Failed(format!(
+        return Outcome::failed(format!(
             "no health change reached the kubelet within {bound:?} of the hook: a device that \
              fails stays allocatable"
         ));
@@ -466,13 +465,13 @@ async fn health_change_step(
         .collect();
     let dropped: Vec<&String> = before.keys().filter(|id| !after.contains_key(*id)).collect();
     if !dropped.is_empty() {
-        return Outcome::Failed(format!(
+        return Outcome::failed(format!(
             "the update after the hook ({}) left out {dropped:?}: the kubelet takes each \
              message as the whole list, so they left its capacity",
             flipped.join(", ")
         ));
     }
-    Outcome::Passed(format!(
+    Outcome::passed(format!(
         "{} {took} ms after the hook, in the whole list of {} devices",
         flipped.join(", "),
         after.len()
@@ -483,14 +482,13 @@ async fn health_change_step(
 /// has its devices marked unhealthy until it registers again.
 fn stream_open(view: &DeviceView, resource: &str, open: Duration) -> Outcome {
     match view.resource(resource) {
-        Some(status) if !status.endpoint.is_empty() => Outcome::Passed(format!(
-            "still open after the steps above ({:.1} s of calls)",
+        Some(status) if !status.endpoint.is_empty() => Outcome::passed(format!(
+            "still open after the checks above ({:.1} s of calls)",
             open.as_secs_f64()
         )),
-        _ => Outcome::Failed(
+        _ => Outcome::failed(
             "the plugin ended the ListAndWatch stream: the kubelet marks every device \
-             unhealthy and the node's allocatable drops to 0 until the plugin registers again"
-                .into(),
+             unhealthy and the node's allocatable drops to 0 until the plugin registers again",
         ),
     }
 }

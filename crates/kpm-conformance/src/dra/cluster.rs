@@ -17,32 +17,32 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::time::Instant;
 
 use super::DraContext;
-use crate::check::report::Outcome;
+use crate::outcome::Outcome;
 
 /// The namespace the check's ResourceClaims are made in.
-pub(super) const NAMESPACE: &str = "default";
+pub(crate) const NAMESPACE: &str = "default";
 /// The generated name's prefix of the check's ResourceClaims.
-pub(super) const CLAIM_PREFIX: &str = "kpm-check-";
+pub(crate) const CLAIM_PREFIX: &str = "kpm-check-";
 /// The request of the check's ResourceClaims.
 const REQUEST: &str = "kpm-check";
 /// The DeviceClass the claims name (the API server does not look it up;
 /// the check allocates, not the scheduler).
 const DEVICE_CLASS: &str = "kpm-check";
 /// The driver the "claim of another driver" is allocated to.
-pub(super) const OTHER_DRIVER: &str = "kpm-check.other.example.com";
+pub(crate) const OTHER_DRIVER: &str = "kpm-check.other.example.com";
 /// How often the ResourceSlices are read while waiting for them.
 const SLICE_POLL: Duration = Duration::from_millis(500);
 
 /// A device of the driver's slices, to allocate a claim from.
 #[derive(Debug, Clone)]
-pub(super) struct SliceDevice {
-    pub(super) pool: String,
-    pub(super) device: String,
+pub(crate) struct SliceDevice {
+    pub(crate) pool: String,
+    pub(crate) device: String,
 }
 
 /// Reads the driver's ResourceSlices of the node until one has a device,
 /// for at most the bound.
-pub(super) async fn resource_slices(
+pub(crate) async fn resource_slices(
     client: &kube::Client,
     driver: &str,
     ctx: &DraContext<'_>,
@@ -64,7 +64,7 @@ pub(super) async fn resource_slices(
                 if slices.iter().any(|slice| written_since(slice, ctx.started)) {
                     let took = started.elapsed();
                     let shown = describe_slices(&slices, ctx.node);
-                    let outcome = Outcome::Passed(format!(
+                    let outcome = Outcome::passed(format!(
                         "{shown}; read back after {} ms",
                         took.as_millis()
                     ));
@@ -82,7 +82,7 @@ pub(super) async fn resource_slices(
         if Instant::now() + SLICE_POLL >= deadline {
             let Some(slices) = stale else {
                 return (
-                    Outcome::Failed(format!(
+                    Outcome::failed(format!(
                         "no ResourceSlice of {driver} with a device for node {} within {:?} (field \
                          selector {fields}; last: {last}): the scheduler has nothing to allocate",
                         ctx.node, ctx.bound
@@ -90,7 +90,7 @@ pub(super) async fn resource_slices(
                     None,
                 );
             };
-            let outcome = Outcome::Warned(format!(
+            let outcome = Outcome::warned(format!(
                 "{}, but none written since the driver started {:?} ago: are they this driver's, \
                  or left by an earlier run?",
                 describe_slices(&slices, ctx.node),
@@ -149,29 +149,29 @@ fn first_device(slices: &[ResourceSlice]) -> Option<SliceDevice> {
 /// The check's ResourceClaims, allocated: one to a device of the driver,
 /// one to a device of another driver.
 #[derive(Debug)]
-pub(super) struct Claims {
-    pub(super) ours: Made,
-    pub(super) other: Made,
+pub(crate) struct Claims {
+    pub(crate) ours: Made,
+    pub(crate) other: Made,
     /// The device the claim of the driver is allocated.
-    pub(super) device: SliceDevice,
+    pub(crate) device: SliceDevice,
 }
 
 /// A ResourceClaim made: what the kubelet sends of it.
 #[derive(Debug, Clone)]
-pub(super) struct Made {
-    pub(super) name: String,
-    pub(super) uid: String,
+pub(crate) struct Made {
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 impl Made {
-    pub(super) fn claim(&self) -> v1::Claim {
+    pub(crate) fn claim(&self) -> v1::Claim {
         v1::Claim { namespace: NAMESPACE.into(), uid: self.uid.clone(), name: self.name.clone() }
     }
 }
 
 impl Claims {
     /// Creates both claims and allocates them as the scheduler does.
-    pub(super) async fn create(
+    pub(crate) async fn create(
         client: &kube::Client,
         driver: &str,
         device: &SliceDevice,
@@ -189,7 +189,7 @@ impl Claims {
         Ok(Self { ours, other, device: device.clone() })
     }
 
-    pub(super) async fn delete(&self, client: &kube::Client, bound: Duration) {
+    pub(crate) async fn delete(&self, client: &kube::Client, bound: Duration) {
         delete_claim(client, &self.ours.name, bound).await;
         delete_claim(client, &self.other.name, bound).await;
     }

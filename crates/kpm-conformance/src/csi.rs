@@ -16,13 +16,8 @@ use kpm_api::csi::v1::{
 };
 use tonic::transport::Channel;
 
-use super::report::{Findings, Outcome};
-
-// The steps' names, in the order they run.
-const NODE_ID: &str = "node id stable";
-const TOPOLOGY: &str = "topology keys";
-const PLUGIN_NAME: &str = "GetPluginInfo name";
-const CAPABILITIES: &str = "NodeGetCapabilities";
+use crate::Check;
+use crate::outcome::{Evidence, Outcome};
 
 /// How many times `NodeGetInfo` is asked: the kubelet asks at every
 /// registration, and the node id must not move between them.
@@ -35,12 +30,17 @@ pub(super) async fn converse(
     name: &str,
     endpoint: &str,
     bound: Duration,
-) -> (Vec<(&'static str, Outcome)>, Option<String>) {
+) -> (Vec<(Check, Outcome)>, Option<String>) {
     let channel = match dial(endpoint, bound).await {
         Ok(channel) => channel,
         Err(why) => {
-            let steps = [NODE_ID, TOPOLOGY, PLUGIN_NAME, CAPABILITIES]
-                .map(|step| (step, Outcome::Failed(why.clone())));
+            let steps = [
+                Check::NodeIdStable,
+                Check::TopologyKeys,
+                Check::GetPluginInfoName,
+                Check::NodeGetCapabilities,
+            ]
+            .map(|step| (step, Outcome::failed(why.clone())));
             return (steps.into(), None);
         }
     };
@@ -52,10 +52,10 @@ pub(super) async fn converse(
     }
     let first = infos.first().and_then(|info| info.as_ref().ok()).cloned();
     let steps = vec![
-        (NODE_ID, node_id_stable(&infos)),
-        (TOPOLOGY, first.as_ref().map_or_else(no_node_info, topology)),
-        (PLUGIN_NAME, plugin_name(name, IdentityClient::new(channel)).await),
-        (CAPABILITIES, capabilities(node).await),
+        (Check::NodeIdStable, node_id_stable(&infos)),
+        (Check::TopologyKeys, first.as_ref().map_or_else(no_node_info, topology)),
+        (Check::GetPluginInfoName, plugin_name(name, IdentityClient::new(channel)).await),
+        (Check::NodeGetCapabilities, capabilities(node).await),
     ];
     let node_id = first.map(|info| info.node_id).filter(|id| !id.is_empty());
     (steps, node_id)
@@ -80,7 +80,7 @@ async fn dial(endpoint: &str, bound: Duration) -> Result<Channel, String> {
 }
 
 fn no_node_info() -> Outcome {
-    Outcome::Failed("no NodeGetInfo answer: the kubelet refuses the registration".into())
+    Outcome::failed("no NodeGetInfo answer: the kubelet refuses the registration")
 }
 
 /// The same non-empty node id on every call: the kubelet writes it into
@@ -92,7 +92,7 @@ fn node_id_stable(infos: &[Result<NodeGetInfoResponse, tonic::Status>]) -> Outco
         match info {
             Ok(info) => ids.push(info.node_id.as_str()),
             Err(status) => {
-                return Outcome::Failed(format!(
+                return Outcome::failed(format!(
                     "NodeGetInfo: {}: the kubelet refuses the registration",
                     status.message()
                 ));
@@ -100,13 +100,13 @@ fn node_id_stable(infos: &[Result<NodeGetInfoResponse, tonic::Status>]) -> Outco
         }
     }
     match ids.as_slice() {
-        ["", ..] => Outcome::Failed(
-            "an empty node id: the kubelet refuses the registration (\"node ID is empty\")".into(),
+        ["", ..] => Outcome::failed(
+            "an empty node id: the kubelet refuses the registration (\"node ID is empty\")",
         ),
         [first, rest @ ..] if rest.iter().all(|id| id == first) => {
-            Outcome::Passed(format!("{first:?} on {} calls", ids.len()))
+            Outcome::passed(format!("{first:?} on {} calls", ids.len()))
         }
-        _ => Outcome::Failed(format!(
+        _ => Outcome::failed(format!(
             "{ids:?} on {} calls: the kubelet writes each into the Node's annotation and the \
              CSINode, and volumes attached under one id are lost to the next",
             ids.len()
@@ -122,9 +122,9 @@ fn topology(info: &NodeGetInfoResponse) -> Outcome {
     let segments: BTreeMap<&String, &String> =
         info.accessible_topology.iter().flat_map(|topology| &topology.segments).collect();
     if segments.is_empty() {
-        return Outcome::Passed("no topology: the CSINode has no topologyKeys".into());
+        return Outcome::passed("no topology: the CSINode has no topologyKeys");
     }
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     let keys: Vec<&String> = segments.keys().copied().collect();
     findings.pass(format!("the CSINode's topologyKeys {keys:?}"));
     for (key, value) in &segments {
@@ -148,19 +148,19 @@ fn topology(info: &NodeGetInfoResponse) -> Outcome {
 /// for a volume by it among the registered ones.
 async fn plugin_name(registered: &str, mut identity: IdentityClient<Channel>) -> Outcome {
     match identity.get_plugin_info(GetPluginInfoRequest {}).await {
-        Err(status) => Outcome::Failed(format!(
+        Err(status) => Outcome::failed(format!(
             "GetPluginInfo: {}: provisioners and attachers cannot name the driver",
             status.message()
         )),
         Ok(info) => {
             let info = info.into_inner();
             if info.name == registered {
-                Outcome::Passed(format!(
+                Outcome::passed(format!(
                     "{:?} (vendor version {:?})",
                     info.name, info.vendor_version
                 ))
             } else {
-                Outcome::Failed(format!(
+                Outcome::failed(format!(
                     "{:?}, registered as {registered:?}: volumes provisioned by {:?} fail to \
                      mount (\"driver name {} not found in the list of registered CSI drivers\")",
                     info.name, info.name, info.name
@@ -174,7 +174,7 @@ async fn plugin_name(registered: &str, mut identity: IdentityClient<Channel>) ->
 /// and reading a volume's stats.
 async fn capabilities(mut node: NodeClient<Channel>) -> Outcome {
     match node.node_get_capabilities(NodeGetCapabilitiesRequest {}).await {
-        Err(status) => Outcome::Failed(format!(
+        Err(status) => Outcome::failed(format!(
             "{:?}: {}: the kubelet asks it before every volume is staged or mounted, which fail",
             status.code(),
             status.message()
@@ -192,9 +192,9 @@ async fn capabilities(mut node: NodeClient<Channel>) -> Outcome {
                 })
                 .collect();
             if names.is_empty() {
-                Outcome::Passed("answered, no capability (no staging, no stats)".into())
+                Outcome::passed("answered, no capability (no staging, no stats)")
             } else {
-                Outcome::Passed(format!("answered: {}", names.join(", ")))
+                Outcome::passed(format!("answered: {}", names.join(", ")))
             }
         }
     }

@@ -1,42 +1,65 @@
-//! `kpm check`'s run: the steps that judge the plugin, in their order, from
-//! its registration through the conversation of its type to the restarts
-//! and SIGTERM, each ending in an [`Outcome`] for the
-//! [`report`](super::report).
+//! A run: the checks that judge the plugin, in their order, from its
+//! registration through the conversation of its type to the restarts and
+//! SIGTERM, each ending in an [`Outcome`] for the [`Report`]. [`node`] is
+//! the check's kubelet, [`plugin`] the plugin's process and its root.
+
+mod node;
+mod plugin;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kpm::{ExecutorError, KubeletHandle, PluginDetails, Step};
+use kpm::{ExecutorError, Kubelet, KubeletHandle, PluginDetails, Step};
 use tokio::process::Child;
 use tokio::time::Instant;
 
-use super::hook::Hook;
-use super::node::{Node, POLL, Registered, Socket, endpoint_path, wait_for};
-use super::plugin::{Dirs, Settings, evidence, signal_group, start_plugin};
-use super::report::{Findings, Outcome};
-use super::{csi, device, dra};
-use crate::CliError;
+use self::node::{Node, Registrations, Socket, endpoint_path};
+use self::plugin::{Api, Dirs, Settings, evidence, signal_group, start_plugin};
+use crate::hook::Hook;
+use crate::outcome::{Evidence, Mark, Outcome, Subject};
+use crate::wait::{POLL, wait_for};
+use crate::{Check, Config, Report, SuiteError, csi, device, dra};
 
-// The steps' names, in the order they run: what the report shows.
-const REGISTERS: &str = "registers";
-const GET_INFO: &str = "GetInfo within 1 s";
-const TYPE_CHECKS: &str = "type checks";
-const KUBELET_MINORS: &str = "kubelet minors";
-const SOCKET_NAMES: &str = "socket names";
-const KUBELET_RESTART: &str = "kubelet restart";
-const SIGTERM: &str = "SIGTERM";
-const PLUGIN_RESTART: &str = "plugin restart";
+/// Runs the plugin of `config` through every check.
+pub(crate) async fn run(config: &Config) -> Result<Report, SuiteError> {
+    let mut temp = tempfile::Builder::new();
+    temp.prefix("kpm-check-");
+    let parent = config.root_parent.clone().unwrap_or_else(std::env::temp_dir);
+    let temp = temp
+        .tempdir_in(&parent)
+        .map_err(|source| SuiteError::CreateRoot { path: parent.clone(), source })?;
+    let dirs = Dirs::create(temp.path())?;
+    let api = match &config.kubeconfig {
+        Some(kubeconfig) => {
+            let client = kpm::kube::client_from_kubeconfig(kubeconfig).await.map_err(|source| {
+                SuiteError::ReadKubeconfig { path: kubeconfig.clone(), source: Box::new(source) }
+            })?;
+            Some(Api { client, kubeconfig: kubeconfig.clone() })
+        }
+        None => None,
+    };
+    let started = Instant::now();
+    let settings = Settings {
+        bound: config.bound,
+        health_change: config.health_change.clone(),
+        node: config.node.clone(),
+        api,
+    };
+    let checks = checks(&config.command, &dirs, &settings).await?;
+    let kept = config.keep_root.then(|| temp.keep());
+    Ok(Report::new(config.command.clone(), checks, kept, started.elapsed(), config.strict))
+}
 
-/// Runs the plugin's `command` against a kubelet on `dirs`, step by step,
-/// each wait bounded by `settings.bound`; the steps that cannot run once
-/// the plugin failed to register are skipped.
-pub(super) async fn run(
+/// Runs the plugin's `command` against a kubelet on `dirs`, check by
+/// check, each wait bounded by `settings.bound`; the checks that cannot run
+/// once the plugin failed to register are skipped.
+async fn checks(
     command: &[String],
     dirs: &Dirs,
     settings: &Settings,
-) -> Result<Vec<(&'static str, Outcome)>, CliError> {
+) -> Result<Vec<(Check, Outcome)>, SuiteError> {
     let bound = settings.bound;
-    let mut steps: Vec<(&'static str, Outcome)> = Vec::new();
+    let mut steps: Vec<(Check, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
     let started_at = k8s_openapi::jiff::Timestamp::now();
     let mut plugin = start_plugin(command, dirs, settings)?;
@@ -46,8 +69,8 @@ pub(super) async fn run(
         Ok(registered) => {
             let took = started.elapsed();
             steps.push((
-                REGISTERS,
-                Outcome::Passed(format!(
+                Check::Registers,
+                Outcome::passed(format!(
                     "{} ({} ms after start)",
                     registered.describe(dirs),
                     took.as_millis()
@@ -56,7 +79,7 @@ pub(super) async fn run(
             Some(registered)
         }
         Err(reason) => {
-            steps.push((REGISTERS, Outcome::Failed(reason)));
+            steps.push((Check::Registers, Outcome::failed(reason)));
             None
         }
     };
@@ -64,9 +87,13 @@ pub(super) async fn run(
         // A kubelet of its own, with nothing registered: the running one's
         // CSI handler would refuse the driver it holds as a duplicate.
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
-        let judge = crate::inspect::kubelet(&dirs.root, &[], bound, get_info)?;
+        let judge = Kubelet::builder()
+            .root_dir(&dirs.root)
+            .inspect_only(bound, get_info)
+            .build()
+            .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
         steps.extend(inspect(&judge.handle(), dirs, registered).await);
-        steps.push((SOCKET_NAMES, names(registered)));
+        steps.push((Check::SocketNames, names(registered)));
         let hook = settings.health_change.as_ref().map(|command| {
             let mut env = dirs.environment(settings);
             env.push(("KPM_CHECK_PID", plugin.id().unwrap_or_default().to_string().into()));
@@ -81,34 +108,34 @@ pub(super) async fn run(
         let again =
             wait_for(bound, || node.registered(dirs).same_names(registered).then_some(())).await;
         steps.push((
-            KUBELET_RESTART,
+            Check::KubeletRestart,
             match again {
-                Some(()) => Outcome::Passed(format!(
+                Some(()) => Outcome::passed(format!(
                     "registered again {} ms after the kubelet started anew (kubelet.sock re-created)",
                     restarted.elapsed().as_millis()
                 )),
-                None => Outcome::Failed(format!(
+                None => Outcome::failed(format!(
                     "not registered again within {bound:?} of the kubelet's restart (now: {}); {}",
                     node.registered(dirs).describe(dirs),
                     evidence(dirs),
                 )),
             },
         ));
-        steps.push((SIGTERM, terminate(&node, dirs, &mut plugin, registered, bound).await));
+        steps.push((Check::Sigterm, terminate(&node, dirs, &mut plugin, registered, bound).await));
         let restart =
             restart_plugin(command, &node, dirs, settings, &mut plugin, registered, &before);
-        steps.push((PLUGIN_RESTART, restart.await));
+        steps.push((Check::PluginRestart, restart.await));
     } else {
         for name in [
-            GET_INFO,
-            TYPE_CHECKS,
-            KUBELET_MINORS,
-            SOCKET_NAMES,
-            KUBELET_RESTART,
-            SIGTERM,
-            PLUGIN_RESTART,
+            Check::GetInfoWithin1s,
+            Check::TypeChecks,
+            Check::KubeletMinors,
+            Check::SocketNames,
+            Check::KubeletRestart,
+            Check::Sigterm,
+            Check::PluginRestart,
         ] {
-            steps.push((name, Outcome::Skipped("the plugin never registered".into())));
+            steps.push((name, Outcome::skipped("the plugin never registered")));
         }
     }
     // What is left of the plugin's command goes now.
@@ -136,11 +163,11 @@ struct Before {
 async fn converse(
     node: &Node,
     dirs: &Dirs,
-    registered: &Registered,
+    registered: &Registrations,
     settings: &Settings,
     health_change: Option<&Hook>,
     started: k8s_openapi::jiff::Timestamp,
-    steps: &mut Vec<(&'static str, Outcome)>,
+    steps: &mut Vec<(Check, Outcome)>,
 ) -> Before {
     let bound = settings.bound;
     let mut before = Before::default();
@@ -185,27 +212,27 @@ async fn restart_plugin(
     dirs: &Dirs,
     settings: &Settings,
     plugin: &mut Child,
-    registered: &Registered,
+    registered: &Registrations,
     before: &Before,
 ) -> Outcome {
     let bound = settings.bound;
     if !matches!(plugin.try_wait(), Ok(Some(_))) {
-        return Outcome::Skipped("the plugin did not exit on SIGTERM".into());
+        return Outcome::skipped("the plugin did not exit on SIGTERM");
     }
     let started = Instant::now();
     *plugin = match start_plugin(command, dirs, settings) {
         Ok(plugin) => plugin,
-        Err(err) => return Outcome::Failed(err.to_string()),
+        Err(err) => return Outcome::failed(err.to_string()),
     };
     let again = wait_for(bound, || node.registered(dirs).same_names(registered).then_some(()));
     if again.await.is_none() {
-        return Outcome::Failed(format!(
+        return Outcome::failed(format!(
             "not registered again within {bound:?} of its restart (now: {}); {}",
             node.registered(dirs).describe(dirs),
             evidence(dirs),
         ));
     }
-    let mut findings = Findings::default();
+    let mut findings = Evidence::default();
     findings.pass(format!(
         "registered again {} ms after it started anew",
         started.elapsed().as_millis()
@@ -246,7 +273,7 @@ async fn wait_registered(
     dirs: &Dirs,
     plugin: &mut Child,
     bound: Duration,
-) -> Result<Registered, String> {
+) -> Result<Registrations, String> {
     let deadline = Instant::now() + bound;
     loop {
         let registered = node.registered(dirs);
@@ -292,87 +319,104 @@ async fn wait_registered(
 async fn inspect(
     handle: &KubeletHandle,
     dirs: &Dirs,
-    registered: &Registered,
-) -> Vec<(&'static str, Outcome)> {
+    registered: &Registrations,
+) -> Vec<(Check, Outcome)> {
     let kubelet_get_info = kpm::ExecutorConfig::default().get_info_timeout;
     let (mut get_info, mut checks, mut dra) =
-        (Findings::default(), Findings::default(), Vec::new());
+        (Evidence::default(), Evidence::default(), Vec::new());
     for Socket { path: socket, .. } in &registered.sockets {
         let shown = dirs.shown(socket);
+        let about = || Subject::Socket(socket.clone());
         let inspection = handle.manager().inspect(socket).await;
         if let Some(info) =
             inspection.info.as_ref().filter(|info| info.r#type == kpm::api::DRA_PLUGIN)
         {
-            dra.push((shown.clone(), info.supported_versions.clone()));
+            dra.push((socket.clone(), shown.clone(), info.supported_versions.clone()));
         }
         match (inspection.took(Step::GetInfo), &inspection.outcome) {
             (_, Err(ExecutorError::GetInfoTimeout { .. })) => {
                 get_info
-                    .fail(format!("{shown}: no answer within the kubelet's {kubelet_get_info:?}"));
+                    .add(
+                        Mark::Fail,
+                        format!("{shown}: no answer within the kubelet's {kubelet_get_info:?}"),
+                    )
+                    .about(about());
             }
             (Some(took), _) => {
-                get_info.pass(format!("{shown} answered in {:.1} ms", took.as_secs_f64() * 1000.0));
+                get_info
+                    .add(
+                        Mark::Pass,
+                        format!("{shown} answered in {:.1} ms", took.as_secs_f64() * 1000.0),
+                    )
+                    .about(about())
+                    .took(took);
             }
-            (None, Err(err)) => get_info.fail(format!("{shown}: {}", crate::inspect::reason(err))),
+            (None, Err(err)) => {
+                get_info.add(Mark::Fail, format!("{shown}: {}", err.reason())).about(about());
+            }
             (None, Ok(())) => {}
         }
         match &inspection.outcome {
-            Ok(()) => checks.pass(format!(
-                "{shown}: {}",
-                inspection.service.as_ref().map_or_else(|| "ok".into(), ToString::to_string)
-            )),
+            Ok(()) => {
+                let service =
+                    inspection.service.as_ref().map_or_else(|| "ok".into(), ToString::to_string);
+                checks.add(Mark::Pass, format!("{shown}: {service}")).about(about());
+            }
             Err(ExecutorError::GetInfoTimeout { .. }) => {}
             Err(err) => {
                 let step = inspection.failed_step().map_or("inspection", Step::name);
-                checks.fail(format!("{shown}: {step}: {}", crate::inspect::reason(err)));
+                checks.add(Mark::Fail, format!("{shown}: {step}: {}", err.reason())).about(about());
             }
         }
     }
     for (resource, endpoint) in &registered.resources {
-        match handle.devices().inspect_endpoint(resource, endpoint).await {
-            Ok(report) => checks.pass(format!("{resource}: {report}")),
-            Err(err) => checks.fail(format!("{resource}: {}", kpm_api::gotext::error_chain(&err))),
-        }
+        let about = Subject::Resource(resource.clone());
+        let (mark, said) = match handle.devices().inspect_endpoint(resource, endpoint).await {
+            Ok(report) => (Mark::Pass, format!("{resource}: {report}")),
+            Err(err) => (Mark::Fail, format!("{resource}: {}", kpm_api::gotext::error_chain(&err))),
+        };
+        checks.add(mark, said).about(about);
     }
     vec![
-        (GET_INFO, get_info.outcome("registered through kubelet.sock only: no GetInfo")),
-        (TYPE_CHECKS, checks.outcome("nothing to check")),
-        (KUBELET_MINORS, minors(&dra)),
+        (
+            Check::GetInfoWithin1s,
+            get_info.outcome("registered through kubelet.sock only: no GetInfo"),
+        ),
+        (Check::TypeChecks, checks.outcome("nothing to check")),
+        (Check::KubeletMinors, minors(&dra)),
     ]
 }
 
 /// What each kubelet minor kpm was checked against does with each DRA
-/// driver, by the services it offers (`kpm_doctor::dra_outcome`, the rule
-/// the doctor judges by): fails when a kubelet from 1.32 on would refuse
-/// it or call it on an API it does not serve. 1.31's DRA (alpha, v1alpha4
-/// only) is only reported. The other types register alike on every minor.
-fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
-    use kpm_doctor::{DraApi, DraOutcome, dra_outcome};
-    use kpm_report::CHECKED_MINORS;
-    /// The first minor whose DRA today's drivers are expected to serve.
-    const EXPECTED_FROM: u32 = 32;
+/// driver, by the services it offers (`kpm_minors::dra_handling`, the rule
+/// `kpm doctor` judges by too): fails when a kubelet from 1.32 on would
+/// refuse it or call it on an API it does not serve. 1.31's DRA (alpha,
+/// v1alpha4 only) is only reported. The other types register alike on
+/// every minor.
+fn minors(dra: &[(PathBuf, String, Vec<String>)]) -> Outcome {
+    use kpm_minors::{CHECKED_MINORS, DraApi, DraHandling, V1BETA1_FROM, dra_handling};
     if dra.is_empty() {
         let (first, last) = (CHECKED_MINORS.start(), CHECKED_MINORS.end());
-        return Outcome::Skipped(format!(
+        return Outcome::skipped(format!(
             "no DRA driver: kubelets 1.{first} to 1.{last} take CSI drivers and device plugins alike"
         ));
     }
-    let mut findings = Findings::default();
-    for (shown, services) in dra {
+    let mut findings = Evidence::default();
+    for (socket, shown, services) in dra {
         let mut failed = false;
         // Consecutive minors that do the same, as `(first, last, what)`.
         let mut spans: Vec<(u32, u32, String)> = Vec::new();
         for minor in CHECKED_MINORS {
-            let outcome = dra_outcome(minor, services);
-            failed |= minor >= EXPECTED_FROM && !matches!(outcome, DraOutcome::Calls(_));
-            let what = match outcome {
-                DraOutcome::Calls(api) => format!("call {api}"),
-                DraOutcome::CallsUnserved => format!(
+            let handling = dra_handling(minor, services);
+            failed |= minor >= V1BETA1_FROM && !matches!(handling, DraHandling::Calls(_));
+            let what = match handling {
+                DraHandling::Calls(api) => format!("call {api}"),
+                DraHandling::CallsUnserved => format!(
                     "register it, then call {}, which it does not offer: its claims fail",
                     DraApi::V1alpha4
                 ),
-                DraOutcome::Refuses(why) => format!("refuse it: {why}"),
-                _ => format!("{outcome:?}"),
+                DraHandling::Refuses(why) => format!("refuse it: {why}"),
+                other => format!("{other:?}"),
             };
             match spans.last_mut() {
                 Some((_, last, said)) if *said == what => *last = minor,
@@ -390,7 +434,10 @@ fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
                 }
             })
             .collect();
-        findings.judge(failed, format!("{shown}: kubelets {}", said.join(", ")));
+        let mark = if failed { Mark::Fail } else { Mark::Pass };
+        findings
+            .add(mark, format!("{shown}: kubelets {}", said.join(", ")))
+            .about(Subject::Socket(socket.clone()));
     }
     findings.outcome("")
 }
@@ -399,8 +446,8 @@ fn minors(dra: &[(String, Vec<String>)]) -> Outcome {
 /// `<name>-<uid>-reg.sock` for one instance of several (DRA rolling
 /// updates). The kubelet takes any name (Kubernetes' own sample device
 /// plugin calls its socket `dp.<time>`), so another is a warning.
-fn names(registered: &Registered) -> Outcome {
-    let mut findings = Findings::default();
+fn names(registered: &Registrations) -> Outcome {
+    let mut findings = Evidence::default();
     for Socket { path: socket, plugin: PluginDetails { name, .. }, .. } in &registered.sockets {
         let file = socket.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
         let prefix = name.replace('/', "_");
@@ -426,20 +473,20 @@ async fn terminate(
     node: &Node,
     dirs: &Dirs,
     plugin: &mut Child,
-    registered: &Registered,
+    registered: &Registrations,
     bound: Duration,
 ) -> Outcome {
     let Some(pid) = plugin.id() else {
-        return Outcome::Failed("the plugin exited before SIGTERM".into());
+        return Outcome::failed("the plugin exited before SIGTERM");
     };
     let sent = Instant::now();
     if let Err(err) = signal_group(pid, rustix::process::Signal::TERM) {
-        return Outcome::Failed(format!("cannot send SIGTERM: {err}"));
+        return Outcome::failed(format!("cannot send SIGTERM: {err}"));
     }
     let exited = match tokio::time::timeout(bound, plugin.wait()).await {
         Ok(Ok(status)) => status,
-        Ok(Err(err)) => return Outcome::Failed(format!("waiting for the plugin: {err}")),
-        Err(_) => return Outcome::Failed(format!("still running {bound:?} after SIGTERM")),
+        Ok(Err(err)) => return Outcome::failed(format!("waiting for the plugin: {err}")),
+        Err(_) => return Outcome::failed(format!("still running {bound:?} after SIGTERM")),
     };
     let took = sent.elapsed();
     let left = |paths: Vec<&PathBuf>| -> Vec<String> {
@@ -451,7 +498,7 @@ async fn terminate(
     };
     let registry_left = left(registered.sockets.iter().map(|socket| &socket.path).collect());
     if !registry_left.is_empty() {
-        return Outcome::Failed(format!(
+        return Outcome::failed(format!(
             "exited ({exited}) in {} ms but left {registry_left:?}: the kubelet keeps dialling a \
              stale socket, with backoff",
             took.as_millis()
@@ -462,7 +509,7 @@ async fn terminate(
     // only those who read the directory.
     let endpoints_left = left(registered.resources.iter().map(|(_, endpoint)| endpoint).collect());
     if !endpoints_left.is_empty() {
-        return Outcome::Warned(format!(
+        return Outcome::warned(format!(
             "exited ({exited}) in {} ms but left {endpoints_left:?}: the kubelet does not dial it \
              again, but tools that read device-plugins/ (kpm doctor) see a stale socket until \
              the kubelet restarts",
@@ -471,11 +518,11 @@ async fn terminate(
     }
     let deregistered = wait_for(bound, || node.registered(dirs).is_empty().then_some(())).await;
     match deregistered {
-        Some(()) => Outcome::Passed(format!(
+        Some(()) => Outcome::passed(format!(
             "exited ({exited}) {} ms after SIGTERM, its sockets removed, deregistered",
             took.as_millis()
         )),
-        None => Outcome::Failed(format!(
+        None => Outcome::failed(format!(
             "its sockets are gone but it is still registered after {bound:?}"
         )),
     }

@@ -26,7 +26,7 @@ const HOOK_NAMES: [&str; 6] =
 
 /// How much a problem weighs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Severity {
+pub(crate) enum Severity {
     /// The CDI package refuses it: the runtime cannot inject the device.
     Breaks,
     /// The specification's text demands it, the package lets it through.
@@ -35,9 +35,9 @@ pub(super) enum Severity {
 
 /// One problem of a spec file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Problem {
-    pub(super) severity: Severity,
-    pub(super) what: String,
+pub(crate) struct Problem {
+    pub(crate) severity: Severity,
+    pub(crate) what: String,
 }
 
 impl Problem {
@@ -53,16 +53,16 @@ impl Problem {
 /// A spec file read and judged: its kind, its devices' names and its
 /// problems (a file that does not parse has no kind and no devices).
 #[derive(Debug)]
-pub(super) struct SpecFile {
-    pub(super) path: PathBuf,
-    pub(super) kind: String,
-    pub(super) devices: Vec<String>,
-    pub(super) problems: Vec<Problem>,
+pub(crate) struct SpecFile {
+    pub(crate) path: PathBuf,
+    pub(crate) kind: String,
+    pub(crate) devices: Vec<String>,
+    pub(crate) problems: Vec<Problem>,
 }
 
 impl SpecFile {
     /// Whether it defines `vendor/class=name`.
-    pub(super) fn defines(&self, kind: &str, name: &str) -> bool {
+    pub(crate) fn defines(&self, kind: &str, name: &str) -> bool {
         self.kind == kind && self.devices.iter().any(|device| device == name)
     }
 }
@@ -204,7 +204,7 @@ where
 /// Reads every spec file of `dir` (`*.json` and `*.yaml`, the files the
 /// package's cache loads), each judged. A directory that cannot be read is
 /// an error naming it.
-pub(super) fn read_dir(dir: &Path) -> Result<Vec<SpecFile>, String> {
+pub(crate) fn read_dir(dir: &Path) -> Result<Vec<SpecFile>, String> {
     let entries = std::fs::read_dir(dir)
         .map_err(|err| format!("read the CDI directory {}: {err}", dir.display()))?;
     let mut paths: Vec<PathBuf> = entries
@@ -217,7 +217,7 @@ pub(super) fn read_dir(dir: &Path) -> Result<Vec<SpecFile>, String> {
 }
 
 /// Reads and judges one spec file.
-pub(super) fn read_file(path: &Path) -> SpecFile {
+pub(crate) fn read_file(path: &Path) -> SpecFile {
     let yaml = path.extension().is_some_and(|ext| ext == "yaml");
     match std::fs::read_to_string(path) {
         Ok(text) => judge(path, &text, yaml),
@@ -231,7 +231,7 @@ pub(super) fn read_file(path: &Path) -> SpecFile {
 }
 
 /// Judges a spec file's `text` (YAML when `yaml`, else JSON).
-pub(super) fn judge(path: &Path, text: &str, yaml: bool) -> SpecFile {
+pub(crate) fn judge(path: &Path, text: &str, yaml: bool) -> SpecFile {
     let parsed: Result<Spec, String> = if yaml {
         serde_norway::from_str(text).map_err(|err| err.to_string())
     } else {
@@ -541,7 +541,7 @@ fn inner_and_last(name: &str, rest: &[u8], extra: &[u8]) -> Result<(), String> {
 
 /// A qualified CDI device id `vendor/class=name` split as `(kind, name)`,
 /// each part valid (`ParseQualifiedName`).
-pub(super) fn parse_device_id(id: &str) -> Result<(&str, &str), String> {
+pub(crate) fn parse_device_id(id: &str) -> Result<(&str, &str), String> {
     let (kind, name) = id
         .split_once('=')
         .filter(|(kind, name)| !kind.is_empty() && !name.is_empty() && !id.starts_with('/'))

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 /// A shell command, with what it is told.
 #[derive(Debug)]
-pub(super) struct Hook {
+pub(crate) struct Hook {
     command: String,
     env: Vec<(&'static str, OsString)>,
     bound: Duration,
@@ -16,7 +16,7 @@ pub(super) struct Hook {
 
 impl Hook {
     /// `command` with `env` set, killed if it runs longer than `bound`.
-    pub(super) fn new(
+    pub(crate) fn new(
         command: String,
         env: Vec<(&'static str, OsString)>,
         bound: Duration,
@@ -25,7 +25,7 @@ impl Hook {
     }
 
     /// Runs it to its end; `Err` says how it failed (`exited 1: …`).
-    pub(super) async fn run(&self) -> Result<(), String> {
+    pub(crate) async fn run(&self) -> Result<(), String> {
         let mut command = tokio::process::Command::new("sh");
         command
             .arg("-c")
