@@ -51,8 +51,6 @@ pub enum Check {
     NodeGetCapabilities,
     /// A DRA driver's ResourceSlices, read back from the API server.
     ResourceSlices,
-    /// A DRA driver offers a service kubelets call.
-    DraServices,
     /// A claim allocated to the driver, prepared.
     NodePrepareResources(DraService),
     /// The same claim prepared again.
@@ -95,7 +93,7 @@ impl Check {
             .into_iter()
             .chain(device)
             .chain(csi)
-            .chain([ResourceSlices, DraServices])
+            .chain([ResourceSlices])
             .chain(claims)
             .chain(after)
             .collect()
@@ -136,7 +134,6 @@ impl Check {
             }
             KubeletMinors
             | ResourceSlices
-            | DraServices
             | NodePrepareResources(_)
             | PrepareAgain(_)
             | NodeUnprepareResources(_)
@@ -180,7 +177,6 @@ impl Check {
             GetPluginInfoName => "GetPluginInfo names the driver that registered",
             NodeGetCapabilities => "NodeGetCapabilities answers",
             ResourceSlices => "the driver publishes a ResourceSlice with a device for its node",
-            DraServices => "the driver offers v1.DRAPlugin or v1beta1.DRAPlugin",
             NodePrepareResources(_) => {
                 "a claim allocated as the scheduler allocates it prepares, its CDI ids resolving in valid CDI specs"
             }
@@ -207,7 +203,7 @@ impl Check {
             GetInfoWithin1s | TypeChecks => {
                 "pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go"
             }
-            KubeletMinors | DraServices => "pkg/kubelet/cm/dra/plugin/registration.go",
+            KubeletMinors => "pkg/kubelet/cm/dra/plugin/registration.go",
             SocketNames => {
                 "staging/src/k8s.io/dynamic-resource-allocation/kubeletplugin/draplugin.go"
             }
@@ -291,7 +287,6 @@ impl Check {
             GetPluginInfoName => "GetPluginInfo name",
             NodeGetCapabilities => "NodeGetCapabilities",
             ResourceSlices => "ResourceSlices",
-            DraServices => "DRA services",
             NodePrepareResources(_) => "NodePrepareResources",
             PrepareAgain(_) => "prepare again",
             NodeUnprepareResources(_) => "NodeUnprepareResources",

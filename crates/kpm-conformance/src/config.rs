@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::SuiteError;
+use crate::plugin::{Act, Hook, Plugin, Serve};
 
 /// The node name a plugin is told it runs on, unless set.
 pub const DEFAULT_NODE: &str = "kpm-check-node";
@@ -23,13 +24,13 @@ pub const DEFAULT_BOUND: Duration = Duration::from_secs(30);
 /// kpm_conformance::Suite::try_new(config)?.run().await?.assert_conformant();
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
-    pub(crate) command: Vec<String>,
+    pub(crate) plugin: Plugin,
     pub(crate) bound: Duration,
-    pub(crate) kubeconfig: Option<PathBuf>,
+    pub(crate) api: Option<ApiServer>,
     pub(crate) node: String,
-    pub(crate) health_change: Option<String>,
+    pub(crate) health_change: Option<Hook>,
     pub(crate) root_parent: Option<PathBuf>,
     pub(crate) keep_root: bool,
     pub(crate) strict: bool,
@@ -45,10 +46,21 @@ impl Config {
     /// `KPM_CHECK_PLUGINS`, `KPM_CHECK_CDI`, `KPM_CHECK_NODE` and
     /// `KPM_CHECK_KUBECONFIG`.
     pub fn new(command: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self::of(Plugin::Command(command.into_iter().map(Into::into).collect()))
+    }
+
+    /// A plugin served in this process by `serve`, called at each start
+    /// with where to serve ([`PluginEnv`](crate::PluginEnv)) and when to
+    /// stop ([`Stop`](crate::Stop)), shown in the report as `name`.
+    pub fn in_process(name: impl Into<String>, serve: Serve) -> Self {
+        Self::of(Plugin::InProcess { name: name.into(), serve })
+    }
+
+    fn of(plugin: Plugin) -> Self {
         Self {
-            command: command.into_iter().map(Into::into).collect(),
+            plugin,
             bound: DEFAULT_BOUND,
-            kubeconfig: None,
+            api: None,
             node: DEFAULT_NODE.to_owned(),
             health_change: None,
             root_parent: None,
@@ -70,7 +82,15 @@ impl Config {
     /// it those checks are skipped.
     #[must_use]
     pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
-        self.kubeconfig = Some(path.into());
+        self.api = Some(ApiServer::Kubeconfig(path.into()));
+        self
+    }
+
+    /// The API server of the DRA checks, as a client of this process (an
+    /// in-process plugin's test): the plugin is told no kubeconfig.
+    #[must_use]
+    pub fn api_client(mut self, client: kube::Client) -> Self {
+        self.api = Some(ApiServer::Client(client));
         self
     }
 
@@ -88,7 +108,15 @@ impl Config {
     /// skipped.
     #[must_use]
     pub fn health_change(mut self, command: impl Into<String>) -> Self {
-        self.health_change = Some(command.into());
+        self.health_change = Some(Hook::Shell(command.into()));
+        self
+    }
+
+    /// [`health_change`](Self::health_change) as a function of this
+    /// process, for an in-process plugin.
+    #[must_use]
+    pub fn health_change_with(mut self, act: Act) -> Self {
+        self.health_change = Some(Hook::InProcess(act));
         self
     }
 
@@ -118,7 +146,9 @@ impl Config {
 
     /// Checks the settings.
     pub(crate) fn validate(&self) -> Result<(), SuiteError> {
-        if self.command.first().is_none_or(String::is_empty) {
+        if let Plugin::Command(command) = &self.plugin
+            && command.first().is_none_or(String::is_empty)
+        {
             return Err(SuiteError::NoCommand);
         }
         let max = kpm::api::MAX_CONFIG_DURATION;
@@ -129,6 +159,35 @@ impl Config {
             return Err(SuiteError::NodeName(self.node.clone()));
         }
         Ok(())
+    }
+}
+
+/// The API server of the DRA checks.
+#[derive(Clone)]
+pub(crate) enum ApiServer {
+    /// Its kubeconfig, also given to the plugin.
+    Kubeconfig(PathBuf),
+    /// A client of this process.
+    Client(kube::Client),
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let api = match &self.api {
+            Some(ApiServer::Kubeconfig(path)) => Some(path.display().to_string()),
+            Some(ApiServer::Client(_)) => Some("a client".to_owned()),
+            None => None,
+        };
+        f.debug_struct("Config")
+            .field("plugin", &self.plugin)
+            .field("bound", &self.bound)
+            .field("api", &api)
+            .field("node", &self.node)
+            .field("health_change", &self.health_change)
+            .field("root_parent", &self.root_parent)
+            .field("keep_root", &self.keep_root)
+            .field("strict", &self.strict)
+            .finish()
     }
 }
 

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use crate::Check;
 use crate::cdi;
-use crate::hook::Hook;
+use crate::hook::HookCall;
 use crate::outcome::{Evidence, Outcome};
 use crate::wait::wait_for;
 
@@ -45,7 +45,7 @@ pub(super) async fn converse(
     view: &DeviceView,
     resource: &str,
     endpoint: &Path,
-    health_change: Option<&Hook>,
+    health_change: Option<&HookCall>,
     bound: Duration,
 ) -> (Vec<(Check, Outcome)>, usize) {
     let opened = Instant::now();
@@ -417,7 +417,7 @@ async fn pre_start(view: &DeviceView, resource: &str, healthy: &[String]) -> Out
 async fn health_change_step(
     view: &DeviceView,
     resource: &str,
-    hook: Option<&Hook>,
+    hook: Option<&HookCall>,
     bound: Duration,
 ) -> Outcome {
     let Some(hook) = hook else {

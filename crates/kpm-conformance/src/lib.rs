@@ -43,14 +43,18 @@ mod dra;
 mod error;
 mod hook;
 mod outcome;
+mod plugin;
 mod report;
 mod run;
+#[cfg(test)]
+mod tests;
 mod wait;
 
 pub use crate::check::Check;
 pub use crate::config::{Config, DEFAULT_BOUND, DEFAULT_NODE};
 pub use crate::error::SuiteError;
 pub use crate::outcome::{Evidence, Finding, Mark, Outcome, Subject};
+pub use crate::plugin::{Act, BoxFuture, Hook, Plugin, PluginEnv, Serve, Stop};
 pub use crate::report::{Checked, Report, Tally};
 
 /// The suite, configured: [`run`](Self::run) it once per plugin.

@@ -84,7 +84,12 @@ pub(super) const LAYERS: &[Layer] = &[
     normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods", "kpm-minors"]),
     // The conformance suite: a plugin driven by the facade's kubelet; the
     // minors' rules, and nothing of the doctor.
-    normal("kpm-conformance", &["kpm", "kpm-api", "kpm-minors"]),
+    // Its unit tests' scripted plugins are the registrar's stubs.
+    Layer {
+        name: "kpm-conformance",
+        deps: &["kpm", "kpm-api", "kpm-minors"],
+        dev: &["kpm-registrar"],
+    },
     // The fleet reader: reports and API objects, read-only; nothing of the
     // node's doctor, nothing that reads a node's files.
     normal("kpm-fleet", &["kpm-api", "kpm-report"]),

@@ -23,6 +23,9 @@
 //!   README's layout lists the workspace's crates and the CLI's subcommands
 //!   (as does `crates/kpm-cli/README.md`), and its Rust version is the
 //!   workspace's `rust-version`;
+//! - `checks`: every check of the conformance suite (`kpm_conformance::Check`)
+//!   has a unit test, and the tables of `docs/plugin-authors.md` name each
+//!   check and no other;
 //! - `dockerfile`: the Dockerfile's `FROM rust:X` is that `rust-version` too;
 //! - `size`: no file of library code is over 600 lines, tests, generated
 //!   code and the tools that ship nowhere (`xtask`, `kpm-bench`) left out.
@@ -33,6 +36,7 @@ use std::path::{Path, PathBuf};
 use crate::Result;
 
 mod architecture;
+mod checks;
 mod dockerfile;
 mod docs;
 mod layers;
@@ -57,6 +61,7 @@ pub(crate) fn check(root: &Path) -> Result {
     );
     modules::check(root, &crates, &mut problems)?;
     docs::check(root, &crates, &mut problems)?;
+    checks::check(root, &mut problems)?;
     dockerfile::check(root, &mut problems)?;
     size::check(root, &crates, &mut problems)?;
     if problems.is_empty() {

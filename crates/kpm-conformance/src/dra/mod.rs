@@ -113,15 +113,8 @@ pub(crate) async fn converse(
         ));
         None
     };
-    if offered.is_empty() {
-        steps.push((
-            Check::DraServices,
-            Outcome::failed(format!(
-                "offers neither v1.DRAPlugin nor v1beta1.DRAPlugin (GetInfo: {services:?}): no kubelet from 1.32 on calls it"
-            )),
-        ));
-        return steps;
-    }
+    // A driver offering neither service is refused at registration (and
+    // by every kubelet from 1.34: `kubelet minors`), so it never gets here.
     // The claims, made once for every service; deleted at the end.
     let claims = match (ctx.api, slices) {
         (Some(client), Some(device)) => Some(Claims::create(client, driver, &device, ctx).await),

@@ -10,13 +10,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kpm::{ExecutorError, Kubelet, KubeletHandle, PluginDetails, Step};
-use tokio::process::Child;
 use tokio::time::Instant;
 
 use self::node::{Node, Registrations, Socket, endpoint_path};
-use self::plugin::{Api, Dirs, Settings, evidence, signal_group, start_plugin};
-use crate::hook::Hook;
+use self::plugin::{Api, Dirs, Running, Settings, evidence};
+use crate::config::ApiServer;
+use crate::hook::HookCall;
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
+use crate::plugin::Plugin;
 use crate::wait::{POLL, wait_for};
 use crate::{Check, Config, Report, SuiteError, csi, device, dra};
 
@@ -28,16 +29,18 @@ pub(crate) async fn run(config: &Config) -> Result<Report, SuiteError> {
     let temp = temp
         .tempdir_in(&parent)
         .map_err(|source| SuiteError::CreateRoot { path: parent.clone(), source })?;
-    let dirs = Dirs::create(temp.path())?;
-    let api = match &config.kubeconfig {
-        Some(kubeconfig) => {
+    let api = match &config.api {
+        Some(ApiServer::Kubeconfig(kubeconfig)) => {
             let client = kpm::kube::client_from_kubeconfig(kubeconfig).await.map_err(|source| {
                 SuiteError::ReadKubeconfig { path: kubeconfig.clone(), source: Box::new(source) }
             })?;
-            Some(Api { client, kubeconfig: kubeconfig.clone() })
+            Some(Api { client, kubeconfig: Some(kubeconfig.clone()) })
         }
+        Some(ApiServer::Client(client)) => Some(Api { client: client.clone(), kubeconfig: None }),
         None => None,
     };
+    let kubeconfig = api.as_ref().and_then(|api| api.kubeconfig.clone());
+    let dirs = Dirs::create(temp.path(), &config.node, kubeconfig)?;
     let started = Instant::now();
     let settings = Settings {
         bound: config.bound,
@@ -45,16 +48,16 @@ pub(crate) async fn run(config: &Config) -> Result<Report, SuiteError> {
         node: config.node.clone(),
         api,
     };
-    let checks = checks(&config.command, &dirs, &settings).await?;
+    let checks = checks(&config.plugin, &dirs, &settings).await?;
     let kept = config.keep_root.then(|| temp.keep());
-    Ok(Report::new(config.command.clone(), checks, kept, started.elapsed(), config.strict))
+    Ok(Report::new(config.plugin.shown(), checks, kept, started.elapsed(), config.strict))
 }
 
 /// Runs the plugin's `command` against a kubelet on `dirs`, check by
 /// check, each wait bounded by `settings.bound`; the checks that cannot run
 /// once the plugin failed to register are skipped.
 async fn checks(
-    command: &[String],
+    plugin_of: &Plugin,
     dirs: &Dirs,
     settings: &Settings,
 ) -> Result<Vec<(Check, Outcome)>, SuiteError> {
@@ -62,7 +65,7 @@ async fn checks(
     let mut steps: Vec<(Check, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
     let started_at = k8s_openapi::jiff::Timestamp::now();
-    let mut plugin = start_plugin(command, dirs, settings)?;
+    let mut plugin = Running::start(plugin_of, dirs)?;
     let started = Instant::now();
     let registered = wait_registered(&node, dirs, &mut plugin, bound).await;
     let registered = match registered {
@@ -88,16 +91,16 @@ async fn checks(
         // CSI handler would refuse the driver it holds as a duplicate.
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
         let judge = Kubelet::builder()
-            .root_dir(&dirs.root)
+            .root_dir(dirs.root())
             .inspect_only(bound, get_info)
             .build()
             .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
         steps.extend(inspect(&judge.handle(), dirs, registered).await);
         steps.push((Check::SocketNames, names(registered)));
-        let hook = settings.health_change.as_ref().map(|command| {
-            let mut env = dirs.environment(settings);
-            env.push(("KPM_CHECK_PID", plugin.id().unwrap_or_default().to_string().into()));
-            Hook::new(command.clone(), env, bound)
+        let hook = settings.health_change.as_ref().map(|hook| {
+            let mut env = dirs.env.environment();
+            env.push(("KPM_CHECK_PID", plugin.pid().unwrap_or_default().to_string()));
+            HookCall::new(hook.clone(), env, bound)
         });
         let before =
             converse(&node, dirs, registered, settings, hook.as_ref(), started_at, &mut steps)
@@ -123,7 +126,7 @@ async fn checks(
         ));
         steps.push((Check::Sigterm, terminate(&node, dirs, &mut plugin, registered, bound).await));
         let restart =
-            restart_plugin(command, &node, dirs, settings, &mut plugin, registered, &before);
+            restart_plugin(plugin_of, &node, dirs, settings, &mut plugin, registered, &before);
         steps.push((Check::PluginRestart, restart.await));
     } else {
         for name in [
@@ -138,11 +141,8 @@ async fn checks(
             steps.push((name, Outcome::skipped("the plugin never registered")));
         }
     }
-    // What is left of the plugin's command goes now.
-    if let Some(pid) = plugin.id() {
-        let _ = signal_group(pid, rustix::process::Signal::KILL);
-    }
-    let _ = plugin.wait().await;
+    // What is left of the plugin goes now.
+    plugin.kill().await;
     node.stop().await?;
 
     Ok(steps)
@@ -165,7 +165,7 @@ async fn converse(
     dirs: &Dirs,
     registered: &Registrations,
     settings: &Settings,
-    health_change: Option<&Hook>,
+    health_change: Option<&HookCall>,
     started: k8s_openapi::jiff::Timestamp,
     steps: &mut Vec<(Check, Outcome)>,
 ) -> Before {
@@ -190,7 +190,7 @@ async fn converse(
         dra: node.handle.dra(),
         api: settings.api.as_ref().map(|api| &api.client),
         node: &settings.node,
-        cdi_dir: &dirs.cdi,
+        cdi_dir: &dirs.env.cdi,
         bound,
         started,
     };
@@ -207,20 +207,20 @@ async fn converse(
 /// (allocatable stuck at 0 after a plugin's restart is a kubelet classic:
 /// Kubernetes #62773, #121994), and a CSI driver keeps its node id.
 async fn restart_plugin(
-    command: &[String],
+    plugin_of: &Plugin,
     node: &Node,
     dirs: &Dirs,
     settings: &Settings,
-    plugin: &mut Child,
+    plugin: &mut Running,
     registered: &Registrations,
     before: &Before,
 ) -> Outcome {
     let bound = settings.bound;
-    if !matches!(plugin.try_wait(), Ok(Some(_))) {
+    if plugin.exited().is_none() {
         return Outcome::skipped("the plugin did not exit on SIGTERM");
     }
     let started = Instant::now();
-    *plugin = match start_plugin(command, dirs, settings) {
+    *plugin = match Running::start(plugin_of, dirs) {
         Ok(plugin) => plugin,
         Err(err) => return Outcome::failed(err.to_string()),
     };
@@ -271,7 +271,7 @@ async fn restart_plugin(
 async fn wait_registered(
     node: &Node,
     dirs: &Dirs,
-    plugin: &mut Child,
+    plugin: &mut Running,
     bound: Duration,
 ) -> Result<Registrations, String> {
     let deadline = Instant::now() + bound;
@@ -286,7 +286,7 @@ async fn wait_registered(
             }
             continue;
         }
-        if let Ok(Some(status)) = plugin.try_wait() {
+        if let Some(status) = plugin.exited() {
             return Err(format!(
                 "the plugin exited ({status}) before it registered; {}",
                 evidence(dirs)
@@ -472,21 +472,14 @@ fn names(registered: &Registrations) -> Outcome {
 async fn terminate(
     node: &Node,
     dirs: &Dirs,
-    plugin: &mut Child,
+    plugin: &mut Running,
     registered: &Registrations,
     bound: Duration,
 ) -> Outcome {
-    let Some(pid) = plugin.id() else {
-        return Outcome::failed("the plugin exited before SIGTERM");
-    };
     let sent = Instant::now();
-    if let Err(err) = signal_group(pid, rustix::process::Signal::TERM) {
-        return Outcome::failed(format!("cannot send SIGTERM: {err}"));
-    }
-    let exited = match tokio::time::timeout(bound, plugin.wait()).await {
-        Ok(Ok(status)) => status,
-        Ok(Err(err)) => return Outcome::failed(format!("waiting for the plugin: {err}")),
-        Err(_) => return Outcome::failed(format!("still running {bound:?} after SIGTERM")),
+    let exited = match plugin.terminate(bound).await {
+        Ok(exited) => exited,
+        Err(why) => return Outcome::failed(why),
     };
     let took = sent.elapsed();
     let left = |paths: Vec<&PathBuf>| -> Vec<String> {

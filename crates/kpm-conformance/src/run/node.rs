@@ -2,6 +2,7 @@
 //! the plugin.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kpm::{KubeletHandle, PluginDetails, PluginEndpoint, PluginState};
 use tokio::sync::oneshot;
@@ -16,11 +17,18 @@ pub(super) struct Node {
     running: tokio::task::JoinHandle<kpm::Result<()>>,
 }
 
+/// How often the check's kubelet lists its registry besides its events:
+/// a plugin is found within it even when an inotify event is late (on a
+/// loaded machine, and under the unit tests' paused clock, which runs ahead
+/// of notify's thread).
+const RESYNC: Duration = Duration::from_secs(1);
+
 impl Node {
     pub(super) fn start(dirs: &Dirs) -> Result<Self, SuiteError> {
+        let watcher = kpm::WatcherConfig::default().resync_period(RESYNC);
         let kubelet = kpm::Kubelet::builder()
-            .root_dir(&dirs.root)
-            .manager(|manager| manager.liveness(None))
+            .root_dir(dirs.root())
+            .manager(|manager| manager.liveness(None).watcher_config(watcher))
             .build()
             .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
         let handle = kubelet.handle();
@@ -65,7 +73,7 @@ impl Node {
             .devices()
             .resources()
             .into_iter()
-            .filter(|resource| Path::new(&resource.endpoint).starts_with(&dirs.device_plugins))
+            .filter(|resource| Path::new(&resource.endpoint).starts_with(&dirs.env.device_plugins))
             .filter(|resource| sockets.iter().all(|socket| socket.plugin.name != resource.resource))
             .map(|resource| (resource.resource, PathBuf::from(resource.endpoint)))
             .collect();

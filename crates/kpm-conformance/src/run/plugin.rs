@@ -1,75 +1,55 @@
-//! The plugin of a check: the temporary kubelet root it is given, the
-//! user's settings, its process group, and its output as evidence.
+//! The plugin of a run: the temporary kubelet root it is given, the
+//! user's settings, and the plugin running: a process group of its own, or
+//! a task of this process, with its output as evidence.
 
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::SuiteError;
+use crate::plugin::{Hook, Plugin, PluginEnv, Stop};
 
-/// The temporary kubelet root and its directories.
+/// The temporary kubelet root and its directories, as the plugin is told
+/// them.
 pub(super) struct Dirs {
-    pub(super) root: PathBuf,
-    registry: PathBuf,
-    pub(super) device_plugins: PathBuf,
-    plugins: PathBuf,
-    pub(super) cdi: PathBuf,
+    pub(super) env: PluginEnv,
 }
 
 impl Dirs {
-    /// The kubelet's directories under `root`, created.
-    pub(super) fn create(root: &Path) -> Result<Self, SuiteError> {
-        let dirs = Self {
+    /// The kubelet's directories under `root`, created; the plugin is told
+    /// `node` and `kubeconfig` too.
+    pub(super) fn create(
+        root: &Path,
+        node: &str,
+        kubeconfig: Option<PathBuf>,
+    ) -> Result<Self, SuiteError> {
+        let env = PluginEnv {
             root: root.to_path_buf(),
             registry: root.join(kpm::api::PLUGINS_REGISTRY_DIR_NAME),
             device_plugins: root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME),
             plugins: root.join("plugins"),
             cdi: root.join("cdi"),
+            node: node.to_owned(),
+            kubeconfig,
         };
-        for dir in [&dirs.registry, &dirs.device_plugins, &dirs.plugins, &dirs.cdi] {
+        for dir in [&env.registry, &env.device_plugins, &env.plugins, &env.cdi] {
             std::fs::create_dir_all(dir)
                 .map_err(|source| SuiteError::CreateRoot { path: dir.clone(), source })?;
         }
-        Ok(dirs)
+        Ok(Self { env })
+    }
+
+    pub(super) fn root(&self) -> &Path {
+        &self.env.root
     }
 
     /// `path` as the report shows it: relative to the root.
     pub(super) fn shown(&self, path: &Path) -> String {
-        path.strip_prefix(&self.root).unwrap_or(path).display().to_string()
-    }
-
-    /// `(placeholder, environment variable, value)` of the plugin's
-    /// command: the paths, the node's name and the kubeconfig, if given.
-    fn substitutions(&self, settings: &Settings) -> Vec<(&'static str, &'static str, OsString)> {
-        let paths = [
-            ("{root}", "KPM_CHECK_ROOT", &self.root),
-            ("{registry}", "KPM_CHECK_REGISTRY", &self.registry),
-            ("{device-plugins}", "KPM_CHECK_DEVICE_PLUGINS", &self.device_plugins),
-            ("{plugins}", "KPM_CHECK_PLUGINS", &self.plugins),
-            ("{cdi}", "KPM_CHECK_CDI", &self.cdi),
-        ];
-        let mut substitutions: Vec<_> = paths
-            .into_iter()
-            .map(|(placeholder, variable, path)| (placeholder, variable, path.clone().into()))
-            .collect();
-        substitutions.push(("{node}", "KPM_CHECK_NODE", settings.node.clone().into()));
-        if let Some(api) = &settings.api {
-            substitutions.push((
-                "{kubeconfig}",
-                "KPM_CHECK_KUBECONFIG",
-                api.kubeconfig.clone().into(),
-            ));
-        }
-        substitutions
-    }
-
-    /// The environment variables of the substitutions, for the plugin and hooks.
-    pub(super) fn environment(&self, settings: &Settings) -> Vec<(&'static str, OsString)> {
-        let substitutions = self.substitutions(settings).into_iter();
-        substitutions.map(|(_, variable, value)| (variable, value)).collect()
+        path.strip_prefix(&self.env.root).unwrap_or(path).display().to_string()
     }
 }
 
@@ -77,44 +57,132 @@ impl Dirs {
 pub(super) struct Settings {
     /// How long each wait may take (`--timeout`).
     pub(super) bound: Duration,
-    /// `--health-change`: a shell command that changes the health of one
-    /// of the device plugin's devices.
-    pub(super) health_change: Option<String>,
+    /// `--health-change`: what changes the health of one of the device
+    /// plugin's devices.
+    pub(super) health_change: Option<Hook>,
     /// `--node-name`: the node the plugin is told it runs on.
     pub(super) node: String,
     /// `--kubeconfig`: the API server the DRA steps use.
     pub(super) api: Option<Api>,
 }
 
-/// An API server for the DRA steps: its client, and the kubeconfig the
-/// plugin is given too.
+/// An API server for the DRA checks: its client, and the kubeconfig the
+/// plugin is given too, when there is one.
 pub(super) struct Api {
     pub(super) client: kube::Client,
-    pub(super) kubeconfig: PathBuf,
+    pub(super) kubeconfig: Option<PathBuf>,
 }
 
-/// Starts the plugin with the placeholders replaced, the paths in its
-/// environment, its output in `plugin.out` and `plugin.err` of the root.
-pub(super) fn start_plugin(
-    command: &[String],
-    dirs: &Dirs,
-    settings: &Settings,
-) -> Result<Child, SuiteError> {
-    let substitutions = dirs.substitutions(settings);
+/// The plugin, running.
+pub(super) enum Running {
+    Process(Child),
+    /// An in-process plugin's task, and how to tell it to stop.
+    InProcess {
+        task: JoinHandle<()>,
+        stop: Option<oneshot::Sender<()>>,
+    },
+}
+
+impl Running {
+    /// Starts `plugin` in `dirs`: a command with the placeholders replaced,
+    /// the paths in its environment, its output in `plugin.out` and
+    /// `plugin.err` of the root; an in-process plugin as a task.
+    pub(super) fn start(plugin: &Plugin, dirs: &Dirs) -> Result<Self, SuiteError> {
+        match plugin {
+            Plugin::Command(command) => start_command(command, dirs).map(Self::Process),
+            Plugin::InProcess { serve, .. } => {
+                let (stop, told) = Stop::new();
+                let task = tokio::spawn(serve(dirs.env.clone(), told));
+                Ok(Self::InProcess { task, stop: Some(stop) })
+            }
+        }
+    }
+
+    /// The process's pid, for a hook; `None` in process or once it exited.
+    pub(super) fn pid(&self) -> Option<u32> {
+        match self {
+            Self::Process(child) => child.id(),
+            Self::InProcess { .. } => None,
+        }
+    }
+
+    /// How it ended, if it has.
+    pub(super) fn exited(&mut self) -> Option<String> {
+        match self {
+            Self::Process(child) => {
+                child.try_wait().ok().flatten().map(|status| status.to_string())
+            }
+            Self::InProcess { task, .. } => task.is_finished().then(|| "returned".to_owned()),
+        }
+    }
+
+    /// SIGTERM to the process group (or the in-process plugin told to
+    /// stop), then its end, for at most `bound`: how it ended.
+    pub(super) async fn terminate(&mut self, bound: Duration) -> Result<String, String> {
+        match self {
+            Self::Process(child) => {
+                let Some(pid) = child.id() else {
+                    return Err("the plugin exited before SIGTERM".into());
+                };
+                signal_group(pid, rustix::process::Signal::TERM)
+                    .map_err(|err| format!("cannot send SIGTERM: {err}"))?;
+                match tokio::time::timeout(bound, child.wait()).await {
+                    Ok(Ok(status)) => Ok(status.to_string()),
+                    Ok(Err(err)) => Err(format!("waiting for the plugin: {err}")),
+                    Err(_) => Err(format!("still running {bound:?} after SIGTERM")),
+                }
+            }
+            Self::InProcess { task, stop } => {
+                if task.is_finished() {
+                    return Err("the plugin returned before it was told to stop".into());
+                }
+                drop(stop.take());
+                match tokio::time::timeout(bound, task).await {
+                    Ok(Ok(())) => Ok("returned".into()),
+                    Ok(Err(join)) => Err(format!("the plugin's task failed: {join}")),
+                    Err(_) => Err(format!("still running {bound:?} after told to stop")),
+                }
+            }
+        }
+    }
+
+    /// Ends what is left of it: SIGKILL to the process group, or the task
+    /// aborted.
+    pub(super) async fn kill(&mut self) {
+        match self {
+            Self::Process(child) => {
+                if let Some(pid) = child.id() {
+                    let _ = signal_group(pid, rustix::process::Signal::KILL);
+                }
+                let _ = child.wait().await;
+            }
+            Self::InProcess { task, .. } => {
+                task.abort();
+                let _ = task.await;
+            }
+        }
+    }
+}
+
+/// Starts `command` with the placeholders replaced, the paths in its
+/// environment, its output appended to `plugin.out` and `plugin.err`.
+fn start_command(command: &[String], dirs: &Dirs) -> Result<Child, SuiteError> {
+    let substitutions = dirs.env.substitutions();
     let substitute = |arg: &String| {
-        substitutions.iter().fold(arg.clone(), |arg, (placeholder, _, value)| {
-            arg.replace(placeholder, &value.to_string_lossy())
-        })
+        substitutions
+            .iter()
+            .fold(arg.clone(), |arg, (placeholder, _, value)| arg.replace(placeholder, value))
     };
     let (program, args) = command.split_first().ok_or(SuiteError::NoCommand)?;
     // Appended to: a restarted plugin's output follows its first run's.
     let output = |name: &str| {
+        let path = dirs.root().join(name);
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(dirs.root.join(name))
+            .open(&path)
             .map(Stdio::from)
-            .map_err(|source| SuiteError::PluginOutput { path: dirs.root.join(name), source })
+            .map_err(|source| SuiteError::PluginOutput { path, source })
     };
     let mut plugin = Command::new(substitute(program));
     plugin
@@ -125,16 +193,16 @@ pub(super) fn start_plugin(
         // A group of its own, for SIGTERM to reach every process of the command.
         .process_group(0)
         .kill_on_drop(true);
-    plugin.envs(dirs.environment(settings));
+    plugin.envs(dirs.env.environment());
     plugin
         .spawn()
         .map_err(|source| SuiteError::StartPlugin { program: substitute(program), source })
 }
 
-/// The last lines of the plugin's stderr, as evidence.
+/// The last lines of the plugin's output, as evidence.
 pub(super) fn evidence(dirs: &Dirs) -> String {
     let last = |name: &str| {
-        let text = std::fs::read_to_string(dirs.root.join(name)).unwrap_or_default();
+        let text = std::fs::read_to_string(dirs.root().join(name)).unwrap_or_default();
         let mut lines: Vec<String> = text.lines().rev().take(5).map(str::to_owned).collect();
         lines.reverse();
         lines.join(" | ")
@@ -147,7 +215,7 @@ pub(super) fn evidence(dirs: &Dirs) -> String {
 
 /// Sends `signal` to the plugin's process group: every process of its
 /// command, as a pod's containers all get it.
-pub(super) fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()> {
+fn signal_group(pid: u32, signal: rustix::process::Signal) -> std::io::Result<()> {
     let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw);
     let pid = pid.ok_or_else(|| std::io::Error::other("pid out of range"))?;
     Ok(rustix::process::kill_process_group(pid, signal)?)

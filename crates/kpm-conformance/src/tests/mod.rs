@@ -1,0 +1,315 @@
+//! Every check's unit tests, through one helper: a scripted plugin in
+//! (kpm-registrar's stubs, served in this process and misbehaving as told),
+//! the report out, on paused time. `xtask tidy` wants each `Check` named
+//! in a test here; the binary's end-to-end tests (`kpm-cli`'s
+//! `tests/check.rs`) run real processes.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod csi;
+mod device;
+mod dra;
+mod lifecycle;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kpm_registrar::Registrar;
+use kpm_registrar::stub::{
+    DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver,
+};
+use kpm_test_support::api_server::{self, Shared, State};
+use parking_lot::Mutex;
+use serde_json::json;
+
+use crate::{Check, Config, Mark, PluginEnv, Report, Stop, Suite};
+
+/// The device plugin's resource.
+const GPU: &str = "vendor.com/gpu";
+/// The CSI driver's name.
+const CSI_DRIVER: &str = "csi.example.com";
+/// The DRA driver's name, and the node (and pool) of its slice.
+const DRA_DRIVER: &str = "gpu.example.com";
+const NODE: &str = crate::DEFAULT_NODE;
+
+/// What a scripted plugin is.
+#[derive(Debug, Clone)]
+enum Kind {
+    /// A device plugin on a registration socket, three devices.
+    Device,
+    /// A device plugin registering on `kubelet.sock`.
+    KubeletSock,
+    /// A CSI driver with node id `node-1` and the topology `(key, value)`.
+    Csi(&'static str, &'static str),
+    /// A DRA driver offering `versions` (kpm-registrar's when empty).
+    Dra(&'static [&'static str]),
+}
+
+/// A plugin for [`check`]: a stub of `kind`, breaking the rules it is told to.
+#[derive(Debug, Clone)]
+struct Scripted {
+    kind: Kind,
+    misbehaviours: Vec<Misbehaviour>,
+    /// `GetInfo` answered this late.
+    get_info_delay: Duration,
+    /// On stop, its registration socket is left behind, as a process that
+    /// exits without cleaning up leaves it.
+    no_cleanup: bool,
+    /// On `kubelet.sock`: registers once, never again.
+    no_reregister: bool,
+    /// A health-change hook (for a device plugin: a device goes unhealthy).
+    health_change: bool,
+    /// Its registration socket renamed to this once served: off the
+    /// naming convention.
+    socket_name: Option<&'static str>,
+    /// The DRA driver's API server: its ResourceSlice, its claims.
+    api: Option<DraApi>,
+}
+
+/// The stand-in API server of a DRA check, and what the driver does with it.
+#[derive(Debug, Clone)]
+struct DraApi {
+    state: Shared,
+    /// Whether the driver publishes its ResourceSlice.
+    publishes: bool,
+}
+
+impl Scripted {
+    fn new(kind: Kind) -> Self {
+        Self {
+            kind,
+            misbehaviours: Vec::new(),
+            get_info_delay: Duration::ZERO,
+            no_cleanup: false,
+            no_reregister: false,
+            health_change: false,
+            socket_name: None,
+            api: None,
+        }
+    }
+
+    fn device() -> Self {
+        Self::new(Kind::Device)
+    }
+
+    fn csi() -> Self {
+        Self::new(Kind::Csi("topology.example.com/node", "node-1"))
+    }
+
+    fn dra() -> Self {
+        Self::new(Kind::Dra(&[]))
+    }
+
+    /// A DRA driver with an API server holding `slices` besides its own,
+    /// which it publishes when `publishes`.
+    fn dra_with_api(slices: Vec<serde_json::Value>, publishes: bool) -> Self {
+        let state = Arc::new(Mutex::new(State { slices, ..State::default() }));
+        Self { api: Some(DraApi { state, publishes }), ..Self::dra() }
+    }
+
+    fn misbehave(mut self, misbehaviour: Misbehaviour) -> Self {
+        self.misbehaviours.push(misbehaviour);
+        self
+    }
+
+    /// The stand-in API server's state, when it has one.
+    fn api_state(&self) -> Option<Shared> {
+        self.api.as_ref().map(|api| Arc::clone(&api.state))
+    }
+}
+
+/// Runs the suite on `scripted`, served in this process: its report.
+async fn check(scripted: Scripted) -> Report {
+    let devices: Arc<Mutex<Option<DeviceList>>> = Arc::default();
+    let serving = scripted.clone();
+    let lists = Arc::clone(&devices);
+    let serve: crate::Serve = Arc::new(move |env, stop| {
+        let (scripted, lists) = (serving.clone(), Arc::clone(&lists));
+        Box::pin(async move { serve(scripted, env, stop, &lists).await })
+    });
+    let mut config = Config::in_process("scripted", serve).bound(Duration::from_secs(5));
+    if scripted.health_change {
+        config = config.health_change_with(Arc::new(move || {
+            let devices = Arc::clone(&devices);
+            Box::pin(async move {
+                let list = devices.lock().clone().ok_or("no device list yet")?;
+                list.fail_next().map(drop).ok_or_else(|| "no healthy device left".to_owned())
+            })
+        }));
+    }
+    if let Some(state) = scripted.api_state() {
+        config = config.api_client(kube::Client::new(api_server::service(state), "default"));
+    }
+    Suite::try_new(config).unwrap().run().await.unwrap()
+}
+
+/// Serves `scripted` in `env` until `stop`.
+async fn serve(
+    scripted: Scripted,
+    env: PluginEnv,
+    stop: Stop,
+    devices: &Mutex<Option<DeviceList>>,
+) {
+    let registrar = |kind: &str, name: &str| {
+        Registrar::builder(kind, name)
+            .socket_dir(&env.registry)
+            .get_info_delay(scripted.get_info_delay)
+    };
+    let served = match scripted.kind {
+        Kind::Device | Kind::KubeletSock => {
+            let (plugin, list) = StubDevicePlugin::new([
+                ("gpu-0", "Healthy"),
+                ("gpu-1", "Healthy"),
+                ("gpu-2", "Healthy"),
+            ]);
+            *devices.lock() = Some(list);
+            let plugin = plugin
+                .preferred_allocation()
+                .pre_start_required()
+                .misbehave(scripted.misbehaviours.iter().copied());
+            if matches!(scripted.kind, Kind::KubeletSock) {
+                return on_kubelet_sock(&scripted, &env, plugin, stop).await;
+            }
+            registrar(kpm::api::DEVICE_PLUGIN, GPU).routes(plugin.routes()).serve().await
+        }
+        Kind::Csi(key, value) => {
+            let driver = StubCsiDriver::new(CSI_DRIVER, "node-1")
+                .topology(key, value)
+                .misbehave(scripted.misbehaviours.iter().copied());
+            registrar(kpm::api::CSI_PLUGIN, CSI_DRIVER).routes(driver.routes()).serve().await
+        }
+        Kind::Dra(versions) => {
+            let mut driver = StubDraDriver::new().misbehave(scripted.misbehaviours.iter().copied());
+            if let Some(api) = &scripted.api {
+                if api.publishes {
+                    publish_slice(&api.state);
+                }
+                let state = Arc::clone(&api.state);
+                driver = driver
+                    .cdi(&env.cdi, NODE)
+                    .foreign_claims(move |namespace, name| !ours(&state, namespace, name));
+            }
+            let builder = registrar(kpm::api::DRA_PLUGIN, DRA_DRIVER).routes(driver.routes());
+            let builder = match versions {
+                [] => builder,
+                versions => builder.versions(versions.iter().map(|v| (*v).to_owned())),
+            };
+            builder.serve().await
+        }
+    };
+    let registrar = served.unwrap();
+    if let Some(name) = scripted.socket_name {
+        // The registrar then leaves the renamed file alone: it is gone
+        // from the path it bound.
+        let renamed = env.registry.join(name);
+        std::fs::rename(registrar.socket_path(), &renamed).unwrap();
+        stop.requested().await;
+        std::fs::remove_file(&renamed).unwrap();
+        registrar.shutdown().await.unwrap();
+        return;
+    }
+    stop.requested().await;
+    if scripted.no_cleanup {
+        leave_socket_behind(registrar).await;
+    } else {
+        registrar.shutdown().await.unwrap();
+    }
+}
+
+/// Stops `registrar`'s server and leaves its socket file, as a process
+/// that exits without cleaning up does: a hard link keeps the file while
+/// the registrar removes its name.
+async fn leave_socket_behind(registrar: Registrar) {
+    let socket = registrar.socket_path().to_path_buf();
+    let kept = socket.with_extension("kept");
+    std::fs::hard_link(&socket, &kept).unwrap();
+    registrar.shutdown().await.unwrap();
+    std::fs::rename(&kept, &socket).unwrap();
+}
+
+/// A device plugin on `kubelet.sock`, serving in `device-plugins/` and
+/// registering whenever `kubelet.sock` is new; or, when `no_reregister`,
+/// registering once.
+async fn on_kubelet_sock(
+    scripted: &Scripted,
+    env: &PluginEnv,
+    plugin: StubDevicePlugin,
+    stop: Stop,
+) {
+    let dir = &env.device_plugins;
+    if !scripted.no_reregister {
+        kpm_registrar::serve_device_plugin(dir, "gpu.sock", GPU, plugin.routes(), stop.requested())
+            .await
+            .unwrap();
+        return;
+    }
+    while !dir.join(kpm::api::KUBELET_SOCKET_NAME).exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let incoming = kpm::transport::bind(&dir.join("gpu.sock")).await.unwrap();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_routes(plugin.routes())
+            .serve_with_incoming(incoming),
+    );
+    kpm_registrar::register_device_plugin(dir, "gpu.sock", GPU, Duration::from_secs(5))
+        .await
+        .unwrap();
+    stop.requested().await;
+    server.abort();
+    let _ = std::fs::remove_file(dir.join("gpu.sock"));
+}
+
+/// The DRA driver's ResourceSlice: device `dev-0` of pool [`NODE`].
+fn resource_slice(created: Option<&str>) -> serde_json::Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": format!("{NODE}-{DRA_DRIVER}"), "creationTimestamp": created},
+        "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "dev-0"}]},
+    })
+}
+
+/// Publishes the driver's slice, written now.
+fn publish_slice(state: &Shared) {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    state.lock().slices.push(resource_slice(Some(&now)));
+}
+
+/// Whether the claim `namespace/name` is allocated to the DRA driver, as
+/// the driver reads it from the API server.
+fn ours(state: &Shared, namespace: &str, name: &str) -> bool {
+    let state = state.lock();
+    let Some(claim) = state.claims.get(&format!("{namespace}/{name}")) else { return false };
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array();
+    results.into_iter().flatten().any(|result| result["driver"] == DRA_DRIVER)
+}
+
+/// Asserts that `check` ended `mark` with evidence saying `said`.
+#[track_caller]
+fn assert_check(report: &Report, check: Check, mark: Mark, said: &str) {
+    let outcome = report.outcome(check).unwrap_or_else(|| panic!("no {check}: {}", report.text()));
+    let evidence = outcome.evidence().said();
+    assert!(
+        outcome.mark() == mark && evidence.contains(said),
+        "{check}: {:?} {evidence:?}, not {mark:?} with {said:?}:\n{}",
+        outcome.mark(),
+        report.text()
+    );
+}
+
+/// Asserts that no check of `checks` failed.
+#[track_caller]
+fn assert_none_failed(report: &Report, checks: &[Check]) {
+    for check in checks {
+        let outcome = report.outcome(*check).unwrap_or_else(|| panic!("no {check}"));
+        assert_ne!(outcome.mark(), Mark::Fail, "{check}:\n{}", report.text());
+    }
+}
+
+/// The time an RFC 3339 string says, an hour ago.
+fn an_hour_ago() -> String {
+    let then = std::time::SystemTime::now() - Duration::from_secs(3600);
+    humantime::format_rfc3339_seconds(then).to_string()
+}
