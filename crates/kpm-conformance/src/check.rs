@@ -61,6 +61,8 @@ pub enum Check {
     UnprepareUnknownClaim(DraService),
     /// A claim of another driver sent along.
     ClaimOfAnotherDriver(DraService),
+    /// Two claims sharing one device that allows multiple allocations.
+    SharedDevice(DraService),
     /// The plugin registers again when the kubelet restarts.
     KubeletRestart,
     /// SIGTERM: the plugin goes, its sockets with it.
@@ -100,13 +102,14 @@ impl Check {
     }
 
     /// The claim checks of one DRA service, in the order they run.
-    pub(crate) fn of_service(service: DraService) -> [Self; 5] {
+    pub(crate) fn of_service(service: DraService) -> [Self; 6] {
         [
             Self::NodePrepareResources(service),
             Self::PrepareAgain(service),
             Self::NodeUnprepareResources(service),
             Self::UnprepareUnknownClaim(service),
             Self::ClaimOfAnotherDriver(service),
+            Self::SharedDevice(service),
         ]
     }
 
@@ -138,7 +141,8 @@ impl Check {
             | PrepareAgain(_)
             | NodeUnprepareResources(_)
             | UnprepareUnknownClaim(_)
-            | ClaimOfAnotherDriver(_) => Some(PluginKind::Dra),
+            | ClaimOfAnotherDriver(_)
+            | SharedDevice(_) => Some(PluginKind::Dra),
         }
     }
 
@@ -184,6 +188,9 @@ impl Check {
             NodeUnprepareResources(_) => "the claim unprepares, and its CDI devices go (a warning)",
             UnprepareUnknownClaim(_) => "a claim never prepared unprepares without error",
             ClaimOfAnotherDriver(_) => "a claim of another driver is left out (a warning)",
+            SharedDevice(_) => {
+                "two claims sharing a device (allowMultipleAllocations) each prepare, kept apart (distinct CDI ids, else a warning), and one unprepared leaves the other's CDI devices"
+            }
             KubeletRestart => "it registers again when the kubelet restarts",
             Sigterm => "on SIGTERM it exits, removes its sockets and is deregistered",
             PluginRestart => {
@@ -226,6 +233,9 @@ impl Check {
             | NodeUnprepareResources(_)
             | UnprepareUnknownClaim(_)
             | ClaimOfAnotherDriver(_) => "pkg/kubelet/cm/dra/manager.go",
+            SharedDevice(_) => {
+                "staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go"
+            }
         }
     }
 
@@ -261,7 +271,8 @@ impl Check {
             | PrepareAgain(service)
             | NodeUnprepareResources(service)
             | UnprepareUnknownClaim(service)
-            | ClaimOfAnotherDriver(service) => Some(*service),
+            | ClaimOfAnotherDriver(service)
+            | SharedDevice(service) => Some(*service),
             _ => None,
         }
     }
@@ -292,6 +303,7 @@ impl Check {
             NodeUnprepareResources(_) => "NodeUnprepareResources",
             UnprepareUnknownClaim(_) => "unprepare unknown claim",
             ClaimOfAnotherDriver(_) => "claim of another driver",
+            SharedDevice(_) => "shared device",
             KubeletRestart => "kubelet restart",
             Sigterm => "SIGTERM",
             PluginRestart => "plugin restart",

@@ -13,6 +13,8 @@
 //! rule it does not hold a driver to (a CDI spec left behind, a claim it
 //! never sends) is a warning.
 
+mod beside;
+mod call;
 mod cluster;
 
 use std::collections::BTreeSet;
@@ -23,8 +25,10 @@ use k8s_openapi::jiff::Timestamp;
 use kpm::dra::{DraService, DraView};
 use kpm_api::dra::v1;
 
+use self::beside::{claim_of_another_driver, shared_device};
+use self::call::{Answers, Call, Prepared, judge_uids};
 use self::cluster::{
-    CLAIM_PREFIX, Claims, Made, NAMESPACE, OTHER_DRIVER, SliceDevice, resource_slices,
+    CLAIM_PREFIX, Claims, Made, NAMESPACE, SliceDevice, random_uid, resource_slices,
 };
 use crate::Check;
 use crate::cdi::{self, Severity};
@@ -65,26 +69,15 @@ struct Names {
     unprepare: Check,
     unknown: Check,
     other: Check,
+    shared: Check,
 }
 
 impl Names {
     fn of(service: DraService) -> Self {
-        let [prepare, again, unprepare, unknown, other] = Check::of_service(service);
-        Self { prepare, again, unprepare, unknown, other }
+        let [prepare, again, unprepare, unknown, other, shared] = Check::of_service(service);
+        Self { prepare, again, unprepare, unknown, other, shared }
     }
 }
-
-/// A claim's answer to `NodePrepareResources`, whichever the service.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Prepared {
-    error: String,
-    /// `(pool, device, request names, CDI device ids)`, sorted, to compare
-    /// two answers.
-    devices: Vec<(String, String, Vec<String>, Vec<String>)>,
-}
-
-/// The claims of a response, by uid.
-type Answers<T> = std::collections::HashMap<String, T>;
 
 /// The DRA conversation with `driver` (its registered name) served at
 /// `endpoint`, offering `services` (GetInfo's supported versions).
@@ -164,94 +157,19 @@ pub(crate) async fn converse(
             ),
         };
         steps.push((names.other, other));
+        let shared = match claims.as_ref() {
+            Some(Ok(claims)) => shared_device(&call, claims, ctx.cdi_dir).await,
+            Some(Err(err)) => Outcome::failed(err.clone()),
+            None => Outcome::skipped(
+                "give --kubeconfig: a shared device is one of the driver's ResourceSlices",
+            ),
+        };
+        steps.push((names.shared, shared));
     }
     if let (Some(client), Some(Ok(claims))) = (ctx.api, &claims) {
         claims.delete(client, ctx.bound).await;
     }
     steps
-}
-
-/// One service's calls, through the check kubelet's DRA manager, each
-/// within its call timeout, on a connection of its own.
-struct Call<'a> {
-    dra: &'a DraView,
-    driver: &'a str,
-    endpoint: &'a str,
-    service: DraService,
-}
-
-impl Call<'_> {
-    /// `NodePrepareResources` with `claims`: each claim's answer by uid, or
-    /// the call's error.
-    async fn prepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<Prepared>, String> {
-        let answer = self.dra.prepare_at(self.driver, self.endpoint, self.service, claims).await;
-        let answer = answer.map_err(|err| err.to_string())?;
-        Ok(answer
-            .claims
-            .into_iter()
-            .map(|(uid, claim)| {
-                let devices = claim
-                    .devices
-                    .into_iter()
-                    .map(|d| (d.pool_name, d.device_name, d.request_names, d.cdi_device_ids))
-                    .collect();
-                (uid, Prepared::new(claim.error, devices))
-            })
-            .collect())
-    }
-
-    /// `NodeUnprepareResources` with `claims`: each claim's error (empty
-    /// when none) by uid, or the call's error.
-    async fn unprepare(&self, claims: Vec<v1::Claim>) -> Result<Answers<String>, String> {
-        let answer = self.dra.unprepare_at(self.driver, self.endpoint, self.service, claims).await;
-        let answer = answer.map_err(|err| err.to_string())?;
-        Ok(answer.claims.into_iter().map(|(uid, claim)| (uid, claim.error)).collect())
-    }
-}
-
-impl Prepared {
-    fn new(error: String, mut devices: Vec<(String, String, Vec<String>, Vec<String>)>) -> Self {
-        devices.sort();
-        Self { error, devices }
-    }
-
-    fn cdi_ids(&self) -> impl Iterator<Item = &String> {
-        self.devices.iter().flat_map(|(_, _, _, ids)| ids)
-    }
-
-    fn describe(&self) -> String {
-        if !self.error.is_empty() {
-            return format!("error {:?}", self.error);
-        }
-        let devices: Vec<String> = self
-            .devices
-            .iter()
-            .map(|(pool, device, requests, ids)| {
-                format!("{pool}/{device} for {requests:?} as {ids:?}")
-            })
-            .collect();
-        if devices.is_empty() { "no devices".into() } else { devices.join(", ") }
-    }
-}
-
-/// The answers to a call with `sent` judged as the kubelet judges them:
-/// it fails the pod on a result for a claim it did not send, and on one
-/// it sent without a result.
-fn judge_uids<T>(answers: &Answers<T>, sent: &[&str], findings: &mut Evidence) {
-    let mut unknown: Vec<&String> =
-        answers.keys().filter(|uid| !sent.contains(&uid.as_str())).collect();
-    unknown.sort();
-    if !unknown.is_empty() {
-        findings.fail(format!(
-            "answered claims it was not sent {unknown:?}: the kubelet fails the pod (result for unknown claim UID)"
-        ));
-    }
-    let missing: Vec<&&str> = sent.iter().filter(|uid| !answers.contains_key(**uid)).collect();
-    if !missing.is_empty() {
-        findings.fail(format!(
-            "no answer for claims {missing:?}: the kubelet fails the pod (skipped ResourceClaims)"
-        ));
-    }
 }
 
 /// What prepare made of the claim: the CDI spec files defining its ids.
@@ -360,18 +278,11 @@ fn judge_prepare(
     findings.pass(format!("claim {} prepared: {}", ours.name, prepared.describe()));
     if prepared.devices.is_empty() {
         findings.warn(format!(
-            "no devices for the allocated {}/{}: the kubelet accepts it, the container gets nothing",
-            device.pool, device.device
+            "no devices for the allocated {}: the kubelet accepts it, the container gets nothing",
+            device.describe()
         ));
     }
-    for (pool, name, _, _) in &prepared.devices {
-        if (pool, name) != (&device.pool, &device.device) {
-            findings.warn(format!(
-                "device {pool}/{name} is not the allocated {}/{}: the kubelet reports its health under that name",
-                device.pool, device.device
-            ));
-        }
-    }
+    judge_devices(prepared, ours, device, &mut findings);
     let ids: Vec<&String> = prepared.cdi_ids().collect();
     if ids.is_empty() && !prepared.devices.is_empty() {
         findings.warn(
@@ -433,6 +344,30 @@ fn judge_prepare(
     (findings.outcome(""), made)
 }
 
+/// The devices a prepare answered, against the allocation: the allocated
+/// device, and its share when it is shared; the kubelet copes with either
+/// off, so they warn.
+fn judge_devices(prepared: &Prepared, ours: &Made, device: &SliceDevice, findings: &mut Evidence) {
+    for answered in &prepared.devices {
+        let (pool, name) = (&answered.pool_name, &answered.device_name);
+        if (pool, name) != (&device.pool, &device.device) {
+            findings.warn(format!(
+                "device {pool}/{name} is not the allocated {}: the kubelet reports its health under that name",
+                device.describe()
+            ));
+        }
+        if let Some(answered) = &answered.share_id
+            && ours.share.as_ref() != Some(answered)
+        {
+            findings.warn(format!(
+                "share {answered} of {pool}/{name} is not the allocated {}: the kubelet keeps it and \
+                 reads it nowhere",
+                ours.share.as_deref().unwrap_or("(none: the device is not shared)")
+            ));
+        }
+    }
+}
+
 /// The same call again answers the same: the kubelet calls again after a
 /// failure elsewhere in the pod or a restart, and takes the answer.
 fn judge_again(
@@ -473,7 +408,7 @@ fn judge_again(
 /// after a restart for what its checkpoint holds, and an error keeps the
 /// pod from going (the kubelet retries it for ever).
 async fn unprepare_unknown(call: &Call<'_>) -> Outcome {
-    let uid = unknown_uid();
+    let uid = random_uid();
     let claim = v1::Claim {
         namespace: NAMESPACE.into(),
         uid: uid.clone(),
@@ -496,78 +431,4 @@ async fn unprepare_unknown(call: &Call<'_>) -> Outcome {
         }
     }
     findings.outcome("")
-}
-
-/// A random-enough uid for a claim that does not exist: the time and the
-/// process, formatted as a UID.
-fn unknown_uid() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_nanos());
-    let pid = std::process::id();
-    let hex = format!("{nanos:032x}");
-    format!(
-        "{}-{}-4{}-8{}-{:08x}{}",
-        &hex[hex.len() - 8..],
-        &hex[hex.len() - 12..hex.len() - 8],
-        &hex[hex.len() - 15..hex.len() - 12],
-        &hex[hex.len() - 18..hex.len() - 15],
-        pid,
-        &hex[hex.len() - 22..hex.len() - 18]
-    )
-}
-
-/// One prepare with the driver's claim and a claim allocated to another
-/// driver. The kubelet sends a driver only the claims with results for it
-/// (a claim's drivers are those of its allocation's results), so nothing
-/// here fails a pod: every finding is a warning.
-async fn claim_of_another_driver(call: &Call<'_>, claims: &Claims) -> Outcome {
-    let (ours, other) = (&claims.ours, &claims.other);
-    let mut findings = Evidence::default();
-    let never = "(the kubelet never sends a driver a claim without results for it)";
-    match call.prepare(vec![ours.claim(), other.claim()]).await {
-        Err(err) => findings
-            .warn(format!("{err}: the whole call failed for the other driver's claim {never}")),
-        Ok(answers) => {
-            match answers.get(&ours.uid) {
-                Some(prepared) if prepared.error.is_empty() => {
-                    findings.pass(format!("ours prepared: {}", prepared.describe()));
-                }
-                Some(prepared) => {
-                    findings.warn(format!("ours failed alongside: {:?} {never}", prepared.error));
-                }
-                None => findings.warn(format!("no answer for ours {never}")),
-            }
-            match answers.get(&other.uid) {
-                None => findings.pass(format!("the claim of {OTHER_DRIVER} left out")),
-                Some(prepared) if !prepared.error.is_empty() => {
-                    findings
-                        .pass(format!("the claim of {OTHER_DRIVER} refused: {:?}", prepared.error));
-                }
-                Some(prepared) if prepared.devices.is_empty() => {
-                    findings.pass(format!("the claim of {OTHER_DRIVER} prepared with no devices"));
-                }
-                Some(prepared) => findings.warn(format!(
-                    "the claim of {OTHER_DRIVER} prepared with devices {} {never}",
-                    prepared.describe()
-                )),
-            }
-        }
-    }
-    // Both go again, errors here being the previous steps' to judge.
-    let _ = call.unprepare(vec![ours.claim(), other.claim()]).await;
-    findings.outcome("")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_unknown_uid_looks_like_a_uid() {
-        let uid = unknown_uid();
-        let parts: Vec<usize> = uid.split('-').map(str::len).collect();
-        assert_eq!(parts, [8, 4, 4, 4, 12], "{uid}");
-        assert!(uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-'), "{uid}");
-    }
 }

@@ -6,19 +6,23 @@
 use kpm::dra::DraService;
 use kpm_registrar::stub::Misbehaviour;
 
+use serde_json::json;
+
 use super::{Scripted, an_hour_ago, assert_check, check, resource_slice};
 use crate::{Check, Mark};
 
 #[tokio::test(start_paused = true)]
 async fn a_conformant_dra_driver_passes_every_claim_check_and_its_claims_go() {
-    let scripted = Scripted::dra_with_api(Vec::new(), true);
+    let scripted = Scripted::dra_publishing();
     let state = scripted.api_state().unwrap();
     let report = check(scripted).await;
     assert_check(&report, Check::ResourceSlices, Mark::Pass, "1 devices");
     for service in [DraService::V1, DraService::V1beta1] {
-        for claim_check in Check::of_service(service) {
+        let shared = Check::SharedDevice(service);
+        for claim_check in Check::of_service(service).into_iter().filter(|c| *c != shared) {
             assert_check(&report, claim_check, Mark::Pass, "");
         }
+        assert_check(&report, shared, Mark::Skip, "dev-0: it does not allow multiple allocations");
         let prepare = Check::NodePrepareResources(service);
         assert_check(&report, prepare, Mark::Pass, "kpm-check-node/dev-0");
         assert_check(&report, prepare, Mark::Pass, "a valid CDI spec");
@@ -41,10 +45,10 @@ async fn without_an_api_server_the_claim_checks_skip() {
 
 #[tokio::test(start_paused = true)]
 async fn resource_slices_fails_without_a_slice_and_warns_on_an_old_one() {
-    let report = check(Scripted::dra_with_api(Vec::new(), false)).await;
+    let report = check(Scripted::dra_with_api(Vec::new(), None)).await;
     assert_check(&report, Check::ResourceSlices, Mark::Fail, "no ResourceSlice of gpu.example.com");
-    let old = vec![resource_slice(Some(&an_hour_ago()))];
-    let report = check(Scripted::dra_with_api(old, false)).await;
+    let old = vec![resource_slice(Some(&an_hour_ago()), &json!({"name": "dev-0"}))];
+    let report = check(Scripted::dra_with_api(old, None)).await;
     assert_check(
         &report,
         Check::ResourceSlices,
@@ -103,11 +107,66 @@ async fn each_claim_check_fails_on_its_misbehaviour() {
         ),
     ];
     for (misbehaviour, broken, mark, said) in rules {
-        let scripted = Scripted::dra_with_api(Vec::new(), true).misbehave(misbehaviour);
+        let scripted = Scripted::dra_publishing().misbehave(misbehaviour);
         let state = scripted.api_state().unwrap();
         let report = check(scripted).await;
         assert_check(&report, broken, mark, said);
         assert_eq!(report.conformant(), mark != Mark::Fail, "{misbehaviour}:\n{}", report.text());
         assert!(state.lock().claims.is_empty(), "{misbehaviour}: the check's claims are left");
     }
+}
+
+/// dra-example-driver's shareable GPU, small: 8Gi of memory, shares of at
+/// least 1Gi, all of it by default.
+fn shareable_gpu() -> serde_json::Value {
+    json!({"name": "dev-0", "allowMultipleAllocations": true, "capacity": {"memory": {
+        "value": "8Gi",
+        "requestPolicy": {"default": "8Gi", "validRange": {"min": "1Gi", "step": "1Gi"}},
+    }}})
+}
+
+/// Two claims share the device as the scheduler would have them: each
+/// asks 1Gi and consumes it, each with a share id of its own; the driver
+/// keeps them apart.
+#[tokio::test(start_paused = true)]
+async fn two_claims_share_a_shareable_device_with_distinct_share_ids() {
+    let scripted = Scripted::dra_with_api(Vec::new(), Some(shareable_gpu()));
+    let read = std::sync::Arc::clone(&scripted.api.as_ref().unwrap().read);
+    let report = check(scripted).await;
+    for service in [DraService::V1, DraService::V1beta1] {
+        assert_check(
+            &report,
+            Check::SharedDevice(service),
+            Mark::Pass,
+            "still resolves once claim",
+        );
+        assert_check(&report, Check::NodePrepareResources(service), Mark::Pass, "");
+    }
+    let results = read.lock();
+    let shares: std::collections::BTreeSet<&str> = results
+        .iter()
+        .flat_map(|results| results.as_array().into_iter().flatten())
+        .filter(|result| result["driver"] == super::DRA_DRIVER)
+        .map(|result| {
+            assert_eq!(result["consumedCapacity"], json!({"memory": "1Gi"}), "{result}");
+            assert_eq!(result["device"], "dev-0");
+            result["shareID"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(shares.len(), 2, "one share id a claim: {shares:?}");
+    assert!(report.conformant(), "{}", report.text());
+}
+
+/// A driver with one CDI spec per device, removed when either share goes:
+/// the shares get the same CDI ids (a warning), and the other share's
+/// device is gone while its pod still runs (a failure).
+#[tokio::test(start_paused = true)]
+async fn shared_device_fails_when_one_share_takes_the_others_device_along() {
+    let scripted = Scripted::dra_with_api(Vec::new(), Some(shareable_gpu()))
+        .misbehave(Misbehaviour::SpecPerDevice);
+    let report = check(scripted).await;
+    let shared = Check::SharedDevice(DraService::V1);
+    assert_check(&report, shared, Mark::Fail, "no longer resolves once claim");
+    assert_check(&report, shared, Mark::Fail, "both shares got the CDI ids");
+    assert!(!report.conformant());
 }

@@ -70,8 +70,10 @@ struct Scripted {
 #[derive(Debug, Clone)]
 struct DraApi {
     state: Shared,
-    /// Whether the driver publishes its ResourceSlice.
-    publishes: bool,
+    /// The device of the ResourceSlice the driver publishes, if it does.
+    publishes: Option<serde_json::Value>,
+    /// The allocation results of each claim the driver read, in order.
+    read: Arc<Mutex<Vec<serde_json::Value>>>,
 }
 
 impl Scripted {
@@ -101,10 +103,16 @@ impl Scripted {
     }
 
     /// A DRA driver with an API server holding `slices` besides its own,
-    /// which it publishes when `publishes`.
-    fn dra_with_api(slices: Vec<serde_json::Value>, publishes: bool) -> Self {
+    /// which it publishes with `device` when there is one.
+    fn dra_with_api(slices: Vec<serde_json::Value>, device: Option<serde_json::Value>) -> Self {
         let state = Arc::new(Mutex::new(State { slices, ..State::default() }));
-        Self { api: Some(DraApi { state, publishes }), ..Self::dra() }
+        let api = DraApi { state, publishes: device, read: Arc::default() };
+        Self { api: Some(api), ..Self::dra() }
+    }
+
+    /// A DRA driver publishing its slice with device `dev-0`.
+    fn dra_publishing() -> Self {
+        Self::dra_with_api(Vec::new(), Some(json!({"name": "dev-0"})))
     }
 
     fn misbehave(mut self, misbehaviour: Misbehaviour) -> Self {
@@ -181,13 +189,13 @@ async fn serve(
         Kind::Dra(versions) => {
             let mut driver = StubDraDriver::new().misbehave(scripted.misbehaviours.iter().copied());
             if let Some(api) = &scripted.api {
-                if api.publishes {
-                    publish_slice(&api.state);
+                if let Some(device) = &api.publishes {
+                    publish_slice(&api.state, device);
                 }
-                let state = Arc::clone(&api.state);
+                let (state, read) = (Arc::clone(&api.state), Arc::clone(&api.read));
                 driver = driver
                     .cdi(&env.cdi, NODE)
-                    .foreign_claims(move |namespace, name| !ours(&state, namespace, name));
+                    .foreign_claims(move |namespace, name| !ours(&state, &read, namespace, name));
             }
             let builder = registrar(kpm::api::DRA_PLUGIN, DRA_DRIVER).routes(driver.routes());
             let builder = match versions {
@@ -260,30 +268,31 @@ async fn on_kubelet_sock(
     let _ = std::fs::remove_file(dir.join("gpu.sock"));
 }
 
-/// The DRA driver's ResourceSlice: device `dev-0` of pool [`NODE`].
-fn resource_slice(created: Option<&str>) -> serde_json::Value {
+/// The DRA driver's ResourceSlice of pool [`NODE`] with `device`.
+fn resource_slice(created: Option<&str>, device: &serde_json::Value) -> serde_json::Value {
     json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": format!("{NODE}-{DRA_DRIVER}"), "creationTimestamp": created},
         "spec": {"driver": DRA_DRIVER, "nodeName": NODE,
             "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-            "devices": [{"name": "dev-0"}]},
+            "devices": [device]},
     })
 }
 
-/// Publishes the driver's slice, written now.
-fn publish_slice(state: &Shared) {
+/// Publishes the driver's slice with `device`, written now.
+fn publish_slice(state: &Shared, device: &serde_json::Value) {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    state.lock().slices.push(resource_slice(Some(&now)));
+    state.lock().slices.push(resource_slice(Some(&now), device));
 }
 
 /// Whether the claim `namespace/name` is allocated to the DRA driver, as
-/// the driver reads it from the API server.
-fn ours(state: &Shared, namespace: &str, name: &str) -> bool {
+/// the driver reads it from the API server; its results go to `read`.
+fn ours(state: &Shared, read: &Mutex<Vec<serde_json::Value>>, namespace: &str, name: &str) -> bool {
     let state = state.lock();
     let Some(claim) = state.claims.get(&format!("{namespace}/{name}")) else { return false };
-    let results = claim["status"]["allocation"]["devices"]["results"].as_array();
-    results.into_iter().flatten().any(|result| result["driver"] == DRA_DRIVER)
+    let results = &claim["status"]["allocation"]["devices"]["results"];
+    read.lock().push(results.clone());
+    results.as_array().into_iter().flatten().any(|result| result["driver"] == DRA_DRIVER)
 }
 
 /// Asserts that `check` ended `mark` with evidence saying `said`.

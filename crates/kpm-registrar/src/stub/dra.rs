@@ -73,7 +73,8 @@ impl StubDraDriver {
     /// [`Misbehaviour::CdiSpecInvalid`],
     /// [`Misbehaviour::PrepareAnswersDifferently`],
     /// [`Misbehaviour::UnprepareLeavesSpec`],
-    /// [`Misbehaviour::PreparesForeignClaim`]); the others are ignored.
+    /// [`Misbehaviour::PreparesForeignClaim`], [`Misbehaviour::SpecPerDevice`]);
+    /// the others are ignored.
     #[must_use]
     pub fn misbehave(mut self, misbehaviours: impl IntoIterator<Item = Misbehaviour>) -> Self {
         self.misbehaviours = Misbehaviours::of(misbehaviours);
@@ -181,10 +182,11 @@ impl Driver {
             } else {
                 (DEVICE, 0)
             };
-        let cdi_name = format!("{}-{index}", claim.uid);
-        if let Err(err) =
-            std::fs::write(spec_file(&cdi.dir, &claim.uid), self.spec(&claim.uid, &cdi_name))
-        {
+        let cdi_name = format!("{}-{index}", self.spec_key(&claim.uid));
+        if let Err(err) = std::fs::write(
+            spec_file(&cdi.dir, &self.spec_key(&claim.uid)),
+            self.spec(&claim.uid, &cdi_name),
+        ) {
             return Answer { device: None, error: format!("write the CDI spec: {err}") };
         }
         let answered = if self.misbehaviours.has(Misbehaviour::CdiIdUnresolved) {
@@ -195,6 +197,16 @@ impl Driver {
         Answer {
             device: Some((cdi.pool.clone(), device.into(), format!("{CDI_KIND}={answered}"))),
             error: String::new(),
+        }
+    }
+
+    /// What names claim `uid`'s CDI device and spec file: the uid, or the
+    /// device for a [`Misbehaviour::SpecPerDevice`] driver.
+    fn spec_key(&self, uid: &str) -> String {
+        if self.misbehaviours.has(Misbehaviour::SpecPerDevice) {
+            DEVICE.to_owned()
+        } else {
+            uid.to_owned()
         }
     }
 
@@ -230,7 +242,9 @@ impl Driver {
                     String::new()
                 };
                 let cdi = self.cdi.as_ref().filter(|_| !leaves_spec);
-                if let Some(removing) = cdi.and_then(|cdi| remove_spec(&cdi.dir, &uid)) {
+                if let Some(removing) =
+                    cdi.and_then(|cdi| remove_spec(&cdi.dir, &self.spec_key(&uid)))
+                {
                     error = removing;
                 }
                 (uid, error)
@@ -239,15 +253,15 @@ impl Driver {
     }
 }
 
-/// The spec file of claim `uid` in `dir`.
-fn spec_file(dir: &Path, uid: &str) -> PathBuf {
-    dir.join(format!("{CDI_FILE_PREFIX}{uid}.json"))
+/// The spec file named `key` (a claim's uid) in `dir`.
+fn spec_file(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("{CDI_FILE_PREFIX}{key}.json"))
 }
 
-/// Removes claim `uid`'s spec file; an error other than its absence (a
+/// Removes the spec file named `key`; an error other than its absence (a
 /// claim never prepared, or already unprepared, has none).
-fn remove_spec(dir: &Path, uid: &str) -> Option<String> {
-    match std::fs::remove_file(spec_file(dir, uid)) {
+fn remove_spec(dir: &Path, key: &str) -> Option<String> {
+    match std::fs::remove_file(spec_file(dir, key)) {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
             Some(format!("remove the CDI spec: {err}"))
         }

@@ -89,11 +89,15 @@ pub enum Misbehaviour {
     /// DRA driver with CDI specs: prepares a claim allocated to another
     /// driver with devices.
     PreparesForeignClaim,
+    /// DRA driver with CDI specs: one CDI device and spec file per device,
+    /// not per claim, removed when any claim on the device is unprepared:
+    /// claims sharing a device are not kept apart.
+    SpecPerDevice,
 }
 
 impl Misbehaviour {
     /// Every misbehaviour, with its name.
-    pub const ALL: [(Self, &'static str); 19] = [
+    pub const ALL: [(Self, &'static str); 20] = [
         (Self::NoDeviceList, "no-device-list"),
         (Self::DuplicateIds, "duplicate-ids"),
         (Self::PartialUpdates, "partial-updates"),
@@ -113,6 +117,7 @@ impl Misbehaviour {
         (Self::PrepareAnswersDifferently, "prepare-answers-differently"),
         (Self::UnprepareLeavesSpec, "unprepare-leaves-spec"),
         (Self::PreparesForeignClaim, "prepares-foreign-claim"),
+        (Self::SpecPerDevice, "spec-per-device"),
     ];
 
     /// Its kebab-case name.
