@@ -19,6 +19,7 @@
 //! | `check-intel-gpu-plugin` | `intel_gpu_plugin`, `intel_gpu_fakedev` | `kpm check` on eight fake cards (as root, in a mount namespace): `GetPreferredAllocation` ignoring `must_include_deviceIDs` and the socket left on SIGTERM warn: 8 passed, 2 warned |
 //! | `check-dra-test-driver` | `dra-test-driver`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` with an API server of its own: the driver's ResourceSlices, a claim allocated from them prepared (CDI ids resolving in valid specs), prepared again, unprepared, an unknown claim unprepared, a claim of another driver, on `v1` and `v1beta1`: 19 passed (18 when the driver loses its SIGTERM race) |
 //! | `check-dra-example-driver` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same on kubernetes-sigs' example GPU driver: 19 passed (18 likewise) |
+//! | `check-dra-example-driver-shared` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same with its shareable GPUs (consumable capacity): each claim a share with its share id and `consumedCapacity`, and two claims sharing one GPU kept apart: 21 passed (20 likewise) |
 //!
 //! The runner (this file: options, the table of scenarios, a temporary root
 //! for each) sits on `processes` (starting the programs with their logs,
@@ -118,6 +119,11 @@ const SCENARIOS: &[Scenario] = &[
         name: "check-dra-example-driver",
         programs: &["dra-example-kubeletplugin", "kube-apiserver", "etcd"],
         run: check::dra_example_driver,
+    },
+    Scenario {
+        name: "check-dra-example-driver-shared",
+        programs: &["dra-example-kubeletplugin", "kube-apiserver", "etcd"],
+        run: check::dra_example_driver_shared,
     },
     Scenario {
         name: "doctor",
