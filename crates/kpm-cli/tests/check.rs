@@ -183,7 +183,7 @@ fn a_good_plugin_passes_every_step() {
         line(&report, "plugin restart").contains("vendor.com/gpu: 3 healthy again"),
         "{report}"
     );
-    assert!(report.ends_with("14 passed, 0 failed\n"), "{report}");
+    assert!(report.ends_with("15 passed, 0 failed\n"), "{report}");
     // Without a way to change a device's health, that step is skipped.
     let (code, report) = check("registry", &[]);
     assert_eq!(code, 0, "{report}");
@@ -256,7 +256,7 @@ fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
             && sigterm.contains("vendor.com_gpu-reg.sock"),
         "{report}"
     );
-    assert!(report.ends_with("12 passed, 1 failed\n"), "{report}");
+    assert!(report.ends_with("13 passed, 1 failed\n"), "{report}");
 }
 
 fn a_plugin_slower_than_the_kubelets_second_fails_to_register() {
@@ -280,7 +280,7 @@ fn a_kubelet_sock_plugin_passes_without_registry_steps() {
     assert!(line(&report, "GetInfo within 1 s").starts_with("SKIP"), "{report}");
     assert!(line(&report, "kubelet restart").starts_with("PASS"), "{report}");
     assert!(line(&report, "Allocate").starts_with("PASS"), "{report}");
-    assert!(report.ends_with("11 passed, 0 failed\n"), "{report}");
+    assert!(report.ends_with("12 passed, 0 failed\n"), "{report}");
 }
 
 fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
@@ -321,12 +321,15 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
             ("health change", "skipped"),
             ("stream stays open", "passed"),
             ("kubelet restart", "passed"),
+            ("devices after kubelet restart", "passed"),
+            ("ResourceSlices after a wipe", "skipped"),
             ("SIGTERM", "failed"),
             ("plugin restart", "passed"),
+            ("prepare after reboot", "skipped"),
         ],
         "{report}"
     );
-    let sigterm = &json["checks"][13]["evidence"][0];
+    let sigterm = &json["checks"][15]["evidence"][0];
     assert_eq!(sigterm["mark"], "fail", "{report}");
     assert!(sigterm["said"].as_str().unwrap().contains("but left"), "{report}");
     let get_info = &json["checks"][1]["evidence"][0];
@@ -334,17 +337,17 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
     assert!(get_info["tookMs"].as_f64().unwrap() > 0.0, "{report}");
     assert_eq!(
         (&json["passed"], &json["warned"], &json["failed"], &json["skipped"]),
-        (&11.into(), &1.into(), &1.into(), &2.into())
+        (&12.into(), &1.into(), &1.into(), &4.into())
     );
     assert!(json["kept"].is_null(), "{report}");
 
     let xml = std::fs::read_to_string(&junit).unwrap();
     let junit = quick_junit::Report::deserialize_from_str(&xml).unwrap();
-    assert_eq!((junit.tests, junit.failures, junit.errors), (15, 1, 0), "{xml}");
+    assert_eq!((junit.tests, junit.failures, junit.errors), (18, 1, 0), "{xml}");
     let cases = &junit.test_suites[0].test_cases;
     let names: Vec<&str> = cases.iter().map(|case| case.name.as_str()).collect();
     assert_eq!(names, results.iter().map(|(step, _)| *step).collect::<Vec<_>>(), "{xml}");
-    match &cases[13].status {
+    match &cases[15].status {
         quick_junit::TestCaseStatus::NonSuccess {
             kind: quick_junit::NonSuccessKind::Failure,
             message: Some(message),
@@ -463,8 +466,7 @@ fn plugin(role: &str) {
                 let mut driver = StubDraDriver::new().misbehave(misbehaviours);
                 if let Ok(api) = std::env::var(DRA_API) {
                     if !set(DRA_NO_SLICE) {
-                        let slice = resource_slice(None);
-                        support::http_send(&api, "POST", SLICES, &slice.to_string());
+                        publish_slice(api.clone());
                     }
                     let cdi = std::env::var("KPM_CHECK_CDI").unwrap();
                     driver = driver.cdi(cdi, NODE).foreign_claims(move |namespace, name| {
@@ -584,6 +586,25 @@ fn resource_slice(created: Option<&str>) -> serde_json::Value {
     })
 }
 
+/// Publishes the `dra` role's slice on the API server at `api`, and again
+/// whenever it is gone (a wiped slice), as the kubelet plugin helper's
+/// controller does, until the process exits.
+fn publish_slice(api: String) {
+    let slice = resource_slice(None).to_string();
+    support::http_send(&api, "POST", SLICES, &slice);
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let listed: serde_json::Value =
+                serde_json::from_str(&support::http_send(&api, "GET", SLICES, "")).unwrap();
+            let ours = listed["items"].as_array().into_iter().flatten();
+            if ours.filter(|slice| slice["spec"]["driver"] == DRA_DRIVER).count() == 0 {
+                support::http_send(&api, "POST", SLICES, &slice);
+            }
+        }
+    });
+}
+
 /// Whether the ResourceClaim `namespace/name` of the API server at `api`
 /// is allocated to the `dra` role's driver, as a driver reads it.
 fn allocated_to_us(api: &str, namespace: &str, name: &str) -> bool {
@@ -655,7 +676,9 @@ fn a_good_dra_driver_passes_every_claim_step_and_its_claims_go() {
     let state = state.lock();
     let created =
         state.requests.iter().filter(|r| r.starts_with("POST") && r.ends_with("/resourceclaims"));
-    assert_eq!(created.count(), 2, "{:?}", state.requests);
+    // Ours and another driver's for the conversation, the same two kept
+    // across the driver's reboot.
+    assert_eq!(created.count(), 4, "{:?}", state.requests);
     assert!(state.claims.is_empty(), "the check's claims are left: {:?}", state.claims.keys());
 }
 
@@ -722,7 +745,9 @@ fn each_dra_claim_rule_fails_on_its_misbehaviour() {
         let (code, report, state) = check_dra_with_api(slices, environment);
         let judged = line(&report, step);
         assert!(judged.starts_with(mark) && judged.contains(evidence), "{environment:?}: {report}");
-        assert_eq!(code, i32::from(mark == "FAIL"), "{environment:?}: {report}");
+        // A driver that publishes no slice does not publish one after a wipe either.
+        let no_slice = environment.contains(&(DRA_NO_SLICE, "1"));
+        assert_eq!(code, i32::from(mark == "FAIL" || no_slice), "{environment:?}: {report}");
         assert!(state.lock().claims.is_empty(), "{environment:?}: claims left");
     }
 }

@@ -63,12 +63,20 @@ pub enum Check {
     ClaimOfAnotherDriver(DraService),
     /// Two claims sharing one device that allows multiple allocations.
     SharedDevice(DraService),
+    /// The claim prepared again after its unprepare (a late call).
+    PrepareAfterUnprepare(DraService),
     /// The plugin registers again when the kubelet restarts.
     KubeletRestart,
+    /// A device plugin's devices after the kubelet's restart.
+    DevicesAfterKubeletRestart,
+    /// A DRA driver's ResourceSlices, wiped as a restarting kubelet wipes them.
+    SlicesAfterWipe,
     /// SIGTERM: the plugin goes, its sockets with it.
     Sigterm,
     /// The plugin started anew after SIGTERM.
     PluginRestart,
+    /// A DRA driver's claim prepared again after a reboot.
+    PrepareAfterReboot,
 }
 
 /// The DRA services a driver's claims are checked on, in the order they run.
@@ -90,7 +98,14 @@ impl Check {
         ];
         let csi = [NodeIdStable, TopologyKeys, GetPluginInfoName, NodeGetCapabilities];
         let claims = SERVICES.into_iter().flat_map(Self::of_service);
-        let after = [KubeletRestart, Sigterm, PluginRestart];
+        let after = [
+            KubeletRestart,
+            DevicesAfterKubeletRestart,
+            SlicesAfterWipe,
+            Sigterm,
+            PluginRestart,
+            PrepareAfterReboot,
+        ];
         before
             .into_iter()
             .chain(device)
@@ -102,7 +117,7 @@ impl Check {
     }
 
     /// The claim checks of one DRA service, in the order they run.
-    pub(crate) fn of_service(service: DraService) -> [Self; 6] {
+    pub(crate) fn of_service(service: DraService) -> [Self; 7] {
         [
             Self::NodePrepareResources(service),
             Self::PrepareAgain(service),
@@ -110,6 +125,7 @@ impl Check {
             Self::UnprepareUnknownClaim(service),
             Self::ClaimOfAnotherDriver(service),
             Self::SharedDevice(service),
+            Self::PrepareAfterUnprepare(service),
         ]
     }
 
@@ -131,7 +147,8 @@ impl Check {
             | GetPreferredAllocation
             | PreStartContainer
             | HealthChange
-            | StreamStaysOpen => Some(PluginKind::Device),
+            | StreamStaysOpen
+            | DevicesAfterKubeletRestart => Some(PluginKind::Device),
             NodeIdStable | TopologyKeys | GetPluginInfoName | NodeGetCapabilities => {
                 Some(PluginKind::Csi)
             }
@@ -142,7 +159,10 @@ impl Check {
             | NodeUnprepareResources(_)
             | UnprepareUnknownClaim(_)
             | ClaimOfAnotherDriver(_)
-            | SharedDevice(_) => Some(PluginKind::Dra),
+            | SharedDevice(_)
+            | PrepareAfterUnprepare(_)
+            | SlicesAfterWipe
+            | PrepareAfterReboot => Some(PluginKind::Dra),
         }
     }
 
@@ -192,9 +212,21 @@ impl Check {
                 "two claims sharing a device (allowMultipleAllocations) each prepare, kept apart (distinct CDI ids, else a warning), and one unprepared leaves the other's CDI devices"
             }
             KubeletRestart => "it registers again when the kubelet restarts",
+            DevicesAfterKubeletRestart => {
+                "after the kubelet restarts, its devices are as healthy as before (NVIDIA/k8s-device-plugin#426)"
+            }
+            SlicesAfterWipe => {
+                "its ResourceSlices, wiped as a restarting kubelet wipes them, come back (kubernetes-sigs/dra-example-driver#330)"
+            }
             Sigterm => "on SIGTERM it exits, removes its sockets and is deregistered",
             PluginRestart => {
                 "started anew, it registers again, its devices healthy and its node id the same"
+            }
+            PrepareAfterReboot => {
+                "after a reboot (the driver restarted, the CDI directory emptied), a claim it had prepared prepares again with its CDI specs back (kubernetes#141433)"
+            }
+            PrepareAfterUnprepare(_) => {
+                "a claim prepared again after its unprepare (a late call) prepares as at first (kubernetes-sigs/dra-driver-nvidia-gpu#1162)"
             }
         }
     }
@@ -221,7 +253,9 @@ impl Check {
             | AllocateUnknownId
             | GetPreferredAllocation
             | PreStartContainer
-            | PluginRestart => "pkg/kubelet/cm/devicemanager/manager.go",
+            | PluginRestart
+            | DevicesAfterKubeletRestart => "pkg/kubelet/cm/devicemanager/manager.go",
+            SlicesAfterWipe => "pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go",
             NodeIdStable | TopologyKeys => "pkg/volume/csi/nodeinfomanager/nodeinfomanager.go",
             GetPluginInfoName => "pkg/volume/csi/csi_plugin.go",
             NodeGetCapabilities => "pkg/volume/csi/csi_client.go",
@@ -232,7 +266,9 @@ impl Check {
             | PrepareAgain(_)
             | NodeUnprepareResources(_)
             | UnprepareUnknownClaim(_)
-            | ClaimOfAnotherDriver(_) => "pkg/kubelet/cm/dra/manager.go",
+            | ClaimOfAnotherDriver(_)
+            | PrepareAfterUnprepare(_)
+            | PrepareAfterReboot => "pkg/kubelet/cm/dra/manager.go",
             SharedDevice(_) => {
                 "staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go"
             }
@@ -272,7 +308,8 @@ impl Check {
             | NodeUnprepareResources(service)
             | UnprepareUnknownClaim(service)
             | ClaimOfAnotherDriver(service)
-            | SharedDevice(service) => Some(*service),
+            | SharedDevice(service)
+            | PrepareAfterUnprepare(service) => Some(*service),
             _ => None,
         }
     }
@@ -304,6 +341,10 @@ impl Check {
             UnprepareUnknownClaim(_) => "unprepare unknown claim",
             ClaimOfAnotherDriver(_) => "claim of another driver",
             SharedDevice(_) => "shared device",
+            PrepareAfterUnprepare(_) => "prepare after unprepare",
+            DevicesAfterKubeletRestart => "devices after kubelet restart",
+            SlicesAfterWipe => "ResourceSlices after a wipe",
+            PrepareAfterReboot => "prepare after reboot",
             KubeletRestart => "kubelet restart",
             Sigterm => "SIGTERM",
             PluginRestart => "plugin restart",

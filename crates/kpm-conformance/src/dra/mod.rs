@@ -16,6 +16,7 @@
 mod beside;
 mod call;
 mod cluster;
+mod events;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ use self::call::{Answers, Call, Prepared, judge_uids};
 use self::cluster::{
     CLAIM_PREFIX, Claims, Made, NAMESPACE, SliceDevice, random_uid, resource_slices,
 };
+pub(crate) use self::events::{after_reboot, keep_prepared, slices_after_wipe};
 use crate::Check;
 use crate::cdi::{self, Severity};
 use crate::outcome::{Evidence, Outcome};
@@ -70,12 +72,13 @@ struct Names {
     unknown: Check,
     other: Check,
     shared: Check,
+    late: Check,
 }
 
 impl Names {
     fn of(service: DraService) -> Self {
-        let [prepare, again, unprepare, unknown, other, shared] = Check::of_service(service);
-        Self { prepare, again, unprepare, unknown, other, shared }
+        let [prepare, again, unprepare, unknown, other, shared, late] = Check::of_service(service);
+        Self { prepare, again, unprepare, unknown, other, shared, late }
     }
 }
 
@@ -122,7 +125,7 @@ pub(crate) async fn converse(
                 steps.extend(with_claim(&call, &names, claims, ctx).await);
             }
             Some(Err(err)) => {
-                for name in [names.prepare, names.again, names.unprepare] {
+                for name in [names.prepare, names.again, names.unprepare, names.late] {
                     steps.push((name, Outcome::failed(err.clone())));
                 }
             }
@@ -144,8 +147,9 @@ pub(crate) async fn converse(
                     Err(err) => Outcome::failed(format!("with no claims: {err}")),
                 };
                 steps.push((names.prepare, prepare));
-                steps.push((names.again, Outcome::skipped(why)));
-                steps.push((names.unprepare, Outcome::skipped(why)));
+                for name in [names.again, names.unprepare, names.late] {
+                    steps.push((name, Outcome::skipped(why)));
+                }
             }
         }
         steps.push((names.unknown, unprepare_unknown(&call).await));
@@ -238,6 +242,12 @@ async fn with_claim(
         }
     }
     steps.push((names.unprepare, findings.outcome("nothing to judge")));
+    // A late prepare of the claim it unprepared: the kubelet sends one when
+    // a pod goes while its prepare is in flight, and retries it.
+    let late = call.prepare(vec![ours.claim()]).await;
+    let (outcome, _) = judge_prepare(&late, ours, &claims.device, ctx.cdi_dir);
+    steps.push((names.late, outcome));
+    let _ = call.unprepare(vec![ours.claim()]).await;
     steps
 }
 

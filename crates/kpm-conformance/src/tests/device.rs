@@ -4,7 +4,7 @@
 
 use kpm_registrar::stub::Misbehaviour;
 
-use super::{Scripted, assert_check, assert_none_failed, check};
+use super::{Quirk, Scripted, assert_check, assert_none_failed, check};
 use crate::{Check, Mark};
 
 /// The device plugin's checks, in the order they run.
@@ -48,7 +48,7 @@ const RULES: [(Misbehaviour, Check, Mark, &str); 9] = [
 
 #[tokio::test(start_paused = true)]
 async fn a_conformant_device_plugin_passes_every_device_check() {
-    let report = check(Scripted { health_change: true, ..Scripted::device() }).await;
+    let report = check(Scripted::device().with(Quirk::HealthChange)).await;
     for check in DEVICE_CHECKS {
         assert_check(&report, check, Mark::Pass, "");
     }
@@ -68,7 +68,7 @@ async fn a_conformant_device_plugin_passes_every_device_check() {
 #[tokio::test(start_paused = true)]
 async fn each_device_check_fails_on_its_misbehaviour() {
     for (misbehaviour, broken, mark, said) in RULES {
-        let scripted = Scripted { health_change: true, ..Scripted::device() };
+        let scripted = Scripted::device().with(Quirk::HealthChange);
         let report = check(scripted.misbehave(misbehaviour)).await;
         assert_check(&report, broken, mark, said);
         let others: Vec<Check> =
@@ -76,4 +76,27 @@ async fn each_device_check_fails_on_its_misbehaviour() {
         assert_none_failed(&report, &others);
         assert_eq!(report.conformant(), mark != Mark::Fail, "{misbehaviour}:\n{}", report.text());
     }
+}
+
+/// NVIDIA/k8s-device-plugin#426: devices unhealthy after the kubelet's
+/// restart, for good.
+#[tokio::test(start_paused = true)]
+async fn devices_after_kubelet_restart_fails_when_they_stay_unhealthy() {
+    let report = check(Scripted::device()).await;
+    assert_check(
+        &report,
+        Check::DevicesAfterKubeletRestart,
+        Mark::Pass,
+        "vendor.com/gpu: 3 healthy again",
+    );
+    let report = check(Scripted::device().with(Quirk::UnhealthyAfterKubeletRestart)).await;
+    assert_check(
+        &report,
+        Check::DevicesAfterKubeletRestart,
+        Mark::Fail,
+        "vendor.com/gpu: 0 healthy 5s after the kubelet's restart, 3 before",
+    );
+    // Not a plugin of devices: nothing to hold.
+    let report = check(Scripted::csi()).await;
+    assert_check(&report, Check::DevicesAfterKubeletRestart, Mark::Skip, "no device plugin");
 }

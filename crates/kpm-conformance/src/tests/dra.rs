@@ -105,6 +105,18 @@ async fn each_claim_check_fails_on_its_misbehaviour() {
             Mark::Warn,
             "prepared with devices",
         ),
+        (
+            Misbehaviour::LatePrepareFails,
+            Check::PrepareAfterUnprepare(v1),
+            Mark::Fail,
+            "was unprepared",
+        ),
+        (
+            Misbehaviour::ReprepareWithoutSpec,
+            Check::PrepareAfterReboot,
+            Mark::Fail,
+            "is in no CDI spec",
+        ),
     ];
     for (misbehaviour, broken, mark, said) in rules {
         let scripted = Scripted::dra_publishing().misbehave(misbehaviour);
@@ -142,18 +154,23 @@ async fn two_claims_share_a_shareable_device_with_distinct_share_ids() {
         );
         assert_check(&report, Check::NodePrepareResources(service), Mark::Pass, "");
     }
-    let results = read.lock();
-    let shares: std::collections::BTreeSet<&str> = results
-        .iter()
-        .flat_map(|results| results.as_array().into_iter().flatten())
-        .filter(|result| result["driver"] == super::DRA_DRIVER)
-        .map(|result| {
+    // Each claim of the driver read with one share id, its own.
+    let mut shares: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+        std::collections::BTreeMap::new();
+    for (name, results) in read.lock().iter() {
+        for result in results.as_array().into_iter().flatten() {
+            if result["driver"] != super::DRA_DRIVER {
+                continue;
+            }
             assert_eq!(result["consumedCapacity"], json!({"memory": "1Gi"}), "{result}");
             assert_eq!(result["device"], "dev-0");
-            result["shareID"].as_str().unwrap()
-        })
-        .collect();
-    assert_eq!(shares.len(), 2, "one share id a claim: {shares:?}");
+            let share = result["shareID"].as_str().unwrap().to_owned();
+            shares.entry(name.clone()).or_default().insert(share);
+        }
+    }
+    assert!(shares.len() >= 2 && shares.values().all(|ids| ids.len() == 1), "{shares:?}");
+    let distinct: std::collections::BTreeSet<&String> = shares.values().flatten().collect();
+    assert_eq!(distinct.len(), shares.len(), "a share id a claim: {shares:?}");
     assert!(report.conformant(), "{}", report.text());
 }
 
@@ -169,4 +186,33 @@ async fn shared_device_fails_when_one_share_takes_the_others_device_along() {
     assert_check(&report, shared, Mark::Fail, "no longer resolves once claim");
     assert_check(&report, shared, Mark::Fail, "both shares got the CDI ids");
     assert!(!report.conformant());
+}
+
+/// The node events a conformant driver comes through: its slices wiped
+/// and published again, a claim prepared again after the reboot with its
+/// CDI spec back.
+#[tokio::test(start_paused = true)]
+async fn a_conformant_dra_driver_comes_through_a_wipe_and_a_reboot() {
+    let report = check(Scripted::dra_publishing()).await;
+    assert_check(&report, Check::SlicesAfterWipe, Mark::Pass, "published again");
+    assert_check(&report, Check::PrepareAfterReboot, Mark::Pass, "a valid CDI spec");
+    for service in [DraService::V1, DraService::V1beta1] {
+        assert_check(&report, Check::PrepareAfterUnprepare(service), Mark::Pass, "prepared");
+    }
+    // Without an API server there is no claim to keep, nor slices.
+    let report = check(Scripted::dra()).await;
+    assert_check(&report, Check::SlicesAfterWipe, Mark::Skip, "--kubeconfig");
+    assert_check(&report, Check::PrepareAfterReboot, Mark::Skip, "--kubeconfig");
+}
+
+/// kubernetes-sigs/dra-example-driver#330: slices wiped by a restarting
+/// kubelet and never published again.
+#[tokio::test(start_paused = true)]
+async fn slices_after_wipe_fails_when_the_driver_does_not_publish_them_again() {
+    let mut scripted = Scripted::dra_publishing();
+    if let Some(api) = scripted.api.as_mut() {
+        api.republishes = false;
+    }
+    let report = check(scripted).await;
+    assert_check(&report, Check::SlicesAfterWipe, Mark::Fail, "no slice of gpu.example.com");
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use kpm_registrar::stub::Misbehaviour;
 
-use super::{Kind, Scripted, assert_check, check};
+use super::{Kind, Quirk, Scripted, assert_check, check};
 use crate::{Check, Mark};
 
 /// The checks made on every plugin that registers.
@@ -21,7 +21,7 @@ const EVERY_PLUGIN: [Check; 6] = [
 
 #[tokio::test(start_paused = true)]
 async fn a_conformant_plugin_passes_every_check_it_is_given() {
-    let report = check(Scripted { health_change: true, ..Scripted::device() }).await;
+    let report = check(Scripted::device().with(Quirk::HealthChange)).await;
     for check in EVERY_PLUGIN.into_iter().chain([Check::PluginRestart]) {
         assert_check(&report, check, Mark::Pass, "");
     }
@@ -114,14 +114,14 @@ async fn socket_names_warns_off_the_convention() {
 async fn kubelet_restart_fails_when_the_plugin_does_not_register_again() {
     let report = check(Scripted::new(Kind::KubeletSock)).await;
     assert_check(&report, Check::KubeletRestart, Mark::Pass, "kubelet.sock re-created");
-    let once = Scripted { no_reregister: true, ..Scripted::new(Kind::KubeletSock) };
+    let once = Scripted::new(Kind::KubeletSock).with(Quirk::NoReregister);
     let report = check(once).await;
     assert_check(&report, Check::KubeletRestart, Mark::Fail, "not registered again");
 }
 
 #[tokio::test(start_paused = true)]
 async fn sigterm_fails_when_the_plugin_leaves_its_socket() {
-    let report = check(Scripted { no_cleanup: true, ..Scripted::device() }).await;
+    let report = check(Scripted::device().with(Quirk::NoCleanup)).await;
     assert_check(&report, Check::Sigterm, Mark::Fail, "but left");
     assert_check(&report, Check::Sigterm, Mark::Fail, "vendor.com_gpu-reg.sock");
 }

@@ -52,18 +52,28 @@ struct Scripted {
     misbehaviours: Vec<Misbehaviour>,
     /// `GetInfo` answered this late.
     get_info_delay: Duration,
-    /// On stop, its registration socket is left behind, as a process that
-    /// exits without cleaning up leaves it.
-    no_cleanup: bool,
-    /// On `kubelet.sock`: registers once, never again.
-    no_reregister: bool,
-    /// A health-change hook (for a device plugin: a device goes unhealthy).
-    health_change: bool,
+    /// How it behaves besides its services.
+    quirks: Vec<Quirk>,
     /// Its registration socket renamed to this once served: off the
     /// naming convention.
     socket_name: Option<&'static str>,
     /// The DRA driver's API server: its ResourceSlice, its claims.
     api: Option<DraApi>,
+}
+
+/// How a scripted plugin behaves besides its services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quirk {
+    /// On stop, its registration socket is left behind, as a process that
+    /// exits without cleaning up leaves it.
+    NoCleanup,
+    /// On `kubelet.sock`: registers once, never again.
+    NoReregister,
+    /// It has a health-change hook: a device goes unhealthy.
+    HealthChange,
+    /// A device plugin that turns every device unhealthy when the kubelet
+    /// registers it a second time (its restart).
+    UnhealthyAfterKubeletRestart,
 }
 
 /// The stand-in API server of a DRA check, and what the driver does with it.
@@ -72,8 +82,12 @@ struct DraApi {
     state: Shared,
     /// The device of the ResourceSlice the driver publishes, if it does.
     publishes: Option<serde_json::Value>,
-    /// The allocation results of each claim the driver read, in order.
-    read: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// Whether it publishes it again when it is gone, as the kubelet
+    /// plugin helper's controller does.
+    republishes: bool,
+    /// Each claim the driver read, by name, with its allocation results,
+    /// in order.
+    read: Arc<Mutex<Vec<(String, serde_json::Value)>>>,
 }
 
 impl Scripted {
@@ -82,9 +96,7 @@ impl Scripted {
             kind,
             misbehaviours: Vec::new(),
             get_info_delay: Duration::ZERO,
-            no_cleanup: false,
-            no_reregister: false,
-            health_change: false,
+            quirks: Vec::new(),
             socket_name: None,
             api: None,
         }
@@ -106,13 +118,22 @@ impl Scripted {
     /// which it publishes with `device` when there is one.
     fn dra_with_api(slices: Vec<serde_json::Value>, device: Option<serde_json::Value>) -> Self {
         let state = Arc::new(Mutex::new(State { slices, ..State::default() }));
-        let api = DraApi { state, publishes: device, read: Arc::default() };
+        let api = DraApi { state, publishes: device, republishes: true, read: Arc::default() };
         Self { api: Some(api), ..Self::dra() }
     }
 
     /// A DRA driver publishing its slice with device `dev-0`.
     fn dra_publishing() -> Self {
         Self::dra_with_api(Vec::new(), Some(json!({"name": "dev-0"})))
+    }
+
+    fn with(mut self, quirk: Quirk) -> Self {
+        self.quirks.push(quirk);
+        self
+    }
+
+    fn has(&self, quirk: Quirk) -> bool {
+        self.quirks.contains(&quirk)
     }
 
     fn misbehave(mut self, misbehaviour: Misbehaviour) -> Self {
@@ -136,7 +157,7 @@ async fn check(scripted: Scripted) -> Report {
         Box::pin(async move { serve(scripted, env, stop, &lists).await })
     });
     let mut config = Config::in_process("scripted", serve).bound(Duration::from_secs(5));
-    if scripted.health_change {
+    if scripted.has(Quirk::HealthChange) {
         config = config.health_change_with(Arc::new(move || {
             let devices = Arc::clone(&devices);
             Box::pin(async move {
@@ -158,6 +179,8 @@ async fn serve(
     stop: Stop,
     devices: &Mutex<Option<DeviceList>>,
 ) {
+    // What runs beside its services until it stops.
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let registrar = |kind: &str, name: &str| {
         Registrar::builder(kind, name)
             .socket_dir(&env.registry)
@@ -188,9 +211,15 @@ async fn serve(
         }
         Kind::Dra(versions) => {
             let mut driver = StubDraDriver::new().misbehave(scripted.misbehaviours.iter().copied());
+            // Kept in its plugins directory, which a reboot keeps.
+            driver = driver.checkpoint(env.plugins.join("stub-dra.checkpoint"));
             if let Some(api) = &scripted.api {
                 if let Some(device) = &api.publishes {
                     publish_slice(&api.state, device);
+                    if api.republishes {
+                        let (state, device) = (Arc::clone(&api.state), device.clone());
+                        tasks.push(tokio::spawn(republish(state, device)));
+                    }
                 }
                 let (state, read) = (Arc::clone(&api.state), Arc::clone(&api.read));
                 driver = driver
@@ -206,6 +235,12 @@ async fn serve(
         }
     };
     let registrar = served.unwrap();
+    if scripted.has(Quirk::UnhealthyAfterKubeletRestart)
+        && let Some(list) = devices.lock().clone()
+    {
+        tasks.push(tokio::spawn(unhealthy_at_second_registration(registrar.status(), list)));
+    }
+    let _tasks = AbortOnDrop(tasks);
     if let Some(name) = scripted.socket_name {
         // The registrar then leaves the renamed file alone: it is gone
         // from the path it bound.
@@ -217,10 +252,52 @@ async fn serve(
         return;
     }
     stop.requested().await;
-    if scripted.no_cleanup {
+    if scripted.has(Quirk::NoCleanup) {
         leave_socket_behind(registrar).await;
     } else {
         registrar.shutdown().await.unwrap();
+    }
+}
+
+/// Tasks aborted when the plugin stops.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Publishes the driver's slice again whenever it is gone.
+async fn republish(state: Shared, device: serde_json::Value) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let gone = state.lock().slices.iter().all(|slice| slice["spec"]["driver"] != DRA_DRIVER);
+        if gone {
+            publish_slice(&state, &device);
+        }
+    }
+}
+
+/// Turns every device of `list` unhealthy once the plugin is told
+/// `registered: true` a second time: by the kubelet started anew.
+async fn unhealthy_at_second_registration(
+    mut status: tokio::sync::watch::Receiver<Option<kpm_registrar::RegistrationStatus>>,
+    list: DeviceList,
+) {
+    let mut registrations = 0;
+    loop {
+        let told = status.borrow_and_update().as_ref().is_some_and(|told| told.plugin_registered);
+        registrations += usize::from(told);
+        if registrations == 2 {
+            list.set([("gpu-0", "Unhealthy"), ("gpu-1", "Unhealthy"), ("gpu-2", "Unhealthy")]);
+            return;
+        }
+        if status.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -245,7 +322,7 @@ async fn on_kubelet_sock(
     stop: Stop,
 ) {
     let dir = &env.device_plugins;
-    if !scripted.no_reregister {
+    if !scripted.has(Quirk::NoReregister) {
         kpm_registrar::serve_device_plugin(dir, "gpu.sock", GPU, plugin.routes(), stop.requested())
             .await
             .unwrap();
@@ -287,11 +364,16 @@ fn publish_slice(state: &Shared, device: &serde_json::Value) {
 
 /// Whether the claim `namespace/name` is allocated to the DRA driver, as
 /// the driver reads it from the API server; its results go to `read`.
-fn ours(state: &Shared, read: &Mutex<Vec<serde_json::Value>>, namespace: &str, name: &str) -> bool {
+fn ours(
+    state: &Shared,
+    read: &Mutex<Vec<(String, serde_json::Value)>>,
+    namespace: &str,
+    name: &str,
+) -> bool {
     let state = state.lock();
     let Some(claim) = state.claims.get(&format!("{namespace}/{name}")) else { return false };
     let results = &claim["status"]["allocation"]["devices"]["results"];
-    read.lock().push(results.clone());
+    read.lock().push((name.to_owned(), results.clone()));
     results.as_array().into_iter().flatten().any(|result| result["driver"] == DRA_DRIVER)
 }
 

@@ -28,6 +28,7 @@ pub struct StubDraDriver {
     misbehaviours: Misbehaviours,
     cdi: Option<CdiSpecs>,
     foreign: Option<ForeignClaims>,
+    checkpoint: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for StubDraDriver {
@@ -36,6 +37,7 @@ impl std::fmt::Debug for StubDraDriver {
             .field("misbehaviours", &self.misbehaviours)
             .field("cdi", &self.cdi)
             .field("foreign", &self.foreign.is_some())
+            .field("checkpoint", &self.checkpoint)
             .finish()
     }
 }
@@ -73,7 +75,9 @@ impl StubDraDriver {
     /// [`Misbehaviour::CdiSpecInvalid`],
     /// [`Misbehaviour::PrepareAnswersDifferently`],
     /// [`Misbehaviour::UnprepareLeavesSpec`],
-    /// [`Misbehaviour::PreparesForeignClaim`], [`Misbehaviour::SpecPerDevice`]);
+    /// [`Misbehaviour::PreparesForeignClaim`], [`Misbehaviour::SpecPerDevice`],
+    /// [`Misbehaviour::LatePrepareFails`], and with a
+    /// [`checkpoint`](Self::checkpoint) [`Misbehaviour::ReprepareWithoutSpec`]);
     /// the others are ignored.
     #[must_use]
     pub fn misbehave(mut self, misbehaviours: impl IntoIterator<Item = Misbehaviour>) -> Self {
@@ -103,14 +107,27 @@ impl StubDraDriver {
         self
     }
 
+    /// Keeps the uids of the claims it prepared in the file `path`, one a
+    /// line, across its restarts, as real drivers checkpoint them (see
+    /// [`Misbehaviour::ReprepareWithoutSpec`]).
+    #[must_use]
+    pub fn checkpoint(mut self, path: impl Into<PathBuf>) -> Self {
+        self.checkpoint = Some(path.into());
+        self
+    }
+
     /// The `DRAPlugin` services, v1 and v1beta1, to serve on the driver's
     /// socket.
     pub fn routes(self) -> Routes {
+        let checkpointed = self.checkpoint.as_deref().map(read_checkpoint).unwrap_or_default();
         let driver = Driver {
             misbehaviours: Arc::new(self.misbehaviours),
             cdi: self.cdi.map(Arc::new),
             foreign: self.foreign,
-            prepared: Arc::default(),
+            prepared: Arc::new(Mutex::new(checkpointed.clone())),
+            checkpointed: Arc::new(checkpointed),
+            checkpoint: self.checkpoint.map(Arc::new),
+            unprepared: Arc::default(),
         };
         Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(driver.clone()))
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(driver))
@@ -126,6 +143,12 @@ struct Driver {
     cdi: Option<Arc<CdiSpecs>>,
     foreign: Option<ForeignClaims>,
     prepared: Arc<Mutex<HashSet<String>>>,
+    /// The claims its checkpoint held when it started.
+    checkpointed: Arc<HashSet<String>>,
+    /// Where its checkpoint is, when it keeps one.
+    checkpoint: Option<Arc<PathBuf>>,
+    /// The claims it unprepared.
+    unprepared: Arc<Mutex<HashSet<String>>>,
 }
 
 /// A claim as both services send it.
@@ -148,7 +171,7 @@ impl Driver {
     const UNSENT: &'static str = "never-sent";
 
     fn prepared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.prepared.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.prepared)
     }
 
     /// Prepares `claims`: each uid with its answer.
@@ -156,11 +179,17 @@ impl Driver {
         let mut answers: Vec<(String, Answer)> = claims
             .into_iter()
             .map(|claim| {
+                let unprepared = lock(&self.unprepared).contains(&claim.uid);
+                if unprepared && self.misbehaviours.has(Misbehaviour::LatePrepareFails) {
+                    let error = format!("claim {} was unprepared", claim.uid);
+                    return (claim.uid, Answer { device: None, error });
+                }
                 let again = !self.prepared().insert(claim.uid.clone());
                 let answer = self.prepare_one(&claim, again);
                 (claim.uid, answer)
             })
             .collect();
+        self.write_checkpoint();
         if self.misbehaviours.has(Misbehaviour::PrepareAnswersUnsentClaim) {
             answers.push((Self::UNSENT.into(), Answer::default()));
         }
@@ -183,11 +212,17 @@ impl Driver {
                 (DEVICE, 0)
             };
         let cdi_name = format!("{}-{index}", self.spec_key(&claim.uid));
-        if let Err(err) = std::fs::write(
-            spec_file(&cdi.dir, &self.spec_key(&claim.uid)),
-            self.spec(&claim.uid, &cdi_name),
-        ) {
-            return Answer { device: None, error: format!("write the CDI spec: {err}") };
+        let from_checkpoint = self.checkpointed.contains(&claim.uid)
+            && self.misbehaviours.has(Misbehaviour::ReprepareWithoutSpec);
+        let written = from_checkpoint
+            || std::fs::write(
+                spec_file(&cdi.dir, &self.spec_key(&claim.uid)),
+                self.spec(&claim.uid, &cdi_name),
+            )
+            .is_ok();
+        if !written {
+            let error = format!("write the CDI spec in {}", cdi.dir.display());
+            return Answer { device: None, error };
         }
         let answered = if self.misbehaviours.has(Misbehaviour::CdiIdUnresolved) {
             format!("{}-unresolved", claim.uid)
@@ -232,7 +267,20 @@ impl Driver {
     fn unprepare(&self, uids: Vec<String>) -> Vec<(String, String)> {
         let fails = self.misbehaviours.has(Misbehaviour::UnprepareUnknownFails);
         let leaves_spec = self.misbehaviours.has(Misbehaviour::UnprepareLeavesSpec);
+        let answers = self.unprepare_each(uids, fails, leaves_spec);
+        self.write_checkpoint();
+        answers
+    }
+
+    /// [`unprepare`](Self::unprepare)'s answers.
+    fn unprepare_each(
+        &self,
+        uids: Vec<String>,
+        fails: bool,
+        leaves_spec: bool,
+    ) -> Vec<(String, String)> {
         let mut prepared = self.prepared();
+        lock(&self.unprepared).extend(uids.iter().cloned());
         uids.into_iter()
             .map(|uid| {
                 let known = prepared.remove(&uid);
@@ -251,6 +299,30 @@ impl Driver {
             })
             .collect()
     }
+}
+
+impl Driver {
+    /// Writes the prepared claims to the checkpoint, when it keeps one;
+    /// a failure is only logged, as a real driver would retry.
+    fn write_checkpoint(&self) {
+        let Some(path) = &self.checkpoint else { return };
+        let mut uids: Vec<String> = self.prepared().iter().cloned().collect();
+        uids.sort();
+        if let Err(err) = std::fs::write(path.as_path(), uids.join("\n")) {
+            tracing::warn!(checkpoint = %path.display(), %err, "cannot write the checkpoint");
+        }
+    }
+}
+
+/// The claims a checkpoint file holds; none when it cannot be read.
+fn read_checkpoint(path: &Path) -> HashSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines().filter(|line| !line.is_empty()).map(str::to_owned).collect()
+}
+
+/// `mutex` locked, whether or not a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The spec file named `key` (a claim's uid) in `dir`.

@@ -93,11 +93,19 @@ pub enum Misbehaviour {
     /// not per claim, removed when any claim on the device is unprepared:
     /// claims sharing a device are not kept apart.
     SpecPerDevice,
+    /// DRA driver with CDI specs and a checkpoint: answers a claim its
+    /// checkpoint holds from there, without writing its CDI spec again
+    /// (after a reboot emptied the CDI directory, the container fails to
+    /// start: kubernetes#141433).
+    ReprepareWithoutSpec,
+    /// DRA driver: refuses to prepare a claim it unprepared (a late
+    /// `NodePrepareResources`: kubernetes-sigs/dra-driver-nvidia-gpu#1162).
+    LatePrepareFails,
 }
 
 impl Misbehaviour {
     /// Every misbehaviour, with its name.
-    pub const ALL: [(Self, &'static str); 20] = [
+    pub const ALL: [(Self, &'static str); 22] = [
         (Self::NoDeviceList, "no-device-list"),
         (Self::DuplicateIds, "duplicate-ids"),
         (Self::PartialUpdates, "partial-updates"),
@@ -118,6 +126,8 @@ impl Misbehaviour {
         (Self::UnprepareLeavesSpec, "unprepare-leaves-spec"),
         (Self::PreparesForeignClaim, "prepares-foreign-claim"),
         (Self::SpecPerDevice, "spec-per-device"),
+        (Self::ReprepareWithoutSpec, "reprepare-without-spec"),
+        (Self::LatePrepareFails, "late-prepare-fails"),
     ];
 
     /// Its kebab-case name.
