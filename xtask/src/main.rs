@@ -257,6 +257,22 @@ fn ci_steps(root: &Path, tally: &mut TestTally) -> Result {
         &[("PROPTEST_CASES", proptest_cases.as_str())],
         tally,
     )?;
+    // A plugin's crate outside the workspace that holds its plugin to the
+    // conformance suite in its own `cargo test`, as a driver's CI does.
+    let outside = root.join("examples/conformance/Cargo.toml");
+    let target = root.join("target");
+    cargo_test(
+        root,
+        &[
+            "test",
+            "--manifest-path",
+            &outside.to_string_lossy(),
+            "--target-dir",
+            &target.to_string_lossy(),
+        ],
+        &[],
+        tally,
+    )?;
     cargo(
         root,
         &["doc", "--workspace", "--no-deps", "--all-features"],

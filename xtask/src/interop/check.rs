@@ -21,7 +21,7 @@ pub(super) fn generic_device_plugin(env: &Env, _root: &Path) -> Result {
         "--listen=127.0.0.1:0",
         &device,
     ];
-    run_check(env, "generic-device-plugin", &[], &command, &["9 passed, 0 failed"])
+    run_check(env, "generic-device-plugin", &[], &command, &["10 passed, 0 failed"])
 }
 
 /// Kubernetes' e2e sample device plugin, its socket in the registry
@@ -38,7 +38,7 @@ pub(super) fn sample_device_plugin(env: &Env, _root: &Path) -> Result {
         "sample-device-plugin",
         &[],
         &["sh", "-c", &command],
-        &["10 passed, 1 warned, 0 failed"],
+        &["11 passed, 1 warned, 0 failed"],
     )
 }
 
@@ -88,7 +88,7 @@ pub(super) fn intel_gpu_plugin(env: &Env, root: &Path) -> Result {
         root.display()
     );
     let command = ["unshare", "-m", "sh", "-c", &command];
-    run_check(env, "intel-gpu-plugin", &[], &command, &["8 passed, 2 warned, 0 failed"])
+    run_check(env, "intel-gpu-plugin", &[], &command, &["9 passed, 2 warned, 0 failed"])
 }
 
 /// Whether this process runs as root (`Uid:`'s effective id in
@@ -108,14 +108,30 @@ pub(super) fn dra_test_driver(env: &Env, _root: &Path) -> Result {
          --num-devices 2",
         bin(env, "dra-test-driver")
     );
-    check_dra(env, "dra-test-driver", &command, 19)
+    check_dra(env, "dra-test-driver", &command, 22, &[WIPED_SLICES_STAY_GONE])
 }
+
+/// What drivers on the kubelet plugin helper of Kubernetes v1.36.2 fail:
+/// its slice controller reads its slices through a mutation cache that
+/// keeps a slice it wrote for a minute (`DefaultMutationCacheTTL`, with
+/// `includeAdds`, `resourceslice/resourceslicecontroller.go`), so the
+/// sync a deletion schedules finds the wiped slices still there and
+/// writes nothing: they stay gone.
+const WIPED_SLICES_STAY_GONE: &str = "ResourceSlices after a wipe";
+
+/// What dra-example-driver fails: a claim its checkpoint holds is answered
+/// from there without writing its CDI spec again (`state.go`,
+/// `DeviceState.Prepare`: `restoreClaimFromCheckpoint` returns before
+/// `CreateClaimSpecFile`), so after a reboot emptied `/var/run/cdi` the
+/// claim's CDI id resolves nowhere (kubernetes#141433).
+const REPREPARE_WITHOUT_SPEC: &str = "prepare after reboot";
 
 /// kubernetes-sigs' example DRA driver (simulated GPUs), against an API
 /// server of its own; its common CDI spec reads the node's name from
 /// `NODE_NAME`.
 pub(super) fn dra_example_driver(env: &Env, _root: &Path) -> Result {
-    check_dra(env, "dra-example-driver", &dra_example_command(env, ""), 19)
+    let known = [WIPED_SLICES_STAY_GONE, REPREPARE_WITHOUT_SPEC];
+    check_dra(env, "dra-example-driver", &dra_example_command(env, ""), 21, &known)
 }
 
 /// The same with its shareable GPUs (`--gpu-allow-multiple-allocations`:
@@ -123,7 +139,8 @@ pub(super) fn dra_example_driver(env: &Env, _root: &Path) -> Result {
 /// checks also a second share of its GPU.
 pub(super) fn dra_example_driver_shared(env: &Env, _root: &Path) -> Result {
     let command = dra_example_command(env, " --gpu-allow-multiple-allocations");
-    check_dra(env, "dra-example-driver-shared", &command, 21)
+    let known = [WIPED_SLICES_STAY_GONE, REPREPARE_WITHOUT_SPEC];
+    check_dra(env, "dra-example-driver-shared", &command, 23, &known)
 }
 
 /// dra-example-driver's command, four GPUs, with `options`.
@@ -137,24 +154,36 @@ fn dra_example_command(env: &Env, options: &str) -> String {
 }
 
 /// `kpm check --kubeconfig` of a DRA driver's `command` on node `node1` of
-/// a cluster of its own, `passed` checks passing. Both drivers, on the
-/// kubelet-plugin helper, now and then exit on SIGTERM before removing
-/// their registration socket: that check fails then, and only that one.
-fn check_dra(env: &Env, name: &'static str, command: &str, passed: usize) -> Result {
+/// a cluster of its own: `passed` checks pass and the `known` failures of
+/// the driver fail, no other. Both drivers, on the kubelet-plugin helper,
+/// now and then exit on SIGTERM before removing their registration
+/// socket: that check fails too then.
+fn check_dra(
+    env: &Env,
+    name: &'static str,
+    command: &str,
+    passed: usize,
+    known: &[&str],
+) -> Result {
     let node = "node1";
     crate::kube_e2e::with_cluster(&env.root, &env.bin_dir, &env.out, name, |admin| {
         let admin = admin.display().to_string();
         let options = ["--kubeconfig", &admin, "--node-name", node, "--timeout", "20"];
-        let expected =
-            [format!("{passed} passed, 0 failed"), format!("{} passed, 1 failed", passed - 1)];
+        let failed = known.len();
+        let expected = [
+            format!("{passed} passed, {failed} failed"),
+            format!("{} passed, {} failed", passed - 1, failed + 1),
+        ];
         let expected = expected.each_ref().map(String::as_str);
         run_check(env, name, &options, &["sh", "-c", command], &expected)?;
         let report = fs::read_to_string(env.out.join(format!("check-{name}.out")))?;
-        match report.lines().find(|line| line.starts_with("FAIL ")) {
-            Some(failed) if !failed.starts_with("FAIL SIGTERM") => {
-                Err(format!("kpm check of {name}: {failed}").into())
-            }
-            _ => Ok(()),
+        let unknown = report.lines().filter(|line| line.starts_with("FAIL ")).find(|line| {
+            let check = line.trim_start_matches("FAIL ");
+            !check.starts_with("SIGTERM") && !known.iter().any(|known| check.starts_with(known))
+        });
+        match unknown {
+            Some(failed) => Err(format!("kpm check of {name}: {failed}").into()),
+            None => Ok(()),
         }
     })
 }

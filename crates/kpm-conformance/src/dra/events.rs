@@ -20,6 +20,12 @@ use crate::outcome::{Evidence, Outcome};
 
 /// How often the slices are read while waiting for them to come back.
 const POLL: Duration = Duration::from_millis(500);
+/// How long the kubelet plugin helper waits after a slice of its pool
+/// changes or goes before it syncs the pool (`DefaultSyncDelay`,
+/// `resourceslice/resourceslicecontroller.go`): a driver on it publishes
+/// its wiped slices again this late, by design, so the wait is this plus
+/// the bound.
+const HELPER_SYNC_DELAY: Duration = Duration::from_secs(30);
 
 /// Wipes the driver's ResourceSlices of the node, as the kubelet wipes
 /// them, and waits for the driver to publish them again: without them the
@@ -40,7 +46,8 @@ pub(crate) async fn slices_after_wipe(
         Ok(Ok(_)) => {}
     }
     let wiped_at = Instant::now();
-    let deadline = wiped_at + bound;
+    let waited = HELPER_SYNC_DELAY + bound;
+    let deadline = wiped_at + waited;
     loop {
         if let Ok(Ok(slices)) = tokio::time::timeout_at(deadline, api.list(&params)).await {
             let devices: usize = slices
@@ -65,7 +72,7 @@ pub(crate) async fn slices_after_wipe(
         }
         if Instant::now() + POLL >= deadline {
             return Outcome::failed(format!(
-                "no slice of {driver} for node {node} within {bound:?} of the wipe: the scheduler \
+                "no slice of {driver} for node {node} within {waited:?} of the wipe: the scheduler \
                  has nothing to allocate there until the driver restarts"
             ));
         }
