@@ -25,7 +25,7 @@ const NODE_GET_INFO_CALLS: usize = 3;
 
 /// The conversation with the CSI driver registered as `name`, served at
 /// `endpoint` (as it advertised it); also the node id it reported, for the
-/// restart step to compare.
+/// restart check to compare.
 pub(super) async fn converse(
     name: &str,
     endpoint: &str,
@@ -34,14 +34,14 @@ pub(super) async fn converse(
     let channel = match dial(endpoint, bound).await {
         Ok(channel) => channel,
         Err(why) => {
-            let steps = [
+            let checks = [
                 Check::NodeIdStable,
                 Check::TopologyKeys,
                 Check::GetPluginInfoName,
                 Check::NodeGetCapabilities,
             ]
-            .map(|step| (step, Outcome::failed(why.clone())));
-            return (steps.into(), None);
+            .map(|check| (check, Outcome::failed(why.clone())));
+            return (checks.into(), None);
         }
     };
     let mut node = NodeClient::new(channel.clone());
@@ -51,17 +51,17 @@ pub(super) async fn converse(
             .push(node.node_get_info(NodeGetInfoRequest {}).await.map(tonic::Response::into_inner));
     }
     let first = infos.first().and_then(|info| info.as_ref().ok()).cloned();
-    let steps = vec![
+    let checks = vec![
         (Check::NodeIdStable, node_id_stable(&infos)),
         (Check::TopologyKeys, first.as_ref().map_or_else(no_node_info, topology)),
         (Check::GetPluginInfoName, plugin_name(name, IdentityClient::new(channel)).await),
         (Check::NodeGetCapabilities, capabilities(node).await),
     ];
     let node_id = first.map(|info| info.node_id).filter(|id| !id.is_empty());
-    (steps, node_id)
+    (checks, node_id)
 }
 
-/// The node id the driver at `endpoint` reports now, for the restart step.
+/// The node id the driver at `endpoint` reports now, for the restart check.
 pub(super) async fn node_id(endpoint: &str, bound: Duration) -> Result<String, String> {
     let channel = dial(endpoint, bound).await?;
     let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await;

@@ -49,7 +49,7 @@ pub(super) async fn converse(
     bound: Duration,
 ) -> (Vec<(Check, Outcome)>, usize) {
     let opened = Instant::now();
-    let mut steps = vec![(Check::ListAndWatch, first_list(view, resource, endpoint, bound).await)];
+    let mut checks = vec![(Check::ListAndWatch, first_list(view, resource, endpoint, bound).await)];
     let healthy = healthy_ids(view, resource);
     if healthy.is_empty() {
         let why = match view.resource(resource) {
@@ -65,20 +65,20 @@ pub(super) async fn converse(
             Check::PreStartContainer,
             Check::HealthChange,
         ] {
-            steps.push((step, Outcome::skipped(why.clone())));
+            checks.push((step, Outcome::skipped(why.clone())));
         }
     } else {
-        steps.push((Check::Allocate, allocate(view, resource, &healthy).await));
-        steps.push((Check::AllocateUnknownId, allocate_unknown(view, resource).await));
-        steps.push((Check::GetPreferredAllocation, preferred(view, resource, &healthy).await));
-        steps.push((Check::PreStartContainer, pre_start(view, resource, &healthy).await));
-        steps.push((
+        checks.push((Check::Allocate, allocate(view, resource, &healthy).await));
+        checks.push((Check::AllocateUnknownId, allocate_unknown(view, resource).await));
+        checks.push((Check::GetPreferredAllocation, preferred(view, resource, &healthy).await));
+        checks.push((Check::PreStartContainer, pre_start(view, resource, &healthy).await));
+        checks.push((
             Check::HealthChange,
             health_change_step(view, resource, health_change, bound).await,
         ));
     }
-    steps.push((Check::StreamStaysOpen, stream_open(view, resource, opened.elapsed())));
-    (steps, healthy.len())
+    checks.push((Check::StreamStaysOpen, stream_open(view, resource, opened.elapsed())));
+    (checks, healthy.len())
 }
 
 /// The healthy devices' ids as the kubelet's stream has them, sorted.

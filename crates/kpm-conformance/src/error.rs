@@ -1,6 +1,6 @@
 //! What keeps the suite from judging a plugin at all (a plugin that fails
-//! a check is a report, not an error), each variant named after the step
-//! that failed.
+//! a check is a report, not an error), each variant named after the part
+//! of the run that failed.
 
 use std::path::PathBuf;
 

@@ -45,7 +45,7 @@ pub(super) async fn claim_of_another_driver(call: &Call<'_>, claims: &Claims) ->
             }
         }
     }
-    // Both go again, errors here being the previous steps' to judge.
+    // Both go again, errors here being the previous checks' to judge.
     let _ = call.unprepare(vec![ours.claim(), other.claim()]).await;
     findings.outcome("")
 }

@@ -9,7 +9,7 @@
 //! along. Without an API server (no `--kubeconfig`) only what needs no
 //! ResourceClaim runs; the rest is skipped.
 //!
-//! The kubelet is the referee: what makes it fail a pod fails the step; a
+//! The kubelet is the referee: what makes it fail a pod fails the check; a
 //! rule it does not hold a driver to (a CDI spec left behind, a claim it
 //! never sends) is a warning.
 
@@ -36,12 +36,12 @@ use crate::Check;
 use crate::cdi::{self, Severity};
 use crate::outcome::{Evidence, Outcome};
 
-/// What the DRA steps need beyond the driver.
+/// What the DRA checks need beyond the driver.
 pub(crate) struct DraContext<'a> {
     /// The check kubelet's DRA manager, which makes the calls.
     pub(crate) dra: &'a DraView,
     /// A client of the API server from `--kubeconfig`; None without it
-    /// (then the steps that need a ResourceClaim are skipped).
+    /// (then the checks that need a ResourceClaim are skipped).
     pub(crate) api: Option<&'a kube::Client>,
     /// The node name the driver was given (`{node}`).
     pub(crate) node: &'a str,
@@ -90,7 +90,7 @@ pub(crate) async fn converse(
     services: &[String],
     ctx: &DraContext<'_>,
 ) -> Vec<(Check, Outcome)> {
-    let mut steps = Vec::new();
+    let mut checks = Vec::new();
     let offered: Vec<DraService> = [DraService::V1, DraService::V1beta1]
         .into_iter()
         .filter(|service| services.iter().any(|offered| offered == service.as_str()))
@@ -98,10 +98,10 @@ pub(crate) async fn converse(
     // The slices first: they are the driver's, whichever service.
     let slices = if let Some(client) = ctx.api {
         let (outcome, device) = resource_slices(client, driver, ctx).await;
-        steps.push((Check::ResourceSlices, outcome));
+        checks.push((Check::ResourceSlices, outcome));
         device
     } else {
-        steps.push((
+        checks.push((
             Check::ResourceSlices,
             Outcome::skipped(
                 "give --kubeconfig: the driver's ResourceSlices are read from the API server",
@@ -122,11 +122,11 @@ pub(crate) async fn converse(
         let call = Call { dra: ctx.dra, driver, endpoint: &endpoint, service };
         match claims.as_ref() {
             Some(Ok(claims)) => {
-                steps.extend(with_claim(&call, &names, claims, ctx).await);
+                checks.extend(with_claim(&call, &names, claims, ctx).await);
             }
             Some(Err(err)) => {
                 for name in [names.prepare, names.again, names.unprepare, names.late] {
-                    steps.push((name, Outcome::failed(err.clone())));
+                    checks.push((name, Outcome::failed(err.clone())));
                 }
             }
             None => {
@@ -146,13 +146,13 @@ pub(crate) async fn converse(
                     )),
                     Err(err) => Outcome::failed(format!("with no claims: {err}")),
                 };
-                steps.push((names.prepare, prepare));
+                checks.push((names.prepare, prepare));
                 for name in [names.again, names.unprepare, names.late] {
-                    steps.push((name, Outcome::skipped(why)));
+                    checks.push((name, Outcome::skipped(why)));
                 }
             }
         }
-        steps.push((names.unknown, unprepare_unknown(&call).await));
+        checks.push((names.unknown, unprepare_unknown(&call).await));
         let other = match claims.as_ref() {
             Some(Ok(claims)) => claim_of_another_driver(&call, claims).await,
             Some(Err(err)) => Outcome::failed(err.clone()),
@@ -160,7 +160,7 @@ pub(crate) async fn converse(
                 "give --kubeconfig: the driver reads both claims from the API server",
             ),
         };
-        steps.push((names.other, other));
+        checks.push((names.other, other));
         let shared = match claims.as_ref() {
             Some(Ok(claims)) => shared_device(&call, claims, ctx.cdi_dir).await,
             Some(Err(err)) => Outcome::failed(err.clone()),
@@ -168,12 +168,12 @@ pub(crate) async fn converse(
                 "give --kubeconfig: a shared device is one of the driver's ResourceSlices",
             ),
         };
-        steps.push((names.shared, shared));
+        checks.push((names.shared, shared));
     }
     if let (Some(client), Some(Ok(claims))) = (ctx.api, &claims) {
         claims.delete(client, ctx.bound).await;
     }
-    steps
+    checks
 }
 
 /// What prepare made of the claim: the CDI spec files defining its ids.
@@ -190,7 +190,7 @@ async fn with_claim(
     claims: &Claims,
     ctx: &DraContext<'_>,
 ) -> Vec<(Check, Outcome)> {
-    let mut steps = Vec::new();
+    let mut checks = Vec::new();
     let ours = &claims.ours;
     // Spec files there before the claim (a driver's devices common to
     // every claim) are not the claim's to remove.
@@ -199,9 +199,9 @@ async fn with_claim(
         .unwrap_or_default();
     let first = call.prepare(vec![ours.claim()]).await;
     let (outcome, made) = judge_prepare(&first, ours, &claims.device, ctx.cdi_dir);
-    steps.push((names.prepare, outcome));
+    checks.push((names.prepare, outcome));
     let again = call.prepare(vec![ours.claim()]).await;
-    steps.push((names.again, judge_again(&first, &again, &ours.uid)));
+    checks.push((names.again, judge_again(&first, &again, &ours.uid)));
     let mut findings = Evidence::default();
     match call.unprepare(vec![ours.claim()]).await {
         Err(err) => findings.fail(err),
@@ -241,14 +241,14 @@ async fn with_claim(
             ));
         }
     }
-    steps.push((names.unprepare, findings.outcome("nothing to judge")));
+    checks.push((names.unprepare, findings.outcome("nothing to judge")));
     // A late prepare of the claim it unprepared: the kubelet sends one when
     // a pod goes while its prepare is in flight, and retries it.
     let late = call.prepare(vec![ours.claim()]).await;
     let (outcome, _) = judge_prepare(&late, ours, &claims.device, ctx.cdi_dir);
-    steps.push((names.late, outcome));
+    checks.push((names.late, outcome));
     let _ = call.unprepare(vec![ours.claim()]).await;
-    steps
+    checks
 }
 
 /// A spec file as the report shows it: its name (it is in the CDI directory).

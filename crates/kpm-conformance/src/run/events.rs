@@ -25,7 +25,7 @@ pub(super) struct Before {
 }
 
 /// The node events, in their order, each ending in a check pushed to
-/// `steps`: the kubelet on `node` stopped and started anew (the new one is
+/// `checks`: the kubelet on `node` stopped and started anew (the new one is
 /// returned), SIGTERM, the plugin started anew, and for a DRA driver its
 /// slices wiped and a claim prepared across a reboot.
 pub(super) async fn node_events(
@@ -34,7 +34,7 @@ pub(super) async fn node_events(
     plugin: &mut Running,
     registered: &Registrations,
     before: &Before,
-    steps: &mut Vec<(Check, Outcome)>,
+    checks: &mut Vec<(Check, Outcome)>,
 ) -> Result<Node, SuiteError> {
     let Run { plugin_of, dirs, settings, started_at } = *run;
     let bound = settings.bound;
@@ -46,7 +46,7 @@ pub(super) async fn node_events(
     node = Node::start(dirs)?;
     let again =
         wait_for(bound, || node.registered(dirs).same_names(registered).then_some(())).await;
-    steps.push((
+    checks.push((
         Check::KubeletRestart,
         match again {
             Some(()) => Outcome::passed(format!(
@@ -60,7 +60,7 @@ pub(super) async fn node_events(
             )),
         },
     ));
-    steps.push((
+    checks.push((
         Check::DevicesAfterKubeletRestart,
         devices_again(&node, &before_restart, bound, "the kubelet's restart").await,
     ));
@@ -83,14 +83,14 @@ pub(super) async fn node_events(
         (Some(_), None) => Outcome::skipped("give --kubeconfig: the slices are the API server's"),
         (None, _) => Outcome::skipped("no DRA driver"),
     };
-    steps.push((Check::SlicesAfterWipe, slices));
-    steps.push((Check::Sigterm, terminate(&node, dirs, plugin, registered, bound).await));
+    checks.push((Check::SlicesAfterWipe, slices));
+    checks.push((Check::Sigterm, terminate(&node, dirs, plugin, registered, bound).await));
     if kept.is_some() {
         // The reboot: a node's `/var/run/cdi` is a tmpfs.
         empty_dir(&dirs.env.cdi);
     }
     let restart = restart_plugin(plugin_of, &node, dirs, settings, plugin, registered, before);
-    steps.push((Check::PluginRestart, restart.await));
+    checks.push((Check::PluginRestart, restart.await));
     let rebooted = match (&kept, dra) {
         (None, Some(_)) => Outcome::skipped("give --kubeconfig: the claim is a ResourceClaim"),
         (Some(Err(why)), _) => Outcome::failed(why.clone()),
@@ -107,7 +107,7 @@ pub(super) async fn node_events(
         }
         (_, None) => Outcome::skipped("no DRA driver"),
     };
-    steps.push((Check::PrepareAfterReboot, rebooted));
+    checks.push((Check::PrepareAfterReboot, rebooted));
     if let (Some(Ok(kept)), Some(api)) = (&kept, &settings.api) {
         kept.claims().delete(&api.client, bound).await;
     }

@@ -71,7 +71,7 @@ async fn checks(
     settings: &Settings,
 ) -> Result<Vec<(Check, Outcome)>, SuiteError> {
     let bound = settings.bound;
-    let mut steps: Vec<(Check, Outcome)> = Vec::new();
+    let mut made: Vec<(Check, Outcome)> = Vec::new();
     let mut node = Node::start(dirs)?;
     let started_at = k8s_openapi::jiff::Timestamp::now();
     let mut plugin = Running::start(plugin_of, dirs)?;
@@ -80,7 +80,7 @@ async fn checks(
     let registered = match registered {
         Ok(registered) => {
             let took = started.elapsed();
-            steps.push((
+            made.push((
                 Check::Registers,
                 Outcome::passed(format!(
                     "{} ({} ms after start)",
@@ -91,7 +91,7 @@ async fn checks(
             Some(registered)
         }
         Err(reason) => {
-            steps.push((Check::Registers, Outcome::failed(reason)));
+            made.push((Check::Registers, Outcome::failed(reason)));
             None
         }
     };
@@ -104,19 +104,17 @@ async fn checks(
             .inspect_only(bound, get_info)
             .build()
             .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
-        steps.extend(inspect(&judge.handle(), dirs, registered).await);
-        steps.push((Check::SocketNames, names(registered)));
+        made.extend(inspect(&judge.handle(), dirs, registered).await);
+        made.push((Check::SocketNames, names(registered)));
         let hook = settings.health_change.as_ref().map(|hook| {
             let mut env = dirs.env.environment();
             env.push(("KPM_CHECK_PID", plugin.pid().unwrap_or_default().to_string()));
             HookCall::new(hook.clone(), env, bound)
         });
         let before =
-            converse(&node, dirs, registered, settings, hook.as_ref(), started_at, &mut steps)
-                .await;
+            converse(&node, dirs, registered, settings, hook.as_ref(), started_at, &mut made).await;
         let run = Run { plugin_of, dirs, settings, started_at };
-        node =
-            events::node_events(&run, node, &mut plugin, registered, &before, &mut steps).await?;
+        node = events::node_events(&run, node, &mut plugin, registered, &before, &mut made).await?;
     } else {
         for name in [
             Check::GetInfoWithin1s,
@@ -130,19 +128,19 @@ async fn checks(
             Check::PluginRestart,
             Check::PrepareAfterReboot,
         ] {
-            steps.push((name, Outcome::skipped("the plugin never registered")));
+            made.push((name, Outcome::skipped("the plugin never registered")));
         }
     }
     // What is left of the plugin goes now.
     plugin.kill().await;
     node.stop().await?;
 
-    Ok(steps)
+    Ok(made)
 }
 
 /// The conversation each registered plugin has with the kubelet after its
-/// registration, by type (`device`, `csi`, `dra`), its steps pushed to
-/// `steps`; the plugin was `started` then.
+/// registration, by type (`device`, `csi`, `dra`), its checks pushed to
+/// `made`; the plugin was `started` then.
 async fn converse(
     node: &Node,
     dirs: &Dirs,
@@ -150,7 +148,7 @@ async fn converse(
     settings: &Settings,
     health_change: Option<&HookCall>,
     started: k8s_openapi::jiff::Timestamp,
-    steps: &mut Vec<(Check, Outcome)>,
+    made: &mut Vec<(Check, Outcome)>,
 ) -> Before {
     let bound = settings.bound;
     let mut before = Before::default();
@@ -158,13 +156,13 @@ async fn converse(
     for (resource, endpoint) in registered.device_endpoints() {
         let (said, healthy) =
             device::converse(devices, &resource, &endpoint, health_change, bound).await;
-        steps.extend(said);
+        made.extend(said);
         before.healthy.push((resource, healthy));
     }
     for socket in registered.of_type(kpm::api::CSI_PLUGIN) {
         let endpoint = socket.plugin.endpoint.target().into_owned();
         let (said, node_id) = csi::converse(&socket.plugin.name, &endpoint, bound).await;
-        steps.extend(said);
+        made.extend(said);
         if let Some(node_id) = node_id {
             before.node_ids.push((socket.plugin.name.clone(), endpoint, node_id));
         }
@@ -173,7 +171,7 @@ async fn converse(
     for socket in registered.of_type(kpm::api::DRA_PLUGIN) {
         let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
         let endpoint = endpoint_path(&socket.plugin.endpoint);
-        steps.extend(dra::converse(name, &endpoint, versions, &context).await);
+        made.extend(dra::converse(name, &endpoint, versions, &context).await);
     }
     before
 }

@@ -62,7 +62,7 @@ pub(super) struct Settings {
     pub(super) health_change: Option<Hook>,
     /// `--node-name`: the node the plugin is told it runs on.
     pub(super) node: String,
-    /// `--kubeconfig`: the API server the DRA steps use.
+    /// `--kubeconfig`: the API server the DRA checks use.
     pub(super) api: Option<Api>,
 }
 
