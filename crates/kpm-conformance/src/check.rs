@@ -80,7 +80,7 @@ pub enum Check {
 }
 
 /// The DRA services a driver's claims are checked on, in the order they run.
-const SERVICES: [DraService; 2] = [DraService::V1, DraService::V1beta1];
+pub(crate) const SERVICES: [DraService; 2] = [DraService::V1, DraService::V1beta1];
 
 impl Check {
     /// Every check, in the order a run makes them; a DRA claim's once per service.

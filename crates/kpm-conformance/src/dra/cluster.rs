@@ -43,7 +43,7 @@ const DEVICE_CLASS: &str = "kpm-check";
 /// The driver the "claim of another driver" is allocated to.
 pub(crate) const OTHER_DRIVER: &str = "kpm-check.other.example.com";
 /// How often the ResourceSlices are read while waiting for them.
-const SLICE_POLL: Duration = Duration::from_millis(500);
+pub(crate) const SLICE_POLL: Duration = Duration::from_millis(500);
 
 /// A device of the driver's slices, to allocate a claim from.
 #[derive(Debug, Clone, Default)]
@@ -174,7 +174,7 @@ pub(crate) async fn resource_slices(
     }
 }
 
-fn device_count(slice: &ResourceSlice) -> usize {
+pub(crate) fn device_count(slice: &ResourceSlice) -> usize {
     slice.spec.devices.as_ref().map_or(0, Vec::len)
 }
 

@@ -14,12 +14,10 @@ use kube::api::{Api, DeleteParams, ListParams};
 use tokio::time::Instant;
 
 use super::call::{Call, Prepared};
-use super::cluster::{Claims, Made, SliceDevice, resource_slices};
+use super::cluster::{Claims, Made, SLICE_POLL, SliceDevice, device_count, resource_slices};
 use super::{DraContext, judge_prepare};
 use crate::outcome::{Evidence, Outcome};
 
-/// How often the slices are read while waiting for them to come back.
-const POLL: Duration = Duration::from_millis(500);
 /// How long the kubelet plugin helper waits after a slice of its pool
 /// changes or goes before it syncs the pool (`DefaultSyncDelay`,
 /// `resourceslice/resourceslicecontroller.go`): a driver on it publishes
@@ -50,11 +48,7 @@ pub(crate) async fn slices_after_wipe(
     let deadline = wiped_at + waited;
     loop {
         if let Ok(Ok(slices)) = tokio::time::timeout_at(deadline, api.list(&params)).await {
-            let devices: usize = slices
-                .items
-                .iter()
-                .map(|slice| slice.spec.devices.as_ref().map_or(0, Vec::len))
-                .sum();
+            let devices: usize = slices.items.iter().map(device_count).sum();
             if devices > 0 {
                 let mut evidence = Evidence::default();
                 evidence
@@ -70,13 +64,13 @@ pub(crate) async fn slices_after_wipe(
                 return evidence.outcome("");
             }
         }
-        if Instant::now() + POLL >= deadline {
+        if Instant::now() + SLICE_POLL >= deadline {
             return Outcome::failed(format!(
                 "no slice of {driver} for node {node} within {waited:?} of the wipe: the scheduler \
                  has nothing to allocate there until the driver restarts"
             ));
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(SLICE_POLL).await;
     }
 }
 
@@ -106,10 +100,8 @@ pub(crate) async fn keep_prepared(
     ctx: &DraContext<'_>,
 ) -> Result<Kept, String> {
     let client = ctx.api.ok_or("give --kubeconfig: the claim is a ResourceClaim")?;
-    let service = [DraService::V1, DraService::V1beta1]
-        .into_iter()
-        .find(|service| services.iter().any(|offered| offered == service.as_str()))
-        .ok_or("it offers no DRA service kubelets call")?;
+    let service =
+        *super::offered(services).first().ok_or("it offers no DRA service kubelets call")?;
     let (_, device) = resource_slices(client, driver, ctx).await;
     let device: SliceDevice = device.ok_or("no ResourceSlice device to allocate a claim from")?;
     let claims = Claims::create(client, driver, &device, ctx).await?;

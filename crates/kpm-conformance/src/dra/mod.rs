@@ -82,6 +82,13 @@ impl Names {
     }
 }
 
+/// The services of `services` (GetInfo's supported versions) the claims
+/// are checked on, in the order they run.
+fn offered(services: &[String]) -> Vec<DraService> {
+    let offers = |service: &DraService| services.iter().any(|name| name == service.as_str());
+    crate::check::SERVICES.into_iter().filter(offers).collect()
+}
+
 /// The DRA conversation with `driver` (its registered name) served at
 /// `endpoint`, offering `services` (GetInfo's supported versions).
 pub(crate) async fn converse(
@@ -91,10 +98,7 @@ pub(crate) async fn converse(
     ctx: &DraContext<'_>,
 ) -> Vec<(Check, Outcome)> {
     let mut checks = Vec::new();
-    let offered: Vec<DraService> = [DraService::V1, DraService::V1beta1]
-        .into_iter()
-        .filter(|service| services.iter().any(|offered| offered == service.as_str()))
-        .collect();
+    let offered = offered(services);
     // The slices first: they are the driver's, whichever service.
     let slices = if let Some(client) = ctx.api {
         let (outcome, device) = resource_slices(client, driver, ctx).await;
