@@ -144,6 +144,23 @@ pub mod dra_health {
         #![allow(clippy::all, clippy::pedantic)]
         include!("gen/v1alpha1.rs");
     }
+
+    /// The two versions are one message in two proto packages: a
+    /// `v1alpha1` report, field by field, as `v1`.
+    impl From<v1alpha1::DeviceHealth> for v1::DeviceHealth {
+        fn from(health: v1alpha1::DeviceHealth) -> Self {
+            Self {
+                device: health.device.map(|id| v1::DeviceIdentifier {
+                    pool_name: id.pool_name,
+                    device_name: id.device_name,
+                }),
+                health: health.health,
+                last_updated_time: health.last_updated_time,
+                health_check_timeout_seconds: health.health_check_timeout_seconds,
+                message: health.message,
+            }
+        }
+    }
 }
 
 /// The Container Runtime Interface, the part `kpm doctor` reads: which

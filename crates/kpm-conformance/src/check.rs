@@ -65,6 +65,8 @@ pub enum Check {
     SharedDevice(DraService),
     /// The claim prepared again after its unprepare (a late call).
     PrepareAfterUnprepare(DraService),
+    /// A DRA driver's `DRAResourceHealth` streams, when it serves them.
+    ResourceHealth,
     /// The plugin registers again when the kubelet restarts.
     KubeletRestart,
     /// A device plugin's devices after the kubelet's restart.
@@ -77,6 +79,9 @@ pub enum Check {
     PluginRestart,
     /// A DRA driver's claim prepared again after a reboot.
     PrepareAfterReboot,
+    /// A device plugin's second instance started beside the first, as a
+    /// rolling update with `maxSurge` starts it, and the first stopped.
+    RollingUpdate,
 }
 
 /// The DRA services a driver's claims are checked on, in the order they run.
@@ -105,6 +110,7 @@ impl Check {
             Sigterm,
             PluginRestart,
             PrepareAfterReboot,
+            RollingUpdate,
         ];
         before
             .into_iter()
@@ -112,6 +118,7 @@ impl Check {
             .chain(csi)
             .chain([ResourceSlices])
             .chain(claims)
+            .chain([ResourceHealth])
             .chain(after)
             .collect()
     }
@@ -148,7 +155,8 @@ impl Check {
             | PreStartContainer
             | HealthChange
             | StreamStaysOpen
-            | DevicesAfterKubeletRestart => Some(PluginKind::Device),
+            | DevicesAfterKubeletRestart
+            | RollingUpdate => Some(PluginKind::Device),
             NodeIdStable | TopologyKeys | GetPluginInfoName | NodeGetCapabilities => {
                 Some(PluginKind::Csi)
             }
@@ -161,6 +169,7 @@ impl Check {
             | ClaimOfAnotherDriver(_)
             | SharedDevice(_)
             | PrepareAfterUnprepare(_)
+            | ResourceHealth
             | SlicesAfterWipe
             | PrepareAfterReboot => Some(PluginKind::Dra),
         }
@@ -228,6 +237,12 @@ impl Check {
             PrepareAfterUnprepare(_) => {
                 "a claim prepared again after its unprepare (a late call) prepares as at first (kubernetes-sigs/dra-driver-nvidia-gpu#1162)"
             }
+            ResourceHealth => {
+                "each DRAResourceHealth stream it advertises (v1alpha1, the one 1.36 kubelets open, and v1) opens, reports a prepared claim's devices, renews them within their timeout, stays open and sends a provoked change (warnings: the kubelet only shows health)"
+            }
+            RollingUpdate => {
+                "a second instance started beside the first takes the resource over, which keeps its devices once the first stops; an endpoint both share is a warning (NVIDIA/k8s-device-plugin#1792)"
+            }
         }
     }
 
@@ -268,7 +283,9 @@ impl Check {
             | UnprepareUnknownClaim(_)
             | ClaimOfAnotherDriver(_)
             | PrepareAfterUnprepare(_)
+            | ResourceHealth
             | PrepareAfterReboot => "pkg/kubelet/cm/dra/manager.go",
+            RollingUpdate => "pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go",
             SharedDevice(_) => {
                 "staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go"
             }
@@ -342,6 +359,8 @@ impl Check {
             ClaimOfAnotherDriver(_) => "claim of another driver",
             SharedDevice(_) => "shared device",
             PrepareAfterUnprepare(_) => "prepare after unprepare",
+            ResourceHealth => "DRAResourceHealth",
+            RollingUpdate => "rolling update",
             DevicesAfterKubeletRestart => "devices after kubelet restart",
             SlicesAfterWipe => "ResourceSlices after a wipe",
             PrepareAfterReboot => "prepare after reboot",

@@ -7,16 +7,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use kpm::transport::{Dialer, fd};
 use kpm_api::csi::v1::identity_client::IdentityClient;
 use kpm_api::csi::v1::node_client::NodeClient;
 use kpm_api::csi::v1::node_service_capability::{Rpc, Type as Capability, rpc};
 use kpm_api::csi::v1::{
     GetPluginInfoRequest, NodeGetCapabilitiesRequest, NodeGetInfoRequest, NodeGetInfoResponse,
 };
+
 use tonic::transport::Channel;
 
 use crate::Check;
+use crate::dial::dial;
 use crate::outcome::{Evidence, Outcome};
 
 /// How many times `NodeGetInfo` is asked: the kubelet asks at every
@@ -67,16 +68,6 @@ pub(super) async fn node_id(endpoint: &str, bound: Duration) -> Result<String, S
     let info = NodeClient::new(channel).node_get_info(NodeGetInfoRequest {}).await;
     info.map(|info| info.into_inner().node_id)
         .map_err(|status| format!("NodeGetInfo: {}", status.message()))
-}
-
-/// A channel to the driver, as the kubelet dials it (a `unix://` prefix
-/// stripped).
-async fn dial(endpoint: &str, bound: Duration) -> Result<Channel, String> {
-    let socket = kpm::transport::endpoint_path(endpoint);
-    let dialed = Dialer::new(fd::budget().clone(), bound).grpc(socket).await;
-    dialed
-        .map(|dialed| dialed.channel)
-        .map_err(|err| format!("dial {}: {}", socket.display(), kpm_api::gotext::error_chain(&err)))
 }
 
 fn no_node_info() -> Outcome {

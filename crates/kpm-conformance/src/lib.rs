@@ -39,6 +39,7 @@ mod check;
 mod config;
 mod csi;
 mod device;
+mod dial;
 mod dra;
 mod error;
 mod hook;

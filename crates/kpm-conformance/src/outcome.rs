@@ -56,6 +56,8 @@ pub enum Subject {
     Driver(String),
     /// A ResourceClaim of the check, by name.
     Claim(String),
+    /// A DRA driver's device, `pool/device`.
+    Device(String),
     /// A CDI spec file.
     CdiSpec(PathBuf),
     /// A kubelet minor of 1.x.
@@ -128,6 +130,11 @@ impl Evidence {
         self.findings.push(Finding { mark, subject: None, took: None, said: said.into() });
         let last = self.findings.len() - 1;
         &mut self.findings[last]
+    }
+
+    /// Adds `other`'s findings after these.
+    pub(crate) fn append(&mut self, other: Self) {
+        self.findings.extend(other.findings);
     }
 
     pub(crate) fn pass(&mut self, said: impl Into<String>) {

@@ -97,6 +97,10 @@ pub struct PluginEnv {
     /// The API server's kubeconfig, when the run has one
     /// (`{kubeconfig}`, `KPM_CHECK_KUBECONFIG`).
     pub kubeconfig: Option<PathBuf>,
+    /// This start's own id, new each time the plugin is started (`{instance}`,
+    /// `KPM_CHECK_INSTANCE`), as a DaemonSet's pods each have a uid: what
+    /// tells two instances' sockets apart in a rolling update.
+    pub instance: String,
 }
 
 impl PluginEnv {
@@ -110,6 +114,7 @@ impl PluginEnv {
             ("{plugins}", "KPM_CHECK_PLUGINS", path(&self.plugins)),
             ("{cdi}", "KPM_CHECK_CDI", path(&self.cdi)),
             ("{node}", "KPM_CHECK_NODE", self.node.clone()),
+            ("{instance}", "KPM_CHECK_INSTANCE", self.instance.clone()),
         ];
         if let Some(kubeconfig) = &self.kubeconfig {
             substitutions.push(("{kubeconfig}", "KPM_CHECK_KUBECONFIG", path(kubeconfig)));

@@ -126,22 +126,7 @@ fn v1_devices(devices: Vec<v1::DeviceHealth>) -> Vec<Report> {
 }
 
 fn v1alpha1_devices(devices: Vec<v1alpha1::DeviceHealth>) -> Vec<Report> {
-    // The same message in another package: convert field by field.
-    v1_devices(
-        devices
-            .into_iter()
-            .map(|health| v1::DeviceHealth {
-                device: health.device.map(|id| v1::DeviceIdentifier {
-                    pool_name: id.pool_name,
-                    device_name: id.device_name,
-                }),
-                health: health.health,
-                last_updated_time: health.last_updated_time,
-                health_check_timeout_seconds: health.health_check_timeout_seconds,
-                message: health.message,
-            })
-            .collect(),
-    )
+    v1_devices(devices.into_iter().map(Into::into).collect())
 }
 
 /// One device's health as kpm keeps it.

@@ -12,11 +12,14 @@
 //! default) for `DevicePlugin`, CSI `Identity` and `Node` (`--node-id`,
 //! `--topology`, `--max-volumes` or `--max-volumes-file`) for `CSIPlugin`, DRA v1 `DRAPlugin` for
 //! `DRAPlugin` (with `--cdi-dir`, each claim prepared with device `dev-0`
-//! of pool `--pool`, defined in a CDI spec it writes there). `--registration-only` leaves it out. SIGUSR1 turns the next
-//! healthy device of the device-plugin stub unhealthy.
+//! of pool `--pool`, defined in a CDI spec it writes there; and
+//! `DRAResourceHealth`, v1alpha1 and v1, advertised unless `--version` is
+//! given, for its devices `dev-0` and `dev-1`). `--registration-only` leaves it out. SIGUSR1 turns the next
+//! healthy device of the device-plugin or DRA stub unhealthy.
 //!
 //! Output: `serving <socket>`, then `registered: true` or
 //! `registered: false: <reason>` per status, and `unhealthy: <device id>`
+//! (`<pool>/<device>` for a DRA driver)
 //! per SIGUSR1 that found a healthy device. Logs go to stderr (`RUST_LOG`).
 //! Exit codes: 0 after a signal, 1 on failure (the message names the path),
 //! 2 on usage errors.
@@ -44,7 +47,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use kpm_api::constants::{
-    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, KUBELET_SOCKET_NAME, PLUGINS_REGISTRY_DIR_NAME,
+    DEFAULT_ROOT_DIR, DEVICE_HEALTHY, DRA_HEALTH_V1_SERVICE, DRA_HEALTH_V1ALPHA1_SERVICE,
+    KUBELET_SOCKET_NAME, PLUGINS_REGISTRY_DIR_NAME,
 };
 use kpm_registrar::stub::{
     DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver,
@@ -76,8 +80,9 @@ struct Args {
     name: Option<String>,
 
     /// A supported version to advertise; repeat for several [default:
-    /// v1beta1 for DevicePlugin, 1.0.0 for CSIPlugin, v1.DRAPlugin and
-    /// v1beta1.DRAPlugin for DRAPlugin].
+    /// v1beta1 for DevicePlugin, 1.0.0 for CSIPlugin, v1.DRAPlugin,
+    /// v1beta1.DRAPlugin, v1alpha1.DRAResourceHealth and v1.DRAResourceHealth
+    /// for DRAPlugin].
     #[arg(long = "version", value_name = "V")]
     versions: Vec<String>,
 
@@ -194,20 +199,26 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
     let mut builder = Registrar::builder(&args.plugin_type, &name).socket_dir(&args.dir);
     if !args.versions.is_empty() {
         builder = builder.versions(args.versions.clone());
+    } else if args.plugin_type == DRA_PLUGIN && args.endpoint.is_none() && !args.registration_only {
+        // The stub serves health too: say so, as the kubelet plugin helper
+        // does for a driver that implements it.
+        let health = [DRA_HEALTH_V1ALPHA1_SERVICE, DRA_HEALTH_V1_SERVICE];
+        let versions = kpm_registrar::default_versions(DRA_PLUGIN).iter().chain(&health);
+        builder = builder.versions(versions.map(|version| (*version).to_owned()));
     }
     if let Some(uid) = args.uid.clone() {
         builder = builder.rolling_update_uid(uid);
     }
     builder = builder.get_info_delay(Duration::from_millis(args.get_info_delay_ms));
-    // The stub's devices, for SIGUSR1 to turn unhealthy one by one.
-    let mut devices: Option<DeviceList> = None;
+    // What turns the stub's next healthy device unhealthy, for SIGUSR1.
+    let mut fail_next: Option<Box<dyn Fn() -> Option<String>>> = None;
     if let Some(endpoint) = args.endpoint.clone() {
         builder = builder.endpoint(endpoint);
     } else if !args.registration_only {
         let routes = match args.plugin_type.as_str() {
             DEVICE_PLUGIN => {
                 let (plugin, list) = device_plugin(&args);
-                devices = Some(list);
+                fail_next = Some(Box::new(move || list.fail_next()));
                 plugin.routes()
             }
             CSI_PLUGIN => {
@@ -225,7 +236,9 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 .routes()
             }
             DRA_PLUGIN => {
-                let driver = StubDraDriver::new().misbehave(args.misbehaviours.iter().copied());
+                let (driver, health) =
+                    StubDraDriver::new().misbehave(args.misbehaviours.iter().copied()).health();
+                fail_next = Some(Box::new(move || health.fail_next()));
                 match args.cdi_dir {
                     Some(dir) => driver.cdi(dir, args.pool),
                     None => driver,
@@ -258,12 +271,12 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
                 }
                 printed = statuses.len();
             }
-            _ = user1.recv() => match &devices {
-                Some(list) => match list.fail_next() {
+            _ = user1.recv() => match &fail_next {
+                Some(fail_next) => match fail_next() {
                     Some(id) => println!("unhealthy: {id}"),
                     None => eprintln!("example_plugin: SIGUSR1: no healthy device left"),
                 },
-                None => eprintln!("example_plugin: SIGUSR1: no device-plugin stub"),
+                None => eprintln!("example_plugin: SIGUSR1: no device-plugin or DRA stub"),
             },
             _ = tokio::signal::ctrl_c() => break,
             _ = terminate.recv() => break,

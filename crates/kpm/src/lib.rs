@@ -139,7 +139,7 @@ pub mod dra {
     pub use kpm_dra::{
         DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus,
         DraConfig, DraConfigError, DraDriverStatus, DraEndpointReport, DraError, DraInstanceStatus,
-        DraManager, DraService, DraView, InMemoryCleanup, SliceCleanup,
+        DraManager, DraService, DraView, HealthService, InMemoryCleanup, SliceCleanup,
     };
 }
 

@@ -17,6 +17,7 @@ mod beside;
 mod call;
 mod cluster;
 mod events;
+mod health;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,7 @@ use self::cluster::{
 pub(crate) use self::events::{after_reboot, keep_prepared, slices_after_wipe};
 use crate::Check;
 use crate::cdi::{self, Severity};
+use crate::hook::HookCall;
 use crate::outcome::{Evidence, Outcome};
 
 /// What the DRA checks need beyond the driver.
@@ -51,6 +53,9 @@ pub(crate) struct DraContext<'a> {
     pub(crate) bound: Duration,
     /// When the driver was started: its slices are those written since.
     pub(crate) started: Timestamp,
+    /// What changes a device's health (`--health-change`), for the
+    /// health check.
+    pub(crate) health_change: Option<&'a HookCall>,
 }
 
 impl std::fmt::Debug for DraContext<'_> {
@@ -99,6 +104,7 @@ pub(crate) async fn converse(
 ) -> Vec<(Check, Outcome)> {
     let mut checks = Vec::new();
     let offered = offered(services);
+    let first_service = offered.first().copied();
     // The slices first: they are the driver's, whichever service.
     let slices = if let Some(client) = ctx.api {
         let (outcome, device) = resource_slices(client, driver, ctx).await;
@@ -174,10 +180,54 @@ pub(crate) async fn converse(
         };
         checks.push((names.shared, shared));
     }
+    let endpoint = endpoint.to_string_lossy();
+    let call =
+        first_service.map(|service| Call { dra: ctx.dra, driver, endpoint: &endpoint, service });
+    let health = resource_health(&endpoint, call.as_ref(), claims.as_ref(), services, ctx);
+    checks.push((Check::ResourceHealth, health.await));
     if let (Some(client), Some(Ok(claims))) = (ctx.api, &claims) {
         claims.delete(client, ctx.bound).await;
     }
     checks
+}
+
+/// `DRAResourceHealth`, watched while the driver's claim is prepared
+/// (through `call`, on the first service offered), then unprepared.
+async fn resource_health(
+    endpoint: &str,
+    call: Option<&Call<'_>>,
+    claims: Option<&Result<Claims, String>>,
+    services: &[String],
+    ctx: &DraContext<'_>,
+) -> Outcome {
+    let prepared = match (claims, call) {
+        (Some(Ok(claims)), Some(call)) => match call.prepare(vec![claims.ours.claim()]).await {
+            Ok(answers) => match answers.get(&claims.ours.uid) {
+                Some(prepared) if prepared.error.is_empty() => Ok(prepared
+                    .devices
+                    .iter()
+                    .map(|device| (device.pool_name.clone(), device.device_name.clone()))
+                    .collect()),
+                Some(prepared) => Err(format!("its prepare failed: {:?}", prepared.error)),
+                None => Err("its prepare answered no claim".to_owned()),
+            },
+            Err(err) => Err(err),
+        },
+        (Some(Err(err)), _) => Err(err.clone()),
+        _ => Err("give --kubeconfig: a claim is a ResourceClaim".to_owned()),
+    };
+    let watched = health::Watched {
+        endpoint,
+        services,
+        prepared: prepared.clone(),
+        hook: ctx.health_change,
+        bound: ctx.bound,
+    };
+    let outcome = health::resource_health(&watched).await;
+    if let (Some(Ok(claims)), Some(call), Ok(_)) = (claims, call, &prepared) {
+        let _ = call.unprepare(vec![claims.ours.claim()]).await;
+    }
+    outcome
 }
 
 /// What prepare made of the claim: the CDI spec files defining its ids.

@@ -1,6 +1,7 @@
 //! The node events the plugin is taken through after its conversation:
 //! the kubelet's restart and what must come back after it, SIGTERM, its
-//! own restart, and for a DRA driver its slices wiped and a reboot.
+//! own restart, and for a DRA driver its slices wiped and a reboot; last,
+//! a device plugin's rolling update (`rolling`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -111,6 +112,8 @@ pub(super) async fn node_events(
     if let (Some(Ok(kept)), Some(api)) = (&kept, &settings.api) {
         kept.claims().delete(&api.client, bound).await;
     }
+    let rolled = super::rolling::rolling_update(run, &node, plugin, registered).await;
+    checks.push((Check::RollingUpdate, rolled));
     Ok(node)
 }
 

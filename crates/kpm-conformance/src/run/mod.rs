@@ -7,6 +7,7 @@ mod events;
 mod node;
 mod plugin;
 mod registration;
+mod rolling;
 
 use kpm::Kubelet;
 use tokio::time::Instant;
@@ -127,6 +128,7 @@ async fn checks(
             Check::Sigterm,
             Check::PluginRestart,
             Check::PrepareAfterReboot,
+            Check::RollingUpdate,
         ] {
             made.push((name, Outcome::skipped("the plugin never registered")));
         }
@@ -167,7 +169,7 @@ async fn converse(
             before.node_ids.push((socket.plugin.name.clone(), endpoint, node_id));
         }
     }
-    let context = dra_context(node, settings, dirs, started);
+    let context = dra::DraContext { health_change, ..dra_context(node, settings, dirs, started) };
     for socket in registered.of_type(kpm::api::DRA_PLUGIN) {
         let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
         let endpoint = endpoint_path(&socket.plugin.endpoint);
@@ -191,5 +193,6 @@ fn dra_context<'a>(
         cdi_dir: &dirs.env.cdi,
         bound: settings.bound,
         started,
+        health_change: None,
     }
 }

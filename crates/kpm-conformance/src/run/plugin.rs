@@ -35,6 +35,7 @@ impl Dirs {
             cdi: root.join("cdi"),
             node: node.to_owned(),
             kubeconfig,
+            instance: new_instance(),
         };
         for dir in [&env.registry, &env.device_plugins, &env.plugins, &env.cdi] {
             std::fs::create_dir_all(dir)
@@ -87,12 +88,14 @@ impl Running {
     /// Starts `plugin` in `dirs`: a command with the placeholders replaced,
     /// the paths in its environment, its output in `plugin.out` and
     /// `plugin.err` of the root; an in-process plugin as a task.
+    /// Each start is a new instance (`{instance}`).
     pub(super) fn start(plugin: &Plugin, dirs: &Dirs) -> Result<Self, SuiteError> {
+        let env = PluginEnv { instance: new_instance(), ..dirs.env.clone() };
         match plugin {
-            Plugin::Command(command) => start_command(command, dirs).map(Self::Process),
+            Plugin::Command(command) => start_command(command, &env).map(Self::Process),
             Plugin::InProcess { serve, .. } => {
                 let (stop, told) = Stop::new();
-                let task = tokio::spawn(serve(dirs.env.clone(), told));
+                let task = tokio::spawn(serve(env, told));
                 Ok(Self::InProcess { task, stop: Some(stop) })
             }
         }
@@ -156,18 +159,20 @@ impl Running {
                 }
                 let _ = child.wait().await;
             }
-            Self::InProcess { task, .. } => {
+            // A task it already ended was awaited there: not again.
+            Self::InProcess { task, .. } if !task.is_finished() => {
                 task.abort();
                 let _ = task.await;
             }
+            Self::InProcess { .. } => {}
         }
     }
 }
 
 /// Starts `command` with the placeholders replaced, the paths in its
 /// environment, its output appended to `plugin.out` and `plugin.err`.
-fn start_command(command: &[String], dirs: &Dirs) -> Result<Child, SuiteError> {
-    let substitutions = dirs.env.substitutions();
+fn start_command(command: &[String], env: &PluginEnv) -> Result<Child, SuiteError> {
+    let substitutions = env.substitutions();
     let substitute = |arg: &String| {
         substitutions
             .iter()
@@ -176,7 +181,7 @@ fn start_command(command: &[String], dirs: &Dirs) -> Result<Child, SuiteError> {
     let (program, args) = command.split_first().ok_or(SuiteError::NoCommand)?;
     // Appended to: a restarted plugin's output follows its first run's.
     let output = |name: &str| {
-        let path = dirs.root().join(name);
+        let path = env.root.join(name);
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -193,10 +198,15 @@ fn start_command(command: &[String], dirs: &Dirs) -> Result<Child, SuiteError> {
         // A group of its own, for SIGTERM to reach every process of the command.
         .process_group(0)
         .kill_on_drop(true);
-    plugin.envs(dirs.env.environment());
+    plugin.envs(env.environment());
     plugin
         .spawn()
         .map_err(|source| SuiteError::StartPlugin { program: substitute(program), source })
+}
+
+/// A new instance id: 16 hex digits.
+fn new_instance() -> String {
+    format!("{:016x}", fastrand::u64(..))
 }
 
 /// The last lines of the plugin's output, as evidence.

@@ -4,7 +4,7 @@
 
 use kpm_registrar::stub::Misbehaviour;
 
-use super::{Quirk, Scripted, assert_check, assert_none_failed, check};
+use super::{Kind, Quirk, Scripted, assert_check, assert_none_failed, check};
 use crate::{Check, Mark};
 
 /// The device plugin's checks, in the order they run.
@@ -99,4 +99,30 @@ async fn devices_after_kubelet_restart_fails_when_they_stay_unhealthy() {
     // Not a plugin of devices: nothing to hold.
     let report = check(Scripted::csi()).await;
     assert_check(&report, Check::DevicesAfterKubeletRestart, Mark::Skip, "no device plugin");
+}
+
+#[tokio::test(start_paused = true)]
+async fn rolling_update_passes_when_each_instance_has_sockets_of_its_own() {
+    for scripted in [Scripted::device(), Scripted::new(Kind::KubeletSock)] {
+        let report = check(scripted.with(Quirk::SocketPerInstance)).await;
+        assert_check(&report, Check::RollingUpdate, Mark::Pass, "the second instance serves");
+        assert_check(&report, Check::RollingUpdate, Mark::Pass, "3 healthy once the first");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn rolling_update_warns_when_a_second_instance_cannot_start_beside_the_first() {
+    for scripted in [Scripted::device(), Scripted::new(Kind::KubeletSock)] {
+        let report = check(scripted).await;
+        assert_check(&report, Check::RollingUpdate, Mark::Warn, "NVIDIA/k8s-device-plugin#1792");
+    }
+}
+
+/// A second instance that takes the first's registration socket over,
+/// and the first's exit that removes it: the resource goes.
+#[tokio::test(start_paused = true)]
+async fn rolling_update_fails_when_the_first_instance_takes_the_resource_along() {
+    let report = check(Scripted::device().with(Quirk::StealsSocket)).await;
+    assert_check(&report, Check::RollingUpdate, Mark::Fail, "the first's socket path");
+    assert_check(&report, Check::RollingUpdate, Mark::Fail, "3 before: the node's allocatable");
 }

@@ -8,7 +8,7 @@ use kpm_registrar::stub::Misbehaviour;
 
 use serde_json::json;
 
-use super::{Scripted, an_hour_ago, assert_check, check, resource_slice};
+use super::{Kind, Quirk, Scripted, an_hour_ago, assert_check, check, resource_slice};
 use crate::{Check, Mark};
 
 #[tokio::test(start_paused = true)]
@@ -215,4 +215,57 @@ async fn slices_after_wipe_fails_when_the_driver_does_not_publish_them_again() {
     }
     let report = check(scripted).await;
     assert_check(&report, Check::SlicesAfterWipe, Mark::Fail, "no slice of gpu.example.com");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dra_resource_health_watches_the_prepared_device_renewed_and_changed() {
+    let report = check(Scripted::dra_publishing().serving_health().with(Quirk::HealthChange)).await;
+    for said in [
+        "v1alpha1.DRAResourceHealth: kpm-check-node/dev-0 (prepared) is reported",
+        "v1.DRAResourceHealth: kpm-check-node/dev-0 (prepared) is reported",
+        "kpm-check-node/dev-1 renewed 10000 ms after its report (timeout 30s)",
+        "kpm-check-node/dev-0 HEALTHY→UNHEALTHY 0 ms after the hook, in the whole list",
+    ] {
+        assert_check(&report, Check::ResourceHealth, Mark::Pass, said);
+    }
+    // A driver with no health service: nothing to watch.
+    let report = check(Scripted::dra_publishing()).await;
+    assert_check(&report, Check::ResourceHealth, Mark::Skip, "advertises no DRAResourceHealth");
+}
+
+/// Each health rule broken: a warning (the kubelet only shows health), so a
+/// strict run fails.
+#[tokio::test(start_paused = true)]
+async fn dra_resource_health_warns_on_each_misbehaviour() {
+    let rules = [
+        (Misbehaviour::HealthStreamEnds, "the driver ended the stream"),
+        (Misbehaviour::HealthOmitsDevice, "dev-0 (prepared) is not reported"),
+        (Misbehaviour::HealthNotRenewed, "not reported again within its timeout 30s"),
+        (Misbehaviour::HealthChangeNotSent, "no health change within"),
+        (Misbehaviour::HealthPartialUpdates, "came in a message without"),
+    ];
+    for (misbehaviour, said) in rules {
+        let scripted = Scripted::dra_publishing()
+            .serving_health()
+            .with(Quirk::HealthChange)
+            .misbehave(misbehaviour);
+        let report = check(scripted).await;
+        assert_check(&report, Check::ResourceHealth, Mark::Warn, said);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn dra_resource_health_warns_on_what_is_advertised_and_not_served_and_back() {
+    let advertised_only = Scripted::new(Kind::Dra(&["v1.DRAPlugin", "v1.DRAResourceHealth"]));
+    let report = check(advertised_only).await;
+    assert_check(
+        &report,
+        Check::ResourceHealth,
+        Mark::Warn,
+        "advertises v1.DRAResourceHealth only",
+    );
+    assert_check(&report, Check::ResourceHealth, Mark::Warn, "is advertised, but answered");
+    let unadvertised = Scripted::new(Kind::Dra(&["v1.DRAPlugin"])).serving_health();
+    let report = check(unadvertised).await;
+    assert_check(&report, Check::ResourceHealth, Mark::Warn, "without advertising it");
 }

@@ -14,9 +14,10 @@ mod lifecycle;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kpm_api::constants::{DRA_HEALTH_V1_SERVICE, DRA_HEALTH_V1ALPHA1_SERVICE};
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::{
-    DeviceList, Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver,
+    DeviceList, DraDeviceHealth, Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver,
 };
 use kpm_test_support::api_server::{self, Shared, State};
 use parking_lot::Mutex;
@@ -59,6 +60,9 @@ struct Scripted {
     socket_name: Option<&'static str>,
     /// The DRA driver's API server: its ResourceSlice, its claims.
     api: Option<DraApi>,
+    /// The DRA driver serves `DRAResourceHealth` (and advertises it, unless
+    /// its versions are given).
+    health: bool,
 }
 
 /// How a scripted plugin behaves besides its services.
@@ -74,6 +78,14 @@ enum Quirk {
     /// A device plugin that turns every device unhealthy when the kubelet
     /// registers it a second time (its restart).
     UnhealthyAfterKubeletRestart,
+    /// A device plugin whose sockets carry its instance (`{instance}`), so
+    /// that two run side by side.
+    SocketPerInstance,
+    /// A device plugin on a registration socket that takes the path over
+    /// from a running instance, and removes the file there when it stops,
+    /// whoever's it is (as Go plugins do: `os.Remove` before `Listen` and
+    /// after `Stop`).
+    StealsSocket,
 }
 
 /// The stand-in API server of a DRA check, and what the driver does with it.
@@ -99,6 +111,7 @@ impl Scripted {
             quirks: Vec::new(),
             socket_name: None,
             api: None,
+            health: false,
         }
     }
 
@@ -127,6 +140,12 @@ impl Scripted {
         Self::dra_with_api(Vec::new(), Some(json!({"name": "dev-0"})))
     }
 
+    /// Serving `DRAResourceHealth`.
+    fn serving_health(mut self) -> Self {
+        self.health = true;
+        self
+    }
+
     fn with(mut self, quirk: Quirk) -> Self {
         self.quirks.push(quirk);
         self
@@ -147,9 +166,28 @@ impl Scripted {
     }
 }
 
+/// What a scripted plugin's health-change hook acts on, once it serves.
+#[derive(Debug, Default)]
+struct Health {
+    devices: Option<DeviceList>,
+    dra: Option<DraDeviceHealth>,
+}
+
+impl Health {
+    /// Turns the next healthy device unhealthy.
+    fn fail_next(&self) -> Result<String, String> {
+        let failed = match (&self.devices, &self.dra) {
+            (Some(list), _) => list.fail_next(),
+            (None, Some(dra)) => dra.fail_next(),
+            (None, None) => return Err("no devices yet".into()),
+        };
+        failed.ok_or_else(|| "no healthy device left".into())
+    }
+}
+
 /// Runs the suite on `scripted`, served in this process: its report.
 async fn check(scripted: Scripted) -> Report {
-    let devices: Arc<Mutex<Option<DeviceList>>> = Arc::default();
+    let devices: Arc<Mutex<Health>> = Arc::default();
     let serving = scripted.clone();
     let lists = Arc::clone(&devices);
     let serve: crate::Serve = Arc::new(move |env, stop| {
@@ -160,10 +198,7 @@ async fn check(scripted: Scripted) -> Report {
     if scripted.has(Quirk::HealthChange) {
         config = config.health_change_with(Arc::new(move || {
             let devices = Arc::clone(&devices);
-            Box::pin(async move {
-                let list = devices.lock().clone().ok_or("no device list yet")?;
-                list.fail_next().map(drop).ok_or_else(|| "no healthy device left".to_owned())
-            })
+            Box::pin(async move { devices.lock().fail_next().map(drop) })
         }));
     }
     if let Some(state) = scripted.api_state() {
@@ -173,19 +208,24 @@ async fn check(scripted: Scripted) -> Report {
 }
 
 /// Serves `scripted` in `env` until `stop`.
-async fn serve(
-    scripted: Scripted,
-    env: PluginEnv,
-    stop: Stop,
-    devices: &Mutex<Option<DeviceList>>,
-) {
+async fn serve(scripted: Scripted, env: PluginEnv, stop: Stop, devices: &Mutex<Health>) {
     // What runs beside its services until it stops.
     let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     let registrar = |kind: &str, name: &str| {
-        Registrar::builder(kind, name)
+        let builder = Registrar::builder(kind, name)
             .socket_dir(&env.registry)
-            .get_info_delay(scripted.get_info_delay)
+            .get_info_delay(scripted.get_info_delay);
+        if scripted.has(Quirk::SocketPerInstance) {
+            builder.rolling_update_uid(env.instance.clone())
+        } else {
+            builder
+        }
     };
+    // A Go plugin's `os.Remove` of its path before it listens.
+    let stolen = env.registry.join("vendor.com_gpu-reg.sock");
+    if scripted.has(Quirk::StealsSocket) {
+        let _ = std::fs::remove_file(&stolen);
+    }
     let served = match scripted.kind {
         Kind::Device | Kind::KubeletSock => {
             let (plugin, list) = StubDevicePlugin::new([
@@ -193,7 +233,7 @@ async fn serve(
                 ("gpu-1", "Healthy"),
                 ("gpu-2", "Healthy"),
             ]);
-            *devices.lock() = Some(list);
+            devices.lock().devices = Some(list);
             let plugin = plugin
                 .preferred_allocation()
                 .pre_start_required()
@@ -213,6 +253,17 @@ async fn serve(
             let mut driver = StubDraDriver::new().misbehave(scripted.misbehaviours.iter().copied());
             // Kept in its plugins directory, which a reboot keeps.
             driver = driver.checkpoint(env.plugins.join("stub-dra.checkpoint"));
+            let mut versions: Vec<String> = versions.iter().map(|v| (*v).to_owned()).collect();
+            if scripted.health {
+                let health;
+                (driver, health) = driver.health();
+                devices.lock().dra = Some(health);
+                if versions.is_empty() {
+                    let defaults = kpm_registrar::default_versions(kpm::api::DRA_PLUGIN);
+                    let health = [DRA_HEALTH_V1ALPHA1_SERVICE, DRA_HEALTH_V1_SERVICE];
+                    versions = defaults.iter().chain(&health).map(|v| (*v).to_owned()).collect();
+                }
+            }
             if let Some(api) = &scripted.api {
                 if let Some(device) = &api.publishes {
                     publish_slice(&api.state, device);
@@ -227,16 +278,15 @@ async fn serve(
                     .foreign_claims(move |namespace, name| !ours(&state, &read, namespace, name));
             }
             let builder = registrar(kpm::api::DRA_PLUGIN, DRA_DRIVER).routes(driver.routes());
-            let builder = match versions {
-                [] => builder,
-                versions => builder.versions(versions.iter().map(|v| (*v).to_owned())),
-            };
+            let builder = if versions.is_empty() { builder } else { builder.versions(versions) };
             builder.serve().await
         }
     };
-    let registrar = served.unwrap();
+    // A second instance that cannot bind beside the first exits, as a
+    // process does.
+    let Ok(registrar) = served else { return };
     if scripted.has(Quirk::UnhealthyAfterKubeletRestart)
-        && let Some(list) = devices.lock().clone()
+        && let Some(list) = devices.lock().devices.clone()
     {
         tasks.push(tokio::spawn(unhealthy_at_second_registration(registrar.status(), list)));
     }
@@ -256,6 +306,9 @@ async fn serve(
         leave_socket_behind(registrar).await;
     } else {
         registrar.shutdown().await.unwrap();
+    }
+    if scripted.has(Quirk::StealsSocket) {
+        let _ = std::fs::remove_file(&stolen);
     }
 }
 
@@ -322,10 +375,21 @@ async fn on_kubelet_sock(
     stop: Stop,
 ) {
     let dir = &env.device_plugins;
+    let endpoint = if scripted.has(Quirk::SocketPerInstance) {
+        format!("gpu-{}.sock", env.instance)
+    } else {
+        "gpu.sock".to_owned()
+    };
     if !scripted.has(Quirk::NoReregister) {
-        kpm_registrar::serve_device_plugin(dir, "gpu.sock", GPU, plugin.routes(), stop.requested())
-            .await
-            .unwrap();
+        // A second instance on the same endpoint cannot bind: it exits.
+        let _ = kpm_registrar::serve_device_plugin(
+            dir,
+            &endpoint,
+            GPU,
+            plugin.routes(),
+            stop.requested(),
+        )
+        .await;
         return;
     }
     while !dir.join(kpm::api::KUBELET_SOCKET_NAME).exists() {

@@ -8,6 +8,7 @@ use kpm_api::dra::{v1 as dra_v1, v1beta1 as dra_v1beta1};
 use tonic::service::Routes;
 use tonic::{Request, Response, Status};
 
+use super::dra_health::DraDeviceHealth;
 use super::{Misbehaviour, Misbehaviours};
 
 /// Tells whether the claim `(namespace, name)` is allocated to another
@@ -29,6 +30,7 @@ pub struct StubDraDriver {
     cdi: Option<CdiSpecs>,
     foreign: Option<ForeignClaims>,
     checkpoint: Option<PathBuf>,
+    health: Option<DraDeviceHealth>,
 }
 
 impl std::fmt::Debug for StubDraDriver {
@@ -38,6 +40,7 @@ impl std::fmt::Debug for StubDraDriver {
             .field("cdi", &self.cdi)
             .field("foreign", &self.foreign.is_some())
             .field("checkpoint", &self.checkpoint)
+            .field("health", &self.health.is_some())
             .finish()
     }
 }
@@ -57,6 +60,8 @@ const CDI_FILE_PREFIX: &str = "stub.example.com-";
 /// [`Misbehaviour::PrepareAnswersDifferently`] driver answers the second time.
 const DEVICE: &str = "dev-0";
 const OTHER_DEVICE: &str = "dev-1";
+/// The pool of the devices whose health a driver without CDI specs reports.
+const HEALTH_POOL: &str = "stub";
 /// The request a device is answered for. The kubelet does not send a
 /// claim's requests and the stub reads no ResourceClaim, so it names the
 /// one `kpm check`'s claims make.
@@ -116,10 +121,32 @@ impl StubDraDriver {
         self
     }
 
+    /// Serves `DRAResourceHealth`, `v1alpha1` and `v1`, on the same socket:
+    /// its devices (`dev-0` and `dev-1` of the [`cdi`](Self::cdi) pool,
+    /// else of pool `stub`) healthy, whose health the [`DraDeviceHealth`]
+    /// returned changes; advertise the services with the registrar's
+    /// versions. Breaks the health rules named in
+    /// [`misbehave`](Self::misbehave) ([`Misbehaviour::HealthStreamEnds`],
+    /// [`Misbehaviour::HealthOmitsDevice`], [`Misbehaviour::HealthNotRenewed`],
+    /// [`Misbehaviour::HealthChangeNotSent`],
+    /// [`Misbehaviour::HealthPartialUpdates`]).
+    #[must_use]
+    pub fn health(mut self) -> (Self, DraDeviceHealth) {
+        let health = DraDeviceHealth::new();
+        self.health = Some(health.clone());
+        (self, health)
+    }
+
     /// The `DRAPlugin` services, v1 and v1beta1, to serve on the driver's
-    /// socket.
+    /// socket, and with [`health`](Self::health) `DRAResourceHealth`.
     pub fn routes(self) -> Routes {
         let checkpointed = self.checkpoint.as_deref().map(read_checkpoint).unwrap_or_default();
+        if let Some(health) = &self.health {
+            let pool = self.cdi.as_ref().map_or(HEALTH_POOL, |cdi| cdi.pool.as_str());
+            health.report_healthy(pool, &[DEVICE, OTHER_DEVICE]);
+        }
+        let omitted = self.misbehaviours.has(Misbehaviour::HealthOmitsDevice).then_some(DEVICE);
+        let (health, misbehaviours) = (self.health, self.misbehaviours.clone());
         let driver = Driver {
             misbehaviours: Arc::new(self.misbehaviours),
             cdi: self.cdi.map(Arc::new),
@@ -129,8 +156,12 @@ impl StubDraDriver {
             checkpoint: self.checkpoint.map(Arc::new),
             unprepared: Arc::default(),
         };
-        Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(driver.clone()))
-            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(driver))
+        let routes = Routes::new(dra_v1::dra_plugin_server::DraPluginServer::new(driver.clone()))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(driver));
+        match health {
+            Some(health) => health.add_to(routes, &misbehaviours, omitted),
+            None => routes,
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 mod csi;
 mod device;
 mod dra;
+mod dra_health;
 
 use kpm_api::PluginKind;
 use kpm_api::constants::DEVICE_HEALTHY;
@@ -15,6 +16,7 @@ use tonic::service::Routes;
 pub use self::csi::StubCsiDriver;
 pub use self::device::{DeviceList, StubDevicePlugin};
 pub use self::dra::StubDraDriver;
+pub use self::dra_health::DraDeviceHealth;
 
 /// The stub service of `plugin_type` for a plugin called `name`: a device
 /// plugin with two healthy devices, a CSI driver (Identity and Node, node id
@@ -101,11 +103,26 @@ pub enum Misbehaviour {
     /// DRA driver: refuses to prepare a claim it unprepared (a late
     /// `NodePrepareResources`: kubernetes-sigs/dra-driver-nvidia-gpu#1162).
     LatePrepareFails,
+    /// DRA driver with health: ends its `DRAResourceHealth` stream after
+    /// the first message.
+    HealthStreamEnds,
+    /// DRA driver with health: leaves device `dev-0`, the one it prepares
+    /// claims with, out of its health reports.
+    HealthOmitsDevice,
+    /// DRA driver with health: sends its devices' health on changes only,
+    /// never renewed within the timeout it gives.
+    HealthNotRenewed,
+    /// DRA driver with health: keeps sending the health it had when the
+    /// stream opened, whatever changes.
+    HealthChangeNotSent,
+    /// DRA driver with health: on a change, sends only the devices that
+    /// changed, not the whole list.
+    HealthPartialUpdates,
 }
 
 impl Misbehaviour {
     /// Every misbehaviour, with its name.
-    pub const ALL: [(Self, &'static str); 22] = [
+    pub const ALL: [(Self, &'static str); 27] = [
         (Self::NoDeviceList, "no-device-list"),
         (Self::DuplicateIds, "duplicate-ids"),
         (Self::PartialUpdates, "partial-updates"),
@@ -128,6 +145,11 @@ impl Misbehaviour {
         (Self::SpecPerDevice, "spec-per-device"),
         (Self::ReprepareWithoutSpec, "reprepare-without-spec"),
         (Self::LatePrepareFails, "late-prepare-fails"),
+        (Self::HealthStreamEnds, "health-stream-ends"),
+        (Self::HealthOmitsDevice, "health-omits-device"),
+        (Self::HealthNotRenewed, "health-not-renewed"),
+        (Self::HealthChangeNotSent, "health-change-not-sent"),
+        (Self::HealthPartialUpdates, "health-partial-updates"),
     ];
 
     /// Its kebab-case name.

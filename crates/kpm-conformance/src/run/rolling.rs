@@ -1,0 +1,172 @@
+//! A device plugin's rolling update with `maxSurge`, as a DaemonSet rolls
+//! one out: a second instance started beside the running one, then the
+//! first stopped; the resource must keep its devices throughout.
+//!
+//! Kubelets up to 1.36 key a device plugin's endpoint by resource
+//! (`devicemanager/plugin/v1beta1/handler.go`): the first instance's exit
+//! disconnects the second's client, so the resource loses its devices
+//! whatever the plugin does (kubernetes#121994). Since kubernetes PR
+//! #135437 the kubelet keys them by socket, and a rollout keeps the
+//! devices when each instance serves a socket of its own; an endpoint both
+//! instances share cannot be told apart (NVIDIA/k8s-device-plugin#1792).
+//! The check's kubelet (kpm's) takes the newest registration as the
+//! resource's endpoint and closes the previous one's stream.
+
+use std::path::Path;
+
+use kpm_api::FileId;
+
+use super::Run;
+use super::node::{Node, Registrations};
+use super::plugin::{Running, evidence};
+use crate::outcome::{Evidence, Mark, Outcome, Subject};
+use crate::wait::wait_for;
+
+/// The issue a socket shared by two instances is named after.
+const SHARED_SOCKET: &str = "NVIDIA/k8s-device-plugin#1792";
+
+/// A resource just before the rollout.
+struct Before {
+    resource: String,
+    endpoint: String,
+    file: Option<FileId>,
+    healthy: usize,
+}
+
+fn file_id(path: &str) -> Option<FileId> {
+    std::fs::symlink_metadata(Path::new(path)).ok().map(|meta| FileId::of(&meta))
+}
+
+/// The rolling update of the device plugins of `registered`; `plugin` is
+/// the running instance, and the second one once it took over.
+pub(super) async fn rolling_update(
+    run: &Run<'_>,
+    node: &Node,
+    plugin: &mut Running,
+    registered: &Registrations,
+) -> Outcome {
+    let Run { plugin_of, dirs, settings, .. } = *run;
+    let bound = settings.bound;
+    let devices = node.handle.devices();
+    let before: Vec<Before> = registered
+        .device_endpoints()
+        .into_iter()
+        .filter_map(|(resource, _)| {
+            let status = devices.resource(&resource)?;
+            let file = file_id(&status.endpoint);
+            Some(Before { resource, endpoint: status.endpoint, file, healthy: status.healthy })
+        })
+        .collect();
+    if before.is_empty() {
+        return Outcome::skipped("no device plugin");
+    }
+    if plugin.exited().is_some() {
+        return Outcome::skipped("the plugin was not started anew (see plugin restart)");
+    }
+    let mut second = match Running::start(plugin_of, dirs) {
+        Ok(second) => second,
+        Err(err) => return Outcome::failed(err.to_string()),
+    };
+    // Taken over: each resource's endpoint is another socket, or a socket
+    // made anew where the first one was.
+    let taken_over = |resource: &Before| {
+        devices.resource(&resource.resource).is_some_and(|now| {
+            !now.endpoint.is_empty()
+                && (now.endpoint != resource.endpoint || file_id(&now.endpoint) != resource.file)
+        })
+    };
+    if wait_for(bound, || before.iter().all(taken_over).then_some(())).await.is_none() {
+        let how = second
+            .exited()
+            .map_or_else(|| "did not register".to_owned(), |exited| format!("exited ({exited})"));
+        second.kill().await;
+        return Outcome::warned(format!(
+            "a second instance started beside the first {how} within {bound:?}: a rollout with \
+             maxSurge stalls, the new pod never ready. An instance must serve sockets of its own \
+             (with {{instance}}, the pod's uid in a DaemonSet) beside a running one ({SHARED_SOCKET}); {}",
+            evidence(dirs)
+        ));
+    }
+    let mut findings = Evidence::default();
+    let mut endpoints = Vec::new();
+    for resource in &before {
+        let now = devices.resource(&resource.resource).map(|now| now.endpoint).unwrap_or_default();
+        let shown = dirs.shown(Path::new(&now));
+        let about = Subject::Resource(resource.resource.clone());
+        if now == resource.endpoint {
+            findings
+                .add(
+                    Mark::Warn,
+                    format!(
+                        "{}: the second instance took {shown} over, the first's socket path: \
+                         kubelets since #135437 key endpoints by socket, so the first's exit \
+                         is taken for the second's ({SHARED_SOCKET})",
+                        resource.resource
+                    ),
+                )
+                .about(about);
+        } else {
+            findings
+                .add(
+                    Mark::Pass,
+                    format!("{}: the second instance serves {shown}", resource.resource),
+                )
+                .about(about);
+        }
+        endpoints.push((resource, now.clone(), file_id(&now)));
+    }
+    // The first instance stops, as the rollout deletes its pod.
+    if let Err(why) = plugin.terminate(bound).await {
+        findings.add(Mark::Warn, format!("the first instance: {why}"));
+        plugin.kill().await;
+    }
+    // Once the kubelet has seen what the first took along, every socket it
+    // still has registered is there.
+    let settled = || node.registered(dirs).sockets.iter().all(|socket| socket.path.exists());
+    let _ = wait_for(bound, || settled().then_some(())).await;
+    for (resource, endpoint, file) in endpoints {
+        let about = Subject::Resource(resource.resource.clone());
+        let now = devices.resource(&resource.resource);
+        let (serving, healthy) = now.map_or((String::new(), 0), |now| (now.endpoint, now.healthy));
+        if serving.is_empty() || healthy < resource.healthy {
+            findings
+                .add(
+                    Mark::Fail,
+                    format!(
+                        "{}: {healthy} healthy once the first instance stopped, {} before: the \
+                         node's allocatable drops during every rollout (kubernetes#121994)",
+                        resource.resource, resource.healthy
+                    ),
+                )
+                .about(about);
+        } else if file_id(&endpoint) != file {
+            findings
+                .add(
+                    Mark::Warn,
+                    format!(
+                        "{}: the first instance's exit removed {}, the second's socket \
+                         ({SHARED_SOCKET}): a plugin that watches its socket for the kubelet's \
+                         restart registers again for nothing",
+                        resource.resource,
+                        dirs.shown(Path::new(&endpoint))
+                    ),
+                )
+                .about(about);
+        } else {
+            findings
+                .add(
+                    Mark::Pass,
+                    format!(
+                        "{}: {healthy} healthy once the first instance stopped (kubelets up to \
+                         1.36 lose them here whatever the plugin does: kubernetes#121994)",
+                        resource.resource
+                    ),
+                )
+                .about(about);
+        }
+    }
+    // The second instance is the plugin from now on.
+    std::mem::swap(plugin, &mut second);
+    second.kill().await;
+    findings.outcome("")
+}
