@@ -92,7 +92,8 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     endpoint: Option<PathBuf>,
 
-    /// Rolling-update uid: names the socket <name>-<uid>-reg.sock.
+    /// Rolling-update uid: names the socket <name>-<uid>-reg.sock (with
+    /// --kubelet-sock-dir, the endpoint <name>-<uid>.sock).
     #[arg(long, value_name = "UID")]
     uid: Option<String>,
 
@@ -291,10 +292,14 @@ async fn run(args: Args) -> Result<(), Box<dyn Error>> {
 }
 
 /// A device plugin registering through `dir/kubelet.sock`: serves the stub
-/// on `dir/<name>.sock` and registers whenever `kubelet.sock` is new (once
+/// on `dir/<name>.sock` (`<name>-<uid>.sock` with `--uid`) and registers whenever `kubelet.sock` is new (once
 /// only with `--no-reregister`), until SIGINT or SIGTERM.
 async fn kubelet_sock_plugin(args: &Args, name: &str, dir: &Path) -> Result<(), Box<dyn Error>> {
-    let file = format!("{}.sock", name.replace('/', "_"));
+    // Per instance with `--uid`, so that two run side by side.
+    let file = match &args.uid {
+        Some(uid) => format!("{}-{uid}.sock", name.replace('/', "_")),
+        None => format!("{}.sock", name.replace('/', "_")),
+    };
     let (plugin, _list) = device_plugin(args);
     println!("serving {}", dir.join(&file).display());
     let mut terminate =

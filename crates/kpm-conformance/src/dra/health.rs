@@ -74,8 +74,8 @@ pub(super) async fn resource_health(watched: &Watched<'_>) -> Outcome {
     // Each service on a stream of its own, watched together: each waits
     // out a timeout.
     let opened = advertised.iter().map(|service| Watch::open(*service, watched));
-    let mut watches: Vec<Watch<'_>> = join_all(opened).await;
-    join_all(watches.iter_mut().map(Watch::first_messages)).await;
+    let mut streams: Vec<Watch<'_>> = join_all(opened).await;
+    join_all(streams.iter_mut().map(Watch::first_messages)).await;
     // One change for every stream.
     match watched.hook {
         None => {
@@ -85,21 +85,21 @@ pub(super) async fn resource_health(watched: &Watched<'_>) -> Outcome {
                  plugin: 'kill -USR1 $KPM_CHECK_PID')",
             );
         }
-        Some(_) if watches.iter().all(|watch| watch.ended) => {}
+        Some(_) if streams.iter().all(|stream| stream.ended) => {}
         Some(hook) => {
-            for watch in &mut watches {
-                watch.before = watch.last.clone();
+            for stream in &mut streams {
+                stream.before = stream.last.clone();
             }
             match hook.run().await {
                 Err(why) => findings.warn(format!("the hook {why}")),
                 Ok(()) => {
-                    join_all(watches.iter_mut().map(Watch::changed)).await;
+                    join_all(streams.iter_mut().map(Watch::changed)).await;
                 }
             }
         }
     }
-    for watch in watches {
-        findings.append(watch.findings);
+    for stream in streams {
+        findings.append(stream.findings);
     }
     findings.outcome("")
 }
@@ -252,9 +252,9 @@ impl<'a> Watch<'a> {
         let devices = match next {
             Err(_) => return Ok(None),
             Ok(Ok(Some(devices))) => devices,
-            Ok(Ok(None)) => return Err(self.ended("the driver ended the stream".into())),
+            Ok(Ok(None)) => return Err(self.ended("the driver ended the stream")),
             Ok(Err(status)) => {
-                return Err(self.ended(format!("the stream failed: {}", status_text(&status))));
+                return Err(self.ended(&format!("the stream failed: {}", status_text(&status))));
             }
         };
         let now = Instant::now();
@@ -265,7 +265,7 @@ impl<'a> Watch<'a> {
         Ok(Some(()))
     }
 
-    fn ended(&mut self, how: String) -> Ended {
+    fn ended(&mut self, how: &str) -> Ended {
         self.findings.warn(format!(
             "{}: {how}: the kubelet marks every device of the driver Unknown until it opens \
              the stream again, 5 s later (clearDriver)",

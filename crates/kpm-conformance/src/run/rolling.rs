@@ -18,7 +18,7 @@ use kpm_api::FileId;
 
 use super::Run;
 use super::node::{Node, Registrations};
-use super::plugin::{Running, evidence};
+use super::plugin::{Dirs, Running, evidence};
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
 use crate::wait::wait_for;
 
@@ -87,9 +87,33 @@ pub(super) async fn rolling_update(
             evidence(dirs)
         ));
     }
+    let (mut findings, endpoints) = taken_over_by(&before, node, dirs);
+    // The first instance stops, as the rollout deletes its pod.
+    if let Err(why) = plugin.terminate(bound).await {
+        findings.add(Mark::Warn, format!("the first instance: {why}"));
+        plugin.kill().await;
+    }
+    // Once the kubelet has seen what the first took along, every socket it
+    // still has registered is there.
+    let settled = || node.registered(dirs).sockets.iter().all(|socket| socket.path.exists());
+    let _ = wait_for(bound, || settled().then_some(())).await;
+    kept(&endpoints, node, dirs, &mut findings);
+    // The second instance is the plugin from now on.
+    std::mem::swap(plugin, &mut second);
+    second.kill().await;
+    findings.outcome("")
+}
+
+/// What serves each resource now that the second instance took it over:
+/// its endpoint and the socket file there.
+type Serving<'a> = Vec<(&'a Before, String, Option<FileId>)>;
+
+/// Where the second instance serves each resource of `before`.
+fn taken_over_by<'a>(before: &'a [Before], node: &Node, dirs: &Dirs) -> (Evidence, Serving<'a>) {
+    let devices = node.handle.devices();
     let mut findings = Evidence::default();
     let mut endpoints = Vec::new();
-    for resource in &before {
+    for resource in before {
         let now = devices.resource(&resource.resource).map(|now| now.endpoint).unwrap_or_default();
         let shown = dirs.shown(Path::new(&now));
         let about = Subject::Resource(resource.resource.clone());
@@ -113,17 +137,16 @@ pub(super) async fn rolling_update(
                 )
                 .about(about);
         }
-        endpoints.push((resource, now.clone(), file_id(&now)));
+        let file = file_id(&now);
+        endpoints.push((resource, now, file));
     }
-    // The first instance stops, as the rollout deletes its pod.
-    if let Err(why) = plugin.terminate(bound).await {
-        findings.add(Mark::Warn, format!("the first instance: {why}"));
-        plugin.kill().await;
-    }
-    // Once the kubelet has seen what the first took along, every socket it
-    // still has registered is there.
-    let settled = || node.registered(dirs).sockets.iter().all(|socket| socket.path.exists());
-    let _ = wait_for(bound, || settled().then_some(())).await;
+    (findings, endpoints)
+}
+
+/// Each resource's devices once the first instance stopped, served by
+/// the second from `endpoints`.
+fn kept(endpoints: &Serving<'_>, node: &Node, dirs: &Dirs, findings: &mut Evidence) {
+    let devices = node.handle.devices();
     for (resource, endpoint, file) in endpoints {
         let about = Subject::Resource(resource.resource.clone());
         let now = devices.resource(&resource.resource);
@@ -139,7 +162,7 @@ pub(super) async fn rolling_update(
                     ),
                 )
                 .about(about);
-        } else if file_id(&endpoint) != file {
+        } else if file_id(endpoint) != *file {
             findings
                 .add(
                     Mark::Warn,
@@ -148,7 +171,7 @@ pub(super) async fn rolling_update(
                          ({SHARED_SOCKET}): a plugin that watches its socket for the kubelet's \
                          restart registers again for nothing",
                         resource.resource,
-                        dirs.shown(Path::new(&endpoint))
+                        dirs.shown(Path::new(endpoint))
                     ),
                 )
                 .about(about);
@@ -165,8 +188,4 @@ pub(super) async fn rolling_update(
                 .about(about);
         }
     }
-    // The second instance is the plugin from now on.
-    std::mem::swap(plugin, &mut second);
-    second.kill().await;
-    findings.outcome("")
 }
