@@ -13,6 +13,7 @@
 //! resource's endpoint and closes the previous one's stream.
 
 use std::path::Path;
+use std::time::Duration;
 
 use kpm_api::FileId;
 
@@ -20,10 +21,14 @@ use super::Run;
 use super::node::{Node, Registrations};
 use super::plugin::{Dirs, Running, evidence};
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
+use crate::plugin::Plugin;
 use crate::wait::wait_for;
 
 /// The issue a socket shared by two instances is named after.
 const SHARED_SOCKET: &str = "NVIDIA/k8s-device-plugin#1792";
+
+/// How long the first instance runs, at least, before the second starts.
+const SINCE_FIRST: Duration = Duration::from_secs(1);
 
 /// A resource just before the rollout.
 struct Before {
@@ -62,6 +67,14 @@ pub(super) async fn rolling_update(
     }
     if plugin.exited().is_some() {
         return Outcome::skipped("the plugin was not started anew (see plugin restart)");
+    }
+    // A rollout replaces an instance that has run a while: names made of
+    // the start time (generic-device-plugin's `gdp-<resource>-<unix
+    // seconds>.sock`) differ between the two then, as they would not
+    // within the second the first one started.
+    // An in-process plugin names nothing after the wall clock.
+    if matches!(plugin_of, Plugin::Command(_)) {
+        tokio::time::sleep(SINCE_FIRST).await;
     }
     let mut second = match Running::start(plugin_of, dirs) {
         Ok(second) => second,
