@@ -282,7 +282,9 @@ fn a_kubelet_sock_plugin_passes_without_registry_steps() {
     assert!(line(&report, "GetInfo within 1 s").starts_with("SKIP"), "{report}");
     assert!(line(&report, "kubelet restart").starts_with("PASS"), "{report}");
     assert!(line(&report, "Allocate").starts_with("PASS"), "{report}");
-    assert!(report.ends_with("12 passed, 1 warned, 0 failed\n"), "{report}");
+    let rolled = line(&report, "rolling update");
+    assert!(rolled.starts_with("PASS") && rolled.contains("3 healthy once the first"), "{report}");
+    assert!(report.ends_with("13 passed, 0 failed\n"), "{report}");
 }
 
 fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
@@ -440,9 +442,12 @@ fn plugin(role: &str) {
                     terminate.recv().await;
                 };
                 if !set(NO_REREGISTER) {
+                    // An endpoint per instance: a rolling update's second
+                    // instance serves beside the first.
+                    let instance = std::env::var("KPM_CHECK_INSTANCE").unwrap();
                     kpm_registrar::serve_device_plugin(
                         &dir,
-                        "gpu.sock",
+                        &format!("gpu-{instance}.sock"),
                         GPU,
                         plugin.routes(),
                         stop,

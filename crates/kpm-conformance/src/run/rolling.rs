@@ -21,7 +21,6 @@ use super::Run;
 use super::node::{Node, Registrations};
 use super::plugin::{Dirs, Running, evidence};
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
-use crate::plugin::Plugin;
 use crate::wait::wait_for;
 
 /// The issue a socket shared by two instances is named after.
@@ -72,10 +71,7 @@ pub(super) async fn rolling_update(
     // the start time (generic-device-plugin's `gdp-<resource>-<unix
     // seconds>.sock`) differ between the two then, as they would not
     // within the second the first one started.
-    // An in-process plugin names nothing after the wall clock.
-    if matches!(plugin_of, Plugin::Command(_)) {
-        tokio::time::sleep(SINCE_FIRST).await;
-    }
+    tokio::time::sleep(SINCE_FIRST).await;
     let mut second = match Running::start(plugin_of, dirs) {
         Ok(second) => second,
         Err(err) => return Outcome::failed(err.to_string()),

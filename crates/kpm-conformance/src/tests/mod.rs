@@ -78,8 +78,8 @@ enum Quirk {
     /// A device plugin that turns every device unhealthy when the kubelet
     /// registers it a second time (its restart).
     UnhealthyAfterKubeletRestart,
-    /// A device plugin whose sockets carry its instance (`{instance}`), so
-    /// that two run side by side.
+    /// A device plugin whose registration socket carries its instance
+    /// (`{instance}`), so that two run side by side.
     SocketPerInstance,
     /// A device plugin on a registration socket that takes the path over
     /// from a running instance, and removes the file there when it stops,
@@ -375,16 +375,12 @@ async fn on_kubelet_sock(
     stop: Stop,
 ) {
     let dir = &env.device_plugins;
-    let endpoint = if scripted.has(Quirk::SocketPerInstance) {
-        format!("gpu-{}.sock", env.instance)
-    } else {
-        "gpu.sock".to_owned()
-    };
+    let endpoint = "gpu.sock";
     if !scripted.has(Quirk::NoReregister) {
         // A second instance on the same endpoint cannot bind: it exits.
         let _ = kpm_registrar::serve_device_plugin(
             dir,
-            &endpoint,
+            endpoint,
             GPU,
             plugin.routes(),
             stop.requested(),
