@@ -111,6 +111,21 @@ const SCENARIOS: &[Scenario] = &[
         run: check::intel_gpu_plugin,
     },
     Scenario {
+        name: "check-cert-manager-csi-driver",
+        programs: &["cert-manager-csi-driver", "node-driver-registrar", "kube-apiserver", "etcd"],
+        run: check::cert_manager_csi_driver,
+    },
+    Scenario {
+        name: "check-hostdev-device-plugin",
+        programs: &["hostdev-device-plugin"],
+        run: check::hostdev_device_plugin,
+    },
+    Scenario {
+        name: "check-nfsplugin",
+        programs: &["nfsplugin", "node-driver-registrar"],
+        run: check::nfsplugin,
+    },
+    Scenario {
         name: "check-dra-test-driver",
         programs: &["dra-test-driver", "kube-apiserver", "etcd"],
         run: check::dra_test_driver,
@@ -157,7 +172,7 @@ impl std::error::Error for Skip {}
 
 /// The programs and where their logs go.
 struct Env {
-    /// The workspace, for kube-e2e's manifests.
+    /// The workspace, for the CI job's script (`ci/kpm-check.sh`).
     root: PathBuf,
     kpm: PathBuf,
     example_plugin: PathBuf,
