@@ -17,16 +17,50 @@ const SCRIPT: &str = "ci/kpm-check.sh";
 /// generic-device-plugin: registers on `kubelet.sock`, and again only once
 /// its own socket is removed; `squat.ai/null`, three `/dev/null`s.
 pub(super) fn generic_device_plugin(env: &Env, _root: &Path) -> Result {
-    let generic = bin(env, "generic-device-plugin");
-    let device = format!("--device={NULL_DEVICES}");
-    let command = [
-        generic.as_str(),
-        "--plugin-directory={device-plugins}",
-        "--domain=squat.ai",
-        "--listen=127.0.0.1:0",
-        &device,
-    ];
-    check_alone(env, "generic-device-plugin", &command, &["10 passed, 0 failed"])
+    check_alone(env, "generic-device-plugin", &generic_command(env), &[GENERIC_TALLY])
+}
+
+/// generic-device-plugin's tally, on the host and in kpm's image.
+const GENERIC_TALLY: &str = "10 passed, 0 failed";
+
+fn generic_command(env: &Env) -> [String; 5] {
+    [
+        bin(env, "generic-device-plugin"),
+        "--plugin-directory={device-plugins}".to_owned(),
+        "--domain=squat.ai".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+        format!("--device={NULL_DEVICES}"),
+    ]
+}
+
+/// The name kpm's image is imported under.
+const IMAGE: &str = "ghcr.io/kpm-rs/kpm:interop";
+
+/// `kpm check` run from kpm's image (the layout `cargo xtask image`
+/// gives, around the kpm built here) by the CI job's script with `ctr`, on
+/// generic-device-plugin (static) mounted in from DIR: the same tally as
+/// on the host. It needs a containerd that `ctr` reaches (its socket in
+/// `CONTAINERD_ADDRESS`), and is skipped, saying why, without one.
+pub(super) fn image(env: &Env, _root: &Path) -> Result {
+    let ctr = |args: &[&str]| std::process::Command::new("ctr").args(args).output();
+    match ctr(&["version"]) {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.lines().last().unwrap_or_default();
+            return Err(Skip(format!("no containerd answers ctr: {said}")).into());
+        }
+        Err(err) => return Err(Skip(format!("no ctr: {err}")).into()),
+    }
+    let image = crate::image::kpm_image_of(IMAGE, &env.kpm)?;
+    let archive = crate::image::write_archive(&image, &env.out.join("check-image.oci.tar"))?;
+    let imported = ctr(&["images", "import", &archive.path.display().to_string()])?;
+    if !imported.status.success() {
+        let said = String::from_utf8_lossy(&imported.stderr);
+        return Err(format!("ctr images import {}: {said}", archive.path.display()).into());
+    }
+    let via = [("KPM_IMAGE", IMAGE), ("KPM_RUNTIME", "ctr")];
+    run_check(env, "image", &[], &via, &[], &generic_command(env), &[GENERIC_TALLY]).map(drop)
 }
 
 /// Kubernetes' e2e sample device plugin, its socket in the registry
@@ -284,7 +318,7 @@ fn check_with_cluster(
     for crd in crds {
         setup.extend(["--crd".to_owned(), crd.display().to_string()]);
     }
-    let report = run_check(env, name, &setup, &["--timeout", "20"], command, expected)?;
+    let report = run_check(env, name, &setup, &[], &["--timeout", "20"], command, expected)?;
     let unknown = report.lines().filter(|line| line.starts_with("FAIL ")).find(|line| {
         let check = line.trim_start_matches("FAIL ");
         !check.starts_with("SIGTERM") && !known.iter().any(|known| check.starts_with(known))
@@ -303,7 +337,7 @@ fn check_alone<S: AsRef<std::ffi::OsStr>>(
     command: &[S],
     expected: &[&str],
 ) -> Result {
-    run_check(env, name, &[], &[], command, expected).map(drop)
+    run_check(env, name, &[], &[], &[], command, expected).map(drop)
 }
 
 fn bin(env: &Env, name: &str) -> String {
@@ -311,7 +345,8 @@ fn bin(env: &Env, name: &str) -> String {
 }
 
 /// Runs `kpm check` on `command` through the CI job's script ([`SCRIPT`],
-/// `--junit`, `options`), its own `setup` options first, so that every
+/// `--junit`, `options`), its own `setup` options first and `via` in its
+/// environment (kpm's image), so that every
 /// real driver here runs the job the docs give; keeps the script's output
 /// in `target/interop/check-NAME/` and fails unless the report ends with
 /// one of the `expected` tallies (exit 0 unless a step failed) and the
@@ -320,6 +355,7 @@ fn run_check<S: AsRef<std::ffi::OsStr>>(
     env: &Env,
     name: &str,
     setup: &[String],
+    via: &[(&str, &str)],
     options: &[&str],
     command: &[S],
     expected: &[&str],
@@ -329,6 +365,7 @@ fn run_check<S: AsRef<std::ffi::OsStr>>(
     let run = std::process::Command::new(env.root.join(SCRIPT))
         .env("KPM", &env.kpm)
         .envs([("ETCD_PORT", etcd), ("ETCD_PEER_PORT", peer), ("APISERVER_PORT", apiserver)])
+        .envs(via.iter().copied())
         .args(setup)
         .arg(&out)
         .args(options)

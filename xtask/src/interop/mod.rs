@@ -20,6 +20,7 @@
 //! | `check-cert-manager-csi-driver` | `cert-manager-csi-driver`, `node-driver-registrar`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` on the script's cluster with the `CertificateRequest` CRD (as root, in a mount namespace, from `/` with a relative `--data-root`): the node id, `GetPluginInfo`, `NodeGetCapabilities` (`VOLUME_MOUNT_GROUP`): 11 passed |
 //! | `check-hostdev-device-plugin` | `hostdev-device-plugin` | `kpm check` on 64 `/dev/null`s (as root, in a mount namespace): one response to two container requests and an unknown id allocated warn: 8 passed, 2 warned |
 //! | `check-nfsplugin` | `nfsplugin`, `node-driver-registrar` | `kpm check`: the node id, `GetPluginInfo`, `NodeGetCapabilities`: 11 passed |
+//! | `check-image` | `generic-device-plugin` | `kpm check` from kpm's image (run by `ctr`, with the plugin mounted in) through the same script: 10 passed, as on the host; skipped without a containerd that `ctr` reaches (`CONTAINERD_ADDRESS`) |
 //! | `check-dra-test-driver` | `dra-test-driver`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` with the script's API server: the driver's ResourceSlices, a claim allocated from them prepared (CDI ids resolving in valid specs), prepared again, unprepared, an unknown claim unprepared, a claim of another driver, a late prepare, on `v1` and `v1beta1`, a claim prepared again after a reboot; its slices, wiped, not published again (the helper's mutation cache): 22 passed, 1 failed (one more failed when the driver loses its SIGTERM race) |
 //! | `check-dra-example-driver` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same on kubernetes-sigs' example GPU driver, whose re-prepare from its checkpoint writes no CDI spec (kubernetes#141433): 21 passed, 2 failed (likewise) |
 //! | `check-dra-example-driver-shared` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same with its shareable GPUs (consumable capacity): each claim a share with its share id and `consumedCapacity`, and two claims sharing one GPU kept apart: 23 passed, 2 failed (likewise) |
@@ -129,6 +130,7 @@ const SCENARIOS: &[Scenario] = &[
         programs: &["nfsplugin", "node-driver-registrar"],
         run: check::nfsplugin,
     },
+    Scenario { name: "check-image", programs: &["generic-device-plugin"], run: check::image },
     Scenario {
         name: "check-dra-test-driver",
         programs: &["dra-test-driver", "kube-apiserver", "etcd"],
