@@ -170,7 +170,7 @@ fn at_kubelet_device_plugins(plugin: &str) -> [String; 5] {
 
 /// cert-manager's CSI driver (`csi.cert-manager.io`: certificates as
 /// ephemeral volumes), node only, with node-driver-registrar. It watches
-/// its CertificateRequests, so the API server gets their CRD (a minimal
+/// its `CertificateRequest`s, so the API server gets their CRD (a minimal
 /// one: no controller issues them here). It reads `--data-root` relative
 /// to `/` (csi-lib lists it through `os.DirFS("/")`) and mounts a tmpfs
 /// there at start: `/` is its cwd, and it runs in a mount namespace of
