@@ -146,6 +146,8 @@ pub(super) fn intel_gpu_plugin(env: &Env, root: &Path) -> Result {
 /// thehonker's fork of k8s-hostdev-plugin (the fork that registers again
 /// when `kubelet.sock` is made anew), on `/dev/null`: 64 devices of
 /// `hostdev.k8s.io/dev_null`. It knows only `/var/lib/kubelet/device-plugins`.
+/// Two warnings: its `Allocate` answers one container response whatever
+/// it is asked, and allocates an id it never listed.
 pub(super) fn hostdev_device_plugin(env: &Env, _root: &Path) -> Result {
     if !is_root() {
         return Err(Skip("mounts in a mount namespace of its own: run as root".into()).into());
