@@ -55,6 +55,9 @@ wait_for() {
 }
 
 if [ -n "$bin_dir" ]; then
+  for program in etcd kube-apiserver; do
+    [ -x "$bin_dir/$program" ] || fail "--cluster: no $program in $bin_dir"
+  done
   # Logs and the kubeconfig in OUT/cluster; keys and etcd's data in a dir that goes with the run.
   logs=$out/cluster c=$(mktemp -d)
   rm -rf "$logs" && mkdir -p "$logs" && cd "$c" || fail "cannot make $logs or $c"
