@@ -4,7 +4,8 @@
 //!
 //! The image holds the release `kpm` and what it needs at run time, nothing
 //! else (no shell, no package manager): the dynamic loader and the shared
-//! libraries the binary names (`elf.rs`), at their host paths. No CA
+//! libraries the binary names (`elf.rs`), at their host paths, and an empty
+//! `/tmp` for `kpm check`'s temporary kubelet root. No CA
 //! certificates: kube-rs (rustls) trusts, in a pod, only the service
 //! account's `ca.crt`, and with `--kubeconfig` only its
 //! `certificate-authority`; the system roots, which it reads only for a
@@ -73,10 +74,19 @@ pub(crate) fn kpm_image(root: &Path, name: &str) -> Result<Image> {
     crate::cargo(root, &["build", "--release", "--locked", "-p", "kpm-cli"], &[])?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| root.join("target"), |dir| root.join(dir));
-    let mut image = program_image(name, &target.join("release/kpm"), KPM_IN_IMAGE)?;
+    kpm_image_of(name, &target.join("release/kpm"))
+}
+
+/// kpm's image of the kpm binary `kpm` (interop's `check-image` takes
+/// the debug build it has).
+pub(crate) fn kpm_image_of(name: &str, kpm: &Path) -> Result<Image> {
+    let mut image = program_image(name, kpm, KPM_IN_IMAGE)?;
     image.cmd = vec!["run".to_owned()];
     // So that `kubectl exec … -- kpm list` finds it by name.
     image.env = vec!["PATH=/usr/local/bin".to_owned()];
+    // `kpm check` makes its kubelet's root in $TMPDIR or /tmp (a CI job
+    // runs it from this image, with the driver's binary mounted in).
+    image.tmp_dir = true;
     Ok(image)
 }
 
@@ -131,5 +141,16 @@ mod tests {
         );
         assert!(Options::parse(&["--out"]).is_err());
         assert!(Options::parse(&["--tag", "x"]).is_err());
+    }
+
+    #[test]
+    fn kpm_image_runs_kpm_with_a_tmp_dir_for_kpm_check() {
+        // Any ELF binary of the host stands for kpm: this test's own.
+        let binary = std::env::current_exe().unwrap();
+        let image = kpm_image_of("kpm:test", &binary).unwrap();
+        assert_eq!(image.entrypoint, [KPM_IN_IMAGE]);
+        assert_eq!(image.cmd, ["run"]);
+        assert!(image.tmp_dir);
+        assert!(image.files.iter().any(|file| file.path == KPM_IN_IMAGE));
     }
 }

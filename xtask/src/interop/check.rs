@@ -9,19 +9,58 @@ use std::path::Path;
 use super::{Env, NULL_DEVICES, Skip};
 use crate::Result;
 
+/// The CI job's script (`docs/plugin-authors.md`), which every scenario
+/// here runs `kpm check` through, so that the job the docs give stays one
+/// that works.
+const SCRIPT: &str = "ci/kpm-check.sh";
+
 /// generic-device-plugin: registers on `kubelet.sock`, and again only once
 /// its own socket is removed; `squat.ai/null`, three `/dev/null`s.
 pub(super) fn generic_device_plugin(env: &Env, _root: &Path) -> Result {
-    let generic = bin(env, "generic-device-plugin");
-    let device = format!("--device={NULL_DEVICES}");
-    let command = [
-        generic.as_str(),
-        "--plugin-directory={device-plugins}",
-        "--domain=squat.ai",
-        "--listen=127.0.0.1:0",
-        &device,
-    ];
-    run_check(env, "generic-device-plugin", &[], &command, &["10 passed, 0 failed"])
+    check_alone(env, "generic-device-plugin", &generic_command(env), &[GENERIC_TALLY])
+}
+
+/// generic-device-plugin's tally, on the host and in kpm's image.
+const GENERIC_TALLY: &str = "10 passed, 0 failed";
+
+fn generic_command(env: &Env) -> [String; 5] {
+    [
+        bin(env, "generic-device-plugin"),
+        "--plugin-directory={device-plugins}".to_owned(),
+        "--domain=squat.ai".to_owned(),
+        "--listen=127.0.0.1:0".to_owned(),
+        format!("--device={NULL_DEVICES}"),
+    ]
+}
+
+/// The name kpm's image is imported under.
+const IMAGE: &str = "ghcr.io/kpm-rs/kpm:interop";
+
+/// `kpm check` run from kpm's image (the layout `cargo xtask image`
+/// gives, around the kpm built here) by the CI job's script with `ctr`, on
+/// generic-device-plugin (static) mounted in from DIR: the same tally as
+/// on the host. It needs a containerd that `ctr` reaches (its socket in
+/// `CONTAINERD_ADDRESS`), and is skipped, saying why, without one.
+pub(super) fn image(env: &Env, _root: &Path) -> Result {
+    let ctr = |args: &[&str]| std::process::Command::new("ctr").args(args).output();
+    match ctr(&["version"]) {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.lines().last().unwrap_or_default();
+            return Err(Skip(format!("no containerd answers ctr: {said}")).into());
+        }
+        Err(err) => return Err(Skip(format!("no ctr: {err}")).into()),
+    }
+    let image = crate::image::kpm_image_of(IMAGE, &env.kpm)?;
+    let archive = crate::image::write_archive(&image, &env.out.join("check-image.oci.tar"))?;
+    let imported = ctr(&["images", "import", &archive.path.display().to_string()])?;
+    if !imported.status.success() {
+        let said = String::from_utf8_lossy(&imported.stderr);
+        return Err(format!("ctr images import {}: {said}", archive.path.display()).into());
+    }
+    let via = [("KPM_IMAGE", IMAGE), ("KPM_RUNTIME", "ctr")];
+    run_check(env, "image", &[], &via, &[], &generic_command(env), &[GENERIC_TALLY]).map(drop)
 }
 
 /// Kubernetes' e2e sample device plugin, its socket in the registry
@@ -33,10 +72,9 @@ pub(super) fn sample_device_plugin(env: &Env, _root: &Path) -> Result {
          REGISTER_CONTROL_FILE={{root}}/register-control exec {}",
         bin(env, "sample-device-plugin")
     );
-    run_check(
+    check_alone(
         env,
         "sample-device-plugin",
-        &[],
         &["sh", "-c", &command],
         &["11 passed, 1 warned, 0 failed"],
     )
@@ -44,14 +82,34 @@ pub(super) fn sample_device_plugin(env: &Env, _root: &Path) -> Result {
 
 /// node-driver-registrar with hostpathplugin, as one command.
 pub(super) fn node_driver_registrar(env: &Env, _root: &Path) -> Result {
-    let command = format!(
+    let driver = format!(
         "{} --endpoint=unix://{{plugins}}/csi.sock --nodeid=node-1 --drivername=hostpath.csi.k8s.io \
-         --statedir={{root}}/state & exec {} --csi-address={{plugins}}/csi.sock \
-         --kubelet-registration-path={{plugins}}/csi.sock --plugin-registration-path={{registry}}",
+         --statedir={{root}}/state",
         bin(env, "hostpathplugin"),
-        bin(env, "node-driver-registrar"),
     );
-    run_check(env, "node-driver-registrar", &[], &["sh", "-c", &command], &["11 passed, 0 failed"])
+    let command = with_registrar(env, &driver);
+    check_alone(env, "node-driver-registrar", &["sh", "-c", &command], &["11 passed, 0 failed"])
+}
+
+/// kubernetes-csi's NFS driver (`nfs.csi.k8s.io`) with node-driver-registrar;
+/// it needs no NFS server until a volume is published, which the suite does
+/// not do.
+pub(super) fn nfsplugin(env: &Env, _root: &Path) -> Result {
+    let driver = format!("{} -endpoint unix://{{plugins}}/csi.sock -nodeid node-1", bin(env, "nfsplugin"));
+    let command = with_registrar(env, &driver);
+    check_alone(env, "nfsplugin", &["sh", "-c", &command], &["11 passed, 0 failed"])
+}
+
+/// A shell command running a CSI driver's `driver` command (serving
+/// `{plugins}/csi.sock`) in the background and node-driver-registrar in
+/// its place: the suite's SIGTERM and restarts reach the registrar, as a
+/// kubelet's reach the registrar's container, and the driver stays.
+fn with_registrar(env: &Env, driver: &str) -> String {
+    format!(
+        "{driver} & exec {} --csi-address={{plugins}}/csi.sock \
+         --kubelet-registration-path={{plugins}}/csi.sock --plugin-registration-path={{registry}}",
+        bin(env, "node-driver-registrar"),
+    )
 }
 
 /// Intel's GPU device plugin on eight fake DG1 cards made by its own
@@ -80,16 +138,87 @@ pub(super) fn intel_gpu_plugin(env: &Env, root: &Path) -> Result {
         )
         .into());
     }
+    let plugin = format!("{} -prefix {}", bin(env, "intel_gpu_plugin"), root.display());
+    let command = at_kubelet_device_plugins(&plugin);
+    check_alone(env, "intel-gpu-plugin", &command, &["9 passed, 2 warned, 0 failed"])
+}
+
+/// thehonker's fork of k8s-hostdev-plugin (the fork that registers again
+/// when `kubelet.sock` is made anew), on `/dev/null`: 64 devices of
+/// `hostdev.k8s.io/dev_null`. It knows only `/var/lib/kubelet/device-plugins`.
+/// Two warnings: its `Allocate` answers one container response whatever
+/// it is asked, and allocates an id it never listed.
+pub(super) fn hostdev_device_plugin(env: &Env, _root: &Path) -> Result {
+    if !is_root() {
+        return Err(Skip("mounts in a mount namespace of its own: run as root".into()).into());
+    }
+    let plugin = format!("{} --devs /dev/null:rwm", bin(env, "hostdev-device-plugin"));
+    let command = at_kubelet_device_plugins(&plugin);
+    check_alone(env, "hostdev-device-plugin", &command, &["8 passed, 2 warned, 0 failed"])
+}
+
+/// The command running `plugin` (a shell command) in a mount namespace of
+/// its own where the check's device-plugins directory is
+/// `/var/lib/kubelet/device-plugins`, for plugins that know no other: a
+/// tmpfs on `/var/lib` keeps the host's kubelet out of sight.
+fn at_kubelet_device_plugins(plugin: &str) -> [String; 5] {
     let command = format!(
         "mount -t tmpfs tmpfs /var/lib && mkdir -p /var/lib/kubelet/device-plugins && \
          mount --bind \"$KPM_CHECK_DEVICE_PLUGINS\" /var/lib/kubelet/device-plugins && \
-         exec {} -prefix {}",
-        bin(env, "intel_gpu_plugin"),
-        root.display()
+         exec {plugin}"
     );
-    let command = ["unshare", "-m", "sh", "-c", &command];
-    run_check(env, "intel-gpu-plugin", &[], &command, &["9 passed, 2 warned, 0 failed"])
+    ["unshare", "-m", "sh", "-c", &command].map(str::to_owned)
 }
+
+/// cert-manager's CSI driver (`csi.cert-manager.io`: certificates as
+/// ephemeral volumes), node only, with node-driver-registrar. It watches
+/// its `CertificateRequest`s, so the API server gets their CRD (a minimal
+/// one: no controller issues them here). It reads `--data-root` relative
+/// to `/` (csi-lib lists it through `os.DirFS("/")`) and mounts a tmpfs
+/// there at start: `/` is its cwd, and it runs in a mount namespace of
+/// its own.
+pub(super) fn cert_manager_csi_driver(env: &Env, root: &Path) -> Result {
+    if !is_root() {
+        return Err(Skip("mounts in a mount namespace of its own: run as root".into()).into());
+    }
+    let crd = root.join("certificaterequests.yaml");
+    fs::write(&crd, CERTIFICATE_REQUESTS)?;
+    let driver = format!(
+        "cd / && exec {} --kubeconfig {{kubeconfig}} --node-id {{node}} \
+         --endpoint unix://{{plugins}}/csi.sock --data-root \"${{KPM_CHECK_ROOT#/}}/csi-data\"",
+        bin(env, "cert-manager-csi-driver")
+    );
+    let command = with_registrar(env, &driver);
+    let command = ["unshare", "-m", "--propagation", "private", "sh", "-c", &command];
+    let command = command.map(str::to_owned);
+    let expected = ["11 passed, 0 failed"];
+    check_with_cluster(env, "cert-manager-csi-driver", &[&crd], &command, &expected, &[])
+}
+
+/// cert-manager's `CertificateRequest`, as little of its CRD as the CSI
+/// driver's informer needs: the kind served and stored, any fields.
+const CERTIFICATE_REQUESTS: &str = "\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: certificaterequests.cert-manager.io
+spec:
+  group: cert-manager.io
+  names:
+    kind: CertificateRequest
+    listKind: CertificateRequestList
+    plural: certificaterequests
+    singular: certificaterequest
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+";
 
 /// Whether this process runs as root (`Uid:`'s effective id in
 /// `/proc/self/status`).
@@ -165,57 +294,96 @@ fn check_dra(
     passed: usize,
     known: &[&str],
 ) -> Result {
-    let node = "node1";
-    crate::kube_e2e::with_cluster(&env.root, &env.bin_dir, &env.out, name, |admin| {
-        let admin = admin.display().to_string();
-        let options = ["--kubeconfig", &admin, "--node-name", node, "--timeout", "20"];
-        let failed = known.len();
-        let expected = [
-            format!("{passed} passed, {failed} failed"),
-            format!("{} passed, {} failed", passed - 1, failed + 1),
-        ];
-        let expected = expected.each_ref().map(String::as_str);
-        run_check(env, name, &options, &["sh", "-c", command], &expected)?;
-        let report = fs::read_to_string(env.out.join(format!("check-{name}.out")))?;
-        let unknown = report.lines().filter(|line| line.starts_with("FAIL ")).find(|line| {
-            let check = line.trim_start_matches("FAIL ");
-            !check.starts_with("SIGTERM") && !known.iter().any(|known| check.starts_with(known))
-        });
-        match unknown {
-            Some(failed) => Err(format!("kpm check of {name}: {failed}").into()),
-            None => Ok(()),
-        }
-    })
+    let failed = known.len();
+    let expected = [
+        format!("{passed} passed, {failed} failed"),
+        format!("{} passed, {} failed", passed - 1, failed + 1),
+    ];
+    let expected = expected.each_ref().map(String::as_str);
+    let command = ["sh", "-c", command].map(str::to_owned);
+    check_with_cluster(env, name, &[], &command, &expected, known)
+}
+
+/// `kpm check --kubeconfig` of a driver that reads the API server: the
+/// script starts etcd and kube-apiserver from `--bin-dir` with Node
+/// `node1` and the `crds`, and the report must end with one of the
+/// `expected` tallies, with no failure but the `known` ones (and SIGTERM's).
+fn check_with_cluster(
+    env: &Env,
+    name: &str,
+    crds: &[&Path],
+    command: &[String],
+    expected: &[&str],
+    known: &[&str],
+) -> Result {
+    let mut setup = vec!["--cluster".to_owned(), env.bin_dir.display().to_string()];
+    for crd in crds {
+        setup.extend(["--crd".to_owned(), crd.display().to_string()]);
+    }
+    let report = run_check(env, name, &setup, &[], &["--timeout", "20"], command, expected)?;
+    let unknown = report.lines().filter(|line| line.starts_with("FAIL ")).find(|line| {
+        let check = line.trim_start_matches("FAIL ");
+        !check.starts_with("SIGTERM") && !known.iter().any(|known| check.starts_with(known))
+    });
+    match unknown {
+        Some(failed) => Err(format!("kpm check of {name}: {failed}").into()),
+        None => Ok(()),
+    }
+}
+
+/// `kpm check` of a plugin that needs no API server: the report must end
+/// with one of the `expected` tallies.
+fn check_alone<S: AsRef<std::ffi::OsStr>>(
+    env: &Env,
+    name: &str,
+    command: &[S],
+    expected: &[&str],
+) -> Result {
+    run_check(env, name, &[], &[], &[], command, expected).map(drop)
 }
 
 fn bin(env: &Env, name: &str) -> String {
     env.bin_dir.join(name).display().to_string()
 }
 
-/// Runs `kpm check --junit FILE OPTIONS -- COMMAND`, shows and keeps its
-/// report, and fails unless it ends with one of the `expected` tallies
-/// (exit 0 unless a step failed) and the `JUnit` report has a test case per step.
-fn run_check(
+/// Runs `kpm check` on `command` through the CI job's script ([`SCRIPT`],
+/// `--junit`, `options`), its own `setup` options first and `via` in its
+/// environment (kpm's image), so that every
+/// real driver here runs the job the docs give; keeps the script's output
+/// in `target/interop/check-NAME/` and fails unless the report ends with
+/// one of the `expected` tallies (exit 0 unless a step failed) and the
+/// `JUnit` report has a test case per step. Returns the report.
+fn run_check<S: AsRef<std::ffi::OsStr>>(
     env: &Env,
     name: &str,
+    setup: &[String],
+    via: &[(&str, &str)],
     options: &[&str],
-    command: &[&str],
+    command: &[S],
     expected: &[&str],
-) -> Result {
-    let junit = env.out.join(format!("check-{name}.xml"));
-    let out = std::process::Command::new(&env.kpm)
-        .arg("check")
-        .arg("--junit")
-        .arg(&junit)
+) -> Result<String> {
+    let out = env.out.join(format!("check-{name}"));
+    let [etcd, peer, apiserver] = [(); 3].map(|()| kpm_test_support::free_port().to_string());
+    let run = std::process::Command::new(env.root.join(SCRIPT))
+        .env("KPM", &env.kpm)
+        .envs([("ETCD_PORT", etcd), ("ETCD_PEER_PORT", peer), ("APISERVER_PORT", apiserver)])
+        .envs(via.iter().copied())
+        .args(setup)
+        .arg(&out)
         .args(options)
         .arg("--")
         .args(command)
         .output()?;
-    let report = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    // The script's own failures name their step, on its last line.
+    if let Some(failed) = stderr.lines().rev().find(|line| line.contains("kpm-check.sh: ")) {
+        return Err(format!("{SCRIPT} for {name}: {failed}").into());
+    }
+    let report = String::from_utf8_lossy(&run.stdout).into_owned();
     eprintln!("{report}");
-    fs::write(env.out.join(format!("check-{name}.out")), report.as_bytes())?;
     let steps = report.lines().filter(|line| is_step(line)).count();
     let failed = report.lines().filter(|line| line.starts_with("FAIL ")).count();
+    let junit = out.join("kpm-check.xml");
     let xml = fs::read_to_string(&junit).unwrap_or_default();
     let suites = xml.lines().find(|line| line.starts_with("<testsuites ")).unwrap_or_default();
     let cases = format!(r#" tests="{steps}""#);
@@ -229,13 +397,13 @@ fn run_check(
         .into());
     }
     let tally = report.trim_end().lines().last().unwrap_or_default();
-    if out.status.success() == (failed == 0) && expected.contains(&tally) {
-        Ok(())
+    if run.status.success() == (failed == 0) && expected.contains(&tally) {
+        Ok(report)
     } else {
         Err(format!(
             "kpm check of {name}: {} ({}), expected {}",
             report.trim_end(),
-            out.status,
+            run.status,
             expected.join(" or ")
         )
         .into())

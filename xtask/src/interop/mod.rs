@@ -17,7 +17,11 @@
 //! | `check-sample-device-plugin` | `sample-device-plugin` | `kpm check` on a registry socket named `dp.<time>` (a warning: the kubelet takes any name): 11 passed, 1 warned |
 //! | `check-node-driver-registrar` | `node-driver-registrar`, `hostpathplugin` | `kpm check`: the node id on every call and across the driver's restart, topology keys, `GetPluginInfo`'s name, `NodeGetCapabilities`: 11 passed |
 //! | `check-intel-gpu-plugin` | `intel_gpu_plugin`, `intel_gpu_fakedev` | `kpm check` on eight fake cards (as root, in a mount namespace): `GetPreferredAllocation` ignoring `must_include_deviceIDs` and the socket left on SIGTERM warn: 9 passed, 2 warned |
-//! | `check-dra-test-driver` | `dra-test-driver`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` with an API server of its own: the driver's ResourceSlices, a claim allocated from them prepared (CDI ids resolving in valid specs), prepared again, unprepared, an unknown claim unprepared, a claim of another driver, a late prepare, on `v1` and `v1beta1`, a claim prepared again after a reboot; its slices, wiped, not published again (the helper's mutation cache): 22 passed, 1 failed (one more failed when the driver loses its SIGTERM race) |
+//! | `check-cert-manager-csi-driver` | `cert-manager-csi-driver`, `node-driver-registrar`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` on the script's cluster with the `CertificateRequest` CRD (as root, in a mount namespace, from `/` with a relative `--data-root`): the node id, `GetPluginInfo`, `NodeGetCapabilities` (`VOLUME_MOUNT_GROUP`): 11 passed |
+//! | `check-hostdev-device-plugin` | `hostdev-device-plugin` | `kpm check` on 64 `/dev/null`s (as root, in a mount namespace): one response to two container requests and an unknown id allocated warn: 8 passed, 2 warned |
+//! | `check-nfsplugin` | `nfsplugin`, `node-driver-registrar` | `kpm check`: the node id, `GetPluginInfo`, `NodeGetCapabilities`: 11 passed |
+//! | `check-image` | `generic-device-plugin` | `kpm check` from kpm's image (run by `ctr`, with the plugin mounted in) through the same script: 10 passed, as on the host; skipped without a containerd that `ctr` reaches (`CONTAINERD_ADDRESS`) |
+//! | `check-dra-test-driver` | `dra-test-driver`, `kube-apiserver`, `etcd` | `kpm check --kubeconfig` with the script's API server: the driver's ResourceSlices, a claim allocated from them prepared (CDI ids resolving in valid specs), prepared again, unprepared, an unknown claim unprepared, a claim of another driver, a late prepare, on `v1` and `v1beta1`, a claim prepared again after a reboot; its slices, wiped, not published again (the helper's mutation cache): 22 passed, 1 failed (one more failed when the driver loses its SIGTERM race) |
 //! | `check-dra-example-driver` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same on kubernetes-sigs' example GPU driver, whose re-prepare from its checkpoint writes no CDI spec (kubernetes#141433): 21 passed, 2 failed (likewise) |
 //! | `check-dra-example-driver-shared` | `dra-example-kubeletplugin`, `kube-apiserver`, `etcd` | the same with its shareable GPUs (consumable capacity): each claim a share with its share id and `consumedCapacity`, and two claims sharing one GPU kept apart: 23 passed, 2 failed (likewise) |
 //!
@@ -26,8 +30,9 @@
 //! `kpm run`, waiting on `kpm list`); the scenarios are one file per
 //! subject: `csi`, `device`, `dra`, `kubelet` (its plugin manager),
 //! `doctor` (beside the kubelet's managers) and `check` (`kpm check` on
-//! each real plugin, its report ending with the tally `docs/plugin-authors.md`
-//! gives).
+//! each real plugin through the CI job's script, `ci/kpm-check.sh`, with
+//! etcd and kube-apiserver from DIR where the plugin reads the API server;
+//! its report ending with the tally `docs/plugin-authors.md` gives).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -111,6 +116,22 @@ const SCENARIOS: &[Scenario] = &[
         run: check::intel_gpu_plugin,
     },
     Scenario {
+        name: "check-cert-manager-csi-driver",
+        programs: &["cert-manager-csi-driver", "node-driver-registrar", "kube-apiserver", "etcd"],
+        run: check::cert_manager_csi_driver,
+    },
+    Scenario {
+        name: "check-hostdev-device-plugin",
+        programs: &["hostdev-device-plugin"],
+        run: check::hostdev_device_plugin,
+    },
+    Scenario {
+        name: "check-nfsplugin",
+        programs: &["nfsplugin", "node-driver-registrar"],
+        run: check::nfsplugin,
+    },
+    Scenario { name: "check-image", programs: &["generic-device-plugin"], run: check::image },
+    Scenario {
         name: "check-dra-test-driver",
         programs: &["dra-test-driver", "kube-apiserver", "etcd"],
         run: check::dra_test_driver,
@@ -157,7 +178,7 @@ impl std::error::Error for Skip {}
 
 /// The programs and where their logs go.
 struct Env {
-    /// The workspace, for kube-e2e's manifests.
+    /// The workspace, for the CI job's script (`ci/kpm-check.sh`).
     root: PathBuf,
     kpm: PathBuf,
     example_plugin: PathBuf,

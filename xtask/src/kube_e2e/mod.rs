@@ -105,33 +105,6 @@ struct Env {
     out: PathBuf,
 }
 
-/// An API server for a suite other than kube-e2e (interop's `kpm check`
-/// of DRA drivers): etcd and kube-apiserver from `bin_dir`, set up as
-/// kube-e2e's clusters are, with Nodes `node1` and `node2`; `run` gets the
-/// admin's kubeconfig, and the cluster goes when it returns. Logs go to `out`.
-pub(crate) fn with_cluster(
-    root: &Path,
-    bin_dir: &Path,
-    out: &Path,
-    scenario: &'static str,
-    run: impl FnOnce(&Path) -> Result,
-) -> Result {
-    let env = Env {
-        // No kpm runs in it.
-        kpm: PathBuf::new(),
-        example_plugin: PathBuf::new(),
-        apiserver: bin_dir.join("kube-apiserver"),
-        etcd: bin_dir.join("etcd"),
-        dra_test_driver: None,
-        manifest: root.join("deploy/run/daemonset.yaml"),
-        doctor_manifest: root.join("deploy/doctor/daemonset.yaml"),
-        doctor_crd: root.join("deploy/doctor/crd.yaml"),
-        out: out.to_path_buf(),
-    };
-    let cluster = Cluster::start(&env, scenario)?;
-    run(&cluster.kubeconfig("admin-kubeconfig", ADMIN_TOKEN)?)
-}
-
 pub(crate) fn usage() -> String {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     format!(
