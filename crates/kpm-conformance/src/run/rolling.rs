@@ -16,15 +16,25 @@ use std::path::Path;
 use std::time::Duration;
 
 use kpm_api::FileId;
+use tokio::time::Instant;
 
 use super::Run;
 use super::node::{Node, Registrations};
 use super::plugin::{Dirs, Running, evidence};
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
-use crate::wait::wait_for;
+use crate::wait::{POLL, wait_for};
 
 /// The issue a socket shared by two instances is named after.
 const SHARED_SOCKET: &str = "NVIDIA/k8s-device-plugin#1792";
+
+/// How long the devices are watched once the first instance went.
+const AFTER_FIRST: Duration = Duration::from_secs(1);
+
+/// The healthy devices of `resource`, none while no endpoint serves it.
+fn serving_healthy(devices: &kpm::device::DeviceView, resource: &str) -> usize {
+    let status = devices.resource(resource).filter(|status| !status.endpoint.is_empty());
+    status.map_or(0, |status| status.healthy)
+}
 
 /// How long the first instance runs, at least, before the second starts.
 const SINCE_FIRST: Duration = Duration::from_secs(1);
@@ -96,9 +106,33 @@ pub(super) async fn rolling_update(
             evidence(dirs)
         ));
     }
+    // The second instance's first list, before the first goes.
+    let listed =
+        |resource: &Before| serving_healthy(devices, &resource.resource) >= resource.healthy;
+    let _ = wait_for(bound, || before.iter().all(listed).then_some(())).await;
     let (mut findings, endpoints) = taken_over_by(&before, node, dirs);
-    // The first instance stops, as the rollout deletes its pod.
-    if let Err(why) = plugin.terminate(bound).await {
+    // The first instance stops, as the rollout deletes its pod. The
+    // devices are watched from its SIGTERM until a while after it went: a
+    // drop the second instance then makes good is a drop still (pods
+    // admitted meanwhile fail).
+    let mut lowest: Vec<usize> = before.iter().map(|resource| resource.healthy).collect();
+    let record = |lowest: &mut Vec<usize>| {
+        for (resource, lowest) in before.iter().zip(lowest.iter_mut()) {
+            *lowest = (*lowest).min(serving_healthy(devices, &resource.resource));
+        }
+    };
+    let terminated = {
+        let terminating = plugin.terminate(bound);
+        tokio::pin!(terminating);
+        loop {
+            record(&mut lowest);
+            tokio::select! {
+                terminated = &mut terminating => break terminated,
+                () = tokio::time::sleep(POLL) => {}
+            }
+        }
+    };
+    if let Err(why) = terminated {
         findings.add(Mark::Warn, format!("the first instance: {why}"));
         plugin.kill().await;
     }
@@ -106,7 +140,13 @@ pub(super) async fn rolling_update(
     // still has registered is there.
     let settled = || node.registered(dirs).sockets.iter().all(|socket| socket.path.exists());
     let _ = wait_for(bound, || settled().then_some(())).await;
-    kept(&endpoints, node, dirs, &mut findings);
+    let watched = Instant::now() + AFTER_FIRST;
+    while Instant::now() < watched {
+        record(&mut lowest);
+        tokio::time::sleep(POLL).await;
+    }
+    record(&mut lowest);
+    kept(&endpoints, &lowest, node, dirs, &mut findings);
     // The second instance is the plugin from now on.
     std::mem::swap(plugin, &mut second);
     second.kill().await;
@@ -154,18 +194,25 @@ fn taken_over_by<'a>(before: &'a [Before], node: &Node, dirs: &Dirs) -> (Evidenc
 
 /// Each resource's devices once the first instance stopped, served by
 /// the second from `endpoints`.
-fn kept(endpoints: &Serving<'_>, node: &Node, dirs: &Dirs, findings: &mut Evidence) {
+/// with `lowest` the fewest healthy devices each had meanwhile.
+fn kept(
+    endpoints: &Serving<'_>,
+    lowest: &[usize],
+    node: &Node,
+    dirs: &Dirs,
+    findings: &mut Evidence,
+) {
     let devices = node.handle.devices();
-    for (resource, endpoint, file) in endpoints {
+    for ((resource, endpoint, file), lowest) in endpoints.iter().zip(lowest) {
         let about = Subject::Resource(resource.resource.clone());
-        let now = devices.resource(&resource.resource);
-        let (serving, healthy) = now.map_or((String::new(), 0), |now| (now.endpoint, now.healthy));
-        if serving.is_empty() || healthy < resource.healthy {
+        let healthy = serving_healthy(devices, &resource.resource);
+        if *lowest < resource.healthy {
             findings
                 .add(
                     Mark::Fail,
                     format!(
-                        "{}: {healthy} healthy once the first instance stopped, {} before: the \
+                        "{}: {lowest} healthy at the fewest, from the second instance's list \
+                         to a second after the first stopped ({healthy} now), {} before: the \
                          node's allocatable drops during every rollout (kubernetes#121994)",
                         resource.resource, resource.healthy
                     ),
