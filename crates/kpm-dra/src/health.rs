@@ -88,7 +88,7 @@ pub(crate) struct Report {
 /// 0 and negative values and multiplies any other by a second with no
 /// bound (Go's `Duration` wraps past 292 years); kpm bounds it by
 /// [`MAX_CONFIG_DURATION`], so that a deadline can always be computed.
-fn health_timeout(seconds: i64) -> Duration {
+pub fn health_timeout(seconds: i64) -> Duration {
     match u64::try_from(seconds) {
         Ok(0) | Err(_) => DEFAULT_HEALTH_TIMEOUT,
         Ok(seconds) => Duration::from_secs(seconds).min(MAX_CONFIG_DURATION),

@@ -155,7 +155,7 @@ mod view;
 
 pub use cleanup::{InMemoryCleanup, SliceCleanup};
 pub use error::{DraConfigError, DraError};
-pub use health::{DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus};
+pub use health::{DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus, health_timeout};
 pub use manager::{
     DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DraConfig, DraDriverStatus, DraEndpointReport,
     DraInstanceStatus, DraManager,

@@ -140,6 +140,7 @@ pub mod dra {
         DEFAULT_CALL_TIMEOUT, DEFAULT_CLEANUP_GRACE, DEFAULT_HEALTH_TIMEOUT, DeviceHealthStatus,
         DraConfig, DraConfigError, DraDriverStatus, DraEndpointReport, DraError, DraInstanceStatus,
         DraManager, DraService, DraView, HealthService, InMemoryCleanup, SliceCleanup,
+        health_timeout,
     };
 }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use kpm::dra::{DEFAULT_HEALTH_TIMEOUT, HealthService};
+use kpm::dra::{DEFAULT_HEALTH_TIMEOUT, HealthService, health_timeout};
 use kpm_api::dra_health::{v1, v1alpha1};
 use tokio::time::Instant;
 use tonic::Streaming;
@@ -147,7 +147,7 @@ async fn open(endpoint: &str, service: HealthService, bound: Duration) -> Result
     match opened.await {
         Err(_) => Err(format!("did not answer NodeWatchResources within {bound:?}")),
         Ok(Err(status)) => {
-            Err(format!("answered NodeWatchResources with {status}", status = status_text(&status)))
+            Err(format!("answered NodeWatchResources with {}", status_text(&status)))
         }
         Ok(Ok(messages)) => Ok(messages),
     }
@@ -170,10 +170,7 @@ fn by_id(devices: Vec<v1::DeviceHealth>) -> BTreeMap<DeviceId, Last> {
         .into_iter()
         .map(|health| {
             let id = health.device.unwrap_or_default();
-            let timeout = u64::try_from(health.health_check_timeout_seconds)
-                .ok()
-                .filter(|seconds| *seconds > 0)
-                .map_or(DEFAULT_HEALTH_TIMEOUT, Duration::from_secs);
+            let timeout = health_timeout(health.health_check_timeout_seconds);
             ((id.pool_name, id.device_name), Last { health: health.health, timeout })
         })
         .collect()

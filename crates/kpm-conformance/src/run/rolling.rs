@@ -27,6 +27,8 @@ use crate::wait::{POLL, wait_for};
 /// The issue a socket shared by two instances is named after.
 const SHARED_SOCKET: &str = "NVIDIA/k8s-device-plugin#1792";
 
+/// How long the first instance runs, at least, before the second starts.
+const SINCE_FIRST: Duration = Duration::from_secs(1);
 /// How long the devices are watched once the first instance went.
 const AFTER_FIRST: Duration = Duration::from_secs(1);
 
@@ -35,9 +37,6 @@ fn serving_healthy(devices: &kpm::device::DeviceView, resource: &str) -> usize {
     let status = devices.resource(resource).filter(|status| !status.endpoint.is_empty());
     status.map_or(0, |status| status.healthy)
 }
-
-/// How long the first instance runs, at least, before the second starts.
-const SINCE_FIRST: Duration = Duration::from_secs(1);
 
 /// A resource just before the rollout.
 struct Before {
@@ -48,7 +47,7 @@ struct Before {
 }
 
 fn file_id(path: &str) -> Option<FileId> {
-    std::fs::symlink_metadata(Path::new(path)).ok().map(|meta| FileId::of(&meta))
+    kpm::transport::file_id_at(Path::new(path))
 }
 
 /// The rolling update of the device plugins of `registered`; `plugin` is
@@ -87,11 +86,12 @@ pub(super) async fn rolling_update(
         Err(err) => return Outcome::failed(err.to_string()),
     };
     // Taken over: each resource's endpoint is another socket, or a socket
-    // made anew where the first one was.
+    // made anew where the first one was (not only the first's removed).
     let taken_over = |resource: &Before| {
         devices.resource(&resource.resource).is_some_and(|now| {
+            let file = file_id(&now.endpoint);
             !now.endpoint.is_empty()
-                && (now.endpoint != resource.endpoint || file_id(&now.endpoint) != resource.file)
+                && (now.endpoint != resource.endpoint || (file.is_some() && file != resource.file))
         })
     };
     if wait_for(bound, || before.iter().all(taken_over).then_some(())).await.is_none() {
