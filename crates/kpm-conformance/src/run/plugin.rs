@@ -159,7 +159,8 @@ impl Running {
                 }
                 let _ = child.wait().await;
             }
-            // A task it already ended was awaited there: not again.
+            // A finished task was awaited by `terminate`, or has nothing to
+            // reap: a JoinHandle is not polled after it completed.
             Self::InProcess { task, .. } if !task.is_finished() => {
                 task.abort();
                 let _ = task.await;
