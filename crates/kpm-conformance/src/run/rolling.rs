@@ -61,10 +61,19 @@ pub(super) async fn rolling_update(
     let Run { plugin_of, dirs, settings, .. } = *run;
     let bound = settings.bound;
     let devices = node.handle.devices();
-    let before: Vec<Before> = registered
-        .device_endpoints()
+    let resources: Vec<String> =
+        registered.device_endpoints().into_iter().map(|(resource, _)| resource).collect();
+    // The running instance serves: its endpoint answers, as a socket an
+    // instance before it left behind does not.
+    let live = |resource: &String| {
+        devices
+            .resource(resource)
+            .is_some_and(|status| std::os::unix::net::UnixStream::connect(&status.endpoint).is_ok())
+    };
+    let _ = wait_for(bound, || resources.iter().all(live).then_some(())).await;
+    let before: Vec<Before> = resources
         .into_iter()
-        .filter_map(|(resource, _)| {
+        .filter_map(|resource| {
             let status = devices.resource(&resource)?;
             let file = file_id(&status.endpoint);
             Some(Before { resource, endpoint: status.endpoint, file, healthy: status.healthy })
