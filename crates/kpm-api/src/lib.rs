@@ -29,7 +29,8 @@
 //! must be to become the Node's labels),
 //! [`config`] (the bounds on configured durations), [`backoff`] (kpm's one
 //! exponential backoff, validated where it is made), [`FileId`] (the
-//! identity of a socket file, built from metadata the caller read) and, with
+//! identity of a socket file, built from metadata the caller read),
+//! [`endpoint_path`] (the socket path of an endpoint a plugin advertises) and, with
 //! feature `serde`, `json` (how the status types write times in JSON).
 //!
 //! Nothing here does IO, and the crate depends on neither tokio, hyper nor
@@ -42,6 +43,7 @@
 pub mod backoff;
 pub mod config;
 pub mod constants;
+mod endpoint;
 mod file_id;
 pub mod gotext;
 #[cfg(feature = "serde")]
@@ -50,6 +52,7 @@ mod kind;
 mod resource_name;
 
 pub use constants::{CSI_PLUGIN, DEVICE_PLUGIN, DRA_PLUGIN};
+pub use endpoint::endpoint_path;
 pub use file_id::FileId;
 pub use kind::{ApiObject, PluginKind};
 pub use resource_name::{

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::Generation;
@@ -44,19 +44,18 @@ impl PluginDetails {
     }
 }
 
-/// Where a plugin serves its service, and who said so. The two are in
-/// different views of the file system: an advertised endpoint is the
-/// host's, the registration socket is this process's, so only the first
-/// is moved when this process sees the host under another root.
+/// Where a plugin serves its service, and who said so: both paths on the
+/// host, as the kubelet names them (a process that sees the host under
+/// another root opens them there, `kpm_transport::HostRoot`, and names them
+/// as here). Read through its methods, one rule each: [`target`](Self::target)
+/// as handlers are given it, [`socket_path`](Self::socket_path) to dial.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PluginEndpoint {
     /// The endpoint the plugin advertised in `GetInfo`, as it sent it: a
-    /// path on the host, or a gRPC target (`unix:///csi/csi.sock`). Only a
-    /// handler wrapper for a process that sees the host's `/` elsewhere
-    /// (the facade's host root) moves it, for the handler it wraps.
+    /// path on the host, or a gRPC target (`unix:///csi/csi.sock`).
     Advertised(String),
     /// The plugin advertised none, so it is served on its registration
-    /// socket (the kubelet's rule): the path as this process reaches it.
+    /// socket (the kubelet's rule).
     RegistrationSocket(PathBuf),
 }
 
@@ -68,6 +67,16 @@ impl PluginEndpoint {
         match self {
             Self::Advertised(endpoint) => Cow::Borrowed(endpoint),
             Self::RegistrationSocket(socket) => socket.to_string_lossy(),
+        }
+    }
+
+    /// The socket the plugin is served on, as the kubelet dials it: the
+    /// advertised endpoint as a path ([`kpm_api::endpoint_path`]: a
+    /// `unix://` target's path), else the registration socket.
+    pub fn socket_path(&self) -> &Path {
+        match self {
+            Self::Advertised(endpoint) => kpm_api::endpoint_path(endpoint),
+            Self::RegistrationSocket(socket) => socket,
         }
     }
 }

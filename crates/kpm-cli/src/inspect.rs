@@ -51,7 +51,8 @@ pub(crate) fn kubelet(
     timeout: Duration,
     get_info: Duration,
 ) -> Result<Kubelet, CliError> {
-    Ok(crate::run::kubelet(root_dir, disabled).inspect_only(timeout, get_info).build()?)
+    let host = kpm::transport::HostRoot::default();
+    Ok(crate::run::kubelet(root_dir, disabled).inspect_only(timeout, get_info, host).build()?)
 }
 
 /// One step of an inspection as a report shows it.

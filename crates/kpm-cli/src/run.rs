@@ -219,9 +219,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
 /// The kubelet of `kpm run` and `kpm probe`: the kubelet's handlers, but
 /// for the `disabled` kinds, on `root_dir`.
 pub(crate) fn kubelet(root_dir: &Path, disabled: &[PluginKind]) -> KubeletBuilder {
-    disabled
-        .iter()
-        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
+    Kubelet::builder().root_dir(root_dir).disable_all(disabled.iter().copied())
 }
 
 /// The Kubernetes publishers, if there is an API server to publish to.

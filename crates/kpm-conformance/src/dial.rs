@@ -8,7 +8,7 @@ use tonic::transport::Channel;
 /// A channel to the plugin at `endpoint` (a `unix://` prefix stripped),
 /// within `bound`; `Err` says what failed.
 pub(crate) async fn dial(endpoint: &str, bound: Duration) -> Result<Channel, String> {
-    let socket = kpm::transport::endpoint_path(endpoint);
+    let socket = kpm::api::endpoint_path(endpoint);
     let dialed = Dialer::new(fd::budget().clone(), bound).grpc(socket).await;
     dialed
         .map(|dialed| dialed.channel)

@@ -1,41 +1,35 @@
 //! The CSI client the handler needs: `csi.v1.Node/NodeGetInfo` over a fresh
 //! connection to the driver's Unix socket (spec A.7).
 
-use std::path::Path;
 use std::time::Duration;
 
 use kpm_api::csi::v1::NodeGetInfoRequest;
 use kpm_api::csi::v1::node_client::NodeClient;
-use kpm_transport::fd::FdBudget;
-use kpm_transport::{Dialer, TimedCallError};
+use kpm_transport::{Dialer, Reach, TimedCallError};
 use tokio::time::Instant;
 use tracing::debug;
 
 use crate::error::CsiError;
 use crate::store::DriverNodeInfo;
 
-/// The socket path of a CSI endpoint: the kubelet dials it as a raw path,
-/// and a `unix://` or `unix:` prefix (a gRPC target, as some drivers report
-/// it) is stripped ([`kpm_transport::endpoint_path`]).
-pub fn socket_path(endpoint: &str) -> &Path {
-    kpm_transport::endpoint_path(endpoint)
-}
-
 /// Calls `csi.v1.Node/NodeGetInfo` on the driver at `endpoint` over a new
 /// connection, closed afterwards. Dialing and the call together get at most
 /// `timeout`; the remaining time is also sent as the call's gRPC deadline.
 /// No retries: the caller's backoff decides when to try again. The
-/// connection holds a permit of `budget`.
+/// connection holds a permit of the budget of `reach`. `endpoint` is a
+/// path on the host or a `unix://` target
+/// ([`endpoint_path`](kpm_api::endpoint_path)), and errors name it so.
 pub async fn node_get_info(
     endpoint: &str,
     timeout: Duration,
-    budget: &FdBudget,
+    reach: impl Into<Reach>,
 ) -> Result<DriverNodeInfo, CsiError> {
+    let reach = reach.into();
     debug!(endpoint, "calling NodeGetInfo");
     let started = Instant::now();
     let call = async {
-        let dialed = Dialer::new(budget.clone(), timeout)
-            .grpc(socket_path(endpoint))
+        let dialed = Dialer::new(reach, timeout)
+            .grpc(kpm_api::endpoint_path(endpoint))
             .await
             .map_err(|source| CsiError::Dial { endpoint: endpoint.to_owned(), source })?;
         let left = timeout.saturating_sub(started.elapsed());
@@ -61,17 +55,4 @@ pub async fn node_get_info(
             .map(|topology| topology.segments.into_iter().collect())
             .unwrap_or_default(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unix_target_prefixes_are_stripped_from_endpoints() {
-        assert_eq!(socket_path("/csi/csi.sock"), Path::new("/csi/csi.sock"));
-        assert_eq!(socket_path("unix:///csi/csi.sock"), Path::new("/csi/csi.sock"));
-        assert_eq!(socket_path("unix:/csi/csi.sock"), Path::new("/csi/csi.sock"));
-        assert_eq!(socket_path("relative.sock"), Path::new("relative.sock"));
-    }
 }

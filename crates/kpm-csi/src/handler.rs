@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use kpm_cache::{HandlerError, PluginDetails, PluginHandler, ServiceReport};
-use kpm_transport::fd::FdBudget;
+use kpm_transport::Reach;
 use tokio::sync::OwnedMutexGuard;
 use tracing::{debug, info, warn};
 
@@ -27,30 +27,32 @@ pub struct CsiHandler {
     config: CsiConfig,
     drivers: Arc<CsiDrivers>,
     locks: Arc<NameLocks>,
-    budget: FdBudget,
+    reach: Reach,
     updater: Arc<Updater>,
 }
 
 impl CsiHandler {
     /// A handler with an empty drivers store that publishes node info to
-    /// `sink` and calls `NodeGetInfo` with permits of `budget`. `config` is
-    /// checked here, once ([`CsiConfig::validate`]).
+    /// `sink` and calls `NodeGetInfo` with permits of the budget of `reach`
+    /// (an [`FdBudget`](kpm_transport::fd::FdBudget) alone: on the host
+    /// itself). `config` is checked here, once ([`CsiConfig::validate`]).
     pub fn try_new(
         sink: Arc<dyn NodeInfoSink>,
         config: CsiConfig,
-        budget: FdBudget,
+        reach: impl Into<Reach>,
     ) -> Result<Self, CsiError> {
         config.validate()?;
+        let reach = reach.into();
         let drivers = Arc::<CsiDrivers>::default();
         let locks = Arc::<NameLocks>::default();
         let updater = Arc::new(Updater::new(
             Arc::clone(&sink),
             Arc::clone(&drivers),
             Arc::clone(&locks),
-            budget.clone(),
+            reach.clone(),
             config.clone(),
         ));
-        Ok(Self { sink, config, drivers, locks, budget, updater })
+        Ok(Self { sink, config, drivers, locks, reach, updater })
     }
 
     /// Where the cluster's allocatable update periods (CSIDriver
@@ -201,8 +203,9 @@ impl CsiHandler {
 
     /// NodeGetInfo, refused without a node id.
     async fn node_info(&self, endpoint: &str) -> Result<DriverNodeInfo, CsiError> {
-        let node = client::node_get_info(endpoint, self.config.node_get_info_timeout, &self.budget)
-            .await?;
+        let node =
+            client::node_get_info(endpoint, self.config.node_get_info_timeout, self.reach.clone())
+                .await?;
         if node.node_id.is_empty() {
             return Err(CsiError::EmptyNodeId);
         }

@@ -61,7 +61,7 @@
 //!   removes the driver from the store and the node info.
 //! - **Endpoints may be gRPC targets.** The kubelet dials the endpoint as a
 //!   raw path; a `unix://` or `unix:` prefix is stripped first (see
-//!   [`socket_path`]).
+//!   [`kpm_api::endpoint_path`]).
 //! - **No API round trips here.** The in-memory sink has no retry and
 //!   backoff, so its errors are the bare step errors (for example the
 //!   topology collision) rather than wrapped in `error updating Node object
@@ -85,7 +85,7 @@ mod store;
 mod version;
 mod version_rules;
 
-pub use client::{node_get_info, socket_path};
+pub use client::node_get_info;
 pub use config::{CsiConfig, DEFAULT_NODE_GET_INFO_TIMEOUT};
 pub use error::{BoxError, CsiError, NodeInfoError};
 pub use handler::CsiHandler;

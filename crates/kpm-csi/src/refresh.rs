@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use kpm_api::constants::MAX_CONFIG_DURATION;
-use kpm_transport::fd::FdBudget;
+use kpm_transport::Reach;
 use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, MissedTickBehavior};
@@ -80,7 +80,7 @@ pub(crate) struct Updater {
     sink: Arc<dyn NodeInfoSink>,
     drivers: Arc<CsiDrivers>,
     locks: Arc<NameLocks>,
-    budget: FdBudget,
+    reach: Reach,
     config: CsiConfig,
     state: Mutex<State>,
 }
@@ -110,10 +110,10 @@ impl Updater {
         sink: Arc<dyn NodeInfoSink>,
         drivers: Arc<CsiDrivers>,
         locks: Arc<NameLocks>,
-        budget: FdBudget,
+        reach: Reach,
         config: CsiConfig,
     ) -> Self {
-        Self { sink, drivers, locks, budget, config, state: Mutex::default() }
+        Self { sink, drivers, locks, reach, config, state: Mutex::default() }
     }
 
     /// Makes `driver`'s refresh match the store and the periods: running
@@ -206,7 +206,7 @@ impl Updater {
     async fn refresh(&self, driver: &str, endpoint: &str) -> Result<(), CsiError> {
         // Outside the lock: a slow driver must not hold up its registrations.
         let reported =
-            client::node_get_info(endpoint, self.config.node_get_info_timeout, &self.budget)
+            client::node_get_info(endpoint, self.config.node_get_info_timeout, self.reach.clone())
                 .await?;
         let _lock = self.locks.lock(driver).await;
         let Some(known) = self

@@ -37,7 +37,7 @@ pub struct CsiDriver {
     /// The driver name, as the plugin reported it.
     pub name: String,
     /// The driver's CSI endpoint as the plugin reported it (a Unix socket
-    /// path, possibly with a `unix://` prefix; see [`socket_path`](crate::socket_path)).
+    /// path, possibly with a `unix://` prefix; see [`kpm_api::endpoint_path`]).
     pub endpoint: String,
     /// The highest supported version among those the plugin reported.
     pub version: Version,

@@ -71,8 +71,9 @@ impl DeviceManager {
                 source => DeviceError::BindKubeletSocket { path: path.clone(), source },
             })?;
         remove_plugin_sockets(&dir, &path);
-        let incoming =
-            incoming.handshake_timeout(self.config().handshake_timeout).budget(self.budget.clone());
+        let incoming = incoming
+            .handshake_timeout(self.config().handshake_timeout)
+            .budget(self.reach.budget().clone());
         let service = RegistrationService { manager: Arc::clone(self), dir };
         let (stop, stopped) = oneshot::channel::<()>();
         let socket = path.clone();

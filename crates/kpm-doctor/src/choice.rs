@@ -6,9 +6,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use kpm::{ExecutorConfig, Kubelet, PluginKind};
+use kpm::{ExecutorConfig, Kubelet};
 
 use crate::host::{self, View};
 use crate::kubelets::{KubeletProcess, NodeNameFrom, ReadThrough};
@@ -41,22 +40,20 @@ pub(crate) struct Choice {
 impl Judged {
     /// The referee for `choice`.
     pub(crate) fn new(config: &DoctorConfig, choice: Choice) -> Result<Self, DoctorError> {
-        // The referee reads the root where this process sees it as
-        // the kubelet does, and reaches the endpoints plugins advertise
-        // (paths as the kubelet sees them) under the same prefix.
-        let seen = choice.view.path(&choice.root_dir);
+        // The kubelet `kpm run --root-dir` would run with the disabled kinds
+        // off, given the kubelet's paths, which it opens, and the endpoints
+        // plugins advertise, where this process sees the kubelet's files.
         let get_info = ExecutorConfig::default().get_info_timeout;
-        let referee = referee(
-            seen.as_ref(),
-            &config.disabled,
-            config.timeout,
-            get_info,
-            Some(choice.view.root()),
-        )
-        .map_err(|source| DoctorError::BuildReferee {
-            root: choice.root_dir.clone(),
-            source: Box::new(source),
-        })?;
+        let host = choice.view.host_root().clone();
+        let referee = Kubelet::builder()
+            .root_dir(&choice.root_dir)
+            .disable_all(config.disabled.iter().copied())
+            .inspect_only(config.timeout, get_info, host)
+            .build()
+            .map_err(|source| DoctorError::BuildReferee {
+                root: choice.root_dir.clone(),
+                source: Box::new(source),
+            })?;
         Ok(Self { choice, referee: Arc::new(referee) })
     }
 }
@@ -181,28 +178,6 @@ pub(crate) fn cannot_list_registry(
             .to_owned(),
     };
     Blind { why, hint }
-}
-
-/// The referee: the kubelet `kpm run --root-dir root_dir` would run with
-/// `disabled` off, only inspecting ([`KubeletBuilder::inspect_only`](kpm::KubeletBuilder::inspect_only)):
-/// `GetInfo` bounded by `get_info`, every other call by `timeout`; under
-/// `host_root` (where this process sees the host's `/`), the endpoints
-/// plugins advertise are reached there.
-pub(crate) fn referee(
-    root_dir: &Path,
-    disabled: &[PluginKind],
-    timeout: Duration,
-    get_info: Duration,
-    host_root: Option<&Path>,
-) -> Result<Kubelet, kpm::Error> {
-    let mut builder = disabled
-        .iter()
-        .fold(Kubelet::builder().root_dir(root_dir), |builder, kind| builder.disable(*kind))
-        .inspect_only(timeout, get_info);
-    if let Some(host_root) = host_root {
-        builder = builder.host_root(host_root);
-    }
-    builder.build()
 }
 
 #[cfg(test)]

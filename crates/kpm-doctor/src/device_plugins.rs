@@ -11,43 +11,41 @@ use std::time::Duration;
 use kpm::Kubelet;
 
 use crate::checkpoint::{self, Resource};
-use crate::host::{Host, Seen, View};
+use crate::host::{Host, Seen};
 use kpm_report::Verdict;
 
+use crate::found::Found;
 use crate::judge::{Row, quietly};
 
 /// The sockets of `root`'s `device-plugins/` but `kubelet.sock` and the
-/// endpoints of registry plugins already judged: device plugins that
+/// endpoints of registry plugins already `found`: device plugins that
 /// registered through `kubelet.sock`, inspected as the device manager
-/// would connect to them, and named by the kubelet's checkpoint, which is
-/// returned too (read once a pass: it also says what the kubelet kept
-/// across its restart). `root` is read in `view`, the kubelet's, whose
-/// prefix the inspections' words are cleared of; each inspection is bounded
-/// by `bound`.
+/// would connect to them, named by the kubelet's checkpoint and added to
+/// `found`; the checkpoint is returned (read once a pass: it also says what the kubelet kept
+/// across its restart). Each inspection is bounded by `bound`.
 pub(crate) async fn judge(
     referee: &Kubelet,
     host: &Host,
-    view: &View,
     root: &Seen,
-    judged: &[Row],
     bound: Duration,
-    unseen: &mut Vec<String>,
-) -> (Vec<Row>, Result<Option<checkpoint::Checkpoint>, String>) {
+    found: &mut Found,
+) -> Result<Option<checkpoint::Checkpoint>, String> {
     let dir = &root.join(kpm::api::DEVICE_PLUGINS_DIR_NAME);
     let checkpoint = checkpoint::read(dir);
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => return (Vec::new(), checkpoint),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return checkpoint,
         Err(err) => {
-            unseen.push(format!("{}: cannot be listed: {err}", dir.on_host().display()));
-            return (Vec::new(), checkpoint);
+            found.unseen.push(format!("{}: cannot be listed: {err}", dir.on_host().display()));
+            return checkpoint;
         }
     };
     // The endpoints advertised, paths on the host as the rows are.
-    let endpoints: BTreeSet<&Path> = judged
+    let endpoints: BTreeSet<&Path> = found
+        .plugins
         .iter()
         .filter_map(|row| row.endpoint.as_deref())
-        .map(kpm::transport::endpoint_path)
+        .map(kpm::api::endpoint_path)
         .collect();
     let sockets = entries.filter_map(Result::ok).filter(|entry| {
         entry.file_type().is_ok_and(|kind| std::os::unix::fs::FileTypeExt::is_socket(&kind))
@@ -60,7 +58,7 @@ pub(crate) async fn judge(
         let path = socket.on_host().to_path_buf();
         let inspection = quietly(async move {
             let name = entry.file_name().to_string_lossy().into_owned();
-            devices.inspect_endpoint(&name, socket.as_ref()).await
+            devices.inspect_endpoint(&name, socket.on_host()).await
         });
         (path, inspection)
     });
@@ -75,8 +73,7 @@ pub(crate) async fn judge(
         };
         let row = match inspected {
             Ok(report) => {
-                let reason = view.as_on_host(&report.to_string());
-                let mut row = Row::new(Verdict::Ok, &path, "device-plugins", reason);
+                let mut row = Row::new(Verdict::Ok, &path, "device-plugins", report.to_string());
                 row.served_by = report.server_pid.map(|pid| host.process(pid));
                 row.service = Some(Box::new(report));
                 row
@@ -85,18 +82,15 @@ pub(crate) async fn judge(
                 Verdict::Stale,
                 &path,
                 "device-plugins",
-                view.as_on_host(&inspect_reason(&source)),
+                inspect_reason(&source),
             )
             .hint(
                 "nothing listens on it: a device plugin that is gone left it; it no longer counts",
             ),
-            Err(err) => Row::new(
-                Verdict::ServiceFailing,
-                &path,
-                "device-plugins",
-                view.as_on_host(&inspect_reason(&err)),
-            )
-            .hint("the device plugin's service fails: see its logs"),
+            Err(err) => {
+                Row::new(Verdict::ServiceFailing, &path, "device-plugins", inspect_reason(&err))
+                    .hint("the device plugin's service fails: see its logs")
+            }
         };
         let mut row = row;
         row.kind = Some(kpm::PluginKind::Device);
@@ -110,15 +104,16 @@ pub(crate) async fn judge(
                     held_by_kubelet(row, &checkpoint.registered);
                 }
             }
-            Ok(None) => unseen.push(format!(
+            Ok(None) => found.unseen.push(format!(
                 "{}: missing (no kubelet's device manager wrote it); the resources of the \
                  device plugins there are not named",
                 dir.on_host().join(checkpoint::FILE_NAME).display()
             )),
-            Err(err) => unseen.push(err.clone()),
+            Err(err) => found.unseen.push(err.clone()),
         }
     }
-    (rows, checkpoint)
+    found.plugins.extend(rows);
+    checkpoint
 }
 
 /// The fix when the kubelet's device manager, or the Node it updates, holds

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use kpm::transport::HostRoot;
 use serde::Serialize;
 
 /// The kubelet's root directory when it is given none.
@@ -22,9 +23,9 @@ pub(crate) const DEFAULT_ROOT: &str = kpm::api::DEFAULT_ROOT_DIR;
 /// [`Seen`], which cannot be shown). The host's own view is
 /// [`Host::view`]; a running kubelet's is where its files are as it sees
 /// them ([`KubeletProcess::view`](crate::KubeletProcess::view): `<host-root>/proc/PID/root` when it runs
-/// in a mount namespace of its own). What the referee reads it is
-/// given as [`Seen`] paths too, and its words come back through
-/// `View::as_on_host`, the one place they are mapped.
+/// in a mount namespace of its own). The referee is given a view's
+/// [`HostRoot`] and the host's paths, so that its words name those paths
+/// as they are: no text is ever mapped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Host {
     view: View,
@@ -33,7 +34,7 @@ pub struct Host {
 impl Default for Host {
     /// The host's own view: nothing moved.
     fn default() -> Self {
-        Self { view: View { root: PathBuf::from("/") } }
+        Self { view: View { root: HostRoot::default() } }
     }
 }
 
@@ -43,7 +44,7 @@ impl Default for Host {
 /// (the host's, for a kubelet), never with the prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct View {
-    root: PathBuf,
+    root: HostRoot,
 }
 
 /// A path on the host and where this process reads it, made by
@@ -89,85 +90,42 @@ impl AsRef<Path> for Seen {
 impl View {
     /// The file system whose `/` this process reads at `root`.
     pub(crate) fn at(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self { root: HostRoot::at(root) }
     }
 
     /// Where this view's `/` is in this process: the prefix paths are read
-    /// under (the referee's `host_root`).
+    /// under.
     pub fn root(&self) -> &Path {
+        self.root.dir()
+    }
+
+    /// The prefix as the transport takes it: the referee's and every
+    /// dialer's, which open the host's paths under it.
+    pub(crate) fn host_root(&self) -> &HostRoot {
         &self.root
     }
 
     /// Whether paths are read under a prefix.
     fn is_prefixed(&self) -> bool {
-        self.root.as_os_str() != "/"
+        self.root != HostRoot::default()
     }
 
     /// `on_host`, a path of this view, and where this process reads it.
     pub fn path(&self, on_host: &Path) -> Seen {
-        let read_at = match on_host.strip_prefix("/") {
-            Ok(relative) if self.is_prefixed() => self.root.join(relative),
-            _ => on_host.to_path_buf(),
-        };
+        let read_at = self.root.reach(on_host).into_owned();
         Seen { on_host: on_host.to_path_buf(), read_at }
-    }
-
-    /// `text`, words of the referee (an error, an endpoint, a
-    /// service's report), with every path it names under the prefix named
-    /// as on the host. That kubelet is given [`Seen`] paths to read and its
-    /// messages name what it read (`dial /host/var/lib/kubelet/…`,
-    /// `dial /proc/42/root/var/lib/kubelet/…`); the doctor cannot type
-    /// another crate's words, so they are mapped here, where they come
-    /// back, and nowhere else. A path starts the text or follows a space, a
-    /// quote, a bracket, `=`, `:`, `,` or `/` (`unix:///host/…`).
-    pub(crate) fn as_on_host(&self, text: &str) -> String {
-        let root = self.root.to_string_lossy();
-        let root = root.trim_end_matches('/');
-        if !self.is_prefixed() || root.is_empty() {
-            return text.to_owned();
-        }
-        let starts_path = |before: &str| {
-            before.chars().next_back().is_none_or(|c| c.is_whitespace() || "\"'([<{=:,".contains(c))
-                // `unix:///host/…`: the scheme's slashes, not a directory.
-                || before.ends_with("unix://")
-        };
-        let mut shown = String::with_capacity(text.len());
-        let mut copied = 0;
-        for (at, _) in text.match_indices(root) {
-            let after = &text[at + root.len()..];
-            if at < copied || !starts_path(&text[..at]) {
-                continue;
-            }
-            // `/host/var/…` is `/var/…`; `/host` alone is `/`; `/hostile` is
-            // no path under `/host`.
-            let alone = match after.chars().next() {
-                Some('/') => false,
-                None => true,
-                Some(c) => c.is_whitespace() || "\"')]>},:;".contains(c),
-            };
-            if !alone && !after.starts_with('/') {
-                continue;
-            }
-            shown.push_str(&text[copied..at]);
-            if alone {
-                shown.push('/');
-            }
-            copied = at + root.len();
-        }
-        shown.push_str(&text[copied..]);
-        shown
     }
 }
 
 impl Host {
     /// The host seen with its `/` at `root`.
     pub fn under(root: impl Into<PathBuf>) -> Self {
-        Self { view: View { root: root.into() } }
+        Self { view: View::at(root) }
     }
 
     /// Where the host's `/` is in this process.
     pub fn root(&self) -> &Path {
-        &self.view.root
+        self.view.root()
     }
 
     /// The host's file system as this process sees it: where a process
@@ -439,54 +397,6 @@ mod tests {
         assert_eq!(seen.on_host_of(Path::new("/elsewhere/c.sock")), registry);
         // The host's own view moves nothing.
         assert_eq!(Host::default().path(registry).as_ref(), registry);
-    }
-
-    #[test]
-    fn the_referees_words_name_the_hosts_paths() {
-        let host = Host::under("/host/");
-        let cases = [
-            (
-                "dial /host/var/lib/kubelet/plugins_registry/a.sock: Connection refused",
-                "dial /var/lib/kubelet/plugins_registry/a.sock: Connection refused",
-            ),
-            (
-                "NodeGetInfo on /host/csi.sock: dial /host/csi.sock: gone",
-                "NodeGetInfo on /csi.sock: dial /csi.sock: gone",
-            ),
-            (
-                "endpoint \"/host/r/d.sock\" not in \"/host/r\"",
-                "endpoint \"/r/d.sock\" not in \"/r\"",
-            ),
-            ("/host/var/x", "/var/x"),
-            ("unix:/host/var/x", "unix:/var/x"),
-            ("the root /host: unreadable", "the root /: unreadable"),
-            ("/host", "/"),
-            // Not paths under the prefix.
-            ("/hostile/x and /var/host/x and x/host/y", "/hostile/x and /var/host/x and x/host/y"),
-        ];
-        for (said, shown) in cases {
-            assert_eq!(host.view().as_on_host(said), shown, "{said}");
-        }
-        let on_the_host = "dial /host/a.sock";
-        assert_eq!(Host::default().view().as_on_host(on_the_host), on_the_host);
-    }
-
-    #[test]
-    fn words_read_through_a_kubelets_proc_root_name_its_paths() {
-        let view = Host::under("/host").path(Path::new("/proc/42/root"));
-        let view = View { root: view.as_ref().to_path_buf() };
-        let cases = [
-            (
-                "dial /host/proc/42/root/var/lib/kubelet/plugins_registry/a.sock: refused",
-                "dial /var/lib/kubelet/plugins_registry/a.sock: refused",
-            ),
-            ("unix:///host/proc/42/root/csi/csi.sock", "unix:///csi/csi.sock"),
-            // Another kubelet's, or the host's, are not this one's.
-            ("/host/proc/421/root/x and /host/var/x", "/host/proc/421/root/x and /host/var/x"),
-        ];
-        for (said, shown) in cases {
-            assert_eq!(view.as_on_host(said), shown, "{said}");
-        }
     }
 
     #[test]

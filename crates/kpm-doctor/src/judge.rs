@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kpm::registry::{Ignored, RegistryEntry};
 use kpm::transport::TransportError;
-use kpm::{ExecutorError, Inspection, Kubelet, PluginEndpoint, PluginKind, ServiceReport};
+use kpm::{ExecutorError, Inspection, Kubelet, PluginKind, ServiceReport};
 use kpm_report::Verdict;
 use serde::Serialize;
 use tracing::instrument::WithSubscriber as _;
@@ -187,12 +187,10 @@ pub fn served_by(process: &ProcessInfo) -> String {
 
 /// Every entry of `registry`, the sockets inspected concurrently, each
 /// within `bound`; the error if the registry cannot be listed at all.
-/// `view` is the kubelet's, where the referee read what its words name;
 /// `host` names the processes; `differs`, the judged kubelet's ways.
 pub(crate) async fn registry(
     referee: &Kubelet,
     host: &Host,
-    view: &View,
     registry: &Seen,
     bound: Duration,
     differs: &Differs<'_>,
@@ -205,24 +203,20 @@ pub(crate) async fn registry(
         match entry {
             RegistryEntry::Socket => {
                 let manager = referee.handle().manager().clone();
-                inspections.push((path, quietly(async move { manager.inspect(&read_at).await })));
+                let socket = path.clone();
+                inspections.push((path, quietly(async move { manager.inspect(&socket).await })));
             }
             RegistryEntry::Ignored(why) => rows.push(ignored(&path, why)),
             RegistryEntry::Unreadable(err) => rows.push(
-                Row::new(
-                    Verdict::Unreadable,
-                    &path,
-                    "registry",
-                    view.as_on_host(&format!("cannot be read: {err}")),
-                )
-                .hint("run kpm doctor as the user the kubelet runs as (root)"),
+                Row::new(Verdict::Unreadable, &path, "registry", format!("cannot be read: {err}"))
+                    .hint("run kpm doctor as the user the kubelet runs as (root)"),
             ),
             _ => {}
         }
     }
     for (path, inspection) in crate::inspections::each(inspections, bound).await {
         rows.push(match inspection {
-            Ok(inspection) => judge(host, view, &path, inspection, differs),
+            Ok(inspection) => judge(host, &path, inspection, differs),
             Err(lost) => lost.row(&path, "registry"),
         });
     }
@@ -232,8 +226,7 @@ pub(crate) async fn registry(
 
 /// `inspection` without the referee's own log. It registers
 /// nothing, so its lines would mislead (`validating CSI driver`, every
-/// pass), what it finds is the row, and they name the paths it read, under
-/// the host root, which nothing the doctor says may.
+/// pass), and what it finds is the row.
 pub(crate) fn quietly<F: std::future::Future>(
     inspection: F,
 ) -> tracing::instrument::WithDispatch<F> {
@@ -252,15 +245,8 @@ fn ignored(path: &Path, why: Ignored) -> Row {
 }
 
 /// The row of the registration socket at `path` on the host, from its
-/// inspection, whose words name the paths it read in `view`, as the
-/// judged kubelet takes it.
-fn judge(
-    host: &Host,
-    view: &View,
-    path: &Path,
-    inspection: Inspection,
-    differs: &Differs<'_>,
-) -> Row {
+/// inspection, as the judged kubelet takes it.
+fn judge(host: &Host, path: &Path, inspection: Inspection, differs: &Differs<'_>) -> Row {
     let ((verdict, hint), reason) = match &inspection.outcome {
         Ok(()) => {
             ((Verdict::Ok, String::new()), inspection.service.as_ref().map(ToString::to_string))
@@ -273,19 +259,13 @@ fn judge(
         ),
     };
     let reason = reason.unwrap_or_default();
-    let mut row = Row::new(verdict, path, "registry", view.as_on_host(&reason)).hint(hint);
+    let mut row = Row::new(verdict, path, "registry", reason).hint(hint);
     if let Some(info) = &inspection.info {
         row.kind = PluginKind::from_plugin_type(&info.r#type);
         row.name = Some(info.name.clone());
         row.versions.clone_from(&info.supported_versions);
     }
-    // An advertised endpoint is shown as the plugin said it: a path as the
-    // kubelet names it. The registration socket, served for want of one,
-    // is the path the referee reached, under the view.
-    row.endpoint = inspection.endpoint.map(|endpoint| match endpoint {
-        PluginEndpoint::Advertised(endpoint) => endpoint,
-        PluginEndpoint::RegistrationSocket(socket) => view.as_on_host(&socket.to_string_lossy()),
-    });
+    row.endpoint = inspection.endpoint.as_ref().map(|endpoint| endpoint.target().into_owned());
     row.served_by = inspection.server_pid.map(|pid| host.process(pid));
     row.steps = inspection
         .steps

@@ -47,6 +47,7 @@ mod condition;
 mod config;
 mod device_plugins;
 mod dra_by_minor;
+mod found;
 mod host;
 mod inspections;
 mod judge;
@@ -54,12 +55,12 @@ mod kubelets;
 mod log_lines;
 mod metrics;
 mod node_objects;
-mod outcome;
 mod pending;
 mod pods;
 mod publish;
 mod remembered;
 mod render;
+mod standing;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +70,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::choice::{Judged, cannot_list_registry, choose};
+use crate::found::Found;
 
 use kpm_report::{ConditionStatus, Verdict};
 
@@ -238,14 +240,9 @@ impl Doctor {
             from = %choice.root_from,
             "judging another kubelet"
         );
-        // Its words name the paths it was given, under the new view.
-        let view = choice.view.clone();
         match Judged::new(&self.config, choice) {
             Ok(chosen) => *judged = Arc::new(chosen),
-            Err(err) => unseen.push(format!(
-                "{}; the kubelet judged before is judged",
-                view.as_on_host(&err.to_string())
-            )),
+            Err(err) => unseen.push(format!("{err}; the kubelet judged before is judged")),
         }
         Arc::clone(&judged)
     }
@@ -255,12 +252,12 @@ impl Doctor {
     pub async fn examine(&self, objects: Option<&kpm::kube::NodeObjects>) -> Report {
         let host = &self.config.host;
         let kubelets = host.kubelets();
-        let mut unseen = Vec::new();
-        let judged = self.judged_now(&kubelets, &mut unseen);
+        let mut found = Found::default();
+        let judged = self.judged_now(&kubelets, &mut found.unseen);
         let choice = &judged.choice;
         let view = &choice.view;
         if let Some(why) = choice.kubelet.as_ref().and_then(KubeletProcess::unreadable) {
-            unseen.push(format!(
+            found.unseen.push(format!(
                 "{why}: the kubelet's files are read at their paths on the host, which are its \
                  own only if it shares the host's mount namespace"
             ));
@@ -284,51 +281,44 @@ impl Doctor {
                 dra_by_minor::judge(row, outcome, kubelet);
             }
         };
-        let (mut plugins, mut blind) =
-            match judge::registry(&judged.referee, host, view, &registry, bound, &differs).await {
-                Ok(rows) => (rows, None),
-                Err(err) => (
-                    Vec::new(),
-                    Some(cannot_list_registry(choice, registry.on_host(), &err, &kubelets)),
-                ),
-            };
-        let (beside_kubelet_sock, checkpoint) =
-            device_plugins::judge(&judged.referee, host, view, &root, &plugins, bound, &mut unseen)
-                .await;
-        plugins.extend(beside_kubelet_sock);
+        match judge::registry(&judged.referee, host, &registry, bound, &differs).await {
+            Ok(rows) => found.plugins = rows,
+            Err(err) => {
+                found.blind =
+                    Some(cannot_list_registry(choice, registry.on_host(), &err, &kubelets));
+            }
+        }
+        let checkpoint =
+            device_plugins::judge(&judged.referee, host, &root, bound, &mut found).await;
         let own_namespace = choice.kubelet.as_ref().filter(|k| k.files == ReadThrough::ProcRoot);
         match host.listening_unix_sockets(own_namespace.map(|kubelet| kubelet.pid)) {
             Ok(listening) => {
-                plugins.extend(judge::deleted(host, view, &choice.root_dir, &listening));
+                found.plugins.extend(judge::deleted(host, view, &choice.root_dir, &listening));
             }
-            Err(table) => unseen.push(format!(
+            Err(table) => found.unseen.push(format!(
                 "{}: cannot be read; deleted sockets not looked for",
                 table.display()
             )),
         }
-        judge::mark_duplicates(&mut plugins);
-        let mut findings = Vec::new();
+        judge::mark_duplicates(&mut found.plugins);
         // The pods are asked of the judged kubelet's runtime: without a
         // running kubelet there is none to ask.
         let mut runtime = None;
         if let Some(kubelet) = &choice.kubelet {
             let (endpoint, timeout) = (&kubelet.runtime_endpoint, self.config.timeout);
             let on_node = (view, choice.root_dir.as_path());
-            runtime =
-                pods::name(&mut plugins, on_node, endpoint, timeout, &mut findings, &mut unseen)
-                    .await;
+            runtime = pods::name(&mut found, on_node, endpoint, timeout).await;
         }
         if let Some(objects) = objects {
             let publishing = match &self.kpm_run {
                 Some(reader) => reader.read().await,
                 None => pending::Publishing::default(),
             };
-            node_objects::compare(objects, &publishing, &mut plugins, &mut findings, &mut unseen);
-            blind = blind.or_else(|| node_objects::unread(objects));
+            node_objects::compare(objects, &publishing, &mut found);
+            found.blind = found.blind.or_else(|| node_objects::unread(objects));
         }
-        let memory = (&mut plugins, &mut unseen, &mut blind);
-        self.judge_by_memory(choice, objects, checkpoint, memory);
-        findings.extend(judge::unwatched_registries(
+        self.judge_by_memory(choice, objects, checkpoint, &mut found);
+        found.findings.extend(judge::unwatched_registries(
             view,
             &choice.root_dir,
             &self.config.other_roots,
@@ -344,10 +334,10 @@ impl Doctor {
             kubelets,
             node: objects.map(|objects| objects.node.clone()),
             registered: objects.and_then(node_objects::shown),
-            plugins,
-            findings,
-            unseen,
-            blind,
+            plugins: found.plugins,
+            findings: found.findings,
+            unseen: found.unseen,
+            blind: found.blind,
             ok: false,
             runtime,
         }
@@ -400,7 +390,7 @@ pub struct Report {
     /// (`CSIPlugin:csi.example.com,…`), when the API server was asked and
     /// each of them read: what the report tells the fleet view.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub registered: Option<kpm_report::Registered>,
+    pub registered: Option<kpm_report::ShownRegistered>,
     /// One row per registry entry, device-plugin socket and deleted socket.
     pub plugins: Vec<Row>,
     /// Findings about the node rather than one socket.
@@ -519,7 +509,7 @@ pub struct Failure<'a> {
 impl Failure<'_> {
     /// How a message names the plugin: its name, else its file name.
     pub fn subject(&self) -> String {
-        outcome::subject(self.name, self.path)
+        standing::subject(self.name, self.path)
     }
 }
 

@@ -9,24 +9,20 @@ use kpm::PluginKind;
 use kpm::kube::{NodeObjects, NodeResources};
 
 use crate::device_plugins::LAGGING_DEVICES;
-use kpm_report::{Registered, Verdict};
+use kpm_report::{ShownRegistered, Verdict};
 
+use crate::found::Found;
 use crate::judge::Row;
 use crate::pending::Publishing;
 use crate::{Blind, Finding};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
 /// that no plugin of the node explains, but what `kpm run` is still
-/// `publishing`; what could not be read goes to `unseen`.
-pub(crate) fn compare(
-    objects: &NodeObjects,
-    publishing: &Publishing,
-    rows: &mut [Row],
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
-) {
-    let first_finding = findings.len();
-    compare_all(objects, rows, findings, unseen);
+/// `publishing`; what could not be read is `found` unseen.
+pub(crate) fn compare(objects: &NodeObjects, publishing: &Publishing, found: &mut Found) {
+    let first_finding = found.findings.len();
+    compare_all(objects, found);
+    let Found { plugins: rows, findings, .. } = found;
     for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
         let (Some(kind), Some(name)) = (row.kind, row.name.clone()) else { continue };
         let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
@@ -44,17 +40,12 @@ pub(crate) fn compare(
 /// Each kind's plugins held against the objects that register them in
 /// the cluster, kind by kind: one arm per kind, so that a new kind says
 /// how the doctor judges it.
-fn compare_all(
-    objects: &NodeObjects,
-    rows: &mut [Row],
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
-) {
+fn compare_all(objects: &NodeObjects, found: &mut Found) {
     for kind in PluginKind::ALL {
         match kind {
-            PluginKind::Csi => compare_csi(objects, rows, findings, unseen),
-            PluginKind::Device => compare_devices(objects, rows, findings, unseen),
-            PluginKind::Dra => compare_dra(objects, rows, findings, unseen),
+            PluginKind::Csi => compare_csi(objects, found),
+            PluginKind::Device => compare_devices(objects, found),
+            PluginKind::Dra => compare_dra(objects, found),
         }
     }
 }
@@ -75,12 +66,8 @@ fn registered(rows: &[Row], kind: PluginKind) -> BTreeSet<String> {
 
 /// Live CSI drivers against the CSINode and the node-id annotation, and
 /// the CSINode's entries no live driver serves.
-fn compare_csi(
-    objects: &NodeObjects,
-    rows: &mut [Row],
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
-) {
+fn compare_csi(objects: &NodeObjects, found: &mut Found) {
+    let Found { plugins: rows, findings, unseen, .. } = found;
     let node = &objects.node;
     match &objects.csi_drivers {
         Ok(drivers) => {
@@ -127,12 +114,8 @@ fn compare_csi(
 
 /// Live device plugins against the Node's capacity, and the capacity no
 /// live plugin serves.
-fn compare_devices(
-    objects: &NodeObjects,
-    rows: &mut [Row],
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
-) {
+fn compare_devices(objects: &NodeObjects, found: &mut Found) {
+    let Found { plugins: rows, findings, unseen, .. } = found;
     let node = &objects.node;
     match &objects.resources {
         Ok(Some(resources)) => {
@@ -148,12 +131,8 @@ fn compare_devices(
 
 /// Live DRA drivers against the node's ResourceSlices, and the slices no
 /// live driver serves.
-fn compare_dra(
-    objects: &NodeObjects,
-    rows: &mut [Row],
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
-) {
+fn compare_dra(objects: &NodeObjects, found: &mut Found) {
+    let Found { plugins: rows, findings, unseen, .. } = found;
     let node = &objects.node;
     match &objects.slice_drivers {
         Ok(slices) => {
@@ -280,9 +259,9 @@ fn kept_capacity(
 }
 
 /// What the node's objects show registered, as its report tells the fleet
-/// view ([`Registered::shown_by`]); none when one of them could not be
+/// view ([`ShownRegistered::shown_by`]); none when one of them could not be
 /// read. A Node not found shows no capacity.
-pub(crate) fn shown(objects: &NodeObjects) -> Option<Registered> {
+pub(crate) fn shown(objects: &NodeObjects) -> Option<ShownRegistered> {
     let (Ok(csi_node), Ok(node), Ok(slices)) =
         (&objects.csi_drivers, &objects.resources, &objects.slice_drivers)
     else {
@@ -290,7 +269,7 @@ pub(crate) fn shown(objects: &NodeObjects) -> Option<Registered> {
     };
     let csi_node = csi_node.iter().flat_map(BTreeMap::keys).map(String::as_str);
     let capacity = node.iter().flat_map(|node| &node.capacity);
-    Some(Registered::shown_by(
+    Some(ShownRegistered::shown_by(
         csi_node,
         capacity.map(|(resource, quantity)| (resource.as_str(), quantity.as_str())),
         slices.iter().map(|(driver, count)| (driver.as_str(), *count)),
@@ -493,10 +472,10 @@ mod tests {
         row
     }
 
-    fn findings_of(objects: &NodeObjects, mut rows: Vec<Row>) -> Vec<Finding> {
-        let (mut findings, mut unseen) = (Vec::new(), Vec::new());
-        compare(objects, &Publishing::default(), &mut rows, &mut findings, &mut unseen);
-        findings
+    fn findings_of(objects: &NodeObjects, rows: Vec<Row>) -> Vec<Finding> {
+        let mut found = Found { plugins: rows, ..Found::default() };
+        compare(objects, &Publishing::default(), &mut found);
+        found.findings
     }
 
     /// What the report tells the fleet: the CSINode's drivers, the

@@ -10,12 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kpm::transport::{Dialer, fd};
+use kpm::transport::{Dialer, HostRoot, Reach, fd};
 use kpm_pods::{Containers, LogLine, Run, Runtime};
 use kpm_report::{ContainerState, Verdict};
 
 use crate::Finding;
-use crate::host::{Seen, View};
+use crate::found::Found;
+use crate::host::View;
 use crate::judge::Row;
 use crate::log_lines::{self, Explained};
 
@@ -25,24 +26,23 @@ pub(crate) const MAX_QUOTE_BYTES: usize = 300;
 /// How much of a run's log is read: the end, where it said why it exited.
 const LOG_TAIL_BYTES: u64 = 64 * 1024;
 
-/// Names the pod container behind each row that one serves or last
-/// served, asking the runtime whose socket is `endpoint` (a path as the
-/// judged kubelet sees it, read in `view`), and adds to `findings` the
-/// pods that should serve a socket under `root_dir` and do not. Returns
-/// the runtime as it was seen, for the watch's looks; why it could not be
-/// asked is said in `unseen`.
+/// Names the pod container behind each row `found` that one serves or
+/// last served, asking the runtime whose socket is `endpoint` (a path as
+/// the judged kubelet sees it, read in `view`), and adds to its findings
+/// the pods that should serve a socket under `root_dir` and do not.
+/// Returns the runtime as it was seen, for the watch's looks; why it could
+/// not be asked is said among what `found` could not see.
 pub(crate) async fn name(
-    rows: &mut [Row],
+    found: &mut Found,
     (view, root_dir): (&View, &Path),
     endpoint: &Path,
     timeout: Duration,
-    findings: &mut Vec<Finding>,
-    unseen: &mut Vec<String>,
 ) -> Option<RuntimeSeen> {
-    let dialer = Dialer::new(fd::budget().clone(), timeout);
-    let read_at = view.path(endpoint);
+    let Found { plugins: rows, findings, unseen, .. } = found;
+    let reach = Reach::new(fd::budget().clone(), view.host_root().clone());
+    let dialer = Dialer::new(reach, timeout);
     let looked = async {
-        let mut runtime = Runtime::connect(&dialer, endpoint, read_at.as_ref()).await?;
+        let mut runtime = Runtime::connect(&dialer, endpoint).await?;
         let mut containers = runtime.containers().await?;
         let wanted = statuses_wanted(rows, &containers);
         runtime.load_status(&mut containers, wanted.iter().map(String::as_str)).await?;
@@ -51,10 +51,7 @@ pub(crate) async fn name(
     let containers = match tokio::time::timeout(timeout, looked).await {
         Ok(Ok(containers)) => containers,
         Ok(Err(err)) => {
-            unseen.push(format!(
-                "{}; the pods behind the sockets are not named",
-                view.as_on_host(&err.to_string())
-            ));
+            unseen.push(format!("{err}; the pods behind the sockets are not named"));
             return None;
         }
         Err(_) => {
@@ -75,7 +72,8 @@ pub(crate) async fn name(
         }
     }
     findings.extend(without_socket(rows, &containers, view, root_dir));
-    Some(RuntimeSeen { endpoint: endpoint.to_path_buf(), read_at, runs: runs_of(&containers) })
+    let host = view.host_root().clone();
+    Some(RuntimeSeen { endpoint: endpoint.to_path_buf(), host, runs: runs_of(&containers) })
 }
 
 /// The container runtime as a pass saw it: where it is asked, and each
@@ -86,17 +84,20 @@ pub(crate) async fn name(
 #[derive(Debug, Clone)]
 pub(crate) struct RuntimeSeen {
     endpoint: PathBuf,
-    read_at: Seen,
+    /// Where this process sees the judged kubelet's files.
+    host: HostRoot,
     runs: Vec<(String, ContainerState)>,
 }
 
 impl RuntimeSeen {
-    /// Whether the runtime's runs differ from the pass's now; a runtime
-    /// that cannot be asked has not changed (the next pass says why).
+    /// Whether the runtime's runs differ from the pass's now, asked with
+    /// `dialer`'s budget and timeout; a runtime that cannot be asked has
+    /// not changed (the next pass says why).
     pub(crate) async fn changed(&self, dialer: &Dialer) -> bool {
+        let reach = Reach::new(dialer.budget().clone(), self.host.clone());
+        let dialer = Dialer::new(reach, dialer.connect_timeout());
         let listed = async {
-            let mut runtime =
-                Runtime::connect(dialer, &self.endpoint, self.read_at.as_ref()).await?;
+            let mut runtime = Runtime::connect(&dialer, &self.endpoint).await?;
             runtime.containers().await
         };
         match tokio::time::timeout(dialer.connect_timeout(), listed).await {

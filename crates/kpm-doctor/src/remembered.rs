@@ -38,11 +38,12 @@ use kpm::kube::NodeResources;
 use kpm_report::{KubeletPluginReportStatus, ReportedVerdict, Verdict};
 
 use self::unregistered::{Unregistered, made, unregistered};
+use crate::Doctor;
 use crate::checkpoint::Checkpoint;
 use crate::choice::Choice;
+use crate::found::Found;
 use crate::host::View;
 use crate::judge::{Row, served_by};
-use crate::{Blind, Doctor};
 
 mod unregistered;
 
@@ -517,7 +518,7 @@ impl Doctor {
 
     /// Judges what a node event lost: the plugins seen
     /// registered before the judged kubelet's start and registered by no
-    /// row of `plugins` now, and the sockets older than the node's boot;
+    /// row `found` now, and the sockets older than the node's boot;
     /// then remembers what is registered. Blind while the report published
     /// before was asked for and could not be read.
     pub(crate) fn judge_by_memory(
@@ -525,8 +526,9 @@ impl Doctor {
         choice: &Choice,
         objects: Option<&kpm::kube::NodeObjects>,
         checkpoint: Result<Option<Checkpoint>, String>,
-        (plugins, unseen, blind): (&mut Vec<Row>, &mut Vec<String>, &mut Option<Blind>),
+        found: &mut Found,
     ) {
+        let Found { plugins, unseen, blind, .. } = found;
         let host = &self.config.host;
         let view = &choice.view;
         let checkpoint = checkpoint.unwrap_or_else(|err| {

@@ -21,8 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kpm_transport::fd::FdBudget;
-use kpm_transport::{Dialer, LiveConnections, TransportError, UdsChannel};
+use kpm_transport::{Dialer, LiveConnections, Reach, TransportError, UdsChannel};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -45,10 +44,10 @@ pub(crate) struct Connection {
 
 impl Connection {
     /// A connection to `socket` that has not connected yet, paid from
-    /// `budget`; [`Connection::reconnect`] connects it.
-    pub(crate) fn new(socket: &Path, budget: FdBudget) -> Self {
+    /// `reach`; [`Connection::reconnect`] connects it.
+    pub(crate) fn new(socket: &Path, reach: impl Into<Reach>) -> Self {
         let live = LiveConnections::new();
-        let dialer = Dialer::new(budget, DIAL_TIMEOUT).counted_in(&live);
+        let dialer = Dialer::new(reach, DIAL_TIMEOUT).counted_in(&live);
         let channel = parking_lot::Mutex::new(None);
         Self { socket: socket.to_path_buf(), live, channel, dialer }
     }
@@ -99,7 +98,7 @@ mod tests {
     #[tokio::test]
     async fn reconnecting_to_a_missing_socket_fails_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
-        let budget = FdBudget::new(4, None);
+        let budget = kpm_transport::fd::FdBudget::new(4, None);
         let connection = Connection::new(&dir.path().join("missing.sock"), budget);
         let err = kpm_api::gotext::error_chain(&connection.reconnect().await.unwrap_err());
         assert!(err.contains("No such file or directory"), "{err}");

@@ -74,7 +74,7 @@ pub struct DeviceHealthStatus {
 
 /// One device of a health message, converted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Report {
+pub(crate) struct DeviceReport {
     pool: String,
     device: String,
     health: &'static str,
@@ -104,7 +104,7 @@ fn truncate(message: String) -> String {
     cut
 }
 
-fn v1_devices(devices: Vec<v1::DeviceHealth>) -> Vec<Report> {
+fn v1_devices(devices: Vec<v1::DeviceHealth>) -> Vec<DeviceReport> {
     devices
         .into_iter()
         .map(|health| {
@@ -114,7 +114,7 @@ fn v1_devices(devices: Vec<v1::DeviceHealth>) -> Vec<Report> {
                 Ok(v1::HealthStatus::Unhealthy) => "Unhealthy",
                 Ok(v1::HealthStatus::Unknown) | Err(_) => UNKNOWN,
             };
-            Report {
+            DeviceReport {
                 pool: id.pool_name,
                 device: id.device_name,
                 health: status,
@@ -125,7 +125,7 @@ fn v1_devices(devices: Vec<v1::DeviceHealth>) -> Vec<Report> {
         .collect()
 }
 
-fn v1alpha1_devices(devices: Vec<v1alpha1::DeviceHealth>) -> Vec<Report> {
+fn v1alpha1_devices(devices: Vec<v1alpha1::DeviceHealth>) -> Vec<DeviceReport> {
     v1_devices(devices.into_iter().map(Into::into).collect())
 }
 
@@ -158,7 +158,7 @@ impl DeviceHealthTable {
     pub(crate) fn report(
         &mut self,
         driver: &str,
-        reports: Vec<Report>,
+        reports: Vec<DeviceReport>,
         now: Instant,
         wall: SystemTime,
     ) -> Vec<PluginEvent> {
@@ -264,7 +264,7 @@ fn change(
 /// afterwards, which the timer is set to.
 pub(crate) trait DeviceHealthSink: Send + Sync + 'static {
     /// A message's devices, received now.
-    fn report(&self, devices: Vec<Report>) -> Option<Instant>;
+    fn report(&self, devices: Vec<DeviceReport>) -> Option<Instant>;
     /// The timer fired: expire what is due now.
     fn expire(&self) -> Option<Instant>;
     /// The earliest deadline of the devices kept (through a handover from
@@ -451,7 +451,7 @@ impl Opened {
 
     /// The next message's devices; `None` at the end of the stream.
     /// Cancel-safe: a message is taken only when it is returned.
-    async fn next(&mut self) -> Result<Option<Vec<Report>>, tonic::Status> {
+    async fn next(&mut self) -> Result<Option<Vec<DeviceReport>>, tonic::Status> {
         Ok(match self {
             Self::V1(stream) => stream.message().await?.map(|message| v1_devices(message.devices)),
             Self::V1alpha1(stream) => {
@@ -478,8 +478,8 @@ mod tests {
         }
     }
 
-    fn report(device: &str, health: &'static str, timeout_secs: u64) -> Report {
-        Report {
+    fn report(device: &str, health: &'static str, timeout_secs: u64) -> DeviceReport {
+        DeviceReport {
             pool: "pool1".into(),
             device: device.into(),
             health,

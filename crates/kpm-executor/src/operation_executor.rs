@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use kpm_api::config::check_durations;
 use kpm_cache::{ActualState, EventBus, Generation, PluginEvent, PluginHandler, Registered};
-use kpm_transport::fd::FdBudget;
+use kpm_transport::Reach;
 use tokio::sync::Semaphore;
 
 use crate::inspection::Inspection;
@@ -150,27 +150,28 @@ pub struct OperationExecutor {
 /// released.
 #[derive(Debug, Clone)]
 pub(crate) struct RegistrationSlots {
-    pub(crate) budget: FdBudget,
+    pub(crate) reach: Reach,
     pub(crate) slots: Arc<Semaphore>,
 }
 
 impl RegistrationSlots {
-    fn new(budget: FdBudget) -> Self {
-        let slots = (budget.kept_free() / CONNECTIONS_PER_REGISTRATION).max(1);
-        Self { budget, slots: Arc::new(Semaphore::new(slots)) }
+    fn new(reach: Reach) -> Self {
+        let slots = (reach.budget().kept_free() / CONNECTIONS_PER_REGISTRATION).max(1);
+        Self { reach, slots: Arc::new(Semaphore::new(slots)) }
     }
 }
 
 impl OperationExecutor {
     /// An executor with `config`, checked here once
     /// ([`ExecutorConfig::validate`]: the error names the field), that dials
-    /// plugins with permits of `budget` (the process-wide one is
-    /// [`kpm_transport::fd::budget`]) and sizes from it how many
-    /// registrations may run at once. It publishes registrations,
-    /// rejections, deregistrations and scheduled retries on `events`.
+    /// plugins with permits of the budget of `reach` (the process-wide one
+    /// is [`kpm_transport::fd::budget`]), on the host it sees, and sizes
+    /// from it how many registrations may run at once. It publishes
+    /// registrations, rejections, deregistrations and scheduled retries on
+    /// `events`.
     pub fn try_new(
         config: ExecutorConfig,
-        budget: FdBudget,
+        reach: impl Into<Reach>,
         events: EventBus,
     ) -> Result<Self, ExecutorError> {
         config.validate()?;
@@ -178,7 +179,7 @@ impl OperationExecutor {
             operations: OperationMap::with_events(config.backoff, events.clone()),
             config,
             events,
-            slots: RegistrationSlots::new(budget),
+            slots: RegistrationSlots::new(reach.into()),
         })
     }
 

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kpm_report::{ConditionStatus, Health, Registered};
+use kpm_report::{ConditionStatus, Health, ShownRegistered};
 
 use super::{
     Disagreement, DoctorState, DriverView, Fleet, FleetObjects, NodeObject, NodeView, NotOn,
@@ -26,7 +26,7 @@ pub fn judge_fleet(objects: &FleetObjects, now: SystemTime, stale_after: Duratio
     selected.dedup_by(|a, b| a.name == b.name);
     let nodes: Vec<NodeView> =
         selected.iter().map(|node| node_view(node, now, stale_after)).collect();
-    let registered: Vec<Option<&Registered>> =
+    let registered: Vec<Option<&ShownRegistered>> =
         selected.iter().map(|node| node.registered()).collect();
 
     let mut drivers = Vec::new();

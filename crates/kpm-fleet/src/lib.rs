@@ -35,7 +35,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kpm_api::PluginKind;
 pub use kpm_api::config::{Bounds, OutOfRange, REQUEST_TIMEOUT};
-use kpm_report::{Health, PodContainer, Registered, ReportedVerdict};
+use kpm_report::{Health, PodContainer, ReportedVerdict, ShownRegistered};
 use serde::Serialize;
 use serde::ser::SerializeStruct as _;
 
@@ -227,7 +227,7 @@ pub struct NodeObject {
     pub condition: Option<NodeCondition>,
     /// What its Node, CSINode and ResourceSlices show registered, when
     /// they were read (no report speaks for them, or the cross-check).
-    pub shown: Option<Registered>,
+    pub shown: Option<ShownRegistered>,
 }
 
 impl NodeObject {
@@ -238,7 +238,7 @@ impl NodeObject {
 
     /// What it registered: what its objects show where they were read,
     /// else what its report says they show; none when neither is known.
-    pub fn registered(&self) -> Option<&Registered> {
+    pub fn registered(&self) -> Option<&ShownRegistered> {
         self.shown.as_ref().or_else(|| self.report.as_ref()?.registered.as_ref())
     }
 }
@@ -299,7 +299,7 @@ pub struct NodeReport {
     pub ok: BTreeSet<String>,
     /// What the node's API objects show registered, as the doctor read
     /// them; none from a doctor before the field.
-    pub registered: Option<Registered>,
+    pub registered: Option<ShownRegistered>,
     /// The pod container serving each plugin it names, by plugin name
     /// (from the report in full).
     pub pods: BTreeMap<String, PodContainer>,

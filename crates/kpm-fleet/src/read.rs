@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kpm_report::{CONDITION_TYPE, Health, KubeletPluginReport, Registered, Resource as _};
+use kpm_report::{CONDITION_TYPE, Health, KubeletPluginReport, Resource as _, ShownRegistered};
 use kube::api::ListParams;
 use kube::core::ObjectList;
 use serde::Deserialize;
@@ -305,7 +305,7 @@ async fn read_csi_drivers(reader: &Reader<'_>) -> Result<BTreeSet<String>, Fleet
 /// Node, CSINode and ResourceSlices show registered.
 struct NodeRead {
     condition: Option<NodeCondition>,
-    shown: Registered,
+    shown: ShownRegistered,
 }
 
 /// The objects of `nodes`, by name: one by one, or with `whole` from the
@@ -337,7 +337,7 @@ async fn read_objects(
         .map(|(name, (node, csi_node))| {
             let capacity = node.capacity.iter().map(|(r, q)| (r.as_str(), q.as_str()));
             let slices = slices.get(&name).into_iter().flatten();
-            let shown = Registered::shown_by(
+            let shown = ShownRegistered::shown_by(
                 csi_node.iter().map(String::as_str),
                 capacity,
                 slices.map(|(driver, count)| (driver.as_str(), *count)),
@@ -618,7 +618,7 @@ mod tests {
         assert!(n1.failing.is_empty(), "a row names no failing plugin");
         assert_eq!(read["older"].registered, None, "a doctor before the field");
         assert_eq!(read["newer"].health, Health::Unknown);
-        assert_eq!(read["newer"].registered, Some(Registered::default()));
+        assert_eq!(read["newer"].registered, Some(ShownRegistered::default()));
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) async fn read_workloads(
     nodes: &[NodeObject],
 ) -> Result<BTreeMap<(PluginKind, String), Workload>, FleetError> {
     let mut on: BTreeMap<(PluginKind, &str), OnAndOff<'_>> = BTreeMap::new();
-    let known: Vec<(&NodeObject, &kpm_report::Registered)> =
+    let known: Vec<(&NodeObject, &kpm_report::ShownRegistered)> =
         nodes.iter().filter_map(|node| Some((node, node.registered()?))).collect();
     for (node, registered) in &known {
         for (kind, name) in registered.iter() {

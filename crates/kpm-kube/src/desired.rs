@@ -206,7 +206,7 @@ impl State {
 /// How one pass of the loop left one target, at the goal's revision, and
 /// what it shows as pending, if the API server does not hold it.
 #[derive(Debug, Clone)]
-pub(crate) struct Outcome {
+pub(crate) struct PassResult {
     pub(crate) revision: u64,
     pub(crate) state: State,
     pub(crate) pending: Option<PendingPublication>,
@@ -231,7 +231,7 @@ struct Progress {
     /// grows. Kept while the target has a goal or a caller waits on it.
     agreed: BTreeMap<Target, u64>,
     /// The last pass's outcomes.
-    last: BTreeMap<Target, Outcome>,
+    last: BTreeMap<Target, PassResult>,
 }
 
 /// The desired state, shared by the handles that change it and the loop
@@ -289,7 +289,7 @@ impl Books {
 
     /// Takes a pass's outcomes: the agreed revisions grow, and the targets
     /// done leave the desired state, unless their goal changed meanwhile.
-    pub(crate) fn report(&self, outcomes: BTreeMap<Target, Outcome>) {
+    pub(crate) fn report(&self, outcomes: BTreeMap<Target, PassResult>) {
         let done: Vec<(Target, u64)> = outcomes
             .iter()
             .filter(|(_, outcome)| matches!(outcome.state, State::Done))
@@ -561,7 +561,7 @@ mod tests {
     }
 
     /// `TARGET[@REVISION]=STATE`.
-    fn outcome(books: &Books, spec: &str) -> (Target, Outcome) {
+    fn outcome(books: &Books, spec: &str) -> (Target, PassResult) {
         let (at, state) = spec.split_once('=').unwrap();
         let (name, revision) = at.split_once('@').map_or((at, None), |(n, r)| (n, Some(r)));
         let target = target(name);
@@ -585,7 +585,7 @@ mod tests {
             Some(("unread", attempts)) => failing(attempts, true),
             _ => panic!("not a state: {state:?}"),
         };
-        (target, Outcome { revision, state, pending: None })
+        (target, PassResult { revision, state, pending: None })
     }
 
     /// `desired: TARGET rN, …; agreed: TARGET rN, …`.
@@ -904,7 +904,7 @@ pass
         let books = Books::default();
         let target = Target::Wipe("d".into());
         let awaited = books.set_awaited(target.clone(), |d| Some(d.add_wipe("d"))).unwrap();
-        let done = Outcome { revision: awaited.revision(), state: State::Done, pending: None };
+        let done = PassResult { revision: awaited.revision(), state: State::Done, pending: None };
         books.report(BTreeMap::from([(target, done)]));
         books.report(BTreeMap::new());
         assert!(matches!(awaited.settled(u32::MAX).await, Some(Settled::Agreed)));

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kpm_api::FileId;
-use kpm_cache::PluginEndpoint;
 use notify::{Config, Event, RecommendedWatcher, RecursiveMode, Watcher as _};
 use tokio::sync::mpsc;
 
@@ -23,20 +22,6 @@ const QUEUE: usize = 256;
 pub(crate) fn socket_at(endpoint: &Path) -> Option<FileId> {
     let meta = std::fs::symlink_metadata(endpoint).ok()?;
     meta.file_type().is_socket().then(|| FileId::of(&meta))
-}
-
-/// The socket a plugin is served on, as this process reaches it: the
-/// endpoint it advertised, as a path (`kpm_transport::endpoint_path`: a CSI
-/// driver may advertise a gRPC target) and under `host_root` when this
-/// process sees the host's `/` there; else its registration socket, which
-/// the executor reached as it is.
-pub(crate) fn served_on(endpoint: &PluginEndpoint, host_root: Option<&Path>) -> PathBuf {
-    match endpoint {
-        PluginEndpoint::Advertised(endpoint) => host_root
-            .and_then(|root| kpm_transport::endpoint_path_under(root, endpoint))
-            .unwrap_or_else(|| kpm_transport::endpoint_path(endpoint).to_path_buf()),
-        PluginEndpoint::RegistrationSocket(socket) => socket.clone(),
-    }
 }
 
 /// `served`, the socket a plugin registered at `socket` is served on, if it
@@ -166,28 +151,26 @@ impl EndpointWatch {
 
 #[cfg(test)]
 mod tests {
+    use kpm_cache::PluginEndpoint;
+
     use super::*;
 
     #[test]
     fn endpoints_are_watched_by_absolute_path_and_never_as_the_registration_socket() {
         let socket = Path::new("/r/plugins_registry/a-reg.sock");
         let advertised = |endpoint: &str| PluginEndpoint::Advertised(endpoint.to_owned());
-        let watched_at = |endpoint: &PluginEndpoint, host_root: Option<&str>| {
-            let served = served_on(endpoint, host_root.map(Path::new));
-            watched(&served, socket).then_some(served)
+        let watched_at = |endpoint: &PluginEndpoint| {
+            let served = endpoint.socket_path();
+            watched(served, socket).then(|| served.to_path_buf())
         };
         let csi = Some(PathBuf::from("/r/plugins/a/csi.sock"));
-        assert_eq!(watched_at(&advertised("/r/plugins/a/csi.sock"), None), csi);
-        assert_eq!(watched_at(&advertised("unix:///r/plugins/a/csi.sock"), None), csi);
-        assert_eq!(watched_at(&advertised("unix:/r/plugins/a/csi.sock"), None), csi);
-        assert_eq!(watched_at(&advertised("/r/plugins_registry/a-reg.sock"), None), None);
-        assert_eq!(watched_at(&advertised("a.sock"), None), None);
-        assert_eq!(watched_at(&advertised(""), None), None);
+        assert_eq!(watched_at(&advertised("/r/plugins/a/csi.sock")), csi);
+        assert_eq!(watched_at(&advertised("unix:///r/plugins/a/csi.sock")), csi);
+        assert_eq!(watched_at(&advertised("unix:/r/plugins/a/csi.sock")), csi);
+        assert_eq!(watched_at(&advertised("/r/plugins_registry/a-reg.sock")), None);
+        assert_eq!(watched_at(&advertised("a.sock")), None);
+        assert_eq!(watched_at(&advertised("")), None);
         let served_on_socket = PluginEndpoint::RegistrationSocket(socket.to_path_buf());
-        assert_eq!(watched_at(&served_on_socket, None), None);
-        // Under a host root only the advertised endpoint, a host path, moves.
-        let moved = Some(PathBuf::from("/host/r/plugins/a/csi.sock"));
-        assert_eq!(watched_at(&advertised("unix:///r/plugins/a/csi.sock"), Some("/host")), moved);
-        assert_eq!(watched_at(&served_on_socket, Some("/host")), None);
+        assert_eq!(watched_at(&served_on_socket), None);
     }
 }

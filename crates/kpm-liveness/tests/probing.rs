@@ -323,37 +323,6 @@ async fn a_ready_csi_driver_and_its_registrar_are_left_alone() {
     h.stop().await;
 }
 
-/// A process that sees the host's `/` at a root of its own (a pod's
-/// `/host`) reaches a driver's endpoint, a host path, under it: the probes
-/// answer and the endpoint is watched there, and its removal is seen.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn under_a_host_root_a_csi_driver_is_probed_and_watched_where_this_process_reaches_it() {
-    let host = tempfile::tempdir().unwrap();
-    let socket = host.path().join("plugins_registry/reg.sock");
-    let endpoint = host.path().join("plugins/csi.example.com/csi.sock");
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    std::fs::create_dir_all(endpoint.parent().unwrap()).unwrap();
-    let _registrar = serve(&socket, answering()).await;
-    let driver = serve_driver(&endpoint, Some(true)).await;
-    let root = host.path().to_path_buf();
-    let mut h = start_with(quick(), |monitor| monitor.with_host_root(root));
-    // Advertised as the host knows it.
-    h.registered_as(&socket, CSI_PLUGIN, Path::new("/plugins/csi.example.com/csi.sock"));
-    wait_until(lazy(|| format!("9 probes, {:?} so far", h.monitor.stats())), || {
-        h.monitor.stats().probes >= 9
-    })
-    .await;
-    assert!(driver.driver.probes() >= 2, "the driver is asked under the root");
-    assert_eq!(h.monitor.stats().watched_endpoints, 1);
-    assert!(h.reported_unresponsive().is_empty());
-    std::fs::remove_file(&endpoint).unwrap();
-    wait_until(lazy(|| format!("its endpoint gone, {:?} so far", h.monitor.stats())), || {
-        h.monitor.stats().endpoints_gone == 1
-    })
-    .await;
-    h.stop().await;
-}
-
 /// One connection to one socket, shared as a device manager shares a plugin's.
 #[derive(Debug)]
 struct OneShared {

@@ -55,15 +55,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// Dials the runtime whose socket is `endpoint` on the host, read at
-    /// `read_at` in this process (the same path on the host itself).
-    pub async fn connect(
-        dialer: &Dialer,
-        endpoint: &Path,
-        read_at: &Path,
-    ) -> Result<Self, PodsError> {
+    /// Dials the runtime whose socket is `endpoint` on the host, where
+    /// `dialer` sees the host.
+    pub async fn connect(dialer: &Dialer, endpoint: &Path) -> Result<Self, PodsError> {
         let channel = dialer
-            .grpc(read_at)
+            .grpc(endpoint)
             .await
             .map_err(|source| PodsError::Dial { endpoint: endpoint.to_path_buf(), source })?
             .channel;

@@ -30,7 +30,7 @@ async fn a_look_lists_once_and_asks_the_status_of_the_runs_wanted_only() {
         ],
     )
     .await;
-    let mut runtime = Runtime::connect(&dialer(), &socket, &socket).await.unwrap();
+    let mut runtime = Runtime::connect(&dialer(), &socket).await.unwrap();
     let mut containers: Containers = runtime.containers().await.unwrap();
     assert_eq!(containers.runs().count(), 3);
     assert!(served.runtime.status_calls.lock().is_empty(), "listing asks no status");
@@ -66,7 +66,7 @@ async fn a_look_lists_once_and_asks_the_status_of_the_runs_wanted_only() {
 async fn a_runtime_that_is_not_there_is_named_with_the_step() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("containerd.sock");
-    let err = Runtime::connect(&dialer(), &socket, &socket).await.unwrap_err();
+    let err = Runtime::connect(&dialer(), &socket).await.unwrap_err();
     assert!(matches!(err, PodsError::Dial { .. }), "{err:?}");
     assert!(err.to_string().starts_with("dial the container runtime at "), "{err}");
     assert!(err.to_string().contains("containerd.sock"), "{err}");

@@ -34,7 +34,7 @@ pub use crate::condition::{
 };
 pub use crate::kubelet_version::{CHECKED_MINORS, checked, minor, unchecked_note};
 pub use crate::pod::{ContainerState, PodContainer, Termination};
-pub use crate::registered::Registered;
+pub use crate::registered::ShownRegistered;
 pub use crate::report::{
     BlindStatus, Counts, FindingEntry, Health, KubeletPluginReport, KubeletPluginReportSpec,
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_REASON_BYTES, PluginEntry,

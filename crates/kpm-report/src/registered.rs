@@ -1,4 +1,4 @@
-//! [`Registered`]: the plugins a node's API objects show registered, in
+//! [`ShownRegistered`]: the plugins a node's API objects show registered, in
 //! one short string a server-side table can carry.
 //!
 //! The fleet view needs, of every node, which CSI drivers, device-plugin
@@ -26,9 +26,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// capacity on its Node, a DRA driver with ResourceSlices of the node
 /// ([`PluginKind::registered_in`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Registered(BTreeSet<(PluginKind, String)>);
+pub struct ShownRegistered(BTreeSet<(PluginKind, String)>);
 
-impl Registered {
+impl ShownRegistered {
     /// What a node's API objects show registered, kind by kind
     /// ([`PluginKind::registered_in`]): each CSI driver its CSINode lists,
     /// each extended resource with a nonzero capacity on its Node (the
@@ -82,13 +82,13 @@ impl Registered {
     }
 }
 
-impl<'a> FromIterator<(PluginKind, &'a str)> for Registered {
+impl<'a> FromIterator<(PluginKind, &'a str)> for ShownRegistered {
     fn from_iter<I: IntoIterator<Item = (PluginKind, &'a str)>>(plugins: I) -> Self {
         Self(plugins.into_iter().map(|(kind, name)| (kind, name.to_owned())).collect())
     }
 }
 
-impl fmt::Display for Registered {
+impl fmt::Display for ShownRegistered {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (n, (kind, name)) in self.0.iter().enumerate() {
             let comma = if n == 0 { "" } else { "," };
@@ -98,19 +98,19 @@ impl fmt::Display for Registered {
     }
 }
 
-impl Serialize for Registered {
+impl Serialize for ShownRegistered {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }
 }
 
-impl<'de> Deserialize<'de> for Registered {
+impl<'de> Deserialize<'de> for ShownRegistered {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         Ok(Self::parse(&String::deserialize(deserializer)?))
     }
 }
 
-impl JsonSchema for Registered {
+impl JsonSchema for ShownRegistered {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Registered".into()
     }
@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn it_is_one_string_by_kind_then_name_and_reads_back_the_same() {
-        let registered: Registered = [
+        let registered: ShownRegistered = [
             (PluginKind::Dra, "gpu.example.com"),
             (PluginKind::Device, "vendor.com/gpu"),
             (PluginKind::Csi, "csi.example.com"),
@@ -142,16 +142,16 @@ mod tests {
         let text =
             "CSIPlugin:csi.example.com,DevicePlugin:vendor.com/gpu,DRAPlugin:gpu.example.com";
         assert_eq!(serde_json::to_value(&registered).unwrap(), text);
-        assert_eq!(serde_json::from_value::<Registered>(text.into()).unwrap(), registered);
+        assert_eq!(serde_json::from_value::<ShownRegistered>(text.into()).unwrap(), registered);
         assert!(registered.contains(PluginKind::Device, "vendor.com/gpu"));
         assert!(!registered.contains(PluginKind::Csi, "vendor.com/gpu"));
-        assert_eq!(Registered::default().to_string(), "");
-        assert!(serde_json::from_value::<Registered>("".into()).unwrap().is_empty());
+        assert_eq!(ShownRegistered::default().to_string(), "");
+        assert!(serde_json::from_value::<ShownRegistered>("".into()).unwrap().is_empty());
     }
 
     #[test]
     fn the_objects_show_csinode_entries_nonzero_extended_capacity_and_slices() {
-        let shown = Registered::shown_by(
+        let shown = ShownRegistered::shown_by(
             ["csi.example.com"],
             [("cpu", "8"), ("vendor.com/gpu", "2"), ("vendor.com/gone", "0"), ("a.com/b", "100m")],
             [("gpu.example.com", 4), ("none.example.com", 0)],
@@ -165,7 +165,7 @@ mod tests {
 
     #[test]
     fn a_newer_doctors_kinds_and_stray_pieces_are_skipped() {
-        let read: Registered =
+        let read: ShownRegistered =
             serde_json::from_value("FuturePlugin:x,CSIPlugin:a,junk,DRAPlugin:,CSIPlugin:b".into())
                 .unwrap();
         let names: Vec<_> = read.iter().collect();

@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::PodContainer;
 
-use crate::{Registered, ReportedVerdict};
+use crate::{ReportedVerdict, ShownRegistered};
 
 /// The API group of [`KubeletPluginReport`].
 pub const REPORT_GROUP: &str = "doctor.kpm.io";
@@ -103,7 +103,7 @@ pub struct KubeletPluginReportStatus {
     /// the column the fleet view reads instead of the objects. Absent when
     /// the doctor could not read them all, and from doctors before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registered: Option<Registered>,
+    pub registered: Option<ShownRegistered>,
     /// When the doctor last wrote the report: it writes on every change
     /// and at least once a heartbeat period (30 min).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -22,6 +22,7 @@ use std::time::Duration;
 use kpm_api::PluginKind;
 use kpm_cache::PluginHandler;
 use kpm_transport::fd::FdBudget;
+use kpm_transport::{HostRoot, Reach};
 
 use crate::Result;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
@@ -32,7 +33,7 @@ use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
 pub struct KubeletBuilder {
     root_dir: PathBuf,
     registry_dir: Option<PathBuf>,
-    host_root: Option<PathBuf>,
+    host: HostRoot,
     disabled: Vec<PluginKind>,
     manager: PluginManagerBuilder,
     fd_budget: FdBudget,
@@ -57,7 +58,7 @@ impl Default for KubeletBuilder {
         Self {
             root_dir: PathBuf::from(kpm_api::constants::DEFAULT_ROOT_DIR),
             registry_dir: None,
-            host_root: None,
+            host: HostRoot::default(),
             disabled: Vec::new(),
             manager: PluginManager::builder(),
             fd_budget: kpm_transport::fd::budget().clone(),
@@ -94,24 +95,17 @@ impl KubeletBuilder {
         self
     }
 
-    /// Where the host's `/` is in this process's file system, for a process
-    /// in a pod that mounts it elsewhere (`/host`, as `kubectl debug
-    /// node/NAME` does): every endpoint a plugin advertises, a path on the
-    /// host, is reached under it, by the handlers and by liveness. The root and registry directories are
-    /// given as this process sees them (`/host/var/lib/kubelet`), and so is
-    /// the registration socket a plugin without an endpoint is served on.
-    /// Errors name the paths as they were reached. Default: the host's
-    /// view, nothing moved.
-    pub fn host_root(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.host_root = Some(dir.into());
-        self
-    }
-
     /// Runs without the handler of `kind`: its plugins are told that no
     /// handler is registered for their type.
     pub fn disable(mut self, kind: PluginKind) -> Self {
         self.disabled.push(kind);
         self
+    }
+
+    /// Runs without the handlers of `kinds` (see [`disable`](Self::disable)):
+    /// the kubelet's `--disable`-style list in one call.
+    pub fn disable_all(self, kinds: impl IntoIterator<Item = PluginKind>) -> Self {
+        kinds.into_iter().fold(self, Self::disable)
     }
 
     /// Configures the plugin manager underneath with every setting of
@@ -215,7 +209,15 @@ impl KubeletBuilder {
     /// dial and call by `timeout`. Its manager's
     /// [`inspect`](ManagerHandle::inspect) runs a registration's steps and
     /// registers nothing; do not [`run`](Kubelet::run) it.
-    pub fn inspect_only(self, timeout: Duration, get_info: Duration) -> Self {
+    ///
+    /// `host` is where this process sees the host's `/`: under a prefix for
+    /// a process in a pod that mounts it elsewhere (`/host`, as `kubectl
+    /// debug node/NAME` does). The root and registry directories, the
+    /// sockets inspected and the endpoints plugins advertise are all paths
+    /// on the host; they are opened under the prefix, and every record and
+    /// error names them as on the host.
+    pub fn inspect_only(mut self, timeout: Duration, get_info: Duration, host: HostRoot) -> Self {
+        self.host = host;
         let executor = crate::ExecutorConfig::default()
             .dial_timeout(timeout)
             .get_info_timeout(get_info)
@@ -238,10 +240,11 @@ impl KubeletBuilder {
     pub fn build(self) -> Result<Kubelet> {
         // `try_new` is where the device manager's config is checked.
         #[cfg(feature = "device")]
-        let devices = crate::device::DeviceManager::try_new(self.device, self.fd_budget.clone())
-            .map_err(|err| crate::Error::InvalidConfig {
-                setting: "device_config",
-                reason: err.to_string(),
+        // How every layer opens sockets: the budget, and the host's `/`.
+        let reach = Reach::new(self.fd_budget.clone(), self.host.clone());
+        let devices =
+            crate::device::DeviceManager::try_new(self.device, reach.clone()).map_err(|err| {
+                crate::Error::InvalidConfig { setting: "device_config", reason: err.to_string() }
             })?;
         let enabled = |kind| !self.disabled.contains(&kind);
         // One bus for the manager's events and the handlers' own.
@@ -251,7 +254,8 @@ impl KubeletBuilder {
             .registry_dir(self.registry_dir.unwrap_or_else(|| {
                 self.root_dir.join(kpm_api::constants::PLUGINS_REGISTRY_DIR_NAME)
             }))
-            .fd_budget(self.fd_budget.clone());
+            .fd_budget(self.fd_budget.clone())
+            .host(self.host.clone());
         let mut handlers: Vec<(PluginKind, Arc<dyn PluginHandler>)> = Vec::new();
 
         // Followed from the cluster's CSIDrivers, so only with `kube`.
@@ -267,10 +271,9 @@ impl KubeletBuilder {
                     let memory = Arc::new(crate::csi::InMemoryNodeInfo::default());
                     (memory.clone(), Some(memory))
                 };
-            let csi = crate::csi::CsiHandler::try_new(sink, self.csi, self.fd_budget.clone())
-                .map_err(|err| crate::Error::InvalidConfig {
-                    setting: "csi_config",
-                    reason: err.to_string(),
+            let csi =
+                crate::csi::CsiHandler::try_new(sink, self.csi, reach.clone()).map_err(|err| {
+                    crate::Error::InvalidConfig { setting: "csi_config", reason: err.to_string() }
                 })?;
             #[cfg(feature = "kube")]
             {
@@ -301,20 +304,15 @@ impl KubeletBuilder {
                 .slice_cleanup
                 .unwrap_or_else(|| Arc::new(crate::dra::InMemoryCleanup::default()));
             let health_events = Some(events.clone());
-            let budget = self.fd_budget.clone();
-            let dra = crate::dra::DraManager::try_new(config, budget, cleanup, health_events);
+            let dra = crate::dra::DraManager::try_new(config, reach, cleanup, health_events);
             let dra = crate::manager::invalid_if("dra_config", dra)?;
             handlers.push((PluginKind::Dra, dra.clone()));
             dra
         };
 
-        if let Some(host_root) = &self.host_root {
-            manager = manager.host_root(host_root);
-        }
         handlers.retain(|(kind, _)| enabled(*kind));
         for (kind, handler) in &handlers {
-            let handler = crate::host_root::seen_from(self.host_root.as_deref(), handler);
-            manager = manager.handler(kind.plugin_type(), handler);
+            manager = manager.handler(kind.plugin_type(), Arc::clone(handler));
         }
         let manager = manager.build_with_events(events)?;
         let handle = KubeletHandle {

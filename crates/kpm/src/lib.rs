@@ -69,7 +69,6 @@
 #![deny(missing_docs)]
 
 mod basic_handler;
-mod host_root;
 mod kubelet;
 mod manager;
 mod status;
@@ -176,8 +175,8 @@ pub mod registry {
 }
 
 /// The plugin APIs' names and limits a node agent needs: plugin types,
-/// the kubelet's directory and socket names, DRA service names, and how
-/// kpm renders an error chain. Named one by one, so that the facade's API
+/// the kubelet's directory and socket names, DRA service names, the socket
+/// path of an advertised endpoint, and how kpm renders an error chain. Named one by one, so that the facade's API
 /// does not grow with the wire crate; the generated gRPC types are in the
 /// `kpm-api` crate, for plugins and tests that speak the protocols.
 pub mod api {
@@ -187,6 +186,7 @@ pub mod api {
         DRA_SUPPORTED_SERVICES, DRA_V1_SERVICE, DRA_V1BETA1_SERVICE, KUBELET_SOCKET_NAME,
         MAX_CONFIG_DURATION, MAX_SOCKET_PATH_BYTES, OWN_DIR_MODE, PLUGINS_REGISTRY_DIR_NAME,
     };
+    pub use kpm_api::endpoint_path;
     pub use kpm_api::gotext::error_chain;
     /// The range a setting takes, and the refusal of one out of it
     /// (`kpm_api::config`), for the configs of crates above the facade.

@@ -11,6 +11,7 @@ use kpm_executor::{ExecutorConfig, Inspection, OperationExecutor};
 use kpm_liveness::{LivenessConfig, LivenessMonitor, LivenessStats, SharedConnections};
 use kpm_reconciler::{Reconciler, ReconcilerConfig};
 use kpm_transport::fd::FdBudget;
+use kpm_transport::{HostRoot, Reach};
 use kpm_watcher::{Watcher, WatcherConfig, WatcherStats};
 use tokio::sync::broadcast;
 
@@ -32,7 +33,7 @@ pub struct PluginManagerBuilder {
     watcher: WatcherConfig,
     liveness: Option<LivenessConfig>,
     shared_connections: Option<Arc<dyn SharedConnections>>,
-    host_root: Option<PathBuf>,
+    host: HostRoot,
     shutdown_grace: Duration,
     event_capacity: usize,
     fd_budget: FdBudget,
@@ -49,7 +50,7 @@ impl Default for PluginManagerBuilder {
             watcher: WatcherConfig::default(),
             liveness: Some(LivenessConfig::default()),
             shared_connections: None,
-            host_root: None,
+            host: HostRoot::default(),
             shutdown_grace: Duration::from_secs(10),
             event_capacity: EventBus::DEFAULT_CAPACITY,
             fd_budget: kpm_transport::fd::budget().clone(),
@@ -126,12 +127,12 @@ impl PluginManagerBuilder {
         self
     }
 
-    /// Where this process sees the host's `/`, if elsewhere (see
-    /// [`KubeletBuilder::host_root`](crate::KubeletBuilder::host_root)):
-    /// liveness probes and watches the endpoints plugins advertise under
-    /// it. [`Kubelet`](crate::Kubelet) hands over its own.
-    pub fn host_root(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.host_root = Some(dir.into());
+    /// Where this process sees the host's `/` (see
+    /// [`KubeletBuilder::inspect_only`](crate::KubeletBuilder::inspect_only)):
+    /// the executor dials the sockets it is given, paths on the host,
+    /// there. [`Kubelet`](crate::Kubelet) hands over its own.
+    pub(crate) fn host(mut self, host: HostRoot) -> Self {
+        self.host = host;
         self
     }
 
@@ -186,12 +187,11 @@ impl PluginManagerBuilder {
         )?;
         // In the order the settings were always checked: the first invalid
         // one is the one reported.
+        let reach = Reach::new(self.fd_budget.clone(), self.host);
         let executor =
-            OperationExecutor::try_new(self.executor, self.fd_budget.clone(), events.clone())
-                .map_err(|err| Error::InvalidConfig {
-                    setting: "executor_config",
-                    reason: err.to_string(),
-                })?;
+            OperationExecutor::try_new(self.executor, reach, events.clone()).map_err(|err| {
+                Error::InvalidConfig { setting: "executor_config", reason: err.to_string() }
+            })?;
         let desired = Arc::new(DesiredState::new());
         let actual = Arc::new(ActualState::new());
         let reconciler = Reconciler::try_new(
@@ -208,7 +208,7 @@ impl PluginManagerBuilder {
         let reconciler = Arc::new(reconciler);
         invalid_if("watcher_config", self.watcher.validate())?;
 
-        let (shared, host_root) = (self.shared_connections, self.host_root);
+        let shared = self.shared_connections;
         let liveness = self
             .liveness
             .map(|config| {
@@ -221,9 +221,6 @@ impl PluginManagerBuilder {
                 )?;
                 if let Some(shared) = shared {
                     monitor = monitor.with_shared_connections(shared);
-                }
-                if let Some(host_root) = host_root {
-                    monitor = monitor.with_host_root(host_root);
                 }
                 Ok::<_, kpm_liveness::LivenessError>(Arc::new(monitor))
             })

@@ -5,8 +5,8 @@
 //! [`Http1Incoming`], [`TrackRequests`], [`BoundSocket`]), and dialing a
 //! plugin ([`Dialer`], paid from the budget the caller names, with the
 //! types its methods give: [`GrpcChannel`], [`UdsChannel`],
-//! [`PermittedStream`], [`LiveConnections`]; [`endpoint_path`] reads the
-//! socket path out of an endpoint a plugin advertised, and [`file_id_at`]
+//! [`PermittedStream`], [`LiveConnections`]; a [`Reach`] is a budget and
+//! the [`HostRoot`] a process sees the host's `/` at, and [`file_id_at`]
 //! tells a socket made anew at a path from the one seen before).
 //!
 //! ```no_run
@@ -25,9 +25,9 @@
 //! ```
 
 pub use kpm_transport::{
-    BoundSocket, Connection, DEFAULT_HANDSHAKE_TIMEOUT, Dialer, GrpcChannel, Http1Connection,
-    Http1Incoming, Incoming, Listen, LiveConnections, OWNER_ONLY, PermittedStream, TrackRequests,
-    TransportError, UdsChannel, bind, bind_with_mode, endpoint_path, file_id_at,
+    BoundSocket, Connection, DEFAULT_HANDSHAKE_TIMEOUT, Dialer, GrpcChannel, HostRoot,
+    Http1Connection, Http1Incoming, Incoming, Listen, LiveConnections, OWNER_ONLY, PermittedStream,
+    Reach, TrackRequests, TransportError, UdsChannel, bind, bind_with_mode, file_id_at,
 };
 
 /// The process's file descriptors as a budget every connection kpm dials

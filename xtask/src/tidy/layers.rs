@@ -36,7 +36,7 @@ pub(super) const LAYERS: &[Layer] = &[
     // The wire: generated code and constants, no IO.
     normal("kpm-api", &[]),
     normal("kpm-transport", &["kpm-api"]),
-    normal("kpm-cache", &[]),
+    normal("kpm-cache", &["kpm-api"]),
     normal("kpm-executor", &["kpm-api", "kpm-transport", "kpm-cache"]),
     normal("kpm-watcher", &["kpm-api", "kpm-cache"]),
     normal("kpm-liveness", &["kpm-api", "kpm-transport", "kpm-cache"]),

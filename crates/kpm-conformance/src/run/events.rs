@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::node::{Node, Registrations, endpoint_path};
+use super::node::{Node, Registrations};
 use super::plugin::{Dirs, Running, Settings, evidence};
 use super::{Run, dra_context};
 use crate::outcome::{Evidence, Mark, Outcome, Subject};
@@ -71,7 +71,7 @@ pub(super) async fn node_events(
     let kept = match (dra, &settings.api) {
         (Some(socket), Some(_)) => {
             let ctx = dra_context(&node, settings, dirs, started_at);
-            let endpoint = endpoint_path(&socket.plugin.endpoint);
+            let endpoint = socket.plugin.endpoint.socket_path().to_path_buf();
             let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
             Some(dra::keep_prepared(name, &endpoint, versions, &ctx).await)
         }
@@ -103,7 +103,7 @@ pub(super) async fn node_events(
             let now = node.registered(dirs);
             let again =
                 now.of_type(kpm::api::DRA_PLUGIN).find(|s| s.plugin.name == socket.plugin.name);
-            let endpoint = endpoint_path(&again.unwrap_or(socket).plugin.endpoint);
+            let endpoint = again.unwrap_or(socket).plugin.endpoint.socket_path().to_path_buf();
             dra::after_reboot(kept, &socket.plugin.name, &endpoint, &ctx).await
         }
         (_, None) => Outcome::skipped("no DRA driver"),

@@ -13,7 +13,7 @@ use kpm::Kubelet;
 use tokio::time::Instant;
 
 use self::events::Before;
-use self::node::{Node, Registrations, endpoint_path};
+use self::node::{Node, Registrations};
 use self::plugin::{Api, Dirs, Running, Settings};
 use self::registration::{inspect, names, wait_registered};
 use crate::config::ApiServer;
@@ -102,7 +102,7 @@ async fn checks(
         let get_info = kpm::ExecutorConfig::default().get_info_timeout;
         let judge = Kubelet::builder()
             .root_dir(dirs.root())
-            .inspect_only(bound, get_info)
+            .inspect_only(bound, get_info, kpm::transport::HostRoot::default())
             .build()
             .map_err(|err| SuiteError::BuildKubelet(Box::new(err)))?;
         made.extend(inspect(&judge.handle(), dirs, registered).await);
@@ -172,7 +172,7 @@ async fn converse(
     let context = dra::DraContext { health_change, ..dra_context(node, settings, dirs, started) };
     for socket in registered.of_type(kpm::api::DRA_PLUGIN) {
         let (name, versions) = (&socket.plugin.name, &socket.plugin.versions);
-        let endpoint = endpoint_path(&socket.plugin.endpoint);
+        let endpoint = socket.plugin.endpoint.socket_path().to_path_buf();
         made.extend(dra::converse(name, &endpoint, versions, &context).await);
     }
     before

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kpm::{KubeletHandle, PluginDetails, PluginEndpoint, PluginState};
+use kpm::{KubeletHandle, PluginDetails, PluginState};
 use tokio::sync::oneshot;
 
 use super::plugin::Dirs;
@@ -132,9 +132,9 @@ impl Registrations {
 
     /// Every device plugin, registered either way: `(resource, endpoint)`.
     pub(super) fn device_endpoints(&self) -> Vec<(String, PathBuf)> {
-        let sockets = self
-            .of_type(kpm::api::DEVICE_PLUGIN)
-            .map(|socket| (socket.plugin.name.clone(), endpoint_path(&socket.plugin.endpoint)));
+        let sockets = self.of_type(kpm::api::DEVICE_PLUGIN).map(|socket| {
+            (socket.plugin.name.clone(), socket.plugin.endpoint.socket_path().to_path_buf())
+        });
         sockets.chain(self.resources.iter().cloned()).collect()
     }
 
@@ -149,16 +149,5 @@ impl Registrations {
             format!("DevicePlugin {resource} on kubelet.sock, endpoint {}", dirs.shown(endpoint))
         });
         sockets.chain(resources).collect::<Vec<_>>().join("; ")
-    }
-}
-
-/// The socket a plugin serves on, as the kubelet dials it: the endpoint it
-/// advertised (a `unix://` prefix stripped), else its registration socket.
-pub(super) fn endpoint_path(endpoint: &PluginEndpoint) -> PathBuf {
-    match endpoint {
-        PluginEndpoint::Advertised(endpoint) => {
-            kpm::transport::endpoint_path(endpoint).to_path_buf()
-        }
-        PluginEndpoint::RegistrationSocket(path) => path.clone(),
     }
 }

@@ -91,7 +91,7 @@ impl DeviceManager {
     /// If `socket` is already the resource's current endpoint, and still the
     /// same socket file, nothing is done: no second connection.
     pub(super) async fn connect(&self, resource: &str, socket: &Path) -> Result<(), DeviceError> {
-        let file = kpm_transport::file_id_at(socket);
+        let file = self.reach.host().file_id_at(socket);
         let shown = socket.display();
         if self.is_connected(resource, socket, file.as_ref()) {
             debug!(resource, socket = %shown, "device plugin is already connected");
@@ -184,7 +184,7 @@ impl DeviceManager {
         // A connection of its own, without tonic's `Channel`: it is held for
         // as long as the plugin is registered, and its buffers are most of
         // kpm's memory with many plugins (docs/performance.md).
-        let dialer = Dialer::new(self.budget.clone(), self.config.dial_timeout);
+        let dialer = Dialer::new(self.reach.clone(), self.config.dial_timeout);
         let channel = dialer.kept(socket).await.map_err(|source| DeviceError::Dial {
             resource: resource.to_owned(),
             socket: socket.to_path_buf(),

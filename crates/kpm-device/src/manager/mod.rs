@@ -39,8 +39,8 @@ use std::sync::{Arc, Weak};
 use kpm_api::FileId;
 use kpm_api::deviceplugin::v1beta1::DevicePluginOptions;
 use kpm_cache::Hangups;
+use kpm_transport::Reach;
 use kpm_transport::UdsChannel;
-use kpm_transport::fd::FdBudget;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -74,7 +74,7 @@ pub struct DeviceManager {
     /// Endpoint sockets whose stream ended while current (see [`DeviceManager::hangups`]).
     hangups: Hangups,
     /// What endpoint connections and `kubelet.sock`'s accepted ones pay from.
-    pub(crate) budget: FdBudget,
+    pub(crate) reach: Reach,
 }
 
 #[derive(Debug, Default)]
@@ -114,11 +114,16 @@ impl DeviceManager {
     /// A manager without endpoints, once `config` passes
     /// [`DeviceConfig::validate`]: the only check of the config, so no
     /// later operation fails on it. Its connections, dialled and accepted,
-    /// take permits of `budget`; pass
+    /// take permits of the budget of `reach`; pass
     /// [`kpm_transport::fd::budget()`](kpm_transport::fd::budget)`.clone()`
-    /// for the process-wide one.
-    pub fn try_new(config: DeviceConfig, budget: FdBudget) -> Result<Arc<Self>, DeviceConfigError> {
+    /// for the process-wide one, on the host itself. Endpoints are paths on
+    /// the host `reach` sees.
+    pub fn try_new(
+        config: DeviceConfig,
+        reach: impl Into<Reach>,
+    ) -> Result<Arc<Self>, DeviceConfigError> {
         config.validate()?;
+        let reach = reach.into();
         Ok(Arc::new_cyclic(|this| Self {
             this: this.clone(),
             config,
@@ -126,7 +131,7 @@ impl DeviceManager {
             next_id: AtomicU64::new(1),
             changes: watch::Sender::new(0),
             hangups: Hangups::default(),
-            budget,
+            reach,
         }))
     }
 

@@ -28,7 +28,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
+use crate::standing::Standing;
 use kpm::api::config::Bounds;
+use kpm_report::{CANNOT_JUDGE_REASON, Verdict};
 
 use crate::config::{MAX_PERIOD, PERIOD};
 
@@ -445,6 +447,93 @@ fn bounded(text: &str, bytes: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// What the Events about the whole node are about, rather than a socket or
+/// an object: with the reason, it makes them isomorphic.
+const NODE: &str = "node";
+
+/// The Events from `before` to `now`. A blind pass tells of no
+/// recovery: what it does not see, it cannot call fixed.
+pub(crate) fn transitions(now: &Standing, before: &Standing) -> Vec<Occurrence> {
+    let mut occurrences = Vec::new();
+    match (&before.blind, &now.blind) {
+        (None, Some(blind)) => occurrences.push(Occurrence {
+            event_type: EventType::Warning,
+            reason: CANNOT_JUDGE_REASON.to_owned(),
+            about: NODE.to_owned(),
+            note: format!("cannot judge this node: {}; try: {}", blind.why, blind.hint),
+            related: None,
+        }),
+        (Some(was), None) => occurrences.push(Occurrence {
+            event_type: EventType::Normal,
+            reason: CAN_JUDGE_REASON.to_owned(),
+            about: NODE.to_owned(),
+            note: format!("the node is judged again; before: {}", was.why),
+            related: None,
+        }),
+        _ => {}
+    }
+    for (path, failing) in &now.failing {
+        if before.failing.get(path).is_some_and(|was| was.verdict == failing.verdict) {
+            continue;
+        }
+        occurrences.push(Occurrence {
+            event_type: EventType::Warning,
+            reason: failing.verdict.reason(),
+            about: path.display().to_string(),
+            note: format!(
+                "{} ({}{}) is {}: {}",
+                failing.subject,
+                path.display(),
+                failing.pod.as_ref().map_or_else(String::new, |pod| format!(", {pod}")),
+                failing.verdict.name(),
+                failing.reason
+            ),
+            related: failing.pod.clone(),
+        });
+    }
+    if now.blind.is_some() {
+        return occurrences;
+    }
+    for (path, was) in &before.failing {
+        let verdict_now = now.failing.get(path).map(|failing| failing.verdict);
+        if was.verdict == Verdict::Flapping && verdict_now != Some(Verdict::Flapping) {
+            let settled = match (verdict_now, now.sockets.get(path)) {
+                (Some(verdict), _) => verdict.name(),
+                (None, Some(socket)) => socket.verdict.name(),
+                (None, None) => "gone",
+            };
+            occurrences.push(Occurrence {
+                event_type: EventType::Normal,
+                reason: STABLE_REASON.to_owned(),
+                about: path.display().to_string(),
+                note: format!(
+                    "{} ({}) holds still again after flapping: {settled}",
+                    was.subject,
+                    path.display()
+                ),
+                related: was.pod.clone(),
+            });
+            continue;
+        }
+        if verdict_now.is_some() {
+            continue;
+        }
+        occurrences.push(Occurrence {
+            event_type: EventType::Normal,
+            reason: RECOVERED_REASON.to_owned(),
+            about: path.display().to_string(),
+            note: format!(
+                "{} ({}) is no longer {}",
+                was.subject,
+                path.display(),
+                was.verdict.name()
+            ),
+            related: was.pod.clone(),
+        });
+    }
+    occurrences
 }
 
 #[cfg(test)]

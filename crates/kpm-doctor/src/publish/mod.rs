@@ -48,7 +48,7 @@ use kpm_report::{CONDITION_TYPE, ConditionStatus, DOCTOR_STOPPED_REASON, Kubelet
 use crate::condition::{
     Conditions, FIELD_MANAGER, PluginConditionType, PluginsCondition, condition_apply,
 };
-use crate::outcome::{Outcome, status_of};
+use crate::standing::{Standing, status_of};
 use config::MAX_RETRY;
 pub use config::{PublishConfig, PublishConfigBuilder};
 use events::{EVENT_NAMESPACE, EventRecorder, Write};
@@ -258,7 +258,7 @@ impl NodePublisher {
 
     /// What `outcome` comes to, to publish: the condition, and the report
     /// from the same outcome.
-    pub(crate) fn set(&mut self, outcome: &Outcome) {
+    pub(crate) fn set(&mut self, outcome: &Standing) {
         let condition = outcome.condition();
         let mut status = status_of(outcome, &condition, &Time(Timestamp::now()));
         if let Some(before) = self.report.latest() {

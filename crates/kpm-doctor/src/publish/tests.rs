@@ -253,8 +253,8 @@ async fn while_the_api_server_is_down_nothing_is_lost() {
 }
 
 /// The outcome of a node with `rows`.
-fn outcome(rows: Vec<crate::Row>) -> Outcome {
-    Outcome::of(&crate::Report::of_parts(rows, Vec::new(), None))
+fn outcome(rows: Vec<crate::Row>) -> Standing {
+    Standing::of(&crate::Report::of_parts(rows, Vec::new(), None))
 }
 
 fn stale_row() -> crate::Row {

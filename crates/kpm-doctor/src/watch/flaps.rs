@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::ConfigError;
 use crate::config::PERIOD;
-use crate::outcome::{Failing, Outcome, Socket};
+use crate::standing::{Failing, Socket, Standing};
 use kpm_report::Verdict;
 
 /// How a flapping plugin is told and damped. [`Default`], else made by
@@ -144,7 +144,7 @@ impl Flaps {
 
     /// Counts what changed from the pass before to `seen`, at `now`. A
     /// blind pass sees nothing and changes nothing.
-    pub(crate) fn observe(&mut self, seen: &Outcome, now: Instant) {
+    pub(crate) fn observe(&mut self, seen: &Standing, now: Instant) {
         if self.config.changes == 0 || seen.blind.is_some() {
             return;
         }
@@ -208,7 +208,7 @@ impl Flaps {
     /// `seen` as published: each flapping path fails as
     /// [`Verdict::Flapping`], shown as it was when present, whatever it is
     /// now.
-    pub(crate) fn damp(&self, mut seen: Outcome) -> Outcome {
+    pub(crate) fn damp(&self, mut seen: Standing) -> Standing {
         if seen.blind.is_some() {
             return seen;
         }
@@ -268,12 +268,12 @@ mod tests {
 
     const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
 
-    fn seen(verdict: Option<Verdict>) -> Outcome {
+    fn seen(verdict: Option<Verdict>) -> Standing {
         let rows = verdict
             .map(|verdict| Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned()))
             .into_iter()
             .collect();
-        Outcome::of(&Report::of_parts(rows, Vec::new(), None))
+        Standing::of(&Report::of_parts(rows, Vec::new(), None))
     }
 
     fn flapping(flaps: &Flaps) -> bool {
@@ -327,7 +327,7 @@ mod tests {
                 })
                 .into_iter()
                 .collect();
-            Outcome::of(&Report::of_parts(vec![row], findings, None))
+            Standing::of(&Report::of_parts(vec![row], findings, None))
         };
         let mut flaps = Flaps::new(FlapConfig::default());
         for stale in [false, true, false, true, false, true, false, true] {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::outcome::Outcome;
+use crate::standing::Standing;
 use kpm_report::Verdict;
 
 /// When each finding held back was first seen, by path.
@@ -30,7 +30,7 @@ pub(super) struct Graces {
 impl Graces {
     /// `seen` without the findings still within the kubelet's grace, as of
     /// `now`. A blind pass is left as it is, and forgets nothing.
-    pub(super) fn hold(&mut self, mut seen: Outcome, now: Instant) -> Outcome {
+    pub(super) fn hold(&mut self, mut seen: Standing, now: Instant) -> Standing {
         if seen.blind.is_some() {
             return seen;
         }
@@ -70,7 +70,7 @@ const WIPE_SLACK: Duration = Duration::from_secs(5);
 /// How long the judged kubelet takes to wipe a gone driver's slices: its
 /// minor's delay (none before 1.33), the newer kubelets' when its version
 /// is not known, and the wipe's own time.
-fn grace_of(seen: &Outcome) -> Duration {
+fn grace_of(seen: &Standing) -> Duration {
     let delay = kpm_minors::slice_wipe_delay(seen.kubelet.version.as_deref());
     delay.unwrap_or_default() + WIPE_SLACK
 }

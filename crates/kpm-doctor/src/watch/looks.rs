@@ -42,7 +42,7 @@ impl Looks {
     pub(super) fn follow(&mut self, report: &Report, doctor: &Doctor) {
         let mut sockets: Vec<Seen> = Vec::new();
         for row in report.plugins.iter().filter(|row| row.verdict == crate::Verdict::Ok) {
-            let endpoint = row.endpoint.as_deref().map(kpm::transport::endpoint_path);
+            let endpoint = row.endpoint.as_deref().map(kpm::api::endpoint_path);
             for path in std::iter::once(row.path.as_path()).chain(endpoint) {
                 let seen = doctor.seen(path);
                 if !sockets.contains(&seen) {

@@ -54,28 +54,24 @@ use kpm::api::config::Bounds;
 
 use crate::config::PERIOD;
 use crate::metrics::DoctorMetrics;
-use crate::outcome::Outcome;
 use crate::publish::{EventType, NodePublisher};
+use crate::standing::Standing;
 use crate::{ConfigError, Doctor, Report, Seen};
 
 mod flaps;
 mod graces;
 mod looks;
-mod publication;
+mod pacing;
 #[cfg(test)]
 mod tests;
 
 pub use self::flaps::{FlapConfig, FlapConfigBuilder};
 use self::looks::Looks;
-use self::publication::Publication;
+use self::pacing::{Pacing, Ran};
 
 /// The first wait before a failing node is judged again, doubled each time
 /// nothing changed.
 const RECHECK: Duration = Duration::from_secs(1);
-
-/// What the Events about the whole node are about, rather than a socket or
-/// an object: with the reason, it makes them isomorphic.
-const NODE: &str = "node";
 
 /// The default [`WatchConfig::period`].
 const DEFAULT_PERIOD: Duration = Duration::from_secs(5 * 60);
@@ -347,9 +343,9 @@ impl NodeWatch {
             .map_err(WatchError::Inotify)?;
         let mut armed = Armed::default();
         let mut exits = Exits::new(wake_up);
-        let mut publication = Publication::new(self.config);
+        let mut pacing = Pacing::new(self.config);
         let mut looks = Looks::new(self.doctor.config().timeout());
-        let mut after_wake_up = false;
+        let mut ran = Ran::Due;
         tokio::pin!(shutdown);
         loop {
             self.recall().await;
@@ -357,9 +353,9 @@ impl NodeWatch {
             armed.arm(&mut watcher, &self.doctor);
             exits.follow(&report);
             looks.follow(&report, &self.doctor);
-            let next = publication.after_pass(&Outcome::of(&report), after_wake_up);
-            if let Some((outcome, before)) = next.publish {
-                self.publish(&outcome, &before);
+            let next = pacing.after_pass(&Standing::of(&report), ran);
+            if let Some((standing, before)) = next.publish {
+                self.publish(&standing, &before);
             }
             self.sync().await;
             let judge_at = next.judge_at;
@@ -367,7 +363,7 @@ impl NodeWatch {
                 self.config.look.filter(|_| looks.any()).map(|look| Instant::now() + look);
             // Until the next reason to judge, the publisher's own work, and
             // the looks.
-            after_wake_up = loop {
+            ran = loop {
                 let due = self.api.as_ref().and_then(|link| link.publisher.next_due());
                 let next = [due, look_at].into_iter().flatten().fold(judge_at, Instant::min);
                 tokio::select! {
@@ -378,17 +374,17 @@ impl NodeWatch {
                     Some(()) = wake_ups.recv() => {
                         tokio::time::sleep(self.config.settle).await;
                         while wake_ups.try_recv().is_ok() {}
-                        break true;
+                        break Ran::WokenUp;
                     }
                     () = tokio::time::sleep_until(next) => {
                         let now = Instant::now();
                         if now >= judge_at {
-                            break false;
+                            break Ran::Due;
                         }
                         if look_at.is_some_and(|at| now >= at) {
                             if !looks.all_answer().await {
                                 debug!("a look found the node changed: judging now");
-                                break true;
+                                break Ran::WokenUp;
                             }
                             look_at = self.config.look.map(|look| Instant::now() + look);
                         }
@@ -444,9 +440,9 @@ impl NodeWatch {
         report
     }
 
-    /// Sets the condition `outcome` comes to, and the Events from `before`.
-    fn publish(&mut self, outcome: &Outcome, before: &Outcome) {
-        let transitions = outcome.transitions(before);
+    /// Sets the condition `standing` comes to, and the Events from `before`.
+    fn publish(&mut self, standing: &Standing, before: &Standing) {
+        let transitions = crate::publish::events::transitions(standing, before);
         for occurrence in &transitions {
             match occurrence.event_type {
                 EventType::Warning => {
@@ -458,7 +454,7 @@ impl NodeWatch {
             }
         }
         let Some(link) = &mut self.api else { return };
-        link.publisher.set(outcome);
+        link.publisher.set(standing);
         for occurrence in transitions {
             link.publisher.record(occurrence);
         }

@@ -8,7 +8,7 @@ use kpm_report::Verdict;
 
 use crate::judge::Row;
 use crate::publish::Occurrence;
-use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON};
+use crate::publish::events::{CAN_JUDGE_REASON, RECOVERED_REASON, STABLE_REASON, transitions};
 use crate::{Blind, Finding};
 
 const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
@@ -27,27 +27,30 @@ fn reasons(occurrences: &[Occurrence]) -> Vec<(EventType, &str)> {
 
 #[test]
 fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
-    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
     assert!(!blind.only_better_than(&failing), "no failure seen is no recovery");
-    assert!(!blind.only_better_than(&Outcome::default()));
-    assert!(!blind.agrees(&Outcome::default()));
+    assert!(!blind.only_better_than(&Standing::default()));
+    assert!(!blind.agrees(&Standing::default()));
     assert!(blind.fails());
-    assert_eq!(reasons(&blind.transitions(&failing)), [(EventType::Warning, CANNOT_JUDGE_REASON)]);
+    assert_eq!(
+        reasons(&transitions(&blind, &failing)),
+        [(EventType::Warning, CANNOT_JUDGE_REASON)]
+    );
     assert_eq!(blind.condition().status, crate::ConditionStatus::Unknown);
 }
 
 #[test]
 fn seeing_again_is_published_at_once_with_its_own_event() {
-    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
-    let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let healthy = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
     assert!(healthy.only_better_than(&blind));
-    assert_eq!(reasons(&healthy.transitions(&blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
+    assert_eq!(reasons(&transitions(&healthy, &blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
     // A failure seen on the way back is new: it waits for a second look.
-    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
     assert!(!failing.only_better_than(&blind));
     assert_eq!(
-        reasons(&failing.transitions(&blind)),
+        reasons(&transitions(&failing, &blind)),
         [(EventType::Normal, CAN_JUDGE_REASON), (EventType::Warning, "Stale")]
     );
 }
@@ -62,17 +65,17 @@ fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
         hint: String::new(),
         cause: Some(SOCKET.into()),
     };
-    let outcome = Outcome::of(&Report::of_parts(vec![stale()], vec![entry], None));
+    let standing = Standing::of(&Report::of_parts(vec![stale()], vec![entry], None));
     assert_eq!(
-        reasons(&outcome.transitions(&Outcome::default())),
+        reasons(&transitions(&standing, &Standing::default())),
         [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
     );
-    let condition = outcome.condition();
+    let condition = standing.condition();
     assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
     // Both go when the socket does.
-    let gone = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let gone = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
     assert_eq!(
-        reasons(&gone.transitions(&outcome)),
+        reasons(&transitions(&gone, &standing)),
         [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
     );
 }
@@ -109,14 +112,14 @@ impl Coming {
         None
     }
 
-    fn outcome(&self, at: Duration) -> Outcome {
+    fn standing(&self, at: Duration) -> Standing {
         let rows = if self.there(at) {
             let path = Path::new(SOCKET);
             vec![Row::new(self.verdict, path, "registry", "judged".to_owned())]
         } else {
             Vec::new()
         };
-        Outcome::of(&Report::of_parts(rows, Vec::new(), None))
+        Standing::of(&Report::of_parts(rows, Vec::new(), None))
     }
 }
 
@@ -127,19 +130,23 @@ async fn published(
     config: WatchConfig,
     world: &Coming,
     run: Duration,
-) -> Vec<(Duration, Outcome, Outcome)> {
+) -> Vec<(Duration, Standing, Standing)> {
     let start = Instant::now();
-    let mut publication = Publication::new(config);
+    let mut pacing = Pacing::new(config);
     let mut published = Vec::new();
-    let mut woken = false;
+    let mut ran = Ran::Due;
     loop {
         let at = start.elapsed();
-        let next = publication.after_pass(&world.outcome(at), woken);
-        if let Some((outcome, before)) = next.publish {
-            published.push((at, outcome, before));
+        let next = pacing.after_pass(&world.standing(at), ran);
+        if let Some((standing, before)) = next.publish {
+            published.push((at, standing, before));
         }
         let change = world.next_change(at).map(|change| start + change + config.settle);
-        woken = change.is_some_and(|change| change <= next.judge_at);
+        ran = if change.is_some_and(|change| change <= next.judge_at) {
+            Ran::WokenUp
+        } else {
+            Ran::Due
+        };
         let wake = change.map_or(next.judge_at, |change| change.min(next.judge_at));
         if wake.duration_since(start) > run {
             return published;
@@ -181,7 +188,10 @@ async fn a_plugin_flapping_four_seconds_on_one_off_is_written_a_handful_of_times
         "{}",
         condition.message
     );
-    assert_eq!(reasons(&last.transitions(before)).last(), Some(&(EventType::Warning, "Flapping")));
+    assert_eq!(
+        reasons(&transitions(&last, before)).last(),
+        Some(&(EventType::Warning, "Flapping"))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -194,12 +204,12 @@ async fn a_plugin_flapping_every_second_shows_as_failing_within_the_window() {
         ..FOUR_ONE
     };
     let published = published(WatchConfig::default(), &world, Duration::from_secs(120)).await;
-    let failing = published.iter().find(|(_, outcome, _)| outcome.fails());
-    let (at, outcome, _) = failing.expect("the flapping is published");
+    let failing = published.iter().find(|(_, standing, _)| standing.fails());
+    let (at, standing, _) = failing.expect("the flapping is published");
     assert!(*at < FlapConfig::default().window(), "{at:?}");
-    assert_eq!(outcome.condition().reason, "Flapping");
+    assert_eq!(standing.condition().reason, "Flapping");
     // Shown as when it was there, whether it is there or not.
-    assert_eq!(outcome.sockets[Path::new(SOCKET)].verdict, Verdict::Flapping);
+    assert_eq!(standing.sockets[Path::new(SOCKET)].verdict, Verdict::Flapping);
 }
 
 #[tokio::test(start_paused = true)]
@@ -213,8 +223,8 @@ async fn once_still_for_the_hold_it_is_published_at_once_with_its_event() {
     let hold = FlapConfig::default().hold();
     let settled = Duration::from_secs(29) + WatchConfig::default().settle + hold;
     assert!(*at >= settled && *at < settled + Duration::from_millis(50), "{at:?}");
-    assert_eq!(reasons(&last.transitions(before)), [(EventType::Normal, STABLE_REASON)]);
-    assert!(last.transitions(before)[0].note.ends_with("holds still again after flapping: gone"));
+    assert_eq!(reasons(&transitions(&last, before)), [(EventType::Normal, STABLE_REASON)]);
+    assert!(transitions(last, before)[0].note.ends_with("holds still again after flapping: gone"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -227,7 +237,7 @@ async fn a_plugin_restarting_once_is_not_flapping() {
     };
     let published = published(WatchConfig::default(), &world, Duration::from_secs(100)).await;
     assert!(
-        published.iter().all(|(_, outcome, _)| !outcome.fails()),
+        published.iter().all(|(_, standing, _)| !standing.fails()),
         "{:?}",
         published.iter().map(|(at, o, _)| (at, o.condition())).collect::<Vec<_>>()
     );
@@ -235,25 +245,25 @@ async fn a_plugin_restarting_once_is_not_flapping() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_failure_waits_for_a_second_look_and_a_recovery_does_not() {
-    let mut publication = Publication::new(WatchConfig::default());
-    let healthy = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), None));
-    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-    assert!(publication.after_pass(&healthy, false).publish.is_some(), "the first pass");
-    let next = publication.after_pass(&failing, true);
+    let mut pacing = Pacing::new(WatchConfig::default());
+    let healthy = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    assert!(pacing.after_pass(&healthy, Ran::Due).publish.is_some(), "the first pass");
+    let next = pacing.after_pass(&failing, Ran::WokenUp);
     assert!(next.publish.is_none());
     assert_eq!(next.judge_at - Instant::now(), WatchConfig::default().confirm);
     tokio::time::sleep_until(next.judge_at).await;
-    let next = publication.after_pass(&failing, false);
+    let next = pacing.after_pass(&failing, Ran::Due);
     assert_eq!(next.judge_at - Instant::now(), Duration::from_secs(6));
-    assert!(next.publish.is_some_and(|(outcome, _)| outcome.fails()));
+    assert!(next.publish.is_some_and(|(standing, _)| standing.fails()));
     // Still failing: looked at again sooner than the period, less often each
     // time, up to the period.
     let waits: Vec<Duration> =
-        (0..5).map(|_| publication.after_pass(&failing, false).judge_at - Instant::now()).collect();
+        (0..5).map(|_| pacing.after_pass(&failing, Ran::Due).judge_at - Instant::now()).collect();
     assert_eq!(waits, [12, 24, 48, 96, 192].map(Duration::from_secs));
-    let capped = publication.after_pass(&failing, false).judge_at - Instant::now();
+    let capped = pacing.after_pass(&failing, Ran::Due).judge_at - Instant::now();
     assert_eq!(capped, WatchConfig::default().period);
-    assert!(publication.after_pass(&healthy, true).publish.is_some(), "recovered at once");
+    assert!(pacing.after_pass(&healthy, Ran::WokenUp).publish.is_some(), "recovered at once");
 }
 
 #[tokio::test(start_paused = true)]
@@ -261,17 +271,17 @@ async fn without_a_confirm_a_failing_node_is_still_looked_at_with_pauses() {
     // Before the one backoff, a zero confirm doubled to zero: rechecks
     // without pause while a failure held still.
     let config = WatchConfig::builder().confirm(Duration::ZERO).build().unwrap();
-    let mut publication = Publication::new(config);
-    let failing = Outcome::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-    publication.after_pass(&failing, false);
+    let mut pacing = Pacing::new(config);
+    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    pacing.after_pass(&failing, Ran::Due);
     let waits: Vec<Duration> =
-        (0..4).map(|_| publication.after_pass(&failing, false).judge_at - Instant::now()).collect();
+        (0..4).map(|_| pacing.after_pass(&failing, Ran::Due).judge_at - Instant::now()).collect();
     assert_eq!(waits, [1, 2, 4, 8].map(Duration::from_secs));
 }
 
 /// The node with the ResourceSlices of `gpu.example.com`, whose driver
 /// went, beside a kubelet of `version`: what the kubelet wipes by itself.
-fn orphaned_slices(version: &str) -> Outcome {
+fn orphaned_slices(version: &str) -> Standing {
     let slices = Finding {
         name: Some("gpu.example.com".into()),
         verdict: Verdict::OrphanedSlices,
@@ -282,67 +292,67 @@ fn orphaned_slices(version: &str) -> Outcome {
     };
     let mut report = Report::of_parts(Vec::new(), vec![slices], None);
     report.kubelet_version = Some(version.to_owned());
-    Outcome::of(&report)
+    Standing::of(&report)
 }
 
-fn healthy_beside(version: &str) -> Outcome {
+fn healthy_beside(version: &str) -> Standing {
     let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
     report.kubelet_version = Some(version.to_owned());
-    Outcome::of(&report)
+    Standing::of(&report)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_gone_drivers_slices_are_held_back_for_the_kubelets_wipe_delay() {
     // The 30 s delay, and the wipe's own 5 s.
     let (kubelet, after) = ("v1.33.13", Duration::from_secs(35));
-    let mut publication = Publication::new(WatchConfig::default());
-    assert!(publication.after_pass(&healthy_beside(kubelet), false).publish.is_some());
+    let mut pacing = Pacing::new(WatchConfig::default());
+    assert!(pacing.after_pass(&healthy_beside(kubelet), Ran::Due).publish.is_some());
     // The driver goes: its slices are held back, judged again at the end of
     // the grace, and wiped by the kubelet before: nothing is published.
     let start = Instant::now();
-    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    let next = pacing.after_pass(&orphaned_slices(kubelet), Ran::WokenUp);
     assert!(next.publish.is_none());
     assert_eq!(next.judge_at - start, after);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert!(publication.after_pass(&orphaned_slices(kubelet), false).publish.is_none());
+    assert!(pacing.after_pass(&orphaned_slices(kubelet), Ran::Due).publish.is_none());
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert!(publication.after_pass(&healthy_beside(kubelet), true).publish.is_none());
+    assert!(pacing.after_pass(&healthy_beside(kubelet), Ran::WokenUp).publish.is_none());
 
     // Gone again, and never wiped: published after the grace and a second look.
     let start = Instant::now();
-    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    let next = pacing.after_pass(&orphaned_slices(kubelet), Ran::WokenUp);
     assert!(next.publish.is_none());
     tokio::time::sleep_until(next.judge_at).await;
-    let next = publication.after_pass(&orphaned_slices(kubelet), false);
+    let next = pacing.after_pass(&orphaned_slices(kubelet), Ran::Due);
     assert!(next.publish.is_none(), "a new failure, at the grace's end: a second look");
     tokio::time::sleep_until(next.judge_at).await;
-    let (outcome, before) =
-        publication.after_pass(&orphaned_slices(kubelet), false).publish.unwrap();
+    let (standing, before) =
+        pacing.after_pass(&orphaned_slices(kubelet), Ran::Due).publish.unwrap();
     assert_eq!(Instant::now() - start, after + WatchConfig::default().confirm);
-    assert_eq!(reasons(&outcome.transitions(&before)), [(EventType::Warning, "OrphanedSlices")]);
+    assert_eq!(reasons(&transitions(&standing, &before)), [(EventType::Warning, "OrphanedSlices")]);
 }
 
 #[tokio::test(start_paused = true)]
 async fn beside_a_kubelet_that_wipes_at_once_slices_are_held_for_the_wipe_only() {
     let kubelet = "v1.32.13";
-    let mut publication = Publication::new(WatchConfig::default());
-    publication.after_pass(&healthy_beside(kubelet), false);
+    let mut pacing = Pacing::new(WatchConfig::default());
+    pacing.after_pass(&healthy_beside(kubelet), Ran::Due);
     // Two passes a moment apart, as a socket's removal and its settling
     // make: no second look yet, the wipe has its 5 s.
-    let next = publication.after_pass(&orphaned_slices(kubelet), true);
+    let next = pacing.after_pass(&orphaned_slices(kubelet), Ran::WokenUp);
     assert_eq!(next.judge_at - Instant::now(), Duration::from_secs(5));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(publication.after_pass(&orphaned_slices(kubelet), true).publish.is_none());
+    assert!(pacing.after_pass(&orphaned_slices(kubelet), Ran::WokenUp).publish.is_none());
     tokio::time::sleep_until(next.judge_at).await;
-    let next = publication.after_pass(&orphaned_slices(kubelet), false);
+    let next = pacing.after_pass(&orphaned_slices(kubelet), Ran::Due);
     tokio::time::sleep_until(next.judge_at).await;
-    let published = publication.after_pass(&orphaned_slices(kubelet), false).publish;
-    assert!(published.is_some_and(|(outcome, _)| outcome.fails()));
+    let published = pacing.after_pass(&orphaned_slices(kubelet), Ran::Due).publish;
+    assert!(published.is_some_and(|(standing, _)| standing.fails()));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plugin_condition_too() {
-    let mut publication = Publication::new(WatchConfig::default());
+    let mut pacing = Pacing::new(WatchConfig::default());
     let registered = || {
         let mut row = Row::new(
             Verdict::Ok,
@@ -354,17 +364,17 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         row.name = Some("vendor.com/gpu".to_owned());
         row
     };
-    let healthy = Outcome::of(&Report::of_parts(vec![registered()], Vec::new(), None));
-    assert!(publication.after_pass(&healthy, false).publish.is_some(), "the first pass");
+    let healthy = Standing::of(&Report::of_parts(vec![registered()], Vec::new(), None));
+    assert!(pacing.after_pass(&healthy, Ran::Due).publish.is_some(), "the first pass");
     let condition = healthy.plugin_condition("vendor.com/gpu");
     assert_eq!(
         (condition.status, condition.reason.as_str()),
         (crate::ConditionStatus::True, "PluginRegistered")
     );
     let lost = Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() };
-    let lost = Outcome::of(&Report::of_parts(vec![lost], Vec::new(), None));
+    let lost = Standing::of(&Report::of_parts(vec![lost], Vec::new(), None));
     // No second look: the kubelet's start is no flicker.
-    let next = publication.after_pass(&lost, true);
+    let next = pacing.after_pass(&lost, Ran::WokenUp);
     let (published, _) = next.publish.expect("published at once");
     assert_eq!(published.condition().reason, "NotRegisteredAgain");
     let condition = published.plugin_condition("vendor.com/gpu");
@@ -373,7 +383,7 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         (crate::ConditionStatus::False, "NotRegisteredAgain")
     );
     // Another failure still waits for one.
-    let both = Outcome::of(&Report::of_parts(
+    let both = Standing::of(&Report::of_parts(
         vec![
             Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() },
             stale(),
@@ -381,7 +391,7 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         Vec::new(),
         None,
     ));
-    assert!(publication.after_pass(&both, true).publish.is_none());
+    assert!(pacing.after_pass(&both, Ran::WokenUp).publish.is_none());
     // A plugin no socket names, and a node not judged.
     let condition = healthy.plugin_condition("csi.example.com");
     assert_eq!(
@@ -392,6 +402,6 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
             "no plugin socket of this node registers csi.example.com"
         )
     );
-    let blind = Outcome::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
     assert_eq!(blind.plugin_condition("vendor.com/gpu").status, crate::ConditionStatus::Unknown);
 }

@@ -103,7 +103,7 @@ impl DraManager {
         driver: &str,
         endpoint: &str,
     ) -> Result<Result<UdsChannel, tonic::Status>, DraError> {
-        let connection = Connection::new(Path::new(endpoint), self.shared.budget.clone());
+        let connection = Connection::new(Path::new(endpoint), self.shared.reach.clone());
         connection.reconnect().await.map_err(|source| DraError::Connect {
             driver: driver.to_owned(),
             endpoint: endpoint.to_owned(),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tracing::debug;
 
 use super::{HealthStream, Shared, State};
-use crate::health::{self, DeviceHealthSink, DeviceHealthTable, Report};
+use crate::health::{self, DeviceHealthSink, DeviceHealthTable, DeviceReport};
 
 impl Shared {
     /// Hands the driver's health stream to its newest instance: a new
@@ -102,7 +102,7 @@ impl HealthSink {
 }
 
 impl DeviceHealthSink for HealthSink {
-    fn report(&self, devices: Vec<Report>) -> Option<Instant> {
+    fn report(&self, devices: Vec<DeviceReport>) -> Option<Instant> {
         let (now, wall) = (Instant::now(), SystemTime::now());
         self.apply(|table, driver| table.report(driver, devices, now, wall))
     }

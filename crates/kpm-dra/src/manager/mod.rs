@@ -22,7 +22,7 @@ use std::time::SystemTime;
 
 use async_trait::async_trait;
 use kpm_cache::{EventBus, HandlerError, Hangups, PluginDetails, PluginHandler, ServiceReport};
-use kpm_transport::fd::FdBudget;
+use kpm_transport::Reach;
 use parking_lot::Mutex;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -72,7 +72,7 @@ struct Shared {
     /// Endpoints whose connection dropped (see [`DraManager::hangups`]).
     hangups: Hangups,
     /// What the connections to drivers pay from.
-    budget: FdBudget,
+    reach: Reach,
     /// Where device health changes are published.
     events: EventBus,
     /// The armed expiry timers of the health streams.
@@ -116,9 +116,10 @@ struct HealthStream {
 impl DraManager {
     /// A manager with no drivers, once `config` passes
     /// [`DraConfig::validate`] (then nothing checks it again). Its
-    /// connections to drivers take permits of `budget`: pass the
-    /// process-wide one, [`kpm_transport::fd::budget`], unless the manager
-    /// must have its own. `cleanup` is called when a driver has had no
+    /// connections to drivers take permits of the budget of `reach`: pass
+    /// the process-wide one, [`kpm_transport::fd::budget`], unless the
+    /// manager must have its own (a budget alone: on the host itself).
+    /// `cleanup` is called when a driver has had no
     /// connected instance for `config.cleanup_grace`. Every change of a
     /// device's health (a first report, another health, an expiry) is
     /// published on `events`, when given, as a
@@ -127,7 +128,7 @@ impl DraManager {
     /// hears of them.
     pub fn try_new(
         config: DraConfig,
-        budget: FdBudget,
+        reach: impl Into<Reach>,
         cleanup: Arc<dyn SliceCleanup>,
         events: Option<EventBus>,
     ) -> Result<Arc<Self>, DraConfigError> {
@@ -139,7 +140,7 @@ impl DraManager {
                 timers,
                 state: Mutex::new(State::default()),
                 hangups: Hangups::default(),
-                budget,
+                reach: reach.into(),
                 // Nobody listens: the changes are only counted.
                 events: events.unwrap_or_else(|| EventBus::new(1)),
                 health_timers: TimerCount::default(),

@@ -44,7 +44,7 @@ impl DraManager {
             validate_plugin(driver, endpoint, services, self.root_dir())?;
         self.shared.state.lock().check_can_add(driver, endpoint)?;
 
-        let connection = Arc::new(Connection::new(Path::new(endpoint), self.shared.budget.clone()));
+        let connection = Arc::new(Connection::new(Path::new(endpoint), self.shared.reach.clone()));
         match connection.reconnect().await {
             Ok(true) => {}
             Ok(false) => {

@@ -192,7 +192,7 @@ impl Attempt {
     /// A registration client on a new connection, and the pid of the process
     /// serving the socket.
     async fn dial(&self) -> Result<(RegistrationClient<Channel>, Option<u32>), ExecutorError> {
-        let dialer = Dialer::new(self.slots.budget.clone(), self.config.dial_timeout)
+        let dialer = Dialer::new(self.slots.reach.clone(), self.config.dial_timeout)
             .retry_refused_for(self.config.refused_retry);
         let GrpcChannel { channel, server_pid, .. } = dialer
             .grpc(&self.socket)

@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::NodeApi;
 use crate::backoff::Backoff;
-use crate::desired::{Books, Desired, Outcome, State, Target};
+use crate::desired::{Books, Desired, PassResult, State, Target};
 use crate::status::PendingPublication;
 
 /// How many passes in a row may end with a write that left more to do
@@ -127,7 +127,7 @@ impl LoopState {
     /// Logs the pending publications whose error is new, and the targets
     /// no longer pending; forgets the failures of the targets agreed or
     /// gone.
-    fn log(&mut self, api: &NodeApi, outcomes: &BTreeMap<Target, Outcome>) {
+    fn log(&mut self, api: &NodeApi, outcomes: &BTreeMap<Target, PassResult>) {
         let mut still = BTreeMap::new();
         for (target, outcome) in outcomes {
             let Some(pending) = &outcome.pending else { continue };
@@ -153,7 +153,7 @@ struct Pass {
     /// The newest revision of each target the API server agreed with
     /// before this pass.
     agreed_before: BTreeMap<Target, u64>,
-    outcomes: BTreeMap<Target, Outcome>,
+    outcomes: BTreeMap<Target, PassResult>,
     /// A request failed: wait for the backoff.
     failed: bool,
     /// Writes succeeded and left a next step (see [`QUICK_PASSES`]).
@@ -213,7 +213,7 @@ impl Pass {
             State::Refused(error) => Some(Some(error.to_string())),
         };
         let pending = last_error.map(|last_error| PendingPublication { last_error, ..pending() });
-        self.outcomes.insert(target, Outcome { revision, state, pending });
+        self.outcomes.insert(target, PassResult { revision, state, pending });
     }
 }
 

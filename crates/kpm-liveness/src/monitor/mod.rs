@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::time::{DelayQueue, delay_queue};
 
-use crate::endpoints::{EndpointWatch, served_on, socket_at, watched};
+use crate::endpoints::{EndpointWatch, socket_at, watched};
 use crate::exits::{Exit, OpenPidfd, open_pidfd};
 use crate::probe::{Checked, Connections, Reachability, Target};
 use crate::{LivenessConfig, LivenessError, SharedConnections};
@@ -111,9 +111,6 @@ pub struct LivenessMonitor {
     open_pidfd: OpenPidfd,
     /// Handlers' connections that probes share, if any (see [`SharedConnections`]).
     shared: Option<Arc<dyn SharedConnections>>,
-    /// Where this process sees the host's `/`, if elsewhere: the endpoints
-    /// plugins advertise are the host's paths.
-    host_root: Option<PathBuf>,
     budget: FdBudget,
     counters: Counters,
     /// Endpoints whose connection dropped, not yet looked at.
@@ -142,7 +139,6 @@ impl LivenessMonitor {
             config,
             open_pidfd,
             shared: None,
-            host_root: None,
             budget,
             counters: Counters::default(),
             suspects: Mutex::default(),
@@ -155,16 +151,6 @@ impl LivenessMonitor {
     #[must_use]
     pub fn with_shared_connections(mut self, shared: Arc<dyn SharedConnections>) -> Self {
         self.shared = Some(shared);
-        self
-    }
-
-    /// For a process that sees the host's `/` at `host_root` (a pod that
-    /// mounts it at `/host`): the endpoints plugins advertise, paths on the
-    /// host, are probed and watched under it. Registration sockets are
-    /// this process's paths already.
-    #[must_use]
-    pub fn with_host_root(mut self, host_root: impl Into<PathBuf>) -> Self {
-        self.host_root = Some(host_root.into());
         self
     }
 
@@ -410,7 +396,7 @@ impl<'a> State<'a> {
             self.watch(pid, &socket);
         }
         self.stop_awaiting_endpoint(&socket);
-        let endpoint = served_on(&info.plugin.endpoint, self.monitor.host_root.as_deref());
+        let endpoint = info.plugin.endpoint.socket_path().to_path_buf();
         let endpoint_watched = watched(&endpoint, &socket);
         self.served_at.entry(endpoint.clone()).or_default().insert(socket.clone());
         // Armed before the file is read: a change after the read is an event.

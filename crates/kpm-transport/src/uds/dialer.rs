@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::stream::{self, LiveConnections, PermittedStream, Prepared};
-use super::{UdsChannel, bare_ping, server_pid};
+use super::{HostRoot, Reach, UdsChannel, bare_ping, server_pid};
 use crate::TransportError;
 use crate::fd::FdBudget;
 
@@ -26,6 +26,9 @@ use crate::fd::FdBudget;
 /// [optional holder](Self::optional_holder)'s dial never waits and is
 /// refused instead while a quarter or less of the budget is free.
 ///
+/// A path it is given is a path on the host, and errors name it so; it is
+/// opened where this process sees it ([`HostRoot::reach`]).
+///
 /// One method per kind of connection: [`grpc`](Self::grpc) (a tonic
 /// `Channel`, for short-lived use), [`kept`](Self::kept) (a [`UdsChannel`],
 /// held for long), [`stream`](Self::stream) (a raw stream, for a hyper
@@ -34,6 +37,7 @@ use crate::fd::FdBudget;
 #[derive(Debug, Clone)]
 pub struct Dialer {
     budget: FdBudget,
+    host: HostRoot,
     connect_timeout: Duration,
     refused_retry: Duration,
     optional: bool,
@@ -55,12 +59,22 @@ pub struct GrpcChannel {
 }
 
 impl Dialer {
-    /// A dialer whose connections pay from `budget` (name the process-wide
-    /// one, [`fd::budget`](crate::fd::budget), to share it), waiting for a
-    /// permit, each connection given `connect_timeout` once it has one. A
-    /// refused connection fails at once.
-    pub fn new(budget: FdBudget, connect_timeout: Duration) -> Self {
-        Self { budget, connect_timeout, refused_retry: Duration::ZERO, optional: false, live: None }
+    /// A dialer whose connections pay from the budget of `reach` (name
+    /// the process-wide one, [`fd::budget`](crate::fd::budget), to share
+    /// it), waiting for a permit, each connection given `connect_timeout`
+    /// once it has one, to sockets of the host `reach` sees (an
+    /// [`FdBudget`] alone: the host itself). A refused connection fails at
+    /// once.
+    pub fn new(reach: impl Into<Reach>, connect_timeout: Duration) -> Self {
+        let reach = reach.into();
+        Self {
+            budget: reach.budget().clone(),
+            host: reach.host().clone(),
+            connect_timeout,
+            refused_retry: Duration::ZERO,
+            optional: false,
+            live: None,
+        }
     }
 
     /// Retries a refused connection every few milliseconds for up to
@@ -111,7 +125,7 @@ impl Dialer {
         // Taken by the first connection; a reconnection prepares its own.
         let first = Arc::new(Mutex::new(Some(self.prepare(path).await?)));
         let (target, budget, refused_retry) =
-            (Arc::<Path>::from(path), self.budget.clone(), self.refused_retry);
+            (Arc::<Path>::from(self.host.reach(path)), self.budget.clone(), self.refused_retry);
         let (live, peer) = (self.live.clone(), Arc::new(OnceLock::new()));
         let seen = Arc::clone(&peer);
         let timeout = self.connect_timeout;
@@ -211,7 +225,7 @@ impl Dialer {
         path: &Path,
         prepared: Prepared,
     ) -> Result<PermittedStream, TransportError> {
-        stream::connect_prepared(path, self.refused_retry, prepared)
+        stream::connect_prepared(&self.host.reach(path), self.refused_retry, prepared)
             .await
             .map(|stream| observe(stream, self.live.as_ref()))
             .map_err(|source| TransportError::Connect { path: path.to_path_buf(), source })

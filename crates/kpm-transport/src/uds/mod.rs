@@ -67,6 +67,7 @@ mod authority;
 mod bare_ping;
 mod client;
 mod dialer;
+mod host_root;
 mod incoming;
 mod server;
 mod stream;
@@ -74,6 +75,7 @@ mod stream;
 pub use authority::MAX_HEADER_BLOCK;
 pub use client::{CallError, PINGS_PER_CALL, ResponseBody, SmallBufferCodec, UdsChannel};
 pub use dialer::{Dialer, GrpcChannel};
+pub use host_root::{HostRoot, Reach};
 pub use incoming::{Connection, Incoming};
 pub use server::{
     ConnectionInfo, DEFAULT_HANDSHAKE_TIMEOUT, Http1Connection, Http1Incoming, Listen,
@@ -108,28 +110,6 @@ pub async fn bind(path: &Path) -> Result<Incoming, TransportError> {
     }
     let listener = UnixListener::bind(path).map_err(bind_err)?;
     Ok(Incoming::new(listener))
-}
-
-/// The socket path of a plugin's endpoint. The kubelet dials an endpoint
-/// as a raw path; some plugins (CSI drivers) report a gRPC target instead
-/// (`unix:///csi/csi.sock` or `unix:/csi/csi.sock`), so a `unix://` or
-/// `unix:` prefix is stripped and both forms work.
-pub fn endpoint_path(endpoint: &str) -> &Path {
-    let path = endpoint
-        .strip_prefix("unix://")
-        .or_else(|| endpoint.strip_prefix("unix:"))
-        .unwrap_or(endpoint);
-    Path::new(path)
-}
-
-/// The socket path of an endpoint a plugin advertised (a path on the host,
-/// see [`endpoint_path`]) as a process that sees the host's `/` at
-/// `host_root` reaches it; `None` for a relative endpoint, which no root
-/// moves. Every absolute one is moved, one that starts with `host_root`'s
-/// name too: on the host, `/host/…` is a path like any other.
-pub fn endpoint_path_under(host_root: &Path, endpoint: &str) -> Option<PathBuf> {
-    let relative = endpoint_path(endpoint).strip_prefix("/").ok()?;
-    Some(host_root.join(relative))
 }
 
 /// The identity of the file at `path` (not following a symlink), if it can
@@ -233,38 +213,6 @@ pub async fn timed_call<T, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_advertised_endpoint_is_reached_under_the_host_root() {
-        let host = Path::new("/host");
-        let cases = [
-            (
-                "/var/lib/kubelet/plugins/csi.example.com/csi.sock",
-                Some("/host/var/lib/kubelet/plugins/csi.example.com/csi.sock"),
-            ),
-            ("unix:///csi/csi.sock", Some("/host/csi/csi.sock")),
-            ("unix:/csi/csi.sock", Some("/host/csi/csi.sock")),
-            // A host path that starts with the root's name is still the
-            // host's: nothing is taken for already moved.
-            (
-                "/host/var/lib/kubelet/plugins/x/csi.sock",
-                Some("/host/host/var/lib/kubelet/plugins/x/csi.sock"),
-            ),
-            ("/hostile/a.sock", Some("/host/hostile/a.sock")),
-            ("dra.sock", None),
-            ("unix:dra.sock", None),
-        ];
-        for (endpoint, reached) in cases {
-            assert_eq!(
-                endpoint_path_under(host, endpoint),
-                reached.map(PathBuf::from),
-                "{endpoint}"
-            );
-        }
-        // The host's own view is the identity.
-        let own = endpoint_path_under(Path::new("/"), "/run/a.sock");
-        assert_eq!(own, Some(PathBuf::from("/run/a.sock")));
-    }
 
     #[tokio::test(start_paused = true)]
     async fn timed_call_tells_running_out_of_time_from_failing() {

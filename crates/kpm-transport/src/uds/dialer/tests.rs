@@ -4,6 +4,8 @@
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use std::path::Path;
+
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -65,4 +67,22 @@ async fn a_connection_is_live_from_the_first_bytes_until_end_of_file() {
     assert_eq!(live.count(), 1);
     drop(io);
     assert_eq!(live.count(), 0, "dropped");
+}
+
+#[tokio::test]
+async fn under_a_host_root_a_host_path_is_dialled_there_and_named_as_given() {
+    let host = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(host.path().join("run")).unwrap();
+    let listener = tokio::net::UnixListener::bind(host.path().join("run/raw.sock")).unwrap();
+    let reach = Reach::new(FdBudget::new(4, None), HostRoot::at(host.path()));
+    let dialer = Dialer::new(reach, TIMEOUT);
+    let on_host = Path::new("/run/raw.sock");
+    let _io = dialer.stream(on_host).await.unwrap();
+    let _accepted = listener.accept().await.unwrap();
+
+    let err = dialer.stream(Path::new("/run/gone.sock")).await.unwrap_err();
+    assert!(err.is_gone(), "{err:?}");
+    let said = err.to_string();
+    assert!(said.contains("/run/gone.sock"), "{said}");
+    assert!(!said.contains(&*host.path().to_string_lossy()), "the prefix is not named: {said}");
 }

@@ -1,6 +1,6 @@
 //! What a pass of the doctor comes to, as published: the condition, the
 //! typed report's status and the Events are all built from one
-//! [`Outcome`], so that they cannot disagree.
+//! [`Standing`], so that they cannot disagree.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,7 +12,7 @@ use kpm::PluginKind;
 use kpm_report::{
     BlindStatus, CANNOT_JUDGE_REASON, ConditionStatus, Counts, FindingEntry, HEALTHY_REASON,
     KubeletPluginReportStatus, KubeletStatus, MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES,
-    PLUGIN_NOT_FOUND_REASON, PLUGIN_REGISTERED_REASON, PluginEntry, PodContainer, Registered,
+    PLUGIN_NOT_FOUND_REASON, PLUGIN_REGISTERED_REASON, PluginEntry, PodContainer, ShownRegistered,
     Verdict,
 };
 
@@ -24,7 +24,7 @@ impl PluginsCondition {
     /// not look ([`CANNOT_JUDGE_REASON`]). `kpm doctor`'s exit status and
     /// [`Report::ok`] follow it too.
     pub fn of(report: &Report) -> Self {
-        Outcome::of(report).condition()
+        Standing::of(report).condition()
     }
 }
 
@@ -34,7 +34,7 @@ impl PluginsCondition {
 /// [`PluginsCondition::of`]. One builder for both, so that a node's
 /// doctor, watching or not, cannot tell it two ways.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Outcome {
+pub(crate) struct Standing {
     /// Every socket judged (the report's rows), by path: what the typed
     /// report lists.
     pub(crate) sockets: BTreeMap<PathBuf, Socket>,
@@ -45,7 +45,7 @@ pub(crate) struct Outcome {
     /// The kubelet judged.
     pub(crate) kubelet: KubeletStatus,
     /// What the node's API objects show registered, when read.
-    pub(crate) registered: Option<Registered>,
+    pub(crate) registered: Option<ShownRegistered>,
 }
 
 /// A socket as published: what the plugin told of itself and its verdict.
@@ -107,7 +107,7 @@ impl Failing {
     }
 }
 
-impl Outcome {
+impl Standing {
     pub(crate) fn of(report: &Report) -> Self {
         let caused = report.plugins.iter().flat_map(|row| {
             report.caused_by(row).map(|finding| {
@@ -268,7 +268,7 @@ impl Outcome {
 /// entry since `now` ([`keep_since`](KubeletPluginReportStatus::keep_since)
 /// dates them). No heartbeat: the writer sets it.
 pub(crate) fn status_of(
-    outcome: &Outcome,
+    outcome: &Standing,
     condition: &PluginsCondition,
     now: &Time,
 ) -> KubeletPluginReportStatus {
@@ -352,6 +352,58 @@ pub(crate) fn truncated(text: &str, bytes: usize) -> &str {
         end -= 1;
     }
     &text[..end]
+}
+
+/// How `--watch` compares its passes.
+impl Standing {
+    /// Whether `other` has the same entries and verdicts, each failure
+    /// behind the same pod container, and is as blind (reasons may carry
+    /// figures that change from pass to pass, as may why the doctor cannot
+    /// look, and a crash-looping container's restarts).
+    pub(crate) fn agrees(&self, other: &Self) -> bool {
+        self.sockets.len() == other.sockets.len()
+            && self.kubelet == other.kubelet
+            && self.blind.is_some() == other.blind.is_some()
+            && self.failing.len() == other.failing.len()
+            && self.failing.iter().zip(&other.failing).all(|((a, fa), (b, fb))| {
+                a == b
+                    && fa.verdict == fb.verdict
+                    && same_container(fa.pod.as_ref(), fb.pod.as_ref())
+            })
+    }
+
+    /// Whether every failure here is one of `before`'s, with the same
+    /// verdict, or what a flapping one settled to: only recoveries and
+    /// what held still for the flap hold, which need no second look. Going
+    /// blind is none: a blind pass sees no failure because it sees nothing.
+    pub(crate) fn only_better_than(&self, before: &Self) -> bool {
+        (self.blind.is_none() || before.blind.is_some())
+            && self.failing.iter().all(|(path, failing)| {
+                before.failing.get(path).is_some_and(|was| {
+                    was.verdict == failing.verdict || was.verdict == Verdict::Flapping
+                })
+            })
+    }
+
+    /// Whether a plugin here is newly found lost to a node event (the
+    /// kubelet's start, a reboot): that needs no second look, for the
+    /// event is a fact, not a flicker, and until it is published the
+    /// condition vouches for a plugin the kubelet no longer has.
+    pub(crate) fn newly_lost_to_a_node_event(&self, before: &Self) -> bool {
+        self.failing.iter().any(|(path, failing)| {
+            failing.verdict == Verdict::NotRegisteredAgain
+                && before.failing.get(path).is_none_or(|was| was.verdict != failing.verdict)
+        })
+    }
+}
+
+/// Whether two failures are behind the same pod container (a new pod of a
+/// DaemonSet is another), whatever its restarts.
+fn same_container(
+    a: Option<&kpm_report::PodContainer>,
+    b: Option<&kpm_report::PodContainer>,
+) -> bool {
+    a.map(|pod| (&pod.uid, &pod.container)) == b.map(|pod| (&pod.uid, &pod.container))
 }
 
 #[cfg(test)]
@@ -468,7 +520,7 @@ mod tests {
              gone.example.com (orphaned-slices): gone"
         );
         // The caused finding is still there, for its Event.
-        let outcome = Outcome::of(&report);
+        let outcome = Standing::of(&report);
         let entry = &outcome.failing[Path::new("csinodes/node1")];
         assert_eq!(entry.cause.as_deref(), Some(Path::new(stale)));
     }
@@ -518,7 +570,7 @@ mod tests {
     }
 
     fn status(report: &Report, now: &Time) -> KubeletPluginReportStatus {
-        let outcome = Outcome::of(report);
+        let outcome = Standing::of(report);
         status_of(&outcome, &outcome.condition(), now)
     }
 
