@@ -59,7 +59,7 @@ pub fn usage() -> String {
 }
 
 /// Runs `cargo xtask bench` in the workspace at `root` with `options`, the
-/// words after its name; wrong ones are a [`Misused`](crate::command::Misused).
+/// words after its name; wrong ones are a [`Misused`].
 pub fn run(root: &Path, options: &[&str]) -> Result {
     let mut quick = false;
     let mut only = None;

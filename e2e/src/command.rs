@@ -36,8 +36,8 @@ impl std::fmt::Display for Misused {
 
 impl std::error::Error for Misused {}
 
-/// The workspace root: the parent of this crate's manifest directory (as of
-/// xtask's, both being top-level directories of the workspace).
+/// The workspace root: the parent of this crate's manifest directory, as it
+/// is of xtask's (both are top-level directories of the workspace).
 pub fn project_root() -> PathBuf {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     crate_dir.parent().unwrap_or(crate_dir).to_path_buf()

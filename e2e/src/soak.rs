@@ -37,7 +37,7 @@ pub fn usage() -> String {
 }
 
 /// Runs `cargo xtask soak` in the workspace at `root` with `options`, the
-/// words after its name; wrong ones are a [`Misused`](crate::command::Misused).
+/// words after its name; wrong ones are a [`Misused`].
 pub fn run(root: &Path, options: &[&str]) -> Result {
     let (options, passed_on) = match options.iter().position(|option| *option == "--") {
         Some(at) => (&options[..at], &options[at + 1..]),

@@ -15,7 +15,7 @@
 //! `/etc/hosts` and `/etc/resolv.conf`, which glibc's built-in `files` and
 //! `dns` lookups read (no NSS module to load).
 //!
-//! The builder, [`Image`] and [`write_archive`], serves other images too
+//! The builder, `Image` and `write_archive`, serves other images too
 //! (the node tests' drivers), which is why it takes any files.
 
 mod archive;

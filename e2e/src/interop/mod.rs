@@ -194,7 +194,7 @@ pub fn usage() -> String {
 }
 
 /// Runs `cargo xtask interop` in the workspace at `root` with `options`, the
-/// words after its name; wrong ones are a [`Misused`](crate::command::Misused).
+/// words after its name; wrong ones are a [`Misused`].
 pub fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     let (mut bin_dir, mut only) = (None, None);

@@ -16,7 +16,7 @@
 //!
 //! Each `--kubelet-dir MINOR=DIR` runs the scenarios again on a node whose
 //! kubelet is DIR's (`kubelets.rs`): one line per scenario and minor in the
-//! summary, and a line for each minor of [`kubelets::MINORS`] not given. DIR
+//! summary, and a line for each minor of `kubelets::MINORS` not given. DIR
 //! may hold the rest of that node's programs too (an older kubelet needs a
 //! kube-apiserver at most three minors newer); what it lacks comes from
 //! `--bin-dir`. Without `--kubelet-dir`, the node runs `--bin-dir`'s kubelet.
@@ -101,7 +101,7 @@ pub fn usage() -> String {
 }
 
 /// Runs `cargo xtask node-e2e` in the workspace at `root` with `options`, the
-/// words after its name; wrong ones are a [`Misused`](crate::command::Misused).
+/// words after its name; wrong ones are a [`Misused`].
 pub fn run(root: &Path, options: &[&str]) -> Result {
     let names: Vec<&str> = SCENARIOS.iter().map(|s| s.name).collect();
     let (mut bin_dir, mut only, mut kubelet_dirs) = (None, None, Vec::new());
