@@ -30,29 +30,21 @@
 //!
 //! Each subcommand answers `--help` (or `-h`) with its usage, on stdout.
 //!
-//! The suites against real programs (`interop`, `kube-e2e`, `node-e2e`)
-//! build none of those programs and keep none of their code: they are given
-//! the programs' paths, and a scenario whose program is missing is named as
-//! skipped while the suite succeeds.
+//! The suites, `image` and `deploy` live in the crate kpm-e2e (`e2e/`),
+//! which also holds what every subcommand shares (`kpm_e2e::command`); this
+//! crate is their dispatch, with codegen, tidy and ci. The suites against
+//! real programs (`interop`, `kube-e2e`, `node-e2e`) build none of those
+//! programs and keep none of their code (see kpm-e2e's crate doc).
 
-mod bench;
 mod codegen;
-mod debian;
-mod deploy;
-mod harness;
-mod image;
-mod interop;
-mod kube_e2e;
-mod node_e2e;
-mod scenario;
-mod soak;
 mod tidy;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+use kpm_e2e::command::{Misused, Result, cargo, project_root};
+use kpm_e2e::{bench, deploy, image, interop, kube_e2e, node_e2e, soak};
 
 /// A subcommand: its name, its usage (the synopsis, `cargo xtask NAME
 /// …`, on its first line, what its words stand for below; `--help` prints
@@ -101,33 +93,6 @@ const SUBCOMMANDS: &[Subcommand] = &[
         run: |root, options| no_options(options).and_then(|()| deploy::check(root)),
     },
 ];
-
-/// A subcommand's error when its options are wrong, saying what is wrong;
-/// the dispatch adds the subcommand's usage.
-#[derive(Debug)]
-struct Misused(String);
-
-impl Misused {
-    /// `option` (with the `value` that followed it, if any) is not one the
-    /// subcommand takes.
-    fn refused(option: &str, value: Option<&str>) -> Self {
-        let given: Vec<&str> = [Some(option), value].into_iter().flatten().collect();
-        Self(format!("cannot take `{}`", given.join(" ")))
-    }
-
-    /// `option`, which it needs, was not given.
-    fn missing(option: &str) -> Self {
-        Self(format!("needs {option}"))
-    }
-}
-
-impl std::fmt::Display for Misused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Misused {}
 
 /// For the subcommands that take no options.
 fn no_options(options: &[&str]) -> Result {
@@ -190,12 +155,6 @@ fn overview() -> String {
 fn say(to: &mut dyn Write, text: &str, status: u8) -> u8 {
     _ = writeln!(to, "{text}");
     status
-}
-
-/// The workspace root: the parent of this crate's manifest directory.
-fn project_root() -> PathBuf {
-    let xtask_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask_dir.parent().unwrap_or(xtask_dir).to_path_buf()
 }
 
 /// Property tests run this many cases in CI unless `PROPTEST_CASES` says otherwise.
@@ -362,24 +321,6 @@ fn forget_unpacked(crates: &[&cargo_metadata::Package]) -> Result {
         }
     }
     Ok(())
-}
-
-/// Runs `cargo <args>` in `dir`, echoing the command line first.
-fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Result {
-    let shown_env: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
-    println!("$ {}cargo {}", shown_env.concat(), args.join(" "));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .status()
-        .map_err(|err| format!("cannot start cargo {}: {err}", args.join(" ")))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`cargo {}` failed ({status})", args.join(" ")).into())
-    }
 }
 
 /// Runs `cargo test <args>` as [`cargo`] does, streaming its standard output

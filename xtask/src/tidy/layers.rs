@@ -114,12 +114,15 @@ pub(super) const LAYERS: &[Layer] = &[
     // on real sockets; the two crates below everything else, whose own tests
     // do not use it.
     normal("kpm-test-support", &["kpm-api", "kpm-transport"]),
-    // The tools' scenarios start servers on ports taken as the tests take them.
-    normal("xtask", &["kpm-test-support"]),
+    // The suites of `cargo xtask` start servers on ports taken as the tests
+    // take them.
+    normal("kpm-e2e", &["kpm-test-support"]),
+    // The dispatch, codegen, tidy and ci: the suites are kpm-e2e's.
+    normal("xtask", &["kpm-e2e"]),
 ];
 
 /// The shared test helpers: any crate may have them as a dev-dependency, and
-/// only the one its layer names (xtask) as a normal one.
+/// only the one its layer names (kpm-e2e) as a normal one.
 pub(super) const TEST_SUPPORT: &str = "kpm-test-support";
 
 /// Every crate's dependencies against `LAYERS`, and `LAYERS` against the
