@@ -33,7 +33,7 @@
 //! the well-behaved plugin of the example, `kpm demo` and the load
 //! generator, not a test fake.)
 //!
-//! It is a dev-dependency everywhere but in xtask, whose scenarios take
+//! It is a dev-dependency everywhere but in kpm-e2e, whose scenarios take
 //! their servers' ports as the tests do; `cargo xtask tidy` refuses it as a
 //! normal dependency elsewhere.
 //!
