@@ -13,7 +13,7 @@
 //!   file is gone, the kubelet device manager's checkpoint and the
 //!   registries of other roots nobody watches are read. Given what the API
 //!   server shows of the node ([`kpm::kube::observe_node`]), it holds the
-//!   plugins against it. The outcome is a [`Report`], with serde, and
+//!   plugins against it. The outcome is a [`Diagnosis`], with serde, and
 //!   [`render_table`] shows it as `kpm doctor` prints it.
 //! - It never notifies a plugin, never creates, removes or renames a file,
 //!   and holds no connection once a call is done.
@@ -136,7 +136,7 @@ pub enum DoctorError {
 /// kubelet built), then [`examine`](Self::examine)d as often as wanted.
 ///
 /// Which kubelet it judges, of those running on the host
-/// ([`Report::kubelets`]), is chosen again at every examination, so that a
+/// ([`Diagnosis::kubelets`]), is chosen again at every examination, so that a
 /// kubelet that restarts (a new pid) or starts late is followed:
 /// - with [`DoctorConfig::root_dir`], that root, read as the running
 ///   kubelet with that root sees it (of several, as below), else at its
@@ -150,7 +150,7 @@ pub enum DoctorError {
 /// A kubelet's files are read as it sees them: at their host paths when it
 /// shares the host's mount namespace, else through `/proc/PID/root` (kind,
 /// k3d, a kubelet in a container); what is shown names them as it does.
-/// When several run, [`Report::choice`] says which was judged and names
+/// When several run, [`Diagnosis::choice`] says which was judged and names
 /// the others.
 #[derive(Debug)]
 pub struct Doctor {
@@ -249,7 +249,7 @@ impl Doctor {
 
     /// Judges the node now; with `objects`, what the API server showed of
     /// it, the plugins are held against it too.
-    pub async fn examine(&self, objects: Option<&kpm::kube::NodeObjects>) -> Report {
+    pub async fn examine(&self, objects: Option<&kpm::kube::NodeObjects>) -> Diagnosis {
         let host = &self.config.host;
         let kubelets = host.kubelets();
         let mut found = Found::default();
@@ -324,7 +324,7 @@ impl Doctor {
             &self.config.other_roots,
             &kubelets,
         ));
-        Report {
+        Diagnosis {
             kubelet_unchecked: kubelet_version.as_deref().and_then(kpm_report::unchecked_note),
             kubelet_version,
             root_dir: choice.root_dir.clone(),
@@ -359,7 +359,7 @@ pub struct Blind {
 /// What the doctor saw on the node.
 #[derive(Debug, Serialize)]
 #[non_exhaustive]
-pub struct Report {
+pub struct Diagnosis {
     /// The kubelet root judged, on the host.
     pub root_dir: PathBuf,
     /// How the root was found: `--root-dir`, `the running kubelet, pid 42`,
@@ -410,7 +410,7 @@ pub struct Report {
     pub(crate) runtime: Option<pods::RuntimeSeen>,
 }
 
-impl Report {
+impl Diagnosis {
     /// The failures of the report, rows then findings: its verdict, path
     /// on the host, the plugin's type and name where known, and why. A
     /// finding caused by a failing row ([`cause_of`](Self::cause_of)) is
@@ -461,7 +461,7 @@ impl Report {
 }
 
 #[cfg(test)]
-impl Report {
+impl Diagnosis {
     /// A report of `plugins` and `findings` on root `/r`, `ok` as
     /// [`Doctor::examine`] sets it.
     pub(crate) fn of_parts(
@@ -490,7 +490,7 @@ impl Report {
     }
 }
 
-/// One failing row or finding of a [`Report`].
+/// One failing row or finding of a [`Diagnosis`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct Failure<'a> {
@@ -531,7 +531,7 @@ pub struct Finding {
     /// The row that explains it, a path on the host: a stale registration
     /// socket that keeps the kubelet's registration of the driver alive.
     /// The finding is then part of that row's failure
-    /// ([`Report::cause_of`]).
+    /// ([`Diagnosis::cause_of`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cause: Option<PathBuf>,
 }

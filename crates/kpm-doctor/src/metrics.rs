@@ -26,7 +26,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::Report;
+use crate::Diagnosis;
 use crate::publish::PublishStats;
 use kpm_report::Verdict;
 
@@ -53,7 +53,7 @@ impl DoctorMetrics {
     }
 
     /// Counts `report`'s entries, as of now.
-    pub fn observe(&self, report: &Report) {
+    pub fn observe(&self, report: &Diagnosis) {
         let mut counts = BTreeMap::new();
         let rows = report.plugins.iter().map(|row| (row.verdict, type_label(row)));
         let findings = report.findings.iter().map(|finding| (finding.verdict, "none"));

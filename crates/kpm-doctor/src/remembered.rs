@@ -57,7 +57,7 @@ enum Witness {
     /// kubelet are equal, so this says exactly which kubelet it was.
     Pass { under: Option<SystemTime> },
     /// The report this doctor, or the one before it, published.
-    Report,
+    Published,
     /// The kubelet's device-manager checkpoint, written by a kubelet that
     /// ran before the one judged.
     Checkpoint,
@@ -128,7 +128,7 @@ impl Remembered {
                 (None, true)
             } else if matches!(entry.verdict, ReportedVerdict::Known(verdict) if verdict.registers())
             {
-                (Some((at, Witness::Report)), false)
+                (Some((at, Witness::Published)), false)
             } else {
                 continue;
             };
@@ -331,7 +331,7 @@ fn event_after(at: SystemTime, events: &NodeEvents, now: SystemTime) -> String {
 fn witnessed(at: SystemTime, witness: Witness, now: SystemTime) -> String {
     match witness {
         Witness::Pass { .. } => format!("this doctor saw it registered at {}", when(at, now)),
-        Witness::Report => {
+        Witness::Published => {
             format!("this node's last report, at {}, showed it registered", when(at, now))
         }
         Witness::Checkpoint => format!(

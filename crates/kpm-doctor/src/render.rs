@@ -1,17 +1,17 @@
-//! A [`Report`] as `kpm doctor` prints it: a table, verdict first, then
+//! A [`Diagnosis`] as `kpm doctor` prints it: a table, verdict first, then
 //! each failure's reason and fix (with what the cluster keeps for a row
 //! under that row, as part of it).
 
 use std::fmt::Write as _;
 
-use crate::Report;
+use crate::Diagnosis;
 use kpm_report::Verdict;
 
 use crate::judge;
 
 /// The report as a table, verdict first, then each failure's reason and
 /// fix, what could not be seen, and a count.
-pub fn render_table(report: &Report) -> String {
+pub fn render_table(report: &Diagnosis) -> String {
     let mut text =
         format!("kubelet root: {} (from {})\n", report.root_dir.display(), report.root_from);
     // Several kubelets on the host: which one, and how to pick another.
@@ -50,7 +50,7 @@ pub fn render_table(report: &Report) -> String {
 
 /// One line per row, then each one that is not ok and each finding
 /// explained with its fix.
-fn rows_and_explanations(report: &Report, text: &mut String) {
+fn rows_and_explanations(report: &Diagnosis, text: &mut String) {
     let mut rows = comfy_table::Table::new();
     rows.load_preset(comfy_table::presets::NOTHING);
     rows.set_header(["VERDICT", "TYPE", "NAME", "SOCKET", "POD", "SERVED BY"]);
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn a_kubelet_the_doctor_was_not_checked_against_is_said_so_on_top() {
-        let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
+        let mut report = Diagnosis::of_parts(Vec::new(), Vec::new(), None);
         report.kubelet_version = Some("v1.30.14".to_owned());
         report.kubelet_unchecked = kpm_report::unchecked_note("v1.30.14");
         let text = render_table(&report);

@@ -17,13 +17,13 @@ use kpm_report::{
 };
 
 use crate::condition::PluginsCondition;
-use crate::{Blind, Failure, Report};
+use crate::{Blind, Diagnosis, Failure};
 
 impl PluginsCondition {
     /// The condition `report` comes to: `Unknown` when the doctor could
     /// not look ([`CANNOT_JUDGE_REASON`]). `kpm doctor`'s exit status and
-    /// [`Report::ok`] follow it too.
-    pub fn of(report: &Report) -> Self {
+    /// [`Diagnosis::ok`] follow it too.
+    pub fn of(report: &Diagnosis) -> Self {
         Standing::of(report).condition()
     }
 }
@@ -86,7 +86,7 @@ pub(crate) struct Failing {
     /// The plugin, driver or resource it is about, when it names one.
     pub(crate) name: Option<String>,
     pub(crate) reason: String,
-    /// The failing row it is part of ([`Report::cause_of`]): it has its
+    /// The failing row it is part of ([`Diagnosis::cause_of`]): it has its
     /// Event, but is not counted again.
     pub(crate) cause: Option<PathBuf>,
     /// The pod container behind the failing socket, which its Events are
@@ -108,7 +108,7 @@ impl Failing {
 }
 
 impl Standing {
-    pub(crate) fn of(report: &Report) -> Self {
+    pub(crate) fn of(report: &Diagnosis) -> Self {
         let caused = report.plugins.iter().flat_map(|row| {
             report.caused_by(row).map(|finding| {
                 let failing = Failing::of(
@@ -443,7 +443,7 @@ mod tests {
         };
         // What was judged before the doctor went blind (the API server not
         // read) does not make it True or False.
-        let report = Report::of_parts(vec![ok("/r/a.sock")], Vec::new(), Some(blind));
+        let report = Diagnosis::of_parts(vec![ok("/r/a.sock")], Vec::new(), Some(blind));
         let condition = PluginsCondition::of(&report);
         assert_eq!(condition.status, ConditionStatus::Unknown);
         assert_eq!(condition.reason, "CannotJudge");
@@ -453,7 +453,7 @@ mod tests {
 
     #[test]
     fn a_healthy_node_is_true() {
-        let report = Report::of_parts(
+        let report = Diagnosis::of_parts(
             vec![ok("/r/a.sock"), ok("/r/b.sock"), ok("/r/c.sock")],
             Vec::new(),
             None,
@@ -479,7 +479,7 @@ mod tests {
             ok("/r/c.sock"),
             ok("/r/d.sock"),
         ];
-        let report = Report::of_parts(rows, Vec::new(), None);
+        let report = Diagnosis::of_parts(rows, Vec::new(), None);
         let condition = PluginsCondition::of(&report);
         assert_eq!(condition.status, ConditionStatus::False);
         assert_eq!(condition.reason, "Stale");
@@ -505,7 +505,7 @@ mod tests {
                 Some("/r/plugins_registry/nowhere-reg.sock"),
             ),
         ];
-        let report = Report::of_parts(rows, findings, None);
+        let report = Diagnosis::of_parts(rows, findings, None);
         assert_eq!(report.failures().count(), 2);
         assert_eq!(report.cause_of(&report.findings[0]).map(|row| &row.path), Some(&stale.into()));
         assert!(report.cause_of(&report.findings[1]).is_none());
@@ -533,14 +533,14 @@ mod tests {
                 row(Verdict::Rejected, &path, Some("csi.example.com"), "too old")
             })
             .collect();
-        let condition = PluginsCondition::of(&Report::of_parts(many, Vec::new(), None));
+        let condition = PluginsCondition::of(&Diagnosis::of_parts(many, Vec::new(), None));
         assert!(condition.message.len() <= MAX_MESSAGE_BYTES, "{}", condition.message.len());
         assert!(condition.message.starts_with("50 failing: csi.example.com (rejected): too old; "));
         assert!(condition.message.ends_with(" more"), "{}", condition.message);
         // One failure longer than the bound alone is cut on a character.
         let long = "é".repeat(2000);
         let one = vec![row(Verdict::Rejected, "/r/plugins_registry/x.sock", None, &long)];
-        let condition = PluginsCondition::of(&Report::of_parts(one, Vec::new(), None));
+        let condition = PluginsCondition::of(&Diagnosis::of_parts(one, Vec::new(), None));
         assert!(condition.message.len() <= MAX_MESSAGE_BYTES);
         assert!(condition.message.ends_with('…'));
     }
@@ -569,7 +569,7 @@ mod tests {
         row
     }
 
-    fn status(report: &Report, now: &Time) -> KubeletPluginReportStatus {
+    fn status(report: &Diagnosis, now: &Time) -> KubeletPluginReportStatus {
         let outcome = Standing::of(report);
         status_of(&outcome, &outcome.condition(), now)
     }
@@ -584,7 +584,7 @@ mod tests {
             hint: String::new(),
             cause: None,
         };
-        let report = Report::of_parts(
+        let report = Diagnosis::of_parts(
             vec![
                 csi_row(Verdict::Ok, "/r/plugins_registry/a-reg.sock", "registered"),
                 csi_row(Verdict::Stale, "/r/plugins_registry/b-reg.sock", "connection refused"),
@@ -615,7 +615,7 @@ mod tests {
     #[test]
     fn a_blind_report_cannot_judge_and_says_why() {
         let blind = Blind { why: "/r/plugins_registry: cannot be listed".into(), hint: "x".into() };
-        let status = status(&Report::of_parts(Vec::new(), Vec::new(), Some(blind)), &at(1));
+        let status = status(&Diagnosis::of_parts(Vec::new(), Vec::new(), Some(blind)), &at(1));
         assert_eq!(status.health, kpm_report::Health::CannotJudge);
         assert_eq!(status.reason, "CannotJudge");
         assert_eq!(status.blind.unwrap().why, "/r/plugins_registry: cannot be listed");
@@ -629,7 +629,7 @@ mod tests {
                 csi_row(Verdict::Rejected, &format!("/r/plugins_registry/p{i:04}.sock"), &long)
             })
             .collect();
-        let status = status(&Report::of_parts(rows, Vec::new(), None), &at(1));
+        let status = status(&Diagnosis::of_parts(rows, Vec::new(), None), &at(1));
         assert_eq!(status.plugins.len(), MAX_ENTRIES);
         assert_eq!(status.counts.omitted, 3);
         assert_eq!(usize::try_from(status.counts.plugins).unwrap(), MAX_ENTRIES + 3);
@@ -641,12 +641,12 @@ mod tests {
     fn an_entry_keeps_its_since_while_its_verdict_holds() {
         let path = "/r/plugins_registry/a-reg.sock";
         let before = status(
-            &Report::of_parts(vec![csi_row(Verdict::Stale, path, "refused")], Vec::new(), None),
+            &Diagnosis::of_parts(vec![csi_row(Verdict::Stale, path, "refused")], Vec::new(), None),
             &at(100),
         );
         // Still stale, with other words: since 100.
         let mut still = status(
-            &Report::of_parts(
+            &Diagnosis::of_parts(
                 vec![csi_row(Verdict::Stale, path, "refused again")],
                 Vec::new(),
                 None,
@@ -657,7 +657,7 @@ mod tests {
         assert_eq!(still.plugins[0].since, at(100));
         // Registered now: since 300.
         let mut fixed = status(
-            &Report::of_parts(vec![csi_row(Verdict::Ok, path, "registered")], Vec::new(), None),
+            &Diagnosis::of_parts(vec![csi_row(Verdict::Ok, path, "registered")], Vec::new(), None),
             &at(300),
         );
         fixed.keep_since(&still);

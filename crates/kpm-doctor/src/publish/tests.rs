@@ -254,7 +254,7 @@ async fn while_the_api_server_is_down_nothing_is_lost() {
 
 /// The outcome of a node with `rows`.
 fn outcome(rows: Vec<crate::Row>) -> Standing {
-    Standing::of(&crate::Report::of_parts(rows, Vec::new(), None))
+    Standing::of(&crate::Diagnosis::of_parts(rows, Vec::new(), None))
 }
 
 fn stale_row() -> crate::Row {

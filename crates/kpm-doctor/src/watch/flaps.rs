@@ -263,7 +263,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::Report;
+    use crate::Diagnosis;
     use crate::judge::Row;
 
     const SOCKET: &str = "/r/plugins_registry/csi.example.com-reg.sock";
@@ -273,7 +273,7 @@ mod tests {
             .map(|verdict| Row::new(verdict, Path::new(SOCKET), "registry", "x".to_owned()))
             .into_iter()
             .collect();
-        Standing::of(&Report::of_parts(rows, Vec::new(), None))
+        Standing::of(&Diagnosis::of_parts(rows, Vec::new(), None))
     }
 
     fn flapping(flaps: &Flaps) -> bool {
@@ -327,7 +327,7 @@ mod tests {
                 })
                 .into_iter()
                 .collect();
-            Standing::of(&Report::of_parts(vec![row], findings, None))
+            Standing::of(&Diagnosis::of_parts(vec![row], findings, None))
         };
         let mut flaps = Flaps::new(FlapConfig::default());
         for stale in [false, true, false, true, false, true, false, true] {

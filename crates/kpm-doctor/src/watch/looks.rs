@@ -16,7 +16,7 @@ use std::time::Duration;
 use kpm::transport::Dialer;
 use tracing::debug;
 
-use crate::{Doctor, Report, Seen};
+use crate::{Diagnosis, Doctor, Seen};
 
 /// The sockets to look at, and how.
 #[derive(Debug)]
@@ -39,7 +39,7 @@ impl Looks {
     /// Looks at the sockets `report` found ok from now on: each ok row's
     /// socket, and its endpoint where it advertised another (a CSI
     /// driver's, behind its registrar), where `doctor` reads them.
-    pub(super) fn follow(&mut self, report: &Report, doctor: &Doctor) {
+    pub(super) fn follow(&mut self, report: &Diagnosis, doctor: &Doctor) {
         let mut sockets: Vec<Seen> = Vec::new();
         for row in report.plugins.iter().filter(|row| row.verdict == crate::Verdict::Ok) {
             let endpoint = row.endpoint.as_deref().map(kpm::api::endpoint_path);

@@ -56,7 +56,7 @@ use crate::config::PERIOD;
 use crate::metrics::DoctorMetrics;
 use crate::publish::{EventType, NodePublisher};
 use crate::standing::Standing;
-use crate::{ConfigError, Doctor, Report, Seen};
+use crate::{ConfigError, Diagnosis, Doctor, Seen};
 
 mod flaps;
 mod graces;
@@ -426,7 +426,7 @@ impl NodeWatch {
     }
 
     /// One pass: the API server's view of the node, then the node.
-    async fn pass(&self) -> Report {
+    async fn pass(&self) -> Diagnosis {
         let objects = match &self.api {
             Some(link) => {
                 let config = kpm::kube::KubeConfig::default().request_timeout(link.request_timeout);
@@ -507,7 +507,7 @@ impl Exits {
     }
 
     /// Waits for the exits of the processes `report` names, and no others.
-    fn follow(&mut self, report: &Report) {
+    fn follow(&mut self, report: &Diagnosis) {
         let serving: Vec<u32> = report
             .plugins
             .iter()

@@ -27,8 +27,8 @@ fn reasons(occurrences: &[Occurrence]) -> Vec<(EventType, &str)> {
 
 #[test]
 fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
-    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
-    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let failing = Standing::of(&Diagnosis::of_parts(vec![stale()], Vec::new(), None));
+    let blind = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), Some(blind())));
     assert!(!blind.only_better_than(&failing), "no failure seen is no recovery");
     assert!(!blind.only_better_than(&Standing::default()));
     assert!(!blind.agrees(&Standing::default()));
@@ -42,12 +42,12 @@ fn going_blind_needs_a_second_look_and_calls_nothing_recovered() {
 
 #[test]
 fn seeing_again_is_published_at_once_with_its_own_event() {
-    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
-    let healthy = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let blind = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let healthy = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), None));
     assert!(healthy.only_better_than(&blind));
     assert_eq!(reasons(&transitions(&healthy, &blind)), [(EventType::Normal, CAN_JUDGE_REASON)]);
     // A failure seen on the way back is new: it waits for a second look.
-    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let failing = Standing::of(&Diagnosis::of_parts(vec![stale()], Vec::new(), None));
     assert!(!failing.only_better_than(&blind));
     assert_eq!(
         reasons(&transitions(&failing, &blind)),
@@ -65,7 +65,7 @@ fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
         hint: String::new(),
         cause: Some(SOCKET.into()),
     };
-    let standing = Standing::of(&Report::of_parts(vec![stale()], vec![entry], None));
+    let standing = Standing::of(&Diagnosis::of_parts(vec![stale()], vec![entry], None));
     assert_eq!(
         reasons(&transitions(&standing, &Standing::default())),
         [(EventType::Warning, "Stale"), (EventType::Warning, "StaleCsiNodeEntry")]
@@ -73,7 +73,7 @@ fn an_entry_kept_for_a_stale_socket_has_its_event_but_counts_with_the_socket() {
     let condition = standing.condition();
     assert!(condition.message.starts_with("1 failing: csi.example.com-reg.sock (stale)"));
     // Both go when the socket does.
-    let gone = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
+    let gone = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), None));
     assert_eq!(
         reasons(&transitions(&gone, &standing)),
         [(EventType::Normal, RECOVERED_REASON), (EventType::Normal, RECOVERED_REASON)]
@@ -119,7 +119,7 @@ impl Coming {
         } else {
             Vec::new()
         };
-        Standing::of(&Report::of_parts(rows, Vec::new(), None))
+        Standing::of(&Diagnosis::of_parts(rows, Vec::new(), None))
     }
 }
 
@@ -246,8 +246,8 @@ async fn a_plugin_restarting_once_is_not_flapping() {
 #[tokio::test(start_paused = true)]
 async fn a_new_failure_waits_for_a_second_look_and_a_recovery_does_not() {
     let mut pacing = Pacing::new(WatchConfig::default());
-    let healthy = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), None));
-    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let healthy = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), None));
+    let failing = Standing::of(&Diagnosis::of_parts(vec![stale()], Vec::new(), None));
     assert!(pacing.after_pass(&healthy, Ran::Due).publish.is_some(), "the first pass");
     let next = pacing.after_pass(&failing, Ran::WokenUp);
     assert!(next.publish.is_none());
@@ -272,7 +272,7 @@ async fn without_a_confirm_a_failing_node_is_still_looked_at_with_pauses() {
     // without pause while a failure held still.
     let config = WatchConfig::builder().confirm(Duration::ZERO).build().unwrap();
     let mut pacing = Pacing::new(config);
-    let failing = Standing::of(&Report::of_parts(vec![stale()], Vec::new(), None));
+    let failing = Standing::of(&Diagnosis::of_parts(vec![stale()], Vec::new(), None));
     pacing.after_pass(&failing, Ran::Due);
     let waits: Vec<Duration> =
         (0..4).map(|_| pacing.after_pass(&failing, Ran::Due).judge_at - Instant::now()).collect();
@@ -290,13 +290,13 @@ fn orphaned_slices(version: &str) -> Standing {
         hint: String::new(),
         cause: None,
     };
-    let mut report = Report::of_parts(Vec::new(), vec![slices], None);
+    let mut report = Diagnosis::of_parts(Vec::new(), vec![slices], None);
     report.kubelet_version = Some(version.to_owned());
     Standing::of(&report)
 }
 
 fn healthy_beside(version: &str) -> Standing {
-    let mut report = Report::of_parts(Vec::new(), Vec::new(), None);
+    let mut report = Diagnosis::of_parts(Vec::new(), Vec::new(), None);
     report.kubelet_version = Some(version.to_owned());
     Standing::of(&report)
 }
@@ -364,7 +364,7 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         row.name = Some("vendor.com/gpu".to_owned());
         row
     };
-    let healthy = Standing::of(&Report::of_parts(vec![registered()], Vec::new(), None));
+    let healthy = Standing::of(&Diagnosis::of_parts(vec![registered()], Vec::new(), None));
     assert!(pacing.after_pass(&healthy, Ran::Due).publish.is_some(), "the first pass");
     let condition = healthy.plugin_condition("vendor.com/gpu");
     assert_eq!(
@@ -372,7 +372,7 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         (crate::ConditionStatus::True, "PluginRegistered")
     );
     let lost = Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() };
-    let lost = Standing::of(&Report::of_parts(vec![lost], Vec::new(), None));
+    let lost = Standing::of(&Diagnosis::of_parts(vec![lost], Vec::new(), None));
     // No second look: the kubelet's start is no flicker.
     let next = pacing.after_pass(&lost, Ran::WokenUp);
     let (published, _) = next.publish.expect("published at once");
@@ -383,7 +383,7 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
         (crate::ConditionStatus::False, "NotRegisteredAgain")
     );
     // Another failure still waits for one.
-    let both = Standing::of(&Report::of_parts(
+    let both = Standing::of(&Diagnosis::of_parts(
         vec![
             Row { verdict: Verdict::NotRegisteredAgain, found_in: "deleted", ..registered() },
             stale(),
@@ -402,6 +402,6 @@ async fn a_plugin_lost_to_the_kubelets_restart_is_published_at_once_and_its_plug
             "no plugin socket of this node registers csi.example.com"
         )
     );
-    let blind = Standing::of(&Report::of_parts(Vec::new(), Vec::new(), Some(blind())));
+    let blind = Standing::of(&Diagnosis::of_parts(Vec::new(), Vec::new(), Some(blind())));
     assert_eq!(blind.plugin_condition("vendor.com/gpu").status, crate::ConditionStatus::Unknown);
 }
