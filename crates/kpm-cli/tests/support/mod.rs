@@ -16,14 +16,40 @@ use serde_json::Value;
 
 pub const KPM: &str = env!("CARGO_BIN_EXE_kpm");
 
-/// Runs `tests` with libtest's command line and output, for the test
-/// binaries that are started again as plugin processes (`harness = false`).
-pub fn run_tests(tests: &[(&'static str, fn())]) -> ! {
+/// A test of a binary that is started again as plugin processes
+/// (`harness = false`), registered by [`trial!`] where it is defined.
+pub struct Trial {
+    pub name: &'static str,
+    pub run: fn(),
+}
+
+inventory::collect!(Trial);
+
+/// Defines the test `name` of a `harness = false` binary, running `body`
+/// (a closure), and registers it for [`run_tests`]: defined and listed in
+/// one place, no test can be left out of the run.
+macro_rules! trial {
+    ($name:ident, $body:expr) => {
+        fn $name() {
+            let body: fn() = $body;
+            body();
+        }
+        inventory::submit! { $crate::support::Trial { name: stringify!($name), run: $name } }
+    };
+}
+pub(crate) use trial;
+
+/// Runs the [`trial!`]s of this binary, by name, with libtest's command
+/// line and output.
+pub fn run_tests() -> ! {
+    let mut tests: Vec<&Trial> = inventory::iter::<Trial>.into_iter().collect();
+    tests.sort_by_key(|test| test.name);
     let trials = tests
-        .iter()
-        .map(|&(name, test)| {
-            libtest_mimic::Trial::test(name, move || {
-                test();
+        .into_iter()
+        .map(|test| {
+            let run = test.run;
+            libtest_mimic::Trial::test(test.name, move || {
+                run();
                 Ok(())
             })
         })
