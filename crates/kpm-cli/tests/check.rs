@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::{Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver};
+use kpm_test_support::http;
 use support::trial;
 
 /// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
@@ -550,15 +551,15 @@ fn resource_slice(created: Option<&str>) -> serde_json::Value {
 /// controller does, until the process exits.
 fn publish_slice(api: String) {
     let slice = resource_slice(None).to_string();
-    support::http_send(&api, "POST", SLICES, &slice);
+    http::send(&api, "POST", SLICES, &slice);
     std::thread::spawn(move || {
         loop {
             std::thread::sleep(Duration::from_millis(100));
             let listed: serde_json::Value =
-                serde_json::from_str(&support::http_send(&api, "GET", SLICES, "")).unwrap();
+                serde_json::from_str(&http::send(&api, "GET", SLICES, "")).unwrap();
             let ours = listed["items"].as_array().into_iter().flatten();
             if ours.filter(|slice| slice["spec"]["driver"] == DRA_DRIVER).count() == 0 {
-                support::http_send(&api, "POST", SLICES, &slice);
+                http::send(&api, "POST", SLICES, &slice);
             }
         }
     });
@@ -569,7 +570,7 @@ fn publish_slice(api: String) {
 fn allocated_to_us(api: &str, namespace: &str, name: &str) -> bool {
     let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
     let claim: serde_json::Value =
-        serde_json::from_str(&support::http_send(api, "GET", &path, "")).unwrap();
+        serde_json::from_str(&http::send(api, "GET", &path, "")).unwrap();
     let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap();
     results.iter().any(|result| result["driver"] == DRA_DRIVER)
 }

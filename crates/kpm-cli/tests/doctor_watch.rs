@@ -19,7 +19,8 @@ use kpm_test_support::blocking::wait_until;
 use kpm_test_support::{free_local_addr, free_port};
 use parking_lot::Mutex;
 use serde_json::Value;
-use support::{http_get, kpm, kubeconfig, parse_prometheus, serve_api};
+use kpm_test_support::prometheus;
+use support::{kpm, kubeconfig, serve_api};
 
 const CONDITION: &str = "KubeletPluginsHealthy";
 
@@ -68,7 +69,7 @@ fn metrics(addr: &str) -> std::collections::HashMap<String, f64> {
     if std::net::TcpStream::connect(addr).is_err() {
         return std::collections::HashMap::new();
     }
-    parse_prometheus(&http_get(addr, "/metrics"))
+    prometheus::scrape(addr)
 }
 
 /// A registry with a socket nobody listens on: a plugin that crashed.

@@ -10,9 +10,9 @@ mod support;
 use std::sync::{Arc, Mutex};
 
 use kpm_registrar::{DEVICE_PLUGIN, Registrar};
-use kpm_test_support::DEADLINE;
+use kpm_test_support::{DEADLINE, prometheus};
 use serde_json::{Value, json};
-use support::{Kpm, http_get, kpm, kubeconfig, parse_prometheus, wait_until};
+use support::{Kpm, kpm, kubeconfig, wait_until};
 
 const NODE_MISSING: &str = "node \"node1\" not found; kpm waits for it and never creates it";
 
@@ -129,14 +129,14 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     // So do the metrics: failed requests are counted by their status code.
     let series = "kpm_kube_requests_total{verb=\"get\",resource=\"nodes\",outcome=\"404\"}";
     wait_until("the failed reads are counted", || {
-        let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+        let samples = prometheus::scrape(&metrics);
         samples.get(series).is_some_and(|count| *count >= 1.0)
     });
-    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    let samples = prometheus::scrape(&metrics);
     assert_eq!(samples.get("kpm_kube_pending_publications{kind=\"Node status\"}"), Some(&1.0));
     assert!(samples.contains_key("kpm_kube_oldest_pending_publication_timestamp_seconds"));
     // Nothing written yet: no timestamp but the CSIDrivers' list, a read.
-    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    let samples = prometheus::scrape(&metrics);
     let synced = |s: &&String| s.starts_with("kpm_kube_last_sync_timestamp_seconds");
     assert!(samples.keys().filter(synced).all(|s| s.contains("CSIDriver")), "{samples:?}");
     rt.block_on(plugin.shutdown()).unwrap();

@@ -33,8 +33,9 @@
 //! the well-behaved plugin of the example, `kpm demo` and the load
 //! generator, not a test fake.)
 //!
-//! It is a dev-dependency everywhere but in xtask, whose scenarios take
-//! their servers' ports as the tests do; `cargo xtask tidy` refuses it as a
+//! It is a dev-dependency everywhere but in the tools: xtask, whose
+//! scenarios take their servers' ports as the tests do, and kpm-bench, which
+//! reads kpm's metrics as the tests do; `cargo xtask tidy` refuses it as a
 //! normal dependency elsewhere.
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
@@ -59,6 +60,8 @@ pub mod api_server;
 pub mod cri;
 #[cfg(feature = "csi")]
 pub mod csi;
+pub mod http;
+pub mod prometheus;
 #[cfg(feature = "registration")]
 pub mod registration;
 #[cfg(any(feature = "csi", feature = "cri", feature = "registration"))]

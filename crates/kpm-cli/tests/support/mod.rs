@@ -5,8 +5,6 @@
 
 pub mod faults;
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 
@@ -167,7 +165,7 @@ impl Kpm {
             .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
         // A status API that accepts but never answers fails the test, not hangs it.
         stream.set_read_timeout(Some(kpm_test_support::DEADLINE)).unwrap();
-        serde_json::from_str(&http_get_on(&mut stream, "/v1/plugins")).unwrap()
+        serde_json::from_str(&kpm_test_support::http::get_on(&mut stream, "/v1/plugins")).unwrap()
     }
 
     pub fn pid(&self) -> u32 {
@@ -283,76 +281,6 @@ pub fn serve_api(
     });
     let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
     rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
-}
-
-/// `METHOD path` over plain HTTP/1.0 on `stream`, with the JSON `body`
-/// unless it is empty; the answer's status code and body.
-fn http_request(
-    stream: &mut (impl Read + Write),
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (u16, String) {
-    write!(stream, "{method} {path} HTTP/1.0\r\nHost: kpm\r\n").unwrap();
-    if !body.is_empty() {
-        let length = body.len();
-        write!(stream, "Content-Type: application/json\r\nContent-Length: {length}\r\n").unwrap();
-    }
-    write!(stream, "\r\n{body}").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let code = head.strip_prefix("HTTP/1.0 ").or_else(|| head.strip_prefix("HTTP/1.1 "));
-    let code = code.and_then(|rest| rest.get(..3)).and_then(|code| code.parse().ok());
-    let code = code.unwrap_or_else(|| panic!("not an HTTP/1 answer: {head}"));
-    (code, body.to_owned())
-}
-
-/// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
-fn http_get_on(stream: &mut (impl Read + Write), path: &str) -> String {
-    let (code, body) = http_request(stream, "GET", path, "");
-    assert_eq!(code, 200, "GET {path}: {body}");
-    body
-}
-
-/// `GET path` on the TCP address `addr` (the metrics server); returns the body.
-pub fn http_get(addr: &str, path: &str) -> String {
-    http_get_on(&mut std::net::TcpStream::connect(addr).unwrap(), path)
-}
-
-/// `METHOD path` with the JSON `body` on the TCP address `addr` (the
-/// stand-in API server, as a plugin would call it); the body of its 2xx
-/// answer.
-pub fn http_send(addr: &str, method: &str, path: &str, body: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let (code, answer) = http_request(&mut stream, method, path, body);
-    assert!((200..300).contains(&code), "{method} {path}: {code} {answer}");
-    answer
-}
-
-/// Checks the Prometheus text format line by line; returns `series -> value`.
-pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
-    let mut samples = HashMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        if let Some(comment) = line.strip_prefix("# ") {
-            let kind = comment.split_whitespace().next().unwrap();
-            assert!(["HELP", "TYPE", "UNIT", "EOF"].contains(&kind), "bad comment: {line}");
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let name_end = series.find('{').unwrap_or(series.len());
-        let name = &series[..name_end];
-        assert!(
-            !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name: {line}"
-        );
-        if name_end < series.len() {
-            assert!(series.ends_with('}'), "unterminated labels: {line}");
-        }
-        samples.insert(series.to_owned(), value.parse::<f64>().unwrap());
-    }
-    samples
 }
 
 // === Plugin services ===
