@@ -99,7 +99,7 @@ trial!(a_plugin_command_that_does_not_start_cannot_be_checked, || {
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&format!("start the plugin {}", missing.display())), "{stderr}");
-}
+});
 
 /// The device plugin's steps, in the order they run.
 const DEVICE_STEPS: [&str; 7] = [
@@ -341,7 +341,7 @@ trial!(a_dra_driver_is_held_against_every_kubelet_minor, || {
         "{report}"
     );
     assert!(line(&report, "type checks").starts_with("PASS"), "kpm itself takes it: {report}");
-}
+});
 
 // === The plugin ===
 
@@ -527,7 +527,7 @@ trial!(a_dra_driver_answering_unsent_claims_fails, || {
     assert_eq!(code, 1, "{report}");
     let prepare = line(&report, "NodePrepareResources v1");
     assert!(prepare.starts_with("FAIL") && prepare.contains("did not send"), "{report}");
-}
+});
 
 // === DRA drivers against an API server ===
 
@@ -589,10 +589,14 @@ fn check_dra_with_api(
         ..kpm_test_support::api_server::State::default()
     }));
     let port = kpm_test_support::free_port();
-    support::serve_api(&rt, port, std::sync::Arc::clone(&state));
+    kpm_test_support::api_server::serve(&rt, port, std::sync::Arc::clone(&state));
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://127.0.0.1:{port}"))).unwrap();
+    std::fs::write(
+        &kubeconfig,
+        kpm_test_support::api_server::kubeconfig(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
     let api = format!("127.0.0.1:{port}");
     let mut environment = environment.to_vec();
     environment.push((DRA_API, &api));
@@ -710,4 +714,4 @@ trial!(each_dra_claim_rule_fails_on_its_misbehaviour, || {
         assert_eq!(code, i32::from(mark == "FAIL" || no_slice), "{environment:?}: {report}");
         assert!(state.lock().claims.is_empty(), "{environment:?}: claims left");
     }
-}
+});

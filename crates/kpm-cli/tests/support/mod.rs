@@ -247,42 +247,6 @@ pub fn doctor_on_host(host: &Path, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
 }
 
-/// A kubeconfig for the API server at `server`, without credentials.
-pub fn kubeconfig(server: &str) -> String {
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n- name: test\n  cluster:\n    server: {server}\n\
-         users:\n- name: test\n  user: {{}}\n\
-         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
-         current-context: test\n"
-    )
-}
-
-// === HTTP ===
-
-/// Serves `state` on `port` of 127.0.0.1 over HTTP, as kube's client talks
-/// to an API server.
-pub fn serve_api(
-    rt: &tokio::runtime::Runtime,
-    port: u16,
-    state: kpm_test_support::api_server::Shared,
-) {
-    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let state = std::sync::Arc::clone(&state);
-        async move {
-            let (parts, body) = request.into_parts();
-            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-            let (code, answer) =
-                state.lock().handle(&kpm_test_support::api_server::ApiRequest::of(&parts, &body));
-            let code = axum::http::StatusCode::from_u16(code).unwrap();
-            (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
-        }
-    });
-    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
-    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
-}
-
 // === Plugin services ===
 
 /// The routes of a stub device plugin reporting `(id, health)` devices.
