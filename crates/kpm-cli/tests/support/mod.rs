@@ -25,7 +25,9 @@ inventory::collect!(Trial);
 
 /// Defines the test `name` of a `harness = false` binary, running `body`
 /// (a closure), and registers it for [`run_tests`]: defined and listed in
-/// one place, no test can be left out of the run.
+/// one place, no test can be left out of the run. Unused by the binaries
+/// with libtest's own harness, as `run_tests` is.
+#[allow(unused_macros)]
 macro_rules! trial {
     ($name:ident, $body:expr) => {
         fn $name() {
@@ -35,6 +37,7 @@ macro_rules! trial {
         inventory::submit! { $crate::support::Trial { name: stringify!($name), run: $name } }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use trial;
 
 /// Runs the [`trial!`]s of this binary, by name, with libtest's command
