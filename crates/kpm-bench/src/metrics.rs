@@ -1,13 +1,12 @@
 //! kpm's Prometheus endpoint (`kpm run --metrics-addr`): one `GET /metrics`
-//! over HTTP/1.1, and a minimal reading of the text format (`series value`
-//! lines, where a series is `name` or `name{labels}`).
+//! and its series, through the tests' client and reader
+//! (`kpm_test_support::{http, prometheus}`), so that the bench reads kpm's
+//! metrics as the tests check them.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
+use kpm_test_support::{http, prometheus};
 
 use crate::Result;
 
@@ -23,16 +22,14 @@ pub(crate) struct Scrape {
 }
 
 impl Scrape {
-    /// Reads the text format; comments and lines without a whole number are skipped.
-    pub(crate) fn parse(text: &str) -> Self {
-        let series = text
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            // Label values may hold spaces; the value is after the last one.
-            .filter_map(|line| line.rsplit_once(' '))
-            .filter_map(|(series, value)| Some((series.to_owned(), value.parse().ok()?)))
+    /// Reads the text format; an error on a malformed line.
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let samples = prometheus::parse(text)?;
+        let series = samples
+            .into_iter()
+            .filter_map(|sample| Some((sample.series.to_owned(), sample.value.parse().ok()?)))
             .collect();
-        Self { series }
+        Ok(Self { series })
     }
 
     /// The series of metric `name` that carry `label` (`key="value"`), if given.
@@ -63,28 +60,23 @@ impl Scrape {
     }
 }
 
-/// `GET http://addr/metrics`.
+/// `GET http://addr/metrics`, on a blocking thread: the client is the
+/// tests' synchronous one, bounded by the socket's timeouts.
 pub(crate) async fn scrape(addr: SocketAddr) -> Result<Scrape> {
-    let get = async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
+    let get = move || -> Result<Scrape> {
+        let what = format!("GET http://{addr}/metrics");
+        let mut stream = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT)
             .map_err(|err| format!("connect to kpm's metrics on {addr}: {err}"))?;
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
-        let request = hyper::Request::get("/metrics")
-            .header(hyper::header::HOST, addr.to_string())
-            .body(Empty::<Bytes>::new())?;
-        let response = sender.send_request(request).await?;
-        if !response.status().is_success() {
-            return Err(format!("GET /metrics: HTTP {}", response.status()).into());
+        stream.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
+        stream.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
+        let answer = http::request(&mut stream, "GET", "/metrics", "")
+            .map_err(|err| format!("{what}: {err}"))?;
+        if !(200..300).contains(&answer.code) {
+            return Err(format!("{what}: HTTP {}", answer.code).into());
         }
-        let body = response.into_body().collect().await?.to_bytes();
-        Ok::<_, crate::Error>(Scrape::parse(&String::from_utf8_lossy(&body)))
+        Scrape::parse(&answer.body)
     };
-    tokio::time::timeout(SCRAPE_TIMEOUT, get)
-        .await
-        .map_err(|_| format!("GET http://{addr}/metrics: no answer within {SCRAPE_TIMEOUT:?}"))?
+    tokio::task::spawn_blocking(get).await?
 }
 
 #[cfg(test)]
@@ -104,7 +96,8 @@ mod tests {
              kpm_registrations_total{type=\"DevicePlugin\"} 40\n\
              kpm_registrations_total{type=\"CSIPlugin\"} 2\n\
              # EOF\n",
-        );
+        )
+        .unwrap();
         assert_eq!(scrape.sum("kpm_operations", None), Some(3));
         assert_eq!(scrape.sum("kpm_tokio_tasks", None), Some(612));
         assert_eq!(scrape.sum("kpm_registrations_total", None), Some(42));

@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use kpm_registrar::Registrar;
 use kpm_registrar::stub::{Misbehaviour, StubCsiDriver, StubDevicePlugin, StubDraDriver};
+use kpm_test_support::http;
+use support::trial;
 
 /// `registry` or `kubelet-sock`: the plugin's role, when this binary runs as one.
 const ROLE: &str = "KPM_TEST_CHECK_PLUGIN";
@@ -57,57 +59,7 @@ fn main() {
         plugin(&role);
         return;
     }
-    let tests: [(&str, fn()); 15] = [
-        ("a_good_plugin_passes_every_step", a_good_plugin_passes_every_step),
-        (
-            "a_plugin_that_leaves_its_socket_on_sigterm_fails",
-            a_plugin_that_leaves_its_socket_on_sigterm_fails,
-        ),
-        (
-            "a_plugin_slower_than_the_kubelets_second_fails_to_register",
-            a_plugin_slower_than_the_kubelets_second_fails_to_register,
-        ),
-        (
-            "a_kubelet_sock_plugin_passes_without_registry_steps",
-            a_kubelet_sock_plugin_passes_without_registry_steps,
-        ),
-        (
-            "a_plugin_that_does_not_register_again_after_a_restart_fails",
-            a_plugin_that_does_not_register_again_after_a_restart_fails,
-        ),
-        ("the_report_is_also_json_and_junit_for_a_ci", the_report_is_also_json_and_junit_for_a_ci),
-        (
-            "a_dra_driver_is_held_against_every_kubelet_minor",
-            a_dra_driver_is_held_against_every_kubelet_minor,
-        ),
-        (
-            "a_plugin_command_that_does_not_start_cannot_be_checked",
-            a_plugin_command_that_does_not_start_cannot_be_checked,
-        ),
-        (
-            "each_device_plugin_rule_fails_on_its_misbehaviour",
-            each_device_plugin_rule_fails_on_its_misbehaviour,
-        ),
-        ("each_csi_rule_fails_on_its_misbehaviour", each_csi_rule_fails_on_its_misbehaviour),
-        (
-            "a_dra_driver_without_an_api_server_skips_the_claim_steps",
-            a_dra_driver_without_an_api_server_skips_the_claim_steps,
-        ),
-        (
-            "a_dra_driver_failing_an_unknown_claim_fails",
-            a_dra_driver_failing_an_unknown_claim_fails,
-        ),
-        ("a_dra_driver_answering_unsent_claims_fails", a_dra_driver_answering_unsent_claims_fails),
-        (
-            "a_good_dra_driver_passes_every_claim_step_and_its_claims_go",
-            a_good_dra_driver_passes_every_claim_step_and_its_claims_go,
-        ),
-        (
-            "each_dra_claim_rule_fails_on_its_misbehaviour",
-            each_dra_claim_rule_fails_on_its_misbehaviour,
-        ),
-    ];
-    support::run_tests(&tests);
+    support::run_tests();
 }
 
 /// Runs `kpm check` on this binary in `role` with `misbehaviour` set;
@@ -139,15 +91,15 @@ fn line<'a>(report: &'a str, step: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {step} line in {report}"))
 }
 
-/// Nothing was checked: neither "passed" (0) nor "failed" (1).
-fn a_plugin_command_that_does_not_start_cannot_be_checked() {
+// Nothing was checked: neither "passed" (0) nor "failed" (1).
+trial!(a_plugin_command_that_does_not_start_cannot_be_checked, || {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-plugin");
     let out = Command::new(support::KPM).arg("check").arg("--").arg(&missing).output().unwrap();
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(&format!("start the plugin {}", missing.display())), "{stderr}");
-}
+});
 
 /// The device plugin's steps, in the order they run.
 const DEVICE_STEPS: [&str; 7] = [
@@ -160,7 +112,7 @@ const DEVICE_STEPS: [&str; 7] = [
     "stream stays open",
 ];
 
-fn a_good_plugin_passes_every_step() {
+trial!(a_good_plugin_passes_every_step, || {
     let options = [OsStr::new("--health-change"), OsStr::new(HEALTH_CHANGE)];
     let (code, report) = check_with(&options, "registry", &[]);
     assert_eq!(code, 0, "{report}");
@@ -190,12 +142,12 @@ fn a_good_plugin_passes_every_step() {
     let (code, report) = check("registry", &[]);
     assert_eq!(code, 0, "{report}");
     assert!(line(&report, "health change").starts_with("SKIP"), "{report}");
-}
+});
 
-/// Each rule of the device plugin API, broken by the stub's misbehaviour:
-/// the step that judges it fails (or warns, where the kubelet copes), and
-/// the others are unmoved.
-fn each_device_plugin_rule_fails_on_its_misbehaviour() {
+// Each rule of the device plugin API, broken by the stub's misbehaviour:
+// the step that judges it fails (or warns, where the kubelet copes), and
+// the others are unmoved.
+trial!(each_device_plugin_rule_fails_on_its_misbehaviour, || {
     let rules = [
         ("no-device-list", "ListAndWatch", "FAIL", "no list within"),
         ("duplicate-ids", "ListAndWatch", "FAIL", "ids listed more than once"),
@@ -217,11 +169,11 @@ fn each_device_plugin_rule_fails_on_its_misbehaviour() {
             assert!(!line(&report, other).starts_with("FAIL"), "{misbehaviour}: {other}: {report}");
         }
     }
-}
+});
 
-/// Each rule of the kubelet's node-info path for CSI drivers, broken by
-/// the stub's misbehaviour or a topology key no label may have.
-fn each_csi_rule_fails_on_its_misbehaviour() {
+// Each rule of the kubelet's node-info path for CSI drivers, broken by
+// the stub's misbehaviour or a topology key no label may have.
+trial!(each_csi_rule_fails_on_its_misbehaviour, || {
     let (code, report) = check("csi", &[]);
     assert_eq!(code, 0, "{report}");
     for step in ["node id stable", "topology keys", "GetPluginInfo name", "NodeGetCapabilities"] {
@@ -246,9 +198,9 @@ fn each_csi_rule_fails_on_its_misbehaviour() {
     // A node id that moves also moves across the driver's restart.
     let (_, report) = check("csi", &[(MISBEHAVE, "node-id-changes")]);
     assert!(line(&report, "plugin restart").starts_with("FAIL"), "{report}");
-}
+});
 
-fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
+trial!(a_plugin_that_leaves_its_socket_on_sigterm_fails, || {
     let (code, report) = check("registry", &[(NO_CLEANUP, "1")]);
     assert_eq!(code, 1, "{report}");
     let sigterm = line(&report, "SIGTERM");
@@ -259,9 +211,9 @@ fn a_plugin_that_leaves_its_socket_on_sigterm_fails() {
         "{report}"
     );
     assert!(report.ends_with("13 passed, 1 warned, 1 failed\n"), "{report}");
-}
+});
 
-fn a_plugin_slower_than_the_kubelets_second_fails_to_register() {
+trial!(a_plugin_slower_than_the_kubelets_second_fails_to_register, || {
     let (code, report) = check("registry", &[(GET_INFO_DELAY_MS, "1500")]);
     assert_eq!(code, 1, "{report}");
     let registers = line(&report, "registers");
@@ -270,9 +222,9 @@ fn a_plugin_slower_than_the_kubelets_second_fails_to_register() {
         "{report}"
     );
     assert!(line(&report, "SIGTERM").starts_with("SKIP"), "{report}");
-}
+});
 
-fn a_kubelet_sock_plugin_passes_without_registry_steps() {
+trial!(a_kubelet_sock_plugin_passes_without_registry_steps, || {
     let (code, report) = check("kubelet-sock", &[]);
     assert_eq!(code, 0, "{report}");
     assert!(
@@ -285,16 +237,16 @@ fn a_kubelet_sock_plugin_passes_without_registry_steps() {
     let rolled = line(&report, "rolling update");
     assert!(rolled.starts_with("PASS") && rolled.contains("3 healthy once the first"), "{report}");
     assert!(report.ends_with("13 passed, 0 failed\n"), "{report}");
-}
+});
 
-fn a_plugin_that_does_not_register_again_after_a_restart_fails() {
+trial!(a_plugin_that_does_not_register_again_after_a_restart_fails, || {
     let (code, report) = check("kubelet-sock", &[(NO_REREGISTER, "1")]);
     assert_eq!(code, 1, "{report}");
     let restart = line(&report, "kubelet restart");
     assert!(restart.starts_with("FAIL") && restart.contains("not registered again"), "{report}");
-}
+});
 
-fn the_report_is_also_json_and_junit_for_a_ci() {
+trial!(the_report_is_also_json_and_junit_for_a_ci, || {
     let dir = tempfile::tempdir().unwrap();
     let junit = dir.path().join("kpm-check.xml");
     let options = [OsStr::new("-o"), OsStr::new("json"), OsStr::new("--junit"), junit.as_os_str()];
@@ -366,12 +318,12 @@ fn the_report_is_also_json_and_junit_for_a_ci() {
     assert!(matches!(cases[7].status, quick_junit::TestCaseStatus::Success { .. }), "{xml}");
     let registers = cases[0].system_out.as_deref().unwrap_or_default();
     assert!(registers.contains("DevicePlugin vendor.com/gpu"), "{xml}");
-}
+});
 
-/// Each kubelet minor's rule on the services a DRA driver offers, as the
-/// doctor judges them: kpm-registrar's default (v1 and v1beta1) is served
-/// by every minor from 1.32; `v1.DRAPlugin` alone breaks on 1.32 and 1.33.
-fn a_dra_driver_is_held_against_every_kubelet_minor() {
+// Each kubelet minor's rule on the services a DRA driver offers, as the
+// doctor judges them: kpm-registrar's default (v1 and v1beta1) is served
+// by every minor from 1.32; `v1.DRAPlugin` alone breaks on 1.32 and 1.33.
+trial!(a_dra_driver_is_held_against_every_kubelet_minor, || {
     let (code, report) = check("dra", &[]);
     assert_eq!(code, 0, "{report}");
     let minors = line(&report, "kubelet minors");
@@ -389,7 +341,7 @@ fn a_dra_driver_is_held_against_every_kubelet_minor() {
         "{report}"
     );
     assert!(line(&report, "type checks").starts_with("PASS"), "kpm itself takes it: {report}");
-}
+});
 
 // === The plugin ===
 
@@ -535,10 +487,10 @@ fn csi_driver() -> StubCsiDriver {
     }
 }
 
-/// Without `--kubeconfig` the DRA steps that need a `ResourceClaim` skip,
-/// saying so; a prepare with no claims and an unknown claim's unprepare
-/// still run, on both services.
-fn a_dra_driver_without_an_api_server_skips_the_claim_steps() {
+// Without `--kubeconfig` the DRA steps that need a `ResourceClaim` skip,
+// saying so; a prepare with no claims and an unknown claim's unprepare
+// still run, on both services.
+trial!(a_dra_driver_without_an_api_server_skips_the_claim_steps, || {
     let (code, report) = check("dra", &[]);
     assert_eq!(code, 0, "{report}");
     let resource_slices = line(&report, "ResourceSlices");
@@ -556,26 +508,26 @@ fn a_dra_driver_without_an_api_server_skips_the_claim_steps() {
         let other = line(&report, &format!("claim of another driver {version}"));
         assert!(other.starts_with("SKIP"), "{report}");
     }
-}
+});
 
-/// The kubelet unprepares its checkpoint's claims after a restart, which
-/// the driver may not know: an error there keeps the pod from going.
-fn a_dra_driver_failing_an_unknown_claim_fails() {
+// The kubelet unprepares its checkpoint's claims after a restart, which
+// the driver may not know: an error there keeps the pod from going.
+trial!(a_dra_driver_failing_an_unknown_claim_fails, || {
     let (code, report) = check("dra", &[(MISBEHAVE, "unprepare-unknown-fails")]);
     assert_eq!(code, 1, "{report}");
     for version in ["v1", "v1beta1"] {
         let unknown = line(&report, &format!("unprepare unknown claim {version}"));
         assert!(unknown.starts_with("FAIL") && unknown.contains("is not prepared"), "{report}");
     }
-}
+});
 
-/// The kubelet fails a pod on an answer for a claim it did not send.
-fn a_dra_driver_answering_unsent_claims_fails() {
+// The kubelet fails a pod on an answer for a claim it did not send.
+trial!(a_dra_driver_answering_unsent_claims_fails, || {
     let (code, report) = check("dra", &[(MISBEHAVE, "prepare-answers-unsent-claim")]);
     assert_eq!(code, 1, "{report}");
     let prepare = line(&report, "NodePrepareResources v1");
     assert!(prepare.starts_with("FAIL") && prepare.contains("did not send"), "{report}");
-}
+});
 
 // === DRA drivers against an API server ===
 
@@ -599,15 +551,15 @@ fn resource_slice(created: Option<&str>) -> serde_json::Value {
 /// controller does, until the process exits.
 fn publish_slice(api: String) {
     let slice = resource_slice(None).to_string();
-    support::http_send(&api, "POST", SLICES, &slice);
+    http::send(&api, "POST", SLICES, &slice);
     std::thread::spawn(move || {
         loop {
             std::thread::sleep(Duration::from_millis(100));
             let listed: serde_json::Value =
-                serde_json::from_str(&support::http_send(&api, "GET", SLICES, "")).unwrap();
+                serde_json::from_str(&http::send(&api, "GET", SLICES, "")).unwrap();
             let ours = listed["items"].as_array().into_iter().flatten();
             if ours.filter(|slice| slice["spec"]["driver"] == DRA_DRIVER).count() == 0 {
-                support::http_send(&api, "POST", SLICES, &slice);
+                http::send(&api, "POST", SLICES, &slice);
             }
         }
     });
@@ -618,7 +570,7 @@ fn publish_slice(api: String) {
 fn allocated_to_us(api: &str, namespace: &str, name: &str) -> bool {
     let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}");
     let claim: serde_json::Value =
-        serde_json::from_str(&support::http_send(api, "GET", &path, "")).unwrap();
+        serde_json::from_str(&http::send(api, "GET", &path, "")).unwrap();
     let results = claim["status"]["allocation"]["devices"]["results"].as_array().unwrap();
     results.iter().any(|result| result["driver"] == DRA_DRIVER)
 }
@@ -637,10 +589,14 @@ fn check_dra_with_api(
         ..kpm_test_support::api_server::State::default()
     }));
     let port = kpm_test_support::free_port();
-    support::serve_api(&rt, port, std::sync::Arc::clone(&state));
+    kpm_test_support::api_server::serve(&rt, port, std::sync::Arc::clone(&state));
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://127.0.0.1:{port}"))).unwrap();
+    std::fs::write(
+        &kubeconfig,
+        kpm_test_support::api_server::kubeconfig(&format!("http://127.0.0.1:{port}")),
+    )
+    .unwrap();
     let api = format!("127.0.0.1:{port}");
     let mut environment = environment.to_vec();
     environment.push((DRA_API, &api));
@@ -660,11 +616,11 @@ fn claim_steps(version: &str) -> [String; 5] {
     ]
 }
 
-/// A driver that publishes its slice, prepares the claim allocated to it
-/// with a device whose CDI spec resolves, answers the same again, removes
-/// the spec on unprepare and gives another driver's claim no device
-/// passes every step on both services; the check's claims are deleted.
-fn a_good_dra_driver_passes_every_claim_step_and_its_claims_go() {
+// A driver that publishes its slice, prepares the claim allocated to it
+// with a device whose CDI spec resolves, answers the same again, removes
+// the spec on unprepare and gives another driver's claim no device
+// passes every step on both services; the check's claims are deleted.
+trial!(a_good_dra_driver_passes_every_claim_step_and_its_claims_go, || {
     let (code, report, state) = check_dra_with_api(Vec::new(), &[]);
     assert_eq!(code, 0, "{report}");
     let slices = line(&report, "ResourceSlices");
@@ -688,12 +644,12 @@ fn a_good_dra_driver_passes_every_claim_step_and_its_claims_go() {
     // across the driver's reboot.
     assert_eq!(created.count(), 4, "{:?}", state.requests);
     assert!(state.claims.is_empty(), "the check's claims are left: {:?}", state.claims.keys());
-}
+});
 
-/// Each rule of the claim steps, broken by the stub's misbehaviour (or a
-/// slice that is not the driver's doing): the step that judges it fails,
-/// or warns where the kubelet copes.
-fn each_dra_claim_rule_fails_on_its_misbehaviour() {
+// Each rule of the claim steps, broken by the stub's misbehaviour (or a
+// slice that is not the driver's doing): the step that judges it fails,
+// or warns where the kubelet copes.
+trial!(each_dra_claim_rule_fails_on_its_misbehaviour, || {
     let an_hour_ago =
         humantime::format_rfc3339_seconds(std::time::SystemTime::now() - Duration::from_secs(3600))
             .to_string();
@@ -758,4 +714,4 @@ fn each_dra_claim_rule_fails_on_its_misbehaviour() {
         assert_eq!(code, i32::from(mark == "FAIL" || no_slice), "{environment:?}: {report}");
         assert!(state.lock().claims.is_empty(), "{environment:?}: claims left");
     }
-}
+});

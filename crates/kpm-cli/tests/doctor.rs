@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpm_registrar::{Registrar, RegistrarBuilder};
+use kpm_test_support::api_server;
 use kpm_test_support::registration::{FakePlugin, Reply, info};
 use serde_json::Value;
 use support::kpm;
@@ -761,7 +762,7 @@ fn an_api_server_that_cannot_be_reached_cannot_be_judged() {
     // A port nobody listens on: every read of the cluster fails.
     let closed = kpm_test_support::free_local_addr();
     let kubeconfig = node.root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&format!("http://{closed}"))).unwrap();
+    std::fs::write(&kubeconfig, api_server::kubeconfig(&format!("http://{closed}"))).unwrap();
     let (code, report) =
         node.doctor(&["--kubeconfig", kubeconfig.to_str().unwrap(), "--node-name", "node1"]);
     assert_eq!(code, 2, "{report:#}");
@@ -808,71 +809,55 @@ fn serve_api_server_of(
     forbid_csinodes: bool,
     kubelet_version: &'static str,
 ) -> String {
-    use axum::routing::get;
+    use kpm_test_support::api_server::State;
     use serde_json::json;
-    let csinode = move || async move {
-        if forbid_csinodes {
-            let status = json!({
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                "reason": "Forbidden", "code": 403,
-                "message": "csinodes.storage.k8s.io \"node1\" is forbidden: User \"doctor\" cannot get resource \"csinodes\"",
-            });
-            return (axum::http::StatusCode::FORBIDDEN, axum::Json(status));
-        }
-        (
-            axum::http::StatusCode::OK,
-            axum::Json(json!({
-                "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": "node1"},
-                "spec": {"drivers": [
-                    {"name": "csi.example.com", "nodeID": "n1"},
-                    {"name": "stale.csi.example.com", "nodeID": "node1"},
-                {"name": "moved.example.com", "nodeID": "old-id"},
-                ]},
-            })),
-        )
+    let csinode = json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": "node1"},
+        "spec": {"drivers": [
+            {"name": "csi.example.com", "nodeID": "n1"},
+            {"name": "stale.csi.example.com", "nodeID": "node1"},
+            {"name": "moved.example.com", "nodeID": "old-id"},
+        ]},
+    });
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node1", "annotations": {
+            "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"n1\",\"stale.csi.example.com\":\"node1\"}",
+        }},
+        "status": {
+            "capacity": {"vendor.com/gpu": "2", "example.com/nic": "1", "cpu": "2",
+                "example.com/fpga": "4", "example.com/dongle": "1", "example.com/retired": "0"},
+            "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2",
+                "example.com/fpga": "0", "example.com/dongle": "1", "example.com/retired": "0"},
+            "nodeInfo": {"kubeletVersion": kubelet_version},
+        },
+    });
+    let slice = |node: &str, driver: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-{driver}")},
+            "spec": {"driver": driver, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+        })
     };
-    let node = move || async move {
-        axum::Json(json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "node1", "annotations": {
-                "csi.volume.kubernetes.io/nodeid": "{\"csi.example.com\":\"n1\",\"stale.csi.example.com\":\"node1\"}",
-            }},
-            "status": {
-                "capacity": {"vendor.com/gpu": "2", "example.com/nic": "1", "cpu": "2",
-                    "example.com/fpga": "4", "example.com/dongle": "1", "example.com/retired": "0"},
-                "allocatable": {"vendor.com/gpu": "1", "example.com/nic": "1", "cpu": "2",
-                    "example.com/fpga": "0", "example.com/dongle": "1", "example.com/retired": "0"},
-                "nodeInfo": {"kubeletVersion": kubelet_version},
-            },
-        }))
-    };
-    let slices = |query: axum::extract::RawQuery| async move {
-        let query = query.0.unwrap_or_default();
-        assert!(query.contains("fieldSelector=spec.nodeName%3Dnode1"), "{query}");
-        axum::Json(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {},
-            "items": [{
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": "node1-gone-x"},
-                "spec": {"driver": "gone.example.com", "nodeName": "node1", "pool": {"name": "node1", "generation": 1, "resourceSliceCount": 1}},
-            }],
-        }))
-    };
-    let router = axum::Router::new()
-        .route("/apis/storage.k8s.io/v1/csinodes/node1", get(csinode))
-        .route("/api/v1/nodes/node1", get(node))
-        .route("/apis/resource.k8s.io/v1/resourceslices", get(slices));
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
+    // Another node's slice, which node1's doctor must not select: a
+    // finding of [`ELSEWHERE`] would show it read the slices unselected.
+    let slices = vec![slice("node1", "gone.example.com"), slice("node2", ELSEWHERE)];
+    let refused = if forbid_csinodes { vec![("csinodes".to_owned(), 403)] } else { Vec::new() };
+    let state =
+        State { node: Some(node), csinode: Some(csinode), slices, refused, ..State::default() };
+    let addr = api_server::serve(rt, 0, Arc::new(parking_lot::Mutex::new(state)));
     format!("http://{addr}")
 }
+
+/// The driver of another node's ResourceSlice.
+const ELSEWHERE: &str = "elsewhere.example.com";
 
 #[test]
 fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
     let node = Node::new();
     let kubeconfig = node.root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, false))).unwrap();
+    std::fs::write(&kubeconfig, api_server::kubeconfig(&serve_api_server(&node.rt, false)))
+        .unwrap();
     let csi_driver = |name: &str, node_id: &str| {
         let socket = node.root.path().join(format!("plugins/{name}/csi.sock"));
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
@@ -949,6 +934,7 @@ fn with_a_kubeconfig_the_plugins_are_held_against_what_the_cluster_shows() {
         findings.contains(&("orphaned-slices", "resourceslices/gone.example.com")),
         "{findings:?}"
     );
+    assert!(!findings.iter().any(|(_, path)| path.contains(ELSEWHERE)), "{findings:?}");
     // No socket left behind: an entry removed while the kubelet was down.
     let entry = finding(&report, "resourceslices/gone.example.com", "driver gone.example.com");
     assert!(entry.get("cause").is_none(), "{entry:#}");
@@ -985,7 +971,7 @@ fn the_verdicts_on_dra_drivers_follow_the_minor_of_the_nodes_kubelet() {
         let node = Node::new();
         let kubeconfig = node.root.path().join("kubeconfig");
         let api = serve_api_server_of(&node.rt, false, kubelet);
-        std::fs::write(&kubeconfig, support::kubeconfig(&api)).unwrap();
+        std::fs::write(&kubeconfig, api_server::kubeconfig(&api)).unwrap();
         let driver = |name: &str, versions: &[&str]| {
             let socket = node.root.path().join(format!("plugins/{name}/dra.sock"));
             std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
@@ -1031,7 +1017,7 @@ fn a_kubelet_before_1_34_without_the_dra_gate_refuses_dra_drivers() {
         let registry = fake.at("/data/kubelet/plugins_registry");
         std::fs::create_dir_all(&registry).unwrap();
         let kubeconfig = fake.at("/kubeconfig");
-        std::fs::write(&kubeconfig, support::kubeconfig(&api)).unwrap();
+        std::fs::write(&kubeconfig, api_server::kubeconfig(&api)).unwrap();
         let mut args = vec!["/usr/bin/kubelet", "--root-dir=/data/kubelet"];
         args.extend(gates);
         fake.process(4242, &args, &[], None);
@@ -1080,7 +1066,8 @@ fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix()
     // ResourceSlices stay.
     let node = Node::new();
     let kubeconfig = node.root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, false))).unwrap();
+    std::fs::write(&kubeconfig, api_server::kubeconfig(&serve_api_server(&node.rt, false)))
+        .unwrap();
     let csi = node.registry().join("stale.csi.example.com-reg.sock");
     let dra = node.registry().join("gone.example.com-1111-reg.sock");
     for socket in [&csi, &dra] {
@@ -1150,7 +1137,7 @@ fn an_entry_the_cluster_keeps_for_a_stale_socket_names_that_socket_and_its_fix()
 fn what_the_api_server_forbids_is_named_not_fatal() {
     let node = Node::new();
     let kubeconfig = node.root.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, support::kubeconfig(&serve_api_server(&node.rt, true))).unwrap();
+    std::fs::write(&kubeconfig, api_server::kubeconfig(&serve_api_server(&node.rt, true))).unwrap();
     let gpu = node.plugin(
         Registrar::builder(kpm::api::DEVICE_PLUGIN, "vendor.com/gpu")
             .routes(support::device_plugin(&[("gpu-0", "Healthy"), ("gpu-1", "Unhealthy")])),

@@ -1,260 +1,66 @@
-//! `kpm doctor --cluster`, the fleet view, against a stand-in API server
-//! (axum on 127.0.0.1) that pages its lists as kube-apiserver does
-//! (`limit`, `continue`), serves them as a server-side `Table` when asked
-//! (`as=Table`, the CRD's printer columns; kube-e2e's `fleet` checks the
-//! real one), gets one object by name and selects slices by node; and
-//! `kpm` run as the kubectl plugin `kubectl-kpm`.
+//! `kpm doctor --cluster`, the fleet view, against the shared stand-in API
+//! server (kpm-test-support's, on 127.0.0.1) holding the fleet's
+//! collections, which it pages as kube-apiserver does (`limit`,
+//! `continue`), serves as a server-side `Table` when asked (`as=Table`, the
+//! CRD's printer columns; kube-e2e's `fleet` checks the real one), gets one
+//! object by name and selects by label and by node; and `kpm` run as the
+//! kubectl plugin `kubectl-kpm`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use kpm_test_support::api_server::{self, Collection, Shared, State};
 use serde_json::{Value, json};
-use support::{KPM, kubeconfig};
+use support::KPM;
 
-/// One collection of the stand-in: its items, each with its labels (for a
-/// label selector), and its table's columns after the name (name, JSON
-/// path, type).
-struct Collection {
-    path: &'static str,
-    kind: &'static str,
-    api_version: &'static str,
-    items: Vec<(Value, Vec<(String, String)>)>,
-    columns: Vec<(String, String, String)>,
+/// The reports' collection, with the CRD's printer columns.
+fn reports() -> Collection {
+    use kpm_report::CustomResourceExt as _;
+    let crd = kpm_report::KubeletPluginReport::crd();
+    let columns = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
+    Collection::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1")
+        .with_columns(columns.into_iter().map(|c| (c.name, c.json_path, c.type_)))
 }
 
-impl Collection {
-    fn new(path: &'static str, kind: &'static str, api_version: &'static str) -> Self {
-        Self { path, kind, api_version, items: Vec::new(), columns: Vec::new() }
-    }
-
-    /// The reports' collection, with the CRD's printer columns.
-    fn reports() -> Self {
-        use kpm_report::CustomResourceExt as _;
-        let crd = kpm_report::KubeletPluginReport::crd();
-        let columns = crd.spec.versions[0].additional_printer_columns.clone().unwrap();
-        Self {
-            columns: columns.into_iter().map(|c| (c.name, c.json_path, c.type_)).collect(),
-            ..Self::new(REPORTS.as_str(), "KubeletPluginReport", "doctor.kpm.io/v1alpha1")
-        }
-    }
-
-    fn push(&mut self, item: &Value) {
-        let labels = item["metadata"]["labels"]
-            .as_object()
-            .map(|labels| {
-                labels.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect()
-            })
-            .unwrap_or_default();
-        self.items.push((item.clone(), labels));
-    }
-
-    /// The item named `name`, as a GET of it answers.
-    fn get(&self, name: &str) -> Option<String> {
-        let found = self.items.iter().find(|(item, _)| item["metadata"]["name"] == name);
-        found.map(|(item, _)| item.to_string())
-    }
-
-    /// A row of the table: the name, then each column's value at its
-    /// path; a `date` an age, a `string` as Go prints it.
-    fn row(&self, item: &Value) -> Value {
-        let mut cells = vec![item["metadata"]["name"].clone()];
-        for (_, path, kind) in &self.columns {
-            let value = path.trim_start_matches('.').split('.').fold(item, |v, key| &v[key]);
-            cells.push(match (value, kind.as_str()) {
-                (Value::Null, _) => Value::Null,
-                (_, "date") => "5m".into(),
-                (Value::String(_), _) | (_, "integer") => value.clone(),
-                (other, _) => other.to_string().into(),
-            });
-        }
-        json!({"cells": cells, "object": null})
-    }
-
-    /// The page a list request asks for: at most `limit` items from the
-    /// offset its `continue` token names; `key=value` label selectors and
-    /// the `spec.nodeName` field selector only. As a `Table` when asked.
-    fn page(&self, query: &str, table: bool) -> String {
-        let param = |name: &str| {
-            query
-                .split('&')
-                .filter_map(|pair| pair.split_once('='))
-                .find(|(key, _)| *key == name)
-                .map(|(_, value)| percent_decode(value))
-        };
-        let mut selected: Vec<&Value> = match param("labelSelector") {
-            None => self.items.iter().map(|(item, _)| item).collect(),
-            Some(selector) => {
-                let (key, value) = selector.split_once('=').expect("key=value selectors only");
-                self.items
-                    .iter()
-                    .filter(|(_, labels)| labels.iter().any(|(k, v)| k == key && v == value))
-                    .map(|(item, _)| item)
-                    .collect()
-            }
-        };
-        if let Some(selector) = param("fieldSelector") {
-            let node = selector.strip_prefix("spec.nodeName=").expect("by node only");
-            selected.retain(|item| item["spec"]["nodeName"] == node);
-        }
-        let start: usize = param("continue").map_or(0, |token| {
-            token.strip_prefix("offset-").expect("a token of ours").parse().unwrap()
-        });
-        let limit: usize = param("limit").map_or(selected.len(), |limit| limit.parse().unwrap());
-        let end = (start + limit).min(selected.len());
-        let token = if end < selected.len() { format!("offset-{end}") } else { String::new() };
-        if table {
-            let mut columns = vec![json!({"name": "Name", "type": "string", "format": "name"})];
-            columns.extend(
-                self.columns.iter().map(|(name, _, kind)| json!({"name": name, "type": kind})),
-            );
-            let rows: Vec<Value> = selected[start..end].iter().map(|item| self.row(item)).collect();
-            return json!({
-                "kind": "Table", "apiVersion": "meta.k8s.io/v1",
-                "metadata": {"resourceVersion": "42", "continue": token},
-                "columnDefinitions": columns, "rows": rows,
-            })
-            .to_string();
-        }
-        let items: Vec<String> = selected[start..end].iter().map(ToString::to_string).collect();
-        format!(
-            r#"{{"kind":"{}List","apiVersion":"{}","metadata":{{"resourceVersion":"42","continue":"{token}"}},"items":[{}]}}"#,
-            self.kind,
-            self.api_version,
-            items.join(",")
-        )
-    }
-}
-
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                out.push(u8::from_str_radix(&text[i + 1..i + 3], 16).unwrap());
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            byte => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).unwrap()
-}
-
-/// The stand-in API server: it serves `collections` and records every
-/// request as `path?query`; anything else is a 404 `Status`.
+/// The shared stand-in API server serving a fleet's collections on a
+/// runtime of its own; it records every read as `path?query`.
 struct ApiServer {
     url: String,
-    seen: Arc<Mutex<Vec<String>>>,
+    state: Shared,
     _rt: tokio::runtime::Runtime,
 }
 
 impl ApiServer {
     fn serve(collections: Vec<Collection>) -> Self {
+        Self::of(State { collections, ..State::default() })
+    }
+
+    fn of(state: State) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let mut router = axum::Router::new();
-        for collection in collections {
-            let collection = Arc::new(collection);
-            let record = Arc::clone(&seen);
-            let path = collection.path;
-            let one = Arc::clone(&collection);
-            let record_one = Arc::clone(&seen);
-            router = router
-                .route(
-                    path,
-                    axum::routing::get(
-                        move |query: axum::extract::RawQuery, headers: axum::http::HeaderMap| {
-                            let query = query.0.unwrap_or_default();
-                            record.lock().unwrap().push(format!("{path}?{query}"));
-                            let accept = headers.get(axum::http::header::ACCEPT);
-                            let table = accept
-                                .and_then(|accept| accept.to_str().ok())
-                                .is_some_and(|accept| accept.contains("as=Table"));
-                            let page = collection.page(&query, table);
-                            async move {
-                                ([(axum::http::header::CONTENT_TYPE, "application/json")], page)
-                            }
-                        },
-                    ),
-                )
-                .route(
-                    &format!("{path}/{{name}}"),
-                    axum::routing::get(
-                        move |name: axum::extract::Path<String>, query: axum::extract::RawQuery| {
-                            let query = query.0.unwrap_or_default();
-                            record_one.lock().unwrap().push(format!("{path}/{}?{query}", name.0));
-                            let found = one.get(&name.0);
-                            async move {
-                                match found {
-                                    Some(item) => (
-                                        axum::http::StatusCode::OK,
-                                        [(axum::http::header::CONTENT_TYPE, "application/json")],
-                                        item,
-                                    ),
-                                    None => (
-                                        axum::http::StatusCode::NOT_FOUND,
-                                        [(axum::http::header::CONTENT_TYPE, "application/json")],
-                                        not_found(),
-                                    ),
-                                }
-                            }
-                        },
-                    ),
-                );
-        }
-        let record = Arc::clone(&seen);
-        let router = router.fallback(move |request: axum::extract::Request| {
-            record.lock().unwrap().push(request.uri().to_string());
-            async {
-                (
-                    axum::http::StatusCode::NOT_FOUND,
-                    [(axum::http::header::CONTENT_TYPE, "application/json")],
-                    not_found(),
-                )
-            }
-        });
-        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Self { url, seen, _rt: rt }
+        let state = Arc::new(parking_lot::Mutex::new(state));
+        let addr = api_server::serve(&rt, 0, Arc::clone(&state));
+        Self { url: format!("http://{addr}"), state, _rt: rt }
     }
 
     fn requests(&self) -> Vec<String> {
-        self.seen.lock().unwrap().clone()
+        self.state.lock().reads.clone()
     }
 
     /// A kubeconfig for it, in `dir`.
     fn kubeconfig(&self, dir: &tempfile::TempDir) -> String {
         let path = dir.path().join("kubeconfig");
-        std::fs::write(&path, kubeconfig(&self.url)).unwrap();
+        std::fs::write(&path, api_server::kubeconfig(&self.url)).unwrap();
         path.to_str().unwrap().to_owned()
     }
-}
-
-/// The 404 `Status` of kube-apiserver.
-fn not_found() -> String {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "metadata": {},
-        "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found",
-    })
-    .to_string()
 }
 
 /// `kpm ARGS` with no API server in its environment but what it is given.
@@ -401,7 +207,7 @@ fn fleet_of_seven() -> ApiServer {
         }
         slices.push(&json!({"metadata": {"name": format!("slice-{name}")}, "spec": spec}));
     }
-    let mut reports = Collection::reports();
+    let mut reports = reports();
     let ok = |socket| (socket, Some("csi.example.com"), "ok", "registered");
     let healthy = ("Healthy", "PluginsHealthy");
     for (name, registered) in [
@@ -674,18 +480,18 @@ fn without_an_api_server_or_when_a_list_fails_one_line_names_the_step() {
     assert!(out.stdout.is_empty());
 
     // An API server that serves no Node list (every request a 404).
-    let server = ApiServer::serve(Vec::new());
+    let server = ApiServer::of(State { fail: Some(404), ..State::default() });
     let kubeconfig = server.kubeconfig(&home);
     let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
     assert_eq!(out.status.code(), Some(2), "nothing could be judged");
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.starts_with("kpm: error: read the fleet: list "), "{stderr}");
-    assert!(stderr.contains("(page 1): not found (404 NotFound)\n"), "{stderr}");
+    assert!(stderr.contains("(page 1): refused by the test (404 NotFound)\n"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 
     // Nobody listening: the refused connection is named.
     let closed = format!("http://{}", kpm_test_support::free_local_addr());
-    std::fs::write(&kubeconfig, support::kubeconfig(&closed)).unwrap();
+    std::fs::write(&kubeconfig, api_server::kubeconfig(&closed)).unwrap();
     let out = kpm(&["doctor", "--cluster", "--kubeconfig", &kubeconfig]);
     assert_eq!(out.status.code(), Some(2), "nothing could be judged");
     let stderr = String::from_utf8(out.stderr).unwrap();
@@ -845,7 +651,7 @@ fn five_thousand_nodes_and_twenty_thousand_slices_are_read_in_bounded_memory() {
             }));
         }
     }
-    let mut reports = Collection::reports();
+    let mut reports = reports();
     for i in 0..NODES {
         reports.push(&big_report(i, &heartbeat));
     }
@@ -929,7 +735,7 @@ fn the_cross_check_finds_a_report_that_lies_and_names_its_node() {
     let mut nodes = Collection::new("/api/v1/nodes", "Node", "v1");
     let mut csinodes =
         Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
-    let mut reports = Collection::reports();
+    let mut reports = reports();
     let ok = [(
         "/var/lib/kubelet/plugins_registry/csi.example.com-reg.sock",
         Some("csi.example.com"),
@@ -1014,7 +820,7 @@ fn fleet_with_a_daemon_set() -> ApiServer {
         }
         nodes.push(&object);
     }
-    let mut reports = Collection::reports();
+    let mut reports = reports();
     let mut serving = report(
         "node-1",
         ("Healthy", "PluginsHealthy"),
@@ -1068,7 +874,10 @@ fn fleet_with_a_daemon_set() -> ApiServer {
     drivers.push(&json!({"metadata": {"name": "csi.example.com"}, "spec": {}}));
     let csinodes =
         Collection::new("/apis/storage.k8s.io/v1/csinodes", "CSINode", "storage.k8s.io/v1");
-    ApiServer::serve(vec![reports, nodes, drivers, csinodes, pods, daemon_sets])
+    let collections = vec![reports, nodes, drivers, csinodes, pods, daemon_sets];
+    // No ResourceSlices: a cluster without DRA.
+    let refused = vec![("resourceslices".to_owned(), 404)];
+    ApiServer::of(State { collections, refused, ..State::default() })
 }
 
 #[test]

@@ -14,12 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use kpm_registrar::Registrar;
-use kpm_test_support::api_server::State;
+use kpm_test_support::api_server::{self, State, kubeconfig};
 use kpm_test_support::blocking::wait_until;
+use kpm_test_support::prometheus;
 use kpm_test_support::{free_local_addr, free_port};
 use parking_lot::Mutex;
 use serde_json::Value;
-use support::{http_get, kpm, kubeconfig, parse_prometheus, serve_api};
+use support::kpm;
 
 const CONDITION: &str = "KubeletPluginsHealthy";
 
@@ -68,7 +69,7 @@ fn metrics(addr: &str) -> std::collections::HashMap<String, f64> {
     if std::net::TcpStream::connect(addr).is_err() {
         return std::collections::HashMap::new();
     }
-    parse_prometheus(&http_get(addr, "/metrics"))
+    prometheus::scrape(addr)
 }
 
 /// A registry with a socket nobody listens on: a plugin that crashed.
@@ -99,7 +100,7 @@ fn a_failure_and_its_recovery_are_published_as_the_condition_and_events() {
     status["allocatable"] = serde_json::json!({"vendor.com/gpu": "1"});
     let state = Arc::new(Mutex::new(node));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let metrics_addr = free_local_addr();
     let doctor = watch(root.path(), api_port, &metrics_addr);
 
@@ -180,7 +181,7 @@ fn with_no_api_server_it_judges_on_says_so_once_and_publishes_once_it_can() {
     assert_eq!(log.matches("cannot publish to the API server").count(), 1, "{log}");
 
     // The API server comes: the current state goes out, the Event too.
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     wait_until("the condition Stale published", || {
         state.lock().condition(CONDITION).is_some_and(|c| c["reason"] == "Stale")
     });
@@ -198,7 +199,7 @@ fn a_403_is_said_once_and_judging_goes_on() {
     stale_socket(&root.path().join("plugins_registry"));
     let state = Arc::new(Mutex::new(State { fail: Some(403), ..State::with_node("node1") }));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let metrics_addr = free_local_addr();
     let doctor = watch(root.path(), api_port, &metrics_addr);
     let log = || std::fs::read_to_string(root.path().join("doctor.log")).unwrap();
@@ -339,7 +340,7 @@ fn under_a_host_root_every_message_names_the_hosts_paths() {
 
     let state = Arc::new(Mutex::new(State::with_node("node1")));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let logs = tempfile::tempdir().unwrap();
     let args: Vec<OsString> = flags.iter().map(OsString::from).collect();
     let doctor = watch_with(logs.path(), api_port, &free_local_addr(), &args);
@@ -374,7 +375,7 @@ fn a_root_without_a_registry_is_published_unknown_not_healthy() {
     let root = dir.path().join("nonexistent");
     let state = Arc::new(Mutex::new(State::with_node("node1")));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let metrics_addr = free_local_addr();
     let doctor = watch_with(dir.path(), api_port, &metrics_addr, &root_args(&root));
 
@@ -446,7 +447,7 @@ fn a_registry_that_is_not_the_running_kubelets_is_published_unknown() {
 
     let state = Arc::new(Mutex::new(State::with_node("node1")));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let logs = tempfile::tempdir().unwrap();
     let doctor = watch_with(logs.path(), api_port, &free_local_addr(), &args);
     let condition = published(&state, "Unknown");
@@ -475,7 +476,7 @@ fn a_csinode_entry_kept_for_a_stale_socket_is_one_failure_with_two_events() {
     }));
     let state = Arc::new(Mutex::new(node));
     let api_port = free_port();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let doctor = watch(root.path(), api_port, &free_local_addr());
 
     let condition = published(&state, "False");
@@ -526,7 +527,7 @@ fn what_kpm_run_is_still_publishing_is_not_a_failure_of_the_plugin() {
     let rt = runtime();
     let port = free_port();
     let state = Arc::new(Mutex::new(State::with_node("node1")));
-    serve_api(&rt, port, Arc::clone(&state));
+    api_server::serve(&rt, port, Arc::clone(&state));
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("kubeconfig");
     std::fs::write(&config, kubeconfig(&format!("http://127.0.0.1:{port}"))).unwrap();
@@ -664,7 +665,7 @@ fn a_device_plugin_that_does_not_register_again_after_the_kubelets_restart_is_na
     let state = Arc::new(Mutex::new(node));
     let api_port = free_port();
     let rt = runtime();
-    serve_api(&rt, api_port, Arc::clone(&state));
+    api_server::serve(&rt, api_port, Arc::clone(&state));
     let host_root = host.path().to_str().unwrap();
     let conditions = "vendor.com/gpu,example.com/back";
     let args =

@@ -7,7 +7,8 @@ mod support;
 
 use kpm_registrar::Registrar;
 use kpm_test_support::DEADLINE;
-use support::{Kpm, http_get, kpm, parse_prometheus, wait_until};
+use kpm_test_support::{http, prometheus};
+use support::{Kpm, kpm, wait_until};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
@@ -220,7 +221,7 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     // The counters count as events are published; the latency histogram
     // as its own subscriber receives them, a moment later.
     wait_until("the registration is counted and timed", || {
-        samples = parse_prometheus(&http_get(&addr, "/metrics"));
+        samples = prometheus::scrape(&addr);
         samples.get("kpm_registrations_total{type=\"DevicePlugin\"}") == Some(&1.0)
             && samples.get("kpm_registration_latency_seconds_count") == Some(&1.0)
     });
@@ -248,19 +249,18 @@ fn metrics_are_served_as_prometheus_text_with_the_expected_series() {
     assert!(samples.keys().any(|series| series.starts_with("kpm_heap_dirty_bytes{arena=")));
     assert!(samples.keys().any(|series| series.starts_with("kpm_heap_muzzy_bytes{arena=")));
     wait_until("the device is counted", || {
-        let samples = parse_prometheus(&http_get(&addr, "/metrics"));
+        let samples = prometheus::scrape(&addr);
         samples.get("kpm_device_plugin_devices{resource=\"vendor.com/gpu\",health=\"healthy\"}")
             == Some(&1.0)
     });
     // Not publishing to an API server: no kpm_kube_* series.
-    let samples = parse_prometheus(&http_get(&addr, "/metrics"));
+    let samples = prometheus::scrape(&addr);
     assert!(!samples.keys().any(|series| series.starts_with("kpm_kube_")), "{samples:?}");
-    assert_eq!(http_get(&addr, "/healthz"), "ok");
+    assert_eq!(http::get(&addr, "/healthz"), "ok");
 }
 
 #[test]
 fn own_files_are_restricted_and_the_status_api_is_read_only() {
-    use std::io::{Read, Write};
     use std::os::unix::fs::PermissionsExt;
 
     let root = tempfile::tempdir().unwrap();
@@ -278,11 +278,8 @@ fn own_files_are_restricted_and_the_status_api_is_read_only() {
 
     for method in ["POST", "PUT", "DELETE", "PATCH"] {
         let mut stream = std::os::unix::net::UnixStream::connect(&status_socket).unwrap();
-        write!(stream, "{method} /v1/plugins HTTP/1.0\r\nHost: kpm\r\nContent-Length: 0\r\n\r\n")
-            .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        assert!(response.starts_with("HTTP/1.0 405"), "{method}: {response}");
+        let answer = http::request(&mut stream, method, "/v1/plugins", "").unwrap();
+        assert_eq!(answer.code, 405, "{method}: {answer:?}");
     }
     assert!(kpm.list().is_some(), "still serving");
 }

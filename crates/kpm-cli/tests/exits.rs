@@ -22,6 +22,7 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 
 use socket2::{Domain, SockAddr, Socket, Type};
 use support::faults::{Scenario, csi_plugin, serve_plugin, serve_plugin_listener};
+use support::trial;
 
 const ROLE: &str = "KPM_TEST_PLUGIN_ROLE";
 const SOCKET: &str = "KPM_TEST_PLUGIN_SOCKET";
@@ -31,25 +32,7 @@ fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         plugin_process(&role);
     }
-    let tests: [(&str, fn()); 4] = [
-        (
-            "a_killed_plugin_process_is_deregistered_without_any_probe",
-            a_killed_plugin_process_is_deregistered_without_any_probe,
-        ),
-        (
-            "a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits",
-            a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits,
-        ),
-        (
-            "a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes",
-            a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes,
-        ),
-        (
-            "a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream",
-            a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream,
-        ),
-    ];
-    support::run_tests(&tests);
+    support::run_tests();
 }
 
 /// A plugin process serving `KPM_TEST_PLUGIN_SOCKET`, as `role`:
@@ -181,7 +164,7 @@ fn server_pid(s: &Scenario, socket: &Path) -> Option<u64> {
     s.plugin(socket).unwrap()["server_pid"].as_u64()
 }
 
-fn a_killed_plugin_process_is_deregistered_without_any_probe() {
+trial!(a_killed_plugin_process_is_deregistered_without_any_probe, || {
     let s = Scenario::start_with(&["--liveness-period", "0"]);
     let socket = s.socket("killed.sock");
     let mut plugin = PluginProcess::start("serve", &socket);
@@ -202,9 +185,9 @@ fn a_killed_plugin_process_is_deregistered_without_any_probe() {
     std::fs::remove_file(&socket).unwrap();
     s.check(&[]);
     assert_eq!(s.events.kind_of("deregistered", &socket).len(), 1);
-}
+});
 
-fn a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits() {
+trial!(a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits, || {
     let s = Scenario::start_with(&["--liveness-period", "0"]);
     let socket = s.socket("forked.sock");
     let plugin = PluginProcess::start("listen-in-child", &socket);
@@ -220,9 +203,9 @@ fn a_socket_kept_by_the_parent_stays_registered_when_the_listening_child_exits()
     assert_eq!(s.metric("kpm_liveness_process_exits_total"), 1.0);
     assert!(s.events.kind_of("unresponsive", &socket).is_empty());
     s.check(&[(&socket, "registered")]);
-}
+});
 
-fn a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes() {
+trial!(a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes, || {
     let Some(unshare) = unshare_pid() else { return };
     let s =
         Scenario::start_wrapped(&unshare, &["--liveness-period", "1", "--liveness-failures", "2"]);
@@ -238,7 +221,7 @@ fn a_plugin_kpm_cannot_see_the_pid_of_is_left_to_the_probes() {
     assert_eq!(unresponsive["failures"], 2, "found by a probe: {unresponsive}");
     s.events.wait_first("deregistered", &socket);
     assert_eq!(s.metric("kpm_liveness_process_exits_total"), 0.0);
-}
+});
 
 /// The device plugin of role `serve-device`.
 const DEVICE_PLUGIN: &str = "exit.example.com/dev";
@@ -263,7 +246,7 @@ fn unshare_pid() -> Option<[&'static str; 4]> {
     permitted.then_some(unshare)
 }
 
-fn a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream() {
+trial!(a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream, || {
     let Some(unshare) = unshare_pid() else { return };
     // No probes: only the end of the ListAndWatch stream can tell.
     let s = Scenario::start_wrapped(&unshare, &["--liveness-period", "0"]);
@@ -285,4 +268,4 @@ fn a_device_plugin_kpm_cannot_see_the_pid_of_is_found_by_its_stream() {
     );
     s.events.wait_first("deregistered", &socket);
     assert_eq!(s.metric("kpm_liveness_probes_total"), 0.0, "no probe ran");
-}
+});

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
+use kpm_test_support::prometheus;
 use kpm_test_support::{OwnRuntime, free_local_addr};
-use support::{Kpm, http_get, parse_prometheus, wait_until};
+use support::{Kpm, wait_until};
 
 const PLUGINS: usize = 300;
 const NOFILE: u32 = 128;
@@ -77,7 +78,7 @@ fn three_hundred_csi_plugins_register_under_128_open_files() {
     assert!(told_false.is_empty(), "{} told false: {told_false:?}", told_false.len());
     assert!(registrars.iter().all(|r| r.statuses().iter().any(|s| s.plugin_registered)));
 
-    let metrics = parse_prometheus(&http_get(&addr, "/metrics"));
+    let metrics = prometheus::scrape(&addr);
     let metric = |series: &str| metrics.get(series).copied().unwrap_or_default();
     assert!((metric("kpm_fd_budget{state=\"limit\"}") - f64::from(NOFILE)).abs() < 0.5);
     // The log says why, should an attempt fail or back off after all.

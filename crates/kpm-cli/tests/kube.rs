@@ -7,36 +7,16 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use kpm_registrar::{DEVICE_PLUGIN, Registrar};
-use kpm_test_support::DEADLINE;
-use serde_json::{Value, json};
-use support::{Kpm, http_get, kpm, kubeconfig, parse_prometheus, wait_until};
+use kpm_test_support::api_server::{self, State, kubeconfig};
+use kpm_test_support::{DEADLINE, prometheus};
+use parking_lot::Mutex;
+use serde_json::Value;
+use support::{Kpm, kpm, wait_until};
 
 const NODE_MISSING: &str = "node \"node1\" not found; kpm waits for it and never creates it";
-
-/// An API server without any object: every request is answered 404 with a
-/// `Status`, and recorded as `METHOD path?query`.
-fn serve_empty_api_server(rt: &tokio::runtime::Runtime) -> (String, Arc<Mutex<Vec<String>>>) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = Arc::clone(&seen);
-    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        record.lock().unwrap().push(format!("{} {}", request.method(), request.uri()));
-        async {
-            let status = json!({
-                "kind": "Status", "apiVersion": "v1", "metadata": {},
-                "status": "Failure", "reason": "NotFound", "code": 404,
-                "message": "not found",
-            });
-            (axum::http::StatusCode::NOT_FOUND, axum::Json(status))
-        }
-    });
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
-    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
-    (format!("http://{addr}"), seen)
-}
 
 /// The object entry of `kind` in the status API's `kubernetes`.
 fn object<'a>(kubernetes: &'a Value, kind: &str) -> &'a Value {
@@ -51,10 +31,13 @@ fn object<'a>(kubernetes: &'a Value, kind: &str) -> &'a Value {
 #[test]
 fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let (server, seen) = serve_empty_api_server(&rt);
+    // An API server without any object: every request is answered 404
+    // with a `Status`, and recorded.
+    let state = Arc::new(Mutex::new(State { fail: Some(404), ..State::default() }));
+    let server = api_server::serve(&rt, 0, Arc::clone(&state));
     let root = tempfile::tempdir().unwrap();
     let config = root.path().join("kubeconfig");
-    std::fs::write(&config, kubeconfig(&server)).unwrap();
+    std::fs::write(&config, kubeconfig(&format!("http://{server}"))).unwrap();
     let metrics = kpm_test_support::free_local_addr();
     let kpm_run = Kpm::start_with(
         root.path(),
@@ -107,7 +90,7 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     assert_eq!(pending[0]["last_error"], NODE_MISSING);
     assert!(pending[0]["since"].as_str().unwrap().ends_with('Z'), "{kubernetes}");
     // A missing Node is read, never written.
-    let requests = seen.lock().unwrap().clone();
+    let requests = state.lock().requests.clone();
     assert!(requests.iter().any(|r| r.starts_with("GET /api/v1/nodes/node1")), "{requests:?}");
     assert!(!requests.iter().any(|r| r.starts_with("PATCH ")), "{requests:?}");
 
@@ -129,14 +112,14 @@ fn a_missing_node_shows_in_the_status_api_list_and_metrics() {
     // So do the metrics: failed requests are counted by their status code.
     let series = "kpm_kube_requests_total{verb=\"get\",resource=\"nodes\",outcome=\"404\"}";
     wait_until("the failed reads are counted", || {
-        let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+        let samples = prometheus::scrape(&metrics);
         samples.get(series).is_some_and(|count| *count >= 1.0)
     });
-    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    let samples = prometheus::scrape(&metrics);
     assert_eq!(samples.get("kpm_kube_pending_publications{kind=\"Node status\"}"), Some(&1.0));
     assert!(samples.contains_key("kpm_kube_oldest_pending_publication_timestamp_seconds"));
     // Nothing written yet: no timestamp but the CSIDrivers' list, a read.
-    let samples = parse_prometheus(&http_get(&metrics, "/metrics"));
+    let samples = prometheus::scrape(&metrics);
     let synced = |s: &&String| s.starts_with("kpm_kube_last_sync_timestamp_seconds");
     assert!(samples.keys().filter(synced).all(|s| s.contains("CSIDriver")), "{samples:?}");
     rt.block_on(plugin.shutdown()).unwrap();

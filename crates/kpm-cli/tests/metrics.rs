@@ -8,12 +8,12 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kpm_registrar::{CSI_PLUGIN, DEVICE_PLUGIN, Registrar};
 use kpm_test_support::DEADLINE;
-use support::{Kpm, parse_prometheus, wait_until};
+use kpm_test_support::{http, prometheus};
+use support::{Kpm, wait_until};
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const SCRAPERS: usize = 4;
@@ -38,19 +38,11 @@ impl Scrape {
     /// `GET /metrics` on `addr`; checks the text and splits it into families.
     fn get(addr: &str) -> Self {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        write!(stream, "GET /metrics HTTP/1.0\r\nHost: kpm\r\n\r\n").unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{head}");
-        let content_type = head
-            .lines()
-            .find_map(|line| {
-                let (name, value) = line.split_once(':')?;
-                name.eq_ignore_ascii_case("content-type").then(|| value.trim().to_owned())
-            })
-            .unwrap_or_else(|| panic!("no content type in {head}"));
-        Self { content_type, families: families(body) }
+        let answer = http::request(&mut stream, "GET", "/metrics", "").unwrap();
+        assert_eq!(answer.code, 200, "{answer:?}");
+        let content_type = answer.header("content-type");
+        let content_type = content_type.unwrap_or_else(|| panic!("no content type in {answer:?}"));
+        Self { content_type: content_type.to_owned(), families: families(&answer.body) }
     }
 
     fn family(&self, name: &str) -> &Family {
@@ -67,7 +59,7 @@ impl Scrape {
 fn families(text: &str) -> HashMap<String, Family> {
     assert!(text.ends_with("# EOF\n"), "not whole OpenMetrics text:\n{text}");
     // Line by line: names, labels and values are well formed.
-    let series_count = parse_prometheus(text).len();
+    let series_count = prometheus::values(text).len();
     let mut families = HashMap::<String, Family>::new();
     let mut current = None;
     for line in text.lines() {

@@ -16,8 +16,9 @@ use kpm_api::deviceplugin::v1beta1::RegisterRequest;
 use kpm_api::deviceplugin::v1beta1::registration_client::RegistrationClient;
 use kpm_registrar::stub::StubCsiDriver;
 use kpm_registrar::{CSI_PLUGIN, Registrar};
+use kpm_test_support::prometheus;
 use kpm_test_support::{DEADLINE, OwnRuntime, free_local_addr};
-use support::{Kpm, http_get, parse_prometheus, wait_until};
+use support::{Kpm, wait_until};
 
 const NOFILE: u32 = 64;
 /// Far more than kpm's budget under [`NOFILE`].
@@ -43,7 +44,7 @@ fn registers_despite_silent_connections_to(socket: &str) {
     let args = ["--metrics-addr", &addr, "--handshake-timeout", HANDSHAKE_TIMEOUT];
     let kpm = Kpm::start_with_nofile(root, NOFILE, &args);
     kpm.kubelet_sock();
-    let metrics = || parse_prometheus(&http_get(&addr, "/metrics"));
+    let metrics = || prometheus::scrape(&addr);
     let metric = |series: &str| metrics().get(series).copied().unwrap_or_default();
 
     let silent: Vec<_> =

@@ -14,10 +14,14 @@
 //! - [`free_port`] (and [`free_local_addr`]) gives a port for a server that binds it later, one that
 //!   neither an outgoing connection nor another test's child can hold
 //!   meanwhile;
-//! - [`api_server`] is a stand-in Kubernetes API server (the Node, its
-//!   CSINode, ResourceSlices, watches, Events), which kpm-kube's and
-//!   kpm-doctor's tests serve in process to kube's client, the facade's
-//!   behind kube's mock, and the CLI's over TCP;
+//! - [`api_server`] is the one stand-in Kubernetes API server (the Node,
+//!   its CSINode, ResourceSlices, watches, Events; a fleet's collections,
+//!   paged and as tables), which kpm-kube's and kpm-doctor's tests serve in
+//!   process to kube's client, the facade's behind kube's mock, and the
+//!   CLI's over TCP;
+//! - [`http`] is the one HTTP client of the tests and the load generator,
+//!   over TCP or a Unix socket, and [`prometheus`] the one reader of kpm's
+//!   metrics;
 //! - `csi` (feature `csi`) is the fake CSI driver every crate's tests
 //!   serve on a real Unix socket, its answers set by the test;
 //! - `cri` (feature `cri`) is the fake container runtime (the CRI's
@@ -33,8 +37,9 @@
 //! the well-behaved plugin of the example, `kpm demo` and the load
 //! generator, not a test fake.)
 //!
-//! It is a dev-dependency everywhere but in kpm-e2e, whose scenarios take
-//! their servers' ports as the tests do; `cargo xtask tidy` refuses it as a
+//! It is a dev-dependency everywhere but in the tools: kpm-e2e, whose
+//! scenarios take their servers' ports as the tests do, and kpm-bench, which
+//! reads kpm's metrics as the tests do; `cargo xtask tidy` refuses it as a
 //! normal dependency elsewhere.
 //!
 //! A deadline here only bounds how long a broken test hangs: tests wait for
@@ -59,6 +64,8 @@ pub mod api_server;
 pub mod cri;
 #[cfg(feature = "csi")]
 pub mod csi;
+pub mod http;
+pub mod prometheus;
 #[cfg(feature = "registration")]
 pub mod registration;
 #[cfg(any(feature = "csi", feature = "cri", feature = "registration"))]

@@ -106,8 +106,9 @@ pub(super) const LAYERS: &[Layer] = &[
             "kpm-conformance",
         ],
     ),
-    // The load generator of `cargo xtask bench`: plugins only, kpm runs as a process.
-    normal("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar"]),
+    // The load generator of `cargo xtask bench`: plugins only, kpm runs as a
+    // process, its metrics read as the tests read them.
+    normal("kpm-bench", &["kpm-api", "kpm-transport", "kpm-registrar", "kpm-test-support"]),
     // End-to-end tests: nothing but tests, so every dependency is a dev one.
     Layer { name: "kpm-tests", deps: &[], dev: &["kpm", "kpm-api", "kpm-registrar"] },
     // The fake plugins (features `csi` and `registration`) speak the wire
@@ -122,7 +123,7 @@ pub(super) const LAYERS: &[Layer] = &[
 ];
 
 /// The shared test helpers: any crate may have them as a dev-dependency, and
-/// only the one its layer names (kpm-e2e) as a normal one.
+/// only the tools whose layers name it (kpm-e2e, kpm-bench) as a normal one.
 pub(super) const TEST_SUPPORT: &str = "kpm-test-support";
 
 /// Every crate's dependencies against `LAYERS`, and `LAYERS` against the

@@ -15,11 +15,12 @@ use std::time::{Duration, SystemTime};
 
 use kpm_test_support::blocking::eventually;
 use kpm_test_support::free_local_addr;
+use kpm_test_support::prometheus;
 use kpm_test_support::registration::{FakePlugin, Reply, info};
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use super::{KPM, Kpm, Served, http_get, parse_prometheus, serve, wait_until};
+use super::{KPM, Kpm, Served, serve, wait_until};
 
 // === Plugins served as processes ===
 
@@ -341,7 +342,7 @@ impl Scenario {
     }
 
     pub fn metrics(&self) -> HashMap<String, f64> {
-        parse_prometheus(&http_get(&self.metrics_addr, "/metrics"))
+        prometheus::scrape(&self.metrics_addr)
     }
 
     /// One series of `/metrics`.

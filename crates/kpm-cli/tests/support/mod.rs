@@ -5,8 +5,6 @@
 
 pub mod faults;
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 
@@ -16,14 +14,43 @@ use serde_json::Value;
 
 pub const KPM: &str = env!("CARGO_BIN_EXE_kpm");
 
-/// Runs `tests` with libtest's command line and output, for the test
-/// binaries that are started again as plugin processes (`harness = false`).
-pub fn run_tests(tests: &[(&'static str, fn())]) -> ! {
+/// A test of a binary that is started again as plugin processes
+/// (`harness = false`), registered by [`trial!`] where it is defined.
+pub struct Trial {
+    pub name: &'static str,
+    pub run: fn(),
+}
+
+inventory::collect!(Trial);
+
+/// Defines the test `name` of a `harness = false` binary, running `body`
+/// (a closure), and registers it for [`run_tests`]: defined and listed in
+/// one place, no test can be left out of the run. Unused by the binaries
+/// with libtest's own harness, as `run_tests` is.
+#[allow(unused_macros)]
+macro_rules! trial {
+    ($name:ident, $body:expr) => {
+        fn $name() {
+            let body: fn() = $body;
+            body();
+        }
+        inventory::submit! { $crate::support::Trial { name: stringify!($name), run: $name } }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use trial;
+
+/// Runs the [`trial!`]s of this binary, by name, with libtest's command
+/// line and output.
+pub fn run_tests() -> ! {
+    let mut tests: Vec<&Trial> = inventory::iter::<Trial>.into_iter().collect();
+    tests.sort_by_key(|test| test.name);
     let trials = tests
-        .iter()
-        .map(|&(name, test)| {
-            libtest_mimic::Trial::test(name, move || {
-                test();
+        .into_iter()
+        .map(|test| {
+            let run = test.run;
+            libtest_mimic::Trial::test(test.name, move || {
+                run();
                 Ok(())
             })
         })
@@ -141,7 +168,7 @@ impl Kpm {
             .unwrap_or_else(|err| panic!("kpm's status socket: {err}\n{}", self.log()));
         // A status API that accepts but never answers fails the test, not hangs it.
         stream.set_read_timeout(Some(kpm_test_support::DEADLINE)).unwrap();
-        serde_json::from_str(&http_get_on(&mut stream, "/v1/plugins")).unwrap()
+        serde_json::from_str(&kpm_test_support::http::get_on(&mut stream, "/v1/plugins")).unwrap()
     }
 
     pub fn pid(&self) -> u32 {
@@ -221,112 +248,6 @@ pub fn doctor_on_host(host: &Path, args: &[&str]) -> (i32, String) {
     all.extend(args);
     let out = kpm(&all);
     (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
-}
-
-/// A kubeconfig for the API server at `server`, without credentials.
-pub fn kubeconfig(server: &str) -> String {
-    format!(
-        "apiVersion: v1\n\
-         kind: Config\n\
-         clusters:\n- name: test\n  cluster:\n    server: {server}\n\
-         users:\n- name: test\n  user: {{}}\n\
-         contexts:\n- name: test\n  context:\n    cluster: test\n    user: test\n\
-         current-context: test\n"
-    )
-}
-
-// === HTTP ===
-
-/// Serves `state` on `port` of 127.0.0.1 over HTTP, as kube's client talks
-/// to an API server.
-pub fn serve_api(
-    rt: &tokio::runtime::Runtime,
-    port: u16,
-    state: kpm_test_support::api_server::Shared,
-) {
-    let router = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let state = std::sync::Arc::clone(&state);
-        async move {
-            let (parts, body) = request.into_parts();
-            let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-            let (code, answer) =
-                state.lock().handle(&kpm_test_support::api_server::ApiRequest::of(&parts, &body));
-            let code = axum::http::StatusCode::from_u16(code).unwrap();
-            (code, [(axum::http::header::CONTENT_TYPE, "application/json")], answer)
-        }
-    });
-    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
-    rt.spawn(async move { axum::serve(listener, router).await.unwrap() });
-}
-
-/// `METHOD path` over plain HTTP/1.0 on `stream`, with the JSON `body`
-/// unless it is empty; the answer's status code and body.
-fn http_request(
-    stream: &mut (impl Read + Write),
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (u16, String) {
-    write!(stream, "{method} {path} HTTP/1.0\r\nHost: kpm\r\n").unwrap();
-    if !body.is_empty() {
-        let length = body.len();
-        write!(stream, "Content-Type: application/json\r\nContent-Length: {length}\r\n").unwrap();
-    }
-    write!(stream, "\r\n{body}").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let code = head.strip_prefix("HTTP/1.0 ").or_else(|| head.strip_prefix("HTTP/1.1 "));
-    let code = code.and_then(|rest| rest.get(..3)).and_then(|code| code.parse().ok());
-    let code = code.unwrap_or_else(|| panic!("not an HTTP/1 answer: {head}"));
-    (code, body.to_owned())
-}
-
-/// `GET path` over plain HTTP/1.0 on `stream`; returns the body of a 200.
-fn http_get_on(stream: &mut (impl Read + Write), path: &str) -> String {
-    let (code, body) = http_request(stream, "GET", path, "");
-    assert_eq!(code, 200, "GET {path}: {body}");
-    body
-}
-
-/// `GET path` on the TCP address `addr` (the metrics server); returns the body.
-pub fn http_get(addr: &str, path: &str) -> String {
-    http_get_on(&mut std::net::TcpStream::connect(addr).unwrap(), path)
-}
-
-/// `METHOD path` with the JSON `body` on the TCP address `addr` (the
-/// stand-in API server, as a plugin would call it); the body of its 2xx
-/// answer.
-pub fn http_send(addr: &str, method: &str, path: &str, body: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    let (code, answer) = http_request(&mut stream, method, path, body);
-    assert!((200..300).contains(&code), "{method} {path}: {code} {answer}");
-    answer
-}
-
-/// Checks the Prometheus text format line by line; returns `series -> value`.
-pub fn parse_prometheus(text: &str) -> HashMap<String, f64> {
-    let mut samples = HashMap::new();
-    for line in text.lines().filter(|l| !l.is_empty()) {
-        if let Some(comment) = line.strip_prefix("# ") {
-            let kind = comment.split_whitespace().next().unwrap();
-            assert!(["HELP", "TYPE", "UNIT", "EOF"].contains(&kind), "bad comment: {line}");
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').unwrap();
-        let name_end = series.find('{').unwrap_or(series.len());
-        let name = &series[..name_end];
-        assert!(
-            !name.is_empty()
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name: {line}"
-        );
-        if name_end < series.len() {
-            assert!(series.ends_with('}'), "unterminated labels: {line}");
-        }
-        samples.insert(series.to_owned(), value.parse::<f64>().unwrap());
-    }
-    samples
 }
 
 // === Plugin services ===

@@ -17,12 +17,18 @@
 //! write of the Node or the CSINode sets a new `resourceVersion`. It takes
 //! `events.k8s.io/v1` Events with the fields the API server requires and
 //! patches their series. It can be down, or answer everything with one
-//! status code. Everything else is a 404.
+//! status code, or refuse some resources (403, 404). It serves a fleet's
+//! [`Collection`]s too. Everything else is a 404. [`serve`] serves it over
+//! TCP, [`kubeconfig`] names it to a process.
 
+mod collection;
 mod resource;
+mod tcp;
+
+pub use collection::Collection;
+pub use tcp::{kubeconfig, serve};
 
 use std::collections::{BTreeMap, HashMap};
-
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -123,6 +129,12 @@ pub struct State {
     /// When set, no request gets through: the adapter refuses the
     /// connection.
     pub down: bool,
+    /// Resources (`csinodes`, …) every request about is answered with a
+    /// code of their own: 403 as RBAC refuses a user, 404 as a cluster
+    /// without them (DRA off, a CRD not installed).
+    pub refused: Vec<(String, u16)>,
+    /// Collections served before everything above, by their path.
+    pub collections: Vec<Collection>,
 }
 
 /// A request, as the stand-in reads it.
@@ -136,6 +148,8 @@ pub struct ApiRequest<'a> {
     pub query: &'a str,
     /// The `Content-Type` header.
     pub content_type: &'a str,
+    /// The `Accept` header.
+    pub accept: &'a str,
     /// The body.
     pub body: &'a [u8],
 }
@@ -144,12 +158,14 @@ impl<'a> ApiRequest<'a> {
     /// The request of `parts` with `body`, as a server (a tower service for
     /// kube's client, axum) received it.
     pub fn of(parts: &'a http::request::Parts, body: &'a [u8]) -> Self {
-        let content_type = parts.headers.get(http::header::CONTENT_TYPE);
+        let header =
+            |name| parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
         Self {
             method: parts.method.as_str(),
             path: parts.uri.path(),
             query: parts.uri.query().unwrap_or_default(),
-            content_type: content_type.and_then(|v| v.to_str().ok()).unwrap_or_default(),
+            content_type: header(http::header::CONTENT_TYPE),
+            accept: header(http::header::ACCEPT),
             body,
         }
     }
@@ -185,11 +201,16 @@ impl State {
     /// the adapter answers it with [`watch`](Self::watch)'s lines.
     pub fn watched(path: &str, query: &str) -> Option<String> {
         let watch = query.split('&').any(|pair| pair == "watch=true" || pair == "watch=1");
-        let resource = path.trim_start_matches('/').split('/').nth(match path {
+        let resource = Self::resource(path)?;
+        watch.then(|| resource.to_owned())
+    }
+
+    /// The resource (`nodes`, `csinodes`, …) a cluster-scoped `path` is about.
+    fn resource(path: &str) -> Option<&str> {
+        path.trim_start_matches('/').split('/').nth(match path {
             p if p.starts_with("/api/") => 2,
             _ => 3,
-        })?;
-        watch.then(|| resource.to_owned())
+        })
     }
 
     /// Stops answering, as a killed API server does: every request is
@@ -282,11 +303,8 @@ impl State {
         if request.method == "GET" {
             self.reads.push(format!("{}?{}", request.path, request.query));
         }
-        if let Some(code) = self.fail {
-            return status(code, "refused by the test");
-        }
-        if self.read_only && request.method != "GET" {
-            return status(500, "the storage is away (read-only by the test)");
+        if let Some(answer) = self.before_the_routes(request) {
+            return answer;
         }
         let manager = request
             .query
@@ -375,6 +393,29 @@ impl State {
             }
             _ => status(404, "not served by the stand-in"),
         }
+    }
+
+    /// The answer set by the test, if any (a failure, a refused resource),
+    /// else that of a collection.
+    fn before_the_routes(&self, request: &ApiRequest<'_>) -> Option<(u16, Value)> {
+        if let Some(code) = self.fail {
+            return Some(status(code, "refused by the test"));
+        }
+        if self.read_only && request.method != "GET" {
+            return Some(status(500, "the storage is away (read-only by the test)"));
+        }
+        let resource = State::resource(request.path);
+        if let Some((resource, code)) =
+            self.refused.iter().find(|(r, _)| resource == Some(r.as_str()))
+        {
+            let message = match code {
+                403 => format!("{resource} is forbidden (by the test)"),
+                404 => "the server could not find the requested resource".to_owned(),
+                _ => format!("{resource}: refused by the test"),
+            };
+            return Some(status(*code, &message));
+        }
+        self.collections.iter().find_map(|c| c.answer(request))
     }
 
     fn get_report(&self, name: &str) -> (u16, Value) {
