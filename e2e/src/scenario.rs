@@ -73,13 +73,10 @@ pub(crate) fn build(root: &Path, profile: Profile) -> Result {
 /// `addr` (counters under their `_total` name), labels left in the name.
 pub(crate) fn metrics(addr: &str) -> Result<std::collections::BTreeMap<String, u64>> {
     let text = ureq::get(&format!("http://{addr}/metrics")).call()?.body_mut().read_to_string()?;
-    Ok(text
-        .lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
+    let samples = kpm_test_support::prometheus::parse(&text)?;
+    Ok(samples
+        .into_iter()
+        .filter_map(|sample| Some((sample.series.to_owned(), sample.value.parse().ok()?)))
         .collect())
 }
 
