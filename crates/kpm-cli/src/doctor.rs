@@ -13,21 +13,21 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpm::kube::PendingPublication;
 use kpm_doctor::bounds::{CONFIRM, PERIOD};
 use kpm_doctor::{
-    ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PendingReader,
-    PluginsCondition, PublishConfig, WatchConfig,
+    ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PluginsCondition,
+    PublishConfig, WatchConfig,
 };
 use kpm_fleet::{FleetConfig, PAGE_SIZE, STALE_AFTER};
 use kpm_report::ConditionStatus;
 
+use crate::error::CliError;
 use crate::inspect::JudgeArgs;
+use crate::outcome::Outcome;
+use crate::output::OutputFormat;
 use crate::setup::{self, LogFormat};
-use crate::{CliError, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -279,7 +279,7 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     }
     let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, args.judge.timeout());
+    let doctor = Doctor::new(args.config(node.as_deref())?)?;
     let objects = match (client, node) {
         (Some(client), Some(name)) => {
             let timeout = args.judge.timeout();
@@ -327,7 +327,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let timeout = args.judge.timeout();
     let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, timeout);
+    let doctor = Doctor::new(args.config(node.as_deref())?)?;
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
     let api = match (client, node) {
         (Some(client), Some(node)) => {
@@ -359,7 +359,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
                 text
             };
             let handshake = kpm::transport::DEFAULT_HANDSHAKE_TIMEOUT;
-            Some(crate::metrics::serve_registry(addr, render, budget, handshake).await?)
+            Some(kpm_status::metrics::serve_registry(addr, render, budget, handshake).await?)
         }
         None => None,
     };
@@ -381,46 +381,6 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         serving.abort();
     }
     Ok(result?)
-}
-
-/// The doctor, reading what a `kpm run` serving the status API on the
-/// judged root (`kpm.sock`) has not got to the API server yet: the node's
-/// plugin manager is then kpm, not the kubelet's. None when nothing answers
-/// there within `timeout`.
-fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
-    let root = doctor.root();
-    let socket = Arc::new(root.join(crate::STATUS_SOCKET_NAME));
-    doctor.beside_kpm_run(PendingReader::new(move || {
-        let socket = Arc::clone(&socket);
-        async move {
-            let read = crate::status_api::client::get_json(
-                socket.as_ref().as_ref(),
-                crate::status_api::PLUGINS_PATH,
-            );
-            match tokio::time::timeout(timeout, read).await {
-                Ok(Ok(body)) => pending_publications(&body),
-                _ => Vec::new(),
-            }
-        }
-    }))
-}
-
-/// `kubernetes.pending` of the status API's plugins document; an entry
-/// this doctor cannot read (a kind a newer kpm run publishes) is left out,
-/// not the others.
-fn pending_publications(body: &[u8]) -> Vec<PendingPublication> {
-    #[derive(serde::Deserialize)]
-    struct Plugins {
-        kubernetes: Option<Kubernetes>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Kubernetes {
-        pending: Vec<serde_json::Value>,
-    }
-    let Ok(Plugins { kubernetes: Some(kubernetes) }) = serde_json::from_slice(body) else {
-        return Vec::new();
-    };
-    kubernetes.pending.into_iter().filter_map(|entry| serde_json::from_value(entry).ok()).collect()
 }
 
 /// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor
