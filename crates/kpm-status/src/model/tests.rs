@@ -374,9 +374,10 @@ fn a_device_health_line_names_the_driver_device_and_change() {
         expired: true,
         message: String::new(),
     };
-    let written = EventLine::new(&event).unwrap();
-    let mut line = serde_json::to_value(&written).unwrap();
-    assert_eq!(serde_json::from_value::<EventLine>(line.clone()).unwrap(), written);
+    let mut line = serde_json::to_value(EventLine::new(&event).unwrap()).unwrap();
+    // One schema: a reader writes back what it read.
+    let read: EventLine = serde_json::from_value(line.clone()).unwrap();
+    assert_eq!(serde_json::to_value(read).unwrap(), line);
     let keys: Vec<_> = line.as_object().unwrap().keys().cloned().collect();
     assert_eq!(
         keys,
