@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use kpm_conformance::{Config, Report, Suite};
 
-use crate::{CliError, OutputFormat};
+use crate::error::CliError;
+use crate::output::OutputFormat;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct CheckArgs {
@@ -19,7 +20,7 @@ pub(crate) struct CheckArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm_conformance::DEFAULT_BOUND.as_secs(),
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+        value_parser = clap::value_parser!(u64).range(1..=crate::args::MAX_PERIOD_SECS)
     )]
     timeout: u64,
     /// Keep the temporary kubelet root (with the plugin's output in

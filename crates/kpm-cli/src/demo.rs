@@ -9,8 +9,10 @@ use kpm_registrar::{Registrar, RegistrationStatus};
 
 use kpm::KubeletHandle;
 
-use crate::status_api::model::{EventLine, PluginList};
-use crate::{CliError, list, watch};
+use kpm_status::{EventLine, PluginList};
+
+use crate::error::CliError;
+use crate::{list, watch};
 
 /// How long any one step of the demo may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(20);
@@ -29,8 +31,9 @@ pub(crate) async fn demo() -> Result<(), CliError> {
     let mut events = handle.manager().subscribe();
     let printer = tokio::spawn(async move {
         while let Ok(event) = events.recv().await {
-            let line = serde_json::to_string(&EventLine::new(&event)).unwrap_or_default();
-            println!("    {}", watch::text_line(&line));
+            if let Some(line) = EventLine::new(&event).as_ref().and_then(watch::text_line) {
+                println!("    {line}");
+            }
         }
     });
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -121,8 +124,7 @@ fn say(line: &str) {
 
 /// Prints what `kpm list` would show.
 fn show(kubelet: &KubeletHandle) {
-    let list = serde_json::to_value(PluginList::from(kubelet)).unwrap_or_default();
-    for line in list::table(&list).lines() {
+    for line in list::table(&PluginList::from(kubelet)).lines() {
         println!("    | {line}");
     }
 }
@@ -141,7 +143,7 @@ async fn serve_service(
 ) -> Result<tokio::task::JoinHandle<()>, CliError> {
     if let Some(dir) = socket.parent() {
         std::fs::create_dir_all(dir)
-            .map_err(|source| CliError::CreateRoot { path: dir.to_path_buf(), source })?;
+            .map_err(|err| CliError::Demo(format!("create {}: {err}", dir.display())))?;
     }
     let incoming =
         kpm::transport::bind(socket).await.map_err(|err| CliError::Demo(err.to_string()))?;

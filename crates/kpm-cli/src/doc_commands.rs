@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use clap::error::ErrorKind;
 use clap::{CommandFactory as _, Parser as _};
 
-use crate::Cli;
+use crate::cli::Cli;
 
 /// A command line found in a document.
 #[derive(Debug)]

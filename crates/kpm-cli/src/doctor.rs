@@ -13,21 +13,21 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use kpm::kube::PendingPublication;
 use kpm_doctor::bounds::{CONFIRM, PERIOD};
 use kpm_doctor::{
-    ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PendingReader,
-    PluginsCondition, PublishConfig, WatchConfig,
+    ApiLink, Doctor, DoctorConfig, FlapConfig, Host, NodePublisher, PluginsCondition,
+    PublishConfig, WatchConfig,
 };
 use kpm_fleet::{FleetConfig, PAGE_SIZE, STALE_AFTER};
 use kpm_report::ConditionStatus;
 
+use crate::error::CliError;
+use crate::exit::Exit;
 use crate::inspect::JudgeArgs;
+use crate::output::OutputFormat;
 use crate::setup::{self, LogFormat};
-use crate::{CliError, Outcome, OutputFormat};
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -267,19 +267,19 @@ impl DoctorArgs {
     }
 }
 
-pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
+pub(crate) async fn doctor(args: DoctorArgs) -> Result<Exit, CliError> {
     if let Some(ExplainCommand::Explain { lines }) = args.explain {
         return explain(&lines);
     }
     if args.watch.watch {
-        return Box::pin(watch(args)).await.map(|()| Outcome::Ok);
+        return Box::pin(watch(args)).await.map(|()| Exit::Ok);
     }
     if args.cluster {
-        return fleet(&args).await.map(Outcome::from);
+        return fleet(&args).await.map(Exit::from);
     }
     let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, args.judge.timeout());
+    let doctor = Doctor::new(args.config(node.as_deref())?)?;
     let objects = match (client, node) {
         (Some(client), Some(name)) => {
             let timeout = args.judge.timeout();
@@ -303,15 +303,15 @@ pub(crate) async fn doctor(args: DoctorArgs) -> Result<Outcome, CliError> {
     // The exit status is the condition `--watch` would publish, built the
     // same way, so that the two cannot disagree.
     match PluginsCondition::of(&report).status {
-        ConditionStatus::True => Ok(Outcome::Ok),
-        ConditionStatus::False => Ok(Outcome::Failing),
+        ConditionStatus::True => Ok(Exit::Ok),
+        ConditionStatus::False => Ok(Exit::Failing),
         // `Unknown`, and whatever a later kpm-doctor adds: never read as healthy.
         _ => {
             // The table ends with it; a script reading JSON finds it in its log too.
             if let (Some(blind), OutputFormat::Json) = (&report.blind, args.output) {
                 eprintln!("kpm doctor: cannot judge this node: {}; try: {}", blind.why, blind.hint);
             }
-            Ok(Outcome::CannotJudge)
+            Ok(Exit::CannotJudge)
         }
     }
 }
@@ -327,7 +327,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
     let timeout = args.judge.timeout();
     let client = setup::api_client(args.kubeconfig.as_deref()).await?;
     let node = args.node(client.as_ref())?;
-    let doctor = beside_kpm_run(Doctor::new(args.config(node.as_deref())?)?, timeout);
+    let doctor = Doctor::new(args.config(node.as_deref())?)?;
     tracing::info!(root = %doctor.root_dir().display(), "judging the node's plugins");
     let api = match (client, node) {
         (Some(client), Some(node)) => {
@@ -359,7 +359,7 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
                 text
             };
             let handshake = kpm::transport::DEFAULT_HANDSHAKE_TIMEOUT;
-            Some(crate::metrics::serve_registry(addr, render, budget, handshake).await?)
+            Some(kpm_status::metrics::serve_registry(addr, render, budget, handshake).await?)
         }
         None => None,
     };
@@ -381,46 +381,6 @@ async fn watch(args: DoctorArgs) -> Result<(), CliError> {
         serving.abort();
     }
     Ok(result?)
-}
-
-/// The doctor, reading what a `kpm run` serving the status API on the
-/// judged root (`kpm.sock`) has not got to the API server yet: the node's
-/// plugin manager is then kpm, not the kubelet's. None when nothing answers
-/// there within `timeout`.
-fn beside_kpm_run(doctor: Doctor, timeout: Duration) -> Doctor {
-    let root = doctor.root();
-    let socket = Arc::new(root.join(crate::STATUS_SOCKET_NAME));
-    doctor.beside_kpm_run(PendingReader::new(move || {
-        let socket = Arc::clone(&socket);
-        async move {
-            let read = crate::status_api::client::get_json(
-                socket.as_ref().as_ref(),
-                crate::status_api::PLUGINS_PATH,
-            );
-            match tokio::time::timeout(timeout, read).await {
-                Ok(Ok(body)) => pending_publications(&body),
-                _ => Vec::new(),
-            }
-        }
-    }))
-}
-
-/// `kubernetes.pending` of the status API's plugins document; an entry
-/// this doctor cannot read (a kind a newer kpm run publishes) is left out,
-/// not the others.
-fn pending_publications(body: &[u8]) -> Vec<PendingPublication> {
-    #[derive(serde::Deserialize)]
-    struct Plugins {
-        kubernetes: Option<Kubernetes>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Kubernetes {
-        pending: Vec<serde_json::Value>,
-    }
-    let Ok(Plugins { kubernetes: Some(kubernetes) }) = serde_json::from_slice(body) else {
-        return Vec::new();
-    };
-    kubernetes.pending.into_iter().filter_map(|entry| serde_json::from_value(entry).ok()).collect()
 }
 
 /// `kpm doctor --cluster`: the fleet view; `Ok(false)` when a node's doctor
@@ -465,7 +425,7 @@ fn home_kubeconfig() -> Option<PathBuf> {
 /// `kpm doctor explain`: each line given, or each line of stdin, read by
 /// the doctor's table of known lines. A line with only gRPC's generic words
 /// is not known: it is answered with what it would need to name.
-fn explain(lines: &[String]) -> Result<Outcome, CliError> {
+fn explain(lines: &[String]) -> Result<Exit, CliError> {
     use kpm_doctor::Reading;
     let mut text = String::new();
     let known = if lines.is_empty() {
@@ -520,7 +480,7 @@ fn explain(lines: &[String]) -> Result<Outcome, CliError> {
         all
     };
     crate::output::print(&format!("{}\n", text.trim_end()))?;
-    Ok(if known { Outcome::Ok } else { Outcome::Failing })
+    Ok(if known { Exit::Ok } else { Exit::Failing })
 }
 
 /// The start of a log line, for a heading.

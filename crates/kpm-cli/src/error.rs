@@ -1,8 +1,6 @@
 //! Errors a user of the `kpm` command can meet, each one line naming the
 //! path and the step.
 
-use std::path::PathBuf;
-
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CliError {
     #[error("read the log lines from stdin: {0}")]
@@ -11,15 +9,8 @@ pub(crate) enum CliError {
     #[error("start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
 
-    #[error("create root directory {}: {source}", path.display())]
-    CreateRoot {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("serve status API: {0}")]
-    StatusSocket(#[source] kpm::transport::TransportError),
+    #[error("{0}")]
+    Status(#[from] kpm_status::StatusError),
 
     #[error("{0}")]
     Manager(#[from] kpm::Error),
@@ -58,23 +49,6 @@ pub(crate) enum CliError {
 
     #[error("set up logging: {0}")]
     Logging(String),
-
-    #[error("connect to status API at {} (is `kpm run` running?): {source}", path.display())]
-    ConnectStatus {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-
-    #[error("query status API at {}: {message}", path.display())]
-    QueryStatus { path: PathBuf, message: String },
-
-    #[error("serve metrics on {addr}: {source}")]
-    MetricsAddr {
-        addr: std::net::SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
 
     #[cfg(feature = "demo")]
     #[error("demo: {0}")]

@@ -1,4 +1,5 @@
-//! kpm's memory allocator, jemalloc, and its statistics for `/metrics`.
+//! kpm's memory allocator, jemalloc, and its statistics for `/metrics`
+//! (`kpm_status::metrics`, which shows them).
 //!
 //! jemalloc hands pages freed by churning connections back to the system
 //! (at once, from `kpm run` and `kpm doctor --watch` on), and each runtime
@@ -9,6 +10,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use kpm_status::metrics::{ArenaPages, HeapStats};
 use tikv_jemalloc_ctl::{Access as _, AsName as _, arenas, epoch, stats};
 
 #[global_allocator]
@@ -83,43 +85,6 @@ fn no_dirty_decay() -> tikv_jemalloc_ctl::Result<()> {
         let _ = format!("arena.{arena}.dirty_decay_ms\0").name().write(AT_ONCE);
     }
     Ok(())
-}
-
-/// What the allocator holds, in bytes: jemalloc's `stats.*`.
-#[derive(Debug, Clone)]
-pub(crate) struct HeapStats {
-    /// Allocated by kpm and not freed yet: the live heap.
-    pub(crate) allocated: usize,
-    /// In pages of live allocations: the live heap and the free room between
-    /// its allocations (fragmentation).
-    pub(crate) active: usize,
-    /// The allocator's own bookkeeping.
-    pub(crate) metadata: usize,
-    /// In pages the allocator keeps resident: active pages, metadata, and
-    /// dirty and muzzy pages not returned yet.
-    pub(crate) resident: usize,
-    /// In chunks mapped for use (active pages and what is around them).
-    pub(crate) mapped: usize,
-    /// Mapped, returned to the system, and kept as address space for reuse:
-    /// not resident.
-    pub(crate) retained: usize,
-    /// Freed pages each arena has not returned yet.
-    pub(crate) arenas: Vec<ArenaPages>,
-}
-
-/// Freed pages an arena holds, in bytes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ArenaPages {
-    /// The arena's index: threads are spread over arenas.
-    pub(crate) arena: u32,
-    /// Freed and still resident; returned after `dirty_decay_ms`.
-    pub(crate) dirty: usize,
-    /// Returned lazily (`MADV_FREE`): resident, and counted in RSS, until the
-    /// kernel needs the memory or `muzzy_decay_ms` returns them for good.
-    pub(crate) muzzy: usize,
-    /// Freed blocks the threads of the arena keep in their caches for their
-    /// next allocations: active, not free to return.
-    pub(crate) cached: usize,
 }
 
 /// The allocator's statistics now; `None` if jemalloc cannot tell.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kpm::{Inspection, Kubelet, PluginKind, Step};
 
-use crate::CliError;
+use crate::error::CliError;
 use crate::setup::plugin_kind;
 
 /// What `kpm probe` and `kpm doctor` judge with: the kubelet's handlers
@@ -30,7 +30,7 @@ pub(crate) struct JudgeArgs {
         long,
         value_name = "SECONDS",
         default_value_t = 5,
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS)
+        value_parser = clap::value_parser!(u64).range(1..=crate::args::MAX_PERIOD_SECS)
     )]
     pub(crate) timeout: u64,
 }

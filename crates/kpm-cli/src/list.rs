@@ -3,88 +3,66 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use serde_json::Value;
+use kpm_status::model::{CsiDriver, DraDevice, Kubernetes, ObjectSync, Plugin};
+use kpm_status::{Client, PluginList};
 
-use crate::status_api::{self, client};
-use crate::{CliError, OutputFormat};
+use crate::error::CliError;
+use crate::output::OutputFormat;
 
 pub(crate) async fn list(status_socket: &Path, output: OutputFormat) -> Result<(), CliError> {
-    let body = client::get_json(status_socket, status_api::PLUGINS_PATH).await?;
-    let list: Value = serde_json::from_slice(&body).map_err(|err| CliError::QueryStatus {
-        path: status_socket.to_path_buf(),
-        message: format!("unexpected response: {err}"),
-    })?;
+    let list = Client::new(status_socket).plugins().await?;
     crate::output::print(&output.render(&list, table)?)
-}
-
-/// The string at `key` of `value`; empty when absent or not a string.
-fn text(value: &Value, key: &str) -> String {
-    value[key].as_str().unwrap_or_default().to_owned()
-}
-
-/// The array at `key` of `value`; empty when absent.
-fn items<'a>(value: &'a Value, key: &str) -> &'a [Value] {
-    value[key].as_array().map_or(&[], Vec::as_slice)
 }
 
 /// The plugins (type, name, state, age, socket, last error), then whichever
 /// of CSI drivers, device resources and DRA drivers there are, then how
-/// publishing to the Kubernetes API goes, when kpm publishes. `list` is the
-/// document of `GET /v1/plugins`.
-pub(crate) fn table(list: &Value) -> String {
+/// publishing to the Kubernetes API goes, when kpm publishes.
+pub(crate) fn table(list: &PluginList) -> String {
     let now = SystemTime::now();
-    let plugins = items(list, "plugins").iter().map(|p| {
+    let plugins = list.plugins.iter().map(|p| {
         vec![
-            text(p, "type"),
-            text(p, "name"),
+            p.plugin_type.clone(),
+            p.name.clone(),
             state(p, now),
-            p["registered_at"].as_str().map_or_else(|| "-".to_owned(), |at| age(at, now)),
-            text(p, "socket_path"),
-            text(p, "last_error"),
+            p.registered_at.map_or_else(|| "-".to_owned(), |at| age(at.0, now)),
+            p.socket_path.clone(),
+            p.last_error.clone().unwrap_or_default(),
         ]
     });
     let mut out = columns(&["TYPE", "NAME", "STATE", "AGE", "SOCKET", "LAST ERROR"], plugins);
-    let csi_drivers = items(list, "csi_drivers");
-    if !csi_drivers.is_empty() {
-        let drivers = csi_drivers.iter().map(|d| {
+    if !list.csi_drivers.is_empty() {
+        let drivers = list.csi_drivers.iter().map(|d| {
             vec![
-                text(d, "name"),
-                text(d, "version"),
-                text(d, "node_id"),
-                d["max_volumes"]
-                    .as_i64()
-                    .filter(|max| *max > 0)
-                    .map_or("-".into(), |max| max.to_string()),
+                d.name.clone(),
+                d.version.clone(),
+                d.node_id.clone().unwrap_or_default(),
+                d.max_volumes.filter(|max| *max > 0).map_or("-".into(), |max| max.to_string()),
                 refreshed(d, now),
-                text(d, "endpoint"),
+                d.endpoint.clone(),
             ]
         });
         out.push('\n');
         let header = ["CSI DRIVER", "VERSION", "NODE ID", "MAX VOLUMES", "REFRESHED", "ENDPOINT"];
         out.push_str(&columns(&header, drivers));
     }
-    let device_resources = items(list, "device_resources");
-    if !device_resources.is_empty() {
-        let resources = device_resources.iter().map(|r| {
-            let count = |key: &str| r[key].as_u64().unwrap_or_default();
-            let total = count("healthy") + count("unhealthy");
-            vec![text(r, "resource"), format!("{}/{total}", count("healthy")), text(r, "endpoint")]
+    if !list.device_resources.is_empty() {
+        let resources = list.device_resources.iter().map(|r| {
+            let total = r.healthy + r.unhealthy;
+            vec![r.resource.clone(), format!("{}/{total}", r.healthy), r.endpoint.clone()]
         });
         out.push('\n');
         out.push_str(&columns(&["DEVICE RESOURCE", "HEALTHY", "ENDPOINT"], resources));
     }
-    let dra_drivers = items(list, "dra_drivers");
-    if !dra_drivers.is_empty() {
-        let drivers = dra_drivers.iter().map(|d| {
-            let instances = items(d, "instances");
-            let connected = instances.iter().filter(|i| i["connected"] == true).count();
+    if !list.dra_drivers.is_empty() {
+        let drivers = list.dra_drivers.iter().map(|d| {
+            let connected = d.instances.iter().filter(|i| i.connected).count();
             let mut row = vec![
-                text(d, "name"),
-                format!("{connected}/{}", instances.len()),
-                instances.last().map(|i| text(i, "version")).unwrap_or_default(),
+                d.name.clone(),
+                format!("{connected}/{}", d.instances.len()),
+                d.instances.last().map(|i| i.version.clone()).unwrap_or_default(),
             ];
-            row.extend(device_health(items(d, "devices")));
-            row.push(text(d, "cleanup_pending_until"));
+            row.extend(device_health(&d.devices));
+            row.push(d.cleanup_pending_until.map(|at| rfc3339(at.0)).unwrap_or_default());
             row
         });
         out.push('\n');
@@ -92,9 +70,9 @@ pub(crate) fn table(list: &Value) -> String {
             ["DRA DRIVER", "CONNECTED", "VERSION", "HEALTHY", "UNHEALTHY", "UNKNOWN", "CLEANUP AT"];
         out.push_str(&columns(&header, drivers));
     }
-    if list["kubernetes"].is_object() {
+    if let Some(kube) = &list.kubernetes {
         out.push('\n');
-        out.push_str(&kubernetes(&list["kubernetes"], now));
+        out.push_str(&kubernetes(kube, now));
     }
     out
 }
@@ -102,108 +80,97 @@ pub(crate) fn table(list: &Value) -> String {
 /// How many of a DRA driver's devices are `Healthy`, `Unhealthy` and
 /// `Unknown` (an expired report among them); `-` for a driver that reported
 /// none (or has no health service).
-fn device_health(devices: &[Value]) -> [String; 3] {
+fn device_health(devices: &[DraDevice]) -> [String; 3] {
     ["Healthy", "Unhealthy", "Unknown"].map(|health| {
         if devices.is_empty() {
             return "-".to_owned();
         }
-        devices.iter().filter(|device| device["health"] == health).count().to_string()
+        devices.iter().filter(|device| device.health == health).count().to_string()
     })
 }
 
 /// The node published for, per kind of object when it last synced and the
 /// error that followed, if any; what the API server does not hold yet;
 /// then the API requests made and failed.
-fn kubernetes(kube: &Value, now: SystemTime) -> String {
-    let objects = items(kube, "objects").iter().map(|object| {
+fn kubernetes(kube: &Kubernetes, now: SystemTime) -> String {
+    let objects = kube.objects.iter().map(|object| {
         vec![
-            text(object, "kind"),
-            object["last_success"].as_str().map_or_else(|| "never".to_owned(), |at| ago(at, now)),
+            object.kind.clone(),
+            object.last_success.map_or_else(|| "never".to_owned(), |at| ago(at.0, now)),
             current_error(object, now).unwrap_or_else(|| "-".to_owned()),
         ]
     });
-    let requests = items(kube, "requests");
-    let count = |r: &Value| r["count"].as_u64().unwrap_or_default();
-    let total: u64 = requests.iter().map(count).sum();
-    let failed: u64 = requests
+    let total: u64 = kube.requests.iter().map(|r| r.count).sum();
+    let failed: u64 = kube
+        .requests
         .iter()
-        .filter(|r| r["outcome"] != kpm::kube::RequestCount::SUCCESS)
-        .map(count)
+        .filter(|r| r.outcome != kpm::kube::RequestCount::SUCCESS)
+        .map(|r| r.count)
         .sum();
-    let pending = items(kube, "pending");
-    let pending = if pending.is_empty() {
+    let pending = if kube.pending.is_empty() {
         "Pending: none: the API server holds all kpm publishes\n".to_owned()
     } else {
-        let rows = pending.iter().map(|publication| {
+        let rows = kube.pending.iter().map(|publication| {
             vec![
-                text(publication, "kind"),
-                text(publication, "name"),
-                text(publication, "want"),
-                ago(&text(publication, "since"), now),
-                publication["last_error"].as_str().unwrap_or("-").to_owned(),
+                publication.kind.to_string(),
+                publication.name.clone(),
+                publication.want.clone(),
+                ago(publication.since, now),
+                publication.last_error.clone().unwrap_or_else(|| "-".to_owned()),
             ]
         });
         format!("Pending:\n{}", columns(&["KIND", "NAME", "WANT", "SINCE", "LAST ERROR"], rows))
     };
     format!(
         "Kubernetes (node {})\n{}{pending}API requests: {total}, failed: {failed}\n",
-        text(kube, "node"),
+        kube.node,
         columns(&["KIND", "LAST SYNC", "LAST ERROR"], objects)
     )
 }
 
 /// The last error with how long ago it was, unless a success came after it:
 /// an error is kept after later successes.
-fn current_error(object: &Value, now: SystemTime) -> Option<String> {
-    let error = object.get("last_error").filter(|error| error.is_object())?;
-    let at = text(error, "at");
-    let succeeded_since = match (object["last_success"].as_str().and_then(parse), parse(&at)) {
-        (Some(success), Some(failure)) => success >= failure,
-        _ => false,
-    };
-    (!succeeded_since).then(|| format!("{} ({})", text(error, "message"), ago(&at, now)))
+fn current_error(object: &ObjectSync, now: SystemTime) -> Option<String> {
+    let error = object.last_error.as_ref()?;
+    let succeeded_since = object.last_success.is_some_and(|success| success.0 >= error.at.0);
+    (!succeeded_since).then(|| format!("{} ({})", error.message, ago(error.at.0, now)))
 }
 
-/// `42s ago`, or `?` for a time that does not parse.
-fn ago(rfc3339: &str, now: SystemTime) -> String {
-    parse(rfc3339).map_or_else(
-        || "?".to_owned(),
-        |at| format!("{} ago", whole(now.duration_since(at).unwrap_or_default())),
-    )
+/// `42s ago`.
+fn ago(at: SystemTime, now: SystemTime) -> String {
+    format!("{} ago", age(at, now))
 }
 
 /// A CSI driver's allocatable refresh: `every 10s, 4s ago`, `every 10s,
 /// never` before the first, `-` without one.
-fn refreshed(driver: &Value, now: SystemTime) -> String {
-    let Some(period) = driver["allocatable_update_period_s"].as_u64() else {
+fn refreshed(driver: &CsiDriver, now: SystemTime) -> String {
+    let Some(period) = driver.allocatable_update_period_s else {
         return "-".to_owned();
     };
-    let last =
-        driver["allocatable_refreshed_at"].as_str().map_or("never".into(), |at| ago(at, now));
+    let last = driver.allocatable_refreshed_at.map_or("never".into(), |at| ago(at.0, now));
     format!("every {}, {last}", whole(Duration::from_secs(period)))
 }
 
 /// The plugin's state, with when the next attempt is while it backs off:
 /// `backing_off (retry in 8s)`.
-fn state(plugin: &Value, now: SystemTime) -> String {
-    let state = text(plugin, "state");
-    match plugin["retry_at"].as_str() {
+fn state(plugin: &Plugin, now: SystemTime) -> String {
+    match plugin.retry_at {
         Some(at) => {
-            let wait = parse(at).map(|at| at.duration_since(now).unwrap_or_default());
-            format!("{state} (retry in {})", wait.map_or_else(|| "?".to_owned(), whole))
+            let wait = at.0.duration_since(now).unwrap_or_default();
+            format!("{} (retry in {})", plugin.state, whole(wait))
         }
-        None => state,
+        None => plugin.state.clone(),
     }
 }
 
-/// How long ago an RFC 3339 time was.
-fn age(rfc3339: &str, now: SystemTime) -> String {
-    parse(rfc3339)
-        .map_or_else(|| "?".to_owned(), |at| whole(now.duration_since(at).unwrap_or_default()))
+/// How long ago `at` was.
+fn age(at: SystemTime, now: SystemTime) -> String {
+    whole(now.duration_since(at).unwrap_or_default())
 }
 
-fn parse(rfc3339: &str) -> Option<SystemTime> {
-    humantime::parse_rfc3339(rfc3339).ok()
+/// `at` as the status API writes it (RFC 3339, UTC, milliseconds).
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
 /// A duration in its largest whole unit: `42s`, `5m`, `3h`, `2d`.
@@ -229,18 +196,27 @@ fn columns(header: &[&str], rows: impl Iterator<Item = Vec<String>>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
+
+    fn at(rfc3339: &str) -> SystemTime {
+        humantime::parse_rfc3339(rfc3339).unwrap()
+    }
+
+    /// The status API's document, as `kpm list` reads it.
+    fn read(list: &Value) -> PluginList {
+        serde_json::from_value(list.clone()).unwrap()
+    }
 
     #[test]
     fn ages_use_the_largest_whole_unit() {
         let now = humantime::parse_rfc3339("2026-11-21T12:00:00Z").unwrap();
-        assert_eq!(age("2026-11-21T11:59:18Z", now), "42s");
-        assert_eq!(age("2026-11-21T11:55:00.5Z", now), "4m");
-        assert_eq!(age("2026-11-21T09:00:00Z", now), "3h");
-        assert_eq!(age("2026-11-19T12:00:00Z", now), "2d");
-        assert_eq!(age("yesterday", now), "?");
+        assert_eq!(age(at("2026-11-21T11:59:18Z"), now), "42s");
+        assert_eq!(age(at("2026-11-21T11:55:00.5Z"), now), "4m");
+        assert_eq!(age(at("2026-11-21T09:00:00Z"), now), "3h");
+        assert_eq!(age(at("2026-11-19T12:00:00Z"), now), "2d");
+        assert_eq!(age(at("2026-11-21T12:00:01Z"), now), "0s");
     }
 
     #[test]
@@ -252,12 +228,13 @@ mod tests {
             "last_error": "GetInfo: connection refused", "registered_at": null,
             "retry_at": "2026-11-21T12:00:08.25Z", "server_pid": null,
         });
-        assert_eq!(state(&plugin, now), "backing_off (retry in 8s)");
+        let state = |plugin: &Value| state(&serde_json::from_value(plugin.clone()).unwrap(), now);
+        assert_eq!(state(&plugin), "backing_off (retry in 8s)");
         plugin["retry_at"] = json!("2026-11-21T11:59:59Z");
-        assert_eq!(state(&plugin, now), "backing_off (retry in 0s)");
+        assert_eq!(state(&plugin), "backing_off (retry in 0s)");
         plugin["retry_at"] = Value::Null;
         plugin["state"] = json!("failed");
-        assert_eq!(state(&plugin, now), "failed");
+        assert_eq!(state(&plugin), "failed");
     }
 
     /// An empty document of `GET /v1/plugins`.
@@ -282,7 +259,7 @@ mod tests {
         list["plugins"] =
             json!([plugin("registered", "gpu", None), plugin("failed", "n", Some("boom"))]);
         assert_eq!(
-            table(&list),
+            table(&read(&list)),
             "TYPE          NAME  STATE       AGE  SOCKET       LAST ERROR\n\
              DevicePlugin  gpu   registered  -    /r/gpu.sock\n\
              DevicePlugin  n     failed      -    /r/n.sock    boom\n"
@@ -304,7 +281,7 @@ mod tests {
             "allocatable_update_period_s": null, "allocatable_refreshed_at": null,
         }]);
         assert_eq!(
-            table(&list),
+            table(&read(&list)),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
              CSI DRIVER       VERSION  NODE ID  MAX VOLUMES  REFRESHED         ENDPOINT\n\
@@ -319,13 +296,13 @@ mod tests {
         }]);
         let device = |name: &str, health: &str| {
             json!({"pool": "pool", "device": name, "health": health, "message": "",
-                   "reported_at": "T", "expires_at": null})
+                   "reported_at": "2026-11-21T12:00:00Z", "expires_at": null})
         };
         list["dra_drivers"] = json!([
             {
                 "name": "gpu.example.com",
                 "instances": [{"endpoint": "/p/dra.sock", "version": "v1.DRAPlugin",
-                               "connected": true, "registered_at": "T"}],
+                               "connected": true, "registered_at": "2026-11-21T12:00:00Z"}],
                 "cleanup_pending_until": null,
                 "devices": [device("gpu-0", "Healthy"), device("gpu-1", "Unknown"),
                             device("gpu-2", "Healthy")],
@@ -333,12 +310,12 @@ mod tests {
             {
                 "name": "nic.example.com",
                 "instances": [{"endpoint": "/p/nic.sock", "version": "v1beta1.DRAPlugin",
-                               "connected": true, "registered_at": "T"}],
+                               "connected": true, "registered_at": "2026-11-21T12:00:00Z"}],
                 "cleanup_pending_until": null,
             },
         ]);
         assert_eq!(
-            table(&list),
+            table(&read(&list)),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
              DEVICE RESOURCE  HEALTHY  ENDPOINT\n\
@@ -386,11 +363,11 @@ mod tests {
                 request("patch", "nodes/status", "timeout", 1),
             ],
             "pending": [{"kind": "Node status", "name": "vendor.com/gpu",
-                "want": "capacity 2, allocatable 2", "since": "2026-11-21T11:59:18Z",
+                "want": "capacity 2, allocatable 2", "removes": false, "since": "2026-11-21T11:59:18Z",
                 "last_error": missing}],
         });
         assert_eq!(
-            kubernetes(&kube, now),
+            kubernetes(&serde_json::from_value(kube).unwrap(), now),
             format!(
                 "Kubernetes (node node1)\n\
                  KIND           LAST SYNC  LAST ERROR\n\
@@ -409,11 +386,11 @@ mod tests {
     #[test]
     fn the_kubernetes_section_follows_the_plugins_only_when_kpm_publishes() {
         let mut list = empty();
-        assert!(!table(&list).contains("Kubernetes"), "{}", table(&list));
+        assert!(!table(&read(&list)).contains("Kubernetes"), "{}", table(&read(&list)));
         list["kubernetes"] =
             json!({"node": "node1", "objects": [object("Node", None, None)], "requests": []});
         assert_eq!(
-            table(&list),
+            table(&read(&list)),
             "TYPE  NAME  STATE  AGE  SOCKET  LAST ERROR\n\
              \n\
              Kubernetes (node node1)\n\

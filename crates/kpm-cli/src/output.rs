@@ -5,7 +5,7 @@ use std::io::Write as _;
 
 use clap::ValueEnum;
 
-use crate::CliError;
+use crate::error::CliError;
 
 /// `-o table|json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

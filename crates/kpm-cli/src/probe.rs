@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use crate::CliError;
+use crate::error::CliError;
 use crate::inspect::{self, JudgeArgs, StepLine};
 
 #[derive(Debug, clap::Args)]

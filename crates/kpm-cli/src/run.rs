@@ -7,7 +7,7 @@
 //! Before anything else it raises the soft open-files limit and sizes the
 //! fd budget ([`init_fd_budget`]); the kubelet, the status API and the
 //! metrics all pay from it. Its servers accept through the transport's
-//! accept path ([`listener`](crate::listener)), and the status API's
+//! accept path (`kpm_status`), and the status API's
 //! listener keeps a spare fd that it gives up to accept a client when the
 //! process is out of fds, so `kpm list` answers at the limit
 //! (`tests/fd_budget.rs`, `tests/server_budget.rs`). SIGINT and SIGTERM
@@ -20,13 +20,14 @@ use std::time::Duration;
 
 use kpm::kube::{self, KubePublisher};
 use kpm::{Kubelet, KubeletBuilder, LivenessConfig, PluginKind};
+use kpm_status::metrics::{self, Metrics};
+use kpm_status::server::StatusServer;
 
-use crate::metrics::{self, Metrics};
+use crate::args::RootArgs;
+use crate::error::CliError;
 use crate::setup::{
     LogFormat, api_client, init_fd_budget, init_logging, node_name, plugin_kind, shutdown_signal,
 };
-use crate::status_api::server::StatusServer;
-use crate::{CliError, RootArgs};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
@@ -63,7 +64,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = 60,
-        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_RESYNC_PERIOD"
     )]
     resync_period: u64,
@@ -77,7 +78,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = 30,
-        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_LIVENESS_PERIOD"
     )]
     liveness_period: u64,
@@ -119,7 +120,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm::dra::DEFAULT_CLEANUP_GRACE.as_secs(),
-        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_DRA_CLEANUP_GRACE"
     )]
     dra_cleanup_grace: u64,
@@ -129,7 +130,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm::device::DEFAULT_GRACE_PERIOD.as_secs(),
-        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_DEVICE_CLEANUP_GRACE"
     )]
     device_cleanup_grace: u64,
@@ -139,7 +140,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm::kube::DEFAULT_CSI_CLEANUP_GRACE.as_secs(),
-        value_parser = clap::value_parser!(u64).range(..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_CSI_CLEANUP_GRACE"
     )]
     csi_cleanup_grace: u64,
@@ -150,7 +151,7 @@ pub(crate) struct RunArgs {
         long,
         value_name = "SECONDS",
         default_value_t = kpm::transport::DEFAULT_HANDSHAKE_TIMEOUT.as_secs(),
-        value_parser = clap::value_parser!(u64).range(1..=crate::MAX_PERIOD_SECS),
+        value_parser = clap::value_parser!(u64).range(1..=crate::args::MAX_PERIOD_SECS),
         env = "KPM_HANDSHAKE_TIMEOUT"
     )]
     handshake_timeout: u64,
@@ -178,12 +179,13 @@ fn driver_period(value: &str) -> Result<(String, Duration), String> {
         return Err(format!("{value:?} names no driver"));
     }
     match seconds.parse::<u64>() {
-        Ok(seconds) if seconds <= crate::MAX_PERIOD_SECS => {
+        Ok(seconds) if seconds <= crate::args::MAX_PERIOD_SECS => {
             Ok((driver.to_owned(), Duration::from_secs(seconds)))
         }
-        _ => {
-            Err(format!("{seconds:?} is not a number of seconds up to {}", crate::MAX_PERIOD_SECS))
-        }
+        _ => Err(format!(
+            "{seconds:?} is not a number of seconds up to {}",
+            crate::args::MAX_PERIOD_SECS
+        )),
     }
 }
 
@@ -200,7 +202,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), CliError> {
     let handshake = Duration::from_secs(args.handshake_timeout);
     let metrics = match args.metrics_addr {
         Some(addr) => {
-            let metrics = Metrics::new(handle.clone());
+            let metrics = Metrics::new(handle.clone(), crate::heap::stats);
             let serving = metrics::serve(addr, Arc::clone(&metrics), handshake).await?;
             Some((tokio::spawn(metrics.observe_latency()), serving))
         }

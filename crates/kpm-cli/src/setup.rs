@@ -13,7 +13,7 @@ use kpm::kube;
 use kpm::transport::fd::FdBudget;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::CliError;
+use crate::error::CliError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum LogFormat {

@@ -97,7 +97,6 @@ pub use crate::log_lines::{
     read_line,
 };
 pub use crate::metrics::DoctorMetrics;
-pub use crate::pending::PendingReader;
 pub use crate::publish::events;
 pub use crate::publish::events::{EventConfig, EventConfigBuilder};
 pub use crate::publish::{
@@ -157,8 +156,6 @@ pub struct Doctor {
     config: DoctorConfig,
     /// The kubelet judged, as last chosen.
     judged: parking_lot::Mutex<Arc<Judged>>,
-    /// The `kpm run` of the node, when it is the node's plugin manager.
-    kpm_run: Option<PendingReader>,
     /// The plugins seen registered, to tell those a node event lost.
     remembered: parking_lot::Mutex<remembered::Remembered>,
 }
@@ -172,18 +169,8 @@ impl Doctor {
         Ok(Self {
             config,
             judged: parking_lot::Mutex::new(Arc::new(judged)),
-            kpm_run: None,
             remembered: parking_lot::Mutex::default(),
         })
-    }
-
-    /// Reads, at each examination with the node's API objects, what `kpm run` has not
-    /// got to the API server yet: what the cluster lags for that reason is
-    /// [`Verdict::Publishing`], not a failure.
-    #[must_use]
-    pub fn beside_kpm_run(mut self, pending: PendingReader) -> Self {
-        self.kpm_run = Some(pending);
-        self
     }
 
     /// The kubelet root judged, as the kubelet sees it (a path on the host).
@@ -310,10 +297,7 @@ impl Doctor {
             runtime = pods::name(&mut found, on_node, endpoint, timeout).await;
         }
         if let Some(objects) = objects {
-            let publishing = match &self.kpm_run {
-                Some(reader) => reader.read().await,
-                None => pending::Publishing::default(),
-            };
+            let publishing = pending::Publishing::read(&root, self.config.timeout).await;
             node_objects::compare(objects, &publishing, &mut found);
             found.blind = found.blind.or_else(|| node_objects::unread(objects));
         }

@@ -5,50 +5,36 @@
 //! doctor calls it publishing, not a failure, and says what kpm run waits
 //! for.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use kpm::PluginKind;
 use kpm::kube::{ObjectKind, PendingPublication};
 
 use kpm_report::Verdict;
 
-/// The future of one read of the pending publications.
-type Read = Pin<Box<dyn Future<Output = Vec<PendingPublication>> + Send>>;
-
-/// Reads `kpm run`'s pending publications (its status API's
-/// `kubernetes.pending`); none when no `kpm run` answers.
-#[derive(Clone)]
-pub struct PendingReader(Arc<dyn Fn() -> Read + Send + Sync>);
-
-impl PendingReader {
-    /// A reader that calls `read` at each examination.
-    pub fn new<F, Fut>(read: F) -> Self
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Vec<PendingPublication>> + Send + 'static,
-    {
-        Self(Arc::new(move || Box::pin(read())))
-    }
-
-    pub(crate) async fn read(&self) -> Publishing {
-        Publishing((self.0)().await)
-    }
-}
-
-impl std::fmt::Debug for PendingReader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PendingReader")
-    }
-}
+use crate::host::Seen;
 
 /// The pending publications of one examination.
 #[derive(Debug, Default)]
 pub(crate) struct Publishing(pub(crate) Vec<PendingPublication>);
 
 impl Publishing {
+    /// What a `kpm run` serving the status API on the judged `root`
+    /// (`kpm.sock`) has not got to the API server yet: the node's plugin
+    /// manager is then kpm, not the kubelet's. None when nothing answers
+    /// there within `timeout`.
+    pub(crate) async fn read(root: &Seen, timeout: Duration) -> Self {
+        let client = kpm_status::Client::new(root.join(kpm_status::STATUS_SOCKET_NAME).as_ref());
+        match tokio::time::timeout(timeout, client.plugins()).await {
+            Ok(Ok(list)) => Self(list.kubernetes.map(|kube| kube.pending).unwrap_or_default()),
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "no kpm run's pending publications");
+                Self::default()
+            }
+            Err(_) => Self::default(),
+        }
+    }
+
     /// Turns a finding about `name` that the cluster shows into `publishing`
     /// when kpm run has a publication of one of `kinds` pending for it that
     /// `removes` it (what the cluster keeps and no live plugin serves) or

@@ -334,7 +334,7 @@ mod tests {
     #[test]
     fn a_pending_publication_reads_as_kpm_runs_status_api_writes_it() {
         // `kubernetes.pending[0]` of the status API's plugins document, as
-        // kpm-cli's `status_api` tests pin it.
+        // kpm-status's golden test pins it.
         let written = json!({"kind": "Node status", "name": "vendor.com/gpu",
             "want": "capacity 2, allocatable 1", "removes": false,
             "since": "2026-11-21T12:00:00.003Z", "last_error": "boom"});

@@ -1,11 +1,11 @@
 //! The docs against what they describe, where drift is easy to miss:
 //!
 //! - `docs/operations.md` names every metric kpm serves (the names
-//!   `crates/kpm-cli/src/metrics/` and kpm-doctor's `metrics.rs` register,
+//!   `crates/kpm-status/src/metrics/` and kpm-doctor's `metrics.rs` register,
 //!   a counter with its `_total`);
 //! - the README's layout has a line per workspace crate and none for a
 //!   crate that is gone, and its `kpm-cli` line lists the CLI's subcommands
-//!   (read from the clap `enum Command` in `crates/kpm-cli/src/main.rs`), as
+//!   (read from the clap `enum Command` in `crates/kpm-cli/src/cli.rs`), as
 //!   does `crates/kpm-cli/README.md` (the crates.io page), each as
 //!   `` `kpm SUBCOMMAND` ``;
 //! - the README's Rust version ("1.89 or newer") is the workspace's
@@ -24,9 +24,9 @@ const README: &str = "README.md";
 const CLI_README: &str = "crates/kpm-cli/README.md";
 /// Where the metrics kpm serves are registered: the CLI's (`kpm run`) and
 /// the doctor's (`kpm doctor --watch`), files or directories.
-const METRICS: &[&str] = &["crates/kpm-cli/src/metrics", "crates/kpm-doctor/src/metrics.rs"];
+const METRICS: &[&str] = &["crates/kpm-status/src/metrics", "crates/kpm-doctor/src/metrics.rs"];
 /// Where the CLI's clap `enum Command` is.
-const CLI_MAIN: &str = "crates/kpm-cli/src/main.rs";
+const CLI_MAIN: &str = "crates/kpm-cli/src/cli.rs";
 /// The crate whose subcommands the READMEs list.
 const CLI_CRATE: &str = "kpm-cli";
 
@@ -379,7 +379,7 @@ mod tests {
 
     #[test]
     fn a_metric_missing_from_operations_md_is_reported() {
-        let sources = [("crates/kpm-cli/src/metrics/scrape.rs".to_owned(), SCRAPE.to_owned())];
+        let sources = [("crates/kpm-status/src/metrics/scrape.rs".to_owned(), SCRAPE.to_owned())];
         let complete = "`kpm_liveness_probes_total`, `kpm_liveness_watched_processes` and \
                         `kpm_registration_latency_seconds{le}`.";
         let mut problems = Vec::new();
@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(
             problems,
             ["docs/operations.md does not name the metric `kpm_liveness_probes_total` that \
-                 crates/kpm-cli/src/metrics/scrape.rs serves: add it, with what it counts, to \
+                 crates/kpm-status/src/metrics/scrape.rs serves: add it, with what it counts, to \
                  the `--metrics-addr` paragraph"]
         );
     }

@@ -79,9 +79,13 @@ pub(super) const LAYERS: &[Layer] = &[
     // doctor and the conformance suite alike: the handlers' words, and the
     // minors checked from the report crate.
     normal("kpm-minors", &["kpm", "kpm-report"]),
+    // `kpm run`'s status API and metrics: the facade's status types, typed
+    // once for the server and its readers; nothing of the doctor or the CLI.
+    Layer { name: "kpm-status", deps: &["kpm", "kpm-api"], dev: &["kpm-registrar"] },
     // The node's diagnosis: the facade's inspection, read-only, and the API;
-    // what it publishes is the report crate's.
-    normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods", "kpm-minors"]),
+    // what it publishes is the report crate's; what a `kpm run` beside the
+    // kubelet has not published, the status API's client.
+    normal("kpm-doctor", &["kpm", "kpm-report", "kpm-pods", "kpm-minors", "kpm-status"]),
     // The conformance suite: a plugin driven by the facade's kubelet; the
     // minors' rules, and nothing of the doctor.
     // Its unit tests' scripted plugins are the registrar's stubs.
@@ -104,6 +108,7 @@ pub(super) const LAYERS: &[Layer] = &[
             "kpm-registrar",
             "kpm-report",
             "kpm-conformance",
+            "kpm-status",
         ],
     ),
     // The load generator of `cargo xtask bench`: plugins only, kpm runs as a

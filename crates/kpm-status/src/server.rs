@@ -12,14 +12,12 @@ use kpm::transport::{self as uds, BoundSocket};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
-use super::model::{EventLine, PluginList};
-use super::{EVENTS_PATH, PLUGINS_PATH};
-use crate::CliError;
 use crate::listener::{self, HttpListener};
+use crate::{EVENTS_PATH, EventLine, PLUGINS_PATH, PluginList, StatusError};
 
 /// The status API server and the socket file it owns.
 #[derive(Debug)]
-pub(crate) struct StatusServer {
+pub struct StatusServer {
     socket: BoundSocket,
     task: tokio::task::JoinHandle<()>,
 }
@@ -30,20 +28,20 @@ impl StatusServer {
     /// `handshake_timeout`; the listener keeps a spare fd, given up to accept
     /// a client when the process is out of fds, so `kpm list` answers at the
     /// limit.
-    pub(crate) async fn start(
+    pub async fn start(
         socket: &Path,
         kubelet: KubeletHandle,
         handshake_timeout: Duration,
-    ) -> Result<Self, CliError> {
+    ) -> Result<Self, StatusError> {
         if let Some(dir) = socket.parent() {
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(kpm::api::OWN_DIR_MODE)
                 .create(dir)
-                .map_err(|source| CliError::CreateRoot { path: dir.to_path_buf(), source })?;
+                .map_err(|source| StatusError::CreateDir { path: dir.to_path_buf(), source })?;
         }
         let (incoming, bound) =
-            uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(CliError::StatusSocket)?;
+            uds::bind_with_mode(socket, uds::OWNER_ONLY).await.map_err(StatusError::Bind)?;
         let listener = HttpListener::new(
             incoming
                 .into_http1()
@@ -63,7 +61,7 @@ impl StatusServer {
     }
 
     /// Removes the socket file if it is still ours, and stops serving.
-    pub(crate) fn stop(self) {
+    pub fn stop(self) {
         if let Err(err) = self.socket.remove() {
             let socket = self.socket.path().display();
             tracing::warn!(%socket, error = %err, "cannot remove status socket");
@@ -90,23 +88,20 @@ async fn plugins(State(kubelet): State<KubeletHandle>) -> Json<PluginList> {
 /// client that falls too far behind gets a `lagged` line instead of the
 /// events it missed.
 async fn events(State(kubelet): State<KubeletHandle>) -> axum::response::Response {
-    let subscribed = serde_json::to_string(&EventLine::subscribed())
-        .map(|line| line + "\n")
-        .map_err(std::io::Error::other);
-    let events = BroadcastStream::new(kubelet.manager().subscribe()).map(|event| {
-        let mut line = match event {
-            Ok(event) => serde_json::to_string(&EventLine::new(&event)),
+    let events =
+        BroadcastStream::new(kubelet.manager().subscribe()).filter_map(|event| match event {
+            Ok(event) => EventLine::new(&event),
             Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(missed)) => {
-                Ok(format!("{{\"event\":\"lagged\",\"missed\":{missed}}}"))
+                Some(EventLine::lagged(missed))
             }
-        }
-        .map_err(std::io::Error::other)?;
+        });
+    let lines = tokio_stream::once(EventLine::subscribed()).chain(events).map(|line| {
+        let mut line = serde_json::to_string(&line).map_err(std::io::Error::other)?;
         line.push('\n');
         Ok::<_, std::io::Error>(line)
     });
-    let stream = tokio_stream::once(subscribed).chain(events);
     axum::response::Response::builder()
         .header(hyper::header::CONTENT_TYPE, "application/x-ndjson")
-        .body(axum::body::Body::from_stream(stream))
+        .body(axum::body::Body::from_stream(lines))
         .unwrap_or_default()
 }

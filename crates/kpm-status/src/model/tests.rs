@@ -14,7 +14,8 @@ use kpm::{
 };
 use serde_json::{Value, json};
 
-use super::model::{EventLine, PluginList};
+use super::PluginList;
+use crate::EventLine;
 
 /// `2026-11-21T12:00:00.000Z` plus `millis`.
 fn at(millis: u64) -> SystemTime {
@@ -34,14 +35,18 @@ struct Parts {
 /// The document the status API serves for `parts`.
 fn document(parts: Parts) -> Value {
     let list = PluginList {
-        plugins: parts.plugins,
-        csi_drivers: parts.csi_drivers,
-        node: parts.node.unwrap_or_default(),
-        device_resources: parts.device_resources,
-        dra_drivers: parts.dra_drivers,
-        kubernetes: parts.kubernetes,
+        plugins: parts.plugins.into_iter().map(Into::into).collect(),
+        csi_drivers: parts.csi_drivers.into_iter().map(Into::into).collect(),
+        node: parts.node.unwrap_or_default().into(),
+        device_resources: parts.device_resources.into_iter().map(Into::into).collect(),
+        dra_drivers: parts.dra_drivers.into_iter().map(Into::into).collect(),
+        kubernetes: parts.kubernetes.map(Into::into),
     };
-    serde_json::to_value(list).unwrap()
+    let document = serde_json::to_value(&list).unwrap();
+    // One schema: what a reader reads back is what was written.
+    let read: PluginList = serde_json::from_value(document.clone()).unwrap();
+    assert_eq!(read, list);
+    document
 }
 
 fn plugin(socket: &str, state: PluginState, generation: u64) -> PluginStatus {
@@ -369,7 +374,10 @@ fn a_device_health_line_names_the_driver_device_and_change() {
         expired: true,
         message: String::new(),
     };
-    let mut line = serde_json::to_value(EventLine::new(&event)).unwrap();
+    let mut line = serde_json::to_value(EventLine::new(&event).unwrap()).unwrap();
+    // One schema: a reader writes back what it read.
+    let read: EventLine = serde_json::from_value(line.clone()).unwrap();
+    assert_eq!(serde_json::to_value(read).unwrap(), line);
     let keys: Vec<_> = line.as_object().unwrap().keys().cloned().collect();
     assert_eq!(
         keys,

@@ -39,6 +39,7 @@
 //! allocator and read at each scrape by a collector ([`scrape`]), so that
 //! concurrent scrapes share no mutable state.
 
+mod heap;
 mod pending;
 mod scrape;
 
@@ -53,7 +54,8 @@ use prometheus_client::registry::Registry;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use crate::CliError;
+use crate::StatusError;
+pub use heap::{ArenaPages, HeapStats};
 use kpm::KubeletHandle;
 use pending::Pending;
 use scrape::Scraped;
@@ -65,7 +67,7 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 /// Every metric: the latency histogram, fed from events, and a collector for
 /// the rest.
 #[derive(Debug)]
-pub(crate) struct Metrics {
+pub struct Metrics {
     /// Read-only once built: scrapes encode it concurrently.
     registry: Registry,
     latency: Histogram,
@@ -73,7 +75,10 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    pub(crate) fn new(kubelet: KubeletHandle) -> Arc<Self> {
+    /// The metrics of `kubelet`, the allocator's figures read by `heap` at
+    /// each scrape (the allocator is the binary's to choose: `None` where it
+    /// cannot tell).
+    pub fn new(kubelet: KubeletHandle, heap: fn() -> Option<HeapStats>) -> Arc<Self> {
         // 100 µs to ~3.3 min.
         let latency = Histogram::new(exponential_buckets(0.000_1, 4.0, 12));
         let mut registry = Registry::default();
@@ -82,12 +87,12 @@ impl Metrics {
             "Time from a socket incarnation being seen to its plugin being registered; from the event stream, so registrations whose events were dropped while the reader lagged are not observed",
             latency.clone(),
         );
-        registry.register_collector(Box::new(Scraped::new(kubelet.clone())));
+        registry.register_collector(Box::new(Scraped::new(kubelet.clone(), heap)));
         Arc::new(Self { registry, latency, kubelet })
     }
 
     /// Observes registration latencies until the manager's event stream closes.
-    pub(crate) async fn observe_latency(self: Arc<Self>) {
+    pub async fn observe_latency(self: Arc<Self>) {
         let manager = &self.kubelet.manager();
         let mut events = manager.subscribe();
         let mut pending = Pending::default();
@@ -123,7 +128,7 @@ impl Metrics {
     }
 
     /// The metrics in the `OpenMetrics` text format ([`CONTENT_TYPE`]).
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let mut text = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
             tracing::error!(error = %err, "cannot encode metrics");
@@ -135,11 +140,11 @@ impl Metrics {
 /// Serves `metrics`' `/metrics` and `/healthz` on `addr` until the task is
 /// aborted, closing connections that send no request within
 /// `handshake_timeout`.
-pub(crate) async fn serve(
+pub async fn serve(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     handshake_timeout: std::time::Duration,
-) -> Result<tokio::task::JoinHandle<()>, CliError> {
+) -> Result<tokio::task::JoinHandle<()>, StatusError> {
     let budget = metrics.kubelet.manager().fd_budget().clone();
     serve_registry(addr, move || metrics.render(), budget, handshake_timeout).await
 }
@@ -147,15 +152,15 @@ pub(crate) async fn serve(
 /// Serves what `render` gives (the `OpenMetrics` text of a registry) on
 /// `addr`'s `/metrics`, and `/healthz`, until the task is aborted; each
 /// connection pays from `budget`.
-pub(crate) async fn serve_registry(
+pub async fn serve_registry(
     addr: SocketAddr,
     render: impl Fn() -> String + Send + Sync + 'static,
     budget: kpm::transport::fd::FdBudget,
     handshake_timeout: std::time::Duration,
-) -> Result<tokio::task::JoinHandle<()>, CliError> {
+) -> Result<tokio::task::JoinHandle<()>, StatusError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|source| CliError::MetricsAddr { addr, source })?;
+        .map_err(|source| StatusError::MetricsAddr { addr, source })?;
     let listener = crate::listener::HttpListener::new(
         kpm::transport::Http1Incoming::new(listener)
             .handshake_timeout(handshake_timeout)
@@ -208,7 +213,7 @@ mod tests {
             .unwrap();
         let handle = kubelet.handle();
         handle.manager().add_handler(TEST_TYPE, Arc::new(BasicHandler::new(TEST_TYPE))).unwrap();
-        let metrics = Metrics::new(handle.clone());
+        let metrics = Metrics::new(handle.clone(), || None);
         let latency = tokio::spawn(Arc::clone(&metrics).observe_latency());
         // Every plugin is there at start, so they register in one burst.
         let mut plugins = Vec::new();

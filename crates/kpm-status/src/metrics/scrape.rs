@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use kpm::transport::fd::{FdBudget, FdStats};
 
-use crate::heap::{self, ArenaPages, HeapStats};
+use super::heap::{HeapStats, encode_heap};
 use kpm::kube::KubeStatus;
 use kpm::{EventCounts, KubeletHandle, LivenessStats};
 
@@ -27,17 +27,18 @@ use kpm::{EventCounts, KubeletHandle, LivenessStats};
 #[derive(Debug)]
 pub(super) struct Scraped {
     kubelet: KubeletHandle,
+    heap: fn() -> Option<HeapStats>,
 }
 
 impl Scraped {
-    pub(super) fn new(kubelet: KubeletHandle) -> Self {
-        Self { kubelet }
+    pub(super) fn new(kubelet: KubeletHandle, heap: fn() -> Option<HeapStats>) -> Self {
+        Self { kubelet, heap }
     }
 }
 
 impl Collector for Scraped {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
-        Reading::take(&self.kubelet).encode(&mut encoder)
+        Reading::take(&self.kubelet, self.heap).encode(&mut encoder)
     }
 }
 
@@ -210,7 +211,7 @@ fn unix_seconds(at: SystemTime) -> f64 {
 
 impl Reading {
     /// Reads every source once. The only place the scrape reads them.
-    fn take(kubelet: &KubeletHandle) -> Self {
+    fn take(kubelet: &KubeletHandle, heap: fn() -> Option<HeapStats>) -> Self {
         let manager = kubelet.manager();
         let stats = manager.stats();
         let desired = manager.desired_state().snapshot().into_iter().map(|p| p.socket_path);
@@ -247,7 +248,7 @@ impl Reading {
             tasks: tokio::runtime::Handle::try_current()
                 .ok()
                 .map(|runtime| runtime.metrics().num_alive_tasks()),
-            heap: heap::stats(),
+            heap: heap(),
             plugins,
             devices,
             dra_instances,
@@ -315,57 +316,6 @@ impl Reading {
             None => Ok(()),
         }
     }
-}
-
-/// The allocator's figures: jemalloc's totals, and the freed pages each of
-/// its arenas still holds (where RSS goes that the live heap does not show).
-fn encode_heap(heap: &HeapStats, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
-    let totals = [
-        (
-            "kpm_heap_allocated_bytes",
-            "Bytes kpm has allocated and not freed (the allocator's live heap).",
-            heap.allocated,
-        ),
-        (
-            "kpm_heap_active_bytes",
-            "Bytes in the allocator's pages that hold live allocations (live heap and the room between them).",
-            heap.active,
-        ),
-        ("kpm_heap_metadata_bytes", "Bytes of the allocator's own bookkeeping.", heap.metadata),
-        (
-            "kpm_heap_resident_bytes",
-            "Bytes in pages kpm's allocator keeps resident (live heap, metadata, freed pages not returned yet).",
-            heap.resident,
-        ),
-        ("kpm_heap_mapped_bytes", "Bytes the allocator has mapped for use.", heap.mapped),
-        (
-            "kpm_heap_retained_bytes",
-            "Bytes of address space the allocator returned to the system and keeps for reuse (not resident).",
-            heap.retained,
-        ),
-    ];
-    for (name, help, bytes) in totals {
-        gauge(encoder, name, help, bytes)?;
-    }
-    let arena = |arena: &ArenaPages| [("arena", arena.arena.to_string())];
-    gauge_family(
-        encoder,
-        "kpm_heap_dirty_bytes",
-        "Bytes of freed pages an allocator arena keeps resident until its dirty decay returns them.",
-        heap.arenas.iter().map(|a| (arena(a), a.dirty)),
-    )?;
-    gauge_family(
-        encoder,
-        "kpm_heap_muzzy_bytes",
-        "Bytes of freed pages an allocator arena returned lazily (MADV_FREE): resident until the kernel takes them.",
-        heap.arenas.iter().map(|a| (arena(a), a.muzzy)),
-    )?;
-    gauge_family(
-        encoder,
-        "kpm_heap_thread_cache_bytes",
-        "Bytes of freed blocks the threads of an allocator arena keep cached for their next allocations.",
-        heap.arenas.iter().map(|a| (arena(a), a.cached)),
-    )
 }
 
 /// One `{type}` sample per plugin type.
@@ -483,7 +433,7 @@ fn counter(
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-fn gauge(
+pub(super) fn gauge(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -495,7 +445,7 @@ fn gauge(
 
 /// A gauge with one sample per label set; left out when it has none, as the
 /// registry leaves out an empty family.
-fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
+pub(super) fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,

@@ -1,5 +1,7 @@
-//! The status API: HTTP/JSON on a Unix socket, served by `kpm run` and read
-//! by `kpm list`.
+//! The status API of `kpm run`: HTTP/JSON on a Unix socket (`kpm.sock` in
+//! the kubelet root), served by `kpm run` and read by `kpm list`, `kpm
+//! watch` and the doctor; and, feature `server`, `kpm run`'s Prometheus
+//! metrics.
 //!
 //! `GET /v1/plugins` returns
 //! `{"plugins": [{"socket_path", "type", "name", "endpoint", "versions",
@@ -29,25 +31,40 @@
 //! objects, with Kubernetes' field names.
 //!
 //! `GET /v1/events` streams NDJSON: a `subscribed` line, then one line per
-//! event (see [`model::EventLine`]): `{"time", "event", …}` with the fields
+//! event (see [`event::EventLine`]): `{"time", "event", …}` with the fields
 //! of [`kpm::PluginEvent`], a DRA device's health change as `{"time",
 //! "event": "device_health", "driver", "pool", "device", "health",
 //! "previous", "expired", "message"}`.
 //!
-//! The documents are the library's own types, which serialize themselves
-//! (the `kpm` crate's feature `serde`); [`model`] only wraps them,
-//! [`server`] serves them from a [`kpm::KubeletHandle`], [`client`] reads
-//! them, as JSON values, for `kpm list` and `kpm watch` (keys in the
-//! server's order), so that there is no second model to keep in step. A
-//! golden test (`tests`) pins the schema.
+//! The documents are typed, one schema on both sides: [`model::PluginList`]
+//! and [`event::EventLine`] are what the server writes (built from the
+//! library's status types of a [`kpm::KubeletHandle`]) and what [`client`]
+//! reads back. A golden test pins the schema.
+//!
+//! Feature `server` adds [`server::StatusServer`], [`metrics`] (the
+//! metrics of `kpm run`, and [`metrics::serve_registry`], the one way kpm
+//! serves a registry, for `kpm doctor --watch` too) and the accept path
+//! both serve through.
 
-pub(crate) mod client;
-pub(crate) mod model;
-pub(crate) mod server;
-#[cfg(test)]
-mod tests;
+pub mod client;
+mod error;
+pub mod event;
+#[cfg(feature = "server")]
+mod listener;
+#[cfg(feature = "server")]
+pub mod metrics;
+pub mod model;
+#[cfg(feature = "server")]
+pub mod server;
 
+pub use client::{Client, Events};
+pub use error::StatusError;
+pub use event::{Event, EventLine};
+pub use model::PluginList;
+
+/// Name of the status API socket in the kubelet root directory.
+pub const STATUS_SOCKET_NAME: &str = "kpm.sock";
 /// Path of the plugin list.
-pub(crate) const PLUGINS_PATH: &str = "/v1/plugins";
+pub const PLUGINS_PATH: &str = "/v1/plugins";
 /// Path of the event stream: NDJSON, one event per line.
-pub(crate) const EVENTS_PATH: &str = "/v1/events";
+pub const EVENTS_PATH: &str = "/v1/events";
