@@ -13,7 +13,7 @@ use kpm_report::{ShownRegistered, Verdict};
 
 use crate::found::Found;
 use crate::judge::Row;
-use crate::pending::Publishing;
+use crate::pending::{Change, PUBLISHING_HINT, Publishing};
 use crate::{Blind, Finding};
 
 /// Marks the rows the cluster contradicts and adds what the cluster shows
@@ -24,15 +24,21 @@ pub(crate) fn compare(objects: &NodeObjects, publishing: &Publishing, found: &mu
     compare_all(objects, found);
     let Found { plugins: rows, findings, .. } = found;
     for row in rows.iter_mut().filter(|row| row.verdict.fails()) {
-        let (Some(kind), Some(name)) = (row.kind, row.name.clone()) else { continue };
-        let parts = (&mut row.verdict, &mut row.reason, &mut row.hint);
-        publishing.excuse((kind, false), &name, parts);
+        let (Some(kind), Some(name)) = (row.kind, &row.name) else { continue };
+        if let Some(reason) = publishing.excuse(kind, Change::Add, name, &row.reason) {
+            (row.verdict, row.reason) = (Verdict::Publishing, reason);
+            row.hint = PUBLISHING_HINT.to_owned();
+        }
     }
     for finding in &mut findings[first_finding..] {
-        let Some(object) = finding.verdict.object() else { continue };
-        if let Some(name) = finding.name.clone() {
-            let parts = (&mut finding.verdict, &mut finding.reason, &mut finding.hint);
-            publishing.excuse((object.kind(), true), &name, parts);
+        let (Some(object), Some(name)) = (finding.verdict.object(), &finding.name) else {
+            continue;
+        };
+        if let Some(reason) =
+            publishing.excuse(object.kind(), Change::Remove, name, &finding.reason)
+        {
+            (finding.verdict, finding.reason) = (Verdict::Publishing, reason);
+            finding.hint = PUBLISHING_HINT.to_owned();
         }
     }
 }

@@ -10,9 +10,21 @@ use std::time::{Duration, SystemTime};
 use kpm::PluginKind;
 use kpm::kube::{ObjectKind, PendingPublication};
 
-use kpm_report::Verdict;
-
 use crate::host::Seen;
+
+/// What a finding excused as publishing is told to do.
+pub(crate) const PUBLISHING_HINT: &str = "nothing to fix in the plugin: kpm run retries until the \
+    API server holds it (`kpm list` shows it pending); if it lasts, see kpm run's log and the API \
+    server";
+
+/// The change a pending publication makes in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// What a live plugin has and the cluster lacks.
+    Add,
+    /// What the cluster keeps and no live plugin serves.
+    Remove,
+}
 
 /// The pending publications of one examination.
 #[derive(Debug, Default)]
@@ -35,36 +47,31 @@ impl Publishing {
         }
     }
 
-    /// Turns a finding about `name` that the cluster shows into `publishing`
-    /// when kpm run has a publication of one of `kinds` pending for it that
-    /// `removes` it (what the cluster keeps and no live plugin serves) or
-    /// not (what a live plugin has and the cluster lacks): the cluster
-    /// shows what kpm run is about to change.
+    /// Why the cluster shows what it does of `name` (a plugin of `kind`),
+    /// when kpm run has a publication pending that makes the `change`:
+    /// `reason`, what the doctor found, with what kpm run waits for. The
+    /// finding is then `publishing` ([`PUBLISHING_HINT`]), not the
+    /// plugin's failure.
     pub(crate) fn excuse(
         &self,
-        (kind, removes): (PluginKind, bool),
+        kind: PluginKind,
+        change: Change,
         name: &str,
-        (verdict, reason, hint): (&mut Verdict, &mut String, &mut String),
-    ) {
-        let Some(pending) = self.0.iter().find(|pending| {
+        reason: &str,
+    ) -> Option<String> {
+        let pending = self.0.iter().find(|pending| {
             pending.name == name
-                && pending.removes == removes
+                && pending.removes == (change == Change::Remove)
                 && ObjectKind::of_plugins(kind).any(|object| object == pending.kind)
-        }) else {
-            return;
-        };
+        })?;
         let since = SystemTime::now().duration_since(pending.since).unwrap_or_default();
         let since = humantime::format_duration(std::time::Duration::from_secs(since.as_secs()));
         let error = pending.last_error.as_deref().map(|error| format!("; last error: {error}"));
-        *verdict = Verdict::Publishing;
-        *reason = format!(
+        Some(format!(
             "{reason}: kpm run has not got it to the API server yet ({} {name}: {}, wanted for {since}{})",
             pending.kind,
             pending.want,
             error.unwrap_or_default()
-        );
-        "nothing to fix in the plugin: kpm run retries until the API server holds it \
-         (`kpm list` shows it pending); if it lasts, see kpm run's log and the API server"
-            .clone_into(hint);
+        ))
     }
 }
