@@ -22,7 +22,7 @@ use std::time::Duration;
 use kpm_api::PluginKind;
 use kpm_cache::PluginHandler;
 use kpm_transport::fd::FdBudget;
-use kpm_transport::{HostRoot, Reach};
+use kpm_transport::HostRoot;
 
 use crate::Result;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
@@ -238,10 +238,11 @@ impl KubeletBuilder {
     /// Checks every setting and creates the handlers and the manager;
     /// nothing is served or watched until [`Kubelet::run`].
     pub fn build(self) -> Result<Kubelet> {
+        // How every handler opens sockets: the budget, and the host's `/`.
+        #[cfg(any(feature = "csi", feature = "device", feature = "dra"))]
+        let reach = kpm_transport::Reach::new(self.fd_budget.clone(), self.host.clone());
         // `try_new` is where the device manager's config is checked.
         #[cfg(feature = "device")]
-        // How every layer opens sockets: the budget, and the host's `/`.
-        let reach = Reach::new(self.fd_budget.clone(), self.host.clone());
         let devices =
             crate::device::DeviceManager::try_new(self.device, reach.clone()).map_err(|err| {
                 crate::Error::InvalidConfig { setting: "device_config", reason: err.to_string() }
