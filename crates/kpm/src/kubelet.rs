@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use kpm_api::PluginKind;
 use kpm_cache::PluginHandler;
-use kpm_transport::fd::FdBudget;
 use kpm_transport::HostRoot;
+use kpm_transport::fd::FdBudget;
 
 use crate::Result;
 use crate::manager::{ManagerHandle, PluginManager, PluginManagerBuilder};
