@@ -27,7 +27,7 @@ pub(crate) fn compare(objects: &NodeObjects, publishing: &Publishing, found: &mu
         let (Some(kind), Some(name)) = (row.kind, &row.name) else { continue };
         if let Some(reason) = publishing.excuse(kind, Change::Add, name, &row.reason) {
             (row.verdict, row.reason) = (Verdict::Publishing, reason);
-            row.hint = PUBLISHING_HINT.to_owned();
+            PUBLISHING_HINT.clone_into(&mut row.hint);
         }
     }
     for finding in &mut findings[first_finding..] {
@@ -38,7 +38,7 @@ pub(crate) fn compare(objects: &NodeObjects, publishing: &Publishing, found: &mu
             publishing.excuse(object.kind(), Change::Remove, name, &finding.reason)
         {
             (finding.verdict, finding.reason) = (Verdict::Publishing, reason);
-            finding.hint = PUBLISHING_HINT.to_owned();
+            PUBLISHING_HINT.clone_into(&mut finding.hint);
         }
     }
 }

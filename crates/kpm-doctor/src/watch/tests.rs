@@ -188,10 +188,7 @@ async fn a_plugin_flapping_four_seconds_on_one_off_is_written_a_handful_of_times
         "{}",
         condition.message
     );
-    assert_eq!(
-        reasons(&transitions(&last, before)).last(),
-        Some(&(EventType::Warning, "Flapping"))
-    );
+    assert_eq!(reasons(&transitions(last, before)).last(), Some(&(EventType::Warning, "Flapping")));
 }
 
 #[tokio::test(start_paused = true)]
@@ -223,7 +220,7 @@ async fn once_still_for_the_hold_it_is_published_at_once_with_its_event() {
     let hold = FlapConfig::default().hold();
     let settled = Duration::from_secs(29) + WatchConfig::default().settle + hold;
     assert!(*at >= settled && *at < settled + Duration::from_millis(50), "{at:?}");
-    assert_eq!(reasons(&transitions(&last, before)), [(EventType::Normal, STABLE_REASON)]);
+    assert_eq!(reasons(&transitions(last, before)), [(EventType::Normal, STABLE_REASON)]);
     assert!(transitions(last, before)[0].note.ends_with("holds still again after flapping: gone"));
 }
 
