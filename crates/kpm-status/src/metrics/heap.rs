@@ -5,7 +5,7 @@ use std::fmt;
 
 use prometheus_client::encoding::DescriptorEncoder;
 
-use super::scrape::{gauge, gauge_family};
+use super::encode::{gauge, gauge_family};
 
 /// What the allocator holds, in bytes (jemalloc's `stats.*`). Not
 /// `#[non_exhaustive]`: a new figure is a compile error where it is read.

@@ -39,6 +39,7 @@
 //! allocator and read at each scrape by a collector ([`scrape`]), so that
 //! concurrent scrapes share no mutable state.
 
+mod encode;
 mod heap;
 mod pending;
 mod scrape;

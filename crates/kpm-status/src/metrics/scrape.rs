@@ -10,14 +10,11 @@ use std::fmt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
-};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::encoding::DescriptorEncoder;
 
 use kpm::transport::fd::{FdBudget, FdStats};
 
+use super::encode::{counter, counter_family, gauge, gauge_family};
 use super::heap::{HeapStats, encode_heap};
 use kpm::kube::KubeStatus;
 use kpm::{EventCounts, KubeletHandle, LivenessStats};
@@ -422,66 +419,6 @@ fn encode_events(events: &EventCounts, encoder: &mut DescriptorEncoder<'_>) -> f
         events.device_health_changes,
     )
 }
-
-fn counter(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    value: impl EncodeCounterValue,
-) -> fmt::Result {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-pub(super) fn gauge(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    value: impl EncodeGaugeValue,
-) -> fmt::Result {
-    let metric = ConstGauge::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-/// A gauge with one sample per label set; left out when it has none, as the
-/// registry leaves out an empty family.
-pub(super) fn gauge_family<L: EncodeLabelSet, V: EncodeGaugeValue>(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = (L, V)>,
-) -> fmt::Result {
-    family(encoder, name, help, samples.into_iter().map(|(l, v)| (l, ConstGauge::new(v))))
-}
-
-/// A counter with one sample per label set; left out when it has none.
-fn counter_family<L: EncodeLabelSet>(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    samples: impl IntoIterator<Item = (L, u64)>,
-) -> fmt::Result {
-    family(encoder, name, help, samples.into_iter().map(|(l, v)| (l, ConstCounter::new(v))))
-}
-
-/// A family of `metrics`, one per label set, typed by the first; none when empty.
-fn family<L: EncodeLabelSet, M: EncodeMetric>(
-    encoder: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    metrics: impl IntoIterator<Item = (L, M)>,
-) -> fmt::Result {
-    let mut metrics = metrics.into_iter().peekable();
-    let Some((_, first)) = metrics.peek() else {
-        return Ok(());
-    };
-    let mut family = encoder.encode_descriptor(name, help, None, first.metric_type())?;
-    for (labels, metric) in metrics {
-        metric.encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use prometheus_client::registry::Registry;
