@@ -148,8 +148,8 @@ mod tests {
         );
         problems.clear();
         let text = architecture().replace(
-            "- `kpm-transport` → kpm-api\n- `kpm-cache` → none",
-            "- `kpm-cache` → none\n- `kpm-transport` → kpm-api",
+            "- `kpm-transport` → kpm-api\n- `kpm-cache` → kpm-api",
+            "- `kpm-cache` → kpm-api\n- `kpm-transport` → kpm-api",
         );
         check_architecture(&crates, &text, &mut problems);
         assert_eq!(problems, ["docs/ARCHITECTURE.md, dependency list: not in the order of LAYERS"]);

@@ -479,7 +479,7 @@ enum OutputFormat {
         assert_eq!(
             problems,
             ["README.md, Layout: the line of crates/kpm-cli lists the CLI's subcommands \
-                 (from crates/kpm-cli/src/main.rs) after its first `:` and up to a `;`: write \
+                 (from crates/kpm-cli/src/cli.rs) after its first `:` and up to a `;`: write \
                  `: run, list, check;`"]
         );
     }
@@ -496,7 +496,7 @@ enum OutputFormat {
             problems,
             [
                 "crates/kpm-cli/README.md names `kpm lists`, which is no subcommand of the CLI \
-                 (crates/kpm-cli/src/main.rs): correct or remove it",
+                 (crates/kpm-cli/src/cli.rs): correct or remove it",
                 "crates/kpm-cli/README.md does not name `kpm list`: add a sentence on what it \
                  does",
                 "crates/kpm-cli/README.md does not name `kpm check`: add a sentence on what it \
