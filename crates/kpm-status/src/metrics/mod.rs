@@ -36,7 +36,7 @@
 //! The histogram is updated where the event is handled
 //! ([`Metrics::observe_latency`]); everything else, the event counters
 //! included, is owned by the manager, the handlers, the runtime or the
-//! allocator and read at each scrape by a collector ([`scrape`]), so that
+//! allocator and read at each scrape by a collector (`scrape`), so that
 //! concurrent scrapes share no mutable state.
 
 mod encode;
@@ -128,7 +128,7 @@ impl Metrics {
         }
     }
 
-    /// The metrics in the `OpenMetrics` text format ([`CONTENT_TYPE`]).
+    /// The metrics in the `OpenMetrics` text format (`CONTENT_TYPE`).
     pub fn render(&self) -> String {
         let mut text = String::new();
         if let Err(err) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
